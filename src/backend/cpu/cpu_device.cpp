@@ -1,0 +1,251 @@
+#include "backend/cpu/cpu_device.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "backend/cpu/kernels.h"
+#include "core/error.h"
+
+namespace sf {
+namespace {
+
+// An event counts records and completions: record() takes ticket n = ++recorded; the stream
+// marks completed = n when it reaches that point. Waiting means completed >= the ticket seen.
+struct CpuEvent : Event {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;
+  uint64_t completed = 0;
+
+  void complete(uint64_t ticket) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (ticket > completed) completed = ticket;
+    }
+    cv.notify_all();
+  }
+  void wait_for(uint64_t ticket) {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return completed >= ticket; });
+  }
+};
+
+struct CpuStream : Stream {
+  std::mutex mu;
+  std::condition_variable cv, idle_cv;
+  std::deque<std::function<void()>> queue;
+  bool busy = false, stop = false;
+  std::exception_ptr error;  // first task failure; rethrown at synchronize
+  std::thread worker;
+  std::mt19937_64 rng;
+  int max_delay_us;
+
+  CpuStream(int delay_us, uint64_t seed) : rng(seed), max_delay_us(delay_us) {
+    worker = std::thread([this] { run(); });
+  }
+  ~CpuStream() override {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    worker.join();
+  }
+  void push(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      queue.push_back(std::move(fn));
+    }
+    cv.notify_one();
+  }
+  void run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return stop || !queue.empty(); });
+        if (queue.empty()) return;  // stop and drained
+        fn = std::move(queue.front());
+        queue.pop_front();
+        busy = true;
+      }
+      if (max_delay_us > 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % (uint64_t(max_delay_us) + 1)));
+      }
+      try {
+        fn();  // even after a failure, so that event completions still happen
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        busy = false;
+      }
+      idle_cv.notify_all();
+    }
+  }
+  void drain() {
+    std::unique_lock<std::mutex> lk(mu);
+    idle_cv.wait(lk, [&] { return queue.empty() && !busy; });
+    if (error) {
+      auto e = error;
+      error = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+};
+
+CpuStream& cs(Stream& s) { return static_cast<CpuStream&>(s); }
+CpuEvent& ce(Event& e) { return static_cast<CpuEvent&>(e); }
+
+// The kernel table: each call is queued on the stream's worker.
+class CpuOps final : public Ops {
+ public:
+  void matmul(Tensor out, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Stream& s) override {
+    cs(s).push([=] { cpu::matmul(out, a, b, ta, tb, alpha, beta); });
+  }
+  void add_bias(Tensor out, Tensor bias, Stream& s) override {
+    cs(s).push([=] { cpu::add_bias(out, bias); });
+  }
+  void bias_backward(Tensor dbias, Tensor dout, Stream& s) override {
+    cs(s).push([=] { cpu::bias_backward(dbias, dout); });
+  }
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) override {
+    cs(s).push([=] { cpu::rmsnorm_forward(out, rstd, x, w, eps); });
+  }
+  void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool acc,
+                        Stream& s) override {
+    cs(s).push([=] { cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, acc); });
+  }
+  void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int nh, int hd, Stream& s) override {
+    cs(s).push([=] { cpu::rope_forward(x, cos, sin, T, nh, hd); });
+  }
+  void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int nh, int hd, Stream& s) override {
+    cs(s).push([=] { cpu::rope_backward(dx, cos, sin, T, nh, hd); });
+  }
+  void swiglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) override {
+    cs(s).push([=] { cpu::swiglu_forward(out, gate, up); });
+  }
+  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
+    cs(s).push([=] { cpu::swiglu_backward(dgate, dup, dout, gate, up); });
+  }
+  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d,
+                         Stream& s) override {
+    cs(s).push([=] { cpu::attention_forward(out, lse, q, k, v, d); });
+  }
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                          Tensor lse, const AttnDims& d, Tensor ws, Stream& s) override {
+    cs(s).push([=] { cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d, ws); });
+  }
+  size_t attention_workspace_bytes(const AttnDims& d) const override { return cpu::attention_workspace_bytes(d); }
+  void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float gs,
+                            Tensor ws, Stream& s) override {
+    cs(s).push([=] { cpu::linear_cross_entropy(loss_sum, dx, dw, x, w, labels, gs, ws); });
+  }
+  size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const override {
+    return cpu::linear_ce_workspace_bytes(N, H, V);
+  }
+  void embedding_forward(Tensor out, Tensor ids, Tensor table, Stream& s) override {
+    cs(s).push([=] { cpu::embedding_forward(out, ids, table); });
+  }
+  void embedding_backward(Tensor dtable, Tensor dout, Tensor ids, Stream& s) override {
+    cs(s).push([=] { cpu::embedding_backward(dtable, dout, ids); });
+  }
+  void add(Tensor out, Tensor a, Tensor b, Stream& s) override {
+    cs(s).push([=] { cpu::add(out, a, b); });
+  }
+  void scale(Tensor x, float alpha, Stream& s) override {
+    cs(s).push([=] { cpu::scale(x, alpha); });
+  }
+  void cast(Tensor out, Tensor in, Stream& s) override {
+    cs(s).push([=] { cpu::cast(out, in); });
+  }
+  void zero(Tensor x, Stream& s) override {
+    cs(s).push([=] { cpu::zero(x); });
+  }
+  void sq_norm(Tensor out, Tensor x, Stream& s) override {
+    cs(s).push([=] { cpu::sq_norm(out, x); });
+  }
+  void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor copy, const AdamWParams& p, Stream& s) override {
+    cs(s).push([=] { cpu::adamw(param, grad, m, v, copy, p); });
+  }
+};
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(const CpuDeviceOptions& opt) : opt_(opt) {}
+  std::string name() const override { return "cpu"; }
+  bool is_host() const override { return true; }
+
+  void* alloc(size_t bytes) override {
+    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  void free(void* p) override { std::free(p); }
+  void* alloc_pinned(size_t bytes) override { return alloc(bytes); }
+  void free_pinned(void* p) override { std::free(p); }
+
+  std::unique_ptr<Stream> create_stream() override {
+    return std::make_unique<CpuStream>(opt_.max_delay_us, opt_.delay_seed + 0x9e3779b97f4a7c15ull * ++streams_);
+  }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
+
+  void record(Event& e, Stream& s) override {
+    CpuEvent* ev = &ce(e);
+    uint64_t ticket;
+    {
+      std::lock_guard<std::mutex> lk(ev->mu);
+      ticket = ++ev->recorded;
+    }
+    cs(s).push([ev, ticket] { ev->complete(ticket); });
+  }
+  void wait(Stream& s, Event& e) override {
+    CpuEvent* ev = &ce(e);
+    uint64_t ticket;
+    {
+      std::lock_guard<std::mutex> lk(ev->mu);
+      ticket = ev->recorded;  // the most recent record at the time of the call
+    }
+    if (ticket == 0) return;
+    cs(s).push([ev, ticket] { ev->wait_for(ticket); });
+  }
+  void synchronize(Event& e) override {
+    CpuEvent& ev = ce(e);
+    uint64_t ticket;
+    {
+      std::lock_guard<std::mutex> lk(ev.mu);
+      ticket = ev.recorded;
+    }
+    ev.wait_for(ticket);
+  }
+  void synchronize(Stream& s) override { cs(s).drain(); }
+  bool query(Event& e) override {
+    CpuEvent& ev = ce(e);
+    std::lock_guard<std::mutex> lk(ev.mu);
+    return ev.completed >= ev.recorded;
+  }
+  void copy(void* dst, const void* src, size_t bytes, CopyKind, Stream& s) override {
+    cs(s).push([=] { std::memcpy(dst, src, bytes); });
+  }
+  void host_fn(Stream& s, std::function<void()> fn) override { cs(s).push(std::move(fn)); }
+  Ops& ops() override { return ops_; }
+
+ private:
+  CpuDeviceOptions opt_;
+  CpuOps ops_;
+  uint64_t streams_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device(const CpuDeviceOptions& opt) { return std::make_unique<CpuDevice>(opt); }
+std::unique_ptr<Device> make_cpu_device() { return make_cpu_device(CpuDeviceOptions{}); }
+
+}  // namespace sf

@@ -1,0 +1,35 @@
+// CPU reference kernels: plain synchronous functions, one per operation of the kernel table
+// (backend/ops.h documents each). They are the twin every other backend is tested against.
+// Storage F32 or BF16; math in fp32 (fp64 where a reduction would otherwise lose accuracy).
+// They may use cpu_pool() internally; they are not reentrant from inside a pool task.
+#pragma once
+#include "backend/ops.h"
+
+namespace sf::cpu {
+
+void matmul(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta);
+void add_bias(Tensor out, Tensor bias);
+void bias_backward(Tensor dbias, Tensor dout);
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps);
+void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate);
+void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim);
+void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim);
+void swiglu_forward(Tensor out, Tensor gate, Tensor up);
+void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
+void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d);
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                        Tensor lse, const AttnDims& d, Tensor ws);
+size_t attention_workspace_bytes(const AttnDims& d);
+void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels,
+                          float grad_scale, Tensor ws);
+size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V);
+void embedding_forward(Tensor out, Tensor ids, Tensor table);
+void embedding_backward(Tensor dtable, Tensor dout, Tensor ids);
+void add(Tensor out, Tensor a, Tensor b);
+void scale(Tensor x, float alpha);
+void cast(Tensor out, Tensor in);
+void zero(Tensor x);
+void sq_norm(Tensor out, Tensor x);
+void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& p);
+
+}  // namespace sf::cpu

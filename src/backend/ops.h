@@ -1,0 +1,111 @@
+// The kernel table: every operation the model programs use, as one interface that each
+// backend implements (cpu: the reference; cuda: the fast one). Calls are asynchronous on `s`.
+//
+// Conventions (all backends):
+// - Activations are row-major matrices [rows, cols]; rows = B*T tokens. Heads are packed along
+//   cols: q is [B*T, n_head*head_dim] = [B, T, n_head, head_dim].
+// - Storage dtype is F32 or BF16 (any mix, unless an op says otherwise); math is fp32.
+//   Token ids and labels are I32. Saved statistics (rstd, lse) are F32.
+// - "+=" outputs accumulate into what is there (weight gradients, loss sums); others overwrite.
+// - An empty Tensor (data == nullptr) where an output is optional means "not wanted".
+// - Every pointer is in the backend's device memory (host memory for cpu).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace sf {
+
+struct Stream;
+
+struct AttnDims {
+  int B = 0, T = 0;      // sequences, tokens per sequence
+  int n_head = 0;        // query heads
+  int n_kv_head = 0;     // key/value heads (n_head % n_kv_head == 0; GQA)
+  int head_dim = 0;
+  float scale = 0.f;     // softmax scale, usually head_dim^-0.5
+};
+
+struct AdamWParams {
+  float lr = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;
+  int64_t step = 1;        // 1-based, for bias correction
+  float grad_scale = 1.f;  // the gradient is multiplied by this first (clipping)
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  // out[M,N] = alpha * op(a) @ op(b) + beta * out.
+  // op(a) = a [M,K], or a^T when trans_a (a stored [K,M]); op(b) = b [K,N], or b^T when trans_b
+  // (b stored [N,K]). Linear layer y = x W^T: matmul(y, x, W, false, true, 1, 0).
+  virtual void matmul(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta,
+                      Stream& s) = 0;
+  // out[M,N] += bias[N] (broadcast over rows).
+  virtual void add_bias(Tensor out, Tensor bias, Stream& s) = 0;
+  // dbias[N] += sum over rows of dout[M,N].
+  virtual void bias_backward(Tensor dbias, Tensor dout, Stream& s) = 0;
+
+  // RMSNorm over the last dim C of x [R, C] with weight w [C] (HF Llama: w * (x * rstd)).
+  // rstd [R] F32 (saved for backward; may be empty).
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) = 0;
+  // dx = (accumulate ? dx : 0) + d/dx; dw [C] += d/dw. x, w, rstd as in forward.
+  virtual void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd,
+                                bool accumulate, Stream& s) = 0;
+
+  // RoPE in place, HF half-split layout: x [B*T, n_heads*head_dim]; the token in row r has
+  // position r % T. cos, sin: [T_max >= T, head_dim/2] F32 tables (llama3/linear scaling is
+  // already in them). backward applies the inverse rotation to a gradient in place.
+  virtual void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim,
+                            Stream& s) = 0;
+  virtual void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim,
+                             Stream& s) = 0;
+
+  // out = silu(gate) * up, all [R, I].
+  virtual void swiglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) = 0;
+  virtual void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+                               Stream& s) = 0;
+
+  // Causal GQA attention. q, out: [B*T, n_head*hd]; k, v: [B*T, n_kv_head*hd];
+  // lse [B, n_head, T] F32 = log-sum-exp of the scaled scores of each query row (natural log).
+  // No T x T matrix is kept between forward and backward.
+  virtual void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d,
+                                 Stream& s) = 0;
+  // dq, dk, dv overwritten. ws: scratch of attention_workspace_bytes(d) bytes (may be 0).
+  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
+                                  Tensor out, Tensor lse, const AttnDims& d, Tensor ws, Stream& s) = 0;
+  virtual size_t attention_workspace_bytes(const AttnDims& d) const = 0;
+
+  // Fused head: logits = x [N,H] @ w[V,H]^T, chunked over tokens (never all N x V at once).
+  // labels [N] I32, -100 = ignored. loss_sum [1] F32 += sum of cross-entropy over non-ignored rows.
+  // If dx is given: dx [N,H] = grad_scale * dCE/dx (overwritten; 0 on ignored rows).
+  // If dw is given: dw [V,H] += grad_scale * dCE/dw. ws: linear_ce_workspace_bytes(N, H, V) bytes.
+  virtual void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels,
+                                    float grad_scale, Tensor ws, Stream& s) = 0;
+  virtual size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const = 0;
+
+  // out [N,H] = table[ids[n]]; dtable [V,H] += scatter of dout rows by ids.
+  virtual void embedding_forward(Tensor out, Tensor ids, Tensor table, Stream& s) = 0;
+  virtual void embedding_backward(Tensor dtable, Tensor dout, Tensor ids, Stream& s) = 0;
+
+  // out = a + b (out may alias a or b), same shapes.
+  virtual void add(Tensor out, Tensor a, Tensor b, Stream& s) = 0;
+  // x *= alpha.
+  virtual void scale(Tensor x, float alpha, Stream& s) = 0;
+  // out = in, converting dtype (same numel). bf16 rounding: nearest-even.
+  virtual void cast(Tensor out, Tensor in, Stream& s) = 0;
+  // x = 0.
+  virtual void zero(Tensor x, Stream& s) = 0;
+  // out [1] F32 += sum(x^2) (accumulated in at least fp32; cpu uses fp64).
+  virtual void sq_norm(Tensor out, Tensor x, Stream& s) = 0;
+
+  // PyTorch AdamW on fp32 params/m/v with grads (F32 or BF16) of the same numel:
+  // g = grad*grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr*wd*p;
+  // p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps). If param_copy is given (BF16 or F32),
+  // the new parameter is also written there (the upload copy).
+  virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& p,
+                     Stream& s) = 0;
+};
+
+}  // namespace sf

@@ -1,0 +1,39 @@
+// A fixed pool of worker threads for data-parallel loops (parallel_for) on the CPU.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace sf {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // threads <= 1: everything runs on the caller
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return int(workers_.size()) + 1; }
+  // Calls fn(begin, end) over [0, n) split into at most size() contiguous chunks; blocks until done.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk = 1);
+
+ private:
+  void worker(int idx);
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::mutex call_mu_;  // one parallel_for at a time
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0, chunk_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+// The process's compute pool for CPU kernels (size from SF_THREADS or hardware concurrency).
+ThreadPool& cpu_pool();
+
+}  // namespace sf
