@@ -1,10 +1,177 @@
 #include "cli/commands.h"
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "backend/device.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/resident_engine.h"
+#include "io/checkpoint.h"
+#include "io/json_file.h"
+#include "train/demo.h"
+#include "train/model_io.h"
+#include "train/trainer.h"
 
 namespace sf {
-int cli_main(int, char**) {
-  std::fprintf(stderr, "slideformer: not yet\n");
-  return 1;
+
+namespace {
+
+// Prints the result line: the last line of stdout is always one JSON object.
+void print_json(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
 }
+
+void add_data_options(CLI::App* c, DataOptions& d) {
+  c->add_option("--model", d.model_dir, "Hugging Face model directory")->required();
+  c->add_option("--data", d.data, "JSONL file, one {\"input_ids\": [...], \"labels\": [...]} per line")->required();
+  c->add_option("--seq-len", d.seq_len, "cut records to this many tokens (default: the longest record)");
+  c->add_option("--batch-size", d.batch_size, "sequences per micro-batch")->capture_default_str();
+  c->add_option("--device", d.device, "cpu, cuda or auto (cuda when a GPU is present)")->capture_default_str();
+}
+
+int cmd_init(const std::string& config_path, const std::string& output, uint64_t seed, const std::string& dtype_s) {
+  DType dtype;
+  if (dtype_s == "bf16" || dtype_s == "bfloat16") {
+    dtype = DType::BF16;
+  } else if (dtype_s == "fp32" || dtype_s == "float32") {
+    dtype = DType::F32;
+  } else {
+    input_error("--dtype", "unknown dtype '" + dtype_s + "' (expected bf16 or fp32)");
+  }
+  nlohmann::json cfg = read_json_file(config_path);
+  ModelSpec spec = parse_model_spec(cfg, config_path);
+  auto dev = make_cpu_device();
+  EngineOptions eo;
+  eo.training = false;
+  eo.optimizer = false;
+  ResidentEngine engine(*dev, spec, eo);
+  engine.init_random(seed);
+  StagedDir staged(output);
+  save_hf_model(engine, cfg, "", staged.path(), dtype, 5'000'000'000);
+  staged.commit();
+  log_info("initialised %s (%s, %.2fM parameters, %s)", output.c_str(), spec.architecture.c_str(),
+           double(spec.total_params()) / 1e6, dtype_name(dtype));
+  print_json({{"output", output}, {"parameters", spec.total_params()}});
+  return 0;
+}
+
+}  // namespace
+
+int cli_main(int argc, char** argv) {
+  CLI::App app{"slideformer: full-parameter fine-tuning of Llama-family models"};
+  app.require_subcommand(1);
+  bool quiet = false, verbose = false;
+  app.add_flag("-q,--quiet", quiet, "only results on stdout, errors on stderr");
+  app.add_flag("-v,--verbose", verbose, "more diagnostics on stderr");
+
+  // init
+  std::string init_config, init_output, init_dtype = "fp32";
+  uint64_t init_seed = 0;
+  auto* init = app.add_subcommand("init", "random HF-style initialisation of a model from a config.json");
+  init->add_option("--config", init_config, "config.json of the model")->required();
+  init->add_option("--output", init_output, "output model directory")->required();
+  init->add_option("--seed", init_seed, "random seed")->capture_default_str();
+  init->add_option("--dtype", init_dtype, "bf16 or fp32")->capture_default_str();
+
+  // eval
+  DataOptions eval_opts;
+  auto* eval = app.add_subcommand("eval", "mean cross-entropy over the trained positions of a data file");
+  add_data_options(eval, eval_opts);
+
+  // grad
+  DataOptions grad_opts;
+  std::string grad_output;
+  auto* grad = app.add_subcommand("grad", "fp32 gradient of the eval loss for every parameter");
+  add_data_options(grad, grad_opts);
+  grad->add_option("--output", grad_output, "output .safetensors file")->required();
+
+  // train
+  TrainOptions t;
+  bool no_shuffle = false;
+  auto* train = app.add_subcommand("train", "full-parameter fine-tuning with AdamW");
+  add_data_options(train, t.data);
+  train->add_option("--output", t.output, "output model directory")->required();
+  train->add_option("--steps", t.steps, "optimizer steps")->required();
+  train->add_option("--lr", t.lr, "peak learning rate")->required();
+  train->add_option("--grad-accum", t.grad_accum, "micro-batches per optimizer step")->capture_default_str();
+  train->add_option("--weight-decay", t.weight_decay, "decoupled weight decay (all parameters)")->capture_default_str();
+  train->add_option("--beta1", t.beta1)->capture_default_str();
+  train->add_option("--beta2", t.beta2)->capture_default_str();
+  train->add_option("--eps", t.eps)->capture_default_str();
+  train->add_option("--warmup-steps", t.warmup_steps)->capture_default_str();
+  train->add_option("--lr-schedule", t.lr_schedule, "constant, linear or cosine")->capture_default_str();
+  train->add_option("--max-grad-norm", t.max_grad_norm, "global gradient-norm clipping; 0 = off")->capture_default_str();
+  train->add_option("--seed", t.seed, "seed of the data order")->capture_default_str();
+  train->add_flag("--no-shuffle", no_shuffle, "take records in file order");
+  train->add_option("--save-every", t.save_every, "also save OUTPUT/checkpoint-STEP every K steps; 0 = off")
+      ->capture_default_str();
+  train->add_option("--log-every", t.log_every, "progress line every K steps")->capture_default_str();
+
+  // demo
+  DemoOptions demo_opts;
+  auto* demo = app.add_subcommand("demo", "a tiny model learns 2-digit addition (CPU or GPU)");
+  demo->add_option("--output", demo_opts.output, "where the trained model goes")->capture_default_str();
+  demo->add_option("--device", demo_opts.device, "cpu, cuda or auto")->capture_default_str();
+  demo->add_option("--steps", demo_opts.steps)->capture_default_str();
+  demo->add_option("--seed", demo_opts.seed)->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "slideformer: %s (see slideformer --help)\n", e.what());
+    return 2;
+  }
+  log_config().level = quiet ? LogLevel::Quiet : verbose ? LogLevel::Debug : LogLevel::Info;
+
+  try {
+    if (*init) return cmd_init(init_config, init_output, init_seed, init_dtype);
+    if (*eval) {
+      EvalResult r = run_eval(eval_opts);
+      print_json({{"loss", r.loss}, {"tokens", r.tokens}});
+      return 0;
+    }
+    if (*grad) {
+      EvalResult r = run_grad(grad_opts, grad_output);
+      print_json({{"loss", r.loss}, {"tokens", r.tokens}, {"output", grad_output}});
+      return 0;
+    }
+    if (*train) {
+      t.shuffle = !no_shuffle;
+      TrainResult r = run_train(t);
+      print_json({{"first_loss", r.first_loss},
+                  {"last_loss", r.last_loss},
+                  {"steps", r.steps},
+                  {"tokens_per_second", r.tokens_per_second},
+                  {"output", t.output}});
+      return 0;
+    }
+    if (*demo) {
+      DemoResult r = run_demo(demo_opts);
+      print_json({{"accuracy_before", r.accuracy_before},
+                  {"accuracy_after", r.accuracy_after},
+                  {"loss_before", r.loss_before},
+                  {"loss_after", r.loss_after}});
+      return 0;
+    }
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "slideformer: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "slideformer: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "slideformer: error: %s\n", e.what());
+    return 1;
+  }
+  return 2;
+}
+
 }  // namespace sf

@@ -1,0 +1,55 @@
+// Token datasets: JSONL records {"input_ids": [...], "labels": [...]} and their batching.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sf {
+
+constexpr int32_t kIgnoreIndex = -100;
+
+struct Record {
+  std::vector<int32_t> ids;     // input token ids
+  std::vector<int32_t> labels;  // same length; -100 = not trained
+};
+
+struct Dataset {
+  std::string path;
+  std::vector<Record> records;
+};
+
+// Reads a JSONL file. Every problem is an InputError naming "path:line". Token ids must be in
+// [0, vocab); labels in [0, vocab) or -100.
+Dataset load_jsonl(const std::string& path, int64_t vocab);
+
+// One micro-batch in host memory, ready for upload: B sequences padded to T.
+struct Batch {
+  int B = 0, T = 0;
+  std::vector<int32_t> ids;      // [B*T]
+  std::vector<int32_t> targets;  // [B*T], HF causal shift: targets[t] = labels[t+1]; -100 beyond
+  int64_t trained = 0;           // number of targets != -100
+};
+
+// Builds a batch from records (each cut to seq_len; T = the longest cut record, padded with id 0
+// and target -100). Sequences never attend across records.
+Batch make_batch(const std::vector<const Record*>& recs, int seq_len);
+
+// Trained targets of one record after the cut (for counting before a step).
+int64_t trained_targets(const Record& r, int seq_len);
+
+// The record order for training: the record used at global position i (i = 0, 1, ...),
+// shuffled per epoch with a seed, or file order.
+class RecordOrder {
+ public:
+  RecordOrder(size_t n, bool shuffle, uint64_t seed) : n_(n), shuffle_(shuffle), seed_(seed) {}
+  size_t at(uint64_t i);
+
+ private:
+  size_t n_;
+  bool shuffle_;
+  uint64_t seed_;
+  uint64_t epoch_ = UINT64_MAX;
+  std::vector<size_t> perm_;
+};
+
+}  // namespace sf

@@ -1,0 +1,299 @@
+#include "engine/resident_engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "model/rope.h"
+
+namespace sf {
+
+struct ResidentEngine::Impl {
+  Impl(Device& dev, const ModelSpec& s, const ModelLayout& layout, const EngineOptions& opt);
+
+  Device& dev;
+  const ModelSpec& spec;
+  const ModelLayout& layout;
+  DType act;                      // activation / compute-parameter dtype: F32 on cpu, BF16 elsewhere
+  std::vector<int64_t> blob_off;  // element offset of each blob in the flat buffers
+  int64_t total = 0;              // elements in the flat buffers
+
+  DeviceBuffer master;   // [total] F32 parameters (fp32 masters)
+  DeviceBuffer compute;  // [total] act copy of the parameters (only when act != F32)
+  DeviceBuffer grads;    // [total] F32
+  DeviceBuffer adam_m, adam_v;  // [total] F32
+  DeviceBuffer ckpt;     // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
+  DeviceBuffer dbuf;     // [3, N, H] act: dy, dx, recompute output scratch
+  DeviceBuffer ids, targets;  // [N] I32
+  DeviceBuffer scalars;       // [2] F32: loss sum, squared norm
+  DeviceBuffer rope_buf;      // [2, max_T, hd/2] F32
+  RopeTables rope;
+  std::unique_ptr<Workspace> ws;
+  std::unique_ptr<Stream> stream;
+  Program program;
+  float host_scalars[2] = {0, 0};
+  std::vector<float> host_logits;  // [N, V], logits() only
+
+  void* at(const DeviceBuffer& b, int blob, DType t) const {
+    return static_cast<char*>(b.data()) + blob_off[blob] * int64_t(dtype_size(t));
+  }
+  Tensor entry(const DeviceBuffer& b, int blob, int idx, DType t) const {
+    return entry_view(layout.blobs[blob].entries[idx], at(b, blob, t), t);
+  }
+  Tensor ckpt_at(int l, int64_t N) const {
+    char* p = static_cast<char*>(ckpt.data()) + size_t(l) * stride_nh;
+    return Tensor(p, act, {N, spec.hidden});
+  }
+  Tensor dtensor(int i, int64_t N) const {
+    char* p = static_cast<char*>(dbuf.data()) + size_t(i) * stride_nh;
+    return Tensor(p, act, {N, spec.hidden});
+  }
+  size_t stride_nh = 0;  // bytes of one [max N, H] activation
+  void upload_blob(int blob, const std::vector<float>& host);
+};
+
+ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay, const EngineOptions& opt)
+    : dev(d),
+      spec(s),
+      layout(lay),
+      act(d.is_host() ? DType::F32 : DType::BF16),
+      stream(d.create_stream()),
+      program(s, d.ops(), act) {
+  for (const auto& b : layout.blobs) {
+    blob_off.push_back(total);
+    total += b.numel;
+  }
+  const int64_t maxN = int64_t(opt.max_batch) * opt.max_seq;
+  stride_nh = (size_t(maxN * spec.hidden) * dtype_size(act) + 255) / 256 * 256;
+  master = DeviceBuffer(dev, size_t(total) * 4);
+  if (act != DType::F32) compute = DeviceBuffer(dev, size_t(total) * dtype_size(act));
+  if (opt.training) grads = DeviceBuffer(dev, size_t(total) * 4);
+  if (opt.training && opt.optimizer) {
+    adam_m = DeviceBuffer(dev, size_t(total) * 4);
+    adam_v = DeviceBuffer(dev, size_t(total) * 4);
+  }
+  ckpt = DeviceBuffer(dev, stride_nh * size_t(spec.n_layer + 1));
+  dbuf = DeviceBuffer(dev, stride_nh * 3);
+  ids = DeviceBuffer(dev, size_t(maxN) * 4);
+  targets = DeviceBuffer(dev, size_t(maxN) * 4);
+  scalars = DeviceBuffer(dev, 256);
+  ws = std::make_unique<Workspace>(dev, spec, opt.max_batch, opt.max_seq, act);
+
+  std::vector<float> cos, sin;
+  rope_tables(spec, opt.max_seq, cos, sin);
+  const size_t table = cos.size() * 4;
+  rope_buf = DeviceBuffer(dev, 2 * table);
+  dev.copy(rope_buf.data(), cos.data(), table, CopyKind::HostToDevice, *stream);
+  dev.copy(static_cast<char*>(rope_buf.data()) + table, sin.data(), table, CopyKind::HostToDevice, *stream);
+  const int64_t half = spec.head_dim / 2;
+  rope.cos = Tensor(rope_buf.data(), DType::F32, {int64_t(opt.max_seq), half});
+  rope.sin = Tensor(static_cast<char*>(rope_buf.data()) + table, DType::F32, {int64_t(opt.max_seq), half});
+
+  Ops& ops = dev.ops();
+  ops.zero(Tensor(master.data(), DType::F32, {total}), *stream);  // padding between tensors stays 0
+  if (adam_m.data()) {
+    ops.zero(Tensor(adam_m.data(), DType::F32, {total}), *stream);
+    ops.zero(Tensor(adam_v.data(), DType::F32, {total}), *stream);
+  }
+  ops.zero(Tensor(scalars.data(), DType::F32, {2}), *stream);
+  dev.synchronize(*stream);  // the host tables above go out of scope
+}
+
+ResidentEngine::ResidentEngine(Device& dev, const ModelSpec& spec, const EngineOptions& opt)
+    : dev_(dev), spec_(spec), layout_(make_layout(spec)), opt_(opt) {
+  impl_ = std::make_unique<Impl>(dev_, spec_, layout_, opt_);
+}
+
+ResidentEngine::~ResidentEngine() {
+  if (impl_) {
+    try {
+      dev_.synchronize(*impl_->stream);
+    } catch (...) {
+    }
+  }
+}
+
+// Upload fp32 host values of one blob to the masters (and the compute copy).
+void ResidentEngine::Impl::upload_blob(int blob, const std::vector<float>& host) {
+  dev.copy(at(master, blob, DType::F32), host.data(), host.size() * 4, CopyKind::HostToDevice, *stream);
+  if (act != DType::F32) {
+    const int64_t n = int64_t(host.size());
+    dev.ops().cast(Tensor(at(compute, blob, act), act, {n}), Tensor(at(master, blob, DType::F32), DType::F32, {n}),
+                   *stream);
+  }
+  dev.synchronize(*stream);  // the host buffer is reused by the caller
+}
+
+void ResidentEngine::load(const CheckpointReader& ckpt) {
+  std::vector<float> host;
+  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
+    const BlobLayout& blob = layout_.blobs[b];
+    host.assign(size_t(blob.numel), 0.f);
+    for (const BlobEntry& e : blob.entries) ckpt.read_f32(e.name, e.shape, host.data() + e.offset);
+    impl_->upload_blob(int(b), host);
+  }
+}
+
+void ResidentEngine::init_random(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  // Box-Muller on our own uniform draws: the same numbers on every platform and library.
+  auto uniform = [&] { return (double(rng() >> 11) + 0.5) * (1.0 / 9007199254740992.0); };
+  const double std = spec_.initializer_range;
+  std::vector<float> host;
+  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
+    const BlobLayout& blob = layout_.blobs[b];
+    host.assign(size_t(blob.numel), 0.f);
+    for (const BlobEntry& e : blob.entries) {
+      float* p = host.data() + e.offset;
+      bool is_norm = e.name.find("norm.weight") != std::string::npos;
+      bool is_bias = e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
+      for (int64_t i = 0; i < e.numel; ++i) {
+        if (is_norm) {
+          p[i] = 1.f;
+        } else if (is_bias) {
+          p[i] = 0.f;
+        } else {
+          double u1 = uniform(), u2 = uniform();
+          p[i] = float(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+        }
+      }
+    }
+    impl_->upload_blob(int(b), host);
+  }
+}
+
+void ResidentEngine::zero_grads() {
+  SF_CHECK(impl_->grads.data(), "engine built without gradients");
+  dev_.ops().zero(Tensor(impl_->grads.data(), DType::F32, {impl_->total}), *impl_->stream);
+}
+
+std::vector<float> ResidentEngine::logits(const Batch& b) {
+  forward_backward(b, 0.f, false, true);
+  Impl& m = *impl_;
+  return std::move(m.host_logits);
+}
+
+void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool backward) {
+  forward_backward(b, grad_scale, backward, false);
+}
+
+void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool backward, bool want_logits) {
+  Impl& m = *impl_;
+  SF_CHECK(b.B <= opt_.max_batch && b.T <= opt_.max_seq, "batch larger than the engine was built for");
+  SF_CHECK(!backward || m.grads.data(), "engine built without gradients");
+  Ops& ops = dev_.ops();
+  Stream& st = *m.stream;
+  const BatchDims d{b.B, b.T};
+  const int64_t N = d.N();
+  const int L = spec_.n_layer;
+  const int head_blob = int(layout_.blobs.size()) - 1;
+  const DType act = m.act;
+
+  Tensor ids(m.ids.data(), DType::I32, {N});
+  Tensor targets(m.targets.data(), DType::I32, {N});
+  dev_.copy(ids.data, b.ids.data(), size_t(N) * 4, CopyKind::HostToDevice, st);
+  dev_.copy(targets.data, b.targets.data(), size_t(N) * 4, CopyKind::HostToDevice, st);
+  // The host batch must outlive the copies; on the cpu backend copies run on the stream thread.
+  dev_.synchronize(st);
+
+  const DeviceBuffer& pbuf = act == DType::F32 ? m.master : m.compute;  // parameters in compute dtype
+  Tensor emb_table = m.entry(pbuf, 0, 0, act);
+
+  // Forward: keep every layer's input (the checkpoints).
+  m.program.embed_forward(m.ckpt_at(0, N), ids, emb_table, st);
+  for (int l = 0; l < L; ++l) {
+    LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
+    m.program.layer_forward(p, m.ckpt_at(l, N), m.ckpt_at(l + 1, N), m.ws->layer(d), d, m.rope, st);
+  }
+  Tensor loss_sum(m.scalars.data(), DType::F32, {1});
+  Tensor norm_w = m.entry(pbuf, head_blob, 0, act);
+  Tensor w_head = spec_.tie_embeddings ? emb_table : m.entry(pbuf, head_blob, 1, act);
+  HeadBuffers hb = m.ws->head(d);
+  if (want_logits) {
+    DeviceBuffer lg(dev_, size_t(N * spec_.vocab) * 4);
+    Tensor logits(lg.data(), DType::F32, {N, spec_.vocab});
+    m.program.head_logits(m.ckpt_at(L, N), norm_w, w_head, logits, hb, st);
+    m.host_logits.resize(size_t(N * spec_.vocab));
+    dev_.copy(m.host_logits.data(), lg.data(), m.host_logits.size() * 4, CopyKind::DeviceToHost, st);
+    dev_.synchronize(st);
+    return;
+  }
+  if (!backward) {
+    m.program.head_forward_backward(m.ckpt_at(L, N), norm_w, w_head, targets, loss_sum, Tensor(), Tensor(), Tensor(),
+                                    grad_scale, hb, d, st);
+    return;
+  }
+  Tensor dy = m.dtensor(0, N), dx = m.dtensor(1, N), scratch = m.dtensor(2, N);
+  Tensor g_emb = m.entry(m.grads, 0, 0, DType::F32);
+  Tensor g_norm = m.entry(m.grads, head_blob, 0, DType::F32);
+  Tensor g_head = spec_.tie_embeddings ? g_emb : m.entry(m.grads, head_blob, 1, DType::F32);
+  m.program.head_forward_backward(m.ckpt_at(L, N), norm_w, w_head, targets, loss_sum, dy, g_norm, g_head, grad_scale,
+                                  hb, d, st);
+  // Backward: recompute each layer from its checkpoint, then its backward.
+  for (int l = L - 1; l >= 0; --l) {
+    LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
+    LayerParams g = layer_views(layout_.layer(l), m.at(m.grads, 1 + l, DType::F32), DType::F32);
+    LayerBuffers w = m.ws->layer(d);
+    m.program.layer_forward(p, m.ckpt_at(l, N), scratch, w, d, m.rope, st);
+    m.program.layer_backward(p, g, m.ckpt_at(l, N), dy, dx, w, d, m.rope, st);
+    std::swap(dy, dx);
+  }
+  m.program.embed_backward(g_emb, dy, ids, st);
+}
+
+double ResidentEngine::take_loss_sum() {
+  Impl& m = *impl_;
+  dev_.copy(&m.host_scalars[0], m.scalars.data(), 4, CopyKind::DeviceToHost, *m.stream);
+  dev_.ops().zero(Tensor(m.scalars.data(), DType::F32, {1}), *m.stream);
+  dev_.synchronize(*m.stream);
+  return m.host_scalars[0];
+}
+
+double ResidentEngine::grad_sq_norm() {
+  Impl& m = *impl_;
+  Tensor sq(static_cast<char*>(m.scalars.data()) + 4, DType::F32, {1});
+  dev_.ops().zero(sq, *m.stream);
+  dev_.ops().sq_norm(sq, Tensor(m.grads.data(), DType::F32, {m.total}), *m.stream);
+  dev_.copy(&m.host_scalars[1], sq.data, 4, CopyKind::DeviceToHost, *m.stream);
+  dev_.synchronize(*m.stream);
+  return m.host_scalars[1];
+}
+
+void ResidentEngine::adamw_step(const AdamWParams& p) {
+  Impl& m = *impl_;
+  SF_CHECK(m.adam_m.data(), "engine built without optimizer state");
+  Tensor copy = m.act == DType::F32 ? Tensor() : Tensor(m.compute.data(), m.act, {m.total});
+  dev_.ops().adamw(Tensor(m.master.data(), DType::F32, {m.total}), Tensor(m.grads.data(), DType::F32, {m.total}),
+                   Tensor(m.adam_m.data(), DType::F32, {m.total}), Tensor(m.adam_v.data(), DType::F32, {m.total}), copy,
+                   p, *m.stream);
+}
+
+std::vector<ResidentEngine::HostTensor> ResidentEngine::export_buffer(void* base) {
+  Impl& m = *impl_;
+  std::vector<float> host(size_t(m.total));
+  dev_.copy(host.data(), base, host.size() * 4, CopyKind::DeviceToHost, *m.stream);
+  dev_.synchronize(*m.stream);
+  std::vector<HostTensor> out;
+  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
+    for (const BlobEntry& e : layout_.blobs[b].entries) {
+      HostTensor t;
+      t.name = e.name;
+      t.shape = e.shape;
+      const float* src = host.data() + m.blob_off[b] + e.offset;
+      t.data.assign(src, src + e.numel);
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+std::vector<ResidentEngine::HostTensor> ResidentEngine::export_params() { return export_buffer(impl_->master.data()); }
+
+std::vector<ResidentEngine::HostTensor> ResidentEngine::export_grads() {
+  SF_CHECK(impl_->grads.data(), "engine built without gradients");
+  return export_buffer(impl_->grads.data());
+}
+
+}  // namespace sf

@@ -1,0 +1,74 @@
+// The resident engine: the whole model (parameters, gradients, AdamW state, activation
+// checkpoints) lives in one Device's memory. It is the in-memory reference the sliding engine
+// is tested against, and the engine for models that fit (CPU backend, or a GPU without offload).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/device.h"
+#include "data/dataset.h"
+#include "model/layout.h"
+#include "model/program.h"
+#include "model/spec.h"
+
+namespace sf {
+
+class CheckpointReader;
+
+struct EngineOptions {
+  int max_batch = 1;         // sequences per micro-batch
+  int max_seq = 1;           // tokens per sequence
+  bool training = true;      // allocate gradients (and AdamW state when optimizer is true)
+  bool optimizer = true;
+};
+
+class ResidentEngine {
+ public:
+  ResidentEngine(Device& dev, const ModelSpec& spec, const EngineOptions& opt);
+  ~ResidentEngine();
+
+  const ModelSpec& spec() const { return spec_; }
+  const ModelLayout& layout() const { return layout_; }
+  Device& device() { return dev_; }
+
+  // Parameters from a checkpoint (any of F32/BF16/F16; converted to fp32 masters).
+  void load(const CheckpointReader& ckpt);
+  // HF-style random init: normal(0, initializer_range) weights, 1 for norms, 0 for biases.
+  void init_random(uint64_t seed);
+
+  void zero_grads();
+  // Adds one micro-batch: forward, loss, and (if training) backward with gradients scaled by
+  // grad_scale (1 / trained tokens of the optimizer step). Asynchronous; read the summed loss
+  // with take_loss_sum().
+  void forward_backward(const Batch& b, float grad_scale, bool backward);
+  // Full logits [B*T, V] of a batch, to host (evaluation helper; allocates, not for the hot path).
+  std::vector<float> logits(const Batch& b);
+  // Sum of the micro-batches' cross-entropy since the last call (waits for the device).
+  double take_loss_sum();
+  // Squared L2 norm of all gradients (waits for the device).
+  double grad_sq_norm();
+  // One AdamW step on every parameter; grads multiplied by grad_scale first (clipping).
+  void adamw_step(const AdamWParams& p);
+
+  // fp32 copies in host memory, in HF names and shapes.
+  struct HostTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+  };
+  std::vector<HostTensor> export_params();
+  std::vector<HostTensor> export_grads();
+
+ private:
+  struct Impl;
+  void forward_backward(const Batch& b, float grad_scale, bool backward, bool want_logits);
+  std::vector<HostTensor> export_buffer(void* base);
+  Device& dev_;
+  ModelSpec spec_;
+  ModelLayout layout_;
+  EngineOptions opt_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sf

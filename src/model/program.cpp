@@ -1,0 +1,220 @@
+#include "model/program.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace sf {
+namespace {
+
+// Carves aligned tensors out of one block; with base == nullptr it only measures.
+struct Carver {
+  char* base;
+  size_t off = 0;
+  Tensor take(DType t, std::initializer_list<int64_t> dims) {
+    Tensor x(nullptr, t, dims);
+    x.data = base ? base + off : nullptr;
+    off += (x.bytes() + 255) / 256 * 256;
+    return x;
+  }
+  Tensor take_bytes(size_t n) {
+    Tensor x(nullptr, DType::F32, {int64_t((n + 3) / 4)});
+    x.data = (base && n) ? base + off : nullptr;
+    off += (n + 255) / 256 * 256;
+    return x;
+  }
+};
+
+LayerBuffers carve_layer(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t attn_ws) {
+  const int64_t N = int64_t(B) * T, H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate;
+  LayerBuffers w;
+  w.h1 = c.take(a, {N, H});
+  w.rstd1 = c.take(DType::F32, {N});
+  if (s.qk_norm) {
+    w.q_raw = c.take(a, {N, Q});
+    w.k_raw = c.take(a, {N, KV});
+    w.q_rstd = c.take(DType::F32, {N * s.n_head});
+    w.k_rstd = c.take(DType::F32, {N * s.n_kv_head});
+    w.dq_raw = c.take(a, {N, Q});
+    w.dk_raw = c.take(a, {N, KV});
+  }
+  w.q = c.take(a, {N, Q});
+  w.k = c.take(a, {N, KV});
+  w.v = c.take(a, {N, KV});
+  w.att = c.take(a, {N, Q});
+  w.lse = c.take(DType::F32, {int64_t(B) * s.n_head * T});
+  w.x2 = c.take(a, {N, H});
+  w.h2 = c.take(a, {N, H});
+  w.rstd2 = c.take(DType::F32, {N});
+  w.gate = c.take(a, {N, I});
+  w.up = c.take(a, {N, I});
+  w.act = c.take(a, {N, I});
+  w.dh = c.take(a, {N, H});
+  w.dgate = c.take(a, {N, I});
+  w.dup = c.take(a, {N, I});
+  w.dq = c.take(a, {N, Q});
+  w.dk = c.take(a, {N, KV});
+  w.dv = c.take(a, {N, KV});
+  w.datt = c.take(a, {N, Q});
+  w.attn_ws = c.take_bytes(attn_ws);
+  return w;
+}
+
+HeadBuffers carve_head(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t lce_ws) {
+  const int64_t N = int64_t(B) * T, H = s.hidden;
+  HeadBuffers h;
+  h.hf = c.take(a, {N, H});
+  h.rstd = c.take(DType::F32, {N});
+  h.dhf = c.take(a, {N, H});
+  h.lce_ws = c.take_bytes(lce_ws);
+  return h;
+}
+
+AttnDims attn_dims(const ModelSpec& s, const BatchDims& d) {
+  AttnDims a;
+  a.B = d.B;
+  a.T = d.T;
+  a.n_head = s.n_head;
+  a.n_kv_head = s.n_kv_head;
+  a.head_dim = s.head_dim;
+  a.scale = 1.0f / std::sqrt(float(s.head_dim));
+  return a;
+}
+
+}  // namespace
+
+Workspace::Workspace(Device& dev, const ModelSpec& s, int max_B, int max_T, DType act)
+    : s_(s), ops_(dev.ops()), act_(act), max_B_(max_B), max_T_(max_T) {
+  BatchDims d{max_B, max_T};
+  attn_ws_ = ops_.attention_workspace_bytes(attn_dims(s, d));
+  lce_ws_ = ops_.linear_ce_workspace_bytes(d.N(), s.hidden, s.vocab);
+  Carver c{nullptr};
+  carve_layer(c, s, act, max_B, max_T, attn_ws_);
+  carve_head(c, s, act, max_B, max_T, lce_ws_);
+  buf_ = DeviceBuffer(dev, c.off);
+}
+
+// Both views start at the block's base: the head runs after every layer's forward and before
+// any layer's backward, so their buffers never live at the same time.
+LayerBuffers Workspace::layer(const BatchDims& d) const {
+  SF_CHECK(d.B <= max_B_ && d.T <= max_T_, "batch larger than the workspace");
+  Carver c{static_cast<char*>(buf_.data())};
+  return carve_layer(c, s_, act_, d.B, d.T, attn_ws_);
+}
+
+HeadBuffers Workspace::head(const BatchDims& d) const {
+  SF_CHECK(d.B <= max_B_ && d.T <= max_T_, "batch larger than the workspace");
+  Carver c{static_cast<char*>(buf_.data())};
+  return carve_head(c, s_, act_, d.B, d.T, lce_ws_);
+}
+
+void Program::linear(Tensor out, Tensor x, Tensor W, Tensor b, Stream& st) const {
+  ops_.matmul(out, x, W, false, true, 1.f, 0.f, st);
+  if (!b.empty()) ops_.add_bias(out, b, st);
+}
+
+void Program::linear_backward(Tensor dx, Tensor dW, Tensor db, Tensor dy, Tensor x, Tensor W, bool accumulate_dx,
+                              Stream& st) const {
+  if (!dx.empty()) ops_.matmul(dx, dy, W, false, false, 1.f, accumulate_dx ? 1.f : 0.f, st);
+  ops_.matmul(dW, dy, x, true, false, 1.f, 1.f, st);
+  if (!db.empty()) ops_.bias_backward(db, dy, st);
+}
+
+void Program::embed_forward(Tensor x0, Tensor ids, Tensor table, Stream& st) const {
+  ops_.embedding_forward(x0, ids, table, st);
+}
+
+void Program::embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Stream& st) const {
+  ops_.embedding_backward(dtable, dx0, ids, st);
+}
+
+void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
+                            const RopeTables& rope, Stream& st) const {
+  using P = LayerParam;
+  const int64_t N = d.N();
+  const float eps = float(s_.rms_eps);
+  ops_.rmsnorm_forward(w.h1, w.rstd1, x, p[P::InputNorm], eps, st);
+  if (s_.qk_norm) {
+    linear(w.q_raw, w.h1, p[P::Wq], p[P::Bq], st);
+    linear(w.k_raw, w.h1, p[P::Wk], p[P::Bk], st);
+    // Per-head RMSNorm over head_dim: view [N, heads*hd] as [N*heads, hd].
+    ops_.rmsnorm_forward(w.q.view({N * s_.n_head, s_.head_dim}), w.q_rstd, w.q_raw.view({N * s_.n_head, s_.head_dim}),
+                         p[P::QNorm], eps, st);
+    ops_.rmsnorm_forward(w.k.view({N * s_.n_kv_head, s_.head_dim}), w.k_rstd,
+                         w.k_raw.view({N * s_.n_kv_head, s_.head_dim}), p[P::KNorm], eps, st);
+  } else {
+    linear(w.q, w.h1, p[P::Wq], p[P::Bq], st);
+    linear(w.k, w.h1, p[P::Wk], p[P::Bk], st);
+  }
+  linear(w.v, w.h1, p[P::Wv], p[P::Bv], st);
+  ops_.rope_forward(w.q, rope.cos, rope.sin, d.T, s_.n_head, s_.head_dim, st);
+  ops_.rope_forward(w.k, rope.cos, rope.sin, d.T, s_.n_kv_head, s_.head_dim, st);
+  ops_.attention_forward(w.att, w.lse, w.q, w.k, w.v, attn_dims(s_, d), st);
+  linear(w.x2, w.att, p[P::Wo], p[P::Bo], st);
+  ops_.add(w.x2, w.x2, x, st);  // residual
+  ops_.rmsnorm_forward(w.h2, w.rstd2, w.x2, p[P::PostNorm], eps, st);
+  linear(w.gate, w.h2, p[P::Wgate], p[P::Bgate], st);
+  linear(w.up, w.h2, p[P::Wup], p[P::Bup], st);
+  ops_.swiglu_forward(w.act, w.gate, w.up, st);
+  linear(y, w.act, p[P::Wdown], p[P::Bdown], st);
+  ops_.add(y, y, w.x2, st);  // residual
+}
+
+void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
+                             const LayerBuffers& w, const BatchDims& d, const RopeTables& rope, Stream& st) const {
+  using P = LayerParam;
+  const int64_t N = d.N();
+  // y = x2 + down(act): d(x2) starts as dy; dx holds d(x2) until the attention block's
+  // contribution and the input norm's are added to it.
+  ops_.cast(dx, dy, st);
+  ops_.matmul(g[P::Wdown], dy, w.act, true, false, 1.f, 1.f, st);
+  if (!g[P::Bdown].empty()) ops_.bias_backward(g[P::Bdown], dy, st);
+  Tensor dact = w.act;  // act is no longer needed
+  ops_.matmul(dact, dy, p[P::Wdown], false, false, 1.f, 0.f, st);
+  ops_.swiglu_backward(w.dgate, w.dup, dact, w.gate, w.up, st);
+  linear_backward(w.dh, g[P::Wgate], g[P::Bgate], w.dgate, w.h2, p[P::Wgate], false, st);
+  linear_backward(w.dh, g[P::Wup], g[P::Bup], w.dup, w.h2, p[P::Wup], true, st);
+  ops_.rmsnorm_backward(dx, g[P::PostNorm], w.dh, w.x2, p[P::PostNorm], w.rstd2, true, st);
+
+  // x2 = x + o_proj(att); the attention backward still needs att itself (D = rowsum(dO*O)).
+  ops_.matmul(w.datt, dx, p[P::Wo], false, false, 1.f, 0.f, st);
+  ops_.matmul(g[P::Wo], dx, w.att, true, false, 1.f, 1.f, st);
+  if (!g[P::Bo].empty()) ops_.bias_backward(g[P::Bo], dx, st);
+  ops_.attention_backward(w.dq, w.dk, w.dv, w.datt, w.q, w.k, w.v, w.att, w.lse, attn_dims(s_, d), w.attn_ws, st);
+  ops_.rope_backward(w.dq, rope.cos, rope.sin, d.T, s_.n_head, s_.head_dim, st);
+  ops_.rope_backward(w.dk, rope.cos, rope.sin, d.T, s_.n_kv_head, s_.head_dim, st);
+  Tensor dq = w.dq, dk = w.dk;
+  if (s_.qk_norm) {
+    const int64_t hd = s_.head_dim;
+    ops_.rmsnorm_backward(w.dq_raw.view({N * s_.n_head, hd}), g[P::QNorm], w.dq.view({N * s_.n_head, hd}),
+                          w.q_raw.view({N * s_.n_head, hd}), p[P::QNorm], w.q_rstd, false, st);
+    ops_.rmsnorm_backward(w.dk_raw.view({N * s_.n_kv_head, hd}), g[P::KNorm], w.dk.view({N * s_.n_kv_head, hd}),
+                          w.k_raw.view({N * s_.n_kv_head, hd}), p[P::KNorm], w.k_rstd, false, st);
+    dq = w.dq_raw;
+    dk = w.dk_raw;
+  }
+  linear_backward(w.dh, g[P::Wq], g[P::Bq], dq, w.h1, p[P::Wq], false, st);
+  linear_backward(w.dh, g[P::Wk], g[P::Bk], dk, w.h1, p[P::Wk], true, st);
+  linear_backward(w.dh, g[P::Wv], g[P::Bv], w.dv, w.h1, p[P::Wv], true, st);
+  ops_.rmsnorm_backward(dx, g[P::InputNorm], w.dh, x, p[P::InputNorm], w.rstd1, true, st);
+}
+
+void Program::head_forward_backward(Tensor x, Tensor norm_w, Tensor w_head, Tensor targets, Tensor loss_sum,
+                                    Tensor dx, Tensor dnorm, Tensor dw_head, float grad_scale, const HeadBuffers& w,
+                                    const BatchDims& d, Stream& st) const {
+  ops_.rmsnorm_forward(w.hf, w.rstd, x, norm_w, float(s_.rms_eps), st);
+  if (dx.empty()) {
+    ops_.linear_cross_entropy(loss_sum, Tensor(), Tensor(), w.hf, w_head, targets, grad_scale, w.lce_ws, st);
+    return;
+  }
+  ops_.linear_cross_entropy(loss_sum, w.dhf, dw_head, w.hf, w_head, targets, grad_scale, w.lce_ws, st);
+  ops_.rmsnorm_backward(dx, dnorm, w.dhf, x, norm_w, w.rstd, false, st);
+}
+
+void Program::head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w,
+                          Stream& st) const {
+  ops_.rmsnorm_forward(w.hf, w.rstd, x, norm_w, float(s_.rms_eps), st);
+  ops_.matmul(logits, w.hf, w_head, false, true, 1.f, 0.f, st);
+}
+
+}  // namespace sf

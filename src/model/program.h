@@ -1,0 +1,104 @@
+// The forward / recompute / backward programs of a decoder layer, the embedding and the head,
+// written once against the kernel table (backend/ops.h). Where memory lives is the caller's
+// business: parameters, gradients and activations arrive as views.
+#pragma once
+#include <memory>
+
+#include "backend/device.h"
+#include "model/layout.h"
+#include "model/spec.h"
+
+namespace sf {
+
+struct BatchDims {
+  int B = 0, T = 0;
+  int64_t N() const { return int64_t(B) * T; }
+};
+
+// Activation buffers of one layer's forward (kept for its backward) and backward scratch, for
+// up to max_B x max_T tokens, in one device allocation made at start-up.
+struct LayerBuffers {
+  Tensor h1;              // [N, H]    input norm output
+  Tensor rstd1;           // [N]       F32
+  Tensor q_raw, k_raw;    // [N, Q], [N, KV] projections before q/k-norm (qk_norm only)
+  Tensor q_rstd, k_rstd;  // [N*n_head], [N*n_kv_head] F32 (qk_norm only)
+  Tensor q, k, v;         // [N, Q], [N, KV], [N, KV] after norm + RoPE
+  Tensor att;             // [N, Q]    attention output (reused as d(att) in backward)
+  Tensor lse;             // [B, n_head, T] F32
+  Tensor x2;              // [N, H]    residual after attention
+  Tensor h2;              // [N, H]    post-attention norm output
+  Tensor rstd2;           // [N]       F32
+  Tensor gate, up, act;   // [N, I]    (act reused as d(act) in backward)
+  Tensor dh;              // [N, H]
+  Tensor dgate, dup;      // [N, I]
+  Tensor dq, dk, dv;      // [N, Q], [N, KV], [N, KV]
+  Tensor datt;            // [N, Q]
+  Tensor dq_raw, dk_raw;  // [N, Q], [N, KV] (qk_norm only)
+  Tensor attn_ws;         // attention backward scratch
+};
+
+struct HeadBuffers {
+  Tensor hf;       // [N, H] final norm output
+  Tensor rstd;     // [N] F32
+  Tensor dhf;      // [N, H]
+  Tensor lce_ws;   // fused linear-cross-entropy scratch
+};
+
+class Workspace {
+ public:
+  Workspace(Device& dev, const ModelSpec& s, int max_B, int max_T, DType act);
+  // Views for a batch of B x T tokens (B <= max_B, T <= max_T).
+  LayerBuffers layer(const BatchDims& d) const;
+  HeadBuffers head(const BatchDims& d) const;
+  size_t bytes() const { return buf_.size(); }
+
+ private:
+  const ModelSpec& s_;
+  Ops& ops_;
+  DType act_;
+  int max_B_, max_T_;
+  size_t attn_ws_, lce_ws_;
+  DeviceBuffer buf_;
+};
+
+// RoPE tables on the device: [max_T, head_dim/2] F32 each.
+struct RopeTables {
+  Tensor cos, sin;
+};
+
+class Program {
+ public:
+  Program(const ModelSpec& s, Ops& ops, DType act) : s_(s), ops_(ops), act_(act) {}
+
+  // x0 [N, H] = embedding rows of ids [N].
+  void embed_forward(Tensor x0, Tensor ids, Tensor table, Stream& st) const;
+  void embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Stream& st) const;
+
+  // y [N, H] = layer(x). Fills w with what backward needs (this is also the recompute).
+  void layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
+                     const RopeTables& rope, Stream& st) const;
+  // After layer_forward(x) into the same w: dx [N, H] from dy [N, H]; parameter grads g += .
+  // dx may not alias dy.
+  void layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
+                      const LayerBuffers& w, const BatchDims& d, const RopeTables& rope, Stream& st) const;
+
+  // Final norm + fused linear cross-entropy. targets [N] I32 (already shifted; -100 ignored).
+  // loss_sum [1] F32 += summed CE. If dx is given: dx [N, H] = grad_scale * dloss/dx_L and
+  // dnorm += , dw_head += (the embedding's grad when tied).
+  void head_forward_backward(Tensor x, Tensor norm_w, Tensor w_head, Tensor targets, Tensor loss_sum, Tensor dx,
+                             Tensor dnorm, Tensor dw_head, float grad_scale, const HeadBuffers& w,
+                             const BatchDims& d, Stream& st) const;
+  // logits [N, V] = final_norm(x) @ w_head^T (evaluation and tests only: the training path never
+  // materialises logits).
+  void head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w, Stream& st) const;
+
+ private:
+  void linear(Tensor out, Tensor x, Tensor W, Tensor b, Stream& st) const;
+  void linear_backward(Tensor dx, Tensor dW, Tensor db, Tensor dy, Tensor x, Tensor W, bool accumulate_dx,
+                       Stream& st) const;
+  const ModelSpec& s_;
+  Ops& ops_;
+  DType act_;
+};
+
+}  // namespace sf

@@ -1,0 +1,49 @@
+#include "model/rope.h"
+
+#include <cmath>
+
+namespace sf {
+
+std::vector<float> rope_inv_freq(const ModelSpec& s) {
+  const int half = s.head_dim / 2;
+  const float base = float(s.rope.theta);
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; ++i) {
+    float expo = float(2 * i) / float(s.head_dim);  // fp32, as torch does
+    inv[i] = 1.0f / std::pow(base, expo);
+  }
+  if (s.rope.type == "linear") {
+    for (float& f : inv) f = f / float(s.rope.factor);
+  } else if (s.rope.type == "llama3") {
+    // Llama 3.1: long wavelengths divided by factor, short kept, a smooth blend between.
+    const float factor = float(s.rope.factor);
+    const float lo = float(s.rope.low_freq_factor), hi = float(s.rope.high_freq_factor);
+    const float old_ctx = float(s.rope.original_max_position);
+    const float low_wavelen = old_ctx / lo, high_wavelen = old_ctx / hi;
+    for (float& f : inv) {
+      float wavelen = float(2.0 * M_PI) / f;
+      float scaled = wavelen > low_wavelen ? f / factor : f;
+      float smooth = (old_ctx / wavelen - lo) / (hi - lo);
+      float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+      f = medium ? smoothed : scaled;
+    }
+  }
+  return inv;
+}
+
+void rope_tables(const ModelSpec& s, int T, std::vector<float>& cos, std::vector<float>& sin) {
+  const int half = s.head_dim / 2;
+  std::vector<float> inv = rope_inv_freq(s);
+  cos.resize(size_t(T) * half);
+  sin.resize(size_t(T) * half);
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < half; ++i) {
+      float angle = inv[i] * float(t);  // one fp32 product, like torch's fp32 outer product
+      cos[size_t(t) * half + i] = float(std::cos(double(angle)));
+      sin[size_t(t) * half + i] = float(std::sin(double(angle)));
+    }
+  }
+}
+
+}  // namespace sf

@@ -1,0 +1,50 @@
+// ModelSpec: the architecture of a Llama-family checkpoint, read from HF config.json.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace sf {
+
+enum class Arch { Llama, Mistral, Qwen2, Qwen3 };
+
+struct RopeSpec {
+  std::string type = "default";  // default | linear | llama3
+  double theta = 10000.0;
+  double factor = 1.0;  // linear, llama3
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position = 8192;                  // llama3
+};
+
+struct ModelSpec {
+  Arch arch = Arch::Llama;
+  std::string architecture;  // as in config.json, e.g. "LlamaForCausalLM"
+  std::string model_type;    // "llama", "mistral", "qwen2", "qwen3"
+  int64_t vocab = 0, hidden = 0, intermediate = 0;
+  int n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0;
+  double rms_eps = 1e-6;
+  bool tie_embeddings = false;
+  bool qkv_bias = false;   // Qwen2 always; Llama/Qwen3/Mistral attention_bias
+  bool o_bias = false;     // Llama/Qwen3 attention_bias
+  bool mlp_bias = false;   // Llama mlp_bias
+  bool qk_norm = false;    // Qwen3: RMSNorm over head_dim of q and k, before RoPE
+  RopeSpec rope;
+  int64_t max_position = 0;
+  int64_t sliding_window = 0;  // 0 = none active
+  double initializer_range = 0.02;
+  std::string torch_dtype;  // "bfloat16", "float32", ... as written (may be empty)
+
+  int64_t q_dim() const { return int64_t(n_head) * head_dim; }
+  int64_t kv_dim() const { return int64_t(n_kv_head) * head_dim; }
+  int64_t layer_params() const;  // parameters of one decoder layer
+  int64_t total_params() const;
+  // Refuses (InputError naming `where`) a sliding window shorter than seq_len.
+  void check_seq_len(int64_t seq_len, const std::string& where) const;
+};
+
+// Parses and validates config.json (`path` names the file in errors).
+ModelSpec parse_model_spec(const nlohmann::json& cfg, const std::string& path);
+ModelSpec load_model_spec(const std::string& config_path);
+
+}  // namespace sf

@@ -1,0 +1,31 @@
+// Loading a model directory into an engine and saving an engine's weights as an HF directory.
+#pragma once
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "engine/resident_engine.h"
+#include "model/spec.h"
+
+namespace sf {
+
+struct ModelDir {
+  std::string path;
+  std::string config_path;
+  ModelSpec spec;
+};
+
+// Reads and validates DIR/config.json (InputError naming the file on any problem).
+ModelDir open_model_dir(const std::string& dir);
+
+// Checkpoint dtype to save in: the checkpoint's own (F32/BF16/F16 as stored) — see model_io.cpp.
+DType checkpoint_dtype(const std::string& dir);
+
+// Writes an HF checkpoint into `out_dir`, a fresh (staging) directory: safetensors in `dtype`,
+// config.json (`config` with its dtype updated), and tokenizer files copied from `src_dir`
+// (none when empty).
+void save_hf_model(ResidentEngine& engine, nlohmann::json config, const std::string& src_dir,
+                   const std::string& out_dir, DType dtype, size_t max_shard_bytes);
+
+}  // namespace sf

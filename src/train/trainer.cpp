@@ -1,0 +1,221 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "backend/device.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/dataset.h"
+#include "engine/resident_engine.h"
+#include "io/checkpoint.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "train/model_io.h"
+#include "train/schedule.h"
+
+namespace sf {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Everything a command needs, validated before anything large is allocated.
+struct Session {
+  ModelDir model;
+  Dataset data;
+  int seq_len = 0;   // records are cut to this
+  int max_seq = 0;   // the longest batch the engine is built for
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<ResidentEngine> engine;
+};
+
+Session open_session(const DataOptions& o, bool training, bool optimizer) {
+  Session s;
+  if (o.batch_size <= 0) input_error("--batch-size", "must be positive");
+  if (o.seq_len < 0) input_error("--seq-len", "must be positive");
+  s.model = open_model_dir(o.model_dir);
+  auto reader = CheckpointReader::open(o.model_dir);  // validates the safetensors before the data is read
+  s.data = load_jsonl(o.data, s.model.spec.vocab);
+  size_t longest = 0;
+  for (const Record& r : s.data.records) longest = std::max(longest, r.ids.size());
+  if (o.seq_len > 0) {
+    s.seq_len = o.seq_len;
+  } else {
+    s.seq_len = int(longest);
+    if (s.model.spec.max_position > 0) s.seq_len = int(std::min<int64_t>(s.seq_len, s.model.spec.max_position));
+  }
+  s.model.spec.check_seq_len(s.seq_len, s.model.config_path);
+  s.max_seq = int(std::min<size_t>(size_t(s.seq_len), longest));
+  s.dev = make_device(o.device);
+  EngineOptions eo;
+  eo.max_batch = int(std::min<size_t>(size_t(o.batch_size), s.data.records.size()));
+  eo.max_seq = s.max_seq;
+  eo.training = training;
+  eo.optimizer = optimizer;
+  s.engine = std::make_unique<ResidentEngine>(*s.dev, s.model.spec, eo);
+  s.engine->load(reader);
+  log_debug("device %s, %zu records, seq_len %d", s.dev->name().c_str(), s.data.records.size(), s.seq_len);
+  return s;
+}
+
+// The file's records in order, B at a time.
+std::vector<Batch> file_batches(const Session& s, int B) {
+  std::vector<Batch> out;
+  const auto& recs = s.data.records;
+  for (size_t i = 0; i < recs.size(); i += size_t(B)) {
+    std::vector<const Record*> group;
+    for (size_t j = i; j < std::min(recs.size(), i + size_t(B)); ++j) group.push_back(&recs[j]);
+    out.push_back(make_batch(group, s.seq_len));
+  }
+  return out;
+}
+
+int64_t total_trained(const std::vector<Batch>& batches, const std::string& path) {
+  int64_t n = 0;
+  for (const Batch& b : batches) n += b.trained;
+  if (n == 0) input_error(path, "no trained target positions (every label is -100 or records have one token)");
+  return n;
+}
+
+}  // namespace
+
+EvalResult run_eval(const DataOptions& o) {
+  Session s = open_session(o, false, false);
+  auto batches = file_batches(s, o.batch_size);
+  EvalResult r;
+  r.tokens = total_trained(batches, o.data);
+  double sum = 0;
+  for (const Batch& b : batches) {
+    s.engine->forward_backward(b, 1.f, false);
+    sum += s.engine->take_loss_sum();
+  }
+  r.loss = sum / double(r.tokens);
+  return r;
+}
+
+EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
+  Session s = open_session(o, true, false);
+  auto batches = file_batches(s, o.batch_size);
+  EvalResult r;
+  r.tokens = total_trained(batches, o.data);
+  s.engine->zero_grads();
+  double sum = 0;
+  const float scale = float(1.0 / double(r.tokens));
+  for (const Batch& b : batches) {
+    s.engine->forward_backward(b, scale, true);
+    sum += s.engine->take_loss_sum();
+  }
+  r.loss = sum / double(r.tokens);
+  auto grads = s.engine->export_grads();
+  std::vector<TensorWrite> tw;
+  for (const auto& g : grads) tw.push_back(TensorWrite{g.name, DType::F32, g.shape, g.data.data()});
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", r.loss);
+  write_safetensors(out_path, tw, {{"loss", buf}, {"tokens", std::to_string(r.tokens)}});
+  return r;
+}
+
+namespace {
+
+void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::string& dir,
+                    bool keep_checkpoints) {
+  StagedDir staged(dir);
+  save_hf_model(*s.engine, read_json_file(s.model.config_path), o.data.model_dir, staged.path(), dtype,
+                o.max_shard_bytes);
+  // Intermediate checkpoints already in the output directory move into the new one.
+  if (keep_checkpoints && fs::is_directory(dir)) {
+    for (const auto& e : fs::directory_iterator(dir)) {
+      std::string name = e.path().filename().string();
+      if (e.is_directory() && name.rfind("checkpoint-", 0) == 0) fs::rename(e.path(), fs::path(staged.path()) / name);
+    }
+  }
+  staged.commit();
+}
+
+}  // namespace
+
+TrainResult run_train(const TrainOptions& o) {
+  if (o.steps <= 0) input_error("--steps", "must be positive");
+  if (!(o.lr >= 0) || !std::isfinite(o.lr)) input_error("--lr", "must be a non-negative number");
+  if (o.grad_accum <= 0) input_error("--grad-accum", "must be positive");
+  if (o.warmup_steps < 0) input_error("--warmup-steps", "must be non-negative");
+  if (o.max_grad_norm < 0) input_error("--max-grad-norm", "must be non-negative");
+  if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) input_error("--beta1/--beta2", "must be in [0, 1)");
+  if (o.output.empty()) input_error("--output", "is required");
+  if (fs::exists(o.output) && !fs::is_directory(o.output)) input_error(o.output, "exists and is not a directory");
+  LrSchedule sched = parse_lr_schedule(o.lr_schedule);
+
+  Session s = open_session(o.data, true, true);
+  const DType out_dtype = checkpoint_dtype(o.data.model_dir);
+  const auto& recs = s.data.records;
+  const int B = int(std::min<size_t>(size_t(o.data.batch_size), recs.size()));
+  RecordOrder order(recs.size(), o.shuffle, o.seed);
+  log_info("training %s (%s, %.1fM parameters) on %s: %zu records, %lld steps x %d micro-batches x %d sequences, "
+           "seq_len %d",
+           o.data.model_dir.c_str(), s.model.spec.architecture.c_str(), double(s.model.spec.total_params()) / 1e6,
+           s.dev->name().c_str(), recs.size(), (long long)o.steps, o.grad_accum, B, s.seq_len);
+
+  TrainResult result;
+  uint64_t next_record = 0;
+  auto t_start = std::chrono::steady_clock::now();
+  int64_t tokens_total = 0;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    // The step's micro-batches, counted before any runs: the loss is normalised by the step's
+    // trained tokens, so accumulation gives the same update as one large batch.
+    std::vector<Batch> mbs;
+    int64_t trained = 0, tokens = 0;
+    for (int j = 0; j < o.grad_accum; ++j) {
+      std::vector<const Record*> group;
+      for (int i = 0; i < B; ++i) group.push_back(&recs[order.at(next_record++)]);
+      mbs.push_back(make_batch(group, s.seq_len));
+      trained += mbs.back().trained;
+      for (const Record* r : group) tokens += int64_t(std::min<size_t>(r->ids.size(), size_t(s.seq_len)));
+    }
+    const float scale = trained > 0 ? float(1.0 / double(trained)) : 0.f;
+    s.engine->zero_grads();
+    for (const Batch& b : mbs) s.engine->forward_backward(b, scale, true);
+    const double loss = trained > 0 ? s.engine->take_loss_sum() / double(trained) : 0.0;
+    if (!std::isfinite(loss)) {
+      throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+                               "; stopping (the output directory was not written)");
+    }
+    const double gnorm = std::sqrt(s.engine->grad_sq_norm());
+    float clip = 1.f;
+    if (o.max_grad_norm > 0) clip = float(std::min(1.0, o.max_grad_norm / (gnorm + 1e-6)));
+    AdamWParams ap;
+    ap.lr = float(o.lr * lr_multiplier(sched, step, o.steps, o.warmup_steps));
+    ap.beta1 = float(o.beta1);
+    ap.beta2 = float(o.beta2);
+    ap.eps = float(o.eps);
+    ap.weight_decay = float(o.weight_decay);
+    ap.step = step + 1;
+    ap.grad_scale = clip;
+    s.engine->adamw_step(ap);
+    s.engine->take_loss_sum();  // waits for the update (keeps timings honest)
+    tokens_total += tokens;
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step == 0) result.first_loss = loss;
+    result.last_loss = loss;
+    result.steps = step + 1;
+    if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == o.steps)) {
+      log_info("step %lld/%lld loss %.6f lr %.3e grad_norm %.4f tok/s %.0f", (long long)(step + 1),
+               (long long)o.steps, loss, double(ap.lr), gnorm, double(tokens) / dt);
+    }
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
+      std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();
+      save_model_dir(s, o, out_dtype, ck, false);
+      log_info("saved %s", ck.c_str());
+    }
+  }
+  double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  result.tokens_per_second = double(tokens_total) / total_s;
+  save_model_dir(s, o, out_dtype, o.output, true);
+  log_info("saved %s", o.output.c_str());
+  return result;
+}
+
+}  // namespace sf

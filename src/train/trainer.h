@@ -1,0 +1,51 @@
+// The commands' work: evaluation, gradients, training (in memory, through ResidentEngine).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace sf {
+
+struct DataOptions {
+  std::string model_dir;
+  std::string data;
+  std::string device = "auto";
+  int seq_len = 0;     // 0: the longest record (capped at max_position_embeddings when set)
+  int batch_size = 8;  // sequences per micro-batch
+};
+
+struct EvalResult {
+  double loss = 0;
+  int64_t tokens = 0;
+};
+
+EvalResult run_eval(const DataOptions& o);
+// Writes the fp32 gradient of the eval loss for every parameter to out_path (safetensors).
+EvalResult run_grad(const DataOptions& o, const std::string& out_path);
+
+struct TrainOptions {
+  DataOptions data;
+  std::string output;
+  int64_t steps = 0;
+  double lr = 0;
+  int grad_accum = 1;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  int64_t warmup_steps = 0;
+  std::string lr_schedule = "constant";
+  double max_grad_norm = 0.0;  // 0 = no clipping
+  uint64_t seed = 0;
+  bool shuffle = true;
+  int64_t save_every = 0;      // 0 = only at the end
+  int64_t log_every = 1;
+  size_t max_shard_bytes = 5'000'000'000;
+};
+
+struct TrainResult {
+  double first_loss = 0, last_loss = 0;
+  int64_t steps = 0;
+  double tokens_per_second = 0;
+};
+
+TrainResult run_train(const TrainOptions& o);
+
+}  // namespace sf
