@@ -8,6 +8,7 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/units.h"
 #include "engine/resident_engine.h"
 #include "io/checkpoint.h"
 #include "io/json_file.h"
@@ -110,6 +111,8 @@ int cli_main(int argc, char** argv) {
   train->add_option("--save-every", t.save_every, "also save OUTPUT/checkpoint-STEP every K steps; 0 = off")
       ->capture_default_str();
   train->add_option("--log-every", t.log_every, "progress line every K steps")->capture_default_str();
+  std::string max_shard = "5GB";
+  train->add_option("--max-shard-size", max_shard, "shard the output above this size")->capture_default_str();
 
   // demo
   DemoOptions demo_opts;
@@ -119,6 +122,14 @@ int cli_main(int argc, char** argv) {
   demo->add_option("--steps", demo_opts.steps)->capture_default_str();
   demo->add_option("--seed", demo_opts.seed)->capture_default_str();
 
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) known |= sub->get_name() == argv[1];
+    if (!known) {
+      std::fprintf(stderr, "slideformer: unknown command '%s' (commands: init, eval, grad, train, demo)\n", argv[1]);
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -145,6 +156,7 @@ int cli_main(int argc, char** argv) {
     }
     if (*train) {
       t.shuffle = !no_shuffle;
+      t.max_shard_bytes = parse_size(max_shard, "--max-shard-size");
       TrainResult r = run_train(t);
       print_json({{"first_loss", r.first_loss},
                   {"last_loss", r.last_loss},

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "core/error.h"
@@ -287,6 +288,24 @@ std::vector<ResidentEngine::HostTensor> ResidentEngine::export_buffer(void* base
     }
   }
   return out;
+}
+
+void ResidentEngine::import_params(const std::vector<HostTensor>& params) {
+  std::map<std::string, const HostTensor*> by_name;
+  for (const auto& t : params) by_name[t.name] = &t;
+  std::vector<float> host;
+  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
+    const BlobLayout& blob = layout_.blobs[b];
+    host.assign(size_t(blob.numel), 0.f);
+    for (const BlobEntry& e : blob.entries) {
+      auto it = by_name.find(e.name);
+      SF_CHECK(it != by_name.end(), "import_params: missing " + e.name);
+      SF_CHECK(it->second->shape == e.shape && int64_t(it->second->data.size()) == e.numel,
+               "import_params: shape mismatch for " + e.name);
+      std::copy(it->second->data.begin(), it->second->data.end(), host.begin() + e.offset);
+    }
+    impl_->upload_blob(int(b), host);
+  }
 }
 
 std::vector<ResidentEngine::HostTensor> ResidentEngine::export_params() { return export_buffer(impl_->master.data()); }

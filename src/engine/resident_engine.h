@@ -58,6 +58,8 @@ class ResidentEngine {
     std::vector<float> data;
   };
   std::vector<HostTensor> export_params();
+  // Sets parameters by HF name (every parameter must be given, shapes must match).
+  void import_params(const std::vector<HostTensor>& params);
   std::vector<HostTensor> export_grads();
 
  private:

@@ -1,0 +1,12 @@
+// Human sizes on the command line: "5GB", "22GiB", "512MiB", "1000000" (bytes).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace sf {
+
+// InputError naming `option` when the text is not a size.
+uint64_t parse_size(const std::string& text, const std::string& option);
+std::string format_bytes(uint64_t bytes);  // "1.50 GiB"
+
+}  // namespace sf

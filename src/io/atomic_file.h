@@ -1,0 +1,37 @@
+// Crash-safe file replacement: data goes to a sibling temp file, is fsynced, then renamed over the
+// final name, so readers see either the old complete file or the new complete file, never a prefix.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace sf {
+
+class AtomicFile {
+ public:
+  // Creates "<path>.tmp-<pid>-<rand>" next to `path`. Failures -> InputError naming `path`.
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();  // not committed: the temp file is removed
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t bytes);  // full write (retries partial writes / EINTR)
+  void commit();                               // fsync, close, rename over `path`, fsync the directory
+  const std::string& path() const { return path_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& what, int err);
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// Whole-buffer convenience wrapper.
+void write_file_atomic(const std::string& path, const void* data, size_t bytes);
+
+// fsync a directory so a rename inside it survives a crash; errors are ignored (some filesystems refuse).
+void fsync_dir(const std::string& dir);
+
+// Random hex suffix for sibling temp names; unique enough across processes together with the pid.
+std::string unique_suffix();
+
+}  // namespace sf

@@ -1,0 +1,300 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json_file.h"
+
+namespace sf {
+
+namespace {
+
+using nlohmann::json;
+
+// Headers of real checkpoints are well under 1 MB; anything this big is corruption, not a model.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+// Non-negative JSON integer (floats like 2.0 are rejected: the format stores integers).
+bool get_u64(const json& v, uint64_t* out) {
+  if (v.is_number_unsigned()) {
+    *out = v.get<uint64_t>();
+    return true;
+  }
+  if (v.is_number_integer()) {
+    int64_t x = v.get<int64_t>();
+    if (x < 0) return false;
+    *out = uint64_t(x);
+    return true;
+  }
+  return false;
+}
+
+std::string offsets_string(uint64_t b, uint64_t e) { return "[" + std::to_string(b) + ", " + std::to_string(e) + "]"; }
+
+}  // namespace
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::optional<DType> parse_supported_dtype(const std::string& name) {
+  if (name == "F32") return DType::F32;
+  if (name == "BF16") return DType::BF16;
+  if (name == "F16") return DType::F16;
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------- reading
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
+    : path_(std::move(o.path_)),
+      map_(std::exchange(o.map_, nullptr)),
+      map_bytes_(std::exchange(o.map_bytes_, 0)),
+      tensors_(std::move(o.tensors_)),
+      by_name_(std::move(o.by_name_)),
+      metadata_(std::move(o.metadata_)) {}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
+  if (this != &o) {
+    release();
+    path_ = std::move(o.path_);
+    map_ = std::exchange(o.map_, nullptr);
+    map_bytes_ = std::exchange(o.map_bytes_, 0);
+    tensors_ = std::move(o.tensors_);
+    by_name_ = std::move(o.by_name_);
+    metadata_ = std::move(o.metadata_);
+  }
+  return *this;
+}
+
+SafetensorsFile::~SafetensorsFile() { release(); }
+
+void SafetensorsFile::release() {
+  if (map_) ::munmap(map_, map_bytes_);
+  map_ = nullptr;
+  map_bytes_ = 0;
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    input_error(path, err == ENOENT ? std::string("not found") : std::string("cannot open: ") + std::strerror(err));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    input_error(path, std::string("cannot stat: ") + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    input_error(path, "not a regular file");
+  }
+  const uint64_t size = uint64_t(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    input_error(path, "file is " + std::to_string(size) + " bytes, too short for a safetensors header (truncated?)");
+  }
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int map_err = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  if (m == MAP_FAILED) input_error(path, std::string("cannot mmap: ") + std::strerror(map_err));
+  f.map_ = m;
+  f.map_bytes_ = size;  // from here on `f` owns the mapping, so throwing unmaps it
+
+  const uint8_t* base = static_cast<const uint8_t*>(m);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];  // little-endian on any host
+  if (header_len > kMaxHeaderBytes)
+    input_error(path,
+                "header length " + std::to_string(header_len) + " is absurd (limit 100 MB); not a safetensors file?");
+  if (header_len > size - 8)
+    input_error(path, "header length " + std::to_string(header_len) + " exceeds the file size (" +
+                          std::to_string(size) + " bytes); truncated?");
+
+  const char* hbeg = reinterpret_cast<const char*>(base + 8);
+  const char* hend = hbeg + header_len;
+  // nlohmann keeps the last of duplicate keys silently; a callback spots duplicate tensor names.
+  std::set<std::string> seen;
+  std::string duplicate;
+  json header;
+  try {
+    header = json::parse(hbeg, hend, [&](int depth, json::parse_event_t ev, json& parsed) {
+      if (depth == 1 && ev == json::parse_event_t::key && duplicate.empty()) {
+        std::string k = parsed.get<std::string>();
+        if (!seen.insert(k).second) duplicate = k;
+      }
+      return true;
+    });
+  } catch (const json::parse_error& e) {
+    input_error(path, "invalid header JSON at byte " + std::to_string(e.byte) + ": " + describe_json_parse_error(e));
+  }
+  if (!header.is_object()) input_error(path, "header is not a JSON object");
+  if (!duplicate.empty()) input_error(path, "header lists \"" + duplicate + "\" twice");
+
+  const uint8_t* data = base + 8 + header_len;
+  const uint64_t data_size = size - 8 - header_len;
+
+  struct Range {
+    uint64_t begin, end;
+    size_t idx;
+  };
+  std::vector<Range> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) input_error(path, "__metadata__ is not an object");
+      for (auto m2 = v.begin(); m2 != v.end(); ++m2) {
+        if (!m2.value().is_string()) input_error(path, "__metadata__ value for \"" + m2.key() + "\" is not a string");
+        f.metadata_[m2.key()] = m2.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = "tensor " + name + ": ";
+    if (!v.is_object()) input_error(path, where + "header entry is not an object");
+    auto dt = v.find("dtype");
+    auto sh = v.find("shape");
+    auto off = v.find("data_offsets");
+    if (dt == v.end()) input_error(path, where + "missing dtype");
+    if (sh == v.end()) input_error(path, where + "missing shape");
+    if (off == v.end()) input_error(path, where + "missing data_offsets");
+    if (!dt->is_string()) input_error(path, where + "dtype is not a string");
+    std::string dname = dt->get<std::string>();
+    auto dtype = parse_supported_dtype(dname);
+    if (!dtype) input_error(path, where + "unsupported dtype " + dname + " (supported: F32, BF16, F16)");
+
+    if (!sh->is_array()) input_error(path, where + "shape is not an array");
+    TensorInfo t;
+    t.name = name;
+    t.dtype = *dtype;
+    t.file = path;
+    // Element count in uint64 with overflow checks: a hostile shape must not wrap around to a valid size.
+    uint64_t nbytes = dtype_size(*dtype);
+    for (const json& d : *sh) {
+      if (d.is_number_integer() && !d.is_number_unsigned() && d.get<int64_t>() < 0)
+        input_error(path, where + "negative dimension " + std::to_string(d.get<int64_t>()) + " in shape");
+      uint64_t dim;
+      if (!get_u64(d, &dim)) input_error(path, where + "shape has a non-integer dimension " + d.dump());
+      if (dim > uint64_t(std::numeric_limits<int64_t>::max()) || __builtin_mul_overflow(nbytes, dim, &nbytes))
+        input_error(path, where + "shape " + sh->dump() + " is absurdly large");
+      t.shape.push_back(int64_t(dim));
+    }
+
+    uint64_t b, e;
+    if (!off->is_array() || off->size() != 2 || !get_u64((*off)[0], &b) || !get_u64((*off)[1], &e))
+      input_error(path, where + "data_offsets must be two non-negative integers, got " + off->dump());
+    if (b > e) input_error(path, where + "data_offsets " + offsets_string(b, e) + " end before they begin");
+    if (e > data_size)
+      input_error(path, where + "data_offsets " + offsets_string(b, e) + " out of range of the data area (" +
+                            std::to_string(data_size) + " bytes)");
+    if (e - b != nbytes)
+      input_error(path, where + "shape " + shape_string(t.shape) + " of " + dname + " needs " + std::to_string(nbytes) +
+                            " bytes but data_offsets " + offsets_string(b, e) + " span " + std::to_string(e - b));
+    t.data = data + b;
+    t.bytes = size_t(nbytes);
+    ranges.push_back({b, e, f.tensors_.size()});
+    f.tensors_.push_back(std::move(t));
+  }
+
+  // The format requires the tensors to tile the data area exactly: check in offset order.
+  std::stable_sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t covered = 0;
+  const std::string* prev = nullptr;
+  for (const Range& r : ranges) {
+    const std::string& name = f.tensors_[r.idx].name;
+    if (r.begin < covered)
+      input_error(path,
+                  "tensor " + name + ": data_offsets " + offsets_string(r.begin, r.end) + " overlap tensor " + *prev);
+    if (r.begin > covered)
+      input_error(path, "gap in the data area: bytes " + std::to_string(covered) + " to " + std::to_string(r.begin) +
+                            " before tensor " + name + " belong to no tensor");
+    covered = r.end;
+    prev = &name;
+  }
+  if (covered != data_size)
+    input_error(path,
+                "data area has " + std::to_string(data_size - covered) + " trailing bytes that belong to no tensor");
+
+  // Present tensors in file order (sequential reads of the mapping).
+  std::vector<TensorInfo> ordered;
+  ordered.reserve(ranges.size());
+  for (const Range& r : ranges) ordered.push_back(std::move(f.tensors_[r.idx]));
+  f.tensors_ = std::move(ordered);
+  for (size_t i = 0; i < f.tensors_.size(); ++i) f.by_name_.emplace(f.tensors_[i].name, i);
+  return f;
+}
+
+// ---------------------------------------------------------------- writing
+
+size_t TensorWrite::bytes() const {
+  size_t n = dtype_size(dtype);
+  for (int64_t d : shape) n *= size_t(d);
+  return n;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // ordered_json: header order = data order = caller's order, which makes files easy to inspect.
+  nlohmann::ordered_json header;
+  nlohmann::ordered_json md = nlohmann::ordered_json::object();
+  md["format"] = "pt";
+  for (const auto& [k, v] : metadata) md[k] = v;
+  header["__metadata__"] = md;
+  uint64_t offset = 0;
+  for (const TensorWrite& t : tensors) {
+    SF_CHECK(!t.name.empty() && t.name != "__metadata__", "write_safetensors: bad tensor name '" + t.name + "'");
+    SF_CHECK(!header.contains(t.name), "write_safetensors: duplicate tensor " + t.name);
+    for (int64_t d : t.shape) SF_CHECK(d >= 0, "write_safetensors: negative dimension in " + t.name);
+    size_t n = t.bytes();
+    SF_CHECK(n == 0 || t.data != nullptr, "write_safetensors: null data for " + t.name);
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // the data area then starts 8-byte aligned
+
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
+  AtomicFile out(path);
+  out.write(len, 8);
+  out.write(h.data(), h.size());
+  for (const TensorWrite& t : tensors) out.write(t.data, t.bytes());
+  out.commit();
+}
+
+}  // namespace sf

@@ -1,0 +1,55 @@
+// Tiny model configurations of each supported architecture, for model-level and CLI tests.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace sf::test {
+
+// A tiny config of the given family exercising its special features:
+// llama: GQA, untied, attention_bias, llama3 rope scaling; mistral: MHA, tied;
+// qwen2: q/k/v biases, GQA; qwen3: q/k-norm, head_dim != hidden/heads, v5 rope_parameters.
+inline nlohmann::json tiny_config(const std::string& family) {
+  nlohmann::json c = {{"vocab_size", 37},       {"hidden_size", 32},        {"intermediate_size", 48},
+                      {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                      {"rms_norm_eps", 1e-5},   {"rope_theta", 10000.0},    {"max_position_embeddings", 64},
+                      {"initializer_range", 0.2}, {"hidden_act", "silu"}, {"torch_dtype", "float32"}};
+  if (family == "llama") {
+    c["architectures"] = {"LlamaForCausalLM"};
+    c["model_type"] = "llama";
+    c["attention_bias"] = true;
+    c["tie_word_embeddings"] = false;
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 16}};
+  } else if (family == "mistral") {
+    c["architectures"] = {"MistralForCausalLM"};
+    c["model_type"] = "mistral";
+    c["num_key_value_heads"] = 4;
+    c["tie_word_embeddings"] = true;
+    c["sliding_window"] = nullptr;
+  } else if (family == "qwen2") {
+    c["architectures"] = {"Qwen2ForCausalLM"};
+    c["model_type"] = "qwen2";
+    c["tie_word_embeddings"] = false;
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = 32;
+  } else if (family == "qwen3") {
+    c["architectures"] = {"Qwen3ForCausalLM"};
+    c["model_type"] = "qwen3";
+    c["head_dim"] = 16;  // != 32 / 4
+    c["tie_word_embeddings"] = true;
+    c.erase("rope_theta");
+    c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  }
+  return c;
+}
+
+inline const std::vector<std::string>& families() {
+  static const std::vector<std::string> f = {"llama", "mistral", "qwen2", "qwen3"};
+  return f;
+}
+
+}  // namespace sf::test

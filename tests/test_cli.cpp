@@ -1,0 +1,276 @@
+// The slideformer binary end to end: init -> eval -> grad -> train on tiny models, data order and
+// accumulation semantics, and every class of bad input (exit code 2, one line naming the file).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "io/safetensors.h"
+#include "model_fixtures.h"
+
+namespace sf {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct CmdResult {
+  int code = -1;
+  std::string out, err;
+  json last() const {  // the last stdout line, parsed
+    std::string line, prev;
+    std::istringstream in(out);
+    while (std::getline(in, line))
+      if (!line.empty()) prev = line;
+    return json::parse(prev);
+  }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("sf_cli_" + std::to_string(::getpid()) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  CmdResult run(const std::string& args) {
+    CmdResult r;
+    fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    std::string cmd = std::string(SF_BINARY) + " " + args + " >" + out.string() + " 2>" + err.string();
+    int status = std::system(cmd.c_str());
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+  std::string p(const std::string& name) const { return (dir_ / name).string(); }
+
+  // A random model of `family` in `dtype` at DIR/name.
+  std::string make_model(const std::string& family, const std::string& name, const std::string& dtype = "fp32") {
+    std::ofstream(p(name + ".json")) << test::tiny_config(family).dump();
+    CmdResult r = run("init --config " + p(name + ".json") + " --output " + p(name) + " --seed 3 --dtype " + dtype);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return p(name);
+  }
+  // Ragged, partly masked records, some longer than the sequence length used in the tests.
+  std::string make_data(const std::string& name, int n, int vocab = 37) {
+    std::ofstream f(p(name));
+    std::mt19937_64 rng(n);
+    for (int i = 0; i < n; ++i) {
+      int len = 2 + int(rng() % 20);
+      json ids = json::array(), labels = json::array();
+      for (int t = 0; t < len; ++t) {
+        int id = int(rng() % vocab);
+        ids.push_back(id);
+        labels.push_back(t % 5 == 2 ? -100 : id);
+      }
+      json rec = {{"input_ids", ids}};
+      if (i % 2) rec["labels"] = labels;
+      f << rec.dump() << "\n";
+    }
+    return p(name);
+  }
+  // Expects exit code 2 and a single stderr line mentioning `needle`.
+  void expect_input_error(const CmdResult& r, const std::string& needle) {
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr: " << r.err;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Cli, InitEvalGradTrainEveryFamily) {
+  std::string data = make_data("d.jsonl", 12);
+  for (const auto& fam : test::families()) {
+    for (const std::string dtype : {"fp32", "bf16"}) {
+      SCOPED_TRACE(fam + " " + dtype);
+      std::string model = make_model(fam, fam + dtype, dtype);
+      ASSERT_TRUE(fs::exists(model + "/model.safetensors"));
+      CmdResult ev = run("eval --model " + model + " --data " + data + " --seq-len 16 --batch-size 5 --device cpu");
+      ASSERT_EQ(ev.code, 0) << ev.err;
+      double loss = ev.last()["loss"];
+      EXPECT_NEAR(loss, std::log(37.0), 1.0);  // a random model is near uniform
+      int64_t tokens = ev.last()["tokens"];
+      EXPECT_GT(tokens, 50);
+
+      // Batch size does not change the mean over the file.
+      CmdResult ev2 = run("eval --model " + model + " --data " + data + " --seq-len 16 --batch-size 1 --device cpu");
+      EXPECT_NEAR(double(ev2.last()["loss"]), loss, 1e-5 * loss);
+
+      CmdResult gr = run("grad --model " + model + " --data " + data + " --seq-len 16 --output " + p("g.safetensors") +
+                   " --device cpu");
+      ASSERT_EQ(gr.code, 0) << gr.err;
+      auto g = SafetensorsFile::open(p("g.safetensors"));
+      auto w = SafetensorsFile::open(model + "/model.safetensors");
+      EXPECT_EQ(g.tensors().size(), w.tensors().size());
+      for (const auto& t : w.tensors()) {
+        const TensorInfo* gt = g.find(t.name);
+        ASSERT_NE(gt, nullptr) << t.name;
+        EXPECT_EQ(gt->shape, t.shape);
+        EXPECT_EQ(gt->dtype, DType::F32);
+      }
+      EXPECT_NEAR(std::stod(g.metadata().at("loss")), loss, 1e-6 * loss);
+
+      CmdResult tr = run("train --model " + model + " --data " + data + " --output " + p("out") +
+                   " --steps 3 --lr 1e-2 --batch-size 4 --seq-len 16 --device cpu");
+      ASSERT_EQ(tr.code, 0) << tr.err;
+      EXPECT_NE(tr.err.find("step 3/3 loss"), std::string::npos) << tr.err;
+      auto o = SafetensorsFile::open(p("out") + "/model.safetensors");
+      EXPECT_EQ(o.tensors().size(), w.tensors().size());
+      EXPECT_EQ(o.tensors()[0].dtype, w.tensors()[0].dtype);  // saved in the checkpoint's dtype
+      json cfg = json::parse(slurp(p("out") + "/config.json"));
+      EXPECT_EQ(cfg["architectures"][0], test::tiny_config(fam)["architectures"][0]);
+      CmdResult ev3 = run("eval --model " + p("out") + " --data " + data + " --seq-len 16 --device cpu");
+      ASSERT_EQ(ev3.code, 0) << ev3.err;
+      EXPECT_LT(double(ev3.last()["loss"]), loss);  // 3 steps at lr 1e-2 on the same data
+    }
+  }
+}
+
+// With --no-shuffle, K micro-batches of B records = one micro-batch of K*B records: same
+// update, because the step's loss is normalised by its total trained tokens.
+TEST_F(Cli, GradAccumulationMatchesOneLargeBatch) {
+  std::string model = make_model("qwen3", "m");
+  std::string data = make_data("d.jsonl", 8);
+  std::string common = " --model " + model + " --data " + data +
+                       " --steps 2 --lr 1e-2 --weight-decay 0.1 --no-shuffle --seq-len 16 --device cpu";
+  ASSERT_EQ(run("train" + common + " --batch-size 4 --grad-accum 1 --output " + p("a")).code, 0);
+  ASSERT_EQ(run("train" + common + " --batch-size 1 --grad-accum 4 --output " + p("b")).code, 0);
+  auto a = SafetensorsFile::open(p("a") + "/model.safetensors");
+  auto b = SafetensorsFile::open(p("b") + "/model.safetensors");
+  for (const auto& t : a.tensors()) {
+    const TensorInfo* u = b.find(t.name);
+    ASSERT_NE(u, nullptr);
+    const float* x = reinterpret_cast<const float*>(t.data);
+    const float* y = reinterpret_cast<const float*>(u->data);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      num += double(x[i] - y[i]) * (x[i] - y[i]);
+      den += double(x[i]) * x[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << t.name;
+  }
+}
+
+TEST_F(Cli, ShardedOutputAndSaveEvery) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 6);
+  CmdResult r = run("train --model " + model + " --data " + data + " --output " + p("out") +
+              " --steps 4 --lr 1e-3 --save-every 2 --max-shard-size 20KB --seq-len 16 --device cpu");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(p("out") + "/model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(p("out") + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(p("out") + "/checkpoint-2/config.json"));
+  CmdResult ev = run("eval --model " + p("out") + " --data " + data + " --device cpu");
+  EXPECT_EQ(ev.code, 0) << ev.err;
+  CmdResult ev2 = run("eval --model " + p("out") + "/checkpoint-2 --data " + data + " --device cpu");
+  EXPECT_EQ(ev2.code, 0) << ev2.err;
+}
+
+TEST_F(Cli, BadDataIsRefusedWithFileAndLine) {
+  std::string model = make_model("llama", "m");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(p(name)) << text;
+    return p(name);
+  };
+  std::string ev = "eval --model " + model + " --data ";
+  expect_input_error(run(ev + write("a.jsonl", "{\"input_ids\": [1, 2]}\n{\"input_ids\": [1, 2\n")), "a.jsonl:2");
+  expect_input_error(run(ev + write("b.jsonl", "{\"input_ids\": [1, 37]}\n")), "b.jsonl:1");  // id >= vocab
+  expect_input_error(run(ev + write("c.jsonl", "{\"input_ids\": [1, 2], \"labels\": [1]}\n")), "c.jsonl:1");
+  expect_input_error(run(ev + write("d.jsonl", "{\"tokens\": [1, 2]}\n")), "d.jsonl:1");
+  expect_input_error(run(ev + write("e.jsonl", "{\"input_ids\": [1, -3]}\n")), "e.jsonl:1");
+  expect_input_error(run(ev + write("f.jsonl", "{\"input_ids\": [1, 2], \"labels\": [-100, -100]}\n")), "f.jsonl");
+  expect_input_error(run(ev + p("missing.jsonl")), "missing.jsonl");
+}
+
+TEST_F(Cli, BadModelsAreRefusedWithFileAndTensor) {
+  std::string data = make_data("d.jsonl", 3);
+  std::string model = make_model("qwen2", "m");
+  auto ev = [&](const std::string& m) { return run("eval --model " + m + " --data " + data); };
+  expect_input_error(ev(p("nope")), "nope");
+
+  // malformed config.json
+  fs::copy(model, p("badcfg"), fs::copy_options::recursive);
+  std::ofstream(p("badcfg/config.json")) << "{\"vocab_size\": 37,";
+  expect_input_error(ev(p("badcfg")), "badcfg/config.json");
+
+  // unsupported architecture
+  fs::copy(model, p("arch"), fs::copy_options::recursive);
+  json c = test::tiny_config("qwen2");
+  c["architectures"] = {"BertForMaskedLM"};
+  std::ofstream(p("arch/config.json")) << c.dump();
+  expect_input_error(ev(p("arch")), "BertForMaskedLM");
+
+  // shape mismatch with the config
+  fs::copy(model, p("shape"), fs::copy_options::recursive);
+  c = test::tiny_config("qwen2");
+  c["intermediate_size"] = 40;
+  std::ofstream(p("shape/config.json")) << c.dump();
+  expect_input_error(ev(p("shape")), "mlp.gate_proj.weight");
+
+  // missing tensor: a config with one more layer than the weights
+  fs::copy(model, p("missing"), fs::copy_options::recursive);
+  c = test::tiny_config("qwen2");
+  c["num_hidden_layers"] = 3;
+  std::ofstream(p("missing/config.json")) << c.dump();
+  expect_input_error(ev(p("missing")), "model.layers.2.");
+
+  // truncated safetensors
+  fs::copy(model, p("trunc"), fs::copy_options::recursive);
+  fs::resize_file(p("trunc/model.safetensors"), fs::file_size(p("trunc/model.safetensors")) - 100);
+  expect_input_error(ev(p("trunc")), "model.safetensors");
+
+  // unsupported dtype (I32 tensor)
+  fs::copy(model, p("dtype"), fs::copy_options::recursive);
+  std::vector<int32_t> junk(4, 1);
+  write_safetensors(p("dtype/model.safetensors"), {TensorWrite{"model.norm.weight", DType::I32, {4}, junk.data()}});
+  expect_input_error(ev(p("dtype")), "I32");
+}
+
+TEST_F(Cli, FailedTrainLeavesNoOutput) {
+  std::string model = make_model("mistral", "m");
+  std::ofstream(p("bad.jsonl")) << "{\"input_ids\": [1, 2]}\nnot json\n";
+  CmdResult r = run("train --model " + model + " --data " + p("bad.jsonl") + " --output " + p("out") +
+              " --steps 2 --lr 1e-3 --device cpu");
+  expect_input_error(r, "bad.jsonl:2");
+  EXPECT_FALSE(fs::exists(p("out")));
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    EXPECT_NE(e.path().filename().string().rfind("out.", 0), 0u) << "staging directory left: " << e.path();
+  }
+  // Bad options are input errors too.
+  expect_input_error(run("train --model " + model + " --data " + p("bad.jsonl") + " --output " + p("out") +
+                         " --steps 2 --lr 1e-3 --lr-schedule wavy"),
+                     "wavy");
+  expect_input_error(run("eval --model " + model), "--data");
+  expect_input_error(run("frobnicate"), "frobnicate");
+}
+
+TEST_F(Cli, SlidingWindowShorterThanSeqLenIsRefused) {
+  json c = test::tiny_config("mistral");
+  c["sliding_window"] = 8;
+  std::ofstream(p("c.json")) << c.dump();
+  ASSERT_EQ(run("init --config " + p("c.json") + " --output " + p("m")).code, 0);
+  std::string data = make_data("d.jsonl", 3);
+  expect_input_error(run("eval --model " + p("m") + " --data " + data + " --seq-len 16"), "sliding");
+  EXPECT_EQ(run("eval --model " + p("m") + " --data " + data + " --seq-len 8").code, 0);
+}
+
+}  // namespace
+}  // namespace sf

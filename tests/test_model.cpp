@@ -1,0 +1,214 @@
+// Whole-model checks on the CPU backend: gradients of every parameter of a tiny model of each
+// architecture against finite differences, the head's fused loss against explicit logits, and
+// gradient accumulation against one large batch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/device.h"
+#include "data/dataset.h"
+#include "engine/resident_engine.h"
+#include "model/spec.h"
+#include "model_fixtures.h"
+
+namespace sf {
+namespace {
+
+using HostParams = std::vector<ResidentEngine::HostTensor>;
+
+std::vector<Record> tiny_records(int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<Record> recs;
+  for (int len : {11, 7, 4, 9}) {
+    Record r;
+    for (int t = 0; t < len; ++t) r.ids.push_back(int32_t(rng() % vocab));
+    r.labels = r.ids;
+    recs.push_back(r);
+  }
+  recs[1].labels[2] = recs[1].labels[3] = kIgnoreIndex;  // a masked span
+  recs[3].labels[0] = recs[3].labels[1] = kIgnoreIndex;
+  return recs;
+}
+
+// Non-trivial norms and biases (init gives 1 and 0, which would hide mistakes).
+void perturb_norms_and_biases(ResidentEngine& e, uint64_t seed) {
+  HostParams p = e.export_params();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (auto& t : p) {
+    bool norm = t.name.find("norm") != std::string::npos;
+    bool bias = t.name.find(".bias") != std::string::npos;
+    for (float& x : t.data) {
+      if (norm) x = 1.f + 0.3f * n(rng);
+      if (bias) x = 0.2f * n(rng);
+    }
+  }
+  e.import_params(p);
+}
+
+double loss_of(ResidentEngine& e, const Batch& b) {
+  e.forward_backward(b, 1.f, false);
+  return e.take_loss_sum() / double(b.trained);
+}
+
+class ModelGrad : public ::testing::TestWithParam<std::string> {};
+
+// Directional finite differences per tensor: along the analytic gradient (checks its size and
+// direction) and along a random direction. fp32 forward: loss noise ~1e-6, eps 1e-2, central
+// differences (truncation ~eps^2): relative agreement ~1e-3 expected; tolerances allow 5x.
+TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
+  auto dev = make_cpu_device();
+  ModelSpec s = parse_model_spec(test::tiny_config(GetParam()), "tiny");
+  EngineOptions eo;
+  eo.max_batch = 4;
+  eo.max_seq = 11;
+  eo.optimizer = false;
+  ResidentEngine e(*dev, s, eo);
+  e.init_random(7);
+  perturb_norms_and_biases(e, 8);
+  auto recs = tiny_records(int(s.vocab), 9);
+  std::vector<const Record*> group;
+  for (const auto& r : recs) group.push_back(&r);
+  Batch b = make_batch(group, 11);
+  ASSERT_GT(b.trained, 10);
+
+  e.zero_grads();
+  e.forward_backward(b, float(1.0 / b.trained), true);
+  e.take_loss_sum();
+  HostParams grads = e.export_grads();
+  HostParams base = e.export_params();
+  ASSERT_EQ(grads.size(), base.size());
+
+  std::mt19937_64 rng(10);
+  std::normal_distribution<float> n(0.f, 1.f);
+  const double eps = 1e-2;
+  for (size_t i = 0; i < base.size(); ++i) {
+    const auto& g = grads[i].data;
+    double gnorm = 0;
+    for (float x : g) gnorm += double(x) * x;
+    gnorm = std::sqrt(gnorm);
+    ASSERT_GT(gnorm, 0) << grads[i].name << " has a zero gradient";
+    std::vector<float> rnd(g.size());
+    double rn = 0;
+    for (float& x : rnd) {
+      x = n(rng);
+      rn += double(x) * x;
+    }
+    for (int dir = 0; dir < 2; ++dir) {
+      std::vector<double> d(g.size());
+      for (size_t k = 0; k < g.size(); ++k) d[k] = dir == 0 ? g[k] / gnorm : rnd[k] / std::sqrt(rn);
+      double analytic = 0;
+      for (size_t k = 0; k < g.size(); ++k) analytic += double(g[k]) * d[k];
+      HostParams p = base;
+      for (size_t k = 0; k < g.size(); ++k) p[i].data[k] = float(base[i].data[k] + eps * d[k]);
+      e.import_params(p);
+      double lp = loss_of(e, b);
+      for (size_t k = 0; k < g.size(); ++k) p[i].data[k] = float(base[i].data[k] - eps * d[k]);
+      e.import_params(p);
+      double lm = loss_of(e, b);
+      double fd = (lp - lm) / (2 * eps);
+      double tol = dir == 0 ? 5e-3 * std::fabs(analytic) + 2e-5 : 2e-2 * gnorm * 0.1 + 5e-5;
+      EXPECT_NEAR(fd, analytic, tol) << GetParam() << " " << grads[i].name << (dir == 0 ? " (gradient direction)" : " (random direction)");
+    }
+    e.import_params(base);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ModelGrad, ::testing::ValuesIn(test::families()));
+
+// The fused chunked linear-cross-entropy loss equals the loss from explicit logits.
+TEST(Model, FusedHeadLossMatchesExplicitLogits) {
+  auto dev = make_cpu_device();
+  ModelSpec s = parse_model_spec(test::tiny_config("qwen3"), "tiny");
+  EngineOptions eo;
+  eo.max_batch = 4;
+  eo.max_seq = 11;
+  eo.training = false;
+  eo.optimizer = false;
+  ResidentEngine e(*dev, s, eo);
+  e.init_random(3);
+  auto recs = tiny_records(int(s.vocab), 4);
+  std::vector<const Record*> group;
+  for (const auto& r : recs) group.push_back(&r);
+  Batch b = make_batch(group, 11);
+  double fused = loss_of(e, b);
+  std::vector<float> logits = e.logits(b);
+  double sum = 0;
+  for (int64_t i = 0; i < int64_t(b.B) * b.T; ++i) {
+    int32_t t = b.targets[size_t(i)];
+    if (t == kIgnoreIndex) continue;
+    const float* row = logits.data() + i * s.vocab;
+    double mx = row[0], z = 0;
+    for (int v = 0; v < s.vocab; ++v) mx = std::max(mx, double(row[v]));
+    for (int v = 0; v < s.vocab; ++v) z += std::exp(row[v] - mx);
+    sum += std::log(z) + mx - row[t];
+  }
+  EXPECT_NEAR(fused, sum / double(b.trained), 1e-5 * fused);
+}
+
+// Two micro-batches of 2 scaled by the step's token count = one batch of 4.
+TEST(Model, GradientAccumulationEqualsOneLargeBatch) {
+  auto dev = make_cpu_device();
+  ModelSpec s = parse_model_spec(test::tiny_config("llama"), "tiny");
+  EngineOptions eo;
+  eo.max_batch = 4;
+  eo.max_seq = 11;
+  eo.optimizer = false;
+  ResidentEngine e(*dev, s, eo);
+  e.init_random(5);
+  auto recs = tiny_records(int(s.vocab), 6);
+  Batch all = make_batch({&recs[0], &recs[1], &recs[2], &recs[3]}, 11);
+  Batch h1 = make_batch({&recs[0], &recs[1]}, 11), h2 = make_batch({&recs[2], &recs[3]}, 11);
+  ASSERT_EQ(all.trained, h1.trained + h2.trained);
+  e.zero_grads();
+  e.forward_backward(all, float(1.0 / all.trained), true);
+  double l_all = e.take_loss_sum();
+  HostParams g_all = e.export_grads();
+  e.zero_grads();
+  e.forward_backward(h1, float(1.0 / all.trained), true);
+  e.forward_backward(h2, float(1.0 / all.trained), true);
+  double l_acc = e.take_loss_sum();
+  HostParams g_acc = e.export_grads();
+  EXPECT_NEAR(l_all, l_acc, 1e-5 * l_all);
+  for (size_t i = 0; i < g_all.size(); ++i) {
+    double num = 0, den = 0;
+    for (size_t k = 0; k < g_all[i].data.size(); ++k) {
+      double d = double(g_all[i].data[k]) - g_acc[i].data[k];
+      num += d * d;
+      den += double(g_all[i].data[k]) * g_all[i].data[k];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << g_all[i].name;
+  }
+}
+
+// Same seed, same result, bit for bit.
+TEST(Model, TrainingIsDeterministic) {
+  auto run = [] {
+    auto dev = make_cpu_device();
+    ModelSpec s = parse_model_spec(test::tiny_config("qwen2"), "tiny");
+    EngineOptions eo;
+    eo.max_batch = 4;
+    eo.max_seq = 11;
+    ResidentEngine e(*dev, s, eo);
+    e.init_random(11);
+    auto recs = tiny_records(int(s.vocab), 12);
+    Batch b = make_batch({&recs[0], &recs[1], &recs[2], &recs[3]}, 11);
+    for (int step = 1; step <= 3; ++step) {
+      e.zero_grads();
+      e.forward_backward(b, float(1.0 / b.trained), true);
+      e.take_loss_sum();
+      AdamWParams p;
+      p.lr = 1e-2f;
+      p.weight_decay = 0.1f;
+      p.step = step;
+      e.adamw_step(p);
+    }
+    return e.export_params();
+  };
+  HostParams a = run(), b = run();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].data, b[i].data) << a[i].name;
+}
+
+}  // namespace
+}  // namespace sf

@@ -1,0 +1,281 @@
+// safetensors reader/writer: round trips, a hand-made file, and every malformed-file rejection.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace sf;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("sf_st_test_" + std::to_string(::getpid()) + "_" + std::to_string(rd()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_all(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+// A safetensors file from a header string and data bytes, built independently of the writer.
+std::string make_file(const std::string& header, const std::string& data, uint64_t header_len = UINT64_MAX) {
+  if (header_len == UINT64_MAX) header_len = header.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = char((header_len >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
+// Runs fn, expects an InputError whose message contains every one of `parts`; returns the message.
+std::string expect_input_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const InputError& e) {
+    std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    return msg;
+  }
+  ADD_FAILURE() << "no InputError thrown";
+  return "";
+}
+
+// Writes a file from header + data and expects opening it to fail mentioning `parts` and the path.
+void expect_bad_file(const TempDir& d, const std::string& name, const std::string& bytes,
+                     std::vector<std::string> parts) {
+  std::string p = d.file(name);
+  write_all(p, bytes);
+  parts.push_back(p + ": ");
+  expect_input_error([&] { SafetensorsFile::open(p); }, parts);
+}
+
+}  // namespace
+
+TEST(Safetensors, RoundTripAllDtypesMetadataAlignment) {
+  TempDir d;
+  std::vector<float> a = {1.5f, -2.25f, 3.0f, 0.0f, 1e-3f, -7.0f};
+  std::vector<uint16_t> b = {float_to_bf16(1.0f).bits, float_to_bf16(-0.5f).bits, float_to_bf16(3.25f).bits};
+  std::vector<uint16_t> h = {float_to_f16(0.5f), float_to_f16(-65504.f), float_to_f16(2.0f), float_to_f16(1e-5f)};
+  std::vector<TensorWrite> tw = {{"z.weight", DType::F32, {2, 3}, a.data()},
+                                 {"a.bias", DType::BF16, {3}, b.data()},
+                                 {"m.half", DType::F16, {2, 1, 2}, h.data()},
+                                 {"empty", DType::F32, {0, 4}, nullptr}};
+  std::string path = d.file("x.safetensors");
+  write_safetensors(path, tw, {{"step", "12"}, {"note", "hello"}});
+
+  // Header length prefix is a multiple of 8 and the padding is spaces.
+  std::string raw = read_all(path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | uint8_t(raw[i]);
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ(raw.size(), 8 + n + a.size() * 4 + b.size() * 2 + h.size() * 2);
+  auto hdr = nlohmann::json::parse(raw.substr(8, n));  // trailing spaces are valid JSON whitespace
+  EXPECT_EQ(hdr["__metadata__"]["format"], "pt");
+  EXPECT_EQ(hdr["z.weight"]["data_offsets"], nlohmann::json({0, 24}));
+  EXPECT_EQ(hdr["a.bias"]["data_offsets"], nlohmann::json({24, 30}));
+  // No temp file left behind next to it.
+  EXPECT_EQ(std::distance(fs::directory_iterator(d.path), fs::directory_iterator()), 1);
+
+  SafetensorsFile f0 = SafetensorsFile::open(path);
+  SafetensorsFile f = std::move(f0);  // moved-to object keeps the mapping
+  ASSERT_EQ(f.tensors().size(), 4u);
+  // File order = the order written (zero-size tensor sorts to its offset, the end).
+  EXPECT_EQ(f.tensors()[0].name, "z.weight");
+  EXPECT_EQ(f.tensors()[1].name, "a.bias");
+  EXPECT_EQ(f.tensors()[2].name, "m.half");
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  EXPECT_EQ(f.metadata().at("step"), "12");
+  EXPECT_EQ(f.metadata().at("note"), "hello");
+
+  const TensorInfo* ta = f.find("z.weight");
+  ASSERT_NE(ta, nullptr);
+  EXPECT_EQ(ta->dtype, DType::F32);
+  EXPECT_EQ(ta->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(ta->bytes, 24u);
+  EXPECT_EQ(ta->file, path);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(ta->data) % 8, 0u);  // data area aligned by the padding
+  EXPECT_EQ(std::memcmp(ta->data, a.data(), 24), 0);
+  const TensorInfo* tb = f.find("a.bias");
+  ASSERT_NE(tb, nullptr);
+  EXPECT_EQ(tb->dtype, DType::BF16);
+  EXPECT_EQ(std::memcmp(tb->data, b.data(), 6), 0);
+  const TensorInfo* th = f.find("m.half");
+  ASSERT_NE(th, nullptr);
+  EXPECT_EQ(th->dtype, DType::F16);
+  EXPECT_EQ(th->shape, (std::vector<int64_t>{2, 1, 2}));
+  EXPECT_EQ(std::memcmp(th->data, h.data(), 8), 0);
+  const TensorInfo* te = f.find("empty");
+  ASSERT_NE(te, nullptr);
+  EXPECT_EQ(te->bytes, 0u);
+  EXPECT_EQ(te->numel(), 0);
+  EXPECT_EQ(f.find("nope"), nullptr);
+}
+
+TEST(Safetensors, ReadsHandCraftedFile) {
+  TempDir d;
+  // Keys out of data order, odd header length (no padding), unaligned data area, a metadata block.
+  float w[2] = {3.5f, -1.0f};
+  uint16_t hb[3] = {0x3f80, 0xc000, 0x0000};  // bf16 1.0, -2.0, 0.0
+  std::string data(reinterpret_cast<const char*>(hb), 6);
+  data += std::string(reinterpret_cast<const char*>(w), 8);
+  std::string header =
+      R"({"w":{"dtype":"F32","shape":[1,2],"data_offsets":[6,14]},)"
+      R"("__metadata__":{"format":"pt","k":"v"},"b":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]}})";
+  std::string path = d.file("hand.safetensors");
+  write_all(path, make_file(header, data));
+
+  SafetensorsFile f = SafetensorsFile::open(path);
+  ASSERT_EQ(f.tensors().size(), 2u);
+  EXPECT_EQ(f.tensors()[0].name, "b");  // offset order
+  EXPECT_EQ(f.tensors()[1].name, "w");
+  EXPECT_EQ(f.metadata().size(), 2u);
+  EXPECT_EQ(f.metadata().at("k"), "v");
+  const TensorInfo* tw = f.find("w");
+  ASSERT_NE(tw, nullptr);
+  EXPECT_EQ(tw->shape, (std::vector<int64_t>{1, 2}));
+  float got[2];
+  std::memcpy(got, tw->data, 8);
+  EXPECT_EQ(got[0], 3.5f);
+  EXPECT_EQ(got[1], -1.0f);
+  const TensorInfo* tb = f.find("b");
+  ASSERT_NE(tb, nullptr);
+  uint16_t gb[3];
+  std::memcpy(gb, tb->data, 6);
+  EXPECT_EQ(bf16_to_float(bf16{gb[0]}), 1.0f);
+  EXPECT_EQ(bf16_to_float(bf16{gb[1]}), -2.0f);
+  EXPECT_EQ(tb->data + 6, tw->data);
+
+  // A header-only file (no tensors) is valid too.
+  std::string p2 = d.file("empty.safetensors");
+  write_all(p2, make_file("{}", ""));
+  EXPECT_TRUE(SafetensorsFile::open(p2).tensors().empty());
+}
+
+TEST(Safetensors, RejectsTruncatedAndBadHeaderLength) {
+  TempDir d;
+  expect_bad_file(d, "short.safetensors", "abc", {"too short"});
+  expect_bad_file(d, "zero.safetensors", "", {"too short"});
+  std::string good_header = R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  expect_bad_file(d, "len_past_end.safetensors", make_file(good_header, std::string(8, '\0'), 4096),
+                  {"header length 4096 exceeds the file size"});
+  expect_bad_file(d, "absurd.safetensors", make_file("{}", "", 1ull << 40), {"absurd"});
+  // Data truncated: header fine, but the tensor's range runs past the end.
+  expect_bad_file(d, "cut.safetensors", make_file(good_header, std::string(5, '\0')), {"tensor t", "out of range"});
+  std::string missing = d.file("missing.safetensors");
+  expect_input_error([&] { SafetensorsFile::open(missing); }, {missing + ": not found"});
+}
+
+TEST(Safetensors, RejectsBadJsonMissingFieldsAndBadMetadata) {
+  TempDir d;
+  expect_bad_file(d, "badjson.safetensors", make_file(R"({"t": {"dtype": )", ""), {"invalid header JSON at byte"});
+  expect_bad_file(d, "array.safetensors", make_file("[1,2]", ""), {"not a JSON object"});
+  expect_bad_file(d, "entry.safetensors", make_file(R"({"t": 5})", ""), {"tensor t", "not an object"});
+  expect_bad_file(d, "nodtype.safetensors", make_file(R"({"t":{"shape":[1],"data_offsets":[0,4]}})", "abcd"),
+                  {"tensor t", "missing dtype"});
+  expect_bad_file(d, "noshape.safetensors", make_file(R"({"t":{"dtype":"F32","data_offsets":[0,4]}})", "abcd"),
+                  {"tensor t", "missing shape"});
+  expect_bad_file(d, "nooff.safetensors", make_file(R"({"t":{"dtype":"F32","shape":[1]}})", "abcd"),
+                  {"tensor t", "missing data_offsets"});
+  expect_bad_file(d, "badoff.safetensors", make_file(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", "abcd"),
+                  {"tensor t", "data_offsets must be two"});
+  expect_bad_file(d, "dup.safetensors",
+                  make_file(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                            R"("t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                            "abcd"),
+                  {"\"t\" twice"});
+  expect_bad_file(d, "mdarr.safetensors", make_file(R"({"__metadata__":[1]})", ""), {"__metadata__ is not an object"});
+  expect_bad_file(d, "mdval.safetensors", make_file(R"({"__metadata__":{"format":"pt","n":3}})", ""),
+                  {"__metadata__ value for \"n\" is not a string"});
+}
+
+TEST(Safetensors, RejectsUnsupportedDtype) {
+  TempDir d;
+  expect_bad_file(d, "i8.safetensors",
+                  make_file(R"({"layer.q":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}})", "abcd"),
+                  {"tensor layer.q", "unsupported dtype I8"});
+  expect_bad_file(d, "f64.safetensors",
+                  make_file(R"({"emb":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", std::string(8, '\0')),
+                  {"tensor emb", "unsupported dtype F64"});
+}
+
+TEST(Safetensors, RejectsShapeMismatchAndNegativeDims) {
+  TempDir d;
+  expect_bad_file(d, "mismatch.safetensors",
+                  make_file(R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]}})", std::string(8, '\0')),
+                  {"tensor w", "shape [2, 3] of BF16 needs 12 bytes", "span 8"});
+  expect_bad_file(d, "neg.safetensors",
+                  make_file(R"({"w":{"dtype":"F32","shape":[-1,2],"data_offsets":[0,8]}})", std::string(8, '\0')),
+                  {"tensor w", "negative dimension -1"});
+  expect_bad_file(d, "float_dim.safetensors",
+                  make_file(R"({"w":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", std::string(8, '\0')),
+                  {"tensor w", "non-integer dimension"});
+  // Product overflowing 64 bits must not wrap to a "valid" size.
+  expect_bad_file(d, "overflow.safetensors",
+                  make_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", ""),
+                  {"tensor w", "absurdly large"});
+}
+
+TEST(Safetensors, RejectsOverlapGapAndOutOfRange) {
+  TempDir d;
+  std::string data16(16, '\0');
+  expect_bad_file(d, "overlap.safetensors",
+                  make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                            std::string(12, '\0')),
+                  {"tensor b", "overlap tensor a"});
+  expect_bad_file(d, "gap.safetensors",
+                  make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                            R"("b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
+                            data16),
+                  {"gap", "bytes 8 to 12", "tensor b"});
+  expect_bad_file(d, "leading_gap.safetensors",
+                  make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", data16), {"gap", "tensor a"});
+  expect_bad_file(d, "trailing.safetensors",
+                  make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data16), {"8 trailing bytes"});
+  expect_bad_file(d, "range.safetensors",
+                  make_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})", data16),
+                  {"tensor a", "data_offsets [8, 24] out of range", "16 bytes"});
+  expect_bad_file(d, "reversed.safetensors",
+                  make_file(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", data16),
+                  {"tensor a", "end before they begin"});
+}
+
+TEST(Safetensors, WriteErrorsAreInputErrorsAndLeaveNoFile) {
+  TempDir d;
+  float x = 1.0f;
+  // Parent is a regular file: open() fails with ENOTDIR.
+  write_all(d.file("afile"), "x");
+  std::string bad = d.file("afile") + "/out.safetensors";
+  expect_input_error(
+      [&] {
+        write_safetensors(bad, {{"x", DType::F32, {1}, &x}}, {});
+      },
+      {bad + ": ", "Not a directory"});
+  // Replacing an existing file works and leaves only the final name.
+  std::string p = d.file("r.safetensors");
+  write_all(p, "old contents");
+  write_safetensors(p, {{"x", DType::F32, {1}, &x}}, {});
+  EXPECT_EQ(SafetensorsFile::open(p).tensors().size(), 1u);
+  EXPECT_EQ(std::distance(fs::directory_iterator(d.path), fs::directory_iterator()), 2);
+}
