@@ -12,6 +12,7 @@
 #include "engine/resident_engine.h"
 #include "io/checkpoint.h"
 #include "io/json_file.h"
+#include "train/bench.h"
 #include "train/demo.h"
 #include "train/model_io.h"
 #include "train/trainer.h"
@@ -122,11 +123,23 @@ int cli_main(int argc, char** argv) {
   demo->add_option("--steps", demo_opts.steps)->capture_default_str();
   demo->add_option("--seed", demo_opts.seed)->capture_default_str();
 
+  // bench
+  BenchOptions bo;
+  auto* bench = app.add_subcommand("bench", "training throughput on synthetic weights (no files needed)");
+  bench->add_option("--preset", bo.preset, "llama-1b, llama-3b, llama-8b or qwen2.5-7b")->capture_default_str();
+  bench->add_option("--config", bo.config, "a config.json instead of a preset");
+  bench->add_option("--device", bo.device)->capture_default_str();
+  bench->add_option("--batch-size", bo.batch_size)->capture_default_str();
+  bench->add_option("--seq-len", bo.seq_len)->capture_default_str();
+  bench->add_option("--steps", bo.steps, "timed steps")->capture_default_str();
+  bench->add_option("--warmup", bo.warmup, "untimed steps first")->capture_default_str();
+  bench->add_option("--layers", bo.layers, "override the number of layers");
+
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) known |= sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "slideformer: unknown command '%s' (commands: init, eval, grad, train, demo)\n", argv[1]);
+      std::fprintf(stderr, "slideformer: unknown command '%s' (commands: init, eval, grad, train, demo, bench)\n", argv[1]);
       return 2;
     }
   }
@@ -163,6 +176,10 @@ int cli_main(int argc, char** argv) {
                   {"steps", r.steps},
                   {"tokens_per_second", r.tokens_per_second},
                   {"output", t.output}});
+      return 0;
+    }
+    if (*bench) {
+      print_json(run_bench(bo));
       return 0;
     }
     if (*demo) {

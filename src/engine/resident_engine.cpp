@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "io/checkpoint.h"
 #include "model/rope.h"
 
@@ -138,31 +139,45 @@ void ResidentEngine::load(const CheckpointReader& ckpt) {
 }
 
 void ResidentEngine::init_random(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  // Box-Muller on our own uniform draws: the same numbers on every platform and library.
-  auto uniform = [&] { return (double(rng() >> 11) + 0.5) * (1.0 / 9007199254740992.0); };
+  // Box-Muller on our own uniform draws: the same numbers on every platform and library. Each
+  // chunk of 2^20 values of a tensor has its own generator, so chunks fill in parallel and the
+  // result does not depend on the thread count.
+  constexpr int64_t kChunk = int64_t(1) << 20;
   const double std = spec_.initializer_range;
   std::vector<float> host;
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
     const BlobLayout& blob = layout_.blobs[b];
     host.assign(size_t(blob.numel), 0.f);
-    for (const BlobEntry& e : blob.entries) {
+    for (size_t ei = 0; ei < blob.entries.size(); ++ei) {
+      const BlobEntry& e = blob.entries[ei];
       float* p = host.data() + e.offset;
       bool is_norm = e.name.find("norm.weight") != std::string::npos;
       bool is_bias = e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
-      for (int64_t i = 0; i < e.numel; ++i) {
-        if (is_norm) {
-          p[i] = 1.f;
-        } else if (is_bias) {
-          p[i] = 0.f;
-        } else {
-          double u1 = uniform(), u2 = uniform();
-          p[i] = float(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
-        }
+      if (is_norm || is_bias) {
+        std::fill(p, p + e.numel, is_norm ? 1.f : 0.f);
+        continue;
       }
+      const int64_t chunks = (e.numel + kChunk - 1) / kChunk;
+      cpu_pool().parallel_for(chunks, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          std::mt19937_64 rng(seed ^ (0x9E3779B97F4A7C15ull * (b + 1)) ^ (0xC2B2AE3D27D4EB4Full * (ei + 1)) ^
+                              (0x165667B19E3779F9ull * uint64_t(c + 1)));
+          auto uniform = [&] { return (double(rng() >> 11) + 0.5) * (1.0 / 9007199254740992.0); };
+          for (int64_t i = c * kChunk; i < std::min(e.numel, (c + 1) * kChunk); ++i) {
+            double u1 = uniform(), u2 = uniform();
+            p[i] = float(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+          }
+        }
+      });
     }
     impl_->upload_blob(int(b), host);
   }
+}
+
+size_t ResidentEngine::device_bytes() const {
+  const Impl& m = *impl_;
+  return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
+         m.dbuf.size() + m.ids.size() + m.targets.size() + m.scalars.size() + m.rope_buf.size() + m.ws->bytes();
 }
 
 void ResidentEngine::zero_grads() {

@@ -31,6 +31,8 @@ class ResidentEngine {
   const ModelSpec& spec() const { return spec_; }
   const ModelLayout& layout() const { return layout_; }
   Device& device() { return dev_; }
+  // Device memory this engine holds (parameters, gradients, optimizer state, activations, workspace).
+  size_t device_bytes() const;
 
   // Parameters from a checkpoint (any of F32/BF16/F16; converted to fp32 masters).
   void load(const CheckpointReader& ckpt);

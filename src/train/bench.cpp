@@ -1,0 +1,134 @@
+#include "train/bench.h"
+
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "backend/device.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "engine/resident_engine.h"
+#include "io/json_file.h"
+
+namespace sf {
+
+nlohmann::json preset_config(const std::string& name) {
+  nlohmann::json llama = {{"architectures", {"LlamaForCausalLM"}},
+                          {"model_type", "llama"},
+                          {"vocab_size", 128256},
+                          {"rms_norm_eps", 1e-5},
+                          {"rope_theta", 500000.0},
+                          {"max_position_embeddings", 131072},
+                          {"hidden_act", "silu"},
+                          {"torch_dtype", "bfloat16"},
+                          {"rope_scaling",
+                           {{"rope_type", "llama3"},
+                            {"factor", 32.0},
+                            {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 8192}}}};
+  if (name == "llama-1b") {
+    llama.update({{"hidden_size", 2048},
+                  {"intermediate_size", 8192},
+                  {"num_hidden_layers", 16},
+                  {"num_attention_heads", 32},
+                  {"num_key_value_heads", 8},
+                  {"tie_word_embeddings", true}});
+    return llama;
+  }
+  if (name == "llama-3b") {
+    llama.update({{"hidden_size", 3072},
+                  {"intermediate_size", 8192},
+                  {"num_hidden_layers", 28},
+                  {"num_attention_heads", 24},
+                  {"num_key_value_heads", 8},
+                  {"tie_word_embeddings", true}});
+    return llama;
+  }
+  if (name == "llama-8b") {
+    llama.update({{"hidden_size", 4096},
+                  {"intermediate_size", 14336},
+                  {"num_hidden_layers", 32},
+                  {"num_attention_heads", 32},
+                  {"num_key_value_heads", 8},
+                  {"tie_word_embeddings", false}});
+    return llama;
+  }
+  if (name == "qwen2.5-7b") {
+    return {{"architectures", {"Qwen2ForCausalLM"}},
+            {"model_type", "qwen2"},
+            {"vocab_size", 152064},
+            {"hidden_size", 3584},
+            {"intermediate_size", 18944},
+            {"num_hidden_layers", 28},
+            {"num_attention_heads", 28},
+            {"num_key_value_heads", 4},
+            {"rms_norm_eps", 1e-6},
+            {"rope_theta", 1000000.0},
+            {"max_position_embeddings", 32768},
+            {"hidden_act", "silu"},
+            {"tie_word_embeddings", false},
+            {"torch_dtype", "bfloat16"}};
+  }
+  input_error("--preset", "unknown preset '" + name + "' (llama-1b, llama-3b, llama-8b, qwen2.5-7b)");
+}
+
+nlohmann::json run_bench(const BenchOptions& o) {
+  if (o.batch_size <= 0 || o.seq_len <= 0) input_error("--batch-size/--seq-len", "must be positive");
+  if (o.steps <= 0) input_error("--steps", "must be positive");
+  nlohmann::json cfg = o.config.empty() ? preset_config(o.preset) : read_json_file(o.config);
+  if (o.layers > 0) cfg["num_hidden_layers"] = o.layers;
+  ModelSpec spec = parse_model_spec(cfg, o.config.empty() ? "preset " + o.preset : o.config);
+  auto dev = make_device(o.device);
+  EngineOptions eo;
+  eo.max_batch = o.batch_size;
+  eo.max_seq = o.seq_len;
+  ResidentEngine engine(*dev, spec, eo);
+  engine.init_random(1);
+  log_info("bench: %s, %.2fB parameters, %d x %d tokens per step, %s, engine holds %s", spec.architecture.c_str(),
+           double(spec.total_params()) / 1e9, o.batch_size, o.seq_len, dev->name().c_str(),
+           format_bytes(engine.device_bytes()).c_str());
+
+  // Random tokens, every position trained.
+  std::mt19937_64 rng(2);
+  std::vector<Record> recs(size_t(o.batch_size));
+  for (auto& r : recs) {
+    r.ids.resize(size_t(o.seq_len));
+    for (auto& id : r.ids) id = int32_t(rng() % uint64_t(spec.vocab));
+    r.labels = r.ids;
+  }
+  std::vector<const Record*> group;
+  for (const auto& r : recs) group.push_back(&r);
+  Batch b = make_batch(group, o.seq_len);
+
+  auto step = [&](int64_t s) {
+    engine.zero_grads();
+    engine.forward_backward(b, float(1.0 / double(b.trained)), true);
+    double gnorm = std::sqrt(engine.grad_sq_norm());
+    AdamWParams ap;
+    ap.lr = 1e-5f;
+    ap.step = s + 1;
+    ap.grad_scale = float(std::min(1.0, 1.0 / (gnorm + 1e-6)));
+    engine.adamw_step(ap);
+    return engine.take_loss_sum() / double(b.trained);
+  };
+  double loss = 0;
+  for (int64_t s = 0; s < o.warmup; ++s) loss = step(s);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < o.steps; ++s) loss = step(o.warmup + s);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double tps = double(b.B) * b.T * double(o.steps) / secs;
+  log_info("bench: %.1f ms/step, %.0f tokens/s, loss %.4f", 1e3 * secs / double(o.steps), tps, loss);
+  return {{"tokens_per_second", tps},
+          {"step_ms", 1e3 * secs / double(o.steps)},
+          {"steps", o.steps},
+          {"batch_size", o.batch_size},
+          {"seq_len", o.seq_len},
+          {"parameters", spec.total_params()},
+          {"device", dev->name()},
+          {"device_bytes", engine.device_bytes()},
+          {"loss", loss}};
+}
+
+}  // namespace sf

@@ -1,0 +1,25 @@
+// `slideformer bench`: training throughput on synthetic weights and tokens (no files needed).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace sf {
+
+struct BenchOptions {
+  std::string preset = "llama-1b";  // or a config.json path in `config`
+  std::string config;
+  std::string device = "auto";
+  int batch_size = 8, seq_len = 2048;
+  int64_t steps = 10, warmup = 3;
+  int layers = 0;  // override num_hidden_layers (0 = keep)
+};
+
+// Runs warmup + timed steps of the full training step (forward, loss, backward, AdamW) and
+// returns {"tokens_per_second", "step_ms", "device_bytes", ...}.
+nlohmann::json run_bench(const BenchOptions& o);
+// Built-in configs: llama-1b (Llama-3.2-1B shapes), llama-3b, llama-8b, qwen2.5-7b.
+nlohmann::json preset_config(const std::string& name);
+
+}  // namespace sf
