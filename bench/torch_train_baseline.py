@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""PyTorch eager baseline for slideformer's in-memory GPU training step.
+
+    python3 bench/torch_train_baseline.py                       # Llama-3-style 1B, batch 8 x 2048
+    python3 bench/torch_train_baseline.py --layers 2 --steps 3  # shrunk smoke run
+
+The model is transformers' LlamaForCausalLM with the Llama-3.2-1B shape (hidden 2048, intermediate 8192,
+16 layers, 32 heads, 8 KV heads, head_dim 64, vocab 128256, tied embeddings, rope_theta 500000), random
+init (std 0.02), fp32 master weights, bf16 autocast, gradient checkpointing per decoder layer
+(use_reentrant=False), SDPA attention, torch.optim.AdamW(fused=True), loss = transformers' causal LM
+loss on random tokens (labels = input_ids). This is "PyTorch eager with the HF model" as the CUDA
+backend issue defines it: slideformer's in-memory step must reach >= 1.2x these tokens/s.
+
+Warm-up steps are run and discarded, then --steps steps are timed between torch.cuda.synchronize()
+calls (CUDA events give the per-step median). Peak memory is torch.cuda.max_memory_allocated over
+the timed steps. Progress goes to stderr; the result is ONE JSON line on stdout (the last line).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def build_model(a, torch, transformers):
+    cfg_kw = dict(
+        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
+        num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+        max_position_embeddings=max(8192, a.seq), rms_norm_eps=1e-5, initializer_range=0.02,
+        tie_word_embeddings=not a.untied, use_cache=False, bos_token_id=1, eos_token_id=2,
+    )
+    rope = {"rope_type": "default", "rope_theta": a.rope_theta}
+    try:
+        cfg = transformers.LlamaConfig(rope_parameters=rope, **cfg_kw)
+    except TypeError:  # transformers 4.x
+        cfg = transformers.LlamaConfig(rope_theta=a.rope_theta, **cfg_kw)
+    with torch.device("cuda"):
+        try:
+            model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=a.attn, dtype=torch.float32)
+        except TypeError:
+            model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=a.attn,
+                                                               torch_dtype=torch.float32)
+    model = model.float().cuda()
+    model.config.use_cache = False
+    if not a.no_grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--intermediate", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--rope-theta", type=float, default=500000.0)
+    ap.add_argument("--untied", action="store_true", help="untied LM head (default: tied, as Llama-3.2-1B)")
+    ap.add_argument("--attn", default="sdpa", help="transformers attn_implementation (default sdpa)")
+    ap.add_argument("--no-grad-ckpt", action="store_true", help="disable gradient checkpointing")
+    ap.add_argument("--no-fused", action="store_true", help="AdamW without fused=True")
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+
+    import torch
+    import transformers
+    if not torch.cuda.is_available():
+        log("torch sees no GPU")
+        return 2
+    torch.manual_seed(a.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True  # only matters for fp32 matmuls outside autocast
+    dev_name = torch.cuda.get_device_name(0)
+    log(f"torch {torch.__version__}, transformers {transformers.__version__}, {dev_name}")
+
+    t0 = time.time()
+    model = build_model(a, torch, transformers)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params / 1e9:.3f} B parameters, {a.layers} layers, built in {time.time() - t0:.1f} s")
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=not a.no_fused)
+    gen = torch.Generator(device="cuda").manual_seed(a.seed)
+    batches = [torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda", generator=gen) for _ in range(4)]
+
+    losses = []
+
+    def step(i):
+        x = batches[i % len(batches)]
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            out = model(input_ids=x, labels=x)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return out.loss.detach()
+
+    for i in range(a.warmup):
+        t1 = time.time()
+        l = step(i)
+        torch.cuda.synchronize()
+        log(f"warm-up {i + 1}/{a.warmup}: loss {float(l):.4f} {time.time() - t1:.3f} s")
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(a.steps)]
+    t0 = time.perf_counter()
+    for i in range(a.steps):
+        events[i][0].record()
+        losses.append(step(a.warmup + i))
+        events[i][1].record()
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    step_ms = [s.elapsed_time(e) for s, e in events]
+    losses = [float(l) for l in losses]
+    peak = torch.cuda.max_memory_allocated()
+    tokens = a.batch * a.seq * a.steps
+    res = {
+        "bench": "torch_eager_train_step",
+        "model": "llama3-1b-like" if (a.layers, a.hidden) == (16, 2048) else "llama-custom",
+        "params": n_params, "layers": a.layers, "hidden": a.hidden, "vocab": a.vocab,
+        "tied": not a.untied, "batch": a.batch, "seq": a.seq, "steps": a.steps, "warmup": a.warmup,
+        "grad_ckpt": not a.no_grad_ckpt, "attn": a.attn, "fused_adamw": not a.no_fused,
+        "autocast": "bf16", "master_weights": "fp32",
+        "tokens_per_s": tokens / elapsed,
+        "step_ms_mean": 1000 * elapsed / a.steps,
+        "step_ms_median": statistics.median(step_ms),
+        "peak_mem_gib": peak / 2**30,
+        "loss_first": losses[0], "loss_last": losses[-1],
+        "gpu": dev_name, "torch": torch.__version__, "transformers": transformers.__version__,
+    }
+    if not all(math.isfinite(l) for l in losses):
+        log("non-finite loss")
+        print(json.dumps(res), flush=True)
+        return 1
+    log(f"{res['tokens_per_s']:.0f} tok/s, {res['step_ms_median']:.1f} ms/step (median), "
+        f"peak {res['peak_mem_gib']:.2f} GiB")
+    print(json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

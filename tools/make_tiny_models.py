@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""Builds tiny random Hugging Face models and ragged, partly masked JSONL data for parity checks.
+
+    python3 tools/make_tiny_models.py --out DIR [--only NAME,...]
+
+Writes, under DIR:
+    models/<name>/            HF checkpoint directory (save_pretrained), fp32 or bf16, single file or sharded
+    data/<name>.jsonl         parity data for that model (its own vocab), see make_parity_records()
+    manifest.json             one entry per model: arch, dtype, sharded, tied, vocab, parameter names, ...
+
+The models cover the four architectures slideformer supports (Llama, Mistral, Qwen2, Qwen3) and the
+features that differ between them: GQA / MQA / MHA, tied and untied embeddings, `llama3` RoPE
+scaling, Llama `attention_bias=True`, Qwen2 q/k/v biases, Qwen3 per-head q_norm / k_norm with
+head_dim != hidden / heads, configs in transformers-v5 form (`rope_parameters`) and in the legacy
+form (`rope_theta` / `rope_scaling` at the top level). All head_dims are 64 or 128 so the same models
+also serve the CUDA check. Weights use initializer_range 0.1 and every RMSNorm weight and bias is
+randomised, so no parameter is trivial.
+
+Everything is deterministic for a given --seed (torch and numpy generators are seeded per model).
+Only torch, transformers, safetensors and numpy are used. Also importable: build_all(), MODELS, ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+PARITY_SEQ_LEN = 45  # records below are designed around this cut length (odd on purpose)
+
+# name -> spec. "kw" goes to the transformers config class; "dtype"/"shard"/"legacy_rope" to saving.
+MODELS: dict[str, dict] = {
+    # Llama, GQA 2:1, tied embeddings, default RoPE, odd vocab.
+    "llama_gqa_tied": dict(
+        arch="LlamaForCausalLM", dtype="fp32", shard=False, legacy_rope=False,
+        kw=dict(vocab_size=509, hidden_size=256, intermediate_size=344, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                rms_norm_eps=1e-5, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # Llama 3 style: llama3 RoPE scaling, MHA with head_dim 128, attention_bias, untied; bf16 sharded.
+    "llama3rope_mha_bias": dict(
+        arch="LlamaForCausalLM", dtype="bf16", shard=True, legacy_rope=False,
+        kw=dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=True,
+                rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 64})),
+    # Mistral, GQA 4:1, untied, sliding window longer than any sequence; legacy rope_theta; fp32 sharded.
+    "mistral_gqa": dict(
+        arch="MistralForCausalLM", dtype="fp32", shard=True, legacy_rope=True,
+        kw=dict(vocab_size=384, hidden_size=256, intermediate_size=400, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+                rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=4096,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Qwen2 with q/k/v biases, GQA 2:1, tied (as the small Qwen2 models); legacy rope_theta; bf16 single.
+    "qwen2_bias_tied": dict(
+        arch="Qwen2ForCausalLM", dtype="bf16", shard=False, legacy_rope=True,
+        kw=dict(vocab_size=1000, hidden_size=256, intermediate_size=352, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Qwen3 q_norm/k_norm, head_dim 64 != hidden/heads (= 32), GQA 2:1, untied; fp32 single.
+    "qwen3_qknorm": dict(
+        arch="Qwen3ForCausalLM", dtype="fp32", shard=False, legacy_rope=False,
+        kw=dict(vocab_size=512, hidden_size=128, intermediate_size=320, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                attention_bias=False, use_sliding_window=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Qwen3, head_dim 128 != hidden/heads (= 96), MQA (1 KV head), tied; bf16 sharded.
+    "qwen3_qknorm_tied": dict(
+        arch="Qwen3ForCausalLM", dtype="bf16", shard=True, legacy_rope=False,
+        kw=dict(vocab_size=509, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                attention_bias=False, use_sliding_window=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+}
+
+# Models hf_train_compare.py trains (fp32 checkpoints only; built by build_train_models()).
+TRAIN_MODELS: dict[str, dict] = {
+    "train_llama_gqa_tied": dict(MODELS["llama_gqa_tied"], dtype="fp32", shard=False),
+    "train_qwen3_qknorm": dict(MODELS["qwen3_qknorm"], dtype="fp32", shard=True),
+    "train_qwen2_bias_tied": dict(MODELS["qwen2_bias_tied"], dtype="fp32", shard=False),
+    "train_mistral_gqa": dict(MODELS["mistral_gqa"], dtype="fp32", shard=False),
+}
+
+# The 100-step loss-curve model (hf_train_compare.py --device cuda).
+CURVE_MODEL = dict(
+    arch="LlamaForCausalLM", dtype="fp32", shard=False, legacy_rope=False, init_range=0.02,
+    randomize=False,
+    kw=dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+            rms_norm_eps=1e-5, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+
+
+def quiet_transformers():
+    """No progress bars / info chatter from transformers and huggingface_hub in our logs."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:
+        pass
+
+
+def _log(*a):
+    print(*a, flush=True)
+
+
+def _config_class(arch: str):
+    import transformers
+    return {
+        "LlamaForCausalLM": transformers.LlamaConfig,
+        "MistralForCausalLM": transformers.MistralConfig,
+        "Qwen2ForCausalLM": transformers.Qwen2Config,
+        "Qwen3ForCausalLM": transformers.Qwen3Config,
+    }[arch]
+
+
+def _model_class(arch: str):
+    import transformers
+    return getattr(transformers, arch)
+
+
+def _make_config(spec: dict):
+    """Config in transformers-v5 form (rope_parameters); falls back to rope_theta/rope_scaling kwargs."""
+    cls = _config_class(spec["arch"])
+    kw = dict(spec["kw"])
+    kw["initializer_range"] = spec.get("init_range", 0.1)
+    kw.setdefault("bos_token_id", 1)
+    kw.setdefault("eos_token_id", 2)
+    try:
+        return cls(**kw)
+    except TypeError:
+        # Older transformers (4.x): rope_theta + rope_scaling.
+        rp = dict(kw.pop("rope_parameters"))
+        kw["rope_theta"] = rp.pop("rope_theta")
+        if rp.get("rope_type", "default") != "default":
+            kw["rope_scaling"] = rp
+        return cls(**kw)
+
+
+def _rope_params_of(cfg) -> dict:
+    rp = getattr(cfg, "rope_parameters", None)
+    if rp:
+        return dict(rp)
+    out = {"rope_type": "default", "rope_theta": getattr(cfg, "rope_theta", None)}
+    rs = getattr(cfg, "rope_scaling", None)
+    if rs:
+        out.update(rs)
+        out["rope_type"] = rs.get("rope_type", rs.get("type"))
+    return out
+
+
+def _randomize_small_params(model, gen):
+    """Norm weights to 1 + 0.2*N(0,1), biases to 0.1*N(0,1): non-trivial but well conditioned."""
+    import torch
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float32))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float32))
+
+
+def _safetensors_names(model_dir: Path) -> dict[str, tuple[str, list[int]]]:
+    """name -> (dtype string, shape) over all safetensors files of an HF directory."""
+    from safetensors import safe_open
+    files = sorted(model_dir.glob("*.safetensors"))
+    out = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for k in sf.keys():
+                sl = sf.get_slice(k)
+                out[k] = (sl.get_dtype(), list(sl.get_shape()))
+    return out
+
+
+def _to_legacy_rope(model_dir: Path):
+    """Rewrites config.json's rope settings in the pre-v5 form (top-level rope_theta / rope_scaling)."""
+    p = model_dir / "config.json"
+    cfg = json.loads(p.read_text())
+    rp = cfg.pop("rope_parameters", None)
+    if not rp:
+        return
+    rp = dict(rp)
+    cfg["rope_theta"] = rp.pop("rope_theta")
+    rtype = rp.pop("rope_type", "default")
+    if rtype != "default":
+        cfg["rope_scaling"] = dict(rp, rope_type=rtype)
+    p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def build_model(name: str, spec: dict, out_dir: Path, seed: int) -> dict:
+    """Builds, randomises and saves one model; reloads it to check the round trip. Returns a manifest entry."""
+    import torch
+    model_dir = out_dir / "models" / name
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+
+    torch.manual_seed(seed)
+    cfg = _make_config(spec)
+    model = _model_class(spec["arch"])(cfg).float()
+    if spec.get("randomize", True):
+        gen = torch.Generator().manual_seed(seed + 1)
+        _randomize_small_params(model, gen)
+    ref_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
+    model = model.to(dtype)
+    save_kw = {}
+    if spec["shard"]:
+        # A few tensors per shard: exercises model.safetensors.index.json.
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        save_kw["max_shard_size"] = max(nbytes // 4, 64 * 1024)
+    model.save_pretrained(str(model_dir), **save_kw)
+    if spec.get("legacy_rope"):
+        _to_legacy_rope(model_dir)
+
+    index = model_dir / "model.safetensors.index.json"
+    if spec["shard"] and not index.exists():
+        raise RuntimeError(f"{name}: expected a sharded checkpoint, got {sorted(os.listdir(model_dir))}")
+    if not spec["shard"] and not (model_dir / "model.safetensors").exists():
+        raise RuntimeError(f"{name}: expected model.safetensors, got {sorted(os.listdir(model_dir))}")
+
+    # Round trip through transformers: same config meaning (rope!), same values.
+    cls = _model_class(spec["arch"])
+    reloaded = load_hf_model(model_dir, spec["arch"], device="cpu")
+    rp_a, rp_b = _rope_params_of(cfg), _rope_params_of(reloaded.config)
+    for k in set(rp_a) | set(rp_b):
+        if k in ("rope_type", "type"):
+            continue
+        a, b = rp_a.get(k), rp_b.get(k)
+        if a is not None and b is not None and a != b:
+            raise RuntimeError(f"{name}: rope parameter {k} changed on reload: {a} vs {b}")
+    if _rope_params_of(reloaded.config).get("rope_type", "default") != rp_a.get("rope_type", "default"):
+        raise RuntimeError(f"{name}: rope_type changed on reload: {rp_a} vs {_rope_params_of(reloaded.config)}")
+    for k, v in reloaded.state_dict().items():
+        want = ref_state[k].to(dtype).float()
+        if not torch.equal(v.float(), want):
+            raise RuntimeError(f"{name}: tensor {k} differs after save/load")
+    del cls
+
+    files = _safetensors_names(model_dir)
+    params = [n for n, _ in reloaded.named_parameters()]
+    entry = dict(
+        name=name, arch=spec["arch"], dtype=spec["dtype"], sharded=bool(spec["shard"]),
+        legacy_rope=bool(spec.get("legacy_rope")), tied=bool(spec["kw"].get("tie_word_embeddings")),
+        vocab_size=spec["kw"]["vocab_size"], hidden_size=spec["kw"]["hidden_size"],
+        num_heads=spec["kw"]["num_attention_heads"], num_kv_heads=spec["kw"]["num_key_value_heads"],
+        head_dim=int(getattr(reloaded.config, "head_dim", 0) or
+                     spec["kw"]["hidden_size"] // spec["kw"]["num_attention_heads"]),
+        rope=_rope_params_of(reloaded.config), path=str(model_dir),
+        param_names=params, file_tensors={k: v[0] for k, v in files.items()},
+    )
+    _log(f"  built {name:22s} {spec['arch']:19s} {spec['dtype']} "
+         f"{'sharded' if spec['shard'] else 'single '} params={sum(p.numel() for p in reloaded.parameters())}")
+    return entry
+
+
+def load_hf_model(model_dir, arch: str | None = None, device="cpu", attn="eager"):
+    """Loads an HF directory in fp32 (bf16 checkpoints are upcast exactly)."""
+    import torch
+    import transformers
+    cls = _model_class(arch) if arch else transformers.AutoModelForCausalLM
+    try:
+        m = cls.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation=attn)
+    except TypeError:
+        m = cls.from_pretrained(str(model_dir), torch_dtype=torch.float32, attn_implementation=attn)
+    m = m.float().to(device)
+    m.config.use_cache = False
+    return m
+
+
+# ----------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------
+
+def make_parity_records(vocab: int, seed: int, seq_len: int = PARITY_SEQ_LEN) -> list[dict]:
+    """Ragged, partly masked records for eval/grad parity. Relative to seq_len (cut length):
+
+    longer than seq_len (cut), exactly seq_len, seq_len+1, short ones, length 1 and 2, labels with -100
+    spans (prompt masking, middle spans, alternating), one record fully masked, one batch-of-3 with no
+    trained target at all (records 3..5), labels that differ from input_ids, ids 0 and vocab-1.
+    """
+    rng = np.random.default_rng(seed)
+    S = seq_len
+
+    def ids(n):
+        return [int(x) for x in rng.integers(0, vocab, size=n)]
+
+    recs: list[dict] = []
+    recs.append({"input_ids": ids(30)})                                   # 0 default labels
+    recs.append({"input_ids": ids(S + 15)})                               # 1 longer: cut
+    r = ids(S); lab = list(r); lab[:20] = [-100] * 20
+    recs.append({"input_ids": r, "labels": lab})                          # 2 prompt masked, exactly S
+    recs.append({"input_ids": ids(1)})                                    # 3 length 1: nothing trained
+    r = ids(25)
+    recs.append({"input_ids": r, "labels": [-100] * 25})                  # 4 fully masked
+    r = ids(2)
+    recs.append({"input_ids": r, "labels": [r[0], -100]})                 # 5 the only target masked
+    r = ids(S + 35); lab = list(r); lab[10:30] = [-100] * 20; lab[S + 5:] = [-100] * 30
+    recs.append({"input_ids": r, "labels": lab})                          # 6 long, middle span masked
+    r = ids(17); lab = ids(17); lab[3:6] = [-100] * 3
+    recs.append({"input_ids": r, "labels": lab})                          # 7 labels != input_ids
+    r = ids(S - 1); lab = [x if i % 2 == 0 else -100 for i, x in enumerate(r)]
+    recs.append({"input_ids": r, "labels": lab})                          # 8 alternating mask
+    r = ids(S + 1); lab = [-100] * (S + 1); lab[S - 5:] = r[S - 5:]
+    recs.append({"input_ids": r, "labels": lab})                          # 9 only the tail, partly cut
+    r = ids(9); r[0] = 0; r[4] = vocab - 1; r[8] = vocab - 1
+    recs.append({"input_ids": r})                                         # 10 extreme ids
+    recs.append({"input_ids": ids(33)})                                   # 11
+    r = ids(12); lab = list(r); lab[0] = -100
+    recs.append({"input_ids": r, "labels": lab})                          # 12 labels[0] never used
+    recs.append({"input_ids": ids(2)})                                    # 13 one target
+    return recs
+
+
+def make_train_records(vocab: int, seed: int, n: int, seq_len: int) -> list[dict]:
+    """Ragged records for the 3-step AdamW comparison; every record has trained targets except one
+    fully masked record (so token counts differ between micro-batches)."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for i in range(n):
+        L = int(rng.integers(seq_len // 2, seq_len + 12))  # some longer than seq_len: cut
+        r = [int(x) for x in rng.integers(0, vocab, size=L)]
+        if i == 1:
+            recs.append({"input_ids": r, "labels": [-100] * L})
+        elif i % 3 == 2:
+            lab = list(r); k = int(rng.integers(2, L // 2)); lab[:k] = [-100] * k
+            recs.append({"input_ids": r, "labels": lab})
+        else:
+            recs.append({"input_ids": r})
+    return recs
+
+
+def write_jsonl(path: Path, recs: list[dict]):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in recs:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+
+
+def read_jsonl(path) -> list[dict]:
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
+
+
+def build_all(out_dir, seed: int = 1234, only: list[str] | None = None, models: dict | None = None,
+              with_data: bool = True, init_range: float | None = None) -> dict:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    models = MODELS if models is None else models
+    manifest = {"seed": seed, "parity_seq_len": PARITY_SEQ_LEN, "init_range": init_range, "models": {}}
+    for i, (name, spec) in enumerate(models.items()):
+        if only and name not in only:
+            continue
+        if init_range is not None:
+            spec = dict(spec, init_range=init_range)
+        entry = build_model(name, spec, out_dir, seed + 101 * i)
+        if with_data:
+            dpath = out_dir / "data" / f"{name}.jsonl"
+            write_jsonl(dpath, make_parity_records(entry["vocab_size"], seed + 7 * i))
+            entry["data"] = str(dpath)
+        manifest["models"][name] = entry
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--only", default="", help="comma-separated model names (default: all)")
+    ap.add_argument("--init-range", type=float, default=None,
+                    help="initializer_range of the weights (default 0.1)")
+    ap.add_argument("--list", action="store_true", help="list the model names and exit")
+    a = ap.parse_args(argv)
+    if a.list:
+        for n, s in MODELS.items():
+            print(n, s["arch"], s["dtype"], "sharded" if s["shard"] else "single")
+        return 0
+    only = [x for x in a.only.split(",") if x] or None
+    if only:
+        bad = [x for x in only if x not in MODELS]
+        if bad:
+            print(f"unknown model(s): {bad}; known: {list(MODELS)}", file=sys.stderr)
+            return 2
+    quiet_transformers()
+    m = build_all(a.out, a.seed, only, init_range=a.init_range)
+    print(f"wrote {len(m['models'])} models to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
