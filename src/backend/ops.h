@@ -48,7 +48,7 @@ class Ops {
   virtual void bias_backward(Tensor dbias, Tensor dout, Stream& s) = 0;
 
   // RMSNorm over the last dim C of x [R, C] with weight w [C] (HF Llama: w * (x * rstd)).
-  // rstd [R] F32 (saved for backward; may be empty).
+  // rstd [R] F32 (saved for backward; may be empty in a forward-only pass).
   virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) = 0;
   // dx = (accumulate ? dx : 0) + d/dx; dw [C] += d/dw. x, w, rstd as in forward.
   virtual void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd,

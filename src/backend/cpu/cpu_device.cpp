@@ -1,6 +1,8 @@
 #include "backend/cpu/cpu_device.h"
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -15,24 +17,32 @@
 namespace sf {
 namespace {
 
-// An event counts records and completions: record() takes ticket n = ++recorded; the stream
-// marks completed = n when it reaches that point. Waiting means completed >= the ticket seen.
+// Each record() makes a new completion flag; the stream sets it when it reaches that point.
+// A wait() captures the flag of the most recent record at the time of the call, so a later
+// record (even on a faster stream) cannot release it early: CUDA's semantics.
+struct RecordFlag {
+  bool done = false;
+};
+
 struct CpuEvent : Event {
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t recorded = 0;
-  uint64_t completed = 0;
+  std::shared_ptr<RecordFlag> latest;  // null until the first record
 
-  void complete(uint64_t ticket) {
+  void complete(const std::shared_ptr<RecordFlag>& f) {
     {
       std::lock_guard<std::mutex> lk(mu);
-      if (ticket > completed) completed = ticket;
+      f->done = true;
     }
     cv.notify_all();
   }
-  void wait_for(uint64_t ticket) {
+  void wait_for(const std::shared_ptr<RecordFlag>& f) {
     std::unique_lock<std::mutex> lk(mu);
-    cv.wait(lk, [&] { return completed >= ticket; });
+    cv.wait(lk, [&] { return f->done; });
+  }
+  std::shared_ptr<RecordFlag> current() {
+    std::lock_guard<std::mutex> lk(mu);
+    return latest;
   }
 };
 
@@ -199,37 +209,28 @@ class CpuDevice final : public Device {
 
   void record(Event& e, Stream& s) override {
     CpuEvent* ev = &ce(e);
-    uint64_t ticket;
+    auto flag = std::make_shared<RecordFlag>();
     {
       std::lock_guard<std::mutex> lk(ev->mu);
-      ticket = ++ev->recorded;
+      ev->latest = flag;
     }
-    cs(s).push([ev, ticket] { ev->complete(ticket); });
+    cs(s).push([ev, flag] { ev->complete(flag); });
   }
   void wait(Stream& s, Event& e) override {
     CpuEvent* ev = &ce(e);
-    uint64_t ticket;
-    {
-      std::lock_guard<std::mutex> lk(ev->mu);
-      ticket = ev->recorded;  // the most recent record at the time of the call
-    }
-    if (ticket == 0) return;
-    cs(s).push([ev, ticket] { ev->wait_for(ticket); });
+    auto flag = ev->current();  // the most recent record at the time of the call
+    if (!flag) return;
+    cs(s).push([ev, flag] { ev->wait_for(flag); });
   }
   void synchronize(Event& e) override {
     CpuEvent& ev = ce(e);
-    uint64_t ticket;
-    {
-      std::lock_guard<std::mutex> lk(ev.mu);
-      ticket = ev.recorded;
-    }
-    ev.wait_for(ticket);
+    if (auto flag = ev.current()) ev.wait_for(flag);
   }
   void synchronize(Stream& s) override { cs(s).drain(); }
   bool query(Event& e) override {
     CpuEvent& ev = ce(e);
     std::lock_guard<std::mutex> lk(ev.mu);
-    return ev.completed >= ev.recorded;
+    return !ev.latest || ev.latest->done;
   }
   void copy(void* dst, const void* src, size_t bytes, CopyKind, Stream& s) override {
     cs(s).push([=] { std::memcpy(dst, src, bytes); });
@@ -240,7 +241,7 @@ class CpuDevice final : public Device {
  private:
   CpuDeviceOptions opt_;
   CpuOps ops_;
-  uint64_t streams_ = 0;
+  std::atomic<uint64_t> streams_{0};
 };
 
 }  // namespace

@@ -1,0 +1,65 @@
+// RoPE, HF half-split ("rotate_half") layout: pair i of a head is (x[i], x[i + hd/2]).
+#include "backend/cpu/cpu_common.h"
+#include "backend/cpu/kernels.h"
+#include "core/thread_pool.h"
+
+namespace sf::cpu {
+
+using namespace detail;
+
+namespace {
+
+// inverse = false: y1 = x1 c - x2 s, y2 = x2 c + x1 s (HF: x*cos + rotate_half(x)*sin, same
+// rounding). inverse = true applies the transpose, which is the gradient of the forward.
+void rope_apply(const char* op, Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, bool inverse) {
+  SF_CHECK_REAL(op, x);
+  SF_CHECK_DTYPE(op, cos, DType::F32);
+  SF_CHECK_DTYPE(op, sin, DType::F32);
+  SF_CHECK(T > 0 && n_heads > 0 && head_dim > 0 && head_dim % 2 == 0,
+           std::string(op) + ": bad T/n_heads/head_dim " + std::to_string(T) + "/" + std::to_string(n_heads) + "/" +
+               std::to_string(head_dim));
+  const int64_t half = head_dim / 2, width = int64_t(n_heads) * head_dim;
+  SF_CHECK(x.cols() == width && x.rows() % T == 0,
+           std::string(op) + ": " + desc("x", x) + " is not [B*T, n_heads*head_dim] with T=" + std::to_string(T));
+  SF_CHECK(cos.cols() == half && sin.cols() == half && cos.rows() >= T && sin.rows() >= T,
+           std::string(op) + ": tables " + desc("cos", cos) + ", " + desc("sin", sin) + " must be [>= T, head_dim/2]");
+  const int64_t R = x.rows();  // x [R = B*T, n_heads*head_dim]; cos, sin [T_max, half]
+  const float* cp = cos.ptr<float>();
+  const float* sp = sin.ptr<float>();
+  visit(x, [&](auto* xp) {
+    cpu_pool().parallel_for(
+        R,
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const float* c = cp + (r % T) * half;  // position of row r
+            const float* s = sp + (r % T) * half;
+            for (int64_t h = 0; h < n_heads; ++h) {
+              const int64_t base = r * width + h * head_dim;
+              for (int64_t i = 0; i < half; ++i) {
+                const float x1 = ld(xp, base + i), x2 = ld(xp, base + i + half);
+                if (!inverse) {
+                  st(xp, base + i, x1 * c[i] - x2 * s[i]);
+                  st(xp, base + i + half, x2 * c[i] + x1 * s[i]);
+                } else {
+                  st(xp, base + i, x1 * c[i] + x2 * s[i]);
+                  st(xp, base + i + half, x2 * c[i] - x1 * s[i]);
+                }
+              }
+            }
+          }
+        },
+        std::max<int64_t>(1, 8192 / std::max<int64_t>(1, width)));
+  });
+}
+
+}  // namespace
+
+void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim) {
+  rope_apply("rope_forward", x, cos, sin, T, n_heads, head_dim, false);
+}
+
+void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim) {
+  rope_apply("rope_backward", dx, cos, sin, T, n_heads, head_dim, true);
+}
+
+}  // namespace sf::cpu
