@@ -199,7 +199,6 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   Impl& m = *impl_;
   SF_CHECK(b.B <= opt_.max_batch && b.T <= opt_.max_seq, "batch larger than the engine was built for");
   SF_CHECK(!backward || m.grads.data(), "engine built without gradients");
-  Ops& ops = dev_.ops();
   Stream& st = *m.stream;
   const BatchDims d{b.B, b.T};
   const int64_t N = d.N();

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Every GPU-machine check and benchmark of the repository in one call (device time is scarce).
+# Usage there:  BIN=gpubin bash tools/gpu_check.sh [steps...]
+#   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda bench_sf bench_torch kernels
+# BIN holds slideformer, sf_gpu_tests and bench_kernels built here with -DSF_PORTABLE=ON.
+# Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
+set -u
+BIN=${BIN:-gpubin}
+OUT=${OUT:-/tmp/sf_gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(gpu_tests parity_cpu train_cpu parity_cuda train_cuda bench_sf bench_torch kernels)
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee -a "$OUT/summary.txt"
+run() {
+  local name=$1
+  shift
+  echo "===== $name: $*" >>"$OUT/all.log"
+  local t0=$(date +%s)
+  "$@" >>"$OUT/all.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $(($(date +%s) - t0))s" | tee -a "$OUT/summary.txt"
+}
+for s in "${steps[@]}"; do
+  case $s in
+    gpu_tests) run gpu_tests "$BIN/sf_gpu_tests" --gtest_brief=1 ;;
+    parity_cpu) run parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu --work /tmp/parity_cpu ;;
+    train_cpu) run train_cpu python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cpu --skip-curve --work /tmp/train_cpu ;;
+    parity_cuda) run parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --work /tmp/parity_cuda ;;
+    train_cuda) run train_cuda python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cuda --work /tmp/train_cuda ;;
+    bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;
+    bench_torch) run bench_torch python3 bench/torch_train_baseline.py --steps 6 --warmup 2 ;;
+    kernels) run kernels "$BIN/bench_kernels" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+grep -E "tokens_per_second|tok/s|PASS|FAIL|passed|failed" "$OUT/all.log" | tail -n 60
