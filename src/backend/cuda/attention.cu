@@ -1,0 +1,779 @@
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/kernel_utils.cuh"
+
+namespace sf::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+std::atomic<bool> g_force_simple{false};
+
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+
+// ============================================================================================
+// Flash kernels (BF16, head_dim 64 / 128)
+// ============================================================================================
+
+// Element offset of (row, col) in a [rows][HD] bf16 tile whose 16-byte chunks are XOR-swizzled
+// by (row & 7): ldmatrix (8 rows, same logical chunk) and the cp.async writes are conflict-free.
+template <int HD>
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * HD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// rows [row0, row0 + ROWS) of a [T, stride] bf16 matrix (starting at g) -> swizzled smem tile;
+// rows >= T are zero-filled.
+template <int HD, int ROWS, int NT>
+__device__ __forceinline__ void load_tile(bf16_t* s, const bf16_t* g, int64_t stride, int row0, int T, int tid) {
+  constexpr int CH = HD / 8;
+  static_assert((ROWS * CH) % NT == 0, "tile chunks must divide among threads");
+#pragma unroll
+  for (int i = 0; i < ROWS * CH / NT; ++i) {
+    const int id = tid + i * NT;
+    const int r = id / CH, c = id % CH;
+    const int gr = row0 + r;
+    const bool ok = gr < T;
+    const bf16_t* src = g + int64_t(ok ? gr : 0) * stride + c * 8;
+    cp_async16(s + r * HD + ((c ^ (r & 7)) << 3), src, ok);
+  }
+}
+
+// ---- forward --------------------------------------------------------------------------------
+// Block: BR query rows of one (head, sequence); NW warps, each owning MT = BR / (16 NW) m16 tiles
+// (consecutive rows). MT = 2 reuses every K / V fragment loaded from shared memory for two MMAs,
+// halving shared-memory traffic per FLOP (what limits mma.sync attention on Hopper).
+template <int HD, int BR, int BC, int NW, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB)
+    flash_fwd_kernel(bf16_t* __restrict__ out, float* __restrict__ lse, const bf16_t* __restrict__ q,
+                     const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, int T, int H, int KVH,
+                     float scale_log2) {
+  constexpr int MT = BR / (NW * 16);
+  static_assert(MT * NW * 16 == BR && MT >= 1, "BR must be a multiple of 16 * warps");
+  constexpr int NT = NW * 32;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16_t* Qs = reinterpret_cast<bf16_t*>(smem_raw);  // [BR][HD]
+  bf16_t* Ks = Qs + BR * HD;                         // [2][BC][HD]
+  bf16_t* Vs = Ks + 2 * BC * HD;                     // [2][BC][HD]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // heaviest (last) query tiles first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int kvh = h / (H / KVH);
+  const int q0 = qt * BR;
+  const int wr0 = warp * MT * 16;  // first row of this warp inside the tile
+  const int64_t qstr = int64_t(H) * HD, kstr = int64_t(KVH) * HD;
+  const bf16_t* qb = q + int64_t(b) * T * qstr + int64_t(h) * HD;
+  const bf16_t* kb = k + int64_t(b) * T * kstr + int64_t(kvh) * HD;
+  const bf16_t* vb = v + int64_t(b) * T * kstr + int64_t(kvh) * HD;
+  const int kv_end = min(q0 + BR, T);
+  const int n_kv = (kv_end + BC - 1) / BC;
+
+  load_tile<HD, BR, NT>(Qs, qb, qstr, q0, T, tid);
+  load_tile<HD, BC, NT>(Ks, kb, kstr, 0, T, tid);
+  load_tile<HD, BC, NT>(Vs, vb, kstr, 0, T, tid);
+  cp_async_commit();
+
+  float o[MT][HD / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+  float m_r[MT][2], l_r[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m_r[mt][0] = m_r[mt][1] = -INFINITY, l_r[mt][0] = l_r[mt][1] = 0.f;
+
+  for (int j = 0; j < n_kv; ++j) {
+    cp_async_wait<0>();
+    __syncthreads();  // tile j landed; every warp is done with tile j-1's buffers
+    if (j + 1 < n_kv) {
+      const int st = (j + 1) & 1;
+      load_tile<HD, BC, NT>(Ks + st * BC * HD, kb, kstr, (j + 1) * BC, T, tid);
+      load_tile<HD, BC, NT>(Vs + st * BC * HD, vb, kstr, (j + 1) * BC, T, tid);
+      cp_async_commit();
+    }
+    const bf16_t* Kt = Ks + (j & 1) * BC * HD;
+    const bf16_t* Vt = Vs + (j & 1) * BC * HD;
+
+    // S = Q K^T  (MT*16 x BC per warp)
+    float s[MT][BC / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < BC / 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        ldsm_x4(a[mt], Qs + swz<HD>(wr0 + mt * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; nt += 2) {
+        uint32_t bb[4];
+        ldsm_x4(bb, Kt + swz<HD>(nt * 8 + (lane >> 4) * 8 + (lane & 7), kk * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(s[mt][nt], a[mt], bb[0], bb[1]);
+          mma_bf16(s[mt][nt + 1], a[mt], bb[2], bb[3]);
+        }
+      }
+    }
+    // scale into the log2 domain, causal mask, online softmax
+    const int kv0 = j * BC;
+    const bool need_mask = kv0 + BC - 1 > q0 + wr0;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int row0 = q0 + wr0 + mt * 16 + g;  // this thread's rows: row0, row0 + 8
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float val = s[mt][nt][e] * scale_log2;
+          if (need_mask && kv0 + nt * 8 + 2 * t4 + (e & 1) > row0 + (e >> 1) * 8) val = -INFINITY;
+          s[mt][nt][e] = val;
+        }
+      float mx[2] = {m_r[mt][0], m_r[mt][1]};
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[mt][nt][0], s[mt][nt][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[mt][nt][2], s[mt][nt][3]));
+      }
+      float corr[2], mu[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mu[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+        corr[r] = fast_exp2(m_r[mt][r] - mu[r]);
+        m_r[mt][r] = mx[r];
+      }
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt) {
+        s[mt][nt][0] = fast_exp2(s[mt][nt][0] - mu[0]);
+        s[mt][nt][1] = fast_exp2(s[mt][nt][1] - mu[0]);
+        s[mt][nt][2] = fast_exp2(s[mt][nt][2] - mu[1]);
+        s[mt][nt][3] = fast_exp2(s[mt][nt][3] - mu[1]);
+        rs[0] += s[mt][nt][0] + s[mt][nt][1];
+        rs[1] += s[mt][nt][2] + s[mt][nt][3];
+      }
+      l_r[mt][0] = l_r[mt][0] * corr[0] + rs[0];  // thread-partial row sums; quad-reduced at the end
+      l_r[mt][1] = l_r[mt][1] * corr[1] + rs[1];
+#pragma unroll
+      for (int dn = 0; dn < HD / 8; ++dn) {
+        o[mt][dn][0] *= corr[0], o[mt][dn][1] *= corr[0];
+        o[mt][dn][2] *= corr[1], o[mt][dn][3] *= corr[1];
+      }
+    }
+    // O += P V  (P from registers: two C fragments form one A fragment)
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dn = 0; dn < HD / 8; dn += 2) {
+        uint32_t bb[4];
+        ldsm_x4_t(bb, Vt + swz<HD>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (dn + (lane >> 4)) * 8));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(o[mt][dn], a[mt], bb[0], bb[1]);
+          mma_bf16(o[mt][dn + 1], a[mt], bb[2], bb[3]);
+        }
+      }
+    }
+  }
+
+  // finalize: O / l, lse = (m + log2 l) * ln 2
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = l_r[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = q0 + wr0 + mt * 16 + g + r * 8;
+      if (row >= T) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      bf16_t* orow = out + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + 2 * t4;
+#pragma unroll
+      for (int dn = 0; dn < HD / 8; ++dn)
+        *reinterpret_cast<uint32_t*>(orow + dn * 8) = pack_bf16(o[mt][dn][2 * r] * inv, o[mt][dn][2 * r + 1] * inv);
+      if (lse != nullptr && t4 == 0) lse[(int64_t(b) * H + h) * T + row] = (m_r[mt][r] + log2f(l)) * kLn2;
+    }
+}
+
+// ---- backward ---------------------------------------------------------------------------------
+// D[b, h, t] = sum_d dO * O  (one warp per (token, head)).
+__global__ void attn_bwd_dot_kernel(float* __restrict__ D, DIn dout, DIn out, int B, int T, int H, int hd) {
+  const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (w >= int64_t(B) * T * H) return;
+  const int h = int(w % H);
+  const int64_t bt = w / H;  // b*T + t
+  const int64_t base = w * hd;
+  float acc = 0.f;
+  for (int d = lane; d < hd; d += 32) acc += ld1(dout, base + d) * ld1(out, base + d);
+  acc = warp_sum(acc);
+  if (lane == 0) {
+    const int64_t b = bt / T, t = bt % T;
+    D[(b * H + h) * T + t] = acc;
+  }
+}
+
+// Block: BC = 16 * NW key rows of one (kv head, sequence); walks the query tiles (BR rows) of
+// every query head of the GQA group. dS^T goes through shared memory for the dQ product, which
+// the warps split as (BR / 16 query groups) x (NW * 16 / BR column groups).
+template <int HD, int NW, int BR, int MINB, int SPLIT>
+__global__ void __launch_bounds__(NW * 32, MINB)
+    flash_bwd_kernel(float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
+                     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                     const bf16_t* __restrict__ dO, const float* __restrict__ lse, const float* __restrict__ Dd, int T,
+                     int H, int KVH, float scale, float scale_log2) {
+  constexpr int BC = NW * 16;  // key rows per block (16 per warp)
+  constexpr int NT = NW * 32;
+  constexpr int QG = BR / 16, DG = NW / QG;  // dQ split: query groups x column groups
+  constexpr int BS = BR / SPLIT;
+  static_assert(BS % 16 == 0, "sub-tile must be a multiple of 16");
+  static_assert(QG * DG == NW && (HD / DG) % 32 == 0, "bad dQ split");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16_t* Ks = reinterpret_cast<bf16_t*>(smem_raw);     // [BC][HD]
+  bf16_t* Vs = Ks + BC * HD;                            // [BC][HD]
+  bf16_t* Qs = Vs + BC * HD;                            // [2][BR][HD]
+  bf16_t* dOs = Qs + 2 * BR * HD;                       // [2][BR][HD]
+  bf16_t* dSs = dOs + 2 * BR * HD;                      // [BC][BR]  (dS^T, swizzled rows of BR)
+  float* Ls = reinterpret_cast<float*>(dSs + BC * BR);  // [2][BR]  lse * log2(e), +inf past T
+  float* Ds = Ls + 2 * BR;                              // [2][BR]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int jt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int G = H / KVH;
+  const int kv0 = jt * BC;
+  const int64_t qstr = int64_t(H) * HD, kstr = int64_t(KVH) * HD;
+  const bf16_t* kb = k + int64_t(b) * T * kstr + int64_t(kvh) * HD;
+  const bf16_t* vb = v + int64_t(b) * T * kstr + int64_t(kvh) * HD;
+
+  const int n_q = (T + BR - 1) / BR;
+  const int i_start = kv0 / BR;
+  const int per_head = n_q - i_start;
+  const int total = G * per_head;
+
+  load_tile<HD, BC, NT>(Ks, kb, kstr, kv0, T, tid);
+  load_tile<HD, BC, NT>(Vs, vb, kstr, kv0, T, tid);
+
+  auto issue = [&](int it, int st) {
+    const int h = kvh * G + it / per_head;
+    const int i = i_start + it % per_head;
+    const int qq0 = i * BR;
+    const bf16_t* qb = q + int64_t(b) * T * qstr + int64_t(h) * HD;
+    const bf16_t* ob = dO + int64_t(b) * T * qstr + int64_t(h) * HD;
+    load_tile<HD, BR, NT>(Qs + st * BR * HD, qb, qstr, qq0, T, tid);
+    load_tile<HD, BR, NT>(dOs + st * BR * HD, ob, qstr, qq0, T, tid);
+    for (int r = tid; r < BR; r += NT) {
+      const int qr = qq0 + r;
+      const int64_t li = (int64_t(b) * H + h) * T + qr;
+      Ls[st * BR + r] = qr < T ? lse[li] * kLog2e : INFINITY;
+      Ds[st * BR + r] = qr < T ? Dd[li] : 0.f;
+    }
+  };
+  issue(0, 0);
+  cp_async_commit();
+
+  float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.f;
+  const int kvr0 = kv0 + warp * 16 + g;  // this thread's key rows: kvr0, kvr0 + 8
+
+  for (int it = 0; it < total; ++it) {
+    const int st = it & 1;
+    const int h = kvh * G + it / per_head;
+    const int q0 = (i_start + it % per_head) * BR;
+    cp_async_wait<0>();
+    __syncthreads();  // stage st (and K/V) landed; all warps done with the previous iteration
+    if (it + 1 < total) {
+      issue(it + 1, st ^ 1);
+      cp_async_commit();
+    }
+    const bf16_t* Qt = Qs + st * BR * HD;
+    const bf16_t* dOt = dOs + st * BR * HD;
+    const float* Lt = Ls + st * BR;
+    const float* Dt = Ds + st * BR;
+
+    // Steps 1-6 run over SPLIT sub-tiles of BS = BR / SPLIT query columns (SPLIT = 2 halves the
+    // live S / dP registers, next to the 2 x HD/2 fp32 dK, dV accumulators).
+#pragma unroll 1
+    for (int c0 = 0; c0 < BR; c0 += BS) {
+      // 1. S^T = K_w Q^T   (16 key rows x BS queries per warp)
+      float s[BS / 8][4];
+#pragma unroll
+      for (int i = 0; i < BS / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, Ks + swz<HD>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+        for (int nt = 0; nt < BS / 8; nt += 2) {
+          uint32_t bb[4];
+          ldsm_x4(bb, Qt + swz<HD>(c0 + nt * 8 + (lane >> 4) * 8 + (lane & 7), kk * 16 + ((lane >> 3) & 1) * 8));
+          mma_bf16(s[nt], a, bb[0], bb[1]);
+          mma_bf16(s[nt + 1], a, bb[2], bb[3]);
+        }
+      }
+      // 2. P^T = exp2(S^T * scale*log2e - lse*log2e), causal mask (query < key -> 0), fp32 in s
+#pragma unroll
+      for (int nt = 0; nt < BS / 8; ++nt) {
+        const int qc = c0 + nt * 8 + 2 * t4;
+        const float2 l2 = *reinterpret_cast<const float2*>(Lt + qc);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float val = fast_exp2(fmaf(s[nt][e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+          s[nt][e] = (q0 + qc + (e & 1) < kvr0 + (e >> 1) * 8) ? 0.f : val;
+        }
+      }
+      // 3. dP^T = V_w dO^T
+      float dp[BS / 8][4];
+#pragma unroll
+      for (int i = 0; i < BS / 8; ++i) dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, Vs + swz<HD>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+        for (int nt = 0; nt < BS / 8; nt += 2) {
+          uint32_t bb[4];
+          ldsm_x4(bb, dOt + swz<HD>(c0 + nt * 8 + (lane >> 4) * 8 + (lane & 7), kk * 16 + ((lane >> 3) & 1) * 8));
+          mma_bf16(dp[nt], a, bb[0], bb[1]);
+          mma_bf16(dp[nt + 1], a, bb[2], bb[3]);
+        }
+      }
+      // 4. dS^T = P^T * (dP^T - D) * scale (fp32 P, one bf16 rounding) -> A fragments for dK and
+      //    smem for dQ; P^T -> bf16 A fragments for dV. (Two C fragments form one A fragment.)
+      uint32_t pa[BS / 16][4], dsa[BS / 16][4];
+#pragma unroll
+      for (int nt = 0; nt < BS / 8; ++nt) {
+        const int qc = c0 + nt * 8 + 2 * t4;
+        const float2 dd = *reinterpret_cast<const float2*>(Dt + qc);
+        const uint32_t lo = pack_bf16(s[nt][0] * (dp[nt][0] - dd.x) * scale, s[nt][1] * (dp[nt][1] - dd.y) * scale);
+        const uint32_t hi = pack_bf16(s[nt][2] * (dp[nt][2] - dd.x) * scale, s[nt][3] * (dp[nt][3] - dd.y) * scale);
+        dsa[nt >> 1][(nt & 1) * 2] = lo;
+        dsa[nt >> 1][(nt & 1) * 2 + 1] = hi;
+        pa[nt >> 1][(nt & 1) * 2] = pack_bf16(s[nt][0], s[nt][1]);
+        pa[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16(s[nt][2], s[nt][3]);
+        *reinterpret_cast<uint32_t*>(dSs + swz<BR>(warp * 16 + g, qc)) = lo;
+        *reinterpret_cast<uint32_t*>(dSs + swz<BR>(warp * 16 + g + 8, qc)) = hi;
+      }
+      // 5. dV += P^T dO
+#pragma unroll
+      for (int kk = 0; kk < BS / 16; ++kk)
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; dn += 2) {
+          uint32_t bb[4];
+          ldsm_x4_t(bb, dOt + swz<HD>(c0 + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (dn + (lane >> 4)) * 8));
+          mma_bf16(dv_acc[dn], pa[kk], bb[0], bb[1]);
+          mma_bf16(dv_acc[dn + 1], pa[kk], bb[2], bb[3]);
+        }
+        // 6. dK += dS^T Q
+#pragma unroll
+      for (int kk = 0; kk < BS / 16; ++kk)
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; dn += 2) {
+          uint32_t bb[4];
+          ldsm_x4_t(bb, Qt + swz<HD>(c0 + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (dn + (lane >> 4)) * 8));
+          mma_bf16(dk_acc[dn], dsa[kk], bb[0], bb[1]);
+          mma_bf16(dk_acc[dn + 1], dsa[kk], bb[2], bb[3]);
+        }
+    }
+    __syncthreads();  // dS^T of all warps in smem
+    // 7. dQ (16 query rows x HD/DG columns per warp) += dS K, fp32 float2 atomics into the workspace
+    const int qg = warp % QG, dg = warp / QG;
+    const int qr0 = q0 + qg * 16 + g;
+    float* dqrow0 = dq_acc + (int64_t(b) * T + qr0) * qstr + int64_t(h) * HD + 2 * t4;
+    float* dqrow1 = dqrow0 + 8 * qstr;
+#pragma unroll 1
+    for (int dc = dg * (HD / DG / 32); dc < (dg + 1) * (HD / DG / 32); ++dc) {
+      float acc[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        uint32_t qa[4];
+        ldsm_x4_t(qa, dSs + swz<BR>(kk * 16 + (lane >> 4) * 8 + (lane & 7), qg * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+        for (int d2 = 0; d2 < 2; ++d2) {
+          const int dn = dc * 4 + d2 * 2;
+          uint32_t bb[4];
+          ldsm_x4_t(bb, Ks + swz<HD>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (dn + (lane >> 4)) * 8));
+          mma_bf16(acc[d2 * 2], qa, bb[0], bb[1]);
+          mma_bf16(acc[d2 * 2 + 1], qa, bb[2], bb[3]);
+        }
+      }
+#pragma unroll
+      for (int n4 = 0; n4 < 4; ++n4) {
+        const int d = (dc * 4 + n4) * 8;
+        if (qr0 < T) atomicAdd(reinterpret_cast<float2*>(dqrow0 + d), make_float2(acc[n4][0], acc[n4][1]));
+        if (qr0 + 8 < T) atomicAdd(reinterpret_cast<float2*>(dqrow1 + d), make_float2(acc[n4][2], acc[n4][3]));
+      }
+    }
+  }
+
+  // dK, dV rows of this warp
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = kvr0 + r * 8;
+    if (row >= T) continue;
+    const int64_t off = (int64_t(b) * T + row) * kstr + int64_t(kvh) * HD + 2 * t4;
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; ++dn) {
+      *reinterpret_cast<uint32_t*>(dk + off + dn * 8) = pack_bf16(dk_acc[dn][2 * r], dk_acc[dn][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv + off + dn * 8) = pack_bf16(dv_acc[dn][2 * r], dv_acc[dn][2 * r + 1]);
+    }
+  }
+}
+
+__global__ void f32_to_bf16_kernel(bf16_t* __restrict__ out, const float* __restrict__ in, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n / 8; i += stride) {
+    float v[8];
+    load_vec<8>(in + i * 8, v);
+    store_vec<8>(out + i * 8, v);
+  }
+}
+
+// Kernel variants (benchmarked in bench/bench_kernels.cu; the default is the fastest measured).
+//   forward : 0 = BR 128, BC 64, 8 warps x 1 m-tile; 1 = BR 128, BC 64, 4 warps x 2 m-tiles;
+//             2 = BR 128, BC 32, 4 warps x 2 m-tiles
+//   backward: 0 = 64 key rows (4 warps); 1 = 128 key rows (8 warps); 2 = as 1 and 3 = as 0, with
+//             steps 1-6 in two halves of 32 query columns (fewer live registers); query tiles of 64
+// -1: the per-head-dim default below.
+template <int HD>
+constexpr int kDefaultFwdVariant = HD == 128 ? 2 : 1;
+template <int HD>
+constexpr int kDefaultBwdVariant = 1;
+
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : dflt;
+}
+std::atomic<int> g_fwd_variant{env_int("SF_ATTN_FWD", -1)};
+std::atomic<int> g_bwd_variant{env_int("SF_ATTN_BWD", -1)};
+
+template <int HD, int BR, int BC, int NW, int MINB>
+void launch_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
+  constexpr size_t smem = size_t(BR + 4 * BC) * HD * 2;
+  auto kernel = flash_fwd_kernel<HD, BR, BC, NW, MINB>;
+  static bool attr_set = false;  // first call per instantiation (the device is fixed per process)
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attr_set = true;
+  }
+  const dim3 grid(unsigned((d.T + BR - 1) / BR), unsigned(d.n_head), unsigned(d.B));
+  kernel<<<grid, NW * 32, smem, L.stream>>>(out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
+                                            q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), d.T, d.n_head,
+                                            d.n_kv_head, d.scale * kLog2e);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int HD>
+void flash_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
+  const int var = g_fwd_variant.load();
+  switch (var < 0 ? kDefaultFwdVariant<HD> : var) {
+    case 0:
+      launch_fwd<HD, 128, 64, 8, 1>(out, lse, q, k, v, d, L);
+      break;
+    case 2:
+      launch_fwd<HD, 128, 32, 4, 2>(out, lse, q, k, v, d, L);
+      break;
+    default:
+      launch_fwd<HD, 128, 64, 4, 2>(out, lse, q, k, v, d, L);
+      break;
+  }
+}
+
+template <int HD, int NW, int BR, int MINB, int SPLIT>
+void launch_bwd(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
+                Tensor lse, const AttnDims& d, const Launch& L) {
+  constexpr int BC = NW * 16;
+  constexpr size_t smem = size_t(2 * BC + 4 * BR) * HD * 2 + size_t(BC) * BR * 2 + 4 * BR * 4;
+  auto kernel = flash_bwd_kernel<HD, NW, BR, MINB, SPLIT>;
+  static bool attr_set = false;
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attr_set = true;
+  }
+  const dim3 grid(unsigned((d.T + BC - 1) / BC), unsigned(d.n_kv_head), unsigned(d.B));
+  kernel<<<grid, NW * 32, smem, L.stream>>>(dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(),
+                                            k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(), lse.ptr<float>(), D,
+                                            d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int HD>
+void flash_backward(float* dq_acc, const float* D, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
+                    Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
+  const int64_t nq = int64_t(d.B) * d.T * d.n_head * HD;
+  CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
+  const int var = g_bwd_variant.load();
+  switch (var < 0 ? kDefaultBwdVariant<HD> : var) {
+    case 0:
+      launch_bwd<HD, 4, 64, 2, 1>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+      break;
+    case 2:
+      launch_bwd<HD, 8, 64, 1, 2>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+      break;
+    case 3:
+      launch_bwd<HD, 4, 64, 2, 2>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+      break;
+    default:
+      launch_bwd<HD, 8, 64, 1, 1>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+      break;
+  }
+  f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
+  CUDA_CHECK_LAUNCH();
+}
+
+// ============================================================================================
+// Simple kernels (any F32/BF16 mix, head_dim <= 256): one warp per output row, exact softmax.
+// ============================================================================================
+constexpr int kMaxD = 8;  // head_dim <= 32 * kMaxD
+
+__global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q, DIn k, DIn v, int B, int T, int H,
+                                       int KVH, int hd, float scale) {
+  const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (w >= int64_t(B) * H * T) return;
+  const int t = int(w % T), h = int((w / T) % H), b = int(w / (int64_t(T) * H));
+  const int kvh = h / (H / KVH);
+  const int64_t qoff = ((int64_t(b) * T + t) * H + h) * hd;
+  float qv[kMaxD], o[kMaxD];
+#pragma unroll
+  for (int i = 0; i < kMaxD; ++i) {
+    const int dd = lane + 32 * i;
+    qv[i] = dd < hd ? ld1(q, qoff + dd) : 0.f;
+    o[i] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  for (int j = 0; j <= t; ++j) {
+    const int64_t koff = ((int64_t(b) * T + j) * KVH + kvh) * hd;
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMaxD; ++i) {
+      const int dd = lane + 32 * i;
+      if (dd < hd) dot += qv[i] * ld1(k, koff + dd);
+    }
+    const float s = warp_sum(dot) * scale;
+    const float mn = fmaxf(m, s);
+    const float corr = expf(m - mn), p = expf(s - mn);
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < kMaxD; ++i) {
+      const int dd = lane + 32 * i;
+      o[i] = o[i] * corr + (dd < hd ? p * ld1(v, koff + dd) : 0.f);
+    }
+    m = mn;
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxD; ++i) {
+    const int dd = lane + 32 * i;
+    if (dd < hd) st1(out, qoff + dd, o[i] / l);
+  }
+  if (lse != nullptr && lane == 0) lse[(int64_t(b) * H + h) * T + t] = m + logf(l);
+}
+
+__global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v, const float* __restrict__ lse,
+                                          const float* __restrict__ D, int B, int T, int H, int KVH, int hd,
+                                          float scale) {
+  const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (w >= int64_t(B) * H * T) return;
+  const int t = int(w % T), h = int((w / T) % H), b = int(w / (int64_t(T) * H));
+  const int kvh = h / (H / KVH);
+  const int64_t qoff = ((int64_t(b) * T + t) * H + h) * hd;
+  const int64_t li = (int64_t(b) * H + h) * T + t;
+  const float Lr = lse[li], Dr = D[li];
+  float qv[kMaxD], gv[kMaxD], acc[kMaxD];
+#pragma unroll
+  for (int i = 0; i < kMaxD; ++i) {
+    const int dd = lane + 32 * i;
+    qv[i] = dd < hd ? ld1(q, qoff + dd) : 0.f;
+    gv[i] = dd < hd ? ld1(dout, qoff + dd) : 0.f;
+    acc[i] = 0.f;
+  }
+  for (int j = 0; j <= t; ++j) {
+    const int64_t koff = ((int64_t(b) * T + j) * KVH + kvh) * hd;
+    float kv[kMaxD], sdot = 0.f, pdot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMaxD; ++i) {
+      const int dd = lane + 32 * i;
+      kv[i] = dd < hd ? ld1(k, koff + dd) : 0.f;
+      sdot += qv[i] * kv[i];
+      pdot += dd < hd ? gv[i] * ld1(v, koff + dd) : 0.f;
+    }
+    const float p = expf(warp_sum(sdot) * scale - Lr);
+    const float ds = p * (warp_sum(pdot) - Dr);
+#pragma unroll
+    for (int i = 0; i < kMaxD; ++i) acc[i] += ds * kv[i];
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxD; ++i) {
+    const int dd = lane + 32 * i;
+    if (dd < hd) st1(dq, qoff + dd, acc[i] * scale);
+  }
+}
+
+__global__ void attn_bwd_dkdv_simple_kernel(DOut dk, DOut dv, DIn dout, DIn q, DIn k, DIn v,
+                                            const float* __restrict__ lse, const float* __restrict__ D, int B, int T,
+                                            int H, int KVH, int hd, float scale) {
+  const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (w >= int64_t(B) * KVH * T) return;
+  const int j = int(w % T), kvh = int((w / T) % KVH), b = int(w / (int64_t(T) * KVH));
+  const int G = H / KVH;
+  const int64_t koff = ((int64_t(b) * T + j) * KVH + kvh) * hd;
+  float kv[kMaxD], vv[kMaxD], dka[kMaxD], dva[kMaxD];
+#pragma unroll
+  for (int i = 0; i < kMaxD; ++i) {
+    const int dd = lane + 32 * i;
+    kv[i] = dd < hd ? ld1(k, koff + dd) : 0.f;
+    vv[i] = dd < hd ? ld1(v, koff + dd) : 0.f;
+    dka[i] = dva[i] = 0.f;
+  }
+  for (int gi = 0; gi < G; ++gi) {
+    const int h = kvh * G + gi;
+    for (int t = j; t < T; ++t) {
+      const int64_t qoff = ((int64_t(b) * T + t) * H + h) * hd;
+      const int64_t li = (int64_t(b) * H + h) * T + t;
+      float qv[kMaxD], gv[kMaxD], sdot = 0.f, pdot = 0.f;
+#pragma unroll
+      for (int i = 0; i < kMaxD; ++i) {
+        const int dd = lane + 32 * i;
+        qv[i] = dd < hd ? ld1(q, qoff + dd) : 0.f;
+        gv[i] = dd < hd ? ld1(dout, qoff + dd) : 0.f;
+        sdot += qv[i] * kv[i];
+        pdot += gv[i] * vv[i];
+      }
+      const float p = expf(warp_sum(sdot) * scale - lse[li]);
+      const float ds = p * (warp_sum(pdot) - D[li]);
+#pragma unroll
+      for (int i = 0; i < kMaxD; ++i) {
+        dva[i] += p * gv[i];
+        dka[i] += ds * qv[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxD; ++i) {
+    const int dd = lane + 32 * i;
+    if (dd < hd) {
+      st1(dk, koff + dd, dka[i] * scale);
+      st1(dv, koff + dd, dva[i]);
+    }
+  }
+}
+
+void check_dims(const AttnDims& d) {
+  SF_CUDA_REQUIRE(d.B > 0 && d.T > 0 && d.n_head > 0 && d.n_kv_head > 0 && d.head_dim > 0,
+                  "cuda attention: empty dims");
+  SF_CUDA_REQUIRE(d.n_head % d.n_kv_head == 0, "cuda attention: n_head % n_kv_head != 0");
+  SF_CUDA_REQUIRE(d.head_dim <= 32 * kMaxD, "cuda attention: head_dim > 256");
+}
+
+bool all_bf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->dtype != DType::BF16 || !aligned16(t->data)) return false;
+  return true;
+}
+
+}  // namespace
+
+void attention_force_simple(bool on) { g_force_simple = on; }
+void attention_set_variant(int fwd, int bwd) {
+  g_fwd_variant = fwd;
+  g_bwd_variant = bwd;
+}
+int attention_fwd_variants() { return 3; }
+int attention_bwd_variants() { return 4; }
+
+size_t attention_workspace_bytes(const AttnDims& d) {
+  const size_t rows = size_t(d.B) * size_t(d.T);
+  return round256(rows * size_t(d.n_head) * size_t(d.head_dim) * 4) + round256(rows * size_t(d.n_head) * 4);
+}
+
+void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
+  check_dims(d);
+  const int64_t rows = int64_t(d.B) * d.T;
+  SF_CUDA_REQUIRE(q.numel() == rows * d.n_head * d.head_dim && out.numel() == q.numel(),
+                  "cuda attention_forward: q/out must be [B*T, n_head*head_dim]");
+  SF_CUDA_REQUIRE(k.numel() == rows * d.n_kv_head * d.head_dim && v.numel() == k.numel(),
+                  "cuda attention_forward: k/v must be [B*T, n_kv_head*head_dim]");
+  SF_CUDA_REQUIRE(lse.empty() || (lse.dtype == DType::F32 && lse.numel() == rows * d.n_head),
+                  "cuda attention_forward: lse must be F32 [B, n_head, T]");
+  const bool flash = !g_force_simple && (d.head_dim == 64 || d.head_dim == 128) && all_bf16({&out, &q, &k, &v});
+  if (flash) {
+    if (d.head_dim == 64)
+      flash_forward<64>(out, lse, q, k, v, d, L);
+    else
+      flash_forward<128>(out, lse, q, k, v, d, L);
+    return;
+  }
+  const int64_t warps = rows * d.n_head;
+  attn_fwd_simple_kernel<<<unsigned((warps + 3) / 4), 128, 0, L.stream>>>(
+      dout_(out), lse.empty() ? nullptr : lse.ptr<float>(), din(q), din(k), din(v), d.B, d.T, d.n_head, d.n_kv_head,
+      d.head_dim, d.scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                        Tensor lse, const AttnDims& d, Tensor ws, const Launch& L) {
+  check_dims(d);
+  const int64_t rows = int64_t(d.B) * d.T;
+  const int64_t nq = rows * d.n_head * d.head_dim, nk = rows * d.n_kv_head * d.head_dim;
+  SF_CUDA_REQUIRE(q.numel() == nq && dq.numel() == nq && dout.numel() == nq && out.numel() == nq,
+                  "cuda attention_backward: q/dq/dout/out must be [B*T, n_head*head_dim]");
+  SF_CUDA_REQUIRE(k.numel() == nk && v.numel() == nk && dk.numel() == nk && dv.numel() == nk,
+                  "cuda attention_backward: k/v/dk/dv must be [B*T, n_kv_head*head_dim]");
+  SF_CUDA_REQUIRE(lse.dtype == DType::F32 && lse.numel() == rows * d.n_head,
+                  "cuda attention_backward: lse must be F32 [B, n_head, T]");
+  const size_t need = attention_workspace_bytes(d);
+  SF_CUDA_REQUIRE(ws.data != nullptr && ws.bytes() >= need,
+                  "cuda attention_backward: workspace too small (need " + std::to_string(need) + " bytes)");
+  float* dq_acc = static_cast<float*>(ws.data);
+  float* D = reinterpret_cast<float*>(static_cast<char*>(ws.data) + round256(size_t(nq) * 4));
+  {
+    const int64_t warps = rows * d.n_head;
+    attn_bwd_dot_kernel<<<unsigned((warps + 7) / 8), 256, 0, L.stream>>>(D, din(dout), din(out), d.B, d.T, d.n_head,
+                                                                         d.head_dim);
+    CUDA_CHECK_LAUNCH();
+  }
+  const bool flash =
+      !g_force_simple && (d.head_dim == 64 || d.head_dim == 128) && all_bf16({&dq, &dk, &dv, &dout, &q, &k, &v});
+  if (flash) {
+    if (d.head_dim == 64)
+      flash_backward<64>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
+    else
+      flash_backward<128>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
+    return;
+  }
+  attn_bwd_dq_simple_kernel<<<unsigned((rows * d.n_head + 3) / 4), 128, 0, L.stream>>>(
+      dout_(dq), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, d.B, d.T, d.n_head, d.n_kv_head, d.head_dim,
+      d.scale);
+  CUDA_CHECK_LAUNCH();
+  attn_bwd_dkdv_simple_kernel<<<unsigned((rows * d.n_kv_head + 3) / 4), 128, 0, L.stream>>>(
+      dout_(dk), dout_(dv), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, d.B, d.T, d.n_head, d.n_kv_head,
+      d.head_dim, d.scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace sf::cuda

@@ -1,0 +1,88 @@
+#include <algorithm>
+
+#include "backend/cuda/bias.cuh"
+#include "backend/cuda/kernel_utils.cuh"
+
+namespace sf::cuda {
+namespace {
+
+template <int VEC>
+__global__ void add_bias_kernel(DOut out, DIn bias, int64_t M, int64_t N) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nv = M * N / VEC;  // VEC divides N
+  for (int64_t i = tid; i < nv; i += stride) {
+    const int64_t e = i * VEC;
+    const int64_t c = e % N;
+    float x[VEC], b[VEC];
+    ldv<VEC>(out, e, x);
+    ldv<VEC>(bias, c, b);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) x[k] += b[k];
+    stv<VEC>(out, e, x);
+  }
+}
+
+// partial[blockIdx.y][c] = sum of dout[r][c] over the rows r of this block's row slice.
+// block (32, 8): threadIdx.x picks the column inside a 32-column strip, threadIdx.y the row lane.
+__global__ void bias_partial_kernel(float* partial, DIn dout, int64_t M, int64_t N) {
+  __shared__ float sh[8][33];
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  float acc = 0.f;
+  if (c < N)
+    for (int64_t r = int64_t(blockIdx.y) * 8 + threadIdx.y; r < M; r += int64_t(gridDim.y) * 8)
+      acc += ld1(dout, r * N + c);
+  sh[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < N) {
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s += sh[k][threadIdx.x];
+    partial[int64_t(blockIdx.y) * N + c] = s;
+  }
+}
+
+__global__ void colsum_kernel(DOut dst, const float* __restrict__ partial, int P, int64_t C) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.f;
+  for (int p = 0; p < P; ++p) s += partial[int64_t(p) * C + c];
+  st1(dst, c, ld1(dst, c) + s);
+}
+
+}  // namespace
+
+void add_bias(Tensor out, Tensor bias, const Launch& L) {
+  const int64_t N = out.cols(), M = out.rows();
+  SF_CUDA_REQUIRE(bias.numel() == N, "cuda add_bias: bias numel != cols of out");
+  if (M * N == 0) return;
+  const int threads = 256;
+  if (N % 8 == 0 && aligned16(out.data) && aligned16(bias.data))
+    add_bias_kernel<8><<<grid_for(M * N / 8, threads, L.num_sms), threads, 0, L.stream>>>(dout_(out), din(bias), M, N);
+  else
+    add_bias_kernel<1><<<grid_for(M * N, threads, L.num_sms), threads, 0, L.stream>>>(dout_(out), din(bias), M, N);
+  CUDA_CHECK_LAUNCH();
+}
+
+void colsum_accumulate(Tensor dst, const float* partial, int P, int64_t C, const Launch& L) {
+  const int threads = 256;
+  colsum_kernel<<<unsigned((C + threads - 1) / threads), threads, 0, L.stream>>>(dout_(dst), partial, P, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+void bias_backward(Tensor dbias, Tensor dout, const Launch& L) {
+  const int64_t N = dout.cols(), M = dout.rows();
+  SF_CUDA_REQUIRE(dbias.numel() == N, "cuda bias_backward: dbias numel != cols of dout");
+  if (M * N == 0) return;
+  const int64_t strips = (N + 31) / 32;
+  const int64_t max_p = int64_t(L.scratch->buf_bytes / (sizeof(float) * size_t(N)));
+  SF_CUDA_REQUIRE(max_p >= 1, "cuda bias_backward: N too large for the kernel scratch");
+  int64_t P = std::max<int64_t>(1, (4 * L.num_sms + strips - 1) / strips);
+  P = std::min({P, (M + 7) / 8, max_p, int64_t(65535)});
+  float* partial = static_cast<float*>(L.scratch->buf);
+  bias_partial_kernel<<<dim3(unsigned(strips), unsigned(P)), dim3(32, 8), 0, L.stream>>>(partial, din(dout), M, N);
+  CUDA_CHECK_LAUNCH();
+  colsum_accumulate(dbias, partial, int(P), N, L);
+}
+
+}  // namespace sf::cuda

@@ -1,0 +1,331 @@
+#include "backend/cuda/cuda_device.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "backend/cuda/adamw.cuh"
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/bias.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/elementwise.cuh"
+#include "backend/cuda/embedding.cuh"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/linear_ce.cuh"
+#include "backend/cuda/matmul.cuh"
+#include "backend/cuda/rmsnorm.cuh"
+#include "backend/cuda/rope.cuh"
+#include "backend/cuda/sq_norm.cuh"
+#include "backend/cuda/swiglu.cuh"
+#include "core/error.h"
+
+namespace sf {
+namespace cuda {
+
+void fail(const char* file, int line, const char* expr, const std::string& what) {
+  throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + expr + ": " + what);
+}
+
+}  // namespace cuda
+
+namespace {
+
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+
+std::string mib(size_t b) { return std::to_string(b >> 20) + " MiB"; }
+
+// One cudaMalloc at start-up; first-fit free list keyed by offset, neighbours coalesced on free.
+class Arena {
+ public:
+  explicit Arena(size_t bytes) : size_(round256(bytes)) {
+    CUDA_CHECK(cudaMalloc(&base_, size_));
+    free_[0] = size_;
+  }
+  ~Arena() { cudaFree(base_); }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  void* alloc(size_t bytes) {
+    const size_t need = round256(bytes ? bytes : 1);
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < need) continue;
+      const size_t off = it->first, rest = it->second - need;
+      free_.erase(it);
+      if (rest) free_[off + need] = rest;
+      used_[off] = need;
+      in_use_ += need;
+      return static_cast<char*>(base_) + off;
+    }
+    size_t largest = 0;
+    for (auto& [o, s] : free_) largest = std::max(largest, s);
+    throw std::runtime_error("cuda arena: out of memory allocating " + std::to_string(bytes) + " bytes (arena " +
+                             mib(size_) + ", in use " + mib(in_use_) + ", largest free block " + mib(largest) + ")");
+  }
+  void free(void* p) {
+    if (!p) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    const size_t off = size_t(static_cast<char*>(p) - static_cast<char*>(base_));
+    auto u = used_.find(off);
+    if (u == used_.end()) throw std::runtime_error("cuda arena: free of a pointer it did not allocate");
+    size_t start = off, len = u->second;
+    in_use_ -= len;
+    used_.erase(u);
+    auto next = free_.lower_bound(off);
+    if (next != free_.end() && next->first == off + len) {
+      len += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == start) {
+        start = prev->first;
+        len += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_[start] = len;
+  }
+  size_t size() const { return size_; }
+
+ private:
+  void* base_ = nullptr;
+  size_t size_ = 0, in_use_ = 0;
+  std::mutex mu_;
+  std::map<size_t, size_t> free_;            // offset -> bytes
+  std::unordered_map<size_t, size_t> used_;  // offset -> bytes
+};
+
+struct CudaStream final : Stream {
+  cudaStream_t s = nullptr;
+  std::shared_ptr<Arena> arena;
+  std::mutex mu;
+  cuda::Scratch scratch;     // taken from the arena on first use
+  std::exception_ptr error;  // first failure of a host_fn; rethrown by synchronize(stream)
+
+  explicit CudaStream(std::shared_ptr<Arena> a) : arena(std::move(a)) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
+  ~CudaStream() override {
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    if (scratch.lt_ws) arena->free(scratch.lt_ws);
+    if (scratch.buf) arena->free(scratch.buf);
+  }
+  const cuda::Scratch& get_scratch() {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!scratch.lt_ws) {
+      scratch.lt_ws = arena->alloc(cuda::kLtWorkspaceBytes);
+      scratch.lt_bytes = cuda::kLtWorkspaceBytes;
+      scratch.buf = arena->alloc(cuda::kKernelScratchBytes);
+      scratch.buf_bytes = cuda::kKernelScratchBytes;
+    }
+    return scratch;
+  }
+};
+
+struct CudaEvent final : Event {
+  cudaEvent_t e = nullptr;
+  CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
+  ~CudaEvent() override { cudaEventDestroy(e); }
+};
+
+CudaStream& cs(Stream& s) { return static_cast<CudaStream&>(s); }
+CudaEvent& ce(Event& e) { return static_cast<CudaEvent&>(e); }
+
+struct HostFnCtx {
+  std::function<void()> fn;
+  CudaStream* stream;
+};
+
+void CUDART_CB host_trampoline(void* p) {
+  std::unique_ptr<HostFnCtx> ctx(static_cast<HostFnCtx*>(p));
+  try {
+    ctx->fn();
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(ctx->stream->mu);
+    if (!ctx->stream->error) ctx->stream->error = std::current_exception();
+  }
+}
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps(int num_sms) : num_sms_(num_sms) {}
+
+  void matmul(Tensor out, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Stream& s) override {
+    cuda::matmul(out, a, b, ta, tb, alpha, beta, L(s));
+  }
+  void add_bias(Tensor out, Tensor bias, Stream& s) override { cuda::add_bias(out, bias, L(s)); }
+  void bias_backward(Tensor dbias, Tensor dout, Stream& s) override { cuda::bias_backward(dbias, dout, L(s)); }
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) override {
+    cuda::rmsnorm_forward(out, rstd, x, w, eps, L(s));
+  }
+  void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool acc,
+                        Stream& s) override {
+    cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, acc, L(s));
+  }
+  void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int nh, int hd, Stream& s) override {
+    cuda::rope_forward(x, cos, sin, T, nh, hd, L(s));
+  }
+  void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int nh, int hd, Stream& s) override {
+    cuda::rope_backward(dx, cos, sin, T, nh, hd, L(s));
+  }
+  void swiglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) override {
+    cuda::swiglu_forward(out, gate, up, L(s));
+  }
+  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
+    cuda::swiglu_backward(dgate, dup, dout, gate, up, L(s));
+  }
+  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, Stream& s) override {
+    cuda::attention_forward(out, lse, q, k, v, d, L(s));
+  }
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                          Tensor lse, const AttnDims& d, Tensor ws, Stream& s) override {
+    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d, ws, L(s));
+  }
+  size_t attention_workspace_bytes(const AttnDims& d) const override { return cuda::attention_workspace_bytes(d); }
+  void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float gs,
+                            Tensor ws, Stream& s) override {
+    cuda::linear_cross_entropy(loss_sum, dx, dw, x, w, labels, gs, ws, L(s));
+  }
+  size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const override {
+    return cuda::linear_ce_workspace_bytes(N, H, V);
+  }
+  void embedding_forward(Tensor out, Tensor ids, Tensor table, Stream& s) override {
+    cuda::embedding_forward(out, ids, table, L(s));
+  }
+  void embedding_backward(Tensor dtable, Tensor dout, Tensor ids, Stream& s) override {
+    cuda::embedding_backward(dtable, dout, ids, L(s));
+  }
+  void add(Tensor out, Tensor a, Tensor b, Stream& s) override { cuda::add(out, a, b, L(s)); }
+  void scale(Tensor x, float alpha, Stream& s) override { cuda::scale(x, alpha, L(s)); }
+  void cast(Tensor out, Tensor in, Stream& s) override { cuda::cast(out, in, L(s)); }
+  void zero(Tensor x, Stream& s) override { cuda::zero(x, L(s)); }
+  void sq_norm(Tensor out, Tensor x, Stream& s) override { cuda::sq_norm(out, x, L(s)); }
+  void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor copy, const AdamWParams& p, Stream& s) override {
+    cuda::adamw(param, grad, m, v, copy, p, L(s));
+  }
+
+ private:
+  cuda::Launch L(Stream& s) {
+    CudaStream& st = cs(s);
+    cuda::Launch l;
+    l.stream = st.s;
+    l.scratch = &st.get_scratch();
+    l.lt = &lt_;
+    l.num_sms = num_sms_;
+    return l;
+  }
+  int num_sms_;
+  cuda::LtCache lt_;
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(size_t arena_bytes) {
+    CUDA_CHECK(cudaSetDevice(0));
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    gpu_name_ = prop.name;
+    ops_ = std::make_unique<CudaOps>(prop.multiProcessorCount);  // creates the cuBLASLt handle first
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (arena_bytes == 0) arena_bytes = size_t(double(free_b) * 0.9) / 256 * 256;
+    if (arena_bytes > free_b)
+      input_error("--gpu-memory", "the CUDA arena of " + mib(arena_bytes) + " does not fit in the " + mib(free_b) +
+                                      " free on " + gpu_name_);
+    arena_ = std::make_shared<Arena>(arena_bytes);
+  }
+  ~CudaDevice() override {
+    cudaDeviceSynchronize();
+    ops_.reset();
+  }
+
+  std::string name() const override { return "cuda (" + gpu_name_ + ", arena " + mib(arena_->size()) + ")"; }
+  bool is_host() const override { return false; }
+
+  void* alloc(size_t bytes) override { return arena_->alloc(bytes); }
+  void free(void* p) override { arena_->free(p); }
+  void* alloc_pinned(size_t bytes) override {
+    void* p = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable));
+    return p;
+  }
+  void free_pinned(void* p) override {
+    if (p) CUDA_CHECK(cudaFreeHost(p));
+  }
+
+  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(arena_); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(); }
+  void record(Event& e, Stream& s) override { CUDA_CHECK(cudaEventRecord(ce(e).e, cs(s).s)); }
+  void wait(Stream& s, Event& e) override { CUDA_CHECK(cudaStreamWaitEvent(cs(s).s, ce(e).e, 0)); }
+  void synchronize(Event& e) override { CUDA_CHECK(cudaEventSynchronize(ce(e).e)); }
+  void synchronize(Stream& s) override {
+    CudaStream& st = cs(s);
+    CUDA_CHECK(cudaStreamSynchronize(st.s));
+    std::exception_ptr err;
+    {
+      std::lock_guard<std::mutex> lk(st.mu);
+      std::swap(err, st.error);
+    }
+    if (err) std::rethrow_exception(err);
+  }
+  bool query(Event& e) override {
+    const cudaError_t r = cudaEventQuery(ce(e).e);
+    if (r == cudaSuccess) return true;
+    if (r == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    CUDA_CHECK(r);
+    return false;
+  }
+  void copy(void* dst, const void* src, size_t bytes, CopyKind kind, Stream& s) override {
+    if (bytes == 0) return;
+    const cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
+                             : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
+                                                              : cudaMemcpyDeviceToDevice;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, cs(s).s));
+  }
+  void host_fn(Stream& s, std::function<void()> fn) override {
+    auto* ctx = new HostFnCtx{std::move(fn), &cs(s)};
+    const cudaError_t r = cudaLaunchHostFunc(cs(s).s, host_trampoline, ctx);
+    if (r != cudaSuccess) delete ctx;
+    CUDA_CHECK(r);
+  }
+  Ops& ops() override { return *ops_; }
+
+ private:
+  std::string gpu_name_;
+  std::unique_ptr<CudaOps> ops_;
+  std::shared_ptr<Arena> arena_;
+};
+
+}  // namespace
+
+void* cuda::native_stream(Stream& s) { return static_cast<void*>(cs(s).s); }
+
+bool cuda_available() {
+  static const bool ok = [] {
+    int n = 0;
+    const cudaError_t r = cudaGetDeviceCount(&n);
+    if (r != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return n > 0;
+  }();
+  return ok;
+}
+
+std::unique_ptr<Device> make_cuda_device(size_t arena_bytes) {
+  if (!cuda_available()) input_error("--device cuda", "no usable CUDA GPU (cudaGetDeviceCount found none)");
+  return std::make_unique<CudaDevice>(arena_bytes);
+}
+
+}  // namespace sf

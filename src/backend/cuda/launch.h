@@ -1,0 +1,45 @@
+// Private to the cuda backend: what every launcher gets besides its tensors.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "core/tensor.h"
+
+namespace sf::cuda {
+
+class LtCache;  // matmul.cuh
+
+// Per-stream scratch, carved from the arena once (the first time a stream runs a kernel that
+// needs it). Two kernels on different streams never share scratch.
+struct Scratch {
+  void* lt_ws = nullptr;  // cuBLASLt workspace
+  size_t lt_bytes = 0;
+  void* buf = nullptr;  // small kernel scratch (reduction partials)
+  size_t buf_bytes = 0;
+};
+
+struct Launch {
+  cudaStream_t stream = nullptr;
+  const Scratch* scratch = nullptr;
+  LtCache* lt = nullptr;
+  int num_sms = 132;
+};
+
+inline const char* dt_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::I32:
+      return "I32";
+  }
+  return "?";
+}
+
+inline bool is_float_dt(DType t) { return t == DType::F32 || t == DType::BF16; }
+
+}  // namespace sf::cuda

@@ -1,0 +1,27 @@
+// Fused head: loss / dx / dw of cross-entropy(x @ w^T, labels), chunked over tokens so that
+// the N x V logits never exist at once (ops.h linear_cross_entropy).
+//
+// Per chunk of Nc tokens:
+//   1. logits [Nc, V] F32 = x_c @ w^T                         (cuBLASLt, into the workspace)
+//   2. one block per row: max / sum-exp (online), loss_row = lse - logit[label] into a [Nc] F32
+//      buffer in the stream's kernel scratch (one block then adds them, in order, to loss_sum); then g = grad_scale *
+//      (softmax - onehot) (0 on ignored rows) written IN PLACE: for BF16 x/w, g is BF16 with row stride 2V elements
+//      (the first half of each F32 row); the in-place narrowing is race-free because each block converts its row front
+//      to back in tiles with a barrier between a tile's reads and its writes.
+//   3. dw [V, H] += g^T @ x_c (cuBLASLt, beta = 1), then dx_c [Nc, H] = g @ w (dx may alias x).
+// A BF16 dw is read-added-rounded once per chunk (the CPU twin keeps an fp32 copy and rounds once).
+// The workspace is exactly the chunk's F32 logits: Nc*V*4 bytes (1/8 of the BF16 N x V logits
+// for large N), plus the per-stream scratch every stream has (32 MiB cuBLASLt + 32 MiB kernel).
+#pragma once
+#include "backend/cuda/launch.h"
+
+namespace sf::cuda {
+
+// Tokens per chunk: all N when N*V*4 <= 32 MiB; otherwise as many as fit in
+// max(32 MiB, N*V*2/8) bytes of F32 logits (= 1/8 of the BF16 N x V logits), a multiple of 128.
+int64_t linear_ce_chunk_rows(int64_t N, int64_t V);
+size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V);
+void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
+                          Tensor ws, const Launch& L);
+
+}  // namespace sf::cuda

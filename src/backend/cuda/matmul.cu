@@ -1,0 +1,150 @@
+#include "backend/cuda/elementwise.cuh"
+#include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/matmul.cuh"
+
+namespace sf::cuda {
+namespace {
+
+cudaDataType_t lt_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      break;
+  }
+  fail(__FILE__, __LINE__, "lt_type", std::string("cuda matmul: unsupported dtype ") + dt_name(t));
+}
+
+int64_t ptr_align(const void* p) {
+  const uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  int64_t a = 256;
+  while (a > 1 && (u % uint64_t(a)) != 0) a >>= 1;
+  return a;
+}
+
+}  // namespace
+
+LtCache::LtCache() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+
+LtCache::~LtCache() {
+  for (auto& [k, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.la);
+    cublasLtMatrixLayoutDestroy(p.lb);
+    cublasLtMatrixLayoutDestroy(p.lc);
+    cublasLtMatmulDescDestroy(p.desc);
+  }
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+// key: M N K ta tb lda ldb ldo at bt ot align_a align_b align_out (beta != 0) -
+const LtCache::Plan& LtCache::plan(const Key& key, size_t workspace_bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+
+  const int64_t M = key[0], N = key[1], K = key[2];
+  const bool ta = key[3] != 0, tb = key[4] != 0;
+  const int64_t lda = key[5], ldb = key[6], ldo = key[7];
+  const DType at = DType(key[8]), bt = DType(key[9]), ot = DType(key[10]);
+  const bool all_f32 = at == DType::F32 && bt == DType::F32 && ot == DType::F32;
+
+  Plan p;
+  const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // fp32 accumulate; never TF32
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  // cuBLASLt A = our b, cuBLASLt B = our a (see matmul.cuh).
+  const cublasOperation_t opA = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opB = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
+  // Stored (column-major) shapes: A = b^T: [N,K] (ld ldb) or, when tb, [K,N]; B = a^T: [K,M] or [M,K].
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, lt_type(bt), tb ? K : N, tb ? N : K, ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, lt_type(at), ta ? M : K, ta ? K : M, lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, lt_type(ot), N, M, ldo));
+  (void)all_f32;
+
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                    sizeof(workspace_bytes)));
+  const uint32_t al_a = uint32_t(key[12]), al_b = uint32_t(key[11]), al_c = uint32_t(key[13]);
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    cublasLtMatrixLayoutDestroy(p.la);
+    cublasLtMatrixLayoutDestroy(p.lb);
+    cublasLtMatrixLayoutDestroy(p.lc);
+    cublasLtMatmulDescDestroy(p.desc);
+    fail(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic",
+         "no cuBLASLt algorithm for M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+             " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " a=" + dt_name(at) + " b=" + dt_name(bt) +
+             " out=" + dt_name(ot) + " (" + cublasGetStatusString(st) + ")");
+  }
+  p.algo = res.algo;
+  return plans_.emplace(key, p).first->second;
+}
+
+void gemm(const Gemm& g, const Launch& L) {
+  SF_CUDA_REQUIRE(g.M >= 0 && g.N >= 0 && g.K >= 0, "cuda matmul: negative size");
+  if (g.M == 0 || g.N == 0) return;
+  const bool bf_in = g.at == DType::BF16 && g.bt == DType::BF16 && (g.ot == DType::BF16 || g.ot == DType::F32);
+  const bool f32 = g.at == DType::F32 && g.bt == DType::F32 && g.ot == DType::F32;
+  SF_CUDA_REQUIRE(bf_in || f32, std::string("cuda matmul: unsupported dtypes a=") + dt_name(g.at) +
+                                    " b=" + dt_name(g.bt) + " out=" + dt_name(g.ot) +
+                                    " (supported: BF16,BF16->BF16|F32 and F32,F32->F32)");
+  if (g.K == 0) {  // out = beta * out
+    Tensor o(g.out, g.ot, {g.M, g.ldo});
+    if (g.ldo != g.N) fail(__FILE__, __LINE__, "K == 0", "cuda matmul: K == 0 with padded out");
+    if (g.beta == 0.f)
+      zero(o, L);
+    else if (g.beta != 1.f)
+      scale(o, g.beta, L);
+    return;
+  }
+  LtCache::Key key{g.M,
+                   g.N,
+                   g.K,
+                   g.ta,
+                   g.tb,
+                   g.lda,
+                   g.ldb,
+                   g.ldo,
+                   int64_t(g.at),
+                   int64_t(g.bt),
+                   int64_t(g.ot),
+                   ptr_align(g.a),
+                   ptr_align(g.b),
+                   ptr_align(g.out),
+                   0,
+                   0};
+  const LtCache::Plan& p = L.lt->plan(key, L.scratch->lt_bytes);
+  CUBLAS_CHECK(cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, p.la, g.a, p.lb, &g.beta, g.out, p.lc, g.out, p.lc,
+                              &p.algo, L.scratch->lt_ws, L.scratch->lt_bytes, L.stream));
+}
+
+void matmul(Tensor out, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, const Launch& L) {
+  const int64_t M = out.rows(), N = out.cols();
+  const int64_t K = ta ? a.rows() : a.cols();
+  const int64_t am = ta ? a.cols() : a.rows();
+  const int64_t bk = tb ? b.cols() : b.rows(), bn = tb ? b.rows() : b.cols();
+  SF_CUDA_REQUIRE(am == M && bk == K && bn == N, "cuda matmul: shape mismatch out " + std::to_string(M) + "x" +
+                                                     std::to_string(N) + ", op(a) " + std::to_string(am) + "x" +
+                                                     std::to_string(K) + ", op(b) " + std::to_string(bk) + "x" +
+                                                     std::to_string(bn));
+  gemm(Gemm{out.data, out.dtype, N, a.data, a.dtype, a.cols(), b.data, b.dtype, b.cols(), M, N, K, ta, tb, alpha, beta},
+       L);
+}
+
+}  // namespace sf::cuda

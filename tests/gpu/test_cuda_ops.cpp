@@ -1,0 +1,740 @@
+// The CUDA backend against its CPU twin (sf::cpu kernels), op by op, on fresh random inputs and odd
+// shapes. Every output that an op overwrites is poisoned with NaN first (on both backends), so an
+// element the kernel forgot to write fails the check; NaN never passes.
+//
+// Tolerance rule (bf16 paths). All runs see the same input values (random, rounded to bf16). Three
+// runs: the CPU fp32 path (F32 tensors, F32 outputs: the reference), the CPU bf16 path (BF16
+// tensors, BF16 outputs) and the CUDA bf16 path. With err = ||x - ref|| / ||ref|| (relative L2):
+//     err(cuda bf16) <= max(2 * err(cpu bf16), floor)
+// The floor only matters where the CPU bf16 path has (almost) no error of its own, i.e. F32
+// outputs (rstd, lse, loss, sums): there it is 1e-5 (fp32 summation order, fast exp), unless a
+// test says otherwise in a comment. F32 CUDA paths are compared with the CPU fp32 path directly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "backend/cuda/attention.cuh"
+#include "backend/device.h"
+#include "core/dtype.h"
+
+namespace sf {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!::sf::cuda_available()) GTEST_SKIP() << "no GPU"
+
+constexpr DType F32 = DType::F32;
+constexpr DType BF16 = DType::BF16;
+constexpr double kF32Floor = 1e-5;
+
+Device& gpu() {
+  static std::unique_ptr<Device> d = make_cuda_device(size_t(4) << 30);
+  return *d;
+}
+Stream& gpu_stream() {
+  static std::unique_ptr<Stream> s = gpu().create_stream();
+  return *s;
+}
+
+// ---- data ------------------------------------------------------------------------------------
+std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.f, float mean = 0.f) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 12345);
+  std::normal_distribution<float> d(mean, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+std::vector<float> bf16r(std::vector<float> v) {
+  for (auto& x : v) x = bf16_to_float(float_to_bf16(x));
+  return v;
+}
+std::vector<float> rnd(size_t n, uint64_t seed, float sd = 1.f, float mean = 0.f) {
+  return bf16r(randn(n, seed, sd, mean));
+}
+std::vector<int32_t> randint(size_t n, uint64_t seed, int32_t lo, int32_t hi) {
+  std::mt19937_64 rng(seed * 31 + 7);
+  std::uniform_int_distribution<int32_t> d(lo, hi - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// ---- error measures ----------------------------------------------------------------------------
+// Relative L2 error; +inf when x has a non-finite value (NaN never passes).
+double rel_err(const std::vector<float>& x, const std::vector<float>& ref) {
+  EXPECT_EQ(x.size(), ref.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < std::min(x.size(), ref.size()); ++i) {
+    if (!std::isfinite(x[i])) return INFINITY;
+    const double d = double(x[i]) - double(ref[i]);
+    num += d * d;
+    den += double(ref[i]) * double(ref[i]);
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+// The tolerance rule of this file (see the top).
+void check_bf16(const std::string& what, const std::vector<float>& cuda_bf, const std::vector<float>& cpu_bf,
+                const std::vector<float>& ref, double floor = 0.0) {
+  ASSERT_TRUE(all_finite(ref)) << what << ": reference has non-finite values";
+  const double e_cuda = rel_err(cuda_bf, ref), e_cpu = rel_err(cpu_bf, ref);
+  const double tol = std::max(2.0 * e_cpu, floor);
+  EXPECT_LE(e_cuda, tol) << what << ": cuda bf16 error " << e_cuda << ", cpu bf16 error " << e_cpu << ", floor "
+                         << floor;
+}
+void check_f32(const std::string& what, const std::vector<float>& cuda, const std::vector<float>& ref,
+               double tol = kF32Floor) {
+  ASSERT_TRUE(all_finite(ref)) << what << ": reference has non-finite values";
+  const double e = rel_err(cuda, ref);
+  EXPECT_LE(e, tol) << what << ": cuda f32 error " << e;
+}
+
+// ---- one run on one backend ----------------------------------------------------------------------
+// Owns the buffers of one run, on the host (CPU twin) or in the CUDA arena.
+class Backend {
+ public:
+  explicit Backend(bool on_gpu) : gpu_(on_gpu) {}
+  ~Backend() {
+    if (gpu_) {
+      gpu().synchronize(gpu_stream());
+      for (void* p : dev_) gpu().free(p);
+    }
+  }
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+  bool on_gpu() const { return gpu_; }
+
+  // Input (or "+=" output) with these values.
+  Tensor in(const std::vector<float>& v, DType dt, std::initializer_list<int64_t> shape, size_t offset_bytes = 0) {
+    Tensor t(nullptr, dt, shape);
+    EXPECT_EQ(int64_t(v.size()), t.numel());
+    std::vector<uint8_t> bytes(t.bytes());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (dt == F32) {
+        std::memcpy(&bytes[i * 4], &v[i], 4);
+      } else {
+        const bf16 h = float_to_bf16(v[i]);
+        std::memcpy(&bytes[i * 2], &h, 2);
+      }
+    }
+    t.data = static_cast<char*>(raw(t.bytes() + offset_bytes)) + offset_bytes;
+    put(t.data, bytes.data(), bytes.size());
+    return t;
+  }
+  Tensor in_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> shape) {
+    Tensor t(nullptr, DType::I32, shape);
+    EXPECT_EQ(int64_t(v.size()), t.numel());
+    t.data = raw(t.bytes());
+    put(t.data, v.data(), t.bytes());
+    return t;
+  }
+  // Output poisoned with NaN (all-ones bytes are NaN in F32 and BF16).
+  Tensor out(DType dt, std::initializer_list<int64_t> shape, size_t offset_bytes = 0) {
+    Tensor t(nullptr, dt, shape);
+    t.data = static_cast<char*>(raw(t.bytes() + offset_bytes)) + offset_bytes;
+    std::vector<uint8_t> nan(t.bytes(), 0xff);
+    put(t.data, nan.data(), nan.size());
+    return t;
+  }
+  Tensor scratch(size_t bytes) {
+    bytes = std::max<size_t>(bytes, 256);
+    return Tensor(raw(bytes), DType::F32, {int64_t(bytes / 4)});
+  }
+  std::vector<float> get(const Tensor& t) {
+    std::vector<uint8_t> bytes(t.bytes());
+    if (gpu_) {
+      gpu().copy(bytes.data(), t.data, bytes.size(), CopyKind::DeviceToHost, gpu_stream());
+      gpu().synchronize(gpu_stream());
+    } else {
+      std::memcpy(bytes.data(), t.data, bytes.size());
+    }
+    std::vector<float> v(size_t(t.numel()));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (t.dtype == F32) {
+        std::memcpy(&v[i], &bytes[i * 4], 4);
+      } else {
+        bf16 h;
+        std::memcpy(&h, &bytes[i * 2], 2);
+        v[i] = bf16_to_float(h);
+      }
+    }
+    return v;
+  }
+
+ private:
+  void* raw(size_t bytes) {
+    bytes = std::max<size_t>(bytes, 1);
+    if (gpu_) {
+      void* p = gpu().alloc(bytes);
+      dev_.push_back(p);
+      return p;
+    }
+    host_.emplace_back(std::make_unique<uint64_t[]>((bytes + 255) / 8 + 32));
+    auto a = reinterpret_cast<uintptr_t>(host_.back().get());
+    return reinterpret_cast<void*>((a + 255) / 256 * 256);
+  }
+  void put(void* dst, const void* src, size_t bytes) {
+    if (gpu_) {
+      gpu().copy(dst, src, bytes, CopyKind::HostToDevice, gpu_stream());
+      gpu().synchronize(gpu_stream());  // src is a temporary
+    } else {
+      std::memcpy(dst, src, bytes);
+    }
+  }
+  bool gpu_;
+  std::vector<void*> dev_;
+  std::vector<std::unique_ptr<uint64_t[]>> host_;
+};
+
+// The same call on either backend: the CPU twin directly, or the CUDA kernel table on a stream.
+#define CALL(run, op, ...)                       \
+  do {                                           \
+    if ((run).on_gpu())                          \
+      gpu().ops().op(__VA_ARGS__, gpu_stream()); \
+    else                                         \
+      cpu::op(__VA_ARGS__);                      \
+  } while (0)
+
+using Outs = std::vector<std::vector<float>>;
+// The four runs of a test: CPU fp32 (reference), CPU bf16, CUDA bf16, CUDA fp32.
+struct Four {
+  Outs ref, cpu_bf, cuda_bf, cuda_f32;
+};
+Four run4(const std::function<Outs(Backend&, DType)>& f) {
+  Four r;
+  {
+    Backend a(false);
+    r.ref = f(a, F32);
+  }
+  {
+    Backend a(false);
+    r.cpu_bf = f(a, BF16);
+  }
+  {
+    Backend a(true);
+    r.cuda_bf = f(a, BF16);
+  }
+  {
+    Backend a(true);
+    r.cuda_f32 = f(a, F32);
+  }
+  return r;
+}
+
+// ================================================================================================
+// matmul
+// ================================================================================================
+TEST(CudaOps, Matmul) {
+  REQUIRE_GPU();
+  struct Shape {
+    int64_t M, N, K;
+  };
+  const Shape shapes[] = {{1, 1, 1}, {7, 13, 5}, {127, 65, 300}, {256, 512, 1024}, {1000, 96, 33}};
+  uint64_t seed = 1;
+  for (const Shape& s : shapes)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (float beta : {0.f, 1.f}) {
+          SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K << " ta=" << ta << " tb=" << tb
+                                          << " beta=" << beta);
+          const auto av = rnd(size_t(s.M * s.K), ++seed), bv = rnd(size_t(s.K * s.N), ++seed);
+          const auto cv = rnd(size_t(s.M * s.N), ++seed);
+          // out_dt: the output dtype of the bf16 runs (BF16, or F32 with BF16 inputs).
+          auto f = [&](Backend& r, DType dt, DType out_dt) -> Outs {
+            Tensor a = ta ? r.in(av, dt, {s.K, s.M}) : r.in(av, dt, {s.M, s.K});
+            Tensor b = tb ? r.in(bv, dt, {s.N, s.K}) : r.in(bv, dt, {s.K, s.N});
+            Tensor o = beta != 0.f ? r.in(cv, out_dt, {s.M, s.N}) : r.out(out_dt, {s.M, s.N});
+            CALL(r, matmul, o, a, b, ta != 0, tb != 0, 0.75f, beta);
+            return {r.get(o)};
+          };
+          auto four = run4([&](Backend& r, DType dt) { return f(r, dt, dt); });
+          check_bf16("matmul bf16", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+          // All-F32 must be true fp32 (no TF32: that would be ~1e-3 off).
+          check_f32("matmul f32", four.cuda_f32[0], four.ref[0]);
+          // BF16 inputs, F32 output: no storage rounding anywhere, so compare with the CPU directly.
+          Backend rc(false), rg(true);
+          auto c = f(rc, BF16, F32);
+          auto g = f(rg, BF16, F32);
+          check_f32("matmul bf16->f32", g[0], c[0]);
+        }
+}
+
+// Views whose start is only 16-byte aligned (not 256): the cached cuBLASLt plan is per alignment.
+TEST(CudaOps, MatmulOffsetViews) {
+  REQUIRE_GPU();
+  const int64_t M = 33, N = 48, K = 64;
+  const auto av = rnd(size_t(M * K), 71), bv = rnd(size_t(N * K), 72);
+  auto f = [&](Backend& r, DType dt) -> Outs {
+    Tensor a = r.in(av, dt, {M, K}, 16), b = r.in(bv, dt, {N, K}, 32), o = r.out(dt, {M, N}, 16);
+    CALL(r, matmul, o, a, b, false, true, 1.f, 0.f);
+    return {r.get(o)};
+  };
+  auto four = run4(f);
+  check_bf16("matmul offset bf16", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+  check_f32("matmul offset f32", four.cuda_f32[0], four.ref[0]);
+}
+
+// ================================================================================================
+// bias
+// ================================================================================================
+TEST(CudaOps, BiasForwardBackward) {
+  REQUIRE_GPU();
+  for (auto [M, N] : {std::pair<int64_t, int64_t>{127, 65}, {1000, 256}, {1, 8}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N);
+    const auto xv = rnd(size_t(M * N), M + 1), bv = rnd(size_t(N), M + 2), gv = rnd(size_t(M * N), M + 3);
+    const auto dbv = rnd(size_t(N), M + 4);
+    auto four = run4([&](Backend& r, DType dt) -> Outs {
+      Tensor x = r.in(xv, dt, {M, N}), b = r.in(bv, dt, {N}), g = r.in(gv, dt, {M, N}), db = r.in(dbv, dt, {N});
+      CALL(r, add_bias, x, b);
+      CALL(r, bias_backward, db, g);
+      return {r.get(x), r.get(db)};
+    });
+    check_bf16("add_bias", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+    check_bf16("bias_backward", four.cuda_bf[1], four.cpu_bf[1], four.ref[1]);
+    check_f32("add_bias f32", four.cuda_f32[0], four.ref[0]);
+    check_f32("bias_backward f32", four.cuda_f32[1], four.ref[1]);
+  }
+}
+
+// ================================================================================================
+// rmsnorm
+// ================================================================================================
+TEST(CudaOps, RmsNorm) {
+  REQUIRE_GPU();
+  for (auto [R, C] : {std::pair<int64_t, int64_t>{1, 64}, {7, 4096}, {129, 100}, {1000, 2048}, {3, 8192}})
+    for (bool acc : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "R=" << R << " C=" << C << " accumulate=" << acc);
+      const uint64_t s = uint64_t(R * 131 + C + acc);
+      const auto xv = rnd(size_t(R * C), s, 1.f), wv = rnd(size_t(C), s + 1, 0.1f, 1.f);
+      const auto gv = rnd(size_t(R * C), s + 2), dxv = rnd(size_t(R * C), s + 3), dwv = rnd(size_t(C), s + 4);
+      auto four = run4([&](Backend& r, DType dt) -> Outs {
+        Tensor x = r.in(xv, dt, {R, C}), w = r.in(wv, dt, {C}), g = r.in(gv, dt, {R, C});
+        Tensor out = r.out(dt, {R, C}), rstd = r.out(F32, {R});
+        CALL(r, rmsnorm_forward, out, rstd, x, w, 1e-5f);
+        Tensor dx = acc ? r.in(dxv, dt, {R, C}) : r.out(dt, {R, C});
+        Tensor dw = r.in(dwv, dt, {C});
+        CALL(r, rmsnorm_backward, dx, dw, g, x, w, rstd, acc);
+        return {r.get(out), r.get(rstd), r.get(dx), r.get(dw)};
+      });
+      check_bf16("rmsnorm out", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+      check_bf16("rmsnorm rstd (F32)", four.cuda_bf[1], four.cpu_bf[1], four.ref[1], kF32Floor);
+      check_bf16("rmsnorm dx", four.cuda_bf[2], four.cpu_bf[2], four.ref[2]);
+      check_bf16("rmsnorm dw", four.cuda_bf[3], four.cpu_bf[3], four.ref[3]);
+      for (int i = 0; i < 4; ++i) check_f32("rmsnorm f32 #" + std::to_string(i), four.cuda_f32[i], four.ref[i]);
+    }
+}
+
+// Mixed storage (F32 residual x, BF16 weight and output, no dw) and unaligned views (scalar path).
+TEST(CudaOps, RmsNormMixedAndUnaligned) {
+  REQUIRE_GPU();
+  const int64_t R = 33, C = 256;
+  const auto xv = rnd(size_t(R * C), 5), wv = rnd(size_t(C), 6, 0.1f, 1.f), gv = rnd(size_t(R * C), 7);
+  for (size_t off : {size_t(0), size_t(4)}) {
+    SCOPED_TRACE(testing::Message() << "offset=" << off);
+    auto f = [&](Backend& r, DType dt) -> Outs {
+      Tensor x = r.in(xv, F32, {R, C}, off), w = r.in(wv, dt, {C}), g = r.in(gv, dt, {R, C}, off);
+      Tensor out = r.out(dt, {R, C}, off), rstd = r.out(F32, {R}), dx = r.out(F32, {R, C}, off);
+      CALL(r, rmsnorm_forward, out, rstd, x, w, 1e-6f);
+      CALL(r, rmsnorm_backward, dx, Tensor(), g, x, w, rstd, false);
+      return {r.get(out), r.get(dx)};
+    };
+    auto four = run4(f);
+    check_bf16("rmsnorm mixed out", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+    check_bf16("rmsnorm mixed dx (F32)", four.cuda_bf[1], four.cpu_bf[1], four.ref[1], kF32Floor);
+    check_f32("rmsnorm unaligned f32", four.cuda_f32[0], four.ref[0]);
+  }
+}
+
+// ================================================================================================
+// rope
+// ================================================================================================
+TEST(CudaOps, Rope) {
+  REQUIRE_GPU();
+  struct Cfg {
+    int B, T, nh, hd;
+  };
+  for (Cfg c : {Cfg{3, 7, 4, 64}, Cfg{2, 129, 2, 128}, Cfg{1, 5, 3, 6}, Cfg{2, 1, 8, 128}}) {
+    SCOPED_TRACE(testing::Message() << "B=" << c.B << " T=" << c.T << " nh=" << c.nh << " hd=" << c.hd);
+    const int64_t R = int64_t(c.B) * c.T, W = int64_t(c.nh) * c.hd, Tmax = c.T + 3, half = c.hd / 2;
+    std::vector<float> cosv(size_t(Tmax * half)), sinv(size_t(Tmax * half));
+    const auto ang = randn(cosv.size(), uint64_t(c.T + c.hd), 2.f);
+    for (size_t i = 0; i < ang.size(); ++i) cosv[i] = std::cos(ang[i]), sinv[i] = std::sin(ang[i]);
+    const auto xv = rnd(size_t(R * W), uint64_t(c.nh * 7 + c.hd)), gv = rnd(size_t(R * W), uint64_t(c.hd * 3));
+    auto four = run4([&](Backend& r, DType dt) -> Outs {
+      Tensor x = r.in(xv, dt, {R, W}), g = r.in(gv, dt, {R, W});
+      Tensor cs = r.in(cosv, F32, {Tmax, half}), sn = r.in(sinv, F32, {Tmax, half});
+      CALL(r, rope_forward, x, cs, sn, c.T, c.nh, c.hd);
+      CALL(r, rope_backward, g, cs, sn, c.T, c.nh, c.hd);
+      return {r.get(x), r.get(g)};
+    });
+    check_bf16("rope fwd", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+    check_bf16("rope bwd", four.cuda_bf[1], four.cpu_bf[1], four.ref[1]);
+    check_f32("rope fwd f32", four.cuda_f32[0], four.ref[0]);
+    check_f32("rope bwd f32", four.cuda_f32[1], four.ref[1]);
+  }
+}
+
+// ================================================================================================
+// swiglu
+// ================================================================================================
+TEST(CudaOps, SwiGlu) {
+  REQUIRE_GPU();
+  for (auto [R, I] : {std::pair<int64_t, int64_t>{37, 1001}, {64, 512}, {1, 3}}) {
+    SCOPED_TRACE(testing::Message() << "R=" << R << " I=" << I);
+    const auto gv = rnd(size_t(R * I), uint64_t(R + I), 2.f), uv = rnd(size_t(R * I), uint64_t(R * I));
+    const auto dv = rnd(size_t(R * I), uint64_t(R + 3 * I));
+    auto four = run4([&](Backend& r, DType dt) -> Outs {
+      Tensor g = r.in(gv, dt, {R, I}), u = r.in(uv, dt, {R, I}), d = r.in(dv, dt, {R, I});
+      Tensor out = r.out(dt, {R, I}), dg = r.out(dt, {R, I}), du = r.out(dt, {R, I});
+      CALL(r, swiglu_forward, out, g, u);
+      CALL(r, swiglu_backward, dg, du, d, g, u);
+      return {r.get(out), r.get(dg), r.get(du)};
+    });
+    const char* names[] = {"swiglu out", "swiglu dgate", "swiglu dup"};
+    for (int i = 0; i < 3; ++i) {
+      check_bf16(names[i], four.cuda_bf[i], four.cpu_bf[i], four.ref[i]);
+      check_f32(std::string(names[i]) + " f32", four.cuda_f32[i], four.ref[i]);
+    }
+  }
+}
+
+// ================================================================================================
+// attention
+// ================================================================================================
+struct AttnCfg {
+  int B, T, H, KVH, hd;
+};
+
+// Forward and backward of one configuration. The backward of every run gets the same inputs:
+// out = the CPU fp32 forward's output rounded to bf16, lse = its lse.
+void attention_case(const AttnCfg& c, bool check_f32_path) {
+  SCOPED_TRACE(testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " KVH=" << c.KVH << " hd=" << c.hd);
+  AttnDims d;
+  d.B = c.B, d.T = c.T, d.n_head = c.H, d.n_kv_head = c.KVH, d.head_dim = c.hd;
+  d.scale = 1.f / std::sqrt(float(c.hd));
+  const int64_t N = int64_t(c.B) * c.T, QW = int64_t(c.H) * c.hd, KW = int64_t(c.KVH) * c.hd;
+  const uint64_t s = uint64_t(c.T * 1000 + c.H * 10 + c.hd);
+  const auto qv = rnd(size_t(N * QW), s), kv = rnd(size_t(N * KW), s + 1), vv = rnd(size_t(N * KW), s + 2);
+  const auto gv = rnd(size_t(N * QW), s + 3);
+  std::vector<float> out_ref, lse_ref;
+  auto fwd = [&](Backend& r, DType dt) -> Outs {
+    Tensor q = r.in(qv, dt, {N, QW}), k = r.in(kv, dt, {N, KW}), v = r.in(vv, dt, {N, KW});
+    Tensor o = r.out(dt, {N, QW}), lse = r.out(F32, {c.B, c.H, c.T});
+    CALL(r, attention_forward, o, lse, q, k, v, d);
+    return {r.get(o), r.get(lse)};
+  };
+  auto bwd = [&](Backend& r, DType dt) -> Outs {
+    Tensor q = r.in(qv, dt, {N, QW}), k = r.in(kv, dt, {N, KW}), v = r.in(vv, dt, {N, KW});
+    Tensor o = r.in(out_ref, dt, {N, QW}), lse = r.in(lse_ref, F32, {c.B, c.H, c.T}), g = r.in(gv, dt, {N, QW});
+    Tensor dq = r.out(dt, {N, QW}), dk = r.out(dt, {N, KW}), dv = r.out(dt, {N, KW});
+    const size_t wsb = r.on_gpu() ? gpu().ops().attention_workspace_bytes(d) : cpu::attention_workspace_bytes(d);
+    Tensor ws = r.scratch(wsb);
+    CALL(r, attention_backward, dq, dk, dv, g, q, k, v, o, lse, d, ws);
+    return {r.get(dq), r.get(dk), r.get(dv)};
+  };
+  Backend r0(false), r1(false), r2(true);
+  const Outs ref = fwd(r0, F32), cpu_bf = fwd(r1, BF16), cuda_bf = fwd(r2, BF16);
+  check_bf16("attention out", cuda_bf[0], cpu_bf[0], ref[0]);
+  check_bf16("attention lse (F32)", cuda_bf[1], cpu_bf[1], ref[1], kF32Floor);
+  out_ref = bf16r(ref[0]);
+  lse_ref = ref[1];
+  Backend b0(false), b1(false), b2(true);
+  const Outs bref = bwd(b0, F32), bcpu = bwd(b1, BF16), bcuda = bwd(b2, BF16);
+  // At T = 1 the softmax has one key, so dq = dk = 0 exactly: the CPU paths give 0 and the CUDA
+  // path leaves fp32 rounding (~5e-6 absolute; rel_err is absolute for an all-zero reference).
+  // The 1e-5 floor covers that and is far below any bf16 rounding elsewhere.
+  check_bf16("attention dq", bcuda[0], bcpu[0], bref[0], kF32Floor);
+  check_bf16("attention dk", bcuda[1], bcpu[1], bref[1], kF32Floor);
+  check_bf16("attention dv", bcuda[2], bcpu[2], bref[2], kF32Floor);
+  if (check_f32_path) {
+    Backend g0(true), g1(true);
+    const Outs f = fwd(g0, F32), b = bwd(g1, F32);
+    check_f32("attention out f32", f[0], ref[0], 2e-5);
+    check_f32("attention lse f32", f[1], ref[1], 2e-5);
+    check_f32("attention dq f32", b[0], bref[0], 2e-5);
+    check_f32("attention dk f32", b[1], bref[1], 2e-5);
+    check_f32("attention dv f32", b[2], bref[2], 2e-5);
+  }
+}
+
+TEST(CudaOps, AttentionShortSequences) {
+  REQUIRE_GPU();
+  attention_case({2, 1, 2, 2, 64}, true);    // T = 1, GQA 1
+  attention_case({2, 7, 8, 1, 128}, true);   // GQA 8
+  attention_case({2, 127, 4, 1, 64}, true);  // GQA 4, T not a multiple of any tile
+  attention_case({1, 127, 2, 2, 128}, false);
+  attention_case({2, 300, 8, 2, 128}, false);  // GQA 4
+}
+
+TEST(CudaOps, AttentionLongSequences) {
+  REQUIRE_GPU();
+  attention_case({1, 1000, 4, 1, 128}, true);  // GQA 4
+  attention_case({1, 2049, 8, 1, 64}, false);  // GQA 8
+  attention_case({1, 2049, 2, 2, 128}, false);
+}
+
+// Every flash kernel variant (the default is picked per head dim by speed).
+TEST(CudaOps, AttentionKernelVariants) {
+  REQUIRE_GPU();
+  for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
+    for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
+      SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv);
+      cuda::attention_set_variant(fv, bv);
+      attention_case({2, 300, 8, 2, 128}, false);
+      attention_case({1, 257, 4, 1, 64}, false);
+      attention_case({1, 1, 2, 1, 128}, false);
+    }
+  cuda::attention_set_variant(-1, -1);
+}
+
+// head_dim 32 (not a flash size) and the forced simple path run the generic kernels on BF16.
+TEST(CudaOps, AttentionSimpleKernels) {
+  REQUIRE_GPU();
+  attention_case({2, 33, 4, 2, 32}, false);
+  cuda::attention_force_simple(true);
+  attention_case({2, 65, 4, 1, 128}, false);
+  cuda::attention_force_simple(false);
+}
+
+// ================================================================================================
+// linear cross-entropy
+// ================================================================================================
+struct CeCfg {
+  int64_t N, H, V;
+};
+
+void linear_ce_case(const CeCfg& c) {
+  SCOPED_TRACE(testing::Message() << "N=" << c.N << " H=" << c.H << " V=" << c.V);
+  const uint64_t s = uint64_t(c.N * 7 + c.V);
+  const auto xv = rnd(size_t(c.N * c.H), s), wv = rnd(size_t(c.V * c.H), s + 1, 0.3f);
+  const auto dwv = rnd(size_t(c.V * c.H), s + 2, 0.01f);
+  auto labels = randint(size_t(c.N), s + 3, 0, int32_t(c.V));
+  const auto drop = randint(size_t(c.N), s + 4, 0, 5);
+  int valid = 0;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (drop[i] == 0 && c.N > 1) labels[i] = -100;  // ~20% ignored
+    valid += labels[i] != -100;
+  }
+  const float gscale = 1.f / float(std::max(valid, 1));
+  // dw_dt: dtype of dw (BF16 like the model's gradient blobs, or F32).
+  auto f = [&](Backend& r, DType dt, DType dw_dt, bool grads) -> Outs {
+    Tensor x = r.in(xv, dt, {c.N, c.H}), w = r.in(wv, dt, {c.V, c.H}), lab = r.in_i32(labels, {c.N});
+    Tensor loss = r.in({0.5f}, F32, {1});
+    Tensor dx = grads ? r.out(dt, {c.N, c.H}) : Tensor();
+    Tensor dw = grads ? r.in(dwv, dw_dt, {c.V, c.H}) : Tensor();
+    const size_t wsb = r.on_gpu() ? gpu().ops().linear_ce_workspace_bytes(c.N, c.H, c.V)
+                                  : cpu::linear_ce_workspace_bytes(c.N, c.H, c.V);
+    Tensor ws = r.scratch(wsb);
+    CALL(r, linear_cross_entropy, loss, dx, dw, x, w, lab, gscale, ws);
+    if (!grads) return {r.get(loss)};
+    return {r.get(loss), r.get(dx), r.get(dw)};
+  };
+  auto four = run4([&](Backend& r, DType dt) { return f(r, dt, dt, true); });
+  check_bf16("linear_ce loss (F32)", four.cuda_bf[0], four.cpu_bf[0], four.ref[0], kF32Floor);
+  check_bf16("linear_ce dx", four.cuda_bf[1], four.cpu_bf[1], four.ref[1]);
+  check_bf16("linear_ce dw", four.cuda_bf[2], four.cpu_bf[2], four.ref[2]);
+  check_f32("linear_ce loss f32", four.cuda_f32[0], four.ref[0]);
+  check_f32("linear_ce dx f32", four.cuda_f32[1], four.ref[1]);
+  check_f32("linear_ce dw f32", four.cuda_f32[2], four.ref[2]);
+  // Loss only (no gradients wanted).
+  {
+    Backend rc(false), rg(true);
+    check_f32("linear_ce loss-only", f(rg, BF16, BF16, false)[0], f(rc, BF16, BF16, false)[0]);
+  }
+  // BF16 x/w with an F32 dw: the CUDA path feeds the tensor cores the softmax gradient rounded to
+  // bf16 (the CPU keeps it fp32), so an F32 dw is off by about one bf16 rounding of g: floor 4e-3.
+  {
+    Backend r0(false), r1(true);
+    const Outs ref = f(r0, F32, F32, true), g = f(r1, BF16, F32, true);
+    check_f32("linear_ce bf16 x, f32 dw", g[2], ref[2], 4e-3);
+  }
+}
+
+TEST(CudaOps, LinearCrossEntropy) {
+  REQUIRE_GPU();
+  linear_ce_case({7, 64, 1000});
+  linear_ce_case({1, 32, 77});
+  linear_ce_case({300, 128, 5003});  // V odd: scalar row kernel
+  linear_ce_case({2000, 64, 5004});  // two token chunks (the second one partial)
+}
+
+// ================================================================================================
+// embedding
+// ================================================================================================
+TEST(CudaOps, Embedding) {
+  REQUIRE_GPU();
+  for (auto [N, H, V] : {std::tuple<int64_t, int64_t, int64_t>{300, 64, 50}, {77, 100, 1000}, {1, 8, 3}}) {
+    SCOPED_TRACE(testing::Message() << "N=" << N << " H=" << H << " V=" << V);
+    const auto ids = randint(size_t(N), uint64_t(N + V), 0, int32_t(V));
+    const auto tv = rnd(size_t(V * H), uint64_t(H)), gv = rnd(size_t(N * H), uint64_t(H + 1));
+    const auto dtv = rnd(size_t(V * H), uint64_t(H + 2));
+    auto four = run4([&](Backend& r, DType dt) -> Outs {
+      Tensor id = r.in_i32(ids, {N}), table = r.in(tv, dt, {V, H}), g = r.in(gv, dt, {N, H});
+      Tensor out = r.out(dt, {N, H}), dtab = r.in(dtv, dt, {V, H});
+      CALL(r, embedding_forward, out, id, table);
+      CALL(r, embedding_backward, dtab, g, id);
+      return {r.get(out), r.get(dtab)};
+    });
+    check_bf16("embedding fwd", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+    check_bf16("embedding bwd", four.cuda_bf[1], four.cpu_bf[1], four.ref[1]);
+    check_f32("embedding fwd f32", four.cuda_f32[0], four.ref[0], 0.0);
+    check_f32("embedding bwd f32", four.cuda_f32[1], four.ref[1]);
+  }
+}
+
+// ================================================================================================
+// element-wise, norms, optimizer
+// ================================================================================================
+TEST(CudaOps, AddScaleCastZero) {
+  REQUIRE_GPU();
+  for (int64_t n : {int64_t(1), int64_t(1003), int64_t(1 << 16)}) {
+    SCOPED_TRACE(testing::Message() << "n=" << n);
+    const auto av = rnd(size_t(n), uint64_t(n)), bv = rnd(size_t(n), uint64_t(n + 1));
+    auto four = run4([&](Backend& r, DType dt) -> Outs {
+      Tensor a = r.in(av, dt, {n}), b = r.in(bv, dt, {n}), o = r.out(dt, {n});
+      CALL(r, add, o, a, b);
+      CALL(r, add, a, a, b);  // out aliases a
+      CALL(r, scale, b, 0.3f);
+      Tensor c1 = r.out(BF16, {n}), c2 = r.out(F32, {n}), z = r.in(av, dt, {n});
+      CALL(r, cast, c1, o);
+      CALL(r, cast, c2, o);
+      CALL(r, zero, z);
+      return {r.get(o), r.get(a), r.get(b), r.get(c1), r.get(c2), r.get(z)};
+    });
+    const char* names[] = {"add", "add aliased", "scale", "cast to bf16", "cast to f32", "zero"};
+    for (int i = 0; i < 6; ++i) {
+      check_bf16(names[i], four.cuda_bf[i], four.cpu_bf[i], four.ref[i]);
+      check_f32(std::string(names[i]) + " f32", four.cuda_f32[i], four.ref[i], 0.0);
+    }
+  }
+  // Mixed dtypes and unaligned views.
+  const int64_t n = 999;
+  const auto av = rnd(size_t(n), 3), bv = rnd(size_t(n), 4);
+  Backend rc(false), rg(true);
+  auto f = [&](Backend& r) -> Outs {
+    Tensor a = r.in(av, F32, {n}, 4), b = r.in(bv, BF16, {n}, 2), o = r.out(BF16, {n}, 6);
+    CALL(r, add, o, a, b);
+    return {r.get(o)};
+  };
+  check_f32("add mixed/unaligned", f(rg)[0], f(rc)[0], 0.0);
+}
+
+TEST(CudaOps, SqNorm) {
+  REQUIRE_GPU();
+  for (int64_t n : {int64_t(1), int64_t(1000003), int64_t(4096)}) {
+    SCOPED_TRACE(testing::Message() << "n=" << n);
+    const auto xv = rnd(size_t(n), uint64_t(n + 5));
+    auto four = run4([&](Backend& r, DType dt) -> Outs {
+      Tensor x = r.in(xv, dt, {n}), o = r.in({1.5f}, F32, {1});
+      CALL(r, sq_norm, o, x);
+      return {r.get(o)};
+    });
+    check_bf16("sq_norm (F32)", four.cuda_bf[0], four.cpu_bf[0], four.ref[0], kF32Floor);
+    check_f32("sq_norm f32", four.cuda_f32[0], four.ref[0]);
+  }
+}
+
+TEST(CudaOps, AdamW) {
+  REQUIRE_GPU();
+  const int64_t n = 10007;
+  const auto pv = randn(size_t(n), 1), gv = rnd(size_t(n), 2), mv = randn(size_t(n), 3, 0.1f);
+  auto vv = randn(size_t(n), 4, 0.01f);
+  for (auto& x : vv) x = x * x;
+  AdamWParams p;
+  p.lr = 1e-3f, p.beta1 = 0.9f, p.beta2 = 0.95f, p.eps = 1e-8f, p.weight_decay = 0.1f, p.step = 3, p.grad_scale = 0.5f;
+  for (DType gdt : {F32, BF16})
+    for (int copy = 0; copy < 3; ++copy) {
+      SCOPED_TRACE(testing::Message() << "grad " << (gdt == F32 ? "F32" : "BF16") << " copy " << copy);
+      auto f = [&](Backend& r) -> Outs {
+        Tensor pp = r.in(pv, F32, {n}), g = r.in(gv, gdt, {n}), m = r.in(mv, F32, {n}), v = r.in(vv, F32, {n});
+        Tensor c = copy == 0 ? Tensor() : r.out(copy == 1 ? BF16 : F32, {n});
+        CALL(r, adamw, pp, g, m, v, c, p);
+        Outs o = {r.get(pp), r.get(m), r.get(v)};
+        if (copy) o.push_back(r.get(c));
+        return o;
+      };
+      Backend rc(false), rg(true);
+      const Outs a = f(rc), b = f(rg);
+      for (size_t i = 0; i < a.size(); ++i) {
+        // fp32 both sides; a BF16 copy may round a last-bit fp32 difference the other way.
+        check_f32("adamw out #" + std::to_string(i), b[i], a[i], i == 3 && copy == 1 ? 4e-3 : 1e-6);
+      }
+    }
+}
+
+// ================================================================================================
+// device: arena, streams, events, copies, host callbacks
+// ================================================================================================
+TEST(CudaDevice, ArenaFirstFitAndCoalescing) {
+  REQUIRE_GPU();
+  auto dev = make_cuda_device(size_t(256) << 20);
+  const size_t mb = size_t(1) << 20;
+  void* a = dev->alloc(64 * mb);
+  void* b = dev->alloc(64 * mb);
+  void* c = dev->alloc(64 * mb);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 256, 0u);
+  EXPECT_EQ(static_cast<char*>(b) - static_cast<char*>(a), std::ptrdiff_t(64 * mb));
+  dev->free(b);
+  void* b2 = dev->alloc(10);  // first fit: the hole left by b
+  EXPECT_EQ(b2, b);
+  void* e = dev->alloc(1000);
+  EXPECT_EQ(static_cast<char*>(e) - static_cast<char*>(b2), 256);
+  dev->free(b2);
+  dev->free(e);
+  dev->free(a);
+  dev->free(c);
+  void* all = dev->alloc(250 * mb);  // everything coalesced again
+  EXPECT_EQ(all, a);
+  EXPECT_THROW(dev->alloc(10 * mb), std::exception);
+  dev->free(all);
+}
+
+TEST(CudaDevice, StreamsEventsCopiesHostFn) {
+  REQUIRE_GPU();
+  Device& d = gpu();
+  auto s1 = d.create_stream(), s2 = d.create_stream();
+  auto ev = d.create_event();
+  const int64_t n = 1 << 20;
+  float* host = static_cast<float*>(d.alloc_pinned(n * 4));
+  for (int64_t i = 0; i < n; ++i) host[i] = float(i % 1000);
+  void* dev = d.alloc(n * 4);
+  d.copy(dev, host, n * 4, CopyKind::HostToDevice, *s1);
+  d.record(*ev, *s1);
+  d.wait(*s2, *ev);
+  d.ops().scale(Tensor(dev, F32, {n}), 2.f, *s2);
+  d.copy(host, dev, n * 4, CopyKind::DeviceToHost, *s2);
+  bool seen = false;
+  float first = -1.f;
+  d.host_fn(*s2, [&] {
+    seen = true;
+    first = host[999];
+  });
+  d.record(*ev, *s2);
+  d.synchronize(*ev);
+  EXPECT_TRUE(d.query(*ev));
+  d.synchronize(*s2);
+  EXPECT_TRUE(seen);
+  EXPECT_EQ(first, 1998.f);
+  for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(host[i], 2.f * float(i % 1000));
+  // A failing host function surfaces at synchronize(stream).
+  d.host_fn(*s1, [] { throw std::runtime_error("boom"); });
+  EXPECT_THROW(d.synchronize(*s1), std::runtime_error);
+  d.synchronize(*s1);  // reported once
+  d.free(dev);
+  d.free_pinned(host);
+}
+
+}  // namespace
+}  // namespace sf
