@@ -21,6 +21,8 @@
 
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/linear_ce.cuh"
+#include "backend/cuda/rmsnorm.cuh"
 #include "backend/device.h"
 
 namespace {
@@ -239,6 +241,7 @@ void bench_mem(Ctx& c) {
     const double bw = bytes / t * 1e-6;
     std::printf("%-44s %8.3f ms %7.0f GB/s  %5.1f%% of copy\n", name, t, bw, 100.0 * bw / bw_copy);
     std::printf("RESULT %s_pct_copy=%.1f\n", name, 100.0 * bw / bw_copy);
+    return 100.0 * bw / bw_copy;
   };
   const int64_t R = 16384;
   {
@@ -248,8 +251,22 @@ void bench_mem(Ctx& c) {
     Tensor dw = c.make(DType::F32, {C});
     const double xb = double(R * C * 2);
     report("rmsnorm_fwd[16384x4096]", 2 * xb, [&] { c.dev->ops().rmsnorm_forward(out, rstd, x, w, 1e-5f, *c.stream); });
-    report("rmsnorm_bwd[16384x4096]", 3 * xb,
-           [&] { c.dev->ops().rmsnorm_backward(dx, dw, g, x, w, rstd, false, *c.stream); });
+    auto bwd = [&] { c.dev->ops().rmsnorm_backward(dx, dw, g, x, w, rstd, false, *c.stream); };
+    // Every backward variant (rmsnorm.cuh), then the default (the one SF_RMSNORM_BWD_VARIANT or
+    // the built-in default picks) under the usual name.
+    const int dflt = sf::cuda::rmsnorm_backward_variant();
+    int best = -1;
+    double best_pct = 0;
+    for (int v = 0; v < sf::cuda::rmsnorm_backward_variants(); ++v) {
+      sf::cuda::rmsnorm_set_backward_variant(v);
+      const std::string name = "rmsnorm_bwd[16384x4096]_v" + std::to_string(v);
+      const double pct = report(name.c_str(), 3 * xb, bwd);
+      if (pct > best_pct) best = v, best_pct = pct;
+    }
+    std::printf("rmsnorm_bwd: best variant %d (%.1f%% of copy), default %d\n", best, best_pct, dflt);
+    std::printf("RESULT rmsnorm_bwd_best_variant=%d rmsnorm_bwd_best_pct_copy=%.1f\n", best, best_pct);
+    sf::cuda::rmsnorm_set_backward_variant(dflt);
+    report("rmsnorm_bwd[16384x4096]", 3 * xb, bwd);
     for (Tensor* t : {&x, &w, &out, &rstd, &g, &dx, &dw}) c.release(*t);
   }
   {
@@ -289,12 +306,17 @@ void bench_ce(Ctx& c) {
     const double t =
         c.time_ms([&] { c.dev->ops().linear_cross_entropy(loss, dx, dw, x, w, labels, 1.f / N, ws, *c.stream); }, 2, 7);
     const double flops = 3 * 2.0 * double(N) * V * H;
+    // Peak extra memory: the workspace (chunk logits) plus the stream's cuBLASLt workspace.
+    const double extra = double(wsb) + double(sf::cuda::kLtWorkspaceBytes);
     std::printf(
-        "dw %s: %.2f ms (%.0f TFLOP/s over the 3 GEMMs), workspace %.1f MiB = %.4f of the bf16 logits "
-        "(+32 MiB cuBLASLt workspace per stream)\n",
-        dwt == DType::BF16 ? "BF16" : "F32", t, flops / t * 1e-9, double(wsb) / (1 << 20), double(wsb) / logits_bf16);
-    std::printf("RESULT ce_dw%s_ms=%.2f ce_ws_mib=%.1f ce_ws_frac=%.4f\n", dwt == DType::BF16 ? "bf16" : "f32", t,
-                double(wsb) / (1 << 20), double(wsb) / logits_bf16);
+        "dw %s: %.2f ms (%.0f TFLOP/s over the 3 GEMMs), %lld-token chunks, workspace %.1f MiB + %.0f MiB cuBLASLt "
+        "workspace = %.1f MiB = %.4f of the bf16 logits (target <= 0.125)\n",
+        dwt == DType::BF16 ? "BF16" : "F32", t, flops / t * 1e-9, (long long)sf::cuda::linear_ce_chunk_rows(N, V),
+        double(wsb) / (1 << 20), double(sf::cuda::kLtWorkspaceBytes) / (1 << 20), extra / (1 << 20),
+        extra / logits_bf16);
+    std::printf("RESULT ce_dw%s_ms=%.2f ce_ws_mib=%.1f ce_ws_frac=%.4f ce_extra_mib=%.1f ce_extra_frac=%.4f\n",
+                dwt == DType::BF16 ? "bf16" : "f32", t, double(wsb) / (1 << 20), double(wsb) / logits_bf16,
+                extra / (1 << 20), extra / logits_bf16);
     c.release(dw);
   }
   for (Tensor* t : {&x, &w, &labels, &loss, &dx, &ws}) c.release(*t);

@@ -52,6 +52,19 @@ double loss_of(ResidentEngine& e, const Batch& b) {
   return e.take_loss_sum() / double(b.trained);
 }
 
+// A tiny engine of `family` (batches up to 4 x 11), randomly initialised with `seed`.
+std::unique_ptr<ResidentEngine> tiny_engine(Device& dev, const std::string& family, uint64_t seed, bool training = true,
+                                            bool optimizer = false) {
+  EngineOptions eo;
+  eo.max_batch = 4;
+  eo.max_seq = 11;
+  eo.training = training;
+  eo.optimizer = optimizer;
+  auto e = std::make_unique<ResidentEngine>(dev, parse_model_spec(test::tiny_config(family), "tiny"), eo);
+  e->init_random(seed);
+  return e;
+}
+
 class ModelGrad : public ::testing::TestWithParam<std::string> {};
 
 // Directional finite differences per tensor: along the analytic gradient (checks its size and
@@ -59,13 +72,9 @@ class ModelGrad : public ::testing::TestWithParam<std::string> {};
 // Richardson extrapolation (truncation ~eps^4): agreement ~1e-4..1e-3 relative; tolerances 5e-3.
 TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
   auto dev = make_cpu_device();
-  ModelSpec s = parse_model_spec(test::tiny_config(GetParam()), "tiny");
-  EngineOptions eo;
-  eo.max_batch = 4;
-  eo.max_seq = 11;
-  eo.optimizer = false;
-  ResidentEngine e(*dev, s, eo);
-  e.init_random(7);
+  auto engine = tiny_engine(*dev, GetParam(), 7);
+  ResidentEngine& e = *engine;
+  const ModelSpec& s = e.spec();
   perturb_norms_and_biases(e, 8);
   auto recs = tiny_records(int(s.vocab), 9);
   std::vector<const Record*> group;
@@ -124,14 +133,9 @@ INSTANTIATE_TEST_SUITE_P(Families, ModelGrad, ::testing::ValuesIn(test::families
 // The fused chunked linear-cross-entropy loss equals the loss from explicit logits.
 TEST(Model, FusedHeadLossMatchesExplicitLogits) {
   auto dev = make_cpu_device();
-  ModelSpec s = parse_model_spec(test::tiny_config("qwen3"), "tiny");
-  EngineOptions eo;
-  eo.max_batch = 4;
-  eo.max_seq = 11;
-  eo.training = false;
-  eo.optimizer = false;
-  ResidentEngine e(*dev, s, eo);
-  e.init_random(3);
+  auto engine = tiny_engine(*dev, "qwen3", 3, false);
+  ResidentEngine& e = *engine;
+  const ModelSpec& s = e.spec();
   auto recs = tiny_records(int(s.vocab), 4);
   std::vector<const Record*> group;
   for (const auto& r : recs) group.push_back(&r);
@@ -154,13 +158,9 @@ TEST(Model, FusedHeadLossMatchesExplicitLogits) {
 // Two micro-batches of 2 scaled by the step's token count = one batch of 4.
 TEST(Model, GradientAccumulationEqualsOneLargeBatch) {
   auto dev = make_cpu_device();
-  ModelSpec s = parse_model_spec(test::tiny_config("llama"), "tiny");
-  EngineOptions eo;
-  eo.max_batch = 4;
-  eo.max_seq = 11;
-  eo.optimizer = false;
-  ResidentEngine e(*dev, s, eo);
-  e.init_random(5);
+  auto engine = tiny_engine(*dev, "llama", 5);
+  ResidentEngine& e = *engine;
+  const ModelSpec& s = e.spec();
   auto recs = tiny_records(int(s.vocab), 6);
   Batch all = make_batch({&recs[0], &recs[1], &recs[2], &recs[3]}, 11);
   Batch h1 = make_batch({&recs[0], &recs[1]}, 11), h2 = make_batch({&recs[2], &recs[3]}, 11);
@@ -190,12 +190,9 @@ TEST(Model, GradientAccumulationEqualsOneLargeBatch) {
 TEST(Model, TrainingIsDeterministic) {
   auto run = [] {
     auto dev = make_cpu_device();
-    ModelSpec s = parse_model_spec(test::tiny_config("qwen2"), "tiny");
-    EngineOptions eo;
-    eo.max_batch = 4;
-    eo.max_seq = 11;
-    ResidentEngine e(*dev, s, eo);
-    e.init_random(11);
+    auto engine = tiny_engine(*dev, "qwen2", 11, true, true);
+    ResidentEngine& e = *engine;
+    const ModelSpec& s = e.spec();
     auto recs = tiny_records(int(s.vocab), 12);
     Batch b = make_batch({&recs[0], &recs[1], &recs[2], &recs[3]}, 11);
     for (int step = 1; step <= 3; ++step) {

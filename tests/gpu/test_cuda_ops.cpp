@@ -23,6 +23,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/rmsnorm.cuh"
 #include "backend/device.h"
 #include "core/dtype.h"
 
@@ -311,50 +312,75 @@ TEST(CudaOps, BiasForwardBackward) {
 // ================================================================================================
 // rmsnorm
 // ================================================================================================
-TEST(CudaOps, RmsNorm) {
-  REQUIRE_GPU();
-  for (auto [R, C] : {std::pair<int64_t, int64_t>{1, 64}, {7, 4096}, {129, 100}, {1000, 2048}, {3, 8192}})
-    for (bool acc : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "R=" << R << " C=" << C << " accumulate=" << acc);
-      const uint64_t s = uint64_t(R * 131 + C + acc);
-      const auto xv = rnd(size_t(R * C), s, 1.f), wv = rnd(size_t(C), s + 1, 0.1f, 1.f);
-      const auto gv = rnd(size_t(R * C), s + 2), dxv = rnd(size_t(R * C), s + 3), dwv = rnd(size_t(C), s + 4);
-      auto four = run4([&](Backend& r, DType dt) -> Outs {
-        Tensor x = r.in(xv, dt, {R, C}), w = r.in(wv, dt, {C}), g = r.in(gv, dt, {R, C});
-        Tensor out = r.out(dt, {R, C}), rstd = r.out(F32, {R});
-        CALL(r, rmsnorm_forward, out, rstd, x, w, 1e-5f);
-        Tensor dx = acc ? r.in(dxv, dt, {R, C}) : r.out(dt, {R, C});
-        Tensor dw = r.in(dwv, dt, {C});
-        CALL(r, rmsnorm_backward, dx, dw, g, x, w, rstd, acc);
-        return {r.get(out), r.get(rstd), r.get(dx), r.get(dw)};
-      });
-      check_bf16("rmsnorm out", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
-      check_bf16("rmsnorm rstd (F32)", four.cuda_bf[1], four.cpu_bf[1], four.ref[1], kF32Floor);
-      check_bf16("rmsnorm dx", four.cuda_bf[2], four.cpu_bf[2], four.ref[2]);
-      check_bf16("rmsnorm dw", four.cuda_bf[3], four.cpu_bf[3], four.ref[3]);
-      for (int i = 0; i < 4; ++i) check_f32("rmsnorm f32 #" + std::to_string(i), four.cuda_f32[i], four.ref[i]);
+void rmsnorm_case(int64_t R, int64_t C, bool acc) {
+  SCOPED_TRACE(testing::Message() << "R=" << R << " C=" << C << " accumulate=" << acc);
+  const uint64_t s = uint64_t(R * 131 + C + acc);
+  const auto xv = rnd(size_t(R * C), s, 1.f), wv = rnd(size_t(C), s + 1, 0.1f, 1.f);
+  const auto gv = rnd(size_t(R * C), s + 2), dxv = rnd(size_t(R * C), s + 3), dwv = rnd(size_t(C), s + 4);
+  auto four = run4([&](Backend& r, DType dt) -> Outs {
+    Tensor x = r.in(xv, dt, {R, C}), w = r.in(wv, dt, {C}), g = r.in(gv, dt, {R, C});
+    Tensor out = r.out(dt, {R, C}), rstd = r.out(F32, {R});
+    CALL(r, rmsnorm_forward, out, rstd, x, w, 1e-5f);
+    Tensor dx = acc ? r.in(dxv, dt, {R, C}) : r.out(dt, {R, C});
+    Tensor dw = r.in(dwv, dt, {C});
+    CALL(r, rmsnorm_backward, dx, dw, g, x, w, rstd, acc);
+    return {r.get(out), r.get(rstd), r.get(dx), r.get(dw)};
+  });
+  check_bf16("rmsnorm out", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+  check_bf16("rmsnorm rstd (F32)", four.cuda_bf[1], four.cpu_bf[1], four.ref[1], kF32Floor);
+  check_bf16("rmsnorm dx", four.cuda_bf[2], four.cpu_bf[2], four.ref[2]);
+  check_bf16("rmsnorm dw", four.cuda_bf[3], four.cpu_bf[3], four.ref[3]);
+  for (int i = 0; i < 4; ++i) check_f32("rmsnorm f32 #" + std::to_string(i), four.cuda_f32[i], four.ref[i]);
+}
+
+// Mixed storage (F32 residual x, BF16 weight and output; with and without dw) and unaligned views
+// (scalar path).
+void rmsnorm_mixed_case() {
+  const int64_t R = 33, C = 256;
+  const auto xv = rnd(size_t(R * C), 5), wv = rnd(size_t(C), 6, 0.1f, 1.f), gv = rnd(size_t(R * C), 7);
+  const auto dwv = rnd(size_t(C), 8);
+  for (size_t off : {size_t(0), size_t(4)})
+    for (bool with_dw : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "offset=" << off << " dw=" << with_dw);
+      auto f = [&](Backend& r, DType dt) -> Outs {
+        Tensor x = r.in(xv, F32, {R, C}, off), w = r.in(wv, dt, {C}), g = r.in(gv, dt, {R, C}, off);
+        Tensor out = r.out(dt, {R, C}, off), rstd = r.out(F32, {R}), dx = r.out(F32, {R, C}, off);
+        Tensor dw = with_dw ? r.in(dwv, F32, {C}) : Tensor();
+        CALL(r, rmsnorm_forward, out, rstd, x, w, 1e-6f);
+        CALL(r, rmsnorm_backward, dx, dw, g, x, w, rstd, false);
+        if (with_dw) return {r.get(out), r.get(dx), r.get(dw)};
+        return {r.get(out), r.get(dx)};
+      };
+      auto four = run4(f);
+      check_bf16("rmsnorm mixed out", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+      check_bf16("rmsnorm mixed dx (F32)", four.cuda_bf[1], four.cpu_bf[1], four.ref[1], kF32Floor);
+      if (with_dw) check_bf16("rmsnorm mixed dw (F32)", four.cuda_bf[2], four.cpu_bf[2], four.ref[2], kF32Floor);
+      check_f32("rmsnorm unaligned f32", four.cuda_f32[0], four.ref[0]);
     }
 }
 
-// Mixed storage (F32 residual x, BF16 weight and output, no dw) and unaligned views (scalar path).
+TEST(CudaOps, RmsNorm) {
+  REQUIRE_GPU();
+  for (auto [R, C] : {std::pair<int64_t, int64_t>{1, 64}, {7, 4096}, {129, 100}, {1000, 2048}, {3, 8192}})
+    for (bool acc : {false, true}) rmsnorm_case(R, C, acc);
+}
+
 TEST(CudaOps, RmsNormMixedAndUnaligned) {
   REQUIRE_GPU();
-  const int64_t R = 33, C = 256;
-  const auto xv = rnd(size_t(R * C), 5), wv = rnd(size_t(C), 6, 0.1f, 1.f), gv = rnd(size_t(R * C), 7);
-  for (size_t off : {size_t(0), size_t(4)}) {
-    SCOPED_TRACE(testing::Message() << "offset=" << off);
-    auto f = [&](Backend& r, DType dt) -> Outs {
-      Tensor x = r.in(xv, F32, {R, C}, off), w = r.in(wv, dt, {C}), g = r.in(gv, dt, {R, C}, off);
-      Tensor out = r.out(dt, {R, C}, off), rstd = r.out(F32, {R}), dx = r.out(F32, {R, C}, off);
-      CALL(r, rmsnorm_forward, out, rstd, x, w, 1e-6f);
-      CALL(r, rmsnorm_backward, dx, Tensor(), g, x, w, rstd, false);
-      return {r.get(out), r.get(dx)};
-    };
-    auto four = run4(f);
-    check_bf16("rmsnorm mixed out", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
-    check_bf16("rmsnorm mixed dx (F32)", four.cuda_bf[1], four.cpu_bf[1], four.ref[1], kF32Floor);
-    check_f32("rmsnorm unaligned f32", four.cuda_f32[0], four.ref[0]);
+  rmsnorm_mixed_case();
+}
+
+// Every backward variant (rmsnorm.cuh), including many rows per block and a partial last round.
+TEST(CudaOps, RmsNormBackwardVariants) {
+  REQUIRE_GPU();
+  for (int v = 0; v < cuda::rmsnorm_backward_variants(); ++v) {
+    SCOPED_TRACE(testing::Message() << "rmsnorm backward variant " << v);
+    cuda::rmsnorm_set_backward_variant(v);
+    for (auto [R, C] : {std::pair<int64_t, int64_t>{1, 64}, {7, 4096}, {129, 100}, {3001, 4096}, {2, 8192}})
+      for (bool acc : {false, true}) rmsnorm_case(R, C, acc);
+    rmsnorm_mixed_case();
   }
+  cuda::rmsnorm_set_backward_variant(-1);
 }
 
 // ================================================================================================

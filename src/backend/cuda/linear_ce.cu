@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/kernel_utils.cuh"
 #include "backend/cuda/linear_ce.cuh"
 #include "backend/cuda/matmul.cuh"
@@ -134,7 +135,9 @@ int64_t linear_ce_chunk_rows(int64_t N, int64_t V) {
   const int64_t row_bytes = V * 4;
   const int64_t small = int64_t(32) << 20;
   if (N * row_bytes <= small) return N;
-  const int64_t budget = std::max<int64_t>(small, N * V * 2 / 8);
+  // 1/8 of the BF16 N x V logits, less the stream's cuBLASLt workspace, so that the chunk's F32
+  // logits plus that workspace stay within 1/8 of the logits.
+  const int64_t budget = std::max<int64_t>(small, N * V * 2 / 8 - int64_t(kLtWorkspaceBytes));
   int64_t nc = budget / row_bytes;
   if (nc >= N) return N;
   if (nc >= 128) nc = nc / 128 * 128;

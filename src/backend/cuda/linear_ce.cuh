@@ -10,15 +10,18 @@
 //      to back in tiles with a barrier between a tile's reads and its writes.
 //   3. dw [V, H] += g^T @ x_c (cuBLASLt, beta = 1), then dx_c [Nc, H] = g @ w (dx may alias x).
 // A BF16 dw is read-added-rounded once per chunk (the CPU twin keeps an fp32 copy and rounds once).
-// The workspace is exactly the chunk's F32 logits: Nc*V*4 bytes (1/8 of the BF16 N x V logits
-// for large N), plus the per-stream scratch every stream has (32 MiB cuBLASLt + 32 MiB kernel).
+// The workspace is exactly the chunk's F32 logits: Nc*V*4 bytes, chosen so that for large N it plus
+// the stream's 32 MiB cuBLASLt workspace stays within 1/8 of the BF16 N x V logits (at N = 16384,
+// V = 128256: Nc = 896, 438 MiB + 32 MiB = 0.117 of the logits). Every stream also has a 32 MiB
+// kernel scratch (the per-row losses live there).
 #pragma once
 #include "backend/cuda/launch.h"
 
 namespace sf::cuda {
 
 // Tokens per chunk: all N when N*V*4 <= 32 MiB; otherwise as many as fit in
-// max(32 MiB, N*V*2/8) bytes of F32 logits (= 1/8 of the BF16 N x V logits), a multiple of 128.
+// max(32 MiB, N*V*2/8 - kLtWorkspaceBytes) bytes of F32 logits (1/8 of the BF16 N x V logits less
+// the cuBLASLt workspace), a multiple of 128 when that is at least 128.
 int64_t linear_ce_chunk_rows(int64_t N, int64_t V);
 size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V);
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
