@@ -536,7 +536,8 @@ void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Ten
   if (vec && C <= 8 * kNP * 1024 && C <= 24 * 1024) {
     const BwdVariant var = kBwdVariants[g_bwd_variant.load(std::memory_order_relaxed)];
     const int t = std::max(32, int((C / 8 + kNP - 1) / kNP + 31) / 32 * 32);
-    const size_t smem = size_t(2 * C) * sizeof(float);
+    // w and dw [C] each; at least a float4 per thread (the fused dw reduction reuses it, C < 64).
+    const size_t smem = std::max(size_t(2 * C) * sizeof(float), size_t(t) * sizeof(float4));
     int64_t max_p = R;
     if (want_dw) {
       max_p = int64_t(L.scratch->buf_bytes / (sizeof(float) * size_t(C)));
