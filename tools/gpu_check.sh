@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU-machine check and benchmark of the repository in one call (device time is scarce).
 # Usage there:  BIN=gpubin bash tools/gpu_check.sh [steps...]
-#   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda bench_sf bench_torch kernels
+#   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench
 # BIN holds slideformer, sf_gpu_tests and bench_kernels built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/sf_gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(gpu_tests parity_cpu train_cpu parity_cuda train_cuda bench_sf bench_torch kernels)
+[ ${#steps[@]} -eq 0 ] && steps=(gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee -a "$OUT/summary.txt"
 run() {
   local name=$1
@@ -28,10 +28,10 @@ for s in "${steps[@]}"; do
     train_cpu) run train_cpu python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cpu --skip-curve --work /tmp/train_cpu ;;
     parity_cuda) run parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --work /tmp/parity_cuda ;;
     train_cuda) run train_cuda python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cuda --work /tmp/train_cuda ;;
-    bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;
-    bench_torch) run bench_torch python3 bench/torch_train_baseline.py --steps 6 --warmup 2 ;;
-    kernels) run kernels "$BIN/bench_kernels" ;;
+    demo_cuda) run demo_cuda "$BIN/slideformer" demo --device cuda --output /tmp/sf_demo_cuda ;;
+    # kernels and the 1B training step, each against PyTorch in the same run, then the targets table
+    bench) run bench bash bench/run_all.sh "$BIN" "$OUT/bench.log" ;;
     *) echo "unknown step $s" ;;
   esac
 done
-grep -E "tokens_per_second|tok/s|PASS|FAIL|passed|failed" "$OUT/all.log" | tail -n 60
+grep -E "tokens_per_second|tok/s|PASS|FAIL|passed|failed|accuracy_after|met|MISSED" "$OUT/all.log" | tail -n 60
