@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -182,6 +183,34 @@ TEST_F(Cli, ShardedOutputAndSaveEvery) {
   EXPECT_EQ(ev.code, 0) << ev.err;
   CmdResult ev2 = run("eval --model " + p("out") + "/checkpoint-2 --data " + data + " --device cpu");
   EXPECT_EQ(ev2.code, 0) << ev2.err;
+}
+
+// A run resumed from checkpoint-2 ends with exactly the weights of the uninterrupted run (CPU,
+// fp32: same op order, so bit for bit), data order (shuffled) and schedule included.
+TEST_F(Cli, ResumeContinuesExactly) {
+  std::string model = make_model("qwen2", "m");
+  std::string data = make_data("d.jsonl", 9);
+  std::string common = " --model " + model + " --data " + data +
+                       " --steps 4 --lr 1e-2 --weight-decay 0.1 --warmup-steps 1 --lr-schedule cosine "
+                       "--batch-size 2 --grad-accum 2 --seq-len 16 --max-grad-norm 1 --seed 5 --device cpu";
+  CmdResult a = run("train" + common + " --output " + p("a") + " --save-every 2");
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_TRUE(fs::exists(p("a") + "/checkpoint-2/training_state.safetensors"));
+  CmdResult b = run("train" + common + " --output " + p("b") + " --resume " + p("a") + "/checkpoint-2");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(b.err.find("step 1/4"), std::string::npos) << b.err;  // steps 1 and 2 are not run again
+  EXPECT_NE(b.err.find("step 4/4"), std::string::npos) << b.err;
+  auto fa = SafetensorsFile::open(p("a") + "/model.safetensors");
+  auto fb = SafetensorsFile::open(p("b") + "/model.safetensors");
+  for (const auto& t : fa.tensors()) {
+    const TensorInfo* u = fb.find(t.name);
+    ASSERT_NE(u, nullptr);
+    EXPECT_EQ(std::memcmp(t.data, u->data, t.bytes), 0) << t.name;
+  }
+  // Resuming with other data-order options is refused.
+  expect_input_error(run("train" + common + " --output " + p("c") + " --resume " + p("a") + "/checkpoint-2 --seed 6"),
+                     "seed");
+  expect_input_error(run("train" + common + " --output " + p("c") + " --resume " + model), "training state");
 }
 
 TEST_F(Cli, BadDataIsRefusedWithFileAndLine) {

@@ -112,6 +112,7 @@ int cli_main(int argc, char** argv) {
   train->add_option("--save-every", t.save_every, "also save OUTPUT/checkpoint-STEP every K steps; 0 = off")
       ->capture_default_str();
   train->add_option("--log-every", t.log_every, "progress line every K steps")->capture_default_str();
+  train->add_option("--resume", t.resume, "continue from OUTPUT/checkpoint-STEP of an earlier run (same data and options)");
   std::string max_shard = "5GB";
   train->add_option("--max-shard-size", max_shard, "shard the output above this size")->capture_default_str();
 

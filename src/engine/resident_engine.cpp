@@ -54,6 +54,14 @@ struct ResidentEngine::Impl {
   }
   size_t stride_nh = 0;  // bytes of one [max N, H] activation
   void upload_blob(int blob, const std::vector<float>& host);
+  const DeviceBuffer& state(State which) const {
+    const DeviceBuffer& b = which == State::Params ? master
+                            : which == State::Grads ? grads
+                            : which == State::AdamM ? adam_m
+                                                    : adam_v;
+    SF_CHECK(b.data(), "engine built without this state");
+    return b;
+  }
 };
 
 ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay, const EngineOptions& opt)
@@ -285,10 +293,11 @@ void ResidentEngine::adamw_step(const AdamWParams& p) {
                    p, *m.stream);
 }
 
-std::vector<ResidentEngine::HostTensor> ResidentEngine::export_buffer(void* base) {
+std::vector<ResidentEngine::HostTensor> ResidentEngine::export_state(State which) {
   Impl& m = *impl_;
+  const DeviceBuffer& buf = m.state(which);
   std::vector<float> host(size_t(m.total));
-  dev_.copy(host.data(), base, host.size() * 4, CopyKind::DeviceToHost, *m.stream);
+  dev_.copy(host.data(), buf.data(), host.size() * 4, CopyKind::DeviceToHost, *m.stream);
   dev_.synchronize(*m.stream);
   std::vector<HostTensor> out;
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
@@ -304,29 +313,29 @@ std::vector<ResidentEngine::HostTensor> ResidentEngine::export_buffer(void* base
   return out;
 }
 
-void ResidentEngine::import_params(const std::vector<HostTensor>& params) {
+void ResidentEngine::import_state(State which, const std::vector<HostTensor>& tensors) {
+  Impl& m = *impl_;
   std::map<std::string, const HostTensor*> by_name;
-  for (const auto& t : params) by_name[t.name] = &t;
+  for (const auto& t : tensors) by_name[t.name] = &t;
   std::vector<float> host;
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
     const BlobLayout& blob = layout_.blobs[b];
     host.assign(size_t(blob.numel), 0.f);
     for (const BlobEntry& e : blob.entries) {
       auto it = by_name.find(e.name);
-      SF_CHECK(it != by_name.end(), "import_params: missing " + e.name);
+      SF_CHECK(it != by_name.end(), "import_state: missing " + e.name);
       SF_CHECK(it->second->shape == e.shape && int64_t(it->second->data.size()) == e.numel,
-               "import_params: shape mismatch for " + e.name);
+               "import_state: shape mismatch for " + e.name);
       std::copy(it->second->data.begin(), it->second->data.end(), host.begin() + e.offset);
     }
-    impl_->upload_blob(int(b), host);
+    if (which == State::Params) {
+      m.upload_blob(int(b), host);
+    } else {
+      dev_.copy(m.at(m.state(which), int(b), DType::F32), host.data(), host.size() * 4, CopyKind::HostToDevice,
+                *m.stream);
+      dev_.synchronize(*m.stream);
+    }
   }
-}
-
-std::vector<ResidentEngine::HostTensor> ResidentEngine::export_params() { return export_buffer(impl_->master.data()); }
-
-std::vector<ResidentEngine::HostTensor> ResidentEngine::export_grads() {
-  SF_CHECK(impl_->grads.data(), "engine built without gradients");
-  return export_buffer(impl_->grads.data());
 }
 
 }  // namespace sf

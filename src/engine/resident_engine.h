@@ -59,15 +59,19 @@ class ResidentEngine {
     std::vector<int64_t> shape;
     std::vector<float> data;
   };
-  std::vector<HostTensor> export_params();
-  // Sets parameters by HF name (every parameter must be given, shapes must match).
-  void import_params(const std::vector<HostTensor>& params);
-  std::vector<HostTensor> export_grads();
+  // What a flat per-parameter buffer holds: fp32 masters, gradients, AdamW moments.
+  enum class State { Params, Grads, AdamM, AdamV };
+  std::vector<HostTensor> export_state(State which);
+  // Sets one state by HF name (every parameter must be given, shapes must match). Params also
+  // refresh the compute copy.
+  void import_state(State which, const std::vector<HostTensor>& tensors);
+  std::vector<HostTensor> export_params() { return export_state(State::Params); }
+  std::vector<HostTensor> export_grads() { return export_state(State::Grads); }
+  void import_params(const std::vector<HostTensor>& params) { import_state(State::Params, params); }
 
  private:
   struct Impl;
   void forward_backward(const Batch& b, float grad_scale, bool backward, bool want_logits);
-  std::vector<HostTensor> export_buffer(void* base);
   Device& dev_;
   ModelSpec spec_;
   ModelLayout layout_;

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "backend/device.h"
 #include "core/error.h"
@@ -120,11 +122,89 @@ EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
 
 namespace {
 
-void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::string& dir,
-                    bool keep_checkpoints) {
+// Where a run is, for --resume: the optimizer step about to run and the next record position.
+struct Progress {
+  int64_t step = 0;
+  uint64_t next_record = 0;
+};
+
+constexpr const char* kStateFile = "training_state.safetensors";
+constexpr const char* kTrainerFile = "trainer_state.json";
+// The saved states and their tensor-name prefixes in kStateFile.
+const std::pair<ResidentEngine::State, std::string> kSavedStates[] = {
+    {ResidentEngine::State::Params, "master."}, {ResidentEngine::State::AdamM, "adam_m."},
+    {ResidentEngine::State::AdamV, "adam_v."}};
+
+// The exact training state beside a checkpoint's HF files: fp32 masters and AdamW moments (the
+// HF weights may be rounded to bf16), and where the data order and the schedule stand.
+void write_training_state(Session& s, const TrainOptions& o, const Progress& p, const std::string& dir) {
+  std::vector<std::vector<ResidentEngine::HostTensor>> parts;  // kept alive until written
+  parts.reserve(3);
+  std::vector<TensorWrite> tw;
+  for (const auto& [kind, prefix] : kSavedStates) {
+    parts.push_back(s.engine->export_state(kind));
+    for (const auto& t : parts.back()) tw.push_back(TensorWrite{prefix + t.name, DType::F32, t.shape, t.data.data()});
+  }
+  write_safetensors((fs::path(dir) / kStateFile).string(), tw, {{"step", std::to_string(p.step)}});
+  nlohmann::json j = {{"step", p.step},
+                      {"next_record", p.next_record},
+                      {"records", s.data.records.size()},
+                      {"batch_size", o.data.batch_size},
+                      {"grad_accum", o.grad_accum},
+                      {"seq_len", s.seq_len},
+                      {"shuffle", o.shuffle},
+                      {"seed", o.seed},
+                      {"steps", o.steps},
+                      {"lr", o.lr},
+                      {"lr_schedule", o.lr_schedule},
+                      {"warmup_steps", o.warmup_steps},
+                      {"data", o.data.data}};
+  write_json_file((fs::path(dir) / kTrainerFile).string(), j);
+}
+
+// Restores what write_training_state wrote, after checking that the run continues the same way.
+Progress read_training_state(Session& s, const TrainOptions& o, const std::string& dir) {
+  const std::string tpath = (fs::path(dir) / kTrainerFile).string();
+  if (!fs::exists(tpath)) input_error(dir, "not a checkpoint with training state (no " + std::string(kTrainerFile) + ")");
+  nlohmann::json j = read_json_file(tpath);
+  auto same = [&](const char* key, const nlohmann::json& now) {
+    if (!j.contains(key) || j[key] != now) {
+      input_error(tpath, std::string("--resume needs the same ") + key + " as the saved run (saved " +
+                             (j.contains(key) ? j[key].dump() : "nothing") + ", now " + now.dump() + ")");
+    }
+  };
+  same("records", s.data.records.size());
+  same("batch_size", o.data.batch_size);
+  same("grad_accum", o.grad_accum);
+  same("shuffle", o.shuffle);
+  same("seed", o.seed);
+  Progress p;
+  p.step = j.value("step", int64_t(0));
+  p.next_record = j.value("next_record", uint64_t(0));
+  if (p.step >= o.steps) input_error(tpath, "the checkpoint is at step " + std::to_string(p.step) + ", not before --steps " + std::to_string(o.steps));
+
+  auto f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
+  for (const auto& [kind, prefix] : kSavedStates) {
+    std::vector<ResidentEngine::HostTensor> ts = s.engine->export_state(kind);  // names and shapes
+    for (auto& t : ts) {
+      const TensorInfo* info = f.find(prefix + t.name);
+      if (!info) input_error(f.path(), "tensor " + prefix + t.name + " missing");
+      if (info->dtype != DType::F32 || info->shape != t.shape) {
+        input_error(f.path(), "tensor " + prefix + t.name + " must be F32 " + shape_string(t.shape));
+      }
+      std::memcpy(t.data.data(), info->data, t.data.size() * 4);
+    }
+    s.engine->import_state(kind, ts);
+  }
+  return p;
+}
+
+void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::string& dir, bool keep_checkpoints,
+                    const Progress* with_state) {
   StagedDir staged(dir);
   save_hf_model(*s.engine, read_json_file(s.model.config_path), o.data.model_dir, staged.path(), dtype,
                 o.max_shard_bytes);
+  if (with_state) write_training_state(s, o, *with_state, staged.path());
   // Intermediate checkpoints already in the output directory move into the new one.
   if (keep_checkpoints && fs::is_directory(dir)) {
     for (const auto& e : fs::directory_iterator(dir)) {
@@ -153,16 +233,19 @@ TrainResult run_train(const TrainOptions& o) {
   const auto& recs = s.data.records;
   const int B = int(std::min<size_t>(size_t(o.data.batch_size), recs.size()));
   RecordOrder order(recs.size(), o.shuffle, o.seed);
+  Progress start;  // validated before anything is printed: bad input gives one line
+  if (!o.resume.empty()) start = read_training_state(s, o, o.resume);
   log_info("training %s (%s, %.1fM parameters) on %s: %zu records, %lld steps x %d micro-batches x %d sequences, "
            "seq_len %d",
            o.data.model_dir.c_str(), s.model.spec.architecture.c_str(), double(s.model.spec.total_params()) / 1e6,
            s.dev->name().c_str(), recs.size(), (long long)o.steps, o.grad_accum, B, s.seq_len);
 
   TrainResult result;
-  uint64_t next_record = 0;
+  if (!o.resume.empty()) log_info("resumed from %s at step %lld", o.resume.c_str(), (long long)start.step);
+  uint64_t next_record = start.next_record;
   auto t_start = std::chrono::steady_clock::now();
   int64_t tokens_total = 0;
-  for (int64_t step = 0; step < o.steps; ++step) {
+  for (int64_t step = start.step; step < o.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     // The step's micro-batches, counted before any runs: the loss is normalised by the step's
     // trained tokens, so accumulation gives the same update as one large batch.
@@ -198,22 +281,23 @@ TrainResult run_train(const TrainOptions& o) {
     s.engine->take_loss_sum();  // waits for the update (keeps timings honest)
     tokens_total += tokens;
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (step == 0) result.first_loss = loss;
+    if (step == start.step) result.first_loss = loss;
     result.last_loss = loss;
-    result.steps = step + 1;
+    result.steps = step + 1 - start.step;
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == o.steps)) {
       log_info("step %lld/%lld loss %.6f lr %.3e grad_norm %.4f tok/s %.0f", (long long)(step + 1),
                (long long)o.steps, loss, double(ap.lr), gnorm, double(tokens) / dt);
     }
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
       std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();
-      save_model_dir(s, o, out_dtype, ck, false);
+      Progress here{step + 1, next_record};
+      save_model_dir(s, o, out_dtype, ck, false, &here);
       log_info("saved %s", ck.c_str());
     }
   }
   double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   result.tokens_per_second = double(tokens_total) / total_s;
-  save_model_dir(s, o, out_dtype, o.output, true);
+  save_model_dir(s, o, out_dtype, o.output, true, nullptr);
   log_info("saved %s", o.output.c_str());
   return result;
 }
