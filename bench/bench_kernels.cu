@@ -22,7 +22,6 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/linear_ce.cuh"
-#include "backend/cuda/rmsnorm.cuh"
 #include "backend/device.h"
 
 namespace {
@@ -251,22 +250,8 @@ void bench_mem(Ctx& c) {
     Tensor dw = c.make(DType::F32, {C});
     const double xb = double(R * C * 2);
     report("rmsnorm_fwd[16384x4096]", 2 * xb, [&] { c.dev->ops().rmsnorm_forward(out, rstd, x, w, 1e-5f, *c.stream); });
-    auto bwd = [&] { c.dev->ops().rmsnorm_backward(dx, dw, g, x, w, rstd, false, *c.stream); };
-    // Every backward variant (rmsnorm.cuh), then the default (the one SF_RMSNORM_BWD_VARIANT or
-    // the built-in default picks) under the usual name.
-    const int dflt = sf::cuda::rmsnorm_backward_variant();
-    int best = -1;
-    double best_pct = 0;
-    for (int v = 0; v < sf::cuda::rmsnorm_backward_variants(); ++v) {
-      sf::cuda::rmsnorm_set_backward_variant(v);
-      const std::string name = "rmsnorm_bwd[16384x4096]_v" + std::to_string(v);
-      const double pct = report(name.c_str(), 3 * xb, bwd);
-      if (pct > best_pct) best = v, best_pct = pct;
-    }
-    std::printf("rmsnorm_bwd: best variant %d (%.1f%% of copy), default %d\n", best, best_pct, dflt);
-    std::printf("RESULT rmsnorm_bwd_best_variant=%d rmsnorm_bwd_best_pct_copy=%.1f\n", best, best_pct);
-    sf::cuda::rmsnorm_set_backward_variant(dflt);
-    report("rmsnorm_bwd[16384x4096]", 3 * xb, bwd);
+    report("rmsnorm_bwd[16384x4096]", 3 * xb,
+           [&] { c.dev->ops().rmsnorm_backward(dx, dw, g, x, w, rstd, false, *c.stream); });
     for (Tensor* t : {&x, &w, &out, &rstd, &g, &dx, &dw}) c.release(*t);
   }
   {

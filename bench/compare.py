@@ -41,9 +41,6 @@ def main(path):
         m = re.match(r"(rmsnorm|rope|swiglu)_(fwd|bwd)\[[^\]]*\]_pct_copy$", k)
         if m:
             add(f"{m.group(1)} {m.group(2)} % of copy bandwidth", f"{v:.1f}%", ">= 80%", v >= 80)
-    if "rmsnorm_bwd_best_variant" in r:
-        add("rmsnorm bwd best variant", f"{r['rmsnorm_bwd_best_pct_copy']:.1f}%", ">= 80%",
-            r["rmsnorm_bwd_best_pct_copy"] >= 80, f"variant {int(r['rmsnorm_bwd_best_variant'])}")
     if "ce_dwbf16_ms" in r:
         for key in ("bf16", "upcast"):
             t = r.get(f"torch_ce_{key}_ms")

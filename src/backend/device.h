@@ -78,6 +78,36 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
+// Owned pinned host allocation (RAII).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(Device& d, size_t bytes) : dev_(&d), size_(bytes), ptr_(bytes ? d.alloc_pinned(bytes) : nullptr) {}
+  ~PinnedBuffer() {
+    if (ptr_) dev_->free_pinned(ptr_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  PinnedBuffer(PinnedBuffer&& o) noexcept : dev_(o.dev_), size_(o.size_), ptr_(o.ptr_) { o.ptr_ = nullptr; }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      if (ptr_) dev_->free_pinned(ptr_);
+      dev_ = o.dev_;
+      size_ = o.size_;
+      ptr_ = o.ptr_;
+      o.ptr_ = nullptr;
+    }
+    return *this;
+  }
+  void* data() const { return ptr_; }
+  size_t size() const { return size_; }
+
+ private:
+  Device* dev_ = nullptr;
+  size_t size_ = 0;
+  void* ptr_ = nullptr;
+};
+
 // Backends. make_cuda_device throws InputError when no GPU is usable or CUDA is not built in.
 std::unique_ptr<Device> make_cpu_device();
 std::unique_ptr<Device> make_cuda_device(size_t arena_bytes);

@@ -28,7 +28,18 @@ struct ResidentEngine::Impl {
   DeviceBuffer adam_m, adam_v;  // [total] F32
   DeviceBuffer ckpt;     // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
   DeviceBuffer dbuf;     // [3, N, H] act: dy, dx, recompute output scratch
-  DeviceBuffer ids, targets;  // [N] I32
+  // Token ids and targets of a micro-batch, double-buffered so the upload of the next one
+  // overlaps the compute of this one: pinned staging -> (h2d stream) -> device slot.
+  struct TokenSlot {
+    PinnedBuffer host;    // [2, max N] I32: ids, targets
+    DeviceBuffer dev;     // [2, max N] I32
+    std::unique_ptr<Event> uploaded;  // recorded on h2d after the copy
+    std::unique_ptr<Event> consumed;  // recorded on the compute stream after the last read
+  };
+  TokenSlot slots[2];
+  int next_slot = 0;
+  int64_t max_tokens = 0;
+  std::unique_ptr<Stream> h2d;
   DeviceBuffer scalars;       // [2] F32: loss sum, squared norm
   DeviceBuffer rope_buf;      // [2, max_T, hd/2] F32
   RopeTables rope;
@@ -86,8 +97,14 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   }
   ckpt = DeviceBuffer(dev, stride_nh * size_t(spec.n_layer + 1));
   dbuf = DeviceBuffer(dev, stride_nh * 3);
-  ids = DeviceBuffer(dev, size_t(maxN) * 4);
-  targets = DeviceBuffer(dev, size_t(maxN) * 4);
+  max_tokens = maxN;
+  h2d = dev.create_stream();
+  for (TokenSlot& t : slots) {
+    t.host = PinnedBuffer(dev, size_t(maxN) * 8);
+    t.dev = DeviceBuffer(dev, size_t(maxN) * 8);
+    t.uploaded = dev.create_event();
+    t.consumed = dev.create_event();
+  }
   scalars = DeviceBuffer(dev, 256);
   ws = std::make_unique<Workspace>(dev, spec, opt.max_batch, opt.max_seq, act);
 
@@ -119,6 +136,7 @@ ResidentEngine::ResidentEngine(Device& dev, const ModelSpec& spec, const EngineO
 ResidentEngine::~ResidentEngine() {
   if (impl_) {
     try {
+      dev_.synchronize(*impl_->h2d);
       dev_.synchronize(*impl_->stream);
     } catch (...) {
     }
@@ -185,7 +203,7 @@ void ResidentEngine::init_random(uint64_t seed) {
 size_t ResidentEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
-         m.dbuf.size() + m.ids.size() + m.targets.size() + m.scalars.size() + m.rope_buf.size() + m.ws->bytes();
+         m.dbuf.size() + m.slots[0].dev.size() + m.slots[1].dev.size() + m.scalars.size() + m.rope_buf.size() + m.ws->bytes();
 }
 
 void ResidentEngine::zero_grads() {
@@ -214,12 +232,33 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   const int head_blob = int(layout_.blobs.size()) - 1;
   const DType act = m.act;
 
-  Tensor ids(m.ids.data(), DType::I32, {N});
-  Tensor targets(m.targets.data(), DType::I32, {N});
-  dev_.copy(ids.data, b.ids.data(), size_t(N) * 4, CopyKind::HostToDevice, st);
-  dev_.copy(targets.data, b.targets.data(), size_t(N) * 4, CopyKind::HostToDevice, st);
-  // The host batch must outlive the copies; on the cpu backend copies run on the stream thread.
-  dev_.synchronize(st);
+  // Tokens: staging is rewritten once its previous copy is done; the device slot once the
+  // compute that read it (two micro-batches ago) is done. No wait on the compute stream here.
+  Impl::TokenSlot& slot = m.slots[m.next_slot];
+  m.next_slot ^= 1;
+  dev_.synchronize(*slot.uploaded);
+  int32_t* staged = static_cast<int32_t*>(slot.host.data());
+  std::memcpy(staged, b.ids.data(), size_t(N) * 4);
+  std::memcpy(staged + m.max_tokens, b.targets.data(), size_t(N) * 4);
+  int32_t* on_dev = static_cast<int32_t*>(slot.dev.data());
+  dev_.wait(*m.h2d, *slot.consumed);
+  dev_.copy(on_dev, staged, size_t(N) * 4, CopyKind::HostToDevice, *m.h2d);
+  dev_.copy(on_dev + m.max_tokens, staged + m.max_tokens, size_t(N) * 4, CopyKind::HostToDevice, *m.h2d);
+  dev_.record(*slot.uploaded, *m.h2d);
+  dev_.wait(st, *slot.uploaded);
+  Tensor ids(on_dev, DType::I32, {N});
+  Tensor targets(on_dev + m.max_tokens, DType::I32, {N});
+  struct MarkConsumed {  // every exit below records that the slot's tokens were read
+    Device& dev;
+    Event& e;
+    Stream& s;
+    ~MarkConsumed() {
+      try {
+        dev.record(e, s);
+      } catch (...) {  // a failing device reports at the next synchronize
+      }
+    }
+  } mark{dev_, *slot.consumed, st};
 
   const DeviceBuffer& pbuf = act == DType::F32 ? m.master : m.compute;  // parameters in compute dtype
   Tensor emb_table = m.entry(pbuf, 0, 0, act);
