@@ -2,6 +2,7 @@
 # Every GPU-machine check and benchmark of the repository in one call (device time is scarce).
 # Usage there:  BIN=gpubin bash tools/gpu_check.sh [steps...]
 #   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench
+#   (also: bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward)
 # BIN holds slideformer, sf_gpu_tests and bench_kernels built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -28,6 +29,10 @@ for s in "${steps[@]}"; do
     train_cpu) run train_cpu python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cpu --skip-curve --work /tmp/train_cpu ;;
     parity_cuda) run parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --work /tmp/parity_cuda ;;
     train_cuda) run train_cuda python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cuda --work /tmp/train_cuda ;;
+    bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;
+    # hardware counters of the RMSNorm backward (Firecracker machines only)
+    ncu_rmsnorm) run ncu_rmsnorm ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section Occupancy -k regex:rmsnorm_bwd --launch-count 1 "$BIN/bench_kernels" mem ;;
     demo_cuda) run demo_cuda "$BIN/slideformer" demo --device cuda --output /tmp/sf_demo_cuda ;;
     # kernels and the 1B training step, each against PyTorch in the same run, then the targets table
     bench) run bench bash bench/run_all.sh "$BIN" "$OUT/bench.log" ;;
