@@ -10,10 +10,10 @@ namespace sf::test {
 // llama: GQA, untied, attention_bias, llama3 rope scaling; mistral: MHA, tied;
 // qwen2: q/k/v biases, GQA; qwen3: q/k-norm, head_dim != hidden/heads, v5 rope_parameters.
 inline nlohmann::json tiny_config(const std::string& family) {
-  nlohmann::json c = {{"vocab_size", 37},       {"hidden_size", 32},        {"intermediate_size", 48},
-                      {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-                      {"rms_norm_eps", 1e-5},   {"rope_theta", 10000.0},    {"max_position_embeddings", 64},
-                      {"initializer_range", 0.2}, {"hidden_act", "silu"}, {"torch_dtype", "float32"}};
+  nlohmann::json c = {{"vocab_size", 37},         {"hidden_size", 32},        {"intermediate_size", 48},
+                      {"num_hidden_layers", 2},   {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                      {"rms_norm_eps", 1e-5},     {"rope_theta", 10000.0},    {"max_position_embeddings", 64},
+                      {"initializer_range", 0.2}, {"hidden_act", "silu"},     {"torch_dtype", "float32"}};
   if (family == "llama") {
     c["architectures"] = {"LlamaForCausalLM"};
     c["model_type"] = "llama";

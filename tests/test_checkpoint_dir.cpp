@@ -14,39 +14,19 @@
 #include "io/checkpoint.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace sf;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("sf_ckpt_test_" + std::to_string(::getpid()) + "_" + std::to_string(rd()) +
-                                        "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string sub(const std::string& name) const { return (path / name).string(); }
-};
+using test::expect_input_error;
+using test::TempDir;
 
 void write_text(const std::string& path, const std::string& s) {
   std::ofstream out(path, std::ios::binary);
   out << s;
-}
-
-std::string expect_input_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return msg;
-  }
-  ADD_FAILURE() << "no InputError thrown";
-  return "";
 }
 
 std::vector<float> ramp(size_t n, float scale) {
@@ -67,7 +47,7 @@ TEST(Checkpoint, SingleFileConversionsAndDominantDtype) {
   std::vector<bf16> bfv(big.size());
   for (size_t i = 0; i < big.size(); ++i) bfv[i] = float_to_bf16(big[i]);
   std::vector<uint16_t> f16v = {float_to_f16(0.5f), float_to_f16(-3.0f), float_to_f16(1000.0f), float_to_f16(0.0f)};
-  std::string dir = d.sub("ck");
+  std::string dir = d.file("ck");
   write_checkpoint_tensors(dir, {{"a", DType::F32, {2, 3}, f32.data()},
                                  {"b", DType::BF16, {8, 8}, bfv.data()},
                                  {"c", DType::F16, {4}, f16v.data()}});
@@ -107,7 +87,7 @@ TEST(Checkpoint, SingleFileConversionsAndDominantDtype) {
 
   // Mostly F32 -> F32.
   std::vector<float> many = ramp(1000, 1.0f);
-  std::string dir2 = d.sub("ck2");
+  std::string dir2 = d.file("ck2");
   write_checkpoint_tensors(dir2, {{"x", DType::F32, {1000}, many.data()}, {"y", DType::BF16, {8, 8}, bfv.data()}});
   EXPECT_EQ(CheckpointReader::open(dir2).dominant_dtype(), DType::F32);
 
@@ -115,7 +95,7 @@ TEST(Checkpoint, SingleFileConversionsAndDominantDtype) {
   const size_t n = 3'000'001;
   std::vector<bf16> large(n);
   for (size_t i = 0; i < n; ++i) large[i] = float_to_bf16(float(i % 256) - 128.f);  // exact in bf16
-  std::string dir3 = d.sub("ck3");
+  std::string dir3 = d.file("ck3");
   write_checkpoint_tensors(dir3, {{"l", DType::BF16, {int64_t(n)}, large.data()}});
   std::vector<float> lf(n);
   CheckpointReader::open(dir3).read_f32("l", {int64_t(n)}, lf.data());
@@ -123,7 +103,7 @@ TEST(Checkpoint, SingleFileConversionsAndDominantDtype) {
   EXPECT_EQ(lf[n - 1], float((n - 1) % 256) - 128.f);
 
   // Data area at an odd offset (another writer, no padding): converting reads must not assume alignment.
-  std::string dir4 = d.sub("ck4");
+  std::string dir4 = d.file("ck4");
   fs::create_directories(dir4);
   std::string header = R"({"u":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";  // 55 bytes
   ASSERT_NE(header.size() % 4, 0u);
@@ -141,7 +121,7 @@ TEST(Checkpoint, SingleFileConversionsAndDominantDtype) {
 TEST(Checkpoint, ReadErrorsNameFileTensorAndShapesAndMissingDir) {
   TempDir d;
   std::vector<float> v = ramp(6, 1.0f);
-  std::string dir = d.sub("ck");
+  std::string dir = d.file("ck");
   write_checkpoint_tensors(dir, {{"model.embed_tokens.weight", DType::F32, {2, 3}, v.data()}});
   CheckpointReader r = CheckpointReader::open(dir);
   std::vector<float> out(6);
@@ -155,9 +135,9 @@ TEST(Checkpoint, ReadErrorsNameFileTensorAndShapesAndMissingDir) {
   EXPECT_EQ(r.find("lm_head.weight"), nullptr);
   ASSERT_NE(r.find("model.embed_tokens.weight"), nullptr);
 
-  std::string missing = d.sub("nope");
+  std::string missing = d.file("nope");
   expect_input_error([&] { CheckpointReader::open(missing); }, {missing + ": "});
-  std::string empty = d.sub("empty");
+  std::string empty = d.file("empty");
   fs::create_directories(empty);
   msg = expect_input_error([&] { CheckpointReader::open(empty); }, {});
   EXPECT_EQ(msg, empty + ": no model.safetensors or model.safetensors.index.json");
@@ -173,7 +153,7 @@ TEST(Checkpoint, ShardedRoundTripWithTinyThreshold) {
                                  {"big", DType::F32, {5, 5}, big.data()},
                                  {"c", DType::F32, {6}, c.data()},
                                  {"e", DType::F32, {4}, e.data()}};
-  std::string dir = d.sub("sharded");
+  std::string dir = d.file("sharded");
   write_checkpoint_tensors(dir, tw, 64);
 
   EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
@@ -209,7 +189,7 @@ TEST(Checkpoint, ShardedRoundTripWithTinyThreshold) {
 TEST(Checkpoint, IndexErrors) {
   TempDir d;
   std::vector<float> a = ramp(4, 1.0f);
-  std::string dir = d.sub("ck");
+  std::string dir = d.file("ck");
   fs::create_directories(dir);
   write_safetensors(dir + "/model-00001-of-00002.safetensors", {{"a", DType::F32, {4}, a.data()}}, {});
   std::string index = dir + "/model.safetensors.index.json";
@@ -239,7 +219,7 @@ TEST(Checkpoint, IndexErrors) {
 
 TEST(StagedDir, CommitReplacesExistingDirectory) {
   TempDir d;
-  std::string out = d.sub("nested/out");
+  std::string out = d.file("nested/out");
   fs::create_directories(out);
   write_text(out + "/stale.txt", "old");
   {
@@ -255,10 +235,10 @@ TEST(StagedDir, CommitReplacesExistingDirectory) {
   }
   EXPECT_TRUE(fs::exists(out + "/new.txt"));
   EXPECT_FALSE(fs::exists(out + "/stale.txt"));
-  EXPECT_EQ(entries(d.sub("nested")), 1u);  // no .tmp- or .old- leftovers
+  EXPECT_EQ(entries(d.file("nested")), 1u);  // no .tmp- or .old- leftovers
 
   // A new directory whose parents do not exist yet.
-  std::string fresh = d.sub("a/b/c");
+  std::string fresh = d.file("a/b/c");
   {
     StagedDir s(fresh);
     write_text(s.path() + "/f", "x");
@@ -266,13 +246,13 @@ TEST(StagedDir, CommitReplacesExistingDirectory) {
   }
   EXPECT_TRUE(fs::exists(fresh + "/f"));
 
-  write_text(d.sub("plainfile"), "x");
-  expect_input_error([&] { StagedDir s(d.sub("plainfile")); }, {"not a directory"});
+  write_text(d.file("plainfile"), "x");
+  expect_input_error([&] { StagedDir s(d.file("plainfile")); }, {"not a directory"});
 }
 
 TEST(StagedDir, UncommittedLeavesNothingBehind) {
   TempDir d;
-  std::string out = d.sub("out");
+  std::string out = d.file("out");
   std::string tmp;
   try {
     StagedDir s(out);
@@ -297,7 +277,7 @@ TEST(StagedDir, UncommittedLeavesNothingBehind) {
 
 TEST(CheckpointFiles, CopyIfExistsAndJsonFiles) {
   TempDir d;
-  std::string src = d.sub("src"), dst = d.sub("dst");
+  std::string src = d.file("src"), dst = d.file("dst");
   fs::create_directories(src);
   fs::create_directories(dst);
   write_text(src + "/config.json", R"({"hidden_size": 8})");
@@ -309,7 +289,7 @@ TEST(CheckpointFiles, CopyIfExistsAndJsonFiles) {
   EXPECT_EQ(read_json_file(dst + "/config.json")["hidden_size"], 8);
   EXPECT_EQ(read_json_file(dst + "/tokenizer.json"), nlohmann::json::object());  // overwritten
 
-  std::string p = d.sub("state.json");
+  std::string p = d.file("state.json");
   write_json_file(p, nlohmann::json{{"step", 3}, {"lr", 0.5}});
   nlohmann::json j = read_json_file(p);
   EXPECT_EQ(j["step"], 3);
@@ -321,9 +301,9 @@ TEST(CheckpointFiles, CopyIfExistsAndJsonFiles) {
   write_json_file(p, oj);
   EXPECT_EQ(read_ordered_json_file(p).begin().key(), "z");
 
-  std::string missing = d.sub("none.json");
+  std::string missing = d.file("none.json");
   EXPECT_EQ(expect_input_error([&] { read_json_file(missing); }, {}), missing + ": not found");
-  std::string bad = d.sub("bad.json");
+  std::string bad = d.file("bad.json");
   write_text(bad, "{\"a\": 1,,}");
   expect_input_error([&] { read_json_file(bad); }, {bad + ": invalid JSON at byte 9"});
   expect_input_error([&] { read_json_file(src); }, {src + ": cannot read"});  // a directory

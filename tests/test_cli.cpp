@@ -4,8 +4,8 @@
 #include <sys/wait.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -43,8 +43,8 @@ std::string slurp(const fs::path& p) {
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("sf_cli_" + std::to_string(::getpid()) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("sf_cli_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -116,7 +116,7 @@ TEST_F(Cli, InitEvalGradTrainEveryFamily) {
       EXPECT_NEAR(double(ev2.last()["loss"]), loss, 1e-5 * loss);
 
       CmdResult gr = run("grad --model " + model + " --data " + data + " --seq-len 16 --output " + p("g.safetensors") +
-                   " --device cpu");
+                         " --device cpu");
       ASSERT_EQ(gr.code, 0) << gr.err;
       auto g = SafetensorsFile::open(p("g.safetensors"));
       auto w = SafetensorsFile::open(model + "/model.safetensors");
@@ -130,7 +130,7 @@ TEST_F(Cli, InitEvalGradTrainEveryFamily) {
       EXPECT_NEAR(std::stod(g.metadata().at("loss")), loss, 1e-6 * loss);
 
       CmdResult tr = run("train --model " + model + " --data " + data + " --output " + p("out") +
-                   " --steps 3 --lr 1e-2 --batch-size 4 --seq-len 16 --device cpu");
+                         " --steps 3 --lr 1e-2 --batch-size 4 --seq-len 16 --device cpu");
       ASSERT_EQ(tr.code, 0) << tr.err;
       EXPECT_NE(tr.err.find("step 3/3 loss"), std::string::npos) << tr.err;
       auto o = SafetensorsFile::open(p("out") + "/model.safetensors");
@@ -174,7 +174,7 @@ TEST_F(Cli, ShardedOutputAndSaveEvery) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 6);
   CmdResult r = run("train --model " + model + " --data " + data + " --output " + p("out") +
-              " --steps 4 --lr 1e-3 --save-every 2 --max-shard-size 20KB --seq-len 16 --device cpu");
+                    " --steps 4 --lr 1e-3 --save-every 2 --max-shard-size 20KB --seq-len 16 --device cpu");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(p("out") + "/model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(p("out") + "/model.safetensors"));
@@ -277,7 +277,7 @@ TEST_F(Cli, FailedTrainLeavesNoOutput) {
   std::string model = make_model("mistral", "m");
   std::ofstream(p("bad.jsonl")) << "{\"input_ids\": [1, 2]}\nnot json\n";
   CmdResult r = run("train --model " + model + " --data " + p("bad.jsonl") + " --output " + p("out") +
-              " --steps 2 --lr 1e-3 --device cpu");
+                    " --steps 2 --lr 1e-3 --device cpu");
   expect_input_error(r, "bad.jsonl:2");
   EXPECT_FALSE(fs::exists(p("out")));
   for (const auto& e : fs::directory_iterator(dir_)) {

@@ -123,7 +123,8 @@ TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
       };
       double fd = (4 * central(eps / 2) - central(eps)) / 3;
       double tol = dir == 0 ? 5e-3 * std::fabs(analytic) + 2e-5 : 2e-2 * gnorm * 0.1 + 5e-5;
-      EXPECT_NEAR(fd, analytic, tol) << GetParam() << " " << grads[i].name << (dir == 0 ? " (gradient direction)" : " (random direction)");
+      EXPECT_NEAR(fd, analytic, tol) << GetParam() << " " << grads[i].name
+                                     << (dir == 0 ? " (gradient direction)" : " (random direction)");
     }
     e.import_params(base);
   }

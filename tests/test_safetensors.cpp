@@ -12,23 +12,15 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace sf;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("sf_st_test_" + std::to_string(::getpid()) + "_" + std::to_string(rd()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using test::expect_input_error;
+using test::TempDir;
 
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -46,19 +38,6 @@ std::string make_file(const std::string& header, const std::string& data, uint64
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[i] = char((header_len >> (8 * i)) & 0xff);
   return out + header + data;
-}
-
-// Runs fn, expects an InputError whose message contains every one of `parts`; returns the message.
-std::string expect_input_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return msg;
-  }
-  ADD_FAILURE() << "no InputError thrown";
-  return "";
 }
 
 // Writes a file from header + data and expects opening it to fail mentioning `parts` and the path.

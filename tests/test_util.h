@@ -2,11 +2,14 @@
 // and central finite differences. Generic: no knowledge of any particular op.
 #pragma once
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <numeric>
 #include <random>
@@ -15,9 +18,42 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace sf::test {
+
+// ---- files ----
+
+// A fresh directory under the system temp directory, named after the running test; removed at
+// scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::random_device rd;
+    path = std::filesystem::temp_directory_path() /
+           ("sf_test_" + std::to_string(::getpid()) + "_" + std::to_string(rd()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+// Runs fn, expects an InputError whose message contains every one of `parts`; returns the message.
+inline std::string expect_input_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const InputError& e) {
+    std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    return msg;
+  }
+  ADD_FAILURE() << "no InputError thrown";
+  return "";
+}
 
 // ---- random data (deterministic per seed) ----
 

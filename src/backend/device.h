@@ -48,22 +48,27 @@ class Device {
   virtual Ops& ops() = 0;
 };
 
-// Owned device allocation (RAII).
+enum class MemoryKind { Device, PinnedHost };
+
+// Owned device memory, or page-locked host memory for buffers that DMA touches (RAII).
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Device& d, size_t bytes) : dev_(&d), size_(bytes), ptr_(bytes ? d.alloc(bytes) : nullptr) {}
-  ~DeviceBuffer() {
-    if (ptr_) dev_->free(ptr_);
+  DeviceBuffer(Device& d, size_t bytes, MemoryKind kind = MemoryKind::Device) : dev_(&d), size_(bytes), kind_(kind) {
+    if (bytes) ptr_ = kind == MemoryKind::Device ? d.alloc(bytes) : d.alloc_pinned(bytes);
   }
+  ~DeviceBuffer() { release(); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : dev_(o.dev_), size_(o.size_), ptr_(o.ptr_) { o.ptr_ = nullptr; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : dev_(o.dev_), size_(o.size_), kind_(o.kind_), ptr_(o.ptr_) {
+    o.ptr_ = nullptr;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
-      if (ptr_) dev_->free(ptr_);
+      release();
       dev_ = o.dev_;
       size_ = o.size_;
+      kind_ = o.kind_;
       ptr_ = o.ptr_;
       o.ptr_ = nullptr;
     }
@@ -73,38 +78,18 @@ class DeviceBuffer {
   size_t size() const { return size_; }
 
  private:
-  Device* dev_ = nullptr;
-  size_t size_ = 0;
-  void* ptr_ = nullptr;
-};
-
-// Owned pinned host allocation (RAII).
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(Device& d, size_t bytes) : dev_(&d), size_(bytes), ptr_(bytes ? d.alloc_pinned(bytes) : nullptr) {}
-  ~PinnedBuffer() {
-    if (ptr_) dev_->free_pinned(ptr_);
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  PinnedBuffer(PinnedBuffer&& o) noexcept : dev_(o.dev_), size_(o.size_), ptr_(o.ptr_) { o.ptr_ = nullptr; }
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    if (this != &o) {
-      if (ptr_) dev_->free_pinned(ptr_);
-      dev_ = o.dev_;
-      size_ = o.size_;
-      ptr_ = o.ptr_;
-      o.ptr_ = nullptr;
+  void release() {
+    if (!ptr_) return;
+    if (kind_ == MemoryKind::Device) {
+      dev_->free(ptr_);
+    } else {
+      dev_->free_pinned(ptr_);
     }
-    return *this;
+    ptr_ = nullptr;
   }
-  void* data() const { return ptr_; }
-  size_t size() const { return size_; }
-
- private:
   Device* dev_ = nullptr;
   size_t size_ = 0;
+  MemoryKind kind_ = MemoryKind::Device;
   void* ptr_ = nullptr;
 };
 

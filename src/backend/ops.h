@@ -20,11 +20,11 @@ namespace sf {
 struct Stream;
 
 struct AttnDims {
-  int B = 0, T = 0;      // sequences, tokens per sequence
-  int n_head = 0;        // query heads
-  int n_kv_head = 0;     // key/value heads (n_head % n_kv_head == 0; GQA)
+  int B = 0, T = 0;   // sequences, tokens per sequence
+  int n_head = 0;     // query heads
+  int n_kv_head = 0;  // key/value heads (n_head % n_kv_head == 0; GQA)
   int head_dim = 0;
-  float scale = 0.f;     // softmax scale, usually head_dim^-0.5
+  float scale = 0.f;  // softmax scale, usually head_dim^-0.5
 };
 
 struct AdamWParams {
@@ -51,21 +51,18 @@ class Ops {
   // rstd [R] F32 (saved for backward; may be empty in a forward-only pass).
   virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) = 0;
   // dx = (accumulate ? dx : 0) + d/dx; dw [C] += d/dw. x, w, rstd as in forward.
-  virtual void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd,
-                                bool accumulate, Stream& s) = 0;
+  virtual void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate,
+                                Stream& s) = 0;
 
   // RoPE in place, HF half-split layout: x [B*T, n_heads*head_dim]; the token in row r has
   // position r % T. cos, sin: [T_max >= T, head_dim/2] F32 tables (llama3/linear scaling is
   // already in them). backward applies the inverse rotation to a gradient in place.
-  virtual void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim,
-                            Stream& s) = 0;
-  virtual void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim,
-                             Stream& s) = 0;
+  virtual void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Stream& s) = 0;
+  virtual void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Stream& s) = 0;
 
   // out = silu(gate) * up, all [R, I].
   virtual void swiglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) = 0;
-  virtual void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                               Stream& s) = 0;
+  virtual void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) = 0;
 
   // Causal GQA attention. q, out: [B*T, n_head*hd]; k, v: [B*T, n_kv_head*hd];
   // lse [B, n_head, T] F32 = log-sum-exp of the scaled scores of each query row (natural log).

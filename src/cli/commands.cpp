@@ -106,13 +106,15 @@ int cli_main(int argc, char** argv) {
   train->add_option("--eps", t.eps)->capture_default_str();
   train->add_option("--warmup-steps", t.warmup_steps)->capture_default_str();
   train->add_option("--lr-schedule", t.lr_schedule, "constant, linear or cosine")->capture_default_str();
-  train->add_option("--max-grad-norm", t.max_grad_norm, "global gradient-norm clipping; 0 = off")->capture_default_str();
+  train->add_option("--max-grad-norm", t.max_grad_norm, "global gradient-norm clipping; 0 = off")
+      ->capture_default_str();
   train->add_option("--seed", t.seed, "seed of the data order")->capture_default_str();
   train->add_flag("--no-shuffle", no_shuffle, "take records in file order");
   train->add_option("--save-every", t.save_every, "also save OUTPUT/checkpoint-STEP every K steps; 0 = off")
       ->capture_default_str();
   train->add_option("--log-every", t.log_every, "progress line every K steps")->capture_default_str();
-  train->add_option("--resume", t.resume, "continue from OUTPUT/checkpoint-STEP of an earlier run (same data and options)");
+  train->add_option("--resume", t.resume,
+                    "continue from OUTPUT/checkpoint-STEP of an earlier run (same data and options)");
   std::string max_shard = "5GB";
   train->add_option("--max-shard-size", max_shard, "shard the output above this size")->capture_default_str();
 
@@ -138,9 +140,11 @@ int cli_main(int argc, char** argv) {
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
-    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) known |= sub->get_name() == argv[1];
+    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      known |= sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "slideformer: unknown command '%s' (commands: init, eval, grad, train, demo, bench)\n", argv[1]);
+      std::fprintf(stderr, "slideformer: unknown command '%s' (commands: init, eval, grad, train, demo, bench)\n",
+                   argv[1]);
       return 2;
     }
   }

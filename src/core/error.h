@@ -19,7 +19,7 @@ struct InputError : std::runtime_error {
 
 }  // namespace sf
 
-#define SF_CHECK(cond, msg)                                              \
-  do {                                                                   \
+#define SF_CHECK(cond, msg)                                                  \
+  do {                                                                       \
     if (!(cond)) ::sf::internal_error(__FILE__, __LINE__, std::string(msg)); \
   } while (0)

@@ -22,17 +22,17 @@ struct ResidentEngine::Impl {
   std::vector<int64_t> blob_off;  // element offset of each blob in the flat buffers
   int64_t total = 0;              // elements in the flat buffers
 
-  DeviceBuffer master;   // [total] F32 parameters (fp32 masters)
-  DeviceBuffer compute;  // [total] act copy of the parameters (only when act != F32)
-  DeviceBuffer grads;    // [total] F32
+  DeviceBuffer master;          // [total] F32 parameters (fp32 masters)
+  DeviceBuffer compute;         // [total] act copy of the parameters (only when act != F32)
+  DeviceBuffer grads;           // [total] F32
   DeviceBuffer adam_m, adam_v;  // [total] F32
-  DeviceBuffer ckpt;     // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
-  DeviceBuffer dbuf;     // [3, N, H] act: dy, dx, recompute output scratch
+  DeviceBuffer ckpt;            // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
+  DeviceBuffer dbuf;            // [3, N, H] act: dy, dx, recompute output scratch
   // Token ids and targets of a micro-batch, double-buffered so the upload of the next one
   // overlaps the compute of this one: pinned staging -> (h2d stream) -> device slot.
   struct TokenSlot {
-    PinnedBuffer host;    // [2, max N] I32: ids, targets
-    DeviceBuffer dev;     // [2, max N] I32
+    DeviceBuffer host;                // [2, max N] I32: ids, targets (pinned host memory)
+    DeviceBuffer dev;                 // [2, max N] I32
     std::unique_ptr<Event> uploaded;  // recorded on h2d after the copy
     std::unique_ptr<Event> consumed;  // recorded on the compute stream after the last read
   };
@@ -40,8 +40,8 @@ struct ResidentEngine::Impl {
   int next_slot = 0;
   int64_t max_tokens = 0;
   std::unique_ptr<Stream> h2d;
-  DeviceBuffer scalars;       // [2] F32: loss sum, squared norm
-  DeviceBuffer rope_buf;      // [2, max_T, hd/2] F32
+  DeviceBuffer scalars;   // [2] F32: loss sum, squared norm
+  DeviceBuffer rope_buf;  // [2, max_T, hd/2] F32
   RopeTables rope;
   std::unique_ptr<Workspace> ws;
   std::unique_ptr<Stream> stream;
@@ -66,7 +66,7 @@ struct ResidentEngine::Impl {
   size_t stride_nh = 0;  // bytes of one [max N, H] activation
   void upload_blob(int blob, const std::vector<float>& host);
   const DeviceBuffer& state(State which) const {
-    const DeviceBuffer& b = which == State::Params ? master
+    const DeviceBuffer& b = which == State::Params  ? master
                             : which == State::Grads ? grads
                             : which == State::AdamM ? adam_m
                                                     : adam_v;
@@ -100,7 +100,7 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   max_tokens = maxN;
   h2d = dev.create_stream();
   for (TokenSlot& t : slots) {
-    t.host = PinnedBuffer(dev, size_t(maxN) * 8);
+    t.host = DeviceBuffer(dev, size_t(maxN) * 8, MemoryKind::PinnedHost);
     t.dev = DeviceBuffer(dev, size_t(maxN) * 8);
     t.uploaded = dev.create_event();
     t.consumed = dev.create_event();
@@ -203,7 +203,8 @@ void ResidentEngine::init_random(uint64_t seed) {
 size_t ResidentEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
-         m.dbuf.size() + m.slots[0].dev.size() + m.slots[1].dev.size() + m.scalars.size() + m.rope_buf.size() + m.ws->bytes();
+         m.dbuf.size() + m.slots[0].dev.size() + m.slots[1].dev.size() + m.scalars.size() + m.rope_buf.size() +
+         m.ws->bytes();
 }
 
 void ResidentEngine::zero_grads() {

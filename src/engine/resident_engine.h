@@ -17,9 +17,9 @@ namespace sf {
 class CheckpointReader;
 
 struct EngineOptions {
-  int max_batch = 1;         // sequences per micro-batch
-  int max_seq = 1;           // tokens per sequence
-  bool training = true;      // allocate gradients (and AdamW state when optimizer is true)
+  int max_batch = 1;     // sequences per micro-batch
+  int max_seq = 1;       // tokens per sequence
+  bool training = true;  // allocate gradients (and AdamW state when optimizer is true)
   bool optimizer = true;
 };
 

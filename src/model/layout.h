@@ -13,24 +13,42 @@ namespace sf {
 
 // Which parameter of a decoder layer (index into LayerParams).
 enum class LayerParam : int {
-  InputNorm, Wq, Bq, Wk, Bk, Wv, Bv, Wo, Bo, QNorm, KNorm, PostNorm, Wgate, Bgate, Wup, Bup, Wdown, Bdown, Count
+  InputNorm,
+  Wq,
+  Bq,
+  Wk,
+  Bk,
+  Wv,
+  Bv,
+  Wo,
+  Bo,
+  QNorm,
+  KNorm,
+  PostNorm,
+  Wgate,
+  Bgate,
+  Wup,
+  Bup,
+  Wdown,
+  Bdown,
+  Count
 };
 
 struct BlobEntry {
-  std::string name;             // HF tensor name, e.g. "model.layers.3.self_attn.q_proj.weight"
-  std::vector<int64_t> shape;   // HF shape
-  int64_t offset = 0;           // in elements from the blob start (multiple of 128)
+  std::string name;            // HF tensor name, e.g. "model.layers.3.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // HF shape
+  int64_t offset = 0;          // in elements from the blob start (multiple of 128)
   int64_t numel = 0;
-  int slot = -1;                // LayerParam index for layers, else -1
+  int slot = -1;  // LayerParam index for layers, else -1
 };
 
 enum class BlobKind { Embedding, Layer, Head };
 
 struct BlobLayout {
   BlobKind kind = BlobKind::Layer;
-  int layer = -1;                 // for BlobKind::Layer
+  int layer = -1;  // for BlobKind::Layer
   std::vector<BlobEntry> entries;
-  int64_t numel = 0;              // padded size in elements
+  int64_t numel = 0;  // padded size in elements
   // Entry for a LayerParam slot, or nullptr when the architecture has no such tensor.
   const BlobEntry* slot(LayerParam p) const;
 };

@@ -199,8 +199,8 @@ void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor 
   ops_.rmsnorm_backward(dx, g[P::InputNorm], w.dh, x, p[P::InputNorm], w.rstd1, true, st);
 }
 
-void Program::head_forward_backward(Tensor x, Tensor norm_w, Tensor w_head, Tensor targets, Tensor loss_sum,
-                                    Tensor dx, Tensor dnorm, Tensor dw_head, float grad_scale, const HeadBuffers& w,
+void Program::head_forward_backward(Tensor x, Tensor norm_w, Tensor w_head, Tensor targets, Tensor loss_sum, Tensor dx,
+                                    Tensor dnorm, Tensor dw_head, float grad_scale, const HeadBuffers& w,
                                     const BatchDims& d, Stream& st) const {
   ops_.rmsnorm_forward(w.hf, w.rstd, x, norm_w, float(s_.rms_eps), st);
   if (dx.empty()) {

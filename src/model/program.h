@@ -38,10 +38,10 @@ struct LayerBuffers {
 };
 
 struct HeadBuffers {
-  Tensor hf;       // [N, H] final norm output
-  Tensor rstd;     // [N] F32
-  Tensor dhf;      // [N, H]
-  Tensor lce_ws;   // fused linear-cross-entropy scratch
+  Tensor hf;      // [N, H] final norm output
+  Tensor rstd;    // [N] F32
+  Tensor dhf;     // [N, H]
+  Tensor lce_ws;  // fused linear-cross-entropy scratch
 };
 
 class Workspace {
@@ -79,15 +79,15 @@ class Program {
                      const RopeTables& rope, Stream& st) const;
   // After layer_forward(x) into the same w: dx [N, H] from dy [N, H]; parameter grads g += .
   // dx may not alias dy.
-  void layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
-                      const LayerBuffers& w, const BatchDims& d, const RopeTables& rope, Stream& st) const;
+  void layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx, const LayerBuffers& w,
+                      const BatchDims& d, const RopeTables& rope, Stream& st) const;
 
   // Final norm + fused linear cross-entropy. targets [N] I32 (already shifted; -100 ignored).
   // loss_sum [1] F32 += summed CE. If dx is given: dx [N, H] = grad_scale * dloss/dx_L and
   // dnorm += , dw_head += (the embedding's grad when tied).
   void head_forward_backward(Tensor x, Tensor norm_w, Tensor w_head, Tensor targets, Tensor loss_sum, Tensor dx,
-                             Tensor dnorm, Tensor dw_head, float grad_scale, const HeadBuffers& w,
-                             const BatchDims& d, Stream& st) const;
+                             Tensor dnorm, Tensor dw_head, float grad_scale, const HeadBuffers& w, const BatchDims& d,
+                             Stream& st) const;
   // logits [N, V] = final_norm(x) @ w_head^T (evaluation and tests only: the training path never
   // materialises logits).
   void head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w, Stream& st) const;

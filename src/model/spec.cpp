@@ -81,12 +81,12 @@ void parse_rope(const json& c, ModelSpec& s, const std::string& path) {
 
 int64_t ModelSpec::layer_params() const {
   int64_t H = hidden, Q = q_dim(), KV = kv_dim(), I = intermediate;
-  int64_t n = 2 * H;                    // two norms
-  n += H * Q + 2 * H * KV + Q * H;      // q, k, v, o
+  int64_t n = 2 * H;                // two norms
+  n += H * Q + 2 * H * KV + Q * H;  // q, k, v, o
   if (qkv_bias) n += Q + 2 * KV;
   if (o_bias) n += H;
   if (qk_norm) n += 2 * head_dim;
-  n += 3 * H * I;                       // gate, up, down
+  n += 3 * H * I;  // gate, up, down
   if (mlp_bias) n += 2 * I + H;
   return n;
 }
@@ -147,12 +147,13 @@ ModelSpec parse_model_spec(const json& c, const std::string& path) {
   s.n_kv_head = int(get_int(c, "num_key_value_heads", s.n_head, path));
   if (s.n_kv_head <= 0) input_error(path, "'num_key_value_heads' must be positive");
   if (s.n_head % s.n_kv_head != 0) {
-    input_error(path, "num_attention_heads (" + std::to_string(s.n_head) + ") is not a multiple of num_key_value_heads (" +
-                          std::to_string(s.n_kv_head) + ")");
+    input_error(path, "num_attention_heads (" + std::to_string(s.n_head) +
+                          ") is not a multiple of num_key_value_heads (" + std::to_string(s.n_kv_head) + ")");
   }
   int64_t hd = get_int(c, "head_dim", 0, path);
   if (hd == 0) {
-    if (s.hidden % s.n_head != 0) input_error(path, "hidden_size is not a multiple of num_attention_heads and no head_dim");
+    if (s.hidden % s.n_head != 0)
+      input_error(path, "hidden_size is not a multiple of num_attention_heads and no head_dim");
     hd = s.hidden / s.n_head;
   }
   if (hd <= 0 || hd % 2 != 0) input_error(path, "head_dim must be positive and even, got " + std::to_string(hd));

@@ -1,9 +1,8 @@
 // ModelSpec: the architecture of a Llama-family checkpoint, read from HF config.json.
 #pragma once
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 
 namespace sf {
 
@@ -12,7 +11,7 @@ enum class Arch { Llama, Mistral, Qwen2, Qwen3 };
 struct RopeSpec {
   std::string type = "default";  // default | linear | llama3
   double theta = 10000.0;
-  double factor = 1.0;  // linear, llama3
+  double factor = 1.0;                                   // linear, llama3
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   int64_t original_max_position = 8192;                  // llama3
 };
@@ -25,10 +24,10 @@ struct ModelSpec {
   int n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0;
   double rms_eps = 1e-6;
   bool tie_embeddings = false;
-  bool qkv_bias = false;   // Qwen2 always; Llama/Qwen3/Mistral attention_bias
-  bool o_bias = false;     // Llama/Qwen3 attention_bias
-  bool mlp_bias = false;   // Llama mlp_bias
-  bool qk_norm = false;    // Qwen3: RMSNorm over head_dim of q and k, before RoPE
+  bool qkv_bias = false;  // Qwen2 always; Llama/Qwen3/Mistral attention_bias
+  bool o_bias = false;    // Llama/Qwen3 attention_bias
+  bool mlp_bias = false;  // Llama mlp_bias
+  bool qk_norm = false;   // Qwen3: RMSNorm over head_dim of q and k, before RoPE
   RopeSpec rope;
   int64_t max_position = 0;
   int64_t sliding_window = 0;  // 0 = none active

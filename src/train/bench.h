@@ -1,9 +1,8 @@
 // `slideformer bench`: training throughput on synthetic weights and tokens (no files needed).
 #pragma once
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace sf {
 

@@ -124,9 +124,10 @@ DemoResult run_demo(const DemoOptions& o) {
   eo.max_seq = 16;
   ResidentEngine engine(*dev, spec, eo);
   engine.init_random(o.seed);
-  log_info("demo: a %.0fK-parameter Llama-style model learns 2-digit addition on %s (%zu training problems, %zu "
-           "held out)",
-           double(spec.total_params()) / 1e3, dev->name().c_str(), train.size(), heldout.size());
+  log_info(
+      "demo: a %.0fK-parameter Llama-style model learns 2-digit addition on %s (%zu training problems, %zu "
+      "held out)",
+      double(spec.total_params()) / 1e3, dev->name().c_str(), train.size(), heldout.size());
 
   DemoResult r;
   Score before = score(engine, heldout, B);

@@ -32,16 +32,19 @@ namespace {
 
 std::string torch_dtype_name(DType t) {
   switch (t) {
-    case DType::BF16: return "bfloat16";
-    case DType::F16: return "float16";
-    default: return "float32";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F16:
+      return "float16";
+    default:
+      return "float32";
   }
 }
 
 }  // namespace
 
-void save_hf_model(ResidentEngine& engine, nlohmann::json cfg, const std::string& src_dir,
-                   const std::string& out_dir, DType dtype, size_t max_shard_bytes) {
+void save_hf_model(ResidentEngine& engine, nlohmann::json cfg, const std::string& src_dir, const std::string& out_dir,
+                   DType dtype, size_t max_shard_bytes) {
   auto params = engine.export_params();
   // Round the fp32 masters to the checkpoint dtype (nearest-even for bf16).
   std::vector<std::vector<uint16_t>> half(params.size());

@@ -1,8 +1,7 @@
 // Loading a model directory into an engine and saving an engine's weights as an HF directory.
 #pragma once
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/dtype.h"
 #include "engine/resident_engine.h"

@@ -28,8 +28,8 @@ namespace {
 struct Session {
   ModelDir model;
   Dataset data;
-  int seq_len = 0;   // records are cut to this
-  int max_seq = 0;   // the longest batch the engine is built for
+  int seq_len = 0;  // records are cut to this
+  int max_seq = 0;  // the longest batch the engine is built for
   std::unique_ptr<Device> dev;
   std::unique_ptr<ResidentEngine> engine;
 };
@@ -131,9 +131,9 @@ struct Progress {
 constexpr const char* kStateFile = "training_state.safetensors";
 constexpr const char* kTrainerFile = "trainer_state.json";
 // The saved states and their tensor-name prefixes in kStateFile.
-const std::pair<ResidentEngine::State, std::string> kSavedStates[] = {
-    {ResidentEngine::State::Params, "master."}, {ResidentEngine::State::AdamM, "adam_m."},
-    {ResidentEngine::State::AdamV, "adam_v."}};
+const std::pair<ResidentEngine::State, std::string> kSavedStates[] = {{ResidentEngine::State::Params, "master."},
+                                                                      {ResidentEngine::State::AdamM, "adam_m."},
+                                                                      {ResidentEngine::State::AdamV, "adam_v."}};
 
 // The exact training state beside a checkpoint's HF files: fp32 masters and AdamW moments (the
 // HF weights may be rounded to bf16), and where the data order and the schedule stand.
@@ -165,7 +165,8 @@ void write_training_state(Session& s, const TrainOptions& o, const Progress& p, 
 // Restores what write_training_state wrote, after checking that the run continues the same way.
 Progress read_training_state(Session& s, const TrainOptions& o, const std::string& dir) {
   const std::string tpath = (fs::path(dir) / kTrainerFile).string();
-  if (!fs::exists(tpath)) input_error(dir, "not a checkpoint with training state (no " + std::string(kTrainerFile) + ")");
+  if (!fs::exists(tpath))
+    input_error(dir, "not a checkpoint with training state (no " + std::string(kTrainerFile) + ")");
   nlohmann::json j = read_json_file(tpath);
   auto same = [&](const char* key, const nlohmann::json& now) {
     if (!j.contains(key) || j[key] != now) {
@@ -181,7 +182,9 @@ Progress read_training_state(Session& s, const TrainOptions& o, const std::strin
   Progress p;
   p.step = j.value("step", int64_t(0));
   p.next_record = j.value("next_record", uint64_t(0));
-  if (p.step >= o.steps) input_error(tpath, "the checkpoint is at step " + std::to_string(p.step) + ", not before --steps " + std::to_string(o.steps));
+  if (p.step >= o.steps)
+    input_error(tpath, "the checkpoint is at step " + std::to_string(p.step) + ", not before --steps " +
+                           std::to_string(o.steps));
 
   auto f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
   for (const auto& [kind, prefix] : kSavedStates) {
@@ -235,10 +238,11 @@ TrainResult run_train(const TrainOptions& o) {
   RecordOrder order(recs.size(), o.shuffle, o.seed);
   Progress start;  // validated before anything is printed: bad input gives one line
   if (!o.resume.empty()) start = read_training_state(s, o, o.resume);
-  log_info("training %s (%s, %.1fM parameters) on %s: %zu records, %lld steps x %d micro-batches x %d sequences, "
-           "seq_len %d",
-           o.data.model_dir.c_str(), s.model.spec.architecture.c_str(), double(s.model.spec.total_params()) / 1e6,
-           s.dev->name().c_str(), recs.size(), (long long)o.steps, o.grad_accum, B, s.seq_len);
+  log_info(
+      "training %s (%s, %.1fM parameters) on %s: %zu records, %lld steps x %d micro-batches x %d sequences, "
+      "seq_len %d",
+      o.data.model_dir.c_str(), s.model.spec.architecture.c_str(), double(s.model.spec.total_params()) / 1e6,
+      s.dev->name().c_str(), recs.size(), (long long)o.steps, o.grad_accum, B, s.seq_len);
 
   TrainResult result;
   if (!o.resume.empty()) log_info("resumed from %s at step %lld", o.resume.c_str(), (long long)start.step);
@@ -285,8 +289,8 @@ TrainResult run_train(const TrainOptions& o) {
     result.last_loss = loss;
     result.steps = step + 1 - start.step;
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == o.steps)) {
-      log_info("step %lld/%lld loss %.6f lr %.3e grad_norm %.4f tok/s %.0f", (long long)(step + 1),
-               (long long)o.steps, loss, double(ap.lr), gnorm, double(tokens) / dt);
+      log_info("step %lld/%lld loss %.6f lr %.3e grad_norm %.4f tok/s %.0f", (long long)(step + 1), (long long)o.steps,
+               loss, double(ap.lr), gnorm, double(tokens) / dt);
     }
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
       std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();

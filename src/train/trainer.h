@@ -35,8 +35,8 @@ struct TrainOptions {
   double max_grad_norm = 0.0;  // 0 = no clipping
   uint64_t seed = 0;
   bool shuffle = true;
-  int64_t save_every = 0;      // 0 = only at the end; checkpoints carry the exact training state
-  std::string resume;          // a checkpoint-<step> directory to continue from
+  int64_t save_every = 0;  // 0 = only at the end; checkpoints carry the exact training state
+  std::string resume;      // a checkpoint-<step> directory to continue from
   int64_t log_every = 1;
   size_t max_shard_bytes = 5'000'000'000;
 };

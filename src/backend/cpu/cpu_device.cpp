@@ -2,11 +2,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <memory>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -145,8 +145,7 @@ class CpuOps final : public Ops {
   void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
     cs(s).push([=] { cpu::swiglu_backward(dgate, dup, dout, gate, up); });
   }
-  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d,
-                         Stream& s) override {
+  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, Stream& s) override {
     cs(s).push([=] { cpu::attention_forward(out, lse, q, k, v, d); });
   }
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,

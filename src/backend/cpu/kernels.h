@@ -20,8 +20,8 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                         Tensor lse, const AttnDims& d, Tensor ws);
 size_t attention_workspace_bytes(const AttnDims& d);
-void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels,
-                          float grad_scale, Tensor ws);
+void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
+                          Tensor ws);
 size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V);
 void embedding_forward(Tensor out, Tensor ids, Tensor table);
 void embedding_backward(Tensor dtable, Tensor dout, Tensor ids);

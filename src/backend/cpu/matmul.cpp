@@ -57,8 +57,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
         int64_t j0 = N * p / parts, j1 = N * (p + 1) / parts;
         if (j1 == j0) continue;
         const float* Bb = trans_b ? B + j0 * ldb : B + j0;
-        cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(j1 - j0), int(K), alpha, A, int(lda), Bb, int(ldb), beta,
-                    C + j0, int(ldc));
+        cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(j1 - j0), int(K), alpha, A, int(lda), Bb, int(ldb), beta, C + j0,
+                    int(ldc));
       }
     });
   }
