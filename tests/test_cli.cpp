@@ -170,6 +170,36 @@ TEST_F(Cli, GradAccumulationMatchesOneLargeBatch) {
   }
 }
 
+// --compute-dtype bf16 on the cpu mirrors the GPU's rounding: close to fp32, but not equal.
+TEST_F(Cli, Bf16ComputeOnCpuIsCloseToFp32) {
+  std::string model = make_model("qwen3", "m");
+  std::string data = make_data("d.jsonl", 8);
+  std::string common = "--model " + model + " --data " + data + " --seq-len 16 --device cpu";
+  CmdResult f = run("eval " + common);
+  CmdResult b = run("eval " + common + " --compute-dtype bf16");
+  ASSERT_EQ(f.code, 0) << f.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  double lf = f.last()["loss"], lb = b.last()["loss"];
+  EXPECT_NE(lf, lb);
+  EXPECT_NEAR(lb, lf, 1e-2 * lf);  // bf16 activations: ~3 significant digits
+  ASSERT_EQ(run("grad " + common + " --output " + p("gf.safetensors")).code, 0);
+  ASSERT_EQ(run("grad " + common + " --compute-dtype bf16 --output " + p("gb.safetensors")).code, 0);
+  auto gf = SafetensorsFile::open(p("gf.safetensors")), gb = SafetensorsFile::open(p("gb.safetensors"));
+  for (const auto& t : gf.tensors()) {
+    const float* x = reinterpret_cast<const float*>(t.data);
+    const float* y = reinterpret_cast<const float*>(gb.find(t.name)->data);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      num += double(x[i] - y[i]) * (x[i] - y[i]);
+      den += double(x[i]) * x[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 5e-2) << t.name;  // the GPU parity tolerance is 3e-2 on larger models
+  }
+  CmdResult tr = run("train " + common + " --compute-dtype bf16 --steps 2 --lr 1e-3 --output " + p("out"));
+  EXPECT_EQ(tr.code, 0) << tr.err;
+  expect_input_error(run("eval " + common + " --compute-dtype fp8"), "fp8");
+}
+
 TEST_F(Cli, ShardedOutputAndSaveEvery) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 6);

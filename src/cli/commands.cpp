@@ -33,6 +33,8 @@ void add_data_options(CLI::App* c, DataOptions& d) {
   c->add_option("--seq-len", d.seq_len, "cut records to this many tokens (default: the longest record)");
   c->add_option("--batch-size", d.batch_size, "sequences per micro-batch")->capture_default_str();
   c->add_option("--device", d.device, "cpu, cuda or auto (cuda when a GPU is present)")->capture_default_str();
+  c->add_option("--compute-dtype", d.compute_dtype,
+                "fp32 (cpu default) or bf16 (cuda; on the cpu it mirrors the GPU's rounding)");
 }
 
 int cmd_init(const std::string& config_path, const std::string& output, uint64_t seed, const std::string& dtype_s) {

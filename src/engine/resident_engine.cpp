@@ -12,6 +12,20 @@
 
 namespace sf {
 
+namespace {
+
+DType compute_dtype_for(const Device& d, const std::string& name) {
+  if (name.empty()) return d.is_host() ? DType::F32 : DType::BF16;
+  if (name == "bf16" || name == "bfloat16") return DType::BF16;
+  if (name == "fp32" || name == "float32") {
+    if (!d.is_host()) input_error("--compute-dtype", "fp32 compute is only available on the cpu backend");
+    return DType::F32;
+  }
+  input_error("--compute-dtype", "unknown compute dtype '" + name + "' (expected fp32 or bf16)");
+}
+
+}  // namespace
+
 struct ResidentEngine::Impl {
   Impl(Device& dev, const ModelSpec& s, const ModelLayout& layout, const EngineOptions& opt);
 
@@ -79,7 +93,7 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
     : dev(d),
       spec(s),
       layout(lay),
-      act(d.is_host() ? DType::F32 : DType::BF16),
+      act(compute_dtype_for(d, opt.compute_dtype)),
       stream(d.create_stream()),
       program(s, d.ops(), act) {
   for (const auto& b : layout.blobs) {

@@ -21,6 +21,9 @@ struct EngineOptions {
   int max_seq = 1;       // tokens per sequence
   bool training = true;  // allocate gradients (and AdamW state when optimizer is true)
   bool optimizer = true;
+  // Storage of activations and of the compute copy of the parameters: "" = the device's natural
+  // one (F32 on cpu, BF16 on cuda); "bf16" on the cpu mirrors the GPU's rounding.
+  std::string compute_dtype;
 };
 
 class ResidentEngine {

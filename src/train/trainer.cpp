@@ -57,6 +57,7 @@ Session open_session(const DataOptions& o, bool training, bool optimizer) {
   eo.max_seq = s.max_seq;
   eo.training = training;
   eo.optimizer = optimizer;
+  eo.compute_dtype = o.compute_dtype;
   s.engine = std::make_unique<ResidentEngine>(*s.dev, s.model.spec, eo);
   s.engine->load(reader);
   log_debug("device %s, %zu records, seq_len %d", s.dev->name().c_str(), s.data.records.size(), s.seq_len);

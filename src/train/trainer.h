@@ -9,8 +9,9 @@ struct DataOptions {
   std::string model_dir;
   std::string data;
   std::string device = "auto";
-  int seq_len = 0;     // 0: the longest record (capped at max_position_embeddings when set)
-  int batch_size = 8;  // sequences per micro-batch
+  int seq_len = 0;            // 0: the longest record (capped at max_position_embeddings when set)
+  int batch_size = 8;         // sequences per micro-batch
+  std::string compute_dtype;  // "" (device default), "fp32" (cpu only) or "bf16"
 };
 
 struct EvalResult {
