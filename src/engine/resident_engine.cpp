@@ -328,6 +328,11 @@ double ResidentEngine::take_loss_sum() {
   return m.host_scalars[0];
 }
 
+void ResidentEngine::synchronize() {
+  dev_.synchronize(*impl_->h2d);
+  dev_.synchronize(*impl_->stream);
+}
+
 double ResidentEngine::grad_sq_norm() {
   Impl& m = *impl_;
   Tensor sq(static_cast<char*>(m.scalars.data()) + 4, DType::F32, {1});

@@ -51,6 +51,8 @@ class ResidentEngine {
   std::vector<float> logits(const Batch& b);
   // Sum of the micro-batches' cross-entropy since the last call (waits for the device).
   double take_loss_sum();
+  // Waits until everything queued so far has run.
+  void synchronize();
   // Squared L2 norm of all gradients (waits for the device).
   double grad_sq_norm();
   // One AdamW step on every parameter; grads multiplied by grad_scale first (clipping).

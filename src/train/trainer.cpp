@@ -272,6 +272,10 @@ TrainResult run_train(const TrainOptions& o) {
                                "; stopping (the output directory was not written)");
     }
     const double gnorm = std::sqrt(s.engine->grad_sq_norm());
+    if (!std::isfinite(gnorm)) {
+      throw std::runtime_error("gradient norm is " + std::to_string(gnorm) + " at step " + std::to_string(step + 1) +
+                               " (loss " + std::to_string(loss) + "); stopping before the update");
+    }
     float clip = 1.f;
     if (o.max_grad_norm > 0) clip = float(std::min(1.0, o.max_grad_norm / (gnorm + 1e-6)));
     AdamWParams ap;
@@ -283,7 +287,7 @@ TrainResult run_train(const TrainOptions& o) {
     ap.step = step + 1;
     ap.grad_scale = clip;
     s.engine->adamw_step(ap);
-    s.engine->take_loss_sum();  // waits for the update (keeps timings honest)
+    s.engine->synchronize();  // the update is done (keeps the step timing honest)
     tokens_total += tokens;
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (step == start.step) result.first_loss = loss;
