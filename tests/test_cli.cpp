@@ -321,6 +321,30 @@ TEST_F(Cli, FailedTrainLeavesNoOutput) {
   expect_input_error(run("frobnicate"), "frobnicate");
 }
 
+// A NaN loss stops the run before any update, says so, and writes no output directory.
+TEST_F(Cli, NanLossStopsTraining) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 4);
+  {
+    auto f = SafetensorsFile::open(model + "/model.safetensors");
+    std::vector<std::vector<float>> copies;
+    std::vector<TensorWrite> tw;
+    for (const auto& t : f.tensors()) {
+      copies.emplace_back(size_t(t.numel()));
+      std::memcpy(copies.back().data(), t.data, t.bytes);
+      if (t.name == "model.norm.weight") copies.back()[0] = std::nanf("");
+      tw.push_back(TensorWrite{t.name, t.dtype, t.shape, copies.back().data()});
+    }
+    write_safetensors(p("nan.safetensors"), tw);
+  }
+  fs::rename(p("nan.safetensors"), model + "/model.safetensors");
+  CmdResult r = run("train --model " + model + " --data " + data + " --output " + p("out") +
+                    " --steps 3 --lr 1e-3 --seq-len 16 --device cpu");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("loss is nan at step 1"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(p("out")));
+}
+
 TEST_F(Cli, SlidingWindowShorterThanSeqLenIsRefused) {
   json c = test::tiny_config("mistral");
   c["sliding_window"] = 8;
