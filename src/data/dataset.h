@@ -28,6 +28,7 @@ struct Batch {
   std::vector<int32_t> ids;      // [B*T]
   std::vector<int32_t> targets;  // [B*T], HF causal shift: targets[t] = labels[t+1]; -100 beyond
   int64_t trained = 0;           // number of targets != -100
+  int64_t N() const { return int64_t(B) * T; }
 };
 
 // Builds a batch from records (each cut to seq_len; T = the longest cut record, padded with id 0

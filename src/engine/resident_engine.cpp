@@ -3,10 +3,10 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <random>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "engine/blob_init.h"
+#include "engine/token_uploader.h"
 #include "io/checkpoint.h"
 #include "model/rope.h"
 
@@ -42,18 +42,7 @@ struct ResidentEngine::Impl {
   DeviceBuffer adam_m, adam_v;  // [total] F32
   DeviceBuffer ckpt;            // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
   DeviceBuffer dbuf;            // [3, N, H] act: dy, dx, recompute output scratch
-  // Token ids and targets of a micro-batch, double-buffered so the upload of the next one
-  // overlaps the compute of this one: pinned staging -> (h2d stream) -> device slot.
-  struct TokenSlot {
-    DeviceBuffer host;                // [2, max N] I32: ids, targets (pinned host memory)
-    DeviceBuffer dev;                 // [2, max N] I32
-    std::unique_ptr<Event> uploaded;  // recorded on h2d after the copy
-    std::unique_ptr<Event> consumed;  // recorded on the compute stream after the last read
-  };
-  TokenSlot slots[2];
-  int next_slot = 0;
-  int64_t max_tokens = 0;
-  std::unique_ptr<Stream> h2d;
+  std::unique_ptr<TokenUploader> tokens;
   DeviceBuffer scalars;   // [2] F32: loss sum, squared norm
   DeviceBuffer rope_buf;  // [2, max_T, hd/2] F32
   RopeTables rope;
@@ -111,14 +100,7 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   }
   ckpt = DeviceBuffer(dev, stride_nh * size_t(spec.n_layer + 1));
   dbuf = DeviceBuffer(dev, stride_nh * 3);
-  max_tokens = maxN;
-  h2d = dev.create_stream();
-  for (TokenSlot& t : slots) {
-    t.host = DeviceBuffer(dev, size_t(maxN) * 8, MemoryKind::PinnedHost);
-    t.dev = DeviceBuffer(dev, size_t(maxN) * 8);
-    t.uploaded = dev.create_event();
-    t.consumed = dev.create_event();
-  }
+  tokens = std::make_unique<TokenUploader>(dev, maxN);
   scalars = DeviceBuffer(dev, 256);
   ws = std::make_unique<Workspace>(dev, spec, opt.max_batch, opt.max_seq, act);
 
@@ -150,7 +132,7 @@ ResidentEngine::ResidentEngine(Device& dev, const ModelSpec& spec, const EngineO
 ResidentEngine::~ResidentEngine() {
   if (impl_) {
     try {
-      dev_.synchronize(*impl_->h2d);
+      impl_->tokens->synchronize();
       dev_.synchronize(*impl_->stream);
     } catch (...) {
     }
@@ -171,45 +153,17 @@ void ResidentEngine::Impl::upload_blob(int blob, const std::vector<float>& host)
 void ResidentEngine::load(const CheckpointReader& ckpt) {
   std::vector<float> host;
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    const BlobLayout& blob = layout_.blobs[b];
-    host.assign(size_t(blob.numel), 0.f);
-    for (const BlobEntry& e : blob.entries) ckpt.read_f32(e.name, e.shape, host.data() + e.offset);
+    host.resize(size_t(layout_.blobs[b].numel));
+    read_blob(ckpt, layout_.blobs[b], host.data());
     impl_->upload_blob(int(b), host);
   }
 }
 
 void ResidentEngine::init_random(uint64_t seed) {
-  // Box-Muller on our own uniform draws: the same numbers on every platform and library. Each
-  // chunk of 2^20 values of a tensor has its own generator, so chunks fill in parallel and the
-  // result does not depend on the thread count.
-  constexpr int64_t kChunk = int64_t(1) << 20;
-  const double std = spec_.initializer_range;
   std::vector<float> host;
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    const BlobLayout& blob = layout_.blobs[b];
-    host.assign(size_t(blob.numel), 0.f);
-    for (size_t ei = 0; ei < blob.entries.size(); ++ei) {
-      const BlobEntry& e = blob.entries[ei];
-      float* p = host.data() + e.offset;
-      bool is_norm = e.name.find("norm.weight") != std::string::npos;
-      bool is_bias = e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
-      if (is_norm || is_bias) {
-        std::fill(p, p + e.numel, is_norm ? 1.f : 0.f);
-        continue;
-      }
-      const int64_t chunks = (e.numel + kChunk - 1) / kChunk;
-      cpu_pool().parallel_for(chunks, [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-          std::mt19937_64 rng(seed ^ (0x9E3779B97F4A7C15ull * (b + 1)) ^ (0xC2B2AE3D27D4EB4Full * (ei + 1)) ^
-                              (0x165667B19E3779F9ull * uint64_t(c + 1)));
-          auto uniform = [&] { return (double(rng() >> 11) + 0.5) * (1.0 / 9007199254740992.0); };
-          for (int64_t i = c * kChunk; i < std::min(e.numel, (c + 1) * kChunk); ++i) {
-            double u1 = uniform(), u2 = uniform();
-            p[i] = float(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
-          }
-        }
-      });
-    }
+    host.resize(size_t(layout_.blobs[b].numel));
+    random_blob(layout_.blobs[b], int(b), seed, spec_.initializer_range, host.data());
     impl_->upload_blob(int(b), host);
   }
 }
@@ -217,8 +171,7 @@ void ResidentEngine::init_random(uint64_t seed) {
 size_t ResidentEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
-         m.dbuf.size() + m.slots[0].dev.size() + m.slots[1].dev.size() + m.scalars.size() + m.rope_buf.size() +
-         m.ws->bytes();
+         m.dbuf.size() + m.tokens->device_bytes() + m.scalars.size() + m.rope_buf.size() + m.ws->bytes();
 }
 
 void ResidentEngine::zero_grads() {
@@ -247,33 +200,18 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   const int head_blob = int(layout_.blobs.size()) - 1;
   const DType act = m.act;
 
-  // Tokens: staging is rewritten once its previous copy is done; the device slot once the
-  // compute that read it (two micro-batches ago) is done. No wait on the compute stream here.
-  Impl::TokenSlot& slot = m.slots[m.next_slot];
-  m.next_slot ^= 1;
-  dev_.synchronize(*slot.uploaded);
-  int32_t* staged = static_cast<int32_t*>(slot.host.data());
-  std::memcpy(staged, b.ids.data(), size_t(N) * 4);
-  std::memcpy(staged + m.max_tokens, b.targets.data(), size_t(N) * 4);
-  int32_t* on_dev = static_cast<int32_t*>(slot.dev.data());
-  dev_.wait(*m.h2d, *slot.consumed);
-  dev_.copy(on_dev, staged, size_t(N) * 4, CopyKind::HostToDevice, *m.h2d);
-  dev_.copy(on_dev + m.max_tokens, staged + m.max_tokens, size_t(N) * 4, CopyKind::HostToDevice, *m.h2d);
-  dev_.record(*slot.uploaded, *m.h2d);
-  dev_.wait(st, *slot.uploaded);
-  Tensor ids(on_dev, DType::I32, {N});
-  Tensor targets(on_dev + m.max_tokens, DType::I32, {N});
-  struct MarkConsumed {  // every exit below records that the slot's tokens were read
-    Device& dev;
-    Event& e;
+  const TokenUploader::Tokens tok = m.tokens->upload(b, st);
+  const Tensor ids = tok.ids, targets = tok.targets;
+  struct MarkDone {  // every exit below records that the tokens were read
+    TokenUploader& t;
     Stream& s;
-    ~MarkConsumed() {
+    ~MarkDone() {
       try {
-        dev.record(e, s);
+        t.done(s);
       } catch (...) {  // a failing device reports at the next synchronize
       }
     }
-  } mark{dev_, *slot.consumed, st};
+  } mark{*m.tokens, st};
 
   const DeviceBuffer& pbuf = act == DType::F32 ? m.master : m.compute;  // parameters in compute dtype
   Tensor emb_table = m.entry(pbuf, 0, 0, act);
@@ -329,7 +267,7 @@ double ResidentEngine::take_loss_sum() {
 }
 
 void ResidentEngine::synchronize() {
-  dev_.synchronize(*impl_->h2d);
+  impl_->tokens->synchronize();
   dev_.synchronize(*impl_->stream);
 }
 

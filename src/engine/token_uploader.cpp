@@ -1,0 +1,46 @@
+#include "engine/token_uploader.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace sf {
+
+TokenUploader::TokenUploader(Device& dev, int64_t max_tokens)
+    : dev_(dev), max_tokens_(max_tokens), h2d_(dev.create_stream()) {
+  for (Slot& s : slots_) {
+    s.host = DeviceBuffer(dev, size_t(max_tokens) * 8, MemoryKind::PinnedHost);
+    s.dev = DeviceBuffer(dev, size_t(max_tokens) * 8);
+    s.uploaded = dev.create_event();
+    s.consumed = dev.create_event();
+  }
+}
+
+TokenUploader::Tokens TokenUploader::upload(const Batch& b, Stream& compute) {
+  const int64_t N = b.N();
+  SF_CHECK(N <= max_tokens_, "batch larger than the token buffers");
+  current_ = next_;
+  next_ ^= 1;
+  Slot& s = slots_[current_];
+  // Staging is rewritten once its previous copy is done; the device slot once the compute that
+  // read it (two micro-batches ago) is done.
+  dev_.synchronize(*s.uploaded);
+  int32_t* staged = static_cast<int32_t*>(s.host.data());
+  std::memcpy(staged, b.ids.data(), size_t(N) * 4);
+  std::memcpy(staged + max_tokens_, b.targets.data(), size_t(N) * 4);
+  int32_t* on_dev = static_cast<int32_t*>(s.dev.data());
+  dev_.wait(*h2d_, *s.consumed);
+  dev_.copy(on_dev, staged, size_t(N) * 4, CopyKind::HostToDevice, *h2d_);
+  dev_.copy(on_dev + max_tokens_, staged + max_tokens_, size_t(N) * 4, CopyKind::HostToDevice, *h2d_);
+  dev_.record(*s.uploaded, *h2d_);
+  dev_.wait(compute, *s.uploaded);
+  return Tokens{Tensor(on_dev, DType::I32, {N}), Tensor(on_dev + max_tokens_, DType::I32, {N})};
+}
+
+void TokenUploader::done(Stream& compute) {
+  if (current_ >= 0) dev_.record(*slots_[current_].consumed, compute);
+}
+
+void TokenUploader::synchronize() { dev_.synchronize(*h2d_); }
+
+}  // namespace sf

@@ -1,0 +1,40 @@
+// Token ids and targets of successive micro-batches, uploaded on their own stream through
+// double-buffered pinned staging, ordered by events: the upload of the next micro-batch overlaps
+// the compute of this one, and no call waits on the compute stream.
+#pragma once
+#include <memory>
+
+#include "backend/device.h"
+#include "data/dataset.h"
+
+namespace sf {
+
+class TokenUploader {
+ public:
+  TokenUploader(Device& dev, int64_t max_tokens);
+  struct Tokens {
+    Tensor ids;      // [N] I32 on the device
+    Tensor targets;  // [N] I32 on the device
+  };
+  // Queues the batch's upload and makes `compute` wait for it. Call done(compute) after the
+  // last operation that reads the returned tensors has been queued.
+  Tokens upload(const Batch& b, Stream& compute);
+  void done(Stream& compute);
+  void synchronize();  // the upload stream is idle
+  size_t device_bytes() const { return 2 * size_t(max_tokens_) * 8; }
+
+ private:
+  struct Slot {
+    DeviceBuffer host;                // [2, max N] I32 pinned: ids, targets
+    DeviceBuffer dev;                 // [2, max N] I32
+    std::unique_ptr<Event> uploaded;  // recorded on the upload stream after the copy
+    std::unique_ptr<Event> consumed;  // recorded on the compute stream after the last read
+  };
+  Device& dev_;
+  int64_t max_tokens_;
+  std::unique_ptr<Stream> h2d_;
+  Slot slots_[2];
+  int next_ = 0, current_ = -1;
+};
+
+}  // namespace sf
