@@ -6,9 +6,9 @@
 
 #include "core/error.h"
 #include "engine/blob_init.h"
+#include "engine/device_rope.h"
 #include "engine/token_uploader.h"
 #include "io/checkpoint.h"
-#include "model/rope.h"
 
 namespace sf {
 
@@ -43,8 +43,8 @@ struct ResidentEngine::Impl {
   DeviceBuffer ckpt;            // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
   DeviceBuffer dbuf;            // [3, N, H] act: dy, dx, recompute output scratch
   std::unique_ptr<TokenUploader> tokens;
-  DeviceBuffer scalars;   // [2] F32: loss sum, squared norm
-  DeviceBuffer rope_buf;  // [2, max_T, hd/2] F32
+  DeviceBuffer scalars;  // [2] F32: loss sum, squared norm
+  std::unique_ptr<DeviceRope> rope_dev;
   RopeTables rope;
   std::unique_ptr<Workspace> ws;
   std::unique_ptr<Stream> stream;
@@ -104,15 +104,8 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   scalars = DeviceBuffer(dev, 256);
   ws = std::make_unique<Workspace>(dev, spec, opt.max_batch, opt.max_seq, act);
 
-  std::vector<float> cos, sin;
-  rope_tables(spec, opt.max_seq, cos, sin);
-  const size_t table = cos.size() * 4;
-  rope_buf = DeviceBuffer(dev, 2 * table);
-  dev.copy(rope_buf.data(), cos.data(), table, CopyKind::HostToDevice, *stream);
-  dev.copy(static_cast<char*>(rope_buf.data()) + table, sin.data(), table, CopyKind::HostToDevice, *stream);
-  const int64_t half = spec.head_dim / 2;
-  rope.cos = Tensor(rope_buf.data(), DType::F32, {int64_t(opt.max_seq), half});
-  rope.sin = Tensor(static_cast<char*>(rope_buf.data()) + table, DType::F32, {int64_t(opt.max_seq), half});
+  rope_dev = std::make_unique<DeviceRope>(dev, spec, opt.max_seq, *stream);
+  rope = rope_dev->tables;
 
   Ops& ops = dev.ops();
   ops.zero(Tensor(master.data(), DType::F32, {total}), *stream);  // padding between tensors stays 0
@@ -171,7 +164,7 @@ void ResidentEngine::init_random(uint64_t seed) {
 size_t ResidentEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
-         m.dbuf.size() + m.tokens->device_bytes() + m.scalars.size() + m.rope_buf.size() + m.ws->bytes();
+         m.dbuf.size() + m.tokens->device_bytes() + m.scalars.size() + m.rope_dev->buf.size() + m.ws->bytes();
 }
 
 void ResidentEngine::zero_grads() {

@@ -54,9 +54,12 @@ struct CpuStream : Stream {
   std::exception_ptr error;  // first task failure; rethrown at synchronize
   std::thread worker;
   std::mt19937_64 rng;
-  int max_delay_us;
+  CpuDeviceOptions delays;
 
-  CpuStream(int delay_us, uint64_t seed) : rng(seed), max_delay_us(delay_us) {
+  bool stalls;
+
+  CpuStream(const CpuDeviceOptions& o, uint64_t seed, int index)
+      : rng(seed), delays(o), stalls(index < 64 && ((o.stall_streams >> index) & 1)) {
     worker = std::thread([this] { run(); });
   }
   ~CpuStream() override {
@@ -85,8 +88,11 @@ struct CpuStream : Stream {
         queue.pop_front();
         busy = true;
       }
-      if (max_delay_us > 0) {
-        std::this_thread::sleep_for(std::chrono::microseconds(rng() % (uint64_t(max_delay_us) + 1)));
+      if (delays.max_delay_us > 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % (uint64_t(delays.max_delay_us) + 1)));
+      }
+      if (stalls && delays.stall_every > 0 && rng() % uint64_t(delays.stall_every) == 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(delays.stall_us));
       }
       try {
         fn();  // even after a failure, so that event completions still happen
@@ -202,7 +208,8 @@ class CpuDevice final : public Device {
   void free_pinned(void* p) override { std::free(p); }
 
   std::unique_ptr<Stream> create_stream() override {
-    return std::make_unique<CpuStream>(opt_.max_delay_us, opt_.delay_seed + 0x9e3779b97f4a7c15ull * ++streams_);
+    const uint64_t n = streams_++;
+    return std::make_unique<CpuStream>(opt_, opt_.delay_seed + 0x9e3779b97f4a7c15ull * (n + 1), int(n));
   }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
 

@@ -1,0 +1,21 @@
+#include "engine/device_rope.h"
+
+#include "model/rope.h"
+
+namespace sf {
+
+DeviceRope::DeviceRope(Device& dev, const ModelSpec& spec, int max_T, Stream& s) {
+  std::vector<float> cos, sin;
+  rope_tables(spec, max_T, cos, sin);
+  const size_t table = cos.size() * 4;
+  buf = DeviceBuffer(dev, 2 * table);
+  char* base = static_cast<char*>(buf.data());
+  dev.copy(base, cos.data(), table, CopyKind::HostToDevice, s);
+  dev.copy(base + table, sin.data(), table, CopyKind::HostToDevice, s);
+  const int64_t half = spec.head_dim / 2;
+  tables.cos = Tensor(base, DType::F32, {int64_t(max_T), half});
+  tables.sin = Tensor(base + table, DType::F32, {int64_t(max_T), half});
+  dev.synchronize(s);  // the host tables go out of scope
+}
+
+}  // namespace sf

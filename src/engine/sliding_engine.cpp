@@ -1,0 +1,446 @@
+#include "engine/sliding_engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "backend/cpu/kernels.h"
+#include "core/error.h"
+#include "core/host_memory.h"
+#include "engine/blob_init.h"
+#include "engine/device_rope.h"
+#include "engine/token_uploader.h"
+#include "io/checkpoint.h"
+#include "model/program.h"
+
+namespace sf {
+
+namespace {
+
+DType natural_compute_dtype(const Device& d, const std::string& name) {
+  if (name.empty()) return d.is_host() ? DType::F32 : DType::BF16;
+  if (name == "bf16" || name == "bfloat16") return DType::BF16;
+  if ((name == "fp32" || name == "float32") && d.is_host()) return DType::F32;
+  input_error("--compute-dtype", "'" + name + "' is not available here (fp32 on the cpu backend, or bf16)");
+}
+
+}  // namespace
+
+struct SlidingEngine::Impl {
+  Impl(Device& d, const ModelSpec& s, const ModelLayout& lay, const SlidingOptions& o);
+
+  Device& dev;
+  const ModelSpec& spec;
+  const ModelLayout& layout;
+  DType act;
+  int L = 0;
+  std::vector<int64_t> blob_off;  // element offset of each blob in the flat host buffers
+  int64_t total = 0, max_blob = 0, max_layer_blob = 0;
+  int64_t max_tokens = 0;
+  size_t stride_nh = 0;  // bytes of one [max N, H] activation
+
+  // Host state, flat, in the resident engine's layout (so both run the same host kernels).
+  DeviceBuffer master;        // [total] F32, pinned: the upload source when act == F32
+  DeviceBuffer upload;        // [total] act, pinned: the compute copy uploaded when act != F32
+  HostBuffer grads;           // [total] F32: accumulated over the micro-batches of a step
+  HostBuffer adam_m, adam_v;  // [total] F32
+
+  // GPU parameter slots: [K, max_blob] act.
+  struct Slot {
+    int blob = -1;
+    uint64_t last_use = 0;
+    std::unique_ptr<Event> ready;     // h2d: the upload into the slot is done
+    std::unique_ptr<Event> released;  // compute: the last kernel reading the slot is done
+  };
+  DeviceBuffer slot_mem;
+  std::vector<Slot> slots;
+  uint64_t clock = 0;
+  int64_t uploads = 0;
+
+  // Gradients leave the GPU through these: a device buffer, its pinned staging, two events.
+  struct GradBuf {
+    DeviceBuffer dev;                 // [numel] F32
+    DeviceBuffer host;                // [numel] F32 pinned
+    std::unique_ptr<Event> computed;  // compute: the gradient is complete
+    std::unique_ptr<Event> free;      // d2h: copied down and added on the host
+  };
+  GradBuf layer_grads[2];  // [max layer blob], alternating between layers
+  int next_grad = 0;
+  GradBuf emb_grads, head_grads;  // whole backward (the tied head adds into the embedding's)
+
+  // Activations.
+  DeviceBuffer fwd_acts;   // [2, N, H]: layer input / output, alternating, in the forward
+  DeviceBuffer bwd_acts;   // [2, N, H]: checkpoints fetched back for the backward
+  DeviceBuffer dbuf;       // [3, N, H]: dy, dx, recompute output
+  DeviceBuffer host_ckpt;  // [L, N, H] act, pinned: each layer's input
+  std::unique_ptr<Event> fwd_done[2], fwd_free[2], bwd_ready[2], bwd_free[2];
+
+  DeviceBuffer scalars;  // [2] F32: loss sum, squared norm (device side)
+  float host_loss = 0;
+  std::unique_ptr<Stream> compute, h2d, d2h;
+  std::unique_ptr<DeviceRope> rope;
+  std::unique_ptr<Workspace> ws;
+  std::unique_ptr<TokenUploader> tokens;
+  Program program;
+
+  Tensor act_at(const DeviceBuffer& b, int i, int64_t N) const {
+    return Tensor(static_cast<char*>(b.data()) + size_t(i) * stride_nh, act, {N, spec.hidden});
+  }
+  void* slot_ptr(int k) const {
+    return static_cast<char*>(slot_mem.data()) + size_t(k) * size_t(max_blob) * dtype_size(act);
+  }
+  // The host copy of a blob's parameters in the compute dtype (the upload source).
+  const void* host_params(int blob) const {
+    const DeviceBuffer& src = act == DType::F32 ? master : upload;
+    return static_cast<const char*>(src.data()) + size_t(blob_off[blob]) * dtype_size(act);
+  }
+  float* host_f32(void* base, int blob) const { return static_cast<float*>(base) + blob_off[blob]; }
+
+  // The slot holding `blob`, uploading it first if needed (the least recently used slot other
+  // than `keep` is reused once the compute stream has released it). With `use`, the compute
+  // stream waits for the upload.
+  int acquire(int blob, bool use, int keep = -1) {
+    for (int k = 0; k < int(slots.size()); ++k) {
+      if (slots[k].blob != blob) continue;
+      slots[k].last_use = ++clock;
+      if (use) dev.wait(*compute, *slots[k].ready);
+      return k;
+    }
+    int v = -1;
+    for (int k = 0; k < int(slots.size()); ++k) {
+      if (k == keep) continue;
+      if (v < 0 || slots[k].last_use < slots[v].last_use) v = k;
+    }
+    SF_CHECK(v >= 0, "no free parameter slot");
+    Slot& s = slots[v];
+    dev.wait(*h2d, *s.released);
+    dev.copy(slot_ptr(v), host_params(blob), size_t(layout.blobs[blob].numel) * dtype_size(act), CopyKind::HostToDevice,
+             *h2d);
+    dev.record(*s.ready, *h2d);
+    ++uploads;
+    s.blob = blob;
+    s.last_use = ++clock;
+    if (use) dev.wait(*compute, *s.ready);
+    return v;
+  }
+  void release(int k) {
+    if (k >= 0) dev.record(*slots[k].released, *compute);
+  }
+  void invalidate_slots() {
+    for (Slot& s : slots) s.blob = -1;
+  }
+
+  // Gradient of `blob` in g.dev is complete on the compute stream: copy it down and add it into
+  // the host accumulator, in the d2h stream's order.
+  void send_grads(GradBuf& g, int blob) {
+    const int64_t n = layout.blobs[blob].numel;
+    dev.record(*g.computed, *compute);
+    dev.wait(*d2h, *g.computed);
+    dev.copy(g.host.data(), g.dev.data(), size_t(n) * 4, CopyKind::DeviceToHost, *d2h);
+    float* dst = host_f32(grads.data(), blob);
+    const float* src = static_cast<const float*>(g.host.data());
+    dev.host_fn(*d2h, [dst, src, n] {
+      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    });
+    dev.record(*g.free, *d2h);
+  }
+  // Zeroes a gradient buffer on the compute stream once its last contents have left.
+  Tensor fresh_grads(GradBuf& g, int blob) {
+    dev.wait(*compute, *g.free);
+    Tensor t(g.dev.data(), DType::F32, {layout.blobs[blob].numel});
+    dev.ops().zero(t, *compute);
+    return t;
+  }
+  // Checkpoint l (the input of layer l) back to bwd_acts[l % 2], on the h2d stream.
+  void fetch_checkpoint(int l, int64_t N) {
+    const int i = l % 2;
+    dev.wait(*h2d, *bwd_free[i]);
+    dev.wait(*h2d, *fwd_free[l % 2]);  // its offload (and any later one) is done
+    const size_t bytes = size_t(N * spec.hidden) * dtype_size(act);
+    dev.copy(act_at(bwd_acts, i, N).data, static_cast<char*>(host_ckpt.data()) + size_t(l) * stride_nh, bytes,
+             CopyKind::HostToDevice, *h2d);
+    dev.record(*bwd_ready[i], *h2d);
+  }
+  void sync_all() {
+    tokens->synchronize();
+    dev.synchronize(*h2d);
+    dev.synchronize(*compute);
+    dev.synchronize(*d2h);
+  }
+  void refresh_upload_copy() {
+    if (act == DType::F32) return;
+    cpu::cast(Tensor(upload.data(), act, {total}), Tensor(master.data(), DType::F32, {total}));
+  }
+};
+
+SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay, const SlidingOptions& o)
+    : dev(d),
+      spec(s),
+      layout(lay),
+      act(natural_compute_dtype(d, o.base.compute_dtype)),
+      L(s.n_layer),
+      compute(d.create_stream()),
+      h2d(d.create_stream()),
+      d2h(d.create_stream()),
+      program(s, d.ops(), act) {
+  SF_CHECK(o.slots >= 2, "the sliding engine needs at least 2 parameter slots");
+  for (const auto& b : layout.blobs) {
+    blob_off.push_back(total);
+    total += b.numel;
+    max_blob = std::max(max_blob, b.numel);
+    if (b.kind == BlobKind::Layer) max_layer_blob = std::max(max_layer_blob, b.numel);
+  }
+  max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
+  stride_nh = (size_t(max_tokens * spec.hidden) * dtype_size(act) + 255) / 256 * 256;
+
+  master = DeviceBuffer(dev, size_t(total) * 4, MemoryKind::PinnedHost);
+  std::memset(master.data(), 0, size_t(total) * 4);  // padding between tensors stays 0
+  if (act != DType::F32) upload = DeviceBuffer(dev, size_t(total) * dtype_size(act), MemoryKind::PinnedHost);
+  grads = HostBuffer(size_t(total) * 4);
+  adam_m = HostBuffer(size_t(total) * 4);
+  adam_v = HostBuffer(size_t(total) * 4);
+  std::memset(grads.data(), 0, grads.size());
+  std::memset(adam_m.data(), 0, adam_m.size());
+  std::memset(adam_v.data(), 0, adam_v.size());
+
+  slot_mem = DeviceBuffer(dev, size_t(o.slots) * size_t(max_blob) * dtype_size(act));
+  slots.resize(size_t(o.slots));
+  for (Slot& sl : slots) {
+    sl.ready = dev.create_event();
+    sl.released = dev.create_event();
+  }
+  auto make_grads = [&](GradBuf& g, int64_t n) {
+    g.dev = DeviceBuffer(dev, size_t(n) * 4);
+    g.host = DeviceBuffer(dev, size_t(n) * 4, MemoryKind::PinnedHost);
+    g.computed = dev.create_event();
+    g.free = dev.create_event();
+  };
+  for (GradBuf& g : layer_grads) make_grads(g, max_layer_blob);
+  make_grads(emb_grads, layout.embedding().numel);
+  make_grads(head_grads, layout.head().numel);
+
+  fwd_acts = DeviceBuffer(dev, 2 * stride_nh);
+  bwd_acts = DeviceBuffer(dev, 2 * stride_nh);
+  dbuf = DeviceBuffer(dev, 3 * stride_nh);
+  host_ckpt = DeviceBuffer(dev, size_t(std::max(L, 1)) * stride_nh, MemoryKind::PinnedHost);
+  for (int i = 0; i < 2; ++i) {
+    fwd_done[i] = dev.create_event();
+    fwd_free[i] = dev.create_event();
+    bwd_ready[i] = dev.create_event();
+    bwd_free[i] = dev.create_event();
+  }
+  scalars = DeviceBuffer(dev, 256);
+  dev.ops().zero(Tensor(scalars.data(), DType::F32, {2}), *compute);
+  rope = std::make_unique<DeviceRope>(dev, spec, o.base.max_seq, *compute);
+  ws = std::make_unique<Workspace>(dev, spec, o.base.max_batch, o.base.max_seq, act);
+  tokens = std::make_unique<TokenUploader>(dev, max_tokens);
+}
+
+SlidingEngine::SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOptions& opt)
+    : dev_(dev), spec_(spec), layout_(make_layout(spec)), opt_(opt) {
+  impl_ = std::make_unique<Impl>(dev_, spec_, layout_, opt_);
+}
+
+SlidingEngine::~SlidingEngine() {
+  if (impl_) {
+    try {
+      impl_->sync_all();
+    } catch (...) {
+    }
+  }
+}
+
+void SlidingEngine::load(const CheckpointReader& ckpt) {
+  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
+    read_blob(ckpt, layout_.blobs[b], impl_->host_f32(impl_->master.data(), int(b)));
+  }
+  impl_->refresh_upload_copy();
+  impl_->invalidate_slots();
+}
+
+void SlidingEngine::init_random(uint64_t seed) {
+  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
+    random_blob(layout_.blobs[b], int(b), seed, spec_.initializer_range, impl_->host_f32(impl_->master.data(), int(b)));
+  }
+  impl_->refresh_upload_copy();
+  impl_->invalidate_slots();
+}
+
+void SlidingEngine::zero_grads() {
+  Impl& m = *impl_;
+  m.dev.synchronize(*m.d2h);  // host additions of the last step are done
+  std::memset(m.grads.data(), 0, m.grads.size());
+}
+
+void SlidingEngine::forward_backward(const Batch& b, float grad_scale, bool backward) {
+  Impl& m = *impl_;
+  SF_CHECK(b.B <= opt_.base.max_batch && b.T <= opt_.base.max_seq, "batch larger than the engine was built for");
+  Stream& c = *m.compute;
+  const BatchDims d{b.B, b.T};
+  const int64_t N = d.N();
+  const int L = m.L;
+  const int head_blob = L + 1;
+  const DType act = m.act;
+  const size_t act_bytes = size_t(N * spec_.hidden) * dtype_size(act);
+
+  const TokenUploader::Tokens tok = m.tokens->upload(b, c);
+  auto params = [&](int k, int blob) { return layer_views(layout_.blobs[blob], m.slot_ptr(k), act); };
+  auto entry = [&](int k, int blob, int i) { return entry_view(layout_.blobs[blob].entries[i], m.slot_ptr(k), act); };
+
+  // Forward: layer l reads fwd_acts[l % 2] and writes fwd_acts[(l + 1) % 2]; its input then goes
+  // to host_ckpt[l] on the d2h stream.
+  int k = m.acquire(0, true);
+  m.program.embed_forward(m.act_at(m.fwd_acts, 0, N), tok.ids, entry(k, 0, 0), c);
+  m.release(k);
+  if (L > 0) m.acquire(1, false);
+  for (int l = 0; l < L; ++l) {
+    k = m.acquire(1 + l, true);
+    m.acquire(std::min(2 + l, head_blob), false, k);  // prefetch the next blob
+    Tensor in = m.act_at(m.fwd_acts, l % 2, N), out = m.act_at(m.fwd_acts, (l + 1) % 2, N);
+    dev_.wait(c, *m.fwd_free[(l + 1) % 2]);  // out's last contents (layer l-1's input) are offloaded
+    m.program.layer_forward(params(k, 1 + l), in, out, m.ws->layer(d), d, m.rope->tables, c);
+    m.release(k);
+    if (backward) {
+      dev_.record(*m.fwd_done[l % 2], c);
+      dev_.wait(*m.d2h, *m.fwd_done[l % 2]);
+      dev_.copy(static_cast<char*>(m.host_ckpt.data()) + size_t(l) * m.stride_nh, in.data, act_bytes,
+                CopyKind::DeviceToHost, *m.d2h);
+      dev_.record(*m.fwd_free[l % 2], *m.d2h);
+    }
+  }
+
+  // Head.
+  const Tensor xL = m.act_at(m.fwd_acts, L % 2, N);
+  const int kh = m.acquire(head_blob, true);
+  const int ke = spec_.tie_embeddings ? m.acquire(0, true, kh) : -1;
+  const Tensor norm_w = entry(kh, head_blob, 0);
+  const Tensor w_head = spec_.tie_embeddings ? entry(ke, 0, 0) : entry(kh, head_blob, 1);
+  Tensor loss_sum(m.scalars.data(), DType::F32, {1});
+  const HeadBuffers hb = m.ws->head(d);
+  if (!backward) {
+    m.program.head_forward_backward(xL, norm_w, w_head, tok.targets, loss_sum, Tensor(), Tensor(), Tensor(), grad_scale,
+                                    hb, d, c);
+    m.release(kh);
+    m.release(ke);
+    m.tokens->done(c);
+    return;
+  }
+  if (L > 0) m.fetch_checkpoint(L - 1, N);
+  const Tensor g_emb = entry_view(layout_.embedding().entries[0], m.fresh_grads(m.emb_grads, 0).data, DType::F32);
+  const void* g_headblob = m.fresh_grads(m.head_grads, head_blob).data;
+  const BlobLayout& hl = layout_.head();
+  Tensor g_norm = entry_view(hl.entries[0], const_cast<void*>(g_headblob), DType::F32);
+  Tensor g_w_head = spec_.tie_embeddings ? g_emb : entry_view(hl.entries[1], const_cast<void*>(g_headblob), DType::F32);
+  Tensor dy = m.act_at(m.dbuf, 0, N), dx = m.act_at(m.dbuf, 1, N), scratch = m.act_at(m.dbuf, 2, N);
+  m.program.head_forward_backward(xL, norm_w, w_head, tok.targets, loss_sum, dy, g_norm, g_w_head, grad_scale, hb, d,
+                                  c);
+  m.release(kh);
+  m.release(ke);
+  m.send_grads(m.head_grads, head_blob);
+
+  // Backward: layer l recomputes from its fetched checkpoint; its gradient leaves at once.
+  for (int l = L - 1; l >= 0; --l) {
+    k = m.acquire(1 + l, true);
+    if (l > 0) {
+      m.acquire(l, false, k);  // prefetch layer l-1's parameters and checkpoint
+      m.fetch_checkpoint(l - 1, N);
+    }
+    dev_.wait(c, *m.bwd_ready[l % 2]);
+    Tensor x = m.act_at(m.bwd_acts, l % 2, N);
+    Impl::GradBuf& gb = m.layer_grads[m.next_grad];
+    m.next_grad ^= 1;
+    Tensor g = m.fresh_grads(gb, 1 + l);
+    LayerBuffers w = m.ws->layer(d);
+    m.program.layer_forward(params(k, 1 + l), x, scratch, w, d, m.rope->tables, c);
+    m.program.layer_backward(params(k, 1 + l), layer_views(layout_.layer(l), g.data, DType::F32), x, dy, dx, w, d,
+                             m.rope->tables, c);
+    std::swap(dy, dx);
+    m.release(k);
+    dev_.record(*m.bwd_free[l % 2], c);
+    m.send_grads(gb, 1 + l);
+  }
+  m.program.embed_backward(g_emb, dy, tok.ids, c);
+  m.tokens->done(c);
+  m.send_grads(m.emb_grads, 0);
+}
+
+double SlidingEngine::take_loss_sum() {
+  Impl& m = *impl_;
+  dev_.copy(&m.host_loss, m.scalars.data(), 4, CopyKind::DeviceToHost, *m.compute);
+  dev_.ops().zero(Tensor(m.scalars.data(), DType::F32, {1}), *m.compute);
+  dev_.synchronize(*m.compute);
+  return m.host_loss;
+}
+
+double SlidingEngine::grad_sq_norm() {
+  Impl& m = *impl_;
+  dev_.synchronize(*m.d2h);  // every gradient has been added on the host
+  float sq = 0.f;
+  cpu::sq_norm(Tensor(&sq, DType::F32, {1}), Tensor(m.grads.data(), DType::F32, {m.total}));
+  return sq;
+}
+
+void SlidingEngine::adamw_step(const AdamWParams& p) {
+  Impl& m = *impl_;
+  m.sync_all();  // no upload may read the host parameters while they change
+  Tensor copy = m.act == DType::F32 ? Tensor() : Tensor(m.upload.data(), m.act, {m.total});
+  cpu::adamw(Tensor(m.master.data(), DType::F32, {m.total}), Tensor(m.grads.data(), DType::F32, {m.total}),
+             Tensor(m.adam_m.data(), DType::F32, {m.total}), Tensor(m.adam_v.data(), DType::F32, {m.total}), copy, p);
+  m.invalidate_slots();
+}
+
+void SlidingEngine::synchronize() { impl_->sync_all(); }
+
+std::vector<SlidingEngine::HostTensor> SlidingEngine::export_state(State which) {
+  Impl& m = *impl_;
+  m.sync_all();
+  void* base = which == State::Params  ? m.master.data()
+               : which == State::Grads ? m.grads.data()
+               : which == State::AdamM ? m.adam_m.data()
+                                       : m.adam_v.data();
+  std::vector<HostTensor> out;
+  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
+    const float* blob = m.host_f32(base, int(b));
+    for (const BlobEntry& e : layout_.blobs[b].entries) {
+      out.push_back(HostTensor{e.name, e.shape, std::vector<float>(blob + e.offset, blob + e.offset + e.numel)});
+    }
+  }
+  return out;
+}
+
+void SlidingEngine::import_state(State which, const std::vector<HostTensor>& tensors) {
+  Impl& m = *impl_;
+  m.sync_all();
+  void* base = which == State::Params  ? m.master.data()
+               : which == State::Grads ? m.grads.data()
+               : which == State::AdamM ? m.adam_m.data()
+                                       : m.adam_v.data();
+  std::map<std::string, const HostTensor*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t;
+  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
+    float* blob = m.host_f32(base, int(b));
+    for (const BlobEntry& e : layout_.blobs[b].entries) {
+      auto it = by_name.find(e.name);
+      SF_CHECK(it != by_name.end(), "import_state: missing " + e.name);
+      SF_CHECK(it->second->shape == e.shape, "import_state: shape mismatch for " + e.name);
+      std::copy(it->second->data.begin(), it->second->data.end(), blob + e.offset);
+    }
+  }
+  if (which == State::Params) {
+    m.refresh_upload_copy();
+    m.invalidate_slots();
+  }
+}
+
+size_t SlidingEngine::device_bytes() const {
+  const Impl& m = *impl_;
+  size_t n = m.slot_mem.size() + m.fwd_acts.size() + m.bwd_acts.size() + m.dbuf.size() + m.scalars.size() +
+             m.rope->buf.size() + m.ws->bytes() + m.tokens->device_bytes() + m.emb_grads.dev.size() +
+             m.head_grads.dev.size();
+  for (const auto& g : m.layer_grads) n += g.dev.size();
+  return n;
+}
+
+int64_t SlidingEngine::uploads() const { return impl_->uploads; }
+
+}  // namespace sf

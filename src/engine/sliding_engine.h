@@ -1,0 +1,60 @@
+// The sliding engine (DESIGN.md §3-4): the GPU holds a ring of parameter slots through which the
+// blobs slide, layer by layer; fp32 master weights, AdamW state and gradients live in host
+// memory; activation checkpoints (each layer's input) are offloaded to pinned host memory after
+// the layer's forward and prefetched back before its backward. Uploads, offloads and compute run
+// on three streams ordered by events only.
+//
+// This first version keeps the optimizer step after the backward (the "clipping" schedule of
+// DESIGN.md §4: exact, no overlap of AdamW with the next forward yet) and the CPU AdamW on the
+// host's thread pool. On the cpu backend it is bit for bit the resident engine (tested).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/device.h"
+#include "data/dataset.h"
+#include "engine/resident_engine.h"
+#include "model/layout.h"
+#include "model/spec.h"
+
+namespace sf {
+
+struct SlidingOptions {
+  EngineOptions base;  // batch limits, compute dtype (training and optimizer are always on)
+  int slots = 3;       // GPU parameter slots (>= 3: the one in use, the next, the tied embedding)
+};
+
+class SlidingEngine {
+ public:
+  using HostTensor = ResidentEngine::HostTensor;
+  using State = ResidentEngine::State;
+
+  SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOptions& opt);
+  ~SlidingEngine();
+
+  const ModelSpec& spec() const { return spec_; }
+  void load(const CheckpointReader& ckpt);
+  void init_random(uint64_t seed);
+  void zero_grads();
+  void forward_backward(const Batch& b, float grad_scale, bool backward);
+  double take_loss_sum();
+  double grad_sq_norm();
+  void adamw_step(const AdamWParams& p);
+  void synchronize();
+  std::vector<HostTensor> export_state(State which);
+  void import_state(State which, const std::vector<HostTensor>& tensors);
+  size_t device_bytes() const;
+  // Uploads of parameter blobs since construction (for tests of the slot policy).
+  int64_t uploads() const;
+
+ private:
+  struct Impl;
+  Device& dev_;
+  ModelSpec spec_;
+  ModelLayout layout_;
+  SlidingOptions opt_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sf
