@@ -33,6 +33,9 @@ void add_data_options(CLI::App* c, DataOptions& d) {
   c->add_option("--seq-len", d.seq_len, "cut records to this many tokens (default: the longest record)");
   c->add_option("--batch-size", d.batch_size, "sequences per micro-batch")->capture_default_str();
   c->add_option("--device", d.device, "cpu, cuda or auto (cuda when a GPU is present)")->capture_default_str();
+  c->add_flag("--offload", d.offload,
+              "slide the layers through GPU slots, with weights, optimizer state and checkpoints in host memory");
+  c->add_option("--slots", d.slots, "GPU parameter slots of --offload")->capture_default_str();
   c->add_option("--compute-dtype", d.compute_dtype,
                 "fp32 (cpu default) or bf16 (cuda; on the cpu it mirrors the GPU's rounding)");
 }
@@ -139,6 +142,8 @@ int cli_main(int argc, char** argv) {
   bench->add_option("--steps", bo.steps, "timed steps")->capture_default_str();
   bench->add_option("--warmup", bo.warmup, "untimed steps first")->capture_default_str();
   bench->add_option("--layers", bo.layers, "override the number of layers");
+  bench->add_flag("--offload", bo.offload, "the sliding engine (state in host memory)");
+  bench->add_option("--slots", bo.slots, "GPU parameter slots of --offload")->capture_default_str();
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;

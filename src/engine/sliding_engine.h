@@ -14,7 +14,7 @@
 
 #include "backend/device.h"
 #include "data/dataset.h"
-#include "engine/resident_engine.h"
+#include "engine/engine.h"
 #include "model/layout.h"
 #include "model/spec.h"
 
@@ -25,26 +25,23 @@ struct SlidingOptions {
   int slots = 3;       // GPU parameter slots (>= 3: the one in use, the next, the tied embedding)
 };
 
-class SlidingEngine {
+class SlidingEngine final : public Engine {
  public:
-  using HostTensor = ResidentEngine::HostTensor;
-  using State = ResidentEngine::State;
-
   SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOptions& opt);
-  ~SlidingEngine();
+  ~SlidingEngine() override;
 
-  const ModelSpec& spec() const { return spec_; }
-  void load(const CheckpointReader& ckpt);
-  void init_random(uint64_t seed);
-  void zero_grads();
-  void forward_backward(const Batch& b, float grad_scale, bool backward);
-  double take_loss_sum();
-  double grad_sq_norm();
-  void adamw_step(const AdamWParams& p);
-  void synchronize();
-  std::vector<HostTensor> export_state(State which);
-  void import_state(State which, const std::vector<HostTensor>& tensors);
-  size_t device_bytes() const;
+  const ModelSpec& spec() const override { return spec_; }
+  void load(const CheckpointReader& ckpt) override;
+  void init_random(uint64_t seed) override;
+  void zero_grads() override;
+  void forward_backward(const Batch& b, float grad_scale, bool backward) override;
+  double take_loss_sum() override;
+  double grad_sq_norm() override;
+  void adamw_step(const AdamWParams& p) override;
+  void synchronize() override;
+  std::vector<HostTensor> export_state(State which) override;
+  void import_state(State which, const std::vector<HostTensor>& tensors) override;
+  size_t device_bytes() const override;
   // Uploads of parameter blobs since construction (for tests of the slot policy).
   int64_t uploads() const;
 

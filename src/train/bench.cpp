@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
-#include "engine/resident_engine.h"
+#include "engine/make_engine.h"
 #include "io/json_file.h"
 
 namespace sf {
@@ -84,7 +84,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
   EngineOptions eo;
   eo.max_batch = o.batch_size;
   eo.max_seq = o.seq_len;
-  ResidentEngine engine(*dev, spec, eo);
+  std::unique_ptr<Engine> engine_ptr = make_engine(*dev, spec, eo, o.offload, o.slots);
+  Engine& engine = *engine_ptr;
   engine.init_random(1);
   log_info("bench: %s, %.2fB parameters, %d x %d tokens per step, %s, engine holds %s", spec.architecture.c_str(),
            double(spec.total_params()) / 1e9, o.batch_size, o.seq_len, dev->name().c_str(),
@@ -127,6 +128,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"seq_len", o.seq_len},
           {"parameters", spec.total_params()},
           {"device", dev->name()},
+          {"engine", o.offload ? "sliding" : "resident"},
           {"device_bytes", engine.device_bytes()},
           {"loss", loss}};
 }

@@ -13,6 +13,8 @@ struct BenchOptions {
   int batch_size = 8, seq_len = 2048;
   int64_t steps = 10, warmup = 3;
   int layers = 0;  // override num_hidden_layers (0 = keep)
+  bool offload = false;
+  int slots = 3;
 };
 
 // Runs warmup + timed steps of the full training step (forward, loss, backward, AdamW) and

@@ -43,7 +43,7 @@ std::string torch_dtype_name(DType t) {
 
 }  // namespace
 
-void save_hf_model(ResidentEngine& engine, nlohmann::json cfg, const std::string& src_dir, const std::string& out_dir,
+void save_hf_model(Engine& engine, nlohmann::json cfg, const std::string& src_dir, const std::string& out_dir,
                    DType dtype, size_t max_shard_bytes) {
   auto params = engine.export_params();
   // Round the fp32 masters to the checkpoint dtype (nearest-even for bf16).

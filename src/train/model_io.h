@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/dtype.h"
-#include "engine/resident_engine.h"
+#include "engine/engine.h"
 #include "model/spec.h"
 
 namespace sf {
@@ -24,7 +24,7 @@ DType checkpoint_dtype(const std::string& dir);
 // Writes an HF checkpoint into `out_dir`, a fresh (staging) directory: safetensors in `dtype`,
 // config.json (`config` with its dtype updated), and tokenizer files copied from `src_dir`
 // (none when empty).
-void save_hf_model(ResidentEngine& engine, nlohmann::json config, const std::string& src_dir,
-                   const std::string& out_dir, DType dtype, size_t max_shard_bytes);
+void save_hf_model(Engine& engine, nlohmann::json config, const std::string& src_dir, const std::string& out_dir,
+                   DType dtype, size_t max_shard_bytes);
 
 }  // namespace sf

@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/dataset.h"
-#include "engine/resident_engine.h"
+#include "engine/make_engine.h"
 #include "io/checkpoint.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
@@ -31,7 +31,7 @@ struct Session {
   int seq_len = 0;  // records are cut to this
   int max_seq = 0;  // the longest batch the engine is built for
   std::unique_ptr<Device> dev;
-  std::unique_ptr<ResidentEngine> engine;
+  std::unique_ptr<Engine> engine;
 };
 
 Session open_session(const DataOptions& o, bool training, bool optimizer) {
@@ -58,7 +58,7 @@ Session open_session(const DataOptions& o, bool training, bool optimizer) {
   eo.training = training;
   eo.optimizer = optimizer;
   eo.compute_dtype = o.compute_dtype;
-  s.engine = std::make_unique<ResidentEngine>(*s.dev, s.model.spec, eo);
+  s.engine = make_engine(*s.dev, s.model.spec, eo, o.offload, o.slots);
   s.engine->load(reader);
   log_debug("device %s, %zu records, seq_len %d", s.dev->name().c_str(), s.data.records.size(), s.seq_len);
   return s;
@@ -132,14 +132,13 @@ struct Progress {
 constexpr const char* kStateFile = "training_state.safetensors";
 constexpr const char* kTrainerFile = "trainer_state.json";
 // The saved states and their tensor-name prefixes in kStateFile.
-const std::pair<ResidentEngine::State, std::string> kSavedStates[] = {{ResidentEngine::State::Params, "master."},
-                                                                      {ResidentEngine::State::AdamM, "adam_m."},
-                                                                      {ResidentEngine::State::AdamV, "adam_v."}};
+const std::pair<Engine::State, std::string> kSavedStates[] = {
+    {Engine::State::Params, "master."}, {Engine::State::AdamM, "adam_m."}, {Engine::State::AdamV, "adam_v."}};
 
 // The exact training state beside a checkpoint's HF files: fp32 masters and AdamW moments (the
 // HF weights may be rounded to bf16), and where the data order and the schedule stand.
 void write_training_state(Session& s, const TrainOptions& o, const Progress& p, const std::string& dir) {
-  std::vector<std::vector<ResidentEngine::HostTensor>> parts;  // kept alive until written
+  std::vector<std::vector<Engine::HostTensor>> parts;  // kept alive until written
   parts.reserve(3);
   std::vector<TensorWrite> tw;
   for (const auto& [kind, prefix] : kSavedStates) {
@@ -189,7 +188,7 @@ Progress read_training_state(Session& s, const TrainOptions& o, const std::strin
 
   auto f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
   for (const auto& [kind, prefix] : kSavedStates) {
-    std::vector<ResidentEngine::HostTensor> ts = s.engine->export_state(kind);  // names and shapes
+    std::vector<Engine::HostTensor> ts = s.engine->export_state(kind);  // names and shapes
     for (auto& t : ts) {
       const TensorInfo* info = f.find(prefix + t.name);
       if (!info) input_error(f.path(), "tensor " + prefix + t.name + " missing");

@@ -1,4 +1,4 @@
-// The commands' work: evaluation, gradients, training (in memory, through ResidentEngine).
+// The commands' work: evaluation, gradients, training (through an Engine: resident or sliding).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,6 +12,8 @@ struct DataOptions {
   int seq_len = 0;            // 0: the longest record (capped at max_position_embeddings when set)
   int batch_size = 8;         // sequences per micro-batch
   std::string compute_dtype;  // "" (device default), "fp32" (cpu only) or "bf16"
+  bool offload = false;       // the sliding engine: layers slide through GPU slots, state on the host
+  int slots = 3;              // its GPU parameter slots
 };
 
 struct EvalResult {

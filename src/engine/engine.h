@@ -1,0 +1,70 @@
+// What the trainer needs of an engine: where the model's state lives and how one training step
+// runs over it. ResidentEngine keeps everything in one device's memory; SlidingEngine slides the
+// layers through a ring of GPU slots with host-resident state.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#include "data/dataset.h"
+#include "model/spec.h"
+
+namespace sf {
+
+class CheckpointReader;
+
+struct EngineOptions {
+  int max_batch = 1;     // sequences per micro-batch
+  int max_seq = 1;       // tokens per sequence
+  bool training = true;  // allocate gradients (and AdamW state when optimizer is true)
+  bool optimizer = true;
+  // Storage of activations and of the compute copy of the parameters: "" = the device's natural
+  // one (F32 on cpu, BF16 on cuda); "bf16" on the cpu mirrors the GPU's rounding.
+  std::string compute_dtype;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // fp32 copies in host memory, in HF names and shapes.
+  struct HostTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+  };
+  // What a per-parameter state holds: fp32 masters, gradients, AdamW moments.
+  enum class State { Params, Grads, AdamM, AdamV };
+
+  virtual const ModelSpec& spec() const = 0;
+  // Device memory the engine holds.
+  virtual size_t device_bytes() const = 0;
+
+  // Parameters from a checkpoint (any of F32/BF16/F16; converted to fp32 masters).
+  virtual void load(const CheckpointReader& ckpt) = 0;
+  // HF-style random init: normal(0, initializer_range) weights, 1 for norms, 0 for biases.
+  virtual void init_random(uint64_t seed) = 0;
+
+  virtual void zero_grads() = 0;
+  // Adds one micro-batch: forward, loss, and (if backward) the gradients scaled by grad_scale
+  // (1 / trained tokens of the optimizer step). Asynchronous; read the loss with take_loss_sum().
+  virtual void forward_backward(const Batch& b, float grad_scale, bool backward) = 0;
+  // Sum of the micro-batches' cross-entropy since the last call (waits for the device).
+  virtual double take_loss_sum() = 0;
+  // Squared L2 norm of all gradients (waits for them).
+  virtual double grad_sq_norm() = 0;
+  // One AdamW step on every parameter; grads multiplied by p.grad_scale first (clipping).
+  virtual void adamw_step(const AdamWParams& p) = 0;
+  // Waits until everything queued so far has run.
+  virtual void synchronize() = 0;
+
+  virtual std::vector<HostTensor> export_state(State which) = 0;
+  // Sets one state by HF name (every parameter must be given, shapes must match).
+  virtual void import_state(State which, const std::vector<HostTensor>& tensors) = 0;
+  std::vector<HostTensor> export_params() { return export_state(State::Params); }
+  std::vector<HostTensor> export_grads() { return export_state(State::Grads); }
+  void import_params(const std::vector<HostTensor>& params) { import_state(State::Params, params); }
+};
+
+}  // namespace sf
