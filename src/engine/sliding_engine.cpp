@@ -40,9 +40,12 @@ struct SlidingEngine::Impl {
   size_t stride_nh = 0;  // bytes of one [max N, H] activation
 
   // Host state, flat, in the resident engine's layout (so both run the same host kernels).
-  DeviceBuffer master;        // [total] F32, pinned: the upload source when act == F32
-  DeviceBuffer upload;        // [total] act, pinned: the compute copy uploaded when act != F32
-  HostBuffer grads;           // [total] F32: accumulated over the micro-batches of a step
+  DeviceBuffer master;  // [total] F32, pinned: the upload source when act == F32
+  DeviceBuffer upload;  // [total] act, pinned: the compute copy uploaded when act != F32
+  HostBuffer grads;     // [total] F32: accumulated over the micro-batches of a step
+  // Per blob: no gradient arrived since zero_grads, so the next one is copied rather than added
+  // (zeroing is lazy: zero_grads never waits for the host work of the previous step).
+  std::vector<bool> grads_fresh;
   HostBuffer adam_m, adam_v;  // [total] F32
 
   // GPU parameter slots: [K, max_blob] act.
@@ -74,6 +77,13 @@ struct SlidingEngine::Impl {
   DeviceBuffer dbuf;       // [3, N, H]: dy, dx, recompute output
   DeviceBuffer host_ckpt;  // [L, N, H] act, pinned: each layer's input
   std::unique_ptr<Event> fwd_done[2], fwd_free[2], bwd_ready[2], bwd_free[2];
+
+  // The overlapped update (schedule_update): applied to each blob by the d2h stream right after
+  // its gradient lands; uploads of a blob wait for its update.
+  bool update_armed = false;    // the next backward applies `update`
+  bool update_applied = false;  // a backward applied it; adamw_step only completes the step
+  AdamWParams update;
+  std::vector<std::unique_ptr<Event>> updated;  // [blobs] d2h: the blob's update is done
 
   DeviceBuffer scalars;  // [2] F32: loss sum, squared norm (device side)
   float host_loss = 0;
@@ -114,6 +124,7 @@ struct SlidingEngine::Impl {
     SF_CHECK(v >= 0, "no free parameter slot");
     Slot& s = slots[v];
     dev.wait(*h2d, *s.released);
+    dev.wait(*h2d, *updated[blob]);  // the host copy is final (overlapped update)
     dev.copy(slot_ptr(v), host_params(blob), size_t(layout.blobs[blob].numel) * dtype_size(act), CopyKind::HostToDevice,
              *h2d);
     dev.record(*s.ready, *h2d);
@@ -139,10 +150,29 @@ struct SlidingEngine::Impl {
     dev.copy(g.host.data(), g.dev.data(), size_t(n) * 4, CopyKind::DeviceToHost, *d2h);
     float* dst = host_f32(grads.data(), blob);
     const float* src = static_cast<const float*>(g.host.data());
-    dev.host_fn(*d2h, [dst, src, n] {
-      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    const bool first = grads_fresh[blob];
+    grads_fresh[blob] = false;
+    dev.host_fn(*d2h, [dst, src, n, first] {
+      if (first) {
+        std::memcpy(dst, src, size_t(n) * 4);
+      } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+      }
     });
     dev.record(*g.free, *d2h);
+    if (update_armed) {
+      const AdamWParams p = update;  // by value: the next step may schedule another before this runs
+      dev.host_fn(*d2h, [this, blob, p] { update_blob(blob, p); });
+      dev.record(*updated[blob], *d2h);
+    }
+  }
+  // AdamW on one blob's host state (elementwise: the same bits as one call over all blobs).
+  void update_blob(int blob, const AdamWParams& p) {
+    const int64_t n = layout.blobs[blob].numel;
+    auto at = [&](void* base) { return Tensor(host_f32(base, blob), DType::F32, {n}); };
+    Tensor copy =
+        act == DType::F32 ? Tensor() : Tensor(static_cast<char*>(upload.data()) + size_t(blob_off[blob]) * 2, act, {n});
+    cpu::adamw(at(master.data()), at(grads.data()), at(adam_m.data()), at(adam_v.data()), copy, p);
   }
   // Zeroes a gradient buffer on the compute stream once its last contents have left.
   Tensor fresh_grads(GradBuf& g, int blob) {
@@ -160,6 +190,14 @@ struct SlidingEngine::Impl {
     dev.copy(act_at(bwd_acts, i, N).data, static_cast<char*>(host_ckpt.data()) + size_t(l) * stride_nh, bytes,
              CopyKind::HostToDevice, *h2d);
     dev.record(*bwd_ready[i], *h2d);
+  }
+  // Blobs that received no gradient since zero_grads hold stale values: make them 0.
+  void clear_fresh_grads() {
+    for (size_t b = 0; b < grads_fresh.size(); ++b) {
+      if (!grads_fresh[b]) continue;
+      std::memset(host_f32(grads.data(), int(b)), 0, size_t(layout.blobs[b].numel) * 4);
+      grads_fresh[b] = false;
+    }
   }
   void sync_all() {
     tokens->synchronize();
@@ -197,6 +235,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   std::memset(master.data(), 0, size_t(total) * 4);  // padding between tensors stays 0
   if (act != DType::F32) upload = DeviceBuffer(dev, size_t(total) * dtype_size(act), MemoryKind::PinnedHost);
   grads = HostBuffer(size_t(total) * 4);
+  grads_fresh.assign(layout.blobs.size(), true);
   adam_m = HostBuffer(size_t(total) * 4);
   adam_v = HostBuffer(size_t(total) * 4);
   std::memset(grads.data(), 0, grads.size());
@@ -229,6 +268,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     bwd_ready[i] = dev.create_event();
     bwd_free[i] = dev.create_event();
   }
+  for (size_t b = 0; b < layout.blobs.size(); ++b) updated.push_back(dev.create_event());
   scalars = DeviceBuffer(dev, 256);
   dev.ops().zero(Tensor(scalars.data(), DType::F32, {2}), *compute);
   rope = std::make_unique<DeviceRope>(dev, spec, o.base.max_seq, *compute);
@@ -266,11 +306,7 @@ void SlidingEngine::init_random(uint64_t seed) {
   impl_->invalidate_slots();
 }
 
-void SlidingEngine::zero_grads() {
-  Impl& m = *impl_;
-  m.dev.synchronize(*m.d2h);  // host additions of the last step are done
-  std::memset(m.grads.data(), 0, m.grads.size());
-}
+void SlidingEngine::zero_grads() { impl_->grads_fresh.assign(layout_.blobs.size(), true); }
 
 void SlidingEngine::forward_backward(const Batch& b, float grad_scale, bool backward) {
   Impl& m = *impl_;
@@ -283,6 +319,10 @@ void SlidingEngine::forward_backward(const Batch& b, float grad_scale, bool back
   const DType act = m.act;
   const size_t act_bytes = size_t(N * spec_.hidden) * dtype_size(act);
 
+  if (m.update_applied) {  // a new step after an overlapped update: every slot is stale
+    m.invalidate_slots();
+    m.update_applied = false;
+  }
   const TokenUploader::Tokens tok = m.tokens->upload(b, c);
   auto params = [&](int k, int blob) { return layer_views(layout_.blobs[blob], m.slot_ptr(k), act); };
   auto entry = [&](int k, int blob, int i) { return entry_view(layout_.blobs[blob].entries[i], m.slot_ptr(k), act); };
@@ -362,6 +402,16 @@ void SlidingEngine::forward_backward(const Batch& b, float grad_scale, bool back
   m.program.embed_backward(g_emb, dy, tok.ids, c);
   m.tokens->done(c);
   m.send_grads(m.emb_grads, 0);
+  if (m.update_armed) {
+    m.update_armed = false;
+    m.update_applied = true;
+  }
+}
+
+void SlidingEngine::schedule_update(const AdamWParams& p) {
+  SF_CHECK(p.grad_scale == 1.f, "an overlapped update cannot depend on the gradient norm");
+  impl_->update = p;
+  impl_->update_armed = true;
 }
 
 double SlidingEngine::take_loss_sum() {
@@ -375,6 +425,7 @@ double SlidingEngine::take_loss_sum() {
 double SlidingEngine::grad_sq_norm() {
   Impl& m = *impl_;
   dev_.synchronize(*m.d2h);  // every gradient has been added on the host
+  m.clear_fresh_grads();
   float sq = 0.f;
   cpu::sq_norm(Tensor(&sq, DType::F32, {1}), Tensor(m.grads.data(), DType::F32, {m.total}));
   return sq;
@@ -382,7 +433,16 @@ double SlidingEngine::grad_sq_norm() {
 
 void SlidingEngine::adamw_step(const AdamWParams& p) {
   Impl& m = *impl_;
+  if (m.update_applied) {
+    // The backward queued every blob's update on the d2h stream; the next forward's uploads wait
+    // for them blob by blob (`updated`), so nothing waits here.
+    SF_CHECK(p.lr == m.update.lr && p.step == m.update.step && p.grad_scale == m.update.grad_scale,
+             "adamw_step differs from the scheduled update");
+    return;
+  }
+  m.update_armed = false;
   m.sync_all();  // no upload may read the host parameters while they change
+  m.clear_fresh_grads();
   Tensor copy = m.act == DType::F32 ? Tensor() : Tensor(m.upload.data(), m.act, {m.total});
   cpu::adamw(Tensor(m.master.data(), DType::F32, {m.total}), Tensor(m.grads.data(), DType::F32, {m.total}),
              Tensor(m.adam_m.data(), DType::F32, {m.total}), Tensor(m.adam_v.data(), DType::F32, {m.total}), copy, p);
@@ -394,6 +454,7 @@ void SlidingEngine::synchronize() { impl_->sync_all(); }
 std::vector<SlidingEngine::HostTensor> SlidingEngine::export_state(State which) {
   Impl& m = *impl_;
   m.sync_all();
+  if (which == State::Grads) m.clear_fresh_grads();
   void* base = which == State::Params  ? m.master.data()
                : which == State::Grads ? m.grads.data()
                : which == State::AdamM ? m.adam_m.data()
@@ -417,6 +478,7 @@ void SlidingEngine::import_state(State which, const std::vector<HostTensor>& ten
                                        : m.adam_v.data();
   std::map<std::string, const HostTensor*> by_name;
   for (const auto& t : tensors) by_name[t.name] = &t;
+  if (which == State::Grads) m.grads_fresh.assign(layout_.blobs.size(), false);
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
     float* blob = m.host_f32(base, int(b));
     for (const BlobEntry& e : layout_.blobs[b].entries) {

@@ -38,6 +38,7 @@ class SlidingEngine final : public Engine {
   double take_loss_sum() override;
   double grad_sq_norm() override;
   void adamw_step(const AdamWParams& p) override;
+  void schedule_update(const AdamWParams& p) override;
   void synchronize() override;
   std::vector<HostTensor> export_state(State which) override;
   void import_state(State which, const std::vector<HostTensor>& tensors) override;

@@ -263,8 +263,20 @@ TrainResult run_train(const TrainOptions& o) {
       for (const Record* r : group) tokens += int64_t(std::min<size_t>(r->ids.size(), size_t(s.seq_len)));
     }
     const float scale = trained > 0 ? float(1.0 / double(trained)) : 0.f;
+    AdamWParams ap;
+    ap.lr = float(o.lr * lr_multiplier(sched, step, o.steps, o.warmup_steps));
+    ap.beta1 = float(o.beta1);
+    ap.beta2 = float(o.beta2);
+    ap.eps = float(o.eps);
+    ap.weight_decay = float(o.weight_decay);
+    ap.step = step + 1;
     s.engine->zero_grads();
-    for (const Batch& b : mbs) s.engine->forward_backward(b, scale, true);
+    for (size_t j = 0; j < mbs.size(); ++j) {
+      // Without clipping the update is known before the gradients: an engine may apply it to
+      // each blob as soon as that blob's gradient is complete (the sliding engine does).
+      if (o.max_grad_norm == 0 && j + 1 == mbs.size()) s.engine->schedule_update(ap);
+      s.engine->forward_backward(mbs[j], scale, true);
+    }
     const double loss = trained > 0 ? s.engine->take_loss_sum() / double(trained) : 0.0;
     if (!std::isfinite(loss)) {
       throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
@@ -275,16 +287,7 @@ TrainResult run_train(const TrainOptions& o) {
       throw std::runtime_error("gradient norm is " + std::to_string(gnorm) + " at step " + std::to_string(step + 1) +
                                " (loss " + std::to_string(loss) + "); stopping before the update");
     }
-    float clip = 1.f;
-    if (o.max_grad_norm > 0) clip = float(std::min(1.0, o.max_grad_norm / (gnorm + 1e-6)));
-    AdamWParams ap;
-    ap.lr = float(o.lr * lr_multiplier(sched, step, o.steps, o.warmup_steps));
-    ap.beta1 = float(o.beta1);
-    ap.beta2 = float(o.beta2);
-    ap.eps = float(o.eps);
-    ap.weight_decay = float(o.weight_decay);
-    ap.step = step + 1;
-    ap.grad_scale = clip;
+    if (o.max_grad_norm > 0) ap.grad_scale = float(std::min(1.0, o.max_grad_norm / (gnorm + 1e-6)));
     s.engine->adamw_step(ap);
     s.engine->synchronize();  // the update is done (keeps the step timing honest)
     tokens_total += tokens;
