@@ -14,6 +14,7 @@
 
 #include "io/safetensors.h"
 #include "model_fixtures.h"
+#include "test_util.h"
 
 namespace sf {
 namespace {
@@ -32,6 +33,13 @@ struct CmdResult {
     return json::parse(prev);
   }
 };
+
+// A stored F32 tensor's values (copied: mmapped data need not be aligned).
+std::vector<float> floats(const TensorInfo& t) {
+  std::vector<float> v(size_t(t.numel()));
+  std::memcpy(v.data(), t.data, v.size() * 4);
+  return v;
+}
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p);
@@ -159,14 +167,7 @@ TEST_F(Cli, GradAccumulationMatchesOneLargeBatch) {
   for (const auto& t : a.tensors()) {
     const TensorInfo* u = b.find(t.name);
     ASSERT_NE(u, nullptr);
-    const float* x = reinterpret_cast<const float*>(t.data);
-    const float* y = reinterpret_cast<const float*>(u->data);
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      num += double(x[i] - y[i]) * (x[i] - y[i]);
-      den += double(x[i]) * x[i];
-    }
-    EXPECT_LT(std::sqrt(num / den), 1e-5) << t.name;
+    EXPECT_LT(test::rel_err(floats(t), floats(*u)), 1e-5) << t.name;
   }
 }
 
@@ -186,14 +187,8 @@ TEST_F(Cli, Bf16ComputeOnCpuIsCloseToFp32) {
   ASSERT_EQ(run("grad " + common + " --compute-dtype bf16 --output " + p("gb.safetensors")).code, 0);
   auto gf = SafetensorsFile::open(p("gf.safetensors")), gb = SafetensorsFile::open(p("gb.safetensors"));
   for (const auto& t : gf.tensors()) {
-    const float* x = reinterpret_cast<const float*>(t.data);
-    const float* y = reinterpret_cast<const float*>(gb.find(t.name)->data);
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      num += double(x[i] - y[i]) * (x[i] - y[i]);
-      den += double(x[i]) * x[i];
-    }
-    EXPECT_LT(std::sqrt(num / den), 5e-2) << t.name;  // the GPU parity tolerance is 3e-2 on larger models
+    EXPECT_LT(test::rel_err(floats(t), floats(*gb.find(t.name))), 5e-2)
+        << t.name;  // the GPU parity tolerance is 3e-2 on larger models
   }
   CmdResult tr = run("train " + common + " --compute-dtype bf16 --steps 2 --lr 1e-3 --output " + p("out"));
   EXPECT_EQ(tr.code, 0) << tr.err;
@@ -215,14 +210,7 @@ TEST_F(Cli, OffloadMatchesInMemory) {
   ASSERT_EQ(run("grad " + common + " --offload --output " + p("gb.safetensors")).code, 0);
   auto ga = SafetensorsFile::open(p("ga.safetensors")), gb = SafetensorsFile::open(p("gb.safetensors"));
   for (const auto& t : ga.tensors()) {
-    const float* x = reinterpret_cast<const float*>(t.data);
-    const float* y = reinterpret_cast<const float*>(gb.find(t.name)->data);
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      num += double(x[i] - y[i]) * (x[i] - y[i]);
-      den += double(x[i]) * x[i];
-    }
-    EXPECT_LT(std::sqrt(num / den), 1e-6) << t.name;
+    EXPECT_LT(test::rel_err(floats(t), floats(*gb.find(t.name))), 1e-6) << t.name;
   }
   std::string tr = "train " + common + " --steps 3 --lr 1e-2 --weight-decay 0.1 --max-grad-norm 1 --output ";
   ASSERT_EQ(run(tr + p("ta")).code, 0);
