@@ -7,6 +7,7 @@
 #include "backend/cpu/kernels.h"
 #include "core/error.h"
 #include "core/host_memory.h"
+#include "core/thread_pool.h"
 #include "engine/blob_init.h"
 #include "engine/device_rope.h"
 #include "engine/token_uploader.h"
@@ -153,11 +154,17 @@ struct SlidingEngine::Impl {
     const bool first = grads_fresh[blob];
     grads_fresh[blob] = false;
     dev.host_fn(*d2h, [dst, src, n, first] {
-      if (first) {
-        std::memcpy(dst, src, size_t(n) * 4);
-      } else {
-        for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-      }
+      // On the host's thread pool: a layer's gradient is tens of millions of values.
+      cpu_pool().parallel_for(
+          n,
+          [&](int64_t i0, int64_t i1) {
+            if (first) {
+              std::memcpy(dst + i0, src + i0, size_t(i1 - i0) * 4);
+            } else {
+              for (int64_t i = i0; i < i1; ++i) dst[i] += src[i];
+            }
+          },
+          int64_t(1) << 16);
     });
     dev.record(*g.free, *d2h);
     if (update_armed) {
