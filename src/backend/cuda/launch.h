@@ -26,19 +26,7 @@ struct Launch {
   int num_sms = 132;
 };
 
-inline const char* dt_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "F32";
-    case DType::BF16:
-      return "BF16";
-    case DType::F16:
-      return "F16";
-    case DType::I32:
-      return "I32";
-  }
-  return "?";
-}
+inline const char* dt_name(DType t) { return dtype_name(t); }  // core's spelling
 
 inline bool is_float_dt(DType t) { return t == DType::F32 || t == DType::BF16; }
 
