@@ -201,6 +201,13 @@ void bench_attn_one(Ctx& c, int B, int T, int H, int KVH, int hd) {
     std::printf("  fwd+bwd (default fwd, bwd variant %d): %.3f ms (%.1f TF/s)\n", bv, t, 3.5 * f_flops / t * 1e-9);
   }
   sf::cuda::attention_set_variant(-1, -1);  // the defaults
+  sf::cuda::attention_set_longest_first(false);
+  {
+    const double tf = c.time_ms(fwd, 3, 20), tb = c.time_ms(bwd, 3, 20);
+    std::printf("  default variants, blocks head by head (not longest-first): fwd %.3f ms, bwd %.3f ms\n", tf, tb);
+    std::printf("RESULT attn_hd%d_headorder_fwd_ms=%.3f attn_hd%d_headorder_bwd_ms=%.3f\n", hd, tf, hd, tb);
+  }
+  sf::cuda::attention_set_longest_first(true);
   const double t_f = c.time_ms(fwd, 3, 20);
   const double t_b = c.time_ms(bwd, 3, 20);
   const double t_fb = c.time_ms(

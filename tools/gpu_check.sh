@@ -2,7 +2,8 @@
 # Every GPU-machine check and benchmark of the repository in one call (device time is scarce).
 # Usage there:  BIN=gpubin bash tools/gpu_check.sh [steps...]
 #   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench
-#   (also: bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward)
+#   (also: bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
+#    parity_offload train_offload bench_offload = the sliding engine)
 # BIN holds slideformer, sf_gpu_tests and bench_kernels built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -29,6 +30,16 @@ for s in "${steps[@]}"; do
     train_cpu) run train_cpu python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cpu --skip-curve --work /tmp/train_cpu ;;
     parity_cuda) run parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --work /tmp/parity_cuda ;;
     train_cuda) run train_cuda python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cuda --work /tmp/train_cuda ;;
+    # the sliding (offload) engine: the same parity checks, and the 1B / 3B steps
+    parity_offload) run parity_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
+      --cli-args "--offload --slots 2" --no-baseline --work /tmp/parity_offload ;;
+    train_offload) run train_offload python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cuda \
+      --cli-args "--offload --slots 3" --work /tmp/train_offload ;;
+    bench_offload)
+      run bench_offload_1b "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 4 \
+        --warmup 1 --device cuda --offload
+      run bench_offload_3b "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 3 \
+        --warmup 1 --device cuda --offload ;;
     bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;
     # hardware counters of the RMSNorm backward (Firecracker machines only)
     ncu_rmsnorm) run ncu_rmsnorm ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \

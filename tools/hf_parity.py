@@ -133,7 +133,13 @@ def batch_ce_sum(model, recs, seq_len, device, autocast_bf16=False):
     return loss, trained
 
 
+# Extra slideformer options for every eval/grad/train call (--cli-args, e.g. "--offload --slots 2").
+CLI_EXTRA: list[str] = []
+
+
 def run_cli(argv: list[str], timeout: float, env=None) -> tuple[int, str, str, float]:
+    if len(argv) > 1 and argv[1] in ("eval", "grad", "train"):
+        argv = [*argv, *CLI_EXTRA]
     log("  $ " + " ".join(shlex.quote(str(a)) for a in argv))
     t0 = time.time()
     try:
@@ -442,12 +448,14 @@ def main(argv=None):
     ap.add_argument("--loss-tol", type=float, default=None, help="override the loss tolerance")
     ap.add_argument("--grad-tol", type=float, default=None, help="override the gradient tolerance")
     ap.add_argument("--verbose", action="store_true", help="print every tensor's gradient error")
+    ap.add_argument("--cli-args", default="", help="extra slideformer options, e.g. '--offload --slots 2'")
     ap.add_argument("--init-range", type=float, default=None,
                     help="initializer_range of the tiny models (default: 0.1 with --device cpu, 0.02 with "
                          "--device cuda, where at 0.1 transformers' own bf16 gradients miss 3e-2)")
     ap.add_argument("--no-baseline", action="store_true",
                     help="cuda: skip the informational transformers-in-bf16 rows")
     a = ap.parse_args(argv)
+    CLI_EXTRA[:] = shlex.split(a.cli_args)
 
     a.bin = str(Path(a.bin).resolve())
     if a.init_range is None:

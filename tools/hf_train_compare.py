@@ -38,6 +38,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -491,8 +492,10 @@ def main(argv=None):
     ap.add_argument("--curve", action="store_true", help="run part (b) also with --device cpu (fp32 reference)")
     ap.add_argument("--curve-steps", type=int, default=CURVE["steps"])
     ap.add_argument("--timeout", type=float, default=600, help="seconds per CLI call")
+    ap.add_argument("--cli-args", default="", help="extra slideformer options, e.g. '--offload --slots 2'")
     ap.add_argument("--weights-tol", type=float, default=None, help="override the part (a) weight tolerance")
     a = ap.parse_args(argv)
+    hp.CLI_EXTRA[:] = shlex.split(a.cli_args)
 
     a.bin = str(Path(a.bin).resolve())
     if not os.access(a.bin, os.X_OK):

@@ -506,17 +506,23 @@ TEST(CudaOps, AttentionLongSequences) {
   attention_case({1, 2049, 2, 2, 128}, false);
 }
 
-// Every flash kernel variant (the default is picked per head dim by speed).
+// Every flash kernel variant (the default is picked per head dim by speed), in both block orders
+// (the order changes which block computes which tile: a wrong index map fails here).
 TEST(CudaOps, AttentionKernelVariants) {
   REQUIRE_GPU();
-  for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
-    for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
-      SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv);
-      cuda::attention_set_variant(fv, bv);
-      attention_case({2, 300, 8, 2, 128}, false);
-      attention_case({1, 257, 4, 1, 64}, false);
-      attention_case({1, 1, 2, 1, 128}, false);
-    }
+  for (bool lpt : {true, false}) {
+    cuda::attention_set_longest_first(lpt);
+    for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
+      for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
+        SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv << ", longest-first "
+                                        << lpt);
+        cuda::attention_set_variant(fv, bv);
+        attention_case({2, 300, 8, 2, 128}, false);
+        attention_case({3, 257, 4, 1, 64}, false);
+        attention_case({1, 1, 2, 1, 128}, false);
+      }
+  }
+  cuda::attention_set_longest_first(true);
   cuda::attention_set_variant(-1, -1);
 }
 

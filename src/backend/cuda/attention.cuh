@@ -9,6 +9,8 @@
 //             the query heads of the GQA group and the causal query tiles (64 rows); dK, dV stay
 //             in registers (no atomics; the GQA reduction is the loop); dQ is accumulated in fp32
 //             in the workspace with float2 atomics and cast at the end. D = rowsum(dO * O) first.
+//   Both launch their blocks longest-first (the causal tiles with the most work on every head
+//   first, the light ones fill the tail).
 //   Other tile shapes are kept as selectable variants (attention.cu; measured in bench_kernels).
 // Any other case (F32, other head dims, unaligned views) runs simple, exact-softmax warp-per-row
 // kernels (slow, O(T^2 * hd) per head, meant for tests and odd shapes).
@@ -31,6 +33,9 @@ void attention_force_simple(bool on);
 // fastest measured; see attention.cu). SF_ATTN_FWD / SF_ATTN_BWD in the environment set them too.
 void attention_set_variant(int fwd, int bwd);
 int attention_fwd_variants();
+// For tests and benchmarks: block launch order of the flash kernels, longest-first (default) or
+// head by head (SF_ATTN_LPT=0).
+void attention_set_longest_first(bool on);
 int attention_bwd_variants();
 
 }  // namespace sf::cuda
