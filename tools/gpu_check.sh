@@ -3,8 +3,8 @@
 # Usage there:  BIN=gpubin bash tools/gpu_check.sh [steps...]
 #   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench
 #   (also: bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
-#    parity_offload train_offload bench_offload = the sliding engine)
-# BIN holds slideformer, sf_gpu_tests and bench_kernels built here with -DSF_PORTABLE=ON.
+#    parity_offload train_offload bench_offload = the sliding engine, bench_host = host rates)
+# BIN holds slideformer, sf_gpu_tests, bench_kernels and bench_host built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
 BIN=${BIN:-gpubin}
@@ -36,10 +36,14 @@ for s in "${steps[@]}"; do
     train_offload) run train_offload python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cuda \
       --cli-args "--offload --slots 3" --work /tmp/train_offload ;;
     bench_offload)
-      run bench_offload_1b "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 4 \
-        --warmup 1 --device cuda --offload
-      run bench_offload_3b "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 3 \
-        --warmup 1 --device cuda --offload ;;
+      for clip in 1 0; do
+        run bench_offload_1b_clip$clip "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 \
+          --steps 4 --warmup 1 --device cuda --offload --max-grad-norm $clip
+        run bench_offload_3b_clip$clip "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+          --steps 3 --warmup 1 --device cuda --offload --max-grad-norm $clip
+      done ;;
+    # host memory bandwidth, CPU AdamW rate, PCIe: the rates that bound the offload engine
+    bench_host) run bench_host "$BIN/bench_host" 2048 ;;
     bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;
     # hardware counters of the RMSNorm backward (Firecracker machines only)
     ncu_rmsnorm) run ncu_rmsnorm ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \

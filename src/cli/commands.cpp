@@ -144,6 +144,8 @@ int cli_main(int argc, char** argv) {
   bench->add_option("--layers", bo.layers, "override the number of layers");
   bench->add_flag("--offload", bo.offload, "the sliding engine (state in host memory)");
   bench->add_option("--slots", bo.slots, "GPU parameter slots of --offload")->capture_default_str();
+  bench->add_option("--max-grad-norm", bo.max_grad_norm, "gradient clipping (0 = off: overlapped update)")
+      ->capture_default_str();
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;

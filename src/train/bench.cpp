@@ -103,16 +103,21 @@ nlohmann::json run_bench(const BenchOptions& o) {
   for (const auto& r : recs) group.push_back(&r);
   Batch b = make_batch(group, o.seq_len);
 
+  if (o.max_grad_norm < 0) input_error("--max-grad-norm", "must be >= 0");
+  // The trainer's step (train/trainer.cpp) for one micro-batch.
   auto step = [&](int64_t s) {
-    engine.zero_grads();
-    engine.forward_backward(b, float(1.0 / double(b.trained)), true);
-    double gnorm = std::sqrt(engine.grad_sq_norm());
     AdamWParams ap;
     ap.lr = 1e-5f;
     ap.step = s + 1;
-    ap.grad_scale = float(std::min(1.0, 1.0 / (gnorm + 1e-6)));
+    engine.zero_grads();
+    if (o.max_grad_norm == 0) engine.schedule_update(ap);
+    engine.forward_backward(b, float(1.0 / double(b.trained)), true);
+    const double loss = engine.take_loss_sum() / double(b.trained);
+    const double gnorm = std::sqrt(engine.grad_sq_norm());
+    if (o.max_grad_norm > 0) ap.grad_scale = float(std::min(1.0, o.max_grad_norm / (gnorm + 1e-6)));
     engine.adamw_step(ap);
-    return engine.take_loss_sum() / double(b.trained);
+    engine.synchronize();
+    return loss;
   };
   double loss = 0;
   for (int64_t s = 0; s < o.warmup; ++s) loss = step(s);
@@ -129,6 +134,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"parameters", spec.total_params()},
           {"device", dev->name()},
           {"engine", o.offload ? "sliding" : "resident"},
+          {"max_grad_norm", o.max_grad_norm},
           {"device_bytes", engine.device_bytes()},
           {"loss", loss}};
 }

@@ -15,6 +15,10 @@ struct BenchOptions {
   int layers = 0;  // override num_hidden_layers (0 = keep)
   bool offload = false;
   int slots = 3;
+  // Clip the gradient norm to this (HF's default 1.0); 0 = no clipping, which lets the sliding
+  // engine run each blob's AdamW during the backward. The norm is computed either way (the
+  // trainer logs it), as in `train`.
+  double max_grad_norm = 1.0;
 };
 
 // Runs warmup + timed steps of the full training step (forward, loss, backward, AdamW) and

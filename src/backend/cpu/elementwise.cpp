@@ -101,12 +101,21 @@ void sq_norm(Tensor out, Tensor x) {
         nblocks,
         [&](int64_t b0, int64_t b1) {
           for (int64_t blk = b0; blk < b1; ++blk) {
-            double s = 0.0;
-            for (int64_t i = blk * kBlock, e = std::min(n, i + kBlock); i < e; ++i) {
-              double v = ld(p, i);
-              s += v * v;
+            // Eight independent fp64 sums (vectorisable; one serial chain ran at ~1 value per
+            // 4 cycles), combined in a fixed order.
+            double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            const int64_t i0 = blk * kBlock, e = std::min(n, i0 + kBlock);
+            int64_t i = i0;
+            for (; i + 8 <= e; i += 8)
+              for (int j = 0; j < 8; ++j) {
+                const double v = ld(p, i + j);
+                acc[j] += v * v;
+              }
+            for (int j = 0; i < e; ++i, ++j) {
+              const double v = ld(p, i);
+              acc[j] += v * v;
             }
-            partial[size_t(blk)] = s;
+            partial[size_t(blk)] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
           }
         },
         2);
