@@ -72,8 +72,11 @@ struct Case {
   std::string family;
   int slots;
   int delay_us;
-  uint64_t stall_streams = 0;  // bits by creation order: 0 compute, 1 h2d, 2 d2h, 3 token uploads
+  uint64_t stall_streams = 0;  // bits by creation order: 0 compute, 1 h2d, 2 d2h, 3 token uploads, 4 opt
   bool overlap = false;        // AdamW per blob during the backward (no clipping then)
+  // Layers of several of the norm's 16384-element blocks (the host additions sum those; the tiny
+  // default model has only blocks that straddle blobs, summed by grad_sq_norm).
+  bool big = false;
 };
 
 class SlidingVsResident : public ::testing::TestWithParam<Case> {};
@@ -82,6 +85,11 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   const Case c = GetParam();
   nlohmann::json cfg = test::tiny_config(c.family);
   if (c.stall_streams) cfg["num_hidden_layers"] = 4;  // buffers alternate: reuse within one pass
+  if (c.big) {
+    cfg["hidden_size"] = 64;
+    cfg["intermediate_size"] = 320;
+    cfg["vocab_size"] = 300;
+  }
   ModelSpec spec = parse_model_spec(cfg, "tiny");
   auto recs = records(int(spec.vocab), 21, 7);
   EngineOptions eo;
@@ -118,12 +126,15 @@ INSTANTIATE_TEST_SUITE_P(Engines, SlidingVsResident,
                                            Case{"qwen3", 3, 0}, Case{"llama", 3, 50, 1}, Case{"qwen3", 2, 50, 2},
                                            Case{"mistral", 4, 50, 4}, Case{"qwen2", 3, 50, 8}, Case{"llama", 2, 50, 4},
                                            Case{"qwen3", 3, 0, 0, true}, Case{"llama", 2, 50, 2, true},
-                                           Case{"mistral", 3, 50, 4, true}, Case{"qwen2", 4, 50, 1, true}),
+                                           Case{"mistral", 3, 50, 4, true}, Case{"qwen2", 4, 50, 1, true},
+                                           Case{"llama", 2, 50, 16}, Case{"qwen3", 3, 50, 16, true},
+                                           Case{"llama", 3, 0, 0, false, true}, Case{"qwen2", 2, 50, 16, false, true},
+                                           Case{"mistral", 3, 50, 4, false, true}, Case{"qwen3", 2, 50, 4, true, true}),
                          [](const auto& info) {
                            return info.param.family + "_slots" + std::to_string(info.param.slots) +
                                   (info.param.stall_streams ? "_stalls" + std::to_string(info.param.stall_streams)
                                                             : "") +
-                                  (info.param.overlap ? "_overlap" : "");
+                                  (info.param.overlap ? "_overlap" : "") + (info.param.big ? "_big" : "");
                          });
 
 // With several micro-batches the sliding engine adds each micro-batch's gradient on the host,

@@ -48,6 +48,12 @@ struct SlidingEngine::Impl {
   // (zeroing is lazy: zero_grads never waits for the host work of the previous step).
   std::vector<bool> grads_fresh;
   HostBuffer adam_m, adam_v;  // [total] F32
+  // The squared gradient norm, built as the gradients arrive: cpu::sq_norm's fixed blocks of the
+  // flat buffer; a block inside one blob is summed by that blob's host addition, the few that
+  // straddle two blobs by grad_sq_norm. Same blocks, same order: the same bits as one sq_norm.
+  std::vector<double> block_sq;                            // [blocks]
+  std::vector<std::pair<int64_t, int64_t>> inner_blocks;   // per blob: [first, end) of its blocks
+  std::vector<int64_t> straddling;                         // blocks that span a blob boundary
 
   // GPU parameter slots: [K, max_blob] act.
   struct Slot {
@@ -83,12 +89,17 @@ struct SlidingEngine::Impl {
   // its gradient lands; uploads of a blob wait for its update.
   bool update_armed = false;    // the next backward applies `update`
   bool update_applied = false;  // a backward applied it; adamw_step only completes the step
+  bool slots_stale = false;     // an update was queued: the next forward re-uploads every blob
   AdamWParams update;
-  std::vector<std::unique_ptr<Event>> updated;  // [blobs] d2h: the blob's update is done
+  std::vector<std::unique_ptr<Event>> updated;  // [blobs] opt: the blob's update is done
+  std::vector<std::unique_ptr<Event>> added;    // [blobs] d2h: the blob's gradient is in `grads`
 
   DeviceBuffer scalars;  // [2] F32: loss sum, squared norm (device side)
   float host_loss = 0;
   std::unique_ptr<Stream> compute, h2d, d2h;
+  // Host optimizer work (AdamW per blob) in its own stream, so that gradient and checkpoint
+  // copies on d2h never queue behind it. Created last (stream indices of the race tests).
+  std::unique_ptr<Stream> opt;
   std::unique_ptr<DeviceRope> rope;
   std::unique_ptr<Workspace> ws;
   std::unique_ptr<TokenUploader> tokens;
@@ -149,29 +160,50 @@ struct SlidingEngine::Impl {
     dev.record(*g.computed, *compute);
     dev.wait(*d2h, *g.computed);
     dev.copy(g.host.data(), g.dev.data(), size_t(n) * 4, CopyKind::DeviceToHost, *d2h);
-    float* dst = host_f32(grads.data(), blob);
-    const float* src = static_cast<const float*>(g.host.data());
+    dev.wait(*d2h, *updated[blob]);  // the last update has read the accumulator (implied by the upload)
     const bool first = grads_fresh[blob];
     grads_fresh[blob] = false;
-    dev.host_fn(*d2h, [dst, src, n, first] {
-      // On the host's thread pool: a layer's gradient is tens of millions of values.
-      cpu_pool().parallel_for(
-          n,
-          [&](int64_t i0, int64_t i1) {
-            if (first) {
-              std::memcpy(dst + i0, src + i0, size_t(i1 - i0) * 4);
-            } else {
-              for (int64_t i = i0; i < i1; ++i) dst[i] += src[i];
-            }
-          },
-          int64_t(1) << 16);
-    });
+    dev.host_fn(*d2h, [this, &g, blob, first] { add_grads(blob, static_cast<const float*>(g.host.data()), first); });
     dev.record(*g.free, *d2h);
-    if (update_armed) {
-      const AdamWParams p = update;  // by value: the next step may schedule another before this runs
-      dev.host_fn(*d2h, [this, blob, p] { update_blob(blob, p); });
-      dev.record(*updated[blob], *d2h);
+    dev.record(*added[blob], *d2h);
+    if (update_armed) queue_update(blob, update);
+  }
+  // grads[blob] (+)= src on the host's thread pool (a layer's gradient is tens of millions of
+  // values), with the squared sums of the norm's blocks that lie inside the blob.
+  void add_grads(int blob, const float* src, bool first) {
+    const int64_t off = blob_off[blob], n = layout.blobs[blob].numel;
+    float* base = static_cast<float*>(grads.data());
+    auto add = [&](int64_t i0, int64_t i1) {  // flat indices
+      if (first) {
+        std::memcpy(base + i0, src + (i0 - off), size_t(i1 - i0) * 4);
+      } else {
+        for (int64_t i = i0; i < i1; ++i) base[i] += src[i - off];
+      }
+    };
+    const auto [b0, b1] = inner_blocks[size_t(blob)];
+    const int64_t B = cpu::kSqNormBlock;
+    const int64_t in0 = b0 < b1 ? b0 * B : off + n, in1 = b0 < b1 ? std::min(b1 * B, total) : off + n;
+    cpu_pool().parallel_for(
+        b1 - b0,
+        [&](int64_t k0, int64_t k1) {
+          for (int64_t k = b0 + k0; k < b0 + k1; ++k) {
+            const int64_t i0 = k * B, i1 = std::min(i0 + B, total);
+            add(i0, i1);
+            block_sq[size_t(k)] = cpu::sq_sum(base + i0, i1 - i0);
+          }
+        },
+        4);
+    // The pieces before and after the inner blocks (parts of straddling blocks).
+    for (auto [i0, i1] : {std::pair{off, std::min(in0, off + n)}, std::pair{std::max(in1, off), off + n}}) {
+      if (i1 > i0) cpu_pool().parallel_for(i1 - i0, [&](int64_t a, int64_t b) { add(i0 + a, i0 + b); }, 1 << 16);
     }
+  }
+  // AdamW of `blob` on the opt stream once its gradient is in the accumulator; uploads of the
+  // blob wait for `updated`.
+  void queue_update(int blob, const AdamWParams& p) {
+    dev.wait(*opt, *added[blob]);
+    dev.host_fn(*opt, [this, blob, p] { update_blob(blob, p); });  // p by value: the next step may differ
+    dev.record(*updated[blob], *opt);
   }
   // AdamW on one blob's host state (elementwise: the same bits as one call over all blobs).
   void update_blob(int blob, const AdamWParams& p) {
@@ -199,10 +231,13 @@ struct SlidingEngine::Impl {
     dev.record(*bwd_ready[i], *h2d);
   }
   // Blobs that received no gradient since zero_grads hold stale values: make them 0.
+  // (No host work of this step touches such a blob, so this may run while other blobs are added.)
   void clear_fresh_grads() {
     for (size_t b = 0; b < grads_fresh.size(); ++b) {
       if (!grads_fresh[b]) continue;
+      dev.synchronize(*updated[b]);  // the last step's update of the blob has read it
       std::memset(host_f32(grads.data(), int(b)), 0, size_t(layout.blobs[b].numel) * 4);
+      for (int64_t k = inner_blocks[b].first; k < inner_blocks[b].second; ++k) block_sq[size_t(k)] = 0.0;
       grads_fresh[b] = false;
     }
   }
@@ -211,6 +246,7 @@ struct SlidingEngine::Impl {
     dev.synchronize(*h2d);
     dev.synchronize(*compute);
     dev.synchronize(*d2h);
+    dev.synchronize(*opt);
   }
   void refresh_upload_copy() {
     if (act == DType::F32) return;
@@ -234,6 +270,19 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     total += b.numel;
     max_blob = std::max(max_blob, b.numel);
     if (b.kind == BlobKind::Layer) max_layer_blob = std::max(max_layer_blob, b.numel);
+  }
+  {
+    const int64_t B = cpu::kSqNormBlock, nblocks = (total + B - 1) / B;
+    block_sq.assign(size_t(nblocks), 0.0);
+    std::vector<bool> inner(size_t(nblocks), false);
+    for (size_t b = 0; b < layout.blobs.size(); ++b) {
+      const int64_t off = blob_off[b], end = off + layout.blobs[b].numel;
+      const int64_t k0 = (off + B - 1) / B, k1 = std::max(k0, end == total ? nblocks : end / B);
+      inner_blocks.emplace_back(k0, k1);
+      for (int64_t k = k0; k < k1; ++k) inner[size_t(k)] = true;
+    }
+    for (int64_t k = 0; k < nblocks; ++k)
+      if (!inner[size_t(k)]) straddling.push_back(k);
   }
   max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   stride_nh = (size_t(max_tokens * spec.hidden) * dtype_size(act) + 255) / 256 * 256;
@@ -275,12 +324,16 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     bwd_ready[i] = dev.create_event();
     bwd_free[i] = dev.create_event();
   }
-  for (size_t b = 0; b < layout.blobs.size(); ++b) updated.push_back(dev.create_event());
+  for (size_t b = 0; b < layout.blobs.size(); ++b) {
+    updated.push_back(dev.create_event());
+    added.push_back(dev.create_event());
+  }
   scalars = DeviceBuffer(dev, 256);
   dev.ops().zero(Tensor(scalars.data(), DType::F32, {2}), *compute);
   rope = std::make_unique<DeviceRope>(dev, spec, o.base.max_seq, *compute);
   ws = std::make_unique<Workspace>(dev, spec, o.base.max_batch, o.base.max_seq, act);
   tokens = std::make_unique<TokenUploader>(dev, max_tokens);
+  opt = d.create_stream();
 }
 
 SlidingEngine::SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOptions& opt)
@@ -298,6 +351,7 @@ SlidingEngine::~SlidingEngine() {
 }
 
 void SlidingEngine::load(const CheckpointReader& ckpt) {
+  impl_->sync_all();  // no update in flight writes the masters
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
     read_blob(ckpt, layout_.blobs[b], impl_->host_f32(impl_->master.data(), int(b)));
   }
@@ -306,6 +360,7 @@ void SlidingEngine::load(const CheckpointReader& ckpt) {
 }
 
 void SlidingEngine::init_random(uint64_t seed) {
+  impl_->sync_all();
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
     random_blob(layout_.blobs[b], int(b), seed, spec_.initializer_range, impl_->host_f32(impl_->master.data(), int(b)));
   }
@@ -326,10 +381,11 @@ void SlidingEngine::forward_backward(const Batch& b, float grad_scale, bool back
   const DType act = m.act;
   const size_t act_bytes = size_t(N * spec_.hidden) * dtype_size(act);
 
-  if (m.update_applied) {  // a new step after an overlapped update: every slot is stale
+  if (m.slots_stale) {  // a new step after an update: every slot is stale
     m.invalidate_slots();
-    m.update_applied = false;
+    m.slots_stale = false;
   }
+  m.update_applied = false;
   const TokenUploader::Tokens tok = m.tokens->upload(b, c);
   auto params = [&](int k, int blob) { return layer_views(layout_.blobs[blob], m.slot_ptr(k), act); };
   auto entry = [&](int k, int blob, int i) { return entry_view(layout_.blobs[blob].entries[i], m.slot_ptr(k), act); };
@@ -412,6 +468,7 @@ void SlidingEngine::forward_backward(const Batch& b, float grad_scale, bool back
   if (m.update_armed) {
     m.update_armed = false;
     m.update_applied = true;
+    m.slots_stale = true;
   }
 }
 
@@ -433,27 +490,31 @@ double SlidingEngine::grad_sq_norm() {
   Impl& m = *impl_;
   dev_.synchronize(*m.d2h);  // every gradient has been added on the host
   m.clear_fresh_grads();
-  float sq = 0.f;
-  cpu::sq_norm(Tensor(&sq, DType::F32, {1}), Tensor(m.grads.data(), DType::F32, {m.total}));
-  return sq;
+  const float* g = static_cast<const float*>(m.grads.data());
+  const int64_t B = cpu::kSqNormBlock;
+  for (int64_t k : m.straddling) m.block_sq[size_t(k)] = cpu::sq_sum(g + k * B, std::min(B, m.total - k * B));
+  double total = 0.0;
+  for (double s : m.block_sq) total += s;
+  return float(0.0 + total);  // cpu::sq_norm into a zeroed scalar, as the resident engine does
 }
 
 void SlidingEngine::adamw_step(const AdamWParams& p) {
   Impl& m = *impl_;
   if (m.update_applied) {
-    // The backward queued every blob's update on the d2h stream; the next forward's uploads wait
+    // The backward queued every blob's update on the opt stream; the next forward's uploads wait
     // for them blob by blob (`updated`), so nothing waits here.
     SF_CHECK(p.lr == m.update.lr && p.step == m.update.step && p.grad_scale == m.update.grad_scale,
              "adamw_step differs from the scheduled update");
+    m.update_applied = false;
     return;
   }
+  // (Clipping, or no update scheduled.) Every blob's AdamW is queued on the opt stream in forward
+  // order, after the blob's gradient is in; the next forward's upload of a blob waits for its
+  // update only, so the update overlaps that forward. Nothing waits here.
   m.update_armed = false;
-  m.sync_all();  // no upload may read the host parameters while they change
   m.clear_fresh_grads();
-  Tensor copy = m.act == DType::F32 ? Tensor() : Tensor(m.upload.data(), m.act, {m.total});
-  cpu::adamw(Tensor(m.master.data(), DType::F32, {m.total}), Tensor(m.grads.data(), DType::F32, {m.total}),
-             Tensor(m.adam_m.data(), DType::F32, {m.total}), Tensor(m.adam_v.data(), DType::F32, {m.total}), copy, p);
-  m.invalidate_slots();
+  for (int b = 0; b < int(layout_.blobs.size()); ++b) m.queue_update(b, p);
+  m.slots_stale = true;
 }
 
 void SlidingEngine::synchronize() { impl_->sync_all(); }

@@ -288,8 +288,9 @@ TrainResult run_train(const TrainOptions& o) {
                                " (loss " + std::to_string(loss) + "); stopping before the update");
     }
     if (o.max_grad_norm > 0) ap.grad_scale = float(std::min(1.0, o.max_grad_norm / (gnorm + 1e-6)));
+    // The update may still run on the host while the next step starts (the sliding engine
+    // overlaps it with the next forward); saving and exporting wait for it.
     s.engine->adamw_step(ap);
-    s.engine->synchronize();  // the update is done (keeps the step timing honest)
     tokens_total += tokens;
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (step == start.step) result.first_loss = loss;
@@ -306,6 +307,7 @@ TrainResult run_train(const TrainOptions& o) {
       log_info("saved %s", ck.c_str());
     }
   }
+  s.engine->synchronize();  // the last update is done
   double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   result.tokens_per_second = double(tokens_total) / total_s;
   save_model_dir(s, o, out_dtype, o.output, true, nullptr);

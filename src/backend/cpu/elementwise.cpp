@@ -87,35 +87,41 @@ void zero(Tensor x) {
   std::memset(x.data, 0, x.bytes());
 }
 
+namespace {
+// Eight independent fp64 sums (vectorisable; one serial chain ran at ~1 value per 4 cycles),
+// combined in a fixed order.
+template <class T>
+double sq_sum_t(const T* p, int64_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      const double v = ld(p, i + j);
+      acc[j] += v * v;
+    }
+  for (int j = 0; i < n; ++i, ++j) {
+    const double v = ld(p, i);
+    acc[j] += v * v;
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+}  // namespace
+
+double sq_sum(const float* x, int64_t n) { return sq_sum_t(x, n); }
+
 void sq_norm(Tensor out, Tensor x) {
   SF_CHECK_DTYPE("sq_norm", out, DType::F32);
   SF_CHECK_NUMEL("sq_norm", out, 1);
   SF_CHECK_REAL("sq_norm", x);
-  // Fixed blocks summed in fp64, then the block sums in order: the result does not depend on
-  // the number of threads.
-  constexpr int64_t kBlock = 1 << 14;
-  const int64_t n = x.numel(), nblocks = (n + kBlock - 1) / kBlock;
+  const int64_t n = x.numel(), nblocks = (n + kSqNormBlock - 1) / kSqNormBlock;
   std::vector<double> partial(size_t(nblocks), 0.0);  // [nblocks]
   visit(x, [&](auto* p) {
     cpu_pool().parallel_for(
         nblocks,
         [&](int64_t b0, int64_t b1) {
           for (int64_t blk = b0; blk < b1; ++blk) {
-            // Eight independent fp64 sums (vectorisable; one serial chain ran at ~1 value per
-            // 4 cycles), combined in a fixed order.
-            double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            const int64_t i0 = blk * kBlock, e = std::min(n, i0 + kBlock);
-            int64_t i = i0;
-            for (; i + 8 <= e; i += 8)
-              for (int j = 0; j < 8; ++j) {
-                const double v = ld(p, i + j);
-                acc[j] += v * v;
-              }
-            for (int j = 0; i < e; ++i, ++j) {
-              const double v = ld(p, i);
-              acc[j] += v * v;
-            }
-            partial[size_t(blk)] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+            const int64_t i0 = blk * kSqNormBlock;
+            partial[size_t(blk)] = sq_sum_t(p + i0, std::min(n, i0 + kSqNormBlock) - i0);
           }
         },
         2);

@@ -29,7 +29,12 @@ void add(Tensor out, Tensor a, Tensor b);
 void scale(Tensor x, float alpha);
 void cast(Tensor out, Tensor in);
 void zero(Tensor x);
+// out[0] += sum x^2: fixed blocks of kSqNormBlock elements, each summed by sq_sum in fp64, then
+// the block sums in order (the bits do not depend on the thread count; the sliding engine rebuilds
+// the same sum from per-blob pieces).
 void sq_norm(Tensor out, Tensor x);
+constexpr int64_t kSqNormBlock = int64_t(1) << 14;
+double sq_sum(const float* x, int64_t n);
 void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& p);
 
 }  // namespace sf::cpu
