@@ -42,6 +42,12 @@ for s in "${steps[@]}"; do
         run bench_offload_3b_clip$clip "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
           --steps 3 --warmup 1 --device cuda --offload --max-grad-norm $clip
       done ;;
+    # the 3B offload step with 8 host threads (the host copy bandwidth peaked at 8 in bench_host)
+    bench_offload_t8)
+      for clip in 1 0; do
+        run bench_offload_3b_t8_clip$clip env SF_THREADS=8 "$BIN/slideformer" bench --preset llama-3b --batch-size 8 \
+          --seq-len 2048 --steps 3 --warmup 1 --device cuda --offload --max-grad-norm $clip
+      done ;;
     # host memory bandwidth, CPU AdamW rate, PCIe: the rates that bound the offload engine
     bench_host) run bench_host "$BIN/bench_host" 2048 ;;
     bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;

@@ -64,6 +64,14 @@ class Engine {
   // Waits until everything queued so far has run.
   virtual void synchronize() = 0;
 
+  // Cumulative counters for benchmarks (what an engine does not track stays 0).
+  struct Stats {
+    double host_grad_s = 0;    // wall time of the host gradient additions (sum over calls)
+    double host_update_s = 0;  // wall time of the host AdamW
+    int64_t uploads = 0;       // parameter blobs copied to the device
+  };
+  virtual Stats stats() const { return {}; }
+
   virtual std::vector<HostTensor> export_state(State which) = 0;
   // Sets one state by HF name (every parameter must be given, shapes must match).
   virtual void import_state(State which, const std::vector<HostTensor>& tensors) = 0;

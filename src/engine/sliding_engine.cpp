@@ -1,6 +1,8 @@
 #include "engine/sliding_engine.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 
@@ -27,6 +29,16 @@ DType natural_compute_dtype(const Device& d, const std::string& name) {
 
 }  // namespace
 
+// Adds the wall time of its scope to a counter.
+struct Timer {
+  std::atomic<int64_t>& ns;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  explicit Timer(std::atomic<int64_t>& n) : ns(n) {}
+  ~Timer() {
+    ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
 struct SlidingEngine::Impl {
   Impl(Device& d, const ModelSpec& s, const ModelLayout& lay, const SlidingOptions& o);
 
@@ -43,7 +55,9 @@ struct SlidingEngine::Impl {
   // Host state, flat, in the resident engine's layout (so both run the same host kernels).
   DeviceBuffer master;  // [total] F32, pinned: the upload source when act == F32
   DeviceBuffer upload;  // [total] act, pinned: the compute copy uploaded when act != F32
-  HostBuffer grads;     // [total] F32: accumulated over the micro-batches of a step
+  // [total] F32 pinned: accumulated over the micro-batches of a step; a blob's first gradient of
+  // the step is copied straight into it (no host pass), later ones are added from staging.
+  DeviceBuffer grads;
   // Per blob: no gradient arrived since zero_grads, so the next one is copied rather than added
   // (zeroing is lazy: zero_grads never waits for the host work of the previous step).
   std::vector<bool> grads_fresh;
@@ -66,6 +80,7 @@ struct SlidingEngine::Impl {
   std::vector<Slot> slots;
   uint64_t clock = 0;
   int64_t uploads = 0;
+  std::atomic<int64_t> grad_ns{0}, update_ns{0};  // host work time (stats())
 
   // Gradients leave the GPU through these: a device buffer, its pinned staging, two events.
   struct GradBuf {
@@ -159,26 +174,30 @@ struct SlidingEngine::Impl {
     const int64_t n = layout.blobs[blob].numel;
     dev.record(*g.computed, *compute);
     dev.wait(*d2h, *g.computed);
-    dev.copy(g.host.data(), g.dev.data(), size_t(n) * 4, CopyKind::DeviceToHost, *d2h);
     dev.wait(*d2h, *updated[blob]);  // the last update has read the accumulator (implied by the upload)
     const bool first = grads_fresh[blob];
     grads_fresh[blob] = false;
-    dev.host_fn(*d2h, [this, &g, blob, first] { add_grads(blob, static_cast<const float*>(g.host.data()), first); });
+    if (first) {
+      dev.copy(host_f32(grads.data(), blob), g.dev.data(), size_t(n) * 4, CopyKind::DeviceToHost, *d2h);
+      dev.host_fn(*d2h, [this, blob] { add_grads(blob, nullptr); });
+    } else {
+      dev.copy(g.host.data(), g.dev.data(), size_t(n) * 4, CopyKind::DeviceToHost, *d2h);
+      dev.host_fn(*d2h, [this, &g, blob] { add_grads(blob, static_cast<const float*>(g.host.data())); });
+    }
     dev.record(*g.free, *d2h);
     dev.record(*added[blob], *d2h);
     if (update_armed) queue_update(blob, update);
   }
-  // grads[blob] (+)= src on the host's thread pool (a layer's gradient is tens of millions of
-  // values), with the squared sums of the norm's blocks that lie inside the blob.
-  void add_grads(int blob, const float* src, bool first) {
+  // grads[blob] += src (src null: the gradient is already in place) on the host's thread pool (a
+  // layer's gradient is tens of millions of values), with the squared sums of the norm's blocks
+  // that lie inside the blob.
+  void add_grads(int blob, const float* src) {
+    const Timer timer(grad_ns);
     const int64_t off = blob_off[blob], n = layout.blobs[blob].numel;
     float* base = static_cast<float*>(grads.data());
     auto add = [&](int64_t i0, int64_t i1) {  // flat indices
-      if (first) {
-        std::memcpy(base + i0, src + (i0 - off), size_t(i1 - i0) * 4);
-      } else {
+      if (src)
         for (int64_t i = i0; i < i1; ++i) base[i] += src[i - off];
-      }
     };
     const auto [b0, b1] = inner_blocks[size_t(blob)];
     const int64_t B = cpu::kSqNormBlock;
@@ -195,7 +214,7 @@ struct SlidingEngine::Impl {
         4);
     // The pieces before and after the inner blocks (parts of straddling blocks).
     for (auto [i0, i1] : {std::pair{off, std::min(in0, off + n)}, std::pair{std::max(in1, off), off + n}}) {
-      if (i1 > i0) cpu_pool().parallel_for(i1 - i0, [&](int64_t a, int64_t b) { add(i0 + a, i0 + b); }, 1 << 16);
+      if (src && i1 > i0) cpu_pool().parallel_for(i1 - i0, [&](int64_t a, int64_t b) { add(i0 + a, i0 + b); }, 1 << 16);
     }
   }
   // AdamW of `blob` on the opt stream once its gradient is in the accumulator; uploads of the
@@ -207,6 +226,7 @@ struct SlidingEngine::Impl {
   }
   // AdamW on one blob's host state (elementwise: the same bits as one call over all blobs).
   void update_blob(int blob, const AdamWParams& p) {
+    const Timer timer(update_ns);
     const int64_t n = layout.blobs[blob].numel;
     auto at = [&](void* base) { return Tensor(host_f32(base, blob), DType::F32, {n}); };
     Tensor copy =
@@ -290,7 +310,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   master = DeviceBuffer(dev, size_t(total) * 4, MemoryKind::PinnedHost);
   std::memset(master.data(), 0, size_t(total) * 4);  // padding between tensors stays 0
   if (act != DType::F32) upload = DeviceBuffer(dev, size_t(total) * dtype_size(act), MemoryKind::PinnedHost);
-  grads = HostBuffer(size_t(total) * 4);
+  grads = DeviceBuffer(dev, size_t(total) * 4, MemoryKind::PinnedHost);
   grads_fresh.assign(layout.blobs.size(), true);
   adam_m = HostBuffer(size_t(total) * 4);
   adam_v = HostBuffer(size_t(total) * 4);
@@ -572,5 +592,9 @@ size_t SlidingEngine::device_bytes() const {
 }
 
 int64_t SlidingEngine::uploads() const { return impl_->uploads; }
+
+Engine::Stats SlidingEngine::stats() const {
+  return Stats{double(impl_->grad_ns.load()) * 1e-9, double(impl_->update_ns.load()) * 1e-9, impl_->uploads};
+}
 
 }  // namespace sf

@@ -45,6 +45,7 @@ class SlidingEngine final : public Engine {
   size_t device_bytes() const override;
   // Uploads of parameter blobs since construction (for tests of the slot policy).
   int64_t uploads() const;
+  Stats stats() const override;
 
  private:
   struct Impl;

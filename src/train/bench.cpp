@@ -121,10 +121,13 @@ nlohmann::json run_bench(const BenchOptions& o) {
   double loss = 0;
   for (int64_t s = 0; s < o.warmup; ++s) loss = step(s);
   engine.synchronize();
+  const Engine::Stats st0 = engine.stats();
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < o.steps; ++s) loss = step(o.warmup + s);
   engine.synchronize();
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Engine::Stats st1 = engine.stats();
+  const double per = 1.0 / double(o.steps);
   double tps = double(b.B) * b.T * double(o.steps) / secs;
   log_info("bench: %.1f ms/step, %.0f tokens/s, loss %.4f", 1e3 * secs / double(o.steps), tps, loss);
   return {{"tokens_per_second", tps},
@@ -137,6 +140,10 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"engine", o.offload ? "sliding" : "resident"},
           {"max_grad_norm", o.max_grad_norm},
           {"device_bytes", engine.device_bytes()},
+          // host work a step (the sliding engine): gradient additions, AdamW; uploads of blobs
+          {"host_grad_ms", 1e3 * (st1.host_grad_s - st0.host_grad_s) * per},
+          {"host_update_ms", 1e3 * (st1.host_update_s - st0.host_update_s) * per},
+          {"uploads_per_step", double(st1.uploads - st0.uploads) * per},
           {"loss", loss}};
 }
 
