@@ -119,10 +119,8 @@ void bench_optimizer(int64_t n) {
   });
   // bytes: read p, m, v, g; write p, m, v, bf16 copy
   const double b32 = double(n) * (16 + 14), b16 = double(n) * (14 + 14);
-  std::printf("  fp32 grads -> bf16 copy: %.3f s, %.2f G params/s, %.1f GB/s\n", t32, n / t32 * 1e-9,
-              b32 / t32 * 1e-9);
-  std::printf("  bf16 grads -> bf16 copy: %.3f s, %.2f G params/s, %.1f GB/s\n", t16, n / t16 * 1e-9,
-              b16 / t16 * 1e-9);
+  std::printf("  fp32 grads -> bf16 copy: %.3f s, %.2f G params/s, %.1f GB/s\n", t32, n / t32 * 1e-9, b32 / t32 * 1e-9);
+  std::printf("  bf16 grads -> bf16 copy: %.3f s, %.2f G params/s, %.1f GB/s\n", t16, n / t16 * 1e-9, b16 / t16 * 1e-9);
   float sq = 0.f;
   const double tn = best_s(3, [&] {
     sq = 0.f;
@@ -165,8 +163,8 @@ void bench_pcie(size_t bytes) {
     CK(cudaStreamSynchronize(s2));
   });
   std::printf("== PCIe, pinned, %zu MiB copies ==\n", bytes >> 20);
-  std::printf("  host->device %.1f GB/s, device->host %.1f GB/s, both at once %.1f GB/s each way\n", gb / th,
-              gb / td, gb / tb);
+  std::printf("  host->device %.1f GB/s, device->host %.1f GB/s, both at once %.1f GB/s each way\n", gb / th, gb / td,
+              gb / tb);
   std::printf("RESULT pcie_h2d_gbs=%.1f pcie_d2h_gbs=%.1f pcie_both_gbs=%.1f\n", gb / th, gb / td, gb / tb);
   CK(cudaStreamDestroy(s1));
   CK(cudaStreamDestroy(s2));

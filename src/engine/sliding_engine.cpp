@@ -65,9 +65,9 @@ struct SlidingEngine::Impl {
   // The squared gradient norm, built as the gradients arrive: cpu::sq_norm's fixed blocks of the
   // flat buffer; a block inside one blob is summed by that blob's host addition, the few that
   // straddle two blobs by grad_sq_norm. Same blocks, same order: the same bits as one sq_norm.
-  std::vector<double> block_sq;                            // [blocks]
-  std::vector<std::pair<int64_t, int64_t>> inner_blocks;   // per blob: [first, end) of its blocks
-  std::vector<int64_t> straddling;                         // blocks that span a blob boundary
+  std::vector<double> block_sq;                           // [blocks]
+  std::vector<std::pair<int64_t, int64_t>> inner_blocks;  // per blob: [first, end) of its blocks
+  std::vector<int64_t> straddling;                        // blocks that span a blob boundary
 
   // GPU parameter slots: [K, max_blob] act.
   struct Slot {
@@ -214,7 +214,9 @@ struct SlidingEngine::Impl {
         4);
     // The pieces before and after the inner blocks (parts of straddling blocks).
     for (auto [i0, i1] : {std::pair{off, std::min(in0, off + n)}, std::pair{std::max(in1, off), off + n}}) {
-      if (src && i1 > i0) cpu_pool().parallel_for(i1 - i0, [&](int64_t a, int64_t b) { add(i0 + a, i0 + b); }, 1 << 16);
+      if (src && i1 > i0)
+        cpu_pool().parallel_for(
+            i1 - i0, [&](int64_t a, int64_t b) { add(i0 + a, i0 + b); }, 1 << 16);
     }
   }
   // AdamW of `blob` on the opt stream once its gradient is in the accumulator; uploads of the

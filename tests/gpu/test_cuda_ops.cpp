@@ -514,8 +514,7 @@ TEST(CudaOps, AttentionKernelVariants) {
     cuda::attention_set_longest_first(lpt);
     for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
       for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
-        SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv << ", longest-first "
-                                        << lpt);
+        SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv << ", longest-first " << lpt);
         cuda::attention_set_variant(fv, bv);
         attention_case({2, 300, 8, 2, 128}, false);
         attention_case({3, 257, 4, 1, 64}, false);

@@ -248,8 +248,8 @@ __host__ __device__ constexpr int dq_permuted_pos(int c) {
 // Step 7 of the backward, DQV 1: dQ[q0 .. q0+BR) += dS K for one query tile. Warps: BR / 32 row
 // groups x the rest over column groups of HD / (that many) columns, walked in chunks of <= 32.
 template <int HD, int NW, int BR, int BC>
-__device__ __forceinline__ void flash_bwd_dq_32(float* __restrict__ dq_acc, const bf16_t* dSs, const bf16_t* Ks,
-                                                int q0, int T, int h, int b, int64_t qstr, int warp, int lane) {
+__device__ __forceinline__ void flash_bwd_dq_32(float* __restrict__ dq_acc, const bf16_t* dSs, const bf16_t* Ks, int q0,
+                                                int T, int h, int b, int64_t qstr, int warp, int lane) {
   constexpr int QG = BR / 32, DG = NW / QG, CW = HD / DG, CC = CW < 32 ? CW : 32;
   static_assert(QG * DG == NW && CW % 16 == 0, "bad dQ split");
   const int g = lane >> 2, t4 = lane & 3;
@@ -289,9 +289,9 @@ __device__ __forceinline__ void flash_bwd_dq_32(float* __restrict__ dq_acc, cons
         float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cb + t4 * 4;
 #pragma unroll
         for (int n = 0; n < CC / 8; n += 2)
-          atomicAdd(reinterpret_cast<float4*>(base + n * 8),
-                    make_float4(acc[mt][n][2 * r], acc[mt][n][2 * r + 1], acc[mt][n + 1][2 * r],
-                                acc[mt][n + 1][2 * r + 1]));
+          atomicAdd(
+              reinterpret_cast<float4*>(base + n * 8),
+              make_float4(acc[mt][n][2 * r], acc[mt][n][2 * r + 1], acc[mt][n + 1][2 * r], acc[mt][n + 1][2 * r + 1]));
       }
   }
 }
@@ -607,10 +607,9 @@ void launch_bwd(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout
     attr_set = true;
   }
   const unsigned grid = unsigned((d.T + BC - 1) / BC) * unsigned(d.n_kv_head * d.B);
-  kernel<<<grid, NW * 32, smem, L.stream>>>(dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(),
-                                            k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(), lse.ptr<float>(), D,
-                                            d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e,
-                                            g_longest_first.load());
+  kernel<<<grid, NW * 32, smem, L.stream>>>(
+      dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(),
+      lse.ptr<float>(), D, d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, g_longest_first.load());
   CUDA_CHECK_LAUNCH();
 }
 
