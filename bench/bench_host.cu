@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "bench_check.h"
 #include "core/dtype.h"
 #include "core/host_memory.h"
 #include "core/thread_pool.h"
@@ -25,15 +26,6 @@ namespace {
 
 using namespace sf;
 using Clock = std::chrono::steady_clock;
-
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 double best_s(int reps, const std::function<void()>& fn) {
   fn();  // warm-up (first touch, page faults)

@@ -23,19 +23,12 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/linear_ce.cuh"
 #include "backend/device.h"
+#include "bench_check.h"
 
 namespace {
 
 using namespace sf;
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 #define CB(x)                                                                                     \
   do {                                                                                            \
     cublasStatus_t s_ = (x);                                                                      \
