@@ -382,3 +382,43 @@ TEST_F(Cli, SlidingWindowShorterThanSeqLenIsRefused) {
 
 }  // namespace
 }  // namespace sf
+
+namespace sf {
+namespace {
+
+// `plan` lists every buffer and says whether it fits; a run whose plan does not fit is refused
+// before anything is allocated or written, with the numbers.
+TEST_F(Cli, PlanAndRefusalWhenItDoesNotFit) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 6);
+  CmdResult r = run("plan --model " + model + " --device cpu --batch-size 2 --seq-len 16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  json j = r.last();
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_EQ(j["engine"], "resident");
+  EXPECT_GT(j["host_bytes"].get<double>(), 0);
+  EXPECT_NE(r.err.find("fp32 master weights"), std::string::npos) << r.err;
+
+  r = run("plan --model " + model + " --device cpu --batch-size 2 --seq-len 16 --offload --slots 4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.last()["engine"], "sliding");
+  EXPECT_EQ(r.last()["slots"], 4);
+
+  r = run("plan --model " + model + " --device cpu --batch-size 2 --seq-len 16 --cpu-memory 64KiB");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(r.last()["fits"].get<bool>());
+  EXPECT_NE(r.last()["why"].get<std::string>().find("host memory"), std::string::npos);
+
+  r = run("train --model " + model + " --data " + data + " --output " + p("out") +
+          " --steps 1 --lr 1e-3 --device cpu --cpu-memory 64KiB");
+  expect_input_error(r, "host memory");
+  EXPECT_FALSE(fs::exists(p("out")));
+
+  expect_input_error(run("plan --device cpu"), "--model");
+  expect_input_error(run("plan --model " + model + " --device cpu --gpu-memory lots"), "--gpu-memory");
+  expect_input_error(run("eval --model " + model + " --data " + data + " --device cpu --offload --no-offload"),
+                     "--offload");
+}
+
+}  // namespace
+}  // namespace sf

@@ -93,6 +93,18 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
+// What a backend's buffers cost, known without creating a device (the planner's input).
+struct BackendInfo {
+  std::string name;           // "cpu" | "cuda"
+  DType compute_dtype;        // its natural activation / compute-copy dtype
+  size_t stream_scratch = 0;  // device bytes each stream that runs kernels takes on first use
+  size_t (*attention_ws)(const AttnDims&) = nullptr;
+  size_t (*linear_ce_ws)(int64_t N, int64_t H, int64_t V) = nullptr;
+  size_t device_total = 0, device_free = 0;  // device memory (0: unknown / host memory)
+};
+// "cpu", "cuda" or "auto" (cuda when available); InputError when cuda is not built in.
+BackendInfo backend_info(const std::string& which);
+
 // Backends. make_cuda_device throws InputError when no GPU is usable or CUDA is not built in.
 std::unique_ptr<Device> make_cpu_device();
 std::unique_ptr<Device> make_cuda_device(size_t arena_bytes);

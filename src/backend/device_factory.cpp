@@ -1,3 +1,4 @@
+#include "backend/cpu/kernels.h"
 #include "backend/device.h"
 #include "core/error.h"
 
@@ -8,7 +9,25 @@ bool cuda_available() { return false; }
 std::unique_ptr<Device> make_cuda_device(size_t) {
   input_error("--device cuda", "this slideformer was built without CUDA (rebuild with -DSF_CUDA=ON)");
 }
+BackendInfo cuda_backend_info() {
+  input_error("--device cuda", "this slideformer was built without CUDA (rebuild with -DSF_CUDA=ON)");
+}
+#else
+BackendInfo cuda_backend_info();  // backend/cuda/cuda_device.cpp
 #endif
+
+BackendInfo backend_info(const std::string& which) {
+  if (which == "cuda" || ((which == "auto" || which.empty()) && cuda_available())) return cuda_backend_info();
+  if (which == "cpu" || which == "auto" || which.empty()) {
+    BackendInfo b;
+    b.name = "cpu";
+    b.compute_dtype = DType::F32;
+    b.attention_ws = cpu::attention_workspace_bytes;
+    b.linear_ce_ws = cpu::linear_ce_workspace_bytes;
+    return b;
+  }
+  input_error("--device", "unknown device '" + which + "' (expected cpu, cuda or auto)");
+}
 
 std::unique_ptr<Device> make_device(const std::string& which, size_t arena_bytes) {
   if (which == "cpu") return make_cpu_device();

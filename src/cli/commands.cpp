@@ -27,15 +27,37 @@ void print_json(const nlohmann::json& j) {
   std::fflush(stdout);
 }
 
-void add_data_options(CLI::App* c, DataOptions& d) {
+// Engine choice and memory budgets, shared by eval, grad, train, bench and plan. Sizes are parsed
+// after the command line (a bad size is an input error: exit 2).
+struct EngineFlags {
+  bool offload = false, no_offload = false;
+  int slots = 0;
+  std::string gpu_memory, cpu_memory;
+  void add(CLI::App* c) {
+    c->add_flag("--offload", offload,
+                "force the sliding engine: layers slide through GPU slots, weights, optimizer state and checkpoints "
+                "in host memory (default: only when the model does not fit on the GPU)");
+    c->add_flag("--no-offload", no_offload, "force the in-memory engine");
+    c->add_option("--slots", slots, "GPU parameter slots of the sliding engine (default 3, or 2 when 3 do not fit)");
+    c->add_option("--gpu-memory", gpu_memory, "GPU memory to use, e.g. 40GiB (default: 90% of the free memory)");
+    c->add_option("--cpu-memory", cpu_memory, "host memory to plan with (default: what the system reports available)");
+  }
+  void apply(EngineRequest& e) const {
+    if (offload && no_offload) input_error("--offload/--no-offload", "give one of them");
+    e.offload = offload ? OffloadChoice::On : no_offload ? OffloadChoice::Off : OffloadChoice::Auto;
+    e.slots = slots;
+    e.gpu_memory = gpu_memory.empty() ? 0 : size_t(parse_size(gpu_memory, "--gpu-memory"));
+    e.cpu_memory = cpu_memory.empty() ? 0 : size_t(parse_size(cpu_memory, "--cpu-memory"));
+  }
+};
+
+void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f) {
   c->add_option("--model", d.model_dir, "Hugging Face model directory")->required();
   c->add_option("--data", d.data, "JSONL file, one {\"input_ids\": [...], \"labels\": [...]} per line")->required();
   c->add_option("--seq-len", d.seq_len, "cut records to this many tokens (default: the longest record)");
   c->add_option("--batch-size", d.batch_size, "sequences per micro-batch")->capture_default_str();
   c->add_option("--device", d.device, "cpu, cuda or auto (cuda when a GPU is present)")->capture_default_str();
-  c->add_flag("--offload", d.offload,
-              "slide the layers through GPU slots, with weights, optimizer state and checkpoints in host memory");
-  c->add_option("--slots", d.slots, "GPU parameter slots of --offload")->capture_default_str();
+  f.add(c);
   c->add_option("--compute-dtype", d.compute_dtype,
                 "fp32 (cpu default) or bf16 (cuda; on the cpu it mirrors the GPU's rounding)");
 }
@@ -86,21 +108,22 @@ int cli_main(int argc, char** argv) {
 
   // eval
   DataOptions eval_opts;
+  EngineFlags eval_flags, grad_flags, train_flags, bench_flags, plan_flags;
   auto* eval = app.add_subcommand("eval", "mean cross-entropy over the trained positions of a data file");
-  add_data_options(eval, eval_opts);
+  add_data_options(eval, eval_opts, eval_flags);
 
   // grad
   DataOptions grad_opts;
   std::string grad_output;
   auto* grad = app.add_subcommand("grad", "fp32 gradient of the eval loss for every parameter");
-  add_data_options(grad, grad_opts);
+  add_data_options(grad, grad_opts, grad_flags);
   grad->add_option("--output", grad_output, "output .safetensors file")->required();
 
   // train
   TrainOptions t;
   bool no_shuffle = false;
   auto* train = app.add_subcommand("train", "full-parameter fine-tuning with AdamW");
-  add_data_options(train, t.data);
+  add_data_options(train, t.data, train_flags);
   train->add_option("--output", t.output, "output model directory")->required();
   train->add_option("--steps", t.steps, "optimizer steps")->required();
   train->add_option("--lr", t.lr, "peak learning rate")->required();
@@ -142,17 +165,30 @@ int cli_main(int argc, char** argv) {
   bench->add_option("--steps", bo.steps, "timed steps")->capture_default_str();
   bench->add_option("--warmup", bo.warmup, "untimed steps first")->capture_default_str();
   bench->add_option("--layers", bo.layers, "override the number of layers");
-  bench->add_flag("--offload", bo.offload, "the sliding engine (state in host memory)");
-  bench->add_option("--slots", bo.slots, "GPU parameter slots of --offload")->capture_default_str();
+  bench_flags.add(bench);
   bench->add_option("--max-grad-norm", bo.max_grad_norm, "gradient clipping (0 = off: overlapped update)")
       ->capture_default_str();
+
+  // plan
+  PlanCliOptions po;
+  auto* plan =
+      app.add_subcommand("plan", "where every buffer goes, whether it fits, predicted speed; allocates nothing");
+  plan->add_option("--model", po.model_dir, "Hugging Face model directory (its config.json)");
+  plan->add_option("--preset", po.preset, "or a built-in shape: llama-1b, llama-3b, llama-8b, qwen2.5-7b");
+  plan->add_option("--config", po.config, "or a config.json");
+  plan->add_option("--device", po.device, "cuda, cpu or auto")->capture_default_str();
+  plan->add_option("--batch-size", po.batch_size)->capture_default_str();
+  plan->add_option("--seq-len", po.seq_len)->capture_default_str();
+  plan->add_option("--grad-accum", po.grad_accum)->capture_default_str();
+  plan->add_option("--max-grad-norm", po.max_grad_norm, "0 = no clipping")->capture_default_str();
+  plan_flags.add(plan);
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; }))
       known |= sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "slideformer: unknown command '%s' (commands: init, eval, grad, train, demo, bench)\n",
+      std::fprintf(stderr, "slideformer: unknown command '%s' (commands: init, eval, grad, train, plan, demo, bench)\n",
                    argv[1]);
       return 2;
     }
@@ -172,16 +208,19 @@ int cli_main(int argc, char** argv) {
   try {
     if (*init) return cmd_init(init_config, init_output, init_seed, init_dtype);
     if (*eval) {
+      eval_flags.apply(eval_opts.engine);
       EvalResult r = run_eval(eval_opts);
       print_json({{"loss", r.loss}, {"tokens", r.tokens}});
       return 0;
     }
     if (*grad) {
+      grad_flags.apply(grad_opts.engine);
       EvalResult r = run_grad(grad_opts, grad_output);
       print_json({{"loss", r.loss}, {"tokens", r.tokens}, {"output", grad_output}});
       return 0;
     }
     if (*train) {
+      train_flags.apply(t.data.engine);
       t.shuffle = !no_shuffle;
       t.max_shard_bytes = parse_size(max_shard, "--max-shard-size");
       TrainResult r = run_train(t);
@@ -193,7 +232,13 @@ int cli_main(int argc, char** argv) {
       return 0;
     }
     if (*bench) {
+      bench_flags.apply(bo.engine);
       print_json(run_bench(bo));
+      return 0;
+    }
+    if (*plan) {
+      plan_flags.apply(po.engine);
+      print_json(run_plan(po));
       return 0;
     }
     if (*demo) {

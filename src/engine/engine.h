@@ -40,6 +40,8 @@ class Engine {
   virtual const ModelSpec& spec() const = 0;
   // Device memory the engine holds.
   virtual size_t device_bytes() const = 0;
+  // Host memory the engine holds (pinned and pageable buffers; the planner predicts both).
+  virtual size_t host_bytes() const = 0;
 
   // Parameters from a checkpoint (any of F32/BF16/F16; converted to fp32 masters).
   virtual void load(const CheckpointReader& ckpt) = 0;

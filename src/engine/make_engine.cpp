@@ -1,6 +1,8 @@
 #include "engine/make_engine.h"
 
 #include "core/error.h"
+#include "core/log.h"
+#include "core/units.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
 
@@ -14,6 +16,41 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.base = opt;
   so.slots = slots;
   return std::make_unique<SlidingEngine>(dev, spec, so);
+}
+
+BackendInfo plan_backend(const EngineOptions& opt, const EngineRequest& req) {
+  BackendInfo be = backend_info(req.device);
+  if (opt.compute_dtype == "bf16" || opt.compute_dtype == "bfloat16") be.compute_dtype = DType::BF16;
+  return be;
+}
+
+PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
+  PlanRequest r;
+  r.batch = opt.max_batch;
+  r.seq = opt.max_seq;
+  r.grad_accum = req.grad_accum;
+  r.training = opt.training;
+  r.optimizer = opt.optimizer;
+  r.clip = req.clip;
+  r.offload = req.offload;
+  r.slots = req.slots;
+  r.gpu_budget = req.gpu_memory;
+  r.host_budget = req.cpu_memory;
+  return r;
+}
+
+BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const EngineRequest& req) {
+  BuiltEngine b;
+  b.plan = make_plan(spec, plan_request(opt, req), plan_backend(opt, req));
+  const Plan& p = b.plan;
+  if (!p.fits) {
+    input_error("plan", "the " + p.engine + " engine " + p.why +
+                            (p.engine == "resident" && req.offload == OffloadChoice::Off ? " (try --offload)" : "") +
+                            "; `slideformer plan` lists every buffer");
+  }
+  b.dev = make_device(req.device, req.gpu_memory);
+  b.engine = make_engine(*b.dev, spec, opt, p.engine == "sliding", p.slots);
+  return b;
 }
 
 }  // namespace sf

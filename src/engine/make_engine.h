@@ -4,10 +4,36 @@
 
 #include "backend/device.h"
 #include "engine/engine.h"
+#include "engine/planner.h"
 
 namespace sf {
 
 std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
                                     int slots);
+
+// What the commands ask for; the planner decides the rest.
+struct EngineRequest {
+  std::string device = "auto";
+  OffloadChoice offload = OffloadChoice::Auto;
+  int slots = 0;          // 0: the planner's choice
+  size_t gpu_memory = 0;  // the CUDA arena and the plan's GPU budget (0: 90% of the free memory)
+  size_t cpu_memory = 0;  // the plan's host budget (0: MemAvailable)
+  int grad_accum = 1;
+  bool clip = true;
+};
+
+struct BuiltEngine {
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Engine> engine;
+  Plan plan;
+};
+
+// Plans first; a plan that does not fit is refused with its numbers (InputError) before anything
+// is allocated. Then the device and the planned engine (log plan_summary once the model loaded).
+BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const EngineRequest& req);
+// The planner's request for these options (what build_engine plans with).
+PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req);
+// The backend build_engine plans for (the compute dtype as the options ask).
+BackendInfo plan_backend(const EngineOptions& opt, const EngineRequest& req);
 
 }  // namespace sf

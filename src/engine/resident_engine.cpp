@@ -167,6 +167,8 @@ size_t ResidentEngine::device_bytes() const {
          m.dbuf.size() + m.tokens->device_bytes() + m.scalars.size() + m.rope_dev->buf.size() + m.ws->bytes();
 }
 
+size_t ResidentEngine::host_bytes() const { return impl_->tokens->host_bytes(); }
+
 void ResidentEngine::zero_grads() {
   SF_CHECK(impl_->grads.data(), "engine built without gradients");
   dev_.ops().zero(Tensor(impl_->grads.data(), DType::F32, {impl_->total}), *impl_->stream);

@@ -27,6 +27,7 @@ class ResidentEngine final : public Engine {
   Device& device() { return dev_; }
   // Device memory this engine holds (parameters, gradients, optimizer state, activations, workspace).
   size_t device_bytes() const override;
+  size_t host_bytes() const override;
 
   void load(const CheckpointReader& ckpt) override;
   void init_random(uint64_t seed) override;

@@ -593,6 +593,14 @@ size_t SlidingEngine::device_bytes() const {
   return n;
 }
 
+size_t SlidingEngine::host_bytes() const {
+  const Impl& m = *impl_;
+  size_t n = m.master.size() + m.upload.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() +
+             m.host_ckpt.size() + m.tokens->host_bytes() + m.emb_grads.host.size() + m.head_grads.host.size();
+  for (const auto& g : m.layer_grads) n += g.host.size();
+  return n;
+}
+
 int64_t SlidingEngine::uploads() const { return impl_->uploads; }
 
 Engine::Stats SlidingEngine::stats() const {

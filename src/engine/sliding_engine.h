@@ -43,6 +43,7 @@ class SlidingEngine final : public Engine {
   std::vector<HostTensor> export_state(State which) override;
   void import_state(State which, const std::vector<HostTensor>& tensors) override;
   size_t device_bytes() const override;
+  size_t host_bytes() const override;
   // Uploads of parameter blobs since construction (for tests of the slot policy).
   int64_t uploads() const;
   Stats stats() const override;

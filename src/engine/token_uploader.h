@@ -22,6 +22,7 @@ class TokenUploader {
   void done(Stream& compute);
   void synchronize();  // the upload stream is idle
   size_t device_bytes() const { return 2 * size_t(max_tokens_) * 8; }
+  size_t host_bytes() const { return 2 * size_t(max_tokens_) * 8; }  // pinned staging
 
  private:
   struct Slot {

@@ -70,6 +70,8 @@ HeadBuffers carve_head(Carver& c, const ModelSpec& s, DType a, int B, int T, siz
   return h;
 }
 
+}  // namespace
+
 AttnDims attn_dims(const ModelSpec& s, const BatchDims& d) {
   AttnDims a;
   a.B = d.B;
@@ -81,17 +83,19 @@ AttnDims attn_dims(const ModelSpec& s, const BatchDims& d) {
   return a;
 }
 
-}  // namespace
+size_t Workspace::bytes_for(const ModelSpec& s, int max_B, int max_T, DType act, size_t attn_ws, size_t lce_ws) {
+  Carver c{nullptr};
+  carve_layer(c, s, act, max_B, max_T, attn_ws);
+  carve_head(c, s, act, max_B, max_T, lce_ws);
+  return c.off;
+}
 
 Workspace::Workspace(Device& dev, const ModelSpec& s, int max_B, int max_T, DType act)
     : s_(s), ops_(dev.ops()), act_(act), max_B_(max_B), max_T_(max_T) {
   BatchDims d{max_B, max_T};
   attn_ws_ = ops_.attention_workspace_bytes(attn_dims(s, d));
   lce_ws_ = ops_.linear_ce_workspace_bytes(d.N(), s.hidden, s.vocab);
-  Carver c{nullptr};
-  carve_layer(c, s, act, max_B, max_T, attn_ws_);
-  carve_head(c, s, act, max_B, max_T, lce_ws_);
-  buf_ = DeviceBuffer(dev, c.off);
+  buf_ = DeviceBuffer(dev, bytes_for(s, max_B, max_T, act, attn_ws_, lce_ws_));
 }
 
 // Both views start at the block's base: the head runs after every layer's forward and before

@@ -44,6 +44,9 @@ struct HeadBuffers {
   Tensor lce_ws;  // fused linear-cross-entropy scratch
 };
 
+// The attention dims of a batch of this model.
+AttnDims attn_dims(const ModelSpec& s, const BatchDims& d);
+
 class Workspace {
  public:
   Workspace(Device& dev, const ModelSpec& s, int max_B, int max_T, DType act);
@@ -51,6 +54,10 @@ class Workspace {
   LayerBuffers layer(const BatchDims& d) const;
   HeadBuffers head(const BatchDims& d) const;
   size_t bytes() const { return buf_.size(); }
+  // What the constructor allocates (the planner sizes engines without allocating).
+  // attn_ws / lce_ws: the backend's attention_workspace_bytes / linear_ce_workspace_bytes at
+  // max_B x max_T.
+  static size_t bytes_for(const ModelSpec& s, int max_B, int max_T, DType act, size_t attn_ws, size_t lce_ws);
 
  private:
   const ModelSpec& s_;

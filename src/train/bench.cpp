@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "backend/device.h"
@@ -80,12 +82,16 @@ nlohmann::json run_bench(const BenchOptions& o) {
   nlohmann::json cfg = o.config.empty() ? preset_config(o.preset) : read_json_file(o.config);
   if (o.layers > 0) cfg["num_hidden_layers"] = o.layers;
   ModelSpec spec = parse_model_spec(cfg, o.config.empty() ? "preset " + o.preset : o.config);
-  auto dev = make_device(o.device);
   EngineOptions eo;
   eo.max_batch = o.batch_size;
   eo.max_seq = o.seq_len;
-  std::unique_ptr<Engine> engine_ptr = make_engine(*dev, spec, eo, o.offload, o.slots);
-  Engine& engine = *engine_ptr;
+  EngineRequest er = o.engine;
+  er.device = o.device;
+  er.clip = o.max_grad_norm > 0;
+  BuiltEngine built = build_engine(spec, eo, er);
+  const std::unique_ptr<Device>& dev = built.dev;
+  Engine& engine = *built.engine;
+  log_info("%s", plan_summary(built.plan).c_str());
   engine.init_random(1);
   log_info("bench: %s, %.2fB parameters, %d x %d tokens per step, %s, engine holds %s", spec.architecture.c_str(),
            double(spec.total_params()) / 1e9, o.batch_size, o.seq_len, dev->name().c_str(),
@@ -137,7 +143,9 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"seq_len", o.seq_len},
           {"parameters", spec.total_params()},
           {"device", dev->name()},
-          {"engine", o.offload ? "sliding" : "resident"},
+          {"engine", built.plan.engine},
+          {"slots", built.plan.slots},
+          {"predicted_tokens_per_second", built.plan.tokens_per_s},
           {"max_grad_norm", o.max_grad_norm},
           {"device_bytes", engine.device_bytes()},
           // host work a step (the sliding engine): gradient additions, AdamW; uploads of blobs
@@ -145,6 +153,56 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"host_update_ms", 1e3 * (st1.host_update_s - st0.host_update_s) * per},
           {"uploads_per_step", double(st1.uploads - st0.uploads) * per},
           {"loss", loss}};
+}
+
+nlohmann::json run_plan(const PlanCliOptions& o) {
+  const int sources = int(!o.model_dir.empty()) + int(!o.preset.empty()) + int(!o.config.empty());
+  if (sources != 1) input_error("plan", "give one of --model DIR, --preset NAME or --config FILE");
+  std::string where = o.preset.empty() ? "" : "preset " + o.preset;
+  nlohmann::json cfg;
+  if (!o.preset.empty()) {
+    cfg = preset_config(o.preset);
+  } else {
+    where = o.model_dir.empty() ? o.config : (std::filesystem::path(o.model_dir) / "config.json").string();
+    cfg = read_json_file(where);
+  }
+  const ModelSpec spec = parse_model_spec(cfg, where);
+  spec.check_seq_len(o.seq_len, where);
+  EngineOptions eo;
+  eo.max_batch = o.batch_size;
+  eo.max_seq = o.seq_len;
+  EngineRequest er = o.engine;
+  er.device = o.device;
+  er.grad_accum = o.grad_accum;
+  er.clip = o.max_grad_norm > 0;
+  const PlanRequest r = plan_request(eo, er);
+  const BackendInfo be = plan_backend(eo, er);
+  const Plan p = make_plan(spec, r, be);
+  std::fputs(format_plan(spec, r, p).c_str(), stderr);
+  nlohmann::json items = nlohmann::json::array();
+  for (const MemoryItem& m : p.items)
+    items.push_back({{"name", m.name},
+                     {"bytes", m.bytes},
+                     {"place", m.place == Place::Device   ? "gpu"
+                               : m.place == Place::Pinned ? "pinned"
+                                                          : "host"}});
+  return {{"fits", p.fits},
+          {"why", p.why},
+          {"engine", p.engine},
+          {"slots", p.slots},
+          {"backend", be.name},
+          {"gpu_bytes", p.gpu_bytes},
+          {"host_bytes", p.host_bytes},
+          {"pinned_bytes", p.pinned_bytes},
+          {"gpu_budget", p.gpu_budget},
+          {"host_budget", p.host_budget},
+          {"flops_per_step", p.flops},
+          {"predicted_step_s", p.step_s},
+          {"predicted_tokens_per_second", p.tokens_per_s},
+          {"predicted_gpu_s", p.gpu_s},
+          {"predicted_host_s", p.host_s},
+          {"predicted_pcie_s", p.pcie_s},
+          {"items", items}};
 }
 
 }  // namespace sf

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/make_engine.h"
+
 namespace sf {
 
 struct BenchOptions {
@@ -12,9 +14,8 @@ struct BenchOptions {
   std::string device = "auto";
   int batch_size = 8, seq_len = 2048;
   int64_t steps = 10, warmup = 3;
-  int layers = 0;  // override num_hidden_layers (0 = keep)
-  bool offload = false;
-  int slots = 3;
+  int layers = 0;        // override num_hidden_layers (0 = keep)
+  EngineRequest engine;  // engine choice and budgets (its device and clip are set from the above)
   // Clip the gradient norm to this (HF's default 1.0); 0 = no clipping, which lets the sliding
   // engine run each blob's AdamW during the backward. The norm is computed either way (the
   // trainer logs it), as in `train`.
@@ -26,5 +27,16 @@ struct BenchOptions {
 nlohmann::json run_bench(const BenchOptions& o);
 // Built-in configs: llama-1b (Llama-3.2-1B shapes), llama-3b, llama-8b, qwen2.5-7b.
 nlohmann::json preset_config(const std::string& name);
+
+// `slideformer plan`: the planner's answer for a model directory, a config or a preset.
+struct PlanCliOptions {
+  std::string model_dir, preset, config;
+  std::string device = "auto";
+  int batch_size = 8, seq_len = 2048, grad_accum = 1;
+  double max_grad_norm = 1.0;
+  EngineRequest engine;
+};
+// Prints the plan on stderr; returns it as JSON (fits, engine, slots, bytes, prediction).
+nlohmann::json run_plan(const PlanCliOptions& o);
 
 }  // namespace sf

@@ -32,9 +32,10 @@ struct Session {
   int max_seq = 0;  // the longest batch the engine is built for
   std::unique_ptr<Device> dev;
   std::unique_ptr<Engine> engine;
+  Plan plan;
 };
 
-Session open_session(const DataOptions& o, bool training, bool optimizer) {
+Session open_session(const DataOptions& o, bool training, bool optimizer, int grad_accum = 1, bool clip = false) {
   Session s;
   if (o.batch_size <= 0) input_error("--batch-size", "must be positive");
   if (o.seq_len < 0) input_error("--seq-len", "must be positive");
@@ -51,15 +52,23 @@ Session open_session(const DataOptions& o, bool training, bool optimizer) {
   }
   s.model.spec.check_seq_len(s.seq_len, s.model.config_path);
   s.max_seq = int(std::min<size_t>(size_t(s.seq_len), longest));
-  s.dev = make_device(o.device);
   EngineOptions eo;
   eo.max_batch = int(std::min<size_t>(size_t(o.batch_size), s.data.records.size()));
   eo.max_seq = s.max_seq;
   eo.training = training;
   eo.optimizer = optimizer;
   eo.compute_dtype = o.compute_dtype;
-  s.engine = make_engine(*s.dev, s.model.spec, eo, o.offload, o.slots);
+  EngineRequest er = o.engine;
+  er.device = o.device;
+  er.grad_accum = grad_accum;
+  er.clip = clip;
+  BuiltEngine built = build_engine(s.model.spec, eo, er);
+  const Plan built_plan = built.plan;
+  s.dev = std::move(built.dev);
+  s.engine = std::move(built.engine);
   s.engine->load(reader);
+  s.plan = built_plan;
+  log_debug("%s", plan_summary(s.plan).c_str());  // train prints it once its inputs are all checked
   log_debug("device %s, %zu records, seq_len %d", s.dev->name().c_str(), s.data.records.size(), s.seq_len);
   return s;
 }
@@ -231,7 +240,7 @@ TrainResult run_train(const TrainOptions& o) {
   if (fs::exists(o.output) && !fs::is_directory(o.output)) input_error(o.output, "exists and is not a directory");
   LrSchedule sched = parse_lr_schedule(o.lr_schedule);
 
-  Session s = open_session(o.data, true, true);
+  Session s = open_session(o.data, true, true, o.grad_accum, o.max_grad_norm > 0);
   const DType out_dtype = checkpoint_dtype(o.data.model_dir);
   const auto& recs = s.data.records;
   const int B = int(std::min<size_t>(size_t(o.data.batch_size), recs.size()));
@@ -246,6 +255,7 @@ TrainResult run_train(const TrainOptions& o) {
 
   TrainResult result;
   if (!o.resume.empty()) log_info("resumed from %s at step %lld", o.resume.c_str(), (long long)start.step);
+  log_info("%s", plan_summary(s.plan).c_str());
   uint64_t next_record = start.next_record;
   auto t_start = std::chrono::steady_clock::now();
   int64_t tokens_total = 0;

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/make_engine.h"
+
 namespace sf {
 
 struct DataOptions {
@@ -12,8 +14,8 @@ struct DataOptions {
   int seq_len = 0;            // 0: the longest record (capped at max_position_embeddings when set)
   int batch_size = 8;         // sequences per micro-batch
   std::string compute_dtype;  // "" (device default), "fp32" (cpu only) or "bf16"
-  bool offload = false;       // the sliding engine: layers slide through GPU slots, state on the host
-  int slots = 3;              // its GPU parameter slots
+  // Engine choice and memory budgets (the planner's input; its device field is set from `device`).
+  EngineRequest engine;
 };
 
 struct EvalResult {

@@ -323,6 +323,22 @@ bool cuda_available() {
   return ok;
 }
 
+BackendInfo cuda_backend_info() {
+  BackendInfo b;
+  b.name = "cuda";
+  b.compute_dtype = DType::BF16;
+  b.stream_scratch = cuda::kLtWorkspaceBytes + cuda::kKernelScratchBytes;
+  b.attention_ws = cuda::attention_workspace_bytes;
+  b.linear_ce_ws = cuda::linear_ce_workspace_bytes;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) b.device_free = free_b, b.device_total = total_b;
+  }
+  cudaGetLastError();  // no GPU is not an error here
+  return b;
+}
+
 std::unique_ptr<Device> make_cuda_device(size_t arena_bytes) {
   if (!cuda_available()) input_error("--device cuda", "no usable CUDA GPU (cudaGetDeviceCount found none)");
   return std::make_unique<CudaDevice>(arena_bytes);

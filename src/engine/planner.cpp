@@ -1,0 +1,249 @@
+#include "engine/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "model/layout.h"
+#include "model/program.h"
+
+namespace sf {
+
+namespace {
+
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+
+// Sizes shared by both engines.
+struct Common {
+  int64_t total = 0, max_blob = 0, max_layer_blob = 0, emb = 0, head = 0;
+  size_t act = 0;        // bytes of the compute dtype
+  size_t stride_nh = 0;  // one [max N, H] activation, 256-aligned
+  int64_t max_tokens = 0;
+  size_t rope = 0, workspace = 0;
+};
+
+Common common(const ModelSpec& s, int B, int T, const BackendInfo& be) {
+  Common c;
+  const ModelLayout lay = make_layout(s);
+  for (const BlobLayout& b : lay.blobs) {
+    c.total += b.numel;
+    c.max_blob = std::max(c.max_blob, b.numel);
+    if (b.kind == BlobKind::Layer) c.max_layer_blob = std::max(c.max_layer_blob, b.numel);
+  }
+  c.emb = lay.embedding().numel;
+  c.head = lay.head().numel;
+  c.act = dtype_size(be.compute_dtype);
+  c.max_tokens = int64_t(B) * T;
+  c.stride_nh = round256(size_t(c.max_tokens * s.hidden) * c.act);
+  c.rope = 2 * size_t(T) * size_t(s.head_dim / 2) * 4;
+  const BatchDims d{B, T};
+  c.workspace = Workspace::bytes_for(s, B, T, be.compute_dtype, be.attention_ws(attn_dims(s, d)),
+                                     be.linear_ce_ws(d.N(), s.hidden, s.vocab));
+  return c;
+}
+
+double host_memory_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return double(kb) * 1024.0;
+  return 0;
+}
+
+// FLOPs per trained token of one training step (forward, recompute of the decoder layers,
+// backward): matrix products (2 per multiply-add) and causal attention (FlashAttention's count).
+struct Flops {
+  double total = 0, forward = 0;
+};
+Flops flops_per_token(const ModelSpec& s, int T) {
+  const double H = double(s.hidden), Q = double(s.q_dim()), KV = double(s.kv_dim()), I = double(s.intermediate);
+  const double Pd = double(s.n_layer) * (H * Q + 2 * H * KV + Q * H + 3 * H * I);
+  const double Ph = double(s.vocab) * H;
+  const double attn_fwd = 2.0 * double(T) * Q * double(s.n_layer);  // QK^T and PV over T/2 keys on average
+  Flops f;
+  f.forward = 2 * Pd + 2 * Ph + attn_fwd;
+  f.total = 8 * Pd + 6 * Ph + 4.5 * attn_fwd;  // + recompute (2 Pd, 1x attention) + backward (4 Pd + 4 Ph, 2.5x)
+  return f;
+}
+
+}  // namespace
+
+size_t total_bytes(const std::vector<MemoryItem>& items, Place where) {
+  size_t n = 0;
+  for (const MemoryItem& m : items)
+    if (m.place == where) n += m.bytes;
+  return n;
+}
+
+std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const BackendInfo& be, bool training,
+                                        bool optimizer) {
+  const Common c = common(s, B, T, be);
+  const size_t P = size_t(c.total);
+  std::vector<MemoryItem> m = {{"fp32 master weights", P * 4, Place::Device}};
+  if (be.compute_dtype != DType::F32) m.push_back({"compute copy of the weights", P * c.act, Place::Device});
+  if (training) m.push_back({"fp32 gradients", P * 4, Place::Device});
+  if (training && optimizer) {
+    m.push_back({"AdamW m", P * 4, Place::Device});
+    m.push_back({"AdamW v", P * 4, Place::Device});
+  }
+  m.push_back({"layer-input checkpoints", c.stride_nh * size_t(s.n_layer + 1), Place::Device});
+  m.push_back({"backward activations (dy, dx, recompute)", c.stride_nh * 3, Place::Device});
+  m.push_back({"workspace (one layer's recompute + backward; chunked head)", c.workspace, Place::Device});
+  m.push_back({"token ids / targets", size_t(c.max_tokens) * 16, Place::Device});
+  m.push_back({"RoPE tables", c.rope, Place::Device});
+  m.push_back({"scalars", 256, Place::Device});
+  if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
+  m.push_back({"token staging", size_t(c.max_tokens) * 16, Place::Pinned});
+  return m;
+}
+
+std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be) {
+  const Common c = common(s, B, T, be);
+  const size_t P = size_t(c.total);
+  const size_t grad_bufs = size_t(2 * c.max_layer_blob + c.emb + c.head) * 4;
+  std::vector<MemoryItem> m = {
+      {"parameter slots (" + std::to_string(slots) + " x the largest blob)", size_t(slots) * size_t(c.max_blob) * c.act,
+       Place::Device},
+      {"gradient buffers (2 layers, embedding, head)", grad_bufs, Place::Device},
+      {"forward activations", 2 * c.stride_nh, Place::Device},
+      {"checkpoints fetched for the backward", 2 * c.stride_nh, Place::Device},
+      {"backward activations (dy, dx, recompute)", 3 * c.stride_nh, Place::Device},
+      {"workspace (one layer's recompute + backward; chunked head)", c.workspace, Place::Device},
+      {"token ids / targets", size_t(c.max_tokens) * 16, Place::Device},
+      {"RoPE tables", c.rope, Place::Device},
+      {"scalars", 256, Place::Device}};
+  if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
+  m.push_back({"fp32 master weights", P * 4, Place::Pinned});
+  if (be.compute_dtype != DType::F32) m.push_back({"upload copy of the weights", P * c.act, Place::Pinned});
+  m.push_back({"fp32 gradient accumulator", P * 4, Place::Pinned});
+  m.push_back({"gradient staging", grad_bufs, Place::Pinned});
+  m.push_back({"layer-input checkpoints", c.stride_nh * size_t(std::max(s.n_layer, 1)), Place::Pinned});
+  m.push_back({"token staging", size_t(c.max_tokens) * 16, Place::Pinned});
+  m.push_back({"AdamW m", P * 4, Place::Host});
+  m.push_back({"AdamW v", P * 4, Place::Host});
+  return m;
+}
+
+Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates) {
+  if (r.batch <= 0 || r.seq <= 0) input_error("--batch-size/--seq-len", "must be positive");
+  if (r.grad_accum <= 0) input_error("--grad-accum", "must be positive");
+  if (r.slots != 0 && r.slots < 2) input_error("--slots", "the sliding engine needs at least 2 GPU parameter slots");
+  const bool on_host = be.name == "cpu";  // the cpu backend's "device" memory is host memory
+  Plan p;
+  p.host_budget = r.host_budget ? r.host_budget : size_t(host_memory_available() * 0.95);
+  // The CUDA device's default arena is 90% of the free memory.
+  p.gpu_budget = r.gpu_budget ? r.gpu_budget : on_host ? p.host_budget : size_t(double(be.device_free) * 0.9);
+
+  auto fill = [&](const std::string& engine, int slots) {
+    p.engine = engine;
+    p.slots = slots;
+    p.items = engine == "resident" ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer)
+                                   : sliding_memory(s, r.batch, r.seq, slots, be);
+    p.gpu_bytes = total_bytes(p.items, Place::Device);
+    p.pinned_bytes = total_bytes(p.items, Place::Pinned);
+    p.host_bytes = p.pinned_bytes + total_bytes(p.items, Place::Host) + (on_host ? p.gpu_bytes : 0);
+    p.why.clear();
+    const bool gpu_known = p.gpu_budget > 0;
+    if (!on_host && gpu_known && p.gpu_bytes > p.gpu_budget)
+      p.why = "needs " + format_bytes(p.gpu_bytes) + " of GPU memory, " + format_bytes(p.gpu_budget) +
+              " available (--gpu-memory)";
+    else if (p.host_budget > 0 && p.host_bytes > p.host_budget)
+      p.why = "needs " + format_bytes(p.host_bytes) + " of host memory (" + format_bytes(p.pinned_bytes) +
+              " pinned), " + format_bytes(p.host_budget) + " available (--cpu-memory)";
+    p.fits = p.why.empty();
+  };
+
+  if (r.offload == OffloadChoice::Off) {
+    fill("resident", 0);
+  } else if (r.offload == OffloadChoice::On || r.slots > 0) {
+    fill("sliding", r.slots > 0 ? r.slots : 3);
+    if (!p.fits && r.slots == 0) fill("sliding", 2);
+  } else {
+    fill("resident", 0);
+    if (!p.fits) {
+      fill("sliding", 3);
+      if (!p.fits) fill("sliding", 2);
+    }
+  }
+
+  // Prediction: a lower bound from the rates, assuming the schedule overlaps what it can.
+  const ModelLayout lay = make_layout(s);
+  const double P = double(lay.total_numel());
+  const double tokens = double(r.batch) * r.seq * r.grad_accum;
+  const Flops f = flops_per_token(s, r.seq);
+  p.flops = f.total * tokens;
+  p.gpu_s = p.flops / (rates.model_tflops * 1e12);
+  if (p.engine == "resident") {
+    p.step_s = p.gpu_s;
+  } else {
+    const double act = double(dtype_size(be.compute_dtype));
+    const double ckpt = double(s.n_layer) * double(r.batch) * r.seq * double(s.hidden) * act;
+    const double update_s = P / rates.host_adamw_params_s;
+    // First gradient of a step: summed in place (4 bytes read); each further micro-batch: staging
+    // added into the accumulator (12 bytes).
+    const double grad_s = (4.0 + 12.0 * (r.grad_accum - 1)) * P / (rates.host_read_gbs * 1e9);
+    p.host_s = update_s + grad_s;
+    const double up = r.grad_accum * (2 * P * act + ckpt), down = r.grad_accum * (4 * P + ckpt);
+    p.pcie_s = std::max(up, down) / (rates.pcie_gbs * 1e9);
+    // With clipping the update waits for the backward and overlaps only the next forward (in
+    // forward order). Without, each blob's update runs during the backward, but the embedding's
+    // comes last and the next forward needs it first.
+    const double fwd_s = p.gpu_s * (f.forward / f.total) / r.grad_accum;
+    const double emb_update_s = double(lay.embedding().numel) / rates.host_adamw_params_s;
+    const double path =
+        r.clip ? p.gpu_s + std::max(0.0, update_s - fwd_s) : fwd_s + std::max(p.gpu_s - fwd_s, p.host_s) + emb_update_s;
+    p.step_s = std::max({path, p.host_s, p.pcie_s});
+  }
+  p.tokens_per_s = tokens / p.step_s;
+  if (on_host) p.step_s = p.gpu_s = p.host_s = p.pcie_s = p.tokens_per_s = 0;  // the rates are a GPU machine's
+  return p;
+}
+
+std::string plan_summary(const Plan& p) {
+  std::string s = "plan: " + p.engine + " engine" +
+                  (p.engine == "sliding" ? ", " + std::to_string(p.slots) + " GPU slots" : std::string()) +
+                  "; device " + format_bytes(p.gpu_bytes) + ", host " + format_bytes(p.host_bytes) + " (" +
+                  format_bytes(p.pinned_bytes) + " pinned)";
+  if (p.tokens_per_s > 0) s += "; predicted at best " + std::to_string(int64_t(p.tokens_per_s)) + " tokens/s";
+  return s;
+}
+
+std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p) {
+  std::ostringstream o;
+  char line[256];
+  std::snprintf(line, sizeof line, "plan: %s, %.2fB parameters, %d x %d tokens x %d micro-batches a step\n",
+                s.architecture.c_str(), double(s.total_params()) / 1e9, r.batch, r.seq, r.grad_accum);
+  o << line;
+  o << "engine: " << p.engine << (p.engine == "sliding" ? " (" + std::to_string(p.slots) + " GPU slots)" : "") << "\n";
+  for (Place where : {Place::Device, Place::Pinned, Place::Host}) {
+    const size_t n = total_bytes(p.items, where);
+    if (n == 0) continue;
+    o << (where == Place::Device   ? "GPU memory"
+          : where == Place::Pinned ? "host, pinned"
+                                   : "host, pageable")
+      << ": " << format_bytes(n) << "\n";
+    for (const MemoryItem& m : p.items) {
+      if (m.place != where) continue;
+      std::snprintf(line, sizeof line, "  %12s  %s\n", format_bytes(m.bytes).c_str(), m.name.c_str());
+      o << line;
+    }
+  }
+  o << "budgets: GPU " << (p.gpu_budget ? format_bytes(p.gpu_budget) : std::string("unknown")) << ", host "
+    << (p.host_budget ? format_bytes(p.host_budget) : std::string("unknown")) << "\n";
+  o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why) << "\n";
+  if (p.step_s > 0) {
+    std::snprintf(line, sizeof line,
+                  "predicted (lower bound from the rates): %.3f s a step, %.0f tokens/s (GPU %.3f s, host %.3f s, "
+                  "PCIe %.3f s)\n",
+                  p.step_s, p.tokens_per_s, p.gpu_s, p.host_s, p.pcie_s);
+    o << line;
+  }
+  return o.str();
+}
+
+}  // namespace sf

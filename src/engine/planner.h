@@ -1,0 +1,75 @@
+// The planner (DESIGN.md §4): from the model, the batch and the memory budgets, which engine runs,
+// with how many GPU slots, what every buffer costs on the GPU and in host memory, whether it
+// fits, and a predicted step time from measured rates. Nothing is allocated; the engines'
+// constructors allocate exactly the buffers listed here (tests/test_planner.cpp holds them to it).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "backend/device.h"
+#include "model/spec.h"
+
+namespace sf {
+
+enum class Place { Device, Pinned, Host };  // GPU memory, page-locked host memory, pageable host memory
+
+struct MemoryItem {
+  std::string name;
+  size_t bytes = 0;
+  Place place = Place::Device;
+};
+
+size_t total_bytes(const std::vector<MemoryItem>& items, Place where);
+
+// Buffers of each engine for max_batch x max_seq micro-batches (the resident engine holds
+// gradients only when training, AdamW state only with the optimizer; the sliding one always both).
+std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int max_seq, const BackendInfo& be,
+                                        bool training = true, bool optimizer = true);
+std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots,
+                                       const BackendInfo& be);
+
+// Rates the prediction uses. Defaults: measured on the H200 machine (docs/PERFORMANCE.md):
+// the 1B in-memory step's effective rate over the model's FLOPs, bench_host's CPU AdamW and host
+// read rate, PCIe with both directions busy.
+struct Rates {
+  double model_tflops = 500;            // GPU, bf16, over the step's matrix + attention FLOPs
+  double host_adamw_params_s = 3.45e9;  // CPU AdamW, all cores
+  double host_read_gbs = 75;            // host memory read, all cores
+  double pcie_gbs = 44;                 // each way, both directions busy
+};
+
+enum class OffloadChoice { Auto, On, Off };
+
+struct PlanRequest {
+  int batch = 1, seq = 1;
+  int grad_accum = 1;
+  bool training = true, optimizer = true;  // eval needs neither gradients nor AdamW state
+  bool clip = true;  // gradient clipping (the sliding engine's update then waits for the backward)
+  OffloadChoice offload = OffloadChoice::Auto;
+  int slots = 0;           // 0: the planner's choice
+  size_t gpu_budget = 0;   // bytes the engine may hold on the GPU (0: the backend's free memory)
+  size_t host_budget = 0;  // bytes of host memory (0: MemAvailable)
+};
+
+struct Plan {
+  std::string engine;  // "resident" | "sliding"
+  int slots = 0;
+  std::vector<MemoryItem> items;
+  size_t gpu_bytes = 0, pinned_bytes = 0, host_bytes = 0;  // host_bytes counts pinned too
+  size_t gpu_budget = 0, host_budget = 0;
+  bool fits = false;
+  std::string why;  // when it does not fit: what, with the numbers
+  // Prediction (seconds a step of batch x seq x grad_accum tokens).
+  double flops = 0;  // per optimizer step
+  double gpu_s = 0, host_s = 0, pcie_s = 0, step_s = 0;
+  double tokens_per_s = 0;
+};
+
+// The plan for a CUDA (or CPU) backend. Throws InputError for impossible requests (slots < 2).
+Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates = {});
+// One line: engine, memory, predicted rate.
+std::string plan_summary(const Plan& p);
+// Human-readable, one item a line.
+std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p);
+
+}  // namespace sf

@@ -1,0 +1,148 @@
+// The planner's memory accounting against what the engines really allocate, and its decisions.
+#include <gtest/gtest.h>
+
+#include "backend/device.h"
+#include "core/error.h"
+#include "engine/planner.h"
+#include "engine/resident_engine.h"
+#include "engine/sliding_engine.h"
+#include "model_fixtures.h"
+
+namespace sf {
+namespace {
+
+ModelSpec spec_of(const std::string& family) { return parse_model_spec(test::tiny_config(family), "tiny"); }
+
+// Llama-3.2-1B's shapes (no biases).
+ModelSpec llama_1b() {
+  nlohmann::json cfg = test::tiny_config("llama");
+  cfg["hidden_size"] = 2048;
+  cfg["intermediate_size"] = 8192;
+  cfg["num_hidden_layers"] = 16;
+  cfg["num_attention_heads"] = 32;
+  cfg["num_key_value_heads"] = 8;
+  cfg["vocab_size"] = 128256;
+  cfg["max_position_embeddings"] = 4096;
+  cfg["tie_word_embeddings"] = true;
+  cfg["attention_bias"] = false;
+  return parse_model_spec(cfg, "1b");
+}
+
+// A GPU backend without needing one: bf16, workspace sizes from the cpu formulas.
+BackendInfo gpu_like() {
+  BackendInfo be = backend_info("cpu");
+  be.name = "cuda";
+  be.compute_dtype = DType::BF16;
+  return be;
+}
+
+// Every family, several batch shapes and slot counts: the planner's device and host totals are
+// exactly the engines' (on the cpu backend; the CUDA backend adds its per-stream scratch, listed
+// as its own item, and its own workspace sizes through the same formulas).
+TEST(Planner, MemoryMatchesTheEngines) {
+  const BackendInfo be = backend_info("cpu");
+  auto dev = make_cpu_device();
+  for (const std::string family : {"llama", "mistral", "qwen2", "qwen3"}) {
+    const ModelSpec spec = spec_of(family);
+    for (auto [B, T] : {std::pair{1, 1}, std::pair{2, 11}, std::pair{3, 40}}) {
+      SCOPED_TRACE(family + " " + std::to_string(B) + "x" + std::to_string(T));
+      EngineOptions eo;
+      eo.max_batch = B;
+      eo.max_seq = T;
+      for (auto [training, optimizer] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, false}}) {
+        EngineOptions ro = eo;
+        ro.training = training;
+        ro.optimizer = optimizer;
+        ResidentEngine e(*dev, spec, ro);
+        const auto items = resident_memory(spec, B, T, be, training, optimizer);
+        EXPECT_EQ(total_bytes(items, Place::Device), e.device_bytes()) << training << optimizer;
+        EXPECT_EQ(total_bytes(items, Place::Pinned) + total_bytes(items, Place::Host), e.host_bytes());
+      }
+      for (int slots : {2, 4}) {
+        SlidingOptions so;
+        so.base = eo;
+        so.slots = slots;
+        SlidingEngine e(*dev, spec, so);
+        const auto items = sliding_memory(spec, B, T, slots, be);
+        EXPECT_EQ(total_bytes(items, Place::Device), e.device_bytes()) << slots << " slots";
+        EXPECT_EQ(total_bytes(items, Place::Pinned) + total_bytes(items, Place::Host), e.host_bytes())
+            << slots << " slots";
+      }
+    }
+  }
+}
+
+// A 1B-shaped model on a made-up GPU: resident when it fits, the sliding engine when it does
+// not, refused with the numbers when even that does not fit.
+TEST(Planner, ChoosesTheEngineByTheBudgets) {
+  const ModelSpec spec = llama_1b();
+  const BackendInfo be = gpu_like();
+  PlanRequest r;
+  r.batch = 8;
+  r.seq = 2048;
+  r.host_budget = size_t(200) << 30;
+
+  r.gpu_budget = size_t(80) << 30;
+  Plan p = make_plan(spec, r, be);
+  EXPECT_EQ(p.engine, "resident");
+  EXPECT_TRUE(p.fits) << p.why;
+  // ~1.24 B parameters x (4 master + 2 bf16 + 4 grad + 8 AdamW) = ~22 GB, plus activations
+  EXPECT_GT(p.gpu_bytes, size_t(22) << 30);
+  EXPECT_LT(p.gpu_bytes, size_t(30) << 30);
+
+  r.gpu_budget = size_t(12) << 30;
+  p = make_plan(spec, r, be);
+  EXPECT_EQ(p.engine, "sliding");
+  EXPECT_EQ(p.slots, 3);
+  EXPECT_TRUE(p.fits) << p.why;
+  EXPECT_LE(p.gpu_bytes, r.gpu_budget);
+  EXPECT_GT(p.pinned_bytes, size_t(12) << 30);  // masters, upload copy, gradient accumulator
+
+  r.gpu_budget = size_t(1) << 30;
+  p = make_plan(spec, r, be);
+  EXPECT_FALSE(p.fits);
+  EXPECT_NE(p.why.find("GPU memory"), std::string::npos) << p.why;
+
+  r.gpu_budget = size_t(80) << 30;
+  r.host_budget = size_t(4) << 30;
+  r.offload = OffloadChoice::On;
+  p = make_plan(spec, r, be);
+  EXPECT_EQ(p.engine, "sliding");
+  EXPECT_FALSE(p.fits);
+  EXPECT_NE(p.why.find("host memory"), std::string::npos) << p.why;
+
+  r.offload = OffloadChoice::Off;
+  r.gpu_budget = size_t(1) << 30;
+  p = make_plan(spec, r, be);
+  EXPECT_EQ(p.engine, "resident");
+  EXPECT_FALSE(p.fits);
+
+  r.slots = 1;
+  r.offload = OffloadChoice::On;
+  EXPECT_THROW(make_plan(spec, r, be), InputError);
+}
+
+// The prediction's FLOP count matches docs/PERFORMANCE.md's floor for the 1B step, and the
+// sliding engine is never predicted faster than the resident one.
+TEST(Planner, PredictionIsConsistent) {
+  const ModelSpec spec = llama_1b();
+  const BackendInfo be = gpu_like();
+  PlanRequest r;
+  r.batch = 8;
+  r.seq = 2048;
+  r.gpu_budget = size_t(80) << 30;
+  r.host_budget = size_t(200) << 30;
+  const Plan res = make_plan(spec, r, be);
+  // 8 x 9.73e8 decoder + 6 x 2.63e8 head + 9 x 2048 x 2048 x 16 attention = ~9.96e9 a token
+  EXPECT_NEAR(res.flops / (8.0 * 2048), 9.96e9, 0.02e9);
+  r.offload = OffloadChoice::On;
+  const Plan sl = make_plan(spec, r, be);
+  EXPECT_GE(sl.step_s, res.step_s);
+  EXPECT_GT(sl.host_s, 0);
+  EXPECT_GT(sl.pcie_s, 0);
+  r.clip = false;
+  EXPECT_LE(make_plan(spec, r, be).step_s, sl.step_s);  // no clipping overlaps more
+}
+
+}  // namespace
+}  // namespace sf
