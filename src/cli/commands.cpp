@@ -162,6 +162,7 @@ int cli_main(int argc, char** argv) {
   bench->add_option("--device", bo.device)->capture_default_str();
   bench->add_option("--batch-size", bo.batch_size)->capture_default_str();
   bench->add_option("--seq-len", bo.seq_len)->capture_default_str();
+  bench->add_option("--grad-accum", bo.grad_accum, "micro-batches per optimizer step")->capture_default_str();
   bench->add_option("--steps", bo.steps, "timed steps")->capture_default_str();
   bench->add_option("--warmup", bo.warmup, "untimed steps first")->capture_default_str();
   bench->add_option("--layers", bo.layers, "override the number of layers");

@@ -58,4 +58,17 @@ std::string format_bytes(uint64_t b) {
   return buf;
 }
 
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e9) return "?";
+  const int64_t t = int64_t(seconds + 0.5);
+  char buf[32];
+  if (t < 60)
+    std::snprintf(buf, sizeof buf, "%llds", (long long)t);
+  else if (t < 3600)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
+  return buf;
+}
+
 }  // namespace sf

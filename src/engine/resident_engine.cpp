@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "engine/blob_init.h"
 #include "engine/device_rope.h"
 #include "engine/token_uploader.h"
@@ -145,10 +146,12 @@ void ResidentEngine::Impl::upload_blob(int blob, const std::vector<float>& host)
 
 void ResidentEngine::load(const CheckpointReader& ckpt) {
   std::vector<float> host;
+  ProgressLog progress("loading weights", double(impl_->total) * 4);
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
     host.resize(size_t(layout_.blobs[b].numel));
     read_blob(ckpt, layout_.blobs[b], host.data());
     impl_->upload_blob(int(b), host);
+    progress.add(double(layout_.blobs[b].numel) * 4);
   }
 }
 

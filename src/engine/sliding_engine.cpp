@@ -9,6 +9,7 @@
 #include "backend/cpu/kernels.h"
 #include "core/error.h"
 #include "core/host_memory.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
 #include "engine/blob_init.h"
 #include "engine/device_rope.h"
@@ -374,8 +375,10 @@ SlidingEngine::~SlidingEngine() {
 
 void SlidingEngine::load(const CheckpointReader& ckpt) {
   impl_->sync_all();  // no update in flight writes the masters
+  ProgressLog progress("loading weights", double(impl_->total) * 4);
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
     read_blob(ckpt, layout_.blobs[b], impl_->host_f32(impl_->master.data(), int(b)));
+    progress.add(double(layout_.blobs[b].numel) * 4);
   }
   impl_->refresh_upload_copy();
   impl_->invalidate_slots();

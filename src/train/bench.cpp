@@ -79,6 +79,7 @@ nlohmann::json preset_config(const std::string& name) {
 nlohmann::json run_bench(const BenchOptions& o) {
   if (o.batch_size <= 0 || o.seq_len <= 0) input_error("--batch-size/--seq-len", "must be positive");
   if (o.steps <= 0) input_error("--steps", "must be positive");
+  if (o.grad_accum <= 0) input_error("--grad-accum", "must be positive");
   nlohmann::json cfg = o.config.empty() ? preset_config(o.preset) : read_json_file(o.config);
   if (o.layers > 0) cfg["num_hidden_layers"] = o.layers;
   ModelSpec spec = parse_model_spec(cfg, o.config.empty() ? "preset " + o.preset : o.config);
@@ -88,14 +89,15 @@ nlohmann::json run_bench(const BenchOptions& o) {
   EngineRequest er = o.engine;
   er.device = o.device;
   er.clip = o.max_grad_norm > 0;
+  er.grad_accum = o.grad_accum;
   BuiltEngine built = build_engine(spec, eo, er);
   const std::unique_ptr<Device>& dev = built.dev;
   Engine& engine = *built.engine;
   log_info("%s", plan_summary(built.plan).c_str());
   engine.init_random(1);
-  log_info("bench: %s, %.2fB parameters, %d x %d tokens per step, %s, engine holds %s", spec.architecture.c_str(),
-           double(spec.total_params()) / 1e9, o.batch_size, o.seq_len, dev->name().c_str(),
-           format_bytes(engine.device_bytes()).c_str());
+  log_info("bench: %s, %.2fB parameters, %d x %d tokens x %d micro-batches per step, %s, engine holds %s",
+           spec.architecture.c_str(), double(spec.total_params()) / 1e9, o.batch_size, o.seq_len, o.grad_accum,
+           dev->name().c_str(), format_bytes(engine.device_bytes()).c_str());
 
   // Random tokens, every position trained.
   std::mt19937_64 rng(2);
@@ -110,15 +112,18 @@ nlohmann::json run_bench(const BenchOptions& o) {
   Batch b = make_batch(group, o.seq_len);
 
   if (o.max_grad_norm < 0) input_error("--max-grad-norm", "must be >= 0");
-  // The trainer's step (train/trainer.cpp) for one micro-batch.
+  // The trainer's step (train/trainer.cpp): grad_accum micro-batches, then the update.
+  const double trained = double(b.trained) * o.grad_accum;
   auto step = [&](int64_t s) {
     AdamWParams ap;
     ap.lr = 1e-5f;
     ap.step = s + 1;
     engine.zero_grads();
-    if (o.max_grad_norm == 0) engine.schedule_update(ap);
-    engine.forward_backward(b, float(1.0 / double(b.trained)), true);
-    const double loss = engine.take_loss_sum() / double(b.trained);
+    for (int j = 0; j < o.grad_accum; ++j) {
+      if (o.max_grad_norm == 0 && j + 1 == o.grad_accum) engine.schedule_update(ap);
+      engine.forward_backward(b, float(1.0 / trained), true);
+    }
+    const double loss = engine.take_loss_sum() / trained;
     const double gnorm = std::sqrt(engine.grad_sq_norm());
     if (o.max_grad_norm > 0) ap.grad_scale = float(std::min(1.0, o.max_grad_norm / (gnorm + 1e-6)));
     engine.adamw_step(ap);  // may still run when the next step starts (the sliding engine)
@@ -134,12 +139,13 @@ nlohmann::json run_bench(const BenchOptions& o) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const Engine::Stats st1 = engine.stats();
   const double per = 1.0 / double(o.steps);
-  double tps = double(b.B) * b.T * double(o.steps) / secs;
+  double tps = double(b.B) * b.T * o.grad_accum * double(o.steps) / secs;
   log_info("bench: %.1f ms/step, %.0f tokens/s, loss %.4f", 1e3 * secs / double(o.steps), tps, loss);
   return {{"tokens_per_second", tps},
           {"step_ms", 1e3 * secs / double(o.steps)},
           {"steps", o.steps},
           {"batch_size", o.batch_size},
+          {"grad_accum", o.grad_accum},
           {"seq_len", o.seq_len},
           {"parameters", spec.total_params()},
           {"device", dev->name()},

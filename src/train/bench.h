@@ -13,6 +13,7 @@ struct BenchOptions {
   std::string config;
   std::string device = "auto";
   int batch_size = 8, seq_len = 2048;
+  int grad_accum = 1;  // micro-batches per optimizer step
   int64_t steps = 10, warmup = 3;
   int layers = 0;        // override num_hidden_layers (0 = keep)
   EngineRequest engine;  // engine choice and budgets (its device and clip are set from the above)

@@ -10,6 +10,7 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/units.h"
 #include "data/dataset.h"
 #include "engine/make_engine.h"
 #include "io/checkpoint.h"
@@ -307,8 +308,11 @@ TrainResult run_train(const TrainOptions& o) {
     result.last_loss = loss;
     result.steps = step + 1 - start.step;
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == o.steps)) {
-      log_info("step %lld/%lld loss %.6f lr %.3e grad_norm %.4f tok/s %.0f", (long long)(step + 1), (long long)o.steps,
-               loss, double(ap.lr), gnorm, double(tokens) / dt);
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      const double eta = elapsed / double(step + 1 - start.step) * double(o.steps - step - 1);
+      log_info("step %lld/%lld loss %.6f lr %.3e grad_norm %.4f tok/s %.0f elapsed %s eta %s", (long long)(step + 1),
+               (long long)o.steps, loss, double(ap.lr), gnorm, double(tokens) / dt, format_duration(elapsed).c_str(),
+               format_duration(eta).c_str());
     }
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
       std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();
