@@ -24,6 +24,14 @@ struct EngineOptions {
   std::string compute_dtype;
 };
 
+// Device scalars of an engine: [0] loss sum, [1] spare, [2, 2 + blobs) per-blob squared norms (F32).
+inline size_t engine_scalar_bytes(size_t blobs) { return (4 * (2 + blobs) + 255) / 256 * 256; }
+inline double sum_blob_norms(const std::vector<float>& per_blob) {
+  double s = 0.0;
+  for (float v : per_blob) s += double(v);
+  return s;
+}
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -54,7 +62,9 @@ class Engine {
   virtual void forward_backward(const Batch& b, float grad_scale, bool backward) = 0;
   // Sum of the micro-batches' cross-entropy since the last call (waits for the device).
   virtual double take_loss_sum() = 0;
-  // Squared L2 norm of all gradients (waits for them).
+  // Squared L2 norm of all gradients (waits for them), defined blob by blob so that engines that
+  // keep blobs in different places agree to the bit: each blob's sq_norm (the backend's, into a
+  // zeroed fp32 scalar), summed in fp64 in blob order (sum_blob_norms).
   virtual double grad_sq_norm() = 0;
   // One AdamW step on every parameter; grads multiplied by p.grad_scale first (clipping).
   virtual void adamw_step(const AdamWParams& p) = 0;

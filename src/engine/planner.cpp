@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "engine/engine.h"
 #include "model/layout.h"
 #include "model/program.h"
 
@@ -96,7 +97,7 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const 
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", c.workspace, Place::Device});
   m.push_back({"token ids / targets", size_t(c.max_tokens) * 16, Place::Device});
   m.push_back({"RoPE tables", c.rope, Place::Device});
-  m.push_back({"scalars", 256, Place::Device});
+  m.push_back({"scalars", engine_scalar_bytes(make_layout(s).blobs.size()), Place::Device});
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
   m.push_back({"token staging", size_t(c.max_tokens) * 16, Place::Pinned});
   return m;
@@ -116,7 +117,7 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
       {"workspace (one layer's recompute + backward; chunked head)", c.workspace, Place::Device},
       {"token ids / targets", size_t(c.max_tokens) * 16, Place::Device},
       {"RoPE tables", c.rope, Place::Device},
-      {"scalars", 256, Place::Device}};
+      {"scalars", engine_scalar_bytes(make_layout(s).blobs.size()), Place::Device}};
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
   m.push_back({"fp32 master weights", P * 4, Place::Pinned});
   if (be.compute_dtype != DType::F32) m.push_back({"upload copy of the weights", P * c.act, Place::Pinned});

@@ -44,13 +44,14 @@ struct ResidentEngine::Impl {
   DeviceBuffer ckpt;            // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
   DeviceBuffer dbuf;            // [3, N, H] act: dy, dx, recompute output scratch
   std::unique_ptr<TokenUploader> tokens;
-  DeviceBuffer scalars;  // [2] F32: loss sum, squared norm
+  DeviceBuffer scalars;  // engine_scalar_bytes: loss sum, per-blob squared norms
   std::unique_ptr<DeviceRope> rope_dev;
   RopeTables rope;
   std::unique_ptr<Workspace> ws;
   std::unique_ptr<Stream> stream;
   Program program;
   float host_scalars[2] = {0, 0};
+  std::vector<float> host_norms;  // [blobs]
   std::vector<float> host_logits;  // [N, V], logits() only
 
   void* at(const DeviceBuffer& b, int blob, DType t) const {
@@ -102,7 +103,8 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   ckpt = DeviceBuffer(dev, stride_nh * size_t(spec.n_layer + 1));
   dbuf = DeviceBuffer(dev, stride_nh * 3);
   tokens = std::make_unique<TokenUploader>(dev, maxN);
-  scalars = DeviceBuffer(dev, 256);
+  scalars = DeviceBuffer(dev, engine_scalar_bytes(layout.blobs.size()));
+  host_norms.resize(layout.blobs.size());
   ws = std::make_unique<Workspace>(dev, spec, opt.max_batch, opt.max_seq, act);
 
   rope_dev = std::make_unique<DeviceRope>(dev, spec, opt.max_seq, *stream);
@@ -271,12 +273,15 @@ void ResidentEngine::synchronize() {
 
 double ResidentEngine::grad_sq_norm() {
   Impl& m = *impl_;
-  Tensor sq(static_cast<char*>(m.scalars.data()) + 4, DType::F32, {1});
-  dev_.ops().zero(sq, *m.stream);
-  dev_.ops().sq_norm(sq, Tensor(m.grads.data(), DType::F32, {m.total}), *m.stream);
-  dev_.copy(&m.host_scalars[1], sq.data, 4, CopyKind::DeviceToHost, *m.stream);
+  const int nb = int(layout_.blobs.size());
+  float* norms = static_cast<float*>(m.scalars.data()) + 2;  // [blobs]
+  dev_.ops().zero(Tensor(norms, DType::F32, {nb}), *m.stream);
+  for (int b = 0; b < nb; ++b)
+    dev_.ops().sq_norm(Tensor(norms + b, DType::F32, {1}),
+                       Tensor(m.at(m.grads, b, DType::F32), DType::F32, {layout_.blobs[b].numel}), *m.stream);
+  dev_.copy(m.host_norms.data(), norms, size_t(nb) * 4, CopyKind::DeviceToHost, *m.stream);
   dev_.synchronize(*m.stream);
-  return m.host_scalars[1];
+  return sum_blob_norms(m.host_norms);
 }
 
 void ResidentEngine::adamw_step(const AdamWParams& p) {

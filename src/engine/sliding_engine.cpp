@@ -63,12 +63,11 @@ struct SlidingEngine::Impl {
   // (zeroing is lazy: zero_grads never waits for the host work of the previous step).
   std::vector<bool> grads_fresh;
   HostBuffer adam_m, adam_v;  // [total] F32
-  // The squared gradient norm, built as the gradients arrive: cpu::sq_norm's fixed blocks of the
-  // flat buffer; a block inside one blob is summed by that blob's host addition, the few that
-  // straddle two blobs by grad_sq_norm. Same blocks, same order: the same bits as one sq_norm.
-  std::vector<double> block_sq;                           // [blocks]
-  std::vector<std::pair<int64_t, int64_t>> inner_blocks;  // per blob: [first, end) of its blocks
-  std::vector<int64_t> straddling;                        // blocks that span a blob boundary
+  // The squared gradient norm, built as the gradients arrive (Engine::grad_sq_norm): the host
+  // addition of a blob also sums its squares in cpu::sq_norm's fixed blocks, from the blob's start.
+  std::vector<double> block_sq;   // [sum over blobs of their blocks]
+  std::vector<int64_t> block_off; // [blobs] first block of each blob in block_sq
+  std::vector<float> blob_sq;     // [blobs] float(the blob's sq_norm)
 
   // GPU parameter slots: [K, max_blob] act.
   struct Slot {
@@ -190,8 +189,7 @@ struct SlidingEngine::Impl {
     if (update_armed) queue_update(blob, update);
   }
   // grads[blob] += src (src null: the gradient is already in place) on the host's thread pool (a
-  // layer's gradient is tens of millions of values), with the squared sums of the norm's blocks
-  // that lie inside the blob.
+  // layer's gradient is tens of millions of values), and the blob's squared norm on the way.
   void add_grads(int blob, const float* src) {
     const Timer timer(grad_ns);
     const int64_t off = blob_off[blob], n = layout.blobs[blob].numel;
@@ -200,25 +198,21 @@ struct SlidingEngine::Impl {
       if (src)
         for (int64_t i = i0; i < i1; ++i) base[i] += src[i - off];
     };
-    const auto [b0, b1] = inner_blocks[size_t(blob)];
-    const int64_t B = cpu::kSqNormBlock;
-    const int64_t in0 = b0 < b1 ? b0 * B : off + n, in1 = b0 < b1 ? std::min(b1 * B, total) : off + n;
+    const int64_t B = cpu::kSqNormBlock, nblk = (n + B - 1) / B;
+    double* part = block_sq.data() + block_off[blob];
     cpu_pool().parallel_for(
-        b1 - b0,
+        nblk,
         [&](int64_t k0, int64_t k1) {
-          for (int64_t k = b0 + k0; k < b0 + k1; ++k) {
-            const int64_t i0 = k * B, i1 = std::min(i0 + B, total);
+          for (int64_t k = k0; k < k1; ++k) {
+            const int64_t i0 = off + k * B, i1 = std::min(i0 + B, off + n);
             add(i0, i1);
-            block_sq[size_t(k)] = cpu::sq_sum(base + i0, i1 - i0);
+            part[k] = cpu::sq_sum(base + i0, i1 - i0);
           }
         },
         4);
-    // The pieces before and after the inner blocks (parts of straddling blocks).
-    for (auto [i0, i1] : {std::pair{off, std::min(in0, off + n)}, std::pair{std::max(in1, off), off + n}}) {
-      if (src && i1 > i0)
-        cpu_pool().parallel_for(
-            i1 - i0, [&](int64_t a, int64_t b) { add(i0 + a, i0 + b); }, 1 << 16);
-    }
+    double sum = 0.0;
+    for (int64_t k = 0; k < nblk; ++k) sum += part[k];
+    blob_sq[size_t(blob)] = float(0.0 + sum);  // cpu::sq_norm into a zeroed scalar
   }
   // AdamW of `blob` on the opt stream once its gradient is in the accumulator; uploads of the
   // blob wait for `updated`.
@@ -260,7 +254,7 @@ struct SlidingEngine::Impl {
       if (!grads_fresh[b]) continue;
       dev.synchronize(*updated[b]);  // the last step's update of the blob has read it
       std::memset(host_f32(grads.data(), int(b)), 0, size_t(layout.blobs[b].numel) * 4);
-      for (int64_t k = inner_blocks[b].first; k < inner_blocks[b].second; ++k) block_sq[size_t(k)] = 0.0;
+      blob_sq[b] = 0.f;
       grads_fresh[b] = false;
     }
   }
@@ -294,19 +288,11 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     max_blob = std::max(max_blob, b.numel);
     if (b.kind == BlobKind::Layer) max_layer_blob = std::max(max_layer_blob, b.numel);
   }
-  {
-    const int64_t B = cpu::kSqNormBlock, nblocks = (total + B - 1) / B;
-    block_sq.assign(size_t(nblocks), 0.0);
-    std::vector<bool> inner(size_t(nblocks), false);
-    for (size_t b = 0; b < layout.blobs.size(); ++b) {
-      const int64_t off = blob_off[b], end = off + layout.blobs[b].numel;
-      const int64_t k0 = (off + B - 1) / B, k1 = std::max(k0, end == total ? nblocks : end / B);
-      inner_blocks.emplace_back(k0, k1);
-      for (int64_t k = k0; k < k1; ++k) inner[size_t(k)] = true;
-    }
-    for (int64_t k = 0; k < nblocks; ++k)
-      if (!inner[size_t(k)]) straddling.push_back(k);
+  for (const auto& bl : layout.blobs) {
+    block_off.push_back(int64_t(block_sq.size()));
+    block_sq.resize(block_sq.size() + size_t((bl.numel + cpu::kSqNormBlock - 1) / cpu::kSqNormBlock));
   }
+  blob_sq.assign(layout.blobs.size(), 0.f);
   max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   stride_nh = (size_t(max_tokens * spec.hidden) * dtype_size(act) + 255) / 256 * 256;
 
@@ -351,7 +337,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     updated.push_back(dev.create_event());
     added.push_back(dev.create_event());
   }
-  scalars = DeviceBuffer(dev, 256);
+  scalars = DeviceBuffer(dev, engine_scalar_bytes(layout.blobs.size()));
   dev.ops().zero(Tensor(scalars.data(), DType::F32, {2}), *compute);
   rope = std::make_unique<DeviceRope>(dev, spec, o.base.max_seq, *compute);
   ws = std::make_unique<Workspace>(dev, spec, o.base.max_batch, o.base.max_seq, act);
@@ -515,12 +501,7 @@ double SlidingEngine::grad_sq_norm() {
   Impl& m = *impl_;
   dev_.synchronize(*m.d2h);  // every gradient has been added on the host
   m.clear_fresh_grads();
-  const float* g = static_cast<const float*>(m.grads.data());
-  const int64_t B = cpu::kSqNormBlock;
-  for (int64_t k : m.straddling) m.block_sq[size_t(k)] = cpu::sq_sum(g + k * B, std::min(B, m.total - k * B));
-  double total = 0.0;
-  for (double s : m.block_sq) total += s;
-  return float(0.0 + total);  // cpu::sq_norm into a zeroed scalar, as the resident engine does
+  return sum_blob_norms(m.blob_sq);
 }
 
 void SlidingEngine::adamw_step(const AdamWParams& p) {
