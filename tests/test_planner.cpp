@@ -58,16 +58,19 @@ TEST(Planner, MemoryMatchesTheEngines) {
         EXPECT_EQ(total_bytes(items, Place::Device), e.device_bytes()) << training << optimizer;
         EXPECT_EQ(total_bytes(items, Place::Pinned) + total_bytes(items, Place::Host), e.host_bytes());
       }
-      for (int slots : {2, 4}) {
-        SlidingOptions so;
-        so.base = eo;
-        so.slots = slots;
-        SlidingEngine e(*dev, spec, so);
-        const auto items = sliding_memory(spec, B, T, slots, be);
-        EXPECT_EQ(total_bytes(items, Place::Device), e.device_bytes()) << slots << " slots";
-        EXPECT_EQ(total_bytes(items, Place::Pinned) + total_bytes(items, Place::Host), e.host_bytes())
-            << slots << " slots";
-      }
+      const std::vector<int> order = gpu_blob_order(spec);
+      for (int slots : {2, 4})
+        for (size_t kept : {size_t(0), size_t(1), size_t(3), order.size()}) {
+          SlidingOptions so;
+          so.base = eo;
+          so.slots = slots;
+          so.gpu_blobs.assign(order.begin(), order.begin() + kept);
+          SlidingEngine e(*dev, spec, so);
+          const auto items = sliding_memory(spec, B, T, slots, be, so.gpu_blobs);
+          EXPECT_EQ(total_bytes(items, Place::Device), e.device_bytes()) << slots << " slots, " << kept << " kept";
+          EXPECT_EQ(total_bytes(items, Place::Pinned) + total_bytes(items, Place::Host), e.host_bytes())
+              << slots << " slots, " << kept << " kept";
+        }
     }
   }
 }
@@ -90,26 +93,41 @@ TEST(Planner, ChoosesTheEngineByTheBudgets) {
   EXPECT_GT(p.gpu_bytes, size_t(22) << 30);
   EXPECT_LT(p.gpu_bytes, size_t(30) << 30);
 
+  // 12 GiB: the sliding engine, with as many blobs kept on the GPU as fit beside the slots.
   r.gpu_budget = size_t(12) << 30;
   p = make_plan(spec, r, be);
   EXPECT_EQ(p.engine, "sliding");
   EXPECT_EQ(p.slots, 3);
   EXPECT_TRUE(p.fits) << p.why;
   EXPECT_LE(p.gpu_bytes, r.gpu_budget);
-  EXPECT_GT(p.pinned_bytes, size_t(12) << 30);  // masters, upload copy, gradient accumulator
+  EXPECT_GT(p.gpu_bytes, r.gpu_budget - (size_t(1) << 30));  // less than one more layer's state is left
+  EXPECT_GT(p.gpu_blobs.size(), 0u);
+  EXPECT_LT(p.gpu_blobs.size(), gpu_blob_order(spec).size());
+  r.gpu_blobs = 0;  // everything on the host
+  const Plan host_only = make_plan(spec, r, be);
+  EXPECT_GT(host_only.pinned_bytes, size_t(12) << 30);  // masters, upload copy, gradient accumulator
+  EXPECT_GT(host_only.host_bytes, p.host_bytes);
+  EXPECT_LT(host_only.gpu_bytes, p.gpu_bytes);
+  r.gpu_blobs = -1;
 
   r.gpu_budget = size_t(1) << 30;
   p = make_plan(spec, r, be);
   EXPECT_FALSE(p.fits);
   EXPECT_NE(p.why.find("GPU memory"), std::string::npos) << p.why;
 
+  // Little host memory: the blobs move to the GPU until the host part fits.
   r.gpu_budget = size_t(80) << 30;
   r.host_budget = size_t(4) << 30;
   r.offload = OffloadChoice::On;
   p = make_plan(spec, r, be);
   EXPECT_EQ(p.engine, "sliding");
+  EXPECT_TRUE(p.fits) << p.why;
+  EXPECT_LE(p.host_bytes, r.host_budget);
+  r.gpu_blobs = 0;
+  p = make_plan(spec, r, be);
   EXPECT_FALSE(p.fits);
   EXPECT_NE(p.why.find("host memory"), std::string::npos) << p.why;
+  r.gpu_blobs = -1;
 
   r.offload = OffloadChoice::Off;
   r.gpu_budget = size_t(1) << 30;
@@ -136,10 +154,15 @@ TEST(Planner, PredictionIsConsistent) {
   // 8 x 9.73e8 decoder + 6 x 2.63e8 head + 9 x 2048 x 2048 x 16 attention = ~9.96e9 a token
   EXPECT_NEAR(res.flops / (8.0 * 2048), 9.96e9, 0.02e9);
   r.offload = OffloadChoice::On;
+  EXPECT_NEAR(make_plan(spec, r, be).step_s, res.step_s, 1e-9);  // every blob fits on the GPU
+  r.gpu_blobs = 0;
   const Plan sl = make_plan(spec, r, be);
   EXPECT_GE(sl.step_s, res.step_s);
   EXPECT_GT(sl.host_s, 0);
   EXPECT_GT(sl.pcie_s, 0);
+  r.gpu_blobs = 2;  // embedding and head on the GPU: less host work
+  EXPECT_LT(make_plan(spec, r, be).host_s, sl.host_s);
+  r.gpu_blobs = 0;
   r.clip = false;
   EXPECT_LE(make_plan(spec, r, be).step_s, sl.step_s);  // no clipping overlaps more
 }

@@ -77,7 +77,26 @@ struct Case {
   // Layers of several of the norm's 16384-element blocks (the host additions sum those; the tiny
   // default model has only blocks that straddle blobs, summed by grad_sq_norm).
   bool big = false;
+  // Blobs kept on the GPU: 0 none, 1 embedding + head, 2 embedding + layer 1 + head, 3 all.
+  int gpu = 0;
 };
+
+std::vector<int> gpu_blobs(int which, int n_layer) {
+  const int head = n_layer + 1;
+  switch (which) {
+    case 1:
+      return {0, head};
+    case 2:
+      return {0, 2, head};
+    case 3: {
+      std::vector<int> all;
+      for (int b = 0; b <= head; ++b) all.push_back(b);
+      return all;
+    }
+    default:
+      return {};
+  }
+}
 
 class SlidingVsResident : public ::testing::TestWithParam<Case> {};
 
@@ -111,6 +130,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   SlidingOptions so;
   so.base = eo;
   so.slots = c.slots;
+  so.gpu_blobs = gpu_blobs(c.gpu, spec.n_layer);
   SlidingEngine s(*dev_s, spec, so);
   s.init_random(5);
   auto [ls, ps] = train(s, recs, 3, 1, clip, c.overlap);
@@ -118,24 +138,30 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   EXPECT_EQ(lr, ls);
   ASSERT_EQ(pr.size(), ps.size());
   for (size_t i = 0; i < pr.size(); ++i) EXPECT_EQ(pr[i].data, ps[i].data) << pr[i].name;
-  EXPECT_GT(s.uploads(), 0);
+  if (c.gpu == 3)
+    EXPECT_EQ(s.uploads(), 0);  // every blob on the GPU: nothing slides
+  else
+    EXPECT_GT(s.uploads(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, SlidingVsResident,
-                         ::testing::Values(Case{"llama", 3, 0}, Case{"mistral", 2, 0}, Case{"qwen2", 5, 0},
-                                           Case{"qwen3", 3, 0}, Case{"llama", 3, 50, 1}, Case{"qwen3", 2, 50, 2},
-                                           Case{"mistral", 4, 50, 4}, Case{"qwen2", 3, 50, 8}, Case{"llama", 2, 50, 4},
-                                           Case{"qwen3", 3, 0, 0, true}, Case{"llama", 2, 50, 2, true},
-                                           Case{"mistral", 3, 50, 4, true}, Case{"qwen2", 4, 50, 1, true},
-                                           Case{"llama", 2, 50, 16}, Case{"qwen3", 3, 50, 16, true},
-                                           Case{"llama", 3, 0, 0, false, true}, Case{"qwen2", 2, 50, 16, false, true},
-                                           Case{"mistral", 3, 50, 4, false, true}, Case{"qwen3", 2, 50, 4, true, true}),
-                         [](const auto& info) {
-                           return info.param.family + "_slots" + std::to_string(info.param.slots) +
-                                  (info.param.stall_streams ? "_stalls" + std::to_string(info.param.stall_streams)
-                                                            : "") +
-                                  (info.param.overlap ? "_overlap" : "") + (info.param.big ? "_big" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Engines, SlidingVsResident,
+    ::testing::Values(Case{"llama", 3, 0}, Case{"mistral", 2, 0}, Case{"qwen2", 5, 0}, Case{"qwen3", 3, 0},
+                      Case{"llama", 3, 50, 1}, Case{"qwen3", 2, 50, 2}, Case{"mistral", 4, 50, 4},
+                      Case{"qwen2", 3, 50, 8}, Case{"llama", 2, 50, 4}, Case{"qwen3", 3, 0, 0, true},
+                      Case{"llama", 2, 50, 2, true}, Case{"mistral", 3, 50, 4, true}, Case{"qwen2", 4, 50, 1, true},
+                      Case{"llama", 2, 50, 16}, Case{"qwen3", 3, 50, 16, true}, Case{"llama", 3, 0, 0, false, true},
+                      Case{"qwen2", 2, 50, 16, false, true}, Case{"mistral", 3, 50, 4, false, true},
+                      Case{"qwen3", 2, 50, 4, true, true}, Case{"llama", 3, 0, 0, false, false, 1},
+                      Case{"qwen2", 2, 50, 2, false, false, 2}, Case{"mistral", 3, 50, 4, true, false, 1},
+                      Case{"qwen3", 2, 50, 16, true, false, 2}, Case{"llama", 2, 50, 1, false, true, 2},
+                      Case{"qwen2", 3, 0, 0, true, false, 3}, Case{"mistral", 2, 50, 4, false, false, 3}),
+    [](const auto& info) {
+      return info.param.family + "_slots" + std::to_string(info.param.slots) +
+             (info.param.stall_streams ? "_stalls" + std::to_string(info.param.stall_streams) : "") +
+             (info.param.overlap ? "_overlap" : "") + (info.param.big ? "_big" : "") +
+             (info.param.gpu ? "_gpu" + std::to_string(info.param.gpu) : "");
+    });
 
 // With several micro-batches the sliding engine adds each micro-batch's gradient on the host,
 // where the resident engine accumulates inside the kernels: the same sums in another order.
@@ -157,15 +183,19 @@ TEST(SlidingEngine, GradientAccumulationMatchesResident) {
   o.stall_every = 4;
   o.stall_streams = 4;  // d2h: host-side accumulation lags
   auto dev_s = make_cpu_device(o);
-  SlidingOptions so;
-  so.base = eo;
-  SlidingEngine s(*dev_s, spec, so);
-  s.init_random(6);
-  auto [ls, ps] = train(s, recs, 2, 3, 0, true);
-  for (size_t i = 0; i < lr.size(); ++i) EXPECT_NEAR(lr[i], ls[i], 1e-6 * lr[i]);
-  // Gradients agree to ~1e-7; AdamW divides by sqrt(v), which magnifies that on elements whose
-  // gradient is near 0: 1e-4 of the weights is still a small fraction of one update.
-  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LT(test::rel_err(ps[i].data, pr[i].data), 1e-4) << pr[i].name;
+  for (int gpu : {0, 2}) {  // also with blobs kept on the GPU (they accumulate in the kernels)
+    SCOPED_TRACE("gpu blobs " + std::to_string(gpu));
+    SlidingOptions so;
+    so.base = eo;
+    so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
+    SlidingEngine s(*dev_s, spec, so);
+    s.init_random(6);
+    auto [ls, ps] = train(s, recs, 2, 3, 0, true);
+    for (size_t i = 0; i < lr.size(); ++i) EXPECT_NEAR(lr[i], ls[i], 1e-6 * lr[i]);
+    // Gradients agree to ~1e-7; AdamW divides by sqrt(v), which magnifies that on elements whose
+    // gradient is near 0: 1e-4 of the weights is still a small fraction of one update.
+    for (size_t i = 0; i < pr.size(); ++i) EXPECT_LT(test::rel_err(ps[i].data, pr[i].data), 1e-4) << pr[i].name;
+  }
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ void print_json(const nlohmann::json& j) {
 // after the command line (a bad size is an input error: exit 2).
 struct EngineFlags {
   bool offload = false, no_offload = false;
-  int slots = 0;
+  int slots = 0, gpu_blobs = -1;
   std::string gpu_memory, cpu_memory;
   void add(CLI::App* c) {
     c->add_flag("--offload", offload,
@@ -39,6 +39,9 @@ struct EngineFlags {
                 "in host memory (default: only when the model does not fit on the GPU)");
     c->add_flag("--no-offload", no_offload, "force the in-memory engine");
     c->add_option("--slots", slots, "GPU parameter slots of the sliding engine (default 3, or 2 when 3 do not fit)");
+    c->add_option("--gpu-blobs", gpu_blobs,
+                  "blobs (embedding, head, then layers) the sliding engine keeps whole on the GPU, with their "
+                  "optimizer state (default: as many as fit)");
     c->add_option("--gpu-memory", gpu_memory, "GPU memory to use, e.g. 40GiB (default: 90% of the free memory)");
     c->add_option("--cpu-memory", cpu_memory, "host memory to plan with (default: what the system reports available)");
   }
@@ -46,6 +49,7 @@ struct EngineFlags {
     if (offload && no_offload) input_error("--offload/--no-offload", "give one of them");
     e.offload = offload ? OffloadChoice::On : no_offload ? OffloadChoice::Off : OffloadChoice::Auto;
     e.slots = slots;
+    e.gpu_blobs = gpu_blobs;
     e.gpu_memory = gpu_memory.empty() ? 0 : size_t(parse_size(gpu_memory, "--gpu-memory"));
     e.cpu_memory = cpu_memory.empty() ? 0 : size_t(parse_size(cpu_memory, "--cpu-memory"));
   }

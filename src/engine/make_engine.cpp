@@ -9,12 +9,13 @@
 namespace sf {
 
 std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
-                                    int slots) {
+                                    int slots, const std::vector<int>& gpu_blobs) {
   if (!offload) return std::make_unique<ResidentEngine>(dev, spec, opt);
   if (slots < 2) input_error("--slots", "the sliding engine needs at least 2 GPU parameter slots");
   SlidingOptions so;
   so.base = opt;
   so.slots = slots;
+  so.gpu_blobs = gpu_blobs;
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }
 
@@ -34,6 +35,7 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   r.clip = req.clip;
   r.offload = req.offload;
   r.slots = req.slots;
+  r.gpu_blobs = req.gpu_blobs;
   r.gpu_budget = req.gpu_memory;
   r.host_budget = req.cpu_memory;
   return r;
@@ -49,7 +51,7 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
                             "; `slideformer plan` lists every buffer");
   }
   b.dev = make_device(req.device, req.gpu_memory);
-  b.engine = make_engine(*b.dev, spec, opt, p.engine == "sliding", p.slots);
+  b.engine = make_engine(*b.dev, spec, opt, p.engine == "sliding", p.slots, p.gpu_blobs);
   return b;
 }
 

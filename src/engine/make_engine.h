@@ -1,6 +1,7 @@
 // Picks the engine: resident (everything in device memory) or sliding (offloaded).
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "backend/device.h"
 #include "engine/engine.h"
@@ -9,13 +10,14 @@
 namespace sf {
 
 std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
-                                    int slots);
+                                    int slots, const std::vector<int>& gpu_blobs = {});
 
 // What the commands ask for; the planner decides the rest.
 struct EngineRequest {
   std::string device = "auto";
   OffloadChoice offload = OffloadChoice::Auto;
   int slots = 0;          // 0: the planner's choice
+  int gpu_blobs = -1;     // sliding: blobs kept whole on the GPU (-1: as many as fit)
   size_t gpu_memory = 0;  // the CUDA arena and the plan's GPU budget (0: 90% of the free memory)
   size_t cpu_memory = 0;  // the plan's host budget (0: MemAvailable)
   int grad_accum = 1;

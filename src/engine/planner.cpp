@@ -19,23 +19,31 @@ size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 
 // Sizes shared by both engines.
 struct Common {
-  int64_t total = 0, max_blob = 0, max_layer_blob = 0, emb = 0, head = 0;
-  size_t act = 0;        // bytes of the compute dtype
-  size_t stride_nh = 0;  // one [max N, H] activation, 256-aligned
+  int64_t total = 0, max_blob = 0, max_layer_blob = 0, emb = 0, head = 0;  // of the host blobs
+  int64_t gpu_total = 0;                                                   // of the GPU blobs
+  size_t act = 0;                                                          // bytes of the compute dtype
+  size_t stride_nh = 0;                                                    // one [max N, H] activation, 256-aligned
   int64_t max_tokens = 0;
   size_t rope = 0, workspace = 0;
 };
 
-Common common(const ModelSpec& s, int B, int T, const BackendInfo& be) {
+Common common(const ModelSpec& s, int B, int T, const BackendInfo& be, const std::vector<int>& gpu_blobs = {}) {
   Common c;
   const ModelLayout lay = make_layout(s);
-  for (const BlobLayout& b : lay.blobs) {
+  std::vector<bool> on_gpu(lay.blobs.size(), false);
+  for (int b : gpu_blobs) on_gpu.at(size_t(b)) = true;
+  for (size_t i = 0; i < lay.blobs.size(); ++i) {
+    const BlobLayout& b = lay.blobs[i];
+    if (on_gpu[i]) {
+      c.gpu_total += b.numel;
+      continue;
+    }
     c.total += b.numel;
     c.max_blob = std::max(c.max_blob, b.numel);
     if (b.kind == BlobKind::Layer) c.max_layer_blob = std::max(c.max_layer_blob, b.numel);
   }
-  c.emb = lay.embedding().numel;
-  c.head = lay.head().numel;
+  c.emb = on_gpu.front() ? 0 : lay.embedding().numel;
+  c.head = on_gpu.back() ? 0 : lay.head().numel;
   c.act = dtype_size(be.compute_dtype);
   c.max_tokens = int64_t(B) * T;
   c.stride_nh = round256(size_t(c.max_tokens * s.hidden) * c.act);
@@ -103,8 +111,15 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const 
   return m;
 }
 
-std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be) {
-  const Common c = common(s, B, T, be);
+std::vector<int> gpu_blob_order(const ModelSpec& s) {
+  std::vector<int> order = {0, s.n_layer + 1};
+  for (int l = 0; l < s.n_layer; ++l) order.push_back(1 + l);
+  return order;
+}
+
+std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be,
+                                       const std::vector<int>& gpu_blobs) {
+  const Common c = common(s, B, T, be, gpu_blobs);
   const size_t P = size_t(c.total);
   const size_t grad_bufs = size_t(2 * c.max_layer_blob + c.emb + c.head) * 4;
   std::vector<MemoryItem> m = {
@@ -118,6 +133,12 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
       {"token ids / targets", size_t(c.max_tokens) * 16, Place::Device},
       {"RoPE tables", c.rope, Place::Device},
       {"scalars", engine_scalar_bytes(make_layout(s).blobs.size()), Place::Device}};
+  if (c.gpu_total > 0) {
+    const size_t G = size_t(c.gpu_total);
+    m.push_back({std::to_string(gpu_blobs.size()) + " blobs kept on the GPU: fp32 master, AdamW m and v, gradients" +
+                     (be.compute_dtype != DType::F32 ? ", compute copy" : ""),
+                 G * (16 + (be.compute_dtype != DType::F32 ? c.act : 0)), Place::Device});
+  }
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
   m.push_back({"fp32 master weights", P * 4, Place::Pinned});
   if (be.compute_dtype != DType::F32) m.push_back({"upload copy of the weights", P * c.act, Place::Pinned});
@@ -140,11 +161,12 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   // The CUDA device's default arena is 90% of the free memory.
   p.gpu_budget = r.gpu_budget ? r.gpu_budget : on_host ? p.host_budget : size_t(double(be.device_free) * 0.9);
 
-  auto fill = [&](const std::string& engine, int slots) {
+  auto fill = [&](const std::string& engine, int slots, const std::vector<int>& gpu_blobs = {}) {
     p.engine = engine;
     p.slots = slots;
+    p.gpu_blobs = gpu_blobs;
     p.items = engine == "resident" ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer)
-                                   : sliding_memory(s, r.batch, r.seq, slots, be);
+                                   : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs);
     p.gpu_bytes = total_bytes(p.items, Place::Device);
     p.pinned_bytes = total_bytes(p.items, Place::Pinned);
     p.host_bytes = p.pinned_bytes + total_bytes(p.items, Place::Host) + (on_host ? p.gpu_bytes : 0);
@@ -158,23 +180,51 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
               " pinned), " + format_bytes(p.host_budget) + " available (--cpu-memory)";
     p.fits = p.why.empty();
   };
+  // The sliding engine with `slots` slots, then as many blobs kept whole on the GPU as the budgets
+  // allow (each moves ~18 bytes a parameter from the host to the GPU), or the requested number.
+  const std::vector<int> order = gpu_blob_order(s);
+  if (r.gpu_blobs > int(order.size()))
+    input_error("--gpu-blobs", "the model has " + std::to_string(order.size()) + " blobs");
+  auto sliding = [&](int slots) {
+    if (r.gpu_blobs >= 0) {
+      fill("sliding", slots, std::vector<int>(order.begin(), order.begin() + r.gpu_blobs));
+      return;
+    }
+    std::vector<int> keep;
+    fill("sliding", slots, keep);
+    if (!p.fits && p.why.find("host memory") == std::string::npos) return;  // the GPU is short already
+    for (int b : order) {  // keep each blob that still fits the GPU budget
+      const Plan before = p;
+      keep.push_back(b);
+      fill("sliding", slots, keep);
+      if (!p.fits && p.why.find("GPU memory") != std::string::npos) {
+        keep.pop_back();
+        p = before;
+      }
+    }
+  };
 
   if (r.offload == OffloadChoice::Off) {
     fill("resident", 0);
   } else if (r.offload == OffloadChoice::On || r.slots > 0) {
-    fill("sliding", r.slots > 0 ? r.slots : 3);
-    if (!p.fits && r.slots == 0) fill("sliding", 2);
+    sliding(r.slots > 0 ? r.slots : 3);
+    if (!p.fits && r.slots == 0) sliding(2);
   } else {
     fill("resident", 0);
     if (!p.fits) {
-      fill("sliding", 3);
-      if (!p.fits) fill("sliding", 2);
+      sliding(3);
+      if (!p.fits) sliding(2);
     }
   }
 
   // Prediction: a lower bound from the rates, assuming the schedule overlaps what it can.
   const ModelLayout lay = make_layout(s);
-  const double P = double(lay.total_numel());
+  double P = double(lay.total_numel());  // parameters updated on the host
+  bool emb_on_host = true;
+  for (int b : p.gpu_blobs) {
+    P -= double(lay.blobs[size_t(b)].numel);
+    emb_on_host &= b != 0;
+  }
   const double tokens = double(r.batch) * r.seq * r.grad_accum;
   const Flops f = flops_per_token(s, r.seq);
   p.flops = f.total * tokens;
@@ -195,7 +245,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     // forward order). Without, each blob's update runs during the backward, but the embedding's
     // comes last and the next forward needs it first.
     const double fwd_s = p.gpu_s * (f.forward / f.total) / r.grad_accum;
-    const double emb_update_s = double(lay.embedding().numel) / rates.host_adamw_params_s;
+    const double emb_update_s = emb_on_host ? double(lay.embedding().numel) / rates.host_adamw_params_s : 0.0;
     const double path =
         r.clip ? p.gpu_s + std::max(0.0, update_s - fwd_s) : fwd_s + std::max(p.gpu_s - fwd_s, p.host_s) + emb_update_s;
     p.step_s = std::max({path, p.host_s, p.pcie_s});
@@ -207,7 +257,9 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
 
 std::string plan_summary(const Plan& p) {
   std::string s = "plan: " + p.engine + " engine" +
-                  (p.engine == "sliding" ? ", " + std::to_string(p.slots) + " GPU slots" : std::string()) +
+                  (p.engine == "sliding" ? ", " + std::to_string(p.slots) + " GPU slots, " +
+                                               std::to_string(p.gpu_blobs.size()) + " blobs kept on the GPU"
+                                         : std::string()) +
                   "; device " + format_bytes(p.gpu_bytes) + ", host " + format_bytes(p.host_bytes) + " (" +
                   format_bytes(p.pinned_bytes) + " pinned)";
   if (p.tokens_per_s > 0) s += "; predicted at best " + std::to_string(int64_t(p.tokens_per_s)) + " tokens/s";
@@ -220,7 +272,11 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p)
   std::snprintf(line, sizeof line, "plan: %s, %.2fB parameters, %d x %d tokens x %d micro-batches a step\n",
                 s.architecture.c_str(), double(s.total_params()) / 1e9, r.batch, r.seq, r.grad_accum);
   o << line;
-  o << "engine: " << p.engine << (p.engine == "sliding" ? " (" + std::to_string(p.slots) + " GPU slots)" : "") << "\n";
+  o << "engine: " << p.engine
+    << (p.engine == "sliding" ? " (" + std::to_string(p.slots) + " GPU slots, " + std::to_string(p.gpu_blobs.size()) +
+                                    " blobs kept whole on the GPU)"
+                              : "")
+    << "\n";
   for (Place where : {Place::Device, Place::Pinned, Place::Host}) {
     const size_t n = total_bytes(p.items, where);
     if (n == 0) continue;

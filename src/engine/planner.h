@@ -25,8 +25,11 @@ size_t total_bytes(const std::vector<MemoryItem>& items, Place where);
 // gradients only when training, AdamW state only with the optimizer; the sliding one always both).
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int max_seq, const BackendInfo& be,
                                         bool training = true, bool optimizer = true);
-std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots,
-                                       const BackendInfo& be);
+std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots, const BackendInfo& be,
+                                       const std::vector<int>& gpu_blobs = {});
+// The order in which the planner keeps blobs whole on the GPU: the embedding (the largest, and the
+// last to be updated in a backward while the next forward needs it first), the head, then layers.
+std::vector<int> gpu_blob_order(const ModelSpec& s);
 
 // Rates the prediction uses. Defaults: measured on the H200 machine (docs/PERFORMANCE.md):
 // the 1B in-memory step's effective rate over the model's FLOPs, bench_host's CPU AdamW and host
@@ -47,6 +50,7 @@ struct PlanRequest {
   bool clip = true;  // gradient clipping (the sliding engine's update then waits for the backward)
   OffloadChoice offload = OffloadChoice::Auto;
   int slots = 0;           // 0: the planner's choice
+  int gpu_blobs = -1;      // sliding: blobs kept whole on the GPU (the first of gpu_blob_order); -1: all that fit
   size_t gpu_budget = 0;   // bytes the engine may hold on the GPU (0: the backend's free memory)
   size_t host_budget = 0;  // bytes of host memory (0: MemAvailable)
 };
@@ -54,6 +58,7 @@ struct PlanRequest {
 struct Plan {
   std::string engine;  // "resident" | "sliding"
   int slots = 0;
+  std::vector<int> gpu_blobs;  // sliding: blobs kept whole on the GPU
   std::vector<MemoryItem> items;
   size_t gpu_bytes = 0, pinned_bytes = 0, host_bytes = 0;  // host_bytes counts pinned too
   size_t gpu_budget = 0, host_budget = 0;

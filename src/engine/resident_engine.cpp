@@ -51,7 +51,7 @@ struct ResidentEngine::Impl {
   std::unique_ptr<Stream> stream;
   Program program;
   float host_scalars[2] = {0, 0};
-  std::vector<float> host_norms;  // [blobs]
+  std::vector<float> host_norms;   // [blobs]
   std::vector<float> host_logits;  // [N, V], logits() only
 
   void* at(const DeviceBuffer& b, int blob, DType t) const {

@@ -48,8 +48,11 @@ struct SlidingEngine::Impl {
   const ModelLayout& layout;
   DType act;
   int L = 0;
-  std::vector<int64_t> blob_off;  // element offset of each blob in the flat host buffers
-  int64_t total = 0, max_blob = 0, max_layer_blob = 0;
+  std::vector<int64_t> blob_off;             // element offset of each blob in the flat host buffers (-1: on the GPU)
+  std::vector<int64_t> gpu_off;              // element offset of each blob in the GPU state buffers (-1: on the host)
+  int64_t total = 0, gpu_total = 0;          // elements of the host / GPU state buffers
+  int64_t max_blob = 0, max_layer_blob = 0;  // largest host blob / host layer blob
+  bool on_gpu(int blob) const { return gpu_off[size_t(blob)] >= 0; }
   int64_t max_tokens = 0;
   size_t stride_nh = 0;  // bytes of one [max N, H] activation
 
@@ -65,9 +68,9 @@ struct SlidingEngine::Impl {
   HostBuffer adam_m, adam_v;  // [total] F32
   // The squared gradient norm, built as the gradients arrive (Engine::grad_sq_norm): the host
   // addition of a blob also sums its squares in cpu::sq_norm's fixed blocks, from the blob's start.
-  std::vector<double> block_sq;   // [sum over blobs of their blocks]
-  std::vector<int64_t> block_off; // [blobs] first block of each blob in block_sq
-  std::vector<float> blob_sq;     // [blobs] float(the blob's sq_norm)
+  std::vector<double> block_sq;    // [sum over blobs of their blocks]
+  std::vector<int64_t> block_off;  // [blobs] first block of each blob in block_sq
+  std::vector<float> blob_sq;      // [blobs] float(the blob's sq_norm)
 
   // GPU parameter slots: [K, max_blob] act.
   struct Slot {
@@ -120,10 +123,49 @@ struct SlidingEngine::Impl {
   std::unique_ptr<TokenUploader> tokens;
   Program program;
 
+  // Blobs kept on the GPU (SlidingOptions::gpu_blobs), each [gpu_total] in gpu_off's layout.
+  DeviceBuffer gpu_params;       // act: the compute copy
+  DeviceBuffer gpu_master;       // F32
+  DeviceBuffer gpu_m, gpu_v;     // F32 AdamW state
+  DeviceBuffer gpu_grads;        // F32, accumulated over the micro-batches of a step
+  std::vector<float> gpu_norms;  // [blobs] host copy of the device per-blob norms
+  void* gpu_at(const DeviceBuffer& b, int blob, DType t) const {
+    return static_cast<char*>(b.data()) + size_t(gpu_off[size_t(blob)]) * dtype_size(t);
+  }
+  Tensor gpu_tensor(const DeviceBuffer& b, int blob, DType t) const {
+    return Tensor(gpu_at(b, blob, t), t, {layout.blobs[size_t(blob)].numel});
+  }
+  // AdamW of a GPU blob on the compute stream.
+  void gpu_update(int blob, const AdamWParams& p) {
+    dev.ops().adamw(gpu_tensor(gpu_master, blob, DType::F32), gpu_tensor(gpu_grads, blob, DType::F32),
+                    gpu_tensor(gpu_m, blob, DType::F32), gpu_tensor(gpu_v, blob, DType::F32),
+                    act == DType::F32 ? Tensor() : gpu_tensor(gpu_params, blob, act), p, *compute);
+  }
+  const DeviceBuffer& gpu_state(State which) const {
+    return which == State::Params  ? gpu_master
+           : which == State::Grads ? gpu_grads
+           : which == State::AdamM ? gpu_m
+                                   : gpu_v;
+  }
+  // fp32 values of a GPU blob -> its master and compute copy (load, init, import).
+  void gpu_upload_master(int blob, const std::vector<float>& host) {
+    dev.copy(gpu_at(gpu_master, blob, DType::F32), host.data(), host.size() * 4, CopyKind::HostToDevice, *compute);
+    gpu_refresh(blob);
+    dev.synchronize(*compute);  // host is the caller's
+  }
+  // The compute copy of a GPU blob from its master (after load / import).
+  void gpu_refresh(int blob) {
+    if (act != DType::F32)
+      dev.ops().cast(gpu_tensor(gpu_params, blob, act), gpu_tensor(gpu_master, blob, DType::F32), *compute);
+  }
+
   Tensor act_at(const DeviceBuffer& b, int i, int64_t N) const {
     return Tensor(static_cast<char*>(b.data()) + size_t(i) * stride_nh, act, {N, spec.hidden});
   }
+  // Handles from acquire: a slot index >= 0, or kGpu - blob for a blob kept on the GPU.
+  static constexpr int kGpu = -2;
   void* slot_ptr(int k) const {
+    if (k <= kGpu) return gpu_at(act == DType::F32 ? gpu_master : gpu_params, kGpu - k, act);
     return static_cast<char*>(slot_mem.data()) + size_t(k) * size_t(max_blob) * dtype_size(act);
   }
   // The host copy of a blob's parameters in the compute dtype (the upload source).
@@ -137,6 +179,7 @@ struct SlidingEngine::Impl {
   // than `keep` is reused once the compute stream has released it). With `use`, the compute
   // stream waits for the upload.
   int acquire(int blob, bool use, int keep = -1) {
+    if (on_gpu(blob)) return kGpu - blob;  // in place; its update ran earlier on the compute stream
     for (int k = 0; k < int(slots.size()); ++k) {
       if (slots[k].blob != blob) continue;
       slots[k].last_use = ++clock;
@@ -171,6 +214,10 @@ struct SlidingEngine::Impl {
   // Gradient of `blob` in g.dev is complete on the compute stream: copy it down and add it into
   // the host accumulator, in the d2h stream's order.
   void send_grads(GradBuf& g, int blob) {
+    if (on_gpu(blob)) {
+      if (update_armed) gpu_update(blob, update);
+      return;
+    }
     const int64_t n = layout.blobs[blob].numel;
     dev.record(*g.computed, *compute);
     dev.wait(*d2h, *g.computed);
@@ -232,6 +279,7 @@ struct SlidingEngine::Impl {
   }
   // Zeroes a gradient buffer on the compute stream once its last contents have left.
   Tensor fresh_grads(GradBuf& g, int blob) {
+    if (on_gpu(blob)) return gpu_tensor(gpu_grads, blob, DType::F32);  // accumulates; zeroed by zero_grads
     dev.wait(*compute, *g.free);
     Tensor t(g.dev.data(), DType::F32, {layout.blobs[blob].numel});
     dev.ops().zero(t, *compute);
@@ -251,7 +299,7 @@ struct SlidingEngine::Impl {
   // (No host work of this step touches such a blob, so this may run while other blobs are added.)
   void clear_fresh_grads() {
     for (size_t b = 0; b < grads_fresh.size(); ++b) {
-      if (!grads_fresh[b]) continue;
+      if (!grads_fresh[b] || on_gpu(int(b))) continue;
       dev.synchronize(*updated[b]);  // the last step's update of the blob has read it
       std::memset(host_f32(grads.data(), int(b)), 0, size_t(layout.blobs[b].numel) * 4);
       blob_sq[b] = 0.f;
@@ -266,7 +314,7 @@ struct SlidingEngine::Impl {
     dev.synchronize(*opt);
   }
   void refresh_upload_copy() {
-    if (act == DType::F32) return;
+    if (act == DType::F32 || total == 0) return;
     cpu::cast(Tensor(upload.data(), act, {total}), Tensor(master.data(), DType::F32, {total}));
   }
 };
@@ -282,8 +330,21 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
       d2h(d.create_stream()),
       program(s, d.ops(), act) {
   SF_CHECK(o.slots >= 2, "the sliding engine needs at least 2 parameter slots");
-  for (const auto& b : layout.blobs) {
+  std::vector<bool> keep(layout.blobs.size(), false);
+  for (int b : o.gpu_blobs) {
+    SF_CHECK(b >= 0 && b < int(layout.blobs.size()), "gpu_blobs: no blob " + std::to_string(b));
+    keep[size_t(b)] = true;
+  }
+  for (size_t i = 0; i < layout.blobs.size(); ++i) {
+    const BlobLayout& b = layout.blobs[i];
+    if (keep[i]) {
+      blob_off.push_back(-1);
+      gpu_off.push_back(gpu_total);
+      gpu_total += b.numel;
+      continue;
+    }
     blob_off.push_back(total);
+    gpu_off.push_back(-1);
     total += b.numel;
     max_blob = std::max(max_blob, b.numel);
     if (b.kind == BlobKind::Layer) max_layer_blob = std::max(max_layer_blob, b.numel);
@@ -320,8 +381,19 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     g.free = dev.create_event();
   };
   for (GradBuf& g : layer_grads) make_grads(g, max_layer_blob);
-  make_grads(emb_grads, layout.embedding().numel);
-  make_grads(head_grads, layout.head().numel);
+  make_grads(emb_grads, on_gpu(0) ? 0 : layout.embedding().numel);
+  make_grads(head_grads, on_gpu(L + 1) ? 0 : layout.head().numel);
+  if (gpu_total > 0) {
+    const size_t n = size_t(gpu_total);
+    if (act != DType::F32) gpu_params = DeviceBuffer(dev, n * dtype_size(act));
+    gpu_master = DeviceBuffer(dev, n * 4);
+    gpu_m = DeviceBuffer(dev, n * 4);
+    gpu_v = DeviceBuffer(dev, n * 4);
+    gpu_grads = DeviceBuffer(dev, n * 4);
+    for (const DeviceBuffer* b : {&gpu_master, &gpu_m, &gpu_v, &gpu_grads})
+      dev.ops().zero(Tensor(b->data(), DType::F32, {gpu_total}), *compute);
+  }
+  gpu_norms.assign(layout.blobs.size(), 0.f);
 
   fwd_acts = DeviceBuffer(dev, 2 * stride_nh);
   bwd_acts = DeviceBuffer(dev, 2 * stride_nh);
@@ -361,9 +433,16 @@ SlidingEngine::~SlidingEngine() {
 
 void SlidingEngine::load(const CheckpointReader& ckpt) {
   impl_->sync_all();  // no update in flight writes the masters
-  ProgressLog progress("loading weights", double(impl_->total) * 4);
+  ProgressLog progress("loading weights", double(impl_->total + impl_->gpu_total) * 4);
+  std::vector<float> tmp;
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    read_blob(ckpt, layout_.blobs[b], impl_->host_f32(impl_->master.data(), int(b)));
+    if (impl_->on_gpu(int(b))) {
+      tmp.resize(size_t(layout_.blobs[b].numel));
+      read_blob(ckpt, layout_.blobs[b], tmp.data());
+      impl_->gpu_upload_master(int(b), tmp);
+    } else {
+      read_blob(ckpt, layout_.blobs[b], impl_->host_f32(impl_->master.data(), int(b)));
+    }
     progress.add(double(layout_.blobs[b].numel) * 4);
   }
   impl_->refresh_upload_copy();
@@ -372,14 +451,27 @@ void SlidingEngine::load(const CheckpointReader& ckpt) {
 
 void SlidingEngine::init_random(uint64_t seed) {
   impl_->sync_all();
+  std::vector<float> tmp;
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    random_blob(layout_.blobs[b], int(b), seed, spec_.initializer_range, impl_->host_f32(impl_->master.data(), int(b)));
+    if (impl_->on_gpu(int(b))) {
+      tmp.resize(size_t(layout_.blobs[b].numel));
+      random_blob(layout_.blobs[b], int(b), seed, spec_.initializer_range, tmp.data());
+      impl_->gpu_upload_master(int(b), tmp);
+    } else {
+      random_blob(layout_.blobs[b], int(b), seed, spec_.initializer_range,
+                  impl_->host_f32(impl_->master.data(), int(b)));
+    }
   }
   impl_->refresh_upload_copy();
   impl_->invalidate_slots();
 }
 
-void SlidingEngine::zero_grads() { impl_->grads_fresh.assign(layout_.blobs.size(), true); }
+void SlidingEngine::zero_grads() {
+  Impl& m = *impl_;
+  m.grads_fresh.assign(layout_.blobs.size(), true);
+  // GPU blobs accumulate in place: zeroed on the compute stream, after their last update read them.
+  if (m.gpu_total > 0) dev_.ops().zero(Tensor(m.gpu_grads.data(), DType::F32, {m.gpu_total}), *m.compute);
+}
 
 void SlidingEngine::forward_backward(const Batch& b, float grad_scale, bool backward) {
   Impl& m = *impl_;
@@ -501,6 +593,18 @@ double SlidingEngine::grad_sq_norm() {
   Impl& m = *impl_;
   dev_.synchronize(*m.d2h);  // every gradient has been added on the host
   m.clear_fresh_grads();
+  if (m.gpu_total > 0) {  // the GPU blobs' norms, each into its own zeroed scalar
+    const int nb = int(layout_.blobs.size());
+    float* norms = static_cast<float*>(m.scalars.data()) + 2;  // [blobs]
+    dev_.ops().zero(Tensor(norms, DType::F32, {nb}), *m.compute);
+    for (int b = 0; b < nb; ++b)
+      if (m.on_gpu(b))
+        dev_.ops().sq_norm(Tensor(norms + b, DType::F32, {1}), m.gpu_tensor(m.gpu_grads, b, DType::F32), *m.compute);
+    dev_.copy(m.gpu_norms.data(), norms, size_t(nb) * 4, CopyKind::DeviceToHost, *m.compute);
+    dev_.synchronize(*m.compute);
+    for (int b = 0; b < nb; ++b)
+      if (m.on_gpu(b)) m.blob_sq[size_t(b)] = m.gpu_norms[size_t(b)];
+  }
   return sum_blob_norms(m.blob_sq);
 }
 
@@ -519,7 +623,12 @@ void SlidingEngine::adamw_step(const AdamWParams& p) {
   // update only, so the update overlaps that forward. Nothing waits here.
   m.update_armed = false;
   m.clear_fresh_grads();
-  for (int b = 0; b < int(layout_.blobs.size()); ++b) m.queue_update(b, p);
+  for (int b = 0; b < int(layout_.blobs.size()); ++b) {
+    if (m.on_gpu(b))
+      m.gpu_update(b, p);  // compute stream: before the next forward reads the blob
+    else
+      m.queue_update(b, p);
+  }
   m.slots_stale = true;
 }
 
@@ -533,9 +642,19 @@ std::vector<SlidingEngine::HostTensor> SlidingEngine::export_state(State which) 
                : which == State::Grads ? m.grads.data()
                : which == State::AdamM ? m.adam_m.data()
                                        : m.adam_v.data();
+  const DeviceBuffer& gbase = m.gpu_state(which);
   std::vector<HostTensor> out;
+  std::vector<float> tmp;
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    const float* blob = m.host_f32(base, int(b));
+    const float* blob = nullptr;
+    if (m.on_gpu(int(b))) {
+      tmp.resize(size_t(layout_.blobs[b].numel));
+      dev_.copy(tmp.data(), m.gpu_at(gbase, int(b), DType::F32), tmp.size() * 4, CopyKind::DeviceToHost, *m.compute);
+      dev_.synchronize(*m.compute);
+      blob = tmp.data();
+    } else {
+      blob = m.host_f32(base, int(b));
+    }
     for (const BlobEntry& e : layout_.blobs[b].entries) {
       out.push_back(HostTensor{e.name, e.shape, std::vector<float>(blob + e.offset, blob + e.offset + e.numel)});
     }
@@ -553,13 +672,22 @@ void SlidingEngine::import_state(State which, const std::vector<HostTensor>& ten
   std::map<std::string, const HostTensor*> by_name;
   for (const auto& t : tensors) by_name[t.name] = &t;
   if (which == State::Grads) m.grads_fresh.assign(layout_.blobs.size(), false);
+  const DeviceBuffer& gbase = m.gpu_state(which);
+  std::vector<float> tmp;
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    float* blob = m.host_f32(base, int(b));
+    const bool gpu = m.on_gpu(int(b));
+    if (gpu) tmp.assign(size_t(layout_.blobs[b].numel), 0.f);  // padding between tensors stays 0
+    float* blob = gpu ? tmp.data() : m.host_f32(base, int(b));
     for (const BlobEntry& e : layout_.blobs[b].entries) {
       auto it = by_name.find(e.name);
       SF_CHECK(it != by_name.end(), "import_state: missing " + e.name);
       SF_CHECK(it->second->shape == e.shape, "import_state: shape mismatch for " + e.name);
       std::copy(it->second->data.begin(), it->second->data.end(), blob + e.offset);
+    }
+    if (gpu) {
+      dev_.copy(m.gpu_at(gbase, int(b), DType::F32), tmp.data(), tmp.size() * 4, CopyKind::HostToDevice, *m.compute);
+      if (which == State::Params) m.gpu_refresh(int(b));
+      dev_.synchronize(*m.compute);
     }
   }
   if (which == State::Params) {
@@ -572,7 +700,8 @@ size_t SlidingEngine::device_bytes() const {
   const Impl& m = *impl_;
   size_t n = m.slot_mem.size() + m.fwd_acts.size() + m.bwd_acts.size() + m.dbuf.size() + m.scalars.size() +
              m.rope->buf.size() + m.ws->bytes() + m.tokens->device_bytes() + m.emb_grads.dev.size() +
-             m.head_grads.dev.size();
+             m.head_grads.dev.size() + m.gpu_params.size() + m.gpu_master.size() + m.gpu_m.size() + m.gpu_v.size() +
+             m.gpu_grads.size();
   for (const auto& g : m.layer_grads) n += g.dev.size();
   return n;
 }

@@ -23,6 +23,9 @@ namespace sf {
 struct SlidingOptions {
   EngineOptions base;  // batch limits, compute dtype (training and optimizer are always on)
   int slots = 3;       // GPU parameter slots (>= 3: the one in use, the next, the tied embedding)
+  // Blobs kept whole on the GPU: compute copy, fp32 master, AdamW state and gradients live there,
+  // updated by the GPU's AdamW; they take no slot, no transfer and no host memory.
+  std::vector<int> gpu_blobs;
 };
 
 class SlidingEngine final : public Engine {
