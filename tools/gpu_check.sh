@@ -3,7 +3,8 @@
 # Usage there:  BIN=gpubin bash tools/gpu_check.sh [steps...]
 #   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench
 #   (also: bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
-#    parity_offload train_offload bench_offload = the sliding engine, bench_host = host rates)
+#    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
+#    bench_host = host rates)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels and bench_host built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -32,16 +33,25 @@ for s in "${steps[@]}"; do
     train_cuda) run train_cuda python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cuda --work /tmp/train_cuda ;;
     # the sliding (offload) engine: the same parity checks, and the 1B / 3B steps
     parity_offload) run parity_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
-      --cli-args "--offload --slots 2" --no-baseline --work /tmp/parity_offload ;;
+      --cli-args "--offload --slots 2 --gpu-blobs 0" --no-baseline --work /tmp/parity_offload
+      run parity_offload_gpu_blobs python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
+      --cli-args "--offload --slots 2 --gpu-blobs 3" --no-baseline --work /tmp/parity_offload_gb ;;
     train_offload) run train_offload python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cuda \
-      --cli-args "--offload --slots 3" --work /tmp/train_offload ;;
+      --cli-args "--offload --slots 3 --gpu-blobs 2" --work /tmp/train_offload ;;
+    # every blob on the host (--gpu-blobs 0): the host path, as measured in session 2
     bench_offload)
       for clip in 1 0; do
         run bench_offload_1b_clip$clip "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 \
-          --steps 4 --warmup 1 --device cuda --offload --max-grad-norm $clip
+          --steps 4 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm $clip
         run bench_offload_3b_clip$clip "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
-          --steps 3 --warmup 1 --device cuda --offload --max-grad-norm $clip
+          --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm $clip
       done ;;
+    # the planner's choice: 3B with a 20 GiB GPU budget (some blobs kept on the GPU), and 8B
+    bench_offload_plan)
+      run bench_offload_3b_20g "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+        --steps 3 --warmup 1 --device cuda --gpu-memory 20GiB
+      run bench_8b "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 --steps 3 --warmup 1 \
+        --device cuda ;;
     # the 3B offload step with 8 host threads (the host copy bandwidth peaked at 8 in bench_host)
     bench_offload_t8)
       for clip in 1 0; do
