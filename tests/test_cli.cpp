@@ -202,27 +202,36 @@ TEST_F(Cli, OffloadMatchesInMemory) {
   std::string model = make_model("qwen2", "m");
   std::string data = make_data("d.jsonl", 8);
   std::string common = "--model " + model + " --data " + data + " --seq-len 16 --batch-size 3 --device cpu";
-  CmdResult a = run("eval " + common), b = run("eval " + common + " --offload --slots 2");
+  CmdResult a = run("eval " + common), b = run("eval " + common + " --offload --slots 2 --gpu-blobs 0");
   ASSERT_EQ(a.code, 0) << a.err;
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_EQ(double(a.last()["loss"]), double(b.last()["loss"]));
   ASSERT_EQ(run("grad " + common + " --output " + p("ga.safetensors")).code, 0);
-  ASSERT_EQ(run("grad " + common + " --offload --output " + p("gb.safetensors")).code, 0);
+  ASSERT_EQ(run("grad " + common + " --offload --gpu-blobs 0 --output " + p("gb.safetensors")).code, 0);
   auto ga = SafetensorsFile::open(p("ga.safetensors")), gb = SafetensorsFile::open(p("gb.safetensors"));
   for (const auto& t : ga.tensors()) {
     EXPECT_LT(test::rel_err(floats(t), floats(*gb.find(t.name))), 1e-6) << t.name;
   }
   std::string tr = "train " + common + " --steps 3 --lr 1e-2 --weight-decay 0.1 --max-grad-norm 1 --output ";
   ASSERT_EQ(run(tr + p("ta")).code, 0);
-  CmdResult t = run(tr + p("tb") + " --offload");
+  CmdResult t = run(tr + p("tb") + " --offload --gpu-blobs 0");
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_TRUE(slurp(p("ta") + "/model.safetensors") == slurp(p("tb") + "/model.safetensors"));
+  // The planner's default keeps the blobs that fit whole on the (here: cpu) device; --gpu-blobs 2
+  // keeps the embedding and the head there and slides the layers.
+  for (const char* kept : {"", " --gpu-blobs 2"}) {
+    fs::remove_all(p("tk"));
+    t = run(tr + p("tk") + " --offload" + kept);
+    ASSERT_EQ(t.code, 0) << t.err;
+    EXPECT_TRUE(slurp(p("ta") + "/model.safetensors") == slurp(p("tk") + "/model.safetensors")) << kept;
+  }
   // Without clipping the sliding engine updates each blob during the backward: still the same.
   std::string tr2 = "train " + common + " --steps 3 --lr 1e-2 --weight-decay 0.1 --output ";
   ASSERT_EQ(run(tr2 + p("tc")).code, 0);
-  ASSERT_EQ(run(tr2 + p("td") + " --offload --slots 2").code, 0);
+  ASSERT_EQ(run(tr2 + p("td") + " --offload --slots 2 --gpu-blobs 1").code, 0);
   EXPECT_TRUE(slurp(p("tc") + "/model.safetensors") == slurp(p("td") + "/model.safetensors"));
   expect_input_error(run("eval " + common + " --offload --slots 1"), "--slots");
+  expect_input_error(run("eval " + common + " --offload --gpu-blobs 99"), "--gpu-blobs");
 }
 
 TEST_F(Cli, ShardedOutputAndSaveEvery) {

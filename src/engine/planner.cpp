@@ -172,7 +172,9 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     p.host_bytes = p.pinned_bytes + total_bytes(p.items, Place::Host) + (on_host ? p.gpu_bytes : 0);
     p.why.clear();
     const bool gpu_known = p.gpu_budget > 0;
-    if (!on_host && gpu_known && p.gpu_bytes > p.gpu_budget)
+    // Headroom in the arena: 256-byte rounding of each buffer, the CUDA libraries' own needs.
+    const size_t margin = std::max(size_t(256) << 20, p.gpu_budget / 100);
+    if (!on_host && gpu_known && p.gpu_bytes + margin > p.gpu_budget)
       p.why = "needs " + format_bytes(p.gpu_bytes) + " of GPU memory, " + format_bytes(p.gpu_budget) +
               " available (--gpu-memory)";
     else if (p.host_budget > 0 && p.host_bytes > p.host_budget)
