@@ -111,6 +111,29 @@ TEST(Safetensors, RoundTripAllDtypesMetadataAlignment) {
   EXPECT_EQ(f.find("nope"), nullptr);
 }
 
+// Tensors produced on demand (fill) give the same file as tensors handed over in memory, and each
+// is asked for once, in file order (a model is saved one tensor at a time).
+TEST(Safetensors, FilledTensorsWriteTheSameBytes) {
+  TempDir d;
+  std::vector<float> a = {1.5f, -2.25f, 3.0f, 0.0f, 1e-3f, -7.0f};
+  std::vector<uint16_t> b = {float_to_bf16(1.0f).bits, float_to_bf16(-0.5f).bits, float_to_bf16(3.25f).bits};
+  write_safetensors(d.file("direct.safetensors"),
+                    {{"z.weight", DType::F32, {2, 3}, a.data()}, {"a.bias", DType::BF16, {3}, b.data()}});
+  std::vector<std::string> asked;
+  TensorWrite fa{"z.weight", DType::F32, {2, 3}, nullptr}, fb{"a.bias", DType::BF16, {3}, nullptr};
+  fa.fill = [&](void* dst) {
+    asked.push_back("z.weight");
+    std::memcpy(dst, a.data(), a.size() * 4);
+  };
+  fb.fill = [&](void* dst) {
+    asked.push_back("a.bias");
+    std::memcpy(dst, b.data(), b.size() * 2);
+  };
+  write_safetensors(d.file("filled.safetensors"), {fa, fb});
+  EXPECT_EQ(read_all(d.file("direct.safetensors")), read_all(d.file("filled.safetensors")));
+  EXPECT_EQ(asked, (std::vector<std::string>{"z.weight", "a.bias"}));
+}
+
 TEST(Safetensors, ReadsHandCraftedFile) {
   TempDir d;
   // Keys out of data order, odd header length (no padding), unaligned data area, a metadata block.

@@ -174,6 +174,26 @@ size_t ResidentEngine::device_bytes() const {
 
 size_t ResidentEngine::host_bytes() const { return impl_->tokens->host_bytes(); }
 
+void ResidentEngine::read_state(State which, int blob, int entry, float* dst) {
+  Impl& m = *impl_;
+  const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
+  const char* src = static_cast<const char*>(m.at(m.state(which), blob, DType::F32)) + e.offset * 4;
+  dev_.copy(dst, src, size_t(e.numel) * 4, CopyKind::DeviceToHost, *m.stream);
+  dev_.synchronize(*m.stream);
+}
+
+void ResidentEngine::write_state(State which, int blob, int entry, const float* src) {
+  Impl& m = *impl_;
+  const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
+  char* dst = static_cast<char*>(m.at(m.state(which), blob, DType::F32)) + e.offset * 4;
+  dev_.copy(dst, src, size_t(e.numel) * 4, CopyKind::HostToDevice, *m.stream);
+  if (which == State::Params && m.act != DType::F32) {
+    char* cdst = static_cast<char*>(m.at(m.compute, blob, m.act)) + e.offset * int64_t(dtype_size(m.act));
+    dev_.ops().cast(Tensor(cdst, m.act, {e.numel}), Tensor(dst, DType::F32, {e.numel}), *m.stream);
+  }
+  dev_.synchronize(*m.stream);
+}
+
 void ResidentEngine::zero_grads() {
   SF_CHECK(impl_->grads.data(), "engine built without gradients");
   dev_.ops().zero(Tensor(impl_->grads.data(), DType::F32, {impl_->total}), *impl_->stream);

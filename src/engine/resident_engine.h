@@ -28,6 +28,8 @@ class ResidentEngine final : public Engine {
   // Device memory this engine holds (parameters, gradients, optimizer state, activations, workspace).
   size_t device_bytes() const override;
   size_t host_bytes() const override;
+  void read_state(State which, int blob, int entry, float* dst) override;
+  void write_state(State which, int blob, int entry, const float* src) override;
 
   void load(const CheckpointReader& ckpt) override;
   void init_random(uint64_t seed) override;

@@ -706,6 +706,51 @@ size_t SlidingEngine::device_bytes() const {
   return n;
 }
 
+void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
+  Impl& m = *impl_;
+  m.sync_all();
+  if (which == State::Grads) m.clear_fresh_grads();
+  const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
+  if (m.on_gpu(blob)) {
+    const char* src = static_cast<const char*>(m.gpu_at(m.gpu_state(which), blob, DType::F32)) + e.offset * 4;
+    dev_.copy(dst, src, size_t(e.numel) * 4, CopyKind::DeviceToHost, *m.compute);
+    dev_.synchronize(*m.compute);
+    return;
+  }
+  void* base = which == State::Params  ? m.master.data()
+               : which == State::Grads ? m.grads.data()
+               : which == State::AdamM ? m.adam_m.data()
+                                       : m.adam_v.data();
+  std::memcpy(dst, m.host_f32(base, blob) + e.offset, size_t(e.numel) * 4);
+}
+
+void SlidingEngine::write_state(State which, int blob, int entry, const float* src) {
+  Impl& m = *impl_;
+  m.sync_all();
+  const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
+  if (m.on_gpu(blob)) {
+    char* dst = static_cast<char*>(m.gpu_at(m.gpu_state(which), blob, DType::F32)) + e.offset * 4;
+    dev_.copy(dst, src, size_t(e.numel) * 4, CopyKind::HostToDevice, *m.compute);
+    if (which == State::Params) m.gpu_refresh(blob);
+    dev_.synchronize(*m.compute);
+    return;
+  }
+  void* base = which == State::Params  ? m.master.data()
+               : which == State::Grads ? m.grads.data()
+               : which == State::AdamM ? m.adam_m.data()
+                                       : m.adam_v.data();
+  float* dst = m.host_f32(base, blob) + e.offset;
+  std::memcpy(dst, src, size_t(e.numel) * 4);
+  if (which == State::Grads) m.grads_fresh[size_t(blob)] = false;  // (the blob's other tensors keep theirs)
+  if (which == State::Params) {
+    if (m.act != DType::F32) {
+      char* up = static_cast<char*>(m.upload.data()) + size_t(m.blob_off[size_t(blob)] + e.offset) * 2;
+      cpu::cast(Tensor(up, m.act, {e.numel}), Tensor(dst, DType::F32, {e.numel}));
+    }
+    m.invalidate_slots();
+  }
+}
+
 size_t SlidingEngine::host_bytes() const {
   const Impl& m = *impl_;
   size_t n = m.master.size() + m.upload.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() +

@@ -47,6 +47,8 @@ class SlidingEngine final : public Engine {
   void import_state(State which, const std::vector<HostTensor>& tensors) override;
   size_t device_bytes() const override;
   size_t host_bytes() const override;
+  void read_state(State which, int blob, int entry, float* dst) override;
+  void write_state(State which, int blob, int entry, const float* src) override;
   // Uploads of parameter blobs since construction (for tests of the slot policy).
   int64_t uploads() const;
   Stats stats() const override;

@@ -281,7 +281,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorWrite>& 
     SF_CHECK(!header.contains(t.name), "write_safetensors: duplicate tensor " + t.name);
     for (int64_t d : t.shape) SF_CHECK(d >= 0, "write_safetensors: negative dimension in " + t.name);
     size_t n = t.bytes();
-    SF_CHECK(n == 0 || t.data != nullptr, "write_safetensors: null data for " + t.name);
+    SF_CHECK(n == 0 || t.data != nullptr || t.fill, "write_safetensors: no data for " + t.name);
     header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
@@ -293,7 +293,16 @@ void write_safetensors(const std::string& path, const std::vector<TensorWrite>& 
   AtomicFile out(path);
   out.write(len, 8);
   out.write(h.data(), h.size());
-  for (const TensorWrite& t : tensors) out.write(t.data, t.bytes());
+  std::vector<char> staged;  // one tensor at a time for the fill()ed ones
+  for (const TensorWrite& t : tensors) {
+    if (t.data != nullptr || t.bytes() == 0) {
+      out.write(t.data, t.bytes());
+      continue;
+    }
+    staged.resize(t.bytes());
+    t.fill(staged.data());
+    out.write(staged.data(), staged.size());
+  }
   out.commit();
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -65,6 +66,9 @@ struct TensorWrite {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   const void* data = nullptr;  // host memory, numel * dtype_size bytes
+  // Or, when data is null: writes the bytes into dst when the writer gets to this tensor (so a
+  // model is saved holding one tensor at a time, not a copy of all of it).
+  std::function<void(void* dst)> fill;
 
   size_t bytes() const;
 };

@@ -7,6 +7,7 @@
 #include "io/checkpoint.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "model/layout.h"
 
 namespace sf {
 
@@ -45,26 +46,30 @@ std::string torch_dtype_name(DType t) {
 
 void save_hf_model(Engine& engine, nlohmann::json cfg, const std::string& src_dir, const std::string& out_dir,
                    DType dtype, size_t max_shard_bytes) {
-  auto params = engine.export_params();
-  // Round the fp32 masters to the checkpoint dtype (nearest-even for bf16).
-  std::vector<std::vector<uint16_t>> half(params.size());
+  // One tensor at a time from the engine, the fp32 masters rounded to the checkpoint dtype
+  // (nearest-even for bf16): no copy of the whole model in host memory.
+  const ModelLayout layout = make_layout(engine.spec());
   std::vector<TensorWrite> tw;
-  tw.reserve(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    TensorWrite w;
-    w.name = params[i].name;
-    w.shape = params[i].shape;
-    w.dtype = dtype;
-    if (dtype == DType::F32) {
-      w.data = params[i].data.data();
-    } else {
-      half[i].resize(params[i].data.size());
-      for (size_t k = 0; k < half[i].size(); ++k) {
-        half[i][k] = dtype == DType::BF16 ? float_to_bf16(params[i].data[k]).bits : float_to_f16(params[i].data[k]);
-      }
-      w.data = half[i].data();
+  for (size_t b = 0; b < layout.blobs.size(); ++b) {
+    for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
+      const BlobEntry& e = layout.blobs[b].entries[i];
+      TensorWrite w;
+      w.name = e.name;
+      w.shape = e.shape;
+      w.dtype = dtype;
+      w.fill = [&engine, b, i, n = e.numel, dtype](void* dst) {
+        if (dtype == DType::F32) {
+          engine.read_state(Engine::State::Params, int(b), int(i), static_cast<float*>(dst));
+          return;
+        }
+        std::vector<float> f(static_cast<size_t>(n));
+        engine.read_state(Engine::State::Params, int(b), int(i), f.data());
+        uint16_t* h = static_cast<uint16_t*>(dst);
+        for (size_t k = 0; k < f.size(); ++k)
+          h[k] = dtype == DType::BF16 ? float_to_bf16(f[k]).bits : float_to_f16(f[k]);
+      };
+      tw.push_back(std::move(w));
     }
-    tw.push_back(std::move(w));
   }
   write_checkpoint_tensors(out_dir, tw, max_shard_bytes);
 

@@ -16,6 +16,7 @@
 #include "io/checkpoint.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "model/layout.h"
 #include "train/model_io.h"
 #include "train/schedule.h"
 
@@ -148,12 +149,21 @@ const std::pair<Engine::State, std::string> kSavedStates[] = {
 // The exact training state beside a checkpoint's HF files: fp32 masters and AdamW moments (the
 // HF weights may be rounded to bf16), and where the data order and the schedule stand.
 void write_training_state(Session& s, const TrainOptions& o, const Progress& p, const std::string& dir) {
-  std::vector<std::vector<Engine::HostTensor>> parts;  // kept alive until written
-  parts.reserve(3);
+  // One tensor at a time from the engine (no copy of the whole state in host memory).
+  const ModelLayout layout = make_layout(s.model.spec);
   std::vector<TensorWrite> tw;
+  Engine& engine = *s.engine;
   for (const auto& [kind, prefix] : kSavedStates) {
-    parts.push_back(s.engine->export_state(kind));
-    for (const auto& t : parts.back()) tw.push_back(TensorWrite{prefix + t.name, DType::F32, t.shape, t.data.data()});
+    for (size_t b = 0; b < layout.blobs.size(); ++b) {
+      for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
+        const BlobEntry& e = layout.blobs[b].entries[i];
+        TensorWrite w{prefix + e.name, DType::F32, e.shape, nullptr};
+        w.fill = [&engine, kind = kind, b, i](void* dst) {
+          engine.read_state(kind, int(b), int(i), static_cast<float*>(dst));
+        };
+        tw.push_back(std::move(w));
+      }
+    }
   }
   write_safetensors((fs::path(dir) / kStateFile).string(), tw, {{"step", std::to_string(p.step)}});
   nlohmann::json j = {{"step", p.step},
@@ -196,18 +206,27 @@ Progress read_training_state(Session& s, const TrainOptions& o, const std::strin
     input_error(tpath, "the checkpoint is at step " + std::to_string(p.step) + ", not before --steps " +
                            std::to_string(o.steps));
 
+  // Every tensor checked before any is taken; then one at a time from the mapped file.
   auto f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
-  for (const auto& [kind, prefix] : kSavedStates) {
-    std::vector<Engine::HostTensor> ts = s.engine->export_state(kind);  // names and shapes
-    for (auto& t : ts) {
-      const TensorInfo* info = f.find(prefix + t.name);
-      if (!info) input_error(f.path(), "tensor " + prefix + t.name + " missing");
-      if (info->dtype != DType::F32 || info->shape != t.shape) {
-        input_error(f.path(), "tensor " + prefix + t.name + " must be F32 " + shape_string(t.shape));
+  const ModelLayout layout = make_layout(s.model.spec);
+  for (bool take : {false, true}) {
+    for (const auto& [kind, prefix] : kSavedStates) {
+      for (size_t b = 0; b < layout.blobs.size(); ++b) {
+        for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
+          const BlobEntry& e = layout.blobs[b].entries[i];
+          const TensorInfo* info = f.find(prefix + e.name);
+          if (!take) {
+            if (!info) input_error(f.path(), "tensor " + prefix + e.name + " missing");
+            if (info->dtype != DType::F32 || info->shape != e.shape)
+              input_error(f.path(), "tensor " + prefix + e.name + " must be F32 " + shape_string(e.shape));
+            continue;
+          }
+          std::vector<float> v(static_cast<size_t>(e.numel));  // the mapping need not be 4-byte aligned
+          std::memcpy(v.data(), info->data, v.size() * 4);
+          s.engine->write_state(kind, int(b), int(i), v.data());
+        }
       }
-      std::memcpy(t.data.data(), info->data, t.data.size() * 4);
     }
-    s.engine->import_state(kind, ts);
   }
   return p;
 }
