@@ -141,6 +141,12 @@ struct SlidingEngine::Impl {
                     gpu_tensor(gpu_m, blob, DType::F32), gpu_tensor(gpu_v, blob, DType::F32),
                     act == DType::F32 ? Tensor() : gpu_tensor(gpu_params, blob, act), p, *compute);
   }
+  void* host_state(State which) const {
+    return which == State::Params  ? master.data()
+           : which == State::Grads ? grads.data()
+           : which == State::AdamM ? adam_m.data()
+                                   : adam_v.data();
+  }
   const DeviceBuffer& gpu_state(State which) const {
     return which == State::Params  ? gpu_master
            : which == State::Grads ? gpu_grads
@@ -638,10 +644,7 @@ std::vector<SlidingEngine::HostTensor> SlidingEngine::export_state(State which) 
   Impl& m = *impl_;
   m.sync_all();
   if (which == State::Grads) m.clear_fresh_grads();
-  void* base = which == State::Params  ? m.master.data()
-               : which == State::Grads ? m.grads.data()
-               : which == State::AdamM ? m.adam_m.data()
-                                       : m.adam_v.data();
+  void* base = m.host_state(which);
   const DeviceBuffer& gbase = m.gpu_state(which);
   std::vector<HostTensor> out;
   std::vector<float> tmp;
@@ -665,10 +668,7 @@ std::vector<SlidingEngine::HostTensor> SlidingEngine::export_state(State which) 
 void SlidingEngine::import_state(State which, const std::vector<HostTensor>& tensors) {
   Impl& m = *impl_;
   m.sync_all();
-  void* base = which == State::Params  ? m.master.data()
-               : which == State::Grads ? m.grads.data()
-               : which == State::AdamM ? m.adam_m.data()
-                                       : m.adam_v.data();
+  void* base = m.host_state(which);
   std::map<std::string, const HostTensor*> by_name;
   for (const auto& t : tensors) by_name[t.name] = &t;
   if (which == State::Grads) m.grads_fresh.assign(layout_.blobs.size(), false);
@@ -717,10 +717,7 @@ void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
     dev_.synchronize(*m.compute);
     return;
   }
-  void* base = which == State::Params  ? m.master.data()
-               : which == State::Grads ? m.grads.data()
-               : which == State::AdamM ? m.adam_m.data()
-                                       : m.adam_v.data();
+  void* base = m.host_state(which);
   std::memcpy(dst, m.host_f32(base, blob) + e.offset, size_t(e.numel) * 4);
 }
 
@@ -735,10 +732,7 @@ void SlidingEngine::write_state(State which, int blob, int entry, const float* s
     dev_.synchronize(*m.compute);
     return;
   }
-  void* base = which == State::Params  ? m.master.data()
-               : which == State::Grads ? m.grads.data()
-               : which == State::AdamM ? m.adam_m.data()
-                                       : m.adam_v.data();
+  void* base = m.host_state(which);
   float* dst = m.host_f32(base, blob) + e.offset;
   std::memcpy(dst, src, size_t(e.numel) * 4);
   if (which == State::Grads) m.grads_fresh[size_t(blob)] = false;  // (the blob's other tensors keep theirs)
