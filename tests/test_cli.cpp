@@ -431,3 +431,45 @@ TEST_F(Cli, PlanAndRefusalWhenItDoesNotFit) {
 
 }  // namespace
 }  // namespace sf
+
+namespace sf {
+namespace {
+
+// `slideformer train CONFIG.yaml key=value`: the same run as the options on the command line;
+// what the file cannot say is refused with file:line.
+TEST_F(Cli, YamlConfigWithOverrides) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 6);
+  std::ofstream(p("run.yaml")) << "# a run\n"
+                               << "model: " << model << "\n"
+                               << "data: \"" << data << "\"\n"
+                               << "seq_len: 16\n"
+                               << "batch-size: 2\n"
+                               << "steps: 5   # overridden below\n"
+                               << "lr: 1e-3\n"
+                               << "no-shuffle: true\n"
+                               << "device: cpu\n";
+  CmdResult a = run("train " + p("run.yaml") + " steps=2 output=" + p("a"));
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(a.last()["steps"], 2);
+  CmdResult b = run("train --model " + model + " --data " + data +
+                    " --seq-len 16 --batch-size 2 --steps 2 --lr 1e-3 "
+                    "--no-shuffle --device cpu --output " +
+                    p("b"));
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_TRUE(slurp(p("a") + "/model.safetensors") == slurp(p("b") + "/model.safetensors"));
+  // Options after the file work too.
+  CmdResult c = run("train " + p("run.yaml") + " --steps 1 --output " + p("c"));
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_EQ(c.last()["steps"], 1);
+
+  std::ofstream(p("nested.yaml")) << "model: m\noptimizer:\n  lr: 1\n";
+  expect_input_error(run("train " + p("nested.yaml")), "nested.yaml:2");
+  std::ofstream(p("twice.yaml")) << "lr: 1\nlr: 2\n";
+  expect_input_error(run("train " + p("twice.yaml")), "twice.yaml:2");
+  expect_input_error(run("train " + p("run.yaml") + " output=" + p("d") + " frobnicate=3"), "run.yaml");
+  expect_input_error(run("train " + p("missing.yaml")), "missing.yaml");
+}
+
+}  // namespace
+}  // namespace sf

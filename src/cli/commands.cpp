@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "backend/device.h"
+#include "cli/config_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -198,14 +200,48 @@ int cli_main(int argc, char** argv) {
       return 2;
     }
   }
+  // `slideformer COMMAND CONFIG.yaml [key=value | --option value ...]`: the file's options first,
+  // then the rest (later ones win: CLI11 keeps the last value of an option).
+  std::vector<std::string> args(argv, argv + argc);
+  std::string config_path;
+  auto is_config = [](const std::string& a) {
+    auto ends = [&](const std::string& x) {
+      return a.size() > x.size() && a.compare(a.size() - x.size(), x.size(), x) == 0;
+    };
+    return ends(".yaml") || ends(".yml");
+  };
+  if (args.size() > 2 && args[1][0] != '-' && is_config(args[2])) {
+    config_path = args[2];
+    std::vector<std::string> overrides, passthrough;
+    for (size_t i = 3; i < args.size(); ++i) {
+      const bool kv = args[i][0] != '-' && args[i].find('=') != std::string::npos &&
+                      (i == 3 || args[i - 1][0] != '-' || args[i - 1].find('=') != std::string::npos);
+      (kv ? overrides : passthrough).push_back(args[i]);
+    }
+    std::set<std::string> given;  // options also on the command line: those win
+    for (const std::string& a : passthrough)
+      if (a.rfind("--", 0) == 0)
+        given.insert(a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2));
+    try {
+      std::vector<std::string> from_file = config_to_args(config_path, overrides, given);
+      args.resize(2);
+      args.insert(args.end(), from_file.begin(), from_file.end());
+      args.insert(args.end(), passthrough.begin(), passthrough.end());
+    } catch (const InputError& e) {
+      std::fprintf(stderr, "slideformer: %s\n", e.what());
+      return 2;
+    }
+  }
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> rev(args.rbegin(), args.rend() - 1);  // CLI11 takes them reversed, argv[0] off
+    app.parse(rev);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "slideformer: %s (see slideformer --help)\n", e.what());
+    std::fprintf(stderr, "slideformer: %s%s (see slideformer --help)\n",
+                 config_path.empty() ? "" : (config_path + ": ").c_str(), e.what());
     return 2;
   }
   log_config().level = quiet ? LogLevel::Quiet : verbose ? LogLevel::Debug : LogLevel::Info;
