@@ -473,3 +473,43 @@ TEST_F(Cli, YamlConfigWithOverrides) {
 
 }  // namespace
 }  // namespace sf
+
+namespace sf {
+namespace {
+
+// train --eval-data: the held-out loss after the last step is the one `eval` gives on the saved
+// model (same batches, fp32 model and math on the cpu); a bad eval file stops before training.
+TEST_F(Cli, TrainReportsHeldOutLoss) {
+  std::string model = make_model("qwen3", "m");
+  std::string data = make_data("d.jsonl", 8);
+  std::string held = make_data("h.jsonl", 5);
+  CmdResult t = run("train --model " + model + " --data " + data + " --eval-data " + held +
+                    " --eval-every 2 --seq-len 16 --batch-size 3 --steps 3 --lr 1e-2 --device cpu --output " + p("o"));
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.err.find("eval at step 2:"), std::string::npos) << t.err;
+  EXPECT_NE(t.err.find("eval at step 3:"), std::string::npos) << t.err;
+  CmdResult e = run("eval --model " + p("o") + " --data " + held + " --seq-len 16 --batch-size 3 --device cpu");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_EQ(double(t.last()["eval_loss"]), double(e.last()["loss"]));
+  // The sliding engine evaluates between its overlapped updates: the same numbers.
+  CmdResult so = run("train --model " + model + " --data " + data + " --eval-data " + held +
+                     " --eval-every 2 --seq-len 16 --batch-size 3 --steps 3 --lr 1e-2 --device cpu --offload "
+                     "--gpu-blobs 0 --output " +
+                     p("os"));
+  ASSERT_EQ(so.code, 0) << so.err;
+  EXPECT_EQ(double(so.last()["eval_loss"]), double(t.last()["eval_loss"]));
+
+  std::ofstream(p("bad.jsonl")) << "{\"input_ids\": [1, 2]}\n{\"input_ids\": [1000000]}\n";
+  expect_input_error(run("train --model " + model + " --data " + data + " --eval-data " + p("bad.jsonl") +
+                         " --steps 1 --lr 1e-2 --device cpu --output " + p("o2")),
+                     "bad.jsonl:2");
+  EXPECT_FALSE(fs::exists(p("o2")));
+  expect_input_error(run("train --model " + model + " --data " + data +
+                         " --eval-every 2 --steps 1 --lr 1e-2 "
+                         "--device cpu --output " +
+                         p("o3")),
+                     "--eval-data");
+}
+
+}  // namespace
+}  // namespace sf

@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -147,6 +148,9 @@ int cli_main(int argc, char** argv) {
   train->add_option("--save-every", t.save_every, "also save OUTPUT/checkpoint-STEP every K steps; 0 = off")
       ->capture_default_str();
   train->add_option("--log-every", t.log_every, "progress line every K steps")->capture_default_str();
+  train->add_option("--eval-data", t.eval_data, "held-out JSONL: its loss after training (and every --eval-every)");
+  train->add_option("--eval-every", t.eval_every, "also evaluate every K steps; 0 = only at the end")
+      ->capture_default_str();
   train->add_option("--resume", t.resume,
                     "continue from OUTPUT/checkpoint-STEP of an earlier run (same data and options)");
   std::string max_shard = "5GB";
@@ -269,6 +273,7 @@ int cli_main(int argc, char** argv) {
                   {"last_loss", r.last_loss},
                   {"steps", r.steps},
                   {"tokens_per_second", r.tokens_per_second},
+                  {"eval_loss", std::isnan(r.eval_loss) ? nlohmann::json() : nlohmann::json(r.eval_loss)},
                   {"output", t.output}});
       return 0;
     }

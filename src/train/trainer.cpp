@@ -30,22 +30,27 @@ namespace {
 struct Session {
   ModelDir model;
   Dataset data;
-  int seq_len = 0;  // records are cut to this
-  int max_seq = 0;  // the longest batch the engine is built for
+  Dataset eval;       // train --eval-data (may be empty)
+  int seq_len = 0;    // records are cut to this
+  int max_batch = 0;  // the largest micro-batch the engine is built for
+  int max_seq = 0;    // the longest batch the engine is built for
   std::unique_ptr<Device> dev;
   std::unique_ptr<Engine> engine;
   Plan plan;
 };
 
-Session open_session(const DataOptions& o, bool training, bool optimizer, int grad_accum = 1, bool clip = false) {
+Session open_session(const DataOptions& o, bool training, bool optimizer, int grad_accum = 1, bool clip = false,
+                     const std::string& eval_path = "") {
   Session s;
   if (o.batch_size <= 0) input_error("--batch-size", "must be positive");
   if (o.seq_len < 0) input_error("--seq-len", "must be positive");
   s.model = open_model_dir(o.model_dir);
   auto reader = CheckpointReader::open(o.model_dir);  // validates the safetensors before the data is read
   s.data = load_jsonl(o.data, s.model.spec.vocab);
+  if (!eval_path.empty()) s.eval = load_jsonl(eval_path, s.model.spec.vocab);
   size_t longest = 0;
-  for (const Record& r : s.data.records) longest = std::max(longest, r.ids.size());
+  for (const Dataset* d : {&s.data, &s.eval})
+    for (const Record& r : d->records) longest = std::max(longest, r.ids.size());
   if (o.seq_len > 0) {
     s.seq_len = o.seq_len;
   } else {
@@ -55,7 +60,8 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
   s.model.spec.check_seq_len(s.seq_len, s.model.config_path);
   s.max_seq = int(std::min<size_t>(size_t(s.seq_len), longest));
   EngineOptions eo;
-  eo.max_batch = int(std::min<size_t>(size_t(o.batch_size), s.data.records.size()));
+  eo.max_batch = int(std::min<size_t>(size_t(o.batch_size), std::max(s.data.records.size(), s.eval.records.size())));
+  s.max_batch = eo.max_batch;
   eo.max_seq = s.max_seq;
   eo.training = training;
   eo.optimizer = optimizer;
@@ -75,10 +81,10 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
   return s;
 }
 
-// The file's records in order, B at a time.
-std::vector<Batch> file_batches(const Session& s, int B) {
+// A file's records in order, B at a time.
+std::vector<Batch> file_batches(const Session& s, int B, const Dataset* d = nullptr) {
   std::vector<Batch> out;
-  const auto& recs = s.data.records;
+  const auto& recs = (d ? *d : s.data).records;
   for (size_t i = 0; i < recs.size(); i += size_t(B)) {
     std::vector<const Record*> group;
     for (size_t j = i; j < std::min(recs.size(), i + size_t(B)); ++j) group.push_back(&recs[j]);
@@ -269,7 +275,26 @@ TrainResult run_train(const TrainOptions& o) {
   if (fs::exists(o.output) && !fs::is_directory(o.output)) input_error(o.output, "exists and is not a directory");
   LrSchedule sched = parse_lr_schedule(o.lr_schedule);
 
-  Session s = open_session(o.data, true, true, o.grad_accum, o.max_grad_norm > 0);
+  if (o.eval_every < 0) input_error("--eval-every", "must be non-negative");
+  if (o.eval_every > 0 && o.eval_data.empty()) input_error("--eval-every", "needs --eval-data");
+  Session s = open_session(o.data, true, true, o.grad_accum, o.max_grad_norm > 0, o.eval_data);
+  // Held-out loss: the eval file's records in order, as `slideformer eval` computes it.
+  std::vector<Batch> eval_batches;
+  int64_t eval_tokens = 0;
+  if (!o.eval_data.empty()) {
+    eval_batches = file_batches(s, int(std::min<size_t>(size_t(s.max_batch), s.eval.records.size())), &s.eval);
+    eval_tokens = total_trained(eval_batches, o.eval_data);
+  }
+  auto evaluate = [&](int64_t step) {
+    double sum = 0;
+    for (const Batch& b : eval_batches) {
+      s.engine->forward_backward(b, 1.f, false);
+      sum += s.engine->take_loss_sum();
+    }
+    const double loss = sum / double(eval_tokens);
+    log_info("eval at step %lld: loss %.6f over %lld tokens", (long long)step, loss, (long long)eval_tokens);
+    return loss;
+  };
   const DType out_dtype = checkpoint_dtype(o.data.model_dir);
   const auto& recs = s.data.records;
   const int B = int(std::min<size_t>(size_t(o.data.batch_size), recs.size()));
@@ -342,6 +367,8 @@ TrainResult run_train(const TrainOptions& o) {
                (long long)o.steps, loss, double(ap.lr), gnorm, double(tokens) / dt, format_duration(elapsed).c_str(),
                format_duration(eta).c_str());
     }
+    if (!eval_batches.empty() && (step + 1 == o.steps || (o.eval_every > 0 && (step + 1) % o.eval_every == 0)))
+      result.eval_loss = evaluate(step + 1);
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
       std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();
       Progress here{step + 1, next_record};

@@ -1,5 +1,6 @@
 // The commands' work: evaluation, gradients, training (through an Engine: resident or sliding).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -43,6 +44,8 @@ struct TrainOptions {
   int64_t save_every = 0;  // 0 = only at the end; checkpoints carry the exact training state
   std::string resume;      // a checkpoint-<step> directory to continue from
   int64_t log_every = 1;
+  std::string eval_data;  // held-out JSONL: its loss after the last step (and every eval_every)
+  int64_t eval_every = 0;
   size_t max_shard_bytes = 5'000'000'000;
 };
 
@@ -50,6 +53,7 @@ struct TrainResult {
   double first_loss = 0, last_loss = 0;
   int64_t steps = 0;
   double tokens_per_second = 0;
+  double eval_loss = std::nan("");  // after the last step, when eval_data is given
 };
 
 TrainResult run_train(const TrainOptions& o);
