@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 
+#include "data/tokenizer.h"
 #include "io/safetensors.h"
 #include "model_fixtures.h"
 #include "test_util.h"
@@ -509,6 +510,46 @@ TEST_F(Cli, TrainReportsHeldOutLoss) {
                          "--device cpu --output " +
                          p("o3")),
                      "--eval-data");
+}
+
+}  // namespace
+}  // namespace sf
+
+namespace sf {
+namespace {
+
+// Text records are tokenized with the model's tokenizer.json: the same loss as the ids written out
+// by hand (prompt tokens untrained); without a tokenizer the data is refused with the file named.
+TEST_F(Cli, TextRecordsUseTheModelsTokenizer) {
+  nlohmann::json cfg = test::tiny_config("llama");
+  cfg["vocab_size"] = 420;  // the test tokenizer has 408 ids
+  std::ofstream(p("m.json")) << cfg.dump();
+  ASSERT_EQ(run("init --config " + p("m.json") + " --output " + p("m") + " --seed 3").code, 0);
+  const std::string tokfile = std::string(SF_SOURCE_DIR) + "/tests/data/tokenizer/llama3.json";
+  std::ofstream(p("t.jsonl")) << "{\"text\": \"Hello world, it's a test.\"}\n"
+                              << "{\"prompt\": \"Q: 12+30?\\n\", \"completion\": \"A: 42\"}\n";
+  expect_input_error(run("eval --model " + p("m") + " --data " + p("t.jsonl") + " --device cpu"), "tokenizer.json");
+  fs::copy_file(tokfile, p("m") + "/tokenizer.json");
+
+  const Tokenizer tok = Tokenizer::load(tokfile);
+  const auto a = tok.encode("Hello world, it's a test.");
+  const auto q = tok.encode("Q: 12+30?\n"), c = tok.encode("A: 42", false);
+  json ids_b = q, labels_b = std::vector<int>(q.size(), -100);
+  for (int32_t id : c) ids_b.push_back(id), labels_b.push_back(id);
+  std::ofstream(p("i.jsonl")) << json{{"input_ids", a}}.dump() << "\n"
+                              << json{{"input_ids", ids_b}, {"labels", labels_b}}.dump() << "\n";
+  CmdResult et = run("eval --model " + p("m") + " --data " + p("t.jsonl") + " --device cpu");
+  CmdResult ei = run("eval --model " + p("m") + " --data " + p("i.jsonl") + " --device cpu");
+  ASSERT_EQ(et.code, 0) << et.err;
+  ASSERT_EQ(ei.code, 0) << ei.err;
+  EXPECT_EQ(double(et.last()["loss"]), double(ei.last()["loss"]));
+  EXPECT_EQ(et.last()["tokens"], ei.last()["tokens"]);
+  CmdResult t = run("train --model " + p("m") + " --data " + p("t.jsonl") +
+                    " --steps 2 --lr 1e-3 --device cpu "
+                    "--output " +
+                    p("o"));
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_TRUE(fs::exists(p("o") + "/tokenizer.json"));  // carried into the output
 }
 
 }  // namespace

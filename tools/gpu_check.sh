@@ -58,6 +58,8 @@ for s in "${steps[@]}"; do
         run bench_offload_3b_t8_clip$clip env SF_THREADS=8 "$BIN/slideformer" bench --preset llama-3b --batch-size 8 \
           --seq-len 2048 --steps 3 --warmup 1 --device cuda --offload --max-grad-norm $clip
       done ;;
+    # the tokenizer against Hugging Face tokenizers (any machine that has them)
+    tokenizer_parity) run tokenizer_parity python3 tools/tokenizer_parity.py --bin "$BIN/slideformer" ;;
     # host memory bandwidth, CPU AdamW rate, PCIe: the rates that bound the offload engine
     bench_host) run bench_host "$BIN/bench_host" 2048 ;;
     bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -12,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "data/tokenizer.h"
 #include "engine/resident_engine.h"
 #include "io/checkpoint.h"
 #include "io/json_file.h"
@@ -92,6 +95,39 @@ int cmd_init(const std::string& config_path, const std::string& output, uint64_t
   log_info("initialised %s (%s, %.2fM parameters, %s)", output.c_str(), spec.architecture.c_str(),
            double(spec.total_params()) / 1e6, dtype_name(dtype));
   print_json({{"output", output}, {"parameters", spec.total_params()}});
+  return 0;
+}
+
+int cmd_tokenize(const std::string& model, const std::string& file, const std::string& text, const std::string& jsonl,
+                 bool special) {
+  if (model.empty() == file.empty()) input_error("tokenize", "give one of --model DIR or --tokenizer FILE");
+  if (text.empty() == jsonl.empty()) input_error("tokenize", "give one of --text or --jsonl");
+  const Tokenizer tok =
+      Tokenizer::load(file.empty() ? (std::filesystem::path(model) / "tokenizer.json").string() : file);
+  if (!text.empty()) {
+    print_json({{"ids", tok.encode(text, special)}});
+    return 0;
+  }
+  std::ifstream in_file;
+  if (jsonl != "-") {
+    in_file.open(jsonl);
+    if (!in_file) input_error(jsonl, "cannot open");
+  }
+  std::istream& in = jsonl == "-" ? std::cin : in_file;
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception& e) {
+      input_error(jsonl + ":" + std::to_string(n), std::string("not JSON: ") + e.what());
+    }
+    if (!j.contains("text") || !j["text"].is_string()) input_error(jsonl + ":" + std::to_string(n), "no \"text\"");
+    print_json({{"ids", tok.encode(j["text"].get<std::string>(), special)}});
+  }
   return 0;
 }
 
@@ -180,6 +216,17 @@ int cli_main(int argc, char** argv) {
   bench->add_option("--max-grad-norm", bo.max_grad_norm, "gradient clipping (0 = off: overlapped update)")
       ->capture_default_str();
 
+  // tokenize
+  std::string tk_model, tk_file, tk_text, tk_jsonl;
+  bool tk_no_special = false;
+  auto* tokenize =
+      app.add_subcommand("tokenize", "token ids of text with a model's tokenizer.json (one JSON line each)");
+  tokenize->add_option("--model", tk_model, "Hugging Face model directory (its tokenizer.json)");
+  tokenize->add_option("--tokenizer", tk_file, "or a tokenizer.json");
+  tokenize->add_option("--text", tk_text, "the text");
+  tokenize->add_option("--jsonl", tk_jsonl, "or a JSONL file ('-': stdin) of {\"text\": ...} lines");
+  tokenize->add_flag("--no-special", tk_no_special, "without the post-processor's tokens (BOS)");
+
   // plan
   PlanCliOptions po;
   auto* plan =
@@ -199,8 +246,10 @@ int cli_main(int argc, char** argv) {
     for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; }))
       known |= sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "slideformer: unknown command '%s' (commands: init, eval, grad, train, plan, demo, bench)\n",
-                   argv[1]);
+      std::fprintf(
+          stderr,
+          "slideformer: unknown command '%s' (commands: init, eval, grad, train, plan, tokenize, demo, bench)\n",
+          argv[1]);
       return 2;
     }
   }
@@ -282,6 +331,7 @@ int cli_main(int argc, char** argv) {
       print_json(run_bench(bo));
       return 0;
     }
+    if (*tokenize) return cmd_tokenize(tk_model, tk_file, tk_text, tk_jsonl, !tk_no_special);
     if (*plan) {
       plan_flags.apply(po.engine);
       print_json(run_plan(po));

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "data/tokenizer.h"
 
 namespace sf {
 namespace {
@@ -38,7 +39,21 @@ std::vector<int32_t> read_ids(const nlohmann::json& j, const char* key, int64_t 
 
 }  // namespace
 
-Dataset load_jsonl(const std::string& path, int64_t vocab) {
+Dataset load_jsonl(const std::string& path, int64_t vocab, const std::function<const Tokenizer&()>& tokenizer) {
+  const Tokenizer* tok = nullptr;
+  auto encode = [&](const nlohmann::json& v, const char* field, bool special, const std::string& where) {
+    if (!v.is_string()) input_error(where, std::string("'") + field + "' must be a string");
+    if (!tok) {
+      if (!tokenizer) input_error(where, std::string("'") + field + "' needs a tokenizer (the model has none)");
+      tok = &tokenizer();
+    }
+    std::vector<int32_t> ids = tok->encode(v.get<std::string>(), special);
+    for (int32_t id : ids)
+      if (id >= vocab)
+        input_error(where, "token " + std::to_string(id) + " of the tokenizer is outside the model's vocabulary of " +
+                               std::to_string(vocab));
+    return ids;
+  };
   std::ifstream in(path);
   if (!in) input_error(path, "cannot open data file");
   Dataset ds;
@@ -56,8 +71,24 @@ Dataset load_jsonl(const std::string& path, int64_t vocab) {
       input_error(where, std::string("malformed JSON: ") + e.what());
     }
     if (!j.is_object()) input_error(where, "each line must be a JSON object");
-    if (!j.contains("input_ids")) input_error(where, "missing 'input_ids'");
     Record r;
+    if (!j.contains("input_ids")) {
+      if (j.contains("text")) {
+        r.ids = encode(j["text"], "text", true, where);
+        r.labels = r.ids;
+      } else if (j.contains("prompt") && j.contains("completion")) {
+        r.ids = encode(j["prompt"], "prompt", true, where);
+        r.labels.assign(r.ids.size(), kIgnoreIndex);
+        const std::vector<int32_t> c = encode(j["completion"], "completion", false, where);
+        r.ids.insert(r.ids.end(), c.begin(), c.end());
+        r.labels.insert(r.labels.end(), c.begin(), c.end());
+      } else {
+        input_error(where, "needs 'input_ids', 'text', or 'prompt' and 'completion'");
+      }
+      if (r.ids.empty()) input_error(where, "the text has no tokens");
+      ds.records.push_back(std::move(r));
+      continue;
+    }
     r.ids = read_ids(j["input_ids"], "input_ids", vocab, false, where);
     if (r.ids.empty()) input_error(where, "'input_ids' is empty");
     if (j.contains("labels") && !j["labels"].is_null()) {

@@ -1,6 +1,10 @@
-// Token datasets: JSONL records {"input_ids": [...], "labels": [...]} and their batching.
+// Datasets: JSONL records and their batching. A record is one of
+//   {"input_ids": [...], "labels": [...]}   token ids (labels optional; -100 = not trained)
+//   {"text": "..."}                          tokenized (with the BOS), every token trained
+//   {"prompt": "...", "completion": "..."}   tokenized; only the completion's tokens trained
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,9 +22,11 @@ struct Dataset {
   std::vector<Record> records;
 };
 
+class Tokenizer;
 // Reads a JSONL file. Every problem is an InputError naming "path:line". Token ids must be in
-// [0, vocab); labels in [0, vocab) or -100.
-Dataset load_jsonl(const std::string& path, int64_t vocab);
+// [0, vocab); labels in [0, vocab) or -100. `tokenizer` is called (once) at the first text record.
+Dataset load_jsonl(const std::string& path, int64_t vocab,
+                   const std::function<const Tokenizer&()>& tokenizer = nullptr);
 
 // One micro-batch in host memory, ready for upload: B sequences padded to T.
 struct Batch {

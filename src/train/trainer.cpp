@@ -6,12 +6,14 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "data/dataset.h"
+#include "data/tokenizer.h"
 #include "engine/make_engine.h"
 #include "io/checkpoint.h"
 #include "io/json_file.h"
@@ -46,8 +48,18 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
   if (o.seq_len < 0) input_error("--seq-len", "must be positive");
   s.model = open_model_dir(o.model_dir);
   auto reader = CheckpointReader::open(o.model_dir);  // validates the safetensors before the data is read
-  s.data = load_jsonl(o.data, s.model.spec.vocab);
-  if (!eval_path.empty()) s.eval = load_jsonl(eval_path, s.model.spec.vocab);
+  // Text records are tokenized with the model's tokenizer.json, loaded at the first one.
+  std::optional<Tokenizer> tok;
+  auto tokenizer = [&]() -> const Tokenizer& {
+    if (!tok) {
+      const std::string path = (fs::path(o.model_dir) / "tokenizer.json").string();
+      if (!fs::exists(path)) input_error(path, "missing (the data has text records)");
+      tok = Tokenizer::load(path);
+    }
+    return *tok;
+  };
+  s.data = load_jsonl(o.data, s.model.spec.vocab, tokenizer);
+  if (!eval_path.empty()) s.eval = load_jsonl(eval_path, s.model.spec.vocab, tokenizer);
   size_t longest = 0;
   for (const Dataset* d : {&s.data, &s.eval})
     for (const Record& r : d->records) longest = std::max(longest, r.ids.size());
