@@ -2,8 +2,10 @@
 // accumulation semantics, and every class of bad input (exit code 2, one line naming the file).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -550,6 +552,52 @@ TEST_F(Cli, TextRecordsUseTheModelsTokenizer) {
                     p("o"));
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_TRUE(fs::exists(p("o") + "/tokenizer.json"));  // carried into the output
+}
+
+}  // namespace
+}  // namespace sf
+
+namespace sf {
+namespace {
+
+// Ctrl-C during training: the step finishes, a resumable checkpoint is saved, the exit status
+// says which signal (128 + n), and --resume continues from it.
+TEST_F(Cli, InterruptSavesACheckpoint) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 6);
+  const std::string args = "train --model " + model + " --data " + data +
+                           " --seq-len 16 --batch-size 2 --steps 1000000 --lr 1e-3 --device cpu --output " + p("o");
+  const std::string err = p("err.txt");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string cmd = "exec " + std::string(SF_BINARY) + " " + args + " >" + p("out.txt") + " 2>" + err;
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  bool running = false;
+  for (int i = 0; i < 600 && !running; ++i) {  // wait for a few steps (at most 60 s)
+    usleep(100000);
+    running = slurp(err).find("step 3/") != std::string::npos;
+  }
+  ASSERT_TRUE(running) << slurp(err);
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << slurp(err);
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << slurp(err);
+  const std::string log = slurp(err);
+  EXPECT_NE(log.find("interrupted at step"), std::string::npos) << log;
+  const json last = json::parse(slurp(p("out.txt")));
+  ASSERT_TRUE(last["interrupted"].get<bool>());
+  const std::string ck = last["checkpoint"];
+  EXPECT_TRUE(fs::exists(ck + "/trainer_state.json"));
+  EXPECT_TRUE(fs::exists(ck + "/model.safetensors"));
+  const int64_t at = last["steps"];
+  CmdResult r = run("train --model " + model + " --data " + data + " --seq-len 16 --batch-size 2 --steps " +
+                    std::to_string(at + 1) + " --lr 1e-3 --device cpu --resume " + ck + " --output " + p("o2"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.last()["steps"], 1);
 }
 
 }  // namespace

@@ -318,6 +318,10 @@ int cli_main(int argc, char** argv) {
       t.shuffle = !no_shuffle;
       t.max_shard_bytes = parse_size(max_shard, "--max-shard-size");
       TrainResult r = run_train(t);
+      if (r.interrupted_by) {
+        print_json({{"interrupted", true}, {"steps", r.steps}, {"checkpoint", r.checkpoint}});
+        return 128 + r.interrupted_by;  // as the shell reports a signal
+      }
       print_json({{"first_loss", r.first_loss},
                   {"last_loss", r.last_loss},
                   {"steps", r.steps},

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,27 @@ namespace sf {
 namespace fs = std::filesystem;
 
 namespace {
+
+// SIGINT / SIGTERM while training: finish the step, save a resumable checkpoint, stop. A second
+// signal gets the default action (the handler restores it), so a stuck save can still be killed.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+  std::signal(sig, SIG_DFL);
+}
+struct StopSignals {
+  using Handler = void (*)(int);
+  Handler old_int, old_term;
+  StopSignals() {
+    g_stop_signal = 0;
+    old_int = std::signal(SIGINT, on_stop_signal);
+    old_term = std::signal(SIGTERM, on_stop_signal);
+  }
+  ~StopSignals() {
+    std::signal(SIGINT, old_int);
+    std::signal(SIGTERM, old_term);
+  }
+};
 
 // Everything a command needs, validated before anything large is allocated.
 struct Session {
@@ -323,6 +345,7 @@ TrainResult run_train(const TrainOptions& o) {
   if (!o.resume.empty()) log_info("resumed from %s at step %lld", o.resume.c_str(), (long long)start.step);
   log_info("%s", plan_summary(s.plan).c_str());
   uint64_t next_record = start.next_record;
+  const StopSignals stop_signals;  // from here on a signal stops after the step, with a checkpoint
   auto t_start = std::chrono::steady_clock::now();
   int64_t tokens_total = 0;
   for (int64_t step = start.step; step < o.steps; ++step) {
@@ -381,6 +404,18 @@ TrainResult run_train(const TrainOptions& o) {
     }
     if (!eval_batches.empty() && (step + 1 == o.steps || (o.eval_every > 0 && (step + 1) % o.eval_every == 0)))
       result.eval_loss = evaluate(step + 1);
+    if (g_stop_signal != 0 && step + 1 < o.steps) {
+      const int sig = g_stop_signal;
+      std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();
+      log_info("%s at step %lld: saving %s", sig == SIGINT ? "interrupted" : "terminated", (long long)(step + 1),
+               ck.c_str());
+      Progress here{step + 1, next_record};
+      save_model_dir(s, o, out_dtype, ck, false, &here);
+      log_info("saved %s; continue with --resume %s", ck.c_str(), ck.c_str());
+      result.interrupted_by = sig;
+      result.checkpoint = ck;
+      return result;
+    }
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
       std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();
       Progress here{step + 1, next_record};

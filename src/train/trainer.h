@@ -54,6 +54,10 @@ struct TrainResult {
   int64_t steps = 0;
   double tokens_per_second = 0;
   double eval_loss = std::nan("");  // after the last step, when eval_data is given
+  // SIGINT / SIGTERM during training: the run stopped after a whole step and saved
+  // OUTPUT/checkpoint-<steps> (resumable); the signal number, else 0.
+  int interrupted_by = 0;
+  std::string checkpoint;
 };
 
 TrainResult run_train(const TrainOptions& o);
