@@ -411,6 +411,13 @@ TEST_F(Cli, PlanAndRefusalWhenItDoesNotFit) {
   EXPECT_GT(j["host_bytes"].get<double>(), 0);
   EXPECT_NE(r.err.find("fp32 master weights"), std::string::npos) << r.err;
 
+  r = run("plan --model " + model + " --device cpu --batch-size 2 --seq-len 16 --measure");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.last()["rates"]["measured"].get<bool>());
+  EXPECT_GT(r.last()["rates"]["host_adamw_params_s"].get<double>(), 1e6);
+  EXPECT_GT(r.last()["rates"]["host_read_gbs"].get<double>(), 0.1);
+  EXPECT_NE(r.err.find("measured: host AdamW"), std::string::npos) << r.err;
+
   r = run("plan --model " + model + " --device cpu --batch-size 2 --seq-len 16 --offload --slots 4");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.last()["engine"], "sliding");

@@ -239,6 +239,7 @@ int cli_main(int argc, char** argv) {
   plan->add_option("--seq-len", po.seq_len)->capture_default_str();
   plan->add_option("--grad-accum", po.grad_accum)->capture_default_str();
   plan->add_option("--max-grad-norm", po.max_grad_norm, "0 = no clipping")->capture_default_str();
+  plan->add_flag("--measure", po.measure, "measure this machine's rates first (a few seconds) for the prediction");
   plan_flags.add(plan);
 
   if (argc > 1 && argv[1][0] != '-') {

@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "engine/make_engine.h"
+#include "engine/rates.h"
 #include "io/json_file.h"
 
 namespace sf {
@@ -184,7 +185,12 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
   er.clip = o.max_grad_norm > 0;
   const PlanRequest r = plan_request(eo, er);
   const BackendInfo be = plan_backend(eo, er);
-  const Plan p = make_plan(spec, r, be);
+  MeasuredRates mr;
+  if (o.measure) {
+    mr = measure_rates(o.device);
+    log_info("%s", mr.summary.c_str());
+  }
+  const Plan p = make_plan(spec, r, be, mr.rates);
   std::fputs(format_plan(spec, r, p).c_str(), stderr);
   nlohmann::json items = nlohmann::json::array();
   for (const MemoryItem& m : p.items)
@@ -210,6 +216,12 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"predicted_gpu_s", p.gpu_s},
           {"predicted_host_s", p.host_s},
           {"predicted_pcie_s", p.pcie_s},
+          {"rates",
+           {{"measured", o.measure},
+            {"model_tflops", mr.rates.model_tflops},
+            {"host_adamw_params_s", mr.rates.host_adamw_params_s},
+            {"host_read_gbs", mr.rates.host_read_gbs},
+            {"pcie_gbs", mr.rates.pcie_gbs}}},
           {"items", items}};
 }
 

@@ -35,6 +35,7 @@ struct PlanCliOptions {
   std::string device = "auto";
   int batch_size = 8, seq_len = 2048, grad_accum = 1;
   double max_grad_norm = 1.0;
+  bool measure = false;  // measure this machine's rates for the prediction (else the H200's)
   EngineRequest engine;
 };
 // Prints the plan on stderr; returns it as JSON (fits, engine, slots, bytes, prediction).

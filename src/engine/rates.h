@@ -1,0 +1,21 @@
+// The machine's rates the planner predicts with, measured in a few seconds (`plan --measure`):
+// host AdamW and memory read (all cores), and with a GPU: pinned PCIe both ways at once and the
+// GEMM rate of a layer-sized product (the model rate is that times the 1B step's measured
+// efficiency, docs/ENGINE.md).
+#pragma once
+#include <string>
+
+#include "engine/planner.h"
+
+namespace sf {
+
+struct MeasuredRates {
+  Rates rates;
+  double gemm_tflops = 0;  // 0: no GPU measured
+  std::string summary;     // one line for the log
+};
+
+// device: "cpu", "cuda" or "auto". The host figures are measured always.
+MeasuredRates measure_rates(const std::string& device);
+
+}  // namespace sf
