@@ -58,6 +58,9 @@ for s in "${steps[@]}"; do
         run bench_offload_3b_t8_clip$clip env SF_THREADS=8 "$BIN/slideformer" bench --preset llama-3b --batch-size 8 \
           --seq-len 2048 --steps 3 --warmup 1 --device cuda --offload --max-grad-norm $clip
       done ;;
+    # this machine's rates as the planner measures them, and its prediction for the 3B host path
+    plan_measure) run plan_measure "$BIN/slideformer" plan --preset llama-3b --batch-size 8 --seq-len 2048 --device cuda \
+      --offload --gpu-blobs 0 --measure ;;
     # the tokenizer against Hugging Face tokenizers (any machine that has them)
     tokenizer_parity) run tokenizer_parity python3 tools/tokenizer_parity.py --bin "$BIN/slideformer" ;;
     # host memory bandwidth, CPU AdamW rate, PCIe: the rates that bound the offload engine
