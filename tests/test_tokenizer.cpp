@@ -34,7 +34,13 @@ TEST_P(TokenizerCases, PiecesIdsAndRoundTrip) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Patterns, TokenizerCases, ::testing::Values("llama3", "qwen2", "gpt2"));
+INSTANTIATE_TEST_SUITE_P(Kinds, TokenizerCases, ::testing::Values("llama3", "qwen2", "gpt2", "sp-legacy", "sp-first"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
 
 TEST(Tokenizer, RefusesWhatItDoesNotSupport) {
   test::TempDir d;

@@ -46,11 +46,23 @@ def main():
     work = a.work or tempfile.mkdtemp(prefix="sf_tok_")
     os.makedirs(work, exist_ok=True)
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "tokenizer")
-    files = [os.path.join(here, f"{p}.json") for p in ("llama3", "qwen2", "gpt2")]
+    files = [os.path.join(here, f"{p}.json") for p in ("llama3", "qwen2", "gpt2", "sp-legacy", "sp-first")]
     for p in ("llama3", "qwen2"):
         path = os.path.join(work, f"hf_{p}.json")
         hf_trained(p, path)
         files.append(path)
+    # A SentencePiece-style BPE written by tokenizers itself (Metaspace, no byte fallback: unk).
+    from tokenizers import SentencePieceBPETokenizer
+    sp = SentencePieceBPETokenizer(unk_token="<unk>")
+    sp.train_from_iterator([ref.CORPUS] * 5, vocab_size=500, special_tokens=["<unk>", "<s>", "</s>"],
+                           show_progress=False)
+    # As Mistral's newer files: no normalizer, Metaspace prepending on the first segment, no split.
+    from tokenizers import pre_tokenizers as pt
+    sp._tokenizer.normalizer = None
+    sp._tokenizer.pre_tokenizer = pt.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    path = os.path.join(work, "hf_sentencepiece.json")
+    sp.save(path)
+    files.append(path)
     rng = random.Random(7)
     texts = ref.TRICKY + [ref.random_text(rng) for _ in range(a.n)]
     inp = "\n".join(json.dumps({"text": t}) for t in texts) + "\n"

@@ -90,7 +90,75 @@ def learn_merges(pattern, n_merges):
     return merges
 
 
+SP = "\u2581"
+
+
+def sp_normalize(seg, prepend):
+    return (SP if prepend else "") + seg.replace(" ", SP)
+
+
+def make_sp_tokenizer(scheme, n_merges):
+    # SentencePiece-style (Llama 2 / Mistral): chars of the corpus (rare ones left to byte
+    # fallback), merges learned within "\u2581"-prefixed words.
+    words = {}
+    for w in sp_normalize(CORPUS, True).split(SP):
+        if w:
+            words[tuple(SP + w)] = words.get(tuple(SP + w), 0) + 1
+    chars = sorted({c for w in words for c in w if ord(c) < 0x3000})
+    merges = []
+    for _ in range(n_merges):
+        counts = {}
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                counts[(a, b)] = counts.get((a, b), 0) + c
+        if not counts:
+            break
+        best = max(sorted(counts), key=lambda k: counts[k])
+        merges.append(best)
+        new = {}
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(w[i] + w[i + 1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            new[tuple(out)] = new.get(tuple(out), 0) + c
+        words = new
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for ch in chars:
+        vocab.setdefault(ch, len(vocab))
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    tok = {
+        "version": "1.0",
+        "added_tokens": [
+            {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+             "special": True} for c, i in (("<unk>", 0), ("<s>", 1), ("</s>", 2))],
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": [[a, b] for a, b in merges]},
+    }
+    if scheme == "legacy":
+        tok["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": SP}, {"type": "Replace", "pattern": {"String": " "}, "content": SP}]}
+        tok["pre_tokenizer"] = None
+    else:
+        tok["normalizer"] = None
+        tok["pre_tokenizer"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": scheme, "split": False}
+    return tok
+
+
 def make_tokenizer(pattern, n_merges):
+    if pattern.startswith("sp-"):
+        return make_sp_tokenizer(pattern[3:], n_merges)
     merges = learn_merges(pattern, n_merges)
     vocab = {B2U[b]: i for i, b in enumerate(range(256))}
     for a, b in merges:
@@ -129,16 +197,23 @@ def make_tokenizer(pattern, n_merges):
 class Reference:
     def __init__(self, tok):
         self.vocab = tok["model"]["vocab"]
+        self.sp = None  # SentencePiece-style: "legacy" (prepend on every segment), "first" or "always"
+        if tok.get("normalizer") and tok["normalizer"].get("type") == "Sequence":
+            self.sp = "legacy"
+        elif tok.get("pre_tokenizer") and tok["pre_tokenizer"].get("type") == "Metaspace":
+            self.sp = tok["pre_tokenizer"]["prepend_scheme"]
         self.ignore_merges = tok["model"].get("ignore_merges", False)
         self.ranks = {}
         for i, m in enumerate(tok["model"]["merges"]):
             a, b = m.split(" ") if isinstance(m, str) else m
             self.ranks[(a, b)] = i
         pt = tok["pre_tokenizer"]
-        self.pattern = PATTERNS["gpt2"] if pt["type"] == "ByteLevel" else pt["pretokenizers"][0]["pattern"]["Regex"]
+        if self.sp is None:
+            self.pattern = PATTERNS["gpt2"] if pt["type"] == "ByteLevel" else pt["pretokenizers"][0]["pattern"]["Regex"]
         self.added = sorted(((a["content"], a["id"]) for a in tok["added_tokens"]), key=lambda x: -len(x[0]))
         self.prefix = []
-        for p in tok["post_processor"]["processors"]:
+        pp = tok["post_processor"]
+        for p in (pp["processors"] if pp["type"] == "Sequence" else [pp]):
             if p["type"] == "TemplateProcessing":
                 for item in p["single"]:
                     if "SpecialToken" in item:
@@ -163,28 +238,52 @@ class Reference:
             sym[at:at + 2] = [sym[at] + sym[at + 1]]
         return [self.vocab[s] for s in sym]
 
+    def merge(self, sym):
+        while len(sym) > 1:
+            best, at = None, 0
+            for k in range(len(sym) - 1):
+                r = self.ranks.get((sym[k], sym[k + 1]))
+                if r is not None and (best is None or r < best):
+                    best, at = r, k
+            if best is None:
+                break
+            sym[at:at + 2] = [sym[at] + sym[at + 1]]
+        return sym
+
+    def segment(self, seg, start):
+        if not seg:
+            return []
+        if self.sp is None:
+            return [i for p in self.pre(seg) for i in self.bpe(p)]
+        norm = sp_normalize(seg, self.sp in ("legacy", "always") or start == 0)
+        out = []
+        for s in self.merge(list(norm)):
+            if s in self.vocab:
+                out.append(self.vocab[s])
+            else:
+                out += [self.vocab[f"<0x{b:02X}>"] for b in s.encode("utf-8")]
+        return out
+
     def encode(self, text):
         out = list(self.prefix)
         seg, i = 0, 0
         while i < len(text):
             for content, tid in self.added:
                 if text.startswith(content, i):
-                    for p in self.pre(text[seg:i]):
-                        out += self.bpe(p)
+                    out += self.segment(text[seg:i], seg)
                     out.append(tid)
                     i += len(content)
                     seg = i
                     break
             else:
                 i += 1
-        for p in self.pre(text[seg:]):
-            out += self.bpe(p)
+        out += self.segment(text[seg:], seg)
         return out
 
 
 def random_text(rng):
     alphabet = ["a", "b", "Z", " ", " ", "\n", "\r", "\t", "'", "s", "ll", "1", "22", "333", "!", ".", "_", "é", "ß",
-                "漢", "😀", "\u00a0", "٣", "Ⅻ", "<|begin_of_text|>", "re", "ve", "D", "M"]
+                "漢", "😀", "\u00a0", "٣", "Ⅻ", "<|begin_of_text|>", "<s>", "re", "ve", "D", "M"]
     return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
 
 
@@ -193,7 +292,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make-tokenizer")
     m.add_argument("out")
-    m.add_argument("--pattern", default="llama3", choices=sorted(PATTERNS))
+    m.add_argument("--pattern", default="llama3", choices=sorted(PATTERNS) + ["sp-legacy", "sp-first", "sp-always"])
     m.add_argument("--merges", type=int, default=200)
     c = sub.add_parser("cases")
     c.add_argument("tokenizer")
@@ -210,7 +309,8 @@ def main():
         return 0
     ref = Reference(json.load(open(a.tokenizer)))
     if a.cmd == "cases":
-        cases = [{"text": t, "pieces": ref.pre(t) if "<|" not in t else None, "ids": ref.encode(t)} for t in TRICKY]
+        cases = [{"text": t, "pieces": ref.pre(t) if "<|" not in t and ref.sp is None else None,
+                  "ids": ref.encode(t)} for t in TRICKY]
         with open(a.out, "w") as f:
             json.dump(cases, f, ensure_ascii=False, indent=1)
         return 0

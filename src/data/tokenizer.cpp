@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <queue>
 
 #include "core/error.h"
 #include "io/json_file.h"
@@ -224,16 +226,56 @@ Tokenizer Tokenizer::load(const std::string& path) {
       t.merge_rank_.emplace(std::make_pair(a, b), rank++);
     }
   }
-  // Normalizer: none, or NFC (input assumed NFC already).
+  // Normalizer: none, NFC (input assumed NFC already), or SentencePiece's legacy Prepend("▁") +
+  // Replace(" ", "▁").
+  const std::string kSpace = "\xE2\x96\x81";  // U+2581
+  bool sp_legacy = false;
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    const std::string type = j["normalizer"].value("type", std::string());
-    if (type != "NFC") fail("normalizer " + type + " is not supported");
+    const auto& nz = j["normalizer"];
+    const std::string type = nz.value("type", std::string());
+    if (type == "Sequence" && nz["normalizers"].size() == 2 &&
+        nz["normalizers"][0].value("type", std::string()) == "Prepend" &&
+        nz["normalizers"][0].value("prepend", std::string()) == kSpace &&
+        nz["normalizers"][1].value("type", std::string()) == "Replace" && pattern_of(nz["normalizers"][1]) == " " &&
+        nz["normalizers"][1].value("content", std::string()) == kSpace) {
+      sp_legacy = true;
+    } else if (type != "NFC") {
+      fail("normalizer " + type + " is not supported");
+    }
   }
-  // Pre-tokenizer: GPT-2's ByteLevel(use_regex), or Split(Llama 3 / Qwen2 pattern) + ByteLevel.
-  if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null()) fail("no pre_tokenizer (byte-level BPE expected)");
-  const auto& pt = j["pre_tokenizer"];
-  const std::string pt_type = pt.value("type", std::string());
-  if (pt_type == "ByteLevel") {
+  const nlohmann::json pt = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json();
+  const std::string pt_type = pt.is_null() ? "" : pt.value("type", std::string());
+  if (sp_legacy || pt_type == "Metaspace") {
+    // SentencePiece-style BPE over characters.
+    t.split_ = Split::SentencePiece;
+    if (sp_legacy) {
+      if (!pt.is_null()) fail("pre_tokenizer with the Prepend/Replace normalizer is not supported");
+      t.sp_prepend_all_ = true;
+    } else {
+      if (pt.value("replacement", kSpace) != kSpace || pt.value("split", false))
+        fail("Metaspace options not supported (replacement U+2581, split false)");
+      const std::string scheme = pt.value("prepend_scheme", std::string("always"));
+      if (scheme != "first" && scheme != "always") fail("Metaspace prepend_scheme " + scheme + " is not supported");
+      t.sp_prepend_all_ = scheme == "always";
+    }
+    t.byte_fallback_ = m.value("byte_fallback", false);
+    t.fuse_unk_ = m.value("fuse_unk", false);
+    if (m.contains("unk_token") && m["unk_token"].is_string()) {
+      auto u = t.vocab_.find(m["unk_token"].get<std::string>());
+      if (u != t.vocab_.end()) t.unk_ = u->second;
+    }
+    if (t.byte_fallback_) {
+      for (int b = 0; b < 256; ++b) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", b);
+        auto it = t.vocab_.find(name);
+        if (it == t.vocab_.end()) fail(std::string("byte_fallback without the token ") + name);
+        t.byte_token_[b] = it->second;
+      }
+    }
+  } else if (pt.is_null()) {
+    fail("no pre_tokenizer (byte-level or SentencePiece-style BPE expected)");
+  } else if (pt_type == "ByteLevel") {
     if (!pt.value("use_regex", true) || pt.value("add_prefix_space", false))
       fail("ByteLevel pre_tokenizer options not supported");
     t.split_ = Split::Gpt2;
@@ -330,17 +372,7 @@ void Tokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) const {
   if (ignore_merges_ && whole != vocab_.end()) {
     ids.push_back(whole->second);
   } else {
-    while (sym.size() > 1) {  // the lowest-ranked adjacent pair, leftmost first
-      int best = INT_MAX;
-      size_t at = 0;
-      for (size_t k = 0; k + 1 < sym.size(); ++k) {
-        auto r = merge_rank_.find({sym[k], sym[k + 1]});
-        if (r != merge_rank_.end() && r->second < best) best = r->second, at = k;
-      }
-      if (best == INT_MAX) break;
-      sym[at] += sym[at + 1];
-      sym.erase(sym.begin() + std::ptrdiff_t(at) + 1);
-    }
+    merge(sym);
     for (const std::string& s : sym) {
       auto v = vocab_.find(s);
       SF_CHECK(v != vocab_.end(), "tokenizer: symbol not in the vocabulary after merges");
@@ -351,13 +383,77 @@ void Tokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) const {
   out.insert(out.end(), ids.begin(), ids.end());
 }
 
+// The lowest-ranked adjacent pair first, leftmost among equal ranks (as the tokenizers' BPE
+// does), with a heap over a linked list: O(n log n) for long SentencePiece segments.
+void Tokenizer::merge(std::vector<std::string>& sym) const {
+  const size_t n = sym.size();
+  if (n < 2) return;
+  std::vector<size_t> next(n), prev(n);
+  std::vector<bool> alive(n, true);
+  for (size_t k = 0; k < n; ++k) next[k] = k + 1, prev[k] = k == 0 ? SIZE_MAX : k - 1;
+  struct Cand {
+    int rank;
+    size_t left, right;
+    std::string lt, rt;  // the symbols when queued (a stale entry no longer matches)
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  auto push = [&](size_t l) {
+    if (l == SIZE_MAX || next[l] >= n) return;
+    auto r = merge_rank_.find({sym[l], sym[next[l]]});
+    if (r != merge_rank_.end()) heap.push(Cand{r->second, l, next[l], sym[l], sym[next[l]]});
+  };
+  for (size_t k = 0; k + 1 < n; ++k) push(k);
+  while (!heap.empty()) {
+    Cand c = heap.top();
+    heap.pop();
+    if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right || sym[c.left] != c.lt || sym[c.right] != c.rt)
+      continue;
+    sym[c.left] += sym[c.right];
+    alive[c.right] = false;
+    next[c.left] = next[c.right];
+    if (next[c.right] < n) prev[next[c.right]] = c.left;
+    push(prev[c.left]);
+    push(c.left);
+  }
+  std::vector<std::string> out;
+  for (size_t k = 0; k < n; k = next[k]) out.push_back(std::move(sym[k]));
+  sym = std::move(out);
+}
+
+void Tokenizer::sp_bpe(const std::string& text, std::vector<int32_t>& out) const {
+  std::vector<uint32_t> cps;
+  std::vector<size_t> off;
+  decode_utf8(text, cps, off);
+  std::vector<std::string> sym;
+  for (size_t i = 0; i < cps.size(); ++i) sym.push_back(text.substr(off[i], off[i + 1] - off[i]));
+  merge(sym);
+  for (const std::string& s : sym) {
+    auto v = vocab_.find(s);
+    if (v != vocab_.end()) {
+      out.push_back(v->second);
+    } else if (byte_fallback_) {
+      for (unsigned char b : s) out.push_back(byte_token_[b]);
+    } else {
+      SF_CHECK(unk_ >= 0, "tokenizer: a symbol outside the vocabulary and no unk token");
+      if (!(fuse_unk_ && !out.empty() && out.back() == unk_)) out.push_back(unk_);
+    }
+  }
+}
+
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special) const {
   std::vector<int32_t> out;
   if (add_special) out = prefix_;
   size_t seg = 0, i = 0;
   auto flush = [&](size_t end) {
-    if (end > seg)
+    if (end <= seg) return;
+    if (split_ == Split::SentencePiece) {
+      std::string norm = seg == 0 || sp_prepend_all_ ? "\xE2\x96\x81" : "";  // U+2581
+      for (size_t k = seg; k < end; ++k) norm += text[k] == ' ' ? std::string("\xE2\x96\x81") : std::string(1, text[k]);
+      sp_bpe(norm, out);
+    } else {
       for (const std::string& piece : pre_tokenize(text.substr(seg, end - seg))) bpe(piece, out);
+    }
   };
   while (i < text.size()) {
     bool hit = false;
@@ -385,6 +481,27 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   const ByteMap& bm = byte_map();
   std::string out;
+  if (split_ == Split::SentencePiece) {  // U+2581 -> space, <0xXX> -> the byte, one leading space off
+    for (int32_t id : ids) {
+      SF_CHECK(id >= 0 && size_t(id) < id_to_token_.size(), "tokenizer: id out of range");
+      const int32_t* b = std::find(byte_token_, byte_token_ + 256, id);
+      if (byte_fallback_ && b != byte_token_ + 256) {
+        out += char(b - byte_token_);
+        continue;
+      }
+      const std::string& tok = id_to_token_[size_t(id)];
+      for (size_t k = 0; k < tok.size(); ++k) {
+        if (tok.compare(k, 3, "\xE2\x96\x81") == 0) {
+          out += ' ';
+          k += 2;
+        } else {
+          out += tok[k];
+        }
+      }
+    }
+    if (!out.empty() && out[0] == ' ') out.erase(0, 1);
+    return out;
+  }
   for (int32_t id : ids) {
     SF_CHECK(id >= 0 && size_t(id) < id_to_token_.size(), "tokenizer: id out of range");
     bool added = false;

@@ -1,10 +1,14 @@
-// Byte-level BPE tokenizers from a Hugging Face tokenizer.json (Llama 3, Qwen2/2.5/3, GPT-2-style):
-// added (special) tokens matched literally first, the pre-tokenizer's split (the Llama 3 / Qwen2
-// regex or GPT-2's, matched by hand over code points), bytes mapped to GPT-2's printable
-// characters, BPE merges by rank (or a whole word straight from the vocabulary with
-// `ignore_merges`), then the post-processor's template (e.g. a BOS first).
-// Not supported (refused with the file and what): SentencePiece/Unigram/WordPiece models, other
-// pre-tokenizer patterns, normalizers other than none and NFC (NFC input is assumed as is).
+// BPE tokenizers from a Hugging Face tokenizer.json, two kinds:
+//  - byte-level (Llama 3, Qwen2/2.5/3, GPT-2-style): added (special) tokens matched literally
+//    first, the pre-tokenizer's split (the Llama 3 / Qwen2 regex or GPT-2's, matched by hand over
+//    code points), bytes mapped to GPT-2's printable characters, BPE merges by rank (or a whole word
+//    straight from the vocabulary with `ignore_merges`);
+//  - SentencePiece-style (Llama 2, Mistral): spaces as U+2581 with one prepended (the legacy
+//    Prepend+Replace normalizer: on every text segment; Metaspace: on the first, or every, as its
+//    prepend_scheme says), BPE over characters, unknown characters as <0xXX> byte tokens;
+// then the post-processor's template (e.g. a BOS first).
+// Not supported (refused with the file and what): Unigram/WordPiece models, other pre-tokenizer
+// patterns, other normalizers (NFC is accepted and its input assumed NFC already).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -29,8 +33,13 @@ class Tokenizer {
   std::vector<std::string> pre_tokenize(const std::string& text) const;
 
  private:
-  enum class Split { Gpt2, Llama3, Qwen2 };
+  enum class Split { Gpt2, Llama3, Qwen2, SentencePiece };
   Split split_ = Split::Llama3;
+  bool sp_prepend_all_ = true;  // SentencePiece: prepend U+2581 to every segment (else the first)
+  bool byte_fallback_ = false;
+  bool fuse_unk_ = false;  // consecutive unknown symbols give one unk
+  int32_t unk_ = -1;
+  int32_t byte_token_[256] = {};  // SentencePiece: id of <0xXX>
   bool ignore_merges_ = false;
   std::unordered_map<std::string, int32_t> vocab_;  // byte-level token text -> id
   std::vector<std::string> id_to_token_;            // id -> token text (added tokens: their content)
@@ -40,7 +49,10 @@ class Tokenizer {
   bool added_first_[256] = {};                          // bytes an added token can start with
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 
-  void bpe(const std::string& piece, std::vector<int32_t>& out) const;
+  void bpe(const std::string& piece, std::vector<int32_t>& out) const;    // byte-level
+  void sp_bpe(const std::string& text, std::vector<int32_t>& out) const;  // SentencePiece: normalized text
+  // BPE merges over symbols (by rank, leftmost first).
+  void merge(std::vector<std::string>& sym) const;
 };
 
 }  // namespace sf
