@@ -60,11 +60,8 @@ def mapped(piece):
     return "".join(B2U[b] for b in piece.encode("utf-8"))
 
 
-def learn_merges(pattern, n_merges):
-    words = {}
-    for p in regex.findall(PATTERNS[pattern], CORPUS):
-        w = tuple(mapped(p))
-        words[w] = words.get(w, 0) + 1
+def learn(words, n_merges):
+    """Merges by pair frequency over {symbol tuple: count} (ties: the smallest pair)."""
     merges = []
     for _ in range(n_merges):
         counts = {}
@@ -90,6 +87,14 @@ def learn_merges(pattern, n_merges):
     return merges
 
 
+def learn_merges(pattern, n_merges):
+    words = {}
+    for p in regex.findall(PATTERNS[pattern], CORPUS):
+        w = tuple(mapped(p))
+        words[w] = words.get(w, 0) + 1
+    return learn(words, n_merges)
+
+
 SP = "\u2581"
 
 
@@ -105,28 +110,7 @@ def make_sp_tokenizer(scheme, n_merges):
         if w:
             words[tuple(SP + w)] = words.get(tuple(SP + w), 0) + 1
     chars = sorted({c for w in words for c in w if ord(c) < 0x3000})
-    merges = []
-    for _ in range(n_merges):
-        counts = {}
-        for w, c in words.items():
-            for a, b in zip(w, w[1:]):
-                counts[(a, b)] = counts.get((a, b), 0) + c
-        if not counts:
-            break
-        best = max(sorted(counts), key=lambda k: counts[k])
-        merges.append(best)
-        new = {}
-        for w, c in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
-                    out.append(w[i] + w[i + 1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            new[tuple(out)] = new.get(tuple(out), 0) + c
-        words = new
+    merges = learn(words, n_merges)
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     for b in range(256):
         vocab[f"<0x{b:02X}>"] = len(vocab)
