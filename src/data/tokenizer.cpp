@@ -391,25 +391,27 @@ void Tokenizer::merge(std::vector<std::string>& sym) const {
   std::vector<size_t> next(n), prev(n);
   std::vector<bool> alive(n, true);
   for (size_t k = 0; k < n; ++k) next[k] = k + 1, prev[k] = k == 0 ? SIZE_MAX : k - 1;
+  std::vector<uint32_t> ver(n, 0);  // bumped when a symbol changes: older heap entries are stale
   struct Cand {
     int rank;
     size_t left, right;
-    std::string lt, rt;  // the symbols when queued (a stale entry no longer matches)
+    uint32_t vl, vr;
     bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
   auto push = [&](size_t l) {
     if (l == SIZE_MAX || next[l] >= n) return;
     auto r = merge_rank_.find({sym[l], sym[next[l]]});
-    if (r != merge_rank_.end()) heap.push(Cand{r->second, l, next[l], sym[l], sym[next[l]]});
+    if (r != merge_rank_.end()) heap.push(Cand{r->second, l, next[l], ver[l], ver[next[l]]});
   };
   for (size_t k = 0; k + 1 < n; ++k) push(k);
   while (!heap.empty()) {
     Cand c = heap.top();
     heap.pop();
-    if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right || sym[c.left] != c.lt || sym[c.right] != c.rt)
+    if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right || ver[c.left] != c.vl || ver[c.right] != c.vr)
       continue;
     sym[c.left] += sym[c.right];
+    ++ver[c.left];
     alive[c.right] = false;
     next[c.left] = next[c.right];
     if (next[c.right] < n) prev[next[c.right]] = c.left;
