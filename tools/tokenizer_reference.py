@@ -210,17 +210,7 @@ class Reference:
         word = mapped(piece)
         if self.ignore_merges and word in self.vocab:
             return [self.vocab[word]]
-        sym = list(word)
-        while len(sym) > 1:
-            best, at = None, 0
-            for k in range(len(sym) - 1):
-                r = self.ranks.get((sym[k], sym[k + 1]))
-                if r is not None and (best is None or r < best):
-                    best, at = r, k
-            if best is None:
-                break
-            sym[at:at + 2] = [sym[at] + sym[at + 1]]
-        return [self.vocab[s] for s in sym]
+        return [self.vocab[s] for s in self.merge(list(word))]
 
     def merge(self, sym):
         while len(sym) > 1:

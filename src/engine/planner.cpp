@@ -25,11 +25,13 @@ struct Common {
   size_t stride_nh = 0;                                                    // one [max N, H] activation, 256-aligned
   int64_t max_tokens = 0;
   size_t rope = 0, workspace = 0;
+  size_t blobs = 0;  // all of them
 };
 
 Common common(const ModelSpec& s, int B, int T, const BackendInfo& be, const std::vector<int>& gpu_blobs = {}) {
   Common c;
   const ModelLayout lay = make_layout(s);
+  c.blobs = lay.blobs.size();
   std::vector<bool> on_gpu(lay.blobs.size(), false);
   for (int b : gpu_blobs) on_gpu.at(size_t(b)) = true;
   for (size_t i = 0; i < lay.blobs.size(); ++i) {
@@ -105,7 +107,7 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const 
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", c.workspace, Place::Device});
   m.push_back({"token ids / targets", size_t(c.max_tokens) * 16, Place::Device});
   m.push_back({"RoPE tables", c.rope, Place::Device});
-  m.push_back({"scalars", engine_scalar_bytes(make_layout(s).blobs.size()), Place::Device});
+  m.push_back({"scalars", engine_scalar_bytes(c.blobs), Place::Device});
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
   m.push_back({"token staging", size_t(c.max_tokens) * 16, Place::Pinned});
   return m;
@@ -132,7 +134,7 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
       {"workspace (one layer's recompute + backward; chunked head)", c.workspace, Place::Device},
       {"token ids / targets", size_t(c.max_tokens) * 16, Place::Device},
       {"RoPE tables", c.rope, Place::Device},
-      {"scalars", engine_scalar_bytes(make_layout(s).blobs.size()), Place::Device}};
+      {"scalars", engine_scalar_bytes(c.blobs), Place::Device}};
   if (c.gpu_total > 0) {
     const size_t G = size_t(c.gpu_total);
     m.push_back({std::to_string(gpu_blobs.size()) + " blobs kept on the GPU: fp32 master, AdamW m and v, gradients" +

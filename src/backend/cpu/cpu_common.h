@@ -35,12 +35,7 @@ inline std::string desc(const char* name, const Tensor& t) {
   SF_CHECK((t).numel() == (n),   \
            std::string(op) + ": " + ::sf::cpu::detail::desc(#t, t) + " must have " + std::to_string(n) + " elements")
 
-inline float bf16_bits_to_float(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float bf16_bits_to_float(uint16_t b) { return bf16_to_float(bf16{b}); }
 
 // float_to_bf16 (nearest-even, NaN kept quiet) without branches, so that loops vectorise.
 inline uint16_t bf16_bits(float f) {
