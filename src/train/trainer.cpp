@@ -280,19 +280,15 @@ Progress read_training_state(Session& s, const TrainOptions& o, const std::strin
   return p;
 }
 
-void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::string& dir, bool keep_checkpoints,
+void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::string& dir,
                     const Progress* with_state) {
+  // A checkpoint goes inside the output directory, which must exist (marked) first. The final save
+  // keeps the checkpoints already in the output (StagedDir::commit links them into the new one).
+  if (dir != o.output) ensure_output_dir(o.output);
   StagedDir staged(dir);
   save_hf_model(*s.engine, read_json_file(s.model.config_path), o.data.model_dir, staged.path(), dtype,
                 o.max_shard_bytes);
   if (with_state) write_training_state(s, o, *with_state, staged.path());
-  // Intermediate checkpoints already in the output directory move into the new one.
-  if (keep_checkpoints && fs::is_directory(dir)) {
-    for (const auto& e : fs::directory_iterator(dir)) {
-      std::string name = e.path().filename().string();
-      if (e.is_directory() && name.rfind("checkpoint-", 0) == 0) fs::rename(e.path(), fs::path(staged.path()) / name);
-    }
-  }
   staged.commit();
 }
 
@@ -306,7 +302,7 @@ TrainResult run_train(const TrainOptions& o) {
   if (o.max_grad_norm < 0) input_error("--max-grad-norm", "must be non-negative");
   if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) input_error("--beta1/--beta2", "must be in [0, 1)");
   if (o.output.empty()) input_error("--output", "is required");
-  if (fs::exists(o.output) && !fs::is_directory(o.output)) input_error(o.output, "exists and is not a directory");
+  claim_output_dir(o.output);  // refuses a directory that is not ours before anything runs
   LrSchedule sched = parse_lr_schedule(o.lr_schedule);
 
   if (o.eval_every < 0) input_error("--eval-every", "must be non-negative");
@@ -410,7 +406,7 @@ TrainResult run_train(const TrainOptions& o) {
       log_info("%s at step %lld: saving %s", sig == SIGINT ? "interrupted" : "terminated", (long long)(step + 1),
                ck.c_str());
       Progress here{step + 1, next_record};
-      save_model_dir(s, o, out_dtype, ck, false, &here);
+      save_model_dir(s, o, out_dtype, ck, &here);
       log_info("saved %s; continue with --resume %s", ck.c_str(), ck.c_str());
       result.interrupted_by = sig;
       result.checkpoint = ck;
@@ -419,14 +415,14 @@ TrainResult run_train(const TrainOptions& o) {
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
       std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();
       Progress here{step + 1, next_record};
-      save_model_dir(s, o, out_dtype, ck, false, &here);
+      save_model_dir(s, o, out_dtype, ck, &here);
       log_info("saved %s", ck.c_str());
     }
   }
   s.engine->synchronize();  // the last update is done
   double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   result.tokens_per_second = double(tokens_total) / total_s;
-  save_model_dir(s, o, out_dtype, o.output, true, nullptr);
+  save_model_dir(s, o, out_dtype, o.output, nullptr);
   log_info("saved %s", o.output.c_str());
   return result;
 }
