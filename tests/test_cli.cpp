@@ -724,10 +724,16 @@ TEST_F(Cli, KillAtEveryStepOfASaveLosesNothing) {
         EXPECT_TRUE(saved_paths(r.err).empty()) << "k=" << k;
       } else {
         ASSERT_TRUE(fs::exists(out + "/" + kOutputMarker)) << "k=" << k;
-        if (scenario % 2 == 1 || fs::exists(out + "/model.safetensors")) EXPECT_TRUE(loads(out)) << "k=" << k;
+        if (scenario % 2 == 1 || fs::exists(out + "/model.safetensors")) {
+          EXPECT_TRUE(loads(out)) << "k=" << k;
+        }
       }
-      for (const std::string& ck : saved_paths(r.err)) EXPECT_TRUE(loads(ck)) << "k=" << k << " " << ck;
-      if (scenario % 2 == 1) EXPECT_TRUE(loads(out + "/checkpoint-1")) << "k=" << k;
+      for (const std::string& ck : saved_paths(r.err)) {
+        EXPECT_TRUE(loads(ck)) << "k=" << k << " " << ck;
+      }
+      if (scenario % 2 == 1) {
+        EXPECT_TRUE(loads(out + "/checkpoint-1")) << "k=" << k;
+      }
       CmdResult next = run_env(fs_env);
       ASSERT_EQ(next.code, 0) << "k=" << k << " " << next.err;
       EXPECT_EQ(leftovers(), std::vector<std::string>{}) << "k=" << k;
