@@ -712,7 +712,9 @@ TEST_F(Cli, KillAtEveryStepOfASaveLosesNothing) {
     long k = 1;
     for (;; ++k) {
       fs::remove_all(out);
-      if (scenario % 2 == 1) ASSERT_EQ(run_env(fs_env).code, 0);
+      if (scenario % 2 == 1) {
+        ASSERT_EQ(run_env(fs_env).code, 0);
+      }
       CmdResult r = run_env(fs_env + "SF_CRASH_AT=" + std::to_string(k));
       if (r.code == 0) break;  // k is past the last crash point
       ASSERT_LE(k, points + 1) << "the crash points do not end";
