@@ -135,9 +135,19 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
   const bool low = be.compute_dtype != DType::F32;
   const HostOptimizer::Bytes hb =
       HostOptimizer::bytes_for(c.total, be.compute_dtype, keep_grads, chunk, defaults.grad_ring);
+  const ModelLayout lay = make_layout(s);
+  std::vector<int64_t> host_numel;
+  std::vector<bool> is_layer;
+  for (size_t b = 0; b < lay.blobs.size(); ++b) {
+    const bool kept = std::find(gpu_blobs.begin(), gpu_blobs.end(), int(b)) != gpu_blobs.end();
+    host_numel.push_back(kept ? 0 : lay.blobs[b].numel);
+    is_layer.push_back(lay.blobs[b].kind == BlobKind::Layer);
+  }
   std::vector<MemoryItem> m = {
-      {"parameter slots (" + std::to_string(slots) + " x the largest blob)" + (low ? " + fp32 upload staging" : ""),
-       SlotCache::bytes_for(slots, c.max_blob, be.compute_dtype, chunk), Place::Device},
+      {"parameter slots (" + std::to_string(slots) + ": one of the largest blob, the others of a layer)" +
+           (low ? " + fp32 upload staging" : ""),
+       SlotCache::bytes_for(SlotCache::capacities(slots, host_numel, is_layer), be.compute_dtype, chunk),
+       Place::Device},
       {"fp32 gradient accumulators (2 layers, embedding, head)",
        2 * round256(size_t(c.max_layer_blob) * 4) + round256(size_t(c.emb) * 4) + round256(size_t(c.head) * 4),
        Place::Device},

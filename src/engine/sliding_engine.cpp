@@ -120,7 +120,7 @@ struct SlidingEngine::Impl {
     if (gpu.has(blob)) return {act == DType::F32 ? gpu.at(gpu.master, blob) : gpu_params(blob), -1};
     const int k =
         slots->acquire(blob, host->master(blob), layout.blobs[size_t(blob)].numel, *updated[size_t(blob)], use, keep);
-    return {slots->data(k), k};
+    return k >= 0 ? ParamsRef{slots->data(k), k} : ParamsRef{};  // (-1: a prefetch that was skipped)
   }
   void release(const ParamsRef& p) {
     if (p.slot >= 0) slots->release(p.slot);
@@ -271,7 +271,10 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   stride_nh = round256(size_t(max_tokens * spec.hidden) * dtype_size(act));
 
   host = std::make_unique<HostOptimizer>(dev, host_numel, act, o.keep_grads, chunk, o.grad_ring);
-  slots = std::make_unique<SlotCache>(dev, o.slots, max_blob, act, chunk, *h2d, *compute);
+  std::vector<bool> is_layer;
+  for (const BlobLayout& bl : layout.blobs) is_layer.push_back(bl.kind == BlobKind::Layer);
+  slots = std::make_unique<SlotCache>(dev, SlotCache::capacities(o.slots, host_numel, is_layer), act, chunk, *h2d,
+                                      *compute);
   auto make_acc = [&](Acc& a, int64_t n) {
     a.buf = DeviceBuffer(dev, round256(size_t(n) * 4));
     a.sent = dev.create_event();

@@ -10,32 +10,55 @@ namespace {
 size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 }  // namespace
 
-size_t SlotCache::bytes_for(int slots, int64_t max_blob, DType act, int64_t chunk) {
-  const size_t slot = round256(size_t(max_blob) * dtype_size(act));
-  const size_t staging = act == DType::F32 ? 0 : round256(size_t(std::min(chunk, max_blob)) * 4);
-  return size_t(slots) * slot + staging;
+std::vector<int64_t> SlotCache::capacities(int slots, const std::vector<int64_t>& blob_numel,
+                                           const std::vector<bool>& is_layer) {
+  int64_t largest = 0, layer = 0;
+  for (size_t b = 0; b < blob_numel.size(); ++b) {
+    largest = std::max(largest, blob_numel[b]);
+    if (is_layer[b]) layer = std::max(layer, blob_numel[b]);
+  }
+  // Blobs larger than a layer (embedding, untied head) are never needed at once (the tied head
+  // blob is only the final norm), so one large slot holds them in turn.
+  std::vector<int64_t> c(size_t(std::max(slots, 0)), layer > 0 ? layer : largest);
+  if (!c.empty()) c[0] = largest;
+  return c;
 }
 
-SlotCache::SlotCache(Device& dev, int slots, int64_t max_blob, DType act, int64_t chunk, Stream& h2d, Stream& compute)
-    : dev_(dev),
-      act_(act),
-      max_blob_(max_blob),
-      chunk_(std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(max_blob, 1)))),
-      h2d_(h2d),
-      compute_(compute) {
-  mem_ = DeviceBuffer(dev, size_t(slots) * round256(size_t(max_blob) * dtype_size(act)));
-  if (act != DType::F32 && max_blob > 0) staging_ = DeviceBuffer(dev, round256(size_t(chunk_) * 4));
-  for (int k = 0; k < slots; ++k) {
+size_t SlotCache::bytes_for(const std::vector<int64_t>& capacity, DType act, int64_t chunk) {
+  size_t n = 0;
+  int64_t largest = 0;
+  for (int64_t c : capacity) {
+    n += round256(size_t(c) * dtype_size(act));
+    largest = std::max(largest, c);
+  }
+  if (act != DType::F32 && largest > 0) n += round256(size_t(std::min(chunk, largest)) * 4);
+  return n;
+}
+
+SlotCache::SlotCache(Device& dev, const std::vector<int64_t>& capacity, DType act, int64_t chunk, Stream& h2d,
+                     Stream& compute)
+    : dev_(dev), act_(act), h2d_(h2d), compute_(compute) {
+  int64_t largest = 0;
+  for (int64_t c : capacity) largest = std::max(largest, c);
+  chunk_ = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(largest, 1)));
+  if (act != DType::F32 && largest > 0) staging_ = DeviceBuffer(dev, round256(size_t(chunk_) * 4));
+  for (int64_t c : capacity) {
     Slot s;
+    s.mem = DeviceBuffer(dev, round256(size_t(c) * dtype_size(act)));
+    s.capacity = c;
     s.ready = dev.create_event();
     s.released = dev.create_event();
     slots_.push_back(std::move(s));
   }
 }
 
-void* SlotCache::data(int slot) const {
-  return static_cast<char*>(mem_.data()) + size_t(slot) * round256(size_t(max_blob_) * dtype_size(act_));
+size_t SlotCache::device_bytes() const {
+  size_t n = staging_.size();
+  for (const Slot& s : slots_) n += s.mem.size();
+  return n;
 }
+
+void* SlotCache::data(int slot) const { return slots_[size_t(slot)].mem.data(); }
 
 int SlotCache::acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep) {
   for (int k = 0; k < int(slots_.size()); ++k) {
@@ -44,13 +67,17 @@ int SlotCache::acquire(int blob, const float* master, int64_t numel, Event& upda
     if (use) dev_.wait(compute_, *slots_[size_t(k)].ready);
     return k;
   }
+  // The least recently used slot of the smallest capacity that holds the blob.
   int v = -1;
   for (int k = 0; k < int(slots_.size()); ++k) {
-    if (k == keep) continue;
-    if (v < 0 || slots_[size_t(k)].last_use < slots_[size_t(v)].last_use) v = k;
+    const Slot& s = slots_[size_t(k)];
+    if (k == keep || s.capacity < numel) continue;
+    if (v < 0 || s.capacity < slots_[size_t(v)].capacity ||
+        (s.capacity == slots_[size_t(v)].capacity && s.last_use < slots_[size_t(v)].last_use))
+      v = k;
   }
-  SF_CHECK(v >= 0, "no free parameter slot");
-  SF_CHECK(numel <= max_blob_, "blob larger than a slot");
+  if (v < 0 && !use) return -1;  // a prefetch that would evict the slot in use: later, on demand
+  SF_CHECK(v >= 0, "no parameter slot can hold blob " + std::to_string(blob));
   Slot& s = slots_[size_t(v)];
   dev_.wait(h2d_, *s.released);
   dev_.wait(h2d_, updated);  // the master is final (an update may still run on the host)
