@@ -1,6 +1,8 @@
 // The planner's memory accounting against what the engines really allocate, and its decisions.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "backend/device.h"
 #include "core/error.h"
 #include "engine/planner.h"
@@ -64,15 +66,16 @@ TEST(Planner, MemoryMatchesTheEngines) {
         const std::vector<int> order = gpu_blob_order(spec);
         for (int slots : {2, 4})
           for (size_t kept : {size_t(0), size_t(1), size_t(3), order.size()})
-            for (auto [micro, keep] : {std::pair{1, true}, std::pair{3, false}}) {
+            for (auto [micro, keep, hold] : {std::tuple{1, true, 0}, std::tuple{3, false, 0}, std::tuple{2, false, 5000}}) {
               SlidingOptions so;
               so.base = eo;
               so.base.max_micro = micro;
               so.slots = slots;
               so.keep_grads = keep;
+              so.hold_grads = hold;
               so.gpu_blobs.assign(order.begin(), order.begin() + kept);
               SlidingEngine e(*dev, spec, so);
-              const auto items = sliding_memory(spec, B, T, slots, be, so.gpu_blobs, micro, keep);
+              const auto items = sliding_memory(spec, B, T, slots, be, so.gpu_blobs, micro, keep, hold);
               const std::string what = std::to_string(slots) + " slots, " + std::to_string(kept) + " kept, " +
                                        std::to_string(micro) + " micro-batches, keep_grads " + std::to_string(keep);
               EXPECT_EQ(total_bytes(items, Place::Device), e.device_bytes()) << what;

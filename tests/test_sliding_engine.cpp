@@ -70,6 +70,7 @@ struct Case {
   int gpu = 0;
   bool bf16 = false;  // --compute-dtype bf16 in both engines: gradients rounded to bf16 (as on cuda)
   int micro = 1;      // micro-batches a step (layer-major in the sliding engine)
+  int64_t hold = 0;   // SlidingOptions::hold_grads (overlap): the first blobs updated after the backward
 };
 
 std::vector<int> gpu_blobs(int which, int n_layer) {
@@ -120,6 +121,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   so.slots = c.slots;
   so.gpu_blobs = gpu_blobs(c.gpu, spec.n_layer);
   so.keep_grads = !c.overlap;
+  so.hold_grads = c.hold;
   if (c.small_chunks) {
     so.chunk = 37;
     so.grad_ring = 2;
@@ -173,13 +175,18 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama", 3, 0, 0, false, false, 0, false, 3}, Case{"qwen2", 2, 50, 4, true, true, 0, false, 4},
         Case{"llama", 2, 50, 2, false, true, 2, true, 2}, Case{"qwen2", 3, 50, 16, true, false, 1, false, 3},
         Case{"mistral", 3, 0, 0, false, false, 0, false, 3}, Case{"qwen3", 2, 50, 4, true, true, 2, true, 2},
-        Case{"llama", 2, 50, 8, false, false, 0, false, 2}, Case{"qwen2", 2, 50, 1, true, true, 0, true, 3}),
+        Case{"llama", 2, 50, 8, false, false, 0, false, 2}, Case{"qwen2", 2, 50, 1, true, true, 0, true, 3},
+        // without clipping, the first blobs' gradients held and updated after the backward
+        Case{"llama", 3, 0, 0, true, false, 0, false, 1, 1}, Case{"qwen3", 2, 50, 4, true, true, 0, true, 1, 3000},
+        Case{"mistral", 3, 50, 16, true, false, 1, false, 2, 5000}, Case{"qwen2", 2, 50, 2, true, true, 0, false, 1, 1 << 30},
+        Case{"llama", 2, 50, 1, true, false, 2, true, 3, 2000}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +
              (c.stall_streams ? "_stalls" + std::to_string(c.stall_streams) : "") + (c.overlap ? "_overlap" : "") +
              (c.small_chunks ? "_chunks" : "") + (c.gpu ? "_gpu" + std::to_string(c.gpu) : "") +
-             (c.bf16 ? "_bf16" : "") + (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "");
+             (c.bf16 ? "_bf16" : "") + (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "") +
+             (c.hold ? "_hold" + std::to_string(c.hold) : "");
     });
 
 }  // namespace

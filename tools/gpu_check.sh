@@ -48,14 +48,21 @@ for s in "${steps[@]}"; do
       done ;;
     # issue 7: the host path (every blob on the host) and 8B at 24 GiB, next to PyTorch without
     # offload in the same call; peak RSS and the planner's figures are in each JSON line
-    offload7)
+    offload7_3b)
       run torch_3b python3 bench/torch_train_baseline.py --preset 3b --steps 3 --warmup 2 --clip 1.0
       for clip in 1 0; do
         run sf_3b_host_clip$clip "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
           --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm $clip
       done
       run sf_3b_host_slots2 "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
-        --steps 2 --warmup 1 --device cuda --offload --gpu-blobs 0 --slots 2 --max-grad-norm 1
+        --steps 2 --warmup 1 --device cuda --offload --gpu-blobs 0 --slots 2 --max-grad-norm 1 ;;
+    # the 3B step without clipping, and the same model resident on the GPU (the GPU-only time)
+    offload7_3b_more)
+      run sf_3b_host_clip0 "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+        --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm 0
+      run sf_3b_resident "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+        --steps 3 --warmup 1 --device cuda --no-offload --max-grad-norm 1 ;;
+    offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
           --steps 2 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip

@@ -9,21 +9,31 @@
 
 namespace sf {
 
-HostOptimizer::Bytes HostOptimizer::bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring) {
+HostOptimizer::Bytes HostOptimizer::bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring,
+                                              int64_t held) {
   const size_t g = keep_grads ? size_t(total) * dtype_size(gd)
-                              : size_t(ring) * size_t(std::min(chunk, std::max<int64_t>(total, 1))) * dtype_size(gd);
+                              : (size_t(ring) * size_t(std::min(chunk, std::max<int64_t>(total, 1))) + size_t(held)) *
+                                    dtype_size(gd);
   return Bytes{size_t(total) * 4, size_t(total) * 8, total > 0 ? g : 0};
 }
 
 HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads,
-                             int64_t chunk, int ring)
+                             int64_t chunk, int ring, const std::vector<bool>& held)
     : dev_(dev), gd_(gd), keep_(keep_grads) {
   for (int64_t n : blob_numel) {
     off_.push_back(n > 0 ? total_ : -1);
     total_ += n;
   }
   chunk_ = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(total_, 1)));
-  const Bytes b = bytes_for(total_, gd, keep_grads, chunk, ring);
+  const int64_t ring_elems = keep_grads ? 0 : int64_t(ring) * chunk_;
+  int64_t held_total = 0;
+  held_off_.assign(blob_numel.size(), -1);
+  for (size_t b = 0; b < blob_numel.size(); ++b)
+    if (!keep_grads && b < held.size() && held[b] && blob_numel[b] > 0) {
+      held_off_[b] = ring_elems + held_total;
+      held_total += blob_numel[b];
+    }
+  const Bytes b = bytes_for(total_, gd, keep_grads, chunk, ring, held_total);
   master_ = DeviceBuffer(dev, b.master, MemoryKind::PinnedHost);
   m_ = HostBuffer(size_t(total_) * 4);
   v_ = HostBuffer(size_t(total_) * 4);
@@ -43,12 +53,13 @@ float* HostOptimizer::state(int which, int blob) {
 }
 
 const void* HostOptimizer::grads(int blob) const {
-  SF_CHECK(keep_, "gradients are not kept (the engine was built for updates during the backward)");
-  return static_cast<const char*>(store_.data()) + size_t(off_[size_t(blob)]) * dtype_size(gd_);
+  SF_CHECK(held(blob), "gradients are not kept (the engine was built for updates during the backward)");
+  const int64_t at = keep_ ? off_[size_t(blob)] : held_off_[size_t(blob)];
+  return static_cast<const char*>(store_.data()) + size_t(at) * dtype_size(gd_);
 }
 
 HostOptimizer::Landing HostOptimizer::land(int blob, int64_t i0, Stream& stream) {
-  if (keep_) return Landing{static_cast<char*>(store_.data()) + size_t(off_[size_t(blob)] + i0) * dtype_size(gd_), -1};
+  if (held(blob)) return Landing{const_cast<char*>(static_cast<const char*>(grads(blob))) + size_t(i0) * dtype_size(gd_), -1};
   const int r = ring_next_;
   ring_next_ = (ring_next_ + 1) % int(ring_free_.size());
   dev_.wait(stream, *ring_free_[size_t(r)]);

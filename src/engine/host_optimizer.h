@@ -4,7 +4,9 @@
 // - `keep_grads` (clipping, or gradients read back): every gradient of the step is held until the
 //   norm is known (+2 bytes a parameter);
 // - otherwise a ring of a few chunk-sized page-locked buffers: each chunk is consumed by its AdamW
-//   as soon as it lands and the buffer goes back to the ring.
+//   as soon as it lands and the buffer goes back to the ring; except the blobs marked `held` (the
+//   first ones in forward order), whose gradients wait in their own place to be updated after the
+//   backward, in forward order, while the next forward runs (the host would idle there otherwise).
 // One fused pass per chunk (cpu::adamw): reads the gradient, p, m, v; writes p, m, v.
 #pragma once
 #include <atomic>
@@ -20,9 +22,9 @@ namespace sf {
 class HostOptimizer {
  public:
   // blob_numel[b] (0: the blob is not on the host); `gd` the gradients' dtype; `chunk` elements a
-  // gradient chunk; `ring` buffers when not keep_grads.
+  // gradient chunk; `ring` buffers when not keep_grads; held[b]: the blob's gradient waits in place.
   HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk,
-                int ring);
+                int ring, const std::vector<bool>& held = {});
 
   int64_t total() const { return total_; }
   float* master(int blob) { return static_cast<float*>(master_.data()) + off_[size_t(blob)]; }
@@ -30,8 +32,9 @@ class HostOptimizer {
   bool keep_grads() const { return keep_; }
   DType grad_dtype() const { return gd_; }
 
-  // Where chunk [i0, i0 + n) of blob's gradient lands. With keep_grads: its place in the store;
-  // else the next ring buffer, once `stream` has waited for it to be free (its last update done).
+  // Where chunk [i0, i0 + n) of blob's gradient lands. With keep_grads (or a held blob): its place
+  // in the store; else the next ring buffer, once `stream` has waited for it to be free (its last
+  // update done).
   struct Landing {
     void* ptr = nullptr;
     int ring = -1;  // the ring buffer, or -1
@@ -39,8 +42,9 @@ class HostOptimizer {
   Landing land(int blob, int64_t i0, Stream& stream);
   // The chunk's AdamW on `opt` (after the work queued there so far); a ring buffer is free after.
   void queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p, Stream& opt);
-  // The gradient store of a blob (keep_grads), [numel] in grad_dtype().
+  // The gradient store of a blob (keep_grads, or held), [numel] in grad_dtype().
   const void* grads(int blob) const;
+  bool held(int blob) const { return keep_ || held_off_[size_t(blob)] >= 0; }
 
   double update_seconds() const { return double(update_ns_.load()) * 1e-9; }
   size_t pinned_bytes() const { return master_.size() + store_.size(); }
@@ -49,7 +53,7 @@ class HostOptimizer {
   struct Bytes {
     size_t master, moments, grads;  // grads: the store or the ring (page-locked)
   };
-  static Bytes bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring);
+  static Bytes bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring, int64_t held = 0);
 
  private:
   Device& dev_;
@@ -60,7 +64,8 @@ class HostOptimizer {
   int64_t total_ = 0;
   DeviceBuffer master_;                            // [total] F32 pinned
   HostBuffer m_, v_;                               // [total] F32
-  DeviceBuffer store_;                             // keep_grads: [total] gd; else [ring, chunk] gd; pinned
+  DeviceBuffer store_;  // keep_grads: [total] gd; else [ring, chunk] + [held] gd; pinned
+  std::vector<int64_t> held_off_;  // [blobs] element offset of a held blob in store_ (-1: not held)
   std::vector<std::unique_ptr<Event>> ring_free_;  // [ring] opt: the buffer's update is done
   int ring_next_ = 0;
   std::atomic<int64_t> update_ns_{0};

@@ -11,7 +11,8 @@
 namespace sf {
 
 std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
-                                    int slots, const std::vector<int>& gpu_blobs, bool keep_grads) {
+                                    int slots, const std::vector<int>& gpu_blobs, bool keep_grads,
+                                    int64_t hold_grads) {
   if (!offload) return std::make_unique<ResidentEngine>(dev, spec, opt);
   if (slots < 2) input_error("--slots", "the sliding engine needs at least 2 GPU parameter slots");
   SlidingOptions so;
@@ -19,6 +20,7 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.slots = slots;
   so.gpu_blobs = gpu_blobs;
   so.keep_grads = keep_grads || !opt.optimizer;
+  so.hold_grads = hold_grads;
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }
 
@@ -56,7 +58,7 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
   b.dev = make_device(req.device, req.gpu_memory);
   EngineOptions eo = opt;
   eo.max_micro = std::max(opt.max_micro, req.grad_accum);  // the plan counted grad_accum micro-batches
-  b.engine = make_engine(*b.dev, spec, eo, p.engine == "sliding", p.slots, p.gpu_blobs, req.clip);
+  b.engine = make_engine(*b.dev, spec, eo, p.engine == "sliding", p.slots, p.gpu_blobs, req.clip, p.hold_grads);
   return b;
 }
 

@@ -11,7 +11,8 @@ namespace sf {
 
 // keep_grads (sliding): the step's gradients are held in host memory (clipping, or read back).
 std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
-                                    int slots, const std::vector<int>& gpu_blobs = {}, bool keep_grads = true);
+                                    int slots, const std::vector<int>& gpu_blobs = {}, bool keep_grads = true,
+                                    int64_t hold_grads = 0);
 
 // What the commands ask for; the planner decides the rest.
 struct EngineRequest {

@@ -126,16 +126,23 @@ std::vector<int> gpu_blob_order(const ModelSpec& s) {
 }
 
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be,
-                                       const std::vector<int>& gpu_blobs, int micro, bool keep_grads) {
+                                       const std::vector<int>& gpu_blobs, int micro, bool keep_grads,
+                                       int64_t hold_grads) {
   // The sliding engine's buffers (engine/sliding_engine.cpp, slot_cache.cpp, host_optimizer.cpp).
   const Common c = common(s, B, T, be, gpu_blobs);
   const SlidingOptions defaults;
   const int64_t chunk = std::max<int64_t>(1, std::min(defaults.chunk, std::max(c.max_blob, c.gpu_total)));
-  const size_t P = size_t(c.total), K = size_t(std::max(micro, 1));
+  const size_t K = size_t(std::max(micro, 1));
   const bool low = be.compute_dtype != DType::F32;
-  const HostOptimizer::Bytes hb =
-      HostOptimizer::bytes_for(c.total, be.compute_dtype, keep_grads, chunk, defaults.grad_ring);
   const ModelLayout lay = make_layout(s);
+  int64_t held = 0;
+  if (!keep_grads) {
+    const std::vector<bool> h = held_grad_blobs(lay, gpu_blobs, hold_grads);
+    for (size_t b = 0; b < h.size(); ++b)
+      if (h[b]) held += lay.blobs[b].numel;
+  }
+  const HostOptimizer::Bytes hb =
+      HostOptimizer::bytes_for(c.total, be.compute_dtype, keep_grads, chunk, defaults.grad_ring, held);
   std::vector<int64_t> host_numel;
   std::vector<bool> is_layer;
   for (size_t b = 0; b < lay.blobs.size(); ++b) {
@@ -175,7 +182,6 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
                K * c.stride_nh * size_t(std::max(s.n_layer, 1)), Place::Pinned});
   m.push_back({"token staging", 2 * K * size_t(c.max_tokens) * 8, Place::Pinned});
   m.push_back({"AdamW m and v", hb.moments, Place::Host});
-  (void)P;
   return m;
 }
 
@@ -189,13 +195,29 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   // The CUDA device's default arena is 90% of the free memory.
   p.gpu_budget = r.gpu_budget ? r.gpu_budget : on_host ? p.host_budget : size_t(double(be.device_free) * 0.9);
 
+  // Without clipping the host updates each blob as its gradient lands, but the first blobs of the
+  // forward land last: the part of the host's work that does not fit into the backward is held and
+  // runs during the next forward (SlidingOptions::hold_grads). Sized from the rates.
+  const ModelLayout lay_all = make_layout(s);
+  const Flops f_all = flops_per_token(s, r.seq);
+  auto hold_for = [&](const std::vector<int>& gpu_blobs) -> int64_t {
+    if (r.clip || !r.optimizer || on_host) return 0;
+    double P = double(lay_all.total_numel());
+    for (int b : gpu_blobs) P -= double(lay_all.blobs[size_t(b)].numel);
+    const double gpu_s = f_all.total * double(r.batch) * r.seq * r.grad_accum / (rates.model_tflops * 1e12);
+    const double backward_s = gpu_s * (1.0 - f_all.forward / f_all.total);
+    const double spill_s = P / rates.host_adamw_params_s - backward_s;
+    return spill_s > 0 ? int64_t(spill_s * rates.host_adamw_params_s) : 0;
+  };
   auto fill = [&](const std::string& engine, int slots, const std::vector<int>& gpu_blobs = {}) {
     p.engine = engine;
     p.slots = slots;
     p.gpu_blobs = gpu_blobs;
     p.items = engine == "resident"
                   ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer)
-                  : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs, r.grad_accum, r.clip || !r.optimizer);
+                  : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs, r.grad_accum, r.clip || !r.optimizer,
+                                   hold_for(gpu_blobs));
+    p.hold_grads = engine == "sliding" ? hold_for(gpu_blobs) : 0;
     p.gpu_bytes = total_bytes(p.items, Place::Device);
     p.pinned_bytes = total_bytes(p.items, Place::Pinned);
     p.host_bytes = p.pinned_bytes + total_bytes(p.items, Place::Host) + (on_host ? p.gpu_bytes : 0);

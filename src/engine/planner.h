@@ -27,8 +27,10 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int m
                                         bool training = true, bool optimizer = true);
 // micro: micro-batches a step (layer-major: checkpoints and activations per micro-batch);
 // keep_grads: the step's gradients held in host memory (clipping, or gradients read back).
+// hold_grads: SlidingOptions::hold_grads (without keep_grads).
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots, const BackendInfo& be,
-                                       const std::vector<int>& gpu_blobs = {}, int micro = 1, bool keep_grads = true);
+                                       const std::vector<int>& gpu_blobs = {}, int micro = 1, bool keep_grads = true,
+                                       int64_t hold_grads = 0);
 // The order in which the planner keeps blobs whole on the GPU: the embedding (the largest, and the
 // last to be updated in a backward while the next forward needs it first), the head, then layers.
 std::vector<int> gpu_blob_order(const ModelSpec& s);
@@ -61,6 +63,7 @@ struct Plan {
   std::string engine;  // "resident" | "sliding"
   int slots = 0;
   std::vector<int> gpu_blobs;  // sliding: blobs kept whole on the GPU
+  int64_t hold_grads = 0;      // sliding without clipping: SlidingOptions::hold_grads
   std::vector<MemoryItem> items;
   size_t gpu_bytes = 0, pinned_bytes = 0, host_bytes = 0;  // host_bytes counts pinned too
   size_t gpu_budget = 0, host_budget = 0;

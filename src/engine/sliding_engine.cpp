@@ -31,6 +31,18 @@ size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 
 }  // namespace
 
+std::vector<bool> held_grad_blobs(const ModelLayout& layout, const std::vector<int>& gpu_blobs, int64_t hold) {
+  const int nb = int(layout.blobs.size());
+  std::vector<bool> held(size_t(nb), false);
+  int64_t n = 0;
+  for (int b = 0; b < nb - 1 && n < hold; ++b) {  // forward order, never the head (its gradient lands first)
+    if (std::find(gpu_blobs.begin(), gpu_blobs.end(), b) != gpu_blobs.end()) continue;
+    held[size_t(b)] = true;
+    n += layout.blobs[size_t(b)].numel;
+  }
+  return held;
+}
+
 // The blobs kept whole on the GPU (SlidingOptions::gpu_blobs): every state in place, each buffer
 // [total] in `off`'s layout; their AdamW runs on the compute stream.
 struct GpuBlobs {
@@ -169,7 +181,9 @@ struct SlidingEngine::Impl {
       if (overlap) gpu_update(blob, *overlap);
       return;
     }
-    if (host->keep_grads()) dev.wait(*d2h, *updated[size_t(blob)]);  // the last update has read the store
+    const bool held = host->held(blob);
+    if (held) dev.wait(*d2h, *updated[size_t(blob)]);  // the last update has read the store
+    if (held) overlap = nullptr;                       // updated after the backward (SlidingEngine::step)
     if (act == DType::F32) {                                         // copied down as it is
       dev.record(*grads_ready, *compute);
       dev.wait(*d2h, *grads_ready);
@@ -215,6 +229,13 @@ struct SlidingEngine::Impl {
     dev.record(*bwd_ready[i], *h2d);
   }
 
+  // A held blob's AdamW on the opt stream, once its whole gradient has landed.
+  void queue_blob_update(int blob, const AdamWParams& p) {
+    dev.wait(*opt_stream, *landed[size_t(blob)]);
+    const HostOptimizer::Landing at{const_cast<void*>(host->grads(blob)), -1};
+    host->queue_update(blob, 0, layout.blobs[size_t(blob)].numel, at, p, *opt_stream);
+    dev.record(*updated[size_t(blob)], *opt_stream);
+  }
   void run(const std::vector<Batch>& mbs, float scale, bool backward, const AdamWParams* overlap);
   void sync_all() {
     tokens->synchronize();
@@ -270,7 +291,8 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   stride_nh = round256(size_t(max_tokens * spec.hidden) * dtype_size(act));
 
-  host = std::make_unique<HostOptimizer>(dev, host_numel, act, o.keep_grads, chunk, o.grad_ring);
+  host = std::make_unique<HostOptimizer>(dev, host_numel, act, o.keep_grads, chunk, o.grad_ring,
+                                         held_grad_blobs(layout, o.gpu_blobs, o.keep_grads ? 0 : o.hold_grads));
   std::vector<bool> is_layer;
   for (const BlobLayout& bl : layout.blobs) is_layer.push_back(bl.kind == BlobKind::Layer);
   slots = std::make_unique<SlotCache>(dev, SlotCache::capacities(o.slots, host_numel, is_layer), act, chunk, *h2d,
@@ -523,6 +545,9 @@ Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const Step
   if (m.gpu.total > 0) dev_.ops().zero(Tensor(m.gpu.grads.data(), DType::F32, {m.gpu.total}), *m.compute);
   m.zero_scalars();
   m.run(mbs, scale, true, clip ? nullptr : &p);
+  if (!clip)  // the held gradients' updates, in forward order, overlapping the next forward
+    for (int b = 0; b < m.nb; ++b)
+      if (!m.gpu.has(b) && m.host->held(b)) m.queue_blob_update(b, p);
   m.read_scalars();  // the step's one host synchronisation: loss and norms
   r.loss = r.trained > 0 ? double(m.host_scalars[0]) / double(r.trained) : 0.0;
   r.grad_norm = std::sqrt(m.grad_sq_norm());
@@ -541,10 +566,7 @@ Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const Step
       m.gpu_update(b, p);  // compute stream: before the next forward reads the blob
       continue;
     }
-    dev_.wait(*m.opt_stream, *m.landed[size_t(b)]);
-    const HostOptimizer::Landing at{const_cast<void*>(m.host->grads(b)), -1};
-    m.host->queue_update(b, 0, layout_.blobs[size_t(b)].numel, at, p, *m.opt_stream);
-    dev_.record(*m.updated[size_t(b)], *m.opt_stream);
+    m.queue_blob_update(b, p);
   }
   m.slots_stale = true;
   r.updated = true;

@@ -32,9 +32,18 @@ struct SlidingOptions {
   // Hold a whole step's gradients in host memory (needed for clipping and compute_grads); else
   // each gradient chunk is consumed by its AdamW as it lands (no clipping).
   bool keep_grads = true;
+  // Without keep_grads: the gradients of the first host blobs in forward order (embedding, layer 0,
+  // 1, ... until this many parameters) are held and updated after the backward, in forward order,
+  // overlapped with the next forward; the others are updated as they land, during the backward.
+  // (Their updates come last in the backward but first in the next forward; the planner sizes it
+  // so that the host works through the forward too.)
+  int64_t hold_grads = 0;
   int64_t chunk = int64_t(1) << 25;  // elements per upload / gradient transfer chunk
   int grad_ring = 4;                 // host buffers of a chunk each, without keep_grads
 };
+
+// Which host blobs SlidingOptions::hold_grads holds (the planner's figure and the engine's choice).
+std::vector<bool> held_grad_blobs(const ModelLayout& layout, const std::vector<int>& gpu_blobs, int64_t hold);
 
 class SlidingEngine final : public Engine {
  public:
