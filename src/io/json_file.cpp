@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -79,8 +80,13 @@ const char* type_phrase(const nlohmann::json& v) {
 std::string number_text(const nlohmann::json& v) {
   if (v.is_number_unsigned()) return std::to_string(v.get<uint64_t>());
   if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  // The shortest text that reads back as the value ("1e+300", not "1.0000000000000001e+300").
+  const double d = v.get<double>();
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v.get<double>());
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, d);
+    if (std::strtod(buf, nullptr) == d) break;
+  }
   std::string s = buf;
   if (s.find_first_of(".en") == std::string::npos) s += ".0";  // 2.0 reads as a float, not as 2
   return s;
@@ -89,9 +95,7 @@ std::string number_text(const nlohmann::json& v) {
 std::string range_text(int64_t lo, int64_t hi) { return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]"; }
 
 std::string range_text(double lo, double hi) {
-  char buf[80];
-  std::snprintf(buf, sizeof buf, "[%.17g, %.17g]", lo, hi);
-  return buf;
+  return "[" + number_text(nlohmann::json(lo)) + ", " + number_text(nlohmann::json(hi)) + "]";
 }
 
 }  // namespace
@@ -145,13 +149,41 @@ nlohmann::ordered_json read_ordered_json_file(const std::string& path, const Jso
   return parse_checked<nlohmann::ordered_json>(path, text.data(), text.data() + text.size(), limits.max_depth);
 }
 
+namespace {
+
+// Bytes that indentation by 2 adds to the compact text: a newline and 2 spaces per level before
+// every element and closing bracket, and a space after every colon. Recursion depth = nesting
+// depth, which the readers bound (kJsonMaxDepth).
+template <class J>
+size_t indent_overhead(const J& j, size_t depth) {
+  if (!j.is_structured() || j.empty()) return 0;
+  size_t n = 1 + 2 * depth;  // before the closing bracket
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    n += 1 + 2 * (depth + 1) + (j.is_object() ? 1 : 0);
+    n += indent_overhead(*it, depth + 1);
+  }
+  return n;
+}
+
+// Indented for people, unless indentation would blow the file up: a config nested deep (a copy of
+// the input's config.json is written back) grows with depth x size when indented; compact keeps the
+// output as large as the input.
+template <class J>
+std::string json_text(const J& j) {
+  std::string compact = j.dump();
+  if (indent_overhead(j, 0) > compact.size() + (size_t(64) << 10)) return compact + "\n";
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
 void write_json_file(const std::string& path, const nlohmann::json& j) {
-  std::string s = j.dump(2) + "\n";
+  const std::string s = json_text(j);
   write_file_atomic(path, s.data(), s.size());
 }
 
 void write_json_file(const std::string& path, const nlohmann::ordered_json& j) {
-  std::string s = j.dump(2) + "\n";
+  const std::string s = json_text(j);
   write_file_atomic(path, s.data(), s.size());
 }
 

@@ -36,7 +36,8 @@ nlohmann::json read_json_file(const std::string& path, const JsonLimits& limits 
 // Same, keeping the file's key order (for files written back, e.g. config.json).
 nlohmann::ordered_json read_ordered_json_file(const std::string& path, const JsonLimits& limits = {});
 
-// Pretty-printed (indent 2) with a trailing newline; atomic (temp + fsync + rename).
+// Pretty-printed (indent 2) with a trailing newline, or compact where indentation would more than
+// double a large file (deep nesting); atomic (temp + fsync + rename).
 void write_json_file(const std::string& path, const nlohmann::json& j);
 void write_json_file(const std::string& path, const nlohmann::ordered_json& j);
 
