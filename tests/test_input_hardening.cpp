@@ -408,6 +408,9 @@ TEST_F(Hostile, EchoedInputIsCutToOneShortLine) {
   // A YAML value echoed back in an error.
   write("o.yaml", "model: m\ndata: [" + std::string(60000, 'x') + "\n");
   expect_refused(run("eval " + p("o.yaml")), {"o.yaml:2: only plain scalars"});
+  // An option value echoed by the command-line parser, and an unknown command.
+  expect_refused(run("train --lr " + std::string(100000, 'x')), {"--lr"});
+  expect_refused(run(std::string(100000, 'c')), {"unknown command"});
 }
 
 }  // namespace

@@ -259,7 +259,7 @@ int cli_main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "slideformer: unknown command '%s' (commands: init, eval, grad, train, plan, tokenize, demo, bench)\n",
-          argv[1]);
+          bounded_message(argv[1], kMaxWhatBytes).c_str());
       return 2;
     }
   }
@@ -304,7 +304,8 @@ int cli_main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "slideformer: %s%s (see slideformer --help)\n",
-                 config_path.empty() ? "" : (config_path + ": ").c_str(), e.what());
+                 config_path.empty() ? "" : (bounded_where(config_path) + ": ").c_str(),
+                 bounded_message(e.what(), kMaxWhatBytes).c_str());  // CLI11 echoes the values
     return 2;
   }
   log_config().level = quiet ? LogLevel::Quiet : verbose ? LogLevel::Debug : LogLevel::Info;
