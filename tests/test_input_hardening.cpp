@@ -10,14 +10,19 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
+#include "cli/config_file.h"
 #include "core/checked_math.h"
 #include "core/error.h"
+#include "data/dataset.h"
 #include "io/json_file.h"
 #include "io/line_reader.h"
+#include "io/safetensors.h"
 #include "model/layout.h"
 #include "model/spec.h"
 #include "model_fixtures.h"
@@ -178,6 +183,83 @@ TEST(InputHardening, LineReaderStopsAtTheLimitWithoutBufferingMore) {
   while (t.next(line)) ++n;
   EXPECT_EQ(n, 5);
   EXPECT_EQ(line, "last");  // a last line without a newline counts
+}
+
+// ---------------------------------------------------------------- in-process mutation smoke test
+
+// Byte mutations of a valid input (flips, inserted hostile tokens, deletions, splices), seeded.
+std::string mutate(const std::string& in, std::mt19937_64& rng) {
+  static const char* tokens[] = {
+      "[",          "{",  "\"",   "1e400", "99999999999999999999", "-",    "\\", "\xff", "\n",
+      "4294967296", "-1", "null", "1.5",   "[[[[[[[[[[[[[[[[[[[[", "\"\":"};
+  std::string s = in;
+  const int edits = 1 + int(rng() % 4);
+  for (int e = 0; e < edits; ++e) {
+    const size_t i = s.empty() ? 0 : rng() % (s.size() + 1);
+    switch (rng() % 4) {
+      case 0:
+        if (!s.empty()) s[std::min(i, s.size() - 1)] = char(rng() % 256);
+        break;
+      case 1:
+        s.insert(i, tokens[rng() % (sizeof tokens / sizeof *tokens)]);
+        break;
+      case 2:
+        s.erase(std::min(i, s.size()), 1 + rng() % 8);
+        break;
+      default:
+        s.insert(i, s.substr(rng() % (s.size() + 1), rng() % 30));
+    }
+  }
+  return s;
+}
+
+// Each parser, on thousands of mutated inputs, either accepts or throws InputError: no other
+// exception (nlohmann's type_error/out_of_range, std::length_error, ...), and under the sanitizer
+// build no memory error. (The long runs are the CLI fuzzing of issue 9; this keeps the classes covered.)
+TEST(InputHardening, MutatedInputsGiveOnlyInputErrors) {
+  test::TempDir d;
+  std::mt19937_64 rng(9);
+  int accepted = 0;
+  auto survive = [&](const std::function<void()>& fn, const std::string& what, const std::string& input) {
+    try {
+      fn();
+      ++accepted;
+    } catch (const InputError&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": " << e.what()
+                    << "\ninput: " << json(input).dump(-1, ' ', true, json::error_handler_t::replace);
+    }
+  };
+  const std::string config = test::tiny_config("llama").dump();
+  for (int i = 0; i < 3000; ++i) {
+    const std::string c = mutate(config, rng);
+    survive([&] { make_layout(parse_model_spec(parse_json_text("c.json", c.data(), c.data() + c.size()), "c.json")); },
+            "config.json", c);
+  }
+  const std::string records =
+      "{\"input_ids\": [1, 2, 3], \"labels\": [1, -100, 3]}\n{\"input_ids\": [4, 5], \"x\": {\"y\": [1]}}\n";
+  for (int i = 0; i < 1500; ++i) {
+    const std::string r = mutate(records, rng);
+    std::ofstream(d.file("d.jsonl"), std::ios::binary) << r;
+    survive([&] { load_jsonl(d.file("d.jsonl"), 37); }, "jsonl", r);
+  }
+  const std::string header =
+      R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,1],"data_offsets":[0,8]},)"
+      R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]}})";
+  for (int i = 0; i < 1500; ++i) {
+    const std::string h = mutate(header, rng);
+    std::string bytes(8, '\0');
+    for (int k = 0; k < 8; ++k) bytes[k] = char((uint64_t(h.size()) >> (8 * k)) & 0xff);
+    std::ofstream(d.file("m.safetensors"), std::ios::binary) << bytes + h + std::string(12, '\x01');
+    survive([&] { SafetensorsFile::open(d.file("m.safetensors")); }, "safetensors header", h);
+  }
+  const std::string yaml = "model: ./m  # the model\nseq_len: 2048\nlr: \"2e-5\"\nno-shuffle: true\n";
+  for (int i = 0; i < 1500; ++i) {
+    const std::string y = mutate(yaml, rng);
+    std::ofstream(d.file("o.yaml"), std::ios::binary) << y;
+    survive([&] { config_to_args(d.file("o.yaml"), {"lr=1"}); }, "yaml", y);
+  }
+  EXPECT_GT(accepted, 100);  // the mutations are not all trivially fatal
 }
 
 // ---------------------------------------------------------------- end to end
