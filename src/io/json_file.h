@@ -13,8 +13,11 @@ namespace sf {
 // nest 3 or 4 deep). Checked on the bytes before any parser runs: nothing recursive (nlohmann's
 // dump and comparisons, our readers) ever sees deeper input.
 constexpr int kJsonMaxDepth = 64;
-// Largest JSON file read whole (tokenizer.json of real models is under 40 MB).
-constexpr size_t kJsonMaxFileBytes = size_t(256) << 20;
+// Largest JSON file read whole: tokenizer.json of real models is under 40 MB, the rest far smaller;
+// a tree of a file this size takes up to ~10x it in memory.
+constexpr size_t kJsonMaxFileBytes = size_t(64) << 20;
+// config.json: a few KB in real models.
+constexpr size_t kConfigMaxFileBytes = size_t(16) << 20;
 
 struct JsonLimits {
   int max_depth = kJsonMaxDepth;

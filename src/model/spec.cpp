@@ -193,7 +193,7 @@ ModelSpec parse_model_spec(const json& cfg, const std::string& path) {
 }
 
 ModelSpec load_model_spec(const std::string& config_path) {
-  return parse_model_spec(read_json_file(config_path), config_path);
+  return parse_model_spec(read_json_file(config_path, {kJsonMaxDepth, kConfigMaxFileBytes}), config_path);
 }
 
 }  // namespace sf
