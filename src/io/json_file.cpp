@@ -107,7 +107,7 @@ void check_json_depth(const std::string& where, const char* begin, const char* e
     const char c = *p;
     if (in_string) {
       if (c == '\\') {
-        ++p;  // the escaped character (a quote or backslash does not end or start anything)
+        if (p + 1 < end) ++p;  // the escaped character (a quote or backslash does not end or start anything)
       } else if (c == '"') {
         in_string = false;
       }
