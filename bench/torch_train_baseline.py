@@ -74,7 +74,14 @@ def main(argv=None):
     ap.add_argument("--no-fused", action="store_true", help="AdamW without fused=True")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--preset", choices=["1b", "3b", "8b"], help="Llama-3.2-1B / 3.2-3B / 3.1-8B shapes")
+    ap.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm_ to this (0: off)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
     a = ap.parse_args(argv)
+    shapes = {"1b": (16, 2048, 8192, 32, 8, False), "3b": (28, 3072, 8192, 24, 8, False),
+              "8b": (32, 4096, 14336, 32, 8, True)}
+    if a.preset:
+        a.layers, a.hidden, a.intermediate, a.heads, a.kv_heads, a.untied = shapes[a.preset]
 
     import torch
     import transformers
@@ -88,6 +95,9 @@ def main(argv=None):
 
     t0 = time.time()
     model = build_model(a, torch, transformers)
+    if a.compile:
+        for layer in model.model.layers:
+            layer.compile()
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e9:.3f} B parameters, {a.layers} layers, built in {time.time() - t0:.1f} s")
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1,
@@ -102,6 +112,8 @@ def main(argv=None):
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
             out = model(input_ids=x, labels=x)
         out.loss.backward()
+        if a.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return out.loss.detach()
@@ -132,6 +144,7 @@ def main(argv=None):
         "params": n_params, "layers": a.layers, "hidden": a.hidden, "vocab": a.vocab,
         "tied": not a.untied, "batch": a.batch, "seq": a.seq, "steps": a.steps, "warmup": a.warmup,
         "grad_ckpt": not a.no_grad_ckpt, "attn": a.attn, "fused_adamw": not a.no_fused,
+        "clip": a.clip, "compiled_layers": a.compile, "preset": a.preset,
         "autocast": "bf16", "master_weights": "fp32",
         "tokens_per_s": tokens / elapsed,
         "step_ms_mean": 1000 * elapsed / a.steps,

@@ -29,6 +29,11 @@ void write_text(const std::string& path, const std::string& s) {
   out << s;
 }
 
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 std::vector<float> ramp(size_t n, float scale) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = (float(i) - float(n) / 2) * scale;
@@ -217,37 +222,105 @@ TEST(Checkpoint, IndexErrors) {
   expect_input_error([&] { CheckpointReader::open(dir); }, {dir + "/model-00001-of-00002.safetensors: "});
 }
 
-TEST(StagedDir, CommitReplacesExistingDirectory) {
+TEST(StagedDir, CommitReplacesOwnOutputKeepingOtherEntries) {
   TempDir d;
   std::string out = d.file("nested/out");
-  fs::create_directories(out);
-  write_text(out + "/stale.txt", "old");
+  {
+    StagedDir s(out);  // a new directory whose parents do not exist yet
+    write_text(s.path() + "/model.safetensors", "old weights");
+    write_text(s.path() + "/config.json", "{}");
+    s.commit();
+  }
+  EXPECT_TRUE(fs::exists(out + "/" + kOutputMarker));
+  fs::create_directories(out + "/checkpoint-2");
+  write_text(out + "/checkpoint-2/model.safetensors", "ck");
+  write_text(out + "/checkpoint-2/" + kOutputMarker, "");
+  write_text(out + "/model-00001-of-00002.safetensors", "stale shard");
+  write_text(out + "/notes.txt", "a user's file");
   {
     StagedDir s(out + "/");  // trailing slash names the same directory
     EXPECT_EQ(s.final_path(), out);
     EXPECT_EQ(fs::path(s.path()).parent_path(), fs::path(out).parent_path());
     EXPECT_NE(s.path().find("out.tmp-"), std::string::npos);
-    EXPECT_TRUE(fs::is_directory(s.path()));
-    write_text(s.path() + "/new.txt", "new");
-    EXPECT_TRUE(fs::exists(out + "/stale.txt"));  // old output untouched until commit
+    write_text(s.path() + "/model.safetensors", "new weights");
+    EXPECT_EQ(read_text(out + "/model.safetensors"), "old weights");  // untouched until commit
     s.commit();
     EXPECT_TRUE(s.committed());
   }
-  EXPECT_TRUE(fs::exists(out + "/new.txt"));
-  EXPECT_FALSE(fs::exists(out + "/stale.txt"));
-  EXPECT_EQ(entries(d.file("nested")), 1u);  // no .tmp- or .old- leftovers
-
-  // A new directory whose parents do not exist yet.
-  std::string fresh = d.file("a/b/c");
-  {
-    StagedDir s(fresh);
-    write_text(s.path() + "/f", "x");
-    s.commit();
-  }
-  EXPECT_TRUE(fs::exists(fresh + "/f"));
+  EXPECT_EQ(read_text(out + "/model.safetensors"), "new weights");
+  EXPECT_EQ(read_text(out + "/config.json"), "{}");  // not replaced: kept
+  EXPECT_EQ(read_text(out + "/notes.txt"), "a user's file");
+  EXPECT_EQ(read_text(out + "/checkpoint-2/model.safetensors"), "ck");
+  EXPECT_FALSE(fs::exists(out + "/model-00001-of-00002.safetensors"));  // old weights never mix
+  EXPECT_EQ(entries(d.file("nested")), 1u);                             // no .tmp- leftovers
 
   write_text(d.file("plainfile"), "x");
   expect_input_error([&] { StagedDir s(d.file("plainfile")); }, {"not a directory"});
+}
+
+TEST(StagedDir, RefusesDirectoriesItDidNotWrite) {
+  TempDir d;
+  // A project folder, a home directory, a typo'd parent: refused, nothing touched.
+  std::string proj = d.file("project");
+  fs::create_directories(proj + "/src");
+  write_text(proj + "/src/main.cpp", "int main() {}");
+  write_text(proj + "/config.json", "{}");
+  expect_input_error([&] { StagedDir s(proj); }, {proj + ": ", "holds src", "did not write"});
+  expect_input_error([&] { claim_output_dir(proj + "/"); }, {"did not write"});
+  expect_input_error([&] { ensure_output_dir(proj); }, {"did not write"});
+  EXPECT_EQ(read_text(proj + "/src/main.cpp"), "int main() {}");
+  EXPECT_EQ(entries(d.path), 1u);  // no temporary directory was even created
+  expect_input_error([&] { check_output_dir("."); }, {"not usable"});
+  expect_input_error([&] { check_output_dir("/"); }, {"not usable"});
+
+  // An output of a version without the marker (only files slideformer writes) is recognised.
+  std::string old = d.file("old_out");
+  fs::create_directories(old + "/checkpoint-5");
+  write_text(old + "/model.safetensors", "w");
+  write_text(old + "/config.json", "{}");
+  write_text(old + "/checkpoint-5/model.safetensors", "w");
+  check_output_dir(old);
+  write_text(old + "/checkpoint-5/thesis.tex", "x");  // but not with someone else's file inside
+  expect_input_error([&] { check_output_dir(old); }, {"holds checkpoint-5"});
+
+  // Empty directories are fine and get the marker.
+  std::string empty = d.file("empty");
+  fs::create_directories(empty);
+  ensure_output_dir(empty);
+  EXPECT_TRUE(fs::exists(empty + "/" + kOutputMarker));
+}
+
+TEST(StagedDir, NextRunRemovesWhatKilledRunsLeft) {
+  TempDir d;
+  std::string out = d.file("out");
+  ensure_output_dir(out);
+  // A staged sibling and a temp file of a process that no longer exists (pid 2^22+1 is above
+  // Linux's default pid_max of 2^22), one of a live process (ours), and a stranger's look-alike.
+  const std::string dead = ".tmp-4194305-0000beef";
+  fs::create_directories(out + dead);
+  write_text(out + dead + "/" + kOutputMarker, "");
+  write_text(out + "/model.safetensors" + dead, "partial");
+  fs::create_directories(out + "/checkpoint-3" + dead);
+  const std::string live = ".tmp-" + std::to_string(::getpid()) + "-0000cafe";
+  fs::create_directories(out + live);
+  write_text(out + live + "/" + kOutputMarker, "");
+  fs::create_directories(d.file("out.tmp-4194305-00000001"));  // no marker, not empty: not ours
+  write_text(d.file("out.tmp-4194305-00000001/data.csv"), "1,2");
+  claim_output_dir(out);
+  EXPECT_FALSE(fs::exists(out + dead));
+  EXPECT_FALSE(fs::exists(out + "/model.safetensors" + dead));
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-3" + dead));
+  EXPECT_TRUE(fs::exists(out + live));
+  EXPECT_TRUE(fs::exists(d.file("out.tmp-4194305-00000001")));
+
+  // An old output moved aside by a publish killed before the new one was in place comes back.
+  std::string out2 = d.file("out2");
+  ensure_output_dir(out2);
+  write_text(out2 + "/model.safetensors", "w");
+  fs::rename(out2, out2 + ".old-4194305-0000abcd");
+  claim_output_dir(out2);
+  EXPECT_EQ(read_text(out2 + "/model.safetensors"), "w");
+  EXPECT_FALSE(fs::exists(out2 + ".old-4194305-0000abcd"));
 }
 
 TEST(StagedDir, UncommittedLeavesNothingBehind) {
@@ -268,10 +341,10 @@ TEST(StagedDir, UncommittedLeavesNothingBehind) {
   EXPECT_EQ(entries(d.path), 0u);
 
   // An existing output survives an abandoned re-run intact.
-  fs::create_directories(out);
-  write_text(out + "/keep", "1");
+  ensure_output_dir(out);
+  write_text(out + "/model.safetensors", "1");
   { StagedDir s(out); }
-  EXPECT_TRUE(fs::exists(out + "/keep"));
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
   EXPECT_EQ(entries(d.path), 1u);
 }
 

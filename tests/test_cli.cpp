@@ -14,7 +14,10 @@
 #include <random>
 #include <sstream>
 
+#include "core/error.h"
 #include "data/tokenizer.h"
+#include "io/checkpoint.h"
+#include "io/output_dir.h"
 #include "io/safetensors.h"
 #include "model_fixtures.h"
 #include "test_util.h"
@@ -605,6 +608,141 @@ TEST_F(Cli, InterruptSavesACheckpoint) {
                     std::to_string(at + 1) + " --lr 1e-3 --device cpu --resume " + ck + " --output " + p("o2"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.last()["steps"], 1);
+}
+
+}  // namespace
+}  // namespace sf
+
+namespace sf {
+namespace {
+
+// --output never removes what slideformer did not write: a directory holding other files is refused
+// (exit 2) by every command that writes one, and nothing in it changes.
+TEST_F(Cli, OutputRefusesDirectoriesItDidNotWrite) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 4);
+  const std::string proj = p("project");
+  fs::create_directories(proj + "/src");
+  std::ofstream(proj + "/src/main.cpp") << "int main() {}";
+  std::ofstream(proj + "/config.json") << "{}";
+  std::ofstream(p("cfg.json")) << test::tiny_config("llama").dump();
+  expect_input_error(run("train --model " + model + " --data " + data + " --output " + proj +
+                         " --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
+                     proj + ": exists and holds");
+  expect_input_error(run("init --config " + p("cfg.json") + " --output " + proj + "/"), "did not write");
+  expect_input_error(run("demo --steps 1 --output " + proj), "did not write");
+  expect_input_error(run("train --model " + model + " --data " + data + " --output " + model +
+                         "/config.json --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
+                     "not a directory");
+  EXPECT_EQ(slurp(proj + "/src/main.cpp"), "int main() {}");
+  EXPECT_EQ(slurp(proj + "/config.json"), "{}");
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir_))
+    n += e.path().filename().string().find(".tmp-") != std::string::npos;
+  EXPECT_EQ(n, 0u);
+  // Its own output is replaced; a file a user put into it is kept.
+  const std::string train = "train --model " + model + " --data " + data + " --output " + p("out") +
+                            " --steps 2 --lr 1e-3 --seq-len 16 --device cpu";
+  ASSERT_EQ(run(train + " --save-every 1").code, 0);
+  std::ofstream(p("out") + "/NOTES.md") << "mine";
+  CmdResult again = run(train);
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(slurp(p("out") + "/NOTES.md"), "mine");
+  EXPECT_TRUE(fs::exists(p("out") + "/checkpoint-1/model.safetensors"));
+}
+
+// A kill (SIGKILL) at every rename, fsync and link of every save of a run, into a new output and over
+// an old one: the output is at every moment either absent (new run, nothing saved yet) or a complete
+// model, every checkpoint reported saved loads, and the next run on the same output removes what the
+// killed one left and completes.
+TEST_F(Cli, KillAtEveryStepOfASaveLosesNothing) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 6);
+  const std::string out = p("out");
+  const std::string train = "train --model " + model + " --data " + data + " --output " + out +
+                            " --steps 2 --save-every 1 --lr 1e-3 --seq-len 16 --device cpu";
+  auto saved_paths = [](const std::string& err) {
+    std::vector<std::string> v;
+    std::istringstream in(err);
+    std::string line;
+    while (std::getline(in, line)) {
+      size_t k = line.find("saved ");
+      if (k != std::string::npos) v.push_back(line.substr(k + 6, line.find(';', k) - (k + 6)));
+    }
+    return v;
+  };
+  auto loads = [&](const std::string& dir) {  // every header and tensor index valid, config there
+    try {
+      CheckpointReader::open(dir);
+      return fs::is_regular_file(dir + "/config.json");
+    } catch (const InputError&) {
+      return false;
+    }
+  };
+  auto leftovers = [&] {
+    std::vector<std::string> v;
+    for (const auto& root : {fs::path(dir_), fs::path(out)}) {
+      if (!fs::is_directory(root)) continue;
+      for (const auto& e : fs::recursive_directory_iterator(root)) {
+        std::string n = e.path().filename().string();
+        if (n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos) v.push_back(n);
+      }
+    }
+    return v;
+  };
+  auto run_env = [&](const std::string& env) {
+    CmdResult r;
+    fs::path o = dir_ / "stdout.txt", e = dir_ / "stderr.txt";
+    int status = std::system((env + " " + SF_BINARY + " " + train + " >" + o.string() + " 2>" + e.string()).c_str());
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : (WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1);
+    r.out = slurp(o);
+    r.err = slurp(e);
+    return r;
+  };
+  CmdResult clean = run_env("SF_CRASH_TRACE=1");  // how many crash points a whole run passes
+  fs::remove_all(out);
+  ASSERT_EQ(clean.code, 0) << clean.err;
+  const long points = long(std::count(clean.err.begin(), clean.err.end(), '\n')) -
+                      long(saved_paths(clean.err).size());  // upper bound; the loop stops at the first clean run
+  ASSERT_GT(points, 10);
+  for (int scenario = 0; scenario < 4; ++scenario) {
+    // 0, 2: a new output; 1, 3: over the complete output of an earlier run (with its checkpoints);
+    // 2, 3: on a filesystem without RENAME_EXCHANGE (the old output steps aside first).
+    const std::string fs_env = scenario >= 2 ? "SF_TEST_NO_EXCHANGE=1 " : "";
+    long k = 1;
+    for (;; ++k) {
+      fs::remove_all(out);
+      if (scenario % 2 == 1) {
+        ASSERT_EQ(run_env(fs_env).code, 0);
+      }
+      CmdResult r = run_env(fs_env + "SF_CRASH_AT=" + std::to_string(k));
+      if (r.code == 0) break;  // k is past the last crash point
+      ASSERT_LE(k, points + 1) << "the crash points do not end";
+      ASSERT_EQ(r.code, 128 + SIGKILL) << r.err;
+      // Without RENAME_EXCHANGE an old directory is missing between two renames (kept aside as
+      // "<name>.old-*"): what the next run's first step puts back is what counts there.
+      if (scenario >= 2) claim_output_dir(out);
+      if (scenario % 2 == 0 && !fs::exists(out)) {
+        EXPECT_TRUE(saved_paths(r.err).empty()) << "k=" << k;
+      } else {
+        ASSERT_TRUE(fs::exists(out + "/" + kOutputMarker)) << "k=" << k;
+        if (scenario % 2 == 1 || fs::exists(out + "/model.safetensors")) {
+          EXPECT_TRUE(loads(out)) << "k=" << k;
+        }
+      }
+      for (const std::string& ck : saved_paths(r.err)) {
+        EXPECT_TRUE(loads(ck)) << "k=" << k << " " << ck;
+      }
+      if (scenario % 2 == 1) {
+        EXPECT_TRUE(loads(out + "/checkpoint-1")) << "k=" << k;
+      }
+      CmdResult next = run_env(fs_env);
+      ASSERT_EQ(next.code, 0) << "k=" << k << " " << next.err;
+      EXPECT_EQ(leftovers(), std::vector<std::string>{}) << "k=" << k;
+      for (const char* ck : {"/checkpoint-1", ""}) EXPECT_TRUE(loads(out + ck)) << "k=" << k << ck;
+    }
+    EXPECT_GT(k, 20) << "scenario " << scenario << ": too few crash points were tried";
+  }
 }
 
 }  // namespace

@@ -46,6 +46,22 @@ for s in "${steps[@]}"; do
         run bench_offload_3b_clip$clip "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
           --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm $clip
       done ;;
+    # issue 7: the host path (every blob on the host) and 8B at 24 GiB, next to PyTorch without
+    # offload in the same call; peak RSS and the planner's figures are in each JSON line
+    offload7)
+      run torch_3b python3 bench/torch_train_baseline.py --preset 3b --steps 3 --warmup 2 --clip 1.0
+      for clip in 1 0; do
+        run sf_3b_host_clip$clip "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+          --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm $clip
+      done
+      run sf_3b_host_slots2 "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+        --steps 2 --warmup 1 --device cuda --offload --gpu-blobs 0 --slots 2 --max-grad-norm 1
+      for clip in 1 0; do
+        run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
+          --steps 2 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip
+      done
+      run sf_8b_24g_accum4 "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
+        --grad-accum 4 --steps 2 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 1 ;;
     # the planner's choice: 3B with a 20 GiB GPU budget (some blobs kept on the GPU), and 8B
     bench_offload_plan)
       run bench_offload_3b_20g "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \

@@ -82,6 +82,7 @@ void apply_data_options(const DataOptions& d) {
 }
 
 int cmd_init(const std::string& config_path, const std::string& output, uint64_t seed, const std::string& dtype_s) {
+  claim_output_dir(output);  // a directory that is not ours is refused before any work
   DType dtype;
   if (dtype_s == "bf16" || dtype_s == "bfloat16") {
     dtype = DType::BF16;

@@ -9,5 +9,7 @@ namespace sf {
 uint64_t parse_size(const std::string& text, const std::string& option);
 std::string format_bytes(uint64_t bytes);     // "1.50 GiB"
 std::string format_duration(double seconds);  // "42s", "7m05s", "3h02m"
+// The process's peak resident set (VmHWM of /proc/self/status), 0 where unknown.
+size_t peak_rss_bytes();
 
 }  // namespace sf

@@ -2,6 +2,7 @@
 // runs over it. ResidentEngine keeps everything in one device's memory; SlidingEngine slides the
 // layers through a ring of GPU slots with host-resident state.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@ class CheckpointReader;
 struct EngineOptions {
   int max_batch = 1;     // sequences per micro-batch
   int max_seq = 1;       // tokens per sequence
+  int max_micro = 1;     // micro-batches per optimizer step (the sliding engine runs them layer-major)
   bool training = true;  // allocate gradients (and AdamW state when optimizer is true)
   bool optimizer = true;
   // Storage of activations and of the compute copy of the parameters: "" = the device's natural
@@ -26,6 +28,13 @@ struct EngineOptions {
 
 // Device scalars of an engine: [0] loss sum, [1] spare, [2, 2 + blobs) per-blob squared norms (F32).
 inline size_t engine_scalar_bytes(size_t blobs) { return (4 * (2 + blobs) + 255) / 256 * 256; }
+// torch.nn.utils.clip_grad_norm_'s factor (1 when max_norm is 0: no clipping).
+inline float clip_factor(double norm, double max_norm) {
+  return max_norm > 0 ? float(std::min(1.0, max_norm / (norm + 1e-6))) : 1.f;
+}
+// Elements of the chunks in which a compute dtype below fp32 rounds gradients to it (both engines:
+// the same rounding, so the same bits on the cpu backend).
+inline constexpr int64_t kGradRoundChunk = int64_t(1) << 22;
 inline double sum_blob_norms(const std::vector<float>& per_blob) {
   double s = 0.0;
   for (float v : per_blob) s += double(v);
@@ -56,31 +65,37 @@ class Engine {
   // HF-style random init: normal(0, initializer_range) weights, 1 for norms, 0 for biases.
   virtual void init_random(uint64_t seed) = 0;
 
-  virtual void zero_grads() = 0;
-  // Adds one micro-batch: forward, loss, and (if backward) the gradients scaled by grad_scale
-  // (1 / trained tokens of the optimizer step). Asynchronous; read the loss with take_loss_sum().
-  virtual void forward_backward(const Batch& b, float grad_scale, bool backward) = 0;
-  // Sum of the micro-batches' cross-entropy since the last call (waits for the device).
-  virtual double take_loss_sum() = 0;
-  // Squared L2 norm of all gradients (waits for them), defined blob by blob so that engines that
-  // keep blobs in different places agree to the bit: each blob's sq_norm (the backend's, into a
-  // zeroed fp32 scalar), summed in fp64 in blob order (sum_blob_norms).
-  virtual double grad_sq_norm() = 0;
-  // One AdamW step on every parameter; grads multiplied by p.grad_scale first (clipping).
-  virtual void adamw_step(const AdamWParams& p) = 0;
-  // Optional, before the last micro-batch of a step: the update that adamw_step(p) will make. An
-  // engine may then update each blob as soon as its gradient is complete, overlapped with the
-  // rest of the backward (SlideFormer's schedule); adamw_step(p) then only completes it. Only when
-  // p is known before the gradients are (no clipping).
-  virtual void schedule_update(const AdamWParams& p) {}
+  // One optimizer step (DESIGN.md §4, "one step protocol"): forward and backward of every
+  // micro-batch, the loss normalised by the step's trained tokens (so accumulation equals one
+  // large batch), the global gradient norm, clipping to max_grad_norm (> 0), AdamW. The engine
+  // owns the ordering: without clipping it may update each blob as soon as its gradient is
+  // complete; with clipping the update waits for the norm. The update may still be running when
+  // step returns (the next step, a save or synchronize() wait for it). Nothing is updated when
+  // the loss or the norm is not finite (with clipping; without, the updates have started).
+  struct StepParams {
+    AdamWParams adamw;         // lr, betas, eps, weight decay, 1-based step (grad_scale is set here)
+    double max_grad_norm = 0;  // 0: no clipping
+  };
+  struct StepResult {
+    double loss = 0;       // mean cross-entropy over the step's trained tokens
+    int64_t trained = 0;   // trained tokens of the step
+    double grad_norm = 0;  // global L2 norm of the gradients, before clipping
+    bool updated = false;
+  };
+  virtual StepResult step(const std::vector<Batch>& micro_batches, const StepParams& p) = 0;
+  // Sum of the cross-entropy over the trained tokens of the batches (forward only).
+  virtual double loss_sum(const std::vector<Batch>& batches) = 0;
+  // The gradient of the mean loss over all the batches' trained tokens, kept for
+  // read_state(State::Grads); no update. Returns that mean loss.
+  virtual double compute_grads(const std::vector<Batch>& batches) = 0;
   // Waits until everything queued so far has run.
   virtual void synchronize() = 0;
 
   // Cumulative counters for benchmarks (what an engine does not track stays 0).
   struct Stats {
-    double host_grad_s = 0;    // wall time of the host gradient additions (sum over calls)
-    double host_update_s = 0;  // wall time of the host AdamW
+    double host_update_s = 0;  // wall time of the host AdamW (sum over calls)
     int64_t uploads = 0;       // parameter blobs copied to the device
+    size_t pinned_bytes = 0;   // page-locked host memory held
   };
   virtual Stats stats() const { return {}; }
 

@@ -1,5 +1,7 @@
 #include "engine/make_engine.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -9,13 +11,14 @@
 namespace sf {
 
 std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
-                                    int slots, const std::vector<int>& gpu_blobs) {
+                                    int slots, const std::vector<int>& gpu_blobs, bool keep_grads) {
   if (!offload) return std::make_unique<ResidentEngine>(dev, spec, opt);
   if (slots < 2) input_error("--slots", "the sliding engine needs at least 2 GPU parameter slots");
   SlidingOptions so;
   so.base = opt;
   so.slots = slots;
   so.gpu_blobs = gpu_blobs;
+  so.keep_grads = keep_grads || !opt.optimizer;
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }
 
@@ -29,7 +32,7 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   PlanRequest r;
   r.batch = opt.max_batch;
   r.seq = opt.max_seq;
-  r.grad_accum = req.grad_accum;
+  r.grad_accum = std::max(opt.max_micro, req.grad_accum);
   r.training = opt.training;
   r.optimizer = opt.optimizer;
   r.clip = req.clip;
@@ -51,7 +54,9 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
                             "; `slideformer plan` lists every buffer");
   }
   b.dev = make_device(req.device, req.gpu_memory);
-  b.engine = make_engine(*b.dev, spec, opt, p.engine == "sliding", p.slots, p.gpu_blobs);
+  EngineOptions eo = opt;
+  eo.max_micro = std::max(opt.max_micro, req.grad_accum);  // the plan counted grad_accum micro-batches
+  b.engine = make_engine(*b.dev, spec, eo, p.engine == "sliding", p.slots, p.gpu_blobs, req.clip);
   return b;
 }
 

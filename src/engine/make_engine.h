@@ -9,8 +9,9 @@
 
 namespace sf {
 
+// keep_grads (sliding): the step's gradients are held in host memory (clipping, or read back).
 std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
-                                    int slots, const std::vector<int>& gpu_blobs = {});
+                                    int slots, const std::vector<int>& gpu_blobs = {}, bool keep_grads = true);
 
 // What the commands ask for; the planner decides the rest.
 struct EngineRequest {

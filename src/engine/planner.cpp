@@ -8,6 +8,9 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "engine/engine.h"
+#include "engine/host_optimizer.h"
+#include "engine/sliding_engine.h"
+#include "engine/slot_cache.h"
 #include "model/layout.h"
 #include "model/program.h"
 
@@ -98,6 +101,9 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const 
   std::vector<MemoryItem> m = {{"fp32 master weights", P * 4, Place::Device}};
   if (be.compute_dtype != DType::F32) m.push_back({"compute copy of the weights", P * c.act, Place::Device});
   if (training) m.push_back({"fp32 gradients", P * 4, Place::Device});
+  if (training && be.compute_dtype != DType::F32)
+    m.push_back(
+        {"gradient rounding scratch", size_t(std::min<int64_t>(c.total, kGradRoundChunk)) * c.act, Place::Device});
   if (training && optimizer) {
     m.push_back({"AdamW m", P * 4, Place::Device});
     m.push_back({"AdamW v", P * 4, Place::Device});
@@ -120,36 +126,56 @@ std::vector<int> gpu_blob_order(const ModelSpec& s) {
 }
 
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be,
-                                       const std::vector<int>& gpu_blobs) {
+                                       const std::vector<int>& gpu_blobs, int micro, bool keep_grads) {
+  // The sliding engine's buffers (engine/sliding_engine.cpp, slot_cache.cpp, host_optimizer.cpp).
   const Common c = common(s, B, T, be, gpu_blobs);
-  const size_t P = size_t(c.total);
-  const size_t grad_bufs = size_t(2 * c.max_layer_blob + c.emb + c.head) * 4;
+  const SlidingOptions defaults;
+  const int64_t chunk = std::max<int64_t>(1, std::min(defaults.chunk, std::max(c.max_blob, c.gpu_total)));
+  const size_t P = size_t(c.total), K = size_t(std::max(micro, 1));
+  const bool low = be.compute_dtype != DType::F32;
+  const HostOptimizer::Bytes hb =
+      HostOptimizer::bytes_for(c.total, be.compute_dtype, keep_grads, chunk, defaults.grad_ring);
+  const ModelLayout lay = make_layout(s);
+  std::vector<int64_t> host_numel;
+  std::vector<bool> is_layer;
+  for (size_t b = 0; b < lay.blobs.size(); ++b) {
+    const bool kept = std::find(gpu_blobs.begin(), gpu_blobs.end(), int(b)) != gpu_blobs.end();
+    host_numel.push_back(kept ? 0 : lay.blobs[b].numel);
+    is_layer.push_back(lay.blobs[b].kind == BlobKind::Layer);
+  }
   std::vector<MemoryItem> m = {
-      {"parameter slots (" + std::to_string(slots) + " x the largest blob)", size_t(slots) * size_t(c.max_blob) * c.act,
+      {"parameter slots (" + std::to_string(slots) + ": one of the largest blob, the others of a layer)" +
+           (low ? " + fp32 upload staging" : ""),
+       SlotCache::bytes_for(SlotCache::capacities(slots, host_numel, is_layer), be.compute_dtype, chunk),
        Place::Device},
-      {"gradient buffers (2 layers, embedding, head)", grad_bufs, Place::Device},
-      {"forward activations", 2 * c.stride_nh, Place::Device},
-      {"checkpoints fetched for the backward", 2 * c.stride_nh, Place::Device},
-      {"backward activations (dy, dx, recompute)", 3 * c.stride_nh, Place::Device},
+      {"fp32 gradient accumulators (2 layers, embedding, head)",
+       2 * round256(size_t(c.max_layer_blob) * 4) + round256(size_t(c.emb) * 4) + round256(size_t(c.head) * 4),
+       Place::Device},
+      {"activations (" + std::to_string(K + 1) + " buffers: one per micro-batch + 1)", (K + 1) * c.stride_nh,
+       Place::Device},
+      {"checkpoints fetched for the backward + recompute output", 3 * c.stride_nh, Place::Device},
       {"workspace (one layer's recompute + backward; chunked head)", c.workspace, Place::Device},
-      {"token ids / targets", size_t(c.max_tokens) * 16, Place::Device},
+      {"token ids / targets", 2 * K * size_t(c.max_tokens) * 8, Place::Device},
       {"RoPE tables", c.rope, Place::Device},
       {"scalars", engine_scalar_bytes(c.blobs), Place::Device}};
+  if (low) m.push_back({"gradient staging (2 chunks)", 2 * round256(size_t(chunk) * c.act), Place::Device});
   if (c.gpu_total > 0) {
     const size_t G = size_t(c.gpu_total);
     m.push_back({std::to_string(gpu_blobs.size()) + " blobs kept on the GPU: fp32 master, AdamW m and v, gradients" +
-                     (be.compute_dtype != DType::F32 ? ", compute copy" : ""),
-                 G * (16 + (be.compute_dtype != DType::F32 ? c.act : 0)), Place::Device});
+                     (low ? ", compute copy" : ""),
+                 G * (16 + (low ? c.act : 0)), Place::Device});
   }
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
-  m.push_back({"fp32 master weights", P * 4, Place::Pinned});
-  if (be.compute_dtype != DType::F32) m.push_back({"upload copy of the weights", P * c.act, Place::Pinned});
-  m.push_back({"fp32 gradient accumulator", P * 4, Place::Pinned});
-  m.push_back({"gradient staging", grad_bufs, Place::Pinned});
-  m.push_back({"layer-input checkpoints", c.stride_nh * size_t(std::max(s.n_layer, 1)), Place::Pinned});
-  m.push_back({"token staging", size_t(c.max_tokens) * 16, Place::Pinned});
-  m.push_back({"AdamW m", P * 4, Place::Host});
-  m.push_back({"AdamW v", P * 4, Place::Host});
+  m.push_back({"fp32 master weights", hb.master, Place::Pinned});
+  if (hb.grads)
+    m.push_back({keep_grads ? "gradients of the step (held for the norm)"
+                            : "gradient ring (" + std::to_string(defaults.grad_ring) + " chunks)",
+                 hb.grads, Place::Pinned});
+  m.push_back({"layer-input checkpoints (" + std::to_string(K) + " micro-batches)",
+               K * c.stride_nh * size_t(std::max(s.n_layer, 1)), Place::Pinned});
+  m.push_back({"token staging", 2 * K * size_t(c.max_tokens) * 8, Place::Pinned});
+  m.push_back({"AdamW m and v", hb.moments, Place::Host});
+  (void)P;
   return m;
 }
 
@@ -167,8 +193,9 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     p.engine = engine;
     p.slots = slots;
     p.gpu_blobs = gpu_blobs;
-    p.items = engine == "resident" ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer)
-                                   : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs);
+    p.items = engine == "resident"
+                  ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer)
+                  : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs, r.grad_accum, r.clip || !r.optimizer);
     p.gpu_bytes = total_bytes(p.items, Place::Device);
     p.pinned_bytes = total_bytes(p.items, Place::Pinned);
     p.host_bytes = p.pinned_bytes + total_bytes(p.items, Place::Host) + (on_host ? p.gpu_bytes : 0);
@@ -238,17 +265,16 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   } else {
     const double act = double(dtype_size(be.compute_dtype));
     const double ckpt = double(s.n_layer) * double(r.batch) * r.seq * double(s.hidden) * act;
-    const double update_s = P / rates.host_adamw_params_s;
-    // First gradient of a step: summed in place (4 bytes read); each further micro-batch: staging
-    // added into the accumulator (12 bytes).
-    const double grad_s = (4.0 + 12.0 * (r.grad_accum - 1)) * P / (rates.host_read_gbs * 1e9);
-    p.host_s = update_s + grad_s;
-    const double up = r.grad_accum * (2 * P * act + ckpt), down = r.grad_accum * (4 * P + ckpt);
+    const double update_s = P / rates.host_adamw_params_s;  // one fused pass (bf16 gradient in)
+    p.host_s = update_s;
+    // Layer-major micro-batches: weights cross PCIe once a step (fp32 up, cast on the GPU; twice,
+    // forward and backward) and gradients once (compute dtype down), whatever grad_accum is.
+    const double up = 2 * P * 4 + r.grad_accum * ckpt, down = P * act + r.grad_accum * ckpt;
     p.pcie_s = std::max(up, down) / (rates.pcie_gbs * 1e9);
     // With clipping the update waits for the backward and overlaps only the next forward (in
     // forward order). Without, each blob's update runs during the backward, but the embedding's
     // comes last and the next forward needs it first.
-    const double fwd_s = p.gpu_s * (f.forward / f.total) / r.grad_accum;
+    const double fwd_s = p.gpu_s * (f.forward / f.total);
     const double emb_update_s = emb_on_host ? double(lay.embedding().numel) / rates.host_adamw_params_s : 0.0;
     const double path =
         r.clip ? p.gpu_s + std::max(0.0, update_s - fwd_s) : fwd_s + std::max(p.gpu_s - fwd_s, p.host_s) + emb_update_s;

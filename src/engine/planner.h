@@ -25,8 +25,10 @@ size_t total_bytes(const std::vector<MemoryItem>& items, Place where);
 // gradients only when training, AdamW state only with the optimizer; the sliding one always both).
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int max_seq, const BackendInfo& be,
                                         bool training = true, bool optimizer = true);
+// micro: micro-batches a step (layer-major: checkpoints and activations per micro-batch);
+// keep_grads: the step's gradients held in host memory (clipping, or gradients read back).
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots, const BackendInfo& be,
-                                       const std::vector<int>& gpu_blobs = {});
+                                       const std::vector<int>& gpu_blobs = {}, int micro = 1, bool keep_grads = true);
 // The order in which the planner keeps blobs whole on the GPU: the embedding (the largest, and the
 // last to be updated in a backward while the next forward needs it first), the head, then layers.
 std::vector<int> gpu_blob_order(const ModelSpec& s);

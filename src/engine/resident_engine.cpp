@@ -1,5 +1,6 @@
 #include "engine/resident_engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -41,6 +42,7 @@ struct ResidentEngine::Impl {
   DeviceBuffer compute;         // [total] act copy of the parameters (only when act != F32)
   DeviceBuffer grads;           // [total] F32
   DeviceBuffer adam_m, adam_v;  // [total] F32
+  DeviceBuffer round_buf;       // [min(total, kGradRoundChunk)] act: round_grads (act != F32)
   DeviceBuffer ckpt;            // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
   DeviceBuffer dbuf;            // [3, N, H] act: dy, dx, recompute output scratch
   std::unique_ptr<TokenUploader> tokens;
@@ -96,6 +98,8 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   master = DeviceBuffer(dev, size_t(total) * 4);
   if (act != DType::F32) compute = DeviceBuffer(dev, size_t(total) * dtype_size(act));
   if (opt.training) grads = DeviceBuffer(dev, size_t(total) * 4);
+  if (opt.training && act != DType::F32)
+    round_buf = DeviceBuffer(dev, size_t(std::min(total, kGradRoundChunk)) * dtype_size(act));
   if (opt.training && opt.optimizer) {
     adam_m = DeviceBuffer(dev, size_t(total) * 4);
     adam_v = DeviceBuffer(dev, size_t(total) * 4);
@@ -169,7 +173,8 @@ void ResidentEngine::init_random(uint64_t seed) {
 size_t ResidentEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
-         m.dbuf.size() + m.tokens->device_bytes() + m.scalars.size() + m.rope_dev->buf.size() + m.ws->bytes();
+         m.round_buf.size() + m.dbuf.size() + m.tokens->device_bytes() + m.scalars.size() + m.rope_dev->buf.size() +
+         m.ws->bytes();
 }
 
 size_t ResidentEngine::host_bytes() const { return impl_->tokens->host_bytes(); }
@@ -302,6 +307,58 @@ double ResidentEngine::grad_sq_norm() {
   dev_.copy(m.host_norms.data(), norms, size_t(nb) * 4, CopyKind::DeviceToHost, *m.stream);
   dev_.synchronize(*m.stream);
   return sum_blob_norms(m.host_norms);
+}
+
+void ResidentEngine::round_grads() {
+  Impl& m = *impl_;
+  if (m.act == DType::F32) return;
+  for (int64_t i = 0; i < m.total; i += kGradRoundChunk) {
+    const int64_t n = std::min(kGradRoundChunk, m.total - i);
+    Tensor g(static_cast<float*>(m.grads.data()) + i, DType::F32, {n}), r(m.round_buf.data(), m.act, {n});
+    dev_.ops().cast(r, g, *m.stream);
+    dev_.ops().cast(g, r, *m.stream);
+  }
+}
+
+Engine::StepResult ResidentEngine::step(const std::vector<Batch>& mbs, const StepParams& sp) {
+  StepResult r;
+  for (const Batch& b : mbs) r.trained += b.trained;
+  const float scale = r.trained > 0 ? float(1.0 / double(r.trained)) : 0.f;
+  zero_grads();
+  for (const Batch& b : mbs) forward_backward(b, scale, true);
+  r.loss = r.trained > 0 ? take_loss_sum() / double(r.trained) : (take_loss_sum(), 0.0);
+  round_grads();
+  r.grad_norm = std::sqrt(grad_sq_norm());
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return r;
+  AdamWParams p = sp.adamw;
+  p.grad_scale = clip_factor(r.grad_norm, sp.max_grad_norm);
+  adamw_step(p);
+  r.updated = true;
+  return r;
+}
+
+double ResidentEngine::loss_sum(const std::vector<Batch>& batches) {
+  double sum = 0;
+  for (const Batch& b : batches) {
+    forward_backward(b, 1.f, false);
+    sum += take_loss_sum();
+  }
+  return sum;
+}
+
+double ResidentEngine::compute_grads(const std::vector<Batch>& batches) {
+  int64_t trained = 0;
+  for (const Batch& b : batches) trained += b.trained;
+  const float scale = trained > 0 ? float(1.0 / double(trained)) : 0.f;
+  zero_grads();
+  double sum = 0;
+  for (const Batch& b : batches) {
+    forward_backward(b, scale, true);
+    sum += take_loss_sum();
+  }
+  round_grads();
+  synchronize();
+  return trained > 0 ? sum / double(trained) : 0.0;
 }
 
 void ResidentEngine::adamw_step(const AdamWParams& p) {

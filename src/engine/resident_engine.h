@@ -33,14 +33,22 @@ class ResidentEngine final : public Engine {
 
   void load(const CheckpointReader& ckpt) override;
   void init_random(uint64_t seed) override;
-  void zero_grads() override;
-  void forward_backward(const Batch& b, float grad_scale, bool backward) override;
+  StepResult step(const std::vector<Batch>& micro_batches, const StepParams& p) override;
+  double loss_sum(const std::vector<Batch>& batches) override;
+  double compute_grads(const std::vector<Batch>& batches) override;
+  void synchronize() override;
+
+  // The parts of a step (tests use them one by one).
+  void zero_grads();
+  // Adds one micro-batch: forward, loss, and (if backward) the gradients scaled by grad_scale.
+  void forward_backward(const Batch& b, float grad_scale, bool backward);
+  double take_loss_sum();  // sum of the micro-batches' cross-entropy since the last call
+  // With a compute dtype below fp32: every gradient rounded to it (nearest-even), in place.
+  void round_grads();
+  double grad_sq_norm();  // blob by blob (sum_blob_norms)
+  void adamw_step(const AdamWParams& p);
   // Full logits [B*T, V] of a batch, to host (evaluation helper; allocates, not for the hot path).
   std::vector<float> logits(const Batch& b);
-  double take_loss_sum() override;
-  void synchronize() override;
-  double grad_sq_norm() override;
-  void adamw_step(const AdamWParams& p) override;
   std::vector<HostTensor> export_state(State which) override;
   void import_state(State which, const std::vector<HostTensor>& tensors) override;
 

@@ -1,18 +1,17 @@
 #include "engine/sliding_engine.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 
 #include "backend/cpu/kernels.h"
 #include "core/error.h"
-#include "core/host_memory.h"
 #include "core/log.h"
-#include "core/thread_pool.h"
 #include "engine/blob_init.h"
 #include "engine/device_rope.h"
+#include "engine/host_optimizer.h"
+#include "engine/slot_cache.h"
 #include "engine/token_uploader.h"
 #include "io/checkpoint.h"
 #include "model/program.h"
@@ -28,16 +27,28 @@ DType natural_compute_dtype(const Device& d, const std::string& name) {
   input_error("--compute-dtype", "'" + name + "' is not available here (fp32 on the cpu backend, or bf16)");
 }
 
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+
 }  // namespace
 
-// Adds the wall time of its scope to a counter.
-struct Timer {
-  std::atomic<int64_t>& ns;
-  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-  explicit Timer(std::atomic<int64_t>& n) : ns(n) {}
-  ~Timer() {
-    ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+// The blobs kept whole on the GPU (SlidingOptions::gpu_blobs): every state in place, each buffer
+// [total] in `off`'s layout; their AdamW runs on the compute stream.
+struct GpuBlobs {
+  std::vector<int64_t> off;  // [blobs] element offset (-1: on the host)
+  int64_t total = 0;
+  DeviceBuffer params;               // act (act != F32): the compute copy
+  DeviceBuffer master, m, v, grads;  // F32; grads accumulate over the step's micro-batches
+  bool has(int b) const { return off[size_t(b)] >= 0; }
+  float* at(const DeviceBuffer& buf, int b) const { return static_cast<float*>(buf.data()) + off[size_t(b)]; }
+  const DeviceBuffer& state(Engine::State s) const {
+    return s == Engine::State::Params ? master : s == Engine::State::Grads ? grads : s == Engine::State::AdamM ? m : v;
   }
+};
+
+// Where a blob's compute-dtype parameters are while kernels read them.
+struct ParamsRef {
+  void* data = nullptr;
+  int slot = -1;  // the slot to release, or -1 for a blob kept on the GPU
 };
 
 struct SlidingEngine::Impl {
@@ -46,282 +57,179 @@ struct SlidingEngine::Impl {
   Device& dev;
   const ModelSpec& spec;
   const ModelLayout& layout;
-  DType act;
-  int L = 0;
-  std::vector<int64_t> blob_off;             // element offset of each blob in the flat host buffers (-1: on the GPU)
-  std::vector<int64_t> gpu_off;              // element offset of each blob in the GPU state buffers (-1: on the host)
-  int64_t total = 0, gpu_total = 0;          // elements of the host / GPU state buffers
-  int64_t max_blob = 0, max_layer_blob = 0;  // largest host blob / host layer blob
-  bool on_gpu(int blob) const { return gpu_off[size_t(blob)] >= 0; }
+  const SlidingOptions& opt;
+  DType act;  // activations, compute copy of the parameters, and gradients on their way down
+  int L = 0, nb = 0;
   int64_t max_tokens = 0;
   size_t stride_nh = 0;  // bytes of one [max N, H] activation
+  int64_t chunk = 0;
 
-  // Host state, flat, in the resident engine's layout (so both run the same host kernels).
-  DeviceBuffer master;  // [total] F32, pinned: the upload source when act == F32
-  DeviceBuffer upload;  // [total] act, pinned: the compute copy uploaded when act != F32
-  // [total] F32 pinned: accumulated over the micro-batches of a step; a blob's first gradient of
-  // the step is copied straight into it (no host pass), later ones are added from staging.
-  DeviceBuffer grads;
-  // Per blob: no gradient arrived since zero_grads, so the next one is copied rather than added
-  // (zeroing is lazy: zero_grads never waits for the host work of the previous step).
-  std::vector<bool> grads_fresh;
-  HostBuffer adam_m, adam_v;  // [total] F32
-  // The squared gradient norm, built as the gradients arrive (Engine::grad_sq_norm): the host
-  // addition of a blob also sums its squares in cpu::sq_norm's fixed blocks, from the blob's start.
-  std::vector<double> block_sq;    // [sum over blobs of their blocks]
-  std::vector<int64_t> block_off;  // [blobs] first block of each blob in block_sq
-  std::vector<float> blob_sq;      // [blobs] float(the blob's sq_norm)
-
-  // GPU parameter slots: [K, max_blob] act.
-  struct Slot {
-    int blob = -1;
-    uint64_t last_use = 0;
-    std::unique_ptr<Event> ready;     // h2d: the upload into the slot is done
-    std::unique_ptr<Event> released;  // compute: the last kernel reading the slot is done
-  };
-  DeviceBuffer slot_mem;
-  std::vector<Slot> slots;
-  uint64_t clock = 0;
-  int64_t uploads = 0;
-  std::atomic<int64_t> grad_ns{0}, update_ns{0};  // host work time (stats())
-
-  // Gradients leave the GPU through these: a device buffer, its pinned staging, two events.
-  struct GradBuf {
-    DeviceBuffer dev;                 // [numel] F32
-    DeviceBuffer host;                // [numel] F32 pinned
-    std::unique_ptr<Event> computed;  // compute: the gradient is complete
-    std::unique_ptr<Event> free;      // d2h: copied down and added on the host
-  };
-  GradBuf layer_grads[2];  // [max layer blob], alternating between layers
-  int next_grad = 0;
-  GradBuf emb_grads, head_grads;  // whole backward (the tied head adds into the embedding's)
-
-  // Activations.
-  DeviceBuffer fwd_acts;   // [2, N, H]: layer input / output, alternating, in the forward
-  DeviceBuffer bwd_acts;   // [2, N, H]: checkpoints fetched back for the backward
-  DeviceBuffer dbuf;       // [3, N, H]: dy, dx, recompute output
-  DeviceBuffer host_ckpt;  // [L, N, H] act, pinned: each layer's input
-  std::unique_ptr<Event> fwd_done[2], fwd_free[2], bwd_ready[2], bwd_free[2];
-
-  // The overlapped update (schedule_update): applied to each blob by the d2h stream right after
-  // its gradient lands; uploads of a blob wait for its update.
-  bool update_armed = false;    // the next backward applies `update`
-  bool update_applied = false;  // a backward applied it; adamw_step only completes the step
-  bool slots_stale = false;     // an update was queued: the next forward re-uploads every blob
-  AdamWParams update;
-  std::vector<std::unique_ptr<Event>> updated;  // [blobs] opt: the blob's update is done
-  std::vector<std::unique_ptr<Event>> added;    // [blobs] d2h: the blob's gradient is in `grads`
-
-  DeviceBuffer scalars;  // [2] F32: loss sum, squared norm (device side)
-  float host_loss = 0;
   std::unique_ptr<Stream> compute, h2d, d2h;
-  // Host optimizer work (AdamW per blob) in its own stream, so that gradient and checkpoint
-  // copies on d2h never queue behind it. Created last (stream indices of the race tests).
-  std::unique_ptr<Stream> opt;
+  GpuBlobs gpu;
+  std::unique_ptr<HostOptimizer> host;
+  std::unique_ptr<SlotCache> slots;
+  bool slots_stale = false;  // an update was queued: the next forward re-uploads every blob
+
+  // The gradient path: a blob's gradient accumulates in fp32 on the GPU over the micro-batches,
+  // is rounded to the compute dtype (in place, chunk by chunk, through staging), its squared norm
+  // taken, and the chunks copied down into host memory (HostOptimizer::land).
+  struct Acc {
+    DeviceBuffer buf;             // [numel] F32
+    std::unique_ptr<Event> sent;  // d2h: copied down (when no staging is used)
+  };
+  Acc layer_acc[2], emb_acc, head_acc;  // layers alternate: one fills while the other drains
+  int next_acc = 0;
+  DeviceBuffer grad_stg;  // [2, chunk] act (act != F32)
+  std::unique_ptr<Event> stg_ready[2], stg_free[2];
+  int next_stg = 0;
+  std::unique_ptr<Event> grads_ready;           // compute: a gradient is complete (re-recorded)
+  std::unique_ptr<Event> chunk_landed;          // d2h, re-recorded per chunk (waited at once)
+  std::vector<std::unique_ptr<Event>> landed;   // [blobs] d2h: the step's gradient is in host memory
+  std::vector<std::unique_ptr<Event>> updated;  // [blobs] opt: the blob's last host update is done
+
+  // Activations: a ring of K+1 [N, H] buffers holds each micro-batch's current hidden state (or
+  // gradient); a layer writes micro-batch j's output into the spare one.
+  DeviceBuffer acts;                             // [K + 1, N, H] act
+  std::vector<std::unique_ptr<Event>> act_read;  // [K + 1] compute: the layer reading it is queued
+  std::vector<std::unique_ptr<Event>> act_free;  // [K + 1] d2h: its checkpoint offload is done
+  DeviceBuffer bwd;                              // [2, N, H] act: checkpoints fetched for the backward
+  std::unique_ptr<Event> bwd_ready[2], bwd_free[2];
+  DeviceBuffer scratch;              // [N, H] act: the recompute's output
+  DeviceBuffer host_ckpt;            // [K, L, N, H] act, pinned: each layer's input
+  std::unique_ptr<Event> ckpt_done;  // d2h: the forward's offloads are done
+
+  DeviceBuffer scalars;  // engine_scalar_bytes: loss sum, per-blob squared norms
+  std::vector<float> host_scalars;
   std::unique_ptr<DeviceRope> rope;
   std::unique_ptr<Workspace> ws;
   std::unique_ptr<TokenUploader> tokens;
+  // Host optimizer work in its own stream, so that gradient and checkpoint copies on d2h never
+  // queue behind it. Created last (stream indices of the race tests).
+  std::unique_ptr<Stream> opt_stream;
   Program program;
-
-  // Blobs kept on the GPU (SlidingOptions::gpu_blobs), each [gpu_total] in gpu_off's layout.
-  DeviceBuffer gpu_params;       // act: the compute copy
-  DeviceBuffer gpu_master;       // F32
-  DeviceBuffer gpu_m, gpu_v;     // F32 AdamW state
-  DeviceBuffer gpu_grads;        // F32, accumulated over the micro-batches of a step
-  std::vector<float> gpu_norms;  // [blobs] host copy of the device per-blob norms
-  void* gpu_at(const DeviceBuffer& b, int blob, DType t) const {
-    return static_cast<char*>(b.data()) + size_t(gpu_off[size_t(blob)]) * dtype_size(t);
-  }
-  Tensor gpu_tensor(const DeviceBuffer& b, int blob, DType t) const {
-    return Tensor(gpu_at(b, blob, t), t, {layout.blobs[size_t(blob)].numel});
-  }
-  // AdamW of a GPU blob on the compute stream.
-  void gpu_update(int blob, const AdamWParams& p) {
-    dev.ops().adamw(gpu_tensor(gpu_master, blob, DType::F32), gpu_tensor(gpu_grads, blob, DType::F32),
-                    gpu_tensor(gpu_m, blob, DType::F32), gpu_tensor(gpu_v, blob, DType::F32),
-                    act == DType::F32 ? Tensor() : gpu_tensor(gpu_params, blob, act), p, *compute);
-  }
-  void* host_state(State which) const {
-    return which == State::Params  ? master.data()
-           : which == State::Grads ? grads.data()
-           : which == State::AdamM ? adam_m.data()
-                                   : adam_v.data();
-  }
-  const DeviceBuffer& gpu_state(State which) const {
-    return which == State::Params  ? gpu_master
-           : which == State::Grads ? gpu_grads
-           : which == State::AdamM ? gpu_m
-                                   : gpu_v;
-  }
-  // fp32 values of a GPU blob -> its master and compute copy (load, init, import).
-  void gpu_upload_master(int blob, const std::vector<float>& host) {
-    dev.copy(gpu_at(gpu_master, blob, DType::F32), host.data(), host.size() * 4, CopyKind::HostToDevice, *compute);
-    gpu_refresh(blob);
-    dev.synchronize(*compute);  // host is the caller's
-  }
-  // The compute copy of a GPU blob from its master (after load / import).
-  void gpu_refresh(int blob) {
-    if (act != DType::F32)
-      dev.ops().cast(gpu_tensor(gpu_params, blob, act), gpu_tensor(gpu_master, blob, DType::F32), *compute);
-  }
 
   Tensor act_at(const DeviceBuffer& b, int i, int64_t N) const {
     return Tensor(static_cast<char*>(b.data()) + size_t(i) * stride_nh, act, {N, spec.hidden});
   }
-  // Handles from acquire: a slot index >= 0, or kGpu - blob for a blob kept on the GPU.
-  static constexpr int kGpu = -2;
-  void* slot_ptr(int k) const {
-    if (k <= kGpu) return gpu_at(act == DType::F32 ? gpu_master : gpu_params, kGpu - k, act);
-    return static_cast<char*>(slot_mem.data()) + size_t(k) * size_t(max_blob) * dtype_size(act);
-  }
-  // The host copy of a blob's parameters in the compute dtype (the upload source).
-  const void* host_params(int blob) const {
-    const DeviceBuffer& src = act == DType::F32 ? master : upload;
-    return static_cast<const char*>(src.data()) + size_t(blob_off[blob]) * dtype_size(act);
-  }
-  float* host_f32(void* base, int blob) const { return static_cast<float*>(base) + blob_off[blob]; }
-
-  // The slot holding `blob`, uploading it first if needed (the least recently used slot other
-  // than `keep` is reused once the compute stream has released it). With `use`, the compute
-  // stream waits for the upload.
-  int acquire(int blob, bool use, int keep = -1) {
-    if (on_gpu(blob)) return kGpu - blob;  // in place; its update ran earlier on the compute stream
-    for (int k = 0; k < int(slots.size()); ++k) {
-      if (slots[k].blob != blob) continue;
-      slots[k].last_use = ++clock;
-      if (use) dev.wait(*compute, *slots[k].ready);
-      return k;
-    }
-    int v = -1;
-    for (int k = 0; k < int(slots.size()); ++k) {
-      if (k == keep) continue;
-      if (v < 0 || slots[k].last_use < slots[v].last_use) v = k;
-    }
-    SF_CHECK(v >= 0, "no free parameter slot");
-    Slot& s = slots[v];
-    dev.wait(*h2d, *s.released);
-    dev.wait(*h2d, *updated[blob]);  // the host copy is final (overlapped update)
-    dev.copy(slot_ptr(v), host_params(blob), size_t(layout.blobs[blob].numel) * dtype_size(act), CopyKind::HostToDevice,
-             *h2d);
-    dev.record(*s.ready, *h2d);
-    ++uploads;
-    s.blob = blob;
-    s.last_use = ++clock;
-    if (use) dev.wait(*compute, *s.ready);
-    return v;
-  }
-  void release(int k) {
-    if (k >= 0) dev.record(*slots[k].released, *compute);
-  }
-  void invalidate_slots() {
-    for (Slot& s : slots) s.blob = -1;
+  char* ckpt_at(int j, int l) const {
+    return static_cast<char*>(host_ckpt.data()) + (size_t(j) * size_t(L) + size_t(l)) * stride_nh;
   }
 
-  // Gradient of `blob` in g.dev is complete on the compute stream: copy it down and add it into
-  // the host accumulator, in the d2h stream's order.
-  void send_grads(GradBuf& g, int blob) {
-    if (on_gpu(blob)) {
-      if (update_armed) gpu_update(blob, update);
-      return;
-    }
-    const int64_t n = layout.blobs[blob].numel;
-    dev.record(*g.computed, *compute);
-    dev.wait(*d2h, *g.computed);
-    dev.wait(*d2h, *updated[blob]);  // the last update has read the accumulator (implied by the upload)
-    const bool first = grads_fresh[blob];
-    grads_fresh[blob] = false;
-    if (first) {
-      dev.copy(host_f32(grads.data(), blob), g.dev.data(), size_t(n) * 4, CopyKind::DeviceToHost, *d2h);
-      dev.host_fn(*d2h, [this, blob] { add_grads(blob, nullptr); });
-    } else {
-      dev.copy(g.host.data(), g.dev.data(), size_t(n) * 4, CopyKind::DeviceToHost, *d2h);
-      dev.host_fn(*d2h, [this, &g, blob] { add_grads(blob, static_cast<const float*>(g.host.data())); });
-    }
-    dev.record(*g.free, *d2h);
-    dev.record(*added[blob], *d2h);
-    if (update_armed) queue_update(blob, update);
+  // ---- parameters
+  ParamsRef acquire(int blob, bool use, int keep = -1) {
+    if (gpu.has(blob)) return {act == DType::F32 ? gpu.at(gpu.master, blob) : gpu_params(blob), -1};
+    const int k =
+        slots->acquire(blob, host->master(blob), layout.blobs[size_t(blob)].numel, *updated[size_t(blob)], use, keep);
+    return k >= 0 ? ParamsRef{slots->data(k), k} : ParamsRef{};  // (-1: a prefetch that was skipped)
   }
-  // grads[blob] += src (src null: the gradient is already in place) on the host's thread pool (a
-  // layer's gradient is tens of millions of values), and the blob's squared norm on the way.
-  void add_grads(int blob, const float* src) {
-    const Timer timer(grad_ns);
-    const int64_t off = blob_off[blob], n = layout.blobs[blob].numel;
-    float* base = static_cast<float*>(grads.data());
-    auto add = [&](int64_t i0, int64_t i1) {  // flat indices
-      if (src)
-        for (int64_t i = i0; i < i1; ++i) base[i] += src[i - off];
-    };
-    const int64_t B = cpu::kSqNormBlock, nblk = (n + B - 1) / B;
-    double* part = block_sq.data() + block_off[blob];
-    cpu_pool().parallel_for(
-        nblk,
-        [&](int64_t k0, int64_t k1) {
-          for (int64_t k = k0; k < k1; ++k) {
-            const int64_t i0 = off + k * B, i1 = std::min(i0 + B, off + n);
-            add(i0, i1);
-            part[k] = cpu::sq_sum(base + i0, i1 - i0);
-          }
-        },
-        4);
-    double sum = 0.0;
-    for (int64_t k = 0; k < nblk; ++k) sum += part[k];
-    blob_sq[size_t(blob)] = float(0.0 + sum);  // cpu::sq_norm into a zeroed scalar
+  void release(const ParamsRef& p) {
+    if (p.slot >= 0) slots->release(p.slot);
   }
-  // AdamW of `blob` on the opt stream once its gradient is in the accumulator; uploads of the
-  // blob wait for `updated`.
-  void queue_update(int blob, const AdamWParams& p) {
-    dev.wait(*opt, *added[blob]);
-    dev.host_fn(*opt, [this, blob, p] { update_blob(blob, p); });  // p by value: the next step may differ
-    dev.record(*updated[blob], *opt);
+  void* gpu_params(int blob) const {
+    return static_cast<char*>(gpu.params.data()) + size_t(gpu.off[size_t(blob)]) * dtype_size(act);
   }
-  // AdamW on one blob's host state (elementwise: the same bits as one call over all blobs).
-  void update_blob(int blob, const AdamWParams& p) {
-    const Timer timer(update_ns);
-    const int64_t n = layout.blobs[blob].numel;
-    auto at = [&](void* base) { return Tensor(host_f32(base, blob), DType::F32, {n}); };
-    Tensor copy =
-        act == DType::F32 ? Tensor() : Tensor(static_cast<char*>(upload.data()) + size_t(blob_off[blob]) * 2, act, {n});
-    cpu::adamw(at(master.data()), at(grads.data()), at(adam_m.data()), at(adam_v.data()), copy, p);
+  void gpu_update(int blob, const AdamWParams& p) {
+    const int64_t n = layout.blobs[size_t(blob)].numel;
+    auto f32 = [&](const DeviceBuffer& b) { return Tensor(gpu.at(b, blob), DType::F32, {n}); };
+    dev.ops().adamw(f32(gpu.master), f32(gpu.grads), f32(gpu.m), f32(gpu.v),
+                    act == DType::F32 ? Tensor() : Tensor(gpu_params(blob), act, {n}), p, *compute);
   }
-  // Zeroes a gradient buffer on the compute stream once its last contents have left.
-  Tensor fresh_grads(GradBuf& g, int blob) {
-    if (on_gpu(blob)) return gpu_tensor(gpu_grads, blob, DType::F32);  // accumulates; zeroed by zero_grads
-    dev.wait(*compute, *g.free);
-    Tensor t(g.dev.data(), DType::F32, {layout.blobs[blob].numel});
+  // The compute copy of a kept blob from its master (after load / import).
+  void gpu_refresh(int blob) {
+    if (act == DType::F32) return;
+    const int64_t n = layout.blobs[size_t(blob)].numel;
+    dev.ops().cast(Tensor(gpu_params(blob), act, {n}), Tensor(gpu.at(gpu.master, blob), DType::F32, {n}), *compute);
+  }
+
+  // ---- gradients
+  Tensor fresh_acc(Acc& a, int blob) {
+    if (gpu.has(blob)) return Tensor(gpu.at(gpu.grads, blob), DType::F32, {layout.blobs[size_t(blob)].numel});
+    dev.wait(*compute, *a.sent);  // its last contents have left
+    Tensor t(a.buf.data(), DType::F32, {layout.blobs[size_t(blob)].numel});
     dev.ops().zero(t, *compute);
     return t;
   }
-  // Checkpoint l (the input of layer l) back to bwd_acts[l % 2], on the h2d stream.
-  void fetch_checkpoint(int l, int64_t N) {
-    const int i = l % 2;
+  // Blob's gradient `g` is complete on the compute stream: rounded, normed, sent down, and (with
+  // `overlap`, no clipping) its AdamW queued chunk by chunk as the chunks land.
+  void send_grads(int blob, Tensor g, Acc* a, const AdamWParams* overlap) {
+    const int64_t n = g.numel();
+    float* gp = g.ptr<float>();
+    Tensor norm(static_cast<float*>(scalars.data()) + 2 + blob, DType::F32, {1});
+    if (gpu.has(blob)) {
+      if (act != DType::F32) {
+        dev.wait(*compute, *stg_free[0]);         // no copy down reads staging 0 any more
+        for (int64_t i = 0; i < n; i += chunk) {  // rounding in place, as the resident engine does
+          const int64_t c = std::min(chunk, n - i);
+          Tensor part(gp + i, DType::F32, {c}), st(grad_stg.data(), act, {c});
+          dev.ops().cast(st, part, *compute);
+          dev.ops().cast(part, st, *compute);
+        }
+      }
+      dev.ops().sq_norm(norm, g, *compute);
+      if (overlap) gpu_update(blob, *overlap);
+      return;
+    }
+    if (host->keep_grads()) dev.wait(*d2h, *updated[size_t(blob)]);  // the last update has read the store
+    if (act == DType::F32) {                                         // copied down as it is
+      dev.record(*grads_ready, *compute);
+      dev.wait(*d2h, *grads_ready);
+    }
+    for (int64_t i = 0; i < n; i += chunk) {
+      const int64_t c = std::min(chunk, n - i);
+      const HostOptimizer::Landing at = host->land(blob, i, *d2h);
+      if (act == DType::F32) {
+        dev.copy(at.ptr, gp + i, size_t(c) * 4, CopyKind::DeviceToHost, *d2h);
+      } else {
+        const int s = next_stg;
+        next_stg ^= 1;
+        Tensor part(gp + i, DType::F32, {c});
+        Tensor st(static_cast<char*>(grad_stg.data()) + size_t(s) * round256(size_t(chunk) * dtype_size(act)), act,
+                  {c});
+        dev.wait(*compute, *stg_free[s]);
+        dev.ops().cast(st, part, *compute);
+        dev.ops().cast(part, st, *compute);  // the norm (and the resident engine) see the rounded values
+        dev.record(*stg_ready[s], *compute);
+        dev.wait(*d2h, *stg_ready[s]);
+        dev.copy(at.ptr, st.data, size_t(c) * dtype_size(act), CopyKind::DeviceToHost, *d2h);
+        dev.record(*stg_free[s], *d2h);
+      }
+      if (overlap) {
+        dev.record(*chunk_landed, *d2h);
+        dev.wait(*opt_stream, *chunk_landed);
+        host->queue_update(blob, i, c, at, *overlap, *opt_stream);
+      }
+    }
+    if (a) dev.record(*a->sent, *d2h);
+    dev.record(*landed[size_t(blob)], *d2h);
+    if (overlap) dev.record(*updated[size_t(blob)], *opt_stream);
+    dev.ops().sq_norm(norm, g, *compute);
+  }
+
+  // ---- checkpoints: the k-th fetch of a backward goes to bwd[k % 2].
+  void fetch(int k, int j, int l, int64_t N) {
+    const int i = k % 2;
     dev.wait(*h2d, *bwd_free[i]);
-    dev.wait(*h2d, *fwd_free[l % 2]);  // its offload (and any later one) is done
-    const size_t bytes = size_t(N * spec.hidden) * dtype_size(act);
-    dev.copy(act_at(bwd_acts, i, N).data, static_cast<char*>(host_ckpt.data()) + size_t(l) * stride_nh, bytes,
-             CopyKind::HostToDevice, *h2d);
+    dev.wait(*h2d, *ckpt_done);
+    dev.copy(act_at(bwd, i, N).data, ckpt_at(j, l), size_t(N * spec.hidden) * dtype_size(act), CopyKind::HostToDevice,
+             *h2d);
     dev.record(*bwd_ready[i], *h2d);
   }
-  // Blobs that received no gradient since zero_grads hold stale values: make them 0.
-  // (No host work of this step touches such a blob, so this may run while other blobs are added.)
-  void clear_fresh_grads() {
-    for (size_t b = 0; b < grads_fresh.size(); ++b) {
-      if (!grads_fresh[b] || on_gpu(int(b))) continue;
-      dev.synchronize(*updated[b]);  // the last step's update of the blob has read it
-      std::memset(host_f32(grads.data(), int(b)), 0, size_t(layout.blobs[b].numel) * 4);
-      blob_sq[b] = 0.f;
-      grads_fresh[b] = false;
-    }
-  }
+
+  void run(const std::vector<Batch>& mbs, float scale, bool backward, const AdamWParams* overlap);
   void sync_all() {
     tokens->synchronize();
     dev.synchronize(*h2d);
     dev.synchronize(*compute);
     dev.synchronize(*d2h);
-    dev.synchronize(*opt);
+    dev.synchronize(*opt_stream);
   }
-  void refresh_upload_copy() {
-    if (act == DType::F32 || total == 0) return;
-    cpu::cast(Tensor(upload.data(), act, {total}), Tensor(master.data(), DType::F32, {total}));
+  void zero_scalars() { dev.ops().zero(Tensor(scalars.data(), DType::F32, {2 + nb}), *compute); }
+  void read_scalars() {
+    dev.copy(host_scalars.data(), scalars.data(), host_scalars.size() * 4, CopyKind::DeviceToHost, *compute);
+    dev.synchronize(*compute);
+  }
+  double grad_sq_norm() const {
+    return sum_blob_norms(std::vector<float>(host_scalars.begin() + 2, host_scalars.end()));
   }
 };
 
@@ -329,98 +237,222 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     : dev(d),
       spec(s),
       layout(lay),
+      opt(o),
       act(natural_compute_dtype(d, o.base.compute_dtype)),
       L(s.n_layer),
+      nb(int(lay.blobs.size())),
       compute(d.create_stream()),
       h2d(d.create_stream()),
       d2h(d.create_stream()),
       program(s, d.ops(), act) {
   SF_CHECK(o.slots >= 2, "the sliding engine needs at least 2 parameter slots");
-  std::vector<bool> keep(layout.blobs.size(), false);
+  SF_CHECK(o.base.max_micro >= 1, "max_micro must be positive");
+  const int K = o.base.max_micro;
+  gpu.off.assign(size_t(nb), -1);
   for (int b : o.gpu_blobs) {
-    SF_CHECK(b >= 0 && b < int(layout.blobs.size()), "gpu_blobs: no blob " + std::to_string(b));
-    keep[size_t(b)] = true;
+    SF_CHECK(b >= 0 && b < nb, "gpu_blobs: no blob " + std::to_string(b));
+    gpu.off[size_t(b)] = 0;
   }
-  for (size_t i = 0; i < layout.blobs.size(); ++i) {
-    const BlobLayout& b = layout.blobs[i];
-    if (keep[i]) {
-      blob_off.push_back(-1);
-      gpu_off.push_back(gpu_total);
-      gpu_total += b.numel;
+  std::vector<int64_t> host_numel(size_t(nb), 0);
+  int64_t max_blob = 0, max_layer = 0;
+  for (int b = 0; b < nb; ++b) {
+    const BlobLayout& bl = layout.blobs[size_t(b)];
+    if (gpu.has(b)) {
+      gpu.off[size_t(b)] = gpu.total;
+      gpu.total += bl.numel;
       continue;
     }
-    blob_off.push_back(total);
-    gpu_off.push_back(-1);
-    total += b.numel;
-    max_blob = std::max(max_blob, b.numel);
-    if (b.kind == BlobKind::Layer) max_layer_blob = std::max(max_layer_blob, b.numel);
+    host_numel[size_t(b)] = bl.numel;
+    max_blob = std::max(max_blob, bl.numel);
+    if (bl.kind == BlobKind::Layer) max_layer = std::max(max_layer, bl.numel);
   }
-  for (const auto& bl : layout.blobs) {
-    block_off.push_back(int64_t(block_sq.size()));
-    block_sq.resize(block_sq.size() + size_t((bl.numel + cpu::kSqNormBlock - 1) / cpu::kSqNormBlock));
-  }
-  blob_sq.assign(layout.blobs.size(), 0.f);
+  chunk = std::max<int64_t>(1, std::min(o.chunk, std::max(max_blob, gpu.total)));
   max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
-  stride_nh = (size_t(max_tokens * spec.hidden) * dtype_size(act) + 255) / 256 * 256;
+  stride_nh = round256(size_t(max_tokens * spec.hidden) * dtype_size(act));
 
-  master = DeviceBuffer(dev, size_t(total) * 4, MemoryKind::PinnedHost);
-  std::memset(master.data(), 0, size_t(total) * 4);  // padding between tensors stays 0
-  if (act != DType::F32) upload = DeviceBuffer(dev, size_t(total) * dtype_size(act), MemoryKind::PinnedHost);
-  grads = DeviceBuffer(dev, size_t(total) * 4, MemoryKind::PinnedHost);
-  grads_fresh.assign(layout.blobs.size(), true);
-  adam_m = HostBuffer(size_t(total) * 4);
-  adam_v = HostBuffer(size_t(total) * 4);
-  std::memset(grads.data(), 0, grads.size());
-  std::memset(adam_m.data(), 0, adam_m.size());
-  std::memset(adam_v.data(), 0, adam_v.size());
-
-  slot_mem = DeviceBuffer(dev, size_t(o.slots) * size_t(max_blob) * dtype_size(act));
-  slots.resize(size_t(o.slots));
-  for (Slot& sl : slots) {
-    sl.ready = dev.create_event();
-    sl.released = dev.create_event();
-  }
-  auto make_grads = [&](GradBuf& g, int64_t n) {
-    g.dev = DeviceBuffer(dev, size_t(n) * 4);
-    g.host = DeviceBuffer(dev, size_t(n) * 4, MemoryKind::PinnedHost);
-    g.computed = dev.create_event();
-    g.free = dev.create_event();
+  host = std::make_unique<HostOptimizer>(dev, host_numel, act, o.keep_grads, chunk, o.grad_ring);
+  std::vector<bool> is_layer;
+  for (const BlobLayout& bl : layout.blobs) is_layer.push_back(bl.kind == BlobKind::Layer);
+  slots = std::make_unique<SlotCache>(dev, SlotCache::capacities(o.slots, host_numel, is_layer), act, chunk, *h2d,
+                                      *compute);
+  auto make_acc = [&](Acc& a, int64_t n) {
+    a.buf = DeviceBuffer(dev, round256(size_t(n) * 4));
+    a.sent = dev.create_event();
   };
-  for (GradBuf& g : layer_grads) make_grads(g, max_layer_blob);
-  make_grads(emb_grads, on_gpu(0) ? 0 : layout.embedding().numel);
-  make_grads(head_grads, on_gpu(L + 1) ? 0 : layout.head().numel);
-  if (gpu_total > 0) {
-    const size_t n = size_t(gpu_total);
-    if (act != DType::F32) gpu_params = DeviceBuffer(dev, n * dtype_size(act));
-    gpu_master = DeviceBuffer(dev, n * 4);
-    gpu_m = DeviceBuffer(dev, n * 4);
-    gpu_v = DeviceBuffer(dev, n * 4);
-    gpu_grads = DeviceBuffer(dev, n * 4);
-    for (const DeviceBuffer* b : {&gpu_master, &gpu_m, &gpu_v, &gpu_grads})
-      dev.ops().zero(Tensor(b->data(), DType::F32, {gpu_total}), *compute);
-  }
-  gpu_norms.assign(layout.blobs.size(), 0.f);
-
-  fwd_acts = DeviceBuffer(dev, 2 * stride_nh);
-  bwd_acts = DeviceBuffer(dev, 2 * stride_nh);
-  dbuf = DeviceBuffer(dev, 3 * stride_nh);
-  host_ckpt = DeviceBuffer(dev, size_t(std::max(L, 1)) * stride_nh, MemoryKind::PinnedHost);
+  for (Acc& a : layer_acc) make_acc(a, max_layer);
+  make_acc(emb_acc, gpu.has(0) ? 0 : layout.embedding().numel);
+  make_acc(head_acc, gpu.has(L + 1) ? 0 : layout.head().numel);
+  if (act != DType::F32) grad_stg = DeviceBuffer(dev, 2 * round256(size_t(chunk) * dtype_size(act)));
   for (int i = 0; i < 2; ++i) {
-    fwd_done[i] = dev.create_event();
-    fwd_free[i] = dev.create_event();
+    stg_ready[i] = dev.create_event();
+    stg_free[i] = dev.create_event();
     bwd_ready[i] = dev.create_event();
     bwd_free[i] = dev.create_event();
   }
-  for (size_t b = 0; b < layout.blobs.size(); ++b) {
+  grads_ready = dev.create_event();
+  chunk_landed = dev.create_event();
+  for (int b = 0; b < nb; ++b) {
+    landed.push_back(dev.create_event());
     updated.push_back(dev.create_event());
-    added.push_back(dev.create_event());
   }
-  scalars = DeviceBuffer(dev, engine_scalar_bytes(layout.blobs.size()));
-  dev.ops().zero(Tensor(scalars.data(), DType::F32, {2}), *compute);
+  if (gpu.total > 0) {
+    const size_t n = size_t(gpu.total);
+    if (act != DType::F32) gpu.params = DeviceBuffer(dev, n * dtype_size(act));
+    for (DeviceBuffer* b : {&gpu.master, &gpu.m, &gpu.v, &gpu.grads}) {
+      *b = DeviceBuffer(dev, n * 4);
+      dev.ops().zero(Tensor(b->data(), DType::F32, {gpu.total}), *compute);
+    }
+  }
+
+  acts = DeviceBuffer(dev, size_t(K + 1) * stride_nh);
+  for (int i = 0; i <= K; ++i) {
+    act_read.push_back(dev.create_event());
+    act_free.push_back(dev.create_event());
+  }
+  bwd = DeviceBuffer(dev, 2 * stride_nh);
+  scratch = DeviceBuffer(dev, stride_nh);
+  host_ckpt = DeviceBuffer(dev, size_t(K) * size_t(std::max(L, 1)) * stride_nh, MemoryKind::PinnedHost);
+  ckpt_done = dev.create_event();
+  scalars = DeviceBuffer(dev, engine_scalar_bytes(size_t(nb)));
+  host_scalars.assign(size_t(2 + nb), 0.f);
+  zero_scalars();
   rope = std::make_unique<DeviceRope>(dev, spec, o.base.max_seq, *compute);
   ws = std::make_unique<Workspace>(dev, spec, o.base.max_batch, o.base.max_seq, act);
-  tokens = std::make_unique<TokenUploader>(dev, max_tokens);
-  opt = d.create_stream();
+  tokens = std::make_unique<TokenUploader>(dev, max_tokens, 2 * K);
+  opt_stream = d.create_stream();
+  dev.synchronize(*compute);
+}
+
+// One pass over the micro-batches, layer-major (DESIGN.md §4). Forward: the embedding, then each
+// layer for every micro-batch while its parameters sit in the slot, each layer input offloaded as
+// that micro-batch's checkpoint; the head (loss, and with `backward` the first gradients); then
+// the backward in reverse, each layer recomputed from its fetched checkpoints, its gradient
+// accumulated over the micro-batches on the GPU and sent down once.
+void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool backward, const AdamWParams* overlap) {
+  const int K = int(mbs.size());
+  SF_CHECK(K >= 1 && K <= opt.base.max_micro, "more micro-batches than the engine was built for");
+  Stream& c = *compute;
+  const int head_blob = L + 1;
+  if (slots_stale) {
+    slots->invalidate();
+    slots_stale = false;
+  }
+  std::vector<TokenUploader::Tokens> tok;
+  std::vector<BatchDims> dims;
+  for (const Batch& b : mbs) {
+    SF_CHECK(b.B <= opt.base.max_batch && b.T <= opt.base.max_seq, "batch larger than the engine was built for");
+    tok.push_back(tokens->upload(b, c));
+    dims.push_back(BatchDims{b.B, b.T});
+  }
+  auto N = [&](int j) { return dims[size_t(j)].N(); };
+  auto layer = [&](const ParamsRef& p, int blob) { return layer_views(layout.blobs[size_t(blob)], p.data, act); };
+  auto entry = [&](const ParamsRef& p, int blob, int i) {
+    return entry_view(layout.blobs[size_t(blob)].entries[size_t(i)], p.data, act);
+  };
+  // The activation ring: cur[j] holds micro-batch j's current activation, `spare` is free.
+  std::vector<int> cur(static_cast<size_t>(K), 0);
+  int spare = K;
+  auto out_buf = [&](int j) {  // the spare buffer, once its checkpoint offload is done
+    dev.wait(c, *act_free[size_t(spare)]);
+    return act_at(acts, spare, N(j));
+  };
+  auto advance = [&](int j) { std::swap(spare, cur[size_t(j)]); };  // the output becomes current
+
+  // Forward.
+  ParamsRef p = acquire(0, true);
+  for (int j = 0; j < K; ++j) {
+    cur[size_t(j)] = j;
+    dev.wait(c, *act_free[size_t(j)]);
+    program.embed_forward(act_at(acts, j, N(j)), tok[size_t(j)].ids, entry(p, 0, 0), c);
+  }
+  release(p);
+  if (L > 0) acquire(1, false);
+  for (int l = 0; l < L; ++l) {
+    p = acquire(1 + l, true);
+    acquire(std::min(2 + l, head_blob), false, p.slot);  // prefetch the next blob
+    for (int j = 0; j < K; ++j) {
+      const int in = cur[size_t(j)];
+      Tensor y = out_buf(j);
+      program.layer_forward(layer(p, 1 + l), act_at(acts, in, N(j)), y, ws->layer(dims[size_t(j)]), dims[size_t(j)],
+                            rope->tables, c);
+      if (backward) {  // the layer's input is micro-batch j's checkpoint of layer l
+        dev.record(*act_read[size_t(in)], c);
+        dev.wait(*d2h, *act_read[size_t(in)]);
+        dev.copy(ckpt_at(j, l), act_at(acts, in, N(j)).data, size_t(N(j) * spec.hidden) * dtype_size(act),
+                 CopyKind::DeviceToHost, *d2h);
+        dev.record(*act_free[size_t(in)], *d2h);
+      }
+      advance(j);
+    }
+    release(p);
+  }
+  if (backward) dev.record(*ckpt_done, *d2h);
+
+  // Head: the loss of every micro-batch, and with the backward its gradients (dy into the ring).
+  const ParamsRef ph = acquire(head_blob, true);
+  const ParamsRef pe = spec.tie_embeddings ? acquire(0, true, ph.slot) : ParamsRef{};
+  const Tensor norm_w = entry(ph, head_blob, 0);
+  const Tensor w_head = spec.tie_embeddings ? entry(pe, 0, 0) : entry(ph, head_blob, 1);
+  Tensor loss(scalars.data(), DType::F32, {1});
+  if (!backward) {
+    for (int j = 0; j < K; ++j)
+      program.head_forward_backward(act_at(acts, cur[size_t(j)], N(j)), norm_w, w_head, tok[size_t(j)].targets, loss,
+                                    Tensor(), Tensor(), Tensor(), scale, ws->head(dims[size_t(j)]), dims[size_t(j)], c);
+    release(ph);
+    release(pe);
+    for (const auto& t : tok) tokens->done(t.slot, c);
+    return;
+  }
+  if (L > 0) fetch(0, 0, L - 1, N(0));
+  const Tensor g_emb = fresh_acc(emb_acc, 0);
+  const Tensor g_head = fresh_acc(head_acc, head_blob);
+  const BlobLayout& hl = layout.head();
+  const Tensor g_norm = entry_view(hl.entries[0], g_head.data, DType::F32);
+  const Tensor g_table = entry_view(layout.embedding().entries[0], g_emb.data, DType::F32);
+  const Tensor g_w_head = spec.tie_embeddings ? g_table : entry_view(hl.entries[1], g_head.data, DType::F32);
+  for (int j = 0; j < K; ++j) {
+    Tensor dy = out_buf(j);
+    program.head_forward_backward(act_at(acts, cur[size_t(j)], N(j)), norm_w, w_head, tok[size_t(j)].targets, loss, dy,
+                                  g_norm, g_w_head, scale, ws->head(dims[size_t(j)]), dims[size_t(j)], c);
+    advance(j);
+  }
+  release(ph);
+  release(pe);
+  send_grads(head_blob, g_head, gpu.has(head_blob) ? nullptr : &head_acc, overlap);
+
+  // Backward: the k-th checkpoint fetch (layer l, micro-batch j in this order) is queued while
+  // the (k-1)-th is in use.
+  int k = 0;
+  for (int l = L - 1; l >= 0; --l) {
+    p = acquire(1 + l, true);
+    if (l > 0) acquire(l, false, p.slot);  // prefetch layer l-1's parameters
+    Acc& a = layer_acc[next_acc];
+    next_acc ^= 1;
+    const Tensor g = fresh_acc(a, 1 + l);
+    const LayerParams gv = layer_views(layout.layer(l), g.data, DType::F32);
+    for (int j = 0; j < K; ++j, ++k) {
+      if (j + 1 < K)
+        fetch(k + 1, j + 1, l, N(j + 1));
+      else if (l > 0)
+        fetch(k + 1, 0, l - 1, N(0));
+      const int f = k % 2;
+      dev.wait(c, *bwd_ready[f]);
+      const Tensor x = act_at(bwd, f, N(j));
+      const LayerBuffers w = ws->layer(dims[size_t(j)]);
+      program.layer_forward(layer(p, 1 + l), x, act_at(scratch, 0, N(j)), w, dims[size_t(j)], rope->tables, c);
+      Tensor dx = act_at(acts, spare, N(j));
+      program.layer_backward(layer(p, 1 + l), gv, x, act_at(acts, cur[size_t(j)], N(j)), dx, w, dims[size_t(j)],
+                             rope->tables, c);
+      dev.record(*bwd_free[f], c);
+      advance(j);
+    }
+    release(p);
+    send_grads(1 + l, g, gpu.has(1 + l) ? nullptr : &a, overlap);
+  }
+  for (int j = 0; j < K; ++j)
+    program.embed_backward(g_table, act_at(acts, cur[size_t(j)], N(j)), tok[size_t(j)].ids, c);
+  for (const auto& t : tok) tokens->done(t.slot, c);
+  send_grads(0, g_emb, gpu.has(0) ? nullptr : &emb_acc, overlap);
 }
 
 SlidingEngine::SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOptions& opt)
@@ -438,325 +470,196 @@ SlidingEngine::~SlidingEngine() {
 }
 
 void SlidingEngine::load(const CheckpointReader& ckpt) {
-  impl_->sync_all();  // no update in flight writes the masters
-  ProgressLog progress("loading weights", double(impl_->total + impl_->gpu_total) * 4);
+  Impl& m = *impl_;
+  m.sync_all();  // no update in flight writes the masters
+  ProgressLog progress("loading weights", double(layout_.total_numel()) * 4);
   std::vector<float> tmp;
-  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    if (impl_->on_gpu(int(b))) {
-      tmp.resize(size_t(layout_.blobs[b].numel));
-      read_blob(ckpt, layout_.blobs[b], tmp.data());
-      impl_->gpu_upload_master(int(b), tmp);
+  for (int b = 0; b < m.nb; ++b) {
+    const BlobLayout& bl = layout_.blobs[size_t(b)];
+    if (m.gpu.has(b)) {
+      tmp.resize(size_t(bl.numel));
+      read_blob(ckpt, bl, tmp.data());
+      dev_.copy(m.gpu.at(m.gpu.master, b), tmp.data(), tmp.size() * 4, CopyKind::HostToDevice, *m.compute);
+      m.gpu_refresh(b);
+      dev_.synchronize(*m.compute);
     } else {
-      read_blob(ckpt, layout_.blobs[b], impl_->host_f32(impl_->master.data(), int(b)));
+      read_blob(ckpt, bl, m.host->master(b));
     }
-    progress.add(double(layout_.blobs[b].numel) * 4);
+    progress.add(double(bl.numel) * 4);
   }
-  impl_->refresh_upload_copy();
-  impl_->invalidate_slots();
+  m.slots->invalidate();
 }
 
 void SlidingEngine::init_random(uint64_t seed) {
-  impl_->sync_all();
+  Impl& m = *impl_;
+  m.sync_all();
   std::vector<float> tmp;
-  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    if (impl_->on_gpu(int(b))) {
-      tmp.resize(size_t(layout_.blobs[b].numel));
-      random_blob(layout_.blobs[b], int(b), seed, spec_.initializer_range, tmp.data());
-      impl_->gpu_upload_master(int(b), tmp);
+  for (int b = 0; b < m.nb; ++b) {
+    const BlobLayout& bl = layout_.blobs[size_t(b)];
+    if (m.gpu.has(b)) {
+      tmp.resize(size_t(bl.numel));
+      random_blob(bl, b, seed, spec_.initializer_range, tmp.data());
+      dev_.copy(m.gpu.at(m.gpu.master, b), tmp.data(), tmp.size() * 4, CopyKind::HostToDevice, *m.compute);
+      m.gpu_refresh(b);
+      dev_.synchronize(*m.compute);
     } else {
-      random_blob(layout_.blobs[b], int(b), seed, spec_.initializer_range,
-                  impl_->host_f32(impl_->master.data(), int(b)));
+      random_blob(bl, b, seed, spec_.initializer_range, m.host->master(b));
     }
   }
-  impl_->refresh_upload_copy();
-  impl_->invalidate_slots();
+  m.slots->invalidate();
 }
 
-void SlidingEngine::zero_grads() {
+Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const StepParams& sp) {
   Impl& m = *impl_;
-  m.grads_fresh.assign(layout_.blobs.size(), true);
-  // GPU blobs accumulate in place: zeroed on the compute stream, after their last update read them.
-  if (m.gpu_total > 0) dev_.ops().zero(Tensor(m.gpu_grads.data(), DType::F32, {m.gpu_total}), *m.compute);
-}
-
-void SlidingEngine::forward_backward(const Batch& b, float grad_scale, bool backward) {
-  Impl& m = *impl_;
-  SF_CHECK(b.B <= opt_.base.max_batch && b.T <= opt_.base.max_seq, "batch larger than the engine was built for");
-  Stream& c = *m.compute;
-  const BatchDims d{b.B, b.T};
-  const int64_t N = d.N();
-  const int L = m.L;
-  const int head_blob = L + 1;
-  const DType act = m.act;
-  const size_t act_bytes = size_t(N * spec_.hidden) * dtype_size(act);
-
-  if (m.slots_stale) {  // a new step after an update: every slot is stale
-    m.invalidate_slots();
-    m.slots_stale = false;
-  }
-  m.update_applied = false;
-  const TokenUploader::Tokens tok = m.tokens->upload(b, c);
-  auto params = [&](int k, int blob) { return layer_views(layout_.blobs[blob], m.slot_ptr(k), act); };
-  auto entry = [&](int k, int blob, int i) { return entry_view(layout_.blobs[blob].entries[i], m.slot_ptr(k), act); };
-
-  // Forward: layer l reads fwd_acts[l % 2] and writes fwd_acts[(l + 1) % 2]; its input then goes
-  // to host_ckpt[l] on the d2h stream.
-  int k = m.acquire(0, true);
-  m.program.embed_forward(m.act_at(m.fwd_acts, 0, N), tok.ids, entry(k, 0, 0), c);
-  m.release(k);
-  if (L > 0) m.acquire(1, false);
-  for (int l = 0; l < L; ++l) {
-    k = m.acquire(1 + l, true);
-    m.acquire(std::min(2 + l, head_blob), false, k);  // prefetch the next blob
-    Tensor in = m.act_at(m.fwd_acts, l % 2, N), out = m.act_at(m.fwd_acts, (l + 1) % 2, N);
-    dev_.wait(c, *m.fwd_free[(l + 1) % 2]);  // out's last contents (layer l-1's input) are offloaded
-    m.program.layer_forward(params(k, 1 + l), in, out, m.ws->layer(d), d, m.rope->tables, c);
-    m.release(k);
-    if (backward) {
-      dev_.record(*m.fwd_done[l % 2], c);
-      dev_.wait(*m.d2h, *m.fwd_done[l % 2]);
-      dev_.copy(static_cast<char*>(m.host_ckpt.data()) + size_t(l) * m.stride_nh, in.data, act_bytes,
-                CopyKind::DeviceToHost, *m.d2h);
-      dev_.record(*m.fwd_free[l % 2], *m.d2h);
-    }
-  }
-
-  // Head.
-  const Tensor xL = m.act_at(m.fwd_acts, L % 2, N);
-  const int kh = m.acquire(head_blob, true);
-  const int ke = spec_.tie_embeddings ? m.acquire(0, true, kh) : -1;
-  const Tensor norm_w = entry(kh, head_blob, 0);
-  const Tensor w_head = spec_.tie_embeddings ? entry(ke, 0, 0) : entry(kh, head_blob, 1);
-  Tensor loss_sum(m.scalars.data(), DType::F32, {1});
-  const HeadBuffers hb = m.ws->head(d);
-  if (!backward) {
-    m.program.head_forward_backward(xL, norm_w, w_head, tok.targets, loss_sum, Tensor(), Tensor(), Tensor(), grad_scale,
-                                    hb, d, c);
-    m.release(kh);
-    m.release(ke);
-    m.tokens->done(c);
-    return;
-  }
-  if (L > 0) m.fetch_checkpoint(L - 1, N);
-  const Tensor g_emb = entry_view(layout_.embedding().entries[0], m.fresh_grads(m.emb_grads, 0).data, DType::F32);
-  const void* g_headblob = m.fresh_grads(m.head_grads, head_blob).data;
-  const BlobLayout& hl = layout_.head();
-  Tensor g_norm = entry_view(hl.entries[0], const_cast<void*>(g_headblob), DType::F32);
-  Tensor g_w_head = spec_.tie_embeddings ? g_emb : entry_view(hl.entries[1], const_cast<void*>(g_headblob), DType::F32);
-  Tensor dy = m.act_at(m.dbuf, 0, N), dx = m.act_at(m.dbuf, 1, N), scratch = m.act_at(m.dbuf, 2, N);
-  m.program.head_forward_backward(xL, norm_w, w_head, tok.targets, loss_sum, dy, g_norm, g_w_head, grad_scale, hb, d,
-                                  c);
-  m.release(kh);
-  m.release(ke);
-  m.send_grads(m.head_grads, head_blob);
-
-  // Backward: layer l recomputes from its fetched checkpoint; its gradient leaves at once.
-  for (int l = L - 1; l >= 0; --l) {
-    k = m.acquire(1 + l, true);
-    if (l > 0) {
-      m.acquire(l, false, k);  // prefetch layer l-1's parameters and checkpoint
-      m.fetch_checkpoint(l - 1, N);
-    }
-    dev_.wait(c, *m.bwd_ready[l % 2]);
-    Tensor x = m.act_at(m.bwd_acts, l % 2, N);
-    Impl::GradBuf& gb = m.layer_grads[m.next_grad];
-    m.next_grad ^= 1;
-    Tensor g = m.fresh_grads(gb, 1 + l);
-    LayerBuffers w = m.ws->layer(d);
-    m.program.layer_forward(params(k, 1 + l), x, scratch, w, d, m.rope->tables, c);
-    m.program.layer_backward(params(k, 1 + l), layer_views(layout_.layer(l), g.data, DType::F32), x, dy, dx, w, d,
-                             m.rope->tables, c);
-    std::swap(dy, dx);
-    m.release(k);
-    dev_.record(*m.bwd_free[l % 2], c);
-    m.send_grads(gb, 1 + l);
-  }
-  m.program.embed_backward(g_emb, dy, tok.ids, c);
-  m.tokens->done(c);
-  m.send_grads(m.emb_grads, 0);
-  if (m.update_armed) {
-    m.update_armed = false;
-    m.update_applied = true;
+  StepResult r;
+  for (const Batch& b : mbs) r.trained += b.trained;
+  const float scale = r.trained > 0 ? float(1.0 / double(r.trained)) : 0.f;
+  const bool clip = sp.max_grad_norm > 0;
+  SF_CHECK(!clip || opt_.keep_grads, "clipping needs an engine built with keep_grads");
+  // Without clipping the update is known before the gradients: each blob is updated as soon as
+  // its gradient lands, overlapped with the rest of the backward (SlideFormer's schedule).
+  AdamWParams p = sp.adamw;
+  p.grad_scale = 1.f;
+  if (m.gpu.total > 0) dev_.ops().zero(Tensor(m.gpu.grads.data(), DType::F32, {m.gpu.total}), *m.compute);
+  m.zero_scalars();
+  m.run(mbs, scale, true, clip ? nullptr : &p);
+  m.read_scalars();  // the step's one host synchronisation: loss and norms
+  r.loss = r.trained > 0 ? double(m.host_scalars[0]) / double(r.trained) : 0.0;
+  r.grad_norm = std::sqrt(m.grad_sq_norm());
+  if (!clip) {
     m.slots_stale = true;
+    r.updated = true;
+    return r;
   }
-}
-
-void SlidingEngine::schedule_update(const AdamWParams& p) {
-  SF_CHECK(p.grad_scale == 1.f, "an overlapped update cannot depend on the gradient norm");
-  impl_->update = p;
-  impl_->update_armed = true;
-}
-
-double SlidingEngine::take_loss_sum() {
-  Impl& m = *impl_;
-  dev_.copy(&m.host_loss, m.scalars.data(), 4, CopyKind::DeviceToHost, *m.compute);
-  dev_.ops().zero(Tensor(m.scalars.data(), DType::F32, {1}), *m.compute);
-  dev_.synchronize(*m.compute);
-  return m.host_loss;
-}
-
-double SlidingEngine::grad_sq_norm() {
-  Impl& m = *impl_;
-  dev_.synchronize(*m.d2h);  // every gradient has been added on the host
-  m.clear_fresh_grads();
-  if (m.gpu_total > 0) {  // the GPU blobs' norms, each into its own zeroed scalar
-    const int nb = int(layout_.blobs.size());
-    float* norms = static_cast<float*>(m.scalars.data()) + 2;  // [blobs]
-    dev_.ops().zero(Tensor(norms, DType::F32, {nb}), *m.compute);
-    for (int b = 0; b < nb; ++b)
-      if (m.on_gpu(b))
-        dev_.ops().sq_norm(Tensor(norms + b, DType::F32, {1}), m.gpu_tensor(m.gpu_grads, b, DType::F32), *m.compute);
-    dev_.copy(m.gpu_norms.data(), norms, size_t(nb) * 4, CopyKind::DeviceToHost, *m.compute);
-    dev_.synchronize(*m.compute);
-    for (int b = 0; b < nb; ++b)
-      if (m.on_gpu(b)) m.blob_sq[size_t(b)] = m.gpu_norms[size_t(b)];
-  }
-  return sum_blob_norms(m.blob_sq);
-}
-
-void SlidingEngine::adamw_step(const AdamWParams& p) {
-  Impl& m = *impl_;
-  if (m.update_applied) {
-    // The backward queued every blob's update on the opt stream; the next forward's uploads wait
-    // for them blob by blob (`updated`), so nothing waits here.
-    SF_CHECK(p.lr == m.update.lr && p.step == m.update.step && p.grad_scale == m.update.grad_scale,
-             "adamw_step differs from the scheduled update");
-    m.update_applied = false;
-    return;
-  }
-  // (Clipping, or no update scheduled.) Every blob's AdamW is queued on the opt stream in forward
-  // order, after the blob's gradient is in; the next forward's upload of a blob waits for its
-  // update only, so the update overlaps that forward. Nothing waits here.
-  m.update_armed = false;
-  m.clear_fresh_grads();
-  for (int b = 0; b < int(layout_.blobs.size()); ++b) {
-    if (m.on_gpu(b))
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return r;
+  // The clip factor is known: every blob's AdamW in forward order, the host ones on the opt
+  // stream after their gradient has landed. The next forward uploads blob b as soon as its own
+  // update is done, so the updates overlap that forward; nothing waits here.
+  p.grad_scale = clip_factor(r.grad_norm, sp.max_grad_norm);
+  for (int b = 0; b < m.nb; ++b) {
+    if (m.gpu.has(b)) {
       m.gpu_update(b, p);  // compute stream: before the next forward reads the blob
-    else
-      m.queue_update(b, p);
+      continue;
+    }
+    dev_.wait(*m.opt_stream, *m.landed[size_t(b)]);
+    const HostOptimizer::Landing at{const_cast<void*>(m.host->grads(b)), -1};
+    m.host->queue_update(b, 0, layout_.blobs[size_t(b)].numel, at, p, *m.opt_stream);
+    dev_.record(*m.updated[size_t(b)], *m.opt_stream);
   }
   m.slots_stale = true;
+  r.updated = true;
+  return r;
+}
+
+double SlidingEngine::loss_sum(const std::vector<Batch>& batches) {
+  Impl& m = *impl_;
+  double sum = 0;
+  for (const Batch& b : batches) {
+    m.zero_scalars();
+    m.run({b}, 1.f, false, nullptr);
+    m.read_scalars();
+    sum += m.host_scalars[0];
+  }
+  return sum;
+}
+
+double SlidingEngine::compute_grads(const std::vector<Batch>& batches) {
+  Impl& m = *impl_;
+  SF_CHECK(opt_.keep_grads, "compute_grads needs an engine built with keep_grads");
+  int64_t trained = 0;
+  for (const Batch& b : batches) trained += b.trained;
+  if (m.gpu.total > 0) dev_.ops().zero(Tensor(m.gpu.grads.data(), DType::F32, {m.gpu.total}), *m.compute);
+  m.zero_scalars();
+  m.run(batches, trained > 0 ? float(1.0 / double(trained)) : 0.f, true, nullptr);
+  m.read_scalars();
+  m.sync_all();
+  return trained > 0 ? double(m.host_scalars[0]) / double(trained) : 0.0;
 }
 
 void SlidingEngine::synchronize() { impl_->sync_all(); }
 
-std::vector<SlidingEngine::HostTensor> SlidingEngine::export_state(State which) {
-  Impl& m = *impl_;
-  m.sync_all();
-  if (which == State::Grads) m.clear_fresh_grads();
-  void* base = m.host_state(which);
-  const DeviceBuffer& gbase = m.gpu_state(which);
-  std::vector<HostTensor> out;
-  std::vector<float> tmp;
-  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    const float* blob = nullptr;
-    if (m.on_gpu(int(b))) {
-      tmp.resize(size_t(layout_.blobs[b].numel));
-      dev_.copy(tmp.data(), m.gpu_at(gbase, int(b), DType::F32), tmp.size() * 4, CopyKind::DeviceToHost, *m.compute);
-      dev_.synchronize(*m.compute);
-      blob = tmp.data();
-    } else {
-      blob = m.host_f32(base, int(b));
-    }
-    for (const BlobEntry& e : layout_.blobs[b].entries) {
-      out.push_back(HostTensor{e.name, e.shape, std::vector<float>(blob + e.offset, blob + e.offset + e.numel)});
-    }
-  }
-  return out;
-}
-
-void SlidingEngine::import_state(State which, const std::vector<HostTensor>& tensors) {
-  Impl& m = *impl_;
-  m.sync_all();
-  void* base = m.host_state(which);
-  std::map<std::string, const HostTensor*> by_name;
-  for (const auto& t : tensors) by_name[t.name] = &t;
-  if (which == State::Grads) m.grads_fresh.assign(layout_.blobs.size(), false);
-  const DeviceBuffer& gbase = m.gpu_state(which);
-  std::vector<float> tmp;
-  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    const bool gpu = m.on_gpu(int(b));
-    if (gpu) tmp.assign(size_t(layout_.blobs[b].numel), 0.f);  // padding between tensors stays 0
-    float* blob = gpu ? tmp.data() : m.host_f32(base, int(b));
-    for (const BlobEntry& e : layout_.blobs[b].entries) {
-      auto it = by_name.find(e.name);
-      SF_CHECK(it != by_name.end(), "import_state: missing " + e.name);
-      SF_CHECK(it->second->shape == e.shape, "import_state: shape mismatch for " + e.name);
-      std::copy(it->second->data.begin(), it->second->data.end(), blob + e.offset);
-    }
-    if (gpu) {
-      dev_.copy(m.gpu_at(gbase, int(b), DType::F32), tmp.data(), tmp.size() * 4, CopyKind::HostToDevice, *m.compute);
-      if (which == State::Params) m.gpu_refresh(int(b));
-      dev_.synchronize(*m.compute);
-    }
-  }
-  if (which == State::Params) {
-    m.refresh_upload_copy();
-    m.invalidate_slots();
-  }
-}
-
-size_t SlidingEngine::device_bytes() const {
-  const Impl& m = *impl_;
-  size_t n = m.slot_mem.size() + m.fwd_acts.size() + m.bwd_acts.size() + m.dbuf.size() + m.scalars.size() +
-             m.rope->buf.size() + m.ws->bytes() + m.tokens->device_bytes() + m.emb_grads.dev.size() +
-             m.head_grads.dev.size() + m.gpu_params.size() + m.gpu_master.size() + m.gpu_m.size() + m.gpu_v.size() +
-             m.gpu_grads.size();
-  for (const auto& g : m.layer_grads) n += g.dev.size();
-  return n;
-}
-
 void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
   Impl& m = *impl_;
   m.sync_all();
-  if (which == State::Grads) m.clear_fresh_grads();
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
-  if (m.on_gpu(blob)) {
-    const char* src = static_cast<const char*>(m.gpu_at(m.gpu_state(which), blob, DType::F32)) + e.offset * 4;
-    dev_.copy(dst, src, size_t(e.numel) * 4, CopyKind::DeviceToHost, *m.compute);
+  if (m.gpu.has(blob)) {
+    dev_.copy(dst, m.gpu.at(m.gpu.state(which), blob) + e.offset, size_t(e.numel) * 4, CopyKind::DeviceToHost,
+              *m.compute);
     dev_.synchronize(*m.compute);
     return;
   }
-  void* base = m.host_state(which);
-  std::memcpy(dst, m.host_f32(base, blob) + e.offset, size_t(e.numel) * 4);
+  if (which == State::Grads) {
+    const char* g = static_cast<const char*>(m.host->grads(blob)) + size_t(e.offset) * dtype_size(m.act);
+    cpu::cast(Tensor(dst, DType::F32, {e.numel}), Tensor(const_cast<char*>(g), m.act, {e.numel}));
+    return;
+  }
+  const int s = which == State::Params ? 0 : which == State::AdamM ? 1 : 2;
+  std::memcpy(dst, m.host->state(s, blob) + e.offset, size_t(e.numel) * 4);
 }
 
 void SlidingEngine::write_state(State which, int blob, int entry, const float* src) {
   Impl& m = *impl_;
+  SF_CHECK(which != State::Grads, "gradients are not written back");
   m.sync_all();
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
-  if (m.on_gpu(blob)) {
-    char* dst = static_cast<char*>(m.gpu_at(m.gpu_state(which), blob, DType::F32)) + e.offset * 4;
-    dev_.copy(dst, src, size_t(e.numel) * 4, CopyKind::HostToDevice, *m.compute);
+  if (m.gpu.has(blob)) {
+    dev_.copy(m.gpu.at(m.gpu.state(which), blob) + e.offset, src, size_t(e.numel) * 4, CopyKind::HostToDevice,
+              *m.compute);
     if (which == State::Params) m.gpu_refresh(blob);
     dev_.synchronize(*m.compute);
     return;
   }
-  void* base = m.host_state(which);
-  float* dst = m.host_f32(base, blob) + e.offset;
-  std::memcpy(dst, src, size_t(e.numel) * 4);
-  if (which == State::Grads) m.grads_fresh[size_t(blob)] = false;  // (the blob's other tensors keep theirs)
-  if (which == State::Params) {
-    if (m.act != DType::F32) {
-      char* up = static_cast<char*>(m.upload.data()) + size_t(m.blob_off[size_t(blob)] + e.offset) * 2;
-      cpu::cast(Tensor(up, m.act, {e.numel}), Tensor(dst, DType::F32, {e.numel}));
+  const int s = which == State::Params ? 0 : which == State::AdamM ? 1 : 2;
+  std::memcpy(m.host->state(s, blob) + e.offset, src, size_t(e.numel) * 4);
+  if (which == State::Params) m.slots->invalidate();
+}
+
+std::vector<SlidingEngine::HostTensor> SlidingEngine::export_state(State which) {
+  std::vector<HostTensor> out;
+  for (int b = 0; b < int(layout_.blobs.size()); ++b)
+    for (int i = 0; i < int(layout_.blobs[size_t(b)].entries.size()); ++i) {
+      const BlobEntry& e = layout_.blobs[size_t(b)].entries[size_t(i)];
+      HostTensor t{e.name, e.shape, std::vector<float>(size_t(e.numel))};
+      read_state(which, b, i, t.data.data());
+      out.push_back(std::move(t));
     }
-    m.invalidate_slots();
-  }
+  return out;
+}
+
+void SlidingEngine::import_state(State which, const std::vector<HostTensor>& tensors) {
+  std::map<std::string, const HostTensor*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t;
+  for (int b = 0; b < int(layout_.blobs.size()); ++b)
+    for (int i = 0; i < int(layout_.blobs[size_t(b)].entries.size()); ++i) {
+      const BlobEntry& e = layout_.blobs[size_t(b)].entries[size_t(i)];
+      auto it = by_name.find(e.name);
+      SF_CHECK(it != by_name.end(), "import_state: missing " + e.name);
+      SF_CHECK(it->second->shape == e.shape, "import_state: shape mismatch for " + e.name);
+      write_state(which, b, i, it->second->data.data());
+    }
+}
+
+size_t SlidingEngine::device_bytes() const {
+  const Impl& m = *impl_;
+  size_t n = m.slots->device_bytes() + m.emb_acc.buf.size() + m.head_acc.buf.size() + m.grad_stg.size() +
+             m.acts.size() + m.bwd.size() + m.scratch.size() + m.scalars.size() + m.rope->buf.size() + m.ws->bytes() +
+             m.tokens->device_bytes() + m.gpu.params.size() + m.gpu.master.size() + m.gpu.m.size() + m.gpu.v.size() +
+             m.gpu.grads.size();
+  for (const auto& a : m.layer_acc) n += a.buf.size();
+  return n;
 }
 
 size_t SlidingEngine::host_bytes() const {
   const Impl& m = *impl_;
-  size_t n = m.master.size() + m.upload.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() +
-             m.host_ckpt.size() + m.tokens->host_bytes() + m.emb_grads.host.size() + m.head_grads.host.size();
-  for (const auto& g : m.layer_grads) n += g.host.size();
-  return n;
+  return m.host->host_bytes() + m.host_ckpt.size() + m.tokens->host_bytes();
 }
 
-int64_t SlidingEngine::uploads() const { return impl_->uploads; }
+int64_t SlidingEngine::uploads() const { return impl_->slots->uploads(); }
 
 Engine::Stats SlidingEngine::stats() const {
-  return Stats{double(impl_->grad_ns.load()) * 1e-9, double(impl_->update_ns.load()) * 1e-9, impl_->uploads};
+  const Impl& m = *impl_;
+  return Stats{m.host->update_seconds(), m.slots->uploads(),
+               m.host->pinned_bytes() + m.host_ckpt.size() + m.tokens->host_bytes()};
 }
 
 }  // namespace sf

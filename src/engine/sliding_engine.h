@@ -1,12 +1,15 @@
 // The sliding engine (DESIGN.md §3-4): the GPU holds a ring of parameter slots through which the
-// blobs slide, layer by layer; fp32 master weights, AdamW state and gradients live in host
-// memory; activation checkpoints (each layer's input) are offloaded to pinned host memory after
-// the layer's forward and prefetched back before its backward. Uploads, offloads and compute run
-// on three streams ordered by events only.
+// blobs slide, layer by layer; fp32 master weights and AdamW state live in host memory (12 bytes
+// a parameter, + 2 for the held gradients with clipping); activation checkpoints (each layer's
+// input, per micro-batch) are offloaded to pinned host memory after the layer's forward and
+// fetched back before its backward. The micro-batches of a step run layer-major: a layer runs its
+// forward (and later its backward) for every micro-batch while its parameters sit in the slot, and
+// its gradient accumulates on the GPU, so weights cross PCIe and the host AdamW runs once a step
+// whatever the number of micro-batches. Work runs on four streams ordered by events only.
 //
-// This first version keeps the optimizer step after the backward (the "clipping" schedule of
-// DESIGN.md §4: exact, no overlap of AdamW with the next forward yet) and the CPU AdamW on the
-// host's thread pool. On the cpu backend it is bit for bit the resident engine (tested).
+// The parts: engine/slot_cache.* (slots and uploads), engine/host_optimizer.* (host state, the
+// gradient store, host AdamW); the schedule of one step is SlidingEngine::run, top-down.
+// On the cpu backend it is bit for bit the resident engine (tests/test_sliding_engine.cpp).
 #pragma once
 #include <memory>
 #include <string>
@@ -21,11 +24,16 @@
 namespace sf {
 
 struct SlidingOptions {
-  EngineOptions base;  // batch limits, compute dtype (training and optimizer are always on)
-  int slots = 3;       // GPU parameter slots (>= 3: the one in use, the next, the tied embedding)
+  EngineOptions base;  // batch limits, micro-batches a step, compute dtype
+  int slots = 3;       // GPU parameter slots (>= 2: a layer and the next; the tied head needs 2)
   // Blobs kept whole on the GPU: compute copy, fp32 master, AdamW state and gradients live there,
   // updated by the GPU's AdamW; they take no slot, no transfer and no host memory.
   std::vector<int> gpu_blobs;
+  // Hold a whole step's gradients in host memory (needed for clipping and compute_grads); else
+  // each gradient chunk is consumed by its AdamW as it lands (no clipping).
+  bool keep_grads = true;
+  int64_t chunk = int64_t(1) << 25;  // elements per upload / gradient transfer chunk
+  int grad_ring = 4;                 // host buffers of a chunk each, without keep_grads
 };
 
 class SlidingEngine final : public Engine {
@@ -36,12 +44,9 @@ class SlidingEngine final : public Engine {
   const ModelSpec& spec() const override { return spec_; }
   void load(const CheckpointReader& ckpt) override;
   void init_random(uint64_t seed) override;
-  void zero_grads() override;
-  void forward_backward(const Batch& b, float grad_scale, bool backward) override;
-  double take_loss_sum() override;
-  double grad_sq_norm() override;
-  void adamw_step(const AdamWParams& p) override;
-  void schedule_update(const AdamWParams& p) override;
+  StepResult step(const std::vector<Batch>& micro_batches, const StepParams& p) override;
+  double loss_sum(const std::vector<Batch>& batches) override;
+  double compute_grads(const std::vector<Batch>& batches) override;
   void synchronize() override;
   std::vector<HostTensor> export_state(State which) override;
   void import_state(State which, const std::vector<HostTensor>& tensors) override;

@@ -1,13 +1,14 @@
 #include "engine/token_uploader.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
 
 namespace sf {
 
-TokenUploader::TokenUploader(Device& dev, int64_t max_tokens)
-    : dev_(dev), max_tokens_(max_tokens), h2d_(dev.create_stream()) {
+TokenUploader::TokenUploader(Device& dev, int64_t max_tokens, int slots)
+    : dev_(dev), max_tokens_(max_tokens), h2d_(dev.create_stream()), slots_(size_t(std::max(slots, 1))) {
   for (Slot& s : slots_) {
     s.host = DeviceBuffer(dev, size_t(max_tokens) * 8, MemoryKind::PinnedHost);
     s.dev = DeviceBuffer(dev, size_t(max_tokens) * 8);
@@ -20,7 +21,7 @@ TokenUploader::Tokens TokenUploader::upload(const Batch& b, Stream& compute) {
   const int64_t N = b.N();
   SF_CHECK(N <= max_tokens_, "batch larger than the token buffers");
   current_ = next_;
-  next_ ^= 1;
+  next_ = (next_ + 1) % int(slots_.size());
   Slot& s = slots_[current_];
   // Staging is rewritten once its previous copy is done; the device slot once the compute that
   // read it (two micro-batches ago) is done.
@@ -34,12 +35,14 @@ TokenUploader::Tokens TokenUploader::upload(const Batch& b, Stream& compute) {
   dev_.copy(on_dev + max_tokens_, staged + max_tokens_, size_t(N) * 4, CopyKind::HostToDevice, *h2d_);
   dev_.record(*s.uploaded, *h2d_);
   dev_.wait(compute, *s.uploaded);
-  return Tokens{Tensor(on_dev, DType::I32, {N}), Tensor(on_dev + max_tokens_, DType::I32, {N})};
+  return Tokens{Tensor(on_dev, DType::I32, {N}), Tensor(on_dev + max_tokens_, DType::I32, {N}), current_};
 }
 
 void TokenUploader::done(Stream& compute) {
   if (current_ >= 0) dev_.record(*slots_[current_].consumed, compute);
 }
+
+void TokenUploader::done(int slot, Stream& compute) { dev_.record(*slots_[size_t(slot)].consumed, compute); }
 
 void TokenUploader::synchronize() { dev_.synchronize(*h2d_); }
 

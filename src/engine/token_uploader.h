@@ -3,6 +3,7 @@
 // the compute of this one, and no call waits on the compute stream.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "backend/device.h"
 #include "data/dataset.h"
@@ -11,18 +12,22 @@ namespace sf {
 
 class TokenUploader {
  public:
-  TokenUploader(Device& dev, int64_t max_tokens);
+  // `slots` staging/device buffer pairs used in turn (2: double buffering; the sliding engine keeps
+  // every micro-batch of a step on the device, so it takes 2 x micro-batches).
+  TokenUploader(Device& dev, int64_t max_tokens, int slots = 2);
   struct Tokens {
     Tensor ids;      // [N] I32 on the device
     Tensor targets;  // [N] I32 on the device
+    int slot = -1;   // for done(slot, compute)
   };
   // Queues the batch's upload and makes `compute` wait for it. Call done(compute) after the
   // last operation that reads the returned tensors has been queued.
   Tokens upload(const Batch& b, Stream& compute);
-  void done(Stream& compute);
+  void done(Stream& compute);  // the last upload's slot
+  void done(int slot, Stream& compute);
   void synchronize();  // the upload stream is idle
-  size_t device_bytes() const { return 2 * size_t(max_tokens_) * 8; }
-  size_t host_bytes() const { return 2 * size_t(max_tokens_) * 8; }  // pinned staging
+  size_t device_bytes() const { return slots_.size() * size_t(max_tokens_) * 8; }
+  size_t host_bytes() const { return slots_.size() * size_t(max_tokens_) * 8; }  // pinned staging
 
  private:
   struct Slot {
@@ -34,7 +39,7 @@ class TokenUploader {
   Device& dev_;
   int64_t max_tokens_;
   std::unique_ptr<Stream> h2d_;
-  Slot slots_[2];
+  std::vector<Slot> slots_;
   int next_ = 0, current_ = -1;
 };
 

@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -21,11 +24,34 @@ std::string unique_suffix() {
   return buf;
 }
 
-void fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
+namespace {
+
+void fsync_path(const std::string& path, int flags) {
+  crash_point("fsync");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | flags);
+  if (fd < 0) input_error(path, std::string("cannot open to sync: ") + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
   ::close(fd);
+  if (rc != 0 && err != EINVAL) input_error(path, std::string("fsync failed: ") + std::strerror(err));
+}
+
+}  // namespace
+
+void fsync_dir(const std::string& dir) { fsync_path(dir.empty() ? "." : dir, O_DIRECTORY); }
+void fsync_file(const std::string& path) { fsync_path(path, 0); }
+
+void crash_point(const char* what) {
+  static const long crash_at = [] {
+    const char* v = std::getenv("SF_CRASH_AT");
+    return v ? std::strtol(v, nullptr, 10) : 0L;
+  }();
+  static const bool trace = std::getenv("SF_CRASH_TRACE") != nullptr;
+  static std::atomic<long> calls{0};
+  if (crash_at <= 0 && !trace) return;
+  const long n = ++calls;
+  if (trace) std::fprintf(stderr, "crash point %ld: %s\n", n, what);
+  if (n == crash_at) ::kill(::getpid(), SIGKILL);
 }
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
@@ -73,11 +99,13 @@ void AtomicFile::write(const void* data, size_t bytes) {
 
 void AtomicFile::commit() {
   SF_CHECK(fd_ >= 0 && !committed_, "AtomicFile::commit twice or after failure");
+  crash_point("fsync file");
   if (::fsync(fd_) != 0) fail("fsync failed", errno);
   int fd = fd_;
   fd_ = -1;
   // close() can report deferred write errors (NFS, quota): treat like a failed write.
   if (::close(fd) != 0) fail("close failed", errno);
+  crash_point("rename file");
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename temp file into place", errno);
   committed_ = true;
   fsync_dir(std::filesystem::path(path_).parent_path().string());

@@ -28,8 +28,16 @@ class AtomicFile {
 // Whole-buffer convenience wrapper.
 void write_file_atomic(const std::string& path, const void* data, size_t bytes);
 
-// fsync a directory so a rename inside it survives a crash; errors are ignored (some filesystems refuse).
+// fsync a directory so a rename inside it survives a crash. Errors are InputErrors naming it, except
+// EINVAL (a filesystem that cannot sync directories).
 void fsync_dir(const std::string& dir);
+// fsync a file written by someone else's code (a copy); errors as fsync_dir.
+void fsync_file(const std::string& path);
+
+// Test hook for the publishing steps of a save (renames, fsyncs, links): with the environment variable
+// SF_CRASH_AT=N the process kills itself (SIGKILL) at the N-th call; SF_CRASH_TRACE=1 prints each call
+// ("crash point N: what") to stderr. Without them it does nothing.
+void crash_point(const char* what);
 
 // Random hex suffix for sibling temp names; unique enough across processes together with the pid.
 std::string unique_suffix();

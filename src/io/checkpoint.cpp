@@ -258,67 +258,6 @@ void write_checkpoint_tensors(const std::string& dir, const std::vector<TensorWr
   write_json_file(index_path, index);
 }
 
-// ---------------------------------------------------------------- StagedDir
-
-namespace {
-
-// "out/" and "out" must name the same directory (a trailing slash would put the temp dir inside it).
-std::string normalize_dir(const std::string& d) {
-  fs::path p = fs::path(d).lexically_normal();
-  std::string s = p.string();
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  return s;
-}
-
-}  // namespace
-
-StagedDir::StagedDir(const std::string& final_dir) : final_(normalize_dir(final_dir)) {
-  std::error_code ec;
-  if (final_.empty() || final_ == "." || final_ == "/") input_error(final_dir, "not usable as an output directory");
-  if (fs::exists(final_, ec) && !fs::is_directory(final_, ec)) input_error(final_, "exists and is not a directory");
-  fs::path parent = fs::path(final_).parent_path();
-  if (!parent.empty()) {
-    fs::create_directories(parent, ec);
-    if (ec) input_error(parent.string(), "cannot create directory: " + ec.message());
-  }
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    std::string cand = final_ + ".tmp-" + unique_suffix();
-    if (fs::create_directory(cand, ec)) {
-      tmp_ = cand;
-      return;
-    }
-    if (ec) input_error(cand, "cannot create directory: " + ec.message());
-  }
-  input_error(final_, "cannot create a unique temporary directory next to it");
-}
-
-StagedDir::~StagedDir() {
-  if (!committed_ && !tmp_.empty()) {
-    std::error_code ec;
-    fs::remove_all(tmp_, ec);  // best effort: a destructor must not throw
-  }
-}
-
-void StagedDir::commit() {
-  SF_CHECK(!committed_, "StagedDir::commit twice");
-  std::error_code ec;
-  std::string old;
-  if (fs::exists(final_, ec)) {
-    old = final_ + ".old-" + unique_suffix();
-    fs::rename(final_, old, ec);
-    if (ec) input_error(final_, "cannot move the existing directory aside: " + ec.message());
-  }
-  fs::rename(tmp_, final_, ec);
-  if (ec) {
-    std::error_code ec2;
-    if (!old.empty()) fs::rename(old, final_, ec2);  // put the previous output back
-    input_error(final_, "cannot move the finished output into place: " + ec.message());
-  }
-  committed_ = true;
-  fsync_dir(fs::path(final_).parent_path().string());
-  if (!old.empty()) fs::remove_all(old, ec);  // failure only leaves a stray ".old-" dir behind
-}
-
 // ---------------------------------------------------------------- copy_if_exists
 
 std::vector<std::string> copy_if_exists(const std::string& src_dir, const std::string& dst_dir,
@@ -331,11 +270,7 @@ std::vector<std::string> copy_if_exists(const std::string& src_dir, const std::s
     fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
     if (ec) input_error(dst, "cannot copy from " + src + ": " + ec.message());
     // Same durability as the files we write ourselves before the directory is committed.
-    int fd = ::open(dst.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      ::fsync(fd);
-      ::close(fd);
-    }
+    fsync_file(dst);
     copied.push_back(n);
   }
   return copied;

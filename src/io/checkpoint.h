@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "io/output_dir.h"
 #include "io/safetensors.h"
 
 namespace sf {
@@ -56,27 +57,6 @@ class CheckpointReader {
 // last. A stale model.safetensors / index of the other layout is removed so readers cannot mix them up.
 void write_checkpoint_tensors(const std::string& dir, const std::vector<TensorWrite>& tensors,
                               size_t max_shard_bytes = 5'000'000'000);
-
-// A sibling temp directory "<final>.tmp-<pid>-<rand>" that becomes `final_dir` only on commit(), so a
-// failed run never leaves a complete-looking output directory. Not committed -> removed by the destructor.
-class StagedDir {
- public:
-  explicit StagedDir(const std::string& final_dir);  // creates parents; InputError if final_dir is a file
-  ~StagedDir();
-  StagedDir(const StagedDir&) = delete;
-  StagedDir& operator=(const StagedDir&) = delete;
-
-  const std::string& path() const { return tmp_; }  // write the output here
-  const std::string& final_path() const { return final_; }
-  bool committed() const { return committed_; }
-  // Renames an existing final_dir aside, renames the temp dir to final_dir, then deletes the old one.
-  // Files mmapped from the old directory (e.g. the input checkpoint) stay readable on Linux.
-  void commit();
-
- private:
-  std::string final_, tmp_;
-  bool committed_ = false;
-};
 
 // Copies each of `names` that exists in src_dir into dst_dir (overwriting); returns the ones copied.
 // For config.json, generation_config.json, tokenizer files, ...

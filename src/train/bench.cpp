@@ -114,21 +114,13 @@ nlohmann::json run_bench(const BenchOptions& o) {
 
   if (o.max_grad_norm < 0) input_error("--max-grad-norm", "must be >= 0");
   // The trainer's step (train/trainer.cpp): grad_accum micro-batches, then the update.
-  const double trained = double(b.trained) * o.grad_accum;
+  const std::vector<Batch> mbs(size_t(o.grad_accum), b);
   auto step = [&](int64_t s) {
-    AdamWParams ap;
-    ap.lr = 1e-5f;
-    ap.step = s + 1;
-    engine.zero_grads();
-    for (int j = 0; j < o.grad_accum; ++j) {
-      if (o.max_grad_norm == 0 && j + 1 == o.grad_accum) engine.schedule_update(ap);
-      engine.forward_backward(b, float(1.0 / trained), true);
-    }
-    const double loss = engine.take_loss_sum() / trained;
-    const double gnorm = std::sqrt(engine.grad_sq_norm());
-    if (o.max_grad_norm > 0) ap.grad_scale = float(std::min(1.0, o.max_grad_norm / (gnorm + 1e-6)));
-    engine.adamw_step(ap);  // may still run when the next step starts (the sliding engine)
-    return loss;
+    Engine::StepParams sp;
+    sp.adamw.lr = 1e-5f;
+    sp.adamw.step = s + 1;
+    sp.max_grad_norm = o.max_grad_norm;
+    return engine.step(mbs, sp).loss;  // the update may still run when the next step starts
   };
   double loss = 0;
   for (int64_t s = 0; s < o.warmup; ++s) loss = step(s);
@@ -156,9 +148,13 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"predicted_tokens_per_second", built.plan.tokens_per_s},
           {"max_grad_norm", o.max_grad_norm},
           {"device_bytes", engine.device_bytes()},
-          // host work a step (the sliding engine): gradient additions, AdamW; uploads of blobs
-          {"host_grad_ms", 1e3 * (st1.host_grad_s - st0.host_grad_s) * per},
+          // host work a step (the sliding engine): AdamW; uploads of blobs; memory held
           {"host_update_ms", 1e3 * (st1.host_update_s - st0.host_update_s) * per},
+          {"pinned_bytes", st1.pinned_bytes},
+          {"host_bytes", engine.host_bytes()},
+          {"predicted_gpu_bytes", built.plan.gpu_bytes},
+          {"predicted_host_bytes", built.plan.host_bytes},
+          {"peak_rss_bytes", peak_rss_bytes()},
           {"uploads_per_step", double(st1.uploads - st0.uploads) * per},
           {"loss", loss}};
 }

@@ -104,6 +104,7 @@ void write_jsonl(const std::string& path, const std::vector<Record>& set) {
 }  // namespace
 
 DemoResult run_demo(const DemoOptions& o) {
+  claim_output_dir(o.output);  // a directory that is not ours is refused before any work
   namespace fs = std::filesystem;
   auto t_start = std::chrono::steady_clock::now();
   // All 10,000 problems, split at random: 1,000 held out, never trained on.
@@ -141,17 +142,14 @@ DemoResult run_demo(const DemoOptions& o) {
     std::vector<const Record*> group;
     for (int i = 0; i < B; ++i) group.push_back(&train[order.at(next++)]);
     Batch b = make_batch(group, 16);
-    engine.zero_grads();
-    engine.forward_backward(b, float(1.0 / double(b.trained)), true);
-    double loss = engine.take_loss_sum() / double(b.trained);
-    double gnorm = std::sqrt(engine.grad_sq_norm());
-    AdamWParams ap;
-    ap.lr = float(3e-3 * lr_multiplier(LrSchedule::Cosine, step, o.steps, 20));
-    ap.beta2 = 0.98f;
-    ap.weight_decay = 0.01f;
-    ap.step = step + 1;
-    ap.grad_scale = float(std::min(1.0, 1.0 / (gnorm + 1e-6)));
-    engine.adamw_step(ap);
+    Engine::StepParams sp;
+    sp.adamw.lr = float(3e-3 * lr_multiplier(LrSchedule::Cosine, step, o.steps, 20));
+    sp.adamw.beta2 = 0.98f;
+    sp.adamw.weight_decay = 0.01f;
+    sp.adamw.step = step + 1;
+    sp.max_grad_norm = 1.0;
+    const double loss = engine.step({b}, sp).loss;
+    const AdamWParams& ap = sp.adamw;
     if ((step + 1) % 50 == 0 || step == 0) {
       log_info("step %lld/%lld loss %.4f lr %.2e", (long long)(step + 1), (long long)o.steps, loss, double(ap.lr));
     }

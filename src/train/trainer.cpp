@@ -104,7 +104,11 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
   eo.compute_dtype = o.compute_dtype;
   EngineRequest er = o.engine;
   er.device = o.device;
-  er.grad_accum = grad_accum;
+  // -1: every batch of the data file in one step (the grad command).
+  er.grad_accum =
+      grad_accum >= 0
+          ? grad_accum
+          : int(std::max<size_t>(1, (s.data.records.size() + size_t(eo.max_batch) - 1) / size_t(eo.max_batch)));
   er.clip = clip;
   BuiltEngine built = build_engine(s.model.spec, eo, er);
   const Plan built_plan = built.plan;
@@ -143,28 +147,16 @@ EvalResult run_eval(const DataOptions& o) {
   auto batches = file_batches(s, o.batch_size);
   EvalResult r;
   r.tokens = total_trained(batches, o.data);
-  double sum = 0;
-  for (const Batch& b : batches) {
-    s.engine->forward_backward(b, 1.f, false);
-    sum += s.engine->take_loss_sum();
-  }
-  r.loss = sum / double(r.tokens);
+  r.loss = s.engine->loss_sum(batches) / double(r.tokens);
   return r;
 }
 
 EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
-  Session s = open_session(o, true, false);
+  Session s = open_session(o, true, false, -1);
   auto batches = file_batches(s, o.batch_size);
   EvalResult r;
   r.tokens = total_trained(batches, o.data);
-  s.engine->zero_grads();
-  double sum = 0;
-  const float scale = float(1.0 / double(r.tokens));
-  for (const Batch& b : batches) {
-    s.engine->forward_backward(b, scale, true);
-    sum += s.engine->take_loss_sum();
-  }
-  r.loss = sum / double(r.tokens);
+  r.loss = s.engine->compute_grads(batches);  // every batch of the file is one step's micro-batch
   const ModelLayout layout = make_layout(s.model.spec);
   std::vector<TensorWrite> tw;  // one tensor at a time from the engine
   Engine& engine = *s.engine;
@@ -286,19 +278,15 @@ Progress read_training_state(Session& s, const TrainOptions& o, const std::strin
   return p;
 }
 
-void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::string& dir, bool keep_checkpoints,
+void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::string& dir,
                     const Progress* with_state) {
+  // A checkpoint goes inside the output directory, which must exist (marked) first. The final save
+  // keeps the checkpoints already in the output (StagedDir::commit links them into the new one).
+  if (dir != o.output) ensure_output_dir(o.output);
   StagedDir staged(dir);
   save_hf_model(*s.engine, read_json_file(s.model.config_path), o.data.model_dir, staged.path(), dtype,
                 o.max_shard_bytes);
   if (with_state) write_training_state(s, o, *with_state, staged.path());
-  // Intermediate checkpoints already in the output directory move into the new one.
-  if (keep_checkpoints && fs::is_directory(dir)) {
-    for (const auto& e : fs::directory_iterator(dir)) {
-      std::string name = e.path().filename().string();
-      if (e.is_directory() && name.rfind("checkpoint-", 0) == 0) fs::rename(e.path(), fs::path(staged.path()) / name);
-    }
-  }
   staged.commit();
 }
 
@@ -313,7 +301,7 @@ TrainResult run_train(const TrainOptions& o) {
   if (o.max_grad_norm < 0) input_error("--max-grad-norm", "must be non-negative");
   if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) input_error("--beta1/--beta2", "must be in [0, 1)");
   if (o.output.empty()) input_error("--output", "is required");
-  if (fs::exists(o.output) && !fs::is_directory(o.output)) input_error(o.output, "exists and is not a directory");
+  claim_output_dir(o.output);  // refuses a directory that is not ours before anything runs
   LrSchedule sched = parse_lr_schedule(o.lr_schedule);
 
   if (o.eval_every < 0) input_error("--eval-every", "must be non-negative");
@@ -327,12 +315,7 @@ TrainResult run_train(const TrainOptions& o) {
     eval_tokens = total_trained(eval_batches, o.eval_data);
   }
   auto evaluate = [&](int64_t step) {
-    double sum = 0;
-    for (const Batch& b : eval_batches) {
-      s.engine->forward_backward(b, 1.f, false);
-      sum += s.engine->take_loss_sum();
-    }
-    const double loss = sum / double(eval_tokens);
+    const double loss = s.engine->loss_sum(eval_batches) / double(eval_tokens);
     log_info("eval at step %lld: loss %.6f over %lld tokens", (long long)step, loss, (long long)eval_tokens);
     return loss;
   };
@@ -368,7 +351,6 @@ TrainResult run_train(const TrainOptions& o) {
       trained += mbs.back().trained;
       for (const Record* r : group) tokens += int64_t(std::min<size_t>(r->ids.size(), size_t(s.seq_len)));
     }
-    const float scale = trained > 0 ? float(1.0 / double(trained)) : 0.f;
     AdamWParams ap;
     ap.lr = float(o.lr * lr_multiplier(sched, step, o.steps, o.warmup_steps));
     ap.beta1 = float(o.beta1);
@@ -376,27 +358,22 @@ TrainResult run_train(const TrainOptions& o) {
     ap.eps = float(o.eps);
     ap.weight_decay = float(o.weight_decay);
     ap.step = step + 1;
-    s.engine->zero_grads();
-    for (size_t j = 0; j < mbs.size(); ++j) {
-      // Without clipping the update is known before the gradients: an engine may apply it to
-      // each blob as soon as that blob's gradient is complete (the sliding engine does).
-      if (o.max_grad_norm == 0 && j + 1 == mbs.size()) s.engine->schedule_update(ap);
-      s.engine->forward_backward(mbs[j], scale, true);
-    }
-    const double loss = trained > 0 ? s.engine->take_loss_sum() / double(trained) : 0.0;
+    Engine::StepParams sp;
+    sp.adamw = ap;
+    sp.max_grad_norm = o.max_grad_norm;
+    // The engine owns the step's order (DESIGN.md §4): the update may still run on the host while
+    // the next step starts (the sliding engine overlaps it); saving and exporting wait for it.
+    const Engine::StepResult sr = s.engine->step(mbs, sp);
+    const double loss = trained > 0 ? sr.loss : 0.0;
     if (!std::isfinite(loss)) {
       throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                                "; stopping (the output directory was not written)");
     }
-    const double gnorm = std::sqrt(s.engine->grad_sq_norm());
+    const double gnorm = sr.grad_norm;
     if (!std::isfinite(gnorm)) {
       throw std::runtime_error("gradient norm is " + std::to_string(gnorm) + " at step " + std::to_string(step + 1) +
                                " (loss " + std::to_string(loss) + "); stopping before the update");
     }
-    if (o.max_grad_norm > 0) ap.grad_scale = float(std::min(1.0, o.max_grad_norm / (gnorm + 1e-6)));
-    // The update may still run on the host while the next step starts (the sliding engine
-    // overlaps it with the next forward); saving and exporting wait for it.
-    s.engine->adamw_step(ap);
     tokens_total += tokens;
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (step == start.step) result.first_loss = loss;
@@ -417,7 +394,7 @@ TrainResult run_train(const TrainOptions& o) {
       log_info("%s at step %lld: saving %s", sig == SIGINT ? "interrupted" : "terminated", (long long)(step + 1),
                ck.c_str());
       Progress here{step + 1, next_record};
-      save_model_dir(s, o, out_dtype, ck, false, &here);
+      save_model_dir(s, o, out_dtype, ck, &here);
       log_info("saved %s; continue with --resume %s", ck.c_str(), ck.c_str());
       result.interrupted_by = sig;
       result.checkpoint = ck;
@@ -426,14 +403,14 @@ TrainResult run_train(const TrainOptions& o) {
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
       std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();
       Progress here{step + 1, next_record};
-      save_model_dir(s, o, out_dtype, ck, false, &here);
+      save_model_dir(s, o, out_dtype, ck, &here);
       log_info("saved %s", ck.c_str());
     }
   }
   s.engine->synchronize();  // the last update is done
   double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   result.tokens_per_second = double(tokens_total) / total_s;
-  save_model_dir(s, o, out_dtype, o.output, true, nullptr);
+  save_model_dir(s, o, out_dtype, o.output, nullptr);
   log_info("saved %s", o.output.c_str());
   return result;
 }

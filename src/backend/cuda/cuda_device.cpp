@@ -204,7 +204,8 @@ class CudaOps final : public Ops {
   }
   void add(Tensor out, Tensor a, Tensor b, Stream& s) override { cuda::add(out, a, b, L(s)); }
   void scale(Tensor x, float alpha, Stream& s) override { cuda::scale(x, alpha, L(s)); }
-  void cast(Tensor out, Tensor in, Stream& s) override { cuda::cast(out, in, L(s)); }
+  // Elementwise ops take no scratch: they may run on copy streams without their 64 MiB.
+  void cast(Tensor out, Tensor in, Stream& s) override { cuda::cast(out, in, L(s, false)); }
   void zero(Tensor x, Stream& s) override { cuda::zero(x, L(s)); }
   void sq_norm(Tensor out, Tensor x, Stream& s) override { cuda::sq_norm(out, x, L(s)); }
   void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor copy, const AdamWParams& p, Stream& s) override {
@@ -212,11 +213,11 @@ class CudaOps final : public Ops {
   }
 
  private:
-  cuda::Launch L(Stream& s) {
+  cuda::Launch L(Stream& s, bool scratch = true) {
     CudaStream& st = cs(s);
     cuda::Launch l;
     l.stream = st.s;
-    l.scratch = &st.get_scratch();
+    l.scratch = scratch ? &st.get_scratch() : nullptr;
     l.lt = &lt_;
     l.num_sms = num_sms_;
     return l;

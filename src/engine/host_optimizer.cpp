@@ -1,0 +1,72 @@
+#include "engine/host_optimizer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+#include "core/error.h"
+
+namespace sf {
+
+HostOptimizer::Bytes HostOptimizer::bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring) {
+  const size_t g = keep_grads ? size_t(total) * dtype_size(gd)
+                              : size_t(ring) * size_t(std::min(chunk, std::max<int64_t>(total, 1))) * dtype_size(gd);
+  return Bytes{size_t(total) * 4, size_t(total) * 8, total > 0 ? g : 0};
+}
+
+HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads,
+                             int64_t chunk, int ring)
+    : dev_(dev), gd_(gd), keep_(keep_grads) {
+  for (int64_t n : blob_numel) {
+    off_.push_back(n > 0 ? total_ : -1);
+    total_ += n;
+  }
+  chunk_ = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(total_, 1)));
+  const Bytes b = bytes_for(total_, gd, keep_grads, chunk, ring);
+  master_ = DeviceBuffer(dev, b.master, MemoryKind::PinnedHost);
+  m_ = HostBuffer(size_t(total_) * 4);
+  v_ = HostBuffer(size_t(total_) * 4);
+  if (total_ > 0) {
+    std::memset(master_.data(), 0, b.master);  // padding between tensors stays 0
+    std::memset(m_.data(), 0, size_t(total_) * 4);
+    std::memset(v_.data(), 0, size_t(total_) * 4);
+  }
+  store_ = DeviceBuffer(dev, b.grads, MemoryKind::PinnedHost);
+  if (!keep_grads)
+    for (int r = 0; r < ring; ++r) ring_free_.push_back(dev.create_event());
+}
+
+float* HostOptimizer::state(int which, int blob) {
+  void* base = which == 0 ? master_.data() : which == 1 ? m_.data() : v_.data();
+  return static_cast<float*>(base) + off_[size_t(blob)];
+}
+
+const void* HostOptimizer::grads(int blob) const {
+  SF_CHECK(keep_, "gradients are not kept (the engine was built for updates during the backward)");
+  return static_cast<const char*>(store_.data()) + size_t(off_[size_t(blob)]) * dtype_size(gd_);
+}
+
+HostOptimizer::Landing HostOptimizer::land(int blob, int64_t i0, Stream& stream) {
+  if (keep_) return Landing{static_cast<char*>(store_.data()) + size_t(off_[size_t(blob)] + i0) * dtype_size(gd_), -1};
+  const int r = ring_next_;
+  ring_next_ = (ring_next_ + 1) % int(ring_free_.size());
+  dev_.wait(stream, *ring_free_[size_t(r)]);
+  return Landing{static_cast<char*>(store_.data()) + size_t(r) * size_t(chunk_) * dtype_size(gd_), r};
+}
+
+void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p,
+                                 Stream& opt) {
+  const int64_t off = off_[size_t(blob)] + i0;
+  // p by value: the next step's parameters may differ by the time this runs.
+  dev_.host_fn(opt, [this, off, n, g = at.ptr, p] {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto f32 = [&](const HostBuffer& b) { return Tensor(b.as<float>() + off, DType::F32, {n}); };
+    cpu::adamw(Tensor(static_cast<float*>(master_.data()) + off, DType::F32, {n}), Tensor(g, gd_, {n}), f32(m_),
+               f32(v_), Tensor(), p);
+    update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  });
+  if (at.ring >= 0) dev_.record(*ring_free_[size_t(at.ring)], opt);
+}
+
+}  // namespace sf

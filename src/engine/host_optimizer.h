@@ -1,0 +1,69 @@
+// The sliding engine's host state and host AdamW (DESIGN.md §3-4). Per parameter of the blobs kept
+// on the host: the fp32 master (page-locked: the upload source), AdamW m and v — 12 bytes — and
+// the gradients as they come down from the GPU, in the compute dtype (bf16 on cuda):
+// - `keep_grads` (clipping, or gradients read back): every gradient of the step is held until the
+//   norm is known (+2 bytes a parameter);
+// - otherwise a ring of a few chunk-sized page-locked buffers: each chunk is consumed by its AdamW
+//   as soon as it lands and the buffer goes back to the ring.
+// One fused pass per chunk (cpu::adamw): reads the gradient, p, m, v; writes p, m, v.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/device.h"
+#include "core/host_memory.h"
+
+namespace sf {
+
+class HostOptimizer {
+ public:
+  // blob_numel[b] (0: the blob is not on the host); `gd` the gradients' dtype; `chunk` elements a
+  // gradient chunk; `ring` buffers when not keep_grads.
+  HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk,
+                int ring);
+
+  int64_t total() const { return total_; }
+  float* master(int blob) { return static_cast<float*>(master_.data()) + off_[size_t(blob)]; }
+  float* state(int which, int blob);  // 0 master, 1 m, 2 v
+  bool keep_grads() const { return keep_; }
+  DType grad_dtype() const { return gd_; }
+
+  // Where chunk [i0, i0 + n) of blob's gradient lands. With keep_grads: its place in the store;
+  // else the next ring buffer, once `stream` has waited for it to be free (its last update done).
+  struct Landing {
+    void* ptr = nullptr;
+    int ring = -1;  // the ring buffer, or -1
+  };
+  Landing land(int blob, int64_t i0, Stream& stream);
+  // The chunk's AdamW on `opt` (after the work queued there so far); a ring buffer is free after.
+  void queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p, Stream& opt);
+  // The gradient store of a blob (keep_grads), [numel] in grad_dtype().
+  const void* grads(int blob) const;
+
+  double update_seconds() const { return double(update_ns_.load()) * 1e-9; }
+  size_t pinned_bytes() const { return master_.size() + store_.size(); }
+  size_t host_bytes() const { return pinned_bytes() + m_.size() + v_.size(); }
+  // Bytes of each kind the constructor allocates (the planner's figures).
+  struct Bytes {
+    size_t master, moments, grads;  // grads: the store or the ring (page-locked)
+  };
+  static Bytes bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring);
+
+ private:
+  Device& dev_;
+  DType gd_;
+  bool keep_;
+  int64_t chunk_;
+  std::vector<int64_t> off_;  // [blobs] element offset in the flat buffers (-1: not on the host)
+  int64_t total_ = 0;
+  DeviceBuffer master_;                            // [total] F32 pinned
+  HostBuffer m_, v_;                               // [total] F32
+  DeviceBuffer store_;                             // keep_grads: [total] gd; else [ring, chunk] gd; pinned
+  std::vector<std::unique_ptr<Event>> ring_free_;  // [ring] opt: the buffer's update is done
+  int ring_next_ = 0;
+  std::atomic<int64_t> update_ns_{0};
+};
+
+}  // namespace sf

@@ -1,0 +1,111 @@
+#include "engine/slot_cache.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace sf {
+
+namespace {
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+}  // namespace
+
+std::vector<int64_t> SlotCache::capacities(int slots, const std::vector<int64_t>& blob_numel,
+                                           const std::vector<bool>& is_layer) {
+  int64_t largest = 0, layer = 0;
+  for (size_t b = 0; b < blob_numel.size(); ++b) {
+    largest = std::max(largest, blob_numel[b]);
+    if (is_layer[b]) layer = std::max(layer, blob_numel[b]);
+  }
+  // Blobs larger than a layer (embedding, untied head) are never needed at once (the tied head
+  // blob is only the final norm), so one large slot holds them in turn.
+  std::vector<int64_t> c(size_t(std::max(slots, 0)), layer > 0 ? layer : largest);
+  if (!c.empty()) c[0] = largest;
+  return c;
+}
+
+size_t SlotCache::bytes_for(const std::vector<int64_t>& capacity, DType act, int64_t chunk) {
+  size_t n = 0;
+  int64_t largest = 0;
+  for (int64_t c : capacity) {
+    n += round256(size_t(c) * dtype_size(act));
+    largest = std::max(largest, c);
+  }
+  if (act != DType::F32 && largest > 0) n += round256(size_t(std::min(chunk, largest)) * 4);
+  return n;
+}
+
+SlotCache::SlotCache(Device& dev, const std::vector<int64_t>& capacity, DType act, int64_t chunk, Stream& h2d,
+                     Stream& compute)
+    : dev_(dev), act_(act), h2d_(h2d), compute_(compute) {
+  int64_t largest = 0;
+  for (int64_t c : capacity) largest = std::max(largest, c);
+  chunk_ = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(largest, 1)));
+  if (act != DType::F32 && largest > 0) staging_ = DeviceBuffer(dev, round256(size_t(chunk_) * 4));
+  for (int64_t c : capacity) {
+    Slot s;
+    s.mem = DeviceBuffer(dev, round256(size_t(c) * dtype_size(act)));
+    s.capacity = c;
+    s.ready = dev.create_event();
+    s.released = dev.create_event();
+    slots_.push_back(std::move(s));
+  }
+}
+
+size_t SlotCache::device_bytes() const {
+  size_t n = staging_.size();
+  for (const Slot& s : slots_) n += s.mem.size();
+  return n;
+}
+
+void* SlotCache::data(int slot) const { return slots_[size_t(slot)].mem.data(); }
+
+int SlotCache::acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep) {
+  for (int k = 0; k < int(slots_.size()); ++k) {
+    if (slots_[size_t(k)].blob != blob) continue;
+    slots_[size_t(k)].last_use = ++clock_;
+    if (use) dev_.wait(compute_, *slots_[size_t(k)].ready);
+    return k;
+  }
+  // The least recently used slot of the smallest capacity that holds the blob.
+  int v = -1;
+  for (int k = 0; k < int(slots_.size()); ++k) {
+    const Slot& s = slots_[size_t(k)];
+    if (k == keep || s.capacity < numel) continue;
+    if (v < 0 || s.capacity < slots_[size_t(v)].capacity ||
+        (s.capacity == slots_[size_t(v)].capacity && s.last_use < slots_[size_t(v)].last_use))
+      v = k;
+  }
+  if (v < 0 && !use) return -1;  // a prefetch that would evict the slot in use: later, on demand
+  SF_CHECK(v >= 0, "no parameter slot can hold blob " + std::to_string(blob));
+  Slot& s = slots_[size_t(v)];
+  dev_.wait(h2d_, *s.released);
+  dev_.wait(h2d_, updated);  // the master is final (an update may still run on the host)
+  if (act_ == DType::F32) {
+    dev_.copy(data(v), master, size_t(numel) * 4, CopyKind::HostToDevice, h2d_);
+  } else {
+    // Chunks through the staging buffer; the cast runs on the upload stream, so the next chunk's
+    // copy is ordered after it (one staging buffer suffices).
+    char* dst = static_cast<char*>(data(v));
+    for (int64_t i = 0; i < numel; i += chunk_) {
+      const int64_t n = std::min(chunk_, numel - i);
+      dev_.copy(staging_.data(), master + i, size_t(n) * 4, CopyKind::HostToDevice, h2d_);
+      dev_.ops().cast(Tensor(dst + size_t(i) * dtype_size(act_), act_, {n}), Tensor(staging_.data(), DType::F32, {n}),
+                      h2d_);
+    }
+  }
+  dev_.record(*s.ready, h2d_);
+  ++uploads_;
+  s.blob = blob;
+  s.last_use = ++clock_;
+  if (use) dev_.wait(compute_, *s.ready);
+  return v;
+}
+
+void SlotCache::release(int slot) { dev_.record(*slots_[size_t(slot)].released, compute_); }
+
+void SlotCache::invalidate() {
+  for (Slot& s : slots_) s.blob = -1;
+}
+
+}  // namespace sf

@@ -1,0 +1,64 @@
+// The GPU parameter slots of the sliding engine (DESIGN.md §3): which host blob is in which slot,
+// least-recently-used replacement with lookahead, and the upload itself. Slots come in two sizes:
+// one of the largest blob (the embedding or the untied head, often several layers' worth) and the
+// others of the largest layer; a blob takes the least recently used slot of the smallest size
+// that holds it, so layers leave the large slot to the embedding. A blob goes up as its
+// fp32 master (page-locked host memory) in chunks through one fp32 staging buffer and is cast to
+// the compute dtype on the GPU, on the upload stream: the host keeps no compute-dtype copy and does
+// no conversion pass (PCIe carries 4 bytes a parameter instead of 2; measured in
+// docs/PERFORMANCE.md).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/device.h"
+
+namespace sf {
+
+class SlotCache {
+ public:
+  // Slots of `capacity[i]` elements in `act`; uploads on `h2d`, kernels read on `compute`.
+  SlotCache(Device& dev, const std::vector<int64_t>& capacity, DType act, int64_t chunk, Stream& h2d,
+            Stream& compute);
+  // The capacities for `slots` slots over host blobs of these sizes (0: not on the host).
+  static std::vector<int64_t> capacities(int slots, const std::vector<int64_t>& blob_numel,
+                                         const std::vector<bool>& is_layer);
+
+  // The slot holding `blob` (uploaded from `master` [numel] F32 if it is not there yet, once
+  // `updated` — the blob's last host update — is done). The least recently used slot other than
+  // `keep` is replaced once the compute stream has released it. With `use`, the compute stream
+  // waits for the upload (without: a prefetch, skipped (-1) when no slot but `keep` could hold it).
+  int acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep = -1);
+  void* data(int slot) const;
+  // The compute stream's work queued so far is the last that reads the slot.
+  void release(int slot);
+  // Every slot's contents are stale (the parameters changed).
+  void invalidate();
+
+  int64_t uploads() const { return uploads_; }
+  size_t device_bytes() const;
+  // What the constructor allocates (the planner's figure).
+  static size_t bytes_for(const std::vector<int64_t>& capacity, DType act, int64_t chunk);
+
+ private:
+  struct Slot {
+    DeviceBuffer mem;  // [capacity] act
+    int64_t capacity = 0;
+    int blob = -1;
+    uint64_t last_use = 0;
+    std::unique_ptr<Event> ready;     // h2d: the upload into the slot is done
+    std::unique_ptr<Event> released;  // compute: the last kernel reading the slot is done
+  };
+  Device& dev_;
+  DType act_;
+  int64_t chunk_;
+  Stream& h2d_;
+  Stream& compute_;
+  DeviceBuffer staging_;  // [chunk] F32 (act != F32): a master chunk on its way to the cast
+  std::vector<Slot> slots_;
+  uint64_t clock_ = 0;
+  int64_t uploads_ = 0;
+};
+
+}  // namespace sf
