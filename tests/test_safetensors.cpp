@@ -281,3 +281,23 @@ TEST(Safetensors, WriteErrorsAreInputErrorsAndLeaveNoFile) {
   EXPECT_EQ(SafetensorsFile::open(p).tensors().size(), 1u);
   EXPECT_EQ(std::distance(fs::directory_iterator(d.path), fs::directory_iterator()), 2);
 }
+
+// Hostile headers: nesting far past the limit (checked on the bytes, before the parser), numbers
+// out of any range, and a huge header that is a single value.
+TEST(Safetensors, RejectsDeepNestingAndHugeNumbersInTheHeader) {
+  TempDir d;
+  const std::string deep = "{\"t\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  expect_bad_file(d, "deep.safetensors", make_file(deep, ""), {"nested deeper than 64"});
+  expect_bad_file(d, "1e400.safetensors",
+                  make_file(R"({"t":{"dtype":"F32","shape":[1e400],"data_offsets":[0,4]}})", "abcd"),
+                  {"number overflow"});
+  expect_bad_file(d, "2p64.safetensors",
+                  make_file(R"({"t":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,4]}})", "abcd"),
+                  {"tensor t", "non-integer dimension"});
+  expect_bad_file(d, "2p63.safetensors",
+                  make_file(R"({"t":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,4]}})", "abcd"),
+                  {"tensor t", "absurdly large"});
+  // 64 levels (the limit) are still read: nesting inside __metadata__ is refused for its type.
+  const std::string at_limit = "{\"__metadata__\":" + std::string(63, '[') + std::string(63, ']') + "}";
+  expect_bad_file(d, "limit.safetensors", make_file(at_limit, ""), {"__metadata__ is not an object"});
+}

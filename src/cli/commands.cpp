@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "engine/resident_engine.h"
 #include "io/checkpoint.h"
@@ -21,6 +22,7 @@
 #include "train/bench.h"
 #include "train/demo.h"
 #include "train/model_io.h"
+#include "train/train_options_check.h"
 #include "train/trainer.h"
 
 namespace sf {
@@ -70,6 +72,13 @@ void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f) {
   f.add(c);
   c->add_option("--compute-dtype", d.compute_dtype,
                 "fp32 (cpu default) or bf16 (cuda; on the cpu it mirrors the GPU's rounding)");
+  c->add_option("--max-record-bytes", d.max_record_bytes, "longest JSONL line accepted, e.g. 256MiB (default 64MiB)");
+}
+
+// The data options' checks (paths, step sizes) and the record-length limit, before any file is read.
+void apply_data_options(const DataOptions& d) {
+  check_data_options(d);
+  if (!d.max_record_bytes.empty()) set_max_record_bytes(parse_size(d.max_record_bytes, "--max-record-bytes"));
 }
 
 int cmd_init(const std::string& config_path, const std::string& output, uint64_t seed, const std::string& dtype_s) {
@@ -251,7 +260,7 @@ int cli_main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "slideformer: unknown command '%s' (commands: init, eval, grad, train, plan, tokenize, demo, bench)\n",
-          argv[1]);
+          bounded_message(argv[1], kMaxWhatBytes).c_str());
       return 2;
     }
   }
@@ -296,7 +305,8 @@ int cli_main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "slideformer: %s%s (see slideformer --help)\n",
-                 config_path.empty() ? "" : (config_path + ": ").c_str(), e.what());
+                 config_path.empty() ? "" : (bounded_where(config_path) + ": ").c_str(),
+                 bounded_message(e.what(), kMaxWhatBytes).c_str());  // CLI11 echoes the values
     return 2;
   }
   log_config().level = quiet ? LogLevel::Quiet : verbose ? LogLevel::Debug : LogLevel::Info;
@@ -305,18 +315,21 @@ int cli_main(int argc, char** argv) {
     if (*init) return cmd_init(init_config, init_output, init_seed, init_dtype);
     if (*eval) {
       eval_flags.apply(eval_opts.engine);
+      apply_data_options(eval_opts);
       EvalResult r = run_eval(eval_opts);
       print_json({{"loss", r.loss}, {"tokens", r.tokens}});
       return 0;
     }
     if (*grad) {
       grad_flags.apply(grad_opts.engine);
+      apply_data_options(grad_opts);
       EvalResult r = run_grad(grad_opts, grad_output);
       print_json({{"loss", r.loss}, {"tokens", r.tokens}, {"output", grad_output}});
       return 0;
     }
     if (*train) {
       train_flags.apply(t.data.engine);
+      apply_data_options(t.data);
       t.shuffle = !no_shuffle;
       t.max_shard_bytes = parse_size(max_shard, "--max-shard-size");
       TrainResult r = run_train(t);
@@ -334,12 +347,14 @@ int cli_main(int argc, char** argv) {
     }
     if (*bench) {
       bench_flags.apply(bo.engine);
+      check_step_sizes(bo.batch_size, bo.seq_len, bo.grad_accum);
       print_json(run_bench(bo));
       return 0;
     }
     if (*tokenize) return cmd_tokenize(tk_model, tk_file, tk_text, tk_jsonl, !tk_no_special);
     if (*plan) {
       plan_flags.apply(po.engine);
+      check_step_sizes(po.batch_size, po.seq_len, po.grad_accum);
       print_json(run_plan(po));
       return 0;
     }
@@ -354,6 +369,11 @@ int cli_main(int argc, char** argv) {
   } catch (const InputError& e) {
     std::fprintf(stderr, "slideformer: %s\n", e.what());
     return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the system refuses as too long is the user's input (exit 2), like any other bad path.
+    const bool input = e.code() == std::errc::filename_too_long;
+    std::fprintf(stderr, "slideformer: %s%s\n", input ? "" : "error: ", bounded_message(e.what(), 1024).c_str());
+    return input ? 2 : 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "slideformer: out of memory\n");
     return 1;

@@ -1,10 +1,10 @@
 #include "cli/config_file.h"
 
 #include <cctype>
-#include <fstream>
 #include <map>
 
 #include "core/error.h"
+#include "io/line_reader.h"
 
 namespace sf {
 
@@ -69,8 +69,11 @@ void append(std::vector<std::string>& args, const std::string& name, const std::
 
 std::vector<std::string> config_to_args(const std::string& path, const std::vector<std::string>& overrides,
                                         const std::set<std::string>& given) {
-  std::ifstream f(path);
-  if (!f) input_error(path, "cannot open the config file");
+  // An options file is a few hundred bytes; the limits keep /dev/zero or a huge file from being
+  // buffered whole.
+  constexpr size_t kMaxLineBytes = size_t(64) << 10, kMaxFileBytes = size_t(1) << 20;
+  LineReader f(path, kMaxLineBytes);
+  size_t total = 0;
   std::map<std::string, std::string> values;  // option -> value; later ones win
   std::vector<std::string> order;
   auto set = [&](const std::string& name, const std::string& value) {
@@ -78,10 +81,11 @@ std::vector<std::string> config_to_args(const std::string& path, const std::vect
     values[name] = value;
   };
   std::string line;
-  int n = 0;
-  while (std::getline(f, line)) {
-    ++n;
-    const std::string where = path + ":" + std::to_string(n);
+  while (f.next(line)) {
+    const std::string where = path + ":" + std::to_string(f.line_number());
+    total += line.size() + 1;
+    if (total > kMaxFileBytes)
+      input_error(where, "the config file is larger than the limit of " + std::to_string(kMaxFileBytes) + " bytes");
     const std::string t = trim(line);
     if (t.empty() || t[0] == '#' || t == "---") continue;
     if (std::isspace(static_cast<unsigned char>(line[0])))

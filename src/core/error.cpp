@@ -2,6 +2,59 @@
 
 namespace sf {
 
+namespace {
+
+// Control characters as escapes so a message stays one line; other bytes (UTF-8) as they are.
+void append_escaped(std::string& out, unsigned char c) {
+  static const char* hex = "0123456789abcdef";
+  if (c == '\n') {
+    out += "\\n";
+  } else if (c == '\r') {
+    out += "\\r";
+  } else if (c == '\t') {
+    out += "\\t";
+  } else if (c < 0x20 || c == 0x7f) {
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  } else {
+    out += char(c);
+  }
+}
+
+// The largest n' <= n that does not split a UTF-8 sequence of s.
+size_t utf8_boundary(const std::string& s, size_t n) {
+  if (n >= s.size()) return s.size();
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return n;
+}
+
+std::string escape(const std::string& s, size_t begin, size_t end) {
+  std::string out;
+  out.reserve(end - begin);
+  for (size_t i = begin; i < end; ++i) append_escaped(out, static_cast<unsigned char>(s[i]));
+  return out;
+}
+
+}  // namespace
+
+std::string bounded_message(const std::string& text, size_t max_bytes) {
+  const size_t keep = utf8_boundary(text, max_bytes);
+  std::string out = escape(text, 0, keep);
+  if (keep == text.size() && out.size() <= max_bytes) return out;
+  // Escapes may have grown it: cut the escaped text again (at a UTF-8 boundary).
+  if (out.size() > max_bytes) out.resize(utf8_boundary(out, max_bytes));
+  return out + "... (" + std::to_string(text.size()) + " bytes, cut)";
+}
+
+std::string bounded_where(const std::string& where) {
+  if (where.size() <= kMaxWhereBytes) return bounded_message(where, kMaxWhereBytes);
+  const size_t head = utf8_boundary(where, 128);
+  size_t tail_begin = where.size() - (kMaxWhereBytes - 128);
+  while (tail_begin < where.size() && (static_cast<unsigned char>(where[tail_begin]) & 0xC0) == 0x80) ++tail_begin;
+  return escape(where, 0, head) + "..." + escape(where, tail_begin, where.size());
+}
+
 void internal_error(const char* file, int line, const std::string& what) {
   throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + what);
 }

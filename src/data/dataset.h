@@ -3,6 +3,7 @@
 //   {"text": "..."}                          tokenized (with the BOS), every token trained
 //   {"prompt": "...", "completion": "..."}   tokenized; only the completion's tokens trained
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -22,9 +23,19 @@ struct Dataset {
   std::vector<Record> records;
 };
 
+// The longest JSONL line (record) read: a line is read whole before it is parsed, so this bounds
+// the memory one record can take (a record of token ids takes about 4 bytes per id beyond it).
+constexpr size_t kDefaultMaxRecordBytes = size_t(64) << 20;
+constexpr size_t kMaxMaxRecordBytes = size_t(1) << 32;  // the most --max-record-bytes may raise it to
+// Process-wide (the --max-record-bytes option of the commands that read data); InputError naming
+// the option outside [1, kMaxMaxRecordBytes].
+void set_max_record_bytes(uint64_t bytes);
+size_t max_record_bytes();
+
 class Tokenizer;
 // Reads a JSONL file. Every problem is an InputError naming "path:line". Token ids must be in
 // [0, vocab); labels in [0, vocab) or -100. `tokenizer` is called (once) at the first text record.
+// Lines longer than max_record_bytes() are refused before they are buffered whole.
 Dataset load_jsonl(const std::string& path, int64_t vocab,
                    const std::function<const Tokenizer&()>& tokenizer = nullptr);
 

@@ -150,6 +150,9 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   std::set<std::string> seen;
   std::string duplicate;
   json header;
+  // Real headers nest 3 deep; the limit is checked on the bytes, so the parser and everything after
+  // it (dump() in messages, destruction) never see deep input.
+  check_json_depth(path, hbeg, hend, kJsonMaxDepth);
   try {
     header = json::parse(hbeg, hend, [&](int depth, json::parse_event_t ev, json& parsed) {
       if (depth == 1 && ev == json::parse_event_t::key && duplicate.empty()) {
@@ -160,6 +163,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     });
   } catch (const json::parse_error& e) {
     input_error(path, "invalid header JSON at byte " + std::to_string(e.byte) + ": " + describe_json_parse_error(e));
+  } catch (const json::exception& e) {  // out_of_range 406: a number like 1e400
+    input_error(path, "invalid header JSON: " + describe_json_parse_error(e));
   }
   if (!header.is_object()) input_error(path, "header is not a JSON object");
   if (!duplicate.empty()) input_error(path, "header lists \"" + duplicate + "\" twice");

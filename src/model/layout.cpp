@@ -2,20 +2,29 @@
 
 #include <algorithm>
 
+#include "core/checked_math.h"
+#include "core/error.h"
+
 namespace sf {
 namespace {
 
 constexpr int64_t kAlign = 128;  // elements: 256 bytes for bf16, 512 for fp32
 
-void add(BlobLayout& b, std::string name, std::vector<int64_t> shape, int slot = -1) {
+// Sizes in checked arithmetic: parse_model_spec bounds the dimensions, this keeps a spec built
+// any other way from wrapping around (an overflow is an InputError naming the spec's source).
+void add(const ModelSpec& s, BlobLayout& b, std::string name, std::vector<int64_t> shape, int slot = -1) {
   BlobEntry e;
   e.name = std::move(name);
   e.shape = std::move(shape);
   e.numel = 1;
-  for (int64_t d : e.shape) e.numel *= d;
+  for (int64_t d : e.shape) {
+    if (d < 0) input_error(s.source, "tensor " + e.name + " has a negative dimension");
+    e.numel = checked_mul(e.numel, d, s.source, "elements of " + e.name);
+  }
   e.offset = b.numel;
   e.slot = slot;
-  b.numel = (b.numel + e.numel + kAlign - 1) / kAlign * kAlign;
+  b.numel = checked_add(b.numel, checked_add(e.numel, kAlign - 1, s.source, "blob size"), s.source, "blob size") /
+            kAlign * kAlign;
   b.entries.push_back(std::move(e));
 }
 
@@ -29,7 +38,7 @@ const BlobEntry* BlobLayout::slot(LayerParam p) const {
 
 int64_t ModelLayout::total_numel() const {
   int64_t n = 0;
-  for (const auto& b : blobs) n += b.numel;
+  for (const auto& b : blobs) n = checked_add(n, b.numel, "", "elements of the model");
   return n;
 }
 
@@ -41,11 +50,15 @@ int64_t ModelLayout::max_blob_numel() const {
 
 ModelLayout make_layout(const ModelSpec& s) {
   ModelLayout m;
+  // One entry per layer is built below: bounded first (parse_model_spec checks this too).
+  if (s.n_layer < 0 || s.n_layer > SpecLimits::kMaxLayers)
+    input_error(s.source, "num_hidden_layers " + std::to_string(s.n_layer) + " is out of range [1, " +
+                              std::to_string(SpecLimits::kMaxLayers) + "]");
   const int64_t H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate;
 
   BlobLayout emb;
   emb.kind = BlobKind::Embedding;
-  add(emb, "model.embed_tokens.weight", {s.vocab, H});
+  add(s, emb, "model.embed_tokens.weight", {s.vocab, H});
   m.blobs.push_back(std::move(emb));
 
   for (int l = 0; l < s.n_layer; ++l) {
@@ -54,33 +67,33 @@ ModelLayout make_layout(const ModelSpec& s) {
     b.layer = l;
     std::string p = "model.layers." + std::to_string(l) + ".";
     using P = LayerParam;
-    add(b, p + "input_layernorm.weight", {H}, int(P::InputNorm));
-    add(b, p + "self_attn.q_proj.weight", {Q, H}, int(P::Wq));
-    if (s.qkv_bias) add(b, p + "self_attn.q_proj.bias", {Q}, int(P::Bq));
-    add(b, p + "self_attn.k_proj.weight", {KV, H}, int(P::Wk));
-    if (s.qkv_bias) add(b, p + "self_attn.k_proj.bias", {KV}, int(P::Bk));
-    add(b, p + "self_attn.v_proj.weight", {KV, H}, int(P::Wv));
-    if (s.qkv_bias) add(b, p + "self_attn.v_proj.bias", {KV}, int(P::Bv));
-    add(b, p + "self_attn.o_proj.weight", {H, Q}, int(P::Wo));
-    if (s.o_bias) add(b, p + "self_attn.o_proj.bias", {H}, int(P::Bo));
+    add(s, b, p + "input_layernorm.weight", {H}, int(P::InputNorm));
+    add(s, b, p + "self_attn.q_proj.weight", {Q, H}, int(P::Wq));
+    if (s.qkv_bias) add(s, b, p + "self_attn.q_proj.bias", {Q}, int(P::Bq));
+    add(s, b, p + "self_attn.k_proj.weight", {KV, H}, int(P::Wk));
+    if (s.qkv_bias) add(s, b, p + "self_attn.k_proj.bias", {KV}, int(P::Bk));
+    add(s, b, p + "self_attn.v_proj.weight", {KV, H}, int(P::Wv));
+    if (s.qkv_bias) add(s, b, p + "self_attn.v_proj.bias", {KV}, int(P::Bv));
+    add(s, b, p + "self_attn.o_proj.weight", {H, Q}, int(P::Wo));
+    if (s.o_bias) add(s, b, p + "self_attn.o_proj.bias", {H}, int(P::Bo));
     if (s.qk_norm) {
-      add(b, p + "self_attn.q_norm.weight", {s.head_dim}, int(P::QNorm));
-      add(b, p + "self_attn.k_norm.weight", {s.head_dim}, int(P::KNorm));
+      add(s, b, p + "self_attn.q_norm.weight", {s.head_dim}, int(P::QNorm));
+      add(s, b, p + "self_attn.k_norm.weight", {s.head_dim}, int(P::KNorm));
     }
-    add(b, p + "post_attention_layernorm.weight", {H}, int(P::PostNorm));
-    add(b, p + "mlp.gate_proj.weight", {I, H}, int(P::Wgate));
-    if (s.mlp_bias) add(b, p + "mlp.gate_proj.bias", {I}, int(P::Bgate));
-    add(b, p + "mlp.up_proj.weight", {I, H}, int(P::Wup));
-    if (s.mlp_bias) add(b, p + "mlp.up_proj.bias", {I}, int(P::Bup));
-    add(b, p + "mlp.down_proj.weight", {H, I}, int(P::Wdown));
-    if (s.mlp_bias) add(b, p + "mlp.down_proj.bias", {H}, int(P::Bdown));
+    add(s, b, p + "post_attention_layernorm.weight", {H}, int(P::PostNorm));
+    add(s, b, p + "mlp.gate_proj.weight", {I, H}, int(P::Wgate));
+    if (s.mlp_bias) add(s, b, p + "mlp.gate_proj.bias", {I}, int(P::Bgate));
+    add(s, b, p + "mlp.up_proj.weight", {I, H}, int(P::Wup));
+    if (s.mlp_bias) add(s, b, p + "mlp.up_proj.bias", {I}, int(P::Bup));
+    add(s, b, p + "mlp.down_proj.weight", {H, I}, int(P::Wdown));
+    if (s.mlp_bias) add(s, b, p + "mlp.down_proj.bias", {H}, int(P::Bdown));
     m.blobs.push_back(std::move(b));
   }
 
   BlobLayout head;
   head.kind = BlobKind::Head;
-  add(head, "model.norm.weight", {H});
-  if (!s.tie_embeddings) add(head, "lm_head.weight", {s.vocab, H});
+  add(s, head, "model.norm.weight", {H});
+  if (!s.tie_embeddings) add(s, head, "lm_head.weight", {s.vocab, H});
   m.blobs.push_back(std::move(head));
   return m;
 }

@@ -16,7 +16,21 @@ struct RopeSpec {
   int64_t original_max_position = 8192;                  // llama3
 };
 
+// Upper bounds of config.json values, checked before anything is sized from them. Generous: the
+// largest Llama-family models are far below (Llama 3.1 405B: 126 layers, 128 heads, hidden 16384,
+// intermediate 53248, vocab 128256), and every size computed from values within them fits int64.
+struct SpecLimits {
+  static constexpr int64_t kMaxLayers = 1024;
+  static constexpr int64_t kMaxHeads = 1024;
+  static constexpr int64_t kMaxHidden = 65536;
+  static constexpr int64_t kMaxIntermediate = int64_t(1) << 20;
+  static constexpr int64_t kMaxVocab = int64_t(1) << 24;
+  static constexpr int64_t kMaxHeadDim = 4096;
+  static constexpr int64_t kMaxPositions = int64_t(1) << 26;
+};
+
 struct ModelSpec {
+  std::string source;  // the config's path (or "preset ..."), named by errors of sizes computed from it
   Arch arch = Arch::Llama;
   std::string architecture;  // as in config.json, e.g. "LlamaForCausalLM"
   std::string model_type;    // "llama", "mistral", "qwen2", "qwen3"
@@ -36,6 +50,8 @@ struct ModelSpec {
 
   int64_t q_dim() const { return int64_t(n_head) * head_dim; }
   int64_t kv_dim() const { return int64_t(n_kv_head) * head_dim; }
+  // Checked arithmetic: an overflow is an InputError naming `source` (parse_model_spec computes
+  // both, so a spec it returned never overflows them).
   int64_t layer_params() const;  // parameters of one decoder layer
   int64_t total_params() const;
   // Refuses (InputError naming `where`) a sliding window shorter than seq_len.

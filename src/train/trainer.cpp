@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -22,6 +23,7 @@
 #include "model/layout.h"
 #include "train/model_io.h"
 #include "train/schedule.h"
+#include "train/train_options_check.h"
 
 namespace sf {
 
@@ -228,11 +230,14 @@ Progress read_training_state(Session& s, const TrainOptions& o, const std::strin
   const std::string tpath = (fs::path(dir) / kTrainerFile).string();
   if (!fs::exists(tpath))
     input_error(dir, "not a checkpoint with training state (no " + std::string(kTrainerFile) + ")");
-  nlohmann::json j = read_json_file(tpath);
+  const nlohmann::json j = read_json_file(tpath);  // depth-limited; typed reads below name the JSON path
+  const JsonRef st(j, tpath);
+  st.expect_object();
   auto same = [&](const char* key, const nlohmann::json& now) {
-    if (!j.contains(key) || j[key] != now) {
+    const std::optional<JsonRef> saved = st.get(key);
+    if (!saved || saved->json() != now) {
       input_error(tpath, std::string("--resume needs the same ") + key + " as the saved run (saved " +
-                             (j.contains(key) ? j[key].dump() : "nothing") + ", now " + now.dump() + ")");
+                             (saved ? saved->json().dump() : "nothing") + ", now " + now.dump() + ")");
     }
   };
   same("records", s.data.records.size());
@@ -241,8 +246,9 @@ Progress read_training_state(Session& s, const TrainOptions& o, const std::strin
   same("shuffle", o.shuffle);
   same("seed", o.seed);
   Progress p;
-  p.step = j.value("step", int64_t(0));
-  p.next_record = j.value("next_record", uint64_t(0));
+  constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+  p.step = st.at("step").as_int(0, kAny, /*integral_floats=*/false);
+  p.next_record = uint64_t(st.at("next_record").as_int(0, kAny, /*integral_floats=*/false));
   if (p.step >= o.steps)
     input_error(tpath, "the checkpoint is at step " + std::to_string(p.step) + ", not before --steps " +
                            std::to_string(o.steps));
@@ -287,6 +293,7 @@ void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::s
 }  // namespace
 
 TrainResult run_train(const TrainOptions& o) {
+  check_train_options(o);  // hyperparameters, step sizes and paths, before anything is read
   if (o.steps <= 0) input_error("--steps", "must be positive");
   if (!(o.lr >= 0) || !std::isfinite(o.lr)) input_error("--lr", "must be a non-negative number");
   if (o.grad_accum <= 0) input_error("--grad-accum", "must be positive");

@@ -15,6 +15,8 @@ struct DataOptions {
   int seq_len = 0;            // 0: the longest record (capped at max_position_embeddings when set)
   int batch_size = 8;         // sequences per micro-batch
   std::string compute_dtype;  // "" (device default), "fp32" (cpu only) or "bf16"
+  // --max-record-bytes: the longest JSONL line read, a size ("" = the default).
+  std::string max_record_bytes;
   // Engine choice and memory budgets (the planner's input; its device field is set from `device`).
   EngineRequest engine;
 };
