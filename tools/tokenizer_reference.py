@@ -102,7 +102,7 @@ def sp_normalize(seg, prepend):
     return (SP if prepend else "") + seg.replace(" ", SP)
 
 
-def make_sp_tokenizer(scheme, n_merges):
+def make_sp_tokenizer(scheme, n_merges, split=False):
     # SentencePiece-style (Llama 2 / Mistral): chars of the corpus (rare ones left to byte
     # fallback), merges learned within "\u2581"-prefixed words.
     words = {}
@@ -137,10 +137,14 @@ def make_sp_tokenizer(scheme, n_merges):
     else:
         tok["normalizer"] = None
         tok["pre_tokenizer"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": scheme, "split": False}
+        if split:  # the older form: no "split" key (tokenizers then splits)
+            del tok["pre_tokenizer"]["split"]
     return tok
 
 
 def make_tokenizer(pattern, n_merges):
+    if pattern == "sp-split":
+        return make_sp_tokenizer("always", n_merges, split=True)
     if pattern.startswith("sp-"):
         return make_sp_tokenizer(pattern[3:], n_merges)
     merges = learn_merges(pattern, n_merges)
@@ -181,11 +185,13 @@ def make_tokenizer(pattern, n_merges):
 class Reference:
     def __init__(self, tok):
         self.vocab = tok["model"]["vocab"]
+        self.sp_split = False
         self.sp = None  # SentencePiece-style: "legacy" (prepend on every segment), "first" or "always"
         if tok.get("normalizer") and tok["normalizer"].get("type") == "Sequence":
             self.sp = "legacy"
         elif tok.get("pre_tokenizer") and tok["pre_tokenizer"].get("type") == "Metaspace":
-            self.sp = tok["pre_tokenizer"]["prepend_scheme"]
+            self.sp = tok["pre_tokenizer"].get("prepend_scheme", "always")
+            self.sp_split = tok["pre_tokenizer"].get("split", True)  # tokenizers' default
         self.ignore_merges = tok["model"].get("ignore_merges", False)
         self.ranks = {}
         for i, m in enumerate(tok["model"]["merges"]):
@@ -229,13 +235,22 @@ class Reference:
             return []
         if self.sp is None:
             return [i for p in self.pre(seg) for i in self.bpe(p)]
-        norm = sp_normalize(seg, self.sp in ("legacy", "always") or start == 0)
+        if self.sp == "legacy":  # Prepend normalizer: always
+            norms = [sp_normalize(seg, True)]
+        else:  # Metaspace: prepends only where the text does not start with a space already
+            norm = seg.replace(" ", SP)
+            if not norm.startswith(SP) and (self.sp == "always" or (self.sp == "first" and start == 0)):
+                norm = SP + norm
+            norms = [norm]
+            if self.sp_split:  # split before each U+2581 (MergedWithNext)
+                norms = [p for p in regex.split("(?=" + SP + ")", norm) if p]
         out = []
-        for s in self.merge(list(norm)):
-            if s in self.vocab:
-                out.append(self.vocab[s])
-            else:
-                out += [self.vocab[f"<0x{b:02X}>"] for b in s.encode("utf-8")]
+        for norm in norms:
+            for s in self.merge(list(norm)):
+                if s in self.vocab:
+                    out.append(self.vocab[s])
+                else:
+                    out += [self.vocab[f"<0x{b:02X}>"] for b in s.encode("utf-8")]
         return out
 
     def encode(self, text):
@@ -266,7 +281,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make-tokenizer")
     m.add_argument("out")
-    m.add_argument("--pattern", default="llama3", choices=sorted(PATTERNS) + ["sp-legacy", "sp-first", "sp-always"])
+    m.add_argument("--pattern", default="llama3", choices=sorted(PATTERNS) + ["sp-legacy", "sp-first", "sp-always", "sp-split"])
     m.add_argument("--merges", type=int, default=200)
     c = sub.add_parser("cases")
     c.add_argument("tokenizer")
