@@ -3,8 +3,11 @@
 //    tricky texts, ids from tools/tokenizer_reference.py (the real regular expressions through
 //    Python's `regex`, BPE written independently; origin: that script, following tokenizers' Rust
 //    source), regenerated with its make-tokenizer and cases commands;
-//  - hf_*.json + hf_*_cases.json, when present: recorded from Hugging Face `tokenizers` itself by
-//    tools/tokenizer_parity.py --record (each file says its origin and version).
+//  - rec_*.json + rec_*_cases.json: tokenizers built to exercise each normalizer, pre-tokenizer
+//    and model option, with the ids of Hugging Face's implementation, recorded by
+//    `tools/tokenizer_parity.py record` (each file's "origin" says which: the Rust library on the
+//    GPU machine, or, until recorded there, its JavaScript port for the components where the two
+//    agree by the Rust source).
 // And the loader refusing malformed or unsupported files with the file and JSON path (exit 2).
 #include <gtest/gtest.h>
 
@@ -55,28 +58,25 @@ INSTANTIATE_TEST_SUITE_P(Kinds, TokenizerCases,
                            return n;
                          });
 
-// Fixtures recorded from Hugging Face tokenizers (tools/tokenizer_parity.py --record).
+// Fixtures recorded from Hugging Face's implementation (tools/tokenizer_parity.py record).
 TEST(Tokenizer, RecordedFromHuggingFace) {
   int files = 0;
   for (const auto& e : std::filesystem::directory_iterator(data_dir())) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("hf_", 0) != 0 || name.find("_cases.json") == std::string::npos) continue;
+    if (name.rfind("rec_", 0) != 0 || name.find("_cases.json") == std::string::npos) continue;
     const nlohmann::json rec = read_json_file(e.path().string());
     const Tokenizer tok = Tokenizer::load(data_dir() + rec["tokenizer"].get<std::string>());
     ++files;
     int checked = 0;
     for (const auto& c : rec["cases"]) {
       const std::string text = c["text"];
-      SCOPED_TRACE(name + ": " + text);
+      SCOPED_TRACE(name + " (" + rec["origin"].get<std::string>() + "): " + text);
       EXPECT_EQ(tok.encode(text, true), c["ids"].get<std::vector<int32_t>>());
-      if (c.contains("ids_no_special")) {
-        EXPECT_EQ(tok.encode(text, false), c["ids_no_special"].get<std::vector<int32_t>>());
-      }
       ++checked;
     }
     EXPECT_GT(checked, 0) << name;
   }
-  if (files == 0) GTEST_SKIP() << "no recorded fixtures (run tools/tokenizer_parity.py --record on the GPU machine)";
+  EXPECT_GE(files, 10);
 }
 
 // Writes `text` as a tokenizer.json and loads it: the InputError's text ("" when accepted).
