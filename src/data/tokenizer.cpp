@@ -190,6 +190,22 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
 
   t.normalizer_ = Normalizer::from_json(c, j.value("normalizer", json()), "normalizer");
   t.pre_ = PreTokenizer::from_json(c, j.value("pre_tokenizer", json()), "pre_tokenizer");
+  if (!t.pre_.byte_level() && !t.ignore_merges_) {
+    // Long SentencePiece-style pieces may be cut before each word break (see model()) when the
+    // break is a token and no token has it after another character.
+    const std::string wb = t.pre_.metaspace() ? t.pre_.meta_replacement() : std::string("\xE2\x96\x81");
+    bool safe = t.vocab_.count(wb) > 0;
+    for (auto it = t.vocab_.begin(); safe && it != t.vocab_.end(); ++it) {
+      const std::string& tok = it->first;
+      size_t k = tok.find(wb);
+      if (k == std::string::npos) continue;
+      // Only breaks at the start, or after breaks, are allowed.
+      size_t lead = 0;
+      while (tok.compare(lead, wb.size(), wb) == 0) lead += wb.size();
+      safe = tok.find(wb, lead) == std::string::npos;
+    }
+    if (safe) t.word_break_ = wb;
+  }
 
   // Added tokens. tokenizers gives a token its vocabulary id, or the next id after the vocabulary
   // (in file order); a file whose ids say otherwise is refused rather than silently renumbered.
@@ -353,6 +369,21 @@ void Tokenizer::merge(std::vector<int32_t>& sym) const {
 
 // The BPE model on one piece (tokenizers' BPE::tokenize).
 void Tokenizer::model(const std::string& piece, std::vector<int32_t>& out) const {
+  if (word_break_.empty() || piece.size() <= 64) return model_word(piece, out);
+  // A long SentencePiece-style piece (a whole segment): no token holds the word break (U+2581)
+  // after another character, so no merge crosses the place before it and the words are
+  // independent: each goes through BPE (and the cache) alone, with the same result.
+  size_t a = 0;
+  const std::string& wb = word_break_;
+  for (size_t k = piece.find(wb, 1); k != std::string::npos; k = piece.find(wb, k + wb.size())) {
+    if (k >= wb.size() && piece.compare(k - wb.size(), wb.size(), wb) == 0) continue;  // inside a run of breaks
+    model_word(piece.substr(a, k - a), out);
+    a = k;
+  }
+  model_word(piece.substr(a), out);
+}
+
+void Tokenizer::model_word(const std::string& piece, std::vector<int32_t>& out) const {
   const bool cacheable = piece.size() <= 64;
   PieceCache* cache = cacheable ? &piece_cache(serial_) : nullptr;
   if (cache) {

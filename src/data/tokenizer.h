@@ -65,10 +65,12 @@ class Tokenizer {
   std::vector<Added> added_;    // longest first
   bool added_first_[256] = {};  // bytes an added token (not normalized) can start with
   std::vector<int32_t> prefix_, suffix_;
-  uint64_t serial_ = 0;  // identifies the loaded file for the per-thread caches
+  std::string word_break_;  // SentencePiece-style: where long pieces may be cut (empty: never)
+  uint64_t serial_ = 0;     // identifies the loaded file for the per-thread caches
 
   const MergeSlot* find_merge(int32_t a, int32_t b) const;
   void model(const std::string& piece, std::vector<int32_t>& out) const;
+  void model_word(const std::string& piece, std::vector<int32_t>& out) const;
   void merge(std::vector<int32_t>& sym) const;
   void segment(const std::string& text, bool at_start, std::vector<int32_t>& out) const;
   void split_added(const std::string& text, bool normalized, std::vector<std::pair<size_t, size_t>>& segs,
