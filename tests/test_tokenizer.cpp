@@ -50,7 +50,7 @@ TEST_P(TokenizerCases, PiecesIdsAndRoundTrip) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, TokenizerCases,
-                         ::testing::Values("llama3", "qwen2", "gpt2", "sp-legacy", "sp-first", "sp-split"),
+                         ::testing::Values("llama3", "qwen2", "gpt2", "tekken", "sp-legacy", "sp-first", "sp-split"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)

@@ -24,6 +24,10 @@ PATTERNS = {
     "llama3": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "gpt2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    # Mistral Nemo (tekken)
+    "tekken": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+              r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+              r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 }
 
 TRICKY = [
@@ -35,6 +39,8 @@ TRICKY = [
     "line1\nline2\n\nline4", "spaces    before\nnewline", "tab\t\tx", "nbsp\u00a0here", "zero\u200bwidth",
     "<|begin_of_text|>special<|end_of_text|> inside", "http://example.com/path?q=1&r=2",
     "def f(x):\n    return x ** 2\n", "{\"json\": [1, 2, 3]}",
+    "HTTPServer getHTTPResponse XMLHttpRequest iPhone McDonald's ǅungla ǈ", "a/b//c\n/d", "e\u0301\u0301X\u0301",
+    " \u0301abc", "\u02b0\u02b0A\u02b0", "漢字Abc", "ABC\u0300def", "x2y 3z", "ﬁ ﬀ", "Ǆ ǅ ǆ",
 ]
 
 CORPUS = " ".join(TRICKY * 3) + " the quick brown fox jumps over the lazy dog " * 20 + \

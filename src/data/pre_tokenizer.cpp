@@ -90,6 +90,70 @@ size_t next_gpt2(const std::vector<uint32_t>& c, size_t i) {
   return j - 1;
 }
 
+// Mistral Nemo's (tekken) pattern:
+//   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|
+//   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|
+//   \p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with a regex engine's backtracking: the first alternative that matches, each quantifier greedy
+// and giving back one character at a time.
+bool upperish(uint32_t cp) { return uni::classes(cp) & (uni::kLu | uni::kLt | uni::kLm | uni::kLo | uni::kM); }
+bool lowerish(uint32_t cp) { return uni::classes(cp) & (uni::kLl | uni::kLm | uni::kLo | uni::kM); }
+bool prefix_char(uint32_t cp) { return !is_crlf(cp) && !is_letter(cp) && !is_number(cp); }
+
+// U*W+ from s: the end, or 0 when it does not match (a match is never empty).
+size_t upper_star_lower_plus(const std::vector<uint32_t>& c, size_t s) {
+  const size_t n = c.size();
+  size_t e = s;
+  while (e < n && upperish(c[e])) ++e;
+  for (size_t t = e + 1; t-- > s;) {  // U* gives back one at a time
+    if (t < n && lowerish(c[t])) {
+      size_t k = t;
+      while (k < n && lowerish(c[k])) ++k;
+      return k;
+    }
+  }
+  return 0;
+}
+// U+W* from s: the end, or 0.
+size_t upper_plus_lower_star(const std::vector<uint32_t>& c, size_t s) {
+  const size_t n = c.size();
+  size_t e = s;
+  while (e < n && upperish(c[e])) ++e;
+  if (e == s) return 0;
+  while (e < n && lowerish(c[e])) ++e;
+  return e;
+}
+
+size_t next_tekken(const std::vector<uint32_t>& c, size_t i) {
+  const size_t n = c.size();
+  const bool pre = prefix_char(c[i]) && i + 1 < n;
+  for (auto alt : {upper_star_lower_plus, upper_plus_lower_star}) {
+    if (pre)
+      if (size_t e = alt(c, i + 1)) return e;
+    if (size_t e = alt(c, i)) return e;
+  }
+  if (is_number(c[i])) return i + 1;
+  {
+    size_t k = i;
+    if (c[k] == ' ' && k + 1 < n && is_other(c[k + 1])) ++k;
+    if (is_other(c[k])) {
+      size_t j = k;
+      while (j < n && is_other(c[j])) ++j;
+      while (j < n && (is_crlf(c[j]) || c[j] == '/')) ++j;
+      return j;
+    }
+  }
+  size_t j = i;
+  while (j < n && is_space(c[j])) ++j;
+  for (size_t k = j; k > i; --k)
+    if (is_crlf(c[k - 1])) return k;
+  if (j == n || j - i < 2) return j;
+  return j - 1;
+}
+
+const char* kTekkenPattern =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 const char* kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 const char* kQwen2Pattern =
@@ -107,8 +171,9 @@ void regex_spans(PreTokenizer::Regex r, const std::string& s, std::vector<Span>&
   std::vector<size_t> off;
   uni::decode_utf8(s, cps, off);
   for (size_t i = 0; i < cps.size();) {
-    const size_t j = r == PreTokenizer::Regex::Gpt2 ? next_gpt2(cps, i)
-                                                    : next_llama3(cps, i, r == PreTokenizer::Regex::Qwen2 ? 1 : 3);
+    const size_t j = r == PreTokenizer::Regex::Gpt2     ? next_gpt2(cps, i)
+                     : r == PreTokenizer::Regex::Tekken ? next_tekken(cps, i)
+                                                        : next_llama3(cps, i, r == PreTokenizer::Regex::Qwen2 ? 1 : 3);
     out.push_back({off[i], off[j], true});
     i = j;
   }
@@ -242,10 +307,11 @@ void PreTokenizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std
     const auto& pat = c.obj(c.at(j, path, "pattern"), path + ".pattern");
     if (const auto* re = c.opt(pat, path + ".pattern", "Regex")) {
       const std::string r = c.str(*re, path + ".pattern.Regex");
-      s.regex = r == kLlama3Pattern  ? Regex::Llama3
-                : r == kQwen2Pattern ? Regex::Qwen2
-                : r == kGpt2Pattern  ? Regex::Gpt2
-                                     : Regex::None;
+      s.regex = r == kLlama3Pattern   ? Regex::Llama3
+                : r == kQwen2Pattern  ? Regex::Qwen2
+                : r == kGpt2Pattern   ? Regex::Gpt2
+                : r == kTekkenPattern ? Regex::Tekken
+                                      : Regex::None;
       if (s.regex == Regex::None) c.fail(path + ".pattern", "Split pattern not supported: " + r.substr(0, 200));
     } else if (const auto* lit = c.opt(pat, path + ".pattern", "String")) {
       s.literal = c.str(*lit, path + ".pattern.String");

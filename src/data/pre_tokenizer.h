@@ -1,7 +1,7 @@
 // The pre-tokenizers of a tokenizer.json (Hugging Face tokenizers' semantics), in any Sequence:
-// Split (the Llama 3, Qwen2 and GPT-2 regular expressions, matched by hand over code points, or a
-// literal string; every split behavior), ByteLevel, Metaspace, Digits, Punctuation, WhitespaceSplit.
-// Anything else is refused at load.
+// Split (the Llama 3, Qwen2, GPT-2 and Mistral Nemo (tekken) regular expressions, matched by hand over code points, or
+// a literal string; every split behavior), ByteLevel, Metaspace, Digits, Punctuation, WhitespaceSplit. Anything else is
+// refused at load.
 #pragma once
 #include <string>
 #include <vector>
@@ -26,7 +26,7 @@ class PreTokenizer {
   bool meta_prepends() const { return meta_prepends_; }
 
   enum class Behavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
-  enum class Regex { None, Llama3, Qwen2, Gpt2 };
+  enum class Regex { None, Llama3, Qwen2, Gpt2, Tekken };
 
  private:
   enum class Kind { Split, ByteLevel, Metaspace, Digits, Punctuation, WhitespaceSplit };
@@ -46,7 +46,7 @@ class PreTokenizer {
   void add(const tokjson::Ctx& c, const nlohmann::json& j, const std::string& path, int depth);
 };
 
-// The pieces of Split with the Llama 3 / Qwen2 / GPT-2 pattern (for tests).
+// The pieces of Split with one of those patterns (for tests).
 std::vector<std::string> regex_pieces(PreTokenizer::Regex r, const std::string& text);
 
 }  // namespace sf
