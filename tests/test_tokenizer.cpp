@@ -279,6 +279,10 @@ TEST(Tokenizer, OtherPreTokenizers) {
   std::ofstream(d.file("t.json")) << j.dump();
   const Tokenizer tok = Tokenizer::load(d.file("t.json"));
   EXPECT_EQ(tok.pre_tokenize("ab12, c!\n x"), (std::vector<std::string>{"ab", "1", "2", ",", "c", "!", "x"}));
+  j["pre_tokenizer"] = {{"type", "Whitespace"}};
+  std::ofstream(d.file("t.json")) << j.dump();
+  EXPECT_EQ(Tokenizer::load(d.file("t.json")).pre_tokenize("Hey man!?  x_y\xCC\x81 \xE6\xBC\xA2."),
+            (std::vector<std::string>{"Hey", "man", "!?", "x_y\xCC\x81", "\xE6\xBC\xA2", "."}));
   j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", "MergedWithPrevious"}};
   std::ofstream(d.file("t.json")) << j.dump();
   EXPECT_EQ(Tokenizer::load(d.file("t.json")).pre_tokenize("a-b--c"), (std::vector<std::string>{"a-", "b-", "-", "c"}));

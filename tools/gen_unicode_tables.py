@@ -117,6 +117,9 @@ def main():
     print("// Hugging Face tokenizers 0.23 through onig_sys 69.9). Punctuation, normalization: Unicode " + ucd_version + ".")
     for cat in ("L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "N"):
         emit(f"k{cat}Ranges", onig_ranges(src, cat), f"\\p{{{cat}}}")
+    # \w of the Whitespace pre-tokenizer (Rust's regex crate; the same UTS #18 definition as
+    # Oniguruma's Word: Alphabetic, M, Nd, Pc, Join_Control; both at Unicode 16.0)
+    emit("kWordRanges", onig_ranges(src, "Word"), "\\w")
     emit("kPunctRanges", to_ranges(punct), "general category P")
     emit("kLateNormRanges", to_ranges(late),
          "assigned after Unicode %d.%d and taking part in normalization" % HF_NORMALIZATION_VERSION)

@@ -230,6 +230,8 @@ def components():
         "digits_split": var(bl, pre_tokenizer=seq({"type": "Digits", "individual_digits": False},
                                                   {"type": "Split", "pattern": {"String": "-"}, "behavior": "MergedWithNext",
                                                    "invert": False}, split("llama3"), byte_level)),
+        "whitespace": var(bl, pre_tokenizer=seq({"type": "Whitespace"}, byte_level)),
+        "tekken": var(bl, pre_tokenizer=seq(split("tekken"), byte_level), model_ignore_merges=False),
         "split_behaviors": var(bl, pre_tokenizer=seq({"type": "Split", "pattern": {"String": " "},
                                                       "behavior": "MergedWithPrevious", "invert": False},
                                                      {"type": "Split", "pattern": {"String": "e"}, "behavior": "Contiguous",

@@ -122,8 +122,12 @@ def make_sp_tokenizer(scheme, n_merges, split=False):
         vocab[f"<0x{b:02X}>"] = len(vocab)
     for ch in chars:
         vocab.setdefault(ch, len(vocab))
-    for a, b in merges:
-        vocab.setdefault(a + b, len(vocab))
+    kept = []
+    for a, b in merges:  # a merge needs both parts in the vocabulary (tokenizers refuses it else)
+        if a in vocab and b in vocab:
+            vocab.setdefault(a + b, len(vocab))
+            kept.append((a, b))
+    merges = kept
     tok = {
         "version": "1.0",
         "added_tokens": [

@@ -357,6 +357,8 @@ void PreTokenizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std
     s.behavior = behavior_of(c, j, path, "Isolated");
   } else if (type == "WhitespaceSplit") {
     s.kind = Kind::WhitespaceSplit;
+  } else if (type == "Whitespace") {
+    s.kind = Kind::Whitespace;
   } else {
     c.fail(path, "pre_tokenizer " + type.substr(0, 60) + " is not supported");
   }
@@ -426,6 +428,26 @@ void PreTokenizer::apply(std::vector<Piece>& pieces) const {
                      p.text, m);
           split_by(p, m, st.behavior, next);
           break;
+        case Kind::Whitespace: {
+          // \w+|[^\w\s]+ kept, the whitespace between removed.
+          std::vector<uint32_t> cps;
+          std::vector<size_t> off;
+          uni::decode_utf8(p.text, cps, off);
+          for (size_t k = 0; k < cps.size();) {
+            const uint16_t cl = uni::classes(cps[k]);
+            size_t e = k + 1;
+            const int kind = (cl & uni::kWord) ? 0 : (cl & uni::kSpace) ? 1 : 2;
+            while (e < cps.size()) {
+              const uint16_t ce = uni::classes(cps[e]);
+              if (((ce & uni::kWord) ? 0 : (ce & uni::kSpace) ? 1 : 2) != kind) break;
+              ++e;
+            }
+            m.push_back({off[k], off[e], kind == 1});
+            k = e;
+          }
+          split_by(p, m, Behavior::Removed, next);
+          break;
+        }
         case Kind::WhitespaceSplit:
           char_spans(is_space, p.text, m);
           split_by(p, m, Behavior::Removed, next);

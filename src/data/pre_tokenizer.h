@@ -29,7 +29,7 @@ class PreTokenizer {
   enum class Regex { None, Llama3, Qwen2, Gpt2, Tekken };
 
  private:
-  enum class Kind { Split, ByteLevel, Metaspace, Digits, Punctuation, WhitespaceSplit };
+  enum class Kind { Split, ByteLevel, Metaspace, Digits, Punctuation, WhitespaceSplit, Whitespace };
   struct Step {
     Kind kind;
     Regex regex = Regex::None;

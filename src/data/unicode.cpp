@@ -44,6 +44,7 @@ uint16_t compute(uint32_t cp) {
   if (in_ranges(kMRanges, cp)) c |= kM;
   if (in_ranges(kPunctRanges, cp)) c |= kP;
   if (in_ranges(kLateNormRanges, cp)) c |= kLate;
+  if (in_ranges(kWordRanges, cp)) c |= kWord;
   return c;
 }
 

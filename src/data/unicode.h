@@ -18,8 +18,9 @@ enum : uint16_t {
   kLm = 64,
   kLo = 128,
   kM = 256,
-  kP = 512,     // punctuation (general category P)
-  kLate = 1024  // assigned after Unicode 9.0 and normalization-relevant (see normalizer.cpp)
+  kP = 512,      // punctuation (general category P)
+  kLate = 1024,  // assigned after Unicode 9.0 and normalization-relevant (see normalizer.cpp)
+  kWord = 2048   // \w (Whitespace pre-tokenizer)
 };
 
 uint16_t classes(uint32_t cp);
