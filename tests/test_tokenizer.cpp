@@ -146,6 +146,11 @@ TEST(Tokenizer, RefusesMalformedFilesWithThePath) {
   j["model"]["vocab"][tok0] = j["model"]["vocab"][std::next(j["model"]["vocab"].begin()).key()];
   expect_refused(j, "used twice");
   j = base_tokenizer();
+  for (auto& m : j["model"]["merges"]) {  // the pair form (Qwen's files)
+    const std::string ab = m;
+    m = nlohmann::json::array({ab.substr(0, ab.find(' ')), ab.substr(ab.find(' ') + 1)});
+  }
+  EXPECT_EQ(load_error(j.dump()), "");
   j["model"]["merges"][3] = nlohmann::json::array({"\xC4\xA0", 1});
   expect_refused(j, "model.merges[3][1]: expected a string");
   j = base_tokenizer();
@@ -189,6 +194,15 @@ TEST(Tokenizer, RefusesMalformedFilesWithThePath) {
   j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", 5}}}}};
   expect_refused(j, "normalizer.normalizers[0].type: expected a string");
   j = base_tokenizer();
+  j["added_tokens"][0].erase("normalized");
+  expect_refused(j, "added_tokens[0]: missing \"normalized\"");
+  j = base_tokenizer();
+  j["model"].erase("merges");
+  expect_refused(j, "model: missing \"merges\"");
+  j = base_tokenizer();
+  j["model"]["merges"][1] = nlohmann::json::array({"a", "b"});
+  expect_refused(j, "model.merges[1]: merges must be all");
+  j = base_tokenizer();
   j["model"]["unk_token"] = "<nope>";
   expect_refused(j, "model.unk_token");
   // Not JSON, or JSON of the wrong shape.
@@ -203,7 +217,8 @@ TEST(Tokenizer, TinyFileWithHugeIdsTakesNoMemory) {
       R"({"model":{"type":"BPE","vocab":{"a":100000000},"merges":[]},"added_tokens":[],"pre_tokenizer":null})";
   EXPECT_NE(load_error(small).find("model.vocab[\"a\"]"), std::string::npos);
   const std::string added =
-      R"({"model":{"vocab":{"a":0},"merges":[]},"added_tokens":[{"id":100000000,"content":"b"}]})";
+      R"({"model":{"vocab":{"a":0},"merges":[]},"added_tokens":[{"id":100000000,"content":"b","single_word":false,)"
+      R"("lstrip":false,"rstrip":false,"normalized":false,"special":true}]})";
   EXPECT_NE(load_error(added).find("added_tokens[0].id"), std::string::npos);
 }
 

@@ -91,7 +91,7 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    input_error(path, "invalid JSON: " + describe_json_parse_error(e));
+    input_error(path, "invalid JSON: " + describe_json_parse_error(e).substr(0, 300));
   }
   const Ctx c{path};
   Tokenizer t;
@@ -135,18 +135,23 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   }
   // Merges: parts and result in the vocabulary (as tokenizers checks at load); a repeated pair
   // takes its last rank (tokenizers collects them into a map).
-  std::vector<MergeSlot> merges;
-  if (const json* ms = c.opt(m, "model", "merges")) {
-    c.arr(*ms, "model.merges");
+  // tokenizers needs both vocab and merges, the merges all "a b" strings (lines "#version..."
+  // skipped) or all pairs.
+  {
+    const json* ms = &c.arr(c.at(m, "model", "merges"), "model.merges");
     size_t cap = 16;
     while (cap < ms->size() * 2) cap *= 2;
     t.merges_.assign(cap, MergeSlot{0, 0, 0});
+    const bool strings = !ms->empty() && (*ms)[0].is_string();
+    int32_t rank = 0;
     for (size_t i = 0; i < ms->size(); ++i) {
       const json& e = (*ms)[i];
       const std::string p = idx_path("model.merges", i);
       std::string a, b;
+      if (e.is_string() != strings) c.fail(p, "merges must be all strings \"a b\" or all pairs [\"a\", \"b\"]");
       if (e.is_string()) {
         const std::string s = e.get<std::string>();
+        if (s.rfind("#version", 0) == 0) continue;
         const size_t sp = s.find(' ');
         if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
           c.fail(p, "a merge must be two symbols separated by one space");
@@ -165,10 +170,11 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
       for (size_t h = mix(key) & (cap - 1);; h = (h + 1) & (cap - 1)) {
         MergeSlot& slot = t.merges_[h];
         if (slot.key == 0 || slot.key == key) {
-          slot = MergeSlot{key, int32_t(i), ir->second};
+          slot = MergeSlot{key, rank, ir->second};
           break;
         }
       }
+      ++rank;
     }
   }
   for (int b = 0; b < 128; ++b) {
@@ -216,10 +222,11 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
     const json& a = c.obj(added[i], p);
     const int64_t id = c.integer(c.at(a, p, "id"), p + ".id", 0, UINT32_MAX);
     const std::string content = c.str(c.at(a, p, "content"), p + ".content");
-    const bool special = c.bool_or(a, p, "special", false);
-    const bool normalized = c.bool_or(a, p, "normalized", !special);
+    // Every flag is required, as tokenizers' AddedToken has no defaults.
+    const bool normalized = c.boolean(c.at(a, p, "normalized"), p + ".normalized");
+    c.boolean(c.at(a, p, "special"), p + ".special");
     for (const char* k : {"single_word", "lstrip", "rstrip"})
-      if (c.bool_or(a, p, k, false)) c.fail(p + "." + k, std::string(k) + " = true is not supported");
+      if (c.boolean(c.at(a, p, k), p + "." + k)) c.fail(p + "." + k, std::string(k) + " = true is not supported");
     if (content.empty()) continue;  // tokenizers ignores it
     int32_t hf_id;
     if (auto v = t.vocab_.find(content); v != t.vocab_.end())
