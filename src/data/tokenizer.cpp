@@ -53,15 +53,24 @@ void check_depth(const std::string& text, const std::string& path) {
 
 std::atomic<uint64_t> g_serial{1};
 
-// Per-thread cache of the ids of pieces (pieces repeat: words), for one tokenizer at a time.
+// Per-thread cache of the ids of pieces (pieces repeat: words), for one tokenizer at a time:
+// direct-mapped slots, a new piece replaces the old one in its slot (no growth, no clearing).
 struct PieceCache {
+  static constexpr size_t kSlots = 1 << 15;  // about 2 MB a thread
+  static constexpr size_t kMaxIds = 6;
+  struct Slot {
+    size_t hash = 0;
+    std::string key;
+    uint8_t n = 0;
+    int32_t ids[kMaxIds];
+  };
   uint64_t serial = 0;
-  std::unordered_map<std::string, std::vector<int32_t>> map;
+  std::vector<Slot> slots;
 };
 PieceCache& piece_cache(uint64_t serial) {
   thread_local PieceCache c;
-  if (c.serial != serial || c.map.size() > (1u << 17)) {
-    c.map.clear();
+  if (c.serial != serial) {
+    c.slots.assign(PieceCache::kSlots, PieceCache::Slot{});
     c.serial = serial;
   }
   return c;
@@ -177,9 +186,11 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
       ++rank;
     }
   }
-  for (int b = 0; b < 128; ++b) {
-    auto it = t.vocab_.find(std::string(1, char(b)));
-    t.ascii_id_[b] = it == t.vocab_.end() ? -1 : it->second;
+  t.char_id_.assign(0x800, -1);
+  for (uint32_t cp = 0; cp < 0x800; ++cp) {
+    std::string ch;
+    uni::append_utf8(ch, cp);
+    if (auto it = t.vocab_.find(ch); it != t.vocab_.end()) t.char_id_[cp] = it->second;
   }
   for (int b = 0; b < 256; ++b) {
     char name[8];
@@ -391,11 +402,13 @@ void Tokenizer::model(const std::string& piece, std::vector<int32_t>& out) const
 }
 
 void Tokenizer::model_word(const std::string& piece, std::vector<int32_t>& out) const {
-  const bool cacheable = piece.size() <= 64;
-  PieceCache* cache = cacheable ? &piece_cache(serial_) : nullptr;
-  if (cache) {
-    if (auto it = cache->map.find(piece); it != cache->map.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
+  PieceCache::Slot* slot = nullptr;
+  size_t hash = 0;
+  if (piece.size() <= 64) {
+    hash = std::hash<std::string>()(piece);
+    slot = &piece_cache(serial_).slots[hash & (PieceCache::kSlots - 1)];
+    if (slot->hash == hash && slot->key == piece) {
+      out.insert(out.end(), slot->ids, slot->ids + slot->n);
       return;
     }
   }
@@ -414,7 +427,9 @@ void Tokenizer::model_word(const std::string& piece, std::vector<int32_t>& out) 
       const size_t l = std::min(len, piece.size() - i);
       int32_t id = -1;
       if (l == 1 && b < 0x80) {
-        id = ascii_id_[b];
+        id = char_id_[b];
+      } else if (l == 2 && len == 2 && (static_cast<unsigned char>(piece[i + 1]) >> 6) == 2) {
+        id = char_id_[((b & 0x1Fu) << 6) | (static_cast<unsigned char>(piece[i + 1]) & 0x3Fu)];
       } else {
         ch.assign(piece, i, l);
         if (auto v = vocab_.find(ch); v != vocab_.end()) id = v->second;
@@ -442,7 +457,12 @@ void Tokenizer::model_word(const std::string& piece, std::vector<int32_t>& out) 
     merge(sym);
   }
   out.insert(out.end(), sym.begin(), sym.end());
-  if (cache) cache->map.emplace(piece, std::move(sym));
+  if (slot && sym.size() <= PieceCache::kMaxIds) {
+    slot->hash = hash;
+    slot->key.assign(piece);
+    slot->n = uint8_t(sym.size());
+    std::copy(sym.begin(), sym.end(), slot->ids);
+  }
 }
 
 void Tokenizer::segment(const std::string& text, bool at_start, std::vector<int32_t>& out) const {

@@ -56,7 +56,8 @@ class Tokenizer {
     int32_t rank, id;
   };
   std::vector<MergeSlot> merges_;  // open addressing, power-of-two size
-  int32_t ascii_id_[128];          // id of each ASCII character as a symbol (-1: none)
+  std::vector<int32_t> char_id_;   // id of each character below U+0800 as a symbol (-1: none);
+                                   // GPT-2's byte characters are all there
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
