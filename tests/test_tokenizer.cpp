@@ -240,6 +240,31 @@ TEST(Tokenizer, AddedTokensMatchLeftmostLongestAndGetTheirIds) {
   for (int32_t id : tok.encode("x<|end_of_text|>y", true)) EXPECT_GE(id, 0);
 }
 
+TEST(Tokenizer, NormalizedAddedTokensMatchInASecondPass) {
+  // tokenizers matches the added tokens that are not normalized first, then the normalized ones
+  // in the text between: "x<a" (normalized) loses to "<a>" although it starts further left.
+  nlohmann::json j = base_tokenizer();
+  const int n = int(j["model"]["vocab"].size() + j["added_tokens"].size());
+  auto add = [&](const std::string& content, int id, bool normalized) {
+    j["added_tokens"].push_back({{"id", id},
+                                 {"content", content},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", normalized},
+                                 {"special", false}});
+  };
+  add("<a>", n, false);
+  add("x<a", n + 1, true);
+  test::TempDir d;
+  std::ofstream(d.file("t.json")) << j.dump();
+  const Tokenizer tok = Tokenizer::load(d.file("t.json"));
+  const auto ids = tok.encode("x<a>", false);
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(ids[1], n);
+  EXPECT_EQ(tok.encode("x<ay", false)[0], n + 1);
+}
+
 TEST(Tokenizer, UnicodeSixteenLettersAndNumbers) {
   const Tokenizer tok = Tokenizer::load(data_dir() + "llama3.json");
   // U+1D2CD: a Kaktovik numeral (Unicode 15), a number to Oniguruma: the space stands alone.

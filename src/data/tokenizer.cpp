@@ -261,9 +261,9 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
       t.normalizer_.apply(pattern, at_start);
       if (pattern.empty()) continue;
     }
-    auto dup = std::find_if(t.added_.begin(), t.added_.end(), [&](const Added& x) { return x.content == content; });
+    auto dup = std::find_if(t.added_.begin(), t.added_.end(), [&](const Added& x) { return x.id == hf_id; });
     if (dup != t.added_.end()) t.added_.erase(dup);
-    t.added_.push_back({pattern, hf_id, normalized && !t.normalizer_.empty()});
+    t.added_.push_back({pattern, hf_id, normalized});  // normalized ones: a second pass, even without a normalizer
   }
   std::stable_sort(t.added_.begin(), t.added_.end(),
                    [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
