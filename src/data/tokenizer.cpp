@@ -136,7 +136,10 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   t.vocab_.reserve(vocab.size());
   t.id_to_token_.assign(size_t(bound), std::string());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int64_t id = c.integer(it.value(), key_path("model.vocab", it.key()), 0, bound - 1);
+    const int64_t id = c.integer(it.value(), key_path("model.vocab", it.key()), 0, INT64_MAX);
+    if (id >= bound)
+      c.fail(key_path("model.vocab", it.key()), "id " + std::to_string(id) + " is not below " + std::to_string(bound) +
+                                                    ", the number of tokens (vocab and added tokens)");
     if (seen[size_t(id)]) c.fail(key_path("model.vocab", it.key()), "id " + std::to_string(id) + " is used twice");
     seen[size_t(id)] = 1;
     t.vocab_.emplace(it.key(), int32_t(id));

@@ -52,7 +52,9 @@ struct Ctx {
     if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(INT64_MAX)) fail(path, "integer out of range");
     const int64_t v = j.get<int64_t>();
     if (v < lo || v > hi)
-      fail(path, std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      fail(path, std::to_string(v) + " is out of range " +
+                     (hi == INT64_MAX ? "(at least " + std::to_string(lo) + ")"
+                                      : "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]"));
     return v;
   }
   std::string str_or(const json& j, const std::string& path, const char* key, const std::string& dflt) const {
