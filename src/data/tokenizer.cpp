@@ -105,6 +105,10 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   const Ctx c{path};
   Tokenizer t;
   t.serial_ = g_serial.fetch_add(1);
+  constexpr uint64_t kRevision = 3;  // bump when the ids of some file change
+  uint64_t h = 1469598103934665603ULL ^ kRevision;  // FNV-1a
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
+  t.fingerprint_ = h;
   c.obj(j, "");
   if (const json* v = c.opt(j, "", "version"))
     if (c.str(*v, "version") != "1.0")

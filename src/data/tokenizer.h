@@ -33,6 +33,9 @@ class Tokenizer {
                                                  int threads = 0) const;
   // The text of ids (byte-level or SentencePiece-style decoding; added tokens as their content).
   std::string decode(const std::vector<int32_t>& ids) const;
+  // Identifies what encode() does: the file's bytes and this implementation's revision (bumped
+  // whenever ids could change), for keys of tokenized-data caches.
+  uint64_t fingerprint() const { return fingerprint_; }
   // One more than the largest id (vocabulary and added tokens).
   int64_t vocab_size() const { return int64_t(id_to_token_.size()); }
 
@@ -67,7 +70,8 @@ class Tokenizer {
   bool added_first_[256] = {};  // bytes an added token (not normalized) can start with
   std::vector<int32_t> prefix_, suffix_;
   std::string word_break_;  // SentencePiece-style: where long pieces may be cut (empty: never)
-  uint64_t serial_ = 0;     // identifies the loaded file for the per-thread caches
+  uint64_t serial_ = 0;
+  uint64_t fingerprint_ = 0;     // identifies the loaded file for the per-thread caches
 
   const MergeSlot* find_merge(int32_t a, int32_t b) const;
   void model(const std::string& piece, std::vector<int32_t>& out) const;
