@@ -321,7 +321,11 @@ def cmd_record(a):
     for name, t in components().items():
         if a.only and name not in a.only:
             continue
-        saved = eng.saved(json.dumps(t, ensure_ascii=False))
+        try:
+            saved = eng.saved(json.dumps(t, ensure_ascii=False))
+        except Exception as e:  # noqa: BLE001
+            print(f"{name}: the reference refuses it, not recorded: {str(e)[:300]}")
+            continue
         tname = f"rec_{name}.json"
         open(os.path.join(a.out, tname), "w", encoding="utf-8").write(saved)
         texts = corpus(a.n, a.seed, specials_of_json(saved))
