@@ -11,9 +11,13 @@
 // And the loader refusing malformed or unsupported files with the file and JSON path (exit 2).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/error.h"
 #include "data/normalizer.h"
@@ -340,6 +344,38 @@ TEST(Tokenizer, EncodeBatchEqualsEncode) {
   const auto batch = tok.encode_batch(texts, true, 4);
   ASSERT_EQ(batch.size(), texts.size());
   for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(batch[i], tok.encode(texts[i], true));
+}
+
+}  // namespace
+}  // namespace sf
+
+namespace sf {
+namespace {
+
+// Throughput on a JSONL file of {"text": ...} records (tools/tokenizer_parity.py bench runs it):
+//   SF_TOK_BENCH_TOKENIZER=tokenizer.json SF_TOK_BENCH_DATA=data.jsonl \
+//   build/sf_tests --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'
+TEST(TokenizerBench, DISABLED_Throughput) {
+  const char* tok_path = std::getenv("SF_TOK_BENCH_TOKENIZER");
+  const char* data_path = std::getenv("SF_TOK_BENCH_DATA");
+  if (!tok_path || !data_path) GTEST_SKIP() << "set SF_TOK_BENCH_TOKENIZER and SF_TOK_BENCH_DATA";
+  const Tokenizer tok = Tokenizer::load(tok_path);
+  std::vector<std::string> texts;
+  size_t bytes = 0;
+  std::ifstream in(data_path);
+  for (std::string line; std::getline(in, line);) {
+    texts.push_back(nlohmann::json::parse(line)["text"].get<std::string>());
+    bytes += texts.back().size();
+  }
+  for (int threads : {1, 0}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto ids = tok.encode_batch(texts, true, threads);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    size_t n = 0;
+    for (const auto& v : ids) n += v.size();
+    std::printf("{\"tokenizer\": \"%s\", \"threads\": %d, \"MB/s\": %.2f, \"tokens\": %zu, \"seconds\": %.3f}\n",
+                tok_path, threads ? threads : int(std::thread::hardware_concurrency()), double(bytes) / 1e6 / s, n, s);
+  }
 }
 
 }  // namespace

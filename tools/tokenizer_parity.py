@@ -13,7 +13,10 @@ package: run where it is installed, e.g. the GPU machine).
       tokens as literals, leading spaces, Unicode 15/16 characters, random code points) through both,
       for the given files, the test tokenizers of tests/data/tokenizer and the component tokenizers
       below; prints the first differences; exit 0 when none differ.
-  tokenizer_parity.py record --out DIR [--n 300]
+  tokenizer_parity.py bench [--sf-tests build/sf_tests] [--data tmp/tokenizer_bench.jsonl] FILE.json ...
+      MB/s of tokenizers' encode_batch (where installed) and of slideformer's encode_batch on one
+      thread and on all cores, on a mixed ~20 MB corpus (Python's sources, generated text).
+  tokenizer_parity.py record --out DIR [--n 150]
       writes DIR/rec_<name>.json (component tokenizers as tokenizers itself saves them) and
       DIR/rec_<name>_cases.json (texts and tokenizers' ids, with the version): copy them into
       tests/data/tokenizer, where tests/test_tokenizer.cpp (Tokenizer.Recorded) compares with them.
@@ -342,6 +345,59 @@ def cmd_record(a):
     return 0
 
 
+def bench_corpus(path, mb, seed):
+    """Mixed text of about `mb` MB: Python's own sources (code), multilingual generated text."""
+    import glob
+    import sysconfig
+    rng = random.Random(seed)
+    recs, size = [], 0
+    files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "**", "*.py"), recursive=True))
+    rng.shuffle(files)
+    for f in files:
+        if size > mb * 0.6e6:
+            break
+        try:
+            t = open(f, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for i in range(0, len(t), 4000):
+            recs.append(t[i:i + 4000])
+            size += len(recs[-1].encode())
+    while size < mb * 1e6:
+        recs.append(" ".join(random_text(rng, []) for _ in range(20)))
+        size += len(recs[-1].encode())
+    rng.shuffle(recs)
+    with open(path, "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps({"text": r}, ensure_ascii=False) + "\n")
+
+
+def cmd_bench(a):
+    import time
+    if not os.path.exists(a.data):
+        bench_corpus(a.data, a.mb, a.seed)
+    texts = [json.loads(line)["text"] for line in open(a.data, encoding="utf-8")]
+    mb = sum(len(t.encode()) for t in texts) / 1e6
+    print(f"data: {a.data}, {len(texts)} records, {mb:.1f} MB, {os.cpu_count()} CPUs")
+    for f in a.files:
+        try:
+            from tokenizers import Tokenizer
+            tok = Tokenizer.from_file(f)
+            t0 = time.time()
+            tok.encode_batch(texts)
+            print(f"{os.path.basename(f)}: Hugging Face encode_batch {mb / (time.time() - t0):.2f} MB/s")
+        except ImportError:
+            pass
+        env = dict(os.environ, SF_TOK_BENCH_TOKENIZER=f, SF_TOK_BENCH_DATA=a.data)
+        p = subprocess.run([a.sf_tests, "--gtest_also_run_disabled_tests", "--gtest_filter=*Throughput*"],
+                           env=env, capture_output=True, text=True)
+        for line in p.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                print(f"{os.path.basename(f)}: slideformer {r['threads']} threads {r['MB/s']:.2f} MB/s")
+    return 0
+
+
 def specials_of_json(s):
     return [x["content"] for x in json.loads(s).get("added_tokens") or []][:40]
 
@@ -362,11 +418,17 @@ def main():
     r.add_argument("--n", type=int, default=150)
     r.add_argument("--only", nargs="*", help="component names (default: all)")
     r.add_argument("--seed", type=int, default=2)
+    b = sub.add_parser("bench")
+    b.add_argument("--sf-tests", default="build/sf_tests")
+    b.add_argument("--data", default="tmp/tokenizer_bench.jsonl", help="JSONL of {\"text\"}; generated when absent")
+    b.add_argument("--mb", type=float, default=20)
+    b.add_argument("--seed", type=int, default=1)
+    b.add_argument("files", nargs="+")
     for p in (c, r):
         p.add_argument("--engine", choices=["hf", "js"], default="hf")
         p.add_argument("--js-dir", default="/tmp/tok", help="where `npm install @huggingface/tokenizers` was run")
     a = ap.parse_args()
-    return {"fetch": cmd_fetch, "compare": cmd_compare, "record": cmd_record}[a.cmd](a)
+    return {"fetch": cmd_fetch, "compare": cmd_compare, "record": cmd_record, "bench": cmd_bench}[a.cmd](a)
 
 
 if __name__ == "__main__":
