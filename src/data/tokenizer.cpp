@@ -105,7 +105,7 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   const Ctx c{path};
   Tokenizer t;
   t.serial_ = g_serial.fetch_add(1);
-  constexpr uint64_t kRevision = 3;  // bump when the ids of some file change
+  constexpr uint64_t kRevision = 3;                 // bump when the ids of some file change
   uint64_t h = 1469598103934665603ULL ^ kRevision;  // FNV-1a
   for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
   t.fingerprint_ = h;
@@ -274,8 +274,9 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   }
   std::stable_sort(t.added_.begin(), t.added_.end(),
                    [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
-  for (const Added& a : t.added_)
-    if (!a.normalized) t.added_first_[static_cast<unsigned char>(a.content[0])] = true;
+  t.any_normalized_ = std::any_of(t.added_.begin(), t.added_.end(), [](const Added& a) { return a.normalized; });
+  for (size_t k = 0; k < t.added_.size(); ++k)
+    t.added_by_byte_[t.added_[k].normalized][static_cast<unsigned char>(t.added_[k].content[0])].push_back(uint32_t(k));
   size_t used = 0;
   for (size_t k = 0; k < t.id_to_token_.size(); ++k)
     if (!t.id_to_token_[k].empty() || (k < seen.size() && seen[k])) used = k + 1;
@@ -487,15 +488,11 @@ void Tokenizer::split_added(const std::string& text, bool normalized, std::vecto
   size_t seg = 0, i = 0;
   while (i < text.size()) {
     const unsigned char ch = static_cast<unsigned char>(text[i]);
-    if (!normalized && !added_first_[ch]) {
-      ++i;
-      continue;
-    }
+    const std::vector<uint32_t>& cands = added_by_byte_[normalized][ch];  // longest first
     const Added* hit = nullptr;
-    for (const Added& a : added_)
-      if (a.normalized == normalized && static_cast<unsigned char>(a.content[0]) == ch &&
-          text.compare(i, a.content.size(), a.content) == 0) {
-        hit = &a;
+    for (uint32_t k : cands)
+      if (text.compare(i, added_[k].content.size(), added_[k].content) == 0) {
+        hit = &added_[k];
         break;
       }
     if (!hit) {
@@ -514,7 +511,7 @@ void Tokenizer::split_added(const std::string& text, bool normalized, std::vecto
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special) const {
   std::vector<int32_t> out;
   if (add_special) out = prefix_;
-  const bool any_normalized = std::any_of(added_.begin(), added_.end(), [](const Added& a) { return a.normalized; });
+  const bool any_normalized = any_normalized_;
   std::vector<std::pair<size_t, size_t>> segs, segs2;
   std::vector<int32_t> ids, ids2;
   split_added(text, false, segs, ids);

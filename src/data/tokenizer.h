@@ -66,12 +66,13 @@ class Tokenizer {
   bool ignore_merges_ = false;
   int32_t unk_ = -1;
   int32_t byte_token_[256];
-  std::vector<Added> added_;    // longest first
-  bool added_first_[256] = {};  // bytes an added token (not normalized) can start with
+  std::vector<Added> added_;  // longest first
+  bool any_normalized_ = false;
+  std::vector<uint32_t> added_by_byte_[2][256];  // [normalized][first byte] -> indices in added_
   std::vector<int32_t> prefix_, suffix_;
   std::string word_break_;  // SentencePiece-style: where long pieces may be cut (empty: never)
   uint64_t serial_ = 0;
-  uint64_t fingerprint_ = 0;     // identifies the loaded file for the per-thread caches
+  uint64_t fingerprint_ = 0;  // identifies the loaded file for the per-thread caches
 
   const MergeSlot* find_merge(int32_t a, int32_t b) const;
   void model(const std::string& piece, std::vector<int32_t>& out) const;
