@@ -311,6 +311,28 @@ TEST(Tokenizer, MetaspacePrependsOnlyWhereNoSpaceIs) {
   EXPECT_NE(legacy.encode(" Hello world"), legacy.encode("Hello world"));  // Prepend: always
 }
 
+TEST(Tokenizer, WordBreakInsideATokenDisablesTheSegmentCut) {
+  // Long SentencePiece-style segments are cut before U+2581 only when no token has one inside;
+  // here "a▁b" is a token, so a long segment must still merge across the break.
+  nlohmann::json j = read_json_file(data_dir() + "sp-first.json");
+  auto& v = j["model"]["vocab"];
+  const int n = int(v.size());
+  // The new tokens take the ids after the vocabulary: the added tokens' ids move up by two.
+  v["a\xE2\x96\x81"] = n;
+  v["a\xE2\x96\x81" "b"] = n + 1;
+  for (auto& a : j["added_tokens"])
+    if (a["id"].get<int>() >= n) a["id"] = a["id"].get<int>() + 2;
+  j["model"]["merges"].insert(j["model"]["merges"].begin(), nlohmann::json::array({"a\xE2\x96\x81", "b"}));
+  j["model"]["merges"].insert(j["model"]["merges"].begin(), nlohmann::json::array({"a", "\xE2\x96\x81"}));
+  test::TempDir d;
+  std::ofstream(d.file("t.json")) << j.dump();
+  const Tokenizer tok = Tokenizer::load(d.file("t.json"));
+  const std::string text = std::string(100, 'x') + "a b";  // longer than the cache's pieces
+  const auto ids = tok.encode(text, false);
+  EXPECT_NE(std::find(ids.begin(), ids.end(), n + 1), ids.end());
+  EXPECT_EQ(tok.decode(ids), text);
+}
+
 TEST(Tokenizer, OtherPreTokenizers) {
   nlohmann::json j = base_tokenizer();
   j["pre_tokenizer"] = {{"type", "Sequence"},
