@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -86,6 +87,8 @@ uint64_t mix(uint64_t k) {
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) input_error(path, "is a directory, not a tokenizer.json");
   std::ifstream in(path, std::ios::binary);
   if (!in) input_error(path, "not found or not readable");
   std::ostringstream ss;
