@@ -91,10 +91,19 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) input_error(path, "is a directory, not a tokenizer.json");
   std::ifstream in(path, std::ios::binary);
   if (!in) input_error(path, "not found or not readable");
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  // Read in chunks up to a bound (real files are under 50 MB; /dev/zero must not fill memory).
+  constexpr size_t kMaxBytes = size_t(256) << 20;
+  std::string text;
+  std::vector<char> buf(size_t(1) << 20);
+  while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
+    text.append(buf.data(), size_t(in.gcount()));
+    const size_t first = text.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos && text[first] != '{')
+      input_error(path, "not a JSON object (a tokenizer.json starts with '{')");
+    if (text.size() > kMaxBytes) input_error(path, "larger than 256 MiB: not a tokenizer.json");
+  }
   if (in.bad()) input_error(path, "read error");
-  return parse(ss.str(), path);
+  return parse(text, path);
 }
 
 Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
