@@ -77,6 +77,21 @@ PieceCache& piece_cache(uint64_t serial) {
   return c;
 }
 
+// GPT-2's byte characters (printable bytes as themselves, the others from U+0100 on) back to
+// their bytes; -1 for any other code point.
+int gpt2_byte(uint32_t cp) {
+  static const std::vector<int16_t> inv = [] {
+    std::vector<int16_t> v(256 + 68, -1);
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      v[size_t(printable ? b : 256 + n++)] = int16_t(b);
+    }
+    return v;
+  }();
+  return cp < inv.size() ? inv[cp] : -1;
+}
+
 uint64_t mix(uint64_t k) {
   k ^= k >> 33;
   k *= 0xff51afd7ed558ccdULL;
@@ -596,17 +611,7 @@ std::vector<std::string> Tokenizer::pre_tokenize(const std::string& text) const 
       uni::decode_utf8(p.text, cps, off);
       std::string raw;
       for (uint32_t cp : cps) {
-        int b = -1;
-        if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255)) {
-          b = int(cp);
-        } else if (cp >= 256 && cp < 256 + 68) {
-          int n = 0;
-          for (int x = 0; x < 256; ++x) {
-            const bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
-            if (!printable && 256 + n++ == int(cp)) b = x;
-          }
-        }
-        if (b >= 0) raw += char(b);
+        if (const int b = gpt2_byte(cp); b >= 0) raw += char(b);
       }
       p.text = raw;
     }
@@ -638,16 +643,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
       uni::decode_utf8(tok, cps, off);
       for (size_t k = 0; k < cps.size(); ++k) {
         const uint32_t cp = cps[k];
-        int b = -1;
-        if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255)) {
-          b = int(cp);
-        } else if (cp >= 256 && cp < 256 + 68) {
-          int n = 0;
-          for (int x = 0; x < 256 && b < 0; ++x) {
-            const bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
-            if (!printable && 256 + n++ == int(cp)) b = x;
-          }
-        }
+        const int b = gpt2_byte(cp);
         if (b >= 0)
           out += char(b);
         else
