@@ -4,6 +4,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -568,7 +569,10 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special
 std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string>& texts, bool add_special,
                                                           int threads) const {
   std::vector<std::vector<int32_t>> out(texts.size());
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) {  // as the CPU compute pool: SF_THREADS, else every core
+    const char* env = std::getenv("SF_THREADS");
+    threads = env ? std::max(1, std::atoi(env)) : int(std::max(1u, std::thread::hardware_concurrency()));
+  }
   threads = int(std::min<size_t>(size_t(threads), (texts.size() + 15) / 16));
   if (threads <= 1) {
     for (size_t i = 0; i < texts.size(); ++i) out[i] = encode(texts[i], add_special);

@@ -28,7 +28,7 @@ class Tokenizer {
   // Token ids of `text` (UTF-8); with add_special the post-processor's tokens (a BOS) are added.
   // Thread-safe (const; caches are per thread).
   std::vector<int32_t> encode(const std::string& text, bool add_special = true) const;
-  // encode() of every text, on `threads` threads (0: all cores); results in order.
+  // encode() of every text, on `threads` threads (0: SF_THREADS, else all cores); results in order.
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string>& texts, bool add_special = true,
                                                  int threads = 0) const;
   // The text of ids (byte-level or SentencePiece-style decoding; added tokens as their content).
