@@ -319,7 +319,8 @@ TEST(Tokenizer, WordBreakInsideATokenDisablesTheSegmentCut) {
   const int n = int(v.size());
   // The new tokens take the ids after the vocabulary: the added tokens' ids move up by two.
   v["a\xE2\x96\x81"] = n;
-  v["a\xE2\x96\x81" "b"] = n + 1;
+  v["a\xE2\x96\x81"
+    "b"] = n + 1;
   for (auto& a : j["added_tokens"])
     if (a["id"].get<int>() >= n) a["id"] = a["id"].get<int>() + 2;
   j["model"]["merges"].insert(j["model"]["merges"].begin(), nlohmann::json::array({"a\xE2\x96\x81", "b"}));
@@ -335,12 +336,13 @@ TEST(Tokenizer, WordBreakInsideATokenDisablesTheSegmentCut) {
 
 TEST(Tokenizer, OtherPreTokenizers) {
   nlohmann::json j = base_tokenizer();
-  j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers",
-                         {{{"type", "WhitespaceSplit"}},
-                          {{"type", "Digits"}, {"individual_digits", true}},
-                          {{"type", "Punctuation"}, {"behavior", "Isolated"}},
-                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "WhitespaceSplit"}},
+        {{"type", "Digits"}, {"individual_digits", true}},
+        {{"type", "Punctuation"}, {"behavior", "Isolated"}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}};
   test::TempDir d;
   std::ofstream(d.file("t.json")) << j.dump();
   const Tokenizer tok = Tokenizer::load(d.file("t.json"));
@@ -349,7 +351,8 @@ TEST(Tokenizer, OtherPreTokenizers) {
   std::ofstream(d.file("t.json")) << j.dump();
   EXPECT_EQ(Tokenizer::load(d.file("t.json")).pre_tokenize("Hey man!?  x_y\xCC\x81 \xE6\xBC\xA2."),
             (std::vector<std::string>{"Hey", "man", "!?", "x_y\xCC\x81", "\xE6\xBC\xA2", "."}));
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", "MergedWithPrevious"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", "MergedWithPrevious"}, {"invert", false}};
   std::ofstream(d.file("t.json")) << j.dump();
   EXPECT_EQ(Tokenizer::load(d.file("t.json")).pre_tokenize("a-b--c"), (std::vector<std::string>{"a-", "b-", "-", "c"}));
   j["pre_tokenizer"]["behavior"] = "Contiguous";

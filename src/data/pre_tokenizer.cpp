@@ -319,13 +319,16 @@ void PreTokenizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std
     } else {
       c.fail(path + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
     }
+    c.at(j, path, "behavior");  // required by tokenizers, as invert
     s.behavior = behavior_of(c, j, path, "Isolated");
-    if (c.bool_or(j, path, "invert", false)) c.fail(path + ".invert", "Split with invert is not supported");
+    if (c.boolean(c.at(j, path, "invert"), path + ".invert"))
+      c.fail(path + ".invert", "Split with invert is not supported");
     if (s.regex != Regex::None && s.behavior != Behavior::Isolated && s.behavior != Behavior::Removed)
       c.fail(path + ".behavior", "only Isolated or Removed with a regular expression");
   } else if (type == "ByteLevel") {
     s.kind = Kind::ByteLevel;
-    s.flag = c.bool_or(j, path, "add_prefix_space", true);
+    s.flag = c.boolean(c.at(j, path, "add_prefix_space"), path + ".add_prefix_space");
+    c.boolean(c.at(j, path, "trim_offsets"), path + ".trim_offsets");  // offsets only; required
     s.flag2 = c.bool_or(j, path, "use_regex", true);
     byte_level_ = true;
   } else if (type == "Metaspace") {
@@ -338,20 +341,18 @@ void PreTokenizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std
     const std::string scheme = c.str_or(j, path, "prepend_scheme", "always");
     s.prepend = scheme == "never" ? 0 : scheme == "first" ? 1 : scheme == "always" ? 2 : -1;
     if (s.prepend < 0) c.fail(path + ".prepend_scheme", "unknown scheme '" + scheme.substr(0, 40) + "'");
-    // Files written before prepend_scheme existed say add_prefix_space; false means never.
+    // Older files say add_prefix_space; tokenizers accepts false only with prepend_scheme "never"
+    // (an absent scheme defaults to "always", so it refuses that too).
     if (const auto* aps = c.opt(j, path, "add_prefix_space")) {
-      if (!c.boolean(*aps, path + ".add_prefix_space")) {
-        if (s.prepend != 0 && c.opt(j, path, "prepend_scheme"))
-          c.fail(path, "add_prefix_space does not match declared prepend_scheme");
-        s.prepend = 0;
-      }
+      if (!c.boolean(*aps, path + ".add_prefix_space") && s.prepend != 0)
+        c.fail(path, "add_prefix_space false does not match prepend_scheme " + scheme.substr(0, 20));
     }
     s.flag = c.bool_or(j, path, "split", true);  // tokenizers' default when the key is absent
     meta_ = s.literal;
     meta_prepends_ = s.prepend != 0;
   } else if (type == "Digits") {
     s.kind = Kind::Digits;
-    s.flag = c.bool_or(j, path, "individual_digits", false);
+    s.flag = c.boolean(c.at(j, path, "individual_digits"), path + ".individual_digits");
   } else if (type == "Punctuation") {
     s.kind = Kind::Punctuation;
     s.behavior = behavior_of(c, j, path, "Isolated");

@@ -323,7 +323,7 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
     } else if (type == "TemplateProcessing") {
       const json& single = c.arr(c.at(p, path, "single"), path + ".single");
       const json& specials = c.obj(c.at(p, path, "special_tokens"), path + ".special_tokens");
-      if (const json* pair = c.opt(p, path, "pair")) c.arr(*pair, path + ".pair");
+      c.arr(c.at(p, path, "pair"), path + ".pair");  // required by tokenizers, unused here
       bool seen_a = false;
       for (size_t i = 0; i < single.size(); ++i) {
         const std::string ip = idx_path(path + ".single", i);
