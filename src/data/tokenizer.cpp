@@ -338,6 +338,8 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
           if (!st) c.fail(ip, "no special token '" + name.substr(0, 60) + "' in special_tokens");
           const std::string sp = key_path(path + ".special_tokens", name);
           const json& ids = c.arr(c.at(*st, sp, "ids"), sp + ".ids");
+          const json& toks = c.arr(c.at(*st, sp, "tokens"), sp + ".tokens");
+          if (toks.size() != ids.size()) c.fail(sp, "ids and tokens differ in length");
           for (size_t k = 0; k < ids.size(); ++k)
             (seen_a ? t.suffix_ : t.prefix_)
                 .push_back(int32_t(c.integer(ids[k], idx_path(sp + ".ids", k), 0, n_ids - 1)));
