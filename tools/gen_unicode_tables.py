@@ -5,8 +5,9 @@
       > src/data/unicode_tables.inc
 
 \\p{L}, \\p{N} (and the letter/mark subsets some Split patterns use) must be those of the regex
-engine of Hugging Face `tokenizers`: Oniguruma, bundled by the onig_sys crate (69.9.x, used by
-tokenizers 0.23 through onig 6.5) at Oniguruma commit 94877ac (6.9.10 development, Unicode 16.0).
+engine of Hugging Face `tokenizers`: Oniguruma, bundled by the onig_sys crate (69.9.3 with onig 6.5.3
+in bindings/python/Cargo.lock of tokenizers v0.23.1; 69.8.1 to 69.9.4 all bundle the same commit)
+at Oniguruma commit 94877ac (6.9.10 development, Unicode 16.0).
 They are read from that commit's src/unicode_property_data.c
 (`git show 94877ac5901c30cc7022f4f464da393b04cd3375:src/unicode_property_data.c` in a clone of
 github.com/kkos/oniguruma), so the ranges are the engine's own.
