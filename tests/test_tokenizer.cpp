@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "core/error.h"
@@ -401,6 +402,80 @@ TEST(TokenizerBench, DISABLED_Throughput) {
     std::printf("{\"tokenizer\": \"%s\", \"threads\": %d, \"MB/s\": %.2f, \"tokens\": %zu, \"seconds\": %.3f}\n",
                 tok_path, threads ? threads : int(std::thread::hardware_concurrency()), double(bytes) / 1e6 / s, n, s);
   }
+}
+
+}  // namespace
+}  // namespace sf
+
+namespace sf {
+namespace {
+
+// Every JSON pointer of j down to a few levels (object members, the first array elements).
+void pointers(const nlohmann::json& j, const nlohmann::json::json_pointer& p, int depth,
+              std::vector<nlohmann::json::json_pointer>& out) {
+  out.push_back(p);
+  if (depth == 0) return;
+  if (j.is_object()) {
+    size_t k = 0;
+    for (auto it = j.begin(); it != j.end() && k < 40; ++it, ++k) pointers(it.value(), p / it.key(), depth - 1, out);
+  } else if (j.is_array()) {
+    for (size_t i = 0; i < j.size() && i < 4; ++i) pointers(j[i], p / i, depth - 1, out);
+  }
+}
+
+// Mutated tokenizer files (values replaced by wrong types, out-of-range numbers, structures,
+// members removed): each is refused with an InputError, or loads and gives ids in range.
+TEST(Tokenizer, MutatedFilesAreRefusedOrWork) {
+  const std::vector<nlohmann::json> vals = {nullptr,
+                                            -1,
+                                            0,
+                                            2147483647,
+                                            4294967296LL,
+                                            -9223372036854775807LL,
+                                            1e8,
+                                            1.5,
+                                            "",
+                                            "x",
+                                            "\xC4\xA0",
+                                            nlohmann::json::array(),
+                                            nlohmann::json::object(),
+                                            {1},
+                                            {"a", 1},
+                                            {{"type", "Sequence"}},
+                                            {{"type", "Metaspace"}},
+                                            {{"type", "NFKC"}},
+                                            true};
+  std::mt19937 rng(12345);
+  int loaded = 0, refused = 0;
+  for (const char* name :
+       {"llama3.json", "sp-first.json", "rec_qwen2_nfc.json", "tekken.json", "rec_digits_split.json"}) {
+    const nlohmann::json base = read_json_file(data_dir() + name);
+    std::vector<nlohmann::json::json_pointer> ptrs;
+    pointers(base, nlohmann::json::json_pointer(), 5, ptrs);
+    for (int it = 0; it < 150; ++it) {
+      nlohmann::json j = base;
+      for (int k = 0, n = 1 + int(rng() % 3); k < n; ++k) {
+        const auto& p = ptrs[1 + rng() % (ptrs.size() - 1)];
+        if (!j.contains(p)) continue;
+        if (rng() % 5 == 0 && j.at(p.parent_pointer()).is_object())
+          j.at(p.parent_pointer()).erase(p.back());
+        else
+          j.at(p) = vals[rng() % vals.size()];
+      }
+      SCOPED_TRACE(std::string(name) + " mutation " + std::to_string(it));
+      try {
+        const Tokenizer tok = Tokenizer::parse(j.dump(), "m.json");
+        for (int32_t id : tok.encode("Hello <s> world \xE2\x96\x81 \xC3\xA7 12345 <|begin_of_text|> x", true))
+          ASSERT_TRUE(id >= 0 && id < tok.vocab_size()) << id;
+        ++loaded;
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("m.json"), std::string::npos);
+        ++refused;
+      }
+    }
+  }
+  EXPECT_GT(loaded, 10);
+  EXPECT_GT(refused, 100);
 }
 
 }  // namespace
