@@ -24,6 +24,10 @@ PATTERNS = {
     "llama3": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "gpt2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    # Mistral Nemo (tekken)
+    "tekken": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+              r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+              r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 }
 
 TRICKY = [
@@ -35,6 +39,8 @@ TRICKY = [
     "line1\nline2\n\nline4", "spaces    before\nnewline", "tab\t\tx", "nbsp\u00a0here", "zero\u200bwidth",
     "<|begin_of_text|>special<|end_of_text|> inside", "http://example.com/path?q=1&r=2",
     "def f(x):\n    return x ** 2\n", "{\"json\": [1, 2, 3]}",
+    "HTTPServer getHTTPResponse XMLHttpRequest iPhone McDonald's ǅungla ǈ", "a/b//c\n/d", "e\u0301\u0301X\u0301",
+    " \u0301abc", "\u02b0\u02b0A\u02b0", "漢字Abc", "ABC\u0300def", "x2y 3z", "ﬁ ﬀ", "Ǆ ǅ ǆ",
 ]
 
 CORPUS = " ".join(TRICKY * 3) + " the quick brown fox jumps over the lazy dog " * 20 + \
@@ -102,7 +108,7 @@ def sp_normalize(seg, prepend):
     return (SP if prepend else "") + seg.replace(" ", SP)
 
 
-def make_sp_tokenizer(scheme, n_merges):
+def make_sp_tokenizer(scheme, n_merges, split=False):
     # SentencePiece-style (Llama 2 / Mistral): chars of the corpus (rare ones left to byte
     # fallback), merges learned within "\u2581"-prefixed words.
     words = {}
@@ -116,8 +122,12 @@ def make_sp_tokenizer(scheme, n_merges):
         vocab[f"<0x{b:02X}>"] = len(vocab)
     for ch in chars:
         vocab.setdefault(ch, len(vocab))
-    for a, b in merges:
-        vocab.setdefault(a + b, len(vocab))
+    kept = []
+    for a, b in merges:  # a merge needs both parts in the vocabulary (tokenizers refuses it else)
+        if a in vocab and b in vocab:
+            vocab.setdefault(a + b, len(vocab))
+            kept.append((a, b))
+    merges = kept
     tok = {
         "version": "1.0",
         "added_tokens": [
@@ -137,10 +147,14 @@ def make_sp_tokenizer(scheme, n_merges):
     else:
         tok["normalizer"] = None
         tok["pre_tokenizer"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": scheme, "split": False}
+        if split:  # the older form: no "split" key (tokenizers then splits)
+            del tok["pre_tokenizer"]["split"]
     return tok
 
 
 def make_tokenizer(pattern, n_merges):
+    if pattern == "sp-split":
+        return make_sp_tokenizer("always", n_merges, split=True)
     if pattern.startswith("sp-"):
         return make_sp_tokenizer(pattern[3:], n_merges)
     merges = learn_merges(pattern, n_merges)
@@ -181,11 +195,13 @@ def make_tokenizer(pattern, n_merges):
 class Reference:
     def __init__(self, tok):
         self.vocab = tok["model"]["vocab"]
+        self.sp_split = False
         self.sp = None  # SentencePiece-style: "legacy" (prepend on every segment), "first" or "always"
         if tok.get("normalizer") and tok["normalizer"].get("type") == "Sequence":
             self.sp = "legacy"
         elif tok.get("pre_tokenizer") and tok["pre_tokenizer"].get("type") == "Metaspace":
-            self.sp = tok["pre_tokenizer"]["prepend_scheme"]
+            self.sp = tok["pre_tokenizer"].get("prepend_scheme", "always")
+            self.sp_split = tok["pre_tokenizer"].get("split", True)  # tokenizers' default
         self.ignore_merges = tok["model"].get("ignore_merges", False)
         self.ranks = {}
         for i, m in enumerate(tok["model"]["merges"]):
@@ -229,13 +245,22 @@ class Reference:
             return []
         if self.sp is None:
             return [i for p in self.pre(seg) for i in self.bpe(p)]
-        norm = sp_normalize(seg, self.sp in ("legacy", "always") or start == 0)
+        if self.sp == "legacy":  # Prepend normalizer: always
+            norms = [sp_normalize(seg, True)]
+        else:  # Metaspace: prepends only where the text does not start with a space already
+            norm = seg.replace(" ", SP)
+            if not norm.startswith(SP) and (self.sp == "always" or (self.sp == "first" and start == 0)):
+                norm = SP + norm
+            norms = [norm]
+            if self.sp_split:  # split before each U+2581 (MergedWithNext)
+                norms = [p for p in regex.split("(?=" + SP + ")", norm) if p]
         out = []
-        for s in self.merge(list(norm)):
-            if s in self.vocab:
-                out.append(self.vocab[s])
-            else:
-                out += [self.vocab[f"<0x{b:02X}>"] for b in s.encode("utf-8")]
+        for norm in norms:
+            for s in self.merge(list(norm)):
+                if s in self.vocab:
+                    out.append(self.vocab[s])
+                else:
+                    out += [self.vocab[f"<0x{b:02X}>"] for b in s.encode("utf-8")]
         return out
 
     def encode(self, text):
@@ -266,7 +291,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make-tokenizer")
     m.add_argument("out")
-    m.add_argument("--pattern", default="llama3", choices=sorted(PATTERNS) + ["sp-legacy", "sp-first", "sp-always"])
+    m.add_argument("--pattern", default="llama3", choices=sorted(PATTERNS) + ["sp-legacy", "sp-first", "sp-always", "sp-split"])
     m.add_argument("--merges", type=int, default=200)
     c = sub.add_parser("cases")
     c.add_argument("tokenizer")

@@ -1,399 +1,398 @@
 #include "data/tokenizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
 #include <functional>
-#include <nlohmann/json.hpp>
+#include <mutex>
 #include <queue>
+#include <sstream>
+#include <thread>
 
 #include "core/error.h"
+#include "data/unicode.h"
 #include "io/json_file.h"
 
 namespace sf {
 
+using nlohmann::json;
+using tokjson::Ctx;
+using tokjson::idx_path;
+using tokjson::key_path;
+
 namespace {
 
-struct CodeRange {
-  uint32_t lo, hi;
+constexpr int kMaxDepth = 256;  // JSON nesting of a tokenizer.json (real files: < 10)
+
+// Rejects nesting deeper than kMaxDepth before parsing, so that nothing recursive (the parser, the
+// destructor) sees deeper input.
+void check_depth(const std::string& text, const std::string& path) {
+  int depth = 0;
+  bool in_str = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_str) {
+      if (ch == '\\')
+        ++i;
+      else if (ch == '"')
+        in_str = false;
+    } else if (ch == '"') {
+      in_str = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > kMaxDepth)
+        input_error(path, "JSON nested deeper than " + std::to_string(kMaxDepth) + " levels (at byte " +
+                              std::to_string(i) + ")");
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+}
+
+std::atomic<uint64_t> g_serial{1};
+
+// Per-thread cache of the ids of pieces (pieces repeat: words), for one tokenizer at a time:
+// direct-mapped slots, a new piece replaces the old one in its slot (no growth, no clearing).
+struct PieceCache {
+  static constexpr size_t kSlots = 1 << 15;  // about 2 MB a thread
+  static constexpr size_t kMaxIds = 6;
+  struct Slot {
+    size_t hash = 0;
+    std::string key;
+    uint8_t n = 0;
+    int32_t ids[kMaxIds];
+  };
+  uint64_t serial = 0;
+  std::vector<Slot> slots;
 };
-#include "data/unicode_tables.inc"
-
-template <size_t N>
-bool in_ranges(const CodeRange (&r)[N], uint32_t cp) {
-  size_t a = 0, b = N;
-  while (a < b) {
-    const size_t m = (a + b) / 2;
-    if (cp < r[m].lo)
-      b = m;
-    else if (cp > r[m].hi)
-      a = m + 1;
-    else
-      return true;
+PieceCache& piece_cache(uint64_t serial) {
+  thread_local PieceCache c;
+  if (c.serial != serial) {
+    c.slots.assign(PieceCache::kSlots, PieceCache::Slot{});
+    c.serial = serial;
   }
-  return false;
-}
-bool is_letter(uint32_t cp) { return in_ranges(kLetterRanges, cp); }
-bool is_number(uint32_t cp) { return in_ranges(kNumberRanges, cp); }
-// Unicode White_Space (what \s matches in the tokenizers' regex engines).
-bool is_space(uint32_t cp) {
-  return (cp >= 0x9 && cp <= 0xD) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
-}
-bool is_crlf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
-bool is_other(uint32_t cp) { return !is_space(cp) && !is_letter(cp) && !is_number(cp); }
-
-// Code points of UTF-8 text with the byte offset of each (and one past the end); an invalid byte
-// stands for itself as a code point that is neither letter, number nor space.
-void decode_utf8(const std::string& s, std::vector<uint32_t>& cps, std::vector<size_t>& off) {
-  cps.clear();
-  off.clear();
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
-    bool ok = len > 0 && i + size_t(len) <= s.size();
-    for (int k = 1; ok && k < len; ++k) {
-      const unsigned char d = static_cast<unsigned char>(s[i + size_t(k)]);
-      ok = (d >> 6) == 2;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    if (!ok) {
-      len = 1;
-      cp = 0xDC00 + c;  // a lone surrogate: never a letter, number or space
-    }
-    off.push_back(i);
-    cps.push_back(cp);
-    i += size_t(len);
-  }
-  off.push_back(s.size());
+  return c;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
-
-// GPT-2's bytes -> printable code points (and back).
-struct ByteMap {
-  uint32_t to_cp[256];
-  std::unordered_map<uint32_t, uint8_t> to_byte;
-  ByteMap() {
+// GPT-2's byte characters (printable bytes as themselves, the others from U+0100 on) back to
+// their bytes; -1 for any other code point.
+int gpt2_byte(uint32_t cp) {
+  static const std::vector<int16_t> inv = [] {
+    std::vector<int16_t> v(256 + 68, -1);
     int n = 0;
     for (int b = 0; b < 256; ++b) {
       const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-      to_cp[b] = printable ? uint32_t(b) : uint32_t(256 + n++);
-      to_byte[to_cp[b]] = uint8_t(b);
+      v[size_t(printable ? b : 256 + n++)] = int16_t(b);
     }
-  }
-};
-const ByteMap& byte_map() {
-  static const ByteMap m;
-  return m;
+    return v;
+  }();
+  return cp < inv.size() ? inv[cp] : -1;
 }
 
-// Contractions: 's 't 're 've 'm 'll 'd; returns the match length in code points (0: none).
-size_t contraction(const std::vector<uint32_t>& c, size_t i, bool any_case) {
-  if (c[i] != '\'' || i + 1 >= c.size()) return 0;
-  auto low = [&](size_t k) -> uint32_t {
-    if (k >= c.size()) return 0;
-    return any_case && c[k] >= 'A' && c[k] <= 'Z' ? c[k] + 32 : c[k];
-  };
-  const uint32_t a = low(i + 1), b = low(i + 2);
-  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
-  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
-  return 0;
+uint64_t mix(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  return k;
 }
-
-// End (in code points) of the piece starting at i, for Llama 3's pattern
-//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-// (Qwen2's is the same with \p{N} for \p{N}{1,3}).
-size_t next_llama3(const std::vector<uint32_t>& c, size_t i, size_t max_digits) {
-  const size_t n = c.size();
-  if (size_t k = contraction(c, i, true)) return i + k;
-  if (i + 1 < n && !is_crlf(c[i]) && !is_letter(c[i]) && !is_number(c[i]) && is_letter(c[i + 1])) {
-    size_t j = i + 1;
-    while (j < n && is_letter(c[j])) ++j;
-    return j;
-  }
-  if (is_letter(c[i])) {
-    size_t j = i;
-    while (j < n && is_letter(c[j])) ++j;
-    return j;
-  }
-  if (is_number(c[i])) {
-    size_t j = i;
-    while (j < n && j - i < max_digits && is_number(c[j])) ++j;
-    return j;
-  }
-  {
-    size_t k = i;
-    if (c[k] == ' ' && k + 1 < n && is_other(c[k + 1])) ++k;
-    if (is_other(c[k])) {
-      size_t j = k;
-      while (j < n && is_other(c[j])) ++j;
-      while (j < n && is_crlf(c[j])) ++j;
-      return j;
-    }
-  }
-  // c[i] is whitespace here.
-  size_t j = i;
-  while (j < n && is_space(c[j])) ++j;
-  for (size_t k = j; k > i; --k)
-    if (is_crlf(c[k - 1])) return k;  // \s*[\r\n]+ ends at the last line break of the run
-  if (j == n || j - i < 2) return j;  // \s+(?!\S) at the end, else \s+
-  return j - 1;                       // \s+(?!\S): leave one space to the next piece
-}
-
-// GPT-2's pattern: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-size_t next_gpt2(const std::vector<uint32_t>& c, size_t i) {
-  const size_t n = c.size();
-  if (size_t k = contraction(c, i, false)) return i + k;
-  for (auto cls : {is_letter, is_number, is_other}) {
-    size_t k = i;
-    if (c[k] == ' ' && k + 1 < n && cls(c[k + 1])) ++k;
-    if (cls(c[k])) {
-      size_t j = k;
-      while (j < n && cls(c[j])) ++j;
-      return j;
-    }
-  }
-  size_t j = i;
-  while (j < n && is_space(c[j])) ++j;
-  if (j == n || j - i < 2) return j;
-  return j - 1;
-}
-
-std::string pattern_of(const nlohmann::json& split) {
-  if (!split.contains("pattern")) return "";
-  const auto& p = split["pattern"];
-  if (p.contains("Regex")) return p["Regex"].get<std::string>();
-  if (p.contains("String")) return p["String"].get<std::string>();
-  return "";
-}
-
-const char* kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-const char* kQwen2Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  const nlohmann::json j = read_json_file(path);
-  auto fail = [&](const std::string& what) { input_error(path, what); };
-  Tokenizer t;
-  if (!j.contains("model") || !j["model"].is_object()) fail("no \"model\"");
-  const auto& m = j["model"];
-  if (m.value("type", std::string("BPE")) != "BPE")
-    fail("model type " + m.value("type", std::string()) + " is not supported (byte-level BPE only)");
-  if (!m.contains("vocab") || !m["vocab"].is_object()) fail("model has no vocab");
-  t.ignore_merges_ = m.value("ignore_merges", false);
-  for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer()) fail("vocab entry '" + it.key() + "' has no integer id");
-    t.vocab_[it.key()] = it.value().get<int32_t>();
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) input_error(path, "is a directory, not a tokenizer.json");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) input_error(path, "not found or not readable");
+  // Read in chunks up to a bound (real files are under 50 MB; /dev/zero must not fill memory).
+  constexpr size_t kMaxBytes = size_t(256) << 20;
+  std::string text;
+  std::vector<char> buf(size_t(1) << 20);
+  while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
+    text.append(buf.data(), size_t(in.gcount()));
+    const size_t first = text.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos && text[first] != '{')
+      input_error(path, "not a JSON object (a tokenizer.json starts with '{')");
+    if (text.size() > kMaxBytes) input_error(path, "larger than 256 MiB: not a tokenizer.json");
   }
-  if (m.contains("merges")) {
-    int rank = 0;
-    for (const auto& e : m["merges"]) {
+  if (in.bad()) input_error(path, "read error");
+  return parse(text, path);
+}
+
+Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
+  check_depth(text, path);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    input_error(path, "invalid JSON: " + describe_json_parse_error(e).substr(0, 300));
+  }
+  const Ctx c{path};
+  Tokenizer t;
+  t.serial_ = g_serial.fetch_add(1);
+  constexpr uint64_t kRevision = 3;                 // bump when the ids of some file change
+  uint64_t h = 1469598103934665603ULL ^ kRevision;  // FNV-1a
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
+  t.fingerprint_ = h;
+  c.obj(j, "");
+  if (const json* v = c.opt(j, "", "version"))
+    if (c.str(*v, "version") != "1.0")
+      c.fail("version", "unknown tokenizer version '" + v->get<std::string>().substr(0, 20) + "'");
+  for (const char* k : {"truncation", "padding"})
+    if (c.opt(j, "", k)) c.fail(k, std::string(k) + " is not supported (set it to null)");
+
+  // Model: BPE.
+  const json& m = c.obj(c.at(j, "", "model"), "model");
+  const std::string mtype = c.str_or(m, "model", "type", "BPE");
+  if (mtype != "BPE") c.fail("model.type", "model " + mtype.substr(0, 40) + " is not supported (BPE only)");
+  if (const json* d = c.opt(m, "model", "dropout"))
+    if (!d->is_number() || d->get<double>() != 0.0) c.fail("model.dropout", "BPE dropout is not supported");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (const json* v = c.opt(m, "model", k))
+      if (!c.str(*v, std::string("model.") + k).empty()) c.fail(std::string("model.") + k, "not supported");
+  t.ignore_merges_ = c.bool_or(m, "model", "ignore_merges", false);
+  t.byte_fallback_ = c.bool_or(m, "model", "byte_fallback", false);
+  t.fuse_unk_ = c.bool_or(m, "model", "fuse_unk", false);
+  const json& vocab = c.obj(c.at(m, "model", "vocab"), "model.vocab");
+  const json& added = j.contains("added_tokens") && !j["added_tokens"].is_null()
+                          ? c.arr(j["added_tokens"], "added_tokens")
+                          : json::array();
+  // Ids of the vocabulary and the added tokens together stay below this bound: nothing is sized
+  // from an id before it is checked.
+  const int64_t bound = int64_t(vocab.size()) + int64_t(added.size());
+  if (bound > (int64_t(1) << 30)) c.fail("model.vocab", "too many tokens");
+  std::vector<uint8_t> seen(size_t(bound), 0);
+  t.vocab_.reserve(vocab.size());
+  t.id_to_token_.assign(size_t(bound), std::string());
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    const int64_t id = c.integer(it.value(), key_path("model.vocab", it.key()), 0, INT64_MAX);
+    if (id >= bound)
+      c.fail(key_path("model.vocab", it.key()), "id " + std::to_string(id) + " is not below " + std::to_string(bound) +
+                                                    ", the number of tokens (vocab and added tokens)");
+    if (seen[size_t(id)]) c.fail(key_path("model.vocab", it.key()), "id " + std::to_string(id) + " is used twice");
+    seen[size_t(id)] = 1;
+    t.vocab_.emplace(it.key(), int32_t(id));
+    t.id_to_token_[size_t(id)] = it.key();
+  }
+  // Merges: parts and result in the vocabulary (as tokenizers checks at load); a repeated pair
+  // takes its last rank (tokenizers collects them into a map).
+  // tokenizers needs both vocab and merges, the merges all "a b" strings (lines "#version..."
+  // skipped) or all pairs.
+  {
+    const json* ms = &c.arr(c.at(m, "model", "merges"), "model.merges");
+    size_t cap = 16;
+    while (cap < ms->size() * 2) cap *= 2;
+    t.merges_.assign(cap, MergeSlot{0, 0, 0});
+    const bool strings = !ms->empty() && (*ms)[0].is_string();
+    int32_t rank = 0;
+    for (size_t i = 0; i < ms->size(); ++i) {
+      const json& e = (*ms)[i];
+      const std::string p = idx_path("model.merges", i);
       std::string a, b;
+      if (e.is_string() != strings) c.fail(p, "merges must be all strings \"a b\" or all pairs [\"a\", \"b\"]");
       if (e.is_string()) {
         const std::string s = e.get<std::string>();
+        if (s.rfind("#version", 0) == 0) continue;
         const size_t sp = s.find(' ');
-        if (sp == std::string::npos) fail("merge '" + s + "' is not two symbols");
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+          c.fail(p, "a merge must be two symbols separated by one space");
         a = s.substr(0, sp);
         b = s.substr(sp + 1);
       } else if (e.is_array() && e.size() == 2) {
-        a = e[0].get<std::string>();
-        b = e[1].get<std::string>();
+        a = c.str(e[0], idx_path(p, 0));
+        b = c.str(e[1], idx_path(p, 1));
       } else {
-        fail("a merge is neither \"a b\" nor [a, b]");
+        c.fail(p, "a merge must be \"a b\" or [\"a\", \"b\"]");
       }
-      t.merge_rank_.emplace(std::make_pair(a, b), rank++);
-    }
-  }
-  // Normalizer: none, NFC (input assumed NFC already), or SentencePiece's legacy Prepend("▁") +
-  // Replace(" ", "▁").
-  const std::string kSpace = "\xE2\x96\x81";  // U+2581
-  bool sp_legacy = false;
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    const auto& nz = j["normalizer"];
-    const std::string type = nz.value("type", std::string());
-    if (type == "Sequence" && nz["normalizers"].size() == 2 &&
-        nz["normalizers"][0].value("type", std::string()) == "Prepend" &&
-        nz["normalizers"][0].value("prepend", std::string()) == kSpace &&
-        nz["normalizers"][1].value("type", std::string()) == "Replace" && pattern_of(nz["normalizers"][1]) == " " &&
-        nz["normalizers"][1].value("content", std::string()) == kSpace) {
-      sp_legacy = true;
-    } else if (type != "NFC") {
-      fail("normalizer " + type + " is not supported");
-    }
-  }
-  const nlohmann::json pt = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json();
-  const std::string pt_type = pt.is_null() ? "" : pt.value("type", std::string());
-  if (sp_legacy || pt_type == "Metaspace") {
-    // SentencePiece-style BPE over characters.
-    t.split_ = Split::SentencePiece;
-    if (sp_legacy) {
-      if (!pt.is_null()) fail("pre_tokenizer with the Prepend/Replace normalizer is not supported");
-      t.sp_prepend_all_ = true;
-    } else {
-      if (pt.value("replacement", kSpace) != kSpace || pt.value("split", false))
-        fail("Metaspace options not supported (replacement U+2581, split false)");
-      const std::string scheme = pt.value("prepend_scheme", std::string("always"));
-      if (scheme != "first" && scheme != "always") fail("Metaspace prepend_scheme " + scheme + " is not supported");
-      t.sp_prepend_all_ = scheme == "always";
-    }
-    t.byte_fallback_ = m.value("byte_fallback", false);
-    t.fuse_unk_ = m.value("fuse_unk", false);
-    if (m.contains("unk_token") && m["unk_token"].is_string()) {
-      auto u = t.vocab_.find(m["unk_token"].get<std::string>());
-      if (u != t.vocab_.end()) t.unk_ = u->second;
-    }
-    if (t.byte_fallback_) {
-      for (int b = 0; b < 256; ++b) {
-        char name[8];
-        std::snprintf(name, sizeof name, "<0x%02X>", b);
-        auto it = t.vocab_.find(name);
-        if (it == t.vocab_.end()) fail(std::string("byte_fallback without the token ") + name);
-        t.byte_token_[b] = it->second;
-      }
-    }
-  } else if (pt.is_null()) {
-    fail("no pre_tokenizer (byte-level or SentencePiece-style BPE expected)");
-  } else if (pt_type == "ByteLevel") {
-    if (!pt.value("use_regex", true) || pt.value("add_prefix_space", false))
-      fail("ByteLevel pre_tokenizer options not supported");
-    t.split_ = Split::Gpt2;
-  } else if (pt_type == "Sequence") {
-    const auto& ps = pt["pretokenizers"];
-    if (ps.size() != 2 || ps[0].value("type", std::string()) != "Split" ||
-        ps[1].value("type", std::string()) != "ByteLevel" || ps[1].value("use_regex", true) ||
-        ps[1].value("add_prefix_space", false))
-      fail("pre_tokenizer sequence not supported (expected Split + ByteLevel without regex)");
-    const std::string pat = pattern_of(ps[0]);
-    if (pat == kLlama3Pattern)
-      t.split_ = Split::Llama3;
-    else if (pat == kQwen2Pattern)
-      t.split_ = Split::Qwen2;
-    else
-      fail("split pattern not supported: " + pat);
-    if (ps[0].value("behavior", std::string("Isolated")) != "Isolated" || ps[0].value("invert", false))
-      fail("split behavior not supported");
-  } else {
-    fail("pre_tokenizer " + pt_type + " is not supported");
-  }
-  // Added tokens, matched literally in the text before anything else (longest first).
-  int32_t max_id = -1;
-  for (const auto& [tok, id] : t.vocab_) max_id = std::max(max_id, id);
-  if (j.contains("added_tokens")) {
-    for (const auto& a : j["added_tokens"]) {
-      const std::string content = a.value("content", std::string());
-      if (content.empty() || !a.contains("id")) fail("an added token has no content or id");
-      const int32_t id = a["id"].get<int32_t>();
-      t.added_.push_back({content, id});
-      max_id = std::max(max_id, id);
-    }
-  }
-  std::stable_sort(t.added_.begin(), t.added_.end(),
-                   [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
-  for (const auto& a : t.added_) t.added_first_[static_cast<unsigned char>(a.first[0])] = true;
-  t.id_to_token_.assign(size_t(max_id + 1), std::string());
-  for (const auto& [tok, id] : t.vocab_) t.id_to_token_[size_t(id)] = tok;
-  // Post-processor: a TemplateProcessing (alone or in a Sequence); ByteLevel ones change nothing here.
-  std::function<void(const nlohmann::json&)> post = [&](const nlohmann::json& p) {
-    if (p.is_null()) return;
-    const std::string type = p.value("type", std::string());
-    if (type == "Sequence") {
-      for (const auto& q : p["processors"]) post(q);
-    } else if (type == "TemplateProcessing") {
-      bool seen_a = false;
-      for (const auto& item : p["single"]) {
-        if (item.contains("Sequence")) {
-          seen_a = true;
-        } else if (item.contains("SpecialToken")) {
-          const std::string name = item["SpecialToken"]["id"].get<std::string>();
-          if (!p["special_tokens"].contains(name)) fail("post_processor: no special token " + name);
-          for (const auto& id : p["special_tokens"][name]["ids"])
-            (seen_a ? t.suffix_ : t.prefix_).push_back(id.get<int32_t>());
+      auto ia = t.vocab_.find(a), ib = t.vocab_.find(b), ir = t.vocab_.find(a + b);
+      for (auto [it, s] : {std::pair{ia, &a}, std::pair{ib, &b}, std::pair{ir, (std::string*)nullptr}})
+        if (it == t.vocab_.end()) c.fail(p, "'" + (s ? *s : a + b).substr(0, 60) + "' is not in the vocabulary");
+      const uint64_t key = ((uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second)) + 1;
+      for (size_t h = mix(key) & (cap - 1);; h = (h + 1) & (cap - 1)) {
+        MergeSlot& slot = t.merges_[h];
+        if (slot.key == 0 || slot.key == key) {
+          slot = MergeSlot{key, rank, ir->second};
+          break;
         }
       }
+      ++rank;
+    }
+  }
+  t.char_id_.assign(0x800, -1);
+  for (uint32_t cp = 0; cp < 0x800; ++cp) {
+    std::string ch;
+    uni::append_utf8(ch, cp);
+    if (auto it = t.vocab_.find(ch); it != t.vocab_.end()) t.char_id_[cp] = it->second;
+  }
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    auto it = t.vocab_.find(name);
+    t.byte_token_[b] = it == t.vocab_.end() ? -1 : it->second;
+  }
+  if (const json* u = c.opt(m, "model", "unk_token")) {
+    const std::string unk = c.str(*u, "model.unk_token");
+    auto it = t.vocab_.find(unk);
+    if (it == t.vocab_.end()) c.fail("model.unk_token", "'" + unk.substr(0, 60) + "' is not in the vocabulary");
+    t.unk_ = it->second;
+  }
+
+  t.normalizer_ = Normalizer::from_json(c, j.value("normalizer", json()), "normalizer");
+  t.pre_ = PreTokenizer::from_json(c, j.value("pre_tokenizer", json()), "pre_tokenizer");
+  if (!t.pre_.byte_level() && !t.ignore_merges_) {
+    // Long SentencePiece-style pieces may be cut before each word break (see model()) when the
+    // break is a token and no token has it after another character.
+    const std::string wb = t.pre_.metaspace() ? t.pre_.meta_replacement() : std::string("\xE2\x96\x81");
+    bool safe = t.vocab_.count(wb) > 0;
+    for (auto it = t.vocab_.begin(); safe && it != t.vocab_.end(); ++it) {
+      const std::string& tok = it->first;
+      size_t k = tok.find(wb);
+      if (k == std::string::npos) continue;
+      // Only breaks at the start, or after breaks, are allowed.
+      size_t lead = 0;
+      while (tok.compare(lead, wb.size(), wb) == 0) lead += wb.size();
+      safe = tok.find(wb, lead) == std::string::npos;
+    }
+    if (safe) t.word_break_ = wb;
+  }
+
+  // Added tokens. tokenizers gives a token its vocabulary id, or the next id after the vocabulary
+  // (in file order); a file whose ids say otherwise is refused rather than silently renumbered.
+  int32_t next_id = int32_t(vocab.size());
+  std::unordered_map<std::string, int32_t> added_ids;
+  for (size_t i = 0; i < added.size(); ++i) {
+    const std::string p = idx_path("added_tokens", i);
+    const json& a = c.obj(added[i], p);
+    const int64_t id = c.integer(c.at(a, p, "id"), p + ".id", 0, UINT32_MAX);
+    const std::string content = c.str(c.at(a, p, "content"), p + ".content");
+    // Every flag is required, as tokenizers' AddedToken has no defaults.
+    const bool normalized = c.boolean(c.at(a, p, "normalized"), p + ".normalized");
+    c.boolean(c.at(a, p, "special"), p + ".special");
+    for (const char* k : {"single_word", "lstrip", "rstrip"})
+      if (c.boolean(c.at(a, p, k), p + "." + k)) c.fail(p + "." + k, std::string(k) + " = true is not supported");
+    if (content.empty()) continue;  // tokenizers ignores it
+    int32_t hf_id;
+    if (auto v = t.vocab_.find(content); v != t.vocab_.end())
+      hf_id = v->second;
+    else if (auto e = added_ids.find(content); e != added_ids.end())
+      hf_id = e->second;
+    else
+      hf_id = next_id++;
+    if (id != hf_id)
+      c.fail(p + ".id", "'" + content.substr(0, 60) + "' has id " + std::to_string(id) +
+                            " but Hugging Face tokenizers gives it " + std::to_string(hf_id));
+    if (hf_id >= bound) c.fail(p + ".id", "out of range");
+    const std::string& existing = t.id_to_token_[size_t(hf_id)];
+    if (!existing.empty() && existing != content)
+      c.fail(p + ".id", "id " + std::to_string(hf_id) + " is already the token '" + existing.substr(0, 60) + "'");
+    t.id_to_token_[size_t(hf_id)] = content;
+    added_ids[content] = hf_id;
+    std::string pattern = content;
+    if (normalized && !t.normalizer_.empty()) {
+      bool at_start = true;
+      t.normalizer_.apply(pattern, at_start);
+      if (pattern.empty()) continue;
+    }
+    auto dup = std::find_if(t.added_.begin(), t.added_.end(), [&](const Added& x) { return x.id == hf_id; });
+    if (dup != t.added_.end()) t.added_.erase(dup);
+    t.added_.push_back({pattern, hf_id, normalized});  // normalized ones: a second pass, even without a normalizer
+  }
+  std::stable_sort(t.added_.begin(), t.added_.end(),
+                   [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
+  t.any_normalized_ = std::any_of(t.added_.begin(), t.added_.end(), [](const Added& a) { return a.normalized; });
+  for (size_t k = 0; k < t.added_.size(); ++k)
+    t.added_by_byte_[t.added_[k].normalized][static_cast<unsigned char>(t.added_[k].content[0])].push_back(uint32_t(k));
+  size_t used = 0;
+  for (size_t k = 0; k < t.id_to_token_.size(); ++k)
+    if (!t.id_to_token_[k].empty() || (k < seen.size() && seen[k])) used = k + 1;
+  t.id_to_token_.resize(used);
+  const int64_t n_ids = int64_t(used);
+
+  // Post-processor: TemplateProcessing (alone or in a Sequence); ByteLevel changes only offsets.
+  std::function<void(const json&, const std::string&, int)> post = [&](const json& p, const std::string& path,
+                                                                       int depth) {
+    if (p.is_null()) return;
+    if (depth > 16) c.fail(path, "nested too deep");
+    const std::string type = c.type(p, path);
+    if (type == "Sequence") {
+      const json& list = c.arr(c.at(p, path, "processors"), path + ".processors");
+      for (size_t i = 0; i < list.size(); ++i) post(list[i], idx_path(path + ".processors", i), depth + 1);
+    } else if (type == "TemplateProcessing") {
+      const json& single = c.arr(c.at(p, path, "single"), path + ".single");
+      const json& specials = c.obj(c.at(p, path, "special_tokens"), path + ".special_tokens");
+      c.arr(c.at(p, path, "pair"), path + ".pair");  // required by tokenizers, unused here
+      bool seen_a = false;
+      for (size_t i = 0; i < single.size(); ++i) {
+        const std::string ip = idx_path(path + ".single", i);
+        const json& item = c.obj(single[i], ip);
+        if (const json* s = c.opt(item, ip, "Sequence")) {
+          const std::string id = c.str(c.at(*s, ip + ".Sequence", "id"), ip + ".Sequence.id");
+          if (id != "A" || seen_a) c.fail(ip, "the single template must hold the sequence A once");
+          seen_a = true;
+        } else if (const json* s = c.opt(item, ip, "SpecialToken")) {
+          const std::string name = c.str(c.at(*s, ip + ".SpecialToken", "id"), ip + ".SpecialToken.id");
+          const json* st = c.opt(specials, path + ".special_tokens", name.c_str());
+          if (!st) c.fail(ip, "no special token '" + name.substr(0, 60) + "' in special_tokens");
+          const std::string sp = key_path(path + ".special_tokens", name);
+          const json& ids = c.arr(c.at(*st, sp, "ids"), sp + ".ids");
+          const json& toks = c.arr(c.at(*st, sp, "tokens"), sp + ".tokens");
+          if (toks.size() != ids.size()) c.fail(sp, "ids and tokens differ in length");
+          for (size_t k = 0; k < ids.size(); ++k)
+            (seen_a ? t.suffix_ : t.prefix_)
+                .push_back(int32_t(c.integer(ids[k], idx_path(sp + ".ids", k), 0, n_ids - 1)));
+        } else {
+          c.fail(ip, "expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
+        }
+      }
+      if (!seen_a) c.fail(path + ".single", "the single template has no sequence A");
     } else if (type != "ByteLevel") {
-      fail("post_processor " + type + " is not supported");
+      c.fail(path, "post_processor " + type.substr(0, 60) + " is not supported");
     }
   };
-  if (j.contains("post_processor")) post(j["post_processor"]);
+  post(j.value("post_processor", json()), "post_processor", 0);
+  if (const json* d = c.opt(j, "", "decoder")) c.obj(*d, "decoder");
   return t;
 }
 
-std::vector<std::string> Tokenizer::pre_tokenize(const std::string& text) const {
-  std::vector<uint32_t> cps;
-  std::vector<size_t> off;
-  decode_utf8(text, cps, off);
-  std::vector<std::string> out;
-  for (size_t i = 0; i < cps.size();) {
-    const size_t j = split_ == Split::Gpt2 ? next_gpt2(cps, i) : next_llama3(cps, i, split_ == Split::Qwen2 ? 1 : 3);
-    out.push_back(text.substr(off[i], off[j] - off[i]));
-    i = j;
+const Tokenizer::MergeSlot* Tokenizer::find_merge(int32_t a, int32_t b) const {
+  if (merges_.empty()) return nullptr;
+  const uint64_t key = ((uint64_t(uint32_t(a)) << 32) | uint32_t(b)) + 1;
+  const size_t mask = merges_.size() - 1;
+  for (size_t h = mix(key) & mask;; h = (h + 1) & mask) {
+    const MergeSlot& s = merges_[h];
+    if (s.key == key) return &s;
+    if (s.key == 0) return nullptr;
   }
-  return out;
 }
 
-void Tokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) const {
-  if (auto it = cache_.find(piece); it != cache_.end()) {
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return;
-  }
-  const ByteMap& bm = byte_map();
-  std::vector<std::string> sym;
-  std::string word;
-  for (unsigned char b : piece) {
-    std::string s;
-    append_utf8(s, bm.to_cp[b]);
-    word += s;
-    sym.push_back(std::move(s));
-  }
-  std::vector<int32_t> ids;
-  auto whole = vocab_.find(word);
-  if (ignore_merges_ && whole != vocab_.end()) {
-    ids.push_back(whole->second);
-  } else {
-    merge(sym);
-    for (const std::string& s : sym) {
-      auto v = vocab_.find(s);
-      SF_CHECK(v != vocab_.end(), "tokenizer: symbol not in the vocabulary after merges");
-      ids.push_back(v->second);
-    }
-  }
-  if (cache_.size() < (1u << 18)) cache_[piece] = ids;
-  out.insert(out.end(), ids.begin(), ids.end());
-}
-
-// The lowest-ranked adjacent pair first, leftmost among equal ranks (as the tokenizers' BPE
-// does), with a heap over a linked list: O(n log n) for long SentencePiece segments.
-void Tokenizer::merge(std::vector<std::string>& sym) const {
+// The lowest-ranked adjacent pair first, leftmost among equal ranks (as tokenizers' Word::merge_all).
+void Tokenizer::merge(std::vector<int32_t>& sym) const {
   const size_t n = sym.size();
   if (n < 2) return;
+  if (n <= 24) {  // short words: rescanning is cheaper than a heap
+    for (size_t len = n; len > 1;) {
+      int32_t best = INT32_MAX, id = -1;
+      size_t at = 0;
+      for (size_t k = 0; k + 1 < len; ++k)
+        if (const MergeSlot* s = find_merge(sym[k], sym[k + 1]); s && s->rank < best)
+          best = s->rank, id = s->id, at = k;
+      if (id < 0) break;
+      sym[at] = id;
+      sym.erase(sym.begin() + std::ptrdiff_t(at) + 1);
+      --len;
+    }
+    return;
+  }
+  // Long ones (SentencePiece-style segments): a heap over a linked list, O(n log n).
   std::vector<size_t> next(n), prev(n);
+  std::vector<uint32_t> ver(n, 0);  // bumped when a symbol changes: older heap entries are stale
   std::vector<bool> alive(n, true);
   for (size_t k = 0; k < n; ++k) next[k] = k + 1, prev[k] = k == 0 ? SIZE_MAX : k - 1;
-  std::vector<uint32_t> ver(n, 0);  // bumped when a symbol changes: older heap entries are stale
   struct Cand {
-    int rank;
+    int32_t rank, id;
     size_t left, right;
     uint32_t vl, vr;
     bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
@@ -401,128 +400,288 @@ void Tokenizer::merge(std::vector<std::string>& sym) const {
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
   auto push = [&](size_t l) {
     if (l == SIZE_MAX || next[l] >= n) return;
-    auto r = merge_rank_.find({sym[l], sym[next[l]]});
-    if (r != merge_rank_.end()) heap.push(Cand{r->second, l, next[l], ver[l], ver[next[l]]});
+    if (const MergeSlot* s = find_merge(sym[l], sym[next[l]]))
+      heap.push(Cand{s->rank, s->id, l, next[l], ver[l], ver[next[l]]});
   };
   for (size_t k = 0; k + 1 < n; ++k) push(k);
   while (!heap.empty()) {
-    Cand c = heap.top();
+    const Cand cd = heap.top();
     heap.pop();
-    if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right || ver[c.left] != c.vl || ver[c.right] != c.vr)
+    if (!alive[cd.left] || !alive[cd.right] || next[cd.left] != cd.right || ver[cd.left] != cd.vl ||
+        ver[cd.right] != cd.vr)
       continue;
-    sym[c.left] += sym[c.right];
-    ++ver[c.left];
-    alive[c.right] = false;
-    next[c.left] = next[c.right];
-    if (next[c.right] < n) prev[next[c.right]] = c.left;
-    push(prev[c.left]);
-    push(c.left);
+    sym[cd.left] = cd.id;
+    ++ver[cd.left];
+    alive[cd.right] = false;
+    next[cd.left] = next[cd.right];
+    if (next[cd.right] < n) prev[next[cd.right]] = cd.left;
+    push(prev[cd.left]);
+    push(cd.left);
   }
-  std::vector<std::string> out;
-  for (size_t k = 0; k < n; k = next[k]) out.push_back(std::move(sym[k]));
-  sym = std::move(out);
+  size_t w = 0;
+  for (size_t k = 0; k < n; k = next[k]) sym[w++] = sym[k];
+  sym.resize(w);
 }
 
-void Tokenizer::sp_bpe(const std::string& text, std::vector<int32_t>& out) const {
-  std::vector<uint32_t> cps;
-  std::vector<size_t> off;
-  decode_utf8(text, cps, off);
-  std::vector<std::string> sym;
-  for (size_t i = 0; i < cps.size(); ++i) sym.push_back(text.substr(off[i], off[i + 1] - off[i]));
-  merge(sym);
-  for (const std::string& s : sym) {
-    auto v = vocab_.find(s);
-    if (v != vocab_.end()) {
-      out.push_back(v->second);
-    } else if (byte_fallback_) {
-      for (unsigned char b : s) out.push_back(byte_token_[b]);
-    } else {
-      SF_CHECK(unk_ >= 0, "tokenizer: a symbol outside the vocabulary and no unk token");
-      if (!(fuse_unk_ && !out.empty() && out.back() == unk_)) out.push_back(unk_);
+// The BPE model on one piece (tokenizers' BPE::tokenize).
+void Tokenizer::model(const std::string& piece, std::vector<int32_t>& out) const {
+  if (word_break_.empty() || piece.size() <= 64) return model_word(piece, out);
+  // A long SentencePiece-style piece (a whole segment): no token holds the word break (U+2581)
+  // after another character, so no merge crosses the place before it and the words are
+  // independent: each goes through BPE (and the cache) alone, with the same result.
+  size_t a = 0;
+  const std::string& wb = word_break_;
+  for (size_t k = piece.find(wb, 1); k != std::string::npos; k = piece.find(wb, k + wb.size())) {
+    if (k >= wb.size() && piece.compare(k - wb.size(), wb.size(), wb) == 0) continue;  // inside a run of breaks
+    model_word(piece.substr(a, k - a), out);
+    a = k;
+  }
+  model_word(piece.substr(a), out);
+}
+
+void Tokenizer::model_word(const std::string& piece, std::vector<int32_t>& out) const {
+  PieceCache::Slot* slot = nullptr;
+  size_t hash = 0;
+  if (piece.size() <= 64) {
+    hash = std::hash<std::string>()(piece);
+    slot = &piece_cache(serial_).slots[hash & (PieceCache::kSlots - 1)];
+    if (slot->hash == hash && slot->key == piece) {
+      out.insert(out.end(), slot->ids, slot->ids + slot->n);
+      return;
     }
   }
+  std::vector<int32_t> sym;
+  bool whole = false;
+  if (ignore_merges_) {
+    if (auto v = vocab_.find(piece); v != vocab_.end()) sym.push_back(v->second), whole = true;
+  }
+  if (!whole) {
+    sym.reserve(piece.size());
+    int32_t pending_unk = -1;  // an unknown run not yet added (tokenizers adds it lazily)
+    std::string ch;
+    for (size_t i = 0; i < piece.size();) {
+      const unsigned char b = static_cast<unsigned char>(piece[i]);
+      const size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
+      const size_t l = std::min(len, piece.size() - i);
+      int32_t id = -1;
+      if (l == 1 && b < 0x80) {
+        id = char_id_[b];
+      } else if (l == 2 && len == 2 && (static_cast<unsigned char>(piece[i + 1]) >> 6) == 2) {
+        id = char_id_[((b & 0x1Fu) << 6) | (static_cast<unsigned char>(piece[i + 1]) & 0x3Fu)];
+      } else {
+        ch.assign(piece, i, l);
+        if (auto v = vocab_.find(ch); v != vocab_.end()) id = v->second;
+      }
+      if (id >= 0) {
+        if (pending_unk >= 0) sym.push_back(pending_unk), pending_unk = -1;
+        sym.push_back(id);
+      } else {
+        bool fell_back = false;
+        if (byte_fallback_) {
+          fell_back = true;
+          for (size_t k = i; k < i + l; ++k) fell_back &= byte_token_[static_cast<unsigned char>(piece[k])] >= 0;
+          if (fell_back)
+            for (size_t k = i; k < i + l; ++k) sym.push_back(byte_token_[static_cast<unsigned char>(piece[k])]);
+        }
+        if (!fell_back && unk_ >= 0) {
+          if (pending_unk >= 0 && !fuse_unk_) sym.push_back(pending_unk);
+          pending_unk = unk_;
+        }
+        // No unk token and no byte fallback: tokenizers drops the character.
+      }
+      i += l;
+    }
+    if (pending_unk >= 0) sym.push_back(pending_unk);
+    merge(sym);
+  }
+  out.insert(out.end(), sym.begin(), sym.end());
+  if (slot && sym.size() <= PieceCache::kMaxIds) {
+    slot->hash = hash;
+    slot->key.assign(piece);
+    slot->n = uint8_t(sym.size());
+    std::copy(sym.begin(), sym.end(), slot->ids);
+  }
+}
+
+void Tokenizer::segment(const std::string& text, bool at_start, std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  std::vector<Piece> pieces{Piece{text, at_start}};
+  pre_.apply(pieces);
+  for (const Piece& p : pieces) model(p.text, out);
+}
+
+// Splits text at the added tokens of one kind (matched on the raw text, or on normalized text),
+// leftmost first and longest at a position, as tokenizers' Aho-Corasick LeftmostLongest:
+// segs gets the [begin, end) of the text between them, ids the token after each segment (-1 last).
+void Tokenizer::split_added(const std::string& text, bool normalized, std::vector<std::pair<size_t, size_t>>& segs,
+                            std::vector<int32_t>& ids) const {
+  size_t seg = 0, i = 0;
+  while (i < text.size()) {
+    const unsigned char ch = static_cast<unsigned char>(text[i]);
+    const std::vector<uint32_t>& cands = added_by_byte_[normalized][ch];  // longest first
+    const Added* hit = nullptr;
+    for (uint32_t k : cands)
+      if (text.compare(i, added_[k].content.size(), added_[k].content) == 0) {
+        hit = &added_[k];
+        break;
+      }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    segs.push_back({seg, i});
+    ids.push_back(hit->id);
+    i += hit->content.size();
+    seg = i;
+  }
+  segs.push_back({seg, text.size()});
+  ids.push_back(-1);
 }
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special) const {
   std::vector<int32_t> out;
   if (add_special) out = prefix_;
-  size_t seg = 0, i = 0;
-  auto flush = [&](size_t end) {
-    if (end <= seg) return;
-    if (split_ == Split::SentencePiece) {
-      std::string norm = seg == 0 || sp_prepend_all_ ? "\xE2\x96\x81" : "";  // U+2581
-      for (size_t k = seg; k < end; ++k) norm += text[k] == ' ' ? std::string("\xE2\x96\x81") : std::string(1, text[k]);
-      sp_bpe(norm, out);
-    } else {
-      for (const std::string& piece : pre_tokenize(text.substr(seg, end - seg))) bpe(piece, out);
-    }
-  };
-  while (i < text.size()) {
-    bool hit = false;
-    if (!added_first_[static_cast<unsigned char>(text[i])]) {
-      ++i;
-      continue;
-    }
-    for (const auto& [content, id] : added_) {
-      if (text.compare(i, content.size(), content) == 0) {
-        flush(i);
-        out.push_back(id);
-        i += content.size();
-        seg = i;
-        hit = true;
-        break;
+  const bool any_normalized = any_normalized_;
+  std::vector<std::pair<size_t, size_t>> segs, segs2;
+  std::vector<int32_t> ids, ids2;
+  split_added(text, false, segs, ids);
+  for (size_t s = 0; s < segs.size(); ++s) {
+    if (segs[s].second > segs[s].first) {
+      std::string part = text.substr(segs[s].first, segs[s].second - segs[s].first);
+      bool at_start = segs[s].first == 0;
+      normalizer_.apply(part, at_start);
+      if (any_normalized) {
+        segs2.clear();
+        ids2.clear();
+        split_added(part, true, segs2, ids2);
+        for (size_t k = 0; k < segs2.size(); ++k) {
+          segment(part.substr(segs2[k].first, segs2[k].second - segs2[k].first), at_start && segs2[k].first == 0, out);
+          if (ids2[k] >= 0) out.push_back(ids2[k]);
+        }
+      } else {
+        segment(part, at_start, out);
       }
     }
-    if (!hit) ++i;
+    if (ids[s] >= 0) out.push_back(ids[s]);
   }
-  flush(text.size());
   if (add_special) out.insert(out.end(), suffix_.begin(), suffix_.end());
   return out;
 }
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
-  const ByteMap& bm = byte_map();
-  std::string out;
-  if (split_ == Split::SentencePiece) {  // U+2581 -> space, <0xXX> -> the byte, one leading space off
-    for (int32_t id : ids) {
-      SF_CHECK(id >= 0 && size_t(id) < id_to_token_.size(), "tokenizer: id out of range");
-      const int32_t* b = std::find(byte_token_, byte_token_ + 256, id);
-      if (byte_fallback_ && b != byte_token_ + 256) {
-        out += char(b - byte_token_);
-        continue;
-      }
-      const std::string& tok = id_to_token_[size_t(id)];
-      for (size_t k = 0; k < tok.size(); ++k) {
-        if (tok.compare(k, 3, "\xE2\x96\x81") == 0) {
-          out += ' ';
-          k += 2;
-        } else {
-          out += tok[k];
-        }
-      }
-    }
-    if (!out.empty() && out[0] == ' ') out.erase(0, 1);
+std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string>& texts, bool add_special,
+                                                          int threads) const {
+  std::vector<std::vector<int32_t>> out(texts.size());
+  if (threads <= 0) {  // as the CPU compute pool: SF_THREADS, else every core
+    const char* env = std::getenv("SF_THREADS");
+    threads = env ? std::max(1, std::atoi(env)) : int(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  threads = int(std::min<size_t>(size_t(threads), (texts.size() + 15) / 16));
+  if (threads <= 1) {
+    for (size_t i = 0; i < texts.size(); ++i) out[i] = encode(texts[i], add_special);
     return out;
   }
-  for (int32_t id : ids) {
-    SF_CHECK(id >= 0 && size_t(id) < id_to_token_.size(), "tokenizer: id out of range");
-    bool added = false;
-    for (const auto& [content, aid] : added_)
-      if (aid == id) {
-        out += content;
-        added = true;
-        break;
+  // Records differ in length: workers take small chunks from a shared counter.
+  std::atomic<size_t> next{0};
+  std::exception_ptr err;
+  std::mutex err_mu;
+  auto work = [&] {
+    try {
+      for (size_t a; (a = next.fetch_add(16)) < texts.size();)
+        for (size_t i = a; i < std::min(a + 16, texts.size()); ++i) out[i] = encode(texts[i], add_special);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(err_mu);
+      if (!err) err = std::current_exception();
+      next = texts.size();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int k = 1; k < threads; ++k) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (err) std::rethrow_exception(err);
+  return out;
+}
+
+std::vector<std::string> Tokenizer::pre_tokenize(const std::string& text) const {
+  std::string norm = text;
+  bool at_start = true;
+  normalizer_.apply(norm, at_start);
+  std::vector<Piece> pieces{Piece{norm, at_start}};
+  if (norm.empty()) pieces.clear();
+  pre_.apply(pieces);
+  std::vector<std::string> out;
+  std::vector<uint32_t> cps;
+  std::vector<size_t> off;
+  for (Piece& p : pieces) {
+    if (pre_.byte_level()) {  // map GPT-2's byte characters back
+      uni::decode_utf8(p.text, cps, off);
+      std::string raw;
+      for (uint32_t cp : cps) {
+        if (const int b = gpt2_byte(cp); b >= 0) raw += char(b);
       }
-    if (added) continue;
+      p.text = raw;
+    }
+    out.push_back(p.text);
+  }
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  auto token_of = [&](int32_t id) -> const std::string& {
+    if (id < 0 || size_t(id) >= id_to_token_.size())
+      input_error("decode", "token id " + std::to_string(id) + " is out of range");
+    return id_to_token_[size_t(id)];
+  };
+  auto is_added = [&](int32_t id) {
+    return std::any_of(added_.begin(), added_.end(), [&](const Added& a) { return a.id == id; }) &&
+           vocab_.count(id_to_token_[size_t(id)]) == 0;
+  };
+  if (pre_.byte_level()) {
     std::vector<uint32_t> cps;
     std::vector<size_t> off;
-    decode_utf8(id_to_token_[size_t(id)], cps, off);
-    for (uint32_t cp : cps) {
-      auto b = bm.to_byte.find(cp);
-      SF_CHECK(b != bm.to_byte.end(), "tokenizer: not a byte-level token");
-      out += char(b->second);
+    for (int32_t id : ids) {
+      const std::string& tok = token_of(id);
+      if (is_added(id)) {
+        out += tok;
+        continue;
+      }
+      uni::decode_utf8(tok, cps, off);
+      for (size_t k = 0; k < cps.size(); ++k) {
+        const uint32_t cp = cps[k];
+        const int b = gpt2_byte(cp);
+        if (b >= 0)
+          out += char(b);
+        else
+          out.append(tok, off[k], off[k + 1] - off[k]);
+      }
+    }
+    return out;
+  }
+  // SentencePiece-style: the replacement character is a space, <0xXX> a byte, and the space
+  // prepended at encoding is taken off.
+  const std::string rep = pre_.metaspace() ? pre_.meta_replacement() : std::string("\xE2\x96\x81");
+  for (int32_t id : ids) {
+    const std::string& tok = token_of(id);
+    const int32_t* b = std::find(byte_token_, byte_token_ + 256, id);
+    if (byte_fallback_ && b != byte_token_ + 256) {
+      out += char(b - byte_token_);
+      continue;
+    }
+    if (is_added(id)) {
+      out += tok;
+      continue;
+    }
+    for (size_t k = 0; k < tok.size(); ++k) {
+      if (tok.compare(k, rep.size(), rep) == 0) {
+        out += ' ';
+        k += rep.size() - 1;
+      } else {
+        out += tok[k];
+      }
     }
   }
+  if (!out.empty() && out[0] == ' ') out.erase(0, 1);
   return out;
 }
 

@@ -1,58 +1,86 @@
-// BPE tokenizers from a Hugging Face tokenizer.json, two kinds:
-//  - byte-level (Llama 3, Qwen2/2.5/3, GPT-2-style): added (special) tokens matched literally
-//    first, the pre-tokenizer's split (the Llama 3 / Qwen2 regex or GPT-2's, matched by hand over
-//    code points), bytes mapped to GPT-2's printable characters, BPE merges by rank (or a whole word
-//    straight from the vocabulary with `ignore_merges`);
-//  - SentencePiece-style (Llama 2, Mistral): spaces as U+2581 with one prepended (the legacy
-//    Prepend+Replace normalizer: on every text segment; Metaspace: on the first, or every, as its
-//    prepend_scheme says), BPE over characters, unknown characters as <0xXX> byte tokens;
-// then the post-processor's template (e.g. a BOS first).
-// Not supported (refused with the file and what): Unigram/WordPiece models, other pre-tokenizer
-// patterns, other normalizers (NFC is accepted and its input assumed NFC already).
+// BPE tokenizers from a Hugging Face tokenizer.json, with the ids Hugging Face `tokenizers` (0.23)
+// gives: added tokens matched literally first (leftmost, longest), then per remaining segment the
+// normalizer (normalizer.h), the pre-tokenizer (pre_tokenizer.h), the BPE model (merges by rank
+// over the pieces' characters; ignore_merges, byte_fallback, unk with fuse_unk), and the
+// post-processor's template (e.g. a BOS first). This covers the files of Llama 2/3/3.x, Mistral
+// v0.1/v0.3 and Qwen2/2.5/3.
+// Loading validates like tokenizers: JSON nesting at most 256 deep, types, ids in range and unique,
+// merges whose parts and result are in the vocabulary; anything malformed or unsupported (Unigram,
+// WordPiece, other regular expressions, normalizers, processors, truncation, padding) is an
+// InputError naming the file, the JSON path and the component.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "data/normalizer.h"
+#include "data/pre_tokenizer.h"
 
 namespace sf {
 
 class Tokenizer {
  public:
-  // InputError naming the file for anything missing or unsupported.
   static Tokenizer load(const std::string& path);
+  // The same from the file's text (`path` names it in errors).
+  static Tokenizer parse(const std::string& text, const std::string& path);
 
   // Token ids of `text` (UTF-8); with add_special the post-processor's tokens (a BOS) are added.
+  // Thread-safe (const; caches are per thread).
   std::vector<int32_t> encode(const std::string& text, bool add_special = true) const;
-  // The text of ids (byte-level decoding; special tokens as their content).
+  // encode() of every text, on `threads` threads (0: SF_THREADS, else all cores); results in order.
+  std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string>& texts, bool add_special = true,
+                                                 int threads = 0) const;
+  // The text of ids (byte-level or SentencePiece-style decoding; added tokens as their content).
   std::string decode(const std::vector<int32_t>& ids) const;
+  // Identifies what encode() does: the file's bytes and this implementation's revision (bumped
+  // whenever ids could change), for keys of tokenized-data caches.
+  uint64_t fingerprint() const { return fingerprint_; }
+  // One more than the largest id (vocabulary and added tokens).
   int64_t vocab_size() const { return int64_t(id_to_token_.size()); }
 
-  // The pre-tokenizer alone: the pieces text is split into before BPE (for tests).
+  // The normalizer and pre-tokenizer alone: the pieces text is split into before BPE (for tests),
+  // as the text of the original (ByteLevel's byte characters mapped back).
   std::vector<std::string> pre_tokenize(const std::string& text) const;
 
  private:
-  enum class Split { Gpt2, Llama3, Qwen2, SentencePiece };
-  Split split_ = Split::Llama3;
-  bool sp_prepend_all_ = true;  // SentencePiece: prepend U+2581 to every segment (else the first)
+  struct Added {
+    std::string content;
+    int32_t id;
+    bool normalized;
+  };
+  Normalizer normalizer_;
+  PreTokenizer pre_;
+  // Model.
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::vector<std::string> id_to_token_;  // id -> token text (added tokens: their content)
+  struct MergeSlot {
+    uint64_t key;  // (left id << 32 | right id) + 1; 0 = empty
+    int32_t rank, id;
+  };
+  std::vector<MergeSlot> merges_;  // open addressing, power-of-two size
+  std::vector<int32_t> char_id_;   // id of each character below U+0800 as a symbol (-1: none);
+                                   // GPT-2's byte characters are all there
   bool byte_fallback_ = false;
-  bool fuse_unk_ = false;  // consecutive unknown symbols give one unk
-  int32_t unk_ = -1;
-  int32_t byte_token_[256] = {};  // SentencePiece: id of <0xXX>
+  bool fuse_unk_ = false;
   bool ignore_merges_ = false;
-  std::unordered_map<std::string, int32_t> vocab_;  // byte-level token text -> id
-  std::vector<std::string> id_to_token_;            // id -> token text (added tokens: their content)
-  std::map<std::pair<std::string, std::string>, int> merge_rank_;
-  std::vector<std::pair<std::string, int32_t>> added_;  // literal content -> id, longest first
-  std::vector<int32_t> prefix_, suffix_;                // post-processor tokens around the sequence
-  bool added_first_[256] = {};                          // bytes an added token can start with
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  int32_t unk_ = -1;
+  int32_t byte_token_[256];
+  std::vector<Added> added_;  // longest first
+  bool any_normalized_ = false;
+  std::vector<uint32_t> added_by_byte_[2][256];  // [normalized][first byte] -> indices in added_
+  std::vector<int32_t> prefix_, suffix_;
+  std::string word_break_;  // SentencePiece-style: where long pieces may be cut (empty: never)
+  uint64_t serial_ = 0;
+  uint64_t fingerprint_ = 0;  // identifies the loaded file for the per-thread caches
 
-  void bpe(const std::string& piece, std::vector<int32_t>& out) const;    // byte-level
-  void sp_bpe(const std::string& text, std::vector<int32_t>& out) const;  // SentencePiece: normalized text
-  // BPE merges over symbols (by rank, leftmost first).
-  void merge(std::vector<std::string>& sym) const;
+  const MergeSlot* find_merge(int32_t a, int32_t b) const;
+  void model(const std::string& piece, std::vector<int32_t>& out) const;
+  void model_word(const std::string& piece, std::vector<int32_t>& out) const;
+  void merge(std::vector<int32_t>& sym) const;
+  void segment(const std::string& text, bool at_start, std::vector<int32_t>& out) const;
+  void split_added(const std::string& text, bool normalized, std::vector<std::pair<size_t, size_t>>& segs,
+                   std::vector<int32_t>& ids) const;
 };
 
 }  // namespace sf

@@ -1,0 +1,186 @@
+#include "data/normalizer.h"
+
+#include <utf8proc.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "data/unicode.h"
+
+namespace sf {
+namespace {
+
+int utf8proc_options(const char* form) {
+  const int base = UTF8PROC_STABLE;
+  if (!std::strcmp(form, "NFC")) return base | UTF8PROC_COMPOSE;
+  if (!std::strcmp(form, "NFD")) return base | UTF8PROC_DECOMPOSE;
+  if (!std::strcmp(form, "NFKC")) return base | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+  return base | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+}
+
+bool normalize_run(const char* p, size_t n, int options, std::string& out) {
+  utf8proc_uint8_t* dst = nullptr;
+  const utf8proc_ssize_t r =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(p), utf8proc_ssize_t(n), &dst, utf8proc_option_t(options));
+  if (r < 0) return false;
+  out.append(reinterpret_cast<const char*>(dst), size_t(r));
+  std::free(dst);
+  return true;
+}
+
+// Literal regex: no metacharacter (a Replace "Regex" pattern is then its own text).
+bool literal_regex(const std::string& p) { return p.find_first_of("\\^$.|?*+()[]{}") == std::string::npos; }
+
+}  // namespace
+
+std::string unicode_normalize(const std::string& s, const char* form) {
+  bool ascii = true;
+  for (unsigned char ch : s) ascii &= ch < 0x80;
+  if (ascii) return s;  // every form leaves ASCII as it is
+  const int options = utf8proc_options(form);
+  std::vector<uint32_t> cps;
+  std::vector<size_t> off;
+  uni::decode_utf8(s, cps, off);
+  // tokenizers' tables are Unicode 9.0: a character assigned later is an inert starter there, so
+  // the runs between such characters are normalized apart and those characters are kept.
+  std::string out;
+  out.reserve(s.size() + 8);
+  size_t run = 0;
+  auto flush = [&](size_t end) {
+    if (end > run && !normalize_run(s.data() + off[run], off[end] - off[run], options, out))
+      out.append(s, off[run], off[end] - off[run]);
+  };
+  for (size_t k = 0; k < cps.size(); ++k) {
+    if (uni::classes(cps[k]) & uni::kLate) {
+      flush(k);
+      out.append(s, off[k], off[k + 1] - off[k]);
+      run = k + 1;
+    }
+  }
+  flush(cps.size());
+  return out;
+}
+
+Normalizer Normalizer::from_json(const tokjson::Ctx& c, const nlohmann::json& j, const std::string& path) {
+  Normalizer n;
+  if (!j.is_null()) n.add(c, j, path, 0);
+  return n;
+}
+
+void Normalizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std::string& path, int depth) {
+  if (depth > 16) c.fail(path, "normalizer sequences nested too deep");
+  const std::string type = c.type(j, path);
+  Step s;
+  s.kind = Kind::NFC;
+  if (type == "Sequence") {
+    const auto& list = c.arr(c.at(j, path, "normalizers"), path + ".normalizers");
+    for (size_t i = 0; i < list.size(); ++i) add(c, list[i], tokjson::idx_path(path + ".normalizers", i), depth + 1);
+    return;
+  } else if (type == "NFC") {
+    s.kind = Kind::NFC;
+  } else if (type == "NFD") {
+    s.kind = Kind::NFD;
+  } else if (type == "NFKC") {
+    s.kind = Kind::NFKC;
+  } else if (type == "NFKD") {
+    s.kind = Kind::NFKD;
+  } else if (type == "Lowercase") {
+    s.kind = Kind::Lowercase;
+  } else if (type == "Strip") {
+    s.kind = Kind::Strip;
+    s.left = c.boolean(c.at(j, path, "strip_left"), path + ".strip_left");
+    s.right = c.boolean(c.at(j, path, "strip_right"), path + ".strip_right");
+  } else if (type == "Prepend") {
+    s.kind = Kind::Prepend;
+    s.content = c.str(c.at(j, path, "prepend"), path + ".prepend");
+  } else if (type == "Replace") {
+    s.kind = Kind::Replace;
+    const auto& p = c.obj(c.at(j, path, "pattern"), path + ".pattern");
+    if (const auto* str = c.opt(p, path + ".pattern", "String")) {
+      s.pattern = c.str(*str, path + ".pattern.String");
+    } else if (const auto* re = c.opt(p, path + ".pattern", "Regex")) {
+      s.pattern = c.str(*re, path + ".pattern.Regex");
+      if (!literal_regex(s.pattern))
+        c.fail(path + ".pattern",
+               "Replace with the regular expression '" + s.pattern.substr(0, 80) + "' is not supported");
+    } else {
+      c.fail(path + ".pattern", "expected {\"String\": ...} or {\"Regex\": ...}");
+    }
+    if (s.pattern.empty()) c.fail(path + ".pattern", "an empty pattern is not supported");
+    s.content = c.str(c.at(j, path, "content"), path + ".content");
+  } else {
+    c.fail(path, "normalizer " + type.substr(0, 60) + " is not supported");
+  }
+  steps_.push_back(std::move(s));
+}
+
+void Normalizer::apply(std::string& s, bool& at_start) const {
+  for (const Step& st : steps_) {
+    if (s.empty()) return;  // no normalizer changes an empty string
+    switch (st.kind) {
+      case Kind::NFC:
+        s = unicode_normalize(s, "NFC");
+        break;
+      case Kind::NFD:
+        s = unicode_normalize(s, "NFD");
+        break;
+      case Kind::NFKC:
+        s = unicode_normalize(s, "NFKC");
+        break;
+      case Kind::NFKD:
+        s = unicode_normalize(s, "NFKD");
+        break;
+      case Kind::Lowercase: {
+        // Character by character, as Rust's char::to_lowercase (no final-sigma context).
+        std::vector<uint32_t> cps;
+        std::vector<size_t> off;
+        uni::decode_utf8(s, cps, off);
+        std::string out;
+        out.reserve(s.size());
+        for (size_t k = 0; k < cps.size(); ++k) {
+          const uint32_t cp = cps[k];
+          if (cp < 0x80) {
+            out += char(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp);
+          } else if (cp == 0x130) {  // the one unconditional multi-character lowercase mapping
+            out += "i\xCC\x87";
+          } else if (cp >= 0xDC80 && cp <= 0xDCFF && off[k + 1] - off[k] == 1) {
+            out.append(s, off[k], 1);  // an invalid byte stays
+          } else {
+            uni::append_utf8(out, uint32_t(utf8proc_tolower(utf8proc_int32_t(cp))));
+          }
+        }
+        s = std::move(out);
+        break;
+      }
+      case Kind::Strip: {
+        std::vector<uint32_t> cps;
+        std::vector<size_t> off;
+        uni::decode_utf8(s, cps, off);
+        size_t a = 0, b = cps.size();
+        if (st.left)
+          while (a < b && uni::is_space(cps[a])) ++a;
+        if (st.right)
+          while (b > a && uni::is_space(cps[b - 1])) --b;
+        if (a > 0) at_start = false;
+        s = s.substr(off[a], off[b] - off[a]);
+        break;
+      }
+      case Kind::Prepend:
+        s.insert(0, st.content);
+        break;
+      case Kind::Replace: {
+        std::string out;
+        size_t i = 0;
+        for (size_t k; (k = s.find(st.pattern, i)) != std::string::npos; i = k + st.pattern.size()) {
+          out.append(s, i, k - i);
+          out += st.content;
+        }
+        out.append(s, i, std::string::npos);
+        s = std::move(out);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace sf

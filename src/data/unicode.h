@@ -1,0 +1,38 @@
+// Code points for the tokenizer: UTF-8 decoding and the Unicode classes its pre-tokenizers test.
+// Letters, numbers and marks are those of Oniguruma (Unicode 16.0), the regex engine of Hugging
+// Face tokenizers; see src/data/unicode_tables.inc and tools/gen_unicode_tables.py.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sf::uni {
+
+enum : uint16_t {
+  kL = 1,      // \p{L}
+  kN = 2,      // \p{N}
+  kSpace = 4,  // \s (White_Space)
+  kLu = 8,
+  kLl = 16,
+  kLt = 32,
+  kLm = 64,
+  kLo = 128,
+  kM = 256,
+  kP = 512,      // punctuation (general category P)
+  kLate = 1024,  // assigned after Unicode 9.0 and normalization-relevant (see normalizer.cpp)
+  kWord = 2048   // \w (Whitespace pre-tokenizer)
+};
+
+uint16_t classes(uint32_t cp);
+inline bool is_letter(uint32_t cp) { return classes(cp) & kL; }
+inline bool is_number(uint32_t cp) { return classes(cp) & kN; }
+inline bool is_space(uint32_t cp) { return classes(cp) & kSpace; }
+
+// Code points of UTF-8 text with the byte offset of each (and one past the end). An invalid byte
+// stands for itself as U+DC80..U+DCFF (a lone surrogate: no class), as Python's surrogateescape.
+void decode_utf8(const std::string& s, std::vector<uint32_t>& cps, std::vector<size_t>& off);
+// Whether s is valid UTF-8 (no surrogates, no overlong forms).
+bool valid_utf8(const std::string& s);
+void append_utf8(std::string& out, uint32_t cp);
+
+}  // namespace sf::uni
