@@ -392,7 +392,7 @@ TEST_F(Hostile, WrongTypesNameTheJsonPath) {
 }
 
 TEST_F(Hostile, HugeLayerAndHeadCountsAreRefusedBeforeAllocating) {
-  for (const std::string& member :
+  for (const std::string member :
        {"\"num_hidden_layers\":999999999", "\"num_hidden_layers\":4294967295", "\"num_attention_heads\":4294967296"}) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string key = member.substr(1, member.find('"', 1) - 1);
@@ -422,8 +422,8 @@ TEST_F(Hostile, JsonlLinesAreBounded) {
 
 TEST_F(Hostile, NanAndOutOfRangeHyperparametersNameTheOption) {
   const std::string base = "train --model " + model() + " --data " + data() + " --output " + p("out") + " --steps 1";
-  for (const std::string& o : {"--lr nan", "--lr inf", "--lr -1"}) expect_refused(run(base + " " + o), {"--lr"});
-  for (const std::string& opt : {"--eps", "--weight-decay", "--beta1", "--beta2", "--max-grad-norm"})
+  for (const std::string o : {"--lr nan", "--lr inf", "--lr -1"}) expect_refused(run(base + " " + o), {"--lr"});
+  for (const std::string opt : {"--eps", "--weight-decay", "--beta1", "--beta2", "--max-grad-norm"})
     expect_refused(run(base + " --lr 1e-3 " + opt + " nan"), {opt, "nan"});
   expect_refused(run(base + " --lr 1e-3 --eps 0"), {"--eps: 0 is out of range"});
   expect_refused(run(base + " --lr 1e-3 --beta2 1"), {"--beta2"});

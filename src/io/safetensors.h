@@ -68,7 +68,7 @@ struct TensorWrite {
   const void* data = nullptr;  // host memory, numel * dtype_size bytes
   // Or, when data is null: writes the bytes into dst when the writer gets to this tensor (so a
   // model is saved holding one tensor at a time, not a copy of all of it).
-  std::function<void(void* dst)> fill;
+  std::function<void(void* dst)> fill = nullptr;
 
   size_t bytes() const;
 };
