@@ -66,7 +66,8 @@ TEST(Planner, MemoryMatchesTheEngines) {
         const std::vector<int> order = gpu_blob_order(spec);
         for (int slots : {2, 4})
           for (size_t kept : {size_t(0), size_t(1), size_t(3), order.size()})
-            for (auto [micro, keep, hold] : {std::tuple{1, true, 0}, std::tuple{3, false, 0}, std::tuple{2, false, 5000}}) {
+            for (auto [micro, keep, hold] :
+                 {std::tuple{1, true, 0}, std::tuple{3, false, 0}, std::tuple{2, false, 5000}}) {
               SlidingOptions so;
               so.base = eo;
               so.base.max_micro = micro;
@@ -180,6 +181,45 @@ TEST(Planner, PredictionIsConsistent) {
   r.gpu_blobs = 0;
   r.clip = false;
   EXPECT_LE(make_plan(spec, r, be).step_s, sl.step_s);  // no clipping overlaps more
+}
+
+}  // namespace
+}  // namespace sf
+
+namespace sf {
+namespace {
+
+// Short of GPU memory, the sliding engine's micro-batches are split (smaller workspace and
+// activations; the same tokens a step), down to what fits; the memory still matches the engine.
+TEST(Planner, SplitsMicroBatchesToFitTheGpu) {
+  const ModelSpec spec = llama_1b();
+  const BackendInfo be = gpu_like();
+  PlanRequest r;
+  r.batch = 8;
+  r.seq = 2048;
+  r.grad_accum = 2;
+  r.host_budget = size_t(200) << 30;
+  r.offload = OffloadChoice::On;
+  r.slots = 2;
+  r.gpu_blobs = 0;
+  r.gpu_budget = size_t(40) << 30;
+  const Plan whole = make_plan(spec, r, be);
+  ASSERT_TRUE(whole.fits) << whole.why;
+  EXPECT_EQ(whole.micro_batch, 8);
+  EXPECT_EQ(whole.micro_batches, 2);
+  r.gpu_budget = whole.gpu_bytes - (size_t(512) << 20);  // a little short
+  const Plan split = make_plan(spec, r, be);
+  ASSERT_TRUE(split.fits) << split.why;
+  EXPECT_LT(split.micro_batch, 8);
+  EXPECT_EQ(8 % split.micro_batch, 0);
+  EXPECT_EQ(split.micro_batch * split.micro_batches, 16);
+  EXPECT_LE(split.gpu_bytes, r.gpu_budget);
+  EXPECT_EQ(split.tokens_per_s, whole.tokens_per_s);  // the same step
+  r.split_micro = false;
+  EXPECT_FALSE(make_plan(spec, r, be).fits);
+  r.split_micro = true;
+  r.gpu_budget = size_t(1) << 30;  // not even one sequence a micro-batch
+  EXPECT_FALSE(make_plan(spec, r, be).fits);
 }
 
 }  // namespace

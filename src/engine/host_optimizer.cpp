@@ -59,7 +59,8 @@ const void* HostOptimizer::grads(int blob) const {
 }
 
 HostOptimizer::Landing HostOptimizer::land(int blob, int64_t i0, Stream& stream) {
-  if (held(blob)) return Landing{const_cast<char*>(static_cast<const char*>(grads(blob))) + size_t(i0) * dtype_size(gd_), -1};
+  if (held(blob))
+    return Landing{const_cast<char*>(static_cast<const char*>(grads(blob))) + size_t(i0) * dtype_size(gd_), -1};
   const int r = ring_next_;
   ring_next_ = (ring_next_ + 1) % int(ring_free_.size());
   dev_.wait(stream, *ring_free_[size_t(r)]);

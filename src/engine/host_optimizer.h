@@ -23,8 +23,8 @@ class HostOptimizer {
  public:
   // blob_numel[b] (0: the blob is not on the host); `gd` the gradients' dtype; `chunk` elements a
   // gradient chunk; `ring` buffers when not keep_grads; held[b]: the blob's gradient waits in place.
-  HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk,
-                int ring, const std::vector<bool>& held = {});
+  HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk, int ring,
+                const std::vector<bool>& held = {});
 
   int64_t total() const { return total_; }
   float* master(int blob) { return static_cast<float*>(master_.data()) + off_[size_t(blob)]; }
@@ -64,8 +64,8 @@ class HostOptimizer {
   int64_t total_ = 0;
   DeviceBuffer master_;                            // [total] F32 pinned
   HostBuffer m_, v_;                               // [total] F32
-  DeviceBuffer store_;  // keep_grads: [total] gd; else [ring, chunk] + [held] gd; pinned
-  std::vector<int64_t> held_off_;  // [blobs] element offset of a held blob in store_ (-1: not held)
+  DeviceBuffer store_;                             // keep_grads: [total] gd; else [ring, chunk] + [held] gd; pinned
+  std::vector<int64_t> held_off_;                  // [blobs] element offset of a held blob in store_ (-1: not held)
   std::vector<std::unique_ptr<Event>> ring_free_;  // [ring] opt: the buffer's update is done
   int ring_next_ = 0;
   std::atomic<int64_t> update_ns_{0};

@@ -11,8 +11,7 @@
 namespace sf {
 
 std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
-                                    int slots, const std::vector<int>& gpu_blobs, bool keep_grads,
-                                    int64_t hold_grads) {
+                                    int slots, const std::vector<int>& gpu_blobs, bool keep_grads, int64_t hold_grads) {
   if (!offload) return std::make_unique<ResidentEngine>(dev, spec, opt);
   if (slots < 2) input_error("--slots", "the sliding engine needs at least 2 GPU parameter slots");
   SlidingOptions so;
@@ -57,7 +56,8 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
   }
   b.dev = make_device(req.device, req.gpu_memory);
   EngineOptions eo = opt;
-  eo.max_micro = std::max(opt.max_micro, req.grad_accum);  // the plan counted grad_accum micro-batches
+  eo.max_batch = p.micro_batch;  // the micro-batches the plan counted (maybe split)
+  eo.max_micro = p.micro_batches;
   b.engine = make_engine(*b.dev, spec, eo, p.engine == "sliding", p.slots, p.gpu_blobs, req.clip, p.hold_grads);
   return b;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -200,8 +201,14 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   // runs during the next forward (SlidingOptions::hold_grads). Sized from the rates.
   const ModelLayout lay_all = make_layout(s);
   const Flops f_all = flops_per_token(s, r.seq);
+  // Off unless SF_HOLD_GRADS=1 (a benchmark switch): measured on the H200 machine it did not yet
+  // beat updating every blob as it lands (docs/PERFORMANCE.md).
+  static const bool hold_on = [] {
+    const char* v = std::getenv("SF_HOLD_GRADS");
+    return v && std::string(v) == "1";
+  }();
   auto hold_for = [&](const std::vector<int>& gpu_blobs) -> int64_t {
-    if (r.clip || !r.optimizer || on_host) return 0;
+    if (!hold_on || r.clip || !r.optimizer || on_host) return 0;
     double P = double(lay_all.total_numel());
     for (int b : gpu_blobs) P -= double(lay_all.blobs[size_t(b)].numel);
     const double gpu_s = f_all.total * double(r.batch) * r.seq * r.grad_accum / (rates.model_tflops * 1e12);
@@ -213,10 +220,9 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     p.engine = engine;
     p.slots = slots;
     p.gpu_blobs = gpu_blobs;
-    p.items = engine == "resident"
-                  ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer)
-                  : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs, r.grad_accum, r.clip || !r.optimizer,
-                                   hold_for(gpu_blobs));
+    p.items = engine == "resident" ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer)
+                                   : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs, r.grad_accum,
+                                                    r.clip || !r.optimizer, hold_for(gpu_blobs));
     p.hold_grads = engine == "sliding" ? hold_for(gpu_blobs) : 0;
     p.gpu_bytes = total_bytes(p.items, Place::Device);
     p.pinned_bytes = total_bytes(p.items, Place::Pinned);
@@ -270,6 +276,22 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     }
   }
 
+  p.micro_batch = r.batch;
+  p.micro_batches = r.grad_accum;
+  // Short of GPU memory with the sliding engine: smaller micro-batches, more of them (layer-major
+  // accumulation keeps the PCIe and host traffic of a step the same).
+  if (p.engine == "sliding" && !p.fits && p.why.find("GPU memory") != std::string::npos && r.split_micro) {
+    for (int m = r.batch / 2; m >= 1; --m) {
+      if (r.batch % m != 0) continue;
+      PlanRequest q = r;
+      q.batch = m;
+      q.grad_accum = r.grad_accum * (r.batch / m);
+      q.split_micro = false;
+      Plan sub = make_plan(s, q, be, rates);
+      if (sub.fits) return sub;
+    }
+  }
+
   // Prediction: a lower bound from the rates, assuming the schedule overlaps what it can.
   const ModelLayout lay = make_layout(s);
   double P = double(lay.total_numel());  // parameters updated on the host
@@ -312,6 +334,9 @@ std::string plan_summary(const Plan& p) {
                   (p.engine == "sliding" ? ", " + std::to_string(p.slots) + " GPU slots, " +
                                                std::to_string(p.gpu_blobs.size()) + " blobs kept on the GPU"
                                          : std::string()) +
+                  (p.micro_batch > 0 ? "; micro-batches of " + std::to_string(p.micro_batch) + " x " +
+                                           std::to_string(p.micro_batches) + " a step"
+                                     : std::string()) +
                   "; device " + format_bytes(p.gpu_bytes) + ", host " + format_bytes(p.host_bytes) + " (" +
                   format_bytes(p.pinned_bytes) + " pinned)";
   if (p.tokens_per_s > 0) s += "; predicted at best " + std::to_string(int64_t(p.tokens_per_s)) + " tokens/s";
@@ -321,8 +346,9 @@ std::string plan_summary(const Plan& p) {
 std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p) {
   std::ostringstream o;
   char line[256];
-  std::snprintf(line, sizeof line, "plan: %s, %.2fB parameters, %d x %d tokens x %d micro-batches a step\n",
-                s.architecture.c_str(), double(s.total_params()) / 1e9, r.batch, r.seq, r.grad_accum);
+  std::snprintf(line, sizeof line, "plan: %s, %.2fB parameters, %d x %d tokens x %d micro-batches a step%s\n",
+                s.architecture.c_str(), double(s.total_params()) / 1e9, p.micro_batch, r.seq, p.micro_batches,
+                p.micro_batch != r.batch ? " (batches split to fit the GPU)" : "");
   o << line;
   o << "engine: " << p.engine
     << (p.engine == "sliding" ? " (" + std::to_string(p.slots) + " GPU slots, " + std::to_string(p.gpu_blobs.size()) +

@@ -39,10 +39,10 @@ std::vector<int> gpu_blob_order(const ModelSpec& s);
 // the 1B in-memory step's effective rate over the model's FLOPs, bench_host's CPU AdamW and host
 // read rate, PCIe with both directions busy.
 struct Rates {
-  double model_tflops = 500;            // GPU, bf16, over the step's matrix + attention FLOPs
-  double host_adamw_params_s = 3.45e9;  // CPU AdamW, all cores
-  double host_read_gbs = 75;            // host memory read, all cores
-  double pcie_gbs = 44;                 // each way, both directions busy
+  double model_tflops = 500;           // GPU, bf16, over the step's matrix + attention FLOPs
+  double host_adamw_params_s = 4.0e9;  // CPU AdamW, all cores, with the DMA of a step running
+  double host_read_gbs = 75;           // host memory read, all cores
+  double pcie_gbs = 44;                // each way, both directions busy
 };
 
 enum class OffloadChoice { Auto, On, Off };
@@ -53,10 +53,11 @@ struct PlanRequest {
   bool training = true, optimizer = true;  // eval needs neither gradients nor AdamW state
   bool clip = true;  // gradient clipping (the sliding engine's update then waits for the backward)
   OffloadChoice offload = OffloadChoice::Auto;
-  int slots = 0;           // 0: the planner's choice
-  int gpu_blobs = -1;      // sliding: blobs kept whole on the GPU (the first of gpu_blob_order); -1: all that fit
-  size_t gpu_budget = 0;   // bytes the engine may hold on the GPU (0: the backend's free memory)
-  size_t host_budget = 0;  // bytes of host memory (0: MemAvailable)
+  int slots = 0;            // 0: the planner's choice
+  int gpu_blobs = -1;       // sliding: blobs kept whole on the GPU (the first of gpu_blob_order); -1: all that fit
+  size_t gpu_budget = 0;    // bytes the engine may hold on the GPU (0: the backend's free memory)
+  size_t host_budget = 0;   // bytes of host memory (0: MemAvailable)
+  bool split_micro = true;  // the planner may split micro-batches to fit the GPU
 };
 
 struct Plan {
@@ -64,6 +65,10 @@ struct Plan {
   int slots = 0;
   std::vector<int> gpu_blobs;  // sliding: blobs kept whole on the GPU
   int64_t hold_grads = 0;      // sliding without clipping: SlidingOptions::hold_grads
+  // The micro-batches the engine runs: micro_batches of micro_batch sequences a step. The request's
+  // batch x grad_accum, unless the sliding engine only fits the GPU with smaller micro-batches
+  // (smaller workspace and activations; the same step, as the loss is normalised per step).
+  int micro_batch = 0, micro_batches = 0;
   std::vector<MemoryItem> items;
   size_t gpu_bytes = 0, pinned_bytes = 0, host_bytes = 0;  // host_bytes counts pinned too
   size_t gpu_budget = 0, host_budget = 0;

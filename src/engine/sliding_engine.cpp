@@ -184,7 +184,7 @@ struct SlidingEngine::Impl {
     const bool held = host->held(blob);
     if (held) dev.wait(*d2h, *updated[size_t(blob)]);  // the last update has read the store
     if (held) overlap = nullptr;                       // updated after the backward (SlidingEngine::step)
-    if (act == DType::F32) {                                         // copied down as it is
+    if (act == DType::F32) {                           // copied down as it is
       dev.record(*grads_ready, *compute);
       dev.wait(*d2h, *grads_ready);
     }

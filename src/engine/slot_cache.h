@@ -19,8 +19,7 @@ namespace sf {
 class SlotCache {
  public:
   // Slots of `capacity[i]` elements in `act`; uploads on `h2d`, kernels read on `compute`.
-  SlotCache(Device& dev, const std::vector<int64_t>& capacity, DType act, int64_t chunk, Stream& h2d,
-            Stream& compute);
+  SlotCache(Device& dev, const std::vector<int64_t>& capacity, DType act, int64_t chunk, Stream& h2d, Stream& compute);
   // The capacities for `slots` slots over host blobs of these sizes (0: not on the host).
   static std::vector<int64_t> capacities(int slots, const std::vector<int64_t>& blob_numel,
                                          const std::vector<bool>& is_layer);

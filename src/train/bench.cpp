@@ -1,5 +1,6 @@
 #include "train/bench.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -108,13 +109,17 @@ nlohmann::json run_bench(const BenchOptions& o) {
     for (auto& id : r.ids) id = int32_t(rng() % uint64_t(spec.vocab));
     r.labels = r.ids;
   }
-  std::vector<const Record*> group;
-  for (const auto& r : recs) group.push_back(&r);
-  Batch b = make_batch(group, o.seq_len);
-
   if (o.max_grad_norm < 0) input_error("--max-grad-norm", "must be >= 0");
-  // The trainer's step (train/trainer.cpp): grad_accum micro-batches, then the update.
-  const std::vector<Batch> mbs(size_t(o.grad_accum), b);
+  // The trainer's step (train/trainer.cpp): grad_accum batches, each as the plan's micro-batches.
+  const int M = built.plan.micro_batch > 0 ? built.plan.micro_batch : o.batch_size;
+  std::vector<Batch> mbs;
+  for (int j = 0; j < o.grad_accum; ++j)
+    for (int i = 0; i < o.batch_size; i += M) {
+      std::vector<const Record*> group;
+      for (int k = i; k < std::min(o.batch_size, i + M); ++k) group.push_back(&recs[size_t(k)]);
+      mbs.push_back(make_batch(group, o.seq_len));
+    }
+  const Batch& b = mbs.front();
   auto step = [&](int64_t s) {
     Engine::StepParams sp;
     sp.adamw.lr = 1e-5f;
@@ -132,13 +137,15 @@ nlohmann::json run_bench(const BenchOptions& o) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const Engine::Stats st1 = engine.stats();
   const double per = 1.0 / double(o.steps);
-  double tps = double(b.B) * b.T * o.grad_accum * double(o.steps) / secs;
+  double tps = double(o.batch_size) * b.T * o.grad_accum * double(o.steps) / secs;
   log_info("bench: %.1f ms/step, %.0f tokens/s, loss %.4f", 1e3 * secs / double(o.steps), tps, loss);
   return {{"tokens_per_second", tps},
           {"step_ms", 1e3 * secs / double(o.steps)},
           {"steps", o.steps},
           {"batch_size", o.batch_size},
           {"grad_accum", o.grad_accum},
+          {"micro_batch", M},
+          {"micro_batches", mbs.size()},
           {"seq_len", o.seq_len},
           {"parameters", spec.total_params()},
           {"device", dev->name()},
@@ -199,6 +206,9 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"why", p.why},
           {"engine", p.engine},
           {"slots", p.slots},
+          {"micro_batch", p.micro_batch},
+          {"micro_batches", p.micro_batches},
+          {"hold_grads", p.hold_grads},
           {"gpu_blobs", p.gpu_blobs},
           {"backend", be.name},
           {"gpu_bytes", p.gpu_bytes},

@@ -116,6 +116,7 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
   s.engine = std::move(built.engine);
   s.engine->load(reader);
   s.plan = built_plan;
+  if (built_plan.micro_batch > 0) s.max_batch = std::min(s.max_batch, built_plan.micro_batch);  // maybe split
   log_debug("%s", plan_summary(s.plan).c_str());  // train prints it once its inputs are all checked
   log_debug("device %s, %zu records, seq_len %d", s.dev->name().c_str(), s.data.records.size(), s.seq_len);
   return s;
@@ -144,7 +145,7 @@ int64_t total_trained(const std::vector<Batch>& batches, const std::string& path
 
 EvalResult run_eval(const DataOptions& o) {
   Session s = open_session(o, false, false);
-  auto batches = file_batches(s, o.batch_size);
+  auto batches = file_batches(s, s.max_batch);
   EvalResult r;
   r.tokens = total_trained(batches, o.data);
   r.loss = s.engine->loss_sum(batches) / double(r.tokens);
@@ -153,7 +154,7 @@ EvalResult run_eval(const DataOptions& o) {
 
 EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
   Session s = open_session(o, true, false, -1);
-  auto batches = file_batches(s, o.batch_size);
+  auto batches = file_batches(s, s.max_batch);
   EvalResult r;
   r.tokens = total_trained(batches, o.data);
   r.loss = s.engine->compute_grads(batches);  // every batch of the file is one step's micro-batch
@@ -347,8 +348,12 @@ TrainResult run_train(const TrainOptions& o) {
     for (int j = 0; j < o.grad_accum; ++j) {
       std::vector<const Record*> group;
       for (int i = 0; i < B; ++i) group.push_back(&recs[order.at(next_record++)]);
-      mbs.push_back(make_batch(group, s.seq_len));
-      trained += mbs.back().trained;
+      for (size_t i = 0; i < group.size(); i += size_t(s.max_batch)) {  // the plan's micro-batches
+        const std::vector<const Record*> part(group.begin() + i,
+                                              group.begin() + std::min(group.size(), i + size_t(s.max_batch)));
+        mbs.push_back(make_batch(part, s.seq_len));
+        trained += mbs.back().trained;
+      }
       for (const Record* r : group) tokens += int64_t(std::min<size_t>(r->ids.size(), size_t(s.seq_len)));
     }
     AdamWParams ap;
