@@ -62,6 +62,23 @@ for s in "${steps[@]}"; do
         --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm 0
       run sf_3b_resident "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
         --steps 3 --warmup 1 --device cuda --no-offload --max-grad-norm 1 ;;
+    # variants of the 3B host path in one call: held gradients on/off (no clipping), clipping,
+    # 2 slots in a 6 GiB budget (the planner splits the micro-batches)
+    offload7_variants)
+      for hold in 0 1; do
+        run sf_3b_host_clip0_hold$hold env SF_HOLD_GRADS=$hold "$BIN/slideformer" bench --preset llama-3b \
+          --batch-size 8 --seq-len 2048 --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm 0
+      done
+      run sf_3b_host_clip1 "$BIN/slideformer" bench --preset llama-3b --batch-size 8 \
+        --seq-len 2048 --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm 1
+      run sf_3b_host_slots2_6g "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+        --steps 2 --warmup 1 --device cuda --offload --gpu-blobs 0 --slots 2 --gpu-memory 6GiB --max-grad-norm 1 ;;
+    # the tokenizer against HF tokenizers on the real files (tmp/tokenizers, `tokenizer_parity.py fetch
+    # --gzip`), and HF's ids for the component fixtures of tests/data/tokenizer/rec_*
+    tokenizer_hf)
+      run tokenizer_compare timeout 200 python3 tools/tokenizer_parity.py compare --bin "$BIN/slideformer" --n 4000 \
+        tmp/tokenizers/*.json.gz
+      run tokenizer_record timeout 120 python3 tools/tokenizer_parity.py record --out "$OUT/tok" ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
