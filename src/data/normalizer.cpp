@@ -10,6 +10,25 @@
 namespace sf {
 namespace {
 
+// Lowercase mappings added in Unicode 16 (HF's Lowercase is Rust's char::to_lowercase, Unicode 16
+// in tokenizers 0.23's toolchain; utf8proc 2.8 has Unicode 15): 0 when cp is not one of them.
+uint32_t unicode16_lowercase(uint32_t cp) {
+  if (cp == 0x1C89) return 0x1C8A;                       // Cyrillic TJE
+  if (cp >= 0x10D50 && cp <= 0x10D65) return cp + 0x20;  // Garay
+  switch (cp) {
+    case 0xA7CB:
+      return 0x0264;
+    case 0xA7CC:
+      return 0xA7CD;
+    case 0xA7DA:
+      return 0xA7DB;
+    case 0xA7DC:
+      return 0x019B;
+    default:
+      return 0;
+  }
+}
+
 int utf8proc_options(const char* form) {
   const int base = UTF8PROC_STABLE;
   if (!std::strcmp(form, "NFC")) return base | UTF8PROC_COMPOSE;
@@ -143,6 +162,8 @@ void Normalizer::apply(std::string& s, bool& at_start) const {
             out += char(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp);
           } else if (cp == 0x130) {  // the one unconditional multi-character lowercase mapping
             out += "i\xCC\x87";
+          } else if (const uint32_t lc = unicode16_lowercase(cp)) {  // Rust's tables are Unicode 16
+            uni::append_utf8(out, lc);
           } else if (cp >= 0xDC80 && cp <= 0xDCFF && off[k + 1] - off[k] == 1) {
             out.append(s, off[k], 1);  // an invalid byte stays
           } else {
