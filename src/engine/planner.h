@@ -39,8 +39,8 @@ std::vector<int> gpu_blob_order(const ModelSpec& s);
 // the 1B in-memory step's effective rate over the model's FLOPs, bench_host's CPU AdamW and host
 // read rate, PCIe with both directions busy.
 struct Rates {
-  double model_tflops = 500;           // GPU, bf16, over the step's matrix + attention FLOPs
-  double host_adamw_params_s = 4.0e9;  // CPU AdamW, all cores, with the DMA of a step running
+  double model_tflops = 510;           // GPU, bf16, over the step's matrix + attention FLOPs
+  double host_adamw_params_s = 4.2e9;  // CPU AdamW, all cores, with the DMA of a step running
   double host_read_gbs = 75;           // host memory read, all cores
   double pcie_gbs = 44;                // each way, both directions busy
 };
