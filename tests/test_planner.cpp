@@ -54,12 +54,14 @@ TEST(Planner, MemoryMatchesTheEngines) {
         eo.max_batch = B;
         eo.max_seq = T;
         if (bf16) eo.compute_dtype = "bf16";
-        for (auto [training, optimizer] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, false}}) {
+        for (auto [training, optimizer, micro] : {std::tuple{true, true, 1}, std::tuple{true, false, 1},
+                                                  std::tuple{false, false, 1}, std::tuple{true, true, 3}}) {
           EngineOptions ro = eo;
           ro.training = training;
           ro.optimizer = optimizer;
+          ro.max_micro = micro;
           ResidentEngine e(*dev, spec, ro);
-          const auto items = resident_memory(spec, B, T, be, training, optimizer);
+          const auto items = resident_memory(spec, B, T, be, training, optimizer, micro);
           EXPECT_EQ(total_bytes(items, Place::Device), e.device_bytes()) << training << optimizer;
           EXPECT_EQ(total_bytes(items, Place::Pinned) + total_bytes(items, Place::Host), e.host_bytes());
         }

@@ -96,7 +96,7 @@ size_t total_bytes(const std::vector<MemoryItem>& items, Place where) {
 }
 
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const BackendInfo& be, bool training,
-                                        bool optimizer) {
+                                        bool optimizer, int micro) {
   const Common c = common(s, B, T, be);
   const size_t P = size_t(c.total);
   std::vector<MemoryItem> m = {{"fp32 master weights", P * 4, Place::Device}};
@@ -112,11 +112,14 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const 
   m.push_back({"layer-input checkpoints", c.stride_nh * size_t(s.n_layer + 1), Place::Device});
   m.push_back({"backward activations (dy, dx, recompute)", c.stride_nh * 3, Place::Device});
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", c.workspace, Place::Device});
-  m.push_back({"token ids / targets", size_t(c.max_tokens) * 16, Place::Device});
+  const size_t K = size_t(std::max(micro, 1));
+  m.push_back({"token ids / targets", 2 * K * size_t(c.max_tokens) * 8, Place::Device});
+  if (training && K > 1)
+    m.push_back({"embedding-output gradients of the step's micro-batches", K * c.stride_nh, Place::Device});
   m.push_back({"RoPE tables", c.rope, Place::Device});
   m.push_back({"scalars", engine_scalar_bytes(c.blobs), Place::Device});
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
-  m.push_back({"token staging", size_t(c.max_tokens) * 16, Place::Pinned});
+  m.push_back({"token staging", 2 * K * size_t(c.max_tokens) * 8, Place::Pinned});
   return m;
 }
 
@@ -220,7 +223,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     p.engine = engine;
     p.slots = slots;
     p.gpu_blobs = gpu_blobs;
-    p.items = engine == "resident" ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer)
+    p.items = engine == "resident" ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer, r.grad_accum)
                                    : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs, r.grad_accum,
                                                     r.clip || !r.optimizer, hold_for(gpu_blobs));
     p.hold_grads = engine == "sliding" ? hold_for(gpu_blobs) : 0;

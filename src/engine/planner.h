@@ -24,7 +24,7 @@ size_t total_bytes(const std::vector<MemoryItem>& items, Place where);
 // Buffers of each engine for max_batch x max_seq micro-batches (the resident engine holds
 // gradients only when training, AdamW state only with the optimizer; the sliding one always both).
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int max_seq, const BackendInfo& be,
-                                        bool training = true, bool optimizer = true);
+                                        bool training = true, bool optimizer = true, int micro = 1);
 // micro: micro-batches a step (layer-major: checkpoints and activations per micro-batch);
 // keep_grads: the step's gradients held in host memory (clipping, or gradients read back).
 // hold_grads: SlidingOptions::hold_grads (without keep_grads).

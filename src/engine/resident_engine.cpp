@@ -45,6 +45,17 @@ struct ResidentEngine::Impl {
   DeviceBuffer round_buf;       // [min(total, kGradRoundChunk)] act: round_grads (act != F32)
   DeviceBuffer ckpt;            // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
   DeviceBuffer dbuf;            // [3, N, H] act: dy, dx, recompute output scratch
+  // [max_micro, N, H] act (training with several micro-batches): each micro-batch's gradient at the
+  // embedding output, kept so that every embedding backward of a step runs after every head's —
+  // the order in which the sliding engine's layer-major micro-batches add into a tied embedding.
+  DeviceBuffer dy0;
+  struct Deferred {
+    int64_t N = 0;
+    Tensor ids;
+    int token_slot = -1;
+  };
+  std::vector<Deferred> deferred;  // the step's micro-batches whose embedding backward waits
+  bool defer = false;
   std::unique_ptr<TokenUploader> tokens;
   DeviceBuffer scalars;  // engine_scalar_bytes: loss sum, per-blob squared norms
   std::unique_ptr<DeviceRope> rope_dev;
@@ -106,7 +117,9 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   }
   ckpt = DeviceBuffer(dev, stride_nh * size_t(spec.n_layer + 1));
   dbuf = DeviceBuffer(dev, stride_nh * 3);
-  tokens = std::make_unique<TokenUploader>(dev, maxN);
+  const int micro = std::max(opt.max_micro, 1);
+  tokens = std::make_unique<TokenUploader>(dev, maxN, 2 * micro);
+  if (opt.training && micro > 1) dy0 = DeviceBuffer(dev, stride_nh * size_t(micro));
   scalars = DeviceBuffer(dev, engine_scalar_bytes(layout.blobs.size()));
   host_norms.resize(layout.blobs.size());
   ws = std::make_unique<Workspace>(dev, spec, opt.max_batch, opt.max_seq, act);
@@ -173,8 +186,8 @@ void ResidentEngine::init_random(uint64_t seed) {
 size_t ResidentEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
-         m.round_buf.size() + m.dbuf.size() + m.tokens->device_bytes() + m.scalars.size() + m.rope_dev->buf.size() +
-         m.ws->bytes();
+         m.round_buf.size() + m.dbuf.size() + m.dy0.size() + m.tokens->device_bytes() + m.scalars.size() +
+         m.rope_dev->buf.size() + m.ws->bytes();
 }
 
 size_t ResidentEngine::host_bytes() const { return impl_->tokens->host_bytes(); }
@@ -280,6 +293,14 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
     m.program.layer_backward(p, g, m.ckpt_at(l, N), dy, dx, w, d, m.rope, st);
     std::swap(dy, dx);
   }
+  if (m.defer) {  // step(): the embedding backward after every micro-batch's head
+    const size_t k = m.deferred.size();
+    SF_CHECK(k < size_t(std::max(opt_.max_micro, 1)), "more micro-batches than the engine was built for");
+    dev_.copy(static_cast<char*>(m.dy0.data()) + k * m.stride_nh, dy.data, size_t(N * spec_.hidden) * dtype_size(act),
+              CopyKind::DeviceToDevice, st);
+    m.deferred.push_back({N, ids, tok.slot});
+    return;
+  }
   m.program.embed_backward(g_emb, dy, ids, st);
 }
 
@@ -320,12 +341,28 @@ void ResidentEngine::round_grads() {
   }
 }
 
+void ResidentEngine::accumulate(const std::vector<Batch>& mbs, float scale) {
+  zero_grads();
+  Impl& m = *impl_;
+  m.defer = mbs.size() > 1;
+  m.deferred.clear();
+  for (const Batch& b : mbs) forward_backward(b, scale, true);
+  m.defer = false;
+  const Tensor g_emb = m.entry(m.grads, 0, 0, DType::F32);
+  for (size_t k = 0; k < m.deferred.size(); ++k) {
+    const Impl::Deferred& d = m.deferred[k];
+    const Tensor dy(static_cast<char*>(m.dy0.data()) + k * m.stride_nh, m.act, {d.N, spec_.hidden});
+    m.program.embed_backward(g_emb, dy, d.ids, *m.stream);
+    m.tokens->done(d.token_slot, *m.stream);  // the ids were read until here
+  }
+  m.deferred.clear();
+}
+
 Engine::StepResult ResidentEngine::step(const std::vector<Batch>& mbs, const StepParams& sp) {
   StepResult r;
   for (const Batch& b : mbs) r.trained += b.trained;
   const float scale = r.trained > 0 ? float(1.0 / double(r.trained)) : 0.f;
-  zero_grads();
-  for (const Batch& b : mbs) forward_backward(b, scale, true);
+  accumulate(mbs, scale);
   r.loss = r.trained > 0 ? take_loss_sum() / double(r.trained) : (take_loss_sum(), 0.0);
   round_grads();
   r.grad_norm = std::sqrt(grad_sq_norm());
@@ -350,12 +387,8 @@ double ResidentEngine::compute_grads(const std::vector<Batch>& batches) {
   int64_t trained = 0;
   for (const Batch& b : batches) trained += b.trained;
   const float scale = trained > 0 ? float(1.0 / double(trained)) : 0.f;
-  zero_grads();
-  double sum = 0;
-  for (const Batch& b : batches) {
-    forward_backward(b, scale, true);
-    sum += take_loss_sum();
-  }
+  accumulate(batches, scale);
+  const double sum = take_loss_sum();
   round_grads();
   synchronize();
   return trained > 0 ? sum / double(trained) : 0.0;

@@ -55,6 +55,9 @@ class ResidentEngine final : public Engine {
  private:
   struct Impl;
   void forward_backward(const Batch& b, float grad_scale, bool backward, bool want_logits);
+  // The gradients of a step's micro-batches: every embedding backward after every head (the
+  // sliding engine's order), so that both engines add into a tied embedding alike.
+  void accumulate(const std::vector<Batch>& mbs, float scale);
   Device& dev_;
   ModelSpec spec_;
   ModelLayout layout_;
