@@ -73,6 +73,14 @@ for s in "${steps[@]}"; do
         --seq-len 2048 --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm 1
       run sf_3b_host_slots2_6g "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
         --steps 2 --warmup 1 --device cuda --offload --gpu-blobs 0 --slots 2 --gpu-memory 6GiB --max-grad-norm 1 ;;
+    # transparent huge pages for the AdamW moments, on and off, with and without clipping
+    offload7_thp)
+      for clip in 0 1; do
+        for thp in 1 0; do
+          run sf_3b_host_clip${clip}_thp$thp env SF_HUGEPAGES=$thp "$BIN/slideformer" bench --preset llama-3b \
+            --batch-size 8 --seq-len 2048 --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm $clip
+        done
+      done ;;
     # the tokenizer against HF tokenizers on the real files (tmp/tokenizers, `tokenizer_parity.py fetch
     # --gzip`), and HF's ids for the component fixtures of tests/data/tokenizer/rec_*
     tokenizer_hf)

@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cpu/kernels.h"
 #include "core/error.h"
@@ -37,6 +42,19 @@ HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel
   master_ = DeviceBuffer(dev, b.master, MemoryKind::PinnedHost);
   m_ = HostBuffer(size_t(total_) * 4);
   v_ = HostBuffer(size_t(total_) * 4);
+  // The AdamW pass streams through m and v every step: transparent huge pages spare the TLB
+  // (SF_HUGEPAGES=0 turns this off, to measure it).
+  static const bool huge = [] {
+    const char* e = std::getenv("SF_HUGEPAGES");
+    return !(e && std::string(e) == "0");
+  }();
+  if (huge)
+    for (const HostBuffer* b : {&m_, &v_})
+      if (b->size() >= (size_t(4) << 20)) {  // page-aligned inside the buffer; a hint, failure is harmless
+        const uintptr_t lo = (reinterpret_cast<uintptr_t>(b->data()) + 4095) / 4096 * 4096;
+        const uintptr_t hi = (reinterpret_cast<uintptr_t>(b->data()) + b->size()) / 4096 * 4096;
+        ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+      }
   if (total_ > 0) {
     std::memset(master_.data(), 0, b.master);  // padding between tensors stays 0
     std::memset(m_.data(), 0, size_t(total_) * 4);
