@@ -28,17 +28,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct CmdResult {
-  int code = -1;
-  std::string out, err;
-  json last() const {  // the last stdout line, parsed
-    std::string line, prev;
-    std::istringstream in(out);
-    while (std::getline(in, line))
-      if (!line.empty()) prev = line;
-    return json::parse(prev);
-  }
-};
+using test::CmdResult;
+using test::slurp;
 
 // A stored F32 tensor's values (copied: mmapped data need not be aligned).
 std::vector<float> floats(const TensorInfo& t) {
@@ -47,35 +38,8 @@ std::vector<float> floats(const TensorInfo& t) {
   return v;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-class Cli : public ::testing::Test {
+class Cli : public test::BinaryTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("sf_cli_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  CmdResult run(const std::string& args) {
-    CmdResult r;
-    fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    std::string cmd = std::string(SF_BINARY) + " " + args + " >" + out.string() + " 2>" + err.string();
-    int status = std::system(cmd.c_str());
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
-  std::string p(const std::string& name) const { return (dir_ / name).string(); }
-
   // A random model of `family` in `dtype` at DIR/name.
   std::string make_model(const std::string& family, const std::string& name, const std::string& dtype = "fp32") {
     std::ofstream(p(name + ".json")) << test::tiny_config(family).dump();
@@ -107,8 +71,6 @@ class Cli : public ::testing::Test {
     EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr: " << r.err;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(Cli, InitEvalGradTrainEveryFamily) {

@@ -264,39 +264,12 @@ TEST(InputHardening, MutatedInputsGiveOnlyInputErrors) {
 
 // ---------------------------------------------------------------- end to end
 
-struct CmdResult {
-  int code = -1;
-  std::string out, err;
-};
+using test::CmdResult;
+using test::slurp;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-class Hostile : public ::testing::Test {
+class Hostile : public test::BinaryTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("sf_hostile_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  CmdResult run(const std::string& args) {
-    CmdResult r;
-    fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    std::string cmd = std::string(SF_BINARY) + " " + args + " >" + out.string() + " 2>" + err.string();
-    int status = std::system(cmd.c_str());
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
-  std::string p(const std::string& name) const { return (dir_ / name).string(); }
+  Hostile() : BinaryTest("sf_hostile_") {}
   std::string write(const std::string& name, const std::string& text) {
     std::ofstream(p(name), std::ios::binary) << text;
     return p(name);
@@ -323,8 +296,6 @@ class Hostile : public ::testing::Test {
     text.pop_back();  // the closing brace
     return write(name, text + "," + extra_members + "}");
   }
-
-  fs::path dir_;
 };
 
 TEST_F(Hostile, DeepNestingIsRefusedEverywhere) {

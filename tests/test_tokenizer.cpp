@@ -379,7 +379,7 @@ namespace sf {
 namespace {
 
 // Throughput on a JSONL file of {"text": ...} records (tools/tokenizer_parity.py bench runs it):
-//   SF_TOK_BENCH_TOKENIZER=tokenizer.json SF_TOK_BENCH_DATA=data.jsonl \
+//   SF_TOK_BENCH_TOKENIZER=tokenizer.json SF_TOK_BENCH_DATA=data.jsonl
 //   build/sf_tests --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'
 TEST(TokenizerBench, DISABLED_Throughput) {
   const char* tok_path = std::getenv("SF_TOK_BENCH_TOKENIZER");

@@ -2,6 +2,7 @@
 // and central finite differences. Generic: no knowledge of any particular op.
 #pragma once
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,10 +10,14 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -24,6 +29,53 @@
 namespace sf::test {
 
 // ---- files ----
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// ---- the slideformer binary (SF_BINARY), run in a scratch directory per test ----
+
+struct CmdResult {
+  int code = -1;
+  std::string out, err;
+  nlohmann::json last() const {  // the last stdout line, parsed
+    std::string line, prev;
+    std::istringstream in(out);
+    while (std::getline(in, line))
+      if (!line.empty()) prev = line;
+    return nlohmann::json::parse(prev);
+  }
+};
+
+class BinaryTest : public ::testing::Test {
+ protected:
+  explicit BinaryTest(std::string prefix = "sf_cli_") : prefix_(std::move(prefix)) {}
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / (prefix_ + std::to_string(::getpid()) + "_" +
+                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  CmdResult run(const std::string& args) {
+    CmdResult r;
+    const std::filesystem::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    const std::string cmd = std::string(SF_BINARY) + " " + args + " >" + out.string() + " 2>" + err.string();
+    const int status = std::system(cmd.c_str());
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+  std::string p(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::filesystem::path dir_;
+
+ private:
+  std::string prefix_;
+};
 
 // A fresh directory under the system temp directory, named after the running test; removed at
 // scope exit.
