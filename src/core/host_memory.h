@@ -5,6 +5,8 @@
 #include <new>
 #include <utility>
 
+#include "core/align.h"
+
 namespace sf {
 
 class HostBuffer {
@@ -12,7 +14,7 @@ class HostBuffer {
   HostBuffer() = default;
   explicit HostBuffer(size_t bytes) : size_(bytes) {
     if (bytes == 0) return;
-    size_t rounded = (bytes + 255) / 256 * 256;
+    size_t rounded = round256(bytes);
     ptr_ = std::aligned_alloc(256, rounded);
     if (!ptr_) throw std::bad_alloc();
   }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "core/align.h"
 #include "data/dataset.h"
 #include "model/spec.h"
 
@@ -27,7 +28,7 @@ struct EngineOptions {
 };
 
 // Device scalars of an engine: [0] loss sum, [1] spare, [2, 2 + blobs) per-blob squared norms (F32).
-inline size_t engine_scalar_bytes(size_t blobs) { return (4 * (2 + blobs) + 255) / 256 * 256; }
+inline size_t engine_scalar_bytes(size_t blobs) { return round256(4 * (2 + blobs)); }
 // torch.nn.utils.clip_grad_norm_'s factor (1 when max_norm is 0: no clipping).
 inline float clip_factor(double norm, double max_norm) {
   return max_norm > 0 ? float(std::min(1.0, max_norm / (norm + 1e-6))) : 1.f;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/align.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "engine/engine.h"
@@ -18,8 +19,6 @@
 namespace sf {
 
 namespace {
-
-size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 
 // Sizes shared by both engines.
 struct Common {

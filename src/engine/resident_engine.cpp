@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 
+#include "core/align.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/blob_init.h"
@@ -105,7 +106,7 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
     total += b.numel;
   }
   const int64_t maxN = int64_t(opt.max_batch) * opt.max_seq;
-  stride_nh = (size_t(maxN * spec.hidden) * dtype_size(act) + 255) / 256 * 256;
+  stride_nh = round256(size_t(maxN * spec.hidden) * dtype_size(act));
   master = DeviceBuffer(dev, size_t(total) * 4);
   if (act != DType::F32) compute = DeviceBuffer(dev, size_t(total) * dtype_size(act));
   if (opt.training) grads = DeviceBuffer(dev, size_t(total) * 4);

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "backend/cpu/kernels.h"
+#include "core/align.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/blob_init.h"
@@ -26,8 +27,6 @@ DType natural_compute_dtype(const Device& d, const std::string& name) {
   if ((name == "fp32" || name == "float32") && d.is_host()) return DType::F32;
   input_error("--compute-dtype", "'" + name + "' is not available here (fp32 on the cpu backend, or bf16)");
 }
-
-size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 
 }  // namespace
 

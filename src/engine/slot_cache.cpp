@@ -2,13 +2,12 @@
 
 #include <algorithm>
 
+#include "core/align.h"
 #include "core/error.h"
 
 namespace sf {
 
-namespace {
-size_t round256(size_t b) { return (b + 255) / 256 * 256; }
-}  // namespace
+namespace {}  // namespace
 
 std::vector<int64_t> SlotCache::capacities(int slots, const std::vector<int64_t>& blob_numel,
                                            const std::vector<bool>& is_layer) {

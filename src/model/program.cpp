@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/align.h"
 #include "core/error.h"
 
 namespace sf {
@@ -14,13 +15,13 @@ struct Carver {
   Tensor take(DType t, std::initializer_list<int64_t> dims) {
     Tensor x(nullptr, t, dims);
     x.data = base ? base + off : nullptr;
-    off += (x.bytes() + 255) / 256 * 256;
+    off += round256(x.bytes());
     return x;
   }
   Tensor take_bytes(size_t n) {
     Tensor x(nullptr, DType::F32, {int64_t((n + 3) / 4)});
     x.data = (base && n) ? base + off : nullptr;
-    off += (n + 255) / 256 * 256;
+    off += round256(n);
     return x;
   }
 };

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "backend/cpu/kernels.h"
+#include "core/align.h"
 #include "core/error.h"
 
 namespace sf {
@@ -199,7 +200,7 @@ class CpuDevice final : public Device {
   bool is_host() const override { return true; }
 
   void* alloc(size_t bytes) override {
-    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    void* p = std::aligned_alloc(256, round256(bytes));
     if (!p) throw std::bad_alloc();
     return p;
   }

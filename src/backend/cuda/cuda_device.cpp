@@ -22,6 +22,7 @@
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/sq_norm.cuh"
 #include "backend/cuda/swiglu.cuh"
+#include "core/align.h"
 #include "core/error.h"
 
 namespace sf {
@@ -34,8 +35,6 @@ void fail(const char* file, int line, const char* expr, const std::string& what)
 }  // namespace cuda
 
 namespace {
-
-size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 
 std::string mib(size_t b) { return std::to_string(b >> 20) + " MiB"; }
 

@@ -4,14 +4,13 @@
 #include "backend/cuda/kernel_utils.cuh"
 #include "backend/cuda/linear_ce.cuh"
 #include "backend/cuda/matmul.cuh"
+#include "core/align.h"
 
 namespace sf::cuda {
 namespace {
 
 constexpr int kCeThreads = 512;
 constexpr int64_t kIgnore = -100;
-
-size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 
 // Online (max, sum of exp) pair merge.
 __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
