@@ -141,10 +141,10 @@ TEST(Layout, BlobsAreAlignedAndCoverEveryParameter) {
     EXPECT_EQ(params, s.total_params()) << fam;
     EXPECT_EQ(m.head().entries.size(), s.tie_embeddings ? 1u : 2u);
     const BlobLayout& l0 = m.layer(0);
-    EXPECT_EQ(l0.slot(LayerParam::QNorm) != nullptr, s.qk_norm);
-    EXPECT_EQ(l0.slot(LayerParam::Bq) != nullptr, s.qkv_bias);
-    EXPECT_EQ(l0.slot(LayerParam::Wq)->name, "model.layers.0.self_attn.q_proj.weight");
-    EXPECT_EQ(l0.slot(LayerParam::Wq)->shape, (std::vector<int64_t>{s.q_dim(), s.hidden}));
+    EXPECT_EQ(l0.entry(LayerParam::QNorm) != nullptr, s.qk_norm);
+    EXPECT_EQ(l0.entry(LayerParam::Bq) != nullptr, s.qkv_bias);
+    EXPECT_EQ(l0.entry(LayerParam::Wq)->name, "model.layers.0.self_attn.q_proj.weight");
+    EXPECT_EQ(l0.entry(LayerParam::Wq)->shape, (std::vector<int64_t>{s.q_dim(), s.hidden}));
   }
 }
 

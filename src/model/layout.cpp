@@ -12,7 +12,7 @@ constexpr int64_t kAlign = 128;  // elements: 256 bytes for bf16, 512 for fp32
 
 // Sizes in checked arithmetic: parse_model_spec bounds the dimensions, this keeps a spec built
 // any other way from wrapping around (an overflow is an InputError naming the spec's source).
-void add(const ModelSpec& s, BlobLayout& b, std::string name, std::vector<int64_t> shape, int slot = -1) {
+void add(const ModelSpec& s, BlobLayout& b, std::string name, std::vector<int64_t> shape, int param = -1) {
   BlobEntry e;
   e.name = std::move(name);
   e.shape = std::move(shape);
@@ -22,7 +22,7 @@ void add(const ModelSpec& s, BlobLayout& b, std::string name, std::vector<int64_
     e.numel = checked_mul(e.numel, d, s.source, "elements of " + e.name);
   }
   e.offset = b.numel;
-  e.slot = slot;
+  e.param = param;
   b.numel = checked_add(b.numel, checked_add(e.numel, kAlign - 1, s.source, "blob size"), s.source, "blob size") /
             kAlign * kAlign;
   b.entries.push_back(std::move(e));
@@ -30,9 +30,9 @@ void add(const ModelSpec& s, BlobLayout& b, std::string name, std::vector<int64_
 
 }  // namespace
 
-const BlobEntry* BlobLayout::slot(LayerParam p) const {
+const BlobEntry* BlobLayout::entry(LayerParam p) const {
   for (const auto& e : entries)
-    if (e.slot == int(p)) return &e;
+    if (e.param == int(p)) return &e;
   return nullptr;
 }
 
@@ -107,7 +107,7 @@ Tensor entry_view(const BlobEntry& e, void* base, DType dtype) {
 LayerParams layer_views(const BlobLayout& b, void* base, DType dtype) {
   LayerParams lp;
   for (const auto& e : b.entries)
-    if (e.slot >= 0) lp.t[e.slot] = entry_view(e, base, dtype);
+    if (e.param >= 0) lp.t[e.param] = entry_view(e, base, dtype);
   return lp;
 }
 

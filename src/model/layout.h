@@ -39,7 +39,7 @@ struct BlobEntry {
   std::vector<int64_t> shape;  // HF shape
   int64_t offset = 0;          // in elements from the blob start (multiple of 128)
   int64_t numel = 0;
-  int slot = -1;  // LayerParam index for layers, else -1
+  int param = -1;  // LayerParam index for layers, else -1
 };
 
 enum class BlobKind { Embedding, Layer, Head };
@@ -50,7 +50,7 @@ struct BlobLayout {
   std::vector<BlobEntry> entries;
   int64_t numel = 0;  // padded size in elements
   // Entry for a LayerParam slot, or nullptr when the architecture has no such tensor.
-  const BlobEntry* slot(LayerParam p) const;
+  const BlobEntry* entry(LayerParam p) const;  // nullptr when the layer lacks it
 };
 
 // All blobs of a model, in slide order: embedding, layers 0..L-1, head (final norm [+ lm_head]).
