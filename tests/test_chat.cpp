@@ -68,7 +68,7 @@ TEST(Jinja, TextAndExpressions) {
   EXPECT_EQ(render("{{ 7 / 2 }}|{{ 1.5 + 1 }}|{{ 0.1 }}|{{ 1e20 }}|{{ 100.0 }}"), "3.5|2.5|0.1|1e+20|100.0");
   EXPECT_EQ(render("{{ 'a' ~ 1 ~ none ~ true }}|{{ 'x' + 'y' }}|{{ 'ab' * 3 }}"), "a1NoneTrue|xy|ababab");
   EXPECT_EQ(render("{{ [1, 'a', none] }}|{{ {'k': 'v', 'n': 2} }}|{{ (1, 2) }}"),
-            "[1, 'a', None]|{'k': 'v', 'n': 2}|[1, 2]");
+            "[1, 'a', None]|{'k': 'v', 'n': 2}|(1, 2)");
   EXPECT_EQ(render("{{ x }}|{{ x.y if x is defined else 'u' }}", {{"x", {{"y", 3}}}}), "{'y': 3}|3");
   EXPECT_EQ(render("{{ missing }}|{{ 'a' if false }}|"), "||");
   EXPECT_EQ(render("{{ 1 < 2 and 2 <= 2 and 3 > 2 and 3 >= 4 }}|{{ not 0 }}|{{ 0 or 'd' }}|{{ 'b' and 'c' }}"),
@@ -150,7 +150,7 @@ TEST(Jinja, Filters) {
   EXPECT_EQ(render("{{ ['a','b','a']|reject('equalto', 'a')|list }}{{ [1,2,1]|unique|list }}"), "['b'][1, 2]");
   EXPECT_EQ(
       render("{{ {'a': 1}|items|list }}{{ [3,1,2]|reverse|list }}{{ [1,2,3]|sum }}{{ [3,1]|min }}{{ [3,1]|max }}"),
-      "[['a', 1]][2, 1, 3]613");
+      "[('a', 1)][2, 1, 3]613");
   EXPECT_EQ(render("{{ '42'|int + 1 }}{{ 2|float }}{{ -3|abs }}"), "432.03");
 }
 

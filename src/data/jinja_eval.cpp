@@ -299,7 +299,9 @@ class Renderer {
       case Expr::TupleLit: {
         List l;
         for (const auto& a : e.args) l.push_back(eval(*a));
-        return Value::new_list(std::move(l));
+        Value v = Value::new_list(std::move(l));
+        v.tuple = e.kind == Expr::TupleLit;
+        return v;
       }
       case Expr::DictLit: {
         Value d = Value::new_dict();
@@ -728,7 +730,10 @@ class Renderer {
       if (m == "items" || m == "keys" || m == "values") {
         List l;
         for (const auto& [k, v] : *obj.dict) {
-          if (m == "items") l.push_back(Value::new_list({Value::str(k), v}));
+          if (m == "items") {
+            l.push_back(Value::new_list({Value::str(k), v}));
+            l.back().tuple = true;
+          }
           if (m == "keys") l.push_back(Value::str(k));
           if (m == "values") l.push_back(v);
         }

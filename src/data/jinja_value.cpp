@@ -258,9 +258,10 @@ std::string to_str(const Value& v) {
     case Value::Str:
       return v.s;
     case Value::ListK: {
-      std::string out = "[";
+      std::string out = v.tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
-      return out + "]";
+      if (v.tuple && v.list->size() == 1) out += ",";
+      return out + (v.tuple ? ")" : "]");
     }
     case Value::DictK: {
       std::string out = "{";

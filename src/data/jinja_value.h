@@ -29,6 +29,7 @@ struct Value {
   double f = 0;
   std::string s;               // Str; for Undefined the name that was looked up
   std::shared_ptr<List> list;  // ListK
+  bool tuple = false;          // ListK made as a tuple (prints as Python prints a tuple)
   std::shared_ptr<Dict> dict;  // DictK, Namespace
 
   static Value none() { return make(None); }
