@@ -3,11 +3,13 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
@@ -15,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
@@ -382,10 +385,35 @@ void write_cache(const CacheKey& k, const Dataset& ds) {
 struct Pending {
   enum Kind { Ids, Text, PromptCompletion, Chat } kind;
   size_t line;
-  size_t a = 0, b = 0;  // indices into the text groups (Text/prompt: special; completion/chat: plain)
-  Record ids;           // Ids
-  ChatRendering chat;   // Chat
+  size_t a = 0, b = 0;    // indices into the text groups (Text/prompt: special; completion/chat: plain)
+  Record ids;             // Ids
+  ChatRendering chat;     // Chat
+  std::string line_text;  // Chat: the record, rendered after the first pass
 };
+
+// Runs fn(i) for i in [0, n) on the pool; an InputError is rethrown for the lowest i that failed,
+// so errors are the same as in a serial run.
+void parallel_records(ThreadPool& pool, size_t n, const std::function<void(size_t)>& fn) {
+  std::vector<std::string> errors(n);
+  std::atomic<bool> failed{false};
+  pool.parallel_for(
+      int64_t(n),
+      [&](int64_t a, int64_t b) {
+        for (int64_t i = a; i < b; ++i) {
+          try {
+            fn(size_t(i));
+          } catch (const InputError& e) {
+            errors[size_t(i)] = e.what();
+            failed = true;
+            return;
+          }
+        }
+      },
+      16);
+  if (!failed) return;
+  for (const std::string& e : errors)
+    if (!e.empty()) throw InputError(e);
+}
 
 }  // namespace
 
@@ -487,22 +515,41 @@ Dataset load_jsonl(const std::string& path, int64_t vocab, const LoadOptions& op
         input_error(
             where,
             "chat records need the model's chat template (tokenizer_config.json or chat_template.jinja has none)");
-      // The SAX pass checked the nesting; the messages are read as a tree.
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       p.kind = Pending::Chat;
-      p.chat = render_chat(*chat, j["messages"], now, where);
+      p.line_text = line;  // rendered below, in parallel
       p.a = plain_texts.size();
-      plain_texts.push_back(p.chat.text);
+      plain_texts.emplace_back();
     } else {
       input_error(where, "needs 'input_ids', 'text', 'prompt' and 'completion', or 'messages'");
     }
     pending.push_back(std::move(p));
   }
   if (pending.empty()) input_error(path, "no records");
+  std::unique_ptr<ThreadPool> own_pool;
+  if (opt.threads > 0) own_pool = std::make_unique<ThreadPool>(opt.threads);
+  ThreadPool& pool = own_pool ? *own_pool : cpu_pool();
+  std::vector<Pending*> chats;
+  for (Pending& p : pending)
+    if (p.kind == Pending::Chat) chats.push_back(&p);
+  parallel_records(pool, chats.size(), [&](size_t i) {
+    Pending& p = *chats[i];
+    // The SAX pass checked the nesting; the messages are read as a tree.
+    const nlohmann::json j = nlohmann::json::parse(p.line_text, nullptr, false);
+    p.line_text = std::string();
+    p.chat = render_chat(*chat, j["messages"], now, path + ":" + std::to_string(p.line));
+    plain_texts[p.a] = p.chat.text;
+  });
   std::vector<std::vector<int32_t>> special_ids, plain_ids;
   if (!special_texts.empty()) special_ids = tok->encode_batch(special_texts, true, opt.threads);
   if (!plain_texts.empty()) plain_ids = tok->encode_batch(plain_texts, false, opt.threads);
   special_texts.clear();
+  if (!opt.train_on_all) {
+    parallel_records(pool, chats.size(), [&](size_t i) {
+      Pending& p = *chats[i];
+      p.ids.labels = assistant_labels(*tok, p.chat, plain_ids[p.a]);
+      p.chat = {};
+    });
+  }
   ds.records.reserve(pending.size());
   for (Pending& p : pending) {
     const std::string where = path + ":" + std::to_string(p.line);
@@ -534,8 +581,7 @@ Dataset load_jsonl(const std::string& path, int64_t vocab, const LoadOptions& op
       case Pending::Chat:
         r.ids = std::move(plain_ids[p.a]);
         check(r.ids);
-        r.labels = opt.train_on_all ? r.ids : assistant_labels(*tok, p.chat, r.ids);
-        p.chat = {};
+        r.labels = opt.train_on_all ? r.ids : std::move(p.ids.labels);
         plain_texts[p.a].clear();
         break;
     }
