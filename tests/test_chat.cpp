@@ -484,6 +484,26 @@ TEST(ChatTemplates, LoadFromModelDirectory) {
   EXPECT_FALSE(ChatTemplate::load(d.path.string()));
 }
 
+TEST(ChatTemplates, LongConversationsAreBounded) {
+  // Finding the turns renders the conversation once per assistant message: quadratic in the
+  // messages, bounded per record.
+  const ChatTemplate t = real("qwen2.5.jinja", "", "<|im_end|>");
+  json msgs = json::array();
+  for (int i = 0; i < 10000; ++i) {
+    msgs.push_back({{"role", "user"}, {"content", "q"}});
+    msgs.push_back({{"role", "assistant"}, {"content", "a"}});
+  }
+  try {
+    render_chat(t, msgs, kNow, "long.jsonl:1");
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("long.jsonl:1: chat template "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the record takes more than 50000000 steps to render (20000 messages)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(ChatTemplates, BadMessagesAreInputErrors) {
   const ChatTemplate t = real("qwen2.5.jinja", "", "<|im_end|>");
   for (const json& m : {json::array(), json::array({1}), json::array({{{"content", "x"}}}),

@@ -32,8 +32,13 @@ std::string read_small(const std::string& path) {
   return ss.str();
 }
 
+// Steps of all the renderings of one record (finding the assistant turns renders the conversation
+// once per assistant message): a long conversation of tiny messages cannot make that quadratic
+// work unbounded.
+constexpr uint64_t kRecordSteps = 50'000'000;
+
 jinja::Rendered render_messages(const ChatTemplate& t, const jinja::Value& all, size_t n, bool gen_prompt,
-                                std::time_t now, const std::string& where) {
+                                std::time_t now, const std::string& where, uint64_t* budget = nullptr) {
   jinja::Dict vars = t.special;
   jinja::List msgs(all.list->begin(), all.list->begin() + std::ptrdiff_t(n));
   vars.emplace_back("messages", jinja::Value::new_list(std::move(msgs)));
@@ -41,8 +46,21 @@ jinja::Rendered render_messages(const ChatTemplate& t, const jinja::Value& all, 
   vars.emplace_back("tools", jinja::Value::none());
   vars.emplace_back("documents", jinja::Value::none());
   try {
-    return t.tmpl.render(vars, now);
+    jinja::RenderLimits lim;
+    if (budget) {
+      if (*budget == 0)
+        input_error(where, "chat template " + t.file + ": the record takes more than " + std::to_string(kRecordSteps) +
+                               " steps to render");
+      lim.max_steps = std::min<uint64_t>(lim.max_steps, *budget);
+    }
+    jinja::Rendered r = t.tmpl.render(vars, now, lim);
+    if (budget) *budget -= std::min(*budget, r.steps);
+    return r;
   } catch (const jinja::RenderError& e) {
+    if (budget && *budget < jinja::RenderLimits{}.max_steps &&
+        std::string(e.what()).find(" steps") != std::string::npos)
+      input_error(where, "chat template " + t.file + ": the record takes more than " + std::to_string(kRecordSteps) +
+                             " steps to render (" + std::to_string(all.list->size()) + " messages)");
     input_error(where, "chat template " + t.file + ": " + e.what());
   }
 }
@@ -144,8 +162,9 @@ ChatRendering render_chat(const ChatTemplate& t, const nlohmann::json& messages,
   }
   const jinja::Value all = jinja::Value::from_json(messages);
   const size_t n = messages.size();
+  uint64_t budget = kRecordSteps;
   ChatRendering out;
-  jinja::Rendered full = render_messages(t, all, n, false, now, where);
+  jinja::Rendered full = render_messages(t, all, n, false, now, where, &budget);
   out.text = std::move(full.text);
   if (t.tmpl.has_generation()) {
     for (const auto& g : full.generation)
@@ -157,7 +176,7 @@ ChatRendering render_chat(const ChatTemplate& t, const nlohmann::json& messages,
     jinja::Value& c = *(*copy.list)[i].find("content");
     if (c.kind != jinja::Value::Str) c = jinja::Value::str("");
     c.s = before_content ? "\x02" + c.s : c.s + "\x02";
-    return render_messages(t, copy, n, false, now, where).text;
+    return render_messages(t, copy, n, false, now, where, &budget).text;
   };
   auto common_prefix = [](const std::string& a, const std::string& b) {
     size_t k = 0;
@@ -166,10 +185,10 @@ ChatRendering render_chat(const ChatTemplate& t, const nlohmann::json& messages,
   };
   for (size_t i = 0; i < n; ++i) {
     if (messages[i]["role"] != "assistant") continue;
-    const std::string before = render_messages(t, all, i, true, now, where).text;
+    const std::string before = render_messages(t, all, i, true, now, where, &budget).text;
     size_t s, e;
     if (starts_with(out.text, before)) {
-      const std::string upto = render_messages(t, all, i + 1, false, now, where).text;
+      const std::string upto = render_messages(t, all, i + 1, false, now, where, &budget).text;
       s = before.size();
       if (starts_with(out.text, upto) && upto.size() >= s) {
         e = upto.size();

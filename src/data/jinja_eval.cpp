@@ -110,6 +110,7 @@ class Renderer {
     for (const auto& [k, v] : vars) scopes_.back().vars[k] = v;
   }
   Rendered out;
+  uint64_t steps() const { return steps_; }
 
   Flow exec(const Body& body) {
     for (const NodeP& n : body) {
@@ -1170,6 +1171,7 @@ Template Template::parse(const std::string& source, const LexOptions& opt) {
 Rendered Template::render(const Dict& vars, std::time_t now, const RenderLimits& limits) const {
   Renderer r(vars, now, limits);
   r.exec(body_);
+  r.out.steps = r.steps();
   return std::move(r.out);
 }
 

@@ -25,6 +25,7 @@ struct Rendered {
   std::string text;
   // Byte ranges of the text written inside {% generation %} blocks, in order.
   std::vector<std::pair<size_t, size_t>> generation;
+  uint64_t steps = 0;  // statements and expressions evaluated
 };
 
 class Template {
