@@ -73,6 +73,10 @@ def conversations():
         [u("Think first"), a("<think>\nLet me think.\n</think>\n\nThe answer is 42.")],
         [u("q1"), a("<think>\nr1\n</think>\n\nA1"), u("q2"), a("<think>\nr2\n</think>\n\nA2")],
         [u("literal <|im_start|> and [INST] and <s> in text"), a("ok </s> <|eot_id|>")],
+        [s("sys"), u("Weather in Zürich?"),
+         {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+             "name": "get_weather", "arguments": {"city": "Zürich", "days": 3, "opts": {"x": [1.5, True, None]}}}}]},
+         {"role": "tool", "content": "sunny"}, a("It is sunny.")],
     ]
 
 
