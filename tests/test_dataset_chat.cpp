@@ -251,6 +251,23 @@ TEST(DatasetChat, CacheHitMissAndCorruption) {
   EXPECT_NE(dataset_cache_path(p.string(), vocab - 1, f.opts()), c);
 }
 
+TEST(DatasetChat, AnUnusableTemplateOnlyMattersToChatRecords) {
+  test::TempDir d;
+  Fixture f;
+  LoadOptions o = f.opts();
+  o.chat_template = []() -> const ChatTemplate* { sf::input_error("m/chat_template.jinja", "unsupported"); };
+  const fs::path p = d.path / "text.jsonl";
+  write(p, "{\"text\": \"plain text\"}\n");
+  EXPECT_EQ(load_jsonl(p.string(), f.tok.vocab_size(), o).records.size(), 1u);
+  write(p, "{\"text\": \"plain text\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n");
+  try {
+    load_jsonl(p.string(), f.tok.vocab_size(), o);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "m/chat_template.jinja: unsupported");
+  }
+}
+
 TEST(DatasetChat, TokenIdFilesAreNotCached) {
   test::TempDir d;
   Fixture f;

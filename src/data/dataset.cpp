@@ -450,9 +450,13 @@ Dataset load_jsonl(const std::string& path, int64_t vocab, const LoadOptions& op
       if (opt.tokenizer) tok = &opt.tokenizer();
     } catch (const InputError&) {
     }
-    if (opt.chat_template) {
-      chat = opt.chat_template();
-      chat_loaded = true;
+    // A template that cannot be loaded only matters to chat records (reported at the first one).
+    try {
+      if (opt.chat_template) {
+        chat = opt.chat_template();
+        chat_loaded = true;
+      }
+    } catch (const InputError&) {
     }
     ck = cache_key(path, vocab, opt, tok, chat, now);
     if (!ck.path.empty() && read_cache(ck, vocab, ds)) {
