@@ -98,6 +98,7 @@ ChatTemplate ChatTemplate::parse(const std::string& source, const std::string& f
     input_error(file, std::string("chat template: ") + e.what() + " (not supported)");
   }
   t.special = std::move(special);
+  t.uses_date = source.find("strftime_now") != std::string::npos;
   uint64_t h = fnv(0xcbf29ce484222325ull, source);
   for (const auto& [k, v] : t.special) h = fnv(fnv(h, k), jinja::to_str(v));
   t.hash = h;

@@ -30,8 +30,9 @@ class Tokenizer;
 struct ChatTemplate {
   std::string file;  // where it came from (errors)
   jinja::Template tmpl;
-  jinja::Dict special;  // bos_token, eos_token, unk_token, pad_token (those the config gives)
-  uint64_t hash = 0;    // of the source and the special tokens (cache keys)
+  jinja::Dict special;     // bos_token, eos_token, unk_token, pad_token (those the config gives)
+  uint64_t hash = 0;       // of the source and the special tokens (cache keys)
+  bool uses_date = false;  // calls strftime_now (renderings change with the date)
 
   // The model directory's template: chat_template.jinja, else tokenizer_config.json's
   // "chat_template" (a string, or a list of {"name", "template"}: the one named "default").

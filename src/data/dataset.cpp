@@ -281,7 +281,7 @@ CacheKey cache_key(const std::string& path, int64_t vocab, const LoadOptions& op
   h = mix(h, tok ? tok->fingerprint() : 0);
   h = mix(h, chat ? chat->hash : 0);
   h = mix(h, opt.train_on_all);
-  if (chat) h = mix(h, uint64_t(now / 86400));  // strftime_now("%d %b %Y") changes daily
+  if (chat && chat->uses_date) h = mix(h, uint64_t(now / 86400));  // strftime_now("%d %b %Y") changes daily
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   k.path = path + ".sf-cache-" + hex + ".bin";
