@@ -3,10 +3,12 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "backend/device.h"
@@ -14,6 +16,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "data/chat.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "engine/resident_engine.h"
@@ -73,6 +76,10 @@ void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f) {
   c->add_option("--compute-dtype", d.compute_dtype,
                 "fp32 (cpu default) or bf16 (cuda; on the cpu it mirrors the GPU's rounding)");
   c->add_option("--max-record-bytes", d.max_record_bytes, "longest JSONL line accepted, e.g. 256MiB (default 64MiB)");
+  c->add_option("--train-on", d.train_on, "chat records: assistant (only the assistant turns) or all")
+      ->check(CLI::IsMember({"assistant", "all"}))
+      ->capture_default_str();
+  c->add_flag("--no-data-cache{false}", d.data_cache, "do not cache the tokenized data next to the data file");
 }
 
 // The data options' checks (paths, step sizes) and the record-length limit, before any file is read.
@@ -124,6 +131,9 @@ int cmd_tokenize(const std::string& model, const std::string& file, const std::s
     if (!in_file) input_error(jsonl, "cannot open");
   }
   std::istream& in = jsonl == "-" ? std::cin : in_file;
+  // Chat records use the chat template of the model directory (or of the tokenizer file's).
+  const std::string dir = file.empty() ? model : std::filesystem::path(file).parent_path().string();
+  std::optional<std::optional<ChatTemplate>> chat;
   std::string line;
   int64_t n = 0;
   while (std::getline(in, line)) {
@@ -135,7 +145,16 @@ int cmd_tokenize(const std::string& model, const std::string& file, const std::s
     } catch (const std::exception& e) {
       input_error(jsonl + ":" + std::to_string(n), std::string("not JSON: ") + e.what());
     }
-    if (!j.contains("text") || !j["text"].is_string()) input_error(jsonl + ":" + std::to_string(n), "no \"text\"");
+    const std::string where = jsonl + ":" + std::to_string(n);
+    if (j.is_object() && j.contains("messages")) {  // a chat record: ids and labels (-100 outside assistant turns)
+      if (!chat) chat = ChatTemplate::load(dir);
+      if (!*chat) input_error(dir, "no chat template (tokenizer_config.json or chat_template.jinja)");
+      const ChatRendering r = render_chat(**chat, j["messages"], std::time(nullptr), where);
+      const std::vector<int32_t> ids = tok.encode(r.text, false);
+      print_json({{"ids", ids}, {"labels", assistant_labels(tok, r, ids)}, {"text", r.text}});
+      continue;
+    }
+    if (!j.contains("text") || !j["text"].is_string()) input_error(where, "no \"text\" or \"messages\"");
     print_json({{"ids", tok.encode(j["text"].get<std::string>(), special)}});
   }
   return 0;
@@ -234,7 +253,8 @@ int cli_main(int argc, char** argv) {
   tokenize->add_option("--model", tk_model, "Hugging Face model directory (its tokenizer.json)");
   tokenize->add_option("--tokenizer", tk_file, "or a tokenizer.json");
   tokenize->add_option("--text", tk_text, "the text");
-  tokenize->add_option("--jsonl", tk_jsonl, "or a JSONL file ('-': stdin) of {\"text\": ...} lines");
+  tokenize->add_option("--jsonl", tk_jsonl,
+                       "or a JSONL file ('-': stdin) of {\"text\": ...} or {\"messages\": [...]} lines");
   tokenize->add_flag("--no-special", tk_no_special, "without the post-processor's tokens (BOS)");
 
   // plan

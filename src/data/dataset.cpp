@@ -1,14 +1,26 @@
 #include "data/dataset.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <random>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "data/chat.h"
 #include "data/tokenizer.h"
+#include "io/atomic_file.h"
 #include "io/json_file.h"
 #include "io/line_reader.h"
 
@@ -20,7 +32,7 @@ size_t g_max_record_bytes = kDefaultMaxRecordBytes;
 // A record's nesting limit (records are 2 deep; unknown keys may hold more, but not without bound).
 constexpr int kRecordMaxDepth = 64;
 
-enum class Field { None, InputIds, Labels, Text, Prompt, Completion, Other };
+enum class Field { None, InputIds, Labels, Text, Prompt, Completion, Messages, Other };
 
 const char* field_name(Field f) {
   switch (f) {
@@ -34,6 +46,8 @@ const char* field_name(Field f) {
       return "prompt";
     case Field::Completion:
       return "completion";
+    case Field::Messages:
+      return "messages";
     default:
       return "";
   }
@@ -47,7 +61,7 @@ class RecordParser : public nlohmann::json_sax<nlohmann::json> {
   RecordParser(const std::string& where, int64_t vocab) : where_(where), vocab_(vocab) {}
 
   std::vector<int32_t> ids, labels;
-  bool has_ids = false, has_labels = false;
+  bool has_ids = false, has_labels = false, has_messages = false;
   std::optional<std::string> text, prompt, completion;
 
   bool null() override {
@@ -75,7 +89,7 @@ class RecordParser : public nlohmann::json_sax<nlohmann::json> {
       if (field_ == Field::Text) text = std::move(v);
       if (field_ == Field::Prompt) prompt = std::move(v);
       if (field_ == Field::Completion) completion = std::move(v);
-      if (field_ == Field::InputIds || field_ == Field::Labels) wrong_type();
+      if (field_ == Field::InputIds || field_ == Field::Labels || field_ == Field::Messages) wrong_type();
       return true;
     }
     return element_or_skip("a string");
@@ -98,6 +112,7 @@ class RecordParser : public nlohmann::json_sax<nlohmann::json> {
              : k == "text"       ? Field::Text
              : k == "prompt"     ? Field::Prompt
              : k == "completion" ? Field::Completion
+             : k == "messages"   ? Field::Messages
                                  : Field::Other;
     if (field_ != Field::Other) {
       const unsigned bit = 1u << unsigned(field_);
@@ -117,6 +132,8 @@ class RecordParser : public nlohmann::json_sax<nlohmann::json> {
         (field_ == Field::InputIds ? has_ids : has_labels) = true;
         collect_ = field_;
         index_ = 0;
+      } else if (field_ == Field::Messages) {
+        has_messages = true;
       } else if (field_ != Field::Other) {
         wrong_type();
       }
@@ -142,7 +159,9 @@ class RecordParser : public nlohmann::json_sax<nlohmann::json> {
   [[noreturn]] void wrong_type() const {
     const bool ids_field = field_ == Field::InputIds || field_ == Field::Labels;
     input_error(where_, std::string("'") + field_name(field_) + "' must be " +
-                            (ids_field ? "an array of integers" : "a string"));
+                            (ids_field                   ? "an array of integers"
+                             : field_ == Field::Messages ? "an array of {\"role\", \"content\"} objects"
+                                                         : "a string"));
   }
   [[noreturn]] void not_integer(const std::string& what) const {
     input_error(where_, std::string("'") + field_name(collect_) + "'[" + std::to_string(index_) +
@@ -200,62 +219,381 @@ void set_max_record_bytes(uint64_t bytes) {
 
 size_t max_record_bytes() { return g_max_record_bytes; }
 
-Dataset load_jsonl(const std::string& path, int64_t vocab, const std::function<const Tokenizer&()>& tokenizer) {
-  const Tokenizer* tok = nullptr;
-  auto encode = [&](const std::string& v, const char* field, bool special, const std::string& where) {
-    if (!tok) {
-      if (!tokenizer) input_error(where, std::string("'") + field + "' needs a tokenizer (the model has none)");
-      tok = &tokenizer();
-    }
-    std::vector<int32_t> ids = tok->encode(v, special);
-    for (int32_t id : ids)
-      if (id < 0 || id >= vocab)
-        input_error(where, "token " + std::to_string(id) + " of the tokenizer is outside the model's vocabulary of " +
-                               std::to_string(vocab));
-    return ids;
+namespace {
+
+// ---- the tokenized-dataset cache
+constexpr char kCacheMagic[8] = {'S', 'F', 'D', 'S', 'E', 'T', 'C', '1'};
+constexpr uint32_t kCacheVersion = 1;
+constexpr size_t kHashWindow = size_t(1) << 20;
+
+uint64_t mix(uint64_t h, uint64_t x) {
+  h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  h *= 0xff51afd7ed558ccdull;
+  return h ^ (h >> 33);
+}
+uint64_t hash_bytes(uint64_t h, const void* p, size_t n) {
+  const unsigned char* c = static_cast<const unsigned char*>(p);
+  size_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    uint64_t w;
+    std::memcpy(&w, c + k, 8);
+    h = mix(h, w);
+  }
+  uint64_t tail = n;
+  for (; k < n; ++k) tail = (tail << 8) | c[k];
+  return mix(h, tail);
+}
+
+// The data file's identity: size, mtime and its first and last MiB. 0 when it cannot be read
+// (no cache then).
+uint64_t data_key(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return 0;
+  uint64_t h = mix(mix(0x5346444154414b45ull, uint64_t(st.st_size)),
+                   uint64_t(st.st_mtim.tv_sec) * 1000000000ull + uint64_t(st.st_mtim.tv_nsec));
+  std::string buf(std::min<size_t>(kHashWindow, size_t(st.st_size)), '\0');
+  in.read(buf.data(), std::streamsize(buf.size()));
+  h = hash_bytes(h, buf.data(), size_t(in.gcount()));
+  if (size_t(st.st_size) > kHashWindow) {
+    in.clear();
+    in.seekg(std::streamoff(st.st_size) - std::streamoff(kHashWindow));
+    in.read(buf.data(), std::streamsize(buf.size()));
+    h = hash_bytes(h, buf.data(), size_t(in.gcount()));
+  }
+  return h | 1;
+}
+
+struct CacheKey {
+  std::string path;  // "" = no cache
+  uint64_t key = 0;
+};
+
+CacheKey cache_key(const std::string& path, int64_t vocab, const LoadOptions& opt, const Tokenizer* tok,
+                   const ChatTemplate* chat, std::time_t now) {
+  CacheKey k;
+  if (!opt.cache || path == "-") return k;
+  const uint64_t d = data_key(path);
+  if (d == 0) return k;
+  uint64_t h = mix(d, kCacheVersion);
+  h = mix(h, uint64_t(vocab));
+  h = mix(h, tok ? tok->fingerprint() : 0);
+  h = mix(h, chat ? chat->hash : 0);
+  h = mix(h, opt.train_on_all);
+  if (chat && chat->uses_date) h = mix(h, uint64_t(now / 86400));  // strftime_now("%d %b %Y") changes daily
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  k.path = path + ".sf-cache-" + hex + ".bin";
+  k.key = h;
+  return k;
+}
+
+// Layout: magic[8], version u32, 0 u32, key u64, records u64, total ids u64, then per record its
+// length (u64), then all ids (int32), then all labels (int32), then a hash of everything after the
+// header (u64).
+bool read_cache(const CacheKey& k, int64_t vocab, Dataset& ds) {
+  std::ifstream in(k.path, std::ios::binary);
+  if (!in) return false;
+  auto bad = [&](const char* why) {
+    log_info("warning: ignoring the dataset cache %s (%s); it is rebuilt", k.path.c_str(), why);
+    return false;
   };
-  LineReader in(path, g_max_record_bytes, "raise it with --max-record-bytes");
+  char magic[8];
+  uint32_t ver = 0, zero = 0;
+  uint64_t key = 0, n = 0, total = 0;
+  in.read(magic, 8);
+  in.read(reinterpret_cast<char*>(&ver), 4);
+  in.read(reinterpret_cast<char*>(&zero), 4);
+  in.read(reinterpret_cast<char*>(&key), 8);
+  in.read(reinterpret_cast<char*>(&n), 8);
+  in.read(reinterpret_cast<char*>(&total), 8);
+  if (!in || std::memcmp(magic, kCacheMagic, 8) != 0) return bad("not a cache file");
+  if (ver != kCacheVersion || zero != 0 || key != k.key) return bad("another version or key");
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(k.path, ec);
+  if (ec || n == 0 || n > size / 8 || total > size / 8) return bad("bad lengths");
+  if (size != 40 + n * 8 + total * 8 + 8) return bad("truncated or padded");
+  std::vector<uint64_t> lens(n);
+  in.read(reinterpret_cast<char*>(lens.data()), std::streamsize(n * 8));
+  uint64_t sum = 0;
+  for (uint64_t l : lens) {
+    if (l == 0 || l > total) return bad("bad lengths");
+    sum += l;
+  }
+  if (sum != total) return bad("bad lengths");
+  std::vector<int32_t> ids(total), labels(total);
+  in.read(reinterpret_cast<char*>(ids.data()), std::streamsize(total * 4));
+  in.read(reinterpret_cast<char*>(labels.data()), std::streamsize(total * 4));
+  uint64_t stored = 0;
+  in.read(reinterpret_cast<char*>(&stored), 8);
+  if (!in) return bad("truncated");
+  uint64_t h = hash_bytes(k.key, lens.data(), n * 8);
+  h = hash_bytes(h, ids.data(), total * 4);
+  h = hash_bytes(h, labels.data(), total * 4);
+  if (h != stored) return bad("checksum mismatch");
+  for (uint64_t t = 0; t < total; ++t)
+    if (ids[t] < 0 || ids[t] >= vocab || (labels[t] != kIgnoreIndex && (labels[t] < 0 || labels[t] >= vocab)))
+      return bad("token ids out of range");
+  ds.records.resize(n);
+  size_t off = 0;
+  for (uint64_t r = 0; r < n; ++r) {
+    ds.records[r].ids.assign(ids.begin() + std::ptrdiff_t(off), ids.begin() + std::ptrdiff_t(off + lens[r]));
+    ds.records[r].labels.assign(labels.begin() + std::ptrdiff_t(off), labels.begin() + std::ptrdiff_t(off + lens[r]));
+    off += lens[r];
+  }
+  return true;
+}
+
+void write_cache(const CacheKey& k, const Dataset& ds) {
+  try {
+    std::vector<uint64_t> lens;
+    uint64_t total = 0;
+    for (const Record& r : ds.records) {
+      lens.push_back(r.ids.size());
+      total += r.ids.size();
+    }
+    const uint64_t n = lens.size();
+    AtomicFile f(k.path);
+    f.write(kCacheMagic, 8);
+    const uint32_t ver = kCacheVersion, zero = 0;
+    f.write(&ver, 4);
+    f.write(&zero, 4);
+    f.write(&k.key, 8);
+    f.write(&n, 8);
+    f.write(&total, 8);
+    f.write(lens.data(), n * 8);
+    uint64_t h = hash_bytes(k.key, lens.data(), n * 8);
+    // ids then labels, each hashed as one run (hash_bytes is not streaming: gather them first)
+    std::vector<int32_t> all;
+    all.reserve(total);
+    for (const Record& r : ds.records) all.insert(all.end(), r.ids.begin(), r.ids.end());
+    f.write(all.data(), all.size() * 4);
+    h = hash_bytes(h, all.data(), all.size() * 4);
+    all.clear();
+    for (const Record& r : ds.records) all.insert(all.end(), r.labels.begin(), r.labels.end());
+    f.write(all.data(), all.size() * 4);
+    h = hash_bytes(h, all.data(), all.size() * 4);
+    f.write(&h, 8);
+    f.commit();
+  } catch (const std::exception& e) {
+    log_info("warning: the dataset cache was not written: %s", e.what());
+  }
+}
+
+// A record waiting for its tokens.
+struct Pending {
+  enum Kind { Ids, Text, PromptCompletion, Chat } kind;
+  size_t line;
+  size_t a = 0, b = 0;    // indices into the text groups (Text/prompt: special; completion/chat: plain)
+  Record ids;             // Ids
+  ChatRendering chat;     // Chat
+  std::string line_text;  // Chat: the record, rendered after the first pass
+};
+
+// Runs fn(i) for i in [0, n) on the pool; an InputError is rethrown for the lowest i that failed,
+// so errors are the same as in a serial run.
+void parallel_records(ThreadPool& pool, size_t n, const std::function<void(size_t)>& fn) {
+  std::vector<std::string> errors(n);
+  std::atomic<bool> failed{false};
+  pool.parallel_for(
+      int64_t(n),
+      [&](int64_t a, int64_t b) {
+        for (int64_t i = a; i < b; ++i) {
+          try {
+            fn(size_t(i));
+          } catch (const InputError& e) {
+            errors[size_t(i)] = e.what();
+            failed = true;
+            return;
+          }
+        }
+      },
+      16);
+  if (!failed) return;
+  for (const std::string& e : errors)
+    if (!e.empty()) throw InputError(e);
+}
+
+}  // namespace
+
+std::string dataset_cache_path(const std::string& path, int64_t vocab, const LoadOptions& opt) {
+  const Tokenizer* tok = nullptr;
+  const ChatTemplate* chat = nullptr;
+  try {
+    if (opt.tokenizer) tok = &opt.tokenizer();
+    if (opt.chat_template) chat = opt.chat_template();
+  } catch (const InputError&) {
+  }
+  return cache_key(path, vocab, opt, tok, chat, opt.now ? opt.now : std::time(nullptr)).path;
+}
+
+Dataset load_jsonl(const std::string& path, int64_t vocab, const std::function<const Tokenizer&()>& tokenizer) {
+  LoadOptions opt;
+  opt.tokenizer = tokenizer;
+  opt.cache = false;
+  return load_jsonl(path, vocab, opt);
+}
+
+Dataset load_jsonl(const std::string& path, int64_t vocab, const LoadOptions& opt) {
+  const std::time_t now = opt.now ? opt.now : std::time(nullptr);
   Dataset ds;
   ds.path = path;
+  // The cache key needs the tokenizer and template; a model without them can still have a cache
+  // of token-id records (a missing tokenizer is reported at the first text record).
+  const Tokenizer* tok = nullptr;
+  const ChatTemplate* chat = nullptr;
+  bool chat_loaded = false;
+  CacheKey ck;
+  if (opt.cache && path != "-") {
+    try {
+      if (opt.tokenizer) tok = &opt.tokenizer();
+    } catch (const InputError&) {
+    }
+    // A template that cannot be loaded only matters to chat records (reported at the first one).
+    try {
+      if (opt.chat_template) {
+        chat = opt.chat_template();
+        chat_loaded = true;
+      }
+    } catch (const InputError&) {
+    }
+    ck = cache_key(path, vocab, opt, tok, chat, now);
+    if (!ck.path.empty() && read_cache(ck, vocab, ds)) {
+      log_debug("read %zu tokenized records from the cache %s", ds.records.size(), ck.path.c_str());
+      return ds;
+    }
+  }
+  auto need_tok = [&](const char* field, const std::string& where) -> const Tokenizer& {
+    if (!tok) {
+      if (!opt.tokenizer) input_error(where, std::string("'") + field + "' needs a tokenizer (the model has none)");
+      tok = &opt.tokenizer();
+    }
+    return *tok;
+  };
+  LineReader in(path, g_max_record_bytes, "raise it with --max-record-bytes");
+  std::vector<Pending> pending;
+  std::vector<std::string> special_texts, plain_texts;
   std::string line;
   while (in.next(line)) {
-    const std::string where = path + ":" + std::to_string(in.line_number());
+    const size_t line_no = size_t(in.line_number());
+    const std::string where = path + ":" + std::to_string(line_no);
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed
     RecordParser rp(where, vocab);
     nlohmann::json::sax_parse(line.begin(), line.end(), &rp);
     rp.finish();
+    Pending p;
+    p.line = line_no;
+    if (rp.has_ids) {
+      p.kind = Pending::Ids;
+      p.ids.ids = std::move(rp.ids);
+      if (p.ids.ids.empty()) input_error(where, "'input_ids' is empty");
+      if (rp.has_labels) {
+        p.ids.labels = std::move(rp.labels);
+        if (p.ids.labels.size() != p.ids.ids.size()) {
+          input_error(where, "'labels' has " + std::to_string(p.ids.labels.size()) + " entries but 'input_ids' has " +
+                                 std::to_string(p.ids.ids.size()));
+        }
+      } else {
+        p.ids.labels = p.ids.ids;
+      }
+    } else if (rp.text) {
+      need_tok("text", where);
+      p.kind = Pending::Text;
+      p.a = special_texts.size();
+      special_texts.push_back(std::move(*rp.text));
+    } else if (rp.prompt && rp.completion) {
+      need_tok("prompt", where);
+      p.kind = Pending::PromptCompletion;
+      p.a = special_texts.size();
+      special_texts.push_back(std::move(*rp.prompt));
+      p.b = plain_texts.size();
+      plain_texts.push_back(std::move(*rp.completion));
+    } else if (rp.has_messages) {
+      need_tok("messages", where);
+      if (!chat_loaded) {
+        chat = opt.chat_template ? opt.chat_template() : nullptr;
+        chat_loaded = true;
+      }
+      if (!chat)
+        input_error(
+            where,
+            "chat records need the model's chat template (tokenizer_config.json or chat_template.jinja has none)");
+      p.kind = Pending::Chat;
+      p.line_text = line;  // rendered below, in parallel
+      p.a = plain_texts.size();
+      plain_texts.emplace_back();
+    } else {
+      input_error(where, "needs 'input_ids', 'text', 'prompt' and 'completion', or 'messages'");
+    }
+    pending.push_back(std::move(p));
+  }
+  if (pending.empty()) input_error(path, "no records");
+  std::unique_ptr<ThreadPool> own_pool;
+  if (opt.threads > 0) own_pool = std::make_unique<ThreadPool>(opt.threads);
+  ThreadPool& pool = own_pool ? *own_pool : cpu_pool();
+  std::vector<Pending*> chats;
+  for (Pending& p : pending)
+    if (p.kind == Pending::Chat) chats.push_back(&p);
+  parallel_records(pool, chats.size(), [&](size_t i) {
+    Pending& p = *chats[i];
+    // The SAX pass checked the nesting; the messages are read as a tree.
+    const nlohmann::json j = nlohmann::json::parse(p.line_text, nullptr, false);
+    p.line_text = std::string();
+    p.chat = render_chat(*chat, j["messages"], now, path + ":" + std::to_string(p.line));
+    plain_texts[p.a] = p.chat.text;
+  });
+  std::vector<std::vector<int32_t>> special_ids, plain_ids;
+  if (!special_texts.empty()) special_ids = tok->encode_batch(special_texts, true, opt.threads);
+  if (!plain_texts.empty()) plain_ids = tok->encode_batch(plain_texts, false, opt.threads);
+  special_texts.clear();
+  if (!opt.train_on_all) {
+    parallel_records(pool, chats.size(), [&](size_t i) {
+      Pending& p = *chats[i];
+      p.ids.labels = assistant_labels(*tok, p.chat, plain_ids[p.a]);
+      p.chat = {};
+    });
+  }
+  ds.records.reserve(pending.size());
+  for (Pending& p : pending) {
+    const std::string where = path + ":" + std::to_string(p.line);
+    auto check = [&](const std::vector<int32_t>& ids) {
+      for (int32_t id : ids)
+        if (id < 0 || id >= vocab)
+          input_error(where, "token " + std::to_string(id) + " of the tokenizer is outside the model's vocabulary of " +
+                                 std::to_string(vocab));
+    };
     Record r;
-    if (!rp.has_ids) {
-      if (rp.text) {
-        r.ids = encode(*rp.text, "text", true, where);
+    switch (p.kind) {
+      case Pending::Ids:
+        r = std::move(p.ids);
+        break;
+      case Pending::Text:
+        r.ids = std::move(special_ids[p.a]);
+        check(r.ids);
         r.labels = r.ids;
-      } else if (rp.prompt && rp.completion) {
-        r.ids = encode(*rp.prompt, "prompt", true, where);
+        break;
+      case Pending::PromptCompletion: {
+        r.ids = std::move(special_ids[p.a]);
         r.labels.assign(r.ids.size(), kIgnoreIndex);
-        const std::vector<int32_t> c = encode(*rp.completion, "completion", false, where);
+        const std::vector<int32_t>& c = plain_ids[p.b];
         r.ids.insert(r.ids.end(), c.begin(), c.end());
         r.labels.insert(r.labels.end(), c.begin(), c.end());
-      } else {
-        input_error(where, "needs 'input_ids', 'text', or 'prompt' and 'completion'");
+        check(r.ids);
+        break;
       }
-      if (r.ids.empty()) input_error(where, "the text has no tokens");
-      ds.records.push_back(std::move(r));
-      continue;
+      case Pending::Chat:
+        r.ids = std::move(plain_ids[p.a]);
+        check(r.ids);
+        r.labels = opt.train_on_all ? r.ids : std::move(p.ids.labels);
+        plain_texts[p.a].clear();
+        break;
     }
-    r.ids = std::move(rp.ids);
-    if (r.ids.empty()) input_error(where, "'input_ids' is empty");
-    if (rp.has_labels) {
-      r.labels = std::move(rp.labels);
-      if (r.labels.size() != r.ids.size()) {
-        input_error(where, "'labels' has " + std::to_string(r.labels.size()) + " entries but 'input_ids' has " +
-                               std::to_string(r.ids.size()));
-      }
-    } else {
-      r.labels = r.ids;
-    }
+    if (r.ids.empty()) input_error(where, "the text has no tokens");
     ds.records.push_back(std::move(r));
   }
-  if (ds.records.empty()) input_error(path, "no records");
+  // Only tokenized data is cached: token-id records parse as fast as the cache would read.
+  if (!ck.path.empty() && (!special_ids.empty() || !plain_ids.empty())) write_cache(ck, ds);
   return ds;
 }
 

@@ -2,9 +2,13 @@
 //   {"input_ids": [...], "labels": [...]}   token ids (labels optional; -100 = not trained)
 //   {"text": "..."}                          tokenized (with the BOS), every token trained
 //   {"prompt": "...", "completion": "..."}   tokenized; only the completion's tokens trained
+//   {"messages": [{"role": ..., "content": ...}, ...]}
+//                                            rendered with the model's chat template (chat.h),
+//                                            tokenized; only the assistant turns trained
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -33,11 +37,33 @@ void set_max_record_bytes(uint64_t bytes);
 size_t max_record_bytes();
 
 class Tokenizer;
+struct ChatTemplate;
+
+struct LoadOptions {
+  // Loads the model's tokenizer (text, prompt/completion and chat records); an InputError when it
+  // has none. Called at most once.
+  std::function<const Tokenizer&()> tokenizer;
+  // The model's chat template, or nullptr when it has none (chat records are then refused).
+  std::function<const ChatTemplate*()> chat_template;
+  bool train_on_all = false;  // chat records: every token trained, not only the assistant turns
+  // A tokenized copy of the dataset next to the data file, "<data>.sf-cache-<key>.bin", keyed by
+  // the file (size, mtime, its first and last MiB), the tokenizer and the template; read instead
+  // of the data when valid.
+  bool cache = true;
+  std::time_t now = 0;  // what strftime_now formats in chat templates (0: the current time)
+  int threads = 0;      // tokenization threads (0: SF_THREADS, else all cores)
+};
+
 // Reads a JSONL file. Every problem is an InputError naming "path:line". Token ids must be in
 // [0, vocab); labels in [0, vocab) or -100. `tokenizer` is called (once) at the first text record.
 // Lines longer than max_record_bytes() are refused before they are buffered whole.
 Dataset load_jsonl(const std::string& path, int64_t vocab,
                    const std::function<const Tokenizer&()>& tokenizer = nullptr);
+// The same with the options above: records are tokenized in parallel (encode_batch), with the
+// cache.
+Dataset load_jsonl(const std::string& path, int64_t vocab, const LoadOptions& opt);
+// The cache file load_jsonl(path, ...) uses with these options ("" when there is none, e.g. stdin).
+std::string dataset_cache_path(const std::string& path, int64_t vocab, const LoadOptions& opt);
 
 // One micro-batch in host memory, ready for upload: B sequences padded to T.
 struct Batch {

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "data/chat.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "engine/make_engine.h"
@@ -82,8 +83,17 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
     }
     return *tok;
   };
-  s.data = load_jsonl(o.data, s.model.spec.vocab, tokenizer);
-  if (!eval_path.empty()) s.eval = load_jsonl(eval_path, s.model.spec.vocab, tokenizer);
+  std::optional<std::optional<ChatTemplate>> chat;
+  LoadOptions lo;
+  lo.tokenizer = tokenizer;
+  lo.chat_template = [&]() -> const ChatTemplate* {
+    if (!chat) chat = ChatTemplate::load(o.model_dir);
+    return *chat ? &**chat : nullptr;
+  };
+  lo.train_on_all = o.train_on == "all";
+  lo.cache = o.data_cache;
+  s.data = load_jsonl(o.data, s.model.spec.vocab, lo);
+  if (!eval_path.empty()) s.eval = load_jsonl(eval_path, s.model.spec.vocab, lo);
   size_t longest = 0;
   for (const Dataset* d : {&s.data, &s.eval})
     for (const Record& r : d->records) longest = std::max(longest, r.ids.size());

@@ -17,6 +17,9 @@ struct DataOptions {
   std::string compute_dtype;  // "" (device default), "fp32" (cpu only) or "bf16"
   // --max-record-bytes: the longest JSONL line read, a size ("" = the default).
   std::string max_record_bytes;
+  // Chat records: "assistant" (labels only on the assistant turns) or "all" (--train-on).
+  std::string train_on = "assistant";
+  bool data_cache = true;  // --no-data-cache: no tokenized-dataset cache next to the data
   // Engine choice and memory budgets (the planner's input; its device field is set from `device`).
   EngineRequest engine;
 };

@@ -1,0 +1,99 @@
+// Values of the Jinja subset (src/data/jinja_*.h): Python-like none/bool/int/float/string/list/dict,
+// plus Jinja's undefined and namespace objects. Lists and dicts are shared (reference semantics as
+// in Python); dicts keep insertion order and have string keys (chat messages are JSON objects).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace sf::jinja {
+
+// A template that cannot be rendered (raise_exception, a type error, a limit): the message says why.
+struct RenderError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Value;
+using List = std::vector<Value>;
+using Dict = std::vector<std::pair<std::string, Value>>;
+
+struct Value {
+  enum Kind { Undefined, None, Bool, Int, Float, Str, ListK, DictK, Namespace };
+  Kind kind = Undefined;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;               // Str; for Undefined the name that was looked up
+  std::shared_ptr<List> list;  // ListK
+  bool tuple = false;          // ListK made as a tuple (prints as Python prints a tuple)
+  std::shared_ptr<Dict> dict;  // DictK, Namespace
+
+  static Value none() { return make(None); }
+  static Value boolean(bool v) {
+    Value x = make(Bool);
+    x.b = v;
+    return x;
+  }
+  static Value integer(int64_t v) {
+    Value x = make(Int);
+    x.i = v;
+    return x;
+  }
+  static Value real(double v) {
+    Value x = make(Float);
+    x.f = v;
+    return x;
+  }
+  static Value str(std::string v) {
+    Value x = make(Str);
+    x.s = std::move(v);
+    return x;
+  }
+  static Value new_list(List v = {}) {
+    Value x = make(ListK);
+    x.list = std::make_shared<List>(std::move(v));
+    return x;
+  }
+  static Value new_dict(Dict v = {}, Kind k = DictK) {
+    Value x = make(k);
+    x.dict = std::make_shared<Dict>(std::move(v));
+    return x;
+  }
+  static Value undefined(std::string name) {
+    Value x;
+    x.s = std::move(name);
+    return x;
+  }
+  static Value from_json(const nlohmann::json& j);
+
+  bool is_undefined() const { return kind == Undefined; }
+  bool is_none() const { return kind == None; }
+  bool is_number() const { return kind == Int || kind == Float; }
+  bool truthy() const;
+  // dict (or namespace) member; nullptr when absent.
+  const Value* find(const std::string& key) const;
+  Value* find(const std::string& key);
+
+ private:
+  static Value make(Kind k) {
+    Value x;
+    x.kind = k;
+    return x;
+  }
+};
+
+// Python's str() of a value (as {{ x }} prints it); undefined prints as "".
+std::string to_str(const Value& v);
+// Python's repr() (strings quoted), used inside lists and dicts.
+std::string repr(const Value& v);
+// Python's json.dumps(v, ensure_ascii=False, indent=indent) (indent < 0: none), as transformers'
+// tojson filter.
+std::string to_json(const Value& v, int indent = -1, bool sort_keys = false);
+bool equal(const Value& a, const Value& b);
+const char* kind_name(const Value& v);
+
+}  // namespace sf::jinja

@@ -1,0 +1,281 @@
+// load_jsonl with tokenized records: chat records (labels on the assistant turns), parallel
+// tokenization equal to one record at a time, and the tokenized-dataset cache (hit, miss after a
+// change, corrupt cache ignored and rebuilt, disabled).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/chat.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "io/json_file.h"
+#include "test_util.h"
+
+using namespace sf;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::time_t kNow = 1725494400;  // 2024-09-05
+
+Tokenizer chat_tokenizer() {
+  json j = read_json_file(std::string(SF_SOURCE_DIR) + "/tests/data/tokenizer/llama3.json");
+  int id = 408;
+  for (const char* s : {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>"})
+    j["added_tokens"].push_back({{"id", id++},
+                                 {"content", s},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
+  return Tokenizer::parse(j.dump(), "chat_tokenizer.json");
+}
+
+ChatTemplate qwen25() {
+  const std::string p = std::string(SF_SOURCE_DIR) + "/tests/data/chat_templates/qwen2.5.jinja";
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ChatTemplate::parse(ss.str(), p, {{"eos_token", jinja::Value::str("<|im_end|>")}});
+}
+
+struct Fixture {
+  Tokenizer tok = chat_tokenizer();
+  ChatTemplate chat = qwen25();
+  int tokenizer_loads = 0;
+  LoadOptions opts(bool cache = true) {
+    LoadOptions o;
+    o.tokenizer = [this]() -> const Tokenizer& {
+      ++tokenizer_loads;
+      return tok;
+    };
+    o.chat_template = [this]() -> const ChatTemplate* { return &chat; };
+    o.cache = cache;
+    o.now = kNow;
+    return o;
+  }
+};
+
+void write(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+std::string mixed_data(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    const std::string k = std::to_string(i);
+    switch (i % 4) {
+      case 0:
+        s += json({{"text",
+                    "record " + k + " h\xC3\xA9llo w\xC3\xB6rld \xF0\x9F\x98\x80 " + std::string(size_t(i % 7), 'x')}})
+                 .dump();
+        break;
+      case 1:
+        s += json({{"prompt", "Q" + k + ": "}, {"completion", " answer " + k}}).dump();
+        break;
+      case 2:
+        s += json({{"messages", json::array({{{"role", "user"}, {"content", "hi " + k}},
+                                             {{"role", "assistant"}, {"content", "yo " + k}},
+                                             {{"role", "user"}, {"content", "again"}},
+                                             {{"role", "assistant"}, {"content", "ok"}}})}})
+                 .dump();
+        break;
+      default:
+        s += json({{"input_ids", {1, 2, 3, i % 50}}}).dump();
+    }
+    s += '\n';
+  }
+  return s;
+}
+
+void expect_same(const Dataset& a, const Dataset& b) {
+  ASSERT_EQ(a.records.size(), b.records.size());
+  for (size_t k = 0; k < a.records.size(); ++k) {
+    EXPECT_EQ(a.records[k].ids, b.records[k].ids) << k;
+    EXPECT_EQ(a.records[k].labels, b.records[k].labels) << k;
+  }
+}
+
+TEST(DatasetChat, ChatRecordsTrainOnlyAssistantTurns) {
+  test::TempDir d;
+  Fixture f;
+  const fs::path p = d.path / "chat.jsonl";
+  write(p, json({{"messages", json::array({{{"role", "system"}, {"content", "S"}},
+                                           {{"role", "user"}, {"content", "2+2?"}},
+                                           {{"role", "assistant"}, {"content", "4"}}})}})
+                   .dump() +
+               "\n");
+  const Dataset ds = load_jsonl(p.string(), f.tok.vocab_size(), f.opts(false));
+  ASSERT_EQ(ds.records.size(), 1u);
+  const Record& r = ds.records[0];
+  EXPECT_EQ(f.tok.decode(r.ids),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n");
+  std::vector<int32_t> trained;
+  for (size_t k = 0; k < r.ids.size(); ++k)
+    if (r.labels[k] != kIgnoreIndex) trained.push_back(r.labels[k]);
+  EXPECT_EQ(f.tok.decode(trained), "4<|im_end|>\n");
+  // --train-on all
+  LoadOptions all = f.opts(false);
+  all.train_on_all = true;
+  const Dataset ds2 = load_jsonl(p.string(), f.tok.vocab_size(), all);
+  EXPECT_EQ(ds2.records[0].labels, ds2.records[0].ids);
+}
+
+TEST(DatasetChat, ChatErrorsNameFileAndLine) {
+  test::TempDir d;
+  Fixture f;
+  const fs::path p = d.path / "bad.jsonl";
+  auto error_of = [&](const std::string& line, LoadOptions o) {
+    write(p, "{\"text\": \"ok\"}\n" + line + "\n");
+    try {
+      load_jsonl(p.string(), f.tok.vocab_size(), o);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::string at = p.string() + ":2: ";
+  EXPECT_EQ(error_of("{\"messages\": \"hi\"}", f.opts(false)),
+            at + "'messages' must be an array of {\"role\", \"content\"} objects");
+  EXPECT_EQ(error_of("{\"messages\": []}", f.opts(false)), at + "'messages' must be a non-empty array");
+  EXPECT_EQ(error_of("{\"messages\": [{\"role\": \"user\"}]}", f.opts(false)),
+            at + "'messages'[0] needs a string 'content'");
+  LoadOptions none = f.opts(false);
+  none.chat_template = []() -> const ChatTemplate* { return nullptr; };
+  EXPECT_NE(error_of("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", none).find(at + "chat records need"),
+            std::string::npos);
+  // A template that raises: the record's file and line, the template's message.
+  f.chat = ChatTemplate::parse("{{ raise_exception('roles must alternate') }}", "tc.json");
+  EXPECT_NE(error_of("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", f.opts(false))
+                .find(at + "chat template tc.json: roles must alternate"),
+            std::string::npos);
+  EXPECT_EQ(error_of("{\"other\": 1}", f.opts(false)),
+            at + "needs 'input_ids', 'text', 'prompt' and 'completion', or 'messages'");
+}
+
+TEST(DatasetChat, ParallelEqualsSerial) {
+  test::TempDir d;
+  Fixture f;
+  const fs::path p = d.path / "mixed.jsonl";
+  write(p, mixed_data(400));
+  LoadOptions one = f.opts(false);
+  one.threads = 1;
+  LoadOptions many = f.opts(false);
+  many.threads = 4;
+  const Dataset a = load_jsonl(p.string(), f.tok.vocab_size(), one);
+  const Dataset b = load_jsonl(p.string(), f.tok.vocab_size(), many);
+  expect_same(a, b);
+  // And as one record at a time with encode().
+  ASSERT_EQ(a.records.size(), 400u);
+  std::ifstream in(p);
+  std::string line;
+  for (size_t k = 0; std::getline(in, line); ++k) {
+    const json j = json::parse(line);
+    if (j.contains("text")) {
+      EXPECT_EQ(a.records[k].ids, f.tok.encode(j["text"].get<std::string>(), true)) << k;
+    } else if (j.contains("prompt")) {
+      std::vector<int32_t> ids = f.tok.encode(j["prompt"].get<std::string>(), true);
+      const size_t np = ids.size();
+      const std::vector<int32_t> c = f.tok.encode(j["completion"].get<std::string>(), false);
+      ids.insert(ids.end(), c.begin(), c.end());
+      EXPECT_EQ(a.records[k].ids, ids) << k;
+      for (size_t t = 0; t < np; ++t) EXPECT_EQ(a.records[k].labels[t], kIgnoreIndex);
+    } else if (j.contains("messages")) {
+      const ChatRendering r = render_chat(f.chat, j["messages"], kNow, "x");
+      EXPECT_EQ(a.records[k].ids, f.tok.encode(r.text, false)) << k;
+    }
+  }
+}
+
+TEST(DatasetChat, CacheHitMissAndCorruption) {
+  test::TempDir d;
+  Fixture f;
+  const fs::path p = d.path / "data.jsonl";
+  write(p, mixed_data(60));
+  const int64_t vocab = f.tok.vocab_size();
+  const Dataset fresh = load_jsonl(p.string(), vocab, f.opts(false));
+  EXPECT_EQ(dataset_cache_path(p.string(), vocab, f.opts(false)), "");
+  const std::string cache = dataset_cache_path(p.string(), vocab, f.opts());
+  ASSERT_FALSE(cache.empty());
+  EXPECT_EQ(cache.rfind(p.string() + ".sf-cache-", 0), 0u) << cache;
+  EXPECT_FALSE(fs::exists(cache));  // --no-data-cache wrote nothing
+
+  // Miss: tokenized and written; hit: read back without parsing the data.
+  expect_same(load_jsonl(p.string(), vocab, f.opts()), fresh);
+  ASSERT_TRUE(fs::exists(cache));
+  {
+    // A change with the same size and mtime inside the hashed first MiB is a miss (the cache is
+    // not used for the changed data, which fails to parse here).
+    const auto mtime = fs::last_write_time(p);
+    std::string s = mixed_data(60);
+    std::fstream io(p, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(std::streamoff(s.size() / 2));
+    io.put('\x01');
+    io.close();
+    fs::last_write_time(p, mtime);
+    EXPECT_THROW(load_jsonl(p.string(), vocab, f.opts()), InputError);
+    write(p, s);
+  }
+  expect_same(load_jsonl(p.string(), vocab, f.opts()), fresh);
+
+  // Another tokenizer, template or --train-on: another cache file.
+  LoadOptions all = f.opts();
+  all.train_on_all = true;
+  EXPECT_NE(dataset_cache_path(p.string(), vocab, all), dataset_cache_path(p.string(), vocab, f.opts()));
+
+  // A corrupt cache (a flipped byte, cut short, garbage) is ignored and rebuilt.
+  const std::string good = [&] {
+    std::ifstream in(dataset_cache_path(p.string(), vocab, f.opts()), std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }();
+  const std::string c = dataset_cache_path(p.string(), vocab, f.opts());
+  for (int variant = 0; variant < 4; ++variant) {
+    std::string bad = good;
+    if (variant == 0) bad[bad.size() / 2] ^= 0x40;
+    if (variant == 1) bad.resize(bad.size() - 5);
+    if (variant == 2) bad = "not a cache";
+    if (variant == 3) bad[40] ^= 1;  // a record length
+    write(c, bad);
+    expect_same(load_jsonl(p.string(), vocab, f.opts()), fresh);
+    std::ifstream in(c, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_EQ(ss.str(), good) << variant;  // rewritten
+  }
+  // The same cache read for a smaller vocabulary would hold ids out of range: another key.
+  EXPECT_NE(dataset_cache_path(p.string(), vocab - 1, f.opts()), c);
+}
+
+TEST(DatasetChat, AnUnusableTemplateOnlyMattersToChatRecords) {
+  test::TempDir d;
+  Fixture f;
+  LoadOptions o = f.opts();
+  o.chat_template = []() -> const ChatTemplate* { sf::input_error("m/chat_template.jinja", "unsupported"); };
+  const fs::path p = d.path / "text.jsonl";
+  write(p, "{\"text\": \"plain text\"}\n");
+  EXPECT_EQ(load_jsonl(p.string(), f.tok.vocab_size(), o).records.size(), 1u);
+  write(p, "{\"text\": \"plain text\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n");
+  try {
+    load_jsonl(p.string(), f.tok.vocab_size(), o);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "m/chat_template.jinja: unsupported");
+  }
+}
+
+TEST(DatasetChat, TokenIdFilesAreNotCached) {
+  test::TempDir d;
+  Fixture f;
+  const fs::path p = d.path / "ids.jsonl";
+  write(p, "{\"input_ids\": [1, 2, 3]}\n");
+  load_jsonl(p.string(), f.tok.vocab_size(), f.opts());
+  for (const auto& e : fs::directory_iterator(d.path))
+    EXPECT_EQ(e.path().filename().string().find(".sf-cache-"), std::string::npos) << e.path();
+}
+
+}  // namespace

@@ -1,0 +1,127 @@
+// Chat data through the binary: eval with --train-on assistant|all, the cache file and
+// --no-data-cache, `tokenize --jsonl` of chat records, refused templates and options (exit 2).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "data/tokenizer.h"
+#include "io/json_file.h"
+#include "model_fixtures.h"
+#include "test_util.h"
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace sf {
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+CliRun run(const fs::path& dir, const std::string& args) {
+  const fs::path o = dir / "out.txt", e = dir / "err.txt";
+  const int status =
+      std::system((std::string(SF_BINARY) + " " + args + " >" + o.string() + " 2>" + e.string()).c_str());
+  CliRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(o);
+  r.err = slurp(e);
+  return r;
+}
+
+json last_json(const std::string& out) {
+  std::istringstream in(out);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return json::parse(last);
+}
+
+// A tiny llama with the test tokenizer (plus the Qwen special tokens) and the Qwen2.5 template.
+std::string make_chat_model(const fs::path& dir) {
+  json cfg = test::tiny_config("llama");
+  cfg["vocab_size"] = 420;
+  std::ofstream(dir / "m.json") << cfg.dump();
+  const std::string m = (dir / "m").string();
+  EXPECT_EQ(run(dir, "init --config " + (dir / "m.json").string() + " --output " + m + " --seed 3").code, 0);
+  json tok = read_json_file(std::string(SF_SOURCE_DIR) + "/tests/data/tokenizer/llama3.json");
+  int id = 408;
+  for (const char* s : {"<|im_start|>", "<|im_end|>"})
+    tok["added_tokens"].push_back({{"id", id++},
+                                   {"content", s},
+                                   {"single_word", false},
+                                   {"lstrip", false},
+                                   {"rstrip", false},
+                                   {"normalized", false},
+                                   {"special", true}});
+  std::ofstream(m + "/tokenizer.json") << tok.dump();
+  const std::string tmpl = slurp(std::string(SF_SOURCE_DIR) + "/tests/data/chat_templates/qwen2.5.jinja");
+  std::ofstream(m + "/tokenizer_config.json") << json({{"eos_token", "<|im_end|>"}, {"chat_template", tmpl}}).dump();
+  return m;
+}
+
+TEST(DatasetCli, ChatDataEvalTrainOnAndCache) {
+  test::TempDir d;
+  const std::string m = make_chat_model(d.path);
+  const std::string data = (d.path / "chat.jsonl").string();
+  std::ofstream(data) << json({{"messages", json::array({{{"role", "system"}, {"content", "S"}},
+                                                         {{"role", "user"}, {"content", "What is 2+2?"}},
+                                                         {{"role", "assistant"}, {"content", "It is 4."}}})}})
+                             .dump()
+                      << "\n";
+  const CliRun a = run(d.path, "eval --model " + m + " --data " + data + " --device cpu");
+  ASSERT_EQ(a.code, 0) << a.err;
+  const CliRun all =
+      run(d.path, "eval --model " + m + " --data " + data + " --device cpu --train-on all --no-data-cache");
+  ASSERT_EQ(all.code, 0) << all.err;
+  const int64_t ta = last_json(a.out)["tokens"], tall = last_json(all.out)["tokens"];
+  // The assistant turn "It is 4.<|im_end|>\n" is far shorter than the whole rendering.
+  EXPECT_GT(ta, 3);
+  EXPECT_GT(tall, 3 * ta);
+  int caches = 0;
+  for (const auto& e : fs::directory_iterator(d.path))
+    caches += e.path().filename().string().find("chat.jsonl.sf-cache-") == 0;
+  EXPECT_EQ(caches, 1);  // the first run's; --no-data-cache wrote none
+  const CliRun again = run(d.path, "eval --model " + m + " --data " + data + " --device cpu");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(last_json(again.out), last_json(a.out));
+
+  // tokenize --jsonl prints ids and labels of chat records.
+  const CliRun t = run(d.path, "tokenize --model " + m + " --jsonl " + data);
+  ASSERT_EQ(t.code, 0) << t.err;
+  const json j = last_json(t.out);
+  EXPECT_EQ(j["text"].get<std::string>(),
+            "<|im_start|>system\nS<|im_end|>\n"
+            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\nIt is 4.<|im_end|>\n");
+  const Tokenizer tok = Tokenizer::load(m + "/tokenizer.json");
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), tok.encode(j["text"].get<std::string>(), false));
+  std::vector<int32_t> trained;
+  for (const auto& x : j["labels"])
+    if (x != -100) trained.push_back(x.get<int32_t>());
+  EXPECT_EQ(tok.decode(trained), "It is 4.<|im_end|>\n");
+
+  // Bad option value; a template outside the subset: exit 2 naming the file and the construct.
+  const CliRun bad = run(d.path, "eval --model " + m + " --data " + data + " --device cpu --train-on none");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  std::ofstream(m + "/chat_template.jinja") << "{% for m in messages %}{% include 'x' %}{% endfor %}";
+  const CliRun refused = run(d.path, "eval --model " + m + " --data " + data + " --device cpu");
+  EXPECT_EQ(refused.code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("chat_template.jinja: chat template: line 1: unsupported statement 'include'"),
+            std::string::npos)
+      << refused.err;
+}
+
+}  // namespace
+}  // namespace sf
