@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test gpu-test format clean
+.PHONY: all deps configure build demo test gpu-test asan-test tsan-test fuzz fuzz-smoke format clean
 
 all: build
 
@@ -29,6 +29,50 @@ test: deps
 
 gpu-test: build
 	cd $(BUILD) && ctest --output-on-failure -L gpu
+
+# Sanitizer builds of the CPU backend (-O1 -g, every finding fatal). ASan+UBSan: the whole CPU
+# suite; TSan: the engine tests and a `train --offload` run (the threads are there).
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1 \
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+ASAN_TEST_EXCLUDE ?= ^$$
+
+asan-test: deps
+	@test -f $(ASAN_BUILD)/CMakeCache.txt || cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSF_CUDA=OFF \
+	  -DSF_SANITIZE=address,undefined
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) -LE gpu -E '$(ASAN_TEST_EXCLUDE)'
+
+tsan-test: deps
+	@test -f $(TSAN_BUILD)/CMakeCache.txt || cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSF_CUDA=OFF \
+	  -DSF_SANITIZE=thread
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	cd $(TSAN_BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) -R 'Sliding|Engines|CpuDevice|OffloadMatchesInMemory'
+
+# libFuzzer (clang): `make fuzz` runs every target FUZZ_SECONDS (default 1800) in turn, keeping what it
+# finds in build-fuzz/corpus/<target> and crashes in build-fuzz/artifacts/<target>/ (copy those to
+# fuzz/regressions/<target>/ once fixed: ctest replays them). `make fuzz-smoke`: 20 s each (CI).
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 1800
+FUZZ_TARGETS = safetensors config jsonl tokenizer yaml
+
+$(FUZZ_BUILD)/CMakeCache.txt:
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSF_CUDA=OFF -DSF_FUZZ=ON
+
+fuzz: deps $(FUZZ_BUILD)/CMakeCache.txt
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t $(FUZZ_BUILD)/artifacts/$$t; \
+	  echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
+	  $(FUZZ_BUILD)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	    -max_len=$$( [ $$t = tokenizer ] && echo 20000 || echo 4096 ) -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t/ $(FUZZ_BUILD)/corpus/$$t fuzz/corpus/$$t fuzz/regressions/$$t \
+	    || exit 1; \
+	done
+
+fuzz-smoke:
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=20
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu' '*.cuh')

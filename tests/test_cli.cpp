@@ -720,3 +720,104 @@ TEST_F(Cli, KillAtEveryStepOfASaveLosesNothing) {
 
 }  // namespace
 }  // namespace sf
+
+namespace sf {
+namespace {
+
+// A flipped bit in any tensor of a checkpoint is refused by --resume (exit 2, file and tensor
+// named) before anything is trained; an intact one resumes to the same weights; a checkpoint
+// without checksums (an older slideformer) resumes with a warning.
+TEST_F(Cli, ResumeVerifiesChecksums) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 6);
+  const std::string common = " --model " + model + " --data " + data +
+                             " --steps 3 --lr 1e-2 --batch-size 2 --seq-len 16 --seed 3 --device cpu";
+  CmdResult a = run("train" + common + " --output " + p("a") + " --save-every 1");
+  ASSERT_EQ(a.code, 0) << a.err;
+  const std::string ck = p("a") + "/checkpoint-1";
+  auto read = [](const std::string& path) { return slurp(path); };
+  auto write = [](const std::string& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  // Where a tensor's data lies in the file.
+  auto data_at = [&](const std::string& path, const std::string& name) {
+    auto f = SafetensorsFile::open(path);
+    const TensorInfo* t = f.find(name);
+    EXPECT_NE(t, nullptr) << name;
+    const std::string raw = read(path);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | uint8_t(raw[size_t(i)]);
+    return size_t(8 + n + size_t(t->data - f.tensors().front().data));
+  };
+  for (const auto& [file, tensor] : std::vector<std::pair<std::string, std::string>>{
+           {"training_state.safetensors", "adam_v.model.layers.1.mlp.up_proj.weight"},
+           {"model.safetensors", "model.norm.weight"}}) {
+    fs::copy(ck, p("bad"), fs::copy_options::recursive);
+    const std::string path = p("bad/" + file);
+    std::string raw = read(path);
+    raw[data_at(path, tensor) + 5] ^= 0x04;
+    write(path, raw);
+    CmdResult r = run("train" + common + " --output " + p("r") + " --resume " + p("bad"));
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(path), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("tensor " + tensor), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("step 2/3"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(p("r")));
+    fs::remove_all(p("bad"));
+  }
+  // Intact: bit-identical to the uninterrupted run.
+  CmdResult b = run("train" + common + " --output " + p("b") + " --resume " + ck);
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(b.err.find("warning"), std::string::npos) << b.err;
+  auto fa = SafetensorsFile::open(p("a") + "/model.safetensors");
+  auto fb = SafetensorsFile::open(p("b") + "/model.safetensors");
+  for (const auto& t : fa.tensors()) {
+    const TensorInfo* u = fb.find(t.name);
+    ASSERT_NE(u, nullptr);
+    EXPECT_EQ(std::memcmp(t.data, u->data, t.bytes), 0) << t.name;
+  }
+  // Without checksums (the header rewritten without them): resumes, with a warning naming the file.
+  fs::copy(ck, p("old"), fs::copy_options::recursive);
+  const std::string state = p("old/training_state.safetensors");
+  const std::string raw = read(state);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | uint8_t(raw[size_t(i)]);
+  json hdr = json::parse(raw.substr(8, n));
+  hdr["__metadata__"] = {{"format", "pt"}, {"step", "1"}};
+  std::string h = hdr.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; ++i) len[size_t(i)] = char((uint64_t(h.size()) >> (8 * i)) & 0xff);
+  write(state, len + h + raw.substr(8 + n));
+  CmdResult c = run("train" + common + " --output " + p("c") + " --resume " + p("old"));
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.err.find("warning: " + state + " has no checksums"), std::string::npos) << c.err;
+  auto fc = SafetensorsFile::open(p("c") + "/model.safetensors");
+  for (const auto& t : fa.tensors()) EXPECT_EQ(std::memcmp(t.data, fc.find(t.name)->data, t.bytes), 0) << t.name;
+}
+
+// Ctrl-C during the last step: the run completes and saves its output, and the exit status is still
+// 128 + SIGINT (README); during an earlier step, a checkpoint as before.
+TEST_F(Cli, InterruptDuringTheLastStepExits130) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 4);
+  const std::string args = "train --model " + model + " --data " + data +
+                           " --steps 2 --lr 1e-3 --batch-size 2 --seq-len 16 --device cpu --output ";
+  ::setenv("SF_RAISE_SIGINT_AT_STEP", "2", 1);
+  CmdResult r = run(args + p("o"));
+  ::setenv("SF_RAISE_SIGINT_AT_STEP", "1", 1);
+  CmdResult e = run(args + p("e"));
+  ::unsetenv("SF_RAISE_SIGINT_AT_STEP");
+  EXPECT_EQ(r.code, 128 + SIGINT) << r.err;
+  EXPECT_NE(r.err.find("step 2/2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("interrupted during the last step"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(p("o") + "/model.safetensors"));
+  EXPECT_TRUE(r.last()["interrupted"].get<bool>());
+  EXPECT_EQ(r.last()["steps"], 2);
+  EXPECT_EQ(e.code, 128 + SIGINT) << e.err;
+  EXPECT_TRUE(fs::exists(p("e") + "/checkpoint-1/training_state.safetensors"));
+  EXPECT_EQ(e.last()["checkpoint"], p("e") + "/checkpoint-1");
+}
+
+}  // namespace
+}  // namespace sf

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "core/crc32c.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -300,4 +302,75 @@ TEST(Safetensors, RejectsDeepNestingAndHugeNumbersInTheHeader) {
   // 64 levels (the limit) are still read: nesting inside __metadata__ is refused for its type.
   const std::string at_limit = "{\"__metadata__\":" + std::string(63, '[') + std::string(63, ']') + "}";
   expect_bad_file(d, "limit.safetensors", make_file(at_limit, ""), {"__metadata__ is not an object"});
+}
+
+// CRC-32C against published check values (RFC 3720 B.4 and the common "123456789" check).
+TEST(Crc32c, KnownValuesAndIncremental) {
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
+  std::string zeros(32, '\0'), ones(32, '\xff'), inc(32, '\0');
+  for (int i = 0; i < 32; ++i) inc[size_t(i)] = char(i);
+  EXPECT_EQ(crc32c(zeros.data(), 32), 0x8A9136AAu);
+  EXPECT_EQ(crc32c(ones.data(), 32), 0x62A8AB43u);
+  EXPECT_EQ(crc32c(inc.data(), 32), 0x46DD794Eu);
+  EXPECT_EQ(crc32c(nullptr, 0), 0u);
+  // Any split, at any alignment, continues to the same value.
+  std::string text(1000, '\0');
+  for (size_t i = 0; i < text.size(); ++i) text[i] = char((i * 131 + 7) % 251);
+  const uint32_t whole = crc32c(text.data(), text.size());
+  for (size_t off : {size_t(1), size_t(3), size_t(8), size_t(13), size_t(999)})
+    EXPECT_EQ(crc32c(text.data() + off, text.size() - off, crc32c(text.data(), off)), whole) << off;
+}
+
+// Every tensor's CRC-32C is in __metadata__; a flipped bit is found and named; files without
+// checksums (other writers, older slideformer) verify as "none".
+TEST(Safetensors, ChecksumsAreWrittenAndVerified) {
+  TempDir d;
+  std::vector<float> a(37);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float(i) * 0.25f - 3.f;
+  std::vector<uint16_t> b = {1, 2, 3};
+  std::vector<TensorWrite> tw = {
+      {"w.a", DType::F32, {37}, a.data()}, {"w.b", DType::BF16, {3}, nullptr}, {"empty", DType::F32, {0}, nullptr}};
+  tw[1].fill = [&](void* dst) { std::memcpy(dst, b.data(), 6); };
+  const std::string path = d.file("c.safetensors");
+  write_safetensors(path, tw, {{"step", "3"}});
+  {
+    SafetensorsFile f = SafetensorsFile::open(path);
+    EXPECT_EQ(f.metadata().at("crc32c.w.a").size(), 8u);
+    char want[16];
+    std::snprintf(want, sizeof want, "%08x", crc32c(b.data(), 6));
+    EXPECT_EQ(f.metadata().at("crc32c.w.b"), want);
+    EXPECT_EQ(f.metadata().at("crc32c.empty"), "00000000");
+    EXPECT_TRUE(f.verify_checksums());
+  }
+  // One bit flipped in the data of w.a.
+  std::string raw = read_all(path);
+  std::string bad = raw;
+  bad[bad.size() - 6 - 1 - 4 * 10] ^= 0x10;
+  write_all(path, bad);
+  expect_input_error([&] { SafetensorsFile::open(path).verify_checksums(); },
+                     {path + ": ", "tensor w.a", "does not match"});
+  // No checksums at all: not verified, not an error.
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | uint8_t(raw[size_t(i)]);
+  nlohmann::json hdr = nlohmann::json::parse(raw.substr(8, n));
+  nlohmann::json md = hdr["__metadata__"];
+  hdr["__metadata__"] = {{"format", "pt"}};
+  write_all(path, make_file(hdr.dump(), raw.substr(8 + n)));
+  EXPECT_FALSE(SafetensorsFile::open(path).verify_checksums());
+  // Some but not all, a malformed one, one for a tensor the file lacks: errors naming the tensor.
+  hdr["__metadata__"] = md;
+  hdr["__metadata__"].erase("crc32c.w.b");
+  write_all(path, make_file(hdr.dump(), raw.substr(8 + n)));
+  expect_input_error([&] { SafetensorsFile::open(path).verify_checksums(); }, {"tensor w.b", "no checksum"});
+  hdr["__metadata__"] = md;
+  hdr["__metadata__"]["crc32c.w.b"] = "XYZ";
+  write_all(path, make_file(hdr.dump(), raw.substr(8 + n)));
+  expect_input_error([&] { SafetensorsFile::open(path).verify_checksums(); }, {"tensor w.b", "hex"});
+  hdr["__metadata__"] = md;
+  hdr["__metadata__"]["crc32c.ghost"] = "00000000";
+  write_all(path, make_file(hdr.dump(), raw.substr(8 + n)));
+  expect_input_error([&] { SafetensorsFile::open(path).verify_checksums(); }, {"ghost"});
+  hdr["__metadata__"] = md;
+  write_all(path, make_file(hdr.dump(), raw.substr(8 + n)));
+  EXPECT_TRUE(SafetensorsFile::open(path).verify_checksums());
 }

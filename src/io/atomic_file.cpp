@@ -97,6 +97,23 @@ void AtomicFile::write(const void* data, size_t bytes) {
   }
 }
 
+void AtomicFile::write_at(uint64_t offset, const void* data, size_t bytes) {
+  SF_CHECK(fd_ >= 0 && !committed_, "AtomicFile::write_at after commit or failure");
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    size_t n = std::min(bytes, size_t(1) << 30);
+    ssize_t w = ::pwrite(fd_, p, n, off_t(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail("write failed", errno);
+    }
+    if (w == 0) fail("write failed", ENOSPC);
+    p += w;
+    offset += uint64_t(w);
+    bytes -= size_t(w);
+  }
+}
+
 void AtomicFile::commit() {
   SF_CHECK(fd_ >= 0 && !committed_, "AtomicFile::commit twice or after failure");
   crash_point("fsync file");

@@ -2,6 +2,7 @@
 // final name, so readers see either the old complete file or the new complete file, never a prefix.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace sf {
@@ -15,7 +16,10 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void write(const void* data, size_t bytes);  // full write (retries partial writes / EINTR)
-  void commit();                               // fsync, close, rename over `path`, fsync the directory
+  // Overwrites bytes already written at `offset` (a header completed after the data); the file
+  // position for write() is unchanged.
+  void write_at(uint64_t offset, const void* data, size_t bytes);
+  void commit();  // fsync, close, rename over `path`, fsync the directory
   const std::string& path() const { return path_; }
 
  private:

@@ -23,7 +23,8 @@ class CheckpointReader {
   static CheckpointReader open(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
-  bool sharded() const { return sharded_; }               // read through an index file
+  bool sharded() const { return sharded_; }  // read through an index file
+  const std::vector<SafetensorsFile>& files() const { return files_; }
   std::vector<std::string> names() const;                 // in storage order (shard, then offset)
   const TensorInfo* find(const std::string& name) const;  // nullptr if absent
 

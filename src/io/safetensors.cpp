@@ -13,6 +13,7 @@
 #include <set>
 #include <utility>
 
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/json_file.h"
@@ -39,6 +40,13 @@ bool get_u64(const json& v, uint64_t* out) {
     return true;
   }
   return false;
+}
+
+std::string crc_hex(uint32_t c) {
+  static const char* digits = "0123456789abcdef";
+  std::string h(8, '0');
+  for (int i = 7; i >= 0; --i, c >>= 4) h[size_t(i)] = digits[c & 0xFu];
+  return h;
 }
 
 std::string offsets_string(uint64_t b, uint64_t e) { return "[" + std::to_string(b) + ", " + std::to_string(e) + "]"; }
@@ -264,6 +272,29 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   return f;
 }
 
+bool SafetensorsFile::verify_checksums() const {
+  const std::string prefix = kChecksumKeyPrefix;
+  size_t listed = 0;
+  for (auto it = metadata_.lower_bound(prefix); it != metadata_.end() && it->first.starts_with(prefix); ++it) {
+    const std::string name = it->first.substr(prefix.size());
+    if (!find(name)) input_error(path_, "__metadata__ has a checksum for tensor " + name + ", which the file lacks");
+    ++listed;
+  }
+  if (listed == 0) return false;
+  for (const TensorInfo& t : tensors_) {
+    auto it = metadata_.find(prefix + t.name);
+    if (it == metadata_.end()) input_error(path_, "tensor " + t.name + ": no checksum (the others have one)");
+    const std::string& want = it->second;
+    if (want.size() != 8 || want.find_first_not_of("0123456789abcdef") != std::string::npos)
+      input_error(path_, "tensor " + t.name + ": checksum \"" + want + "\" is not 8 lowercase hex digits");
+    const std::string got = crc_hex(crc32c(t.data, t.bytes));
+    if (got != want)
+      input_error(path_, "tensor " + t.name + ": CRC-32C " + got + " does not match the stored " + want +
+                             " (the file is corrupt)");
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------- writing
 
 size_t TensorWrite::bytes() const {
@@ -278,7 +309,12 @@ void write_safetensors(const std::string& path, const std::vector<TensorWrite>& 
   nlohmann::ordered_json header;
   nlohmann::ordered_json md = nlohmann::ordered_json::object();
   md["format"] = "pt";
-  for (const auto& [k, v] : metadata) md[k] = v;
+  for (const auto& [k, v] : metadata) {
+    SF_CHECK(!k.starts_with(kChecksumKeyPrefix), "write_safetensors: metadata key " + k + " is reserved");
+    md[k] = v;
+  }
+  // Placeholders of the final length: the header is rewritten in place once the data is written.
+  for (const TensorWrite& t : tensors) md[kChecksumKeyPrefix + t.name] = crc_hex(0);
   header["__metadata__"] = md;
   uint64_t offset = 0;
   for (const TensorWrite& t : tensors) {
@@ -299,15 +335,21 @@ void write_safetensors(const std::string& path, const std::vector<TensorWrite>& 
   out.write(len, 8);
   out.write(h.data(), h.size());
   std::vector<char> staged;  // one tensor at a time for the fill()ed ones
+  nlohmann::ordered_json& sums = header["__metadata__"];
   for (const TensorWrite& t : tensors) {
-    if (t.data != nullptr || t.bytes() == 0) {
-      out.write(t.data, t.bytes());
-      continue;
+    const void* bytes = t.data;
+    if (t.data == nullptr && t.bytes() > 0) {
+      staged.resize(t.bytes());
+      t.fill(staged.data());
+      bytes = staged.data();
     }
-    staged.resize(t.bytes());
-    t.fill(staged.data());
-    out.write(staged.data(), staged.size());
+    sums[kChecksumKeyPrefix + t.name] = crc_hex(crc32c(bytes, t.bytes()));
+    out.write(bytes, t.bytes());
   }
+  std::string final_header = header.dump();
+  final_header.append((8 - final_header.size() % 8) % 8, ' ');
+  SF_CHECK(final_header.size() == h.size(), "write_safetensors: header changed length");
+  out.write_at(8, final_header.data(), final_header.size());
   out.commit();
 }
 

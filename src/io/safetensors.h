@@ -49,6 +49,13 @@ class SafetensorsFile {
   const TensorInfo* find(const std::string& name) const;  // nullptr if absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
+  // Checks the per-tensor CRC-32C checksums write_safetensors puts in __metadata__
+  // (kChecksumKeyPrefix + tensor name -> 8 lowercase hex digits). Returns false when the file carries
+  // none (another program's file, or one slideformer wrote before checksums); true when every tensor
+  // matches. A mismatch, a tensor without a checksum in a file that has them, a checksum for no
+  // tensor or a malformed one -> InputError("path: tensor NAME: ...").
+  bool verify_checksums() const;
+
  private:
   SafetensorsFile() = default;
   void release();
@@ -60,6 +67,9 @@ class SafetensorsFile {
   std::unordered_map<std::string, size_t> by_name_;
   std::map<std::string, std::string> metadata_;
 };
+
+// Metadata key prefix of the per-tensor checksums ("crc32c.model.norm.weight": "1a2b3c4d").
+inline constexpr const char* kChecksumKeyPrefix = "crc32c.";
 
 struct TensorWrite {
   std::string name;
@@ -73,10 +83,13 @@ struct TensorWrite {
   size_t bytes() const;
 };
 
-// Writes tensors in the given order with contiguous offsets; "__metadata__" holds {"format": "pt"} plus
-// `metadata`. The header is space-padded to a multiple of 8 so the data area is 8-byte aligned.
-// Goes through temp file + fsync + rename; I/O failures -> InputError("path: ...: strerror").
-// Bad arguments (duplicate/empty names, negative dims, null data) are internal bugs (SF_CHECK).
+// Writes tensors in the given order with contiguous offsets; "__metadata__" holds {"format": "pt"},
+// `metadata` and the CRC-32C of every tensor's bytes (see verify_checksums). The checksums are
+// computed as the tensors are written (one tensor in memory at a time) into a header written first
+// with placeholders of the same length and rewritten in place before the file is committed. The header is space-padded
+// to a multiple of 8 so the data area is 8-byte aligned. Goes through temp file + fsync + rename; I/O failures ->
+// InputError("path: ...: strerror"). Bad arguments (duplicate/empty names, negative dims, null data) are internal bugs
+// (SF_CHECK).
 void write_safetensors(const std::string& path, const std::vector<TensorWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -264,8 +265,18 @@ Progress read_training_state(Session& s, const TrainOptions& o, const std::strin
     input_error(tpath, "the checkpoint is at step " + std::to_string(p.step) + ", not before --steps " +
                            std::to_string(o.steps));
 
-  // Every tensor checked before any is taken; then one at a time from the mapped file.
+  // Every tensor checked (checksum, dtype, shape) before any is taken; then one at a time from the
+  // mapped file. The checkpoint's model files are verified too: a flipped bit there would surface
+  // only when the checkpoint is used as a model.
   auto f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
+  std::vector<std::string> unverified;
+  if (!f.verify_checksums()) unverified.push_back(f.path());
+  const CheckpointReader model_files = CheckpointReader::open(dir);
+  for (const SafetensorsFile& mf : model_files.files())
+    if (!mf.verify_checksums()) unverified.push_back(mf.path());
+  for (const std::string& u : unverified)
+    log_info("warning: %s has no checksums (written by an older slideformer?); resuming without verifying it",
+             u.c_str());
   const ModelLayout layout = make_layout(s.model.spec);
   for (bool take : {false, true}) {
     for (const auto& [kind, prefix] : kSavedStates) {
@@ -347,9 +358,14 @@ TrainResult run_train(const TrainOptions& o) {
   log_info("%s", plan_summary(s.plan).c_str());
   uint64_t next_record = start.next_record;
   const StopSignals stop_signals;  // from here on a signal stops after the step, with a checkpoint
+  // Test hook: SF_RAISE_SIGINT_AT_STEP=N raises SIGINT at the start of step N (1-based), as a Ctrl-C
+  // arriving during that step would.
+  const char* raise_at_env = std::getenv("SF_RAISE_SIGINT_AT_STEP");
+  const int64_t raise_at = raise_at_env ? std::atoll(raise_at_env) : 0;
   auto t_start = std::chrono::steady_clock::now();
   int64_t tokens_total = 0;
   for (int64_t step = start.step; step < o.steps; ++step) {
+    if (step + 1 == raise_at) std::raise(SIGINT);
     auto t0 = std::chrono::steady_clock::now();
     // The step's micro-batches, counted before any runs: the loss is normalised by the step's
     // trained tokens, so accumulation gives the same update as one large batch.
@@ -427,6 +443,15 @@ TrainResult run_train(const TrainOptions& o) {
   result.tokens_per_second = double(tokens_total) / total_s;
   save_model_dir(s, o, out_dtype, o.output, nullptr);
   log_info("saved %s", o.output.c_str());
+  if (g_stop_signal != 0) {
+    // A signal during the last step or the final save: the run is complete and saved, and the exit
+    // status still says it was interrupted (128 + signal), as README promises.
+    const int sig = g_stop_signal;
+    log_info("%s during the last step: the run completed and %s is saved", sig == SIGINT ? "interrupted" : "terminated",
+             o.output.c_str());
+    result.interrupted_by = sig;
+    result.checkpoint = o.output;
+  }
   return result;
 }
 
