@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "chat_fixtures.h"
 #include "core/error.h"
 #include "data/chat.h"
 #include "data/jinja_eval.h"
@@ -386,19 +387,7 @@ TEST(ChatTemplates, Mistral) {
 // ---- assistant spans and masks
 
 // A byte-level tokenizer (tests/data/tokenizer/llama3.json) with the chat templates' special tokens.
-Tokenizer chat_tokenizer() {
-  json j = read_json_file(std::string(SF_SOURCE_DIR) + "/tests/data/tokenizer/llama3.json");
-  int id = 408;
-  for (const char* s : {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>"})
-    j["added_tokens"].push_back({{"id", id++},
-                                 {"content", s},
-                                 {"single_word", false},
-                                 {"lstrip", false},
-                                 {"rstrip", false},
-                                 {"normalized", false},
-                                 {"special", true}});
-  return Tokenizer::parse(j.dump(), "chat_tokenizer.json");
-}
+Tokenizer chat_tokenizer() { return Tokenizer::parse(test::chat_tokenizer_json().dump(), "chat_tokenizer.json"); }
 
 std::string spans_text(const ChatRendering& r) {
   std::string out;

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "chat_fixtures.h"
 #include "data/tokenizer.h"
 #include "io/json_file.h"
 #include "model_fixtures.h"
@@ -56,16 +57,7 @@ std::string make_chat_model(const fs::path& dir) {
   std::ofstream(dir / "m.json") << cfg.dump();
   const std::string m = (dir / "m").string();
   EXPECT_EQ(run(dir, "init --config " + (dir / "m.json").string() + " --output " + m + " --seed 3").code, 0);
-  json tok = read_json_file(std::string(SF_SOURCE_DIR) + "/tests/data/tokenizer/llama3.json");
-  int id = 408;
-  for (const char* s : {"<|im_start|>", "<|im_end|>"})
-    tok["added_tokens"].push_back({{"id", id++},
-                                   {"content", s},
-                                   {"single_word", false},
-                                   {"lstrip", false},
-                                   {"rstrip", false},
-                                   {"normalized", false},
-                                   {"special", true}});
+  const json tok = test::chat_tokenizer_json({"<|im_start|>", "<|im_end|>"});
   std::ofstream(m + "/tokenizer.json") << tok.dump();
   const std::string tmpl = slurp(std::string(SF_SOURCE_DIR) + "/tests/data/chat_templates/qwen2.5.jinja");
   std::ofstream(m + "/tokenizer_config.json") << json({{"eos_token", "<|im_end|>"}, {"chat_template", tmpl}}).dump();

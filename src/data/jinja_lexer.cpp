@@ -5,6 +5,7 @@
 #include <cctype>
 
 #include "data/jinja_ast.h"
+#include "data/unicode.h"
 
 namespace sf::jinja {
 namespace {
@@ -15,24 +16,6 @@ int count_lines(const std::string& s, size_t from, size_t to) {
   int n = 0;
   for (size_t i = from; i < to && i < s.size(); ++i) n += s[i] == '\n';
   return n;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
 }
 
 }  // namespace
@@ -238,7 +221,7 @@ std::vector<Token> lex_tag(const std::string& s, int line) {
                    uint32_t(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
             }
             if (cp > 0x10FFFF) throw SyntaxError(line, "bad \\U escape");
-            append_utf8(v, cp);
+            uni::append_utf8(v, cp);
             j += n;
             break;
           }
