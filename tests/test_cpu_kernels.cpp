@@ -644,5 +644,47 @@ TEST(CpuKernels, AdamWVectorMatchesFp64AndWritesCopies) {
                        "adamw.cpp", "F32");
 }
 
+// The split update of the sliding engine (clipping): a Params pass then a Moments pass give the
+// bits of one fused pass, for both lerp branches, bf16 and fp32 gradients, SIMD body and tail;
+// the Params pass leaves m, v alone and the Moments pass leaves p alone.
+TEST(CpuKernels, AdamWSplitPassesEqualTheFusedPass) {
+  const int n = 70001;  // several pool chunks, odd tail
+  const auto p0 = test::randn(n, 131), m0 = test::randn(n, 132, 1e-3f), g = test::randn(n, 133, 1e-2f);
+  std::vector<float> v0(n);
+  for (int i = 0; i < n; ++i) v0[i] = m0[i] * m0[i] * 3.f;
+  HostTensor gb(test::round_bf16(g), DType::BF16, {n});
+  for (float beta1 : {0.9f, 0.3f})
+    for (bool bf16_grads : {false, true}) {
+      AdamWParams a;
+      a.lr = 1e-3f, a.beta1 = beta1, a.beta2 = 0.95f, a.weight_decay = 0.1f, a.grad_scale = 0.37f, a.step = 4;
+      std::vector<float> g32 = g;
+      const Tensor gt = bf16_grads ? gb.t() : test::view_of(g32, {n});
+      std::vector<float> pf = p0, mf = m0, vf = v0, ps = p0, ms = m0, vs = v0;
+      HostTensor cf(DType::BF16, {n}), cs(DType::BF16, {n});
+      cpu::adamw(test::view_of(pf, {n}), gt, test::view_of(mf, {n}), test::view_of(vf, {n}), cf.t(), a);
+      cpu::adamw(test::view_of(ps, {n}), gt, test::view_of(ms, {n}), test::view_of(vs, {n}), cs.t(), a,
+                 cpu::AdamWPart::Params);
+      EXPECT_EQ(ms, m0);
+      EXPECT_EQ(vs, v0);
+      EXPECT_EQ(ps, pf);
+      EXPECT_EQ(std::memcmp(cf.t().data, cs.t().data, size_t(n) * 2), 0);
+      std::vector<float> p_before = ps;
+      cpu::adamw(test::view_of(ps, {n}), gt, test::view_of(ms, {n}), test::view_of(vs, {n}), Tensor(), a,
+                 cpu::AdamWPart::Moments);
+      EXPECT_EQ(ps, p_before);
+      EXPECT_EQ(ms, mf) << "beta1 " << beta1 << " bf16 " << bf16_grads;
+      EXPECT_EQ(vs, vf);
+    }
+  std::vector<float> p = p0, m = m0, v = v0;
+  HostTensor c(DType::BF16, {n});
+  AdamWParams a;
+  expect_check_failure(
+      [&] {
+        cpu::adamw(test::view_of(p, {n}), gb.t(), test::view_of(m, {n}), test::view_of(v, {n}), c.t(), a,
+                   cpu::AdamWPart::Moments);
+      },
+      "adamw.cpp", "copy");
+}
+
 }  // namespace
 }  // namespace sf

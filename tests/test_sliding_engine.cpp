@@ -3,6 +3,8 @@
 // delays injected into every stream (a missing event dependency shows up as a difference).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <random>
 
 #include "backend/cpu/cpu_device.h"
@@ -68,9 +70,10 @@ struct Case {
   bool small_chunks = false;
   // Blobs kept on the GPU: 0 none, 1 embedding + head, 2 embedding + layer 1 + head, 3 all.
   int gpu = 0;
-  bool bf16 = false;  // --compute-dtype bf16 in both engines: gradients rounded to bf16 (as on cuda)
-  int micro = 1;      // micro-batches a step (layer-major in the sliding engine)
-  int64_t hold = 0;   // SlidingOptions::hold_grads (overlap): the first blobs updated after the backward
+  bool bf16 = false;   // --compute-dtype bf16 in both engines: gradients rounded to bf16 (as on cuda)
+  int micro = 1;       // micro-batches a step (layer-major in the sliding engine)
+  int64_t hold = 0;    // SlidingOptions::hold_grads (overlap): the first blobs updated after the backward
+  bool fused = false;  // clipping: one AdamW pass a blob (SlidingOptions::split_update off)
 };
 
 std::vector<int> gpu_blobs(int which, int n_layer) {
@@ -122,6 +125,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   so.gpu_blobs = gpu_blobs(c.gpu, spec.n_layer);
   so.keep_grads = !c.overlap;
   so.hold_grads = c.hold;
+  so.split_update = !c.fused;
   if (c.small_chunks) {
     so.chunk = 37;
     so.grad_ring = 2;
@@ -168,14 +172,17 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama", 3, 0, 0, true, false, 0, false, 1, 1}, Case{"qwen3", 2, 50, 4, true, true, 0, true, 1, 3000},
         Case{"mistral", 3, 50, 16, true, false, 1, false, 2, 5000},
         Case{"qwen2", 2, 50, 2, true, true, 0, false, 1, 1 << 30},
-        Case{"llama", 2, 50, 1, true, false, 2, true, 3, 2000}),
+        Case{"llama", 2, 50, 1, true, false, 2, true, 3, 2000},
+        // clipping with one fused AdamW pass a blob (the others split it in two)
+        Case{"qwen3", 3, 0, 0, false, false, 0, false, 1, 0, true},
+        Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +
              (c.stall_streams ? "_stalls" + std::to_string(c.stall_streams) : "") + (c.overlap ? "_overlap" : "") +
              (c.small_chunks ? "_chunks" : "") + (c.gpu ? "_gpu" + std::to_string(c.gpu) : "") +
              (c.bf16 ? "_bf16" : "") + (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "") +
-             (c.hold ? "_hold" + std::to_string(c.hold) : "");
+             (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "");
     });
 
 }  // namespace
@@ -230,6 +237,64 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
     SlidingEngine a(*dev, spec, so), b(*dev, spec, so);
     check(a, b);
   }
+}
+
+// SF_TRACE: every stream's marks of every step, in time order, each step's compute marks in
+// schedule order, and the split update's passes on the opt stream (parameters before moments).
+TEST(SlidingEngine, TraceRecordsTheTimelineOfEachStep) {
+  nlohmann::json cfg = test::tiny_config("llama");
+  ModelSpec spec = parse_model_spec(cfg, "tiny");
+  auto recs = records(int(spec.vocab), 29, 6);
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_seq = 11;
+  test::TempDir dir;
+  const std::string path = (dir.path / "trace.jsonl").string();
+  ::setenv("SF_TRACE", path.c_str(), 1);
+  {
+    auto dev = make_cpu_device();
+    SlidingOptions so;
+    so.base = eo;
+    SlidingEngine e(*dev, spec, so);
+    e.init_random(3);
+    train(e, recs, 2, 1, 0.5);
+  }
+  ::unsetenv("SF_TRACE");
+  std::ifstream in(path);
+  std::string line;
+  std::vector<nlohmann::json> marks;
+  while (std::getline(in, line)) marks.push_back(nlohmann::json::parse(line));
+  ASSERT_FALSE(marks.empty());
+  double last = -1;
+  int runs = 0, heads = 0, params = 0, moments = 0;
+  std::vector<std::string> compute;
+  for (const auto& m : marks) {
+    EXPECT_GE(m["t"].get<double>(), last);
+    last = m["t"].get<double>();
+    const std::string st = m["stream"], what = m["what"];
+    runs += st == "host" && what == "run";
+    heads += st == "compute" && what == "head";
+    if (st == "compute") compute.push_back(what);
+    if (st == "opt" && what.rfind("updated ", 0) == 0) {
+      const bool is_m = what.find("moments") != std::string::npos;
+      moments += is_m;
+      params += !is_m;
+      if (is_m) {
+        EXPECT_EQ(params % (spec.n_layer + 2), 0) << "a moment pass before the step's parameter passes";
+      }
+    }
+  }
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(heads, 2);
+  EXPECT_EQ(params, 2 * (spec.n_layer + 2));
+  EXPECT_EQ(moments, 2 * (spec.n_layer + 2));
+  // One step's compute marks: forward 0..L, head, backward L..0.
+  std::vector<std::string> want;
+  for (int l = 0; l <= spec.n_layer; ++l) want.push_back("forward " + std::to_string(l));
+  want.push_back("head");
+  for (int l = spec.n_layer; l >= 0; --l) want.push_back("backward " + std::to_string(l));
+  ASSERT_GE(compute.size(), want.size());
+  EXPECT_EQ(std::vector<std::string>(compute.begin(), compute.begin() + long(want.size())), want);
 }
 
 }  // namespace

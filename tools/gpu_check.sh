@@ -87,6 +87,24 @@ for s in "${steps[@]}"; do
       run tokenizer_compare timeout 200 python3 tools/tokenizer_parity.py compare --bin "$BIN/slideformer" --n 4000 \
         tmp/tokenizers/*.json.gz
       run tokenizer_record timeout 120 python3 tools/tokenizer_parity.py record --out "$OUT/tok" ;;
+    # session 4: clipping with the split update (default) and fused (SF_SPLIT_UPDATE=0), no
+    # clipping with and without held gradients, each with a stream timeline (SF_TRACE, summarised
+    # by tools/trace_summary.py into all.log; the raw traces in $OUT/traces.tgz); 8B at 24 GiB
+    offload8)
+      run torch_3b python3 bench/torch_train_baseline.py --preset 3b --steps 3 --warmup 2 --clip 1.0
+      b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 4 --warmup 1 --device cuda
+        --offload --gpu-blobs 0"
+      mkdir -p "$OUT/traces"
+      for v in "clip1 1 1 0" "clip1_fused 1 0 0" "clip0 0 1 0" "clip0_hold 0 1 1"; do
+        set -- $v
+        run sf_3b_$1 env SF_TRACE="$OUT/traces/$1.jsonl" SF_SPLIT_UPDATE=$3 SF_HOLD_GRADS=$4 $b3 --max-grad-norm $2
+        run trace_3b_$1 python3 tools/trace_summary.py "$OUT/traces/$1.jsonl" --layers
+      done
+      for clip in 1 0; do
+        run sf_8b_24g_clip$clip env SF_TRACE="$OUT/traces/8b_clip$clip.jsonl" "$BIN/slideformer" bench --preset llama-8b           --batch-size 8 --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip
+        run trace_8b_clip$clip python3 tools/trace_summary.py "$OUT/traces/8b_clip$clip.jsonl"
+      done
+      tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces" ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \

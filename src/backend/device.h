@@ -41,6 +41,10 @@ class Device {
   virtual void synchronize(Event& e) = 0;
   virtual void synchronize(Stream& s) = 0;
   virtual bool query(Event& e) = 0;  // true when the recorded work is done
+  // Diagnostics (SF_TRACE): an event that also notes when the stream reached it, and the seconds
+  // between two such events once both are complete. Not for the hot path of a plain run.
+  virtual std::unique_ptr<Event> create_timing_event() = 0;
+  virtual double elapsed_seconds(Event& from, Event& to) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes, CopyKind kind, Stream& s) = 0;
   // Runs fn on the host once the stream's earlier work is done (ordered in the stream).
   virtual void host_fn(Stream& s, std::function<void()> fn) = 0;

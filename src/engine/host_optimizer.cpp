@@ -1,15 +1,16 @@
 #include "engine/host_optimizer.h"
 
-#include <algorithm>
-#include <chrono>
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "backend/cpu/kernels.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace sf {
@@ -44,10 +45,7 @@ HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel
   v_ = HostBuffer(size_t(total_) * 4);
   // The AdamW pass streams through m and v every step: transparent huge pages spare the TLB
   // (SF_HUGEPAGES=0 turns this off, to measure it).
-  static const bool huge = [] {
-    const char* e = std::getenv("SF_HUGEPAGES");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool huge = env_switch("SF_HUGEPAGES", true);
   if (huge)
     for (const HostBuffer* b : {&m_, &v_})
       if (b->size() >= (size_t(4) << 20)) {  // page-aligned inside the buffer; a hint, failure is harmless
@@ -85,15 +83,15 @@ HostOptimizer::Landing HostOptimizer::land(int blob, int64_t i0, Stream& stream)
   return Landing{static_cast<char*>(store_.data()) + size_t(r) * size_t(chunk_) * dtype_size(gd_), r};
 }
 
-void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p,
-                                 Stream& opt) {
+void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p, Stream& opt,
+                                 cpu::AdamWPart part) {
   const int64_t off = off_[size_t(blob)] + i0;
   // p by value: the next step's parameters may differ by the time this runs.
-  dev_.host_fn(opt, [this, off, n, g = at.ptr, p] {
+  dev_.host_fn(opt, [this, off, n, g = at.ptr, p, part] {
     const auto t0 = std::chrono::steady_clock::now();
     auto f32 = [&](const HostBuffer& b) { return Tensor(b.as<float>() + off, DType::F32, {n}); };
     cpu::adamw(Tensor(static_cast<float*>(master_.data()) + off, DType::F32, {n}), Tensor(g, gd_, {n}), f32(m_),
-               f32(v_), Tensor(), p);
+               f32(v_), Tensor(), p, part);
     update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });
   if (at.ring >= 0) dev_.record(*ring_free_[size_t(at.ring)], opt);

@@ -7,13 +7,15 @@
 //   as soon as it lands and the buffer goes back to the ring; except the blobs marked `held` (the
 //   first ones in forward order), whose gradients wait in their own place to be updated after the
 //   backward, in forward order, while the next forward runs (the host would idle there otherwise).
-// One fused pass per chunk (cpu::adamw): reads the gradient, p, m, v; writes p, m, v.
+// One fused pass per chunk (cpu::adamw): reads the gradient, p, m, v; writes p, m, v; or, split,
+// a parameter pass (reads g, p, m, v; writes p) and later a moment pass (reads g, m, v; writes m, v).
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "backend/cpu/kernels.h"
 #include "backend/device.h"
 #include "core/host_memory.h"
 
@@ -41,7 +43,9 @@ class HostOptimizer {
   };
   Landing land(int blob, int64_t i0, Stream& stream);
   // The chunk's AdamW on `opt` (after the work queued there so far); a ring buffer is free after.
-  void queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p, Stream& opt);
+  // `part`: both passes (All) or one of the two of a split update (cpu::AdamWPart).
+  void queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p, Stream& opt,
+                    cpu::AdamWPart part = cpu::AdamWPart::All);
   // The gradient store of a blob (keep_grads, or held), [numel] in grad_dtype().
   const void* grads(int blob) const;
   bool held(int blob) const { return keep_ || held_off_[size_t(blob)] >= 0; }

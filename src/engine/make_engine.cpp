@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -20,6 +21,7 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.gpu_blobs = gpu_blobs;
   so.keep_grads = keep_grads || !opt.optimizer;
   so.hold_grads = hold_grads;
+  so.split_update = env_switch("SF_SPLIT_UPDATE", true);
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/align.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "engine/engine.h"
@@ -205,10 +206,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   const Flops f_all = flops_per_token(s, r.seq);
   // Off unless SF_HOLD_GRADS=1 (a benchmark switch): measured on the H200 machine it did not yet
   // beat updating every blob as it lands (docs/PERFORMANCE.md).
-  static const bool hold_on = [] {
-    const char* v = std::getenv("SF_HOLD_GRADS");
-    return v && std::string(v) == "1";
-  }();
+  static const bool hold_on = env_switch("SF_HOLD_GRADS", false);
   auto hold_for = [&](const std::vector<int>& gpu_blobs) -> int64_t {
     if (!hold_on || r.clip || !r.optimizer || on_host) return 0;
     double P = double(lay_all.total_numel());
@@ -320,10 +318,19 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     // With clipping the update waits for the backward and overlaps only the next forward (in
     // forward order). Without, each blob's update runs during the backward, but the embedding's
     // comes last and the next forward needs it first.
-    const double fwd_s = p.gpu_s * (f.forward / f.total);
+    const double fwd_s = p.gpu_s * (f.forward / f.total), bwd_s = p.gpu_s - fwd_s;
     const double emb_update_s = emb_on_host ? double(lay.embedding().numel) / rates.host_adamw_params_s : 0.0;
-    const double path =
-        r.clip ? p.gpu_s + std::max(0.0, update_s - fwd_s) : fwd_s + std::max(p.gpu_s - fwd_s, p.host_s) + emb_update_s;
+    double path = fwd_s + std::max(bwd_s, p.host_s) + emb_update_s;
+    if (r.clip && env_switch("SF_SPLIT_UPDATE", true)) {
+      // Split update (SlidingOptions::split_update): the parameter passes (18 of the fused pass's
+      // 26 bytes of host traffic a parameter: the rate is memory-bound) overlap the next forward,
+      // the moment passes (18 more) its backward.
+      const double part_s = update_s * 18.0 / 26.0;
+      p.host_s = 2 * part_s;
+      path = std::max(fwd_s, part_s) + std::max(bwd_s, part_s);
+    } else if (r.clip) {
+      path = p.gpu_s + std::max(0.0, update_s - fwd_s);
+    }
     p.step_s = std::max({path, p.host_s, p.pcie_s});
   }
   p.tokens_per_s = tokens / p.step_s;

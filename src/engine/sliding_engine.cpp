@@ -13,6 +13,7 @@
 #include "engine/device_rope.h"
 #include "engine/host_optimizer.h"
 #include "engine/slot_cache.h"
+#include "engine/step_trace.h"
 #include "engine/token_uploader.h"
 #include "io/checkpoint.h"
 #include "model/program.h"
@@ -96,7 +97,8 @@ struct SlidingEngine::Impl {
   std::unique_ptr<Event> grads_ready;           // compute: a gradient is complete (re-recorded)
   std::unique_ptr<Event> chunk_landed;          // d2h, re-recorded per chunk (waited at once)
   std::vector<std::unique_ptr<Event>> landed;   // [blobs] d2h: the step's gradient is in host memory
-  std::vector<std::unique_ptr<Event>> updated;  // [blobs] opt: the blob's last host update is done
+  std::vector<std::unique_ptr<Event>> updated;  // [blobs] opt: the blob's master is updated (uploads wait)
+  std::vector<std::unique_ptr<Event>> moved;    // [blobs] opt: its last update has read the gradient store
 
   // Activations: a ring of K+1 [N, H] buffers holds each micro-batch's current hidden state (or
   // gradient); a layer writes micro-batch j's output into the spare one.
@@ -118,6 +120,11 @@ struct SlidingEngine::Impl {
   // queue behind it. Created last (stream indices of the race tests).
   std::unique_ptr<Stream> opt_stream;
   Program program;
+  std::unique_ptr<StepTrace> trace;  // SF_TRACE: a timeline of the streams
+
+  void mark(Stream& s, const char* name, const std::string& what) {
+    if (trace) trace->mark(s, name, what);
+  }
 
   Tensor act_at(const DeviceBuffer& b, int i, int64_t N) const {
     return Tensor(static_cast<char*>(b.data()) + size_t(i) * stride_nh, act, {N, spec.hidden});
@@ -129,8 +136,10 @@ struct SlidingEngine::Impl {
   // ---- parameters
   ParamsRef acquire(int blob, bool use, int keep = -1) {
     if (gpu.has(blob)) return {act == DType::F32 ? gpu.at(gpu.master, blob) : gpu_params(blob), -1};
+    const int64_t before = slots->uploads();
     const int k =
         slots->acquire(blob, host->master(blob), layout.blobs[size_t(blob)].numel, *updated[size_t(blob)], use, keep);
+    if (slots->uploads() != before) mark(*h2d, "h2d", "uploaded " + std::to_string(blob));
     return k >= 0 ? ParamsRef{slots->data(k), k} : ParamsRef{};  // (-1: a prefetch that was skipped)
   }
   void release(const ParamsRef& p) {
@@ -181,9 +190,9 @@ struct SlidingEngine::Impl {
       return;
     }
     const bool held = host->held(blob);
-    if (held) dev.wait(*d2h, *updated[size_t(blob)]);  // the last update has read the store
-    if (held) overlap = nullptr;                       // updated after the backward (SlidingEngine::step)
-    if (act == DType::F32) {                           // copied down as it is
+    if (held) dev.wait(*d2h, *moved[size_t(blob)]);  // the last update has read the store
+    if (held) overlap = nullptr;                     // updated after the backward (SlidingEngine::step)
+    if (act == DType::F32) {                         // copied down as it is
       dev.record(*grads_ready, *compute);
       dev.wait(*d2h, *grads_ready);
     }
@@ -209,12 +218,18 @@ struct SlidingEngine::Impl {
       if (overlap) {
         dev.record(*chunk_landed, *d2h);
         dev.wait(*opt_stream, *chunk_landed);
+        if (i == 0) mark(*opt_stream, "opt", "update " + std::to_string(blob));
         host->queue_update(blob, i, c, at, *overlap, *opt_stream);
       }
     }
+    mark(*d2h, "d2h", "landed " + std::to_string(blob));
+    if (overlap) mark(*opt_stream, "opt", "updated " + std::to_string(blob));
     if (a) dev.record(*a->sent, *d2h);
     dev.record(*landed[size_t(blob)], *d2h);
-    if (overlap) dev.record(*updated[size_t(blob)], *opt_stream);
+    if (overlap) {
+      dev.record(*updated[size_t(blob)], *opt_stream);
+      dev.record(*moved[size_t(blob)], *opt_stream);
+    }
     dev.ops().sq_norm(norm, g, *compute);
   }
 
@@ -228,12 +243,17 @@ struct SlidingEngine::Impl {
     dev.record(*bwd_ready[i], *h2d);
   }
 
-  // A held blob's AdamW on the opt stream, once its whole gradient has landed.
-  void queue_blob_update(int blob, const AdamWParams& p) {
+  // A held blob's AdamW (or one pass of it) on the opt stream, once its whole gradient has landed.
+  void queue_blob_update(int blob, const AdamWParams& p, cpu::AdamWPart part = cpu::AdamWPart::All) {
     dev.wait(*opt_stream, *landed[size_t(blob)]);
     const HostOptimizer::Landing at{const_cast<void*>(host->grads(blob)), -1};
-    host->queue_update(blob, 0, layout.blobs[size_t(blob)].numel, at, p, *opt_stream);
-    dev.record(*updated[size_t(blob)], *opt_stream);
+    static const char* const kPart[] = {"", " params", " moments"};
+    const std::string what = std::to_string(blob) + kPart[int(part)];
+    mark(*opt_stream, "opt", "update " + what);
+    host->queue_update(blob, 0, layout.blobs[size_t(blob)].numel, at, p, *opt_stream, part);
+    mark(*opt_stream, "opt", "updated " + what);
+    if (part != cpu::AdamWPart::Moments) dev.record(*updated[size_t(blob)], *opt_stream);
+    if (part != cpu::AdamWPart::Params) dev.record(*moved[size_t(blob)], *opt_stream);
   }
   void run(const std::vector<Batch>& mbs, float scale, bool backward, const AdamWParams* overlap);
   void sync_all() {
@@ -315,6 +335,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   for (int b = 0; b < nb; ++b) {
     landed.push_back(dev.create_event());
     updated.push_back(dev.create_event());
+    moved.push_back(dev.create_event());
   }
   if (gpu.total > 0) {
     const size_t n = size_t(gpu.total);
@@ -341,6 +362,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   ws = std::make_unique<Workspace>(dev, spec, o.base.max_batch, o.base.max_seq, act);
   tokens = std::make_unique<TokenUploader>(dev, max_tokens, 2 * K);
   opt_stream = d.create_stream();
+  trace = StepTrace::from_env(dev, *compute);
   dev.synchronize(*compute);
 }
 
@@ -358,6 +380,7 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
     slots->invalidate();
     slots_stale = false;
   }
+  if (trace) trace->now("host", backward ? "run" : "run forward");
   std::vector<TokenUploader::Tokens> tok;
   std::vector<BatchDims> dims;
   for (const Batch& b : mbs) {
@@ -387,6 +410,7 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
     program.embed_forward(act_at(acts, j, N(j)), tok[size_t(j)].ids, entry(p, 0, 0), c);
   }
   release(p);
+  mark(c, "compute", "forward 0");
   if (L > 0) acquire(1, false);
   for (int l = 0; l < L; ++l) {
     p = acquire(1 + l, true);
@@ -406,6 +430,7 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
       advance(j);
     }
     release(p);
+    mark(c, "compute", "forward " + std::to_string(1 + l));
   }
   if (backward) dev.record(*ckpt_done, *d2h);
 
@@ -439,6 +464,7 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
   }
   release(ph);
   release(pe);
+  mark(c, "compute", "head");
   send_grads(head_blob, g_head, gpu.has(head_blob) ? nullptr : &head_acc, overlap);
 
   // Backward: the k-th checkpoint fetch (layer l, micro-batch j in this order) is queued while
@@ -468,11 +494,13 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
       advance(j);
     }
     release(p);
+    mark(c, "compute", "backward " + std::to_string(1 + l));
     send_grads(1 + l, g, gpu.has(1 + l) ? nullptr : &a, overlap);
   }
   for (int j = 0; j < K; ++j)
     program.embed_backward(g_table, act_at(acts, cur[size_t(j)], N(j)), tok[size_t(j)].ids, c);
   for (const auto& t : tok) tokens->done(t.slot, c);
+  mark(c, "compute", "backward 0");
   send_grads(0, g_emb, gpu.has(0) ? nullptr : &emb_acc, overlap);
 }
 
@@ -548,6 +576,7 @@ Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const Step
     for (int b = 0; b < m.nb; ++b)
       if (!m.gpu.has(b) && m.host->held(b)) m.queue_blob_update(b, p);
   m.read_scalars();  // the step's one host synchronisation: loss and norms
+  if (m.trace) m.trace->now("host", "norm known");
   r.loss = r.trained > 0 ? double(m.host_scalars[0]) / double(r.trained) : 0.0;
   r.grad_norm = std::sqrt(m.grad_sq_norm());
   if (!clip) {
@@ -558,15 +587,21 @@ Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const Step
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return r;
   // The clip factor is known: every blob's AdamW in forward order, the host ones on the opt
   // stream after their gradient has landed. The next forward uploads blob b as soon as its own
-  // update is done, so the updates overlap that forward; nothing waits here.
+  // update is done, so the updates overlap that forward; nothing waits here. Split: the
+  // parameter passes first (what that forward waits for), then the moment passes in backward
+  // order (the order in which the next backward's gradients land on their stores).
   p.grad_scale = clip_factor(r.grad_norm, sp.max_grad_norm);
+  const bool split = opt_.split_update;
   for (int b = 0; b < m.nb; ++b) {
     if (m.gpu.has(b)) {
       m.gpu_update(b, p);  // compute stream: before the next forward reads the blob
       continue;
     }
-    m.queue_blob_update(b, p);
+    m.queue_blob_update(b, p, split ? cpu::AdamWPart::Params : cpu::AdamWPart::All);
   }
+  if (split)
+    for (int b = m.nb - 1; b >= 0; --b)
+      if (!m.gpu.has(b)) m.queue_blob_update(b, p, cpu::AdamWPart::Moments);
   m.slots_stale = true;
   r.updated = true;
   return r;

@@ -64,28 +64,33 @@ bool have_avx2() {
 
 // CopyT = void: no copy. at::lerp: self + w (end - self) for |w| < 0.5, else
 // end - (end - self)(1 - w); the branch is a template argument (it is loop-invariant).
-template <bool kSmallW, class GradT, class CopyT>
+template <bool kSmallW, AdamWPart kPart, class GradT, class CopyT>
 void adamw_range(float* p, const GradT* gp, float* m, float* v, CopyT* cp, const Coefs& k, int64_t i0, int64_t i1) {
   int64_t i = i0;
 #ifdef SF_ADAMW_SIMD
-  i = have_avx2() ? avx2::run<kSmallW>(p, gp, m, v, cp, k, i, i1) : sse2::run<kSmallW>(p, gp, m, v, cp, k, i, i1);
+  i = have_avx2() ? avx2::run<kSmallW, kPart>(p, gp, m, v, cp, k, i, i1)
+                  : sse2::run<kSmallW, kPart>(p, gp, m, v, cp, k, i, i1);
 #endif
   for (; i < i1; ++i) {
     const float g = ld(gp, i) * k.gscale;
-    const float pv = p[i] * k.decay;
     const float mv = kSmallW ? m[i] + k.w1 * (g - m[i]) : g - (g - m[i]) * (1.f - k.w1);
     const float vv = v[i] * k.b2 + (k.c2 * g) * g;
-    const float denom = std::sqrt(vv) / k.bc2_sqrt + k.eps;
-    p[i] = pv + k.neg_step * (mv / denom);
-    m[i] = mv;
-    v[i] = vv;
-    if constexpr (!std::is_void_v<CopyT>) st(cp, i, p[i]);
+    if constexpr (kPart != AdamWPart::Params) {
+      m[i] = mv;
+      v[i] = vv;
+    }
+    if constexpr (kPart != AdamWPart::Moments) {
+      const float pv = p[i] * k.decay;
+      const float denom = std::sqrt(vv) / k.bc2_sqrt + k.eps;
+      p[i] = pv + k.neg_step * (mv / denom);
+      if constexpr (!std::is_void_v<CopyT>) st(cp, i, p[i]);
+    }
   }
 }
 
 }  // namespace
 
-void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& a) {
+void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& a, AdamWPart part) {
   SF_CHECK_DTYPE("adamw", param, DType::F32);
   SF_CHECK_DTYPE("adamw", m, DType::F32);
   SF_CHECK_DTYPE("adamw", v, DType::F32);
@@ -94,6 +99,7 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
   SF_CHECK_NUMEL("adamw", grad, n);
   SF_CHECK_NUMEL("adamw", m, n);
   SF_CHECK_NUMEL("adamw", v, n);
+  SF_CHECK(part != AdamWPart::Moments || param_copy.empty(), "adamw: a Moments pass writes no parameter copy");
   if (!param_copy.empty()) {
     SF_CHECK_REAL("adamw", param_copy);
     SF_CHECK_NUMEL("adamw", param_copy, n);
@@ -119,10 +125,20 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
     cpu_pool().parallel_for(
         n,
         [&](int64_t i0, int64_t i1) {
-          if (small_w) {
-            adamw_range<true, GradT, CopyT>(p, gp, mp, vp, cp, k, i0, i1);
+          auto go = [&](auto small, auto which) {
+            adamw_range<decltype(small)::value, decltype(which)::value, GradT, CopyT>(p, gp, mp, vp, cp, k, i0, i1);
+          };
+          using S = std::true_type;
+          using B = std::false_type;
+          using A = std::integral_constant<AdamWPart, AdamWPart::All>;
+          using P = std::integral_constant<AdamWPart, AdamWPart::Params>;
+          using M = std::integral_constant<AdamWPart, AdamWPart::Moments>;
+          if (part == AdamWPart::Params) {
+            small_w ? go(S{}, P{}) : go(B{}, P{});
+          } else if (part == AdamWPart::Moments) {
+            small_w ? go(S{}, M{}) : go(B{}, M{});
           } else {
-            adamw_range<false, GradT, CopyT>(p, gp, mp, vp, cp, k, i0, i1);
+            small_w ? go(S{}, A{}) : go(B{}, A{});
           }
         },
         1 << 15);

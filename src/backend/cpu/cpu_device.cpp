@@ -28,12 +28,14 @@ struct RecordFlag {
 struct CpuEvent : Event {
   std::mutex mu;
   std::condition_variable cv;
-  std::shared_ptr<RecordFlag> latest;  // null until the first record
+  std::shared_ptr<RecordFlag> latest;          // null until the first record
+  std::chrono::steady_clock::time_point when;  // the last completion (timing events)
 
   void complete(const std::shared_ptr<RecordFlag>& f) {
     {
       std::lock_guard<std::mutex> lk(mu);
       f->done = true;
+      when = std::chrono::steady_clock::now();
     }
     cv.notify_all();
   }
@@ -213,6 +215,19 @@ class CpuDevice final : public Device {
     return std::make_unique<CpuStream>(opt_, opt_.delay_seed + 0x9e3779b97f4a7c15ull * (n + 1), int(n));
   }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
+  std::unique_ptr<Event> create_timing_event() override { return std::make_unique<CpuEvent>(); }
+  double elapsed_seconds(Event& from, Event& to) override {
+    std::chrono::steady_clock::time_point a, b;
+    {
+      std::lock_guard<std::mutex> lk(ce(from).mu);
+      a = ce(from).when;
+    }
+    {
+      std::lock_guard<std::mutex> lk(ce(to).mu);
+      b = ce(to).when;
+    }
+    return std::chrono::duration<double>(b - a).count();
+  }
 
   void record(Event& e, Stream& s) override {
     CpuEvent* ev = &ce(e);

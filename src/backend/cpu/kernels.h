@@ -35,6 +35,12 @@ void zero(Tensor x);
 void sq_norm(Tensor out, Tensor x);
 constexpr int64_t kSqNormBlock = int64_t(1) << 14;
 double sq_sum(const float* x, int64_t n);
-void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& p);
+// Which states one AdamW pass writes. The sliding engine with clipping splits a step's update in
+// two passes of the same arithmetic (so the same bits as All): `Params` (reads p, g, m, v; writes
+// p and the copy) as soon as the clip factor is known, and `Moments` (reads g, m, v; writes m, v)
+// later, when the host memory bus has slack; `Moments` does not read p.
+enum class AdamWPart { All, Params, Moments };
+void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& p,
+           AdamWPart part = AdamWPart::All);
 
 }  // namespace sf::cpu

@@ -130,7 +130,9 @@ struct CudaStream final : Stream {
 
 struct CudaEvent final : Event {
   cudaEvent_t e = nullptr;
-  CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
+  explicit CudaEvent(bool timing = false) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
   ~CudaEvent() override { cudaEventDestroy(e); }
 };
 
@@ -262,6 +264,12 @@ class CudaDevice final : public Device {
 
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(arena_); }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(); }
+  std::unique_ptr<Event> create_timing_event() override { return std::make_unique<CudaEvent>(true); }
+  double elapsed_seconds(Event& from, Event& to) override {
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, ce(from).e, ce(to).e));
+    return double(ms) * 1e-3;
+  }
   void record(Event& e, Stream& s) override { CUDA_CHECK(cudaEventRecord(ce(e).e, cs(s).s)); }
   void wait(Stream& s, Event& e) override { CUDA_CHECK(cudaStreamWaitEvent(cs(s).s, ce(e).e, 0)); }
   void synchronize(Event& e) override { CUDA_CHECK(cudaEventSynchronize(ce(e).e)); }
