@@ -95,7 +95,7 @@ for s in "${steps[@]}"; do
       b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 4 --warmup 1 --device cuda
         --offload --gpu-blobs 0"
       mkdir -p "$OUT/traces"
-      for v in "clip1 1 1 0" "clip1_fused 1 0 0" "clip0 0 1 0" "clip0_hold 0 1 1"; do
+      for v in "clip1 1 1 0" "clip1_fused 1 0 0" "clip0 0 1 0" "clip0_hold 0 1 1" "clip0_hold400m 0 1 400000000"; do
         set -- $v
         run sf_3b_$1 env SF_TRACE="$OUT/traces/$1.jsonl" SF_SPLIT_UPDATE=$3 SF_HOLD_GRADS=$4 $b3 --max-grad-norm $2
         run trace_3b_$1 python3 tools/trace_summary.py "$OUT/traces/$1.jsonl" --layers

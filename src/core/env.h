@@ -13,4 +13,13 @@ inline bool env_switch(const char* name, bool dflt) {
   return std::string(v) != "0";
 }
 
+// An integer switch; unset, empty or not a number: `dflt`.
+inline long long env_int(const char* name, long long dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  return end && *end == 0 ? x : dflt;
+}
+
 }  // namespace sf

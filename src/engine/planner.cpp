@@ -204,11 +204,13 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   // runs during the next forward (SlidingOptions::hold_grads). Sized from the rates.
   const ModelLayout lay_all = make_layout(s);
   const Flops f_all = flops_per_token(s, r.seq);
-  // Off unless SF_HOLD_GRADS=1 (a benchmark switch): measured on the H200 machine it did not yet
-  // beat updating every blob as it lands (docs/PERFORMANCE.md).
-  static const bool hold_on = env_switch("SF_HOLD_GRADS", false);
+  // Off unless SF_HOLD_GRADS=1 (a benchmark switch; a larger number holds that many parameters):
+  // measured on the H200 machine it did not yet beat updating every blob as it lands
+  // (docs/PERFORMANCE.md).
+  static const long long hold_env = env_int("SF_HOLD_GRADS", 0);
   auto hold_for = [&](const std::vector<int>& gpu_blobs) -> int64_t {
-    if (!hold_on || r.clip || !r.optimizer || on_host) return 0;
+    if (hold_env <= 0 || r.clip || !r.optimizer || on_host) return 0;
+    if (hold_env > 1) return int64_t(hold_env);
     double P = double(lay_all.total_numel());
     for (int b : gpu_blobs) P -= double(lay_all.blobs[size_t(b)].numel);
     const double gpu_s = f_all.total * double(r.batch) * r.seq * r.grad_accum / (rates.model_tflops * 1e12);
