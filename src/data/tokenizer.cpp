@@ -122,6 +122,224 @@ Tokenizer Tokenizer::load(const std::string& path) {
   return parse(text, path);
 }
 
+namespace {
+
+// tokenizer.json's top level: an object of a known version, without truncation or padding.
+void check_top_level(const Ctx& c, const json& j) {
+  c.obj(j, "");
+  if (const json* v = c.opt(j, "", "version"))
+    if (c.str(*v, "version") != "1.0")
+      c.fail("version", "unknown tokenizer version '" + v->get<std::string>().substr(0, 20) + "'");
+  for (const char* k : {"truncation", "padding"})
+    if (c.opt(j, "", k)) c.fail(k, std::string(k) + " is not supported (set it to null)");
+}
+
+// The model object: BPE without dropout or subword affixes.
+const json& bpe_model(const Ctx& c, const json& j) {
+  const json& m = c.obj(c.at(j, "", "model"), "model");
+  const std::string mtype = c.str_or(m, "model", "type", "BPE");
+  if (mtype != "BPE") c.fail("model.type", "model " + mtype.substr(0, 40) + " is not supported (BPE only)");
+  if (const json* d = c.opt(m, "model", "dropout"))
+    if (!d->is_number() || d->get<double>() != 0.0) c.fail("model.dropout", "BPE dropout is not supported");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (const json* v = c.opt(m, "model", k))
+      if (!c.str(*v, std::string("model.") + k).empty()) c.fail(std::string("model.") + k, "not supported");
+  return m;
+}
+
+// model.vocab: ids below `bound` (vocabulary and added tokens together: nothing is sized from an id
+// before it is checked), each used once; `seen` marks the ids used.
+void read_vocab(const Ctx& c, const json& vocab, int64_t bound, std::unordered_map<std::string, int32_t>& ids,
+                std::vector<std::string>& id_to_token, std::vector<uint8_t>& seen) {
+  seen.assign(size_t(bound), 0);
+  ids.reserve(vocab.size());
+  id_to_token.assign(size_t(bound), std::string());
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    const int64_t id = c.integer(it.value(), key_path("model.vocab", it.key()), 0, INT64_MAX);
+    if (id >= bound)
+      c.fail(key_path("model.vocab", it.key()), "id " + std::to_string(id) + " is not below " + std::to_string(bound) +
+                                                    ", the number of tokens (vocab and added tokens)");
+    if (seen[size_t(id)]) c.fail(key_path("model.vocab", it.key()), "id " + std::to_string(id) + " is used twice");
+    seen[size_t(id)] = 1;
+    ids.emplace(it.key(), int32_t(id));
+    id_to_token[size_t(id)] = it.key();
+  }
+}
+
+// One merge entry ("a b" or ["a", "b"]) as its two parts; false for a "#version" line.
+bool merge_parts(const Ctx& c, const json& e, const std::string& p, bool strings, std::string& a, std::string& b) {
+  if (e.is_string() != strings) c.fail(p, "merges must be all strings \"a b\" or all pairs [\"a\", \"b\"]");
+  if (e.is_string()) {
+    const std::string s = e.get<std::string>();
+    if (s.rfind("#version", 0) == 0) return false;
+    const size_t sp = s.find(' ');
+    if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+      c.fail(p, "a merge must be two symbols separated by one space");
+    a = s.substr(0, sp);
+    b = s.substr(sp + 1);
+  } else if (e.is_array() && e.size() == 2) {
+    a = c.str(e[0], idx_path(p, 0));
+    b = c.str(e[1], idx_path(p, 1));
+  } else {
+    c.fail(p, "a merge must be \"a b\" or [\"a\", \"b\"]");
+  }
+  return true;
+}
+
+// model.merges into an open-addressing table of Slot{key, rank, id} (Tokenizer::MergeSlot). Parts and
+// result must be in the vocabulary (as tokenizers checks at load); a repeated pair takes its last rank
+// (tokenizers collects them into a map). tokenizers needs both vocab and merges, the merges all "a b"
+// strings (lines "#version..." skipped) or all pairs.
+template <class Slot>
+void read_merges(const Ctx& c, const json& m, const std::unordered_map<std::string, int32_t>& vocab,
+                 std::vector<Slot>& merges) {
+  const json& ms = c.arr(c.at(m, "model", "merges"), "model.merges");
+  size_t cap = 16;
+  while (cap < ms.size() * 2) cap *= 2;
+  merges.assign(cap, Slot{0, 0, 0});
+  const bool strings = !ms.empty() && ms[0].is_string();
+  int32_t rank = 0;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    const std::string p = idx_path("model.merges", i);
+    std::string a, b;
+    if (!merge_parts(c, ms[i], p, strings, a, b)) continue;
+    auto ia = vocab.find(a), ib = vocab.find(b), ir = vocab.find(a + b);
+    for (auto [it, s] : {std::pair{ia, &a}, std::pair{ib, &b}, std::pair{ir, (std::string*)nullptr}})
+      if (it == vocab.end()) c.fail(p, "'" + (s ? *s : a + b).substr(0, 60) + "' is not in the vocabulary");
+    const uint64_t key = ((uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second)) + 1;
+    for (size_t h = mix(key) & (cap - 1);; h = (h + 1) & (cap - 1)) {
+      Slot& slot = merges[h];
+      if (slot.key == 0 || slot.key == key) {
+        slot = Slot{key, rank, ir->second};
+        break;
+      }
+    }
+    ++rank;
+  }
+}
+
+// SentencePiece-style: where long pieces may be cut (see Tokenizer::model()): before each word
+// break, when the break is a token and no token has it after another character; "" when not safe.
+std::string safe_word_break(const std::unordered_map<std::string, int32_t>& vocab, const PreTokenizer& pre) {
+  const std::string wb = pre.metaspace() ? pre.meta_replacement() : std::string("\xE2\x96\x81");
+  bool safe = vocab.count(wb) > 0;
+  for (auto it = vocab.begin(); safe && it != vocab.end(); ++it) {
+    const std::string& tok = it->first;
+    size_t k = tok.find(wb);
+    if (k == std::string::npos) continue;
+    // Only breaks at the start, or after breaks, are allowed.
+    size_t lead = 0;
+    while (tok.compare(lead, wb.size(), wb) == 0) lead += wb.size();
+    safe = tok.find(wb, lead) == std::string::npos;
+  }
+  return safe ? wb : std::string();
+}
+
+// One added token's id as Hugging Face tokenizers gives it: its vocabulary id, else the id of an
+// earlier entry with the same content, else the next id after the vocabulary (in file order).
+int32_t hf_added_id(const std::unordered_map<std::string, int32_t>& vocab,
+                    const std::unordered_map<std::string, int32_t>& added_ids, const std::string& content,
+                    int32_t& next_id) {
+  if (auto v = vocab.find(content); v != vocab.end()) return v->second;
+  if (auto e = added_ids.find(content); e != added_ids.end()) return e->second;
+  return next_id++;
+}
+
+// added_tokens into `out` (Tokenizer::Added{pattern, id, normalized}): every flag required (tokenizers'
+// AddedToken has no defaults), ids as tokenizers gives them (a file whose ids say otherwise is refused
+// rather than silently renumbered), the content normalized where the token says so; the ids' texts go
+// to id_to_token (below its size, `bound`).
+template <class AddedT>
+void read_added_tokens(const Ctx& c, const json& added, const std::unordered_map<std::string, int32_t>& vocab,
+                       const Normalizer& normalizer, std::vector<std::string>& id_to_token, std::vector<AddedT>& out) {
+  const int64_t bound = int64_t(id_to_token.size());
+  int32_t next_id = int32_t(vocab.size());
+  std::unordered_map<std::string, int32_t> added_ids;
+  for (size_t i = 0; i < added.size(); ++i) {
+    const std::string p = idx_path("added_tokens", i);
+    const json& a = c.obj(added[i], p);
+    const int64_t id = c.integer(c.at(a, p, "id"), p + ".id", 0, UINT32_MAX);
+    const std::string content = c.str(c.at(a, p, "content"), p + ".content");
+    const bool normalized = c.boolean(c.at(a, p, "normalized"), p + ".normalized");
+    c.boolean(c.at(a, p, "special"), p + ".special");
+    for (const char* k : {"single_word", "lstrip", "rstrip"})
+      if (c.boolean(c.at(a, p, k), p + "." + k)) c.fail(p + "." + k, std::string(k) + " = true is not supported");
+    if (content.empty()) continue;  // tokenizers ignores it
+    const int32_t hf_id = hf_added_id(vocab, added_ids, content, next_id);
+    if (id != hf_id)
+      c.fail(p + ".id", "'" + content.substr(0, 60) + "' has id " + std::to_string(id) +
+                            " but Hugging Face tokenizers gives it " + std::to_string(hf_id));
+    if (hf_id >= bound) c.fail(p + ".id", "out of range");
+    const std::string& existing = id_to_token[size_t(hf_id)];
+    if (!existing.empty() && existing != content)
+      c.fail(p + ".id", "id " + std::to_string(hf_id) + " is already the token '" + existing.substr(0, 60) + "'");
+    id_to_token[size_t(hf_id)] = content;
+    added_ids[content] = hf_id;
+    std::string pattern = content;
+    if (normalized && !normalizer.empty()) {
+      bool at_start = true;
+      normalizer.apply(pattern, at_start);
+      if (pattern.empty()) continue;
+    }
+    auto dup = std::find_if(out.begin(), out.end(), [&](const AddedT& x) { return x.id == hf_id; });
+    if (dup != out.end()) out.erase(dup);
+    out.push_back({pattern, hf_id, normalized});  // normalized ones: a second pass, even without a normalizer
+  }
+}
+
+// Post-processor: TemplateProcessing (alone or in a Sequence); ByteLevel changes only offsets. The
+// template's special-token ids (below n_ids) go to prefix (before the sequence A) or suffix.
+void read_post_processor(const Ctx& c, const json& p, const std::string& path, int depth, int64_t n_ids,
+                         std::vector<int32_t>& prefix, std::vector<int32_t>& suffix);
+
+void read_template_processing(const Ctx& c, const json& p, const std::string& path, int64_t n_ids,
+                              std::vector<int32_t>& prefix, std::vector<int32_t>& suffix) {
+  const json& single = c.arr(c.at(p, path, "single"), path + ".single");
+  const json& specials = c.obj(c.at(p, path, "special_tokens"), path + ".special_tokens");
+  c.arr(c.at(p, path, "pair"), path + ".pair");  // required by tokenizers, unused here
+  bool seen_a = false;
+  for (size_t i = 0; i < single.size(); ++i) {
+    const std::string ip = idx_path(path + ".single", i);
+    const json& item = c.obj(single[i], ip);
+    if (const json* s = c.opt(item, ip, "Sequence")) {
+      const std::string id = c.str(c.at(*s, ip + ".Sequence", "id"), ip + ".Sequence.id");
+      if (id != "A" || seen_a) c.fail(ip, "the single template must hold the sequence A once");
+      seen_a = true;
+    } else if (const json* s = c.opt(item, ip, "SpecialToken")) {
+      const std::string name = c.str(c.at(*s, ip + ".SpecialToken", "id"), ip + ".SpecialToken.id");
+      const json* st = c.opt(specials, path + ".special_tokens", name.c_str());
+      if (!st) c.fail(ip, "no special token '" + name.substr(0, 60) + "' in special_tokens");
+      const std::string sp = key_path(path + ".special_tokens", name);
+      const json& ids = c.arr(c.at(*st, sp, "ids"), sp + ".ids");
+      const json& toks = c.arr(c.at(*st, sp, "tokens"), sp + ".tokens");
+      if (toks.size() != ids.size()) c.fail(sp, "ids and tokens differ in length");
+      for (size_t k = 0; k < ids.size(); ++k)
+        (seen_a ? suffix : prefix).push_back(int32_t(c.integer(ids[k], idx_path(sp + ".ids", k), 0, n_ids - 1)));
+    } else {
+      c.fail(ip, "expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
+    }
+  }
+  if (!seen_a) c.fail(path + ".single", "the single template has no sequence A");
+}
+
+void read_post_processor(const Ctx& c, const json& p, const std::string& path, int depth, int64_t n_ids,
+                         std::vector<int32_t>& prefix, std::vector<int32_t>& suffix) {
+  if (p.is_null()) return;
+  if (depth > 16) c.fail(path, "nested too deep");
+  const std::string type = c.type(p, path);
+  if (type == "Sequence") {
+    const json& list = c.arr(c.at(p, path, "processors"), path + ".processors");
+    for (size_t i = 0; i < list.size(); ++i)
+      read_post_processor(c, list[i], idx_path(path + ".processors", i), depth + 1, n_ids, prefix, suffix);
+  } else if (type == "TemplateProcessing") {
+    read_template_processing(c, p, path, n_ids, prefix, suffix);
+  } else if (type != "ByteLevel") {
+    c.fail(path, "post_processor " + type.substr(0, 60) + " is not supported");
+  }
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   check_depth(text, path);
   json j;
@@ -137,22 +355,9 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   uint64_t h = 1469598103934665603ULL ^ kRevision;  // FNV-1a
   for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
   t.fingerprint_ = h;
-  c.obj(j, "");
-  if (const json* v = c.opt(j, "", "version"))
-    if (c.str(*v, "version") != "1.0")
-      c.fail("version", "unknown tokenizer version '" + v->get<std::string>().substr(0, 20) + "'");
-  for (const char* k : {"truncation", "padding"})
-    if (c.opt(j, "", k)) c.fail(k, std::string(k) + " is not supported (set it to null)");
+  check_top_level(c, j);
 
-  // Model: BPE.
-  const json& m = c.obj(c.at(j, "", "model"), "model");
-  const std::string mtype = c.str_or(m, "model", "type", "BPE");
-  if (mtype != "BPE") c.fail("model.type", "model " + mtype.substr(0, 40) + " is not supported (BPE only)");
-  if (const json* d = c.opt(m, "model", "dropout"))
-    if (!d->is_number() || d->get<double>() != 0.0) c.fail("model.dropout", "BPE dropout is not supported");
-  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
-    if (const json* v = c.opt(m, "model", k))
-      if (!c.str(*v, std::string("model.") + k).empty()) c.fail(std::string("model.") + k, "not supported");
+  const json& m = bpe_model(c, j);
   t.ignore_merges_ = c.bool_or(m, "model", "ignore_merges", false);
   t.byte_fallback_ = c.bool_or(m, "model", "byte_fallback", false);
   t.fuse_unk_ = c.bool_or(m, "model", "fuse_unk", false);
@@ -160,67 +365,11 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   const json& added = j.contains("added_tokens") && !j["added_tokens"].is_null()
                           ? c.arr(j["added_tokens"], "added_tokens")
                           : json::array();
-  // Ids of the vocabulary and the added tokens together stay below this bound: nothing is sized
-  // from an id before it is checked.
   const int64_t bound = int64_t(vocab.size()) + int64_t(added.size());
   if (bound > (int64_t(1) << 30)) c.fail("model.vocab", "too many tokens");
-  std::vector<uint8_t> seen(size_t(bound), 0);
-  t.vocab_.reserve(vocab.size());
-  t.id_to_token_.assign(size_t(bound), std::string());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int64_t id = c.integer(it.value(), key_path("model.vocab", it.key()), 0, INT64_MAX);
-    if (id >= bound)
-      c.fail(key_path("model.vocab", it.key()), "id " + std::to_string(id) + " is not below " + std::to_string(bound) +
-                                                    ", the number of tokens (vocab and added tokens)");
-    if (seen[size_t(id)]) c.fail(key_path("model.vocab", it.key()), "id " + std::to_string(id) + " is used twice");
-    seen[size_t(id)] = 1;
-    t.vocab_.emplace(it.key(), int32_t(id));
-    t.id_to_token_[size_t(id)] = it.key();
-  }
-  // Merges: parts and result in the vocabulary (as tokenizers checks at load); a repeated pair
-  // takes its last rank (tokenizers collects them into a map).
-  // tokenizers needs both vocab and merges, the merges all "a b" strings (lines "#version..."
-  // skipped) or all pairs.
-  {
-    const json* ms = &c.arr(c.at(m, "model", "merges"), "model.merges");
-    size_t cap = 16;
-    while (cap < ms->size() * 2) cap *= 2;
-    t.merges_.assign(cap, MergeSlot{0, 0, 0});
-    const bool strings = !ms->empty() && (*ms)[0].is_string();
-    int32_t rank = 0;
-    for (size_t i = 0; i < ms->size(); ++i) {
-      const json& e = (*ms)[i];
-      const std::string p = idx_path("model.merges", i);
-      std::string a, b;
-      if (e.is_string() != strings) c.fail(p, "merges must be all strings \"a b\" or all pairs [\"a\", \"b\"]");
-      if (e.is_string()) {
-        const std::string s = e.get<std::string>();
-        if (s.rfind("#version", 0) == 0) continue;
-        const size_t sp = s.find(' ');
-        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-          c.fail(p, "a merge must be two symbols separated by one space");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else if (e.is_array() && e.size() == 2) {
-        a = c.str(e[0], idx_path(p, 0));
-        b = c.str(e[1], idx_path(p, 1));
-      } else {
-        c.fail(p, "a merge must be \"a b\" or [\"a\", \"b\"]");
-      }
-      auto ia = t.vocab_.find(a), ib = t.vocab_.find(b), ir = t.vocab_.find(a + b);
-      for (auto [it, s] : {std::pair{ia, &a}, std::pair{ib, &b}, std::pair{ir, (std::string*)nullptr}})
-        if (it == t.vocab_.end()) c.fail(p, "'" + (s ? *s : a + b).substr(0, 60) + "' is not in the vocabulary");
-      const uint64_t key = ((uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second)) + 1;
-      for (size_t h = mix(key) & (cap - 1);; h = (h + 1) & (cap - 1)) {
-        MergeSlot& slot = t.merges_[h];
-        if (slot.key == 0 || slot.key == key) {
-          slot = MergeSlot{key, rank, ir->second};
-          break;
-        }
-      }
-      ++rank;
-    }
-  }
+  std::vector<uint8_t> seen;
+  read_vocab(c, vocab, bound, t.vocab_, t.id_to_token_, seen);
+  read_merges(c, m, t.vocab_, t.merges_);
   t.char_id_.assign(0x800, -1);
   for (uint32_t cp = 0; cp < 0x800; ++cp) {
     std::string ch;
@@ -242,64 +391,9 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
 
   t.normalizer_ = Normalizer::from_json(c, j.value("normalizer", json()), "normalizer");
   t.pre_ = PreTokenizer::from_json(c, j.value("pre_tokenizer", json()), "pre_tokenizer");
-  if (!t.pre_.byte_level() && !t.ignore_merges_) {
-    // Long SentencePiece-style pieces may be cut before each word break (see model()) when the
-    // break is a token and no token has it after another character.
-    const std::string wb = t.pre_.metaspace() ? t.pre_.meta_replacement() : std::string("\xE2\x96\x81");
-    bool safe = t.vocab_.count(wb) > 0;
-    for (auto it = t.vocab_.begin(); safe && it != t.vocab_.end(); ++it) {
-      const std::string& tok = it->first;
-      size_t k = tok.find(wb);
-      if (k == std::string::npos) continue;
-      // Only breaks at the start, or after breaks, are allowed.
-      size_t lead = 0;
-      while (tok.compare(lead, wb.size(), wb) == 0) lead += wb.size();
-      safe = tok.find(wb, lead) == std::string::npos;
-    }
-    if (safe) t.word_break_ = wb;
-  }
-
-  // Added tokens. tokenizers gives a token its vocabulary id, or the next id after the vocabulary
-  // (in file order); a file whose ids say otherwise is refused rather than silently renumbered.
-  int32_t next_id = int32_t(vocab.size());
-  std::unordered_map<std::string, int32_t> added_ids;
-  for (size_t i = 0; i < added.size(); ++i) {
-    const std::string p = idx_path("added_tokens", i);
-    const json& a = c.obj(added[i], p);
-    const int64_t id = c.integer(c.at(a, p, "id"), p + ".id", 0, UINT32_MAX);
-    const std::string content = c.str(c.at(a, p, "content"), p + ".content");
-    // Every flag is required, as tokenizers' AddedToken has no defaults.
-    const bool normalized = c.boolean(c.at(a, p, "normalized"), p + ".normalized");
-    c.boolean(c.at(a, p, "special"), p + ".special");
-    for (const char* k : {"single_word", "lstrip", "rstrip"})
-      if (c.boolean(c.at(a, p, k), p + "." + k)) c.fail(p + "." + k, std::string(k) + " = true is not supported");
-    if (content.empty()) continue;  // tokenizers ignores it
-    int32_t hf_id;
-    if (auto v = t.vocab_.find(content); v != t.vocab_.end())
-      hf_id = v->second;
-    else if (auto e = added_ids.find(content); e != added_ids.end())
-      hf_id = e->second;
-    else
-      hf_id = next_id++;
-    if (id != hf_id)
-      c.fail(p + ".id", "'" + content.substr(0, 60) + "' has id " + std::to_string(id) +
-                            " but Hugging Face tokenizers gives it " + std::to_string(hf_id));
-    if (hf_id >= bound) c.fail(p + ".id", "out of range");
-    const std::string& existing = t.id_to_token_[size_t(hf_id)];
-    if (!existing.empty() && existing != content)
-      c.fail(p + ".id", "id " + std::to_string(hf_id) + " is already the token '" + existing.substr(0, 60) + "'");
-    t.id_to_token_[size_t(hf_id)] = content;
-    added_ids[content] = hf_id;
-    std::string pattern = content;
-    if (normalized && !t.normalizer_.empty()) {
-      bool at_start = true;
-      t.normalizer_.apply(pattern, at_start);
-      if (pattern.empty()) continue;
-    }
-    auto dup = std::find_if(t.added_.begin(), t.added_.end(), [&](const Added& x) { return x.id == hf_id; });
-    if (dup != t.added_.end()) t.added_.erase(dup);
-    t.added_.push_back({pattern, hf_id, normalized});  // normalized ones: a second pass, even without a normalizer
-  }
+  if (!t.pre_.byte_level() && !t.ignore_merges_) t.word_break_ = safe_word_break(t.vocab_, t.pre_);
+  read_added_tokens(c, added, t.vocab_, t.normalizer_, t.id_to_token_, t.added_);
+  // Matching: longest first, indexed by first byte; ids up to the last one used.
   std::stable_sort(t.added_.begin(), t.added_.end(),
                    [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
   t.any_normalized_ = std::any_of(t.added_.begin(), t.added_.end(), [](const Added& a) { return a.normalized; });
@@ -309,50 +403,7 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   for (size_t k = 0; k < t.id_to_token_.size(); ++k)
     if (!t.id_to_token_[k].empty() || (k < seen.size() && seen[k])) used = k + 1;
   t.id_to_token_.resize(used);
-  const int64_t n_ids = int64_t(used);
-
-  // Post-processor: TemplateProcessing (alone or in a Sequence); ByteLevel changes only offsets.
-  std::function<void(const json&, const std::string&, int)> post = [&](const json& p, const std::string& path,
-                                                                       int depth) {
-    if (p.is_null()) return;
-    if (depth > 16) c.fail(path, "nested too deep");
-    const std::string type = c.type(p, path);
-    if (type == "Sequence") {
-      const json& list = c.arr(c.at(p, path, "processors"), path + ".processors");
-      for (size_t i = 0; i < list.size(); ++i) post(list[i], idx_path(path + ".processors", i), depth + 1);
-    } else if (type == "TemplateProcessing") {
-      const json& single = c.arr(c.at(p, path, "single"), path + ".single");
-      const json& specials = c.obj(c.at(p, path, "special_tokens"), path + ".special_tokens");
-      c.arr(c.at(p, path, "pair"), path + ".pair");  // required by tokenizers, unused here
-      bool seen_a = false;
-      for (size_t i = 0; i < single.size(); ++i) {
-        const std::string ip = idx_path(path + ".single", i);
-        const json& item = c.obj(single[i], ip);
-        if (const json* s = c.opt(item, ip, "Sequence")) {
-          const std::string id = c.str(c.at(*s, ip + ".Sequence", "id"), ip + ".Sequence.id");
-          if (id != "A" || seen_a) c.fail(ip, "the single template must hold the sequence A once");
-          seen_a = true;
-        } else if (const json* s = c.opt(item, ip, "SpecialToken")) {
-          const std::string name = c.str(c.at(*s, ip + ".SpecialToken", "id"), ip + ".SpecialToken.id");
-          const json* st = c.opt(specials, path + ".special_tokens", name.c_str());
-          if (!st) c.fail(ip, "no special token '" + name.substr(0, 60) + "' in special_tokens");
-          const std::string sp = key_path(path + ".special_tokens", name);
-          const json& ids = c.arr(c.at(*st, sp, "ids"), sp + ".ids");
-          const json& toks = c.arr(c.at(*st, sp, "tokens"), sp + ".tokens");
-          if (toks.size() != ids.size()) c.fail(sp, "ids and tokens differ in length");
-          for (size_t k = 0; k < ids.size(); ++k)
-            (seen_a ? t.suffix_ : t.prefix_)
-                .push_back(int32_t(c.integer(ids[k], idx_path(sp + ".ids", k), 0, n_ids - 1)));
-        } else {
-          c.fail(ip, "expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
-        }
-      }
-      if (!seen_a) c.fail(path + ".single", "the single template has no sequence A");
-    } else if (type != "ByteLevel") {
-      c.fail(path, "post_processor " + type.substr(0, 60) + " is not supported");
-    }
-  };
-  post(j.value("post_processor", json()), "post_processor", 0);
+  read_post_processor(c, j.value("post_processor", json()), "post_processor", 0, t.vocab_size(), t.prefix_, t.suffix_);
   if (const json* d = c.opt(j, "", "decoder")) c.obj(*d, "decoder");
   return t;
 }

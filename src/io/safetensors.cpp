@@ -111,10 +111,15 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
-SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  SafetensorsFile f;
-  f.path_ = path;
+namespace {
 
+// The whole file mapped read-only; the descriptor is closed (the mapping keeps the file alive).
+struct Mapping {
+  void* addr = nullptr;
+  uint64_t size = 0;
+};
+
+Mapping map_regular_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
@@ -137,12 +142,13 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   }
   void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   int map_err = errno;
-  ::close(fd);  // the mapping keeps the file alive
+  ::close(fd);
   if (m == MAP_FAILED) input_error(path, std::string("cannot mmap: ") + std::strerror(map_err));
-  f.map_ = m;
-  f.map_bytes_ = size;  // from here on `f` owns the mapping, so throwing unmaps it
+  return {m, size};
+}
 
-  const uint8_t* base = static_cast<const uint8_t*>(m);
+// The u64 little-endian header length, bounded by the limit and by the file.
+uint64_t header_length(const std::string& path, const uint8_t* base, uint64_t size) {
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];  // little-endian on any host
   if (header_len > kMaxHeaderBytes)
@@ -151,9 +157,11 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   if (header_len > size - 8)
     input_error(path, "header length " + std::to_string(header_len) + " exceeds the file size (" +
                           std::to_string(size) + " bytes); truncated?");
+  return header_len;
+}
 
-  const char* hbeg = reinterpret_cast<const char*>(base + 8);
-  const char* hend = hbeg + header_len;
+// The header JSON: depth-checked, an object, no tensor named twice.
+json parse_header(const std::string& path, const char* hbeg, const char* hend) {
   // nlohmann keeps the last of duplicate keys silently; a callback spots duplicate tensor names.
   std::set<std::string> seen;
   std::string duplicate;
@@ -176,80 +184,93 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   }
   if (!header.is_object()) input_error(path, "header is not a JSON object");
   if (!duplicate.empty()) input_error(path, "header lists \"" + duplicate + "\" twice");
+  return header;
+}
 
-  const uint8_t* data = base + 8 + header_len;
-  const uint64_t data_size = size - 8 - header_len;
-
-  struct Range {
-    uint64_t begin, end;
-    size_t idx;
-  };
-  std::vector<Range> ranges;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) input_error(path, "__metadata__ is not an object");
-      for (auto m2 = v.begin(); m2 != v.end(); ++m2) {
-        if (!m2.value().is_string()) input_error(path, "__metadata__ value for \"" + m2.key() + "\" is not a string");
-        f.metadata_[m2.key()] = m2.value().get<std::string>();
-      }
-      continue;
-    }
-    const std::string where = "tensor " + name + ": ";
-    if (!v.is_object()) input_error(path, where + "header entry is not an object");
-    auto dt = v.find("dtype");
-    auto sh = v.find("shape");
-    auto off = v.find("data_offsets");
-    if (dt == v.end()) input_error(path, where + "missing dtype");
-    if (sh == v.end()) input_error(path, where + "missing shape");
-    if (off == v.end()) input_error(path, where + "missing data_offsets");
-    if (!dt->is_string()) input_error(path, where + "dtype is not a string");
-    std::string dname = dt->get<std::string>();
-    auto dtype = parse_supported_dtype(dname);
-    if (!dtype) input_error(path, where + "unsupported dtype " + dname + " (supported: F32, BF16, F16)");
-
-    if (!sh->is_array()) input_error(path, where + "shape is not an array");
-    TensorInfo t;
-    t.name = name;
-    t.dtype = *dtype;
-    t.file = path;
-    // Element count in uint64 with overflow checks: a hostile shape must not wrap around to a valid size.
-    uint64_t nbytes = dtype_size(*dtype);
-    for (const json& d : *sh) {
-      if (d.is_number_integer() && !d.is_number_unsigned() && d.get<int64_t>() < 0)
-        input_error(path, where + "negative dimension " + std::to_string(d.get<int64_t>()) + " in shape");
-      uint64_t dim;
-      if (!get_u64(d, &dim)) input_error(path, where + "shape has a non-integer dimension " + d.dump());
-      if (dim > uint64_t(std::numeric_limits<int64_t>::max()) || __builtin_mul_overflow(nbytes, dim, &nbytes))
-        input_error(path, where + "shape " + sh->dump() + " is absurdly large");
-      t.shape.push_back(int64_t(dim));
-    }
-
-    uint64_t b, e;
-    if (!off->is_array() || off->size() != 2 || !get_u64((*off)[0], &b) || !get_u64((*off)[1], &e))
-      input_error(path, where + "data_offsets must be two non-negative integers, got " + off->dump());
-    if (b > e) input_error(path, where + "data_offsets " + offsets_string(b, e) + " end before they begin");
-    if (e > data_size)
-      input_error(path, where + "data_offsets " + offsets_string(b, e) + " out of range of the data area (" +
-                            std::to_string(data_size) + " bytes)");
-    if (e - b != nbytes)
-      input_error(path, where + "shape " + shape_string(t.shape) + " of " + dname + " needs " + std::to_string(nbytes) +
-                            " bytes but data_offsets " + offsets_string(b, e) + " span " + std::to_string(e - b));
-    t.data = data + b;
-    t.bytes = size_t(nbytes);
-    ranges.push_back({b, e, f.tensors_.size()});
-    f.tensors_.push_back(std::move(t));
+std::map<std::string, std::string> parse_metadata(const std::string& path, const json& v) {
+  if (!v.is_object()) input_error(path, "__metadata__ is not an object");
+  std::map<std::string, std::string> out;
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    if (!m.value().is_string()) input_error(path, "__metadata__ value for \"" + m.key() + "\" is not a string");
+    out[m.key()] = m.value().get<std::string>();
   }
+  return out;
+}
 
-  // The format requires the tensors to tile the data area exactly: check in offset order.
+// The shape's dimensions; their byte count (times elem_bytes) in *nbytes, with overflow checks: a
+// hostile shape must not wrap around to a valid size.
+std::vector<int64_t> parse_shape(const std::string& path, const std::string& where, const json& sh, uint64_t elem_bytes,
+                                 uint64_t* nbytes) {
+  if (!sh.is_array()) input_error(path, where + "shape is not an array");
+  std::vector<int64_t> shape;
+  *nbytes = elem_bytes;
+  for (const json& d : sh) {
+    if (d.is_number_integer() && !d.is_number_unsigned() && d.get<int64_t>() < 0)
+      input_error(path, where + "negative dimension " + std::to_string(d.get<int64_t>()) + " in shape");
+    uint64_t dim;
+    if (!get_u64(d, &dim)) input_error(path, where + "shape has a non-integer dimension " + d.dump());
+    if (dim > uint64_t(std::numeric_limits<int64_t>::max()) || __builtin_mul_overflow(*nbytes, dim, nbytes))
+      input_error(path, where + "shape " + sh.dump() + " is absurdly large");
+    shape.push_back(int64_t(dim));
+  }
+  return shape;
+}
+
+// Where a tensor's bytes lie in the data area.
+struct Range {
+  uint64_t begin, end;
+  size_t idx;
+};
+
+// One tensor's header entry: dtype, shape, and data_offsets inside the data area and matching the shape.
+TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, const json& v, const uint8_t* data,
+                              uint64_t data_size, Range* range) {
+  const std::string where = "tensor " + name + ": ";
+  if (!v.is_object()) input_error(path, where + "header entry is not an object");
+  auto dt = v.find("dtype");
+  auto sh = v.find("shape");
+  auto off = v.find("data_offsets");
+  if (dt == v.end()) input_error(path, where + "missing dtype");
+  if (sh == v.end()) input_error(path, where + "missing shape");
+  if (off == v.end()) input_error(path, where + "missing data_offsets");
+  if (!dt->is_string()) input_error(path, where + "dtype is not a string");
+  std::string dname = dt->get<std::string>();
+  auto dtype = parse_supported_dtype(dname);
+  if (!dtype) input_error(path, where + "unsupported dtype " + dname + " (supported: F32, BF16, F16)");
+  TensorInfo t;
+  t.name = name;
+  t.dtype = *dtype;
+  t.file = path;
+  uint64_t nbytes = 0;
+  t.shape = parse_shape(path, where, *sh, dtype_size(*dtype), &nbytes);
+  uint64_t b, e;
+  if (!off->is_array() || off->size() != 2 || !get_u64((*off)[0], &b) || !get_u64((*off)[1], &e))
+    input_error(path, where + "data_offsets must be two non-negative integers, got " + off->dump());
+  if (b > e) input_error(path, where + "data_offsets " + offsets_string(b, e) + " end before they begin");
+  if (e > data_size)
+    input_error(path, where + "data_offsets " + offsets_string(b, e) + " out of range of the data area (" +
+                          std::to_string(data_size) + " bytes)");
+  if (e - b != nbytes)
+    input_error(path, where + "shape " + shape_string(t.shape) + " of " + dname + " needs " + std::to_string(nbytes) +
+                          " bytes but data_offsets " + offsets_string(b, e) + " span " + std::to_string(e - b));
+  t.data = data + b;
+  t.bytes = size_t(nbytes);
+  range->begin = b;
+  range->end = e;
+  return t;
+}
+
+// The format requires the tensors to tile the data area exactly: checked in offset order, which
+// `ranges` is left in.
+void check_tiling(const std::string& path, std::vector<Range>& ranges, const std::vector<TensorInfo>& tensors,
+                  uint64_t data_size) {
   std::stable_sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   uint64_t covered = 0;
   const std::string* prev = nullptr;
   for (const Range& r : ranges) {
-    const std::string& name = f.tensors_[r.idx].name;
+    const std::string& name = tensors[r.idx].name;
     if (r.begin < covered)
       input_error(path,
                   "tensor " + name + ": data_offsets " + offsets_string(r.begin, r.end) + " overlap tensor " + *prev);
@@ -262,6 +283,35 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   if (covered != data_size)
     input_error(path,
                 "data area has " + std::to_string(data_size - covered) + " trailing bytes that belong to no tensor");
+}
+
+}  // namespace
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+  const Mapping m = map_regular_file(path);
+  f.map_ = m.addr;
+  f.map_bytes_ = m.size;  // from here on `f` owns the mapping, so throwing unmaps it
+
+  const uint8_t* base = static_cast<const uint8_t*>(m.addr);
+  const uint64_t header_len = header_length(path, base, m.size);
+  const char* hbeg = reinterpret_cast<const char*>(base + 8);
+  const json header = parse_header(path, hbeg, hbeg + header_len);
+  const uint8_t* data = base + 8 + header_len;
+  const uint64_t data_size = m.size - 8 - header_len;
+
+  std::vector<Range> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      f.metadata_ = parse_metadata(path, it.value());
+      continue;
+    }
+    Range r{0, 0, f.tensors_.size()};
+    f.tensors_.push_back(parse_tensor_entry(path, it.key(), it.value(), data, data_size, &r));
+    ranges.push_back(r);
+  }
+  check_tiling(path, ranges, f.tensors_, data_size);
 
   // Present tensors in file order (sequential reads of the mapping).
   std::vector<TensorInfo> ordered;

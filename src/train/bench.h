@@ -26,19 +26,5 @@ struct BenchOptions {
 // Runs warmup + timed steps of the full training step (forward, loss, backward, AdamW) and
 // returns {"tokens_per_second", "step_ms", "device_bytes", ...}.
 nlohmann::json run_bench(const BenchOptions& o);
-// Built-in configs: llama-1b (Llama-3.2-1B shapes), llama-3b, llama-8b, qwen2.5-7b.
-nlohmann::json preset_config(const std::string& name);
-
-// `slideformer plan`: the planner's answer for a model directory, a config or a preset.
-struct PlanCliOptions {
-  std::string model_dir, preset, config;
-  std::string device = "auto";
-  int batch_size = 8, seq_len = 2048, grad_accum = 1;
-  double max_grad_norm = 1.0;
-  bool measure = false;  // measure this machine's rates for the prediction (else the H200's)
-  EngineRequest engine;
-};
-// Prints the plan on stderr; returns it as JSON (fits, engine, slots, bytes, prediction).
-nlohmann::json run_plan(const PlanCliOptions& o);
 
 }  // namespace sf

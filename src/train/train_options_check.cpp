@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <utility>
 
 #include "core/error.h"
@@ -66,6 +67,12 @@ void check_step_sizes(int64_t batch_size, int64_t seq_len, int64_t grad_accum) {
                     " tokens per step is more than the limit of " + std::to_string(StepLimits::kMaxStepTokens));
 }
 
+void check_step_ranges(int64_t batch_size, int64_t seq_len, int64_t grad_accum) {
+  check_int("--batch-size", batch_size, 1, StepLimits::kMaxBatchSize);
+  check_int("--seq-len", seq_len, 0, StepLimits::kMaxSeqLen);  // 0: the longest record
+  check_int("--grad-accum", grad_accum, 1, std::numeric_limits<int>::max());
+}
+
 void check_data_options(const DataOptions& o) {
   check_path_option("--model", o.model_dir);
   check_path_option("--data", o.data);
@@ -78,13 +85,15 @@ void check_train_options(const TrainOptions& o) {
   check_path_option("--output", o.output);
   if (!o.resume.empty()) check_path_option("--resume", o.resume);
   if (!o.eval_data.empty()) check_path_option("--eval-data", o.eval_data);
-  check_step_sizes(o.data.batch_size, o.data.seq_len, o.grad_accum);
+  if (!o.metrics.empty()) check_path_option("--metrics", o.metrics);
+  check_step_ranges(o.data.batch_size, o.data.seq_len, o.grad_accum);  // then check_step_fits
 
   constexpr int64_t kMaxSteps = int64_t(1) << 40;
   check_int("--steps", o.steps, 1, kMaxSteps);
   check_int("--warmup-steps", o.warmup_steps, 0, kMaxSteps);
   check_int("--save-every", o.save_every, 0, kMaxSteps);
   check_int("--eval-every", o.eval_every, 0, kMaxSteps);
+  check_int("--log-every", o.log_every, 0, kMaxSteps);
   // Ranges where AdamW means something: a larger learning rate or decay only produces NaN weights.
   check_real("--lr", o.lr, 0, 1e3, false, false);
   // The optimizer runs in single precision: eps must not round to 0 there, nor a beta to 1

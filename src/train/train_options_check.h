@@ -9,8 +9,11 @@
 
 namespace sf {
 
-// Bounds of a step's sizes. A step's micro-batches are built in host memory before it runs, and
-// the engine is planned for batch x seq_len, so absurd values must stop here, not in an allocation.
+// Fixed bounds of a step's sizes, for the commands that do not train (eval, grad, plan): a step's
+// micro-batches are built in host memory and the engine is planned for batch x seq_len, so absurd
+// values must stop here, not in an allocation. train and bench bound grad-accum and the step's
+// tokens by what the plan can hold instead (train/step_fit.h); batch size and seq-len keep these
+// outer bounds there too (a batch is cut to the records anyway; no model has a 4M-token context).
 struct StepLimits {
   static constexpr int64_t kMaxBatchSize = 65536;
   static constexpr int64_t kMaxGradAccum = 65536;
@@ -25,6 +28,9 @@ void check_path_option(const std::string& option, const std::string& path);
 
 // --batch-size, --seq-len (and --grad-accum > 0 only where given), bounded; InputError naming the option.
 void check_step_sizes(int64_t batch_size, int64_t seq_len, int64_t grad_accum);
+// train and bench: the same for --batch-size and --seq-len, --grad-accum only positive; the step's
+// size is then checked against the plan (check_step_fits) once the model's config is read.
+void check_step_ranges(int64_t batch_size, int64_t seq_len, int64_t grad_accum);
 
 // eval / grad: --model, --data paths and the step sizes.
 void check_data_options(const DataOptions& o);

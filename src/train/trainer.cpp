@@ -24,8 +24,11 @@
 #include "io/safetensors.h"
 #include "model/layout.h"
 #include "train/model_io.h"
+#include "train/progress.h"
 #include "train/schedule.h"
+#include "train/step_fit.h"
 #include "train/train_options_check.h"
+#include "train/training_state.h"
 
 namespace sf {
 
@@ -121,6 +124,9 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
           ? grad_accum
           : int(std::max<size_t>(1, (s.data.records.size() + size_t(eo.max_batch) - 1) / size_t(eo.max_batch)));
   er.clip = clip;
+  // A training step's size is bounded by what the plan can hold (grad-accum x batch x seq-len):
+  // refused here, naming the option, before the engine or any step is allocated.
+  if (optimizer) check_step_fits(s.model.spec, eo, er);
   BuiltEngine built = build_engine(s.model.spec, eo, er);
   const Plan built_plan = built.plan;
   s.dev = std::move(built.dev);
@@ -189,132 +195,25 @@ EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
 
 namespace {
 
-// Where a run is, for --resume: the optimizer step about to run and the next record position.
-struct Progress {
-  int64_t step = 0;
-  uint64_t next_record = 0;
-};
-
-constexpr const char* kStateFile = "training_state.safetensors";
-constexpr const char* kTrainerFile = "trainer_state.json";
-// The saved states and their tensor-name prefixes in kStateFile.
-const std::pair<Engine::State, std::string> kSavedStates[] = {
-    {Engine::State::Params, "master."}, {Engine::State::AdamM, "adam_m."}, {Engine::State::AdamV, "adam_v."}};
-
-// The exact training state beside a checkpoint's HF files: fp32 masters and AdamW moments (the
-// HF weights may be rounded to bf16), and where the data order and the schedule stand.
-void write_training_state(Session& s, const TrainOptions& o, const Progress& p, const std::string& dir) {
-  // One tensor at a time from the engine (no copy of the whole state in host memory).
-  const ModelLayout layout = make_layout(s.model.spec);
-  std::vector<TensorWrite> tw;
-  Engine& engine = *s.engine;
-  for (const auto& [kind, prefix] : kSavedStates) {
-    for (size_t b = 0; b < layout.blobs.size(); ++b) {
-      for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
-        const BlobEntry& e = layout.blobs[b].entries[i];
-        TensorWrite w{prefix + e.name, DType::F32, e.shape, nullptr};
-        w.fill = [&engine, kind = kind, b, i](void* dst) {
-          engine.read_state(kind, int(b), int(i), static_cast<float*>(dst));
-        };
-        tw.push_back(std::move(w));
-      }
-    }
-  }
-  write_safetensors((fs::path(dir) / kStateFile).string(), tw, {{"step", std::to_string(p.step)}});
-  nlohmann::json j = {{"step", p.step},
-                      {"next_record", p.next_record},
-                      {"records", s.data.records.size()},
-                      {"batch_size", o.data.batch_size},
-                      {"grad_accum", o.grad_accum},
-                      {"seq_len", s.seq_len},
-                      {"shuffle", o.shuffle},
-                      {"seed", o.seed},
-                      {"steps", o.steps},
-                      {"lr", o.lr},
-                      {"lr_schedule", o.lr_schedule},
-                      {"warmup_steps", o.warmup_steps},
-                      {"data", o.data.data}};
-  write_json_file((fs::path(dir) / kTrainerFile).string(), j);
-}
-
-// Restores what write_training_state wrote, after checking that the run continues the same way.
-Progress read_training_state(Session& s, const TrainOptions& o, const std::string& dir) {
-  const std::string tpath = (fs::path(dir) / kTrainerFile).string();
-  if (!fs::exists(tpath))
-    input_error(dir, "not a checkpoint with training state (no " + std::string(kTrainerFile) + ")");
-  const nlohmann::json j = read_json_file(tpath);  // depth-limited; typed reads below name the JSON path
-  const JsonRef st(j, tpath);
-  st.expect_object();
-  auto same = [&](const char* key, const nlohmann::json& now) {
-    const std::optional<JsonRef> saved = st.get(key);
-    if (!saved || saved->json() != now) {
-      input_error(tpath, std::string("--resume needs the same ") + key + " as the saved run (saved " +
-                             (saved ? saved->json().dump() : "nothing") + ", now " + now.dump() + ")");
-    }
-  };
-  same("records", s.data.records.size());
-  same("batch_size", o.data.batch_size);
-  same("grad_accum", o.grad_accum);
-  same("shuffle", o.shuffle);
-  same("seed", o.seed);
-  Progress p;
-  constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
-  p.step = st.at("step").as_int(0, kAny, /*integral_floats=*/false);
-  p.next_record = uint64_t(st.at("next_record").as_int(0, kAny, /*integral_floats=*/false));
-  if (p.step >= o.steps)
-    input_error(tpath, "the checkpoint is at step " + std::to_string(p.step) + ", not before --steps " +
-                           std::to_string(o.steps));
-
-  // Every tensor checked (checksum, dtype, shape) before any is taken; then one at a time from the
-  // mapped file. The checkpoint's model files are verified too: a flipped bit there would surface
-  // only when the checkpoint is used as a model.
-  auto f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
-  std::vector<std::string> unverified;
-  if (!f.verify_checksums()) unverified.push_back(f.path());
-  const CheckpointReader model_files = CheckpointReader::open(dir);
-  for (const SafetensorsFile& mf : model_files.files())
-    if (!mf.verify_checksums()) unverified.push_back(mf.path());
-  for (const std::string& u : unverified)
-    log_info("warning: %s has no checksums (written by an older slideformer?); resuming without verifying it",
-             u.c_str());
-  const ModelLayout layout = make_layout(s.model.spec);
-  for (bool take : {false, true}) {
-    for (const auto& [kind, prefix] : kSavedStates) {
-      for (size_t b = 0; b < layout.blobs.size(); ++b) {
-        for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
-          const BlobEntry& e = layout.blobs[b].entries[i];
-          const TensorInfo* info = f.find(prefix + e.name);
-          if (!take) {
-            if (!info) input_error(f.path(), "tensor " + prefix + e.name + " missing");
-            if (info->dtype != DType::F32 || info->shape != e.shape)
-              input_error(f.path(), "tensor " + prefix + e.name + " must be F32 " + shape_string(e.shape));
-            continue;
-          }
-          std::vector<float> v(static_cast<size_t>(e.numel));  // the mapping need not be 4-byte aligned
-          std::memcpy(v.data(), info->data, v.size() * 4);
-          s.engine->write_state(kind, int(b), int(i), v.data());
-        }
-      }
-    }
-  }
-  return p;
-}
-
 void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::string& dir,
-                    const Progress* with_state) {
+                    const TrainProgress* with_state) {
   // A checkpoint goes inside the output directory, which must exist (marked) first. The final save
   // keeps the checkpoints already in the output (StagedDir::commit links them into the new one).
   if (dir != o.output) ensure_output_dir(o.output);
   StagedDir staged(dir);
   save_hf_model(*s.engine, read_json_file(s.model.config_path), o.data.model_dir, staged.path(), dtype,
                 o.max_shard_bytes);
-  if (with_state) write_training_state(s, o, *with_state, staged.path());
+  if (with_state)
+    write_training_state(*s.engine, s.model.spec, o, s.data.records.size(), s.seq_len, *with_state, staged.path());
   staged.commit();
 }
 
 }  // namespace
 
-TrainResult run_train(const TrainOptions& o) {
+namespace {
+
+// The option checks of train that need no file (check_train_options covers the rest).
+void check_run_options(const TrainOptions& o) {
   check_train_options(o);  // hyperparameters, step sizes and paths, before anything is read
   if (o.steps <= 0) input_error("--steps", "must be positive");
   if (!(o.lr >= 0) || !std::isfinite(o.lr)) input_error("--lr", "must be a non-negative number");
@@ -323,11 +222,98 @@ TrainResult run_train(const TrainOptions& o) {
   if (o.max_grad_norm < 0) input_error("--max-grad-norm", "must be non-negative");
   if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) input_error("--beta1/--beta2", "must be in [0, 1)");
   if (o.output.empty()) input_error("--output", "is required");
-  claim_output_dir(o.output);  // refuses a directory that is not ours before anything runs
-  LrSchedule sched = parse_lr_schedule(o.lr_schedule);
-
   if (o.eval_every < 0) input_error("--eval-every", "must be non-negative");
   if (o.eval_every > 0 && o.eval_data.empty()) input_error("--eval-every", "needs --eval-data");
+}
+
+// One optimizer step's micro-batches, counted before any runs: the loss is normalised by the step's
+// trained tokens, so accumulation gives the same update as one large batch.
+struct StepBatches {
+  std::vector<Batch> mbs;
+  int64_t trained = 0, tokens = 0;
+};
+
+StepBatches next_step_batches(const Session& s, RecordOrder& order, int grad_accum, int B, uint64_t& next_record) {
+  const auto& recs = s.data.records;
+  StepBatches out;
+  for (int j = 0; j < grad_accum; ++j) {
+    std::vector<const Record*> group;
+    for (int i = 0; i < B; ++i) group.push_back(&recs[order.at(next_record++)]);
+    for (size_t i = 0; i < group.size(); i += size_t(s.max_batch)) {  // the plan's micro-batches
+      const std::vector<const Record*> part(group.begin() + i,
+                                            group.begin() + std::min(group.size(), i + size_t(s.max_batch)));
+      out.mbs.push_back(make_batch(part, s.seq_len));
+      out.trained += out.mbs.back().trained;
+    }
+    for (const Record* r : group) out.tokens += int64_t(std::min<size_t>(r->ids.size(), size_t(s.seq_len)));
+  }
+  return out;
+}
+
+Engine::StepParams step_params(const TrainOptions& o, LrSchedule sched, int64_t step) {
+  Engine::StepParams sp;
+  sp.adamw.lr = float(o.lr * lr_multiplier(sched, step, o.steps, o.warmup_steps));
+  sp.adamw.beta1 = float(o.beta1);
+  sp.adamw.beta2 = float(o.beta2);
+  sp.adamw.eps = float(o.eps);
+  sp.adamw.weight_decay = float(o.weight_decay);
+  sp.adamw.step = step + 1;
+  sp.max_grad_norm = o.max_grad_norm;
+  return sp;
+}
+
+// A non-finite loss or gradient norm stops the run before the output is written.
+void check_finite_step(double loss, double gnorm, int64_t step) {
+  if (!std::isfinite(loss))
+    throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
+                             "; stopping (the output directory was not written)");
+  if (!std::isfinite(gnorm))
+    throw std::runtime_error("gradient norm is " + std::to_string(gnorm) + " at step " + std::to_string(step) +
+                             " (loss " + std::to_string(loss) + "); stopping before the update");
+}
+
+std::string checkpoint_path(const TrainOptions& o, int64_t step) {
+  return (fs::path(o.output) / ("checkpoint-" + std::to_string(step))).string();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// What a run shows and records each step and each evaluation.
+struct Reporting {
+  ProgressDisplay display;
+  MetricsFile metrics;
+  std::chrono::steady_clock::time_point t_start = std::chrono::steady_clock::now();
+  explicit Reporting(const TrainOptions& o)
+      : display(stderr, ProgressDisplay::stderr_is_tty(), o.log_every), metrics(o.metrics, !o.resume.empty()) {}
+};
+
+StepReport step_report(const Session& s, const TrainOptions& o, const Engine::StepParams& sp,
+                       const Engine::StepResult& sr, int64_t step, int64_t first_step, int64_t tokens, double dt,
+                       const Reporting& rep) {
+  StepReport r;
+  r.step = step + 1;
+  r.total = o.steps;
+  r.loss = sr.loss;
+  r.lr = double(sp.adamw.lr);
+  r.grad_norm = sr.grad_norm;
+  r.tokens = tokens;
+  r.tokens_per_s = dt > 0 ? double(tokens) / dt : 0;
+  r.elapsed_s = seconds_since(rep.t_start);
+  r.eta_s = r.elapsed_s / double(step + 1 - first_step) * double(o.steps - step - 1);
+  // The engine's device memory is GPU memory only on a GPU (on the cpu it is the host's, in rss).
+  if (s.dev->name().rfind("cuda", 0) == 0) r.gpu_bytes = s.engine->device_bytes();
+  r.rss_bytes = current_rss_bytes();
+  return r;
+}
+
+}  // namespace
+
+TrainResult run_train(const TrainOptions& o) {
+  check_run_options(o);
+  claim_output_dir(o.output);  // refuses a directory that is not ours before anything runs
+  const LrSchedule sched = parse_lr_schedule(o.lr_schedule);
   Session s = open_session(o.data, true, true, o.grad_accum, o.max_grad_norm > 0, o.eval_data);
   // Held-out loss: the eval file's records in order, as `slideformer eval` computes it.
   std::vector<Batch> eval_batches;
@@ -336,111 +322,85 @@ TrainResult run_train(const TrainOptions& o) {
     eval_batches = file_batches(s, int(std::min<size_t>(size_t(s.max_batch), s.eval.records.size())), &s.eval);
     eval_tokens = total_trained(eval_batches, o.eval_data);
   }
-  auto evaluate = [&](int64_t step) {
-    const double loss = s.engine->loss_sum(eval_batches) / double(eval_tokens);
-    log_info("eval at step %lld: loss %.6f over %lld tokens", (long long)step, loss, (long long)eval_tokens);
-    return loss;
-  };
   const DType out_dtype = checkpoint_dtype(o.data.model_dir);
   const auto& recs = s.data.records;
   const int B = int(std::min<size_t>(size_t(o.data.batch_size), recs.size()));
   RecordOrder order(recs.size(), o.shuffle, o.seed);
-  Progress start;  // validated before anything is printed: bad input gives one line
-  if (!o.resume.empty()) start = read_training_state(s, o, o.resume);
+  TrainProgress start;  // validated before anything is printed: bad input gives one line
+  if (!o.resume.empty()) start = read_training_state(*s.engine, s.model.spec, o, recs.size(), o.resume);
   log_info(
       "training %s (%s, %.1fM parameters) on %s: %zu records, %lld steps x %d micro-batches x %d sequences, "
       "seq_len %d",
       o.data.model_dir.c_str(), s.model.spec.architecture.c_str(), double(s.model.spec.total_params()) / 1e6,
       s.dev->name().c_str(), recs.size(), (long long)o.steps, o.grad_accum, B, s.seq_len);
-
-  TrainResult result;
   if (!o.resume.empty()) log_info("resumed from %s at step %lld", o.resume.c_str(), (long long)start.step);
   log_info("%s", plan_summary(s.plan).c_str());
+  Reporting rep(o);
+  auto evaluate = [&](int64_t step) {
+    const double loss = s.engine->loss_sum(eval_batches) / double(eval_tokens);
+    rep.display.break_line();
+    log_info("eval at step %lld: loss %.6f over %lld tokens", (long long)step, loss, (long long)eval_tokens);
+    rep.metrics.eval(step, loss, eval_tokens, seconds_since(rep.t_start));
+    return loss;
+  };
+  auto save_checkpoint = [&](int64_t step, uint64_t next_record) {
+    const std::string ck = checkpoint_path(o, step);
+    const TrainProgress here{step, next_record};
+    save_model_dir(s, o, out_dtype, ck, &here);
+    return ck;
+  };
+
+  TrainResult result;
   uint64_t next_record = start.next_record;
   const StopSignals stop_signals;  // from here on a signal stops after the step, with a checkpoint
   // Test hook: SF_RAISE_SIGINT_AT_STEP=N raises SIGINT at the start of step N (1-based), as a Ctrl-C
   // arriving during that step would.
   const char* raise_at_env = std::getenv("SF_RAISE_SIGINT_AT_STEP");
   const int64_t raise_at = raise_at_env ? std::atoll(raise_at_env) : 0;
-  auto t_start = std::chrono::steady_clock::now();
+  // Test hook: SF_KILL_AT_STEP=N kills the process (SIGKILL, as a crash or the OOM killer would) at
+  // the start of step N: what was written so far (the --metrics lines) must stay valid.
+  const char* kill_at_env = std::getenv("SF_KILL_AT_STEP");
+  const int64_t kill_at = kill_at_env ? std::atoll(kill_at_env) : 0;
   int64_t tokens_total = 0;
   for (int64_t step = start.step; step < o.steps; ++step) {
     if (step + 1 == raise_at) std::raise(SIGINT);
-    auto t0 = std::chrono::steady_clock::now();
-    // The step's micro-batches, counted before any runs: the loss is normalised by the step's
-    // trained tokens, so accumulation gives the same update as one large batch.
-    std::vector<Batch> mbs;
-    int64_t trained = 0, tokens = 0;
-    for (int j = 0; j < o.grad_accum; ++j) {
-      std::vector<const Record*> group;
-      for (int i = 0; i < B; ++i) group.push_back(&recs[order.at(next_record++)]);
-      for (size_t i = 0; i < group.size(); i += size_t(s.max_batch)) {  // the plan's micro-batches
-        const std::vector<const Record*> part(group.begin() + i,
-                                              group.begin() + std::min(group.size(), i + size_t(s.max_batch)));
-        mbs.push_back(make_batch(part, s.seq_len));
-        trained += mbs.back().trained;
-      }
-      for (const Record* r : group) tokens += int64_t(std::min<size_t>(r->ids.size(), size_t(s.seq_len)));
-    }
-    AdamWParams ap;
-    ap.lr = float(o.lr * lr_multiplier(sched, step, o.steps, o.warmup_steps));
-    ap.beta1 = float(o.beta1);
-    ap.beta2 = float(o.beta2);
-    ap.eps = float(o.eps);
-    ap.weight_decay = float(o.weight_decay);
-    ap.step = step + 1;
-    Engine::StepParams sp;
-    sp.adamw = ap;
-    sp.max_grad_norm = o.max_grad_norm;
+    if (step + 1 == kill_at) std::raise(SIGKILL);
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepBatches sb = next_step_batches(s, order, o.grad_accum, B, next_record);
+    const Engine::StepParams sp = step_params(o, sched, step);
     // The engine owns the step's order (DESIGN.md §4): the update may still run on the host while
     // the next step starts (the sliding engine overlaps it); saving and exporting wait for it.
-    const Engine::StepResult sr = s.engine->step(mbs, sp);
-    const double loss = trained > 0 ? sr.loss : 0.0;
-    if (!std::isfinite(loss)) {
-      throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
-                               "; stopping (the output directory was not written)");
-    }
-    const double gnorm = sr.grad_norm;
-    if (!std::isfinite(gnorm)) {
-      throw std::runtime_error("gradient norm is " + std::to_string(gnorm) + " at step " + std::to_string(step + 1) +
-                               " (loss " + std::to_string(loss) + "); stopping before the update");
-    }
-    tokens_total += tokens;
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (step == start.step) result.first_loss = loss;
-    result.last_loss = loss;
+    Engine::StepResult sr = s.engine->step(sb.mbs, sp);
+    if (sb.trained == 0) sr.loss = 0.0;
+    check_finite_step(sr.loss, sr.grad_norm, step + 1);
+    tokens_total += sb.tokens;
+    if (step == start.step) result.first_loss = sr.loss;
+    result.last_loss = sr.loss;
     result.steps = step + 1 - start.step;
-    if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == o.steps)) {
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      const double eta = elapsed / double(step + 1 - start.step) * double(o.steps - step - 1);
-      log_info("step %lld/%lld loss %.6f lr %.3e grad_norm %.4f tok/s %.0f elapsed %s eta %s", (long long)(step + 1),
-               (long long)o.steps, loss, double(ap.lr), gnorm, double(tokens) / dt, format_duration(elapsed).c_str(),
-               format_duration(eta).c_str());
-    }
+    const StepReport report = step_report(s, o, sp, sr, step, start.step, sb.tokens, seconds_since(t0), rep);
+    rep.metrics.train_step(report);
+    rep.display.step(report);
     if (!eval_batches.empty() && (step + 1 == o.steps || (o.eval_every > 0 && (step + 1) % o.eval_every == 0)))
       result.eval_loss = evaluate(step + 1);
     if (g_stop_signal != 0 && step + 1 < o.steps) {
       const int sig = g_stop_signal;
-      std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();
+      rep.display.break_line();
       log_info("%s at step %lld: saving %s", sig == SIGINT ? "interrupted" : "terminated", (long long)(step + 1),
-               ck.c_str());
-      Progress here{step + 1, next_record};
-      save_model_dir(s, o, out_dtype, ck, &here);
-      log_info("saved %s; continue with --resume %s", ck.c_str(), ck.c_str());
+               checkpoint_path(o, step + 1).c_str());
+      result.checkpoint = save_checkpoint(step + 1, next_record);
+      log_info("saved %s; continue with --resume %s", result.checkpoint.c_str(), result.checkpoint.c_str());
       result.interrupted_by = sig;
-      result.checkpoint = ck;
       return result;
     }
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
-      std::string ck = (fs::path(o.output) / ("checkpoint-" + std::to_string(step + 1))).string();
-      Progress here{step + 1, next_record};
-      save_model_dir(s, o, out_dtype, ck, &here);
+      const std::string ck = save_checkpoint(step + 1, next_record);
+      rep.display.break_line();
       log_info("saved %s", ck.c_str());
     }
   }
   s.engine->synchronize();  // the last update is done
-  double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  result.tokens_per_second = double(tokens_total) / total_s;
+  result.tokens_per_second = double(tokens_total) / seconds_since(rep.t_start);
+  rep.display.break_line();
   save_model_dir(s, o, out_dtype, o.output, nullptr);
   log_info("saved %s", o.output.c_str());
   if (g_stop_signal != 0) {

@@ -48,8 +48,9 @@ struct TrainOptions {
   bool shuffle = true;
   int64_t save_every = 0;  // 0 = only at the end; checkpoints carry the exact training state
   std::string resume;      // a checkpoint-<step> directory to continue from
-  int64_t log_every = 1;
-  std::string eval_data;  // held-out JSONL: its loss after the last step (and every eval_every)
+  int64_t log_every = 1;   // progress line every K steps when stderr is not a terminal (0 = none)
+  std::string metrics;     // --metrics FILE.jsonl: one JSON record per optimizer step and per evaluation
+  std::string eval_data;   // held-out JSONL: its loss after the last step (and every eval_every)
   int64_t eval_every = 0;
   size_t max_shard_bytes = 5'000'000'000;
 };

@@ -1,0 +1,60 @@
+#include "cli/cli_common.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "data/dataset.h"
+#include "train/train_options_check.h"
+
+namespace sf {
+
+void print_json(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+void EngineFlags::add(CLI::App* c) {
+  c->add_flag("--offload", offload,
+              "force the sliding engine: layers slide through GPU slots, weights, optimizer state and checkpoints "
+              "in host memory (default: only when the model does not fit on the GPU)");
+  c->add_flag("--no-offload", no_offload, "force the in-memory engine");
+  c->add_option("--slots", slots, "GPU parameter slots of the sliding engine (default 3, or 2 when 3 do not fit)");
+  c->add_option("--gpu-blobs", gpu_blobs,
+                "blobs (embedding, head, then layers) the sliding engine keeps whole on the GPU, with their "
+                "optimizer state (default: as many as fit)");
+  c->add_option("--gpu-memory", gpu_memory, "GPU memory to use, e.g. 40GiB (default: 90% of the free memory)");
+  c->add_option("--cpu-memory", cpu_memory, "host memory to plan with (default: what the system reports available)");
+}
+
+void EngineFlags::apply(EngineRequest& e) const {
+  if (offload && no_offload) input_error("--offload/--no-offload", "give one of them");
+  e.offload = offload ? OffloadChoice::On : no_offload ? OffloadChoice::Off : OffloadChoice::Auto;
+  e.slots = slots;
+  e.gpu_blobs = gpu_blobs;
+  e.gpu_memory = gpu_memory.empty() ? 0 : size_t(parse_size(gpu_memory, "--gpu-memory"));
+  e.cpu_memory = cpu_memory.empty() ? 0 : size_t(parse_size(cpu_memory, "--cpu-memory"));
+}
+
+void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f) {
+  c->add_option("--model", d.model_dir, "Hugging Face model directory")->required();
+  c->add_option("--data", d.data, "JSONL file, one {\"input_ids\": [...], \"labels\": [...]} per line")->required();
+  c->add_option("--seq-len", d.seq_len, "cut records to this many tokens (default: the longest record)");
+  c->add_option("--batch-size", d.batch_size, "sequences per micro-batch")->capture_default_str();
+  c->add_option("--device", d.device, "cpu, cuda or auto (cuda when a GPU is present)")->capture_default_str();
+  f.add(c);
+  c->add_option("--compute-dtype", d.compute_dtype,
+                "fp32 (cpu default) or bf16 (cuda; on the cpu it mirrors the GPU's rounding)");
+  c->add_option("--max-record-bytes", d.max_record_bytes, "longest JSONL line accepted, e.g. 256MiB (default 64MiB)");
+  c->add_option("--train-on", d.train_on, "chat records: assistant (only the assistant turns) or all")
+      ->check(CLI::IsMember({"assistant", "all"}))
+      ->capture_default_str();
+  c->add_flag("--no-data-cache{false}", d.data_cache, "do not cache the tokenized data next to the data file");
+}
+
+void apply_data_options(const DataOptions& d) {
+  check_data_options(d);
+  if (!d.max_record_bytes.empty()) set_max_record_bytes(parse_size(d.max_record_bytes, "--max-record-bytes"));
+}
+
+}  // namespace sf

@@ -1,0 +1,21 @@
+// `slideformer plan`: the planner's answer for a model directory, a config or a preset.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/make_engine.h"
+
+namespace sf {
+
+struct PlanCliOptions {
+  std::string model_dir, preset, config;
+  std::string device = "auto";
+  int batch_size = 8, seq_len = 2048, grad_accum = 1;
+  double max_grad_norm = 1.0;
+  bool measure = false;  // measure this machine's rates for the prediction (else the H200's)
+  EngineRequest engine;
+};
+// Prints the plan on stderr; returns it as JSON (fits, engine, slots, bytes, prediction).
+nlohmann::json run_plan(const PlanCliOptions& o);
+
+}  // namespace sf

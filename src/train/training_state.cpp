@@ -1,0 +1,129 @@
+#include "train/training_state.h"
+
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/checkpoint.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "model/layout.h"
+
+namespace sf {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kStateFile = "training_state.safetensors";
+constexpr const char* kTrainerFile = "trainer_state.json";
+// The saved states and their tensor-name prefixes in kStateFile.
+const std::pair<Engine::State, std::string> kSavedStates[] = {
+    {Engine::State::Params, "master."}, {Engine::State::AdamM, "adam_m."}, {Engine::State::AdamV, "adam_v."}};
+
+}  // namespace
+
+void write_training_state(Engine& engine, const ModelSpec& spec, const TrainOptions& o, size_t records, int seq_len,
+                          const TrainProgress& p, const std::string& dir) {
+  // One tensor at a time from the engine (no copy of the whole state in host memory).
+  const ModelLayout layout = make_layout(spec);
+  std::vector<TensorWrite> tw;
+  for (const auto& [kind, prefix] : kSavedStates) {
+    for (size_t b = 0; b < layout.blobs.size(); ++b) {
+      for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
+        const BlobEntry& e = layout.blobs[b].entries[i];
+        TensorWrite w{prefix + e.name, DType::F32, e.shape, nullptr};
+        w.fill = [&engine, kind = kind, b, i](void* dst) {
+          engine.read_state(kind, int(b), int(i), static_cast<float*>(dst));
+        };
+        tw.push_back(std::move(w));
+      }
+    }
+  }
+  write_safetensors((fs::path(dir) / kStateFile).string(), tw, {{"step", std::to_string(p.step)}});
+  nlohmann::json j = {{"step", p.step},
+                      {"next_record", p.next_record},
+                      {"records", records},
+                      {"batch_size", o.data.batch_size},
+                      {"grad_accum", o.grad_accum},
+                      {"seq_len", seq_len},
+                      {"shuffle", o.shuffle},
+                      {"seed", o.seed},
+                      {"steps", o.steps},
+                      {"lr", o.lr},
+                      {"lr_schedule", o.lr_schedule},
+                      {"warmup_steps", o.warmup_steps},
+                      {"data", o.data.data}};
+  write_json_file((fs::path(dir) / kTrainerFile).string(), j);
+}
+
+TrainProgress read_training_state(Engine& engine, const ModelSpec& spec, const TrainOptions& o, size_t records,
+                                  const std::string& dir) {
+  const std::string tpath = (fs::path(dir) / kTrainerFile).string();
+  if (!fs::exists(tpath))
+    input_error(dir, "not a checkpoint with training state (no " + std::string(kTrainerFile) + ")");
+  const nlohmann::json j = read_json_file(tpath);  // depth-limited; typed reads below name the JSON path
+  const JsonRef st(j, tpath);
+  st.expect_object();
+  auto same = [&](const char* key, const nlohmann::json& now) {
+    const std::optional<JsonRef> saved = st.get(key);
+    if (!saved || saved->json() != now) {
+      input_error(tpath, std::string("--resume needs the same ") + key + " as the saved run (saved " +
+                             (saved ? saved->json().dump() : "nothing") + ", now " + now.dump() + ")");
+    }
+  };
+  same("records", records);
+  same("batch_size", o.data.batch_size);
+  same("grad_accum", o.grad_accum);
+  same("shuffle", o.shuffle);
+  same("seed", o.seed);
+  TrainProgress p;
+  constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+  p.step = st.at("step").as_int(0, kAny, /*integral_floats=*/false);
+  p.next_record = uint64_t(st.at("next_record").as_int(0, kAny, /*integral_floats=*/false));
+  if (p.step >= o.steps)
+    input_error(tpath, "the checkpoint is at step " + std::to_string(p.step) + ", not before --steps " +
+                           std::to_string(o.steps));
+
+  // Every tensor checked (checksum, dtype, shape) before any is taken; then one at a time from the
+  // mapped file. The checkpoint's model files are verified too: a flipped bit there would surface
+  // only when the checkpoint is used as a model.
+  auto f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
+  std::vector<std::string> unverified;
+  if (!f.verify_checksums()) unverified.push_back(f.path());
+  const CheckpointReader model_files = CheckpointReader::open(dir);
+  for (const SafetensorsFile& mf : model_files.files())
+    if (!mf.verify_checksums()) unverified.push_back(mf.path());
+  for (const std::string& u : unverified)
+    log_info("warning: %s has no checksums (written by an older slideformer?); resuming without verifying it",
+             u.c_str());
+  const ModelLayout layout = make_layout(spec);
+  for (bool take : {false, true}) {
+    for (const auto& [kind, prefix] : kSavedStates) {
+      for (size_t b = 0; b < layout.blobs.size(); ++b) {
+        for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
+          const BlobEntry& e = layout.blobs[b].entries[i];
+          const TensorInfo* info = f.find(prefix + e.name);
+          if (!take) {
+            if (!info) input_error(f.path(), "tensor " + prefix + e.name + " missing");
+            if (info->dtype != DType::F32 || info->shape != e.shape)
+              input_error(f.path(), "tensor " + prefix + e.name + " must be F32 " + shape_string(e.shape));
+            continue;
+          }
+          std::vector<float> v(static_cast<size_t>(e.numel));  // the mapping need not be 4-byte aligned
+          std::memcpy(v.data(), info->data, v.size() * 4);
+          engine.write_state(kind, int(b), int(i), v.data());
+        }
+      }
+    }
+  }
+  return p;
+}
+
+}  // namespace sf
