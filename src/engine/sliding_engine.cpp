@@ -244,8 +244,10 @@ struct SlidingEngine::Impl {
   }
 
   // A held blob's AdamW (or one pass of it) on the opt stream, once its whole gradient has landed.
+  // (A moment pass follows its blob's parameter pass on the same stream: no second wait. Fewer
+  // operations queued: CUDA blocks the queuing thread once a stream holds too many.)
   void queue_blob_update(int blob, const AdamWParams& p, cpu::AdamWPart part = cpu::AdamWPart::All) {
-    dev.wait(*opt_stream, *landed[size_t(blob)]);
+    if (part != cpu::AdamWPart::Moments) dev.wait(*opt_stream, *landed[size_t(blob)]);
     const HostOptimizer::Landing at{const_cast<void*>(host->grads(blob)), -1};
     static const char* const kPart[] = {"", " params", " moments"};
     const std::string what = std::to_string(blob) + kPart[int(part)];
