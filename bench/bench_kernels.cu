@@ -259,8 +259,10 @@ void bench_mem(Ctx& c) {
     Tensor x = c.make(DType::BF16, {R, int64_t(nh) * hd});
     Tensor cs = c.make(DType::F32, {T, hd / 2}), sn = c.make(DType::F32, {T, hd / 2});
     const double xb = double(R) * nh * hd * 2;
-    report("rope_fwd[16384x32x128]", 2 * xb, [&] { c.dev->ops().rope_forward(x, cs, sn, T, nh, hd, *c.stream); });
-    report("rope_bwd[16384x32x128]", 2 * xb, [&] { c.dev->ops().rope_backward(x, cs, sn, T, nh, hd, *c.stream); });
+    report("rope_fwd[16384x32x128]", 2 * xb,
+           [&] { c.dev->ops().rope_forward(x, cs, sn, T, nh, hd, Tensor(), *c.stream); });
+    report("rope_bwd[16384x32x128]", 2 * xb,
+           [&] { c.dev->ops().rope_backward(x, cs, sn, T, nh, hd, Tensor(), *c.stream); });
     for (Tensor* t : {&x, &cs, &sn}) c.release(*t);
   }
   {
