@@ -68,6 +68,28 @@ std::vector<int32_t> randint(size_t n, uint64_t seed, int32_t lo, int32_t hi) {
   return v;
 }
 
+// Packed rows (ops.h AttnDims::pos): pos [B*T] of rows holding records of random lengths in
+// [1, max_len] (the last one of a row cut to fit), seeded.
+std::vector<int32_t> packed_positions(int B, int T, int max_len, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> pos;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T;) {
+      const int n = std::min(T - t, 1 + int(rng() % uint64_t(max_len)));
+      for (int i = 0; i < n; ++i) pos.push_back(i);
+      t += n;
+    }
+  return pos;
+}
+// pos of rows holding records of the given lengths.
+std::vector<int32_t> positions_of(const std::vector<std::vector<int>>& rows) {
+  std::vector<int32_t> pos;
+  for (const auto& row : rows)
+    for (int n : row)
+      for (int i = 0; i < n; ++i) pos.push_back(i);
+  return pos;
+}
+
 // ---- error measures ----------------------------------------------------------------------------
 // Relative L2 error; +inf when x has a non-finite value (NaN never passes).
 double rel_err(const std::vector<float>& x, const std::vector<float>& ref) {
@@ -465,28 +487,6 @@ TEST(CudaOps, SwiGlu) {
 struct AttnCfg {
   int B, T, H, KVH, hd;
 };
-
-// Packed rows (ops.h AttnDims::pos): pos [B*T] of rows holding records of random lengths in
-// [1, max_len] (the last one of a row cut to fit), seeded.
-std::vector<int32_t> packed_positions(int B, int T, int max_len, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> pos;
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T;) {
-      const int n = std::min(T - t, 1 + int(rng() % uint64_t(max_len)));
-      for (int i = 0; i < n; ++i) pos.push_back(i);
-      t += n;
-    }
-  return pos;
-}
-// pos of rows holding records of the given lengths.
-std::vector<int32_t> positions_of(const std::vector<std::vector<int>>& rows) {
-  std::vector<int32_t> pos;
-  for (const auto& row : rows)
-    for (int n : row)
-      for (int i = 0; i < n; ++i) pos.push_back(i);
-  return pos;
-}
 
 // Forward and backward of one configuration. The backward of every run gets the same inputs:
 // out = the CPU fp32 forward's output rounded to bf16, lse = its lse. pos: packed rows (each run
