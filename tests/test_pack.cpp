@@ -103,6 +103,24 @@ TEST(Pack, PackedBatchLayout) {
   EXPECT_TRUE(u.pos.empty());
 }
 
+TEST(Pack, WholeFileBatches) {
+  std::vector<Record> v = {rec(3), rec(4), rec(1), rec(12), rec(0), rec(5), rec(2), rec(6)};
+  const auto p = ptrs(v);
+  const auto batches = make_packed_batches(p, 8, 3);  // rows {0,1,2} {3} {5,6} {7}: batches of 3 + 1
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[0].B, 3);
+  EXPECT_EQ(batches[1].B, 1);
+  Batch first = make_packed_batch({{p[0], p[1], p[2]}, {p[3]}, {p[5], p[6]}}, 8);
+  EXPECT_EQ(batches[0].ids, first.ids);
+  EXPECT_EQ(batches[0].targets, first.targets);
+  EXPECT_EQ(batches[0].pos, first.pos);
+  int64_t trained = 0;
+  for (const Batch& b : batches) trained += b.trained;
+  int64_t want = 0;
+  for (const Record& r : v) want += trained_targets(r, 8);
+  EXPECT_EQ(trained, want);  // every record's targets, once
+}
+
 // ---------------------------------------------------------------- RoPE with positions
 
 // RoPE over a packed row = RoPE of each record alone (positions restart at 0), bit for bit, both

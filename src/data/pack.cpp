@@ -86,4 +86,19 @@ Batch make_packed_batch(const std::vector<std::vector<const Record*>>& rows, int
   return b;
 }
 
+std::vector<Batch> make_packed_batches(const std::vector<const Record*>& recs, int seq_len, int B) {
+  SF_CHECK(B > 0, "make_packed_batches: B must be positive");
+  const std::vector<std::vector<size_t>> rows = pack_records(recs, seq_len);
+  std::vector<Batch> out;
+  for (size_t i = 0; i < rows.size(); i += size_t(B)) {
+    std::vector<std::vector<const Record*>> group;
+    for (size_t r = i; r < std::min(rows.size(), i + size_t(B)); ++r) {
+      group.emplace_back();
+      for (size_t k : rows[r]) group.back().push_back(recs[k]);
+    }
+    out.push_back(make_packed_batch(group, seq_len));
+  }
+  return out;
+}
+
 }  // namespace sf

@@ -44,4 +44,8 @@ class RowPacker {
 // after the last record counts as one more record). trained = the sum of trained_targets.
 Batch make_packed_batch(const std::vector<std::vector<const Record*>>& rows, int seq_len);
 
+// A whole file packed (eval, grad): the rows of pack_records(recs, seq_len), B rows a batch (the
+// last batch may have fewer), each made by make_packed_batch.
+std::vector<Batch> make_packed_batches(const std::vector<const Record*>& recs, int seq_len, int B);
+
 }  // namespace sf
