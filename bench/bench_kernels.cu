@@ -213,6 +213,22 @@ void bench_attn_one(Ctx& c, int B, int T, int H, int KVH, int hd) {
               f_flops / t_f * 1e-9, t_b, 2.5 * f_flops / t_b * 1e-9, t_fb, 3.5 * f_flops / t_fb * 1e-9);
   std::printf("RESULT attn_hd%d_fwd_ms=%.3f attn_hd%d_bwd_ms=%.3f attn_hd%d_fwdbwd_ms=%.3f\n", hd, t_f, hd, t_b, hd,
               t_fb);
+  // Packed rows (AttnDims::pos): one record a row given as positions (the cost of the packed path
+  // against the unpacked one above), and records of T/4 tokens (a quarter of the causal work).
+  {
+    Tensor pos = c.make(DType::I32, {N});
+    d.pos = pos;
+    for (int rec : {T, T / 4}) {
+      std::vector<int32_t> hp(static_cast<size_t>(N));
+      for (int64_t i = 0; i < N; ++i) hp[size_t(i)] = int32_t((i % T) % rec);
+      CK(cudaMemcpy(pos.data, hp.data(), hp.size() * 4, cudaMemcpyHostToDevice));
+      const double pf = c.time_ms(fwd, 3, 20), pb = c.time_ms(bwd, 3, 20);
+      std::printf("  packed rows, records of %d tokens: fwd %.3f ms, bwd %.3f ms\n", rec, pf, pb);
+      std::printf("RESULT attn_hd%d_packed%d_fwd_ms=%.3f attn_hd%d_packed%d_bwd_ms=%.3f\n", hd, rec, pf, hd, rec, pb);
+    }
+    d.pos = Tensor();
+    c.release(pos);
+  }
   for (Tensor* t : {&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, &ws}) c.release(*t);
 }
 
@@ -259,8 +275,10 @@ void bench_mem(Ctx& c) {
     Tensor x = c.make(DType::BF16, {R, int64_t(nh) * hd});
     Tensor cs = c.make(DType::F32, {T, hd / 2}), sn = c.make(DType::F32, {T, hd / 2});
     const double xb = double(R) * nh * hd * 2;
-    report("rope_fwd[16384x32x128]", 2 * xb, [&] { c.dev->ops().rope_forward(x, cs, sn, T, nh, hd, *c.stream); });
-    report("rope_bwd[16384x32x128]", 2 * xb, [&] { c.dev->ops().rope_backward(x, cs, sn, T, nh, hd, *c.stream); });
+    report("rope_fwd[16384x32x128]", 2 * xb,
+           [&] { c.dev->ops().rope_forward(x, cs, sn, T, nh, hd, Tensor(), *c.stream); });
+    report("rope_bwd[16384x32x128]", 2 * xb,
+           [&] { c.dev->ops().rope_backward(x, cs, sn, T, nh, hd, Tensor(), *c.stream); });
     for (Tensor* t : {&x, &cs, &sn}) c.release(*t);
   }
   {

@@ -25,9 +25,12 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // ---------------------------------------------------------------- attention
 
 // HF eager attention in fp64: P = softmax(scale q k^T + causal mask) as an explicit T x T
-// matrix per (b, h), out = P v; query head h reads kv head h / (n_head / n_kv_head).
+// matrix per (b, h), out = P v; query head h reads kv head h / (n_head / n_kv_head). With pos
+// (packed rows) the mask is block-diagonal causal: key j visible to query i iff
+// i - pos[i] <= j <= i.
 void ref_attention(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
-                   const AttnDims& d, std::vector<double>& out, std::vector<double>* lse) {
+                   const AttnDims& d, std::vector<double>& out, std::vector<double>* lse,
+                   const std::vector<int32_t>* pos = nullptr) {
   const int T = d.T, hd = d.head_dim, qw = d.n_head * hd, kw = d.n_kv_head * hd, grp = d.n_head / d.n_kv_head;
   out.assign(size_t(d.B) * T * qw, 0.0);
   if (lse) lse->assign(size_t(d.B) * d.n_head * T, 0.0);
@@ -39,7 +42,8 @@ void ref_attention(const std::vector<double>& q, const std::vector<double>& k, c
         double mx = -INFINITY;
         for (int j = 0; j < T; ++j) {
           double s = -INFINITY;  // masked
-          if (j <= i) {
+          const int lo = pos ? i - (*pos)[size_t(b) * T + i] : 0;
+          if (j <= i && j >= lo) {
             s = 0;
             for (int e = 0; e < hd; ++e) {
               s += q[(size_t(b) * T + i) * qw + h * hd + e] * k[(size_t(b) * T + j) * kw + g * hd + e];
@@ -195,6 +199,143 @@ TEST(CpuKernels, AttentionRejectsBadShapes) {
                                test::view_of(k, {4, 24}), test::view_of(k, {4, 24}), d);
       },
       "attention.cpp", "n_kv_head*head_dim");
+}
+
+// ---------------------------------------------------------------- attention over packed rows
+
+// pos [B*T] of rows holding records of the given lengths (each row's lengths sum to T).
+std::vector<int32_t> positions(const std::vector<std::vector<int>>& rows) {
+  std::vector<int32_t> pos;
+  for (const auto& row : rows)
+    for (int n : row)
+      for (int t = 0; t < n; ++t) pos.push_back(t);
+  return pos;
+}
+
+struct SegCase {
+  AttnDims d;
+  std::vector<std::vector<int>> rows;  // record lengths per row
+};
+
+// Records of 1 token, records at tile-like boundaries, a row that is one record, GQA 1/2/4.
+std::vector<SegCase> seg_cases() {
+  return {{dims(2, 13, 4, 2, 8), {{5, 1, 7}, {13}}},
+          {dims(1, 33, 8, 2, 16), {{10, 16, 7}}},
+          {dims(3, 6, 4, 1, 8), {{1, 1, 1, 1, 1, 1}, {2, 4}, {6}}},
+          {dims(1, 9, 2, 2, 8), {{3, 3, 3}}}};
+}
+
+TEST(CpuKernels, AttentionWithSegmentsMatchesExplicitSoftmax) {
+  uint64_t seed = 900;
+  for (SegCase c : seg_cases()) {
+    const AttnDims& d0 = c.d;
+    SCOPED_TRACE(name(d0));
+    auto pos = positions(c.rows);
+    AttnDims d = d0;
+    const int N = d.B * d.T, qw = d.n_head * d.head_dim, kw = d.n_kv_head * d.head_dim;
+    ASSERT_EQ(int(pos.size()), N);
+    d.pos = test::view_of(pos, {N});
+    AttnData a(d, seed += 10);
+    std::vector<float> out(size_t(N) * qw, kNaN), lse(size_t(d.B) * d.n_head * d.T, kNaN);
+    cpu::attention_forward(test::view_of(out, {N, qw}), test::view_of(lse, {d.B, d.n_head, d.T}),
+                           test::view_of(a.q, {N, qw}), test::view_of(a.k, {N, kw}), test::view_of(a.v, {N, kw}), d);
+    std::vector<double> rout, rlse;
+    ref_attention(to_double(a.q), to_double(a.k), to_double(a.v), d, rout, &rlse, &pos);
+    EXPECT_LE(rel_err(out, rout), 1e-6);
+    EXPECT_LE(max_rel_err(lse, rlse, 1e-3), 1e-6);
+  }
+}
+
+// The backward of the block-diagonal attention against central differences of the fp64
+// reference with the same mask (the bounds are those of the unpacked test above).
+TEST(CpuKernels, AttentionWithSegmentsBackwardMatchesFiniteDifferences) {
+  uint64_t seed = 1000;
+  for (SegCase c : seg_cases()) {
+    SCOPED_TRACE(name(c.d));
+    auto pos = positions(c.rows);
+    AttnDims d = c.d;
+    const int N = d.B * d.T, qw = d.n_head * d.head_dim, kw = d.n_kv_head * d.head_dim;
+    d.pos = test::view_of(pos, {N});
+    AttnData a(d, seed += 10);
+    std::vector<float> out(size_t(N) * qw), lse(size_t(d.B) * d.n_head * d.T);
+    cpu::attention_forward(test::view_of(out, {N, qw}), test::view_of(lse, {d.B, d.n_head, d.T}),
+                           test::view_of(a.q, {N, qw}), test::view_of(a.k, {N, kw}), test::view_of(a.v, {N, kw}), d);
+    auto R = test::randn(out.size(), seed + 5);
+    std::vector<float> dq(a.q.size(), kNaN), dk(a.k.size(), kNaN), dv(a.v.size(), kNaN);
+    cpu::attention_backward(test::view_of(dq, {N, qw}), test::view_of(dk, {N, kw}), test::view_of(dv, {N, kw}),
+                            test::view_of(R, {N, qw}), test::view_of(a.q, {N, qw}), test::view_of(a.k, {N, kw}),
+                            test::view_of(a.v, {N, kw}), test::view_of(out, {N, qw}),
+                            test::view_of(lse, {d.B, d.n_head, d.T}), d, Tensor());
+    auto qd = to_double(a.q), kd = to_double(a.k), vd = to_double(a.v);
+    auto L = [&] {
+      std::vector<double> o;
+      ref_attention(qd, kd, vd, d, o, nullptr, &pos);
+      return test::dot(o, R);
+    };
+    auto iq = test::sample_indices(qd.size(), 150, 1), ik = test::sample_indices(kd.size(), 150, 2),
+         iv = test::sample_indices(vd.size(), 150, 3);
+    EXPECT_LE(rel_err(test::gather(dq, iq), test::numeric_grad(qd, iq, 1e-5, L)), 1e-5);
+    EXPECT_LE(rel_err(test::gather(dk, ik), test::numeric_grad(kd, ik, 1e-5, L)), 1e-5);
+    EXPECT_LE(rel_err(test::gather(dv, iv), test::numeric_grad(vd, iv, 1e-5, L)), 1e-5);
+  }
+}
+
+// A packed row gives, bit for bit, what each record gives alone in a row of its own (the same
+// fp64 sums over the same keys in the same order): out, lse, dq, dk, dv.
+TEST(CpuKernels, AttentionPackedRowEqualsRecordsAloneBitwise) {
+  const std::vector<int> lens = {4, 1, 9, 6};
+  const int T = 20, nh = 4, nkv = 2, hd = 8, qw = nh * hd, kw = nkv * hd;
+  AttnDims d = dims(1, T, nh, nkv, hd);
+  auto pos = positions({lens});
+  d.pos = test::view_of(pos, {T});
+  AttnData a(d, 1100);
+  auto R = test::randn(size_t(T) * qw, 1101);
+  std::vector<float> out(size_t(T) * qw), lse(size_t(nh) * T), dq(a.q.size()), dk(a.k.size()), dv(a.v.size());
+  cpu::attention_forward(test::view_of(out, {T, qw}), test::view_of(lse, {1, nh, T}), test::view_of(a.q, {T, qw}),
+                         test::view_of(a.k, {T, kw}), test::view_of(a.v, {T, kw}), d);
+  cpu::attention_backward(test::view_of(dq, {T, qw}), test::view_of(dk, {T, kw}), test::view_of(dv, {T, kw}),
+                          test::view_of(R, {T, qw}), test::view_of(a.q, {T, qw}), test::view_of(a.k, {T, kw}),
+                          test::view_of(a.v, {T, kw}), test::view_of(out, {T, qw}), test::view_of(lse, {1, nh, T}), d,
+                          Tensor());
+  int at = 0;
+  for (int n : lens) {
+    SCOPED_TRACE("record at " + std::to_string(at));
+    auto rows = [&](const std::vector<float>& x, int w) {
+      return std::vector<float>(x.begin() + int64_t(at) * w, x.begin() + int64_t(at + n) * w);
+    };
+    auto q = rows(a.q, qw), k = rows(a.k, kw), v = rows(a.v, kw), r = rows(R, qw);
+    const AttnDims e = dims(1, n, nh, nkv, hd);
+    std::vector<float> o(size_t(n) * qw), l(size_t(nh) * n), gq(q.size()), gk(k.size()), gv(v.size());
+    cpu::attention_forward(test::view_of(o, {n, qw}), test::view_of(l, {1, nh, n}), test::view_of(q, {n, qw}),
+                           test::view_of(k, {n, kw}), test::view_of(v, {n, kw}), e);
+    cpu::attention_backward(test::view_of(gq, {n, qw}), test::view_of(gk, {n, kw}), test::view_of(gv, {n, kw}),
+                            test::view_of(r, {n, qw}), test::view_of(q, {n, qw}), test::view_of(k, {n, kw}),
+                            test::view_of(v, {n, kw}), test::view_of(o, {n, qw}), test::view_of(l, {1, nh, n}), e,
+                            Tensor());
+    EXPECT_EQ(o, rows(out, qw));
+    EXPECT_EQ(gq, rows(dq, qw));
+    EXPECT_EQ(gk, rows(dk, kw));
+    EXPECT_EQ(gv, rows(dv, kw));
+    for (int h = 0; h < nh; ++h)
+      for (int t = 0; t < n; ++t) EXPECT_EQ(l[size_t(h) * n + t], lse[size_t(h) * T + at + t]);
+    at += n;
+  }
+}
+
+TEST(CpuKernels, AttentionRejectsBadPositions) {
+  AttnDims d = dims(1, 4, 2, 2, 8);
+  std::vector<float> q(4 * 16), o(4 * 16), lse(8);
+  for (const std::vector<int32_t>& bad :
+       {std::vector<int32_t>{1, 2, 3, 4}, std::vector<int32_t>{0, 1, 3, 0}, std::vector<int32_t>{0, 1, 0, 2}}) {
+    auto pos = bad;
+    d.pos = test::view_of(pos, {4});
+    expect_check_failure(
+        [&] {
+          cpu::attention_forward(test::view_of(o, {4, 16}), test::view_of(lse, {8}), test::view_of(q, {4, 16}),
+                                 test::view_of(q, {4, 16}), test::view_of(q, {4, 16}), d);
+        },
+        "attention.cpp", "neither starts a record");
+  }
 }
 
 // ---------------------------------------------------------------- linear cross-entropy

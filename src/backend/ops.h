@@ -25,6 +25,12 @@ struct AttnDims {
   int n_kv_head = 0;  // key/value heads (n_head % n_kv_head == 0; GQA)
   int head_dim = 0;
   float scale = 0.f;  // softmax scale, usually head_dim^-0.5
+  // Packed rows (several records in one row, FlashAttention varlen style): pos [B*T] I32, the
+  // position of each token inside its record (0 at a record's first token, then +1 a token). Key
+  // j of a row is visible to query i iff i - pos[i] <= j <= i: the causal mask is block-diagonal.
+  // Precondition: pos[t] == 0 or pos[t] == pos[t-1] + 1 within a row, pos[0] == 0.
+  // Empty: one record per row (pos[t] = t).
+  Tensor pos;
 };
 
 struct AdamWParams {
@@ -55,16 +61,20 @@ class Ops {
                                 Stream& s) = 0;
 
   // RoPE in place, HF half-split layout: x [B*T, n_heads*head_dim]; the token in row r has
-  // position r % T. cos, sin: [T_max >= T, head_dim/2] F32 tables (llama3/linear scaling is
-  // already in them). backward applies the inverse rotation to a gradient in place.
-  virtual void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Stream& s) = 0;
-  virtual void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Stream& s) = 0;
+  // position pos[r] (pos [B*T] I32, values in [0, T), AttnDims::pos), or r % T when pos is empty.
+  // cos, sin: [T_max >= T, head_dim/2] F32 tables (llama3/linear scaling is already in them).
+  // backward applies the inverse rotation to a gradient in place.
+  virtual void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Tensor pos,
+                            Stream& s) = 0;
+  virtual void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Tensor pos,
+                             Stream& s) = 0;
 
   // out = silu(gate) * up, all [R, I].
   virtual void swiglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) = 0;
   virtual void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) = 0;
 
-  // Causal GQA attention. q, out: [B*T, n_head*hd]; k, v: [B*T, n_kv_head*hd];
+  // Causal GQA attention (block-diagonal causal when d.pos is given). q, out: [B*T, n_head*hd];
+  // k, v: [B*T, n_kv_head*hd];
   // lse [B, n_head, T] F32 = log-sum-exp of the scaled scores of each query row (natural log).
   // No T x T matrix is kept between forward and backward.
   virtual void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d,

@@ -70,7 +70,10 @@ struct Batch {
   int B = 0, T = 0;
   std::vector<int32_t> ids;      // [B*T]
   std::vector<int32_t> targets;  // [B*T], HF causal shift: targets[t] = labels[t+1]; -100 beyond
-  int64_t trained = 0;           // number of targets != -100
+  // Packed rows only (data/pack.h): [B*T], each token's position inside its record; empty when
+  // every row is one record (position = t).
+  std::vector<int32_t> pos;
+  int64_t trained = 0;  // number of targets != -100
   int64_t N() const { return int64_t(B) * T; }
 };
 

@@ -14,6 +14,7 @@
 #include "engine/host_optimizer.h"
 #include "engine/sliding_engine.h"
 #include "engine/slot_cache.h"
+#include "engine/token_uploader.h"
 #include "model/layout.h"
 #include "model/program.h"
 
@@ -113,13 +114,14 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const 
   m.push_back({"backward activations (dy, dx, recompute)", c.stride_nh * 3, Place::Device});
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", c.workspace, Place::Device});
   const size_t K = size_t(std::max(micro, 1));
-  m.push_back({"token ids / targets", 2 * K * size_t(c.max_tokens) * 8, Place::Device});
+  m.push_back(
+      {"token ids / targets / positions", 2 * K * size_t(c.max_tokens) * TokenUploader::kBytesPerToken, Place::Device});
   if (training && K > 1)
     m.push_back({"embedding-output gradients of the step's micro-batches", K * c.stride_nh, Place::Device});
   m.push_back({"RoPE tables", c.rope, Place::Device});
   m.push_back({"scalars", engine_scalar_bytes(c.blobs), Place::Device});
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
-  m.push_back({"token staging", 2 * K * size_t(c.max_tokens) * 8, Place::Pinned});
+  m.push_back({"token staging", 2 * K * size_t(c.max_tokens) * TokenUploader::kBytesPerToken, Place::Pinned});
   return m;
 }
 
@@ -166,7 +168,7 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
        Place::Device},
       {"checkpoints fetched for the backward + recompute output", 3 * c.stride_nh, Place::Device},
       {"workspace (one layer's recompute + backward; chunked head)", c.workspace, Place::Device},
-      {"token ids / targets", 2 * K * size_t(c.max_tokens) * 8, Place::Device},
+      {"token ids / targets / positions", 2 * K * size_t(c.max_tokens) * TokenUploader::kBytesPerToken, Place::Device},
       {"RoPE tables", c.rope, Place::Device},
       {"scalars", engine_scalar_bytes(c.blobs), Place::Device}};
   if (low) m.push_back({"gradient staging (2 chunks)", 2 * round256(size_t(chunk) * c.act), Place::Device});
@@ -184,7 +186,7 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
                  hb.grads, Place::Pinned});
   m.push_back({"layer-input checkpoints (" + std::to_string(K) + " micro-batches)",
                K * c.stride_nh * size_t(std::max(s.n_layer, 1)), Place::Pinned});
-  m.push_back({"token staging", 2 * K * size_t(c.max_tokens) * 8, Place::Pinned});
+  m.push_back({"token staging", 2 * K * size_t(c.max_tokens) * TokenUploader::kBytesPerToken, Place::Pinned});
   m.push_back({"AdamW m and v", hb.moments, Place::Host});
   return m;
 }

@@ -233,13 +233,13 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   SF_CHECK(b.B <= opt_.max_batch && b.T <= opt_.max_seq, "batch larger than the engine was built for");
   SF_CHECK(!backward || m.grads.data(), "engine built without gradients");
   Stream& st = *m.stream;
-  const BatchDims d{b.B, b.T};
+  const TokenUploader::Tokens tok = m.tokens->upload(b, st);
+  const BatchDims d{b.B, b.T, tok.pos};
   const int64_t N = d.N();
   const int L = spec_.n_layer;
   const int head_blob = int(layout_.blobs.size()) - 1;
   const DType act = m.act;
 
-  const TokenUploader::Tokens tok = m.tokens->upload(b, st);
   const Tensor ids = tok.ids, targets = tok.targets;
   struct MarkDone {  // every exit below records that the tokens were read
     TokenUploader& t;

@@ -388,7 +388,7 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
   for (const Batch& b : mbs) {
     SF_CHECK(b.B <= opt.base.max_batch && b.T <= opt.base.max_seq, "batch larger than the engine was built for");
     tok.push_back(tokens->upload(b, c));
-    dims.push_back(BatchDims{b.B, b.T});
+    dims.push_back(BatchDims{b.B, b.T, tok.back().pos});
   }
   auto N = [&](int j) { return dims[size_t(j)].N(); };
   auto layer = [&](const ParamsRef& p, int blob) { return layer_views(layout.blobs[size_t(blob)], p.data, act); };

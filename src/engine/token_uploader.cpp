@@ -10,8 +10,8 @@ namespace sf {
 TokenUploader::TokenUploader(Device& dev, int64_t max_tokens, int slots)
     : dev_(dev), max_tokens_(max_tokens), h2d_(dev.create_stream()), slots_(size_t(std::max(slots, 1))) {
   for (Slot& s : slots_) {
-    s.host = DeviceBuffer(dev, size_t(max_tokens) * 8, MemoryKind::PinnedHost);
-    s.dev = DeviceBuffer(dev, size_t(max_tokens) * 8);
+    s.host = DeviceBuffer(dev, size_t(max_tokens) * kBytesPerToken, MemoryKind::PinnedHost);
+    s.dev = DeviceBuffer(dev, size_t(max_tokens) * kBytesPerToken);
     s.uploaded = dev.create_event();
     s.consumed = dev.create_event();
   }
@@ -20,6 +20,10 @@ TokenUploader::TokenUploader(Device& dev, int64_t max_tokens, int slots)
 TokenUploader::Tokens TokenUploader::upload(const Batch& b, Stream& compute) {
   const int64_t N = b.N();
   SF_CHECK(N <= max_tokens_, "batch larger than the token buffers");
+  SF_CHECK(
+      int64_t(b.ids.size()) == N && int64_t(b.targets.size()) == N && (b.pos.empty() || int64_t(b.pos.size()) == N),
+      "batch arrays are not [B*T]");
+  const bool packed = !b.pos.empty();
   current_ = next_;
   next_ = (next_ + 1) % int(slots_.size());
   Slot& s = slots_[current_];
@@ -29,13 +33,17 @@ TokenUploader::Tokens TokenUploader::upload(const Batch& b, Stream& compute) {
   int32_t* staged = static_cast<int32_t*>(s.host.data());
   std::memcpy(staged, b.ids.data(), size_t(N) * 4);
   std::memcpy(staged + max_tokens_, b.targets.data(), size_t(N) * 4);
+  if (packed) std::memcpy(staged + 2 * max_tokens_, b.pos.data(), size_t(N) * 4);
   int32_t* on_dev = static_cast<int32_t*>(s.dev.data());
   dev_.wait(*h2d_, *s.consumed);
   dev_.copy(on_dev, staged, size_t(N) * 4, CopyKind::HostToDevice, *h2d_);
   dev_.copy(on_dev + max_tokens_, staged + max_tokens_, size_t(N) * 4, CopyKind::HostToDevice, *h2d_);
+  if (packed)
+    dev_.copy(on_dev + 2 * max_tokens_, staged + 2 * max_tokens_, size_t(N) * 4, CopyKind::HostToDevice, *h2d_);
   dev_.record(*s.uploaded, *h2d_);
   dev_.wait(compute, *s.uploaded);
-  return Tokens{Tensor(on_dev, DType::I32, {N}), Tensor(on_dev + max_tokens_, DType::I32, {N}), current_};
+  return Tokens{Tensor(on_dev, DType::I32, {N}), Tensor(on_dev + max_tokens_, DType::I32, {N}),
+                packed ? Tensor(on_dev + 2 * max_tokens_, DType::I32, {N}) : Tensor(), current_};
 }
 
 void TokenUploader::done(Stream& compute) {

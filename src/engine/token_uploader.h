@@ -1,4 +1,4 @@
-// Token ids and targets of successive micro-batches, uploaded on their own stream through
+// Token ids, targets (and positions of packed rows) of successive micro-batches, uploaded on their own stream through
 // double-buffered pinned staging, ordered by events: the upload of the next micro-batch overlaps
 // the compute of this one, and no call waits on the compute stream.
 #pragma once
@@ -18,6 +18,7 @@ class TokenUploader {
   struct Tokens {
     Tensor ids;      // [N] I32 on the device
     Tensor targets;  // [N] I32 on the device
+    Tensor pos;      // [N] I32 on the device (Batch::pos of packed rows), empty when the batch has none
     int slot = -1;   // for done(slot, compute)
   };
   // Queues the batch's upload and makes `compute` wait for it. Call done(compute) after the
@@ -25,14 +26,15 @@ class TokenUploader {
   Tokens upload(const Batch& b, Stream& compute);
   void done(Stream& compute);  // the last upload's slot
   void done(int slot, Stream& compute);
-  void synchronize();  // the upload stream is idle
-  size_t device_bytes() const { return slots_.size() * size_t(max_tokens_) * 8; }
-  size_t host_bytes() const { return slots_.size() * size_t(max_tokens_) * 8; }  // pinned staging
+  void synchronize();                           // the upload stream is idle
+  static constexpr size_t kBytesPerToken = 12;  // ids, targets, pos: I32 each
+  size_t device_bytes() const { return slots_.size() * size_t(max_tokens_) * kBytesPerToken; }
+  size_t host_bytes() const { return slots_.size() * size_t(max_tokens_) * kBytesPerToken; }  // pinned staging
 
  private:
   struct Slot {
-    DeviceBuffer host;                // [2, max N] I32 pinned: ids, targets
-    DeviceBuffer dev;                 // [2, max N] I32
+    DeviceBuffer host;                // [3, max N] I32 pinned: ids, targets, pos
+    DeviceBuffer dev;                 // [3, max N] I32
     std::unique_ptr<Event> uploaded;  // recorded on the upload stream after the copy
     std::unique_ptr<Event> consumed;  // recorded on the compute stream after the last read
   };

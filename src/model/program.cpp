@@ -81,6 +81,7 @@ AttnDims attn_dims(const ModelSpec& s, const BatchDims& d) {
   a.n_kv_head = s.n_kv_head;
   a.head_dim = s.head_dim;
   a.scale = 1.0f / std::sqrt(float(s.head_dim));
+  a.pos = d.pos;
   return a;
 }
 
@@ -152,8 +153,8 @@ void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const Laye
     linear(w.k, w.h1, p[P::Wk], p[P::Bk], st);
   }
   linear(w.v, w.h1, p[P::Wv], p[P::Bv], st);
-  ops_.rope_forward(w.q, rope.cos, rope.sin, d.T, s_.n_head, s_.head_dim, st);
-  ops_.rope_forward(w.k, rope.cos, rope.sin, d.T, s_.n_kv_head, s_.head_dim, st);
+  ops_.rope_forward(w.q, rope.cos, rope.sin, d.T, s_.n_head, s_.head_dim, d.pos, st);
+  ops_.rope_forward(w.k, rope.cos, rope.sin, d.T, s_.n_kv_head, s_.head_dim, d.pos, st);
   ops_.attention_forward(w.att, w.lse, w.q, w.k, w.v, attn_dims(s_, d), st);
   linear(w.x2, w.att, p[P::Wo], p[P::Bo], st);
   ops_.add(w.x2, w.x2, x, st);  // residual
@@ -186,8 +187,8 @@ void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor 
   ops_.matmul(g[P::Wo], dx, w.att, true, false, 1.f, 1.f, st);
   if (!g[P::Bo].empty()) ops_.bias_backward(g[P::Bo], dx, st);
   ops_.attention_backward(w.dq, w.dk, w.dv, w.datt, w.q, w.k, w.v, w.att, w.lse, attn_dims(s_, d), w.attn_ws, st);
-  ops_.rope_backward(w.dq, rope.cos, rope.sin, d.T, s_.n_head, s_.head_dim, st);
-  ops_.rope_backward(w.dk, rope.cos, rope.sin, d.T, s_.n_kv_head, s_.head_dim, st);
+  ops_.rope_backward(w.dq, rope.cos, rope.sin, d.T, s_.n_head, s_.head_dim, d.pos, st);
+  ops_.rope_backward(w.dk, rope.cos, rope.sin, d.T, s_.n_kv_head, s_.head_dim, d.pos, st);
   Tensor dq = w.dq, dk = w.dk;
   if (s_.qk_norm) {
     const int64_t hd = s_.head_dim;

@@ -12,6 +12,9 @@ namespace sf {
 
 struct BatchDims {
   int B = 0, T = 0;
+  // Packed rows: pos [B*T] I32 on the device, each token's position inside its record (RoPE
+  // position; attention stays inside the record, ops.h AttnDims::pos). Empty: one record a row.
+  Tensor pos;
   int64_t N() const { return int64_t(B) * T; }
 };
 

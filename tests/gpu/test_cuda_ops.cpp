@@ -68,6 +68,28 @@ std::vector<int32_t> randint(size_t n, uint64_t seed, int32_t lo, int32_t hi) {
   return v;
 }
 
+// Packed rows (ops.h AttnDims::pos): pos [B*T] of rows holding records of random lengths in
+// [1, max_len] (the last one of a row cut to fit), seeded.
+std::vector<int32_t> packed_positions(int B, int T, int max_len, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> pos;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T;) {
+      const int n = std::min(T - t, 1 + int(rng() % uint64_t(max_len)));
+      for (int i = 0; i < n; ++i) pos.push_back(i);
+      t += n;
+    }
+  return pos;
+}
+// pos of rows holding records of the given lengths.
+std::vector<int32_t> positions_of(const std::vector<std::vector<int>>& rows) {
+  std::vector<int32_t> pos;
+  for (const auto& row : rows)
+    for (int n : row)
+      for (int i = 0; i < n; ++i) pos.push_back(i);
+  return pos;
+}
+
 // ---- error measures ----------------------------------------------------------------------------
 // Relative L2 error; +inf when x has a non-finite value (NaN never passes).
 double rel_err(const std::vector<float>& x, const std::vector<float>& ref) {
@@ -396,8 +418,36 @@ TEST(CudaOps, Rope) {
     auto four = run4([&](Backend& r, DType dt) -> Outs {
       Tensor x = r.in(xv, dt, {R, W}), g = r.in(gv, dt, {R, W});
       Tensor cs = r.in(cosv, F32, {Tmax, half}), sn = r.in(sinv, F32, {Tmax, half});
-      CALL(r, rope_forward, x, cs, sn, c.T, c.nh, c.hd);
-      CALL(r, rope_backward, g, cs, sn, c.T, c.nh, c.hd);
+      CALL(r, rope_forward, x, cs, sn, c.T, c.nh, c.hd, Tensor());
+      CALL(r, rope_backward, g, cs, sn, c.T, c.nh, c.hd, Tensor());
+      return {r.get(x), r.get(g)};
+    });
+    check_bf16("rope fwd", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+    check_bf16("rope bwd", four.cuda_bf[1], four.cpu_bf[1], four.ref[1]);
+    check_f32("rope fwd f32", four.cuda_f32[0], four.ref[0]);
+    check_f32("rope bwd f32", four.cuda_f32[1], four.ref[1]);
+  }
+}
+
+// RoPE of packed rows: the position of each token is its place in its record (pos), not r % T.
+TEST(CudaOps, RopePackedPositions) {
+  REQUIRE_GPU();
+  struct Cfg {
+    int B, T, nh, hd, max_len;
+  };
+  for (Cfg c : {Cfg{3, 7, 4, 64, 3}, Cfg{2, 129, 2, 128, 50}, Cfg{1, 5, 3, 6, 2}, Cfg{2, 300, 8, 128, 120}}) {
+    SCOPED_TRACE(testing::Message() << "B=" << c.B << " T=" << c.T << " nh=" << c.nh << " hd=" << c.hd);
+    const int64_t R = int64_t(c.B) * c.T, W = int64_t(c.nh) * c.hd, Tmax = c.T + 3, half = c.hd / 2;
+    std::vector<float> cosv(size_t(Tmax * half)), sinv(size_t(Tmax * half));
+    const auto ang = randn(cosv.size(), uint64_t(c.T + c.hd + 1), 2.f);
+    for (size_t i = 0; i < ang.size(); ++i) cosv[i] = std::cos(ang[i]), sinv[i] = std::sin(ang[i]);
+    const auto xv = rnd(size_t(R * W), uint64_t(c.nh * 7 + c.hd + 1)), gv = rnd(size_t(R * W), uint64_t(c.hd * 5));
+    const auto pos = packed_positions(c.B, c.T, c.max_len, uint64_t(c.T));
+    auto four = run4([&](Backend& r, DType dt) -> Outs {
+      Tensor x = r.in(xv, dt, {R, W}), g = r.in(gv, dt, {R, W});
+      Tensor cs = r.in(cosv, F32, {Tmax, half}), sn = r.in(sinv, F32, {Tmax, half}), p = r.in_i32(pos, {R});
+      CALL(r, rope_forward, x, cs, sn, c.T, c.nh, c.hd, p);
+      CALL(r, rope_backward, g, cs, sn, c.T, c.nh, c.hd, p);
       return {r.get(x), r.get(g)};
     });
     check_bf16("rope fwd", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
@@ -439,24 +489,31 @@ struct AttnCfg {
 };
 
 // Forward and backward of one configuration. The backward of every run gets the same inputs:
-// out = the CPU fp32 forward's output rounded to bf16, lse = its lse.
-void attention_case(const AttnCfg& c, bool check_f32_path) {
-  SCOPED_TRACE(testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " KVH=" << c.KVH << " hd=" << c.hd);
-  AttnDims d;
-  d.B = c.B, d.T = c.T, d.n_head = c.H, d.n_kv_head = c.KVH, d.head_dim = c.hd;
-  d.scale = 1.f / std::sqrt(float(c.hd));
+// out = the CPU fp32 forward's output rounded to bf16, lse = its lse. pos: packed rows (each run
+// gets its own copy of it) or empty.
+void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int32_t>& pos = {}) {
+  SCOPED_TRACE(testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " KVH=" << c.KVH << " hd=" << c.hd
+                                  << (pos.empty() ? "" : " packed"));
+  ASSERT_TRUE(pos.empty() || int64_t(pos.size()) == int64_t(c.B) * c.T);
+  AttnDims d0;
+  d0.B = c.B, d0.T = c.T, d0.n_head = c.H, d0.n_kv_head = c.KVH, d0.head_dim = c.hd;
+  d0.scale = 1.f / std::sqrt(float(c.hd));
   const int64_t N = int64_t(c.B) * c.T, QW = int64_t(c.H) * c.hd, KW = int64_t(c.KVH) * c.hd;
   const uint64_t s = uint64_t(c.T * 1000 + c.H * 10 + c.hd);
   const auto qv = rnd(size_t(N * QW), s), kv = rnd(size_t(N * KW), s + 1), vv = rnd(size_t(N * KW), s + 2);
   const auto gv = rnd(size_t(N * QW), s + 3);
   std::vector<float> out_ref, lse_ref;
   auto fwd = [&](Backend& r, DType dt) -> Outs {
+    AttnDims d = d0;
+    if (!pos.empty()) d.pos = r.in_i32(pos, {N});
     Tensor q = r.in(qv, dt, {N, QW}), k = r.in(kv, dt, {N, KW}), v = r.in(vv, dt, {N, KW});
     Tensor o = r.out(dt, {N, QW}), lse = r.out(F32, {c.B, c.H, c.T});
     CALL(r, attention_forward, o, lse, q, k, v, d);
     return {r.get(o), r.get(lse)};
   };
   auto bwd = [&](Backend& r, DType dt) -> Outs {
+    AttnDims d = d0;
+    if (!pos.empty()) d.pos = r.in_i32(pos, {N});
     Tensor q = r.in(qv, dt, {N, QW}), k = r.in(kv, dt, {N, KW}), v = r.in(vv, dt, {N, KW});
     Tensor o = r.in(out_ref, dt, {N, QW}), lse = r.in(lse_ref, F32, {c.B, c.H, c.T}), g = r.in(gv, dt, {N, QW});
     Tensor dq = r.out(dt, {N, QW}), dk = r.out(dt, {N, KW}), dv = r.out(dt, {N, KW});
@@ -532,6 +589,39 @@ TEST(CudaOps, AttentionSimpleKernels) {
   cuda::attention_force_simple(true);
   attention_case({2, 65, 4, 1, 128}, false);
   cuda::attention_force_simple(false);
+}
+
+// Packed rows (block-diagonal causal mask, FlashAttention varlen-style): records that start and
+// end inside tiles, on tile boundaries (64, 128), one-token records, rows that are one record,
+// records longer than a tile; the flash kernels (bf16, hd 64 / 128) skip the key tiles before a
+// query tile's first record and the query tiles after a key block's last; the f32 runs check the
+// simple kernels with the same mask.
+TEST(CudaOps, AttentionPackedRows) {
+  REQUIRE_GPU();
+  attention_case({2, 7, 8, 1, 128}, true, positions_of({{3, 4}, {1, 1, 1, 1, 1, 1, 1}}));
+  attention_case({2, 127, 4, 1, 64}, true, packed_positions(2, 127, 40, 1));
+  attention_case({2, 300, 8, 2, 128}, true, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
+  attention_case({3, 257, 4, 1, 64}, false, positions_of({{257}, {200, 57}, {1, 1, 255}}));
+  attention_case({1, 1000, 4, 1, 128}, true, packed_positions(1, 1000, 300, 2));
+  attention_case({2, 2049, 8, 2, 64}, false, packed_positions(2, 2049, 700, 3));
+  attention_case({2, 33, 4, 2, 32}, false, packed_positions(2, 33, 9, 4));  // simple kernels on BF16
+}
+
+// The packed cases through every flash variant and block order.
+TEST(CudaOps, AttentionPackedRowsKernelVariants) {
+  REQUIRE_GPU();
+  for (bool lpt : {true, false}) {
+    cuda::attention_set_longest_first(lpt);
+    for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
+      for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
+        SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv << ", longest-first " << lpt);
+        cuda::attention_set_variant(fv, bv);
+        attention_case({2, 300, 8, 2, 128}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
+        attention_case({3, 257, 4, 1, 64}, false, packed_positions(3, 257, 90, 5));
+      }
+  }
+  cuda::attention_set_longest_first(true);
+  cuda::attention_set_variant(-1, -1);
 }
 
 // ================================================================================================

@@ -1,6 +1,7 @@
 // Causal GQA attention, the reference: exact two-pass softmax per query row in fp64, and a
 // FlashAttention-style backward from the saved log-sum-exp. Memory per thread is O(T * hd);
-// no T x T matrix exists.
+// no T x T matrix exists. Packed rows (d.pos): query t sees keys lo(t) = t - pos[t] .. t, so a
+// record's rows get the same sums, in the same order, as the record alone in its own row.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -35,7 +36,11 @@ void check_dims(const char* op, const AttnDims& d, const Tensor& q, const Tensor
   SF_CHECK(v.rows() == N && v.cols() == kw,
            std::string(op) + ": " + desc("v", v) + " is not [B*T, n_kv_head*head_dim]");
   SF_CHECK_NUMEL(op, lse, int64_t(d.B) * d.n_head * d.T);
+  check_positions(d);
 }
+
+// First key visible to query t of sequence b: t - pos[t] (packed rows), else 0.
+inline int seg_lo(const int32_t* pos, int b, int T, int t) { return pos ? t - pos[int64_t(b) * T + t] : 0; }
 
 // dst [T, hd] = the head_dim columns of head `head` of sequence b of x [B*T, n*hd], as fp32.
 void load_head(const Tensor& x, int b, int T, int head, int hd, float* dst) {
@@ -43,10 +48,10 @@ void load_head(const Tensor& x, int b, int T, int head, int hd, float* dst) {
   for (int t = 0; t < T; ++t) load(x, (int64_t(b) * T + t) * width + int64_t(head) * hd, hd, dst + int64_t(t) * hd);
 }
 
-// Scaled scores of query row q [hd] against keys 0..t of K [T, hd], into s [t+1]; returns the max.
-double scores(const float* q, const float* K, int t, int hd, double scale, double* s) {
+// Scaled scores of query row q [hd] against keys lo..t of K [T, hd], into s[lo..t]; returns the max.
+double scores(const float* q, const float* K, int lo, int t, int hd, double scale, double* s) {
   double mx = -std::numeric_limits<double>::infinity();
-  for (int j = 0; j <= t; ++j) {
+  for (int j = lo; j <= t; ++j) {
     const float* kj = K + int64_t(j) * hd;
     double dot = 0.0;
     for (int e = 0; e < hd; ++e) dot += double(q[e]) * double(kj[e]);
@@ -60,13 +65,28 @@ double scores(const float* q, const float* K, int t, int hd, double scale, doubl
 
 size_t attention_workspace_bytes(const AttnDims&) { return 0; }
 
+void check_positions(const AttnDims& d) {
+  if (d.pos.empty()) return;
+  const int64_t N = int64_t(d.B) * d.T;
+  SF_CHECK_DTYPE("attention", d.pos, DType::I32);
+  SF_CHECK_NUMEL("attention", d.pos, N);
+  const int32_t* p = d.pos.ptr<int32_t>();  // [B*T]
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t t = i % d.T;
+    SF_CHECK(p[i] == 0 || (t > 0 && p[i] == p[i - 1] + 1),
+             "attention: pos[" + std::to_string(i) + "] = " + std::to_string(p[i]) +
+                 " neither starts a record (0) nor continues one (previous + 1)");
+  }
+}
+
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d) {
   check_dims("attention_forward", d, q, k, v, out, lse);
   SF_CHECK(!overlaps(out, q) && !overlaps(out, k) && !overlaps(out, v), "attention_forward: out aliases an input");
   const int T = d.T, hd = d.head_dim, group = d.n_head / d.n_kv_head;
   const double scale = d.scale;
   const size_t nT = size_t(T), nhd = size_t(hd);
-  float* lsep = lse.ptr<float>();  // [B, n_head, T]
+  float* lsep = lse.ptr<float>();                                       // [B, n_head, T]
+  const int32_t* pos = d.pos.empty() ? nullptr : d.pos.ptr<int32_t>();  // [B*T] or null
   // One task per (b, h); K/V of the task's kv head are converted once per run of equal (b, g).
   cpu_pool().parallel_for(int64_t(d.B) * d.n_head, [&](int64_t i0, int64_t i1) {
     std::vector<float> K(nT * nhd), V(nT * nhd);  // [T, hd] of kv head (b, g)
@@ -83,10 +103,11 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
       for (int t = 0; t < T; ++t) {
         const int64_t row = (int64_t(b) * T + t) * q.cols() + int64_t(h) * hd;
         load(q, row, hd, qrow.data());
-        const double mx = scores(qrow.data(), K.data(), t, hd, scale, s.data());
+        const int lo = seg_lo(pos, b, T, t);
+        const double mx = scores(qrow.data(), K.data(), lo, t, hd, scale, s.data());
         double sum = 0.0;
         std::fill(acc.begin(), acc.end(), 0.0);
-        for (int j = 0; j <= t; ++j) {
+        for (int j = lo; j <= t; ++j) {
           const double p = std::exp(s[size_t(j)] - mx);
           sum += p;
           const float* vj = V.data() + int64_t(j) * hd;
@@ -121,7 +142,8 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
   const int T = d.T, hd = d.head_dim, group = d.n_head / d.n_kv_head;
   const double scale = d.scale;
   const size_t nT = size_t(T), nhd = size_t(hd);
-  const float* lsep = lse.ptr<float>();  // [B, n_head, T]
+  const float* lsep = lse.ptr<float>();                                 // [B, n_head, T]
+  const int32_t* pos = d.pos.empty() ? nullptr : d.pos.ptr<int32_t>();  // [B*T] or null
   cpu_pool().parallel_for(int64_t(d.B) * d.n_kv_head, [&](int64_t i0, int64_t i1) {
     std::vector<float> K(nT * nhd), V(nT * nhd);                    // [T, hd]
     std::vector<double> dK(nT * nhd), dV(nT * nhd);                 // [T, hd] fp64 sums
@@ -142,9 +164,10 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
           double D = 0.0;
           for (int e = 0; e < hd; ++e) D += double(dorow[size_t(e)]) * orow[size_t(e)];
           const double L = lsep[(int64_t(b) * d.n_head + h) * T + t];
-          scores(qrow.data(), K.data(), t, hd, scale, s.data());
+          const int lo = seg_lo(pos, b, T, t);
+          scores(qrow.data(), K.data(), lo, t, hd, scale, s.data());
           std::fill(dqacc.begin(), dqacc.end(), 0.0);
-          for (int j = 0; j <= t; ++j) {
+          for (int j = lo; j <= t; ++j) {
             const double p = std::exp(s[size_t(j)] - L);
             const float* kj = K.data() + int64_t(j) * hd;
             const float* vj = V.data() + int64_t(j) * hd;

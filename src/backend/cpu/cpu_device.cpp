@@ -142,11 +142,11 @@ class CpuOps final : public Ops {
                         Stream& s) override {
     cs(s).push([=] { cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, acc); });
   }
-  void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int nh, int hd, Stream& s) override {
-    cs(s).push([=] { cpu::rope_forward(x, cos, sin, T, nh, hd); });
+  void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int nh, int hd, Tensor pos, Stream& s) override {
+    cs(s).push([=] { cpu::rope_forward(x, cos, sin, T, nh, hd, pos); });
   }
-  void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int nh, int hd, Stream& s) override {
-    cs(s).push([=] { cpu::rope_backward(dx, cos, sin, T, nh, hd); });
+  void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int nh, int hd, Tensor pos, Stream& s) override {
+    cs(s).push([=] { cpu::rope_backward(dx, cos, sin, T, nh, hd, pos); });
   }
   void swiglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) override {
     cs(s).push([=] { cpu::swiglu_forward(out, gate, up); });

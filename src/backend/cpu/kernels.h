@@ -12,14 +12,17 @@ void add_bias(Tensor out, Tensor bias);
 void bias_backward(Tensor dbias, Tensor dout);
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps);
 void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate);
-void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim);
-void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim);
+// pos [B*T] I32 or empty (ops.h).
+void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Tensor pos = Tensor());
+void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Tensor pos = Tensor());
 void swiglu_forward(Tensor out, Tensor gate, Tensor up);
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                         Tensor lse, const AttnDims& d, Tensor ws);
 size_t attention_workspace_bytes(const AttnDims& d);
+// Checks d.pos (empty, or I32 [B*T] with the precondition of ops.h); InputError-free SF_CHECK.
+void check_positions(const AttnDims& d);
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
                           Tensor ws);
 size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V);

@@ -11,7 +11,8 @@ namespace {
 
 // inverse = false: y1 = x1 c - x2 s, y2 = x2 c + x1 s (HF: x*cos + rotate_half(x)*sin, same
 // rounding). inverse = true applies the transpose, which is the gradient of the forward.
-void rope_apply(const char* op, Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, bool inverse) {
+void rope_apply(const char* op, Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Tensor pos,
+                bool inverse) {
   SF_CHECK_REAL(op, x);
   SF_CHECK_DTYPE(op, cos, DType::F32);
   SF_CHECK_DTYPE(op, sin, DType::F32);
@@ -23,7 +24,16 @@ void rope_apply(const char* op, Tensor x, Tensor cos, Tensor sin, int T, int n_h
            std::string(op) + ": " + desc("x", x) + " is not [B*T, n_heads*head_dim] with T=" + std::to_string(T));
   SF_CHECK(cos.cols() == half && sin.cols() == half && cos.rows() >= T && sin.rows() >= T,
            std::string(op) + ": tables " + desc("cos", cos) + ", " + desc("sin", sin) + " must be [>= T, head_dim/2]");
-  const int64_t R = x.rows();  // x [R = B*T, n_heads*head_dim]; cos, sin [T_max, half]
+  const int64_t R = x.rows();   // x [R = B*T, n_heads*head_dim]; cos, sin [T_max, half]
+  const int32_t* pp = nullptr;  // pos [R] I32 (packed rows) or null (position r % T)
+  if (!pos.empty()) {
+    SF_CHECK_DTYPE(op, pos, DType::I32);
+    SF_CHECK_NUMEL(op, pos, R);
+    pp = pos.ptr<int32_t>();
+    for (int64_t r = 0; r < R; ++r)
+      SF_CHECK(pp[r] >= 0 && pp[r] < T && pp[r] <= r % T,
+               std::string(op) + ": pos[" + std::to_string(r) + "] = " + std::to_string(pp[r]) + " out of range");
+  }
   const float* cp = cos.ptr<float>();
   const float* sp = sin.ptr<float>();
   visit(x, [&](auto* xp) {
@@ -31,8 +41,9 @@ void rope_apply(const char* op, Tensor x, Tensor cos, Tensor sin, int T, int n_h
         R,
         [&](int64_t r0, int64_t r1) {
           for (int64_t r = r0; r < r1; ++r) {
-            const float* c = cp + (r % T) * half;  // position of row r
-            const float* s = sp + (r % T) * half;
+            const int64_t p = pp ? pp[r] : r % T;  // position of row r
+            const float* c = cp + p * half;
+            const float* s = sp + p * half;
             for (int64_t h = 0; h < n_heads; ++h) {
               const int64_t base = r * width + h * head_dim;
               for (int64_t i = 0; i < half; ++i) {
@@ -54,12 +65,12 @@ void rope_apply(const char* op, Tensor x, Tensor cos, Tensor sin, int T, int n_h
 
 }  // namespace
 
-void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim) {
-  rope_apply("rope_forward", x, cos, sin, T, n_heads, head_dim, false);
+void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Tensor pos) {
+  rope_apply("rope_forward", x, cos, sin, T, n_heads, head_dim, pos, false);
 }
 
-void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim) {
-  rope_apply("rope_backward", dx, cos, sin, T, n_heads, head_dim, true);
+void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Tensor pos) {
+  rope_apply("rope_backward", dx, cos, sin, T, n_heads, head_dim, pos, true);
 }
 
 }  // namespace sf::cpu

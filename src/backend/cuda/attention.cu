@@ -51,8 +51,8 @@ __device__ __forceinline__ void load_tile(bf16_t* s, const bf16_t* g, int64_t st
 template <int HD, int BR, int BC, int NW, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB)
     flash_fwd_kernel(bf16_t* __restrict__ out, float* __restrict__ lse, const bf16_t* __restrict__ q,
-                     const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, int T, int H, int KVH,
-                     float scale_log2, bool lpt) {
+                     const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, const int32_t* __restrict__ pos, int T,
+                     int H, int KVH, float scale_log2, bool lpt) {
   constexpr int MT = BR / (NW * 16);
   static_assert(MT * NW * 16 == BR && MT >= 1, "BR must be a multiple of 16 * warps");
   constexpr int NT = NW * 32;
@@ -80,10 +80,22 @@ __global__ void __launch_bounds__(NW * 32, MINB)
   const bf16_t* vb = v + int64_t(b) * T * kstr + int64_t(kvh) * HD;
   const int kv_end = min(q0 + BR, T);
   const int n_kv = (kv_end + BC - 1) / BC;
+  // Packed rows (pos [B*T], ops.h): row i sees keys i - pos[i] .. i. Segment starts never
+  // decrease along a row, so the tile's first row has the lowest: key tiles wholly below it are
+  // skipped; a tile below the warp's last row's start is masked element-wise, with the rows'
+  // starts read (L1) only then, to keep registers for the unpacked path, which is unchanged
+  // (pb null: j0 = 0 and warp_seg_max = 0).
+  const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
+  int j0 = 0, warp_seg_max = 0;
+  if (pb != nullptr) {
+    j0 = (q0 - pb[q0]) / BC;
+    const int wlast = min(q0 + wr0 + MT * 16 - 1, T - 1);
+    warp_seg_max = wlast - pb[wlast];
+  }
 
   load_tile<HD, BR, NT>(Qs, qb, qstr, q0, T, tid);
-  load_tile<HD, BC, NT>(Ks, kb, kstr, 0, T, tid);
-  load_tile<HD, BC, NT>(Vs, vb, kstr, 0, T, tid);
+  load_tile<HD, BC, NT>(Ks, kb, kstr, j0 * BC, T, tid);
+  load_tile<HD, BC, NT>(Vs, vb, kstr, j0 * BC, T, tid);
   cp_async_commit();
 
   float o[MT][HD / 8][4];
@@ -95,17 +107,17 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m_r[mt][0] = m_r[mt][1] = -INFINITY, l_r[mt][0] = l_r[mt][1] = 0.f;
 
-  for (int j = 0; j < n_kv; ++j) {
+  for (int j = j0; j < n_kv; ++j) {
     cp_async_wait<0>();
     __syncthreads();  // tile j landed; every warp is done with tile j-1's buffers
     if (j + 1 < n_kv) {
-      const int st = (j + 1) & 1;
+      const int st = (j + 1 - j0) & 1;
       load_tile<HD, BC, NT>(Ks + st * BC * HD, kb, kstr, (j + 1) * BC, T, tid);
       load_tile<HD, BC, NT>(Vs + st * BC * HD, vb, kstr, (j + 1) * BC, T, tid);
       cp_async_commit();
     }
-    const bf16_t* Kt = Ks + (j & 1) * BC * HD;
-    const bf16_t* Vt = Vs + (j & 1) * BC * HD;
+    const bf16_t* Kt = Ks + ((j - j0) & 1) * BC * HD;
+    const bf16_t* Vt = Vs + ((j - j0) & 1) * BC * HD;
 
     // S = Q K^T  (MT*16 x BC per warp)
     float s[MT][BC / 8][4];
@@ -130,20 +142,32 @@ __global__ void __launch_bounds__(NW * 32, MINB)
         }
       }
     }
-    // scale into the log2 domain, causal mask, online softmax
+    // scale into the log2 domain, causal (and segment) mask, online softmax
     const int kv0 = j * BC;
-    const bool need_mask = kv0 + BC - 1 > q0 + wr0;
+    const bool need_mask = kv0 + BC - 1 > q0 + wr0 || kv0 < warp_seg_max;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int row0 = q0 + wr0 + mt * 16 + g;  // this thread's rows: row0, row0 + 8
-#pragma unroll
-      for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float val = s[mt][nt][e] * scale_log2;
-          if (need_mask && kv0 + nt * 8 + 2 * t4 + (e & 1) > row0 + (e >> 1) * 8) val = -INFINITY;
-          s[mt][nt][e] = val;
+      if (need_mask) {
+        int seg[2] = {0, 0};  // the rows' segment starts
+        if (pb != nullptr && kv0 < warp_seg_max) {
+          seg[0] = row0 < T ? row0 - pb[row0] : 0;
+          seg[1] = row0 + 8 < T ? row0 + 8 - pb[row0 + 8] : 0;
         }
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = kv0 + nt * 8 + 2 * t4 + (e & 1);
+            const bool masked = key > row0 + (e >> 1) * 8 || key < seg[e >> 1];
+            s[mt][nt][e] = masked ? -INFINITY : s[mt][nt][e] * scale_log2;
+          }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
+      }
       float mx[2] = {m_r[mt][0], m_r[mt][1]};
 #pragma unroll
       for (int nt = 0; nt < BC / 8; ++nt) {
@@ -307,8 +331,8 @@ template <int HD, int NW, int BR, int MINB, int SPLIT, int DQV>
 __global__ void __launch_bounds__(NW * 32, MINB)
     flash_bwd_kernel(float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
                      const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-                     const bf16_t* __restrict__ dO, const float* __restrict__ lse, const float* __restrict__ Dd, int T,
-                     int H, int KVH, float scale, float scale_log2, bool lpt) {
+                     const bf16_t* __restrict__ dO, const float* __restrict__ lse, const float* __restrict__ Dd,
+                     const int32_t* __restrict__ pos, int T, int H, int KVH, float scale, float scale_log2, bool lpt) {
   constexpr int BC = NW * 16;  // key rows per block (16 per warp)
   constexpr int NT = NW * 32;
   constexpr int QG = BR / 16, DG = NW / QG;  // dQ split: query groups x column groups
@@ -323,6 +347,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
   bf16_t* dSs = dOs + 2 * BR * HD;                      // [BC][BR]  (dS^T, swizzled rows of BR)
   float* Ls = reinterpret_cast<float*>(dSs + BC * BR);  // [2][BR]  lse * log2(e), +inf past T
   float* Ds = Ls + 2 * BR;                              // [2][BR]
+  int* Ss = reinterpret_cast<int*>(Ds + 2 * BR);        // [2][BR]  segment start of each query (packed rows)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
@@ -341,7 +366,19 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 
   const int n_q = (T + BR - 1) / BR;
   const int i_start = kv0 / BR;
-  const int per_head = n_q - i_start;
+  // Packed rows: query tiles whose first row starts its segment after this block's last key (and
+  // so every later tile: segment starts never decrease) see none of its keys and are skipped.
+  const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
+  int i_end = n_q;
+  if (pb != nullptr) {
+    const int kv_last = min(kv0 + BC, T) - 1;
+    for (int i = i_start + 1; i < n_q; ++i)
+      if (i * BR - pb[i * BR] > kv_last) {
+        i_end = i;
+        break;
+      }
+  }
+  const int per_head = i_end - i_start;
   const int total = G * per_head;
 
   load_tile<HD, BC, NT>(Ks, kb, kstr, kv0, T, tid);
@@ -360,6 +397,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
       const int64_t li = (int64_t(b) * H + h) * T + qr;
       Ls[st * BR + r] = qr < T ? lse[li] * kLog2e : INFINITY;
       Ds[st * BR + r] = qr < T ? Dd[li] : 0.f;
+      Ss[st * BR + r] = (pb != nullptr && qr < T) ? qr - pb[qr] : 0;
     }
   };
   issue(0, 0);
@@ -386,6 +424,9 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     const bf16_t* dOt = dOs + st * BR * HD;
     const float* Lt = Ls + st * BR;
     const float* Dt = Ds + st * BR;
+    const int* St = Ss + st * BR;
+    // Some query of the tile starts its segment after this block's first key: mask by segment too.
+    const bool seg_mask = pb != nullptr && St[min(BR, T - q0) - 1] > kv0;
 
     // Steps 1-6 run over SPLIT sub-tiles of BS = BR / SPLIT query columns (SPLIT = 2 halves the
     // live S / dP registers, next to the 2 x HD/2 fp32 dK, dV accumulators).
@@ -412,10 +453,14 @@ __global__ void __launch_bounds__(NW * 32, MINB)
       for (int nt = 0; nt < BS / 8; ++nt) {
         const int qc = c0 + nt * 8 + 2 * t4;
         const float2 l2 = *reinterpret_cast<const float2*>(Lt + qc);
+        const int2 s2 = seg_mask ? *reinterpret_cast<const int2*>(St + qc) : make_int2(0, 0);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float val = fast_exp2(fmaf(s[nt][e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-          s[nt][e] = (q0 + qc + (e & 1) < kvr0 + (e >> 1) * 8) ? 0.f : val;
+          const int key = kvr0 + (e >> 1) * 8;
+          bool masked = q0 + qc + (e & 1) < key;                           // causal
+          if (seg_mask) masked = masked || ((e & 1) ? s2.y : s2.x) > key;  // key before the query's record
+          s[nt][e] = masked ? 0.f : val;
         }
       }
       // 3. dP^T = V_w dO^T
@@ -563,6 +608,8 @@ std::atomic<int> g_fwd_variant{env_int("SF_ATTN_FWD", -1)};
 std::atomic<int> g_bwd_variant{env_int("SF_ATTN_BWD", -1)};
 std::atomic<bool> g_longest_first{env_int("SF_ATTN_LPT", 1) != 0};
 
+const int32_t* pos_ptr(const AttnDims& d) { return d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(); }
+
 template <int HD, int BR, int BC, int NW, int MINB>
 void launch_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   constexpr size_t smem = size_t(BR + 4 * BC) * HD * 2;
@@ -574,8 +621,8 @@ void launch_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const Attn
   }
   const unsigned grid = unsigned((d.T + BR - 1) / BR) * unsigned(d.n_head * d.B);
   kernel<<<grid, NW * 32, smem, L.stream>>>(out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
-                                            q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), d.T, d.n_head,
-                                            d.n_kv_head, d.scale * kLog2e, g_longest_first.load());
+                                            q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), pos_ptr(d), d.T,
+                                            d.n_head, d.n_kv_head, d.scale * kLog2e, g_longest_first.load());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -599,7 +646,7 @@ template <int HD, int NW, int BR, int MINB, int SPLIT, int DQV>
 void launch_bwd(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
                 Tensor lse, const AttnDims& d, const Launch& L) {
   constexpr int BC = NW * 16;
-  constexpr size_t smem = size_t(2 * BC + 4 * BR) * HD * 2 + size_t(BC) * BR * 2 + 4 * BR * 4;
+  constexpr size_t smem = size_t(2 * BC + 4 * BR) * HD * 2 + size_t(BC) * BR * 2 + 6 * BR * 4;  // + Ls, Ds, Ss
   auto kernel = flash_bwd_kernel<HD, NW, BR, MINB, SPLIT, DQV>;
   static bool attr_set = false;
   if (!attr_set) {
@@ -609,7 +656,7 @@ void launch_bwd(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout
   const unsigned grid = unsigned((d.T + BC - 1) / BC) * unsigned(d.n_kv_head * d.B);
   kernel<<<grid, NW * 32, smem, L.stream>>>(
       dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(),
-      lse.ptr<float>(), D, d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, g_longest_first.load());
+      lse.ptr<float>(), D, pos_ptr(d), d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, g_longest_first.load());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -649,8 +696,10 @@ void flash_backward(float* dq_acc, const float* D, Tensor dq, Tensor dk, Tensor 
 // ============================================================================================
 constexpr int kMaxD = 8;  // head_dim <= 32 * kMaxD
 
-__global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q, DIn k, DIn v, int B, int T, int H,
-                                       int KVH, int hd, float scale) {
+// pos [B*T] I32 or null (packed rows, ops.h): query t sees keys t - pos[t] .. t.
+__global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q, DIn k, DIn v,
+                                       const int32_t* __restrict__ pos, int B, int T, int H, int KVH, int hd,
+                                       float scale) {
   const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (w >= int64_t(B) * H * T) return;
@@ -665,7 +714,8 @@ __global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q,
     o[i] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  for (int j = 0; j <= t; ++j) {
+  const int lo = pos != nullptr ? t - pos[int64_t(b) * T + t] : 0;
+  for (int j = lo; j <= t; ++j) {
     const int64_t koff = ((int64_t(b) * T + j) * KVH + kvh) * hd;
     float dot = 0.f;
 #pragma unroll
@@ -693,8 +743,8 @@ __global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q,
 }
 
 __global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v, const float* __restrict__ lse,
-                                          const float* __restrict__ D, int B, int T, int H, int KVH, int hd,
-                                          float scale) {
+                                          const float* __restrict__ D, const int32_t* __restrict__ pos, int B, int T,
+                                          int H, int KVH, int hd, float scale) {
   const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (w >= int64_t(B) * H * T) return;
@@ -711,7 +761,8 @@ __global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v
     gv[i] = dd < hd ? ld1(dout, qoff + dd) : 0.f;
     acc[i] = 0.f;
   }
-  for (int j = 0; j <= t; ++j) {
+  const int lo = pos != nullptr ? t - pos[int64_t(b) * T + t] : 0;
+  for (int j = lo; j <= t; ++j) {
     const int64_t koff = ((int64_t(b) * T + j) * KVH + kvh) * hd;
     float kv[kMaxD], sdot = 0.f, pdot = 0.f;
 #pragma unroll
@@ -734,8 +785,9 @@ __global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v
 }
 
 __global__ void attn_bwd_dkdv_simple_kernel(DOut dk, DOut dv, DIn dout, DIn q, DIn k, DIn v,
-                                            const float* __restrict__ lse, const float* __restrict__ D, int B, int T,
-                                            int H, int KVH, int hd, float scale) {
+                                            const float* __restrict__ lse, const float* __restrict__ D,
+                                            const int32_t* __restrict__ pos, int B, int T, int H, int KVH, int hd,
+                                            float scale) {
   const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (w >= int64_t(B) * KVH * T) return;
@@ -753,6 +805,7 @@ __global__ void attn_bwd_dkdv_simple_kernel(DOut dk, DOut dv, DIn dout, DIn q, D
   for (int gi = 0; gi < G; ++gi) {
     const int h = kvh * G + gi;
     for (int t = j; t < T; ++t) {
+      if (pos != nullptr && t - pos[int64_t(b) * T + t] > j) break;  // later queries are in later records
       const int64_t qoff = ((int64_t(b) * T + t) * H + h) * hd;
       const int64_t li = (int64_t(b) * H + h) * T + t;
       float qv[kMaxD], gv[kMaxD], sdot = 0.f, pdot = 0.f;
@@ -788,6 +841,8 @@ void check_dims(const AttnDims& d) {
                   "cuda attention: empty dims");
   SF_CUDA_REQUIRE(d.n_head % d.n_kv_head == 0, "cuda attention: n_head % n_kv_head != 0");
   SF_CUDA_REQUIRE(d.head_dim <= 32 * kMaxD, "cuda attention: head_dim > 256");
+  SF_CUDA_REQUIRE(d.pos.empty() || (d.pos.dtype == DType::I32 && d.pos.numel() == int64_t(d.B) * d.T),
+                  "cuda attention: pos must be I32 [B*T]");
 }
 
 bool all_bf16(std::initializer_list<const Tensor*> ts) {
@@ -831,8 +886,8 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
   }
   const int64_t warps = rows * d.n_head;
   attn_fwd_simple_kernel<<<unsigned((warps + 3) / 4), 128, 0, L.stream>>>(
-      dout_(out), lse.empty() ? nullptr : lse.ptr<float>(), din(q), din(k), din(v), d.B, d.T, d.n_head, d.n_kv_head,
-      d.head_dim, d.scale);
+      dout_(out), lse.empty() ? nullptr : lse.ptr<float>(), din(q), din(k), din(v), pos_ptr(d), d.B, d.T, d.n_head,
+      d.n_kv_head, d.head_dim, d.scale);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -868,12 +923,12 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
     return;
   }
   attn_bwd_dq_simple_kernel<<<unsigned((rows * d.n_head + 3) / 4), 128, 0, L.stream>>>(
-      dout_(dq), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, d.B, d.T, d.n_head, d.n_kv_head, d.head_dim,
-      d.scale);
+      dout_(dq), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, pos_ptr(d), d.B, d.T, d.n_head, d.n_kv_head,
+      d.head_dim, d.scale);
   CUDA_CHECK_LAUNCH();
   attn_bwd_dkdv_simple_kernel<<<unsigned((rows * d.n_kv_head + 3) / 4), 128, 0, L.stream>>>(
-      dout_(dk), dout_(dv), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, d.B, d.T, d.n_head, d.n_kv_head,
-      d.head_dim, d.scale);
+      dout_(dk), dout_(dv), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, pos_ptr(d), d.B, d.T, d.n_head,
+      d.n_kv_head, d.head_dim, d.scale);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -170,11 +170,11 @@ class CudaOps final : public Ops {
                         Stream& s) override {
     cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, acc, L(s));
   }
-  void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int nh, int hd, Stream& s) override {
-    cuda::rope_forward(x, cos, sin, T, nh, hd, L(s));
+  void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int nh, int hd, Tensor pos, Stream& s) override {
+    cuda::rope_forward(x, cos, sin, T, nh, hd, pos, L(s));
   }
-  void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int nh, int hd, Stream& s) override {
-    cuda::rope_backward(dx, cos, sin, T, nh, hd, L(s));
+  void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int nh, int hd, Tensor pos, Stream& s) override {
+    cuda::rope_backward(dx, cos, sin, T, nh, hd, pos, L(s));
   }
   void swiglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) override {
     cuda::swiglu_forward(out, gate, up, L(s));
