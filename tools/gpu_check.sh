@@ -105,6 +105,29 @@ for s in "${steps[@]}"; do
         run trace_8b_clip$clip python3 tools/trace_summary.py "$OUT/traces/8b_clip$clip.jsonl"
       done
       tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces" ;;
+    # issue 8 §3: packing on a real-length SFT mix (records of 50-800 tokens) against one record a
+    # row, Llama 3.2 1B, --seq-len 2048; tokens trained per second from each step's --metrics line
+    pack_bench)
+      python3 -c "
+import json, random
+random.seed(7)
+for i in range(3000):
+    n = random.randint(50, 800)
+    print(json.dumps({'input_ids': [random.randrange(128000) for _ in range(n)]}))" >/tmp/sft.jsonl
+      run pack_init "$BIN/slideformer" init --config fuzz/corpus/config/llama-3.2-1b.json --output /tmp/m1b --dtype bf16
+      for mode in unpacked packed; do
+        extra=""; [ $mode = packed ] && extra="--pack"
+        rm -rf /tmp/o_$mode
+        run pack_$mode "$BIN/slideformer" train --model /tmp/m1b --data /tmp/sft.jsonl --output /tmp/o_$mode --steps 10 \
+          --batch-size 8 --seq-len 2048 --lr 1e-5 --device cuda --metrics "$OUT/pack_$mode.jsonl" --no-data-cache $extra
+      done
+      run pack_summary python3 -c "
+import json, sys
+for m in ('unpacked', 'packed'):
+    rows = [json.loads(l) for l in open('$OUT/pack_' + m + '.jsonl')]
+    rows = [r for r in rows if r.get('type') == 'train'][2:]
+    tok = sum(r['tokens'] for r in rows); sec = sum(r['tokens'] / r['tokens_per_second'] for r in rows)
+    print(m, 'tokens/s', round(tok / sec), 'tokens/step', tok // len(rows), 'loss', rows[-1]['loss'])" ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \

@@ -50,6 +50,8 @@ void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f) {
       ->check(CLI::IsMember({"assistant", "all"}))
       ->capture_default_str();
   c->add_flag("--no-data-cache{false}", d.data_cache, "do not cache the tokenized data next to the data file");
+  c->add_flag("--pack", d.pack,
+              "pack short records into rows of --seq-len tokens (attention stays inside each record)");
 }
 
 void apply_data_options(const DataOptions& d) {

@@ -55,7 +55,7 @@ Common common(const ModelSpec& s, int B, int T, const BackendInfo& be, const std
   c.max_tokens = int64_t(B) * T;
   c.stride_nh = round256(size_t(c.max_tokens * s.hidden) * c.act);
   c.rope = 2 * size_t(T) * size_t(s.head_dim / 2) * 4;
-  const BatchDims d{B, T};
+  const BatchDims d{B, T, {}};
   c.workspace = Workspace::bytes_for(s, B, T, be.compute_dtype, be.attention_ws(attn_dims(s, d)),
                                      be.linear_ce_ws(d.N(), s.hidden, s.vocab));
   return c;

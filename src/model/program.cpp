@@ -94,7 +94,7 @@ size_t Workspace::bytes_for(const ModelSpec& s, int max_B, int max_T, DType act,
 
 Workspace::Workspace(Device& dev, const ModelSpec& s, int max_B, int max_T, DType act)
     : s_(s), ops_(dev.ops()), act_(act), max_B_(max_B), max_T_(max_T) {
-  BatchDims d{max_B, max_T};
+  BatchDims d{max_B, max_T, {}};
   attn_ws_ = ops_.attention_workspace_bytes(attn_dims(s, d));
   lce_ws_ = ops_.linear_ce_workspace_bytes(d.N(), s.hidden, s.vocab);
   buf_ = DeviceBuffer(dev, bytes_for(s, max_B, max_T, act, attn_ws_, lce_ws_));

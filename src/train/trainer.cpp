@@ -17,6 +17,7 @@
 #include "core/units.h"
 #include "data/chat.h"
 #include "data/dataset.h"
+#include "data/pack.h"
 #include "data/tokenizer.h"
 #include "engine/make_engine.h"
 #include "io/checkpoint.h"
@@ -65,6 +66,7 @@ struct Session {
   int seq_len = 0;    // records are cut to this
   int max_batch = 0;  // the largest micro-batch the engine is built for
   int max_seq = 0;    // the longest batch the engine is built for
+  bool pack = false;  // --pack: batches of packed rows
   std::unique_ptr<Device> dev;
   std::unique_ptr<Engine> engine;
   Plan plan;
@@ -108,7 +110,18 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
     if (s.model.spec.max_position > 0) s.seq_len = int(std::min<int64_t>(s.seq_len, s.model.spec.max_position));
   }
   s.model.spec.check_seq_len(s.seq_len, s.model.config_path);
-  s.max_seq = int(std::min<size_t>(size_t(s.seq_len), longest));
+  s.pack = o.pack;
+  // A packed row holds several records: up to seq_len tokens whatever the longest record.
+  size_t row_tokens = longest;
+  if (s.pack) {
+    row_tokens = 0;
+    for (const Dataset* d : {&s.data, &s.eval}) {
+      size_t sum = 0;
+      for (const Record& r : d->records) sum += size_t(packed_length(r, s.seq_len));
+      row_tokens = std::max(row_tokens, sum);
+    }
+  }
+  s.max_seq = int(std::min<size_t>(size_t(s.seq_len), row_tokens));
   EngineOptions eo;
   eo.max_batch = int(std::min<size_t>(size_t(o.batch_size), std::max(s.data.records.size(), s.eval.records.size())));
   s.max_batch = eo.max_batch;
@@ -139,10 +152,15 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
   return s;
 }
 
-// A file's records in order, B at a time.
+// A file's records in order, B at a time (packed: B rows at a time).
 std::vector<Batch> file_batches(const Session& s, int B, const Dataset* d = nullptr) {
   std::vector<Batch> out;
   const auto& recs = (d ? *d : s.data).records;
+  if (s.pack) {
+    std::vector<const Record*> all;
+    for (const Record& r : recs) all.push_back(&r);
+    return make_packed_batches(all, s.seq_len, B);
+  }
   for (size_t i = 0; i < recs.size(); i += size_t(B)) {
     std::vector<const Record*> group;
     for (size_t j = i; j < std::min(recs.size(), i + size_t(B)); ++j) group.push_back(&recs[j]);
@@ -232,6 +250,24 @@ struct StepBatches {
   std::vector<Batch> mbs;
   int64_t trained = 0, tokens = 0;
 };
+
+// Packed: B rows a batch, each of the records the packer lays into it.
+StepBatches next_packed_step_batches(const Session& s, RowPacker& packer, int grad_accum, int B) {
+  StepBatches out;
+  for (int j = 0; j < grad_accum; ++j) {
+    std::vector<std::vector<const Record*>> rows;
+    for (int i = 0; i < B; ++i) rows.push_back(packer.next_row());
+    for (size_t i = 0; i < rows.size(); i += size_t(s.max_batch)) {  // the plan's micro-batches
+      const std::vector<std::vector<const Record*>> part(rows.begin() + long(i),
+                                                         rows.begin() + long(std::min(rows.size(), i + size_t(s.max_batch))));
+      out.mbs.push_back(make_packed_batch(part, s.seq_len));
+      out.trained += out.mbs.back().trained;
+    }
+    for (const auto& row : rows)
+      for (const Record* r : row) out.tokens += packed_length(*r, s.seq_len);
+  }
+  return out;
+}
 
 StepBatches next_step_batches(const Session& s, RecordOrder& order, int grad_accum, int B, uint64_t& next_record) {
   const auto& recs = s.data.records;
@@ -352,6 +388,8 @@ TrainResult run_train(const TrainOptions& o) {
 
   TrainResult result;
   uint64_t next_record = start.next_record;
+  std::optional<RowPacker> packer;  // --pack: rows from the records in `order`, resumable by position
+  if (s.pack) packer.emplace(s.data, order, s.seq_len, next_record);
   const StopSignals stop_signals;  // from here on a signal stops after the step, with a checkpoint
   // Test hook: SF_RAISE_SIGINT_AT_STEP=N raises SIGINT at the start of step N (1-based), as a Ctrl-C
   // arriving during that step would.
@@ -366,7 +404,9 @@ TrainResult run_train(const TrainOptions& o) {
     if (step + 1 == raise_at) std::raise(SIGINT);
     if (step + 1 == kill_at) std::raise(SIGKILL);
     const auto t0 = std::chrono::steady_clock::now();
-    const StepBatches sb = next_step_batches(s, order, o.grad_accum, B, next_record);
+    const StepBatches sb = packer ? next_packed_step_batches(s, *packer, o.grad_accum, B)
+                                  : next_step_batches(s, order, o.grad_accum, B, next_record);
+    if (packer) next_record = packer->position();
     const Engine::StepParams sp = step_params(o, sched, step);
     // The engine owns the step's order (DESIGN.md §4): the update may still run on the host while
     // the next step starts (the sliding engine overlaps it); saving and exporting wait for it.

@@ -20,6 +20,9 @@ struct DataOptions {
   // Chat records: "assistant" (labels only on the assistant turns) or "all" (--train-on).
   std::string train_on = "assistant";
   bool data_cache = true;  // --no-data-cache: no tokenized-dataset cache next to the data
+  // --pack: records laid end to end in rows of seq_len tokens (data/pack.h); attention and
+  // positions stay inside each record, so the loss is that of the records run one a row.
+  bool pack = false;
   // Engine choice and memory budgets (the planner's input; its device field is set from `device`).
   EngineRequest engine;
 };
