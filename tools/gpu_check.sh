@@ -128,6 +128,21 @@ for m in ('unpacked', 'packed'):
     rows = [r for r in rows if r.get('type') == 'train'][2:]
     tok = sum(r['tokens'] for r in rows); sec = sum(r['tokens'] / r['tokens_per_second'] for r in rows)
     print(m, 'tokens/s', round(tok / sec), 'tokens/step', tok // len(rows), 'loss', rows[-1]['loss'])" ;;
+    # session 4, no trace: bench's steady-state step (intervals between step returns) and its
+    # end-to-end figure, 3B split clipping / no clipping / held gradients, 8B at 24 GiB, PyTorch
+    offload9)
+      run torch_3b python3 bench/torch_train_baseline.py --preset 3b --steps 3 --warmup 2 --clip 1.0
+      for v in "clip1 1 0" "clip0 0 0" "clip0_hold 0 1"; do
+        set -- $v
+        run sf_3b_$1 env SF_HOLD_GRADS=$3 "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+          --steps 5 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm $2
+      done
+      run sf_3b_slots2_6g "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+        --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --slots 2 --gpu-memory 6GiB --max-grad-norm 1
+      for clip in 1 0; do
+        run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
+          --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip
+      done ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \

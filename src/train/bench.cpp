@@ -95,9 +95,10 @@ nlohmann::json run_bench(const BenchOptions& o) {
   const double per = 1.0 / double(o.steps);
   const double step_tokens = double(o.batch_size) * b.T * o.grad_accum;
   const double tps = step_tokens / steady_s;
-  log_info("bench: %.1f ms/step, %.0f tokens/s (steady state); end to end %.1f ms/step (the last update's %.0f ms "
-           "drained); loss %.4f",
-           1e3 * steady_s, tps, 1e3 * secs * per, 1e3 * drain_s, loss);
+  log_info(
+      "bench: %.1f ms/step, %.0f tokens/s (steady state); end to end %.1f ms/step (the last update's %.0f ms "
+      "drained); loss %.4f",
+      1e3 * steady_s, tps, 1e3 * secs * per, 1e3 * drain_s, loss);
   return {{"tokens_per_second", tps},
           {"step_ms", 1e3 * steady_s},
           {"end_to_end_step_ms", 1e3 * secs * per},

@@ -258,8 +258,8 @@ StepBatches next_packed_step_batches(const Session& s, RowPacker& packer, int gr
     std::vector<std::vector<const Record*>> rows;
     for (int i = 0; i < B; ++i) rows.push_back(packer.next_row());
     for (size_t i = 0; i < rows.size(); i += size_t(s.max_batch)) {  // the plan's micro-batches
-      const std::vector<std::vector<const Record*>> part(rows.begin() + long(i),
-                                                         rows.begin() + long(std::min(rows.size(), i + size_t(s.max_batch))));
+      const std::vector<std::vector<const Record*>> part(
+          rows.begin() + long(i), rows.begin() + long(std::min(rows.size(), i + size_t(s.max_batch))));
       out.mbs.push_back(make_packed_batch(part, s.seq_len));
       out.trained += out.mbs.back().trained;
     }
