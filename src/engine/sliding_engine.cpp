@@ -258,7 +258,23 @@ struct SlidingEngine::Impl {
     if (part != cpu::AdamWPart::Params) dev.record(*moved[size_t(blob)], *opt_stream);
   }
   void run(const std::vector<Batch>& mbs, float scale, bool backward, const AdamWParams* overlap);
+  // The split update's moment passes, queued on the opt stream only once the next forward is
+  // queued (run()) or before anything waits for the streams: CUDA blocks the queuing thread when a
+  // stream holds too many operations, and at the norm 60 passes would (measured: the next forward
+  // was queued ~110 ms late, docs/PERFORMANCE.md session 4). Their order is unchanged: after every
+  // parameter pass, before the next gradients land (d2h waits for `moved`).
+  struct PendingMoments {
+    bool any = false;
+    AdamWParams p;
+  } moments;
+  void flush_moments() {
+    if (!moments.any) return;
+    moments.any = false;
+    for (int b = nb - 1; b >= 0; --b)
+      if (!gpu.has(b)) queue_blob_update(b, moments.p, cpu::AdamWPart::Moments);
+  }
   void sync_all() {
+    flush_moments();
     tokens->synchronize();
     dev.synchronize(*h2d);
     dev.synchronize(*compute);
@@ -435,6 +451,7 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
     mark(c, "compute", "forward " + std::to_string(1 + l));
   }
   if (backward) dev.record(*ckpt_done, *d2h);
+  flush_moments();  // the last step's moment passes: after its parameter passes, before this backward's landings
 
   // Head: the loss of every micro-batch, and with the backward its gradients (dy into the ring).
   const ParamsRef ph = acquire(head_blob, true);
@@ -601,9 +618,7 @@ Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const Step
     }
     m.queue_blob_update(b, p, split ? cpu::AdamWPart::Params : cpu::AdamWPart::All);
   }
-  if (split)
-    for (int b = m.nb - 1; b >= 0; --b)
-      if (!m.gpu.has(b)) m.queue_blob_update(b, p, cpu::AdamWPart::Moments);
+  if (split) m.moments = {true, p};  // queued by the next run() or synchronisation (flush_moments)
   m.slots_stale = true;
   r.updated = true;
   return r;
