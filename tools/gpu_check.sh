@@ -143,6 +143,19 @@ for m in ('unpacked', 'packed'):
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
           --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip
       done ;;
+    # the split update with its moment passes queued after the next forward: 3B clipping with and
+    # without a timeline, no clipping as the machine's control, 8B clipping
+    offload10)
+      b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 5 --warmup 1 --device cuda
+        --offload --gpu-blobs 0"
+      mkdir -p "$OUT/traces"
+      run sf_3b_clip1_trace env SF_TRACE="$OUT/traces/clip1.jsonl" $b3 --max-grad-norm 1
+      run trace_3b_clip1 python3 tools/trace_summary.py "$OUT/traces/clip1.jsonl" --layers
+      run sf_3b_clip1 $b3 --max-grad-norm 1
+      run sf_3b_clip0 $b3 --max-grad-norm 0
+      run sf_8b_24g_clip1 "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
+        --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 1
+      tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces" ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
