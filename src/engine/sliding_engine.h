@@ -5,10 +5,15 @@
 // fetched back before its backward. The micro-batches of a step run layer-major: a layer runs its
 // forward (and later its backward) for every micro-batch while its parameters sit in the slot, and
 // its gradient accumulates on the GPU, so weights cross PCIe and the host AdamW runs once a step
-// whatever the number of micro-batches. Work runs on four streams ordered by events only.
+// whatever the number of micro-batches. Work runs on five streams (compute, uploads, downloads,
+// token uploads, the host optimizer's host functions) ordered by events only. Without clipping
+// each gradient chunk is updated as it lands; with clipping every blob's update waits for the
+// norm and is split in a parameter pass (forward order, what the next forward waits for) and a
+// moment pass (queued after the next forward) — docs/ENGINE.md.
 //
 // The parts: engine/slot_cache.* (slots and uploads), engine/host_optimizer.* (host state, the
-// gradient store, host AdamW); the schedule of one step is SlidingEngine::run, top-down.
+// gradient store, host AdamW); the schedule of one step is SlidingEngine::Impl::run, top-down,
+// and the step protocol SlidingEngine::step. SF_TRACE=FILE writes a timeline (engine/step_trace.h).
 // On the cpu backend it is bit for bit the resident engine (tests/test_sliding_engine.cpp).
 #pragma once
 #include <memory>
