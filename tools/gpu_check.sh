@@ -156,6 +156,8 @@ for m in ('unpacked', 'packed'):
       run sf_8b_24g_clip1 "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
         --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 1
       tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces" ;;
+    # issue 8 §4: an output directory loads with AutoModelForCausalLM / AutoTokenizer, generation_config kept
+    hf_load) run hf_load python3 tools/hf_load_check.py --bin "$BIN/slideformer" --device cuda ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
