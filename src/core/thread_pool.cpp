@@ -26,9 +26,15 @@ void ThreadPool::worker(int idx) {
     if (stop_) return;
     seen = generation_;
     const auto* fn = fn_;
-    int64_t begin = idx * chunk_, end = std::min(n_, begin + chunk_);
+    const bool pieces = pieces_;
+    const int64_t n = n_, chunk = chunk_;
+    int64_t begin = idx * chunk, end = std::min(n, begin + chunk);
     lk.unlock();
-    if (begin < end) (*fn)(begin, end);
+    if (pieces) {
+      for (int64_t i; (i = next_.fetch_add(chunk)) < n;) (*fn)(i, std::min(n, i + chunk));
+    } else if (begin < end) {
+      (*fn)(begin, end);
+    }
     lk.lock();
     if (--pending_ == 0) done_cv_.notify_one();
   }
@@ -48,11 +54,36 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn_ = &fn;
     n_ = n;
     chunk_ = chunk;
+    pieces_ = false;
     pending_ = int(workers_.size());
     ++generation_;
   }
   cv_.notify_all();
   fn(0, std::min(n, chunk));
+  std::unique_lock<std::mutex> lk(mu_);
+  done_cv_.wait(lk, [&] { return pending_ == 0; });
+}
+
+void ThreadPool::parallel_pieces(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t piece) {
+  if (n <= 0) return;
+  piece = std::max<int64_t>(1, piece);
+  if (n <= piece || workers_.empty()) {
+    for (int64_t i = 0; i < n; i += piece) fn(i, std::min(n, i + piece));
+    return;
+  }
+  std::lock_guard<std::mutex> call(call_mu_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    fn_ = &fn;
+    n_ = n;
+    chunk_ = piece;
+    pieces_ = true;
+    next_.store(0);
+    pending_ = int(workers_.size());
+    ++generation_;
+  }
+  cv_.notify_all();
+  for (int64_t i; (i = next_.fetch_add(piece)) < n;) fn(i, std::min(n, i + piece));
   std::unique_lock<std::mutex> lk(mu_);
   done_cv_.wait(lk, [&] { return pending_ == 0; });
 }

@@ -1,5 +1,6 @@
 // A fixed pool of worker threads for data-parallel loops (parallel_for) on the CPU.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -19,6 +20,11 @@ class ThreadPool {
   int size() const { return int(workers_.size()) + 1; }
   // Calls fn(begin, end) over [0, n) split into at most size() contiguous chunks; blocks until done.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk = 1);
+  // Calls fn over [0, n) in pieces of `piece` elements (the last shorter), handed out one at a
+  // time to whichever thread is free: a thread that shares its core (with the CUDA driver's or a
+  // spinning thread) does less, instead of every thread waiting for its one equal chunk. The
+  // pieces' bounds depend only on n and piece.
+  void parallel_pieces(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t piece);
 
  private:
   void worker(int idx);
@@ -28,6 +34,8 @@ class ThreadPool {
   std::condition_variable cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0, chunk_ = 0;
+  bool pieces_ = false;  // parallel_pieces: chunk_ is the piece, next_ the next one
+  std::atomic<int64_t> next_{0};
   uint64_t generation_ = 0;
   int pending_ = 0;
   bool stop_ = false;

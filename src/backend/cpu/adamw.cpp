@@ -13,6 +13,7 @@
 
 #include "backend/cpu/cpu_common.h"
 #include "backend/cpu/kernels.h"
+#include "core/env.h"
 #include "core/thread_pool.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -122,26 +123,37 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
   auto run = [&](auto* gp, auto* cp) {
     using GradT = std::remove_pointer_t<decltype(gp)>;
     using CopyT = std::remove_pointer_t<decltype(cp)>;
-    cpu_pool().parallel_for(
-        n,
-        [&](int64_t i0, int64_t i1) {
-          auto go = [&](auto small, auto which) {
-            adamw_range<decltype(small)::value, decltype(which)::value, GradT, CopyT>(p, gp, mp, vp, cp, k, i0, i1);
-          };
-          using S = std::true_type;
-          using B = std::false_type;
-          using A = std::integral_constant<AdamWPart, AdamWPart::All>;
-          using P = std::integral_constant<AdamWPart, AdamWPart::Params>;
-          using M = std::integral_constant<AdamWPart, AdamWPart::Moments>;
-          if (part == AdamWPart::Params) {
-            small_w ? go(S{}, P{}) : go(B{}, P{});
-          } else if (part == AdamWPart::Moments) {
-            small_w ? go(S{}, M{}) : go(B{}, M{});
-          } else {
-            small_w ? go(S{}, A{}) : go(B{}, A{});
-          }
-        },
-        1 << 15);
+    // Pieces of ~1/8 of a thread's share (at least 32 Ki elements), taken by whichever thread is
+    // free: the pass is memory-bound and runs beside DMA and the CUDA driver's threads, so equal
+    // static chunks would wait for the slowest core. Elementwise: the bits do not depend on it.
+    // (SF_ADAMW_STATIC=1: equal static chunks, to measure.)
+    static const bool static_chunks = env_switch("SF_ADAMW_STATIC", false);
+    const int64_t piece =
+        (std::max<int64_t>(int64_t(1) << 15, n / (int64_t(cpu_pool().size()) * 8)) + 63) / 64 * 64;  // cache lines
+    auto pool_run = [&](const std::function<void(int64_t, int64_t)>& f) {
+      if (static_chunks) {
+        cpu_pool().parallel_for(n, f, int64_t(1) << 15);
+      } else {
+        cpu_pool().parallel_pieces(n, f, piece);
+      }
+    };
+    pool_run([&](int64_t i0, int64_t i1) {
+      auto go = [&](auto small, auto which) {
+        adamw_range<decltype(small)::value, decltype(which)::value, GradT, CopyT>(p, gp, mp, vp, cp, k, i0, i1);
+      };
+      using S = std::true_type;
+      using B = std::false_type;
+      using A = std::integral_constant<AdamWPart, AdamWPart::All>;
+      using P = std::integral_constant<AdamWPart, AdamWPart::Params>;
+      using M = std::integral_constant<AdamWPart, AdamWPart::Moments>;
+      if (part == AdamWPart::Params) {
+        small_w ? go(S{}, P{}) : go(B{}, P{});
+      } else if (part == AdamWPart::Moments) {
+        small_w ? go(S{}, M{}) : go(B{}, M{});
+      } else {
+        small_w ? go(S{}, A{}) : go(B{}, A{});
+      }
+    });
   };
   visit(grad, [&](auto* gp) {
     if (param_copy.empty()) {

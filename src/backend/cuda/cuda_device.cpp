@@ -23,6 +23,7 @@
 #include "backend/cuda/sq_norm.cuh"
 #include "backend/cuda/swiglu.cuh"
 #include "core/align.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace sf {
@@ -128,6 +129,19 @@ struct CudaStream final : Stream {
   }
 };
 
+// Host threads that wait for the GPU block instead of spinning (CUDA's default with fewer
+// contexts than cores is to spin): a spinning thread takes a core from the host AdamW, which runs
+// beside the step's one synchronisation. SF_SPIN=1 keeps CUDA's default, to measure. Set before
+// the context exists; later calls fail harmlessly.
+void set_sync_flags() {
+  static const bool once = [] {
+    if (!env_switch("SF_SPIN", false)) (void)cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+    (void)cudaGetLastError();
+    return true;
+  }();
+  (void)once;
+}
+
 struct CudaEvent final : Event {
   cudaEvent_t e = nullptr;
   explicit CudaEvent(bool timing = false) {
@@ -230,6 +244,7 @@ class CudaOps final : public Ops {
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(size_t arena_bytes) {
+    set_sync_flags();
     CUDA_CHECK(cudaSetDevice(0));
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -340,6 +355,7 @@ BackendInfo cuda_backend_info() {
   b.linear_ce_ws = cuda::linear_ce_workspace_bytes;
   int n = 0;
   if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
+    set_sync_flags();  // before the first call that creates the context
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) b.device_free = free_b, b.device_total = total_b;
   }
