@@ -158,6 +158,15 @@ for m in ('unpacked', 'packed'):
       tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces" ;;
     # issue 8 §4: an output directory loads with AutoModelForCausalLM / AutoTokenizer, generation_config kept
     hf_load) run hf_load python3 tools/hf_load_check.py --bin "$BIN/slideformer" --device cuda ;;
+    # host AdamW in dynamic pieces + blocking CUDA waits (new defaults) against the old static
+    # chunks + spinning waits, on one machine
+    offload11)
+      b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 5 --warmup 1 --device cuda
+        --offload --gpu-blobs 0"
+      run sf_3b_clip0_old env SF_SPIN=1 SF_ADAMW_STATIC=1 $b3 --max-grad-norm 0
+      run sf_3b_clip0 $b3 --max-grad-norm 0
+      run sf_3b_clip1 $b3 --max-grad-norm 1
+      run sf_3b_clip1_old env SF_SPIN=1 SF_ADAMW_STATIC=1 $b3 --max-grad-norm 1 ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
