@@ -322,7 +322,13 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     // With clipping the update waits for the backward and overlaps only the next forward (in
     // forward order). Without, each blob's update runs during the backward, but the embedding's
     // comes last and the next forward needs it first.
-    const double fwd_s = p.gpu_s * (f.forward / f.total), bwd_s = p.gpu_s - fwd_s;
+    // Each phase is at least as long as its own uploads (a layer's fp32 weights can outlast its
+    // compute: 8B's forward is PCIe-bound at 24 GiB); checkpoints go down in the forward and come
+    // back up in the backward.
+    const double up_fwd_s = P * 4 / (rates.pcie_gbs * 1e9),
+                 up_bwd_s = up_fwd_s + r.grad_accum * ckpt / (rates.pcie_gbs * 1e9);
+    const double fwd_s = std::max(p.gpu_s * (f.forward / f.total), up_fwd_s),
+                 bwd_s = std::max(p.gpu_s * (1.0 - f.forward / f.total), up_bwd_s);
     const double emb_update_s = emb_on_host ? double(lay.embedding().numel) / rates.host_adamw_params_s : 0.0;
     double path = fwd_s + std::max(bwd_s, p.host_s) + emb_update_s;
     if (r.clip && env_switch("SF_SPLIT_UPDATE", true)) {
@@ -333,7 +339,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
       p.host_s = 2 * part_s;
       path = std::max(fwd_s, part_s) + std::max(bwd_s, part_s);
     } else if (r.clip) {
-      path = p.gpu_s + std::max(0.0, update_s - fwd_s);
+      path = fwd_s + bwd_s + std::max(0.0, update_s - fwd_s);
     }
     p.step_s = std::max({path, p.host_s, p.pcie_s});
   }
