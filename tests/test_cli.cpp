@@ -31,6 +31,15 @@ using nlohmann::json;
 using test::CmdResult;
 using test::slurp;
 
+// Every tensor of `a` is in `b` with the same bytes.
+void expect_same_tensors(const SafetensorsFile& a, const SafetensorsFile& b) {
+  for (const auto& t : a.tensors()) {
+    const TensorInfo* u = b.find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(std::memcmp(t.data, u->data, t.bytes), 0) << t.name;
+  }
+}
+
 // A stored F32 tensor's values (copied: mmapped data need not be aligned).
 std::vector<float> floats(const TensorInfo& t) {
   std::vector<float> v(size_t(t.numel()));
@@ -245,11 +254,7 @@ TEST_F(Cli, ResumeContinuesExactly) {
   EXPECT_NE(b.err.find("step 4/4"), std::string::npos) << b.err;
   auto fa = SafetensorsFile::open(p("a") + "/model.safetensors");
   auto fb = SafetensorsFile::open(p("b") + "/model.safetensors");
-  for (const auto& t : fa.tensors()) {
-    const TensorInfo* u = fb.find(t.name);
-    ASSERT_NE(u, nullptr);
-    EXPECT_EQ(std::memcmp(t.data, u->data, t.bytes), 0) << t.name;
-  }
+  expect_same_tensors(fa, fb);
   // Resuming with other data-order options is refused.
   expect_input_error(run("train" + common + " --output " + p("c") + " --resume " + p("a") + "/checkpoint-2 --seed 6"),
                      "seed");
@@ -771,11 +776,7 @@ TEST_F(Cli, ResumeVerifiesChecksums) {
   EXPECT_EQ(b.err.find("warning"), std::string::npos) << b.err;
   auto fa = SafetensorsFile::open(p("a") + "/model.safetensors");
   auto fb = SafetensorsFile::open(p("b") + "/model.safetensors");
-  for (const auto& t : fa.tensors()) {
-    const TensorInfo* u = fb.find(t.name);
-    ASSERT_NE(u, nullptr);
-    EXPECT_EQ(std::memcmp(t.data, u->data, t.bytes), 0) << t.name;
-  }
+  expect_same_tensors(fa, fb);
   // Without checksums (the header rewritten without them): resumes, with a warning naming the file.
   fs::copy(ck, p("old"), fs::copy_options::recursive);
   const std::string state = p("old/training_state.safetensors");
@@ -849,11 +850,7 @@ TEST_F(Cli, PackedRowsEvalLikeUnpackedAndResumeExactly) {
   ASSERT_EQ(b.code, 0) << b.err;
   auto fa = SafetensorsFile::open(p("a") + "/model.safetensors");
   auto fb = SafetensorsFile::open(p("b") + "/model.safetensors");
-  for (const auto& t : fa.tensors()) {
-    const TensorInfo* x = fb.find(t.name);
-    ASSERT_NE(x, nullptr);
-    EXPECT_EQ(std::memcmp(t.data, x->data, t.bytes), 0) << t.name;
-  }
+  expect_same_tensors(fa, fb);
   // Packed steps hold more records than unpacked ones: the runs differ.
   CmdResult c = run("train" + common.substr(0, common.size() - 7) + " --output " + p("c"));
   ASSERT_EQ(c.code, 0) << c.err;
