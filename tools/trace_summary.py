@@ -15,7 +15,7 @@ def main():
     marks = [json.loads(line) for line in open(path)]
     starts = [i for i, m in enumerate(marks) if m["stream"] == "host" and m["what"] == "run"]
     print(f"{'step':>4} {'ms':>7} {'fwd0':>6} {'head':>7} {'bwd0':>7} {'norm':>7} {'opt_end':>8} "
-          f"{'opt_busy':>8} {'p_end':>7} {'first_fwd_wait':>14}")
+          f"{'opt_busy':>8} {'p_end':>7}")
     for n, i0 in enumerate(starts):
         i1 = starts[n + 1] if n + 1 < len(starts) else len(marks)
         t0 = marks[i0]["t"]
@@ -44,7 +44,7 @@ def main():
         step_ms = (t1 - t0) * 1e3 if t1 else float("nan")
         print(f"{n:>4} {step_ms:>7.1f} {at('compute', 'forward 0'):>6.1f} {at('compute', 'head'):>7.1f} "
               f"{at('compute', 'backward 0'):>7.1f} {at('host', 'norm known'):>7.1f} {opt_end:>8.1f} "
-              f"{busy * 1e3:>8.1f} {p_end:>7.1f} {at('compute', 'forward 0'):>14.1f}")
+              f"{busy * 1e3:>8.1f} {p_end:>7.1f}")
         if "--layers" in sys.argv:
             comp = [m for m in seg if m["stream"] == "compute"]
             prev = t0

@@ -122,8 +122,9 @@ struct SlidingEngine::Impl {
   Program program;
   std::unique_ptr<StepTrace> trace;  // SF_TRACE: a timeline of the streams
 
-  void mark(Stream& s, const char* name, const std::string& what) {
-    if (trace) trace->mark(s, name, what);
+  // "what index suffix"; the text is built only when tracing (the step allocates nothing else).
+  void mark(Stream& s, const char* name, const char* what, int index = -1, const char* suffix = "") {
+    if (trace) trace->mark(s, name, what + (index >= 0 ? " " + std::to_string(index) : std::string()) + suffix);
   }
 
   Tensor act_at(const DeviceBuffer& b, int i, int64_t N) const {
@@ -139,7 +140,7 @@ struct SlidingEngine::Impl {
     const int64_t before = slots->uploads();
     const int k =
         slots->acquire(blob, host->master(blob), layout.blobs[size_t(blob)].numel, *updated[size_t(blob)], use, keep);
-    if (slots->uploads() != before) mark(*h2d, "h2d", "uploaded " + std::to_string(blob));
+    if (slots->uploads() != before) mark(*h2d, "h2d", "uploaded", blob);
     return k >= 0 ? ParamsRef{slots->data(k), k} : ParamsRef{};  // (-1: a prefetch that was skipped)
   }
   void release(const ParamsRef& p) {
@@ -218,12 +219,12 @@ struct SlidingEngine::Impl {
       if (overlap) {
         dev.record(*chunk_landed, *d2h);
         dev.wait(*opt_stream, *chunk_landed);
-        if (i == 0) mark(*opt_stream, "opt", "update " + std::to_string(blob));
+        if (i == 0) mark(*opt_stream, "opt", "update", blob);
         host->queue_update(blob, i, c, at, *overlap, *opt_stream);
       }
     }
-    mark(*d2h, "d2h", "landed " + std::to_string(blob));
-    if (overlap) mark(*opt_stream, "opt", "updated " + std::to_string(blob));
+    mark(*d2h, "d2h", "landed", blob);
+    if (overlap) mark(*opt_stream, "opt", "updated", blob);
     if (a) dev.record(*a->sent, *d2h);
     dev.record(*landed[size_t(blob)], *d2h);
     if (overlap) {
@@ -250,10 +251,9 @@ struct SlidingEngine::Impl {
     if (part != cpu::AdamWPart::Moments) dev.wait(*opt_stream, *landed[size_t(blob)]);
     const HostOptimizer::Landing at{const_cast<void*>(host->grads(blob)), -1};
     static const char* const kPart[] = {"", " params", " moments"};
-    const std::string what = std::to_string(blob) + kPart[int(part)];
-    mark(*opt_stream, "opt", "update " + what);
+    mark(*opt_stream, "opt", "update", blob, kPart[int(part)]);
     host->queue_update(blob, 0, layout.blobs[size_t(blob)].numel, at, p, *opt_stream, part);
-    mark(*opt_stream, "opt", "updated " + what);
+    mark(*opt_stream, "opt", "updated", blob, kPart[int(part)]);
     if (part != cpu::AdamWPart::Moments) dev.record(*updated[size_t(blob)], *opt_stream);
     if (part != cpu::AdamWPart::Params) dev.record(*moved[size_t(blob)], *opt_stream);
   }
@@ -428,7 +428,7 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
     program.embed_forward(act_at(acts, j, N(j)), tok[size_t(j)].ids, entry(p, 0, 0), c);
   }
   release(p);
-  mark(c, "compute", "forward 0");
+  mark(c, "compute", "forward", 0);
   if (L > 0) acquire(1, false);
   for (int l = 0; l < L; ++l) {
     p = acquire(1 + l, true);
@@ -448,7 +448,7 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
       advance(j);
     }
     release(p);
-    mark(c, "compute", "forward " + std::to_string(1 + l));
+    mark(c, "compute", "forward", 1 + l);
   }
   if (backward) dev.record(*ckpt_done, *d2h);
   flush_moments();  // the last step's moment passes: after its parameter passes, before this backward's landings
@@ -513,13 +513,13 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
       advance(j);
     }
     release(p);
-    mark(c, "compute", "backward " + std::to_string(1 + l));
+    mark(c, "compute", "backward", 1 + l);
     send_grads(1 + l, g, gpu.has(1 + l) ? nullptr : &a, overlap);
   }
   for (int j = 0; j < K; ++j)
     program.embed_backward(g_table, act_at(acts, cur[size_t(j)], N(j)), tok[size_t(j)].ids, c);
   for (const auto& t : tok) tokens->done(t.slot, c);
-  mark(c, "compute", "backward 0");
+  mark(c, "compute", "backward", 0);
   send_grads(0, g_emb, gpu.has(0) ? nullptr : &emb_acc, overlap);
 }
 
