@@ -167,6 +167,38 @@ for m in ('unpacked', 'packed'):
       run sf_3b_clip0 $b3 --max-grad-norm 0
       run sf_3b_clip1 $b3 --max-grad-norm 1
       run sf_3b_clip1_old env SF_SPIN=1 SF_ADAMW_STATIC=1 $b3 --max-grad-norm 1 ;;
+    # session 5: the host side of the 3B clipped step: huge-page pinned buffers (SF_PINNED_HUGE)
+    # and fewer host AdamW threads (SF_THREADS), then 8B at 24 GiB with the final pool
+    offload12)
+      run host_info bash -c 'cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag;
+        nproc; lscpu | grep -i -E "model name|numa|socket|thread"; grep -i huge /proc/meminfo'
+      run torch_3b python3 bench/torch_train_baseline.py --preset 3b --steps 3 --warmup 2 --clip 1.0
+      b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 5 --warmup 1 --device cuda
+        --offload --gpu-blobs 0"
+      run sf_3b_clip1 $b3 --max-grad-norm 1
+      run sf_3b_clip1_huge env SF_PINNED_HUGE=1 $b3 --max-grad-norm 1
+      run sf_3b_clip1_t12 env SF_THREADS=12 $b3 --max-grad-norm 1
+      run sf_3b_clip1_huge_t12 env SF_PINNED_HUGE=1 SF_THREADS=12 $b3 --max-grad-norm 1
+      run sf_3b_clip0_huge env SF_PINNED_HUGE=1 $b3 --max-grad-norm 0
+      mkdir -p "$OUT/traces"
+      run sf_3b_slots2_6g_trace env SF_TRACE="$OUT/traces/6g.jsonl" $b3 --slots 2 --gpu-memory 6GiB --max-grad-norm 1
+      run trace_3b_6g python3 tools/trace_summary.py "$OUT/traces/6g.jsonl" --layers
+      gzip "$OUT/traces/6g.jsonl"
+      for clip in 1 0; do
+        run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
+          --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip
+      done ;;
+    # session 5: some layers' AdamW on the GPU, their state streamed through PCIe (SF_STREAM_EVERY=k:
+    # every k-th layer), and software prefetch in the host AdamW (SF_ADAMW_PREFETCH=elements)
+    offload13)
+      run torch_3b python3 bench/torch_train_baseline.py --preset 3b --steps 3 --warmup 2 --clip 1.0
+      b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 5 --warmup 1 --device cuda
+        --offload --gpu-blobs 0 --max-grad-norm 1"
+      run sf_3b_clip1 $b3
+      for k in 4 3 2; do run sf_3b_clip1_stream$k env SF_STREAM_EVERY=$k $b3; done
+      for d in 512 2048; do run sf_3b_clip1_prefetch$d env SF_ADAMW_PREFETCH=$d $b3; done
+      run train_offload_stream2 env SF_STREAM_EVERY=2 python3 tools/hf_train_compare.py --bin "$BIN/slideformer" \
+        --device cuda --cli-args "--offload --slots 3 --gpu-blobs 0" --work /tmp/train_offload_stream ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \

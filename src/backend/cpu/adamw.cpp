@@ -7,6 +7,7 @@
 // runs on 8 lanes with AVX2 where the CPU has it (chosen at run time), else 4 lanes of baseline
 // SSE2 (adamw_simd.inc), then a scalar tail. All paths do the same IEEE fp32 operations in the
 // same order, so the bits do not depend on the path or the thread count.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -69,8 +70,10 @@ template <bool kSmallW, AdamWPart kPart, class GradT, class CopyT>
 void adamw_range(float* p, const GradT* gp, float* m, float* v, CopyT* cp, const Coefs& k, int64_t i0, int64_t i1) {
   int64_t i = i0;
 #ifdef SF_ADAMW_SIMD
-  i = have_avx2() ? avx2::run<kSmallW, kPart>(p, gp, m, v, cp, k, i, i1)
-                  : sse2::run<kSmallW, kPart>(p, gp, m, v, cp, k, i, i1);
+  // SF_ADAMW_PREFETCH=N: prefetch N elements ahead (0: off; a benchmark switch, docs/ENGINE.md).
+  static const int64_t ahead = std::max<long long>(0, env_int("SF_ADAMW_PREFETCH", 0));
+  i = have_avx2() ? avx2::run<kSmallW, kPart>(p, gp, m, v, cp, k, i, i1, ahead)
+                  : sse2::run<kSmallW, kPart>(p, gp, m, v, cp, k, i, i1, ahead);
 #endif
   for (; i < i1; ++i) {
     const float g = ld(gp, i) * k.gscale;
