@@ -3,7 +3,6 @@
 // delays injected into every stream (a missing event dependency shows up as a difference).
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -75,21 +74,7 @@ struct Case {
   int micro = 1;       // micro-batches a step (layer-major in the sliding engine)
   int64_t hold = 0;    // SlidingOptions::hold_grads (overlap): the first blobs updated after the backward
   bool fused = false;  // clipping: one AdamW pass a blob (SlidingOptions::split_update off)
-  // Host blobs updated on the GPU, their state streamed (SlidingOptions::streamed_blobs): 0 none,
-  // 1 the first host layer, 2 every host blob, 3 the embedding and every other layer.
-  int streamed = 0;
 };
-
-std::vector<int> streamed_blobs(int which, int n_blobs, const std::vector<int>& on_gpu) {
-  std::vector<int> out;
-  for (int b = 0; b < n_blobs; ++b) {
-    if (std::find(on_gpu.begin(), on_gpu.end(), b) != on_gpu.end()) continue;
-    const bool layer = b > 0 && b < n_blobs - 1;
-    if (which == 2 || (which == 1 && layer && out.empty()) || (which == 3 && (b == 0 || (layer && b % 2 == 1))))
-      out.push_back(b);
-  }
-  return out;
-}
 
 std::vector<int> gpu_blobs(int which, int n_layer) {
   const int head = n_layer + 1;
@@ -141,11 +126,9 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   so.keep_grads = !c.overlap;
   so.hold_grads = c.hold;
   so.split_update = !c.fused;
-  so.streamed_blobs = streamed_blobs(c.streamed, spec.n_layer + 2, so.gpu_blobs);
   if (c.small_chunks) {
     so.chunk = 37;
     so.grad_ring = 2;
-    so.stream_chunk = 29;
   }
   SlidingEngine s(*dev_s, spec, so);
   s.init_random(5);
@@ -192,24 +175,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama", 2, 50, 1, true, false, 2, true, 3, 2000},
         // clipping with one fused AdamW pass a blob (the others split it in two)
         Case{"qwen3", 3, 0, 0, false, false, 0, false, 1, 0, true},
-        Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true},
-        // clipping with some host blobs updated on the GPU (state streamed up and back); stalls on
-        // the uploads (2), downloads (4), host updates (16) and the streamed write-backs (32)
-        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, 1},
-        Case{"qwen3", 2, 50, 2, false, false, 0, false, 1, 0, false, 2},
-        Case{"mistral", 3, 50, 32, false, false, 0, false, 1, 0, false, 3},
-        Case{"qwen2", 2, 50, 16, false, true, 0, true, 1, 0, false, 3},
-        Case{"llama", 2, 50, 4, false, false, 1, true, 2, 0, false, 2},
-        Case{"qwen3", 3, 50, 32, false, true, 2, true, 3, 0, false, 1},
-        Case{"llama", 2, 50, 2, false, true, 0, false, 2, 0, true, 3}),
+        Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +
              (c.stall_streams ? "_stalls" + std::to_string(c.stall_streams) : "") + (c.overlap ? "_overlap" : "") +
              (c.small_chunks ? "_chunks" : "") + (c.gpu ? "_gpu" + std::to_string(c.gpu) : "") +
              (c.bf16 ? "_bf16" : "") + (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "") +
-             (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "") +
-             (c.streamed ? "_streamed" + std::to_string(c.streamed) : "");
+             (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "");
     });
 
 }  // namespace

@@ -199,6 +199,20 @@ for m in ('unpacked', 'packed'):
       for d in 512 2048; do run sf_3b_clip1_prefetch$d env SF_ADAMW_PREFETCH=$d $b3; done
       run train_offload_stream2 env SF_STREAM_EVERY=2 python3 tools/hf_train_compare.py --bin "$BIN/slideformer" \
         --device cuda --cli-args "--offload --slots 3 --gpu-blobs 0" --work /tmp/train_offload_stream ;;
+    # session 5, final code (host AdamW with software prefetch, 2048 elements by default): 3B clip
+    # with longer distances, 3B no clip, the 6 GiB split run, 8B at 24 GiB
+    offload14)
+      run torch_3b python3 bench/torch_train_baseline.py --preset 3b --steps 3 --warmup 2 --clip 1.0
+      b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 5 --warmup 1 --device cuda
+        --offload --gpu-blobs 0"
+      run sf_3b_clip1 $b3 --max-grad-norm 1
+      run sf_3b_clip1_prefetch4096 env SF_ADAMW_PREFETCH=4096 $b3 --max-grad-norm 1
+      run sf_3b_clip0 $b3 --max-grad-norm 0
+      run sf_3b_slots2_6g $b3 --slots 2 --gpu-memory 6GiB --max-grad-norm 1
+      for clip in 1 0; do
+        run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
+          --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip
+      done ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \

@@ -16,26 +16,19 @@
 namespace sf {
 
 HostOptimizer::Bytes HostOptimizer::bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring,
-                                              int64_t held, int64_t pinned_moments) {
+                                              int64_t held) {
   const size_t g = keep_grads ? size_t(total) * dtype_size(gd)
                               : (size_t(ring) * size_t(std::min(chunk, std::max<int64_t>(total, 1))) + size_t(held)) *
                                     dtype_size(gd);
-  return Bytes{size_t(total) * 4, size_t(total - pinned_moments) * 8, total > 0 ? g : 0, size_t(pinned_moments) * 8};
+  return Bytes{size_t(total) * 4, size_t(total) * 8, total > 0 ? g : 0};
 }
 
 HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads,
-                             int64_t chunk, int ring, const std::vector<bool>& held,
-                             const std::vector<bool>& pinned_moments)
+                             int64_t chunk, int ring, const std::vector<bool>& held)
     : dev_(dev), gd_(gd), keep_(keep_grads) {
-  int64_t pageable_mv = 0;
-  for (size_t b = 0; b < blob_numel.size(); ++b) {
-    const int64_t n = blob_numel[b];
-    const bool pin = n > 0 && b < pinned_moments.size() && pinned_moments[b];
+  for (int64_t n : blob_numel) {
     off_.push_back(n > 0 ? total_ : -1);
-    mv_off_.push_back(n > 0 ? (pin ? pinned_mv_total_ : pageable_mv) : -1);
-    mv_pinned_of_.push_back(pin);
     total_ += n;
-    (pin ? pinned_mv_total_ : pageable_mv) += n;
   }
   chunk_ = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(total_, 1)));
   const int64_t ring_elems = keep_grads ? 0 : int64_t(ring) * chunk_;
@@ -46,14 +39,10 @@ HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel
       held_off_[b] = ring_elems + held_total;
       held_total += blob_numel[b];
     }
-  const Bytes b = bytes_for(total_, gd, keep_grads, chunk, ring, held_total, pinned_mv_total_);
+  const Bytes b = bytes_for(total_, gd, keep_grads, chunk, ring, held_total);
   master_ = DeviceBuffer(dev, b.master, MemoryKind::PinnedHost);
-  m_ = HostBuffer(size_t(pageable_mv) * 4);
-  v_ = HostBuffer(size_t(pageable_mv) * 4);
-  if (pinned_mv_total_ > 0) {
-    mv_pinned_ = DeviceBuffer(dev, b.moments_pinned, MemoryKind::PinnedHost);
-    std::memset(mv_pinned_.data(), 0, b.moments_pinned);
-  }
+  m_ = HostBuffer(size_t(total_) * 4);
+  v_ = HostBuffer(size_t(total_) * 4);
   // The AdamW pass streams through m and v every step: transparent huge pages spare the TLB
   // (SF_HUGEPAGES=0 turns this off, to measure it).
   static const bool huge = env_switch("SF_HUGEPAGES", true);
@@ -66,8 +55,8 @@ HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel
       }
   if (total_ > 0) {
     std::memset(master_.data(), 0, b.master);  // padding between tensors stays 0
-    if (m_.size()) std::memset(m_.data(), 0, m_.size());
-    if (v_.size()) std::memset(v_.data(), 0, v_.size());
+    std::memset(m_.data(), 0, size_t(total_) * 4);
+    std::memset(v_.data(), 0, size_t(total_) * 4);
   }
   store_ = DeviceBuffer(dev, b.grads, MemoryKind::PinnedHost);
   if (!keep_grads)
@@ -75,10 +64,8 @@ HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel
 }
 
 float* HostOptimizer::state(int which, int blob) {
-  if (which == 0) return static_cast<float*>(master_.data()) + off_[size_t(blob)];
-  const int64_t o = mv_off_[size_t(blob)];
-  if (mv_pinned_of_[size_t(blob)]) return static_cast<float*>(mv_pinned_.data()) + (which == 2 ? pinned_mv_total_ : 0) + o;
-  return (which == 1 ? m_.as<float>() : v_.as<float>()) + o;
+  void* base = which == 0 ? master_.data() : which == 1 ? m_.data() : v_.data();
+  return static_cast<float*>(base) + off_[size_t(blob)];
 }
 
 const void* HostOptimizer::grads(int blob) const {
@@ -100,11 +87,11 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
                                  cpu::AdamWPart part) {
   const int64_t off = off_[size_t(blob)] + i0;
   // p by value: the next step's parameters may differ by the time this runs.
-  dev_.host_fn(opt, [this, blob, i0, off, n, g = at.ptr, p, part] {
+  dev_.host_fn(opt, [this, off, n, g = at.ptr, p, part] {
     const auto t0 = std::chrono::steady_clock::now();
-    auto f32 = [&](float* x) { return Tensor(x, DType::F32, {n}); };
-    cpu::adamw(f32(static_cast<float*>(master_.data()) + off), Tensor(g, gd_, {n}), f32(state(1, blob) + i0),
-               f32(state(2, blob) + i0), Tensor(), p, part);
+    auto f32 = [&](const HostBuffer& b) { return Tensor(b.as<float>() + off, DType::F32, {n}); };
+    cpu::adamw(Tensor(static_cast<float*>(master_.data()) + off, DType::F32, {n}), Tensor(g, gd_, {n}), f32(m_),
+               f32(v_), Tensor(), p, part);
     update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });
   if (at.ring >= 0) dev_.record(*ring_free_[size_t(at.ring)], opt);

@@ -25,10 +25,8 @@ class HostOptimizer {
  public:
   // blob_numel[b] (0: the blob is not on the host); `gd` the gradients' dtype; `chunk` elements a
   // gradient chunk; `ring` buffers when not keep_grads; held[b]: the blob's gradient waits in place.
-  // pinned_moments[b]: the blob's m and v live in page-locked memory (the engine streams them to the
-  // GPU's AdamW: SlidingOptions::streamed_blobs), else in pageable memory.
   HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk, int ring,
-                const std::vector<bool>& held = {}, const std::vector<bool>& pinned_moments = {});
+                const std::vector<bool>& held = {});
 
   int64_t total() const { return total_; }
   float* master(int blob) { return static_cast<float*>(master_.data()) + off_[size_t(blob)]; }
@@ -53,28 +51,23 @@ class HostOptimizer {
   bool held(int blob) const { return keep_ || held_off_[size_t(blob)] >= 0; }
 
   double update_seconds() const { return double(update_ns_.load()) * 1e-9; }
-  size_t pinned_bytes() const { return master_.size() + store_.size() + mv_pinned_.size(); }
+  size_t pinned_bytes() const { return master_.size() + store_.size(); }
   size_t host_bytes() const { return pinned_bytes() + m_.size() + v_.size(); }
   // Bytes of each kind the constructor allocates (the planner's figures).
   struct Bytes {
-    size_t master, moments, grads;  // grads: the store or the ring (page-locked); moments: pageable
-    size_t moments_pinned = 0;      // m and v of the blobs with pinned_moments
+    size_t master, moments, grads;  // grads: the store or the ring (page-locked)
   };
-  static Bytes bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring, int64_t held = 0,
-                         int64_t pinned_moments = 0);
+  static Bytes bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring, int64_t held = 0);
 
  private:
   Device& dev_;
   DType gd_;
   bool keep_;
   int64_t chunk_;
-  std::vector<int64_t> off_;     // [blobs] element offset in the flat buffers (-1: not on the host)
-  std::vector<int64_t> mv_off_;  // [blobs] element offset of m and v in m_/v_ or, pinned, in mv_pinned_
-  std::vector<bool> mv_pinned_of_;
-  int64_t total_ = 0, pinned_mv_total_ = 0;
+  std::vector<int64_t> off_;  // [blobs] element offset in the flat buffers (-1: not on the host)
+  int64_t total_ = 0;
   DeviceBuffer master_;                            // [total] F32 pinned
-  HostBuffer m_, v_;                               // [total - pinned_mv_total] F32
-  DeviceBuffer mv_pinned_;                         // [2, pinned_mv_total] F32 pinned: m then v
+  HostBuffer m_, v_;                               // [total] F32
   DeviceBuffer store_;                             // keep_grads: [total] gd; else [ring, chunk] + [held] gd; pinned
   std::vector<int64_t> held_off_;                  // [blobs] element offset of a held blob in store_ (-1: not held)
   std::vector<std::unique_ptr<Event>> ring_free_;  // [ring] opt: the buffer's update is done

@@ -22,7 +22,6 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.keep_grads = keep_grads || !opt.optimizer;
   so.hold_grads = hold_grads;
   so.split_update = env_switch("SF_SPLIT_UPDATE", true);
-  so.streamed_blobs = streamed_blob_choice(make_layout(spec), gpu_blobs, so.keep_grads);
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }
 

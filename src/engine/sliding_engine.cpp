@@ -7,7 +7,6 @@
 
 #include "backend/cpu/kernels.h"
 #include "core/align.h"
-#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/blob_init.h"
@@ -42,18 +41,6 @@ std::vector<bool> held_grad_blobs(const ModelLayout& layout, const std::vector<i
     n += layout.blobs[size_t(b)].numel;
   }
   return held;
-}
-
-std::vector<int> streamed_blob_choice(const ModelLayout& layout, const std::vector<int>& gpu_blobs, bool keep_grads) {
-  static const long long every = env_int("SF_STREAM_EVERY", 0);
-  std::vector<int> out;
-  if (!keep_grads || every <= 0) return out;
-  int l = 0;
-  for (int b = 0; b < int(layout.blobs.size()); ++b) {
-    if (layout.blobs[size_t(b)].kind != BlobKind::Layer) continue;
-    if (++l % every == 0 && std::find(gpu_blobs.begin(), gpu_blobs.end(), b) == gpu_blobs.end()) out.push_back(b);
-  }
-  return out;
 }
 
 // The blobs kept whole on the GPU (SlidingOptions::gpu_blobs): every state in place, each buffer
@@ -132,21 +119,6 @@ struct SlidingEngine::Impl {
   // Host optimizer work in its own stream, so that gradient and checkpoint copies on d2h never
   // queue behind it. Created last (stream indices of the race tests).
   std::unique_ptr<Stream> opt_stream;
-  // Streamed updates (SlidingOptions::streamed_blobs): a blob's step update is pending until the
-  // next upload of the blob (or a synchronisation) runs it on the GPU, two chunks in flight.
-  std::vector<bool> streamed;        // [blobs]
-  std::vector<bool> stream_pending;  // [blobs]
-  AdamWParams stream_params;         // the pending updates' parameters (one step's)
-  int64_t stream_chunk = 0;
-  size_t stream_stride = 0;          // bytes of one chunk set
-  DeviceBuffer stream_buf;           // [2][p, m, v: stream_chunk F32; g: stream_chunk act]
-  std::unique_ptr<Event> stream_ready[2], stream_free[2];
-  int next_stream = 0;
-  std::unique_ptr<Stream> stream_d2h;  // p, m, v back to the host (created after opt_stream)
-  struct StreamFiller final : SlotCache::Filler {
-    Impl* m = nullptr;
-    void fill(int blob, void* dst) override { m->streamed_update(blob, dst); }
-  } filler;
   Program program;
   std::unique_ptr<StepTrace> trace;  // SF_TRACE: a timeline of the streams
 
@@ -166,8 +138,8 @@ struct SlidingEngine::Impl {
   ParamsRef acquire(int blob, bool use, int keep = -1) {
     if (gpu.has(blob)) return {act == DType::F32 ? gpu.at(gpu.master, blob) : gpu_params(blob), -1};
     const int64_t before = slots->uploads();
-    const int k = slots->acquire(blob, host->master(blob), layout.blobs[size_t(blob)].numel, *updated[size_t(blob)],
-                                 use, keep, stream_pending[size_t(blob)] ? &filler : nullptr);
+    const int k =
+        slots->acquire(blob, host->master(blob), layout.blobs[size_t(blob)].numel, *updated[size_t(blob)], use, keep);
     if (slots->uploads() != before) mark(*h2d, "h2d", "uploaded", blob);
     return k >= 0 ? ParamsRef{slots->data(k), k} : ParamsRef{};  // (-1: a prefetch that was skipped)
   }
@@ -188,53 +160,6 @@ struct SlidingEngine::Impl {
     if (act == DType::F32) return;
     const int64_t n = layout.blobs[size_t(blob)].numel;
     dev.ops().cast(Tensor(gpu_params(blob), act, {n}), Tensor(gpu.at(gpu.master, blob), DType::F32, {n}), *compute);
-  }
-
-  // A streamed blob's pending update on the GPU (into `dst`, a slot, or only back to the host):
-  // chunk by chunk, p, m, v and the held gradient up on h2d, the AdamW there (writing the compute
-  // copy), p, m, v down on stream_d2h.
-  void streamed_update(int blob, void* dst) {
-    stream_pending[size_t(blob)] = false;
-    const int64_t n = layout.blobs[size_t(blob)].numel;
-    const size_t gs = dtype_size(act);
-    float* hp = host->master(blob);
-    float* hm = host->state(1, blob);
-    float* hv = host->state(2, blob);
-    const char* hg = static_cast<const char*>(host->grads(blob));
-    dev.wait(*h2d, *landed[size_t(blob)]);   // the step's gradient is in the store
-    dev.wait(*h2d, *updated[size_t(blob)]);  // the last update's write-back is done
-    const size_t f32 = round256(size_t(stream_chunk) * 4);
-    for (int64_t i = 0; i < n; i += stream_chunk) {
-      const int64_t c = std::min(stream_chunk, n - i);
-      const int s = next_stream;
-      next_stream ^= 1;
-      char* base = static_cast<char*>(stream_buf.data()) + size_t(s) * stream_stride;
-      float *P = reinterpret_cast<float*>(base), *M = reinterpret_cast<float*>(base + f32),
-            *V = reinterpret_cast<float*>(base + 2 * f32);
-      void* G = base + 3 * f32;
-      dev.wait(*h2d, *stream_free[s]);
-      dev.copy(P, hp + i, size_t(c) * 4, CopyKind::HostToDevice, *h2d);
-      dev.copy(M, hm + i, size_t(c) * 4, CopyKind::HostToDevice, *h2d);
-      dev.copy(V, hv + i, size_t(c) * 4, CopyKind::HostToDevice, *h2d);
-      dev.copy(G, hg + size_t(i) * gs, size_t(c) * gs, CopyKind::HostToDevice, *h2d);
-      char* out = dst ? static_cast<char*>(dst) + size_t(i) * gs : nullptr;
-      dev.ops().adamw(Tensor(P, DType::F32, {c}), Tensor(G, act, {c}), Tensor(M, DType::F32, {c}),
-                      Tensor(V, DType::F32, {c}), out && act != DType::F32 ? Tensor(out, act, {c}) : Tensor(),
-                      stream_params, *h2d);
-      if (out && act == DType::F32) dev.copy(out, P, size_t(c) * 4, CopyKind::DeviceToDevice, *h2d);
-      dev.record(*stream_ready[s], *h2d);
-      dev.wait(*stream_d2h, *stream_ready[s]);
-      dev.copy(hp + i, P, size_t(c) * 4, CopyKind::DeviceToHost, *stream_d2h);
-      dev.copy(hm + i, M, size_t(c) * 4, CopyKind::DeviceToHost, *stream_d2h);
-      dev.copy(hv + i, V, size_t(c) * 4, CopyKind::DeviceToHost, *stream_d2h);
-      dev.record(*stream_free[s], *stream_d2h);
-    }
-    dev.record(*moved[size_t(blob)], *h2d);            // the gradient store has been read
-    dev.record(*updated[size_t(blob)], *stream_d2h);  // master, m, v written back
-  }
-  void flush_streamed() {
-    for (int b = 0; b < nb; ++b)
-      if (stream_pending[size_t(b)]) streamed_update(b, nullptr);
   }
 
   // ---- gradients
@@ -346,17 +271,15 @@ struct SlidingEngine::Impl {
     if (!moments.any) return;
     moments.any = false;
     for (int b = nb - 1; b >= 0; --b)
-      if (!gpu.has(b) && !streamed[size_t(b)]) queue_blob_update(b, moments.p, cpu::AdamWPart::Moments);
+      if (!gpu.has(b)) queue_blob_update(b, moments.p, cpu::AdamWPart::Moments);
   }
   void sync_all() {
     flush_moments();
-    flush_streamed();
     tokens->synchronize();
     dev.synchronize(*h2d);
     dev.synchronize(*compute);
     dev.synchronize(*d2h);
     dev.synchronize(*opt_stream);
-    if (stream_d2h) dev.synchronize(*stream_d2h);
   }
   void zero_scalars() { dev.ops().zero(Tensor(scalars.data(), DType::F32, {2 + nb}), *compute); }
   void read_scalars() {
@@ -405,17 +328,8 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   stride_nh = round256(size_t(max_tokens * spec.hidden) * dtype_size(act));
 
-  streamed.assign(size_t(nb), false);
-  stream_pending.assign(size_t(nb), false);
-  for (int b : o.streamed_blobs) {
-    SF_CHECK(b >= 0 && b < nb && !gpu.has(b), "streamed_blobs: blob " + std::to_string(b) + " is not on the host");
-    SF_CHECK(o.keep_grads, "streamed updates need keep_grads");
-    streamed[size_t(b)] = true;
-  }
-  filler.m = this;
   host = std::make_unique<HostOptimizer>(dev, host_numel, act, o.keep_grads, chunk, o.grad_ring,
-                                         held_grad_blobs(layout, o.gpu_blobs, o.keep_grads ? 0 : o.hold_grads),
-                                         streamed);
+                                         held_grad_blobs(layout, o.gpu_blobs, o.keep_grads ? 0 : o.hold_grads));
   std::vector<bool> is_layer;
   for (const BlobLayout& bl : layout.blobs) is_layer.push_back(bl.kind == BlobKind::Layer);
   slots = std::make_unique<SlotCache>(dev, SlotCache::capacities(o.slots, host_numel, is_layer), act, chunk, *h2d,
@@ -466,18 +380,6 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   ws = std::make_unique<Workspace>(dev, spec, o.base.max_batch, o.base.max_seq, act);
   tokens = std::make_unique<TokenUploader>(dev, max_tokens, 2 * K);
   opt_stream = d.create_stream();
-  if (!o.streamed_blobs.empty()) {
-    int64_t largest = 0;
-    for (int b : o.streamed_blobs) largest = std::max(largest, layout.blobs[size_t(b)].numel);
-    stream_chunk = std::max<int64_t>(1, std::min(o.stream_chunk, largest));
-    stream_stride = 3 * round256(size_t(stream_chunk) * 4) + round256(size_t(stream_chunk) * dtype_size(act));
-    stream_buf = DeviceBuffer(dev, 2 * stream_stride);
-    for (int i = 0; i < 2; ++i) {
-      stream_ready[i] = dev.create_event();
-      stream_free[i] = dev.create_event();
-    }
-    stream_d2h = d.create_stream();
-  }
   trace = StepTrace::from_env(dev, *compute);
   dev.synchronize(*compute);
 }
@@ -689,16 +591,9 @@ Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const Step
   if (m.gpu.total > 0) dev_.ops().zero(Tensor(m.gpu.grads.data(), DType::F32, {m.gpu.total}), *m.compute);
   m.zero_scalars();
   m.run(mbs, scale, true, clip ? nullptr : &p);
-  if (!clip) {  // the held gradients' updates, in forward order, overlapping the next forward
-    m.stream_params = p;
-    for (int b = 0; b < m.nb; ++b) {
-      if (m.gpu.has(b) || !m.host->held(b)) continue;
-      if (m.streamed[size_t(b)])
-        m.stream_pending[size_t(b)] = true;  // at its next upload
-      else
-        m.queue_blob_update(b, p);
-    }
-  }
+  if (!clip)  // the held gradients' updates, in forward order, overlapping the next forward
+    for (int b = 0; b < m.nb; ++b)
+      if (!m.gpu.has(b) && m.host->held(b)) m.queue_blob_update(b, p);
   m.read_scalars();  // the step's one host synchronisation: loss and norms
   if (m.trace) m.trace->now("host", "norm known");
   r.loss = r.trained > 0 ? double(m.host_scalars[0]) / double(r.trained) : 0.0;
@@ -716,14 +611,9 @@ Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const Step
   // order (the order in which the next backward's gradients land on their stores).
   p.grad_scale = clip_factor(r.grad_norm, sp.max_grad_norm);
   const bool split = opt_.split_update;
-  m.stream_params = p;
   for (int b = 0; b < m.nb; ++b) {
     if (m.gpu.has(b)) {
       m.gpu_update(b, p);  // compute stream: before the next forward reads the blob
-      continue;
-    }
-    if (m.streamed[size_t(b)]) {
-      m.stream_pending[size_t(b)] = true;  // on the GPU, when the next forward uploads it
       continue;
     }
     m.queue_blob_update(b, p, split ? cpu::AdamWPart::Params : cpu::AdamWPart::All);
@@ -827,7 +717,7 @@ size_t SlidingEngine::device_bytes() const {
   size_t n = m.slots->device_bytes() + m.emb_acc.buf.size() + m.head_acc.buf.size() + m.grad_stg.size() +
              m.acts.size() + m.bwd.size() + m.scratch.size() + m.scalars.size() + m.rope->buf.size() + m.ws->bytes() +
              m.tokens->device_bytes() + m.gpu.params.size() + m.gpu.master.size() + m.gpu.m.size() + m.gpu.v.size() +
-             m.gpu.grads.size() + m.stream_buf.size();
+             m.gpu.grads.size();
   for (const auto& a : m.layer_acc) n += a.buf.size();
   return n;
 }

@@ -49,21 +49,9 @@ struct SlidingOptions {
   // blob's gradient store again. The next forward then waits for 18 bytes of host traffic a
   // parameter instead of 26 (SF_SPLIT_UPDATE=0 fuses them again, to measure).
   bool split_update = true;
-  // With keep_grads: host blobs whose AdamW runs on the GPU instead of the host. When the next
-  // forward needs such a blob, its fp32 master, m, v and held gradient go up in chunks, the GPU's
-  // AdamW writes the slot's compute copy, and p, m, v come back (26 bytes of PCIe a parameter
-  // instead of 4, and no host pass: the host memory bus is what the clipped step waits for). Their
-  // m and v are page-locked.
-  std::vector<int> streamed_blobs;
-  int64_t stream_chunk = int64_t(1) << 24;  // elements per streamed chunk (two in flight on the GPU)
-  int64_t chunk = int64_t(1) << 25;         // elements per upload / gradient transfer chunk
-  int grad_ring = 4;                        // host buffers of a chunk each, without keep_grads
+  int64_t chunk = int64_t(1) << 25;  // elements per upload / gradient transfer chunk
+  int grad_ring = 4;                 // host buffers of a chunk each, without keep_grads
 };
-
-// The streamed blobs (SlidingOptions::streamed_blobs) of a plan: every k-th host layer (the last of
-// each k) with SF_STREAM_EVERY=k, none by default or without keep_grads. One function for the
-// planner and the engine.
-std::vector<int> streamed_blob_choice(const ModelLayout& layout, const std::vector<int>& gpu_blobs, bool keep_grads);
 
 // Which host blobs SlidingOptions::hold_grads holds (the planner's figure and the engine's choice).
 std::vector<bool> held_grad_blobs(const ModelLayout& layout, const std::vector<int>& gpu_blobs, int64_t hold);

@@ -7,6 +7,8 @@
 
 namespace sf {
 
+namespace {}  // namespace
+
 std::vector<int64_t> SlotCache::capacities(int slots, const std::vector<int64_t>& blob_numel,
                                            const std::vector<bool>& is_layer) {
   int64_t largest = 0, layer = 0;
@@ -57,8 +59,7 @@ size_t SlotCache::device_bytes() const {
 
 void* SlotCache::data(int slot) const { return slots_[size_t(slot)].mem.data(); }
 
-int SlotCache::acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep,
-                       Filler* filler) {
+int SlotCache::acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep) {
   for (int k = 0; k < int(slots_.size()); ++k) {
     if (slots_[size_t(k)].blob != blob) continue;
     slots_[size_t(k)].last_use = ++clock_;
@@ -78,11 +79,19 @@ int SlotCache::acquire(int blob, const float* master, int64_t numel, Event& upda
   SF_CHECK(v >= 0, "no parameter slot can hold blob " + std::to_string(blob));
   Slot& s = slots_[size_t(v)];
   dev_.wait(h2d_, *s.released);
-  if (filler) {
-    filler->fill(blob, data(v));
+  dev_.wait(h2d_, updated);  // the master is final (an update may still run on the host)
+  if (act_ == DType::F32) {
+    dev_.copy(data(v), master, size_t(numel) * 4, CopyKind::HostToDevice, h2d_);
   } else {
-    dev_.wait(h2d_, updated);  // the master is final (an update may still run on the host)
-    upload(data(v), master, numel);
+    // Chunks through the staging buffer; the cast runs on the upload stream, so the next chunk's
+    // copy is ordered after it (one staging buffer suffices).
+    char* dst = static_cast<char*>(data(v));
+    for (int64_t i = 0; i < numel; i += chunk_) {
+      const int64_t n = std::min(chunk_, numel - i);
+      dev_.copy(staging_.data(), master + i, size_t(n) * 4, CopyKind::HostToDevice, h2d_);
+      dev_.ops().cast(Tensor(dst + size_t(i) * dtype_size(act_), act_, {n}), Tensor(staging_.data(), DType::F32, {n}),
+                      h2d_);
+    }
   }
   dev_.record(*s.ready, h2d_);
   ++uploads_;
@@ -90,21 +99,6 @@ int SlotCache::acquire(int blob, const float* master, int64_t numel, Event& upda
   s.last_use = ++clock_;
   if (use) dev_.wait(compute_, *s.ready);
   return v;
-}
-
-void SlotCache::upload(void* dst, const float* master, int64_t numel) {
-  if (act_ == DType::F32) {
-    dev_.copy(dst, master, size_t(numel) * 4, CopyKind::HostToDevice, h2d_);
-    return;
-  }
-  // Chunks through the staging buffer; the cast runs on the upload stream, so the next chunk's
-  // copy is ordered after it (one staging buffer suffices).
-  for (int64_t i = 0; i < numel; i += chunk_) {
-    const int64_t n = std::min(chunk_, numel - i);
-    dev_.copy(staging_.data(), master + i, size_t(n) * 4, CopyKind::HostToDevice, h2d_);
-    dev_.ops().cast(Tensor(static_cast<char*>(dst) + size_t(i) * dtype_size(act_), act_, {n}),
-                    Tensor(staging_.data(), DType::F32, {n}), h2d_);
-  }
 }
 
 void SlotCache::release(int slot) { dev_.record(*slots_[size_t(slot)].released, compute_); }

@@ -28,16 +28,7 @@ class SlotCache {
   // `updated` — the blob's last host update — is done). The least recently used slot other than
   // `keep` is replaced once the compute stream has released it. With `use`, the compute stream
   // waits for the upload (without: a prefetch, skipped (-1) when no slot but `keep` could hold it).
-  // `filler` (if given) writes the slot instead of the plain upload, on the upload stream once the
-  // slot is free (the sliding engine's streamed update: the AdamW runs on the GPU on the way up).
-  struct Filler {
-    virtual void fill(int blob, void* dst) = 0;
-
-   protected:
-    ~Filler() = default;
-  };
-  int acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep = -1,
-              Filler* filler = nullptr);
+  int acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep = -1);
   void* data(int slot) const;
   // The compute stream's work queued so far is the last that reads the slot.
   void release(int slot);
@@ -50,7 +41,6 @@ class SlotCache {
   static size_t bytes_for(const std::vector<int64_t>& capacity, DType act, int64_t chunk);
 
  private:
-  void upload(void* dst, const float* master, int64_t numel);  // on h2d
   struct Slot {
     DeviceBuffer mem;  // [capacity] act
     int64_t capacity = 0;

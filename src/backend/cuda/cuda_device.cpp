@@ -1,7 +1,6 @@
 #include "backend/cuda/cuda_device.h"
 
 #include <cuda_runtime.h>
-#include <sys/mman.h>
 
 #include <cstdio>
 #include <map>
@@ -269,48 +268,13 @@ class CudaDevice final : public Device {
 
   void* alloc(size_t bytes) override { return arena_->alloc(bytes); }
   void free(void* p) override { arena_->free(p); }
-  // Large page-locked buffers (masters, gradient stores, checkpoints) are streamed through by the
-  // host AdamW and the DMA every step. With SF_PINNED_HUGE=1 they are mapped by us, advised to
-  // transparent huge pages (fewer TLB misses over tens of GB) and then registered with CUDA;
-  // otherwise cudaHostAlloc's 4 KiB pages.
   void* alloc_pinned(size_t bytes) override {
-    static const bool huge = env_switch("SF_PINNED_HUGE", false);
-    constexpr size_t kHuge = size_t(2) << 20;
-    if (huge && bytes >= (size_t(64) << 20)) {
-      const size_t len = (bytes + kHuge - 1) / kHuge * kHuge;
-      void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p != MAP_FAILED) {
-        (void)::madvise(p, len, MADV_HUGEPAGE);  // a hint: without THP the pages stay small
-        if (cudaHostRegister(p, len, cudaHostRegisterPortable) == cudaSuccess) {
-          std::lock_guard<std::mutex> lk(mapped_mu_);
-          mapped_[p] = len;
-          return p;
-        }
-        (void)cudaGetLastError();
-        ::munmap(p, len);
-      }
-    }
     void* p = nullptr;
     CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable));
     return p;
   }
   void free_pinned(void* p) override {
-    if (!p) return;
-    size_t len = 0;
-    {
-      std::lock_guard<std::mutex> lk(mapped_mu_);
-      auto it = mapped_.find(p);
-      if (it != mapped_.end()) {
-        len = it->second;
-        mapped_.erase(it);
-      }
-    }
-    if (len) {
-      CUDA_CHECK(cudaHostUnregister(p));
-      ::munmap(p, len);
-      return;
-    }
-    CUDA_CHECK(cudaFreeHost(p));
+    if (p) CUDA_CHECK(cudaFreeHost(p));
   }
 
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(arena_); }
@@ -361,8 +325,6 @@ class CudaDevice final : public Device {
 
  private:
   std::string gpu_name_;
-  std::mutex mapped_mu_;
-  std::unordered_map<void*, size_t> mapped_;  // SF_PINNED_HUGE buffers: their mapped length
   std::unique_ptr<CudaOps> ops_;
   std::shared_ptr<Arena> arena_;
 };
