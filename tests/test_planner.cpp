@@ -103,8 +103,8 @@ TEST(Planner, ChoosesTheEngineByTheBudgets) {
 
   r.gpu_budget = size_t(80) << 30;
   Plan p = make_plan(spec, r, be);
-  EXPECT_EQ(p.engine, "resident");
-  EXPECT_TRUE(p.fits) << p.why;
+  EXPECT_EQ(p.engine, EngineKind::Resident);
+  EXPECT_TRUE(p.fits) << p.why();
   // ~1.24 B parameters x (4 master + 2 bf16 + 4 grad + 8 AdamW) = ~22 GB, plus activations
   EXPECT_GT(p.gpu_bytes, size_t(22) << 30);
   EXPECT_LT(p.gpu_bytes, size_t(30) << 30);
@@ -112,9 +112,9 @@ TEST(Planner, ChoosesTheEngineByTheBudgets) {
   // 12 GiB: the sliding engine, with as many blobs kept on the GPU as fit beside the slots.
   r.gpu_budget = size_t(12) << 30;
   p = make_plan(spec, r, be);
-  EXPECT_EQ(p.engine, "sliding");
+  EXPECT_EQ(p.engine, EngineKind::Sliding);
   EXPECT_EQ(p.slots, 3);
-  EXPECT_TRUE(p.fits) << p.why;
+  EXPECT_TRUE(p.fits) << p.why();
   EXPECT_LE(p.gpu_bytes, r.gpu_budget);
   // Less than one more layer's state is left (a 1B layer kept on the GPU: ~61M x 18 B = 1.1 GB).
   EXPECT_GT(p.gpu_bytes, r.gpu_budget - (size_t(3) << 29));
@@ -132,26 +132,28 @@ TEST(Planner, ChoosesTheEngineByTheBudgets) {
   r.gpu_budget = size_t(1) << 30;
   p = make_plan(spec, r, be);
   EXPECT_FALSE(p.fits);
-  EXPECT_NE(p.why.find("GPU memory"), std::string::npos) << p.why;
+  EXPECT_EQ(p.short_of.memory, Shortfall::Memory::Gpu) << p.why();
+  EXPECT_NE(p.why().find("GPU memory"), std::string::npos) << p.why();
 
   // Little host memory: the blobs move to the GPU until the host part fits.
   r.gpu_budget = size_t(80) << 30;
   r.host_budget = size_t(4) << 30;
   r.offload = OffloadChoice::On;
   p = make_plan(spec, r, be);
-  EXPECT_EQ(p.engine, "sliding");
-  EXPECT_TRUE(p.fits) << p.why;
+  EXPECT_EQ(p.engine, EngineKind::Sliding);
+  EXPECT_TRUE(p.fits) << p.why();
   EXPECT_LE(p.host_bytes, r.host_budget);
   r.gpu_blobs = 0;
   p = make_plan(spec, r, be);
   EXPECT_FALSE(p.fits);
-  EXPECT_NE(p.why.find("host memory"), std::string::npos) << p.why;
+  EXPECT_EQ(p.short_of.memory, Shortfall::Memory::Host) << p.why();
+  EXPECT_NE(p.why().find("host memory"), std::string::npos) << p.why();
   r.gpu_blobs = -1;
 
   r.offload = OffloadChoice::Off;
   r.gpu_budget = size_t(1) << 30;
   p = make_plan(spec, r, be);
-  EXPECT_EQ(p.engine, "resident");
+  EXPECT_EQ(p.engine, EngineKind::Resident);
   EXPECT_FALSE(p.fits);
 
   r.slots = 1;
@@ -214,12 +216,12 @@ TEST(Planner, SplitsMicroBatchesToFitTheGpu) {
   r.gpu_blobs = 0;
   r.gpu_budget = size_t(40) << 30;
   const Plan whole = make_plan(spec, r, be);
-  ASSERT_TRUE(whole.fits) << whole.why;
+  ASSERT_TRUE(whole.fits) << whole.why();
   EXPECT_EQ(whole.micro_batch, 8);
   EXPECT_EQ(whole.micro_batches, 2);
   r.gpu_budget = whole.gpu_bytes - (size_t(512) << 20);  // a little short
   const Plan split = make_plan(spec, r, be);
-  ASSERT_TRUE(split.fits) << split.why;
+  ASSERT_TRUE(split.fits) << split.why();
   EXPECT_LT(split.micro_batch, 8);
   EXPECT_EQ(8 % split.micro_batch, 0);
   EXPECT_EQ(split.micro_batch * split.micro_batches, 16);

@@ -98,6 +98,21 @@ size_t total_bytes(const std::vector<MemoryItem>& items, Place where) {
   return n;
 }
 
+const char* engine_name(EngineKind k) { return k == EngineKind::Sliding ? "sliding" : "resident"; }
+
+std::string Shortfall::text() const {
+  switch (memory) {
+    case Memory::Gpu:
+      return "needs " + format_bytes(needs) + " of GPU memory, " + format_bytes(available) + " available (--gpu-memory)";
+    case Memory::Host:
+      return "needs " + format_bytes(needs) + " of host memory (" + format_bytes(pinned) + " pinned), " +
+             format_bytes(available) + " available (--cpu-memory)";
+    case Memory::None:
+      break;
+  }
+  return "";
+}
+
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const BackendInfo& be, bool training,
                                         bool optimizer, int micro) {
   const Common c = common(s, B, T, be);
@@ -222,28 +237,26 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     const double spill_s = P / rates.host_adamw_params_s - backward_s;
     return spill_s > 0 ? int64_t(spill_s * rates.host_adamw_params_s) : 0;
   };
-  auto fill = [&](const std::string& engine, int slots, const std::vector<int>& gpu_blobs = {}) {
+  auto fill = [&](EngineKind engine, int slots, const std::vector<int>& gpu_blobs = {}) {
     p.engine = engine;
     p.slots = slots;
     p.gpu_blobs = gpu_blobs;
-    p.items = engine == "resident" ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer, r.grad_accum)
+    p.items = engine == EngineKind::Resident ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer, r.grad_accum)
                                    : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs, r.grad_accum,
                                                     r.clip || !r.optimizer, hold_for(gpu_blobs));
-    p.hold_grads = engine == "sliding" ? hold_for(gpu_blobs) : 0;
+    p.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
     p.gpu_bytes = total_bytes(p.items, Place::Device);
     p.pinned_bytes = total_bytes(p.items, Place::Pinned);
     p.host_bytes = p.pinned_bytes + total_bytes(p.items, Place::Host) + (on_host ? p.gpu_bytes : 0);
-    p.why.clear();
+    p.short_of = Shortfall{};
     const bool gpu_known = p.gpu_budget > 0;
     // Headroom in the arena: 256-byte rounding of each buffer, the CUDA libraries' own needs.
     const size_t margin = std::max(size_t(256) << 20, p.gpu_budget / 100);
     if (!on_host && gpu_known && p.gpu_bytes + margin > p.gpu_budget)
-      p.why = "needs " + format_bytes(p.gpu_bytes) + " of GPU memory, " + format_bytes(p.gpu_budget) +
-              " available (--gpu-memory)";
+      p.short_of = {Shortfall::Memory::Gpu, p.gpu_bytes, p.gpu_budget, 0};
     else if (p.host_budget > 0 && p.host_bytes > p.host_budget)
-      p.why = "needs " + format_bytes(p.host_bytes) + " of host memory (" + format_bytes(p.pinned_bytes) +
-              " pinned), " + format_bytes(p.host_budget) + " available (--cpu-memory)";
-    p.fits = p.why.empty();
+      p.short_of = {Shortfall::Memory::Host, p.host_bytes, p.host_budget, p.pinned_bytes};
+    p.fits = p.short_of.memory == Shortfall::Memory::None;
   };
   // The sliding engine with `slots` slots, then as many blobs kept whole on the GPU as the budgets
   // allow (each moves ~18 bytes a parameter from the host to the GPU), or the requested number.
@@ -252,17 +265,17 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     input_error("--gpu-blobs", "the model has " + std::to_string(order.size()) + " blobs");
   auto sliding = [&](int slots) {
     if (r.gpu_blobs >= 0) {
-      fill("sliding", slots, std::vector<int>(order.begin(), order.begin() + r.gpu_blobs));
+      fill(EngineKind::Sliding, slots, std::vector<int>(order.begin(), order.begin() + r.gpu_blobs));
       return;
     }
     std::vector<int> keep;
-    fill("sliding", slots, keep);
-    if (!p.fits && p.why.find("host memory") == std::string::npos) return;  // the GPU is short already
+    fill(EngineKind::Sliding, slots, keep);
+    if (p.short_of.memory == Shortfall::Memory::Gpu) return;  // the GPU is short already
     for (int b : order) {  // keep each blob that still fits the GPU budget
       const Plan before = p;
       keep.push_back(b);
-      fill("sliding", slots, keep);
-      if (!p.fits && p.why.find("GPU memory") != std::string::npos) {
+      fill(EngineKind::Sliding, slots, keep);
+      if (p.short_of.memory == Shortfall::Memory::Gpu) {
         keep.pop_back();
         p = before;
       }
@@ -270,12 +283,12 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   };
 
   if (r.offload == OffloadChoice::Off) {
-    fill("resident", 0);
+    fill(EngineKind::Resident, 0);
   } else if (r.offload == OffloadChoice::On || r.slots > 0) {
     sliding(r.slots > 0 ? r.slots : 3);
     if (!p.fits && r.slots == 0) sliding(2);
   } else {
-    fill("resident", 0);
+    fill(EngineKind::Resident, 0);
     if (!p.fits) {
       sliding(3);
       if (!p.fits) sliding(2);
@@ -286,7 +299,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   p.micro_batches = r.grad_accum;
   // Short of GPU memory with the sliding engine: smaller micro-batches, more of them (layer-major
   // accumulation keeps the PCIe and host traffic of a step the same).
-  if (p.engine == "sliding" && !p.fits && p.why.find("GPU memory") != std::string::npos && r.split_micro) {
+  if (p.engine == EngineKind::Sliding && p.short_of.memory == Shortfall::Memory::Gpu && r.split_micro) {
     for (int m = r.batch / 2; m >= 1; --m) {
       if (r.batch % m != 0) continue;
       PlanRequest q = r;
@@ -310,7 +323,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   const Flops f = flops_per_token(s, r.seq);
   p.flops = f.total * tokens;
   p.gpu_s = p.flops / (rates.model_tflops * 1e12);
-  if (p.engine == "resident") {
+  if (p.engine == EngineKind::Resident) {
     p.step_s = p.gpu_s;
   } else {
     const double act = double(dtype_size(be.compute_dtype));
@@ -372,8 +385,8 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
 }
 
 std::string plan_summary(const Plan& p) {
-  std::string s = "plan: " + p.engine + " engine" +
-                  (p.engine == "sliding" ? ", " + std::to_string(p.slots) + " GPU slots, " +
+  std::string s = std::string("plan: ") + engine_name(p.engine) + " engine" +
+                  (p.engine == EngineKind::Sliding ? ", " + std::to_string(p.slots) + " GPU slots, " +
                                                std::to_string(p.gpu_blobs.size()) + " blobs kept on the GPU"
                                          : std::string()) +
                   (p.micro_batch > 0 ? "; micro-batches of " + std::to_string(p.micro_batch) + " x " +
@@ -392,8 +405,8 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p)
                 s.architecture.c_str(), double(s.total_params()) / 1e9, p.micro_batch, r.seq, p.micro_batches,
                 p.micro_batch != r.batch ? " (batches split to fit the GPU)" : "");
   o << line;
-  o << "engine: " << p.engine
-    << (p.engine == "sliding" ? " (" + std::to_string(p.slots) + " GPU slots, " + std::to_string(p.gpu_blobs.size()) +
+  o << "engine: " << engine_name(p.engine)
+    << (p.engine == EngineKind::Sliding ? " (" + std::to_string(p.slots) + " GPU slots, " + std::to_string(p.gpu_blobs.size()) +
                                     " blobs kept whole on the GPU)"
                               : "")
     << "\n";
@@ -412,7 +425,7 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p)
   }
   o << "budgets: GPU " << (p.gpu_budget ? format_bytes(p.gpu_budget) : std::string("unknown")) << ", host "
     << (p.host_budget ? format_bytes(p.host_budget) : std::string("unknown")) << "\n";
-  o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why) << "\n";
+  o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why()) << "\n";
   if (p.step_s > 0) {
     std::snprintf(line, sizeof line,
                   "predicted (lower bound from the rates): %.3f s a step, %.0f tokens/s (GPU %.3f s, host %.3f s, "

@@ -62,8 +62,20 @@ struct PlanRequest {
   bool split_micro = true;  // the planner may split micro-batches to fit the GPU
 };
 
+enum class EngineKind { Resident, Sliding };
+const char* engine_name(EngineKind k);  // "resident" | "sliding" (the CLI's and the JSON's word)
+
+// Why a plan does not fit, as data: which memory, what the plan needs, what the budget allows
+// (and, for host memory, how much of the need is page-locked).
+struct Shortfall {
+  enum class Memory { None, Gpu, Host };
+  Memory memory = Memory::None;
+  size_t needs = 0, available = 0, pinned = 0;
+  std::string text() const;  // "needs X of GPU memory, Y available (--gpu-memory)"; "" when None
+};
+
 struct Plan {
-  std::string engine;  // "resident" | "sliding"
+  EngineKind engine = EngineKind::Resident;
   int slots = 0;
   std::vector<int> gpu_blobs;  // sliding: blobs kept whole on the GPU
   int64_t hold_grads = 0;      // sliding without clipping: SlidingOptions::hold_grads
@@ -75,7 +87,8 @@ struct Plan {
   size_t gpu_bytes = 0, pinned_bytes = 0, host_bytes = 0;  // host_bytes counts pinned too
   size_t gpu_budget = 0, host_budget = 0;
   bool fits = false;
-  std::string why;  // when it does not fit: what, with the numbers
+  Shortfall short_of;  // when it does not fit
+  std::string why() const { return short_of.text(); }
   // Prediction (seconds a step of batch x seq x grad_accum tokens).
   double flops = 0;  // per optimizer step
   double gpu_s = 0, host_s = 0, pcie_s = 0, step_s = 0;

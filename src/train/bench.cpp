@@ -112,7 +112,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"seq_len", o.seq_len},
           {"parameters", spec.total_params()},
           {"device", dev->name()},
-          {"engine", built.plan.engine},
+          {"engine", engine_name(built.plan.engine)},
           {"slots", built.plan.slots},
           {"gpu_blobs", built.plan.gpu_blobs.size()},
           {"predicted_tokens_per_second", built.plan.tokens_per_s},

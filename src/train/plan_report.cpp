@@ -49,8 +49,8 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
                                : m.place == Place::Pinned ? "pinned"
                                                           : "host"}});
   return {{"fits", p.fits},
-          {"why", p.why},
-          {"engine", p.engine},
+          {"why", p.why()},
+          {"engine", engine_name(p.engine)},
           {"slots", p.slots},
           {"micro_batch", p.micro_batch},
           {"micro_batches", p.micro_batches},

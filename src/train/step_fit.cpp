@@ -44,10 +44,10 @@ class StepPlanner {
     EngineRequest er = er_;
     er.grad_accum = int(s.accum);
     const Plan p = make_plan(spec_, plan_request(eo, er), be_);
-    if (!p.fits) return {false, "the " + p.engine + " engine " + p.why};
+    if (!p.fits) return {false, std::string("the ") + engine_name(p.engine) + " engine " + p.why()};
     const size_t need = p.host_bytes + size_t(tokens_bytes);
     if (need > p.host_budget)
-      return {false, "needs " + format_bytes(need) + " of host memory (" + p.engine + " engine " +
+      return {false, "needs " + format_bytes(need) + " of host memory (" + engine_name(p.engine) + " engine " +
                          format_bytes(p.host_bytes) + ", step tokens " + format_bytes(size_t(tokens_bytes)) + "), " +
                          format_bytes(p.host_budget) + " available (--cpu-memory)"};
     return {true, ""};
