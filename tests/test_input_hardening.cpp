@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -465,6 +466,28 @@ TEST_F(Hostile, EchoedInputIsCutToOneShortLine) {
   // An option value echoed by the command-line parser, and an unknown command.
   expect_refused(run("train --lr " + std::string(100000, 'x')), {"--lr"});
   expect_refused(run(std::string(100000, 'c')), {"unknown command"});
+}
+
+// `init` checks the free space where the model goes before writing: on a 1 MiB tmpfs a model of
+// over 2 MiB (fp32) is refused with exit 2 naming --output, and nothing is left there. Needs root to
+// mount; skipped elsewhere.
+TEST_F(Hostile, InitRefusesAModelLargerThanTheFreeDisk) {
+  const std::string mnt = p("small_fs");
+  std::filesystem::create_directories(mnt);
+  if (::geteuid() != 0 || std::system(("mount -t tmpfs -o size=1m tmpfs " + mnt + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { (void)std::system(("umount " + dir).c_str()); }
+  } unmount{mnt};
+  nlohmann::json cfg = test::tiny_config("llama");
+  cfg["vocab_size"] = 16384;  // the 16384 x 32 embedding alone: 2 MiB of fp32
+  write("big.json", cfg.dump());
+  const CmdResult r = run("init --config " + p("big.json") + " --output " + mnt + "/m --dtype float32");
+  expect_refused(r, {"--output", "on disk", "free there"});
+  EXPECT_FALSE(std::filesystem::exists(mnt + "/m/model.safetensors"));
+  // The same model where there is room is written.
+  EXPECT_EQ(run("init --config " + p("big.json") + " --output " + p("big") + " --dtype float32").code, 0);
 }
 
 }  // namespace
