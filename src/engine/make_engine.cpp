@@ -52,16 +52,17 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
   b.plan = make_plan(spec, plan_request(opt, req), plan_backend(opt, req));
   const Plan& p = b.plan;
   if (!p.fits) {
-    input_error("plan", std::string("the ") + engine_name(p.engine) + " engine " + p.why() +
-                            (p.engine == EngineKind::Resident && req.offload == OffloadChoice::Off ? " (try --offload)"
-                                                                                                    : "") +
-                            "; `slideformer plan` lists every buffer");
+    input_error("plan",
+                std::string("the ") + engine_name(p.engine) + " engine " + p.why() +
+                    (p.engine == EngineKind::Resident && req.offload == OffloadChoice::Off ? " (try --offload)" : "") +
+                    "; `slideformer plan` lists every buffer");
   }
   b.dev = make_device(req.device, req.gpu_memory);
   EngineOptions eo = opt;
   eo.max_batch = p.micro_batch;  // the micro-batches the plan counted (maybe split)
   eo.max_micro = p.micro_batches;
-  b.engine = make_engine(*b.dev, spec, eo, p.engine == EngineKind::Sliding, p.slots, p.gpu_blobs, req.clip, p.hold_grads);
+  b.engine =
+      make_engine(*b.dev, spec, eo, p.engine == EngineKind::Sliding, p.slots, p.gpu_blobs, req.clip, p.hold_grads);
   return b;
 }
 

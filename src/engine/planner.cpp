@@ -103,7 +103,8 @@ const char* engine_name(EngineKind k) { return k == EngineKind::Sliding ? "slidi
 std::string Shortfall::text() const {
   switch (memory) {
     case Memory::Gpu:
-      return "needs " + format_bytes(needs) + " of GPU memory, " + format_bytes(available) + " available (--gpu-memory)";
+      return "needs " + format_bytes(needs) + " of GPU memory, " + format_bytes(available) +
+             " available (--gpu-memory)";
     case Memory::Host:
       return "needs " + format_bytes(needs) + " of host memory (" + format_bytes(pinned) + " pinned), " +
              format_bytes(available) + " available (--cpu-memory)";
@@ -241,9 +242,10 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     p.engine = engine;
     p.slots = slots;
     p.gpu_blobs = gpu_blobs;
-    p.items = engine == EngineKind::Resident ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer, r.grad_accum)
-                                   : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs, r.grad_accum,
-                                                    r.clip || !r.optimizer, hold_for(gpu_blobs));
+    p.items = engine == EngineKind::Resident
+                  ? resident_memory(s, r.batch, r.seq, be, r.training, r.optimizer, r.grad_accum)
+                  : sliding_memory(s, r.batch, r.seq, slots, be, gpu_blobs, r.grad_accum, r.clip || !r.optimizer,
+                                   hold_for(gpu_blobs));
     p.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
     p.gpu_bytes = total_bytes(p.items, Place::Device);
     p.pinned_bytes = total_bytes(p.items, Place::Pinned);
@@ -271,7 +273,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     std::vector<int> keep;
     fill(EngineKind::Sliding, slots, keep);
     if (p.short_of.memory == Shortfall::Memory::Gpu) return;  // the GPU is short already
-    for (int b : order) {  // keep each blob that still fits the GPU budget
+    for (int b : order) {                                     // keep each blob that still fits the GPU budget
       const Plan before = p;
       keep.push_back(b);
       fill(EngineKind::Sliding, slots, keep);
@@ -387,8 +389,8 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
 std::string plan_summary(const Plan& p) {
   std::string s = std::string("plan: ") + engine_name(p.engine) + " engine" +
                   (p.engine == EngineKind::Sliding ? ", " + std::to_string(p.slots) + " GPU slots, " +
-                                               std::to_string(p.gpu_blobs.size()) + " blobs kept on the GPU"
-                                         : std::string()) +
+                                                         std::to_string(p.gpu_blobs.size()) + " blobs kept on the GPU"
+                                                   : std::string()) +
                   (p.micro_batch > 0 ? "; micro-batches of " + std::to_string(p.micro_batch) + " x " +
                                            std::to_string(p.micro_batches) + " a step"
                                      : std::string()) +
@@ -406,9 +408,9 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p)
                 p.micro_batch != r.batch ? " (batches split to fit the GPU)" : "");
   o << line;
   o << "engine: " << engine_name(p.engine)
-    << (p.engine == EngineKind::Sliding ? " (" + std::to_string(p.slots) + " GPU slots, " + std::to_string(p.gpu_blobs.size()) +
-                                    " blobs kept whole on the GPU)"
-                              : "")
+    << (p.engine == EngineKind::Sliding ? " (" + std::to_string(p.slots) + " GPU slots, " +
+                                              std::to_string(p.gpu_blobs.size()) + " blobs kept whole on the GPU)"
+                                        : "")
     << "\n";
   for (Place where : {Place::Device, Place::Pinned, Place::Host}) {
     const size_t n = total_bytes(p.items, where);

@@ -39,12 +39,12 @@ std::vector<int> gpu_blob_order(const ModelSpec& s);
 // the 1B in-memory step's effective rate over the model's FLOPs, bench_host's CPU AdamW and host
 // read rate, PCIe with both directions busy.
 struct Rates {
-  double model_tflops = 510;           // GPU, bf16, over the step's matrix + attention FLOPs
+  double model_tflops = 510;  // GPU, bf16, over the step's matrix + attention FLOPs
   // CPU AdamW (fused pass, bf16 gradients), all cores in dynamic pieces, with the DMA of a step
   // running: the H200 machine's 3B step without clipping, 3.21 B parameters in 610 ms (session 4)
   double host_adamw_params_s = 5.3e9;
-  double host_read_gbs = 75;           // host memory read, all cores
-  double pcie_gbs = 44;                // each way, both directions busy
+  double host_read_gbs = 75;  // host memory read, all cores
+  double pcie_gbs = 44;       // each way, both directions busy
 };
 
 enum class OffloadChoice { Auto, On, Off };

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/blob_init.h"
+#include "engine/checkpoint_store.h"
 #include "engine/device_rope.h"
 #include "engine/host_optimizer.h"
 #include "engine/slot_cache.h"
@@ -105,11 +106,8 @@ struct SlidingEngine::Impl {
   DeviceBuffer acts;                             // [K + 1, N, H] act
   std::vector<std::unique_ptr<Event>> act_read;  // [K + 1] compute: the layer reading it is queued
   std::vector<std::unique_ptr<Event>> act_free;  // [K + 1] d2h: its checkpoint offload is done
-  DeviceBuffer bwd;                              // [2, N, H] act: checkpoints fetched for the backward
-  std::unique_ptr<Event> bwd_ready[2], bwd_free[2];
-  DeviceBuffer scratch;              // [N, H] act: the recompute's output
-  DeviceBuffer host_ckpt;            // [K, L, N, H] act, pinned: each layer's input
-  std::unique_ptr<Event> ckpt_done;  // d2h: the forward's offloads are done
+  DeviceBuffer scratch;                          // [N, H] act: the recompute's output
+  std::unique_ptr<CheckpointStore> ckpts;        // each layer's input per micro-batch ([K, L, N, H] act)
 
   DeviceBuffer scalars;  // engine_scalar_bytes: loss sum, per-blob squared norms
   std::vector<float> host_scalars;
@@ -129,9 +127,6 @@ struct SlidingEngine::Impl {
 
   Tensor act_at(const DeviceBuffer& b, int i, int64_t N) const {
     return Tensor(static_cast<char*>(b.data()) + size_t(i) * stride_nh, act, {N, spec.hidden});
-  }
-  char* ckpt_at(int j, int l) const {
-    return static_cast<char*>(host_ckpt.data()) + (size_t(j) * size_t(L) + size_t(l)) * stride_nh;
   }
 
   // ---- parameters
@@ -234,15 +229,8 @@ struct SlidingEngine::Impl {
     dev.ops().sq_norm(norm, g, *compute);
   }
 
-  // ---- checkpoints: the k-th fetch of a backward goes to bwd[k % 2].
-  void fetch(int k, int j, int l, int64_t N) {
-    const int i = k % 2;
-    dev.wait(*h2d, *bwd_free[i]);
-    dev.wait(*h2d, *ckpt_done);
-    dev.copy(act_at(bwd, i, N).data, ckpt_at(j, l), size_t(N * spec.hidden) * dtype_size(act), CopyKind::HostToDevice,
-             *h2d);
-    dev.record(*bwd_ready[i], *h2d);
-  }
+  // ---- checkpoints: the k-th fetch of a backward goes to buffer k % 2.
+  void fetch(int k, int j, int l, int64_t N) { ckpts->fetch(k, j, l, size_t(N * spec.hidden) * dtype_size(act), *h2d); }
 
   // A held blob's AdamW (or one pass of it) on the opt stream, once its whole gradient has landed.
   // (A moment pass follows its blob's parameter pass on the same stream: no second wait. Fewer
@@ -345,8 +333,6 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   for (int i = 0; i < 2; ++i) {
     stg_ready[i] = dev.create_event();
     stg_free[i] = dev.create_event();
-    bwd_ready[i] = dev.create_event();
-    bwd_free[i] = dev.create_event();
   }
   grads_ready = dev.create_event();
   chunk_landed = dev.create_event();
@@ -369,10 +355,8 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     act_read.push_back(dev.create_event());
     act_free.push_back(dev.create_event());
   }
-  bwd = DeviceBuffer(dev, 2 * stride_nh);
   scratch = DeviceBuffer(dev, stride_nh);
-  host_ckpt = DeviceBuffer(dev, size_t(K) * size_t(std::max(L, 1)) * stride_nh, MemoryKind::PinnedHost);
-  ckpt_done = dev.create_event();
+  ckpts = std::make_unique<CheckpointStore>(dev, K, L, stride_nh);
   scalars = DeviceBuffer(dev, engine_scalar_bytes(size_t(nb)));
   host_scalars.assign(size_t(2 + nb), 0.f);
   zero_scalars();
@@ -441,8 +425,7 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
       if (backward) {  // the layer's input is micro-batch j's checkpoint of layer l
         dev.record(*act_read[size_t(in)], c);
         dev.wait(*d2h, *act_read[size_t(in)]);
-        dev.copy(ckpt_at(j, l), act_at(acts, in, N(j)).data, size_t(N(j) * spec.hidden) * dtype_size(act),
-                 CopyKind::DeviceToHost, *d2h);
+        ckpts->offload(j, l, act_at(acts, in, N(j)).data, size_t(N(j) * spec.hidden) * dtype_size(act), *d2h);
         dev.record(*act_free[size_t(in)], *d2h);
       }
       advance(j);
@@ -450,7 +433,7 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
     release(p);
     mark(c, "compute", "forward", 1 + l);
   }
-  if (backward) dev.record(*ckpt_done, *d2h);
+  if (backward) ckpts->forward_done(*d2h);
   flush_moments();  // the last step's moment passes: after its parameter passes, before this backward's landings
 
   // Head: the loss of every micro-batch, and with the backward its gradients (dy into the ring).
@@ -501,15 +484,13 @@ void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool b
         fetch(k + 1, j + 1, l, N(j + 1));
       else if (l > 0)
         fetch(k + 1, 0, l - 1, N(0));
-      const int f = k % 2;
-      dev.wait(c, *bwd_ready[f]);
-      const Tensor x = act_at(bwd, f, N(j));
+      const Tensor x(ckpts->use(k, c), act, {N(j), spec.hidden});
       const LayerBuffers w = ws->layer(dims[size_t(j)]);
       program.layer_forward(layer(p, 1 + l), x, act_at(scratch, 0, N(j)), w, dims[size_t(j)], rope->tables, c);
       Tensor dx = act_at(acts, spare, N(j));
       program.layer_backward(layer(p, 1 + l), gv, x, act_at(acts, cur[size_t(j)], N(j)), dx, w, dims[size_t(j)],
                              rope->tables, c);
-      dev.record(*bwd_free[f], c);
+      ckpts->done(k, c);
       advance(j);
     }
     release(p);
@@ -715,16 +696,16 @@ void SlidingEngine::import_state(State which, const std::vector<HostTensor>& ten
 size_t SlidingEngine::device_bytes() const {
   const Impl& m = *impl_;
   size_t n = m.slots->device_bytes() + m.emb_acc.buf.size() + m.head_acc.buf.size() + m.grad_stg.size() +
-             m.acts.size() + m.bwd.size() + m.scratch.size() + m.scalars.size() + m.rope->buf.size() + m.ws->bytes() +
-             m.tokens->device_bytes() + m.gpu.params.size() + m.gpu.master.size() + m.gpu.m.size() + m.gpu.v.size() +
-             m.gpu.grads.size();
+             m.acts.size() + m.ckpts->device_bytes() + m.scratch.size() + m.scalars.size() + m.rope->buf.size() +
+             m.ws->bytes() + m.tokens->device_bytes() + m.gpu.params.size() + m.gpu.master.size() + m.gpu.m.size() +
+             m.gpu.v.size() + m.gpu.grads.size();
   for (const auto& a : m.layer_acc) n += a.buf.size();
   return n;
 }
 
 size_t SlidingEngine::host_bytes() const {
   const Impl& m = *impl_;
-  return m.host->host_bytes() + m.host_ckpt.size() + m.tokens->host_bytes();
+  return m.host->host_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes();
 }
 
 int64_t SlidingEngine::uploads() const { return impl_->slots->uploads(); }
@@ -732,7 +713,7 @@ int64_t SlidingEngine::uploads() const { return impl_->slots->uploads(); }
 Engine::Stats SlidingEngine::stats() const {
   const Impl& m = *impl_;
   return Stats{m.host->update_seconds(), m.slots->uploads(),
-               m.host->pinned_bytes() + m.host_ckpt.size() + m.tokens->host_bytes()};
+               m.host->pinned_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes()};
 }
 
 }  // namespace sf
