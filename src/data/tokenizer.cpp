@@ -151,7 +151,7 @@ uint64_t hash_bytes(std::string_view s) {
     h ^= h >> 32;
   }
   uint64_t w = 0;
-  std::memcpy(&w, p, n);
+  if (n > 0) std::memcpy(&w, p, n);
   h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
   return h ^ (h >> 29);
 }
@@ -612,10 +612,10 @@ void Tokenizer::model(std::string_view piece, std::vector<int32_t>& out) const {
 namespace {
 
 // The cache's slot for a piece, and whether it holds the piece's ids; nullptr for pieces too long to
-// be cached.
+// be cached (and the empty one).
 PieceCache::Slot* cache_slot(uint64_t serial, std::string_view piece, uint64_t& hash, bool& hit) {
   hit = false;
-  if (piece.size() > PieceCache::kMaxKey) return nullptr;
+  if (piece.empty() || piece.size() > PieceCache::kMaxKey) return nullptr;
   hash = hash_bytes(piece);
   PieceCache::Slot* slot = &piece_cache(serial).slots[hash & (PieceCache::kSlots - 1)];
   hit = slot->hash == hash && slot->len == piece.size() && std::memcmp(slot->key, piece.data(), piece.size()) == 0;
