@@ -1,9 +1,10 @@
 #include "data/tokenizer.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <sched.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -117,7 +118,6 @@ uint64_t mix(uint64_t k) {
   k ^= k >> 33;
   return k;
 }
-
 
 // GPT-2's byte characters as UTF-8 (ByteLevel's mapping of one byte).
 struct ByteChars {

@@ -64,8 +64,8 @@ class Tokenizer {
   std::vector<MergeSlot> merges_;  // open addressing, power-of-two size
   std::vector<int32_t> char_id_;   // id of each character below U+0800 as a symbol (-1: none);
                                    // GPT-2's byte characters are all there
-  std::vector<std::pair<uint32_t, int32_t>> wide_char_;  // the others: (code point, id), open
-                                                         // addressing, code point 0 empty
+  // The other characters that are tokens: (code point, id), open addressing, code point 0 empty.
+  std::vector<std::pair<uint32_t, int32_t>> wide_char_;
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
