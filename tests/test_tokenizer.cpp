@@ -400,7 +400,7 @@ TEST(TokenizerBench, DISABLED_Throughput) {
     size_t n = 0;
     for (const auto& v : ids) n += v.size();
     std::printf("{\"tokenizer\": \"%s\", \"threads\": %d, \"MB/s\": %.2f, \"tokens\": %zu, \"seconds\": %.3f}\n",
-                tok_path, threads ? threads : int(std::thread::hardware_concurrency()), double(bytes) / 1e6 / s, n, s);
+                tok_path, threads ? threads : Tokenizer::default_threads(), double(bytes) / 1e6 / s, n, s);
   }
 }
 

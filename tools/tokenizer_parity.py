@@ -13,9 +13,11 @@ package: run where it is installed, e.g. the GPU machine).
       tokens as literals, leading spaces, Unicode 15/16 characters, random code points) through both,
       for the given files, the test tokenizers of tests/data/tokenizer and the component tokenizers
       below; prints the first differences; exit 0 when none differ.
-  tokenizer_parity.py bench [--sf-tests build/sf_tests] [--data tmp/tokenizer_bench.jsonl] FILE.json ...
+  tokenizer_parity.py bench [--sf-tests build/sf_tests] [--data tmp/tokenizer_bench.jsonl] [--json] FILE.json ...
       MB/s of tokenizers' encode_batch (where installed) and of slideformer's encode_batch on one
-      thread and on all cores, on a mixed ~20 MB corpus (Python's sources, generated text).
+      thread and on all cores, on a mixed ~20 MB corpus (Python's sources, generated text);
+      --json: one line per tokenizer ({"tokenizer", "hf_MB/s", "sf_1_thread_MB/s", "sf_MB/s",
+      "sf_threads", "sf/hf", "same_token_count", ...}). tools/tokenizer_speed.sh runs it on the real files.
   tokenizer_parity.py record --out DIR [--n 150]
       writes DIR/rec_<name>.json (component tokenizers as tokenizers itself saves them) and
       DIR/rec_<name>_cases.json (texts and tokenizers' ids, with the version): copy them into
@@ -420,25 +422,50 @@ def cmd_bench(a):
         bench_corpus(a.data, a.mb, a.seed)
     texts = [json.loads(line)["text"] for line in open(a.data, encoding="utf-8")]
     mb = sum(len(t.encode()) for t in texts) / 1e6
-    print(f"data: {a.data}, {len(texts)} records, {mb:.1f} MB, {os.cpu_count()} CPUs")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if not a.json:
+        print(f"data: {a.data}, {len(texts)} records, {mb:.1f} MB, {cpus} CPUs")
     work = tempfile.mkdtemp(prefix="sf_tok_")
+    failed = 0
     for f in [unzipped(x, work) for x in a.files]:
+        name = os.path.basename(f)
+        row = {"tokenizer": name[:-5] if name.endswith(".json") else name, "data_MB": round(mb, 2),
+               "records": len(texts), "cpus": cpus}
         try:
+            import tokenizers
             from tokenizers import Tokenizer
             tok = Tokenizer.from_file(f)
             t0 = time.time()
-            tok.encode_batch(texts)
-            print(f"{os.path.basename(f)}: Hugging Face encode_batch {mb / (time.time() - t0):.2f} MB/s")
+            enc = tok.encode_batch(texts)
+            s = time.time() - t0
+            row.update({"hf": "tokenizers " + tokenizers.__version__, "hf_MB/s": round(mb / s, 2),
+                        "hf_tokens": sum(len(e.ids) for e in enc)})
+            del enc
+            if not a.json:
+                print(f"{name}: Hugging Face encode_batch {mb / s:.2f} MB/s")
         except ImportError:
-            pass
+            row["hf"] = None
         env = dict(os.environ, SF_TOK_BENCH_TOKENIZER=f, SF_TOK_BENCH_DATA=a.data)
+        if a.threads:
+            env["SF_THREADS"] = str(a.threads)
         p = subprocess.run([a.sf_tests, "--gtest_also_run_disabled_tests", "--gtest_filter=*Throughput*"],
                            env=env, capture_output=True, text=True)
-        for line in p.stdout.splitlines():
-            if line.startswith("{"):
-                r = json.loads(line)
-                print(f"{os.path.basename(f)}: slideformer {r['threads']} threads {r['MB/s']:.2f} MB/s")
-    return 0
+        runs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        if p.returncode != 0 or len(runs) != 2:
+            row["error"] = (p.stdout + p.stderr)[-500:]
+            failed += 1
+        for r in runs:
+            if not a.json:
+                print(f"{name}: slideformer {r['threads']} threads {r['MB/s']:.2f} MB/s")
+        if len(runs) == 2:
+            row.update({"sf_1_thread_MB/s": runs[0]["MB/s"], "sf_threads": runs[1]["threads"],
+                        "sf_MB/s": runs[1]["MB/s"], "sf_tokens": runs[1]["tokens"]})
+            if row.get("hf_MB/s"):
+                row["sf/hf"] = round(row["sf_MB/s"] / row["hf_MB/s"], 2)
+                row["same_token_count"] = row["sf_tokens"] == row["hf_tokens"]
+        if a.json:
+            print(json.dumps(row), flush=True)
+    return 1 if failed else 0
 
 
 def specials_of_json(s):
@@ -468,6 +495,9 @@ def main():
     b.add_argument("--data", default="tmp/tokenizer_bench.jsonl", help="JSONL of {\"text\"}; generated when absent")
     b.add_argument("--mb", type=float, default=20)
     b.add_argument("--seed", type=int, default=1)
+    b.add_argument("--threads", type=int, default=0, help="slideformer's threads for the parallel run (SF_THREADS; "
+                   "default: the CPUs it may use)")
+    b.add_argument("--json", action="store_true", help="one JSON line per tokenizer")
     b.add_argument("files", nargs="+")
     for p in (c, r):
         p.add_argument("--engine", choices=["hf", "js", "sf"], default="hf")

@@ -50,12 +50,39 @@ bool normalize_run(const char* p, size_t n, int options, std::string& out) {
 // Literal regex: no metacharacter (a Replace "Regex" pattern is then its own text).
 bool literal_regex(const std::string& p) { return p.find_first_of("\\^$.|?*+()[]{}") == std::string::npos; }
 
+// Whether NFC leaves valid UTF-8 text as it is because each of its characters is below U+0300 (no
+// combining mark; each such character is its own composition), a CJK unified ideograph of
+// U+4E00..U+9FFF or a Hangul syllable (neither decomposed by NFC nor composed with a neighbor here:
+// the Hangul jamo that would follow a syllable are not in these ranges). Any other character: false.
+bool nfc_inert(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char b = p[i];
+    if (b < 0x80) {
+      ++i;
+    } else if (b >= 0xC2 && b <= 0xCB) {  // U+0080..U+02FF
+      if (i + 1 >= n || (p[i + 1] >> 6) != 2) return false;
+      i += 2;
+    } else if ((b >> 4) == 14) {
+      if (i + 2 >= n || (p[i + 1] >> 6) != 2 || (p[i + 2] >> 6) != 2) return false;
+      const uint32_t cp = ((b & 0x0Fu) << 12) | ((p[i + 1] & 0x3Fu) << 6) | (p[i + 2] & 0x3Fu);
+      if (!((cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0xAC00 && cp <= 0xD7A3))) return false;
+      i += 3;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string unicode_normalize(const std::string& s, const char* form) {
   bool ascii = true;
   for (unsigned char ch : s) ascii &= ch < 0x80;
   if (ascii) return s;  // every form leaves ASCII as it is
+  if (!std::strcmp(form, "NFC") && nfc_inert(s)) return s;
   const int options = utf8proc_options(form);
   std::vector<uint32_t> cps;
   std::vector<size_t> off;

@@ -165,18 +165,25 @@ struct Span {
   bool match;
 };
 
-// Byte spans of the regex's matches: they cover the text.
-void regex_spans(PreTokenizer::Regex r, const std::string& s, std::vector<Span>& out) {
-  std::vector<uint32_t> cps;
-  std::vector<size_t> off;
+// Byte spans of the regex's matches: they cover the text. The code points go through per-thread
+// buffers (no allocation once they have grown).
+template <class Emit>
+void regex_matches(PreTokenizer::Regex r, std::string_view s, Emit&& emit) {
+  thread_local std::vector<uint32_t> cps;
+  thread_local std::vector<size_t> off;
   uni::decode_utf8(s, cps, off);
-  for (size_t i = 0; i < cps.size();) {
+  const size_t n = cps.size();
+  for (size_t i = 0; i < n;) {
     const size_t j = r == PreTokenizer::Regex::Gpt2     ? next_gpt2(cps, i)
                      : r == PreTokenizer::Regex::Tekken ? next_tekken(cps, i)
                                                         : next_llama3(cps, i, r == PreTokenizer::Regex::Qwen2 ? 1 : 3);
-    out.push_back({off[i], off[j], true});
+    emit(off[i], off[j]);
     i = j;
   }
+}
+
+void regex_spans(PreTokenizer::Regex r, std::string_view s, std::vector<Span>& out) {
+  regex_matches(r, s, [&](size_t a, size_t b) { out.push_back({a, b, true}); });
 }
 
 void literal_spans(const std::string& pat, const std::string& s, std::vector<Span>& out) {
@@ -291,7 +298,21 @@ std::vector<std::string> regex_pieces(PreTokenizer::Regex r, const std::string& 
 PreTokenizer PreTokenizer::from_json(const tokjson::Ctx& c, const nlohmann::json& j, const std::string& path) {
   PreTokenizer p;
   if (!j.is_null()) p.add(c, j, path, 0);
+  // Byte spans suffice (see byte_spans()) for a regular expression (Isolated) then a ByteLevel without
+  // its own regex, or a ByteLevel with its regex alone; neither adding a prefix space.
+  const auto& st = p.steps_;
+  if (st.size() == 2 && st[0].kind == Kind::Split && st[0].regex != Regex::None &&
+      st[0].behavior == Behavior::Isolated && st[1].kind == Kind::ByteLevel && !st[1].flag && !st[1].flag2)
+    p.span_regex_ = st[0].regex;
+  if (st.size() == 1 && st[0].kind == Kind::ByteLevel && !st[0].flag && st[0].flag2) p.span_regex_ = Regex::Gpt2;
   return p;
+}
+
+bool PreTokenizer::byte_spans(std::string_view text, std::vector<std::pair<uint32_t, uint32_t>>& spans) const {
+  if (span_regex_ == Regex::None) return false;
+  spans.clear();
+  regex_matches(span_regex_, text, [&](size_t a, size_t b) { spans.push_back({uint32_t(a), uint32_t(b)}); });
+  return true;
 }
 
 void PreTokenizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std::string& path, int depth) {

@@ -4,6 +4,8 @@
 // refused at load.
 #pragma once
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "data/tokenizer_json.h"
@@ -24,6 +26,12 @@ class PreTokenizer {
   bool metaspace() const { return !meta_.empty(); }  // U+2581 (or the replacement) stands for spaces
   const std::string& meta_replacement() const { return meta_; }
   bool meta_prepends() const { return meta_prepends_; }
+  bool empty() const { return steps_.empty(); }
+  // The fast path of the byte-level pre-tokenizers of Llama 3, Qwen2 and GPT-2 (one regular
+  // expression, then GPT-2's byte characters): the pieces of `text` (as apply() gives them for
+  // Piece{text}) as byte ranges [first, second) of the text, whose bytes apply() would map to GPT-2's
+  // characters one by one. False (spans untouched) for any other pre-tokenizer. Text below 4 GiB.
+  bool byte_spans(std::string_view text, std::vector<std::pair<uint32_t, uint32_t>>& spans) const;
 
   enum class Behavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
   enum class Regex { None, Llama3, Qwen2, Gpt2, Tekken };
@@ -43,6 +51,7 @@ class PreTokenizer {
   bool byte_level_ = false;
   std::string meta_;
   bool meta_prepends_ = false;
+  Regex span_regex_ = Regex::None;  // byte_spans() applies: the regular expression
   void add(const tokjson::Ctx& c, const nlohmann::json& j, const std::string& path, int depth);
 };
 

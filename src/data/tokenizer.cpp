@@ -1,10 +1,13 @@
 #include "data/tokenizer.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -56,14 +59,16 @@ void check_depth(const std::string& text, const std::string& path) {
 std::atomic<uint64_t> g_serial{1};
 
 // Per-thread cache of the ids of pieces (pieces repeat: words), for one tokenizer at a time:
-// direct-mapped slots, a new piece replaces the old one in its slot (no growth, no clearing).
+// direct-mapped slots holding key and ids, a new piece replaces the old one in its slot (no growth,
+// no clearing, no allocation).
 struct PieceCache {
-  static constexpr size_t kSlots = 1 << 15;  // about 2 MB a thread
-  static constexpr size_t kMaxIds = 6;
+  static constexpr size_t kSlots = 1 << 15;  // about 4.5 MB a thread
+  static constexpr size_t kMaxKey = 64;      // bytes
+  static constexpr size_t kMaxIds = 14;
   struct Slot {
-    size_t hash = 0;
-    std::string key;
-    uint8_t n = 0;
+    uint64_t hash = 0;
+    uint8_t len = 0, n = 0;  // of key, of ids
+    char key[kMaxKey];
     int32_t ids[kMaxIds];
   };
   uint64_t serial = 0;
@@ -76,6 +81,20 @@ PieceCache& piece_cache(uint64_t serial) {
     c.serial = serial;
   }
   return c;
+}
+
+// Per-thread buffers of the encoder (reused: no allocation per piece once grown).
+struct Scratch {
+  std::vector<int32_t> sym;                          // a piece's symbols
+  std::string mapped;                                // a piece in GPT-2's byte characters
+  std::vector<std::pair<uint32_t, uint32_t>> spans;  // byte-level pieces
+  std::vector<size_t> next, prev;                    // merge() of long pieces
+  std::vector<uint32_t> ver;
+  std::vector<uint8_t> alive;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
 }
 
 // GPT-2's byte characters (printable bytes as themselves, the others from U+0100 on) back to
@@ -100,6 +119,60 @@ uint64_t mix(uint64_t k) {
   return k;
 }
 
+// GPT-2's byte characters as UTF-8 (ByteLevel's mapping of one byte).
+struct ByteChars {
+  char text[256][2];
+  uint8_t len[256];
+  ByteChars() {
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      std::string u;
+      uni::append_utf8(u, printable ? uint32_t(b) : uint32_t(256 + n++));
+      len[b] = uint8_t(u.size());
+      std::copy(u.begin(), u.end(), text[b]);
+    }
+  }
+};
+const ByteChars& byte_chars() {
+  static const ByteChars c;
+  return c;
+}
+
+// A hash of a piece (8 bytes at a time).
+uint64_t hash_bytes(std::string_view s) {
+  const char* p = s.data();
+  size_t n = s.size();
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ n;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdULL;
+    h ^= h >> 32;
+  }
+  uint64_t w = 0;
+  if (n > 0) std::memcpy(&w, p, n);
+  h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
+  return h ^ (h >> 29);
+}
+
+// A code point as a canonical UTF-8 sequence of 3 or 4 bytes at p (n of them): the code point, or
+// UINT32_MAX when the bytes are not exactly that.
+uint32_t wide_code_point(const unsigned char* p, size_t n) {
+  for (size_t k = 1; k < n; ++k)
+    if ((p[k] >> 6) != 2) return UINT32_MAX;
+  uint32_t cp;
+  if (n == 3 && (p[0] >> 4) == 14) {
+    cp = ((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu);
+    if (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF)) return UINT32_MAX;
+  } else if (n == 4 && (p[0] >> 3) == 30) {
+    cp = ((p[0] & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu);
+    if (cp < 0x10000 || cp > 0x10FFFF) return UINT32_MAX;
+  } else {
+    return UINT32_MAX;
+  }
+  return cp;
+}
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& path) {
@@ -376,6 +449,22 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
     uni::append_utf8(ch, cp);
     if (auto it = t.vocab_.find(ch); it != t.vocab_.end()) t.char_id_[cp] = it->second;
   }
+  {  // single code points from U+0800 (CJK characters and the like): open addressing by code point
+    std::vector<std::pair<uint32_t, int32_t>> wide;
+    for (const auto& [tok, id] : t.vocab_)
+      if (const uint32_t cp = wide_code_point(reinterpret_cast<const unsigned char*>(tok.data()), tok.size());
+          cp != UINT32_MAX)
+        wide.push_back({cp, id});
+    size_t cap = 16;
+    while (cap < wide.size() * 2) cap *= 2;
+    t.wide_char_.assign(cap, {0, -1});
+    for (const auto& [cp, id] : wide)
+      for (size_t h = mix(cp) & (cap - 1);; h = (h + 1) & (cap - 1))
+        if (t.wide_char_[h].first == 0) {
+          t.wide_char_[h] = {cp, id};
+          break;
+        }
+  }
   for (int b = 0; b < 256; ++b) {
     char name[8];
     std::snprintf(name, sizeof name, "<0x%02X>", b);
@@ -423,24 +512,45 @@ const Tokenizer::MergeSlot* Tokenizer::find_merge(int32_t a, int32_t b) const {
 void Tokenizer::merge(std::vector<int32_t>& sym) const {
   const size_t n = sym.size();
   if (n < 2) return;
-  if (n <= 24) {  // short words: rescanning is cheaper than a heap
-    for (size_t len = n; len > 1;) {
-      int32_t best = INT32_MAX, id = -1;
+  if (n <= 64) {
+    // Short pieces (words): the rank and result of each adjacent pair, kept up to date; each merge
+    // looks up only the two pairs it changes, and the scan for the lowest rank is over integers.
+    int32_t rank[64], id[64];
+    auto pair_at = [&](size_t k) {
+      if (const MergeSlot* s = find_merge(sym[k], sym[k + 1]))
+        rank[k] = s->rank, id[k] = s->id;
+      else
+        rank[k] = INT32_MAX, id[k] = -1;
+    };
+    for (size_t k = 0; k + 1 < n; ++k) pair_at(k);
+    size_t len = n;
+    while (len > 1) {
+      int32_t best = INT32_MAX;
       size_t at = 0;
       for (size_t k = 0; k + 1 < len; ++k)
-        if (const MergeSlot* s = find_merge(sym[k], sym[k + 1]); s && s->rank < best)
-          best = s->rank, id = s->id, at = k;
-      if (id < 0) break;
-      sym[at] = id;
-      sym.erase(sym.begin() + std::ptrdiff_t(at) + 1);
+        if (rank[k] < best) best = rank[k], at = k;
+      if (best == INT32_MAX) break;
+      sym[at] = id[at];
+      // Symbols after the pair move one to the left, and so do the pairs after it.
+      for (size_t k = at + 1; k + 1 < len; ++k) sym[k] = sym[k + 1];
+      for (size_t k = at + 1; k + 2 < len; ++k) rank[k] = rank[k + 1], id[k] = id[k + 1];
       --len;
+      if (at > 0) pair_at(at - 1);
+      if (at + 1 < len) pair_at(at);
     }
+    sym.resize(len);
     return;
   }
-  // Long ones (SentencePiece-style segments): a heap over a linked list, O(n log n).
-  std::vector<size_t> next(n), prev(n);
-  std::vector<uint32_t> ver(n, 0);  // bumped when a symbol changes: older heap entries are stale
-  std::vector<bool> alive(n, true);
+  // Long ones: a heap over a linked list, O(n log n).
+  Scratch& sc = scratch();
+  std::vector<size_t>& next = sc.next;
+  std::vector<size_t>& prev = sc.prev;
+  std::vector<uint32_t>& ver = sc.ver;  // bumped when a symbol changes: older heap entries are stale
+  std::vector<uint8_t>& alive = sc.alive;
+  next.resize(n);
+  prev.resize(n);
+  ver.assign(n, 0);
+  alive.assign(n, 1);
   for (size_t k = 0; k < n; ++k) next[k] = k + 1, prev[k] = k == 0 ? SIZE_MAX : k - 1;
   struct Cand {
     int32_t rank, id;
@@ -463,7 +573,7 @@ void Tokenizer::merge(std::vector<int32_t>& sym) const {
       continue;
     sym[cd.left] = cd.id;
     ++ver[cd.left];
-    alive[cd.right] = false;
+    alive[cd.right] = 0;
     next[cd.left] = next[cd.right];
     if (next[cd.right] < n) prev[next[cd.right]] = cd.left;
     push(prev[cd.left]);
@@ -474,14 +584,23 @@ void Tokenizer::merge(std::vector<int32_t>& sym) const {
   sym.resize(w);
 }
 
+int32_t Tokenizer::wide_char_id(uint32_t cp) const {
+  if (wide_char_.empty()) return -1;
+  const size_t mask = wide_char_.size() - 1;
+  for (size_t h = mix(cp) & mask;; h = (h + 1) & mask) {
+    if (wide_char_[h].first == cp) return wide_char_[h].second;
+    if (wide_char_[h].first == 0) return -1;
+  }
+}
+
 // The BPE model on one piece (tokenizers' BPE::tokenize).
-void Tokenizer::model(const std::string& piece, std::vector<int32_t>& out) const {
-  if (word_break_.empty() || piece.size() <= 64) return model_word(piece, out);
+void Tokenizer::model(std::string_view piece, std::vector<int32_t>& out) const {
+  if (word_break_.empty() || piece.size() <= PieceCache::kMaxKey) return model_word(piece, out);
   // A long SentencePiece-style piece (a whole segment): no token holds the word break (U+2581)
   // after another character, so no merge crosses the place before it and the words are
   // independent: each goes through BPE (and the cache) alone, with the same result.
   size_t a = 0;
-  const std::string& wb = word_break_;
+  const std::string_view wb = word_break_;
   for (size_t k = piece.find(wb, 1); k != std::string::npos; k = piece.find(wb, k + wb.size())) {
     if (k >= wb.size() && piece.compare(k - wb.size(), wb.size(), wb) == 0) continue;  // inside a run of breaks
     model_word(piece.substr(a, k - a), out);
@@ -490,73 +609,124 @@ void Tokenizer::model(const std::string& piece, std::vector<int32_t>& out) const
   model_word(piece.substr(a), out);
 }
 
-void Tokenizer::model_word(const std::string& piece, std::vector<int32_t>& out) const {
-  PieceCache::Slot* slot = nullptr;
-  size_t hash = 0;
-  if (piece.size() <= 64) {
-    hash = std::hash<std::string>()(piece);
-    slot = &piece_cache(serial_).slots[hash & (PieceCache::kSlots - 1)];
-    if (slot->hash == hash && slot->key == piece) {
-      out.insert(out.end(), slot->ids, slot->ids + slot->n);
+namespace {
+
+// The cache's slot for a piece, and whether it holds the piece's ids; nullptr for pieces too long to
+// be cached (and the empty one).
+PieceCache::Slot* cache_slot(uint64_t serial, std::string_view piece, uint64_t& hash, bool& hit) {
+  hit = false;
+  if (piece.empty() || piece.size() > PieceCache::kMaxKey) return nullptr;
+  hash = hash_bytes(piece);
+  PieceCache::Slot* slot = &piece_cache(serial).slots[hash & (PieceCache::kSlots - 1)];
+  hit = slot->hash == hash && slot->len == piece.size() && std::memcmp(slot->key, piece.data(), piece.size()) == 0;
+  return slot;
+}
+
+void cache_store(PieceCache::Slot* slot, uint64_t hash, std::string_view piece, const std::vector<int32_t>& ids) {
+  if (!slot || ids.size() > PieceCache::kMaxIds) return;
+  slot->hash = hash;
+  slot->len = uint8_t(piece.size());
+  std::memcpy(slot->key, piece.data(), piece.size());
+  slot->n = uint8_t(ids.size());
+  std::copy(ids.begin(), ids.end(), slot->ids);
+}
+
+}  // namespace
+
+void Tokenizer::model_word(std::string_view piece, std::vector<int32_t>& out) const {
+  uint64_t hash = 0;
+  bool hit;
+  PieceCache::Slot* slot = cache_slot(serial_, piece, hash, hit);
+  if (hit) {
+    out.insert(out.end(), slot->ids, slot->ids + slot->n);
+    return;
+  }
+  std::vector<int32_t>& sym = scratch().sym;
+  word_ids(piece, sym);
+  out.insert(out.end(), sym.begin(), sym.end());
+  cache_store(slot, hash, piece, sym);
+}
+
+// A byte-level piece given as its bytes (before ByteLevel's mapping): the cache is keyed by the
+// bytes, the mapping made only for pieces not in it.
+void Tokenizer::model_bytes(std::string_view raw, std::vector<int32_t>& out) const {
+  uint64_t hash = 0;
+  bool hit;
+  PieceCache::Slot* slot = cache_slot(serial_, raw, hash, hit);
+  if (hit) {
+    out.insert(out.end(), slot->ids, slot->ids + slot->n);
+    return;
+  }
+  Scratch& sc = scratch();
+  const ByteChars& bc = byte_chars();
+  sc.mapped.clear();
+  for (unsigned char b : raw) sc.mapped.append(bc.text[b], bc.len[b]);
+  word_ids(sc.mapped, sc.sym);
+  out.insert(out.end(), sc.sym.begin(), sc.sym.end());
+  cache_store(slot, hash, raw, sc.sym);
+}
+
+// The ids of one piece through the model: its characters as symbols, then the merges.
+void Tokenizer::word_ids(std::string_view piece, std::vector<int32_t>& sym) const {
+  sym.clear();
+  if (ignore_merges_) {
+    if (auto v = vocab_.find(std::string(piece)); v != vocab_.end()) {
+      sym.push_back(v->second);
       return;
     }
   }
-  std::vector<int32_t> sym;
-  bool whole = false;
-  if (ignore_merges_) {
-    if (auto v = vocab_.find(piece); v != vocab_.end()) sym.push_back(v->second), whole = true;
-  }
-  if (!whole) {
-    sym.reserve(piece.size());
-    int32_t pending_unk = -1;  // an unknown run not yet added (tokenizers adds it lazily)
-    std::string ch;
-    for (size_t i = 0; i < piece.size();) {
-      const unsigned char b = static_cast<unsigned char>(piece[i]);
-      const size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
-      const size_t l = std::min(len, piece.size() - i);
-      int32_t id = -1;
-      if (l == 1 && b < 0x80) {
-        id = char_id_[b];
-      } else if (l == 2 && len == 2 && (static_cast<unsigned char>(piece[i + 1]) >> 6) == 2) {
-        id = char_id_[((b & 0x1Fu) << 6) | (static_cast<unsigned char>(piece[i + 1]) & 0x3Fu)];
-      } else {
-        ch.assign(piece, i, l);
-        if (auto v = vocab_.find(ch); v != vocab_.end()) id = v->second;
-      }
-      if (id >= 0) {
-        if (pending_unk >= 0) sym.push_back(pending_unk), pending_unk = -1;
-        sym.push_back(id);
-      } else {
-        bool fell_back = false;
-        if (byte_fallback_) {
-          fell_back = true;
-          for (size_t k = i; k < i + l; ++k) fell_back &= byte_token_[static_cast<unsigned char>(piece[k])] >= 0;
-          if (fell_back)
-            for (size_t k = i; k < i + l; ++k) sym.push_back(byte_token_[static_cast<unsigned char>(piece[k])]);
-        }
-        if (!fell_back && unk_ >= 0) {
-          if (pending_unk >= 0 && !fuse_unk_) sym.push_back(pending_unk);
-          pending_unk = unk_;
-        }
-        // No unk token and no byte fallback: tokenizers drops the character.
-      }
-      i += l;
+  sym.reserve(piece.size());
+  int32_t pending_unk = -1;  // an unknown run not yet added (tokenizers adds it lazily)
+  const auto* p = reinterpret_cast<const unsigned char*>(piece.data());
+  for (size_t i = 0; i < piece.size();) {
+    const unsigned char b = p[i];
+    const size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
+    const size_t l = std::min(len, piece.size() - i);
+    int32_t id = -1;
+    if (l == 1 && b < 0x80) {
+      id = char_id_[b];
+    } else if (l == 2 && len == 2 && (p[i + 1] >> 6) == 2) {
+      id = char_id_[((b & 0x1Fu) << 6) | (p[i + 1] & 0x3Fu)];
+    } else if (const uint32_t cp = wide_code_point(p + i, l); cp != UINT32_MAX) {
+      id = wide_char_id(cp);
+    } else if (auto v = vocab_.find(std::string(piece.substr(i, l))); v != vocab_.end()) {
+      id = v->second;  // bytes that are not a character (invalid UTF-8) as they are
     }
-    if (pending_unk >= 0) sym.push_back(pending_unk);
-    merge(sym);
+    if (id >= 0) {
+      if (pending_unk >= 0) sym.push_back(pending_unk), pending_unk = -1;
+      sym.push_back(id);
+    } else {
+      bool fell_back = false;
+      if (byte_fallback_) {
+        fell_back = true;
+        for (size_t k = i; k < i + l; ++k) fell_back &= byte_token_[p[k]] >= 0;
+        if (fell_back)
+          for (size_t k = i; k < i + l; ++k) sym.push_back(byte_token_[p[k]]);
+      }
+      if (!fell_back && unk_ >= 0) {
+        if (pending_unk >= 0 && !fuse_unk_) sym.push_back(pending_unk);
+        pending_unk = unk_;
+      }
+      // No unk token and no byte fallback: tokenizers drops the character.
+    }
+    i += l;
   }
-  out.insert(out.end(), sym.begin(), sym.end());
-  if (slot && sym.size() <= PieceCache::kMaxIds) {
-    slot->hash = hash;
-    slot->key.assign(piece);
-    slot->n = uint8_t(sym.size());
-    std::copy(sym.begin(), sym.end(), slot->ids);
-  }
+  if (pending_unk >= 0) sym.push_back(pending_unk);
+  merge(sym);
 }
 
-void Tokenizer::segment(const std::string& text, bool at_start, std::vector<int32_t>& out) const {
+void Tokenizer::segment(std::string_view text, bool at_start, std::vector<int32_t>& out) const {
   if (text.empty()) return;
-  std::vector<Piece> pieces{Piece{text, at_start}};
+  std::vector<std::pair<uint32_t, uint32_t>>& spans = scratch().spans;
+  if (pre_.byte_spans(text, spans)) {  // Llama 3, Qwen2, GPT-2
+    for (const auto& [a, b] : spans) model_bytes(text.substr(a, b - a), out);
+    return;
+  }
+  if (pre_.empty()) {  // SentencePiece-style without a pre-tokenizer (Llama 2, Mistral v0.1)
+    model(text, out);
+    return;
+  }
+  std::vector<Piece> pieces{Piece{std::string(text), at_start}};
   pre_.apply(pieces);
   for (const Piece& p : pieces) model(p.text, out);
 }
@@ -591,26 +761,34 @@ void Tokenizer::split_added(const std::string& text, bool normalized, std::vecto
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special) const {
   std::vector<int32_t> out;
+  out.reserve(prefix_.size() + suffix_.size() + text.size() / 3);
   if (add_special) out = prefix_;
   const bool any_normalized = any_normalized_;
   std::vector<std::pair<size_t, size_t>> segs, segs2;
   std::vector<int32_t> ids, ids2;
   split_added(text, false, segs, ids);
+  std::string part;
   for (size_t s = 0; s < segs.size(); ++s) {
     if (segs[s].second > segs[s].first) {
-      std::string part = text.substr(segs[s].first, segs[s].second - segs[s].first);
+      const std::string_view raw = std::string_view(text).substr(segs[s].first, segs[s].second - segs[s].first);
       bool at_start = segs[s].first == 0;
-      normalizer_.apply(part, at_start);
-      if (any_normalized) {
-        segs2.clear();
-        ids2.clear();
-        split_added(part, true, segs2, ids2);
-        for (size_t k = 0; k < segs2.size(); ++k) {
-          segment(part.substr(segs2[k].first, segs2[k].second - segs2[k].first), at_start && segs2[k].first == 0, out);
-          if (ids2[k] >= 0) out.push_back(ids2[k]);
-        }
+      if (normalizer_.empty() && !any_normalized) {
+        segment(raw, at_start, out);
       } else {
-        segment(part, at_start, out);
+        part.assign(raw);
+        normalizer_.apply(part, at_start);
+        if (any_normalized) {
+          segs2.clear();
+          ids2.clear();
+          split_added(part, true, segs2, ids2);
+          for (size_t k = 0; k < segs2.size(); ++k) {
+            segment(std::string_view(part).substr(segs2[k].first, segs2[k].second - segs2[k].first),
+                    at_start && segs2[k].first == 0, out);
+            if (ids2[k] >= 0) out.push_back(ids2[k]);
+          }
+        } else {
+          segment(part, at_start, out);
+        }
       }
     }
     if (ids[s] >= 0) out.push_back(ids[s]);
@@ -619,13 +797,28 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special
   return out;
 }
 
+int Tokenizer::default_threads() {
+  if (const char* env = std::getenv("SF_THREADS")) return std::max(1, std::atoi(env));
+  // std::thread::hardware_concurrency() counts the host's CPUs, also in a container limited to
+  // fewer (cpuset, CPU quota): threads beyond those only contend and start with cold caches.
+  int n = int(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) n = std::min(n, CPU_COUNT(&set));
+  std::ifstream f("/sys/fs/cgroup/cpu.max");  // cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+  std::string quota;
+  long long period = 0;
+  if (f >> quota >> period && quota != "max" && period > 0) {
+    const long long q = std::atoll(quota.c_str());
+    if (q > 0) n = std::min<long long>(n, std::max<long long>(1, (q + period - 1) / period));
+  }
+  return std::max(1, n);
+}
+
 std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string>& texts, bool add_special,
                                                           int threads) const {
   std::vector<std::vector<int32_t>> out(texts.size());
-  if (threads <= 0) {  // as the CPU compute pool: SF_THREADS, else every core
-    const char* env = std::getenv("SF_THREADS");
-    threads = env ? std::max(1, std::atoi(env)) : int(std::max(1u, std::thread::hardware_concurrency()));
-  }
+  if (threads <= 0) threads = default_threads();
   threads = int(std::min<size_t>(size_t(threads), (texts.size() + 15) / 16));
   if (threads <= 1) {
     for (size_t i = 0; i < texts.size(); ++i) out[i] = encode(texts[i], add_special);

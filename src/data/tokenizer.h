@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -28,9 +29,11 @@ class Tokenizer {
   // Token ids of `text` (UTF-8); with add_special the post-processor's tokens (a BOS) are added.
   // Thread-safe (const; caches are per thread).
   std::vector<int32_t> encode(const std::string& text, bool add_special = true) const;
-  // encode() of every text, on `threads` threads (0: SF_THREADS, else all cores); results in order.
+  // encode() of every text, on `threads` threads (0: default_threads()); results in order.
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string>& texts, bool add_special = true,
                                                  int threads = 0) const;
+  // SF_THREADS, else the CPUs this process may use (its affinity mask and cgroup CPU quota).
+  static int default_threads();
   // The text of ids (byte-level or SentencePiece-style decoding; added tokens as their content).
   std::string decode(const std::vector<int32_t>& ids) const;
   // Identifies what encode() does: the file's bytes and this implementation's revision (bumped
@@ -61,6 +64,8 @@ class Tokenizer {
   std::vector<MergeSlot> merges_;  // open addressing, power-of-two size
   std::vector<int32_t> char_id_;   // id of each character below U+0800 as a symbol (-1: none);
                                    // GPT-2's byte characters are all there
+  // The other characters that are tokens: (code point, id), open addressing, code point 0 empty.
+  std::vector<std::pair<uint32_t, int32_t>> wide_char_;
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
@@ -75,10 +80,13 @@ class Tokenizer {
   uint64_t fingerprint_ = 0;  // identifies the loaded file for the per-thread caches
 
   const MergeSlot* find_merge(int32_t a, int32_t b) const;
-  void model(const std::string& piece, std::vector<int32_t>& out) const;
-  void model_word(const std::string& piece, std::vector<int32_t>& out) const;
+  int32_t wide_char_id(uint32_t cp) const;
+  void model(std::string_view piece, std::vector<int32_t>& out) const;
+  void model_word(std::string_view piece, std::vector<int32_t>& out) const;
+  void model_bytes(std::string_view raw, std::vector<int32_t>& out) const;
+  void word_ids(std::string_view piece, std::vector<int32_t>& sym) const;
   void merge(std::vector<int32_t>& sym) const;
-  void segment(const std::string& text, bool at_start, std::vector<int32_t>& out) const;
+  void segment(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   void split_added(const std::string& text, bool normalized, std::vector<std::pair<size_t, size_t>>& segs,
                    std::vector<int32_t>& ids) const;
 };

@@ -15,7 +15,7 @@ struct CodeRange {
 constexpr uint32_t kTableEnd = 0x30000;
 
 template <size_t N>
-bool in_ranges(const CodeRange (&r)[N], uint32_t cp) {
+constexpr bool in_ranges(const CodeRange (&r)[N], uint32_t cp) {
   size_t a = 0, b = N;
   while (a < b) {
     const size_t m = (a + b) / 2;
@@ -29,7 +29,7 @@ bool in_ranges(const CodeRange (&r)[N], uint32_t cp) {
   return false;
 }
 
-uint16_t compute(uint32_t cp) {
+constexpr uint16_t compute(uint32_t cp) {
   uint16_t c = 0;
   if (in_ranges(kLRanges, cp)) c |= kL;
   if (in_ranges(kNRanges, cp)) c |= kN;
@@ -57,16 +57,26 @@ const uint16_t* table() {
   return t.get();
 }
 
+constexpr std::array<uint16_t, 128> ascii_table() {
+  std::array<uint16_t, 128> t{};
+  for (uint32_t cp = 0; cp < 128; ++cp) t[cp] = compute(cp);
+  return t;
+}
+
 }  // namespace
 
-uint16_t classes(uint32_t cp) {
+constinit const std::array<uint16_t, 128> kAsciiClasses = ascii_table();
+
+uint16_t classes_non_ascii(uint32_t cp) {
   static const uint16_t* t = table();
   return cp < kTableEnd ? t[cp] : compute(cp);
 }
 
-void decode_utf8(const std::string& s, std::vector<uint32_t>& cps, std::vector<size_t>& off) {
+void decode_utf8(std::string_view s, std::vector<uint32_t>& cps, std::vector<size_t>& off) {
   cps.clear();
   off.clear();
+  cps.reserve(s.size());
+  off.reserve(s.size() + 1);
   size_t i = 0;
   while (i < s.size()) {
     const unsigned char c = static_cast<unsigned char>(s[i]);

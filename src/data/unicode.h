@@ -2,8 +2,10 @@
 // Letters, numbers and marks are those of Oniguruma (Unicode 16.0), the regex engine of Hugging
 // Face tokenizers; see src/data/unicode_tables.inc and tools/gen_unicode_tables.py.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace sf::uni {
@@ -23,14 +25,17 @@ enum : uint16_t {
   kWord = 2048   // \w (Whitespace pre-tokenizer)
 };
 
-uint16_t classes(uint32_t cp);
+// The classes of ASCII code points (the same as classes() gives; a constant table, inline).
+extern const std::array<uint16_t, 128> kAsciiClasses;
+uint16_t classes_non_ascii(uint32_t cp);
+inline uint16_t classes(uint32_t cp) { return cp < 128 ? kAsciiClasses[cp] : classes_non_ascii(cp); }
 inline bool is_letter(uint32_t cp) { return classes(cp) & kL; }
 inline bool is_number(uint32_t cp) { return classes(cp) & kN; }
 inline bool is_space(uint32_t cp) { return classes(cp) & kSpace; }
 
 // Code points of UTF-8 text with the byte offset of each (and one past the end). An invalid byte
 // stands for itself as U+DC80..U+DCFF (a lone surrogate: no class), as Python's surrogateescape.
-void decode_utf8(const std::string& s, std::vector<uint32_t>& cps, std::vector<size_t>& off);
+void decode_utf8(std::string_view s, std::vector<uint32_t>& cps, std::vector<size_t>& off);
 // Whether s is valid UTF-8 (no surrogates, no overlong forms).
 bool valid_utf8(const std::string& s);
 void append_utf8(std::string& out, uint32_t cp);
