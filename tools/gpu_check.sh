@@ -213,6 +213,9 @@ for m in ('unpacked', 'packed'):
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
           --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip
       done ;;
+    # the tokenizers next to Hugging Face's encode_batch (BIN holds a portable CPU-only sf_tests;
+    # the real files in tmp/tokenizers, carried)
+    tokenizer_speed) run tokenizer_speed bash tools/tokenizer_speed.sh "${SF_CPU_BIN:-$BIN/cpu}" ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
