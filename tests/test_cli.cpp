@@ -74,6 +74,10 @@ class Cli : public test::BinaryTest {
     }
     return p(name);
   }
+  // The start of a `train` command line: model, data and (when given) output directory.
+  static std::string train_cmd(const std::string& model, const std::string& data, const std::string& output = "") {
+    return "train --model " + model + " --data " + data + (output.empty() ? "" : " --output " + output);
+  }
   // Expects exit code 2 and a single stderr line mentioning `needle`.
   void expect_input_error(const CmdResult& r, const std::string& needle) {
     EXPECT_EQ(r.code, 2) << r.err;
@@ -114,8 +118,8 @@ TEST_F(Cli, InitEvalGradTrainEveryFamily) {
       }
       EXPECT_NEAR(std::stod(g.metadata().at("loss")), loss, 1e-6 * loss);
 
-      CmdResult tr = run("train --model " + model + " --data " + data + " --output " + p("out") +
-                         " --steps 3 --lr 1e-2 --batch-size 4 --seq-len 16 --device cpu");
+      CmdResult tr =
+          run(train_cmd(model, data, p("out")) + " --steps 3 --lr 1e-2 --batch-size 4 --seq-len 16 --device cpu");
       ASSERT_EQ(tr.code, 0) << tr.err;
       EXPECT_NE(tr.err.find("step 3/3 loss"), std::string::npos) << tr.err;
       auto o = SafetensorsFile::open(p("out") + "/model.safetensors");
@@ -209,8 +213,8 @@ TEST_F(Cli, OffloadMatchesInMemory) {
   EXPECT_TRUE(slurp(p("tc") + "/model.safetensors") == slurp(p("td") + "/model.safetensors"));
   // A tied model with 4 micro-batches a step (layer-major in the sliding engine), clipped or not.
   std::string tied = make_model("mistral", "mt");
-  std::string acc = "train --model " + tied + " --data " + data +
-                    " --seq-len 16 --batch-size 2 --grad-accum 4 --device cpu --steps 2 --lr 1e-2 --output ";
+  std::string acc =
+      train_cmd(tied, data) + " --seq-len 16 --batch-size 2 --grad-accum 4 --device cpu --steps 2 --lr 1e-2 --output ";
   for (const char* clip : {" --max-grad-norm 1", " --max-grad-norm 0"}) {
     for (const char* o : {"ua", "ub"}) fs::remove_all(p(o));
     ASSERT_EQ(run(acc + p("ua") + clip).code, 0);
@@ -225,7 +229,7 @@ TEST_F(Cli, OffloadMatchesInMemory) {
 TEST_F(Cli, ShardedOutputAndSaveEvery) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 6);
-  CmdResult r = run("train --model " + model + " --data " + data + " --output " + p("out") +
+  CmdResult r = run(train_cmd(model, data, p("out")) +
                     " --steps 4 --lr 1e-3 --save-every 2 --max-shard-size 20KB --seq-len 16 --device cpu");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(p("out") + "/model.safetensors.index.json"));
@@ -324,17 +328,16 @@ TEST_F(Cli, BadModelsAreRefusedWithFileAndTensor) {
 TEST_F(Cli, FailedTrainLeavesNoOutput) {
   std::string model = make_model("mistral", "m");
   std::ofstream(p("bad.jsonl")) << "{\"input_ids\": [1, 2]}\nnot json\n";
-  CmdResult r = run("train --model " + model + " --data " + p("bad.jsonl") + " --output " + p("out") +
-                    " --steps 2 --lr 1e-3 --device cpu");
+  CmdResult r = run(train_cmd(model, p("bad.jsonl")) + " --output " + p("out") + " --steps 2 --lr 1e-3 --device cpu");
   expect_input_error(r, "bad.jsonl:2");
   EXPECT_FALSE(fs::exists(p("out")));
   for (const auto& e : fs::directory_iterator(dir_)) {
     EXPECT_NE(e.path().filename().string().rfind("out.", 0), 0u) << "staging directory left: " << e.path();
   }
   // Bad options are input errors too.
-  expect_input_error(run("train --model " + model + " --data " + p("bad.jsonl") + " --output " + p("out") +
-                         " --steps 2 --lr 1e-3 --lr-schedule wavy"),
-                     "wavy");
+  expect_input_error(
+      run(train_cmd(model, p("bad.jsonl")) + " --output " + p("out") + " --steps 2 --lr 1e-3 --lr-schedule wavy"),
+      "wavy");
   expect_input_error(run("eval --model " + model), "--data");
   expect_input_error(run("frobnicate"), "frobnicate");
 }
@@ -356,8 +359,7 @@ TEST_F(Cli, NanLossStopsTraining) {
     write_safetensors(p("nan.safetensors"), tw);
   }
   fs::rename(p("nan.safetensors"), model + "/model.safetensors");
-  CmdResult r = run("train --model " + model + " --data " + data + " --output " + p("out") +
-                    " --steps 3 --lr 1e-3 --seq-len 16 --device cpu");
+  CmdResult r = run(train_cmd(model, data, p("out")) + " --steps 3 --lr 1e-3 --seq-len 16 --device cpu");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("loss is nan at step 1"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(p("out")));
@@ -409,8 +411,7 @@ TEST_F(Cli, PlanAndRefusalWhenItDoesNotFit) {
   EXPECT_FALSE(r.last()["fits"].get<bool>());
   EXPECT_NE(r.last()["why"].get<std::string>().find("host memory"), std::string::npos);
 
-  r = run("train --model " + model + " --data " + data + " --output " + p("out") +
-          " --steps 1 --lr 1e-3 --device cpu --cpu-memory 64KiB");
+  r = run(train_cmd(model, data, p("out")) + " --steps 1 --lr 1e-3 --device cpu --cpu-memory 64KiB");
   expect_input_error(r, "host memory");
   EXPECT_FALSE(fs::exists(p("out")));
 
@@ -443,7 +444,7 @@ TEST_F(Cli, YamlConfigWithOverrides) {
   CmdResult a = run("train " + p("run.yaml") + " steps=2 output=" + p("a"));
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_EQ(a.last()["steps"], 2);
-  CmdResult b = run("train --model " + model + " --data " + data +
+  CmdResult b = run(train_cmd(model, data) +
                     " --seq-len 16 --batch-size 2 --steps 2 --lr 1e-3 "
                     "--no-shuffle --device cpu --output " +
                     p("b"));
@@ -474,7 +475,7 @@ TEST_F(Cli, TrainReportsHeldOutLoss) {
   std::string model = make_model("qwen3", "m");
   std::string data = make_data("d.jsonl", 8);
   std::string held = make_data("h.jsonl", 5);
-  CmdResult t = run("train --model " + model + " --data " + data + " --eval-data " + held +
+  CmdResult t = run(train_cmd(model, data) + " --eval-data " + held +
                     " --eval-every 2 --seq-len 16 --batch-size 3 --steps 3 --lr 1e-2 --device cpu --output " + p("o"));
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_NE(t.err.find("eval at step 2:"), std::string::npos) << t.err;
@@ -483,7 +484,7 @@ TEST_F(Cli, TrainReportsHeldOutLoss) {
   ASSERT_EQ(e.code, 0) << e.err;
   EXPECT_EQ(double(t.last()["eval_loss"]), double(e.last()["loss"]));
   // The sliding engine evaluates between its overlapped updates: the same numbers.
-  CmdResult so = run("train --model " + model + " --data " + data + " --eval-data " + held +
+  CmdResult so = run(train_cmd(model, data) + " --eval-data " + held +
                      " --eval-every 2 --seq-len 16 --batch-size 3 --steps 3 --lr 1e-2 --device cpu --offload "
                      "--gpu-blobs 0 --output " +
                      p("os"));
@@ -491,11 +492,11 @@ TEST_F(Cli, TrainReportsHeldOutLoss) {
   EXPECT_EQ(double(so.last()["eval_loss"]), double(t.last()["eval_loss"]));
 
   std::ofstream(p("bad.jsonl")) << "{\"input_ids\": [1, 2]}\n{\"input_ids\": [1000000]}\n";
-  expect_input_error(run("train --model " + model + " --data " + data + " --eval-data " + p("bad.jsonl") +
+  expect_input_error(run(train_cmd(model, data) + " --eval-data " + p("bad.jsonl") +
                          " --steps 1 --lr 1e-2 --device cpu --output " + p("o2")),
                      "bad.jsonl:2");
   EXPECT_FALSE(fs::exists(p("o2")));
-  expect_input_error(run("train --model " + model + " --data " + data +
+  expect_input_error(run(train_cmd(model, data) +
                          " --eval-every 2 --steps 1 --lr 1e-2 "
                          "--device cpu --output " +
                          p("o3")),
@@ -553,8 +554,8 @@ namespace {
 TEST_F(Cli, InterruptSavesACheckpoint) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 6);
-  const std::string args = "train --model " + model + " --data " + data +
-                           " --seq-len 16 --batch-size 2 --steps 1000000 --lr 1e-3 --device cpu --output " + p("o");
+  const std::string args =
+      train_cmd(model, data) + " --seq-len 16 --batch-size 2 --steps 1000000 --lr 1e-3 --device cpu --output " + p("o");
   const std::string err = p("err.txt");
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
@@ -582,8 +583,8 @@ TEST_F(Cli, InterruptSavesACheckpoint) {
   EXPECT_TRUE(fs::exists(ck + "/trainer_state.json"));
   EXPECT_TRUE(fs::exists(ck + "/model.safetensors"));
   const int64_t at = last["steps"];
-  CmdResult r = run("train --model " + model + " --data " + data + " --seq-len 16 --batch-size 2 --steps " +
-                    std::to_string(at + 1) + " --lr 1e-3 --device cpu --resume " + ck + " --output " + p("o2"));
+  CmdResult r = run(train_cmd(model, data) + " --seq-len 16 --batch-size 2 --steps " + std::to_string(at + 1) +
+                    " --lr 1e-3 --device cpu --resume " + ck + " --output " + p("o2"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.last()["steps"], 1);
 }
@@ -604,13 +605,11 @@ TEST_F(Cli, OutputRefusesDirectoriesItDidNotWrite) {
   std::ofstream(proj + "/src/main.cpp") << "int main() {}";
   std::ofstream(proj + "/config.json") << "{}";
   std::ofstream(p("cfg.json")) << test::tiny_config("llama").dump();
-  expect_input_error(run("train --model " + model + " --data " + data + " --output " + proj +
-                         " --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
+  expect_input_error(run(train_cmd(model, data, proj) + " --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
                      proj + ": exists and holds");
   expect_input_error(run("init --config " + p("cfg.json") + " --output " + proj + "/"), "did not write");
   expect_input_error(run("demo --steps 1 --output " + proj), "did not write");
-  expect_input_error(run("train --model " + model + " --data " + data + " --output " + model +
-                         "/config.json --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
+  expect_input_error(run(train_cmd(model, data, model) + "/config.json --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
                      "not a directory");
   EXPECT_EQ(slurp(proj + "/src/main.cpp"), "int main() {}");
   EXPECT_EQ(slurp(proj + "/config.json"), "{}");
@@ -619,8 +618,7 @@ TEST_F(Cli, OutputRefusesDirectoriesItDidNotWrite) {
     n += e.path().filename().string().find(".tmp-") != std::string::npos;
   EXPECT_EQ(n, 0u);
   // Its own output is replaced; a file a user put into it is kept.
-  const std::string train = "train --model " + model + " --data " + data + " --output " + p("out") +
-                            " --steps 2 --lr 1e-3 --seq-len 16 --device cpu";
+  const std::string train = train_cmd(model, data, p("out")) + " --steps 2 --lr 1e-3 --seq-len 16 --device cpu";
   ASSERT_EQ(run(train + " --save-every 1").code, 0);
   std::ofstream(p("out") + "/NOTES.md") << "mine";
   CmdResult again = run(train);
@@ -637,8 +635,8 @@ TEST_F(Cli, KillAtEveryStepOfASaveLosesNothing) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 6);
   const std::string out = p("out");
-  const std::string train = "train --model " + model + " --data " + data + " --output " + out +
-                            " --steps 2 --save-every 1 --lr 1e-3 --seq-len 16 --device cpu";
+  const std::string train =
+      train_cmd(model, data, out) + " --steps 2 --save-every 1 --lr 1e-3 --seq-len 16 --device cpu";
   auto saved_paths = [](const std::string& err) {
     std::vector<std::string> v;
     std::istringstream in(err);
@@ -802,8 +800,8 @@ TEST_F(Cli, ResumeVerifiesChecksums) {
 TEST_F(Cli, InterruptDuringTheLastStepExits130) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 4);
-  const std::string args = "train --model " + model + " --data " + data +
-                           " --steps 2 --lr 1e-3 --batch-size 2 --seq-len 16 --device cpu --output ";
+  const std::string args =
+      train_cmd(model, data) + " --steps 2 --lr 1e-3 --batch-size 2 --seq-len 16 --device cpu --output ";
   ::setenv("SF_RAISE_SIGINT_AT_STEP", "2", 1);
   CmdResult r = run(args + p("o"));
   ::setenv("SF_RAISE_SIGINT_AT_STEP", "1", 1);

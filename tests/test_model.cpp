@@ -10,6 +10,7 @@
 #include "backend/device.h"
 #include "data/dataset.h"
 #include "engine/resident_engine.h"
+#include "engine_state.h"
 #include "model/spec.h"
 #include "model_fixtures.h"
 #include "test_util.h"
@@ -17,7 +18,7 @@
 namespace sf {
 namespace {
 
-using HostParams = std::vector<ResidentEngine::HostTensor>;
+using HostParams = test::NamedTensors;
 
 std::vector<Record> tiny_records(int vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -35,7 +36,7 @@ std::vector<Record> tiny_records(int vocab, uint64_t seed) {
 
 // Non-trivial norms and biases (init gives 1 and 0, which would hide mistakes).
 void perturb_norms_and_biases(ResidentEngine& e, uint64_t seed) {
-  HostParams p = e.export_params();
+  HostParams p = test::export_params(e);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> n(0.f, 1.f);
   for (auto& t : p) {
@@ -46,7 +47,7 @@ void perturb_norms_and_biases(ResidentEngine& e, uint64_t seed) {
       if (bias) x = 0.2f * n(rng);
     }
   }
-  e.import_params(p);
+  test::import_params(e, p);
 }
 
 double loss_of(ResidentEngine& e, const Batch& b) {
@@ -87,8 +88,8 @@ TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
   e.zero_grads();
   e.forward_backward(b, float(1.0 / b.trained), true);
   e.take_loss_sum();
-  HostParams grads = e.export_grads();
-  HostParams base = e.export_params();
+  HostParams grads = test::export_grads(e);
+  HostParams base = test::export_params(e);
   ASSERT_EQ(grads.size(), base.size());
 
   std::mt19937_64 rng(10);
@@ -115,10 +116,10 @@ TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
       auto central = [&](double h) {
         HostParams p = base;
         for (size_t k = 0; k < g.size(); ++k) p[i].data[k] = float(base[i].data[k] + h * d[k]);
-        e.import_params(p);
+        test::import_params(e, p);
         double lp = loss_of(e, b);
         for (size_t k = 0; k < g.size(); ++k) p[i].data[k] = float(base[i].data[k] - h * d[k]);
-        e.import_params(p);
+        test::import_params(e, p);
         double lm = loss_of(e, b);
         return (lp - lm) / (2 * h);
       };
@@ -127,7 +128,7 @@ TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
       EXPECT_NEAR(fd, analytic, tol) << GetParam() << " " << grads[i].name
                                      << (dir == 0 ? " (gradient direction)" : " (random direction)");
     }
-    e.import_params(base);
+    test::import_params(e, base);
   }
 }
 
@@ -171,12 +172,12 @@ TEST(Model, GradientAccumulationEqualsOneLargeBatch) {
   e.zero_grads();
   e.forward_backward(all, float(1.0 / all.trained), true);
   double l_all = e.take_loss_sum();
-  HostParams g_all = e.export_grads();
+  HostParams g_all = test::export_grads(e);
   e.zero_grads();
   e.forward_backward(h1, float(1.0 / all.trained), true);
   e.forward_backward(h2, float(1.0 / all.trained), true);
   double l_acc = e.take_loss_sum();
-  HostParams g_acc = e.export_grads();
+  HostParams g_acc = test::export_grads(e);
   EXPECT_NEAR(l_all, l_acc, 1e-5 * l_all);
   for (size_t i = 0; i < g_all.size(); ++i)
     EXPECT_LT(test::rel_err(g_acc[i].data, g_all[i].data), 1e-5) << g_all[i].name;
@@ -213,7 +214,7 @@ TEST(Model, TrainingIsDeterministicUnderStreamDelays) {
       p.step = step;
       e.adamw_step(p);
     }
-    return e.export_params();
+    return test::export_params(e);
   };
   HostParams a = run(0), b = run(0);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].data, b[i].data) << a[i].name;

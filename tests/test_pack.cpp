@@ -11,6 +11,7 @@
 #include "data/pack.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "engine_state.h"
 #include "model/rope.h"
 #include "model/spec.h"
 #include "model_fixtures.h"
@@ -179,7 +180,7 @@ std::vector<Record> model_records(int vocab, uint64_t seed) {
 
 struct Result {
   double loss = 0;
-  std::vector<ResidentEngine::HostTensor> grads;
+  test::NamedTensors grads;
 };
 
 Result run(ResidentEngine& e, const Batch& b, int64_t trained) {
@@ -187,7 +188,7 @@ Result run(ResidentEngine& e, const Batch& b, int64_t trained) {
   e.forward_backward(b, float(1.0 / double(trained)), true);
   Result r;
   r.loss = e.take_loss_sum();
-  r.grads = e.export_grads();
+  r.grads = test::export_grads(e);
   return r;
 }
 
@@ -264,7 +265,7 @@ TEST(PackedEngines, SlidingEqualsResidentOnPackedBatches) {
       p.max_grad_norm = 0.5;
       losses.push_back(e.step(mbs, p).loss);
     }
-    return std::make_pair(losses, e.export_state(Engine::State::Params));
+    return std::make_pair(losses, test::export_state(e, Engine::State::Params));
   };
   auto dev_r = make_cpu_device();
   ResidentEngine r(*dev_r, spec, eo);

@@ -11,13 +11,14 @@
 #include "data/dataset.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "engine_state.h"
 #include "model_fixtures.h"
 #include "test_util.h"
 
 namespace sf {
 namespace {
 
-using HostParams = std::vector<ResidentEngine::HostTensor>;
+using HostParams = test::NamedTensors;
 
 std::vector<Record> records(int vocab, uint64_t seed, int n) {
   std::mt19937_64 rng(seed);
@@ -56,7 +57,7 @@ std::pair<std::vector<double>, HostParams> train(Engine& e, const std::vector<Re
     EXPECT_TRUE(r.updated);
     losses.push_back(r.loss);
   }
-  return {losses, e.export_state(ResidentEngine::State::Params)};
+  return {losses, test::export_state(e, ResidentEngine::State::Params)};
 }
 
 struct Case {
@@ -191,8 +192,9 @@ INSTANTIATE_TEST_SUITE_P(
 namespace sf {
 namespace {
 
-// read_state / write_state (saving and resuming one tensor at a time) against export_state, for
-// both engines and blobs on the host or kept on the device.
+// write_state then read_state (saving and resuming one tensor at a time) gives the state back, and
+// the engine written so continues as the one read from, for both engines and blobs on the host or
+// kept on the device.
 TEST(Engines, ReadAndWriteStateTensorByTensor) {
   nlohmann::json cfg = test::tiny_config("llama");
   ModelSpec spec = parse_model_spec(cfg, "tiny");
@@ -207,7 +209,7 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
     train(a, recs, 2, 1, 0.5);  // AdamW moments are not zero
     b.init_random(8);
     for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV}) {
-      const auto ref = a.export_state(which);
+      const auto ref = test::export_state(a, which);
       size_t k = 0;
       for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
         for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i, ++k) {
@@ -216,7 +218,7 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
           ASSERT_EQ(v, ref[k].data) << ref[k].name;
           b.write_state(which, int(bl), int(i), v.data());
         }
-      const auto got = b.export_state(which);
+      const auto got = test::export_state(b, which);
       for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;
     }
     // Same state, same next step.

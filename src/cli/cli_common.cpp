@@ -54,7 +54,8 @@ void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f) {
               "pack short records into rows of --seq-len tokens (attention stays inside each record)");
 }
 
-void apply_data_options(const DataOptions& d) {
+void apply_data_options(DataOptions& d, const EngineFlags& f) {
+  f.apply(d.engine);
   check_data_options(d);
   if (!d.max_record_bytes.empty()) set_max_record_bytes(parse_size(d.max_record_bytes, "--max-record-bytes"));
 }

@@ -43,7 +43,8 @@ struct EngineFlags {
 
 // --model, --data, --seq-len, ... of the commands that read a data file (eval, grad, train).
 void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f);
-// The data options' checks (paths, step sizes) and the record-length limit, before any file is read.
-void apply_data_options(const DataOptions& d);
+// After the parse: the engine flags into d.engine, the data options' checks (paths, step sizes) and
+// the record-length limit, before any file is read.
+void apply_data_options(DataOptions& d, const EngineFlags& f);
 
 }  // namespace sf

@@ -13,8 +13,7 @@ struct EvalCli {
 };
 
 int run_eval_command(EvalCli& o) {
-  o.flags.apply(o.data.engine);
-  apply_data_options(o.data);
+  apply_data_options(o.data, o.flags);
   const EvalResult r = run_eval(o.data);
   print_json({{"loss", r.loss}, {"tokens", r.tokens}});
   return 0;

@@ -14,8 +14,7 @@ struct GradCli {
 };
 
 int run_grad_command(GradCli& o) {
-  o.flags.apply(o.data.engine);
-  apply_data_options(o.data);
+  apply_data_options(o.data, o.flags);
   const EvalResult r = run_grad(o.data, o.output);
   print_json({{"loss", r.loss}, {"tokens", r.tokens}, {"output", o.output}});
   return 0;

@@ -49,8 +49,7 @@ void add_train_options(CLI::App* c, TrainCli& o) {
 
 int run_train_command(TrainCli& o) {
   TrainOptions& t = o.t;
-  o.flags.apply(t.data.engine);
-  apply_data_options(t.data);
+  apply_data_options(t.data, o.flags);
   t.shuffle = !o.no_shuffle;
   t.max_shard_bytes = parse_size(o.max_shard, "--max-shard-size");
   const TrainResult r = run_train(t);

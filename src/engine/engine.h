@@ -46,12 +46,6 @@ class Engine {
  public:
   virtual ~Engine() = default;
 
-  // fp32 copies in host memory, in HF names and shapes.
-  struct HostTensor {
-    std::string name;
-    std::vector<int64_t> shape;
-    std::vector<float> data;
-  };
   // What a per-parameter state holds: fp32 masters, gradients, AdamW moments.
   enum class State { Params, Grads, AdamM, AdamV };
 
@@ -100,18 +94,12 @@ class Engine {
   };
   virtual Stats stats() const { return {}; }
 
-  virtual std::vector<HostTensor> export_state(State which) = 0;
   // One tensor of a state (entry `entry` of blob `blob` in make_layout(spec()) order) into dst
   // [numel] fp32: saving a large model this way holds one tensor at a time. Waits for the device.
   virtual void read_state(State which, int blob, int entry, float* dst) = 0;
   // The reverse: src [numel] fp32 into one tensor of a state (Params also refreshes the compute
   // copy). Waits for the device.
   virtual void write_state(State which, int blob, int entry, const float* src) = 0;
-  // Sets one state by HF name (every parameter must be given, shapes must match).
-  virtual void import_state(State which, const std::vector<HostTensor>& tensors) = 0;
-  std::vector<HostTensor> export_params() { return export_state(State::Params); }
-  std::vector<HostTensor> export_grads() { return export_state(State::Grads); }
-  void import_params(const std::vector<HostTensor>& params) { import_state(State::Params, params); }
 };
 
 }  // namespace sf

@@ -404,49 +404,4 @@ void ResidentEngine::adamw_step(const AdamWParams& p) {
                    p, *m.stream);
 }
 
-std::vector<ResidentEngine::HostTensor> ResidentEngine::export_state(State which) {
-  Impl& m = *impl_;
-  const DeviceBuffer& buf = m.state(which);
-  std::vector<float> host(size_t(m.total));
-  dev_.copy(host.data(), buf.data(), host.size() * 4, CopyKind::DeviceToHost, *m.stream);
-  dev_.synchronize(*m.stream);
-  std::vector<HostTensor> out;
-  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    for (const BlobEntry& e : layout_.blobs[b].entries) {
-      HostTensor t;
-      t.name = e.name;
-      t.shape = e.shape;
-      const float* src = host.data() + m.blob_off[b] + e.offset;
-      t.data.assign(src, src + e.numel);
-      out.push_back(std::move(t));
-    }
-  }
-  return out;
-}
-
-void ResidentEngine::import_state(State which, const std::vector<HostTensor>& tensors) {
-  Impl& m = *impl_;
-  std::map<std::string, const HostTensor*> by_name;
-  for (const auto& t : tensors) by_name[t.name] = &t;
-  std::vector<float> host;
-  for (size_t b = 0; b < layout_.blobs.size(); ++b) {
-    const BlobLayout& blob = layout_.blobs[b];
-    host.assign(size_t(blob.numel), 0.f);
-    for (const BlobEntry& e : blob.entries) {
-      auto it = by_name.find(e.name);
-      SF_CHECK(it != by_name.end(), "import_state: missing " + e.name);
-      SF_CHECK(it->second->shape == e.shape && int64_t(it->second->data.size()) == e.numel,
-               "import_state: shape mismatch for " + e.name);
-      std::copy(it->second->data.begin(), it->second->data.end(), host.begin() + e.offset);
-    }
-    if (which == State::Params) {
-      m.upload_blob(int(b), host);
-    } else {
-      dev_.copy(m.at(m.state(which), int(b), DType::F32), host.data(), host.size() * 4, CopyKind::HostToDevice,
-                *m.stream);
-      dev_.synchronize(*m.stream);
-    }
-  }
-}
-
 }  // namespace sf

@@ -49,8 +49,6 @@ class ResidentEngine final : public Engine {
   void adamw_step(const AdamWParams& p);
   // Full logits [B*T, V] of a batch, to host (evaluation helper; allocates, not for the hot path).
   std::vector<float> logits(const Batch& b);
-  std::vector<HostTensor> export_state(State which) override;
-  void import_state(State which, const std::vector<HostTensor>& tensors) override;
 
  private:
   struct Impl;

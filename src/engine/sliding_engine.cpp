@@ -668,31 +668,6 @@ void SlidingEngine::write_state(State which, int blob, int entry, const float* s
   if (which == State::Params) m.slots->invalidate();
 }
 
-std::vector<SlidingEngine::HostTensor> SlidingEngine::export_state(State which) {
-  std::vector<HostTensor> out;
-  for (int b = 0; b < int(layout_.blobs.size()); ++b)
-    for (int i = 0; i < int(layout_.blobs[size_t(b)].entries.size()); ++i) {
-      const BlobEntry& e = layout_.blobs[size_t(b)].entries[size_t(i)];
-      HostTensor t{e.name, e.shape, std::vector<float>(size_t(e.numel))};
-      read_state(which, b, i, t.data.data());
-      out.push_back(std::move(t));
-    }
-  return out;
-}
-
-void SlidingEngine::import_state(State which, const std::vector<HostTensor>& tensors) {
-  std::map<std::string, const HostTensor*> by_name;
-  for (const auto& t : tensors) by_name[t.name] = &t;
-  for (int b = 0; b < int(layout_.blobs.size()); ++b)
-    for (int i = 0; i < int(layout_.blobs[size_t(b)].entries.size()); ++i) {
-      const BlobEntry& e = layout_.blobs[size_t(b)].entries[size_t(i)];
-      auto it = by_name.find(e.name);
-      SF_CHECK(it != by_name.end(), "import_state: missing " + e.name);
-      SF_CHECK(it->second->shape == e.shape, "import_state: shape mismatch for " + e.name);
-      write_state(which, b, i, it->second->data.data());
-    }
-}
-
 size_t SlidingEngine::device_bytes() const {
   const Impl& m = *impl_;
   size_t n = m.slots->device_bytes() + m.emb_acc.buf.size() + m.head_acc.buf.size() + m.grad_stg.size() +

@@ -69,8 +69,6 @@ class SlidingEngine final : public Engine {
   double loss_sum(const std::vector<Batch>& batches) override;
   double compute_grads(const std::vector<Batch>& batches) override;
   void synchronize() override;
-  std::vector<HostTensor> export_state(State which) override;
-  void import_state(State which, const std::vector<HostTensor>& tensors) override;
   size_t device_bytes() const override;
   size_t host_bytes() const override;
   void read_state(State which, int blob, int entry, float* dst) override;

@@ -49,7 +49,7 @@ struct BlobLayout {
   int layer = -1;  // for BlobKind::Layer
   std::vector<BlobEntry> entries;
   int64_t numel = 0;  // padded size in elements
-  // Entry for a LayerParam slot, or nullptr when the architecture has no such tensor.
+  // Entry for a LayerParam, or nullptr when the architecture has no such tensor.
   const BlobEntry* entry(LayerParam p) const;  // nullptr when the layer lacks it
 };
 

@@ -44,33 +44,34 @@ std::string torch_dtype_name(DType t) {
 
 }  // namespace
 
-void save_hf_model(Engine& engine, nlohmann::json cfg, const std::string& src_dir, const std::string& out_dir,
-                   DType dtype, size_t max_shard_bytes) {
-  // One tensor at a time from the engine, the fp32 masters rounded to the checkpoint dtype
-  // (nearest-even for bf16): no copy of the whole model in host memory.
-  const ModelLayout layout = make_layout(engine.spec());
-  std::vector<TensorWrite> tw;
+void append_engine_tensors(std::vector<TensorWrite>& out, Engine& engine, const ModelLayout& layout,
+                           Engine::State state, DType dtype, const std::string& prefix) {
   for (size_t b = 0; b < layout.blobs.size(); ++b) {
     for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
       const BlobEntry& e = layout.blobs[b].entries[i];
-      TensorWrite w;
-      w.name = e.name;
-      w.shape = e.shape;
-      w.dtype = dtype;
-      w.fill = [&engine, b, i, n = e.numel, dtype](void* dst) {
+      TensorWrite w{prefix + e.name, dtype, e.shape, nullptr};
+      w.fill = [&engine, state, b, i, n = e.numel, dtype](void* dst) {
         if (dtype == DType::F32) {
-          engine.read_state(Engine::State::Params, int(b), int(i), static_cast<float*>(dst));
+          engine.read_state(state, int(b), int(i), static_cast<float*>(dst));
           return;
         }
         std::vector<float> f(static_cast<size_t>(n));
-        engine.read_state(Engine::State::Params, int(b), int(i), f.data());
+        engine.read_state(state, int(b), int(i), f.data());
         uint16_t* h = static_cast<uint16_t*>(dst);
         for (size_t k = 0; k < f.size(); ++k)
           h[k] = dtype == DType::BF16 ? float_to_bf16(f[k]).bits : float_to_f16(f[k]);
       };
-      tw.push_back(std::move(w));
+      out.push_back(std::move(w));
     }
   }
+}
+
+void save_hf_model(Engine& engine, nlohmann::json cfg, const std::string& src_dir, const std::string& out_dir,
+                   DType dtype, size_t max_shard_bytes) {
+  // One tensor at a time from the engine, the fp32 masters rounded to the checkpoint dtype
+  // (nearest-even for bf16): no copy of the whole model in host memory.
+  std::vector<TensorWrite> tw;
+  append_engine_tensors(tw, engine, make_layout(engine.spec()), Engine::State::Params, dtype);
   write_checkpoint_tensors(out_dir, tw, max_shard_bytes);
 
   const ModelSpec& spec = engine.spec();

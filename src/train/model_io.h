@@ -5,6 +5,8 @@
 
 #include "core/dtype.h"
 #include "engine/engine.h"
+#include "io/safetensors.h"
+#include "model/layout.h"
 #include "model/spec.h"
 
 namespace sf {
@@ -20,6 +22,13 @@ ModelDir open_model_dir(const std::string& dir);
 
 // Checkpoint dtype to save in: the checkpoint's own (F32/BF16/F16 as stored) — see model_io.cpp.
 DType checkpoint_dtype(const std::string& dir);
+
+// Appends one TensorWrite per tensor of `layout` (blob by blob, entry by entry), named `prefix` +
+// the tensor's name, whose fill reads `state` from the engine when the writer gets to it (one tensor
+// at a time, no copy of the whole state in host memory); fp32 rounded to `dtype` (nearest-even for
+// bf16) when that is not F32.
+void append_engine_tensors(std::vector<TensorWrite>& out, Engine& engine, const ModelLayout& layout,
+                           Engine::State state, DType dtype = DType::F32, const std::string& prefix = "");
 
 // Writes an HF checkpoint into `out_dir`, a fresh (staging) directory: safetensors in `dtype`,
 // config.json (`config` with its dtype updated), and tokenizer files copied from `src_dir`

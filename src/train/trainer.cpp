@@ -194,17 +194,8 @@ EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
   r.tokens = total_trained(batches, o.data);
   r.loss = s.engine->compute_grads(batches);  // every batch of the file is one step's micro-batch
   const ModelLayout layout = make_layout(s.model.spec);
-  std::vector<TensorWrite> tw;  // one tensor at a time from the engine
-  Engine& engine = *s.engine;
-  for (size_t b = 0; b < layout.blobs.size(); ++b)
-    for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
-      const BlobEntry& e = layout.blobs[b].entries[i];
-      TensorWrite w{e.name, DType::F32, e.shape, nullptr};
-      w.fill = [&engine, b, i](void* dst) {
-        engine.read_state(Engine::State::Grads, int(b), int(i), static_cast<float*>(dst));
-      };
-      tw.push_back(std::move(w));
-    }
+  std::vector<TensorWrite> tw;
+  append_engine_tensors(tw, *s.engine, layout, Engine::State::Grads);
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", r.loss);
   write_safetensors(out_path, tw, {{"loss", buf}, {"tokens", std::to_string(r.tokens)}});

@@ -14,6 +14,7 @@
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "model/layout.h"
+#include "train/model_io.h"
 
 namespace sf {
 
@@ -34,18 +35,7 @@ void write_training_state(Engine& engine, const ModelSpec& spec, const TrainOpti
   // One tensor at a time from the engine (no copy of the whole state in host memory).
   const ModelLayout layout = make_layout(spec);
   std::vector<TensorWrite> tw;
-  for (const auto& [kind, prefix] : kSavedStates) {
-    for (size_t b = 0; b < layout.blobs.size(); ++b) {
-      for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
-        const BlobEntry& e = layout.blobs[b].entries[i];
-        TensorWrite w{prefix + e.name, DType::F32, e.shape, nullptr};
-        w.fill = [&engine, kind = kind, b, i](void* dst) {
-          engine.read_state(kind, int(b), int(i), static_cast<float*>(dst));
-        };
-        tw.push_back(std::move(w));
-      }
-    }
-  }
+  for (const auto& [kind, prefix] : kSavedStates) append_engine_tensors(tw, engine, layout, kind, DType::F32, prefix);
   write_safetensors((fs::path(dir) / kStateFile).string(), tw, {{"step", std::to_string(p.step)}});
   nlohmann::json j = {{"step", p.step},
                       {"next_record", p.next_record},

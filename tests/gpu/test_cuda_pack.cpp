@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "../engine_state.h"
 #include "../model_fixtures.h"
 #include "../test_util.h"
 #include "backend/device.h"
@@ -21,7 +22,7 @@ namespace {
 
 struct Result {
   double loss = 0;
-  std::vector<ResidentEngine::HostTensor> grads;
+  test::NamedTensors grads;
 };
 
 Result run(ResidentEngine& e, const Batch& b, int64_t trained) {
@@ -29,7 +30,7 @@ Result run(ResidentEngine& e, const Batch& b, int64_t trained) {
   e.forward_backward(b, float(1.0 / double(trained)), true);
   Result r;
   r.loss = e.take_loss_sum();
-  r.grads = e.export_grads();
+  r.grads = test::export_grads(e);
   return r;
 }
 

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/kernel_utils.cuh"
+#include "core/align.h"
 
 namespace sf::cuda {
 namespace {
@@ -13,8 +14,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 std::atomic<bool> g_force_simple{false};
-
-size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 
 // ============================================================================================
 // Flash kernels (BF16, head_dim 64 / 128)

@@ -1,0 +1,56 @@
+// Whole per-parameter states of an engine as named fp32 host tensors, for tests that compare or
+// perturb every parameter. Built on the engine's tensor-by-tensor read_state / write_state, in
+// make_layout(spec()) order (embedding, layers, head).
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "model/layout.h"
+
+namespace sf::test {
+
+// One tensor of a state in HF name and shape.
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+using NamedTensors = std::vector<NamedTensor>;
+
+inline NamedTensors export_state(Engine& e, Engine::State which) {
+  const ModelLayout layout = make_layout(e.spec());
+  NamedTensors out;
+  for (size_t b = 0; b < layout.blobs.size(); ++b)
+    for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
+      const BlobEntry& be = layout.blobs[b].entries[i];
+      NamedTensor t{be.name, be.shape, std::vector<float>(size_t(be.numel))};
+      e.read_state(which, int(b), int(i), t.data.data());
+      out.push_back(std::move(t));
+    }
+  return out;
+}
+
+// Sets one state by HF name: every tensor of the layout must be given, with its shape.
+inline void import_state(Engine& e, Engine::State which, const NamedTensors& tensors) {
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t;
+  const ModelLayout layout = make_layout(e.spec());
+  for (size_t b = 0; b < layout.blobs.size(); ++b)
+    for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
+      const BlobEntry& be = layout.blobs[b].entries[i];
+      auto it = by_name.find(be.name);
+      SF_CHECK(it != by_name.end(), "import_state: missing " + be.name);
+      SF_CHECK(it->second->shape == be.shape && int64_t(it->second->data.size()) == be.numel,
+               "import_state: shape mismatch for " + be.name);
+      e.write_state(which, int(b), int(i), it->second->data.data());
+    }
+}
+
+inline NamedTensors export_params(Engine& e) { return export_state(e, Engine::State::Params); }
+inline NamedTensors export_grads(Engine& e) { return export_state(e, Engine::State::Grads); }
+inline void import_params(Engine& e, const NamedTensors& p) { import_state(e, Engine::State::Params, p); }
+
+}  // namespace sf::test
