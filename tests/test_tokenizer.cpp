@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "data/normalizer.h"
+#include "core/thread_pool.h"
 #include "data/tokenizer.h"
 #include "io/json_file.h"
 #include "test_util.h"
@@ -400,7 +401,7 @@ TEST(TokenizerBench, DISABLED_Throughput) {
     size_t n = 0;
     for (const auto& v : ids) n += v.size();
     std::printf("{\"tokenizer\": \"%s\", \"threads\": %d, \"MB/s\": %.2f, \"tokens\": %zu, \"seconds\": %.3f}\n",
-                tok_path, threads ? threads : Tokenizer::default_threads(), double(bytes) / 1e6 / s, n, s);
+                tok_path, threads ? threads : usable_cpus(), double(bytes) / 1e6 / s, n, s);
   }
 }
 

@@ -1,7 +1,11 @@
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 
 namespace sf {
 
@@ -88,11 +92,24 @@ void ThreadPool::parallel_pieces(int64_t n, const std::function<void(int64_t, in
   done_cv_.wait(lk, [&] { return pending_ == 0; });
 }
 
+int usable_cpus() {
+  if (const char* env = std::getenv("SF_THREADS")) return std::max(1, std::atoi(env));
+  int n = int(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) n = std::min(n, CPU_COUNT(&set));
+  std::ifstream f("/sys/fs/cgroup/cpu.max");  // cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+  std::string quota;
+  long long period = 0;
+  if (f >> quota >> period && quota != "max" && period > 0) {
+    const long long q = std::atoll(quota.c_str());
+    if (q > 0) n = std::min<long long>(n, std::max<long long>(1, (q + period - 1) / period));
+  }
+  return std::max(1, n);
+}
+
 ThreadPool& cpu_pool() {
-  static ThreadPool pool([] {
-    if (const char* s = std::getenv("SF_THREADS")) return std::max(1, std::atoi(s));
-    return int(std::max(1u, std::thread::hardware_concurrency()));
-  }());
+  static ThreadPool pool(usable_cpus());
   return pool;
 }
 

@@ -41,7 +41,11 @@ class ThreadPool {
   bool stop_ = false;
 };
 
-// The process's compute pool for CPU kernels (size from SF_THREADS or hardware concurrency).
+// Threads worth running: SF_THREADS if set, else the CPUs of the process's affinity mask, capped
+// by a cgroup v2 CPU quota (hardware_concurrency() counts the host's CPUs, also in a container
+// limited to fewer: threads beyond those only contend and start with cold caches).
+int usable_cpus();
+// The process's compute pool for CPU kernels (usable_cpus() threads).
 ThreadPool& cpu_pool();
 
 }  // namespace sf

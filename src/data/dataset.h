@@ -51,7 +51,7 @@ struct LoadOptions {
   // of the data when valid.
   bool cache = true;
   std::time_t now = 0;  // what strftime_now formats in chat templates (0: the current time)
-  int threads = 0;      // tokenization threads (0: Tokenizer::default_threads())
+  int threads = 0;      // tokenization threads (0: usable_cpus())
 };
 
 // Reads a JSONL file. Every problem is an InputError naming "path:line". Token ids must be in

@@ -1,7 +1,5 @@
 #include "data/tokenizer.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -18,6 +16,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "data/unicode.h"
 #include "io/json_file.h"
 
@@ -631,39 +630,42 @@ void cache_store(PieceCache::Slot* slot, uint64_t hash, std::string_view piece, 
   std::copy(ids.begin(), ids.end(), slot->ids);
 }
 
-}  // namespace
-
-void Tokenizer::model_word(std::string_view piece, std::vector<int32_t>& out) const {
+// The ids of `key` from the piece cache, else those `compute()` returns (cached for next time).
+template <class F>
+void cached_ids(uint64_t serial, std::string_view key, std::vector<int32_t>& out, F&& compute) {
   uint64_t hash = 0;
   bool hit;
-  PieceCache::Slot* slot = cache_slot(serial_, piece, hash, hit);
+  PieceCache::Slot* slot = cache_slot(serial, key, hash, hit);
   if (hit) {
     out.insert(out.end(), slot->ids, slot->ids + slot->n);
     return;
   }
-  std::vector<int32_t>& sym = scratch().sym;
-  word_ids(piece, sym);
-  out.insert(out.end(), sym.begin(), sym.end());
-  cache_store(slot, hash, piece, sym);
+  const std::vector<int32_t>& ids = compute();
+  out.insert(out.end(), ids.begin(), ids.end());
+  cache_store(slot, hash, key, ids);
+}
+
+}  // namespace
+
+void Tokenizer::model_word(std::string_view piece, std::vector<int32_t>& out) const {
+  cached_ids(serial_, piece, out, [&]() -> const std::vector<int32_t>& {
+    std::vector<int32_t>& sym = scratch().sym;
+    word_ids(piece, sym);
+    return sym;
+  });
 }
 
 // A byte-level piece given as its bytes (before ByteLevel's mapping): the cache is keyed by the
 // bytes, the mapping made only for pieces not in it.
 void Tokenizer::model_bytes(std::string_view raw, std::vector<int32_t>& out) const {
-  uint64_t hash = 0;
-  bool hit;
-  PieceCache::Slot* slot = cache_slot(serial_, raw, hash, hit);
-  if (hit) {
-    out.insert(out.end(), slot->ids, slot->ids + slot->n);
-    return;
-  }
-  Scratch& sc = scratch();
-  const ByteChars& bc = byte_chars();
-  sc.mapped.clear();
-  for (unsigned char b : raw) sc.mapped.append(bc.text[b], bc.len[b]);
-  word_ids(sc.mapped, sc.sym);
-  out.insert(out.end(), sc.sym.begin(), sc.sym.end());
-  cache_store(slot, hash, raw, sc.sym);
+  cached_ids(serial_, raw, out, [&]() -> const std::vector<int32_t>& {
+    Scratch& sc = scratch();
+    const ByteChars& bc = byte_chars();
+    sc.mapped.clear();
+    for (unsigned char b : raw) sc.mapped.append(bc.text[b], bc.len[b]);
+    word_ids(sc.mapped, sc.sym);
+    return sc.sym;
+  });
 }
 
 // The ids of one piece through the model: its characters as symbols, then the merges.
@@ -797,28 +799,10 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special
   return out;
 }
 
-int Tokenizer::default_threads() {
-  if (const char* env = std::getenv("SF_THREADS")) return std::max(1, std::atoi(env));
-  // std::thread::hardware_concurrency() counts the host's CPUs, also in a container limited to
-  // fewer (cpuset, CPU quota): threads beyond those only contend and start with cold caches.
-  int n = int(std::max(1u, std::thread::hardware_concurrency()));
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) n = std::min(n, CPU_COUNT(&set));
-  std::ifstream f("/sys/fs/cgroup/cpu.max");  // cgroup v2: "QUOTA PERIOD" or "max PERIOD"
-  std::string quota;
-  long long period = 0;
-  if (f >> quota >> period && quota != "max" && period > 0) {
-    const long long q = std::atoll(quota.c_str());
-    if (q > 0) n = std::min<long long>(n, std::max<long long>(1, (q + period - 1) / period));
-  }
-  return std::max(1, n);
-}
-
 std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string>& texts, bool add_special,
                                                           int threads) const {
   std::vector<std::vector<int32_t>> out(texts.size());
-  if (threads <= 0) threads = default_threads();
+  if (threads <= 0) threads = usable_cpus();
   threads = int(std::min<size_t>(size_t(threads), (texts.size() + 15) / 16));
   if (threads <= 1) {
     for (size_t i = 0; i < texts.size(); ++i) out[i] = encode(texts[i], add_special);

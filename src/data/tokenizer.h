@@ -29,11 +29,9 @@ class Tokenizer {
   // Token ids of `text` (UTF-8); with add_special the post-processor's tokens (a BOS) are added.
   // Thread-safe (const; caches are per thread).
   std::vector<int32_t> encode(const std::string& text, bool add_special = true) const;
-  // encode() of every text, on `threads` threads (0: default_threads()); results in order.
+  // encode() of every text, on `threads` threads (0: usable_cpus(), core/thread_pool.h); results in order.
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string>& texts, bool add_special = true,
                                                  int threads = 0) const;
-  // SF_THREADS, else the CPUs this process may use (its affinity mask and cgroup CPU quota).
-  static int default_threads();
   // The text of ids (byte-level or SentencePiece-style decoding; added tokens as their content).
   std::string decode(const std::vector<int32_t>& ids) const;
   // Identifies what encode() does: the file's bytes and this implementation's revision (bumped

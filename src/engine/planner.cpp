@@ -367,7 +367,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
       const double layers_fwd_gpu = p.gpu_s * ((f.forward - f.head / 3) / f.total),
                    layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
       const double fwd_host = (P * pass + P * 4 + K * ckpt) / bus;
-      const double fwd_pcie = std::max(P * 4, K * ckpt) / (rates.pcie_gbs * 1e9);
+      const double fwd_pcie = std::max(up_fwd_s, K * ckpt / (rates.pcie_gbs * 1e9));  // checkpoints go down
       const double bwd_host = (P * pass + P * 4 + P * act + K * ckpt) / bus;
       // Two slots and a tied embedding on the host: the layers evict it, the head uploads it again.
       const double head_upload_s = p.slots <= 2 && s.tie_embeddings && emb_on_host
