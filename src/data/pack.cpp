@@ -8,46 +8,97 @@ namespace sf {
 
 int packed_length(const Record& r, int seq_len) { return int(std::min<size_t>(r.ids.size(), size_t(seq_len))); }
 
+namespace {
+
+// Whether a window that holds `tokens` tokens in `records` records is full.
+bool window_full(int64_t tokens, size_t records, int seq_len) {
+  return tokens >= kPackWindowRows * seq_len || records >= kPackWindowRecords;
+}
+
+}  // namespace
+
+std::vector<std::vector<size_t>> pack_window(const std::vector<int>& lens, int seq_len) {
+  SF_CHECK(seq_len > 0, "pack_window: seq_len must be positive");
+  std::vector<size_t> by_length;  // non-empty records, longest first (ties: earlier first)
+  for (size_t i = 0; i < lens.size(); ++i)
+    if (lens[i] > 0) by_length.push_back(i);
+  std::stable_sort(by_length.begin(), by_length.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
+  std::vector<std::vector<size_t>> rows;
+  std::vector<int> room;  // [rows] free tokens of each row
+  for (size_t i : by_length) {
+    const int n = std::min(lens[i], seq_len);
+    size_t best = rows.size();
+    for (size_t r = 0; r < rows.size(); ++r)
+      if (room[r] >= n && (best == rows.size() || room[r] < room[best])) best = r;
+    if (best == rows.size()) {
+      rows.emplace_back();
+      room.push_back(seq_len);
+    }
+    rows[best].push_back(i);
+    room[best] -= n;
+  }
+  for (auto& row : rows) std::sort(row.begin(), row.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.front() < b.front(); });
+  return rows;
+}
+
 std::vector<std::vector<size_t>> pack_records(const std::vector<const Record*>& recs, int seq_len) {
   SF_CHECK(seq_len > 0, "pack_records: seq_len must be positive");
   std::vector<std::vector<size_t>> rows;
-  int used = seq_len;  // tokens in the last row (seq_len: no open row)
-  for (size_t i = 0; i < recs.size(); ++i) {
-    const int n = packed_length(*recs[i], seq_len);
-    if (n == 0) continue;
-    if (used + n > seq_len) {
-      rows.emplace_back();
-      used = 0;
+  for (size_t first = 0; first < recs.size();) {
+    std::vector<int> lens;
+    int64_t tokens = 0;
+    while (first + lens.size() < recs.size() && !window_full(tokens, lens.size(), seq_len)) {
+      lens.push_back(packed_length(*recs[first + lens.size()], seq_len));
+      tokens += lens.back();
     }
-    rows.back().push_back(i);
-    used += n;
+    for (auto& row : pack_window(lens, seq_len)) {
+      for (size_t& k : row) k += first;
+      rows.push_back(std::move(row));
+    }
+    first += lens.size();
   }
   return rows;
 }
 
-RowPacker::RowPacker(const Dataset& ds, RecordOrder& order, int seq_len, uint64_t position)
-    : ds_(ds), order_(order), seq_len_(seq_len), pos_(position) {
+RowPacker::RowPacker(const Dataset& ds, RecordOrder& order, int seq_len, uint64_t window_start, uint64_t rows_taken)
+    : ds_(ds), order_(order), seq_len_(seq_len) {
   SF_CHECK(seq_len > 0, "RowPacker: seq_len must be positive");
   SF_CHECK(std::any_of(ds.records.begin(), ds.records.end(), [](const Record& r) { return !r.ids.empty(); }),
            "RowPacker: every record is empty");
+  load_window(window_start);
+  if (rows_taken > rows_.size())
+    input_error("--resume", "the checkpoint's packing position (row " + std::to_string(rows_taken) +
+                                " of a window of " + std::to_string(rows_.size()) +
+                                ") does not fit this data and --seq-len");
+  next_ = rows_taken;
+}
+
+void RowPacker::load_window(uint64_t start) {
+  const uint64_t n = ds_.records.size();
+  const uint64_t epoch_end = (start / n + 1) * n;
+  std::vector<size_t> idx;  // record indices of the window's positions
+  std::vector<int> lens;
+  int64_t tokens = 0;
+  for (uint64_t p = start; p < epoch_end && !window_full(tokens, lens.size(), seq_len_); ++p) {
+    idx.push_back(order_.at(p));
+    lens.push_back(packed_length(ds_.records[idx.back()], seq_len_));
+    tokens += lens.back();
+  }
+  rows_ = pack_window(lens, seq_len_);
+  for (auto& row : rows_)
+    for (size_t& k : row) k = idx[k];
+  start_ = start;
+  end_ = start + idx.size();
+  next_ = 0;
 }
 
 std::vector<const Record*> RowPacker::next_row() {
+  while (next_ == rows_.size()) load_window(end_);  // a window of empty records has no rows
   std::vector<const Record*> row;
-  int used = 0;
-  for (;;) {
-    const Record& r = ds_.records[order_.at(pos_)];
-    const int n = packed_length(r, seq_len_);
-    if (n == 0) {  // skipped
-      ++pos_;
-      continue;
-    }
-    if (!row.empty() && used + n > seq_len_) return row;  // starts the next row
-    row.push_back(&r);
-    used += n;
-    ++pos_;
-    if (used == seq_len_) return row;
-  }
+  for (size_t k : rows_[next_]) row.push_back(&ds_.records[k]);
+  ++next_;
+  return row;
 }
 
 Batch make_packed_batch(const std::vector<std::vector<const Record*>>& rows, int seq_len) {

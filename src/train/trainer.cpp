@@ -370,17 +370,18 @@ TrainResult run_train(const TrainOptions& o) {
     rep.metrics.eval(step, loss, eval_tokens, seconds_since(rep.t_start));
     return loss;
   };
-  auto save_checkpoint = [&](int64_t step, uint64_t next_record) {
+  auto save_checkpoint = [&](int64_t step, uint64_t next_record, uint64_t pack_rows) {
     const std::string ck = checkpoint_path(o, step);
-    const TrainProgress here{step, next_record};
+    const TrainProgress here{step, next_record, pack_rows};
     save_model_dir(s, o, out_dtype, ck, &here);
     return ck;
   };
 
   TrainResult result;
-  uint64_t next_record = start.next_record;
-  std::optional<RowPacker> packer;  // --pack: rows from the records in `order`, resumable by position
-  if (s.pack) packer.emplace(s.data, order, s.seq_len, next_record);
+  uint64_t next_record = start.next_record;  // --pack: the packer's window start
+  uint64_t pack_rows = start.pack_rows;      // --pack: rows of that window used
+  std::optional<RowPacker> packer;           // --pack: rows from the records in `order`, resumable
+  if (s.pack) packer.emplace(s.data, order, s.seq_len, next_record, pack_rows);
   const StopSignals stop_signals;  // from here on a signal stops after the step, with a checkpoint
   // Test hook: SF_RAISE_SIGINT_AT_STEP=N raises SIGINT at the start of step N (1-based), as a Ctrl-C
   // arriving during that step would.
@@ -397,7 +398,10 @@ TrainResult run_train(const TrainOptions& o) {
     const auto t0 = std::chrono::steady_clock::now();
     const StepBatches sb = packer ? next_packed_step_batches(s, *packer, o.grad_accum, B)
                                   : next_step_batches(s, order, o.grad_accum, B, next_record);
-    if (packer) next_record = packer->position();
+    if (packer) {
+      next_record = packer->window_start();
+      pack_rows = packer->rows_taken();
+    }
     const Engine::StepParams sp = step_params(o, sched, step);
     // The engine owns the step's order (DESIGN.md §4): the update may still run on the host while
     // the next step starts (the sliding engine overlaps it); saving and exporting wait for it.
@@ -418,13 +422,13 @@ TrainResult run_train(const TrainOptions& o) {
       rep.display.break_line();
       log_info("%s at step %lld: saving %s", sig == SIGINT ? "interrupted" : "terminated", (long long)(step + 1),
                checkpoint_path(o, step + 1).c_str());
-      result.checkpoint = save_checkpoint(step + 1, next_record);
+      result.checkpoint = save_checkpoint(step + 1, next_record, pack_rows);
       log_info("saved %s; continue with --resume %s", result.checkpoint.c_str(), result.checkpoint.c_str());
       result.interrupted_by = sig;
       return result;
     }
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
-      const std::string ck = save_checkpoint(step + 1, next_record);
+      const std::string ck = save_checkpoint(step + 1, next_record, pack_rows);
       rep.display.break_line();
       log_info("saved %s", ck.c_str());
     }

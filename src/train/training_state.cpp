@@ -39,6 +39,7 @@ void write_training_state(Engine& engine, const ModelSpec& spec, const TrainOpti
   write_safetensors((fs::path(dir) / kStateFile).string(), tw, {{"step", std::to_string(p.step)}});
   nlohmann::json j = {{"step", p.step},
                       {"next_record", p.next_record},
+                      {"pack_rows", p.pack_rows},
                       {"records", records},
                       {"batch_size", o.data.batch_size},
                       {"grad_accum", o.grad_accum},
@@ -77,6 +78,9 @@ TrainProgress read_training_state(Engine& engine, const ModelSpec& spec, const T
   constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
   p.step = st.at("step").as_int(0, kAny, /*integral_floats=*/false);
   p.next_record = uint64_t(st.at("next_record").as_int(0, kAny, /*integral_floats=*/false));
+  // Absent in checkpoints written before the windowed packer: its rows then start at next_record.
+  if (const std::optional<JsonRef> rows = st.get("pack_rows"))
+    p.pack_rows = uint64_t(rows->as_int(0, kAny, /*integral_floats=*/false));
   if (p.step >= o.steps)
     input_error(tpath, "the checkpoint is at step " + std::to_string(p.step) + ", not before --steps " +
                            std::to_string(o.steps));

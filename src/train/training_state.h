@@ -13,10 +13,12 @@
 
 namespace sf {
 
-// Where a run is: the optimizer step about to run and the next record position.
+// Where a run is: the optimizer step about to run and the next record position (--pack: the
+// packer's window start and the rows of that window already used).
 struct TrainProgress {
   int64_t step = 0;
   uint64_t next_record = 0;
+  uint64_t pack_rows = 0;
 };
 
 // Writes both files into `dir` (a staged checkpoint directory); `records` and `seq_len` are the
