@@ -128,6 +128,43 @@ for m in ('unpacked', 'packed'):
     rows = [r for r in rows if r.get('type') == 'train'][2:]
     tok = sum(r['tokens'] for r in rows); sec = sum(r['tokens'] / r['tokens_per_second'] for r in rows)
     print(m, 'tokens/s', round(tok / sec), 'tokens/step', tok // len(rows), 'loss', rows[-1]['loss'])" ;;
+    # packing on the offload engine: Llama 3.2 3B shape (random bf16 weights), every blob on the
+    # host, the same 3,000-record mix; then the 1B in-memory pair again (the windowed packer)
+    pack_bench3b)
+      python3 -c "
+import json, random
+random.seed(7)
+for i in range(3000):
+    n = random.randint(50, 800)
+    print(json.dumps({'input_ids': [random.randrange(128000) for _ in range(n)]}))" >/tmp/sft.jsonl
+      python3 -c "
+import json
+c = json.load(open('fuzz/corpus/config/llama-3.2-1b.json'))
+c.update(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, head_dim=128)
+json.dump(c, open('/tmp/config3b.json', 'w'))"
+      run pack_init3b "$BIN/slideformer" init --config /tmp/config3b.json --output /tmp/m3b --dtype bf16
+      run pack_init1b "$BIN/slideformer" init --config fuzz/corpus/config/llama-3.2-1b.json --output /tmp/m1b --dtype bf16
+      for m in "3b 8 --offload --gpu-blobs 0" "1b 10"; do
+        set -- $m
+        size=$1 steps=$2; shift 2
+        for mode in unpacked packed; do
+          extra=""; [ $mode = packed ] && extra="--pack"
+          rm -rf /tmp/o_$mode
+          run pack_${size}_$mode "$BIN/slideformer" train --model /tmp/m$size --data /tmp/sft.jsonl --output /tmp/o_$mode \
+            --steps $steps --batch-size 8 --seq-len 2048 --lr 1e-5 --device cuda --metrics "$OUT/pack_${size}_$mode.jsonl" \
+            --no-data-cache "$@" $extra
+        done
+        rm -rf /tmp/o_unpacked /tmp/o_packed
+      done
+      rm -rf /tmp/m3b
+      run pack_summary python3 -c "
+import json, sys
+for s in ('3b', '1b'):
+  for m in ('unpacked', 'packed'):
+    rows = [json.loads(l) for l in open('$OUT/pack_' + s + '_' + m + '.jsonl')]
+    rows = [r for r in rows if r.get('type') == 'train'][2:]
+    tok = sum(r['tokens'] for r in rows); sec = sum(r['tokens'] / r['tokens_per_second'] for r in rows)
+    print(s, m, 'tokens/s', round(tok / sec), 'tokens/step', tok // len(rows), 's/step', round(sec / len(rows), 3), 'loss', rows[-1]['loss'])" ;;
     # session 4, no trace: bench's steady-state step (intervals between step returns) and its
     # end-to-end figure, 3B split clipping / no clipping / held gradients, 8B at 24 GiB, PyTorch
     offload9)
