@@ -250,6 +250,19 @@ for s in ('3b', '1b'):
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
           --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip
       done ;;
+    # issue 10's same-call check: the refactored build ($BIN) against the one before it ($BASE),
+    # alternated (base, new, base, new) so that drift shows: the 1B step in GPU memory and the 3B
+    # offload step (every blob on the host, clipping)
+    same_call)
+      for round in 1 2; do
+        for which in base new; do
+          b="$BIN"; [ $which = base ] && b="$BASE"
+          run ${which}_1b_r$round "$b/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 \
+            --steps 10 --warmup 2 --device cuda
+          run ${which}_3b_r$round "$b/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+            --steps 5 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm 1
+        done
+      done ;;
     # the tokenizers next to Hugging Face's encode_batch (BIN holds a portable CPU-only sf_tests;
     # the real files in tmp/tokenizers, carried)
     tokenizer_speed) run tokenizer_speed bash tools/tokenizer_speed.sh "${SF_CPU_BIN:-$BIN/cpu}" ;;
