@@ -47,13 +47,44 @@ std::vector<float> floats(const TensorInfo& t) {
   return v;
 }
 
+// Every F32 tensor of `a` is in `b` with values within relative error `tol`.
+void expect_close_tensors(const SafetensorsFile& a, const SafetensorsFile& b, double tol) {
+  for (const auto& t : a.tensors()) {
+    const TensorInfo* u = b.find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_LT(test::rel_err(floats(t), floats(*u)), tol) << t.name;
+  }
+}
+
+// The length of a safetensors file's JSON header (its first 8 bytes, little-endian).
+uint64_t header_bytes(const std::string& raw) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | uint8_t(raw[size_t(i)]);
+  return n;
+}
+
+// A scratch directory per test with tiny models and data files in it, and the command lines run there.
 class Cli : public test::BinaryTest {
  protected:
+  // DIR/name holding `text`; its path.
+  std::string write(const std::string& name, const std::string& text) {
+    std::ofstream(p(name)) << text;
+    return p(name);
+  }
+  // `init` of a random model from `config` (written to DIR/name.json) at DIR/name.
+  CmdResult init(const json& config, const std::string& name, const std::string& options = "") {
+    return run("init --config " + write(name + ".json", config.dump()) + " --output " + p(name) + options);
+  }
   // A random model of `family` in `dtype` at DIR/name.
   std::string make_model(const std::string& family, const std::string& name, const std::string& dtype = "fp32") {
-    std::ofstream(p(name + ".json")) << test::tiny_config(family).dump();
-    CmdResult r = run("init --config " + p(name + ".json") + " --output " + p(name) + " --seed 3 --dtype " + dtype);
+    CmdResult r = init(test::tiny_config(family), name, " --seed 3 --dtype " + dtype);
     EXPECT_EQ(r.code, 0) << r.err;
+    return p(name);
+  }
+  // A copy of the model directory `model` at DIR/name, with `config` as its config.json.
+  std::string copy_model(const std::string& model, const std::string& name, const std::string& config) {
+    fs::copy(model, p(name), fs::copy_options::recursive);
+    write(name + "/config.json", config);
     return p(name);
   }
   // Ragged, partly masked records, some longer than the sequence length used in the tests.
@@ -74,9 +105,34 @@ class Cli : public test::BinaryTest {
     }
     return p(name);
   }
-  // The start of a `train` command line: model, data and (when given) output directory.
+  // The start of a command line that reads a data file: the command, model, data and (when given)
+  // output.
+  static std::string data_cmd(const std::string& command, const std::string& model, const std::string& data,
+                              const std::string& output = "") {
+    return command + " --model " + model + " --data " + data + (output.empty() ? "" : " --output " + output);
+  }
   static std::string train_cmd(const std::string& model, const std::string& data, const std::string& output = "") {
-    return "train --model " + model + " --data " + data + (output.empty() ? "" : " --output " + output);
+    return data_cmd("train", model, data, output);
+  }
+  static std::string eval_cmd(const std::string& model, const std::string& data) {
+    return data_cmd("eval", model, data);
+  }
+  // The weights of a model directory.
+  static SafetensorsFile weights(const std::string& dir) { return SafetensorsFile::open(dir + "/model.safetensors"); }
+  // Whether two model directories hold the same model.safetensors, byte for byte.
+  static bool same_weights(const std::string& a, const std::string& b) {
+    return slurp(a + "/model.safetensors") == slurp(b + "/model.safetensors");
+  }
+  // run() with `env` (VAR=value ...) before the binary; a death by signal n is code 128 + n.
+  CmdResult run_with_env(const std::string& env, const std::string& args) {
+    CmdResult r;
+    const fs::path o = dir_ / "stdout.txt", e = dir_ / "stderr.txt";
+    const int status =
+        std::system((env + " " + SF_BINARY + " " + args + " >" + o.string() + " 2>" + e.string()).c_str());
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : (WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1);
+    r.out = slurp(o);
+    r.err = slurp(e);
+    return r;
   }
   // Expects exit code 2 and a single stderr line mentioning `needle`.
   void expect_input_error(const CmdResult& r, const std::string& needle) {
@@ -93,7 +149,7 @@ TEST_F(Cli, InitEvalGradTrainEveryFamily) {
       SCOPED_TRACE(fam + " " + dtype);
       std::string model = make_model(fam, fam + dtype, dtype);
       ASSERT_TRUE(fs::exists(model + "/model.safetensors"));
-      CmdResult ev = run("eval --model " + model + " --data " + data + " --seq-len 16 --batch-size 5 --device cpu");
+      CmdResult ev = run(eval_cmd(model, data) + " --seq-len 16 --batch-size 5 --device cpu");
       ASSERT_EQ(ev.code, 0) << ev.err;
       double loss = ev.last()["loss"];
       EXPECT_NEAR(loss, std::log(37.0), 1.0);  // a random model is near uniform
@@ -101,14 +157,13 @@ TEST_F(Cli, InitEvalGradTrainEveryFamily) {
       EXPECT_GT(tokens, 50);
 
       // Batch size does not change the mean over the file.
-      CmdResult ev2 = run("eval --model " + model + " --data " + data + " --seq-len 16 --batch-size 1 --device cpu");
+      CmdResult ev2 = run(eval_cmd(model, data) + " --seq-len 16 --batch-size 1 --device cpu");
       EXPECT_NEAR(double(ev2.last()["loss"]), loss, 1e-5 * loss);
 
-      CmdResult gr = run("grad --model " + model + " --data " + data + " --seq-len 16 --output " + p("g.safetensors") +
-                         " --device cpu");
+      CmdResult gr = run(data_cmd("grad", model, data, p("g.safetensors")) + " --seq-len 16 --device cpu");
       ASSERT_EQ(gr.code, 0) << gr.err;
       auto g = SafetensorsFile::open(p("g.safetensors"));
-      auto w = SafetensorsFile::open(model + "/model.safetensors");
+      auto w = weights(model);
       EXPECT_EQ(g.tensors().size(), w.tensors().size());
       for (const auto& t : w.tensors()) {
         const TensorInfo* gt = g.find(t.name);
@@ -122,12 +177,12 @@ TEST_F(Cli, InitEvalGradTrainEveryFamily) {
           run(train_cmd(model, data, p("out")) + " --steps 3 --lr 1e-2 --batch-size 4 --seq-len 16 --device cpu");
       ASSERT_EQ(tr.code, 0) << tr.err;
       EXPECT_NE(tr.err.find("step 3/3 loss"), std::string::npos) << tr.err;
-      auto o = SafetensorsFile::open(p("out") + "/model.safetensors");
+      auto o = weights(p("out"));
       EXPECT_EQ(o.tensors().size(), w.tensors().size());
       EXPECT_EQ(o.tensors()[0].dtype, w.tensors()[0].dtype);  // saved in the checkpoint's dtype
       json cfg = json::parse(slurp(p("out") + "/config.json"));
       EXPECT_EQ(cfg["architectures"][0], test::tiny_config(fam)["architectures"][0]);
-      CmdResult ev3 = run("eval --model " + p("out") + " --data " + data + " --seq-len 16 --device cpu");
+      CmdResult ev3 = run(eval_cmd(p("out"), data) + " --seq-len 16 --device cpu");
       ASSERT_EQ(ev3.code, 0) << ev3.err;
       EXPECT_LT(double(ev3.last()["loss"]), loss);  // 3 steps at lr 1e-2 on the same data
     }
@@ -143,13 +198,7 @@ TEST_F(Cli, GradAccumulationMatchesOneLargeBatch) {
                        " --steps 2 --lr 1e-2 --weight-decay 0.1 --no-shuffle --seq-len 16 --device cpu";
   ASSERT_EQ(run("train" + common + " --batch-size 4 --grad-accum 1 --output " + p("a")).code, 0);
   ASSERT_EQ(run("train" + common + " --batch-size 1 --grad-accum 4 --output " + p("b")).code, 0);
-  auto a = SafetensorsFile::open(p("a") + "/model.safetensors");
-  auto b = SafetensorsFile::open(p("b") + "/model.safetensors");
-  for (const auto& t : a.tensors()) {
-    const TensorInfo* u = b.find(t.name);
-    ASSERT_NE(u, nullptr);
-    EXPECT_LT(test::rel_err(floats(t), floats(*u)), 1e-5) << t.name;
-  }
+  expect_close_tensors(weights(p("a")), weights(p("b")), 1e-5);
 }
 
 // --compute-dtype bf16 on the cpu mirrors the GPU's rounding: close to fp32, but not equal.
@@ -166,11 +215,8 @@ TEST_F(Cli, Bf16ComputeOnCpuIsCloseToFp32) {
   EXPECT_NEAR(lb, lf, 1e-2 * lf);  // bf16 activations: ~3 significant digits
   ASSERT_EQ(run("grad " + common + " --output " + p("gf.safetensors")).code, 0);
   ASSERT_EQ(run("grad " + common + " --compute-dtype bf16 --output " + p("gb.safetensors")).code, 0);
-  auto gf = SafetensorsFile::open(p("gf.safetensors")), gb = SafetensorsFile::open(p("gb.safetensors"));
-  for (const auto& t : gf.tensors()) {
-    EXPECT_LT(test::rel_err(floats(t), floats(*gb.find(t.name))), 5e-2)
-        << t.name;  // the GPU parity tolerance is 3e-2 on larger models
-  }
+  // The GPU parity tolerance is 3e-2 on larger models.
+  expect_close_tensors(SafetensorsFile::open(p("gf.safetensors")), SafetensorsFile::open(p("gb.safetensors")), 5e-2);
   CmdResult tr = run("train " + common + " --compute-dtype bf16 --steps 2 --lr 1e-3 --output " + p("out"));
   EXPECT_EQ(tr.code, 0) << tr.err;
   expect_input_error(run("eval " + common + " --compute-dtype fp8"), "fp8");
@@ -189,28 +235,25 @@ TEST_F(Cli, OffloadMatchesInMemory) {
   EXPECT_EQ(double(a.last()["loss"]), double(b.last()["loss"]));
   ASSERT_EQ(run("grad " + common + " --output " + p("ga.safetensors")).code, 0);
   ASSERT_EQ(run("grad " + common + " --offload --gpu-blobs 0 --output " + p("gb.safetensors")).code, 0);
-  auto ga = SafetensorsFile::open(p("ga.safetensors")), gb = SafetensorsFile::open(p("gb.safetensors"));
-  for (const auto& t : ga.tensors()) {
-    EXPECT_LT(test::rel_err(floats(t), floats(*gb.find(t.name))), 1e-6) << t.name;
-  }
+  expect_close_tensors(SafetensorsFile::open(p("ga.safetensors")), SafetensorsFile::open(p("gb.safetensors")), 1e-6);
   std::string tr = "train " + common + " --steps 3 --lr 1e-2 --weight-decay 0.1 --max-grad-norm 1 --output ";
   ASSERT_EQ(run(tr + p("ta")).code, 0);
   CmdResult t = run(tr + p("tb") + " --offload --gpu-blobs 0");
   ASSERT_EQ(t.code, 0) << t.err;
-  EXPECT_TRUE(slurp(p("ta") + "/model.safetensors") == slurp(p("tb") + "/model.safetensors"));
+  EXPECT_TRUE(same_weights(p("ta"), p("tb")));
   // The planner's default keeps the blobs that fit whole on the (here: cpu) device; --gpu-blobs 2
   // keeps the embedding and the head there and slides the layers.
   for (const char* kept : {"", " --gpu-blobs 2"}) {
     fs::remove_all(p("tk"));
     t = run(tr + p("tk") + " --offload" + kept);
     ASSERT_EQ(t.code, 0) << t.err;
-    EXPECT_TRUE(slurp(p("ta") + "/model.safetensors") == slurp(p("tk") + "/model.safetensors")) << kept;
+    EXPECT_TRUE(same_weights(p("ta"), p("tk"))) << kept;
   }
   // Without clipping the sliding engine updates each blob during the backward: still the same.
   std::string tr2 = "train " + common + " --steps 3 --lr 1e-2 --weight-decay 0.1 --output ";
   ASSERT_EQ(run(tr2 + p("tc")).code, 0);
   ASSERT_EQ(run(tr2 + p("td") + " --offload --slots 2 --gpu-blobs 1").code, 0);
-  EXPECT_TRUE(slurp(p("tc") + "/model.safetensors") == slurp(p("td") + "/model.safetensors"));
+  EXPECT_TRUE(same_weights(p("tc"), p("td")));
   // A tied model with 4 micro-batches a step (layer-major in the sliding engine), clipped or not.
   std::string tied = make_model("mistral", "mt");
   std::string acc =
@@ -220,7 +263,7 @@ TEST_F(Cli, OffloadMatchesInMemory) {
     ASSERT_EQ(run(acc + p("ua") + clip).code, 0);
     CmdResult u = run(acc + p("ub") + clip + " --offload --slots 2 --gpu-blobs 0");
     ASSERT_EQ(u.code, 0) << u.err;
-    EXPECT_TRUE(slurp(p("ua") + "/model.safetensors") == slurp(p("ub") + "/model.safetensors")) << clip;
+    EXPECT_TRUE(same_weights(p("ua"), p("ub"))) << clip;
   }
   expect_input_error(run("eval " + common + " --offload --slots 1"), "--slots");
   expect_input_error(run("eval " + common + " --offload --gpu-blobs 99"), "--gpu-blobs");
@@ -235,9 +278,9 @@ TEST_F(Cli, ShardedOutputAndSaveEvery) {
   EXPECT_TRUE(fs::exists(p("out") + "/model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(p("out") + "/model.safetensors"));
   EXPECT_TRUE(fs::exists(p("out") + "/checkpoint-2/config.json"));
-  CmdResult ev = run("eval --model " + p("out") + " --data " + data + " --device cpu");
+  CmdResult ev = run(eval_cmd(p("out"), data) + " --device cpu");
   EXPECT_EQ(ev.code, 0) << ev.err;
-  CmdResult ev2 = run("eval --model " + p("out") + "/checkpoint-2 --data " + data + " --device cpu");
+  CmdResult ev2 = run(eval_cmd(p("out") + "/checkpoint-2", data) + " --device cpu");
   EXPECT_EQ(ev2.code, 0) << ev2.err;
 }
 
@@ -256,9 +299,7 @@ TEST_F(Cli, ResumeContinuesExactly) {
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_EQ(b.err.find("step 1/4"), std::string::npos) << b.err;  // steps 1 and 2 are not run again
   EXPECT_NE(b.err.find("step 4/4"), std::string::npos) << b.err;
-  auto fa = SafetensorsFile::open(p("a") + "/model.safetensors");
-  auto fb = SafetensorsFile::open(p("b") + "/model.safetensors");
-  expect_same_tensors(fa, fb);
+  expect_same_tensors(weights(p("a")), weights(p("b")));
   // Resuming with other data-order options is refused.
   expect_input_error(run("train" + common + " --output " + p("c") + " --resume " + p("a") + "/checkpoint-2 --seed 6"),
                      "seed");
@@ -267,51 +308,32 @@ TEST_F(Cli, ResumeContinuesExactly) {
 
 TEST_F(Cli, BadDataIsRefusedWithFileAndLine) {
   std::string model = make_model("llama", "m");
-  auto write = [&](const std::string& name, const std::string& text) {
-    std::ofstream(p(name)) << text;
-    return p(name);
-  };
-  std::string ev = "eval --model " + model + " --data ";
-  expect_input_error(run(ev + write("a.jsonl", "{\"input_ids\": [1, 2]}\n{\"input_ids\": [1, 2\n")), "a.jsonl:2");
-  expect_input_error(run(ev + write("b.jsonl", "{\"input_ids\": [1, 37]}\n")), "b.jsonl:1");  // id >= vocab
-  expect_input_error(run(ev + write("c.jsonl", "{\"input_ids\": [1, 2], \"labels\": [1]}\n")), "c.jsonl:1");
-  expect_input_error(run(ev + write("d.jsonl", "{\"tokens\": [1, 2]}\n")), "d.jsonl:1");
-  expect_input_error(run(ev + write("e.jsonl", "{\"input_ids\": [1, -3]}\n")), "e.jsonl:1");
-  expect_input_error(run(ev + write("f.jsonl", "{\"input_ids\": [1, 2], \"labels\": [-100, -100]}\n")), "f.jsonl");
-  expect_input_error(run(ev + p("missing.jsonl")), "missing.jsonl");
+  auto ev = [&](const std::string& data) { return run(eval_cmd(model, data)); };
+  expect_input_error(ev(write("a.jsonl", "{\"input_ids\": [1, 2]}\n{\"input_ids\": [1, 2\n")), "a.jsonl:2");
+  expect_input_error(ev(write("b.jsonl", "{\"input_ids\": [1, 37]}\n")), "b.jsonl:1");  // id >= vocab
+  expect_input_error(ev(write("c.jsonl", "{\"input_ids\": [1, 2], \"labels\": [1]}\n")), "c.jsonl:1");
+  expect_input_error(ev(write("d.jsonl", "{\"tokens\": [1, 2]}\n")), "d.jsonl:1");
+  expect_input_error(ev(write("e.jsonl", "{\"input_ids\": [1, -3]}\n")), "e.jsonl:1");
+  expect_input_error(ev(write("f.jsonl", "{\"input_ids\": [1, 2], \"labels\": [-100, -100]}\n")), "f.jsonl");
+  expect_input_error(ev(p("missing.jsonl")), "missing.jsonl");
 }
 
 TEST_F(Cli, BadModelsAreRefusedWithFileAndTensor) {
   std::string data = make_data("d.jsonl", 3);
   std::string model = make_model("qwen2", "m");
-  auto ev = [&](const std::string& m) { return run("eval --model " + m + " --data " + data); };
+  auto ev = [&](const std::string& m) { return run(eval_cmd(m, data)); };
+  // A copy of the model whose config differs from the weights' by `key` = `value`.
+  auto with_config = [&](const std::string& name, const char* key, const json& value) {
+    json c = test::tiny_config("qwen2");
+    c[key] = value;
+    return copy_model(model, name, c.dump());
+  };
   expect_input_error(ev(p("nope")), "nope");
-
-  // malformed config.json
-  fs::copy(model, p("badcfg"), fs::copy_options::recursive);
-  std::ofstream(p("badcfg/config.json")) << "{\"vocab_size\": 37,";
-  expect_input_error(ev(p("badcfg")), "badcfg/config.json");
-
-  // unsupported architecture
-  fs::copy(model, p("arch"), fs::copy_options::recursive);
-  json c = test::tiny_config("qwen2");
-  c["architectures"] = {"BertForMaskedLM"};
-  std::ofstream(p("arch/config.json")) << c.dump();
-  expect_input_error(ev(p("arch")), "BertForMaskedLM");
-
-  // shape mismatch with the config
-  fs::copy(model, p("shape"), fs::copy_options::recursive);
-  c = test::tiny_config("qwen2");
-  c["intermediate_size"] = 40;
-  std::ofstream(p("shape/config.json")) << c.dump();
-  expect_input_error(ev(p("shape")), "mlp.gate_proj.weight");
-
+  expect_input_error(ev(copy_model(model, "badcfg", "{\"vocab_size\": 37,")), "badcfg/config.json");
+  expect_input_error(ev(with_config("arch", "architectures", json::array({"BertForMaskedLM"}))), "BertForMaskedLM");
+  expect_input_error(ev(with_config("shape", "intermediate_size", 40)), "mlp.gate_proj.weight");
   // missing tensor: a config with one more layer than the weights
-  fs::copy(model, p("missing"), fs::copy_options::recursive);
-  c = test::tiny_config("qwen2");
-  c["num_hidden_layers"] = 3;
-  std::ofstream(p("missing/config.json")) << c.dump();
-  expect_input_error(ev(p("missing")), "model.layers.2.");
+  expect_input_error(ev(with_config("missing", "num_hidden_layers", 3)), "model.layers.2.");
 
   // truncated safetensors
   fs::copy(model, p("trunc"), fs::copy_options::recursive);
@@ -327,17 +349,14 @@ TEST_F(Cli, BadModelsAreRefusedWithFileAndTensor) {
 
 TEST_F(Cli, FailedTrainLeavesNoOutput) {
   std::string model = make_model("mistral", "m");
-  std::ofstream(p("bad.jsonl")) << "{\"input_ids\": [1, 2]}\nnot json\n";
-  CmdResult r = run(train_cmd(model, p("bad.jsonl")) + " --output " + p("out") + " --steps 2 --lr 1e-3 --device cpu");
-  expect_input_error(r, "bad.jsonl:2");
+  const std::string bad = write("bad.jsonl", "{\"input_ids\": [1, 2]}\nnot json\n");
+  expect_input_error(run(train_cmd(model, bad, p("out")) + " --steps 2 --lr 1e-3 --device cpu"), "bad.jsonl:2");
   EXPECT_FALSE(fs::exists(p("out")));
   for (const auto& e : fs::directory_iterator(dir_)) {
     EXPECT_NE(e.path().filename().string().rfind("out.", 0), 0u) << "staging directory left: " << e.path();
   }
   // Bad options are input errors too.
-  expect_input_error(
-      run(train_cmd(model, p("bad.jsonl")) + " --output " + p("out") + " --steps 2 --lr 1e-3 --lr-schedule wavy"),
-      "wavy");
+  expect_input_error(run(train_cmd(model, bad, p("out")) + " --steps 2 --lr 1e-3 --lr-schedule wavy"), "wavy");
   expect_input_error(run("eval --model " + model), "--data");
   expect_input_error(run("frobnicate"), "frobnicate");
 }
@@ -347,7 +366,7 @@ TEST_F(Cli, NanLossStopsTraining) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 4);
   {
-    auto f = SafetensorsFile::open(model + "/model.safetensors");
+    auto f = weights(model);
     std::vector<std::vector<float>> copies;
     std::vector<TensorWrite> tw;
     for (const auto& t : f.tensors()) {
@@ -368,25 +387,19 @@ TEST_F(Cli, NanLossStopsTraining) {
 TEST_F(Cli, SlidingWindowShorterThanSeqLenIsRefused) {
   json c = test::tiny_config("mistral");
   c["sliding_window"] = 8;
-  std::ofstream(p("c.json")) << c.dump();
-  ASSERT_EQ(run("init --config " + p("c.json") + " --output " + p("m")).code, 0);
+  ASSERT_EQ(init(c, "m").code, 0);
   std::string data = make_data("d.jsonl", 3);
-  expect_input_error(run("eval --model " + p("m") + " --data " + data + " --seq-len 16"), "sliding");
-  EXPECT_EQ(run("eval --model " + p("m") + " --data " + data + " --seq-len 8").code, 0);
+  expect_input_error(run(eval_cmd(p("m"), data) + " --seq-len 16"), "sliding");
+  EXPECT_EQ(run(eval_cmd(p("m"), data) + " --seq-len 8").code, 0);
 }
-
-}  // namespace
-}  // namespace sf
-
-namespace sf {
-namespace {
 
 // `plan` lists every buffer and says whether it fits; a run whose plan does not fit is refused
 // before anything is allocated or written, with the numbers.
 TEST_F(Cli, PlanAndRefusalWhenItDoesNotFit) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 6);
-  CmdResult r = run("plan --model " + model + " --device cpu --batch-size 2 --seq-len 16");
+  const std::string plan = "plan --model " + model + " --device cpu --batch-size 2 --seq-len 16";
+  CmdResult r = run(plan);
   ASSERT_EQ(r.code, 0) << r.err;
   json j = r.last();
   EXPECT_TRUE(j["fits"].get<bool>());
@@ -394,19 +407,19 @@ TEST_F(Cli, PlanAndRefusalWhenItDoesNotFit) {
   EXPECT_GT(j["host_bytes"].get<double>(), 0);
   EXPECT_NE(r.err.find("fp32 master weights"), std::string::npos) << r.err;
 
-  r = run("plan --model " + model + " --device cpu --batch-size 2 --seq-len 16 --measure");
+  r = run(plan + " --measure");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(r.last()["rates"]["measured"].get<bool>());
   EXPECT_GT(r.last()["rates"]["host_adamw_params_s"].get<double>(), 1e6);
   EXPECT_GT(r.last()["rates"]["host_read_gbs"].get<double>(), 0.1);
   EXPECT_NE(r.err.find("measured: host AdamW"), std::string::npos) << r.err;
 
-  r = run("plan --model " + model + " --device cpu --batch-size 2 --seq-len 16 --offload --slots 4");
+  r = run(plan + " --offload --slots 4");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.last()["engine"], "sliding");
   EXPECT_EQ(r.last()["slots"], 4);
 
-  r = run("plan --model " + model + " --device cpu --batch-size 2 --seq-len 16 --cpu-memory 64KiB");
+  r = run(plan + " --cpu-memory 64KiB");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(r.last()["fits"].get<bool>());
   EXPECT_NE(r.last()["why"].get<std::string>().find("host memory"), std::string::npos);
@@ -417,57 +430,45 @@ TEST_F(Cli, PlanAndRefusalWhenItDoesNotFit) {
 
   expect_input_error(run("plan --device cpu"), "--model");
   expect_input_error(run("plan --model " + model + " --device cpu --gpu-memory lots"), "--gpu-memory");
-  expect_input_error(run("eval --model " + model + " --data " + data + " --device cpu --offload --no-offload"),
-                     "--offload");
+  expect_input_error(run(eval_cmd(model, data) + " --device cpu --offload --no-offload"), "--offload");
 }
-
-}  // namespace
-}  // namespace sf
-
-namespace sf {
-namespace {
 
 // `slideformer train CONFIG.yaml key=value`: the same run as the options on the command line;
 // what the file cannot say is refused with file:line.
 TEST_F(Cli, YamlConfigWithOverrides) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 6);
-  std::ofstream(p("run.yaml")) << "# a run\n"
-                               << "model: " << model << "\n"
-                               << "data: \"" << data << "\"\n"
-                               << "seq_len: 16\n"
-                               << "batch-size: 2\n"
-                               << "steps: 5   # overridden below\n"
-                               << "lr: 1e-3\n"
-                               << "no-shuffle: true\n"
-                               << "device: cpu\n";
-  CmdResult a = run("train " + p("run.yaml") + " steps=2 output=" + p("a"));
+  const std::string yaml = write("run.yaml",
+                                 "# a run\n"
+                                 "model: " +
+                                     model +
+                                     "\n"
+                                     "data: \"" +
+                                     data +
+                                     "\"\n"
+                                     "seq_len: 16\n"
+                                     "batch-size: 2\n"
+                                     "steps: 5   # overridden below\n"
+                                     "lr: 1e-3\n"
+                                     "no-shuffle: true\n"
+                                     "device: cpu\n");
+  CmdResult a = run("train " + yaml + " steps=2 output=" + p("a"));
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_EQ(a.last()["steps"], 2);
-  CmdResult b = run(train_cmd(model, data) +
-                    " --seq-len 16 --batch-size 2 --steps 2 --lr 1e-3 "
-                    "--no-shuffle --device cpu --output " +
-                    p("b"));
+  CmdResult b = run(train_cmd(model, data, p("b")) +
+                    " --seq-len 16 --batch-size 2 --steps 2 --lr 1e-3 --no-shuffle --device cpu");
   ASSERT_EQ(b.code, 0) << b.err;
-  EXPECT_TRUE(slurp(p("a") + "/model.safetensors") == slurp(p("b") + "/model.safetensors"));
+  EXPECT_TRUE(same_weights(p("a"), p("b")));
   // Options after the file work too.
-  CmdResult c = run("train " + p("run.yaml") + " --steps 1 --output " + p("c"));
+  CmdResult c = run("train " + yaml + " --steps 1 --output " + p("c"));
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_EQ(c.last()["steps"], 1);
 
-  std::ofstream(p("nested.yaml")) << "model: m\noptimizer:\n  lr: 1\n";
-  expect_input_error(run("train " + p("nested.yaml")), "nested.yaml:2");
-  std::ofstream(p("twice.yaml")) << "lr: 1\nlr: 2\n";
-  expect_input_error(run("train " + p("twice.yaml")), "twice.yaml:2");
-  expect_input_error(run("train " + p("run.yaml") + " output=" + p("d") + " frobnicate=3"), "run.yaml");
+  expect_input_error(run("train " + write("nested.yaml", "model: m\noptimizer:\n  lr: 1\n")), "nested.yaml:2");
+  expect_input_error(run("train " + write("twice.yaml", "lr: 1\nlr: 2\n")), "twice.yaml:2");
+  expect_input_error(run("train " + yaml + " output=" + p("d") + " frobnicate=3"), "run.yaml");
   expect_input_error(run("train " + p("missing.yaml")), "missing.yaml");
 }
-
-}  // namespace
-}  // namespace sf
-
-namespace sf {
-namespace {
 
 // train --eval-data: the held-out loss after the last step is the one `eval` gives on the saved
 // model (same batches, fp32 model and math on the cpu); a bad eval file stops before training.
@@ -475,51 +476,39 @@ TEST_F(Cli, TrainReportsHeldOutLoss) {
   std::string model = make_model("qwen3", "m");
   std::string data = make_data("d.jsonl", 8);
   std::string held = make_data("h.jsonl", 5);
-  CmdResult t = run(train_cmd(model, data) + " --eval-data " + held +
-                    " --eval-every 2 --seq-len 16 --batch-size 3 --steps 3 --lr 1e-2 --device cpu --output " + p("o"));
+  const std::string train = train_cmd(model, data) + " --eval-data " + held +
+                            " --eval-every 2 --seq-len 16 --batch-size 3 --steps 3 --lr 1e-2 --device cpu";
+  CmdResult t = run(train + " --output " + p("o"));
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_NE(t.err.find("eval at step 2:"), std::string::npos) << t.err;
   EXPECT_NE(t.err.find("eval at step 3:"), std::string::npos) << t.err;
-  CmdResult e = run("eval --model " + p("o") + " --data " + held + " --seq-len 16 --batch-size 3 --device cpu");
+  CmdResult e = run(eval_cmd(p("o"), held) + " --seq-len 16 --batch-size 3 --device cpu");
   ASSERT_EQ(e.code, 0) << e.err;
   EXPECT_EQ(double(t.last()["eval_loss"]), double(e.last()["loss"]));
   // The sliding engine evaluates between its overlapped updates: the same numbers.
-  CmdResult so = run(train_cmd(model, data) + " --eval-data " + held +
-                     " --eval-every 2 --seq-len 16 --batch-size 3 --steps 3 --lr 1e-2 --device cpu --offload "
-                     "--gpu-blobs 0 --output " +
-                     p("os"));
+  CmdResult so = run(train + " --offload --gpu-blobs 0 --output " + p("os"));
   ASSERT_EQ(so.code, 0) << so.err;
   EXPECT_EQ(double(so.last()["eval_loss"]), double(t.last()["eval_loss"]));
 
-  std::ofstream(p("bad.jsonl")) << "{\"input_ids\": [1, 2]}\n{\"input_ids\": [1000000]}\n";
-  expect_input_error(run(train_cmd(model, data) + " --eval-data " + p("bad.jsonl") +
-                         " --steps 1 --lr 1e-2 --device cpu --output " + p("o2")),
+  const std::string bad = write("bad.jsonl", "{\"input_ids\": [1, 2]}\n{\"input_ids\": [1000000]}\n");
+  expect_input_error(run(train_cmd(model, data, p("o2")) + " --eval-data " + bad + " --steps 1 --lr 1e-2 --device cpu"),
                      "bad.jsonl:2");
   EXPECT_FALSE(fs::exists(p("o2")));
-  expect_input_error(run(train_cmd(model, data) +
-                         " --eval-every 2 --steps 1 --lr 1e-2 "
-                         "--device cpu --output " +
-                         p("o3")),
+  expect_input_error(run(train_cmd(model, data, p("o3")) + " --eval-every 2 --steps 1 --lr 1e-2 --device cpu"),
                      "--eval-data");
 }
-
-}  // namespace
-}  // namespace sf
-
-namespace sf {
-namespace {
 
 // Text records are tokenized with the model's tokenizer.json: the same loss as the ids written out
 // by hand (prompt tokens untrained); without a tokenizer the data is refused with the file named.
 TEST_F(Cli, TextRecordsUseTheModelsTokenizer) {
-  nlohmann::json cfg = test::tiny_config("llama");
+  json cfg = test::tiny_config("llama");
   cfg["vocab_size"] = 420;  // the test tokenizer has 408 ids
-  std::ofstream(p("m.json")) << cfg.dump();
-  ASSERT_EQ(run("init --config " + p("m.json") + " --output " + p("m") + " --seed 3").code, 0);
+  ASSERT_EQ(init(cfg, "m", " --seed 3").code, 0);
   const std::string tokfile = std::string(SF_SOURCE_DIR) + "/tests/data/tokenizer/llama3.json";
-  std::ofstream(p("t.jsonl")) << "{\"text\": \"Hello world, it's a test.\"}\n"
-                              << "{\"prompt\": \"Q: 12+30?\\n\", \"completion\": \"A: 42\"}\n";
-  expect_input_error(run("eval --model " + p("m") + " --data " + p("t.jsonl") + " --device cpu"), "tokenizer.json");
+  const std::string texts = write("t.jsonl",
+                                  "{\"text\": \"Hello world, it's a test.\"}\n"
+                                  "{\"prompt\": \"Q: 12+30?\\n\", \"completion\": \"A: 42\"}\n");
+  expect_input_error(run(eval_cmd(p("m"), texts) + " --device cpu"), "tokenizer.json");
   fs::copy_file(tokfile, p("m") + "/tokenizer.json");
 
   const Tokenizer tok = Tokenizer::load(tokfile);
@@ -527,27 +516,18 @@ TEST_F(Cli, TextRecordsUseTheModelsTokenizer) {
   const auto q = tok.encode("Q: 12+30?\n"), c = tok.encode("A: 42", false);
   json ids_b = q, labels_b = std::vector<int>(q.size(), -100);
   for (int32_t id : c) ids_b.push_back(id), labels_b.push_back(id);
-  std::ofstream(p("i.jsonl")) << json{{"input_ids", a}}.dump() << "\n"
-                              << json{{"input_ids", ids_b}, {"labels", labels_b}}.dump() << "\n";
-  CmdResult et = run("eval --model " + p("m") + " --data " + p("t.jsonl") + " --device cpu");
-  CmdResult ei = run("eval --model " + p("m") + " --data " + p("i.jsonl") + " --device cpu");
+  const std::string ids = write(
+      "i.jsonl", json{{"input_ids", a}}.dump() + "\n" + json{{"input_ids", ids_b}, {"labels", labels_b}}.dump() + "\n");
+  CmdResult et = run(eval_cmd(p("m"), texts) + " --device cpu");
+  CmdResult ei = run(eval_cmd(p("m"), ids) + " --device cpu");
   ASSERT_EQ(et.code, 0) << et.err;
   ASSERT_EQ(ei.code, 0) << ei.err;
   EXPECT_EQ(double(et.last()["loss"]), double(ei.last()["loss"]));
   EXPECT_EQ(et.last()["tokens"], ei.last()["tokens"]);
-  CmdResult t = run("train --model " + p("m") + " --data " + p("t.jsonl") +
-                    " --steps 2 --lr 1e-3 --device cpu "
-                    "--output " +
-                    p("o"));
+  CmdResult t = run(train_cmd(p("m"), texts, p("o")) + " --steps 2 --lr 1e-3 --device cpu");
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_TRUE(fs::exists(p("o") + "/tokenizer.json"));  // carried into the output
 }
-
-}  // namespace
-}  // namespace sf
-
-namespace sf {
-namespace {
 
 // Ctrl-C during training: the step finishes, a resumable checkpoint is saved, the exit status
 // says which signal (128 + n), and --resume continues from it.
@@ -555,7 +535,7 @@ TEST_F(Cli, InterruptSavesACheckpoint) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 6);
   const std::string args =
-      train_cmd(model, data) + " --seq-len 16 --batch-size 2 --steps 1000000 --lr 1e-3 --device cpu --output " + p("o");
+      train_cmd(model, data, p("o")) + " --seq-len 16 --batch-size 2 --steps 1000000 --lr 1e-3 --device cpu";
   const std::string err = p("err.txt");
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
@@ -583,17 +563,11 @@ TEST_F(Cli, InterruptSavesACheckpoint) {
   EXPECT_TRUE(fs::exists(ck + "/trainer_state.json"));
   EXPECT_TRUE(fs::exists(ck + "/model.safetensors"));
   const int64_t at = last["steps"];
-  CmdResult r = run(train_cmd(model, data) + " --seq-len 16 --batch-size 2 --steps " + std::to_string(at + 1) +
-                    " --lr 1e-3 --device cpu --resume " + ck + " --output " + p("o2"));
+  CmdResult r = run(train_cmd(model, data, p("o2")) + " --seq-len 16 --batch-size 2 --steps " + std::to_string(at + 1) +
+                    " --lr 1e-3 --device cpu --resume " + ck);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.last()["steps"], 1);
 }
-
-}  // namespace
-}  // namespace sf
-
-namespace sf {
-namespace {
 
 // --output never removes what slideformer did not write: a directory holding other files is refused
 // (exit 2) by every command that writes one, and nothing in it changes.
@@ -602,12 +576,12 @@ TEST_F(Cli, OutputRefusesDirectoriesItDidNotWrite) {
   std::string data = make_data("d.jsonl", 4);
   const std::string proj = p("project");
   fs::create_directories(proj + "/src");
-  std::ofstream(proj + "/src/main.cpp") << "int main() {}";
-  std::ofstream(proj + "/config.json") << "{}";
-  std::ofstream(p("cfg.json")) << test::tiny_config("llama").dump();
+  write("project/src/main.cpp", "int main() {}");
+  write("project/config.json", "{}");
+  const std::string cfg = write("cfg.json", test::tiny_config("llama").dump());
   expect_input_error(run(train_cmd(model, data, proj) + " --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
                      proj + ": exists and holds");
-  expect_input_error(run("init --config " + p("cfg.json") + " --output " + proj + "/"), "did not write");
+  expect_input_error(run("init --config " + cfg + " --output " + proj + "/"), "did not write");
   expect_input_error(run("demo --steps 1 --output " + proj), "did not write");
   expect_input_error(run(train_cmd(model, data, model) + "/config.json --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
                      "not a directory");
@@ -620,7 +594,7 @@ TEST_F(Cli, OutputRefusesDirectoriesItDidNotWrite) {
   // Its own output is replaced; a file a user put into it is kept.
   const std::string train = train_cmd(model, data, p("out")) + " --steps 2 --lr 1e-3 --seq-len 16 --device cpu";
   ASSERT_EQ(run(train + " --save-every 1").code, 0);
-  std::ofstream(p("out") + "/NOTES.md") << "mine";
+  write("out/NOTES.md", "mine");
   CmdResult again = run(train);
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_EQ(slurp(p("out") + "/NOTES.md"), "mine");
@@ -666,16 +640,7 @@ TEST_F(Cli, KillAtEveryStepOfASaveLosesNothing) {
     }
     return v;
   };
-  auto run_env = [&](const std::string& env) {
-    CmdResult r;
-    fs::path o = dir_ / "stdout.txt", e = dir_ / "stderr.txt";
-    int status = std::system((env + " " + SF_BINARY + " " + train + " >" + o.string() + " 2>" + e.string()).c_str());
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : (WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1);
-    r.out = slurp(o);
-    r.err = slurp(e);
-    return r;
-  };
-  CmdResult clean = run_env("SF_CRASH_TRACE=1");  // how many crash points a whole run passes
+  CmdResult clean = run_with_env("SF_CRASH_TRACE=1", train);  // how many crash points a whole run passes
   fs::remove_all(out);
   ASSERT_EQ(clean.code, 0) << clean.err;
   const long points = long(std::count(clean.err.begin(), clean.err.end(), '\n')) -
@@ -689,9 +654,9 @@ TEST_F(Cli, KillAtEveryStepOfASaveLosesNothing) {
     for (;; ++k) {
       fs::remove_all(out);
       if (scenario % 2 == 1) {
-        ASSERT_EQ(run_env(fs_env).code, 0);
+        ASSERT_EQ(run_with_env(fs_env, train).code, 0);
       }
-      CmdResult r = run_env(fs_env + "SF_CRASH_AT=" + std::to_string(k));
+      CmdResult r = run_with_env(fs_env + "SF_CRASH_AT=" + std::to_string(k), train);
       if (r.code == 0) break;  // k is past the last crash point
       ASSERT_LE(k, points + 1) << "the crash points do not end";
       ASSERT_EQ(r.code, 128 + SIGKILL) << r.err;
@@ -712,7 +677,7 @@ TEST_F(Cli, KillAtEveryStepOfASaveLosesNothing) {
       if (scenario % 2 == 1) {
         EXPECT_TRUE(loads(out + "/checkpoint-1")) << "k=" << k;
       }
-      CmdResult next = run_env(fs_env);
+      CmdResult next = run_with_env(fs_env, train);
       ASSERT_EQ(next.code, 0) << "k=" << k << " " << next.err;
       EXPECT_EQ(leftovers(), std::vector<std::string>{}) << "k=" << k;
       for (const char* ck : {"/checkpoint-1", ""}) EXPECT_TRUE(loads(out + ck)) << "k=" << k << ck;
@@ -720,12 +685,6 @@ TEST_F(Cli, KillAtEveryStepOfASaveLosesNothing) {
     EXPECT_GT(k, 20) << "scenario " << scenario << ": too few crash points were tried";
   }
 }
-
-}  // namespace
-}  // namespace sf
-
-namespace sf {
-namespace {
 
 // A flipped bit in any tensor of a checkpoint is refused by --resume (exit 2, file and tensor
 // named) before anything is trained; an intact one resumes to the same weights; a checkpoint
@@ -738,8 +697,7 @@ TEST_F(Cli, ResumeVerifiesChecksums) {
   CmdResult a = run("train" + common + " --output " + p("a") + " --save-every 1");
   ASSERT_EQ(a.code, 0) << a.err;
   const std::string ck = p("a") + "/checkpoint-1";
-  auto read = [](const std::string& path) { return slurp(path); };
-  auto write = [](const std::string& path, const std::string& bytes) {
+  auto write_bytes = [](const std::string& path, const std::string& bytes) {
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
   };
   // Where a tensor's data lies in the file.
@@ -747,19 +705,16 @@ TEST_F(Cli, ResumeVerifiesChecksums) {
     auto f = SafetensorsFile::open(path);
     const TensorInfo* t = f.find(name);
     EXPECT_NE(t, nullptr) << name;
-    const std::string raw = read(path);
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | uint8_t(raw[size_t(i)]);
-    return size_t(8 + n + size_t(t->data - f.tensors().front().data));
+    return size_t(8 + header_bytes(slurp(path)) + size_t(t->data - f.tensors().front().data));
   };
   for (const auto& [file, tensor] : std::vector<std::pair<std::string, std::string>>{
            {"training_state.safetensors", "adam_v.model.layers.1.mlp.up_proj.weight"},
            {"model.safetensors", "model.norm.weight"}}) {
     fs::copy(ck, p("bad"), fs::copy_options::recursive);
     const std::string path = p("bad/" + file);
-    std::string raw = read(path);
+    std::string raw = slurp(path);
     raw[data_at(path, tensor) + 5] ^= 0x04;
-    write(path, raw);
+    write_bytes(path, raw);
     CmdResult r = run("train" + common + " --output " + p("r") + " --resume " + p("bad"));
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_NE(r.err.find(path), std::string::npos) << r.err;
@@ -772,26 +727,24 @@ TEST_F(Cli, ResumeVerifiesChecksums) {
   CmdResult b = run("train" + common + " --output " + p("b") + " --resume " + ck);
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_EQ(b.err.find("warning"), std::string::npos) << b.err;
-  auto fa = SafetensorsFile::open(p("a") + "/model.safetensors");
-  auto fb = SafetensorsFile::open(p("b") + "/model.safetensors");
-  expect_same_tensors(fa, fb);
+  auto fa = weights(p("a"));
+  expect_same_tensors(fa, weights(p("b")));
   // Without checksums (the header rewritten without them): resumes, with a warning naming the file.
   fs::copy(ck, p("old"), fs::copy_options::recursive);
   const std::string state = p("old/training_state.safetensors");
-  const std::string raw = read(state);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | uint8_t(raw[size_t(i)]);
+  const std::string raw = slurp(state);
+  const uint64_t n = header_bytes(raw);
   json hdr = json::parse(raw.substr(8, n));
   hdr["__metadata__"] = {{"format", "pt"}, {"step", "1"}};
   std::string h = hdr.dump();
   h.append((8 - h.size() % 8) % 8, ' ');
   std::string len(8, '\0');
   for (int i = 0; i < 8; ++i) len[size_t(i)] = char((uint64_t(h.size()) >> (8 * i)) & 0xff);
-  write(state, len + h + raw.substr(8 + n));
+  write_bytes(state, len + h + raw.substr(8 + n));
   CmdResult c = run("train" + common + " --output " + p("c") + " --resume " + p("old"));
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_NE(c.err.find("warning: " + state + " has no checksums"), std::string::npos) << c.err;
-  auto fc = SafetensorsFile::open(p("c") + "/model.safetensors");
+  auto fc = weights(p("c"));
   for (const auto& t : fa.tensors()) EXPECT_EQ(std::memcmp(t.data, fc.find(t.name)->data, t.bytes), 0) << t.name;
 }
 
@@ -818,19 +771,13 @@ TEST_F(Cli, InterruptDuringTheLastStepExits130) {
   EXPECT_EQ(e.last()["checkpoint"], p("e") + "/checkpoint-1");
 }
 
-}  // namespace
-}  // namespace sf
-
-namespace sf {
-namespace {
-
 // --pack: eval over packed rows gives the loss and token count of the records one a row (the
 // kernels keep attention and positions inside each record; the matrix products sum in another
 // blocking, so the loss agrees to rounding); packed training runs, and resumes to the same bytes.
 TEST_F(Cli, PackedRowsEvalLikeUnpackedAndResumeExactly) {
   std::string model = make_model("llama", "m");
   std::string data = make_data("d.jsonl", 13);
-  const std::string ev = "eval --model " + model + " --data " + data + " --seq-len 16 --device cpu";
+  const std::string ev = eval_cmd(model, data) + " --seq-len 16 --device cpu";
   CmdResult u = run(ev + " --batch-size 3");
   CmdResult k = run(ev + " --batch-size 2 --pack");
   ASSERT_EQ(u.code, 0) << u.err;
@@ -839,21 +786,61 @@ TEST_F(Cli, PackedRowsEvalLikeUnpackedAndResumeExactly) {
   const double lu = u.last()["loss"], lk = k.last()["loss"];
   EXPECT_NEAR(lk, lu, 1e-5 * lu);
 
-  std::string common = " --model " + model + " --data " + data +
-                       " --steps 4 --lr 1e-2 --batch-size 2 --grad-accum 2 --seq-len 16 --max-grad-norm 1 --seed 5 "
-                       "--device cpu --pack";
+  const std::string unpacked = " --model " + model + " --data " + data +
+                               " --steps 4 --lr 1e-2 --batch-size 2 --grad-accum 2 --seq-len 16 --max-grad-norm 1 "
+                               "--seed 5 --device cpu";
+  const std::string common = unpacked + " --pack";
   CmdResult a = run("train" + common + " --output " + p("a") + " --save-every 2");
   ASSERT_EQ(a.code, 0) << a.err;
   CmdResult b = run("train" + common + " --output " + p("b") + " --resume " + p("a") + "/checkpoint-2");
   ASSERT_EQ(b.code, 0) << b.err;
-  auto fa = SafetensorsFile::open(p("a") + "/model.safetensors");
-  auto fb = SafetensorsFile::open(p("b") + "/model.safetensors");
-  expect_same_tensors(fa, fb);
+  auto fa = weights(p("a"));
+  expect_same_tensors(fa, weights(p("b")));
   // Packed steps hold more records than unpacked ones: the runs differ.
-  CmdResult c = run("train" + common.substr(0, common.size() - 7) + " --output " + p("c"));
+  CmdResult c = run("train" + unpacked + " --output " + p("c"));
   ASSERT_EQ(c.code, 0) << c.err;
-  auto fc = SafetensorsFile::open(p("c") + "/model.safetensors");
+  auto fc = weights(p("c"));
   EXPECT_NE(std::memcmp(fa.tensors()[0].data, fc.tensors()[0].data, fa.tensors()[0].bytes), 0);
+}
+
+// tokenize --jsonl encodes a chunk of records at a time, in parallel, and prints them in input order,
+// from a file or from stdin; the first bad line (in file order) is named, after the records before
+// it, and nothing after it is printed.
+TEST_F(Cli, TokenizeJsonlPrintsRecordsInOrder) {
+  const std::string tokfile = std::string(SF_SOURCE_DIR) + "/tests/data/tokenizer/llama3.json";
+  const Tokenizer tok = Tokenizer::load(tokfile);
+  std::vector<std::string> texts;
+  std::string lines;
+  for (int i = 0; i < 2500; ++i) {
+    texts.push_back("record " + std::to_string(i) + " " + std::string(size_t(i % 7), 'x') + "!");
+    lines += json{{"text", texts.back()}}.dump() + (i % 600 == 5 ? "\n \n" : "\n");  // and blank lines
+  }
+  const std::string good = write("good.jsonl", lines);
+  const std::string tokenize = "tokenize --tokenizer " + tokfile;
+  for (const std::string& input : {good, "- < " + good}) {
+    for (const bool special : {true, false}) {
+      SCOPED_TRACE(input + (special ? "" : " --no-special"));
+      CmdResult r = run(tokenize + " --jsonl " + input + (special ? "" : " --no-special"));
+      ASSERT_EQ(r.code, 0) << r.err;
+      std::istringstream out(r.out);
+      size_t n = 0;
+      for (std::string line; std::getline(out, line); ++n) {
+        ASSERT_LT(n, texts.size());
+        EXPECT_EQ(json::parse(line)["ids"].get<std::vector<int32_t>>(), tok.encode(texts[n], special)) << n;
+      }
+      EXPECT_EQ(n, texts.size());
+    }
+  }
+  // Line 2001 (in the second chunk) is the first bad one; a line that is not JSON and one past the
+  // line limit follow it.
+  std::string head;
+  for (size_t i = 0; i < 2000; ++i) head += json{{"text", texts[i]}}.dump() + "\n";
+  const std::string bad = write("bad.jsonl", head + "{\"text\": 5}\nnot json\n" + std::string(3000, 'a') + "\n");
+  CmdResult r = run(tokenize + " --jsonl " + bad + " --max-record-bytes 1KiB");
+  expect_input_error(r, "bad.jsonl:2001: no \"text\" or \"messages\"");
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2000);
+  EXPECT_EQ(json::parse(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1))["ids"].get<std::vector<int32_t>>(),
+            tok.encode(texts[1999]));
 }
 
 }  // namespace

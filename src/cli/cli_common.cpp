@@ -1,6 +1,8 @@
 #include "cli/cli_common.h"
 
 #include <cstdio>
+#include <memory>
+#include <utility>
 
 #include "core/error.h"
 #include "core/units.h"
@@ -58,6 +60,20 @@ void apply_data_options(DataOptions& d, const EngineFlags& f) {
   f.apply(d.engine);
   check_data_options(d);
   if (!d.max_record_bytes.empty()) set_max_record_bytes(parse_size(d.max_record_bytes, "--max-record-bytes"));
+}
+
+Command add_data_command(CLI::App* c, std::function<nlohmann::json(const DataOptions&)> result) {
+  struct Options {
+    DataOptions data;
+    EngineFlags flags;
+  };
+  auto o = std::make_shared<Options>();
+  add_data_options(c, o->data, o->flags);
+  return {c, [o, result = std::move(result)] {
+            apply_data_options(o->data, o->flags);
+            print_json(result(o->data));
+            return 0;
+          }};
 }
 
 }  // namespace sf

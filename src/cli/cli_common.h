@@ -47,4 +47,8 @@ void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f);
 // the record-length limit, before any file is read.
 void apply_data_options(DataOptions& d, const EngineFlags& f);
 
+// A command that evaluates a data file (eval, grad): the data options on `c`; when it runs, the
+// checked options go to `result`, whose fields are the result line.
+Command add_data_command(CLI::App* c, std::function<nlohmann::json(const DataOptions&)> result);
+
 }  // namespace sf

@@ -2,9 +2,6 @@
 
 namespace sf {
 
-namespace {
-
-// Control characters as escapes so a message stays one line; other bytes (UTF-8) as they are.
 void append_escaped(std::string& out, unsigned char c) {
   static const char* hex = "0123456789abcdef";
   if (c == '\n') {
@@ -21,6 +18,8 @@ void append_escaped(std::string& out, unsigned char c) {
     out += char(c);
   }
 }
+
+namespace {
 
 // The largest n' <= n that does not split a UTF-8 sequence of s.
 size_t utf8_boundary(const std::string& s, size_t n) {

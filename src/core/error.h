@@ -13,6 +13,10 @@ namespace sf {
 // sequence), with what was cut said.
 std::string bounded_message(const std::string& text, size_t max_bytes);
 
+// Appends byte c with the control characters as escapes (\n \r \t, else \xhh), as Python's repr
+// writes them, so a message stays one line; other bytes (UTF-8) as they are.
+void append_escaped(std::string& out, unsigned char c);
+
 // The most an InputError's text holds: a long path (kept) plus a few hundred bytes of problem.
 constexpr size_t kMaxWhereBytes = 640;  // head and tail of a path are kept (the file name is at the end)
 constexpr size_t kMaxWhatBytes = 400;

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "data/tokenizer.h"
@@ -223,11 +224,15 @@ std::vector<int32_t> assistant_labels(const Tokenizer& tok, const ChatRendering&
   if (r.assistant.empty() || ids.empty()) return labels;
   // Byte offsets of the tokens: exact when the tokens' bytes spell the text (byte-level BPE
   // without a normalizer that changed it); otherwise from the token counts of prefixes.
+  // A token's bytes depend on its id alone: each distinct id is decoded once.
   std::vector<size_t> start(ids.size() + 1, 0);
+  std::unordered_map<int32_t, size_t> bytes_of;
   size_t pos = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     start[k] = pos;
-    pos += tok.decode({ids[k]}).size();
+    auto [it, fresh] = bytes_of.try_emplace(ids[k], 0);
+    if (fresh) it->second = tok.decode({ids[k]}).size();
+    pos += it->second;
   }
   start[ids.size()] = pos;
   const bool exact = pos == r.text.size();

@@ -415,6 +415,198 @@ void parallel_records(ThreadPool& pool, size_t n, const std::function<void(size_
     if (!e.empty()) throw InputError(e);
 }
 
+// load_jsonl in its steps: each line parsed into a Pending (token ids checked, texts collected),
+// the chats rendered and all texts encoded in parallel, then the records assembled in file order.
+class JsonlLoader {
+ public:
+  JsonlLoader(const std::string& path, int64_t vocab, const LoadOptions& opt)
+      : path_(path), vocab_(vocab), opt_(opt), now_(opt.now ? opt.now : std::time(nullptr)) {}
+
+  Dataset load() {
+    Dataset ds;
+    ds.path = path_;
+    if (opt_.cache && path_ != "-" && read_cached(ds)) return ds;
+    parse_lines();
+    if (pending_.empty()) input_error(path_, "no records");
+    tokenize();
+    ds.records.reserve(pending_.size());
+    for (Pending& p : pending_) ds.records.push_back(assemble(p));
+    // Only tokenized data is cached: token-id records parse as fast as the cache would read.
+    if (!ck_.path.empty() && (!special_ids_.empty() || !plain_ids_.empty())) write_cache(ck_, ds);
+    return ds;
+  }
+
+ private:
+  const std::string& path_;
+  const int64_t vocab_;
+  const LoadOptions& opt_;
+  const std::time_t now_;
+  const Tokenizer* tok_ = nullptr;
+  const ChatTemplate* chat_ = nullptr;
+  bool chat_loaded_ = false;
+  CacheKey ck_;
+  std::vector<Pending> pending_;
+  std::vector<std::string> special_texts_, plain_texts_;  // encoded with / without the special tokens
+  std::vector<std::vector<int32_t>> special_ids_, plain_ids_;
+
+  // The cache key needs the tokenizer and template; a model without them can still have a cache
+  // of token-id records (a missing tokenizer is reported at the first text record).
+  bool read_cached(Dataset& ds) {
+    try {
+      if (opt_.tokenizer) tok_ = &opt_.tokenizer();
+    } catch (const InputError&) {
+    }
+    // A template that cannot be loaded only matters to chat records (reported at the first one).
+    try {
+      if (opt_.chat_template) {
+        chat_ = opt_.chat_template();
+        chat_loaded_ = true;
+      }
+    } catch (const InputError&) {
+    }
+    ck_ = cache_key(path_, vocab_, opt_, tok_, chat_, now_);
+    if (ck_.path.empty() || !read_cache(ck_, vocab_, ds)) return false;
+    log_debug("read %zu tokenized records from the cache %s", ds.records.size(), ck_.path.c_str());
+    return true;
+  }
+
+  void need_tok(const char* field, const std::string& where) {
+    if (tok_) return;
+    if (!opt_.tokenizer) input_error(where, std::string("'") + field + "' needs a tokenizer (the model has none)");
+    tok_ = &opt_.tokenizer();
+  }
+
+  void need_chat(const std::string& where) {
+    if (!chat_loaded_) {
+      chat_ = opt_.chat_template ? opt_.chat_template() : nullptr;
+      chat_loaded_ = true;
+    }
+    if (!chat_)
+      input_error(
+          where, "chat records need the model's chat template (tokenizer_config.json or chat_template.jinja has none)");
+  }
+
+  void parse_lines() {
+    LineReader in(path_, g_max_record_bytes, "raise it with --max-record-bytes");
+    std::string line;
+    while (in.next(line)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed
+      pending_.push_back(parse_record(line, size_t(in.line_number())));
+    }
+  }
+
+  Pending parse_record(const std::string& line, size_t line_no) {
+    const std::string where = path_ + ":" + std::to_string(line_no);
+    RecordParser rp(where, vocab_);
+    nlohmann::json::sax_parse(line.begin(), line.end(), &rp);
+    rp.finish();
+    Pending p;
+    p.line = line_no;
+    if (rp.has_ids) {
+      p.kind = Pending::Ids;
+      p.ids.ids = std::move(rp.ids);
+      if (p.ids.ids.empty()) input_error(where, "'input_ids' is empty");
+      if (rp.has_labels) {
+        p.ids.labels = std::move(rp.labels);
+        if (p.ids.labels.size() != p.ids.ids.size()) {
+          input_error(where, "'labels' has " + std::to_string(p.ids.labels.size()) + " entries but 'input_ids' has " +
+                                 std::to_string(p.ids.ids.size()));
+        }
+      } else {
+        p.ids.labels = p.ids.ids;
+      }
+    } else if (rp.text) {
+      need_tok("text", where);
+      p.kind = Pending::Text;
+      p.a = special_texts_.size();
+      special_texts_.push_back(std::move(*rp.text));
+    } else if (rp.prompt && rp.completion) {
+      need_tok("prompt", where);
+      p.kind = Pending::PromptCompletion;
+      p.a = special_texts_.size();
+      special_texts_.push_back(std::move(*rp.prompt));
+      p.b = plain_texts_.size();
+      plain_texts_.push_back(std::move(*rp.completion));
+    } else if (rp.has_messages) {
+      need_tok("messages", where);
+      need_chat(where);
+      p.kind = Pending::Chat;
+      p.line_text = line;  // rendered in tokenize(), in parallel
+      p.a = plain_texts_.size();
+      plain_texts_.emplace_back();
+    } else {
+      input_error(where, "needs 'input_ids', 'text', 'prompt' and 'completion', or 'messages'");
+    }
+    return p;
+  }
+
+  // Renders the chats, encodes every text, and labels the chats' assistant tokens.
+  void tokenize() {
+    std::unique_ptr<ThreadPool> own_pool;
+    if (opt_.threads > 0) own_pool = std::make_unique<ThreadPool>(opt_.threads);
+    ThreadPool& pool = own_pool ? *own_pool : cpu_pool();
+    std::vector<Pending*> chats;
+    for (Pending& p : pending_)
+      if (p.kind == Pending::Chat) chats.push_back(&p);
+    parallel_records(pool, chats.size(), [&](size_t i) {
+      Pending& p = *chats[i];
+      // The SAX pass checked the nesting; the messages are read as a tree.
+      const nlohmann::json j = nlohmann::json::parse(p.line_text, nullptr, false);
+      p.line_text = std::string();
+      p.chat = render_chat(*chat_, j["messages"], now_, path_ + ":" + std::to_string(p.line));
+      plain_texts_[p.a] = p.chat.text;
+    });
+    if (!special_texts_.empty()) special_ids_ = tok_->encode_batch(special_texts_, true, opt_.threads);
+    if (!plain_texts_.empty()) plain_ids_ = tok_->encode_batch(plain_texts_, false, opt_.threads);
+    special_texts_.clear();
+    if (!opt_.train_on_all) {
+      parallel_records(pool, chats.size(), [&](size_t i) {
+        Pending& p = *chats[i];
+        p.ids.labels = assistant_labels(*tok_, p.chat, plain_ids_[p.a]);
+        p.chat = {};
+      });
+    }
+  }
+
+  Record assemble(Pending& p) {
+    const std::string where = path_ + ":" + std::to_string(p.line);
+    auto check = [&](const std::vector<int32_t>& ids) {
+      for (int32_t id : ids)
+        if (id < 0 || id >= vocab_)
+          input_error(where, "token " + std::to_string(id) + " of the tokenizer is outside the model's vocabulary of " +
+                                 std::to_string(vocab_));
+    };
+    Record r;
+    switch (p.kind) {
+      case Pending::Ids:
+        r = std::move(p.ids);
+        break;
+      case Pending::Text:
+        r.ids = std::move(special_ids_[p.a]);
+        check(r.ids);
+        r.labels = r.ids;
+        break;
+      case Pending::PromptCompletion: {
+        r.ids = std::move(special_ids_[p.a]);
+        r.labels.assign(r.ids.size(), kIgnoreIndex);
+        const std::vector<int32_t>& c = plain_ids_[p.b];
+        r.ids.insert(r.ids.end(), c.begin(), c.end());
+        r.labels.insert(r.labels.end(), c.begin(), c.end());
+        check(r.ids);
+        break;
+      }
+      case Pending::Chat:
+        r.ids = std::move(plain_ids_[p.a]);
+        check(r.ids);
+        r.labels = opt_.train_on_all ? r.ids : std::move(p.ids.labels);
+        plain_texts_[p.a].clear();
+        break;
+    }
+    if (r.ids.empty()) input_error(where, "the text has no tokens");
+    return r;
+  }
+};
+
 }  // namespace
 
 std::string dataset_cache_path(const std::string& path, int64_t vocab, const LoadOptions& opt) {
@@ -436,165 +628,7 @@ Dataset load_jsonl(const std::string& path, int64_t vocab, const std::function<c
 }
 
 Dataset load_jsonl(const std::string& path, int64_t vocab, const LoadOptions& opt) {
-  const std::time_t now = opt.now ? opt.now : std::time(nullptr);
-  Dataset ds;
-  ds.path = path;
-  // The cache key needs the tokenizer and template; a model without them can still have a cache
-  // of token-id records (a missing tokenizer is reported at the first text record).
-  const Tokenizer* tok = nullptr;
-  const ChatTemplate* chat = nullptr;
-  bool chat_loaded = false;
-  CacheKey ck;
-  if (opt.cache && path != "-") {
-    try {
-      if (opt.tokenizer) tok = &opt.tokenizer();
-    } catch (const InputError&) {
-    }
-    // A template that cannot be loaded only matters to chat records (reported at the first one).
-    try {
-      if (opt.chat_template) {
-        chat = opt.chat_template();
-        chat_loaded = true;
-      }
-    } catch (const InputError&) {
-    }
-    ck = cache_key(path, vocab, opt, tok, chat, now);
-    if (!ck.path.empty() && read_cache(ck, vocab, ds)) {
-      log_debug("read %zu tokenized records from the cache %s", ds.records.size(), ck.path.c_str());
-      return ds;
-    }
-  }
-  auto need_tok = [&](const char* field, const std::string& where) -> const Tokenizer& {
-    if (!tok) {
-      if (!opt.tokenizer) input_error(where, std::string("'") + field + "' needs a tokenizer (the model has none)");
-      tok = &opt.tokenizer();
-    }
-    return *tok;
-  };
-  LineReader in(path, g_max_record_bytes, "raise it with --max-record-bytes");
-  std::vector<Pending> pending;
-  std::vector<std::string> special_texts, plain_texts;
-  std::string line;
-  while (in.next(line)) {
-    const size_t line_no = size_t(in.line_number());
-    const std::string where = path + ":" + std::to_string(line_no);
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed
-    RecordParser rp(where, vocab);
-    nlohmann::json::sax_parse(line.begin(), line.end(), &rp);
-    rp.finish();
-    Pending p;
-    p.line = line_no;
-    if (rp.has_ids) {
-      p.kind = Pending::Ids;
-      p.ids.ids = std::move(rp.ids);
-      if (p.ids.ids.empty()) input_error(where, "'input_ids' is empty");
-      if (rp.has_labels) {
-        p.ids.labels = std::move(rp.labels);
-        if (p.ids.labels.size() != p.ids.ids.size()) {
-          input_error(where, "'labels' has " + std::to_string(p.ids.labels.size()) + " entries but 'input_ids' has " +
-                                 std::to_string(p.ids.ids.size()));
-        }
-      } else {
-        p.ids.labels = p.ids.ids;
-      }
-    } else if (rp.text) {
-      need_tok("text", where);
-      p.kind = Pending::Text;
-      p.a = special_texts.size();
-      special_texts.push_back(std::move(*rp.text));
-    } else if (rp.prompt && rp.completion) {
-      need_tok("prompt", where);
-      p.kind = Pending::PromptCompletion;
-      p.a = special_texts.size();
-      special_texts.push_back(std::move(*rp.prompt));
-      p.b = plain_texts.size();
-      plain_texts.push_back(std::move(*rp.completion));
-    } else if (rp.has_messages) {
-      need_tok("messages", where);
-      if (!chat_loaded) {
-        chat = opt.chat_template ? opt.chat_template() : nullptr;
-        chat_loaded = true;
-      }
-      if (!chat)
-        input_error(
-            where,
-            "chat records need the model's chat template (tokenizer_config.json or chat_template.jinja has none)");
-      p.kind = Pending::Chat;
-      p.line_text = line;  // rendered below, in parallel
-      p.a = plain_texts.size();
-      plain_texts.emplace_back();
-    } else {
-      input_error(where, "needs 'input_ids', 'text', 'prompt' and 'completion', or 'messages'");
-    }
-    pending.push_back(std::move(p));
-  }
-  if (pending.empty()) input_error(path, "no records");
-  std::unique_ptr<ThreadPool> own_pool;
-  if (opt.threads > 0) own_pool = std::make_unique<ThreadPool>(opt.threads);
-  ThreadPool& pool = own_pool ? *own_pool : cpu_pool();
-  std::vector<Pending*> chats;
-  for (Pending& p : pending)
-    if (p.kind == Pending::Chat) chats.push_back(&p);
-  parallel_records(pool, chats.size(), [&](size_t i) {
-    Pending& p = *chats[i];
-    // The SAX pass checked the nesting; the messages are read as a tree.
-    const nlohmann::json j = nlohmann::json::parse(p.line_text, nullptr, false);
-    p.line_text = std::string();
-    p.chat = render_chat(*chat, j["messages"], now, path + ":" + std::to_string(p.line));
-    plain_texts[p.a] = p.chat.text;
-  });
-  std::vector<std::vector<int32_t>> special_ids, plain_ids;
-  if (!special_texts.empty()) special_ids = tok->encode_batch(special_texts, true, opt.threads);
-  if (!plain_texts.empty()) plain_ids = tok->encode_batch(plain_texts, false, opt.threads);
-  special_texts.clear();
-  if (!opt.train_on_all) {
-    parallel_records(pool, chats.size(), [&](size_t i) {
-      Pending& p = *chats[i];
-      p.ids.labels = assistant_labels(*tok, p.chat, plain_ids[p.a]);
-      p.chat = {};
-    });
-  }
-  ds.records.reserve(pending.size());
-  for (Pending& p : pending) {
-    const std::string where = path + ":" + std::to_string(p.line);
-    auto check = [&](const std::vector<int32_t>& ids) {
-      for (int32_t id : ids)
-        if (id < 0 || id >= vocab)
-          input_error(where, "token " + std::to_string(id) + " of the tokenizer is outside the model's vocabulary of " +
-                                 std::to_string(vocab));
-    };
-    Record r;
-    switch (p.kind) {
-      case Pending::Ids:
-        r = std::move(p.ids);
-        break;
-      case Pending::Text:
-        r.ids = std::move(special_ids[p.a]);
-        check(r.ids);
-        r.labels = r.ids;
-        break;
-      case Pending::PromptCompletion: {
-        r.ids = std::move(special_ids[p.a]);
-        r.labels.assign(r.ids.size(), kIgnoreIndex);
-        const std::vector<int32_t>& c = plain_ids[p.b];
-        r.ids.insert(r.ids.end(), c.begin(), c.end());
-        r.labels.insert(r.labels.end(), c.begin(), c.end());
-        check(r.ids);
-        break;
-      }
-      case Pending::Chat:
-        r.ids = std::move(plain_ids[p.a]);
-        check(r.ids);
-        r.labels = opt.train_on_all ? r.ids : std::move(p.ids.labels);
-        plain_texts[p.a].clear();
-        break;
-    }
-    if (r.ids.empty()) input_error(where, "the text has no tokens");
-    ds.records.push_back(std::move(r));
-  }
-  // Only tokenized data is cached: token-id records parse as fast as the cache would read.
-  if (!ck.path.empty() && (!special_ids.empty() || !plain_ids.empty())) write_cache(ck, ds);
-  return ds;
+  return JsonlLoader(path, vocab, opt).load();
 }
 
 int64_t trained_targets(const Record& r, int seq_len) {

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace sf::jinja {
@@ -355,6 +356,10 @@ class Renderer {
   static double num(const Value& v) { return v.kind == Value::Int ? double(v.i) : v.kind == Value::Bool ? v.b : v.f; }
   static bool numeric(const Value& v) { return v.is_number() || v.kind == Value::Bool; }
 
+  [[noreturn]] static void operand_error(const std::string& op, const Value& a, const Value& b, int line) {
+    fail(line, "unsupported operand types for " + op + ": '" + kind_name(a) + "' and '" + kind_name(b) + "'");
+  }
+
   Value binary(const Expr& e) {
     const std::string& op = e.name;
     if (op == "and") {
@@ -367,30 +372,16 @@ class Renderer {
     }
     const Value a = eval(*e.args[0]);
     const Value b = eval(*e.args[1]);
-    auto type_error = [&]() -> Value {
-      fail(e.line, "unsupported operand types for " + op + ": '" + kind_name(a) + "' and '" + kind_name(b) + "'");
-    };
+    const int line = e.line;
     if (op == "~") {
       std::string s = to_str(a) + to_str(b);
-      if (s.size() > lim_.max_output) fail(e.line, "string too long");
+      if (s.size() > lim_.max_output) fail(line, "string too long");
       return Value::str(std::move(s));
     }
     if (op == "==") return Value::boolean(equal(a, b));
     if (op == "!=") return Value::boolean(!equal(a, b));
     if (op == "in" || op == "not in") {
-      bool r = false;
-      if (b.kind == Value::Str) {
-        if (a.kind != Value::Str) fail(e.line, "'in <string>' requires a string on the left");
-        r = b.s.find(a.s) != std::string::npos;
-      } else if (b.kind == Value::ListK) {
-        for (const Value& x : *b.list) r = r || equal(a, x);
-      } else if (b.kind == Value::DictK) {
-        r = a.kind == Value::Str && b.find(a.s) != nullptr;
-      } else if (b.kind == Value::Undefined) {
-        r = false;
-      } else {
-        fail(e.line, std::string("argument of type '") + kind_name(b) + "' is not iterable");
-      }
+      const bool r = contains(b, a, line);
       return Value::boolean(op == "in" ? r : !r);
     }
     if (op == "<" || op == "<=" || op == ">" || op == ">=") {
@@ -401,42 +392,76 @@ class Renderer {
       } else if (a.kind == Value::Str && b.kind == Value::Str) {
         c = a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
       } else {
-        return type_error();
+        operand_error(op, a, b, line);
       }
       const bool r = op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0;
       return Value::boolean(r);
     }
     if (op == "+") {
-      if (a.kind == Value::Str && b.kind == Value::Str) {
-        if (a.s.size() + b.s.size() > lim_.max_output) fail(e.line, "string too long");
-        return Value::str(a.s + b.s);
-      }
-      if (a.kind == Value::ListK && b.kind == Value::ListK) {
-        if (a.list->size() + b.list->size() > lim_.max_items) fail(e.line, "list too long");
-        List l = *a.list;
-        l.insert(l.end(), b.list->begin(), b.list->end());
-        return Value::new_list(std::move(l));
-      }
+      if (std::optional<Value> r = concat(a, b, line)) return std::move(*r);
     }
     if (op == "*") {
-      const Value* seq = a.kind == Value::Str || a.kind == Value::ListK ? &a : &b;
-      const Value* times = seq == &a ? &b : &a;
-      if ((seq->kind == Value::Str || seq->kind == Value::ListK) &&
-          (times->kind == Value::Int || times->kind == Value::Bool)) {
-        const int64_t n = std::max<int64_t>(0, times->kind == Value::Int ? times->i : times->b);
-        const size_t unit = seq->kind == Value::Str ? seq->s.size() : seq->list->size();
-        if (n > 0 && unit > 0 && uint64_t(n) > lim_.max_items / unit) fail(e.line, "repetition too long");
-        if (seq->kind == Value::Str) {
-          std::string s;
-          for (int64_t k = 0; k < n; ++k) s += seq->s;
-          return Value::str(std::move(s));
-        }
-        List l;
-        for (int64_t k = 0; k < n; ++k) l.insert(l.end(), seq->list->begin(), seq->list->end());
-        return Value::new_list(std::move(l));
-      }
+      if (std::optional<Value> r = repeat(a, b, line)) return std::move(*r);
     }
-    if (!numeric(a) || !numeric(b)) return type_error();
+    return arithmetic(op, a, b, line);
+  }
+
+  // `a in b`: a substring of a string, an item of a list, a key of a mapping; nothing is in undefined.
+  static bool contains(const Value& b, const Value& a, int line) {
+    bool r = false;
+    if (b.kind == Value::Str) {
+      if (a.kind != Value::Str) fail(line, "'in <string>' requires a string on the left");
+      r = b.s.find(a.s) != std::string::npos;
+    } else if (b.kind == Value::ListK) {
+      for (const Value& x : *b.list) r = r || equal(a, x);
+    } else if (b.kind == Value::DictK) {
+      r = a.kind == Value::Str && b.find(a.s) != nullptr;
+    } else if (b.kind == Value::Undefined) {
+      r = false;
+    } else {
+      fail(line, std::string("argument of type '") + kind_name(b) + "' is not iterable");
+    }
+    return r;
+  }
+
+  // `+` of two strings or two lists; nothing (numbers follow) otherwise.
+  std::optional<Value> concat(const Value& a, const Value& b, int line) const {
+    if (a.kind == Value::Str && b.kind == Value::Str) {
+      if (a.s.size() + b.s.size() > lim_.max_output) fail(line, "string too long");
+      return Value::str(a.s + b.s);
+    }
+    if (a.kind == Value::ListK && b.kind == Value::ListK) {
+      if (a.list->size() + b.list->size() > lim_.max_items) fail(line, "list too long");
+      List l = *a.list;
+      l.insert(l.end(), b.list->begin(), b.list->end());
+      return Value::new_list(std::move(l));
+    }
+    return std::nullopt;
+  }
+
+  // `*` of a string or list and an integer (either side); nothing (numbers follow) otherwise.
+  std::optional<Value> repeat(const Value& a, const Value& b, int line) const {
+    const Value* seq = a.kind == Value::Str || a.kind == Value::ListK ? &a : &b;
+    const Value* times = seq == &a ? &b : &a;
+    if (!(seq->kind == Value::Str || seq->kind == Value::ListK) ||
+        !(times->kind == Value::Int || times->kind == Value::Bool))
+      return std::nullopt;
+    const int64_t n = std::max<int64_t>(0, times->kind == Value::Int ? times->i : times->b);
+    const size_t unit = seq->kind == Value::Str ? seq->s.size() : seq->list->size();
+    if (n > 0 && unit > 0 && uint64_t(n) > lim_.max_items / unit) fail(line, "repetition too long");
+    if (seq->kind == Value::Str) {
+      std::string s;
+      for (int64_t k = 0; k < n; ++k) s += seq->s;
+      return Value::str(std::move(s));
+    }
+    List l;
+    for (int64_t k = 0; k < n; ++k) l.insert(l.end(), seq->list->begin(), seq->list->end());
+    return Value::new_list(std::move(l));
+  }
+
+  // + - * / // % ** on numbers (bools count as 0/1): Python's integer semantics, overflow an error.
+  static Value arithmetic(const std::string& op, const Value& a, const Value& b, int line) {
+    if (!numeric(a) || !numeric(b)) operand_error(op, a, b, line);
     const bool ints = a.kind != Value::Float && b.kind != Value::Float;
     const int64_t x = a.kind == Value::Int ? a.i : a.kind == Value::Bool ? a.b : 0;
     const int64_t y = b.kind == Value::Int ? b.i : b.kind == Value::Bool ? b.b : 0;
@@ -446,20 +471,20 @@ class Renderer {
         const bool over = op == "+"   ? __builtin_add_overflow(x, y, &r)
                           : op == "-" ? __builtin_sub_overflow(x, y, &r)
                                       : __builtin_mul_overflow(x, y, &r);
-        if (over) fail(e.line, "integer overflow");
+        if (over) fail(line, "integer overflow");
         return Value::integer(r);
       }
       const double u = num(a), v = num(b);
       return Value::real(op == "+" ? u + v : op == "-" ? u - v : u * v);
     }
     if (op == "/") {
-      if (num(b) == 0) fail(e.line, "division by zero");
+      if (num(b) == 0) fail(line, "division by zero");
       return Value::real(num(a) / num(b));
     }
     if (op == "//" || op == "%") {
-      if (num(b) == 0) fail(e.line, op == "%" ? "modulo by zero" : "division by zero");
+      if (num(b) == 0) fail(line, op == "%" ? "modulo by zero" : "division by zero");
       if (ints) {
-        if (x == INT64_MIN && y == -1) fail(e.line, "integer overflow");
+        if (x == INT64_MIN && y == -1) fail(line, "integer overflow");
         int64_t q = x / y, m = x % y;
         if (m != 0 && ((m < 0) != (y < 0))) {
           --q;
@@ -475,14 +500,14 @@ class Renderer {
       if (ints && y >= 0) {
         int64_t p = 1;
         for (int64_t k = 0; k < y; ++k) {
-          if (__builtin_mul_overflow(p, x, &p)) fail(e.line, "integer overflow");
+          if (__builtin_mul_overflow(p, x, &p)) fail(line, "integer overflow");
           if (p == 0 || p == 1) break;
         }
         return Value::integer(p);
       }
       return Value::real(std::pow(num(a), num(b)));
     }
-    return type_error();
+    operand_error(op, a, b, line);
   }
 
   Value attribute(const Value& obj, const std::string& name, int line) {
@@ -646,86 +671,7 @@ class Renderer {
 
   Value method(const Value& obj, const std::string& m, const Args& a, int line) {
     if (obj.kind == Value::Str) {
-      const std::string& s = obj.s;
-      if (m == "strip" || m == "lstrip" || m == "rstrip") {
-        const Value* chars = a.get(0, "chars");
-        return Value::str(py_strip(s, m != "rstrip", m != "lstrip", chars));
-      }
-      if (m == "upper" || m == "lower") return Value::str(ascii_case(s, m == "upper"));
-      if (m == "startswith" || m == "endswith") {
-        const Value* p = a.get(0, "prefix");
-        if (!p) fail(line, m + "() takes an argument");
-        List cands = p->kind == Value::ListK ? *p->list : List{*p};
-        for (const Value& c : cands) {
-          if (c.kind != Value::Str) fail(line, m + "() takes strings");
-          const bool hit = m == "startswith"
-                               ? s.compare(0, c.s.size(), c.s) == 0 && s.size() >= c.s.size()
-                               : s.size() >= c.s.size() && s.compare(s.size() - c.s.size(), c.s.size(), c.s) == 0;
-          if (hit) return Value::boolean(true);
-        }
-        return Value::boolean(false);
-      }
-      if (m == "split" || m == "rsplit") return split(s, a, m == "rsplit", line);
-      if (m == "splitlines") {
-        List l;
-        size_t p = 0;
-        while (p < s.size()) {
-          size_t q = s.find_first_of("\r\n", p);
-          if (q == std::string::npos) {
-            l.push_back(Value::str(s.substr(p)));
-            break;
-          }
-          l.push_back(Value::str(s.substr(p, q - p)));
-          p = q + (s[q] == '\r' && q + 1 < s.size() && s[q + 1] == '\n' ? 2 : 1);
-        }
-        return Value::new_list(std::move(l));
-      }
-      if (m == "replace") {
-        const Value* c = a.get(2, "count");
-        return Value::str(replace_all(s, str_arg(a, 0, "old", line), str_arg(a, 1, "new", line),
-                                      c && c->kind == Value::Int ? c->i : -1, lim_.max_output));
-      }
-      if (m == "title" || m == "capitalize") return Value::str(case_words(s, m == "title"));
-      if (m == "find" || m == "index") {
-        const size_t f = s.find(str_arg(a, 0, "sub", line));
-        if (f == std::string::npos) {
-          if (m == "index") fail(line, "substring not found");
-          return Value::integer(-1);
-        }
-        return Value::integer(int64_t(cp_count(s.substr(0, f))));
-      }
-      if (m == "count") {
-        const std::string sub = str_arg(a, 0, "sub", line);
-        if (sub.empty()) return Value::integer(int64_t(cp_count(s)) + 1);
-        int64_t n = 0;
-        for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
-        return Value::integer(n);
-      }
-      if (m == "isdigit" || m == "isspace" || m == "isalpha") {
-        if (s.empty()) return Value::boolean(false);
-        for (const auto& c : code_points(s)) {
-          const uint32_t cp = decode_cp(c);
-          const bool ok = m == "isdigit"   ? (cp >= '0' && cp <= '9')
-                          : m == "isspace" ? py_space(cp)
-                                           : ((cp | 32) >= 'a' && (cp | 32) <= 'z');
-          if (!ok) return Value::boolean(false);
-        }
-        return Value::boolean(true);
-      }
-      if (m == "join") {
-        const Value* it = a.get(0, "iterable");
-        if (!it) fail(line, "join() takes an argument");
-        std::string out;
-        bool first = true;
-        for (const Value& x : iterate(*it, line)) {
-          if (x.kind != Value::Str) fail(line, "join() takes strings");
-          if (!first) out += s;
-          first = false;
-          out += x.s;
-          if (out.size() > lim_.max_output) fail(line, "string too long");
-        }
-        return Value::str(std::move(out));
-      }
+      if (std::optional<Value> r = string_method(obj.s, m, a, line)) return std::move(*r);
     }
     if (obj.kind == Value::DictK) {
       if (m == "items" || m == "keys" || m == "values") {
@@ -763,6 +709,93 @@ class Renderer {
     }
     if (obj.kind == Value::Undefined) fail(line, "'" + obj.s + "' is undefined (calling ." + m + "())");
     fail(line, std::string("'") + kind_name(obj) + "' has no method '" + m + "'");
+  }
+
+  // Python's str methods that templates call.
+  std::optional<Value> string_method(const std::string& s, const std::string& m, const Args& a, int line) {
+    if (m == "strip" || m == "lstrip" || m == "rstrip") {
+      const Value* chars = a.get(0, "chars");
+      return Value::str(py_strip(s, m != "rstrip", m != "lstrip", chars));
+    }
+    if (m == "upper" || m == "lower") return Value::str(ascii_case(s, m == "upper"));
+    if (m == "startswith" || m == "endswith") {
+      const Value* p = a.get(0, "prefix");
+      if (!p) fail(line, m + "() takes an argument");
+      List cands = p->kind == Value::ListK ? *p->list : List{*p};
+      for (const Value& c : cands) {
+        if (c.kind != Value::Str) fail(line, m + "() takes strings");
+        const bool hit = m == "startswith"
+                             ? s.compare(0, c.s.size(), c.s) == 0 && s.size() >= c.s.size()
+                             : s.size() >= c.s.size() && s.compare(s.size() - c.s.size(), c.s.size(), c.s) == 0;
+        if (hit) return Value::boolean(true);
+      }
+      return Value::boolean(false);
+    }
+    if (m == "split" || m == "rsplit") return split(s, a, m == "rsplit", line);
+    if (m == "splitlines") {
+      List l;
+      size_t p = 0;
+      while (p < s.size()) {
+        size_t q = s.find_first_of("\r\n", p);
+        if (q == std::string::npos) {
+          l.push_back(Value::str(s.substr(p)));
+          break;
+        }
+        l.push_back(Value::str(s.substr(p, q - p)));
+        p = q + (s[q] == '\r' && q + 1 < s.size() && s[q + 1] == '\n' ? 2 : 1);
+      }
+      return Value::new_list(std::move(l));
+    }
+    if (m == "replace") return replace(s, a, line);
+    if (m == "title" || m == "capitalize") return Value::str(case_words(s, m == "title"));
+    if (m == "find" || m == "index") {
+      const size_t f = s.find(str_arg(a, 0, "sub", line));
+      if (f == std::string::npos) {
+        if (m == "index") fail(line, "substring not found");
+        return Value::integer(-1);
+      }
+      return Value::integer(int64_t(cp_count(s.substr(0, f))));
+    }
+    if (m == "count") {
+      const std::string sub = str_arg(a, 0, "sub", line);
+      if (sub.empty()) return Value::integer(int64_t(cp_count(s)) + 1);
+      int64_t n = 0;
+      for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+      return Value::integer(n);
+    }
+    if (m == "isdigit" || m == "isspace" || m == "isalpha") {
+      if (s.empty()) return Value::boolean(false);
+      for (const auto& c : code_points(s)) {
+        const uint32_t cp = decode_cp(c);
+        const bool ok = m == "isdigit"   ? (cp >= '0' && cp <= '9')
+                        : m == "isspace" ? py_space(cp)
+                                         : ((cp | 32) >= 'a' && (cp | 32) <= 'z');
+        if (!ok) return Value::boolean(false);
+      }
+      return Value::boolean(true);
+    }
+    if (m == "join") {
+      const Value* it = a.get(0, "iterable");
+      if (!it) fail(line, "join() takes an argument");
+      std::string out;
+      bool first = true;
+      for (const Value& x : iterate(*it, line)) {
+        if (x.kind != Value::Str) fail(line, "join() takes strings");
+        if (!first) out += s;
+        first = false;
+        out += x.s;
+        if (out.size() > lim_.max_output) fail(line, "string too long");
+      }
+      return Value::str(std::move(out));
+    }
+    return std::nullopt;
+  }
+
+  // str.replace(old, new[, count]), the method and the filter.
+  Value replace(const std::string& s, const Args& a, int line) const {
+    const Value* c = a.get(2, "count");
+    return Value::str(replace_all(s, str_arg(a, 0, "old", line), str_arg(a, 1, "new", line),
+                                  c && c->kind == Value::Int ? c->i : -1, lim_.max_output));
   }
 
   static std::string case_words(const std::string& s, bool title) {
@@ -849,11 +882,21 @@ class Renderer {
     return Value::new_list(std::move(l));
   }
 
+  // A filter evaluates its subject and arguments, then the first group that knows the name applies it.
   Value filter(const Expr& e) {
     const std::string& f = e.name;
     const Value v = eval(*e.args[0]);
     Args a = args_of(e, 1);
     const int line = e.line;
+    if (std::optional<Value> r = value_filter(f, v, a, line)) return std::move(*r);
+    if (std::optional<Value> r = sequence_filter(f, v, a, line)) return std::move(*r);
+    if (std::optional<Value> r = string_filter(f, v, a, line)) return std::move(*r);
+    if (std::optional<Value> r = number_filter(f, v, a, line)) return std::move(*r);
+    fail(line, "filter '" + f + "' is not implemented");
+  }
+
+  // default, safe, string, tojson: filters on any value.
+  std::optional<Value> value_filter(const std::string& f, const Value& v, const Args& a, int line) {
     if (f == "default" || f == "d") {
       const Value* bool_kw = a.get(1, "boolean");
       const bool by_truth = bool_kw && bool_kw->truthy();
@@ -874,20 +917,12 @@ class Renderer {
       if (s.size() > lim_.max_output) fail(line, "tojson output too long");
       return Value::str(std::move(s));
     }
-    if (f == "length" || f == "count") {
-      switch (v.kind) {
-        case Value::Str:
-          return Value::integer(int64_t(cp_count(v.s)));
-        case Value::ListK:
-          return Value::integer(int64_t(v.list->size()));
-        case Value::DictK:
-          return Value::integer(int64_t(v.dict->size()));
-        case Value::Undefined:
-          return Value::integer(0);
-        default:
-          fail(line, std::string("object of type '") + kind_name(v) + "' has no len()");
-      }
-    }
+    return std::nullopt;
+  }
+
+  // Filters over a sequence (or a string or mapping taken as one).
+  std::optional<Value> sequence_filter(const std::string& f, const Value& v, const Args& a, int line) {
+    if (f == "length" || f == "count") return length_of(v, line);
     if (f == "list") return Value::new_list(iterate(v, line));
     if (f == "items") {
       if (v.kind == Value::Undefined) return Value::new_list();
@@ -899,17 +934,7 @@ class Renderer {
       if (l.empty()) return Value::undefined(f);
       return f == "first" ? l.front() : l.back();
     }
-    if (f == "reverse") {
-      if (v.kind == Value::Str) {
-        auto cps = code_points(v.s);
-        std::string s;
-        for (auto it = cps.rbegin(); it != cps.rend(); ++it) s += *it;
-        return Value::str(s);
-      }
-      List l = iterate(v, line);
-      std::reverse(l.begin(), l.end());
-      return Value::new_list(std::move(l));
-    }
+    if (f == "reverse") return reversed(v, line);
     if (f == "unique") {
       List l;
       for (const Value& x : iterate(v, line)) {
@@ -919,120 +944,185 @@ class Renderer {
       }
       return Value::new_list(std::move(l));
     }
-    if (f == "join") {
-      const std::string sep = str_arg(a, 0, "d", line, "", false);
-      const Value* attr = a.get(1, "attribute");
-      std::string out;
-      bool first = true;
-      for (const Value& x0 : iterate(v, line)) {
-        const Value x = attr ? attribute(x0, to_str(*attr), line) : x0;
-        if (!first) out += sep;
-        first = false;
-        out += to_str(x);
-        if (out.size() > lim_.max_output) fail(line, "string too long");
-      }
-      return Value::str(std::move(out));
+    if (f == "join") return join(v, a, line);
+    if (f == "selectattr" || f == "rejectattr" || f == "select" || f == "reject") return select_items(f, v, a, line);
+    if (f == "map") return map_items(v, a, line);
+    if (f == "sum") return sum(iterate(v, line), line);
+    if (f == "min" || f == "max") return extreme(f, iterate(v, line), line);
+    return std::nullopt;
+  }
+
+  Value length_of(const Value& v, int line) {
+    switch (v.kind) {
+      case Value::Str:
+        return Value::integer(int64_t(cp_count(v.s)));
+      case Value::ListK:
+        return Value::integer(int64_t(v.list->size()));
+      case Value::DictK:
+        return Value::integer(int64_t(v.dict->size()));
+      case Value::Undefined:
+        return Value::integer(0);
+      default:
+        fail(line, std::string("object of type '") + kind_name(v) + "' has no len()");
     }
-    if (f == "selectattr" || f == "rejectattr" || f == "select" || f == "reject") {
-      const bool by_attr = f == "selectattr" || f == "rejectattr";
-      const bool keep_if = f == "selectattr" || f == "select";
-      size_t k = 0;
-      std::string attr;
-      if (by_attr) attr = str_arg(a, k++, "attribute", line);
-      const Value* tname = a.get(k, "test");
-      List out;
-      for (const Value& x : iterate(v, line)) {
-        const Value subject = by_attr ? attribute_soft(x, attr) : x;
-        bool r;
-        if (!tname) {
-          r = subject.truthy();
-        } else {
-          if (tname->kind != Value::Str) fail(line, "test name must be a string");
-          std::vector<Value> targs(a.pos.begin() + std::min(a.pos.size(), k + 1), a.pos.end());
-          r = run_test(tname->s, subject, targs, line);
+  }
+
+  Value reversed(const Value& v, int line) {
+    if (v.kind == Value::Str) {
+      auto cps = code_points(v.s);
+      std::string s;
+      for (auto it = cps.rbegin(); it != cps.rend(); ++it) s += *it;
+      return Value::str(s);
+    }
+    List l = iterate(v, line);
+    std::reverse(l.begin(), l.end());
+    return Value::new_list(std::move(l));
+  }
+
+  Value join(const Value& v, const Args& a, int line) {
+    const std::string sep = str_arg(a, 0, "d", line, "", false);
+    const Value* attr = a.get(1, "attribute");
+    std::string out;
+    bool first = true;
+    for (const Value& x0 : iterate(v, line)) {
+      const Value x = attr ? attribute(x0, to_str(*attr), line) : x0;
+      if (!first) out += sep;
+      first = false;
+      out += to_str(x);
+      if (out.size() > lim_.max_output) fail(line, "string too long");
+    }
+    return Value::str(std::move(out));
+  }
+
+  // select/reject keep the items a test passes/fails; the *attr forms test one attribute of each item.
+  Value select_items(const std::string& f, const Value& v, const Args& a, int line) {
+    const bool by_attr = f == "selectattr" || f == "rejectattr";
+    const bool keep_if = f == "selectattr" || f == "select";
+    size_t k = 0;
+    std::string attr;
+    if (by_attr) attr = str_arg(a, k++, "attribute", line);
+    const Value* tname = a.get(k, "test");
+    List out;
+    for (const Value& x : iterate(v, line)) {
+      const Value subject = by_attr ? attribute_soft(x, attr) : x;
+      bool r;
+      if (!tname) {
+        r = subject.truthy();
+      } else {
+        if (tname->kind != Value::Str) fail(line, "test name must be a string");
+        std::vector<Value> targs(a.pos.begin() + std::min(a.pos.size(), k + 1), a.pos.end());
+        r = run_test(tname->s, subject, targs, line);
+      }
+      if (r == keep_if) out.push_back(x);
+    }
+    return Value::new_list(std::move(out));
+  }
+
+  // map(attribute=..., default=...) or map('filter') for the few filters templates map with.
+  Value map_items(const Value& v, const Args& a, int line) {
+    const Value* attr = a.get(99, "attribute");
+    List out;
+    for (const Value& x : iterate(v, line)) {
+      if (attr) {
+        Value y = attribute_soft(x, to_str(*attr));
+        if (y.is_undefined()) {
+          const Value* d = a.get(99, "default");
+          if (d) y = *d;
         }
-        if (r == keep_if) out.push_back(x);
+        out.push_back(y);
+        continue;
       }
-      return Value::new_list(std::move(out));
-    }
-    if (f == "map") {
-      const Value* attr = a.get(99, "attribute");
-      List out;
-      for (const Value& x : iterate(v, line)) {
-        if (attr) {
-          Value y = attribute_soft(x, to_str(*attr));
-          if (y.is_undefined()) {
-            const Value* d = a.get(99, "default");
-            if (d) y = *d;
-          }
-          out.push_back(y);
-        } else {
-          const std::string fn = str_arg(a, 0, "filter", line);
-          if (fn == "string") {
-            out.push_back(Value::str(to_str(x)));
-          } else if (fn == "lower" || fn == "upper") {
-            out.push_back(Value::str(ascii_case(to_str(x), fn == "upper")));
-          } else if (fn == "trim") {
-            out.push_back(Value::str(py_strip(to_str(x), true, true, nullptr)));
-          } else if (fn == "tojson") {
-            out.push_back(Value::str(to_json(x)));
-          } else {
-            fail(line, "map('" + fn + "') is not supported");
-          }
-        }
+      const std::string fn = str_arg(a, 0, "filter", line);
+      if (fn == "string") {
+        out.push_back(Value::str(to_str(x)));
+      } else if (fn == "lower" || fn == "upper") {
+        out.push_back(Value::str(ascii_case(to_str(x), fn == "upper")));
+      } else if (fn == "trim") {
+        out.push_back(Value::str(py_strip(to_str(x), true, true, nullptr)));
+      } else if (fn == "tojson") {
+        out.push_back(Value::str(to_json(x)));
+      } else {
+        fail(line, "map('" + fn + "') is not supported");
       }
-      return Value::new_list(std::move(out));
     }
+    return Value::new_list(std::move(out));
+  }
+
+  static Value sum(const List& l, int line) {
+    Value acc = Value::integer(0);
+    for (const Value& x : l) {
+      if (!numeric(x)) fail(line, "sum() needs numbers");
+      if (acc.kind == Value::Int && x.kind != Value::Float) {
+        int64_t r;
+        if (__builtin_add_overflow(acc.i, x.kind == Value::Int ? x.i : int64_t(x.b), &r))
+          fail(line, "integer overflow");
+        acc.i = r;
+      } else {
+        acc = Value::real(num(acc) + num(x));
+      }
+    }
+    return acc;
+  }
+
+  // min/max: the first of the least/greatest items, numbers with numbers and strings with strings.
+  static Value extreme(const std::string& f, const List& l, int line) {
+    if (l.empty()) return Value::undefined(f);
+    Value best = l[0];
+    for (const Value& x : l) {
+      bool less;
+      if (numeric(x) && numeric(best)) {
+        less = num(x) < num(best);
+      } else if (x.kind == Value::Str && best.kind == Value::Str) {
+        less = x.s < best.s;
+      } else {
+        fail(line, f + "() of values that do not compare");
+      }
+      const bool greater = !less && !equal(x, best);
+      if ((f == "min" && less) || (f == "max" && greater)) best = x;
+    }
+    return best;
+  }
+
+  // Filters that take the subject as a string.
+  std::optional<Value> string_filter(const std::string& f, const Value& v, const Args& a, int line) {
     if (f == "trim") return Value::str(py_strip(to_str(v), true, true, a.get(0, "chars")));
     if (f == "upper" || f == "lower") return Value::str(ascii_case(to_str(v), f == "upper"));
     if (f == "capitalize" || f == "title")
       return Value::str(case_words(f == "capitalize" ? ascii_case(to_str(v), false) : to_str(v), f == "title"));
-    if (f == "replace") {
-      const Value* c = a.get(2, "count");
-      return Value::str(replace_all(to_str(v), str_arg(a, 0, "old", line), str_arg(a, 1, "new", line),
-                                    c && c->kind == Value::Int ? c->i : -1, lim_.max_output));
-    }
-    if (f == "e" || f == "escape") {
-      std::string out;
-      for (char c : to_str(v)) {
-        switch (c) {
-          case '&':
-            out += "&amp;";
-            break;
-          case '<':
-            out += "&lt;";
-            break;
-          case '>':
-            out += "&gt;";
-            break;
-          case '"':
-            out += "&#34;";
-            break;
-          case '\'':
-            out += "&#39;";
-            break;
-          default:
-            out += c;
-        }
+    if (f == "replace") return replace(to_str(v), a, line);
+    if (f == "e" || f == "escape") return Value::str(html_escape(to_str(v)));
+    return std::nullopt;
+  }
+
+  static std::string html_escape(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+      switch (c) {
+        case '&':
+          out += "&amp;";
+          break;
+        case '<':
+          out += "&lt;";
+          break;
+        case '>':
+          out += "&gt;";
+          break;
+        case '"':
+          out += "&#34;";
+          break;
+        case '\'':
+          out += "&#39;";
+          break;
+        default:
+          out += c;
       }
-      return Value::str(out);
     }
-    if (f == "int") {
-      if (v.kind == Value::Int) return v;
-      if (v.kind == Value::Float && std::isfinite(v.f) && std::fabs(v.f) < 9e18) return Value::integer(int64_t(v.f));
-      if (v.kind == Value::Bool) return Value::integer(v.b);
-      if (v.kind == Value::Str) {
-        try {
-          size_t used = 0;
-          const std::string t = py_strip(v.s, true, true, nullptr);
-          const long long x = std::stoll(t, &used);
-          if (used == t.size()) return Value::integer(x);
-        } catch (const std::exception&) {
-        }
-      }
-      const Value* d = a.get(0, "default");
-      return d ? *d : Value::integer(0);
-    }
+    return out;
+  }
+
+  // int, float, bool, abs: conversions and arithmetic.
+  static std::optional<Value> number_filter(const std::string& f, const Value& v, const Args& a, int line) {
+    if (f == "int") return to_int(v, a);
     if (f == "float") {
       if (v.is_number() || v.kind == Value::Bool) return Value::real(num(v));
       if (v.kind == Value::Str) {
@@ -1052,40 +1142,24 @@ class Renderer {
       if (v.kind == Value::Float) return Value::real(std::fabs(v.f));
       fail(line, "abs() needs a number");
     }
-    if (f == "sum" || f == "min" || f == "max") {
-      const List l = iterate(v, line);
-      if (f == "sum") {
-        Value acc = Value::integer(0);
-        for (const Value& x : l) {
-          if (!numeric(x)) fail(line, "sum() needs numbers");
-          if (acc.kind == Value::Int && x.kind != Value::Float) {
-            int64_t r;
-            if (__builtin_add_overflow(acc.i, x.kind == Value::Int ? x.i : int64_t(x.b), &r))
-              fail(line, "integer overflow");
-            acc.i = r;
-          } else {
-            acc = Value::real(num(acc) + num(x));
-          }
-        }
-        return acc;
+    return std::nullopt;
+  }
+
+  static Value to_int(const Value& v, const Args& a) {
+    if (v.kind == Value::Int) return v;
+    if (v.kind == Value::Float && std::isfinite(v.f) && std::fabs(v.f) < 9e18) return Value::integer(int64_t(v.f));
+    if (v.kind == Value::Bool) return Value::integer(v.b);
+    if (v.kind == Value::Str) {
+      try {
+        size_t used = 0;
+        const std::string t = py_strip(v.s, true, true, nullptr);
+        const long long x = std::stoll(t, &used);
+        if (used == t.size()) return Value::integer(x);
+      } catch (const std::exception&) {
       }
-      if (l.empty()) return Value::undefined(f);
-      Value best = l[0];
-      for (const Value& x : l) {
-        bool less;
-        if (numeric(x) && numeric(best)) {
-          less = num(x) < num(best);
-        } else if (x.kind == Value::Str && best.kind == Value::Str) {
-          less = x.s < best.s;
-        } else {
-          fail(line, f + "() of values that do not compare");
-        }
-        const bool greater = !less && !equal(x, best);
-        if ((f == "min" && less) || (f == "max" && greater)) best = x;
-      }
-      return best;
     }
-    fail(line, "filter '" + f + "' is not implemented");
+    const Value* d = a.get(0, "default");
+    return d ? *d : Value::integer(0);
   }
 
   // Jinja's attribute lookup for selectattr/map: undefined instead of an error.

@@ -116,6 +116,139 @@ std::vector<Segment> split_template(const std::string& src, const LexOptions& op
   return out;
 }
 
+namespace {
+
+bool is_digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
+
+// The number at s[i]: digits with `_` separators, an optional fraction and exponent. Returns the
+// index after it.
+size_t lex_number(const std::string& s, size_t i, int line, std::vector<Token>& out) {
+  size_t j = i;
+  bool real = false;
+  while (j < s.size() && (is_digit(s[j]) || s[j] == '_')) ++j;
+  if (j + 1 < s.size() && s[j] == '.' && is_digit(s[j + 1])) {
+    real = true;
+    ++j;
+    while (j < s.size() && is_digit(s[j])) ++j;
+  }
+  if (j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
+    size_t k = j + 1;
+    if (k < s.size() && (s[k] == '+' || s[k] == '-')) ++k;
+    if (k < s.size() && is_digit(s[k])) {
+      real = true;
+      j = k;
+      while (j < s.size() && is_digit(s[j])) ++j;
+    }
+  }
+  std::string num;
+  for (size_t k = i; k < j; ++k)
+    if (s[k] != '_') num += s[k];
+  out.push_back({real ? Token::Float : Token::Int, num, line});
+  return j;
+}
+
+// Appends to v what the escape whose letter is s[j] stands for, as Python reads it; \x, \u and \U
+// move j onto their last hex digit.
+void unescape(const std::string& s, size_t& j, int line, std::string& v) {
+  const char e = s[j];
+  switch (e) {
+    case 'n':
+      v += '\n';
+      break;
+    case 't':
+      v += '\t';
+      break;
+    case 'r':
+      v += '\r';
+      break;
+    case 'b':
+      v += '\b';
+      break;
+    case 'f':
+      v += '\f';
+      break;
+    case 'v':
+      v += '\v';
+      break;
+    case 'a':
+      v += '\a';
+      break;
+    case '0':
+      v += '\0';
+      break;
+    case '\\':
+      v += '\\';
+      break;
+    case '\'':
+      v += '\'';
+      break;
+    case '"':
+      v += '"';
+      break;
+    case '\n':
+      break;
+    case 'x':
+    case 'u':
+    case 'U': {
+      const int n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+      uint32_t cp = 0;
+      for (int k = 1; k <= n; ++k) {
+        if (j + k >= s.size() || !std::isxdigit(static_cast<unsigned char>(s[j + k])))
+          throw SyntaxError(line, "bad \\" + std::string(1, e) + " escape");
+        const char h = s[j + k];
+        cp = cp * 16 + uint32_t(is_digit(h) ? h - '0' : (std::tolower(h) - 'a' + 10));
+      }
+      if (cp > 0x10FFFF) throw SyntaxError(line, "bad \\U escape");
+      uni::append_utf8(v, cp);
+      j += n;
+      break;
+    }
+    default:  // Python keeps unknown escapes as they are
+      v += '\\';
+      v += e;
+  }
+}
+
+// The string literal whose quote is s[i]; `line` counts the newlines inside it. Returns the index
+// after the closing quote.
+size_t lex_string(const std::string& s, size_t i, int& line, std::vector<Token>& out) {
+  const char quote = s[i];
+  std::string v;
+  size_t j = i + 1;
+  for (;; ++j) {
+    if (j >= s.size()) throw SyntaxError(line, "unterminated string literal");
+    const char d = s[j];
+    if (d == quote) break;
+    if (d == '\n') ++line;
+    if (d != '\\') {
+      v += d;
+      continue;
+    }
+    if (++j >= s.size()) throw SyntaxError(line, "unterminated string literal");
+    unescape(s, j, line, v);
+  }
+  out.push_back({Token::String, v, line});
+  return j + 1;
+}
+
+// The operator at s[i], two characters before one; returns the index after it, or i if none.
+size_t lex_op(const std::string& s, size_t i, int line, std::vector<Token>& out) {
+  static const char* two[] = {"==", "!=", "<=", ">=", "//", "**"};
+  for (const char* t : two) {
+    if (s.compare(i, 2, t) == 0) {
+      out.push_back({Token::Op, t, line});
+      return i + 2;
+    }
+  }
+  if (std::string("<>+-*/%~|.,:()[]{}=").find(s[i]) != std::string::npos) {
+    out.push_back({Token::Op, std::string(1, s[i]), line});
+    return i + 1;
+  }
+  return i;
+}
+
+}  // namespace
+
 std::vector<Token> lex_tag(const std::string& s, int line) {
   std::vector<Token> out;
   size_t i = 0;
@@ -124,133 +257,20 @@ std::vector<Token> lex_tag(const std::string& s, int line) {
     if (is_ws(c)) {
       line += c == '\n';
       ++i;
-      continue;
-    }
-    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+    } else if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
       size_t j = i;
       while (j < s.size() && (std::isalnum(static_cast<unsigned char>(s[j])) || s[j] == '_')) ++j;
       out.push_back({Token::Name, s.substr(i, j - i), line});
       i = j;
-      continue;
+    } else if (is_digit(c)) {
+      i = lex_number(s, i, line, out);
+    } else if (c == '\'' || c == '"') {
+      i = lex_string(s, i, line, out);
+    } else {
+      const size_t next = lex_op(s, i, line, out);
+      if (next == i) throw SyntaxError(line, std::string("unexpected character '") + c + "'");
+      i = next;
     }
-    if (std::isdigit(static_cast<unsigned char>(c))) {
-      size_t j = i;
-      bool real = false;
-      while (j < s.size() && (std::isdigit(static_cast<unsigned char>(s[j])) || s[j] == '_')) ++j;
-      if (j + 1 < s.size() && s[j] == '.' && std::isdigit(static_cast<unsigned char>(s[j + 1]))) {
-        real = true;
-        ++j;
-        while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
-      }
-      if (j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
-        size_t k = j + 1;
-        if (k < s.size() && (s[k] == '+' || s[k] == '-')) ++k;
-        if (k < s.size() && std::isdigit(static_cast<unsigned char>(s[k]))) {
-          real = true;
-          j = k;
-          while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
-        }
-      }
-      std::string num;
-      for (size_t k = i; k < j; ++k)
-        if (s[k] != '_') num += s[k];
-      out.push_back({real ? Token::Float : Token::Int, num, line});
-      i = j;
-      continue;
-    }
-    if (c == '\'' || c == '"') {
-      std::string v;
-      size_t j = i + 1;
-      for (;; ++j) {
-        if (j >= s.size()) throw SyntaxError(line, "unterminated string literal");
-        const char d = s[j];
-        if (d == c) break;
-        if (d == '\n') ++line;
-        if (d != '\\') {
-          v += d;
-          continue;
-        }
-        if (++j >= s.size()) throw SyntaxError(line, "unterminated string literal");
-        const char e = s[j];
-        switch (e) {
-          case 'n':
-            v += '\n';
-            break;
-          case 't':
-            v += '\t';
-            break;
-          case 'r':
-            v += '\r';
-            break;
-          case 'b':
-            v += '\b';
-            break;
-          case 'f':
-            v += '\f';
-            break;
-          case 'v':
-            v += '\v';
-            break;
-          case 'a':
-            v += '\a';
-            break;
-          case '0':
-            v += '\0';
-            break;
-          case '\\':
-            v += '\\';
-            break;
-          case '\'':
-            v += '\'';
-            break;
-          case '"':
-            v += '"';
-            break;
-          case '\n':
-            break;
-          case 'x':
-          case 'u':
-          case 'U': {
-            const int n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-            uint32_t cp = 0;
-            for (int k = 1; k <= n; ++k) {
-              if (j + k >= s.size() || !std::isxdigit(static_cast<unsigned char>(s[j + k])))
-                throw SyntaxError(line, "bad \\" + std::string(1, e) + " escape");
-              const char h = s[j + k];
-              cp = cp * 16 +
-                   uint32_t(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
-            }
-            if (cp > 0x10FFFF) throw SyntaxError(line, "bad \\U escape");
-            uni::append_utf8(v, cp);
-            j += n;
-            break;
-          }
-          default:  // Python keeps unknown escapes as they are
-            v += '\\';
-            v += e;
-        }
-      }
-      out.push_back({Token::String, v, line});
-      i = j + 1;
-      continue;
-    }
-    static const char* two[] = {"==", "!=", "<=", ">=", "//", "**"};
-    bool done = false;
-    for (const char* t : two) {
-      if (s.compare(i, 2, t) == 0) {
-        out.push_back({Token::Op, t, line});
-        i += 2;
-        done = true;
-        break;
-      }
-    }
-    if (done) continue;
-    if (std::string("<>+-*/%~|.,:()[]{}=").find(c) != std::string::npos) {
-      out.push_back({Token::Op, std::string(1, c), line});
-      ++i;
-      continue;
-    }
-    throw SyntaxError(line, std::string("unexpected character '") + c + "'");
   }
   out.push_back({Token::End, "", line});
   return out;

@@ -2,6 +2,8 @@
 // jinja2's precedence (conditional < or < and < not < comparisons and `in` < + - < ~ < * / // % <
 // ** < unary minus < filters and tests < postfix . [] ()). Filters, tests and functions outside the
 // evaluator's tables are refused here, so a template that loads has no unknown names to call.
+#include <algorithm>
+#include <initializer_list>
 #include <set>
 
 #include "data/jinja_ast.h"
@@ -302,37 +304,27 @@ class Parser {
       e = mk(Expr::Binary, line, {e, add()}, op);
     }
   }
-  ExprP add() {
-    ExprP e = concat();
-    while (is_op("+") || is_op("-")) {
+  // One level of left-associative binary operators: operand (op operand)*.
+  template <class Operand>
+  ExprP left_assoc(std::initializer_list<const char*> ops, Operand operand) {
+    ExprP e = operand();
+    while (std::any_of(ops.begin(), ops.end(), [&](const char* op) { return is_op(op); })) {
       const Token t = next();
-      e = mk(Expr::Binary, t.line, {e, concat()}, t.text);
+      e = mk(Expr::Binary, t.line, {e, operand()}, t.text);
     }
     return e;
+  }
+  ExprP add() {
+    return left_assoc({"+", "-"}, [this] { return concat(); });
   }
   ExprP concat() {
-    ExprP e = mul();
-    while (is_op("~")) {
-      const int line = next().line;
-      e = mk(Expr::Binary, line, {e, mul()}, "~");
-    }
-    return e;
+    return left_assoc({"~"}, [this] { return mul(); });
   }
   ExprP mul() {
-    ExprP e = pow();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      const Token t = next();
-      e = mk(Expr::Binary, t.line, {e, pow()}, t.text);
-    }
-    return e;
+    return left_assoc({"*", "/", "//", "%"}, [this] { return pow(); });
   }
   ExprP pow() {
-    ExprP e = unary();
-    while (is_op("**")) {
-      const int line = next().line;
-      e = mk(Expr::Binary, line, {e, unary()}, "**");
-    }
-    return e;
+    return left_assoc({"**"}, [this] { return unary(); });
   }
   // As jinja2: `-x|f` is `(-x)|f`; the operand of a sign takes no filters.
   ExprP unary(bool with_filters = true) {

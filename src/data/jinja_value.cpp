@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/error.h"
+
 namespace sf::jinja {
 
 Value Value::from_json(const nlohmann::json& j) {
@@ -218,18 +220,8 @@ std::string py_str_repr(const std::string& s) {
     } else if (c == q) {
       out += '\\';
       out += char(c);
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
     } else {
-      out += char(c);
+      append_escaped(out, c);
     }
   }
   out += q;

@@ -2,8 +2,10 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "data/unicode.h"
 
@@ -116,22 +118,22 @@ Normalizer Normalizer::from_json(const tokjson::Ctx& c, const nlohmann::json& j,
 void Normalizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std::string& path, int depth) {
   if (depth > 16) c.fail(path, "normalizer sequences nested too deep");
   const std::string type = c.type(j, path);
+  if (type == "Sequence") {
+    c.each(j, path, "normalizers",
+           [&](const nlohmann::json& item, const std::string& ip) { add(c, item, ip, depth + 1); });
+    return;
+  }
+  // The steps without options.
+  static const std::pair<const char*, Kind> kPlain[] = {{"NFC", Kind::NFC},
+                                                        {"NFD", Kind::NFD},
+                                                        {"NFKC", Kind::NFKC},
+                                                        {"NFKD", Kind::NFKD},
+                                                        {"Lowercase", Kind::Lowercase}};
   Step s;
   s.kind = Kind::NFC;
-  if (type == "Sequence") {
-    const auto& list = c.arr(c.at(j, path, "normalizers"), path + ".normalizers");
-    for (size_t i = 0; i < list.size(); ++i) add(c, list[i], tokjson::idx_path(path + ".normalizers", i), depth + 1);
-    return;
-  } else if (type == "NFC") {
-    s.kind = Kind::NFC;
-  } else if (type == "NFD") {
-    s.kind = Kind::NFD;
-  } else if (type == "NFKC") {
-    s.kind = Kind::NFKC;
-  } else if (type == "NFKD") {
-    s.kind = Kind::NFKD;
-  } else if (type == "Lowercase") {
-    s.kind = Kind::Lowercase;
+  const auto plain = std::find_if(std::begin(kPlain), std::end(kPlain), [&](const auto& k) { return type == k.first; });
+  if (plain != std::end(kPlain)) {
+    s.kind = plain->second;
   } else if (type == "Strip") {
     s.kind = Kind::Strip;
     s.left = c.boolean(c.at(j, path, "strip_left"), path + ".strip_left");

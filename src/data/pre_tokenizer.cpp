@@ -211,6 +211,22 @@ void char_spans(Pred pred, const std::string& s, std::vector<Span>& out) {
   if (last < s.size()) out.push_back({last, s.size(), false});
 }
 
+// Contiguous and the Merged* behaviors: walks the spans (backward for MergedWithNext) and grows the
+// last kept span over the next one when joins(it is a match, the one before it was).
+template <class Joins>
+void merge_spans(const std::vector<Span>& m, bool backward, Joins joins, std::vector<Span>& keep) {
+  bool prev = false;
+  for (size_t n = 0; n < m.size(); ++n) {
+    const Span& s = m[backward ? m.size() - 1 - n : n];
+    if (joins(s.match, prev) && !keep.empty())
+      (backward ? keep.back().a : keep.back().b) = backward ? s.a : s.b;
+    else
+      keep.push_back({s.a, s.b, false});
+    prev = s.match;
+  }
+  if (backward) std::reverse(keep.begin(), keep.end());
+}
+
 // tokenizers' NormalizedString::split: spans -> pieces by behavior (empty pieces dropped).
 void split_by(const Piece& p, std::vector<Span>& m, PreTokenizer::Behavior beh, std::vector<Piece>& out) {
   using B = PreTokenizer::Behavior;
@@ -222,41 +238,18 @@ void split_by(const Piece& p, std::vector<Span>& m, PreTokenizer::Behavior beh, 
     case B::Removed:
       keep = m;
       break;
-    case B::Contiguous: {
-      bool prev = false;
-      for (const Span& s : m) {
-        if (s.match == prev && !keep.empty())
-          keep.back().b = s.b;
-        else
-          keep.push_back({s.a, s.b, false});
-        prev = s.match;
-      }
+    case B::Contiguous:
+      merge_spans(
+          m, false, [](bool match, bool prev) { return match == prev; }, keep);
       break;
-    }
-    case B::MergedWithPrevious: {
-      bool prev = false;
-      for (const Span& s : m) {
-        if (s.match && !prev && !keep.empty())
-          keep.back().b = s.b;
-        else
-          keep.push_back({s.a, s.b, false});
-        prev = s.match;
-      }
+    case B::MergedWithPrevious:
+      merge_spans(
+          m, false, [](bool match, bool prev) { return match && !prev; }, keep);
       break;
-    }
-    case B::MergedWithNext: {
-      bool prev = false;
-      for (size_t k = m.size(); k-- > 0;) {
-        const Span& s = m[k];
-        if (s.match && !prev && !keep.empty())
-          keep.back().a = s.a;
-        else
-          keep.push_back({s.a, s.b, false});
-        prev = s.match;
-      }
-      std::reverse(keep.begin(), keep.end());
+    case B::MergedWithNext:
+      merge_spans(
+          m, true, [](bool match, bool prev) { return match && !prev; }, keep);
       break;
-    }
   }
   for (const Span& s : keep)
     if (!s.match && s.b > s.a) out.push_back({p.text.substr(s.a, s.b - s.a), p.at_start && s.a == 0});
@@ -321,8 +314,8 @@ void PreTokenizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std
   Step s;
   s.kind = Kind::Split;
   if (type == "Sequence") {
-    const auto& list = c.arr(c.at(j, path, "pretokenizers"), path + ".pretokenizers");
-    for (size_t i = 0; i < list.size(); ++i) add(c, list[i], tokjson::idx_path(path + ".pretokenizers", i), depth + 1);
+    c.each(j, path, "pretokenizers",
+           [&](const nlohmann::json& item, const std::string& ip) { add(c, item, ip, depth + 1); });
     return;
   } else if (type == "Split") {
     const auto& pat = c.obj(c.at(j, path, "pattern"), path + ".pattern");

@@ -400,9 +400,9 @@ void read_post_processor(const Ctx& c, const json& p, const std::string& path, i
   if (depth > 16) c.fail(path, "nested too deep");
   const std::string type = c.type(p, path);
   if (type == "Sequence") {
-    const json& list = c.arr(c.at(p, path, "processors"), path + ".processors");
-    for (size_t i = 0; i < list.size(); ++i)
-      read_post_processor(c, list[i], idx_path(path + ".processors", i), depth + 1, n_ids, prefix, suffix);
+    c.each(p, path, "processors", [&](const json& item, const std::string& ip) {
+      read_post_processor(c, item, ip, depth + 1, n_ids, prefix, suffix);
+    });
   } else if (type == "TemplateProcessing") {
     read_template_processing(c, p, path, n_ids, prefix, suffix);
   } else if (type != "ByteLevel") {

@@ -11,6 +11,8 @@ namespace sf::tokjson {
 
 using json = nlohmann::json;
 
+inline std::string idx_path(const std::string& path, size_t i) { return path + "[" + std::to_string(i) + "]"; }
+
 struct Ctx {
   std::string file;
   [[noreturn]] void fail(const std::string& path, const std::string& what) const {
@@ -66,6 +68,13 @@ struct Ctx {
     return v ? boolean(*v, path + "." + key) : dflt;
   }
   std::string type(const json& j, const std::string& path) const { return str(at(j, path, "type"), path + ".type"); }
+  // fn(item, its path) for each item of the array j[key], e.g. the steps of a {"type": "Sequence"}.
+  template <class Fn>
+  void each(const json& j, const std::string& path, const char* key, Fn&& fn) const {
+    const std::string p = path + "." + key;
+    const json& list = arr(at(j, path, key), p);
+    for (size_t i = 0; i < list.size(); ++i) fn(list[i], idx_path(p, i));
+  }
 };
 
 // A JSON key shown in a path, cut short and quoted.
@@ -73,6 +82,5 @@ inline std::string key_path(const std::string& path, const std::string& key) {
   std::string k = key.size() > 40 ? key.substr(0, 40) + "..." : key;
   return path + "[" + json(k).dump(-1, ' ', false, json::error_handler_t::replace) + "]";
 }
-inline std::string idx_path(const std::string& path, size_t i) { return path + "[" + std::to_string(i) + "]"; }
 
 }  // namespace sf::tokjson
