@@ -23,6 +23,7 @@
 
 #include "backend/device.h"
 #include "data/dataset.h"
+#include "engine/buffers.h"
 #include "engine/engine.h"
 #include "model/layout.h"
 #include "model/spec.h"
@@ -61,6 +62,11 @@ class SlidingEngine final : public Engine {
  public:
   SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOptions& opt);
   ~SlidingEngine() override;
+  // Every buffer the engine allocates for these options, by place: its own, and its parts'
+  // (slot cache, host optimizer, gradient path, checkpoint store, token uploader, RoPE tables,
+  // workspace), plus the backend's per-stream scratch. The constructor allocates from this list
+  // and the planner sums it (engine/buffers.h). `be.act` stands for the options' compute dtype.
+  static MemoryItems buffers(const ModelSpec& spec, const SlidingOptions& opt, const BackendSizes& be);
 
   const ModelSpec& spec() const override { return spec_; }
   void load(const CheckpointReader& ckpt) override;
