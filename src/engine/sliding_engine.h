@@ -12,9 +12,11 @@
 // moment pass (queued after the next forward) — docs/ENGINE.md.
 //
 // The parts: engine/slot_cache.* (slots and uploads), engine/host_optimizer.* (host state, the
-// gradient store, host AdamW), engine/checkpoint_store.* (layer inputs down and back),
-// engine/token_uploader.*; the schedule of one step is SlidingEngine::Impl::run, top-down,
-// and the step protocol SlidingEngine::step. SF_TRACE=FILE writes a timeline (engine/step_trace.h).
+// gradient store, host AdamW), engine/gradient_path.* (gradients from the backward to the host
+// AdamW), engine/checkpoint_store.* (layer inputs down and back), engine/token_uploader.*; every
+// buffer of them all is listed by SlidingEngine::buffers (engine/buffers.h). The schedule of one
+// step is SlidingEngine::Impl::run, top-down, and the step protocol SlidingEngine::step.
+// SF_TRACE=FILE writes a timeline (engine/step_trace.h).
 // On the cpu backend it is bit for bit the resident engine (tests/test_sliding_engine.cpp).
 #pragma once
 #include <memory>
