@@ -1,18 +1,26 @@
 #include "engine/checkpoint_store.h"
 
 #include <algorithm>
+#include <string>
 
 namespace sf {
 
 CheckpointStore::CheckpointStore(Device& dev, int micro, int layers, size_t stride)
     : dev_(dev), layers_(std::max(layers, 1)), stride_(stride) {
-  host_ = DeviceBuffer(dev, size_t(micro) * size_t(layers_) * stride, MemoryKind::PinnedHost);
-  gpu_ = DeviceBuffer(dev, 2 * stride);
+  BufferSource src(dev, buffers(micro, layers, stride));
+  host_ = src.buffer("ckpt.host");
+  gpu_ = src.buffer("ckpt.fetch");
   for (int i = 0; i < 2; ++i) {
     ready_[i] = dev.create_event();
     free_[i] = dev.create_event();
   }
   offloaded_ = dev.create_event();
+}
+
+MemoryItems CheckpointStore::buffers(int micro, int layers, size_t stride) {
+  return {{"checkpoints fetched for the backward", 2 * stride, Place::Device, "ckpt.fetch"},
+          {"layer-input checkpoints (" + std::to_string(micro) + " micro-batches)",
+           size_t(micro) * size_t(std::max(layers, 1)) * stride, Place::Pinned, "ckpt.host"}};
 }
 
 char* CheckpointStore::at(int j, int l) const {

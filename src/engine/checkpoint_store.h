@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "backend/device.h"
+#include "engine/buffers.h"
 
 namespace sf {
 
@@ -14,6 +15,8 @@ class CheckpointStore {
  public:
   // `micro` micro-batches of `layers` layer inputs, each at most `stride` bytes.
   CheckpointStore(Device& dev, int micro, int layers, size_t stride);
+  // Its buffers: the pinned store and the two GPU buffers of the fetches ("ckpt.host", "ckpt.fetch").
+  static MemoryItems buffers(int micro, int layers, size_t stride);
 
   // Micro-batch j's input of layer l, `bytes` at `src` on the GPU, down on `d2h` (which has waited
   // for `src` to be written).

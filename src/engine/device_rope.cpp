@@ -1,14 +1,20 @@
 #include "engine/device_rope.h"
 
+#include "core/error.h"
 #include "model/rope.h"
 
 namespace sf {
+
+MemoryItems DeviceRope::buffers(const ModelSpec& spec, int max_T) {
+  return {{"RoPE tables", 2 * size_t(max_T) * size_t(spec.head_dim / 2) * 4, Place::Device, "rope"}};
+}
 
 DeviceRope::DeviceRope(Device& dev, const ModelSpec& spec, int max_T, Stream& s) {
   std::vector<float> cos, sin;
   rope_tables(spec, max_T, cos, sin);
   const size_t table = cos.size() * 4;
-  buf = DeviceBuffer(dev, 2 * table);
+  buf = BufferSource(dev, buffers(spec, max_T)).buffer("rope");
+  SF_CHECK(buf.size() == 2 * table, "RoPE tables of another size than listed");
   char* base = static_cast<char*>(buf.data());
   dev.copy(base, cos.data(), table, CopyKind::HostToDevice, s);
   dev.copy(base + table, sin.data(), table, CopyKind::HostToDevice, s);

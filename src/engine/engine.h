@@ -27,6 +27,10 @@ struct EngineOptions {
   std::string compute_dtype;
 };
 
+// Bytes of one [tokens, hidden] activation in `act`, 256-aligned (both engines' activation stride).
+inline size_t activation_stride(const ModelSpec& s, int64_t tokens, DType act) {
+  return round256(size_t(tokens * s.hidden) * dtype_size(act));
+}
 // Device scalars of an engine: [0] loss sum, [1] spare, [2, 2 + blobs) per-blob squared norms (F32).
 inline size_t engine_scalar_bytes(size_t blobs) { return round256(4 * (2 + blobs)); }
 // torch.nn.utils.clip_grad_norm_'s factor (1 when max_norm is 0: no clipping).
@@ -36,6 +40,15 @@ inline float clip_factor(double norm, double max_norm) {
 // Elements of the chunks in which a compute dtype below fp32 rounds gradients to it (both engines:
 // the same rounding, so the same bits on the cpu backend).
 inline constexpr int64_t kGradRoundChunk = int64_t(1) << 22;
+// An engine's destructor drains its streams with this: errors are swallowed (a destructor must not
+// throw, and the error has been reported, or is moot, by then).
+template <class F>
+void quietly(F&& f) noexcept {
+  try {
+    f();
+  } catch (...) {
+  }
+}
 inline double sum_blob_norms(const std::vector<float>& per_blob) {
   double s = 0.0;
   for (float v : per_blob) s += double(v);

@@ -15,12 +15,32 @@
 
 namespace sf {
 
-HostOptimizer::Bytes HostOptimizer::bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring,
-                                              int64_t held) {
-  const size_t g = keep_grads ? size_t(total) * dtype_size(gd)
-                              : (size_t(ring) * size_t(std::min(chunk, std::max<int64_t>(total, 1))) + size_t(held)) *
-                                    dtype_size(gd);
-  return Bytes{size_t(total) * 4, size_t(total) * 8, total > 0 ? g : 0};
+namespace {
+// Whether blob b's gradient is held in its own place (without keep_grads).
+bool holds(const std::vector<int64_t>& blob_numel, bool keep_grads, const std::vector<bool>& held, size_t b) {
+  return !keep_grads && b < held.size() && held[b] && blob_numel[b] > 0;
+}
+}  // namespace
+
+MemoryItems HostOptimizer::buffers(const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk,
+                                   int ring, const std::vector<bool>& held) {
+  int64_t total = 0, held_total = 0;
+  for (size_t b = 0; b < blob_numel.size(); ++b) {
+    total += blob_numel[b];
+    if (holds(blob_numel, keep_grads, held, b)) held_total += blob_numel[b];
+  }
+  const size_t g =
+      keep_grads
+          ? size_t(total) * dtype_size(gd)
+          : (size_t(ring) * size_t(std::min(chunk, std::max<int64_t>(total, 1))) + size_t(held_total)) * dtype_size(gd);
+  MemoryItems m = {{"fp32 master weights", size_t(total) * 4, Place::Pinned, "host.master"}};
+  if (total > 0 && g > 0)
+    m.push_back({keep_grads ? "gradients of the step (held for the norm)"
+                            : "gradient ring (" + std::to_string(ring) + " chunks)",
+                 g, Place::Pinned, "host.grads"});
+  m.push_back({"AdamW m and v", size_t(total) * 4, Place::Host, "host.m"});
+  m.push_back({"AdamW m and v", size_t(total) * 4, Place::Host, "host.v"});
+  return m;
 }
 
 HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads,
@@ -35,14 +55,14 @@ HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel
   int64_t held_total = 0;
   held_off_.assign(blob_numel.size(), -1);
   for (size_t b = 0; b < blob_numel.size(); ++b)
-    if (!keep_grads && b < held.size() && held[b] && blob_numel[b] > 0) {
+    if (holds(blob_numel, keep_grads, held, b)) {
       held_off_[b] = ring_elems + held_total;
       held_total += blob_numel[b];
     }
-  const Bytes b = bytes_for(total_, gd, keep_grads, chunk, ring, held_total);
-  master_ = DeviceBuffer(dev, b.master, MemoryKind::PinnedHost);
-  m_ = HostBuffer(size_t(total_) * 4);
-  v_ = HostBuffer(size_t(total_) * 4);
+  BufferSource src(dev, buffers(blob_numel, gd, keep_grads, chunk, ring, held));
+  master_ = src.buffer("host.master");
+  m_ = HostBuffer(src.take("host.m").bytes);
+  v_ = HostBuffer(src.take("host.v").bytes);
   // The AdamW pass streams through m and v every step: transparent huge pages spare the TLB
   // (SF_HUGEPAGES=0 turns this off, to measure it).
   static const bool huge = env_switch("SF_HUGEPAGES", true);
@@ -54,11 +74,11 @@ HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel
         ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
       }
   if (total_ > 0) {
-    std::memset(master_.data(), 0, b.master);  // padding between tensors stays 0
+    std::memset(master_.data(), 0, master_.size());  // padding between tensors stays 0
     std::memset(m_.data(), 0, size_t(total_) * 4);
     std::memset(v_.data(), 0, size_t(total_) * 4);
   }
-  store_ = DeviceBuffer(dev, b.grads, MemoryKind::PinnedHost);
+  store_ = src.buffer_if("host.grads");
   if (!keep_grads)
     for (int r = 0; r < ring; ++r) ring_free_.push_back(dev.create_event());
 }

@@ -18,6 +18,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/device.h"
 #include "core/host_memory.h"
+#include "engine/buffers.h"
 
 namespace sf {
 
@@ -53,11 +54,10 @@ class HostOptimizer {
   double update_seconds() const { return double(update_ns_.load()) * 1e-9; }
   size_t pinned_bytes() const { return master_.size() + store_.size(); }
   size_t host_bytes() const { return pinned_bytes() + m_.size() + v_.size(); }
-  // Bytes of each kind the constructor allocates (the planner's figures).
-  struct Bytes {
-    size_t master, moments, grads;  // grads: the store or the ring (page-locked)
-  };
-  static Bytes bytes_for(int64_t total, DType gd, bool keep_grads, int64_t chunk, int ring, int64_t held = 0);
+  // What the constructor allocates, from the same arguments: "host.master" and "host.grads" (the
+  // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v" pageable.
+  static MemoryItems buffers(const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk, int ring,
+                             const std::vector<bool>& held = {});
 
  private:
   Device& dev_;

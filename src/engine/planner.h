@@ -1,28 +1,22 @@
 // The planner (DESIGN.md §4): from the model, the batch and the memory budgets, which engine runs,
 // with how many GPU slots, what every buffer costs on the GPU and in host memory, whether it
-// fits, and a predicted step time from measured rates. Nothing is allocated; the engines'
-// constructors allocate exactly the buffers listed here (tests/test_planner.cpp holds them to it).
+// fits, and a predicted step time from measured rates. Nothing is allocated; the buffers are the
+// engines' own lists (engine/buffers.h), from which their constructors allocate
+// (tests/test_engine_buffers.cpp counts the allocations).
 #pragma once
 #include <string>
 #include <vector>
 
 #include "backend/device.h"
+#include "engine/buffers.h"
 #include "model/spec.h"
 
 namespace sf {
 
-enum class Place { Device, Pinned, Host };  // GPU memory, page-locked host memory, pageable host memory
-
-struct MemoryItem {
-  std::string name;
-  size_t bytes = 0;
-  Place place = Place::Device;
-};
-
-size_t total_bytes(const std::vector<MemoryItem>& items, Place where);
-
-// Buffers of each engine for max_batch x max_seq micro-batches (the resident engine holds
-// gradients only when training, AdamW state only with the optimizer; the sliding one always both).
+// Buffers of each engine, one item a line of `slideformer plan` (the engine's list,
+// ResidentEngine::buffers / SlidingEngine::buffers, with the items of one name summed) for max_batch x max_seq
+// micro-batches (the resident engine holds gradients only when training, AdamW state only with the optimizer; the
+// sliding one always both).
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int max_seq, const BackendInfo& be,
                                         bool training = true, bool optimizer = true, int micro = 1);
 // micro: micro-batches a step (layer-major: checkpoints and activations per micro-batch);

@@ -94,6 +94,38 @@ struct ResidentEngine::Impl {
   }
 };
 
+MemoryItems ResidentEngine::buffers(const ModelSpec& spec, const EngineOptions& opt, const BackendSizes& be) {
+  const ModelLayout layout = make_layout(spec);
+  int64_t total = 0;
+  for (const auto& b : layout.blobs) total += b.numel;
+  const size_t P = size_t(total), act = dtype_size(be.act);
+  const bool low = be.act != DType::F32;
+  const int64_t maxN = int64_t(opt.max_batch) * opt.max_seq;
+  const size_t stride = activation_stride(spec, maxN, be.act);
+  const int micro = std::max(opt.max_micro, 1);
+  // In the order `slideformer plan` prints them (by place).
+  MemoryItems m = {{"fp32 master weights", P * 4, Place::Device, "master"}};
+  if (low) m.push_back({"compute copy of the weights", P * act, Place::Device, "compute"});
+  if (opt.training) m.push_back({"fp32 gradients", P * 4, Place::Device, "grads"});
+  if (opt.training && low)
+    m.push_back({"gradient rounding scratch", size_t(std::min(total, kGradRoundChunk)) * act, Place::Device, "round"});
+  if (opt.training && opt.optimizer) {
+    m.push_back({"AdamW m", P * 4, Place::Device, "m"});
+    m.push_back({"AdamW v", P * 4, Place::Device, "v"});
+  }
+  m.push_back({"layer-input checkpoints", stride * size_t(spec.n_layer + 1), Place::Device, "ckpt"});
+  m.push_back({"backward activations (dy, dx, recompute)", stride * 3, Place::Device, "dbuf"});
+  m.push_back({"workspace (one layer's recompute + backward; chunked head)", be.workspace, Place::Device, "workspace"});
+  append(m, TokenUploader::buffers(maxN, 2 * micro));
+  if (opt.training && micro > 1)
+    m.push_back(
+        {"embedding-output gradients of the step's micro-batches", size_t(micro) * stride, Place::Device, "dy0"});
+  append(m, DeviceRope::buffers(spec, opt.max_seq));
+  m.push_back({"scalars", engine_scalar_bytes(layout.blobs.size()), Place::Device, "scalars"});
+  if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
+  return m;
+}
+
 ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay, const EngineOptions& opt)
     : dev(d),
       spec(s),
@@ -106,26 +138,29 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
     total += b.numel;
   }
   const int64_t maxN = int64_t(opt.max_batch) * opt.max_seq;
-  stride_nh = round256(size_t(maxN * spec.hidden) * dtype_size(act));
-  master = DeviceBuffer(dev, size_t(total) * 4);
-  if (act != DType::F32) compute = DeviceBuffer(dev, size_t(total) * dtype_size(act));
-  if (opt.training) grads = DeviceBuffer(dev, size_t(total) * 4);
-  if (opt.training && act != DType::F32)
-    round_buf = DeviceBuffer(dev, size_t(std::min(total, kGradRoundChunk)) * dtype_size(act));
-  if (opt.training && opt.optimizer) {
-    adam_m = DeviceBuffer(dev, size_t(total) * 4);
-    adam_v = DeviceBuffer(dev, size_t(total) * 4);
-  }
-  ckpt = DeviceBuffer(dev, stride_nh * size_t(spec.n_layer + 1));
-  dbuf = DeviceBuffer(dev, stride_nh * 3);
+  stride_nh = activation_stride(spec, maxN, act);
+  // Every buffer comes from the engine's list (ResidentEngine::buffers); a part allocates from its
+  // own list, which must be the engine's items of that part.
+  ws = std::make_unique<Workspace>(dev, spec, opt.max_batch, opt.max_seq, act);
+  BufferSource src(dev, ResidentEngine::buffers(spec, opt, BackendSizes{act, ws->bytes(), 0}));
+  src.allocated({{"", ws->bytes(), Place::Device, "workspace"}});
+  master = src.buffer("master");
+  compute = src.buffer_if("compute");
+  grads = src.buffer_if("grads");
+  round_buf = src.buffer_if("round");
+  adam_m = src.buffer_if("m");
+  adam_v = src.buffer_if("v");
+  ckpt = src.buffer("ckpt");
+  dbuf = src.buffer("dbuf");
   const int micro = std::max(opt.max_micro, 1);
   tokens = std::make_unique<TokenUploader>(dev, maxN, 2 * micro);
-  if (opt.training && micro > 1) dy0 = DeviceBuffer(dev, stride_nh * size_t(micro));
-  scalars = DeviceBuffer(dev, engine_scalar_bytes(layout.blobs.size()));
+  src.allocated(TokenUploader::buffers(maxN, 2 * micro));
+  dy0 = src.buffer_if("dy0");
+  scalars = src.buffer("scalars");
   host_norms.resize(layout.blobs.size());
-  ws = std::make_unique<Workspace>(dev, spec, opt.max_batch, opt.max_seq, act);
 
   rope_dev = std::make_unique<DeviceRope>(dev, spec, opt.max_seq, *stream);
+  src.allocated(DeviceRope::buffers(spec, opt.max_seq));
   rope = rope_dev->tables;
 
   Ops& ops = dev.ops();
@@ -144,13 +179,11 @@ ResidentEngine::ResidentEngine(Device& dev, const ModelSpec& spec, const EngineO
 }
 
 ResidentEngine::~ResidentEngine() {
-  if (impl_) {
-    try {
+  if (impl_)
+    quietly([&] {
       impl_->tokens->synchronize();
       dev_.synchronize(*impl_->stream);
-    } catch (...) {
-    }
-  }
+    });
 }
 
 // Upload fp32 host values of one blob to the masters (and the compute copy).

@@ -8,6 +8,7 @@
 
 #include "backend/device.h"
 #include "data/dataset.h"
+#include "engine/buffers.h"
 #include "engine/engine.h"
 #include "model/layout.h"
 #include "model/program.h"
@@ -21,6 +22,11 @@ class ResidentEngine final : public Engine {
  public:
   ResidentEngine(Device& dev, const ModelSpec& spec, const EngineOptions& opt);
   ~ResidentEngine() override;
+  // Every buffer the engine allocates for these options, by place (its own, the workspace, the
+  // token uploader's, the RoPE tables, the backend's per-stream scratch): the constructor
+  // allocates from this list and the planner sums it (engine/buffers.h). `be.act` stands for the
+  // options' compute dtype.
+  static MemoryItems buffers(const ModelSpec& spec, const EngineOptions& opt, const BackendSizes& be);
 
   const ModelSpec& spec() const override { return spec_; }
   const ModelLayout& layout() const { return layout_; }

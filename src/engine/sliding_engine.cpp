@@ -12,6 +12,7 @@
 #include "engine/blob_init.h"
 #include "engine/checkpoint_store.h"
 #include "engine/device_rope.h"
+#include "engine/gradient_path.h"
 #include "engine/host_optimizer.h"
 #include "engine/slot_cache.h"
 #include "engine/step_trace.h"
@@ -64,6 +65,95 @@ struct ParamsRef {
   int slot = -1;  // the slot to release, or -1 for a blob kept on the GPU
 };
 
+namespace {
+
+// What the options fix of the sliding engine's buffers; the constructor and buffers() both start
+// here, so that the list and the allocations agree.
+struct SlidingShape {
+  int K = 1;                                 // micro-batches a step
+  std::vector<int64_t> gpu_off;              // [blobs] element offset among the kept blobs (-1: on the host)
+  int64_t gpu_total = 0;                     // elements of the kept blobs
+  std::vector<int64_t> host_numel;           // [blobs] elements on the host (0: kept on the GPU)
+  std::vector<bool> is_layer;                // [blobs]
+  std::vector<bool> held;                    // [blobs] SlidingOptions::hold_grads' blobs
+  int64_t max_layer = 0, emb = 0, head = 0;  // the gradient accumulators' elements (host blobs)
+  int64_t chunk = 0;                         // elements a transfer chunk
+  int64_t max_tokens = 0;
+  size_t stride_nh = 0;  // bytes of one [max N, H] activation, 256-aligned
+};
+
+SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, const SlidingOptions& o, DType act) {
+  const int nb = int(layout.blobs.size());
+  SlidingShape z;
+  z.K = std::max(o.base.max_micro, 1);
+  z.gpu_off.assign(size_t(nb), -1);
+  for (int b : o.gpu_blobs) {
+    SF_CHECK(b >= 0 && b < nb, "gpu_blobs: no blob " + std::to_string(b));
+    z.gpu_off[size_t(b)] = 0;
+  }
+  int64_t max_blob = 0;
+  for (int b = 0; b < nb; ++b) {
+    const BlobLayout& bl = layout.blobs[size_t(b)];
+    z.is_layer.push_back(bl.kind == BlobKind::Layer);
+    if (z.gpu_off[size_t(b)] >= 0) {
+      z.gpu_off[size_t(b)] = z.gpu_total;
+      z.gpu_total += bl.numel;
+      z.host_numel.push_back(0);
+      continue;
+    }
+    z.host_numel.push_back(bl.numel);
+    max_blob = std::max(max_blob, bl.numel);
+    if (bl.kind == BlobKind::Layer) z.max_layer = std::max(z.max_layer, bl.numel);
+  }
+  z.emb = z.host_numel.front();
+  z.head = z.host_numel.back();
+  z.held = held_grad_blobs(layout, o.gpu_blobs, o.keep_grads ? 0 : o.hold_grads);
+  z.chunk = std::max<int64_t>(1, std::min(o.chunk, std::max(max_blob, z.gpu_total)));
+  z.max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
+  z.stride_nh = activation_stride(spec, z.max_tokens, act);
+  return z;
+}
+
+const char* const kFetchedName = "checkpoints fetched for the backward + recompute output";
+
+}  // namespace
+
+MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& o, const BackendSizes& be) {
+  const ModelLayout layout = make_layout(spec);
+  const DType act = be.act;
+  const SlidingShape z = sliding_shape(spec, layout, o, act);
+  const size_t K = size_t(z.K);
+  // In the order `slideformer plan` prints them (by place, an item's first appearance).
+  MemoryItems m = SlotCache::buffers(SlotCache::capacities(o.slots, z.host_numel, z.is_layer), act, z.chunk);
+  append(m, HostOptimizer::buffers(z.host_numel, act, o.keep_grads, z.chunk, o.grad_ring, z.held));
+  const MemoryItems grads = GradientPath::buffers(z.max_layer, z.emb, z.head, act, z.chunk);
+  append(m, items_with(grads, "acc."));
+  m.push_back({"activations (" + std::to_string(K + 1) + " buffers: one per micro-batch + 1)", (K + 1) * z.stride_nh,
+               Place::Device, "acts"});
+  for (MemoryItem& c : CheckpointStore::buffers(z.K, spec.n_layer, z.stride_nh)) {
+    if (c.key == "ckpt.fetch") c.name = kFetchedName;  // one line with the recompute output
+    m.push_back(c);
+  }
+  m.push_back({kFetchedName, z.stride_nh, Place::Device, "scratch"});
+  m.push_back({"workspace (one layer's recompute + backward; chunked head)", be.workspace, Place::Device, "workspace"});
+  append(m, TokenUploader::buffers(z.max_tokens, 2 * z.K));
+  append(m, DeviceRope::buffers(spec, o.base.max_seq));
+  m.push_back({"scalars", engine_scalar_bytes(layout.blobs.size()), Place::Device, "scalars"});
+  append(m, items_with(grads, "grad.staging"));
+  if (z.gpu_total > 0) {
+    const bool low = act != DType::F32;
+    const std::string kept = std::to_string(o.gpu_blobs.size()) +
+                             " blobs kept on the GPU: fp32 master, AdamW m and v, gradients" +
+                             (low ? ", compute copy" : "");
+    const size_t G = size_t(z.gpu_total);
+    if (low) m.push_back({kept, G * dtype_size(act), Place::Device, "gpu.params"});
+    for (const char* key : {"gpu.master", "gpu.m", "gpu.v", "gpu.grads"})
+      m.push_back({kept, G * 4, Place::Device, key});
+  }
+  if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
+  return m;
+}
+
 struct SlidingEngine::Impl {
   Impl(Device& d, const ModelSpec& s, const ModelLayout& lay, const SlidingOptions& o);
 
@@ -83,24 +173,6 @@ struct SlidingEngine::Impl {
   std::unique_ptr<SlotCache> slots;
   bool slots_stale = false;  // an update was queued: the next forward re-uploads every blob
 
-  // The gradient path: a blob's gradient accumulates in fp32 on the GPU over the micro-batches,
-  // is rounded to the compute dtype (in place, chunk by chunk, through staging), its squared norm
-  // taken, and the chunks copied down into host memory (HostOptimizer::land).
-  struct Acc {
-    DeviceBuffer buf;             // [numel] F32
-    std::unique_ptr<Event> sent;  // d2h: copied down (when no staging is used)
-  };
-  Acc layer_acc[2], emb_acc, head_acc;  // layers alternate: one fills while the other drains
-  int next_acc = 0;
-  DeviceBuffer grad_stg;  // [2, chunk] act (act != F32)
-  std::unique_ptr<Event> stg_ready[2], stg_free[2];
-  int next_stg = 0;
-  std::unique_ptr<Event> grads_ready;           // compute: a gradient is complete (re-recorded)
-  std::unique_ptr<Event> chunk_landed;          // d2h, re-recorded per chunk (waited at once)
-  std::vector<std::unique_ptr<Event>> landed;   // [blobs] d2h: the step's gradient is in host memory
-  std::vector<std::unique_ptr<Event>> updated;  // [blobs] opt: the blob's master is updated (uploads wait)
-  std::vector<std::unique_ptr<Event>> moved;    // [blobs] opt: its last update has read the gradient store
-
   // Activations: a ring of K+1 [N, H] buffers holds each micro-batch's current hidden state (or
   // gradient); a layer writes micro-batch j's output into the spare one.
   DeviceBuffer acts;                             // [K + 1, N, H] act
@@ -119,6 +191,9 @@ struct SlidingEngine::Impl {
   std::unique_ptr<Stream> opt_stream;
   Program program;
   std::unique_ptr<StepTrace> trace;  // SF_TRACE: a timeline of the streams
+  // Gradients from the backward to the host optimizer (engine/gradient_path.*): accumulators,
+  // rounding, norms, the copies down, the host updates' queuing and their events.
+  std::unique_ptr<GradientPath> grads;
 
   // "what index suffix"; the text is built only when tracing (the step allocates nothing else).
   void mark(Stream& s, const char* name, const char* what, int index = -1, const char* suffix = "") {
@@ -134,12 +209,18 @@ struct SlidingEngine::Impl {
     if (gpu.has(blob)) return {act == DType::F32 ? gpu.at(gpu.master, blob) : gpu_params(blob), -1};
     const int64_t before = slots->uploads();
     const int k =
-        slots->acquire(blob, host->master(blob), layout.blobs[size_t(blob)].numel, *updated[size_t(blob)], use, keep);
+        slots->acquire(blob, host->master(blob), layout.blobs[size_t(blob)].numel, grads->updated(blob), use, keep);
     if (slots->uploads() != before) mark(*h2d, "h2d", "uploaded", blob);
     return k >= 0 ? ParamsRef{slots->data(k), k} : ParamsRef{};  // (-1: a prefetch that was skipped)
   }
   void release(const ParamsRef& p) {
     if (p.slot >= 0) slots->release(p.slot);
+  }
+  LayerParams layer_params(const ParamsRef& p, int blob) const {
+    return layer_views(layout.blobs[size_t(blob)], p.data, act);
+  }
+  Tensor entry(const ParamsRef& p, int blob, int i) const {
+    return entry_view(layout.blobs[size_t(blob)].entries[size_t(i)], p.data, act);
   }
   void* gpu_params(int blob) const {
     return static_cast<char*>(gpu.params.data()) + size_t(gpu.off[size_t(blob)]) * dtype_size(act);
@@ -157,95 +238,59 @@ struct SlidingEngine::Impl {
     dev.ops().cast(Tensor(gpu_params(blob), act, {n}), Tensor(gpu.at(gpu.master, blob), DType::F32, {n}), *compute);
   }
 
-  // ---- gradients
-  Tensor fresh_acc(Acc& a, int blob) {
-    if (gpu.has(blob)) return Tensor(gpu.at(gpu.grads, blob), DType::F32, {layout.blobs[size_t(blob)].numel});
-    dev.wait(*compute, *a.sent);  // its last contents have left
-    Tensor t(a.buf.data(), DType::F32, {layout.blobs[size_t(blob)].numel});
-    dev.ops().zero(t, *compute);
-    return t;
+  // ---- gradients (engine/gradient_path.*)
+  GradientPath::Grad fresh_grads(GradientPath::Acc which, int blob) {
+    return grads->fresh(which, layout.blobs[size_t(blob)].numel, gpu.has(blob) ? gpu.at(gpu.grads, blob) : nullptr);
   }
-  // Blob's gradient `g` is complete on the compute stream: rounded, normed, sent down, and (with
-  // `overlap`, no clipping) its AdamW queued chunk by chunk as the chunks land.
-  void send_grads(int blob, Tensor g, Acc* a, const AdamWParams* overlap) {
-    const int64_t n = g.numel();
-    float* gp = g.ptr<float>();
-    Tensor norm(static_cast<float*>(scalars.data()) + 2 + blob, DType::F32, {1});
-    if (gpu.has(blob)) {
-      if (act != DType::F32) {
-        dev.wait(*compute, *stg_free[0]);         // no copy down reads staging 0 any more
-        for (int64_t i = 0; i < n; i += chunk) {  // rounding in place, as the resident engine does
-          const int64_t c = std::min(chunk, n - i);
-          Tensor part(gp + i, DType::F32, {c}), st(grad_stg.data(), act, {c});
-          dev.ops().cast(st, part, *compute);
-          dev.ops().cast(part, st, *compute);
-        }
-      }
-      dev.ops().sq_norm(norm, g, *compute);
-      if (overlap) gpu_update(blob, *overlap);
-      return;
-    }
-    const bool held = host->held(blob);
-    if (held) dev.wait(*d2h, *moved[size_t(blob)]);  // the last update has read the store
-    if (held) overlap = nullptr;                     // updated after the backward (SlidingEngine::step)
-    if (act == DType::F32) {                         // copied down as it is
-      dev.record(*grads_ready, *compute);
-      dev.wait(*d2h, *grads_ready);
-    }
-    for (int64_t i = 0; i < n; i += chunk) {
-      const int64_t c = std::min(chunk, n - i);
-      const HostOptimizer::Landing at = host->land(blob, i, *d2h);
-      if (act == DType::F32) {
-        dev.copy(at.ptr, gp + i, size_t(c) * 4, CopyKind::DeviceToHost, *d2h);
-      } else {
-        const int s = next_stg;
-        next_stg ^= 1;
-        Tensor part(gp + i, DType::F32, {c});
-        Tensor st(static_cast<char*>(grad_stg.data()) + size_t(s) * round256(size_t(chunk) * dtype_size(act)), act,
-                  {c});
-        dev.wait(*compute, *stg_free[s]);
-        dev.ops().cast(st, part, *compute);
-        dev.ops().cast(part, st, *compute);  // the norm (and the resident engine) see the rounded values
-        dev.record(*stg_ready[s], *compute);
-        dev.wait(*d2h, *stg_ready[s]);
-        dev.copy(at.ptr, st.data, size_t(c) * dtype_size(act), CopyKind::DeviceToHost, *d2h);
-        dev.record(*stg_free[s], *d2h);
-      }
-      if (overlap) {
-        dev.record(*chunk_landed, *d2h);
-        dev.wait(*opt_stream, *chunk_landed);
-        if (i == 0) mark(*opt_stream, "opt", "update", blob);
-        host->queue_update(blob, i, c, at, *overlap, *opt_stream);
-      }
-    }
-    mark(*d2h, "d2h", "landed", blob);
-    if (overlap) mark(*opt_stream, "opt", "updated", blob);
-    if (a) dev.record(*a->sent, *d2h);
-    dev.record(*landed[size_t(blob)], *d2h);
-    if (overlap) {
-      dev.record(*updated[size_t(blob)], *opt_stream);
-      dev.record(*moved[size_t(blob)], *opt_stream);
-    }
-    dev.ops().sq_norm(norm, g, *compute);
+  // Blob's gradient is complete on the compute stream: rounded, normed, sent down, and (with
+  // `overlap`, no clipping) its AdamW queued chunk by chunk as the chunks land (on the GPU for a
+  // kept blob).
+  void send_grads(int blob, const GradientPath::Grad& g, const AdamWParams* overlap) {
+    grads->send(blob, g, overlap);
+    if (gpu.has(blob) && overlap) gpu_update(blob, *overlap);
+  }
+  void queue_blob_update(int blob, const AdamWParams& p, cpu::AdamWPart part = cpu::AdamWPart::All) {
+    grads->queue_update(blob, layout.blobs[size_t(blob)].numel, p, part);
   }
 
   // ---- checkpoints: the k-th fetch of a backward goes to buffer k % 2.
   void fetch(int k, int j, int l, int64_t N) { ckpts->fetch(k, j, l, size_t(N * spec.hidden) * dtype_size(act), *h2d); }
 
-  // A held blob's AdamW (or one pass of it) on the opt stream, once its whole gradient has landed.
-  // (A moment pass follows its blob's parameter pass on the same stream: no second wait. Fewer
-  // operations queued: CUDA blocks the queuing thread once a stream holds too many.)
-  void queue_blob_update(int blob, const AdamWParams& p, cpu::AdamWPart part = cpu::AdamWPart::All) {
-    if (part != cpu::AdamWPart::Moments) dev.wait(*opt_stream, *landed[size_t(blob)]);
-    const HostOptimizer::Landing at{const_cast<void*>(host->grads(blob)), -1};
-    static const char* const kPart[] = {"", " params", " moments"};
-    mark(*opt_stream, "opt", "update", blob, kPart[int(part)]);
-    host->queue_update(blob, 0, layout.blobs[size_t(blob)].numel, at, p, *opt_stream, part);
-    mark(*opt_stream, "opt", "updated", blob, kPart[int(part)]);
-    if (part != cpu::AdamWPart::Moments) dev.record(*updated[size_t(blob)], *opt_stream);
-    if (part != cpu::AdamWPart::Params) dev.record(*moved[size_t(blob)], *opt_stream);
-  }
+  // ---- one pass over the micro-batches (run), in named steps
+  // The pass's micro-batches: their tokens and shapes, and the activation ring (cur[j] holds
+  // micro-batch j's current activation, `spare` is free).
+  struct Pass {
+    std::vector<TokenUploader::Tokens> tok;
+    std::vector<BatchDims> dims;
+    std::vector<int> cur;
+    int spare = 0;
+    int K() const { return int(dims.size()); }
+    int64_t N(int j) const { return dims[size_t(j)].N(); }
+  };
+  // The head's parameters (with a tied embedding, the embedding's table as its weight).
+  struct HeadParams {
+    ParamsRef head, emb;
+    Tensor norm_w, w;
+  };
   void run(const std::vector<Batch>& mbs, float scale, bool backward, const AdamWParams* overlap);
+  Pass begin_pass(const std::vector<Batch>& mbs, bool backward);
+  void forward(Pass& ps, bool backward);
+  void forward_layer(Pass& ps, int l, bool backward);
+  HeadParams acquire_head();
+  void release_head(const HeadParams& h) {
+    release(h.head);
+    release(h.emb);
+  }
+  void head_loss(Pass& ps, float scale);
+  GradientPath::Grad head_backward(Pass& ps, float scale, const AdamWParams* overlap);
+  void backward_layer(Pass& ps, int l, int& k, const AdamWParams* overlap);
+  void embedding_backward(Pass& ps, const GradientPath::Grad& g_emb, const AdamWParams* overlap);
+  Tensor out_buf(const Pass& ps, int j) {  // the spare buffer, once its checkpoint offload is done
+    dev.wait(*compute, *act_free[size_t(ps.spare)]);
+    return act_at(acts, ps.spare, ps.N(j));
+  }
+  static void advance(Pass& ps, int j) { std::swap(ps.spare, ps.cur[size_t(j)]); }  // the output becomes current
+
   // The split update's moment passes, queued on the opt stream only once the next forward is
   // queued (run()) or before anything waits for the streams: CUDA blocks the queuing thread when a
   // stream holds too many operations, and at the norm 60 passes would (measured: the next forward
@@ -293,78 +338,54 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
       program(s, d.ops(), act) {
   SF_CHECK(o.slots >= 2, "the sliding engine needs at least 2 parameter slots");
   SF_CHECK(o.base.max_micro >= 1, "max_micro must be positive");
-  const int K = o.base.max_micro;
-  gpu.off.assign(size_t(nb), -1);
-  for (int b : o.gpu_blobs) {
-    SF_CHECK(b >= 0 && b < nb, "gpu_blobs: no blob " + std::to_string(b));
-    gpu.off[size_t(b)] = 0;
-  }
-  std::vector<int64_t> host_numel(size_t(nb), 0);
-  int64_t max_blob = 0, max_layer = 0;
-  for (int b = 0; b < nb; ++b) {
-    const BlobLayout& bl = layout.blobs[size_t(b)];
-    if (gpu.has(b)) {
-      gpu.off[size_t(b)] = gpu.total;
-      gpu.total += bl.numel;
-      continue;
-    }
-    host_numel[size_t(b)] = bl.numel;
-    max_blob = std::max(max_blob, bl.numel);
-    if (bl.kind == BlobKind::Layer) max_layer = std::max(max_layer, bl.numel);
-  }
-  chunk = std::max<int64_t>(1, std::min(o.chunk, std::max(max_blob, gpu.total)));
-  max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
-  stride_nh = round256(size_t(max_tokens * spec.hidden) * dtype_size(act));
+  const SlidingShape z = sliding_shape(spec, layout, o, act);
+  const int K = z.K;
+  gpu.off = z.gpu_off;
+  gpu.total = z.gpu_total;
+  chunk = z.chunk;
+  max_tokens = z.max_tokens;
+  stride_nh = z.stride_nh;
+  // Every buffer comes from the engine's list (SlidingEngine::buffers); a part allocates from its
+  // own list, which must be the engine's items of that part.
+  ws = std::make_unique<Workspace>(dev, spec, o.base.max_batch, o.base.max_seq, act);
+  BufferSource src(dev, SlidingEngine::buffers(spec, o, BackendSizes{act, ws->bytes(), 0}));
+  src.allocated({{"", ws->bytes(), Place::Device, "workspace"}});
 
-  host = std::make_unique<HostOptimizer>(dev, host_numel, act, o.keep_grads, chunk, o.grad_ring,
-                                         held_grad_blobs(layout, o.gpu_blobs, o.keep_grads ? 0 : o.hold_grads));
-  std::vector<bool> is_layer;
-  for (const BlobLayout& bl : layout.blobs) is_layer.push_back(bl.kind == BlobKind::Layer);
-  slots = std::make_unique<SlotCache>(dev, SlotCache::capacities(o.slots, host_numel, is_layer), act, chunk, *h2d,
-                                      *compute);
-  auto make_acc = [&](Acc& a, int64_t n) {
-    a.buf = DeviceBuffer(dev, round256(size_t(n) * 4));
-    a.sent = dev.create_event();
-  };
-  for (Acc& a : layer_acc) make_acc(a, max_layer);
-  make_acc(emb_acc, gpu.has(0) ? 0 : layout.embedding().numel);
-  make_acc(head_acc, gpu.has(L + 1) ? 0 : layout.head().numel);
-  if (act != DType::F32) grad_stg = DeviceBuffer(dev, 2 * round256(size_t(chunk) * dtype_size(act)));
-  for (int i = 0; i < 2; ++i) {
-    stg_ready[i] = dev.create_event();
-    stg_free[i] = dev.create_event();
-  }
-  grads_ready = dev.create_event();
-  chunk_landed = dev.create_event();
-  for (int b = 0; b < nb; ++b) {
-    landed.push_back(dev.create_event());
-    updated.push_back(dev.create_event());
-    moved.push_back(dev.create_event());
-  }
-  if (gpu.total > 0) {
-    const size_t n = size_t(gpu.total);
-    if (act != DType::F32) gpu.params = DeviceBuffer(dev, n * dtype_size(act));
-    for (DeviceBuffer* b : {&gpu.master, &gpu.m, &gpu.v, &gpu.grads}) {
-      *b = DeviceBuffer(dev, n * 4);
+  host = std::make_unique<HostOptimizer>(dev, z.host_numel, act, o.keep_grads, chunk, o.grad_ring, z.held);
+  src.allocated(HostOptimizer::buffers(z.host_numel, act, o.keep_grads, chunk, o.grad_ring, z.held));
+  const std::vector<int64_t> caps = SlotCache::capacities(o.slots, z.host_numel, z.is_layer);
+  slots = std::make_unique<SlotCache>(dev, caps, act, chunk, *h2d, *compute);
+  src.allocated(SlotCache::buffers(caps, act, chunk));
+  gpu.params = src.buffer_if("gpu.params");
+  gpu.master = src.buffer_if("gpu.master");
+  gpu.m = src.buffer_if("gpu.m");
+  gpu.v = src.buffer_if("gpu.v");
+  gpu.grads = src.buffer_if("gpu.grads");
+  if (gpu.total > 0)
+    for (DeviceBuffer* b : {&gpu.master, &gpu.m, &gpu.v, &gpu.grads})
       dev.ops().zero(Tensor(b->data(), DType::F32, {gpu.total}), *compute);
-    }
-  }
 
-  acts = DeviceBuffer(dev, size_t(K + 1) * stride_nh);
+  acts = src.buffer("acts");
   for (int i = 0; i <= K; ++i) {
     act_read.push_back(dev.create_event());
     act_free.push_back(dev.create_event());
   }
-  scratch = DeviceBuffer(dev, stride_nh);
+  scratch = src.buffer("scratch");
   ckpts = std::make_unique<CheckpointStore>(dev, K, L, stride_nh);
-  scalars = DeviceBuffer(dev, engine_scalar_bytes(size_t(nb)));
+  src.allocated(CheckpointStore::buffers(K, L, stride_nh));
+  scalars = src.buffer("scalars");
   host_scalars.assign(size_t(2 + nb), 0.f);
   zero_scalars();
   rope = std::make_unique<DeviceRope>(dev, spec, o.base.max_seq, *compute);
-  ws = std::make_unique<Workspace>(dev, spec, o.base.max_batch, o.base.max_seq, act);
+  src.allocated(DeviceRope::buffers(spec, o.base.max_seq));
   tokens = std::make_unique<TokenUploader>(dev, max_tokens, 2 * K);
+  src.allocated(TokenUploader::buffers(max_tokens, 2 * K));
   opt_stream = d.create_stream();
   trace = StepTrace::from_env(dev, *compute);
+  grads = std::make_unique<GradientPath>(dev, nb, z.max_layer, z.emb, z.head, act, chunk,
+                                         GradientPath::Streams{*compute, *d2h, *opt_stream}, *host,
+                                         static_cast<float*>(scalars.data()) + 2, trace.get());
+  src.allocated(GradientPath::buffers(z.max_layer, z.emb, z.head, act, chunk));
   dev.synchronize(*compute);
 }
 
@@ -374,134 +395,167 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
 // the backward in reverse, each layer recomputed from its fetched checkpoints, its gradient
 // accumulated over the micro-batches on the GPU and sent down once.
 void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool backward, const AdamWParams* overlap) {
+  Pass ps = begin_pass(mbs, backward);
+  forward(ps, backward);
+  if (!backward) {
+    head_loss(ps, scale);
+    return;
+  }
+  const GradientPath::Grad g_emb = head_backward(ps, scale, overlap);
+  // The k-th checkpoint fetch (layer l, micro-batch j in this order) is queued while the (k-1)-th
+  // is in use.
+  int k = 0;
+  for (int l = L - 1; l >= 0; --l) backward_layer(ps, l, k, overlap);
+  embedding_backward(ps, g_emb, overlap);
+}
+
+// The micro-batches' tokens go up (their own stream); a parameter update since the last pass
+// makes every slot stale.
+SlidingEngine::Impl::Pass SlidingEngine::Impl::begin_pass(const std::vector<Batch>& mbs, bool backward) {
   const int K = int(mbs.size());
   SF_CHECK(K >= 1 && K <= opt.base.max_micro, "more micro-batches than the engine was built for");
-  Stream& c = *compute;
-  const int head_blob = L + 1;
   if (slots_stale) {
     slots->invalidate();
     slots_stale = false;
   }
   if (trace) trace->now("host", backward ? "run" : "run forward");
-  std::vector<TokenUploader::Tokens> tok;
-  std::vector<BatchDims> dims;
+  Pass ps;
   for (const Batch& b : mbs) {
     SF_CHECK(b.B <= opt.base.max_batch && b.T <= opt.base.max_seq, "batch larger than the engine was built for");
-    tok.push_back(tokens->upload(b, c));
-    dims.push_back(BatchDims{b.B, b.T, tok.back().pos});
+    ps.tok.push_back(tokens->upload(b, *compute));
+    ps.dims.push_back(BatchDims{b.B, b.T, ps.tok.back().pos});
   }
-  auto N = [&](int j) { return dims[size_t(j)].N(); };
-  auto layer = [&](const ParamsRef& p, int blob) { return layer_views(layout.blobs[size_t(blob)], p.data, act); };
-  auto entry = [&](const ParamsRef& p, int blob, int i) {
-    return entry_view(layout.blobs[size_t(blob)].entries[size_t(i)], p.data, act);
-  };
-  // The activation ring: cur[j] holds micro-batch j's current activation, `spare` is free.
-  std::vector<int> cur(static_cast<size_t>(K), 0);
-  int spare = K;
-  auto out_buf = [&](int j) {  // the spare buffer, once its checkpoint offload is done
-    dev.wait(c, *act_free[size_t(spare)]);
-    return act_at(acts, spare, N(j));
-  };
-  auto advance = [&](int j) { std::swap(spare, cur[size_t(j)]); };  // the output becomes current
+  ps.cur.assign(size_t(K), 0);
+  ps.spare = K;
+  return ps;
+}
 
-  // Forward.
-  ParamsRef p = acquire(0, true);
-  for (int j = 0; j < K; ++j) {
-    cur[size_t(j)] = j;
+// The embedding and every layer, each for all micro-batches; then the last step's moment passes.
+void SlidingEngine::Impl::forward(Pass& ps, bool backward) {
+  Stream& c = *compute;
+  const ParamsRef p = acquire(0, true);
+  for (int j = 0; j < ps.K(); ++j) {
+    ps.cur[size_t(j)] = j;
     dev.wait(c, *act_free[size_t(j)]);
-    program.embed_forward(act_at(acts, j, N(j)), tok[size_t(j)].ids, entry(p, 0, 0), c);
+    program.embed_forward(act_at(acts, j, ps.N(j)), ps.tok[size_t(j)].ids, entry(p, 0, 0), c);
   }
   release(p);
   mark(c, "compute", "forward", 0);
   if (L > 0) acquire(1, false);
-  for (int l = 0; l < L; ++l) {
-    p = acquire(1 + l, true);
-    acquire(std::min(2 + l, head_blob), false, p.slot);  // prefetch the next blob
-    for (int j = 0; j < K; ++j) {
-      const int in = cur[size_t(j)];
-      Tensor y = out_buf(j);
-      program.layer_forward(layer(p, 1 + l), act_at(acts, in, N(j)), y, ws->layer(dims[size_t(j)]), dims[size_t(j)],
-                            rope->tables, c);
-      if (backward) {  // the layer's input is micro-batch j's checkpoint of layer l
-        dev.record(*act_read[size_t(in)], c);
-        dev.wait(*d2h, *act_read[size_t(in)]);
-        ckpts->offload(j, l, act_at(acts, in, N(j)).data, size_t(N(j) * spec.hidden) * dtype_size(act), *d2h);
-        dev.record(*act_free[size_t(in)], *d2h);
-      }
-      advance(j);
-    }
-    release(p);
-    mark(c, "compute", "forward", 1 + l);
-  }
+  for (int l = 0; l < L; ++l) forward_layer(ps, l, backward);
   if (backward) ckpts->forward_done(*d2h);
   flush_moments();  // the last step's moment passes: after its parameter passes, before this backward's landings
+}
 
-  // Head: the loss of every micro-batch, and with the backward its gradients (dy into the ring).
-  const ParamsRef ph = acquire(head_blob, true);
-  const ParamsRef pe = spec.tie_embeddings ? acquire(0, true, ph.slot) : ParamsRef{};
-  const Tensor norm_w = entry(ph, head_blob, 0);
-  const Tensor w_head = spec.tie_embeddings ? entry(pe, 0, 0) : entry(ph, head_blob, 1);
-  Tensor loss(scalars.data(), DType::F32, {1});
-  if (!backward) {
-    for (int j = 0; j < K; ++j)
-      program.head_forward_backward(act_at(acts, cur[size_t(j)], N(j)), norm_w, w_head, tok[size_t(j)].targets, loss,
-                                    Tensor(), Tensor(), Tensor(), scale, ws->head(dims[size_t(j)]), dims[size_t(j)], c);
-    release(ph);
-    release(pe);
-    for (const auto& t : tok) tokens->done(t.slot, c);
-    return;
-  }
-  if (L > 0) fetch(0, 0, L - 1, N(0));
-  const Tensor g_emb = fresh_acc(emb_acc, 0);
-  const Tensor g_head = fresh_acc(head_acc, head_blob);
-  const BlobLayout& hl = layout.head();
-  const Tensor g_norm = entry_view(hl.entries[0], g_head.data, DType::F32);
-  const Tensor g_table = entry_view(layout.embedding().entries[0], g_emb.data, DType::F32);
-  const Tensor g_w_head = spec.tie_embeddings ? g_table : entry_view(hl.entries[1], g_head.data, DType::F32);
-  for (int j = 0; j < K; ++j) {
-    Tensor dy = out_buf(j);
-    program.head_forward_backward(act_at(acts, cur[size_t(j)], N(j)), norm_w, w_head, tok[size_t(j)].targets, loss, dy,
-                                  g_norm, g_w_head, scale, ws->head(dims[size_t(j)]), dims[size_t(j)], c);
-    advance(j);
-  }
-  release(ph);
-  release(pe);
-  mark(c, "compute", "head");
-  send_grads(head_blob, g_head, gpu.has(head_blob) ? nullptr : &head_acc, overlap);
-
-  // Backward: the k-th checkpoint fetch (layer l, micro-batch j in this order) is queued while
-  // the (k-1)-th is in use.
-  int k = 0;
-  for (int l = L - 1; l >= 0; --l) {
-    p = acquire(1 + l, true);
-    if (l > 0) acquire(l, false, p.slot);  // prefetch layer l-1's parameters
-    Acc& a = layer_acc[next_acc];
-    next_acc ^= 1;
-    const Tensor g = fresh_acc(a, 1 + l);
-    const LayerParams gv = layer_views(layout.layer(l), g.data, DType::F32);
-    for (int j = 0; j < K; ++j, ++k) {
-      if (j + 1 < K)
-        fetch(k + 1, j + 1, l, N(j + 1));
-      else if (l > 0)
-        fetch(k + 1, 0, l - 1, N(0));
-      const Tensor x(ckpts->use(k, c), act, {N(j), spec.hidden});
-      const LayerBuffers w = ws->layer(dims[size_t(j)]);
-      program.layer_forward(layer(p, 1 + l), x, act_at(scratch, 0, N(j)), w, dims[size_t(j)], rope->tables, c);
-      Tensor dx = act_at(acts, spare, N(j));
-      program.layer_backward(layer(p, 1 + l), gv, x, act_at(acts, cur[size_t(j)], N(j)), dx, w, dims[size_t(j)],
-                             rope->tables, c);
-      ckpts->done(k, c);
-      advance(j);
+// Layer l for every micro-batch while its parameters sit in the slot (the next blob prefetched);
+// with the backward to come, each micro-batch's input goes down as its checkpoint.
+void SlidingEngine::Impl::forward_layer(Pass& ps, int l, bool backward) {
+  Stream& c = *compute;
+  const ParamsRef p = acquire(1 + l, true);
+  acquire(std::min(2 + l, L + 1), false, p.slot);  // prefetch the next blob
+  for (int j = 0; j < ps.K(); ++j) {
+    const int in = ps.cur[size_t(j)];
+    const BatchDims& d = ps.dims[size_t(j)];
+    Tensor y = out_buf(ps, j);
+    program.layer_forward(layer_params(p, 1 + l), act_at(acts, in, ps.N(j)), y, ws->layer(d), d, rope->tables, c);
+    if (backward) {  // the layer's input is micro-batch j's checkpoint of layer l
+      dev.record(*act_read[size_t(in)], c);
+      dev.wait(*d2h, *act_read[size_t(in)]);
+      ckpts->offload(j, l, act_at(acts, in, ps.N(j)).data, size_t(ps.N(j) * spec.hidden) * dtype_size(act), *d2h);
+      dev.record(*act_free[size_t(in)], *d2h);
     }
-    release(p);
-    mark(c, "compute", "backward", 1 + l);
-    send_grads(1 + l, g, gpu.has(1 + l) ? nullptr : &a, overlap);
+    advance(ps, j);
   }
-  for (int j = 0; j < K; ++j)
-    program.embed_backward(g_table, act_at(acts, cur[size_t(j)], N(j)), tok[size_t(j)].ids, c);
-  for (const auto& t : tok) tokens->done(t.slot, c);
-  mark(c, "compute", "backward", 0);
-  send_grads(0, g_emb, gpu.has(0) ? nullptr : &emb_acc, overlap);
+  release(p);
+  mark(c, "compute", "forward", 1 + l);
+}
+
+SlidingEngine::Impl::HeadParams SlidingEngine::Impl::acquire_head() {
+  const int head_blob = L + 1;
+  HeadParams h;
+  h.head = acquire(head_blob, true);
+  h.emb = spec.tie_embeddings ? acquire(0, true, h.head.slot) : ParamsRef{};
+  h.norm_w = entry(h.head, head_blob, 0);
+  h.w = spec.tie_embeddings ? entry(h.emb, 0, 0) : entry(h.head, head_blob, 1);
+  return h;
+}
+
+// Without the backward: the loss of every micro-batch, and the pass is over.
+void SlidingEngine::Impl::head_loss(Pass& ps, float scale) {
+  const HeadParams h = acquire_head();
+  Tensor loss(scalars.data(), DType::F32, {1});
+  for (int j = 0; j < ps.K(); ++j) {
+    const BatchDims& d = ps.dims[size_t(j)];
+    program.head_forward_backward(act_at(acts, ps.cur[size_t(j)], ps.N(j)), h.norm_w, h.w, ps.tok[size_t(j)].targets,
+                                  loss, Tensor(), Tensor(), Tensor(), scale, ws->head(d), d, *compute);
+  }
+  release_head(h);
+  for (const auto& t : ps.tok) tokens->done(t.slot, *compute);
+}
+
+// The loss of every micro-batch and its gradients: dy into the ring, the head's gradient (sent
+// down at once) and the embedding's first part with a tied head (its accumulator is returned).
+GradientPath::Grad SlidingEngine::Impl::head_backward(Pass& ps, float scale, const AdamWParams* overlap) {
+  const int head_blob = L + 1;
+  const HeadParams h = acquire_head();
+  Tensor loss(scalars.data(), DType::F32, {1});
+  if (L > 0) fetch(0, 0, L - 1, ps.N(0));
+  const GradientPath::Grad g_emb = fresh_grads(GradientPath::Acc::Embedding, 0);
+  const GradientPath::Grad g_head = fresh_grads(GradientPath::Acc::Head, head_blob);
+  const BlobLayout& hl = layout.head();
+  const Tensor g_norm = entry_view(hl.entries[0], g_head.g.data, DType::F32);
+  const Tensor g_table = entry_view(layout.embedding().entries[0], g_emb.g.data, DType::F32);
+  const Tensor g_w_head = spec.tie_embeddings ? g_table : entry_view(hl.entries[1], g_head.g.data, DType::F32);
+  for (int j = 0; j < ps.K(); ++j) {
+    const BatchDims& d = ps.dims[size_t(j)];
+    Tensor dy = out_buf(ps, j);
+    program.head_forward_backward(act_at(acts, ps.cur[size_t(j)], ps.N(j)), h.norm_w, h.w, ps.tok[size_t(j)].targets,
+                                  loss, dy, g_norm, g_w_head, scale, ws->head(d), d, *compute);
+    advance(ps, j);
+  }
+  release_head(h);
+  mark(*compute, "compute", "head");
+  send_grads(head_blob, g_head, overlap);
+  return g_emb;
+}
+
+// Layer l's backward for every micro-batch: each recomputed from its fetched checkpoint (fetch k
+// + 1 queued while k is in use), its gradient accumulated over the micro-batches and sent down.
+void SlidingEngine::Impl::backward_layer(Pass& ps, int l, int& k, const AdamWParams* overlap) {
+  Stream& c = *compute;
+  const int K = ps.K();
+  const ParamsRef p = acquire(1 + l, true);
+  if (l > 0) acquire(l, false, p.slot);  // prefetch layer l-1's parameters
+  const GradientPath::Grad g = fresh_grads(GradientPath::Acc::Layer, 1 + l);
+  const LayerParams gv = layer_views(layout.layer(l), g.g.data, DType::F32);
+  for (int j = 0; j < K; ++j, ++k) {
+    if (j + 1 < K)
+      fetch(k + 1, j + 1, l, ps.N(j + 1));
+    else if (l > 0)
+      fetch(k + 1, 0, l - 1, ps.N(0));
+    const BatchDims& d = ps.dims[size_t(j)];
+    const Tensor x(ckpts->use(k, c), act, {ps.N(j), spec.hidden});
+    const LayerBuffers w = ws->layer(d);
+    program.layer_forward(layer_params(p, 1 + l), x, act_at(scratch, 0, ps.N(j)), w, d, rope->tables, c);
+    Tensor dx = act_at(acts, ps.spare, ps.N(j));
+    program.layer_backward(layer_params(p, 1 + l), gv, x, act_at(acts, ps.cur[size_t(j)], ps.N(j)), dx, w, d,
+                           rope->tables, c);
+    ckpts->done(k, c);
+    advance(ps, j);
+  }
+  release(p);
+  mark(c, "compute", "backward", 1 + l);
+  send_grads(1 + l, g, overlap);
+}
+
+// The embedding's gradient of every micro-batch (after the tied head's part), sent down last.
+void SlidingEngine::Impl::embedding_backward(Pass& ps, const GradientPath::Grad& g_emb, const AdamWParams* overlap) {
+  const Tensor g_table = entry_view(layout.embedding().entries[0], g_emb.g.data, DType::F32);
+  for (int j = 0; j < ps.K(); ++j)
+    program.embed_backward(g_table, act_at(acts, ps.cur[size_t(j)], ps.N(j)), ps.tok[size_t(j)].ids, *compute);
+  for (const auto& t : ps.tok) tokens->done(t.slot, *compute);
+  mark(*compute, "compute", "backward", 0);
+  send_grads(0, g_emb, overlap);
 }
 
 SlidingEngine::SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOptions& opt)
@@ -510,12 +564,7 @@ SlidingEngine::SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOp
 }
 
 SlidingEngine::~SlidingEngine() {
-  if (impl_) {
-    try {
-      impl_->sync_all();
-    } catch (...) {
-    }
-  }
+  if (impl_) quietly([&] { impl_->sync_all(); });
 }
 
 void SlidingEngine::load(const CheckpointReader& ckpt) {
@@ -670,12 +719,9 @@ void SlidingEngine::write_state(State which, int blob, int entry, const float* s
 
 size_t SlidingEngine::device_bytes() const {
   const Impl& m = *impl_;
-  size_t n = m.slots->device_bytes() + m.emb_acc.buf.size() + m.head_acc.buf.size() + m.grad_stg.size() +
-             m.acts.size() + m.ckpts->device_bytes() + m.scratch.size() + m.scalars.size() + m.rope->buf.size() +
-             m.ws->bytes() + m.tokens->device_bytes() + m.gpu.params.size() + m.gpu.master.size() + m.gpu.m.size() +
-             m.gpu.v.size() + m.gpu.grads.size();
-  for (const auto& a : m.layer_acc) n += a.buf.size();
-  return n;
+  return m.slots->device_bytes() + m.grads->device_bytes() + m.acts.size() + m.ckpts->device_bytes() +
+         m.scratch.size() + m.scalars.size() + m.rope->buf.size() + m.ws->bytes() + m.tokens->device_bytes() +
+         m.gpu.params.size() + m.gpu.master.size() + m.gpu.m.size() + m.gpu.v.size() + m.gpu.grads.size();
 }
 
 size_t SlidingEngine::host_bytes() const {

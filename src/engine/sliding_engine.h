@@ -12,9 +12,11 @@
 // moment pass (queued after the next forward) — docs/ENGINE.md.
 //
 // The parts: engine/slot_cache.* (slots and uploads), engine/host_optimizer.* (host state, the
-// gradient store, host AdamW), engine/checkpoint_store.* (layer inputs down and back),
-// engine/token_uploader.*; the schedule of one step is SlidingEngine::Impl::run, top-down,
-// and the step protocol SlidingEngine::step. SF_TRACE=FILE writes a timeline (engine/step_trace.h).
+// gradient store, host AdamW), engine/gradient_path.* (gradients from the backward to the host
+// AdamW), engine/checkpoint_store.* (layer inputs down and back), engine/token_uploader.*; every
+// buffer of them all is listed by SlidingEngine::buffers (engine/buffers.h). The schedule of one
+// step is SlidingEngine::Impl::run, top-down, and the step protocol SlidingEngine::step.
+// SF_TRACE=FILE writes a timeline (engine/step_trace.h).
 // On the cpu backend it is bit for bit the resident engine (tests/test_sliding_engine.cpp).
 #pragma once
 #include <memory>
@@ -23,6 +25,7 @@
 
 #include "backend/device.h"
 #include "data/dataset.h"
+#include "engine/buffers.h"
 #include "engine/engine.h"
 #include "model/layout.h"
 #include "model/spec.h"
@@ -61,6 +64,11 @@ class SlidingEngine final : public Engine {
  public:
   SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOptions& opt);
   ~SlidingEngine() override;
+  // Every buffer the engine allocates for these options, by place: its own, and its parts'
+  // (slot cache, host optimizer, gradient path, checkpoint store, token uploader, RoPE tables,
+  // workspace), plus the backend's per-stream scratch. The constructor allocates from this list
+  // and the planner sums it (engine/buffers.h). `be.act` stands for the options' compute dtype.
+  static MemoryItems buffers(const ModelSpec& spec, const SlidingOptions& opt, const BackendSizes& be);
 
   const ModelSpec& spec() const override { return spec_; }
   void load(const CheckpointReader& ckpt) override;

@@ -1,13 +1,12 @@
 #include "engine/slot_cache.h"
 
 #include <algorithm>
+#include <string>
 
 #include "core/align.h"
 #include "core/error.h"
 
 namespace sf {
-
-namespace {}  // namespace
 
 std::vector<int64_t> SlotCache::capacities(int slots, const std::vector<int64_t>& blob_numel,
                                            const std::vector<bool>& is_layer) {
@@ -23,27 +22,35 @@ std::vector<int64_t> SlotCache::capacities(int slots, const std::vector<int64_t>
   return c;
 }
 
-size_t SlotCache::bytes_for(const std::vector<int64_t>& capacity, DType act, int64_t chunk) {
-  size_t n = 0;
+namespace {
+int64_t largest_of(const std::vector<int64_t>& capacity) {
   int64_t largest = 0;
-  for (int64_t c : capacity) {
-    n += round256(size_t(c) * dtype_size(act));
-    largest = std::max(largest, c);
-  }
-  if (act != DType::F32 && largest > 0) n += round256(size_t(std::min(chunk, largest)) * 4);
-  return n;
+  for (int64_t c : capacity) largest = std::max(largest, c);
+  return largest;
+}
+}  // namespace
+
+MemoryItems SlotCache::buffers(const std::vector<int64_t>& capacity, DType act, int64_t chunk) {
+  const bool staging = act != DType::F32 && largest_of(capacity) > 0;
+  const std::string name = "parameter slots (" + std::to_string(capacity.size()) +
+                           ": one of the largest blob, the others of a layer)" +
+                           (act != DType::F32 ? " + fp32 upload staging" : "");
+  MemoryItems m;
+  for (int64_t c : capacity) m.push_back({name, round256(size_t(c) * dtype_size(act)), Place::Device, "slot"});
+  if (staging)
+    m.push_back({name, round256(size_t(std::min(chunk, largest_of(capacity))) * 4), Place::Device, "slot.staging"});
+  return m;
 }
 
 SlotCache::SlotCache(Device& dev, const std::vector<int64_t>& capacity, DType act, int64_t chunk, Stream& h2d,
                      Stream& compute)
     : dev_(dev), act_(act), h2d_(h2d), compute_(compute) {
-  int64_t largest = 0;
-  for (int64_t c : capacity) largest = std::max(largest, c);
-  chunk_ = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(largest, 1)));
-  if (act != DType::F32 && largest > 0) staging_ = DeviceBuffer(dev, round256(size_t(chunk_) * 4));
+  chunk_ = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(largest_of(capacity), 1)));
+  BufferSource src(dev, buffers(capacity, act, chunk));
+  staging_ = src.buffer_if("slot.staging");
   for (int64_t c : capacity) {
     Slot s;
-    s.mem = DeviceBuffer(dev, round256(size_t(c) * dtype_size(act)));
+    s.mem = src.buffer("slot");
     s.capacity = c;
     s.ready = dev.create_event();
     s.released = dev.create_event();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/device.h"
+#include "engine/buffers.h"
 
 namespace sf {
 
@@ -37,8 +38,9 @@ class SlotCache {
 
   int64_t uploads() const { return uploads_; }
   size_t device_bytes() const;
-  // What the constructor allocates (the planner's figure).
-  static size_t bytes_for(const std::vector<int64_t>& capacity, DType act, int64_t chunk);
+  // What the constructor allocates: a "slot" per capacity, and the fp32 upload staging
+  // ("slot.staging") when `act` is below fp32.
+  static MemoryItems buffers(const std::vector<int64_t>& capacity, DType act, int64_t chunk);
 
  private:
   struct Slot {

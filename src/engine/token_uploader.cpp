@@ -9,12 +9,23 @@ namespace sf {
 
 TokenUploader::TokenUploader(Device& dev, int64_t max_tokens, int slots)
     : dev_(dev), max_tokens_(max_tokens), h2d_(dev.create_stream()), slots_(size_t(std::max(slots, 1))) {
+  BufferSource src(dev, buffers(max_tokens, slots));
   for (Slot& s : slots_) {
-    s.host = DeviceBuffer(dev, size_t(max_tokens) * kBytesPerToken, MemoryKind::PinnedHost);
-    s.dev = DeviceBuffer(dev, size_t(max_tokens) * kBytesPerToken);
+    s.host = src.buffer("tokens.staging");
+    s.dev = src.buffer("tokens.device");
     s.uploaded = dev.create_event();
     s.consumed = dev.create_event();
   }
+}
+
+MemoryItems TokenUploader::buffers(int64_t max_tokens, int slots) {
+  MemoryItems m;
+  const size_t bytes = size_t(max_tokens) * kBytesPerToken;
+  for (int i = 0; i < std::max(slots, 1); ++i) {
+    m.push_back({"token ids / targets / positions", bytes, Place::Device, "tokens.device"});
+    m.push_back({"token staging", bytes, Place::Pinned, "tokens.staging"});
+  }
+  return m;
 }
 
 TokenUploader::Tokens TokenUploader::upload(const Batch& b, Stream& compute) {

@@ -7,6 +7,7 @@
 
 #include "backend/device.h"
 #include "data/dataset.h"
+#include "engine/buffers.h"
 
 namespace sf {
 
@@ -28,6 +29,8 @@ class TokenUploader {
   void done(int slot, Stream& compute);
   void synchronize();                           // the upload stream is idle
   static constexpr size_t kBytesPerToken = 12;  // ids, targets, pos: I32 each
+  // Its buffers (what the constructor allocates): per slot a device buffer and its pinned staging.
+  static MemoryItems buffers(int64_t max_tokens, int slots);
   size_t device_bytes() const { return slots_.size() * size_t(max_tokens_) * kBytesPerToken; }
   size_t host_bytes() const { return slots_.size() * size_t(max_tokens_) * kBytesPerToken; }  // pinned staging
 

@@ -28,6 +28,13 @@ void add(const ModelSpec& s, BlobLayout& b, std::string name, std::vector<int64_
   b.entries.push_back(std::move(e));
 }
 
+// A linear layer: its weight [out, in] and, when the family has one, its bias [out].
+void add_linear(const ModelSpec& s, BlobLayout& b, const std::string& name, int64_t out, int64_t in, LayerParam w,
+                bool bias, LayerParam bias_param) {
+  add(s, b, name + ".weight", {out, in}, int(w));
+  if (bias) add(s, b, name + ".bias", {out}, int(bias_param));
+}
+
 }  // namespace
 
 const BlobEntry* BlobLayout::entry(LayerParam p) const {
@@ -68,25 +75,18 @@ ModelLayout make_layout(const ModelSpec& s) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     using P = LayerParam;
     add(s, b, p + "input_layernorm.weight", {H}, int(P::InputNorm));
-    add(s, b, p + "self_attn.q_proj.weight", {Q, H}, int(P::Wq));
-    if (s.qkv_bias) add(s, b, p + "self_attn.q_proj.bias", {Q}, int(P::Bq));
-    add(s, b, p + "self_attn.k_proj.weight", {KV, H}, int(P::Wk));
-    if (s.qkv_bias) add(s, b, p + "self_attn.k_proj.bias", {KV}, int(P::Bk));
-    add(s, b, p + "self_attn.v_proj.weight", {KV, H}, int(P::Wv));
-    if (s.qkv_bias) add(s, b, p + "self_attn.v_proj.bias", {KV}, int(P::Bv));
-    add(s, b, p + "self_attn.o_proj.weight", {H, Q}, int(P::Wo));
-    if (s.o_bias) add(s, b, p + "self_attn.o_proj.bias", {H}, int(P::Bo));
+    add_linear(s, b, p + "self_attn.q_proj", Q, H, P::Wq, s.qkv_bias, P::Bq);
+    add_linear(s, b, p + "self_attn.k_proj", KV, H, P::Wk, s.qkv_bias, P::Bk);
+    add_linear(s, b, p + "self_attn.v_proj", KV, H, P::Wv, s.qkv_bias, P::Bv);
+    add_linear(s, b, p + "self_attn.o_proj", H, Q, P::Wo, s.o_bias, P::Bo);
     if (s.qk_norm) {
       add(s, b, p + "self_attn.q_norm.weight", {s.head_dim}, int(P::QNorm));
       add(s, b, p + "self_attn.k_norm.weight", {s.head_dim}, int(P::KNorm));
     }
     add(s, b, p + "post_attention_layernorm.weight", {H}, int(P::PostNorm));
-    add(s, b, p + "mlp.gate_proj.weight", {I, H}, int(P::Wgate));
-    if (s.mlp_bias) add(s, b, p + "mlp.gate_proj.bias", {I}, int(P::Bgate));
-    add(s, b, p + "mlp.up_proj.weight", {I, H}, int(P::Wup));
-    if (s.mlp_bias) add(s, b, p + "mlp.up_proj.bias", {I}, int(P::Bup));
-    add(s, b, p + "mlp.down_proj.weight", {H, I}, int(P::Wdown));
-    if (s.mlp_bias) add(s, b, p + "mlp.down_proj.bias", {H}, int(P::Bdown));
+    add_linear(s, b, p + "mlp.gate_proj", I, H, P::Wgate, s.mlp_bias, P::Bgate);
+    add_linear(s, b, p + "mlp.up_proj", I, H, P::Wup, s.mlp_bias, P::Bup);
+    add_linear(s, b, p + "mlp.down_proj", H, I, P::Wdown, s.mlp_bias, P::Bdown);
     m.blobs.push_back(std::move(b));
   }
 

@@ -19,31 +19,21 @@ nlohmann::json preset_config(const std::string& name) {
                             {"low_freq_factor", 1.0},
                             {"high_freq_factor", 4.0},
                             {"original_max_position_embeddings", 8192}}}};
-  if (name == "llama-1b") {
-    llama.update({{"hidden_size", 2048},
-                  {"intermediate_size", 8192},
-                  {"num_hidden_layers", 16},
-                  {"num_attention_heads", 32},
+  // Llama 3.2 1B and 3B, Llama 3.1 8B: their shapes on the configuration above.
+  struct Shape {
+    const char* name;
+    int hidden, intermediate, layers, heads;
+    bool tied;
+  };
+  for (const Shape& l : {Shape{"llama-1b", 2048, 8192, 16, 32, true}, Shape{"llama-3b", 3072, 8192, 28, 24, true},
+                         Shape{"llama-8b", 4096, 14336, 32, 32, false}}) {
+    if (name != l.name) continue;
+    llama.update({{"hidden_size", l.hidden},
+                  {"intermediate_size", l.intermediate},
+                  {"num_hidden_layers", l.layers},
+                  {"num_attention_heads", l.heads},
                   {"num_key_value_heads", 8},
-                  {"tie_word_embeddings", true}});
-    return llama;
-  }
-  if (name == "llama-3b") {
-    llama.update({{"hidden_size", 3072},
-                  {"intermediate_size", 8192},
-                  {"num_hidden_layers", 28},
-                  {"num_attention_heads", 24},
-                  {"num_key_value_heads", 8},
-                  {"tie_word_embeddings", true}});
-    return llama;
-  }
-  if (name == "llama-8b") {
-    llama.update({{"hidden_size", 4096},
-                  {"intermediate_size", 14336},
-                  {"num_hidden_layers", 32},
-                  {"num_attention_heads", 32},
-                  {"num_key_value_heads", 8},
-                  {"tie_word_embeddings", false}});
+                  {"tie_word_embeddings", l.tied}});
     return llama;
   }
   if (name == "qwen2.5-7b") {

@@ -1,0 +1,159 @@
+#include "engine/gradient_path.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/align.h"
+#include "engine/step_trace.h"
+
+namespace sf {
+
+namespace {
+const char* const kAccKey[4] = {"acc.layer", "acc.layer", "acc.emb", "acc.head"};
+}  // namespace
+
+MemoryItems GradientPath::buffers(int64_t max_layer, int64_t emb, int64_t head, DType act, int64_t chunk) {
+  const std::string acc = "fp32 gradient accumulators (2 layers, embedding, head)";
+  const int64_t numel[4] = {max_layer, max_layer, emb, head};
+  MemoryItems m;
+  for (int i = 0; i < 4; ++i) m.push_back({acc, round256(size_t(numel[i]) * 4), Place::Device, kAccKey[i]});
+  if (act != DType::F32)
+    m.push_back(
+        {"gradient staging (2 chunks)", 2 * round256(size_t(chunk) * dtype_size(act)), Place::Device, "grad.staging"});
+  return m;
+}
+
+GradientPath::GradientPath(Device& dev, int blobs, int64_t max_layer, int64_t emb, int64_t head, DType act,
+                           int64_t chunk, Streams streams, HostOptimizer& host, float* norms, StepTrace* trace)
+    : dev_(dev),
+      act_(act),
+      chunk_(chunk),
+      s_(streams),
+      host_(host),
+      norms_(norms),
+      trace_(trace),
+      staging_stride_(round256(size_t(chunk) * dtype_size(act))) {
+  BufferSource src(dev, buffers(max_layer, emb, head, act, chunk));
+  for (int i = 0; i < 4; ++i) {
+    acc_[i].buf = src.buffer(kAccKey[i]);
+    acc_[i].sent = dev.create_event();
+  }
+  staging_ = src.buffer_if("grad.staging");
+  for (int i = 0; i < 2; ++i) {
+    stg_ready_[i] = dev.create_event();
+    stg_free_[i] = dev.create_event();
+  }
+  grads_ready_ = dev.create_event();
+  chunk_landed_ = dev.create_event();
+  for (int b = 0; b < blobs; ++b) {
+    landed_.push_back(dev.create_event());
+    updated_.push_back(dev.create_event());
+    moved_.push_back(dev.create_event());
+  }
+}
+
+size_t GradientPath::device_bytes() const {
+  size_t n = staging_.size();
+  for (const Accumulator& a : acc_) n += a.buf.size();
+  return n;
+}
+
+void GradientPath::mark(Stream& s, const char* name, const char* what, int index, const char* suffix) {
+  if (trace_) trace_->mark(s, name, what + (" " + std::to_string(index)) + suffix);
+}
+
+GradientPath::Grad GradientPath::fresh(Acc which, int64_t numel, float* kept) {
+  int i = int(which) + 1;     // Embedding 2, Head 3
+  if (which == Acc::Layer) {  // the layers alternate, kept ones included
+    i = next_layer_;
+    next_layer_ ^= 1;
+  }
+  if (kept) return {Tensor(kept, DType::F32, {numel}), -1};
+  Accumulator& a = acc_[i];
+  dev_.wait(s_.compute, *a.sent);  // its last contents have left
+  Tensor t(a.buf.data(), DType::F32, {numel});
+  dev_.ops().zero(t, s_.compute);
+  return {t, i};
+}
+
+// A kept blob's gradient rounded in place, as the resident engine does.
+void GradientPath::round_kept(Tensor g) {
+  if (act_ == DType::F32) return;
+  float* gp = g.ptr<float>();
+  const int64_t n = g.numel();
+  dev_.wait(s_.compute, *stg_free_[0]);  // no copy down reads staging 0 any more
+  for (int64_t i = 0; i < n; i += chunk_) {
+    const int64_t c = std::min(chunk_, n - i);
+    Tensor part(gp + i, DType::F32, {c}), st(staging_.data(), act_, {c});
+    dev_.ops().cast(st, part, s_.compute);
+    dev_.ops().cast(part, st, s_.compute);
+  }
+}
+
+void GradientPath::send(int blob, const Grad& grad, const AdamWParams* overlap) {
+  const Tensor& g = grad.g;
+  const int64_t n = g.numel();
+  float* gp = g.ptr<float>();
+  Tensor norm(norms_ + blob, DType::F32, {1});
+  if (grad.acc < 0) {
+    round_kept(g);
+    dev_.ops().sq_norm(norm, g, s_.compute);
+    return;
+  }
+  const bool held = host_.held(blob);
+  if (held) dev_.wait(s_.d2h, *moved_[size_t(blob)]);  // the last update has read the store
+  if (held) overlap = nullptr;                         // updated after the backward (SlidingEngine::step)
+  if (act_ == DType::F32) {                            // copied down as it is
+    dev_.record(*grads_ready_, s_.compute);
+    dev_.wait(s_.d2h, *grads_ready_);
+  }
+  for (int64_t i = 0; i < n; i += chunk_) {
+    const int64_t c = std::min(chunk_, n - i);
+    const HostOptimizer::Landing at = host_.land(blob, i, s_.d2h);
+    if (act_ == DType::F32) {
+      dev_.copy(at.ptr, gp + i, size_t(c) * 4, CopyKind::DeviceToHost, s_.d2h);
+    } else {
+      const int s = next_stg_;
+      next_stg_ ^= 1;
+      Tensor part(gp + i, DType::F32, {c});
+      Tensor st(static_cast<char*>(staging_.data()) + size_t(s) * staging_stride_, act_, {c});
+      dev_.wait(s_.compute, *stg_free_[s]);
+      dev_.ops().cast(st, part, s_.compute);
+      dev_.ops().cast(part, st, s_.compute);  // the norm (and the resident engine) see the rounded values
+      dev_.record(*stg_ready_[s], s_.compute);
+      dev_.wait(s_.d2h, *stg_ready_[s]);
+      dev_.copy(at.ptr, st.data, size_t(c) * dtype_size(act_), CopyKind::DeviceToHost, s_.d2h);
+      dev_.record(*stg_free_[s], s_.d2h);
+    }
+    if (overlap) {
+      dev_.record(*chunk_landed_, s_.d2h);
+      dev_.wait(s_.opt, *chunk_landed_);
+      if (i == 0) mark(s_.opt, "opt", "update", blob);
+      host_.queue_update(blob, i, c, at, *overlap, s_.opt);
+    }
+  }
+  mark(s_.d2h, "d2h", "landed", blob);
+  if (overlap) mark(s_.opt, "opt", "updated", blob);
+  dev_.record(*acc_[grad.acc].sent, s_.d2h);
+  dev_.record(*landed_[size_t(blob)], s_.d2h);
+  if (overlap) {
+    dev_.record(*updated_[size_t(blob)], s_.opt);
+    dev_.record(*moved_[size_t(blob)], s_.opt);
+  }
+  dev_.ops().sq_norm(norm, g, s_.compute);
+}
+
+// (A moment pass follows its blob's parameter pass on the same stream: no second wait. Fewer
+// operations queued: CUDA blocks the queuing thread once a stream holds too many.)
+void GradientPath::queue_update(int blob, int64_t numel, const AdamWParams& p, cpu::AdamWPart part) {
+  if (part != cpu::AdamWPart::Moments) dev_.wait(s_.opt, *landed_[size_t(blob)]);
+  const HostOptimizer::Landing at{const_cast<void*>(host_.grads(blob)), -1};
+  static const char* const kPart[] = {"", " params", " moments"};
+  mark(s_.opt, "opt", "update", blob, kPart[int(part)]);
+  host_.queue_update(blob, 0, numel, at, p, s_.opt, part);
+  mark(s_.opt, "opt", "updated", blob, kPart[int(part)]);
+  if (part != cpu::AdamWPart::Moments) dev_.record(*updated_[size_t(blob)], s_.opt);
+  if (part != cpu::AdamWPart::Params) dev_.record(*moved_[size_t(blob)], s_.opt);
+}
+
+}  // namespace sf

@@ -1,0 +1,88 @@
+// The sliding engine's gradient path (docs/ENGINE.md "Gradients"), from the backward's kernels to
+// the host optimizer. A blob's gradient accumulates in fp32 on the GPU over the step's
+// micro-batches (two alternating layer accumulators, one each for the embedding and the head; a
+// blob kept whole on the GPU accumulates in its own gradient buffer, given by the engine). Once
+// complete it is rounded to the compute dtype chunk by chunk through a GPU staging buffer (in
+// place too, so that the norm sees the rounded values, as the resident engine does), its squared
+// norm is taken on the GPU, and its chunks go down on d2h into the host optimizer's store or ring
+// (HostOptimizer::land); without clipping each chunk's AdamW is queued on the opt stream as it
+// lands, else the whole blob's (or one pass of it) after the backward (queue_update).
+//
+// Owns: the accumulators and the staging (its buffers(), which the engine lists), the events
+// between compute, d2h and opt for them, and every blob's `landed` (its gradient is in host
+// memory), `updated` (its master is written: uploads wait) and `moved` (its last update has read
+// the gradient store: the next landing waits). Queues nothing but on the streams it is given.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "backend/device.h"
+#include "engine/buffers.h"
+#include "engine/host_optimizer.h"
+
+namespace sf {
+
+class StepTrace;
+
+class GradientPath {
+ public:
+  enum class Acc { Layer, Embedding, Head };  // which accumulator a blob's gradient uses
+  struct Streams {
+    Stream &compute, &d2h, &opt;
+  };
+  // `blobs` of the model; accumulators of the largest host layer, the embedding and the head
+  // (0 when kept on the GPU); `chunk` elements a staging / transfer chunk; `norms` [blobs] F32 on
+  // the device: each blob's squared norm; `trace` may be null.
+  GradientPath(Device& dev, int blobs, int64_t max_layer, int64_t emb, int64_t head, DType act, int64_t chunk,
+               Streams streams, HostOptimizer& host, float* norms, StepTrace* trace);
+  // What the constructor allocates: "acc.layer" x 2, "acc.emb", "acc.head" (fp32, 256-aligned),
+  // "grad.staging" (2 chunks in the compute dtype, when it is below fp32).
+  static MemoryItems buffers(int64_t max_layer, int64_t emb, int64_t head, DType act, int64_t chunk);
+
+  // A blob's gradient for this step, zeroed on the compute stream once the accumulator's last
+  // contents have left (`kept`: the blob's own gradient on the GPU, already zeroed by the step).
+  struct Grad {
+    Tensor g;      // [numel] F32
+    int acc = -1;  // the accumulator (-1: kept on the GPU)
+  };
+  Grad fresh(Acc which, int64_t numel, float* kept);
+  // `g` is complete on the compute stream: rounded, normed and (host blobs) sent down, with
+  // `overlap` (no clipping, the blob not held) its AdamW queued chunk by chunk as the chunks land.
+  // For a kept blob the caller queues its GPU AdamW after this.
+  void send(int blob, const Grad& g, const AdamWParams* overlap);
+  // A held blob's AdamW (or one pass of it) on the opt stream, once its whole gradient has landed.
+  void queue_update(int blob, int64_t numel, const AdamWParams& p, cpu::AdamWPart part = cpu::AdamWPart::All);
+
+  Event& updated(int blob) { return *updated_[size_t(blob)]; }
+  size_t device_bytes() const;
+
+ private:
+  void round_kept(Tensor g);
+  void mark(Stream& s, const char* name, const char* what, int index, const char* suffix = "");
+  struct Accumulator {
+    DeviceBuffer buf;             // [numel] F32
+    std::unique_ptr<Event> sent;  // d2h: copied down
+  };
+  Device& dev_;
+  DType act_;
+  int64_t chunk_;
+  Streams s_;
+  HostOptimizer& host_;
+  float* norms_;
+  StepTrace* trace_;
+  Accumulator acc_[4];  // two layers (alternating: one fills while the other drains), embedding, head
+  int next_layer_ = 0;
+  DeviceBuffer staging_;  // [2, chunk] act (act != F32)
+  size_t staging_stride_ = 0;
+  std::unique_ptr<Event> stg_ready_[2], stg_free_[2];
+  int next_stg_ = 0;
+  std::unique_ptr<Event> grads_ready_;           // compute: a gradient is complete (re-recorded)
+  std::unique_ptr<Event> chunk_landed_;          // d2h, re-recorded per chunk (waited at once)
+  std::vector<std::unique_ptr<Event>> landed_;   // [blobs] d2h: the step's gradient is in host memory
+  std::vector<std::unique_ptr<Event>> updated_;  // [blobs] opt: the master is updated (uploads wait)
+  std::vector<std::unique_ptr<Event>> moved_;    // [blobs] opt: the last update has read the store
+};
+
+}  // namespace sf

@@ -1,0 +1,194 @@
+// Each engine allocates exactly the buffers of its list (engine/buffers.h), which the planner sums:
+// counted where the memory is handed out, by a Device that forwards to the cpu device and counts
+// the live bytes of each kind, for both engines in many configurations.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <tuple>
+
+#include "backend/cpu/kernels.h"
+#include "backend/device.h"
+#include "engine/buffers.h"
+#include "engine/planner.h"
+#include "engine/resident_engine.h"
+#include "engine/sliding_engine.h"
+#include "model/program.h"
+#include "model_fixtures.h"
+
+namespace sf {
+namespace {
+
+// The cpu device, counting the bytes of device memory and of page-locked memory now allocated.
+class CountingDevice final : public Device {
+ public:
+  explicit CountingDevice(Device& d) : d_(d) {}
+  size_t device = 0, pinned = 0;
+
+  std::string name() const override { return d_.name(); }
+  bool is_host() const override { return d_.is_host(); }
+  void* alloc(size_t bytes) override { return note(d_.alloc(bytes), bytes, device); }
+  void free(void* p) override {
+    forget(p, device);
+    d_.free(p);
+  }
+  void* alloc_pinned(size_t bytes) override { return note(d_.alloc_pinned(bytes), bytes, pinned); }
+  void free_pinned(void* p) override {
+    forget(p, pinned);
+    d_.free_pinned(p);
+  }
+  std::unique_ptr<Stream> create_stream() override { return d_.create_stream(); }
+  std::unique_ptr<Event> create_event() override { return d_.create_event(); }
+  void record(Event& e, Stream& s) override { d_.record(e, s); }
+  void wait(Stream& s, Event& e) override { d_.wait(s, e); }
+  void synchronize(Event& e) override { d_.synchronize(e); }
+  void synchronize(Stream& s) override { d_.synchronize(s); }
+  bool query(Event& e) override { return d_.query(e); }
+  std::unique_ptr<Event> create_timing_event() override { return d_.create_timing_event(); }
+  double elapsed_seconds(Event& from, Event& to) override { return d_.elapsed_seconds(from, to); }
+  void copy(void* dst, const void* src, size_t bytes, CopyKind kind, Stream& s) override {
+    d_.copy(dst, src, bytes, kind, s);
+  }
+  void host_fn(Stream& s, std::function<void()> fn) override { d_.host_fn(s, std::move(fn)); }
+  Ops& ops() override { return d_.ops(); }
+
+ private:
+  void* note(void* p, size_t bytes, size_t& counter) {
+    live_[p] = bytes;
+    counter += bytes;
+    return p;
+  }
+  void forget(void* p, size_t& counter) {
+    const auto it = live_.find(p);
+    ASSERT_NE(it, live_.end());
+    counter -= it->second;
+    live_.erase(it);
+  }
+  Device& d_;
+  std::map<void*, size_t> live_;
+};
+
+ModelSpec spec_of(const std::string& family) { return parse_model_spec(test::tiny_config(family), "tiny"); }
+
+// The cpu backend's sizes for the engines' lists (bf16: the engine's --compute-dtype bf16).
+BackendSizes cpu_sizes(const ModelSpec& s, int B, int T, bool bf16) {
+  const DType act = bf16 ? DType::BF16 : DType::F32;
+  const BatchDims d{B, T, {}};
+  return BackendSizes{act,
+                      Workspace::bytes_for(s, B, T, act, cpu::attention_workspace_bytes(attn_dims(s, d)),
+                                           cpu::linear_ce_workspace_bytes(d.N(), s.hidden, s.vocab)),
+                      0};
+}
+
+BackendInfo cpu_info(bool bf16) {
+  BackendInfo be = backend_info("cpu");
+  if (bf16) be.compute_dtype = DType::BF16;
+  return be;
+}
+
+TEST(EngineBuffers, ResidentAllocatesItsList) {
+  auto cpu = make_cpu_device();
+  for (const bool bf16 : {false, true})
+    for (const std::string family : {"llama", "mistral", "qwen3"})
+      for (auto [B, T] : {std::pair{1, 1}, std::pair{3, 40}})
+        for (auto [training, optimizer, micro] : {std::tuple{true, true, 1}, std::tuple{true, false, 1},
+                                                  std::tuple{false, false, 1}, std::tuple{true, true, 3}}) {
+          const ModelSpec spec = spec_of(family);
+          EngineOptions o;
+          o.max_batch = B;
+          o.max_seq = T;
+          o.max_micro = micro;
+          o.training = training;
+          o.optimizer = optimizer;
+          if (bf16) o.compute_dtype = "bf16";
+          SCOPED_TRACE(family + " " + std::to_string(B) + "x" + std::to_string(T) + (bf16 ? " bf16" : " f32") +
+                       " training " + std::to_string(training) + " optimizer " + std::to_string(optimizer) + " micro " +
+                       std::to_string(micro));
+          CountingDevice dev(*cpu);
+          {
+            ResidentEngine e(dev, spec, o);
+            const MemoryItems list = ResidentEngine::buffers(spec, o, cpu_sizes(spec, B, T, bf16));
+            EXPECT_EQ(dev.device, total_bytes(list, Place::Device));
+            EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
+            EXPECT_EQ(total_bytes(list, Place::Host), 0u);
+            // The planner's lines are the same list, merged by name.
+            const MemoryItems plan = resident_memory(spec, B, T, cpu_info(bf16), training, optimizer, micro);
+            EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
+            EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
+          }
+          EXPECT_EQ(dev.device + dev.pinned, 0u);  // everything freed
+        }
+}
+
+TEST(EngineBuffers, SlidingAllocatesItsList) {
+  auto cpu = make_cpu_device();
+  for (const bool bf16 : {false, true})
+    for (const std::string family : {"llama", "qwen3"}) {
+      const ModelSpec spec = spec_of(family);
+      const std::vector<int> order = gpu_blob_order(spec);
+      for (auto [B, T] : {std::pair{1, 1}, std::pair{2, 11}})
+        for (int slots : {2, 3})
+          for (size_t kept : {size_t(0), size_t(1), size_t(3), order.size()})
+            for (auto [micro, keep, hold, chunk] :
+                 {std::tuple{1, true, 0, 0}, std::tuple{3, false, 0, 0}, std::tuple{2, false, 5000, 0},
+                  std::tuple{2, true, 0, 37}, std::tuple{1, false, 0, 37}}) {
+              SlidingOptions so;
+              so.base.max_batch = B;
+              so.base.max_seq = T;
+              so.base.max_micro = micro;
+              if (bf16) so.base.compute_dtype = "bf16";
+              so.slots = slots;
+              so.keep_grads = keep;
+              so.hold_grads = hold;
+              if (chunk) {  // odd chunks through a 2-buffer ring (the engine tests' small configuration)
+                so.chunk = chunk;
+                so.grad_ring = 2;
+              }
+              so.gpu_blobs.assign(order.begin(), order.begin() + ptrdiff_t(kept));
+              SCOPED_TRACE(family + " " + std::to_string(B) + "x" + std::to_string(T) + (bf16 ? " bf16 " : " f32 ") +
+                           std::to_string(slots) + " slots, " + std::to_string(kept) + " kept, " +
+                           std::to_string(micro) + " micro-batches, keep_grads " + std::to_string(keep) + ", hold " +
+                           std::to_string(hold) + ", chunk " + std::to_string(chunk));
+              CountingDevice dev(*cpu);
+              {
+                SlidingEngine e(dev, spec, so);
+                const MemoryItems list = SlidingEngine::buffers(spec, so, cpu_sizes(spec, B, T, bf16));
+                EXPECT_EQ(dev.device, total_bytes(list, Place::Device));
+                EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
+                EXPECT_EQ(e.host_bytes() - e.stats().pinned_bytes, total_bytes(list, Place::Host));  // AdamW m, v
+                if (!chunk) {  // the planner plans the default chunk and ring
+                  const MemoryItems plan =
+                      sliding_memory(spec, B, T, slots, cpu_info(bf16), so.gpu_blobs, micro, keep, hold);
+                  EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
+                  EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
+                  EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));
+                }
+              }
+              EXPECT_EQ(dev.device + dev.pinned, 0u);
+            }
+    }
+}
+
+// A list's item that nobody allocates, or an allocation that is not listed, stops the constructor.
+TEST(EngineBuffers, SourceChecksTheList) {
+  auto cpu = make_cpu_device();
+  EXPECT_THROW(
+      {
+        BufferSource src(*cpu, {{"a", 256, Place::Device, "a"}, {"b", 256, Place::Pinned, "b"}});
+        DeviceBuffer a = src.buffer("a");
+      },
+      std::exception);
+  EXPECT_THROW(
+      {
+        BufferSource src(*cpu, {{"a", 256, Place::Device, "a"}});
+        DeviceBuffer a = src.buffer("a");
+        DeviceBuffer b = src.buffer("a");
+      },
+      std::exception);
+  BufferSource src(*cpu, {{"a", 256, Place::Device, "a"}, {"scratch", 64, Place::Device}});
+  EXPECT_EQ(src.buffer("a").size(), 256u);
+  EXPECT_FALSE(src.has("a"));
+  EXPECT_EQ(src.buffer_if("b").size(), 0u);
+}
+
+}  // namespace
+}  // namespace sf
