@@ -144,7 +144,10 @@ TEST(Pack, RowPackerResumesAcrossWindowsAndEpochs) {
     }
     const uint64_t before = a.window_start();
     const std::vector<const Record*> row = a.next_row();
-    if (at < ahead.size()) ASSERT_EQ(row, ahead[at++]) << i;  // the packer that went on: the same rows
+    if (at < ahead.size()) {  // the packer that went on: the same rows
+      ASSERT_EQ(row, ahead[at]) << i;
+      ++at;
+    }
     if (before < ds.records.size() && a.window_start() == ds.records.size()) {
       // The first epoch ended before this row: every non-empty record was in it once.
       for (size_t k = 0; k < ds.records.size(); ++k) ASSERT_EQ(seen[k], ds.records[k].ids.empty() ? 0 : 1) << k;
