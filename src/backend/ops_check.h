@@ -353,7 +353,6 @@ namespace sf {
 class CheckedOps final : public Ops {
  public:
   explicit CheckedOps(Ops& backend) : in_(backend) {}
-  Ops& backend() { return in_; }
 
   void matmul(Tensor out, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Stream& s) override {
     opcheck::matmul(out, a, b, ta, tb);

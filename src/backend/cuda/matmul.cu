@@ -14,7 +14,7 @@ cudaDataType_t lt_type(DType t) {
     default:
       break;
   }
-  fail(__FILE__, __LINE__, "lt_type", std::string("cuda matmul: unsupported dtype ") + dt_name(t));
+  internal_error(__FILE__, __LINE__, std::string("matmul: the cuda backend does not support the dtype ") + dt_name(t));
 }
 
 int64_t ptr_align(const void* p) {
@@ -106,7 +106,7 @@ void gemm(const Gemm& g, const Launch& L) {
                              " (supported: BF16,BF16->BF16|F32 and F32,F32->F32)");
   if (g.K == 0) {  // out = beta * out
     Tensor o(g.out, g.ot, {g.M, g.ldo});
-    if (g.ldo != g.N) fail(__FILE__, __LINE__, "K == 0", "cuda matmul: K == 0 with padded out");
+    SF_CHECK(g.ldo == g.N, "cuda gemm: K == 0 with a padded out is not supported");
     if (g.beta == 0.f)
       zero(o, L);
     else if (g.beta != 1.f)
