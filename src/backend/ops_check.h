@@ -46,6 +46,10 @@ inline std::string aliases(const char* op, const char* out, const char* in) {
   return std::string(op) + ": " + out + " overlaps " + in;
 }
 
+// Tensor::rows() with a last dimension of 0 allowed (a malformed argument must be refused, not
+// divide by zero).
+inline int64_t rows(const Tensor& t) { return t.cols() == 0 ? 0 : t.numel() / t.cols(); }
+
 // Whether the byte ranges of two tensors overlap (empty tensors overlap nothing).
 inline bool overlaps(const Tensor& a, const Tensor& b) {
   if (a.empty() || b.empty()) return false;
@@ -75,9 +79,9 @@ inline void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool tra
   SF_CHECK_REAL(op, a);
   SF_CHECK_REAL(op, b);
   // op(a) [M,K], op(b) [K,N], out [M,N]; every tensor seen as a matrix [rows, cols].
-  const int64_t M = out.rows(), N = out.cols();
-  const int64_t K = trans_a ? a.rows() : a.cols(), aM = trans_a ? a.cols() : a.rows();
-  const int64_t bK = trans_b ? b.cols() : b.rows(), bN = trans_b ? b.rows() : b.cols();
+  const int64_t M = rows(out), N = out.cols();
+  const int64_t K = trans_a ? rows(a) : a.cols(), aM = trans_a ? a.cols() : rows(a);
+  const int64_t bK = trans_b ? b.cols() : rows(b), bN = trans_b ? rows(b) : b.cols();
   SF_CHECK(aM == M && bK == K && bN == N, std::string(op) + ": shapes do not match: " + desc("out", out) + ", " +
                                               desc("a", a) + (trans_a ? "^T" : "") + ", " + desc("b", b) +
                                               (trans_b ? "^T" : ""));
@@ -104,7 +108,7 @@ inline void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor&
   SF_CHECK_REAL(op, out);
   SF_CHECK_REAL(op, x);
   SF_CHECK_REAL(op, w);
-  const int64_t R = x.rows(), C = x.cols();  // x, out [R, C]; w [C]; rstd [R]
+  const int64_t R = rows(x), C = x.cols();  // x, out [R, C]; w [C]; rstd [R]
   SF_CHECK_NUMEL(op, out, R * C, "R*C (of x)");
   SF_CHECK_NUMEL(op, w, C, "C");
   if (!rstd.empty()) {
@@ -121,7 +125,7 @@ inline void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& d
   SF_CHECK_REAL(op, w);
   // The backward has no eps, so it cannot recompute rstd: the saved one is required.
   SF_CHECK_DTYPE(op, rstd, DType::F32);
-  const int64_t R = x.rows(), C = x.cols();  // x, dout, dx [R, C]; w, dw [C]; rstd [R]
+  const int64_t R = rows(x), C = x.cols();  // x, dout, dx [R, C]; w, dw [C]; rstd [R]
   SF_CHECK_NUMEL(op, dout, R * C, "R*C (of x)");
   SF_CHECK_NUMEL(op, w, C, "C");
   SF_CHECK_NUMEL(op, rstd, R, "R");
@@ -144,14 +148,14 @@ inline void rope(const char* op, const Tensor& x, const Tensor& cos, const Tenso
            std::string(op) + ": T = " + std::to_string(T) + ", n_heads = " + std::to_string(n_heads) +
                ", head_dim = " + std::to_string(head_dim) + ": each must be > 0 and head_dim even");
   const int64_t half = head_dim / 2, width = int64_t(n_heads) * head_dim;
-  SF_CHECK(x.cols() == width && x.rows() % T == 0, bad_shape(op, "x", x, "[B*T, n_heads*head_dim]") +
-                                                       " (T = " + std::to_string(T) +
-                                                       ", n_heads*head_dim = " + std::to_string(width) + ")");
-  SF_CHECK(cos.cols() == half && cos.rows() >= T, bad_shape(op, "cos", cos, "[T_max >= T, head_dim/2]"));
-  SF_CHECK(sin.cols() == half && sin.rows() >= T, bad_shape(op, "sin", sin, "[T_max >= T, head_dim/2]"));
+  SF_CHECK(x.cols() == width && rows(x) % T == 0, bad_shape(op, "x", x, "[B*T, n_heads*head_dim]") +
+                                                      " (T = " + std::to_string(T) +
+                                                      ", n_heads*head_dim = " + std::to_string(width) + ")");
+  SF_CHECK(cos.cols() == half && rows(cos) >= T, bad_shape(op, "cos", cos, "[T_max >= T, head_dim/2]"));
+  SF_CHECK(sin.cols() == half && rows(sin) >= T, bad_shape(op, "sin", sin, "[T_max >= T, head_dim/2]"));
   if (!pos.empty()) {
     SF_CHECK_DTYPE(op, pos, DType::I32);
-    SF_CHECK_NUMEL(op, pos, x.rows(), "B*T (rows of x)");
+    SF_CHECK_NUMEL(op, pos, rows(x), "B*T (rows of x)");
   }
 }
 
@@ -193,10 +197,10 @@ inline void attention_common(const char* op, const AttnDims& d, const Tensor& q,
   SF_CHECK_REAL(op, out);
   SF_CHECK_DTYPE(op, lse, DType::F32);
   const int64_t N = int64_t(d.B) * d.T, qw = int64_t(d.n_head) * d.head_dim, kw = int64_t(d.n_kv_head) * d.head_dim;
-  SF_CHECK(q.rows() == N && q.cols() == qw, bad_shape(op, "q", q, "[B*T, n_head*head_dim]"));
-  SF_CHECK(out.rows() == N && out.cols() == qw, bad_shape(op, "out", out, "[B*T, n_head*head_dim]"));
-  SF_CHECK(k.rows() == N && k.cols() == kw, bad_shape(op, "k", k, "[B*T, n_kv_head*head_dim]"));
-  SF_CHECK(v.rows() == N && v.cols() == kw, bad_shape(op, "v", v, "[B*T, n_kv_head*head_dim]"));
+  SF_CHECK(rows(q) == N && q.cols() == qw, bad_shape(op, "q", q, "[B*T, n_head*head_dim]"));
+  SF_CHECK(rows(out) == N && out.cols() == qw, bad_shape(op, "out", out, "[B*T, n_head*head_dim]"));
+  SF_CHECK(rows(k) == N && k.cols() == kw, bad_shape(op, "k", k, "[B*T, n_kv_head*head_dim]"));
+  SF_CHECK(rows(v) == N && v.cols() == kw, bad_shape(op, "v", v, "[B*T, n_kv_head*head_dim]"));
   SF_CHECK_NUMEL(op, lse, int64_t(d.B) * d.n_head * d.T, "B*n_head*T");
   if (!d.pos.empty()) {
     const Tensor& pos = d.pos;
@@ -246,7 +250,7 @@ inline void linear_cross_entropy(const Tensor& loss_sum, const Tensor& dx, const
   SF_CHECK_REAL(op, x);
   SF_CHECK_REAL(op, w);
   SF_CHECK_DTYPE(op, labels, DType::I32);
-  const int64_t N = x.rows(), H = x.cols(), V = w.rows();  // x [N, H], w [V, H], labels [N]
+  const int64_t N = rows(x), H = x.cols(), V = rows(w);  // x [N, H], w [V, H], labels [N]
   SF_CHECK(w.cols() == H, bad_shape(op, "w", w, "[V, H]") + " (H = " + std::to_string(H) + ", the columns of x)");
   SF_CHECK_NUMEL(op, labels, N, "N (rows of x)");
   if (!dx.empty()) {
@@ -278,7 +282,7 @@ inline void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor
   // table [V, H], out [N, H], ids [N]
   SF_CHECK(out.cols() == table.cols(),
            bad_shape(op, "out", out, "[N, H]") + " (H = " + std::to_string(table.cols()) + ", the columns of table)");
-  SF_CHECK_NUMEL(op, ids, out.rows(), "N (rows of out)");
+  SF_CHECK_NUMEL(op, ids, rows(out), "N (rows of out)");
 }
 
 inline void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
@@ -289,7 +293,7 @@ inline void embedding_backward(const Tensor& dtable, const Tensor& dout, const T
   // dtable [V, H], dout [N, H], ids [N]
   SF_CHECK(dout.cols() == dtable.cols(), bad_shape(op, "dout", dout, "[N, H]") +
                                              " (H = " + std::to_string(dtable.cols()) + ", the columns of dtable)");
-  SF_CHECK_NUMEL(op, ids, dout.rows(), "N (rows of dout)");
+  SF_CHECK_NUMEL(op, ids, rows(dout), "N (rows of dout)");
 }
 
 inline void add(const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -403,8 +407,9 @@ class CheckedOps final : public Ops {
   size_t attention_workspace_bytes(const AttnDims& d) const override { return in_.attention_workspace_bytes(d); }
   void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float gs,
                             Tensor ws, Stream& s) override {
-    opcheck::linear_cross_entropy(loss_sum, dx, dw, x, w, labels, ws,
-                                  x.rows() > 0 ? in_.linear_ce_workspace_bytes(x.rows(), x.cols(), w.rows()) : 0);
+    opcheck::linear_cross_entropy(
+        loss_sum, dx, dw, x, w, labels, ws,
+        opcheck::rows(x) > 0 ? in_.linear_ce_workspace_bytes(opcheck::rows(x), x.cols(), opcheck::rows(w)) : 0);
     in_.linear_cross_entropy(loss_sum, dx, dw, x, w, labels, gs, ws, s);
   }
   size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const override {
