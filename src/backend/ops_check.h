@@ -309,8 +309,8 @@ inline void scale(const Tensor& x) { SF_CHECK_REAL("scale", x); }
 
 inline void cast(const Tensor& out, const Tensor& in) {
   constexpr const char* op = "cast";
-  SF_CHECK(!out.empty(), not_dtype(op, "out", out, out.dtype));
-  SF_CHECK(!in.empty(), not_dtype(op, "in", in, in.dtype));
+  SF_CHECK(!out.empty(), std::string(op) + ": " + desc("out", out) + " has no data");
+  SF_CHECK(!in.empty(), std::string(op) + ": " + desc("in", in) + " has no data");
   SF_CHECK_NUMEL(op, in, out.numel(), "numel(out)");
   if (out.dtype == in.dtype) return;  // a plain copy (an exact alias is harmless)
   // F16 is accepted too (checkpoints may hold it; a backend may lack it); I32 only copies to I32.
