@@ -2,12 +2,10 @@
 // cpu test (tests/ops_check_cases.h), each refused before anything is launched.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <memory>
-#include <stdexcept>
-#include <string>
 
 #include "../ops_check_cases.h"
+#include "../test_util.h"
 #include "backend/device.h"
 
 namespace sf {
@@ -29,34 +27,24 @@ TEST(CudaOpsCheck, CudaOwnLimitsAreRefused) {
   auto at = [base](int slot, DType t, std::initializer_list<int64_t> dims) {
     return Tensor(base + size_t(slot) * 32768, t, dims);
   };
-  auto expect_refused = [](const std::function<void()>& f, const std::string& file, const std::string& what) {
-    try {
-      f();
-      ADD_FAILURE() << "not refused: " << what;
-    } catch (const std::runtime_error& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find(file + ":"), std::string::npos) << msg;
-      EXPECT_NE(msg.find(what), std::string::npos) << msg;
-    }
-  };
   AttnDims d;
   d.B = 1, d.T = 2, d.n_head = 1, d.n_kv_head = 1, d.head_dim = 264, d.scale = 0.06f;
-  expect_refused(
+  test::expect_check_failure(
       [&] {
         dev->ops().attention_forward(at(0, DType::BF16, {2, 264}), at(1, DType::F32, {2}), at(2, DType::BF16, {2, 264}),
                                      at(3, DType::BF16, {2, 264}), at(4, DType::BF16, {2, 264}), d, *s);
       },
       "attention.cu", "attention_forward: head_dim = 264");
-  expect_refused([&] { dev->ops().cast(at(0, DType::F16, {8}), at(1, DType::F32, {8}), *s); }, "elementwise.cu",
-                 "cast: the cuda backend converts only between F32 and BF16");
-  expect_refused(
+  test::expect_check_failure([&] { dev->ops().cast(at(0, DType::F16, {8}), at(1, DType::F32, {8}), *s); },
+                             "elementwise.cu", "cast: the cuda backend converts only between F32 and BF16");
+  test::expect_check_failure(
       [&] {
         dev->ops().rmsnorm_backward(Tensor(), at(0, DType::F32, {8}), at(1, DType::F32, {4, 8}),
                                     at(2, DType::F32, {4, 8}), at(3, DType::F32, {8}), at(4, DType::F32, {4}), false,
                                     *s);
       },
       "rmsnorm.cu", "dx is required");
-  expect_refused(
+  test::expect_check_failure(
       [&] {
         dev->ops().matmul(at(0, DType::F32, {2, 2}), at(1, DType::BF16, {2, 3}), at(2, DType::F32, {3, 2}), false,
                           false, 1.f, 0.f, *s);
