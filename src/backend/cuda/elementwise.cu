@@ -4,7 +4,7 @@
 namespace sf::cuda {
 namespace {
 
-// The element functions of Map1 / Map2 (kernel_utils.cuh); for_each runs them 8 elements a thread
+// The element functions of Map1 / Update / Map2 (kernel_utils.cuh); for_each runs them 8 elements a thread
 // and step (16-byte bf16 / 2x16-byte f32 accesses) where the tensors are 16-byte aligned.
 struct Plus {
   __device__ float operator()(float x, float y) const { return x + y; }
@@ -27,7 +27,7 @@ void add(Tensor out, Tensor a, Tensor b, const Launch& L) {
 
 void scale(Tensor x, float alpha, const Launch& L) {
   const int64_t n = x.numel();
-  for_each<8>(Map1<Times>{dout_(x), din(x), Times{alpha}}, n, aligned16(x.data), L);
+  for_each<8>(Update<Times>{dout_(x), Times{alpha}}, n, aligned16(x.data), L);
 }
 
 void cast(Tensor out, Tensor in, const Launch& L) {

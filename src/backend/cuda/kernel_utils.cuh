@@ -203,7 +203,7 @@ void launch_for_each(const Op& op, int64_t n, int64_t items, const Launch& L, in
   CUDA_CHECK_LAUNCH();
 }
 
-// Plain maps, the usual Op of for_each: out = f(a) and out = f(a, b) element by element, with f a
+// Plain maps, the usual Op of for_each: out = f(a), x = f(x) and out = f(a, b) element by element, with f a
 // device functor on fp32 values (math in fp32, storage F32 or BF16 as DIn / DOut say).
 template <class F>
 struct Map1 {
@@ -217,6 +217,21 @@ struct Map1 {
 #pragma unroll
     for (int k = 0; k < N; ++k) v[k] = f(v[k]);
     stv<N>(out, i, v);
+  }
+};
+// x = f(x) in place (one pointer, so one dtype branch: a Map1 over the same tensor would branch on
+// its input and output dtypes separately).
+template <class F>
+struct Update {
+  DOut x;
+  F f;
+  template <int N>
+  __device__ void apply(int64_t i) const {
+    float v[N];
+    ldv<N>(x, i, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = f(v[k]);
+    stv<N>(x, i, v);
   }
 };
 template <class F>
