@@ -219,19 +219,14 @@ struct Map1 {
     stv<N>(out, i, v);
   }
 };
-// x = f(x) in place (one pointer, so one dtype branch: a Map1 over the same tensor would branch on
-// its input and output dtypes separately).
+// x = f(x) in place: a Map1 whose input is x itself.
 template <class F>
 struct Update {
   DOut x;
   F f;
   template <int N>
   __device__ void apply(int64_t i) const {
-    float v[N];
-    ldv<N>(x, i, v);
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = f(v[k]);
-    stv<N>(x, i, v);
+    Map1<F>{x, DIn{x.p, x.bf}, f}.template apply<N>(i);
   }
 };
 template <class F>
