@@ -193,10 +193,17 @@ TEST(CpuDevice, ExceptionInATaskIsRethrownAtSynchronize) {
   auto dev = delayed_device(30);
   auto s = dev->create_stream();
   auto e = dev->create_event();
-  std::vector<float> a(6), b(6), o(4);
-  // A shape error inside a queued kernel: nothing is thrown at the call, only at synchronize.
-  EXPECT_NO_THROW(dev->ops().matmul(test::view_of(o, {2, 2}), test::view_of(a, {2, 3}), test::view_of(b, {2, 3}), false,
-                                    false, 1.f, 0.f, *s));
+  std::vector<float> a(6), b(6), o(4), table(8), out(4);
+  std::vector<int32_t> ids = {1, 7};  // the vocabulary is [0, 4)
+  // A shape error is refused at the call by the front of the table (ops_check.h): nothing is queued.
+  EXPECT_THROW(dev->ops().matmul(test::view_of(o, {2, 2}), test::view_of(a, {2, 3}), test::view_of(b, {2, 3}), false,
+                                 false, 1.f, 0.f, *s),
+               std::runtime_error);
+  EXPECT_NO_THROW(dev->synchronize(*s));
+  // An error only the data shows (a token id outside the vocabulary), inside a queued kernel:
+  // nothing is thrown at the call, only at synchronize.
+  EXPECT_NO_THROW(dev->ops().embedding_forward(test::view_of(out, {2, 2}), test::view_of(ids, {2}),
+                                               test::view_of(table, {4, 2}), *s));
   std::atomic<bool> later_ran{false};
   dev->host_fn(*s, [&] { later_ran = true; });
   dev->record(*e, *s);
@@ -204,7 +211,7 @@ TEST(CpuDevice, ExceptionInATaskIsRethrownAtSynchronize) {
     dev->synchronize(*s);
     ADD_FAILURE() << "synchronize did not rethrow";
   } catch (const std::runtime_error& err) {
-    EXPECT_NE(std::string(err.what()).find("matmul"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("embedding_forward: token id 7"), std::string::npos) << err.what();
   }
   // Later tasks and event completions still happened; the error is reported once.
   EXPECT_TRUE(later_ran);

@@ -7,9 +7,11 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "backend/cpu/kernels.h"
+#include "backend/device.h"
 #include "test_util.h"
 
 namespace sf {
@@ -23,6 +25,15 @@ using test::rel_err;
 using test::to_double;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Argument checks live in the front of the kernel table (backend/ops_check.h), which every Device
+// hands out: the calls that must be refused go through the cpu device's table. The front throws on
+// the caller's thread, before anything is queued.
+struct CpuFront {
+  std::unique_ptr<Device> dev = make_cpu_device();
+  std::unique_ptr<Stream> s = dev->create_stream();
+  Ops& ops() { return dev->ops(); }
+};
 
 // ---------------------------------------------------------------- matmul
 
@@ -99,22 +110,26 @@ TEST(CpuKernels, MatmulBf16Storage) {
 TEST(CpuKernels, MatmulRejectsBadShapesAndDtypes) {
   std::vector<float> a(6), b(6), o(4);
   std::vector<int32_t> ids(6);
+  CpuFront f;
   expect_check_failure(
       [&] {
-        cpu::matmul(test::view_of(o, {2, 2}), test::view_of(a, {2, 3}), test::view_of(b, {2, 3}), false, false, 1, 0);
+        f.ops().matmul(test::view_of(o, {2, 2}), test::view_of(a, {2, 3}), test::view_of(b, {2, 3}), false, false, 1, 0,
+                       *f.s);
       },
-      "matmul.cpp", "shapes do not match");
+      "ops_check.h", "shapes do not match");
   expect_check_failure(
       [&] {
-        cpu::matmul(test::view_of(o, {2, 2}), test::view_of(ids, {2, 3}), test::view_of(b, {2, 3}), false, true, 1, 0);
+        f.ops().matmul(test::view_of(o, {2, 2}), test::view_of(ids, {2, 3}), test::view_of(b, {2, 3}), false, true, 1,
+                       0, *f.s);
       },
-      "matmul.cpp", "F32 or BF16");
+      "ops_check.h", "F32 or BF16");
   // out aliasing an input would be read while written.
   expect_check_failure(
       [&] {
-        cpu::matmul(test::view_of(a, {2, 2}), test::view_of(a, {2, 3}), test::view_of(b, {2, 3}), false, true, 1, 0);
+        f.ops().matmul(test::view_of(a, {2, 2}), test::view_of(a, {2, 3}), test::view_of(b, {2, 3}), false, true, 1, 0,
+                       *f.s);
       },
-      "matmul.cpp", "alias");
+      "ops_check.h", "out overlaps a");
 }
 
 // ---------------------------------------------------------------- element-wise
@@ -146,8 +161,10 @@ TEST(CpuKernels, AddScaleZeroMixedDtypesAndAliasing) {
   cpu::zero(test::view_of(ids, {5}));
   for (int32_t v : ids) ASSERT_EQ(v, 0);
   // shape mismatch
-  expect_check_failure([&] { cpu::add(test::view_of(out, {n}), test::view_of(a, {n}), test::view_of(b, {n - 1})); },
-                       "elementwise.cpp", "elements");
+  CpuFront f;
+  expect_check_failure(
+      [&] { f.ops().add(test::view_of(out, {n}), test::view_of(a, {n}), test::view_of(b, {n - 1}), *f.s); },
+      "ops_check.h", "elements");
 }
 
 TEST(CpuKernels, CastRoundsToNearestEven) {
@@ -193,7 +210,8 @@ TEST(CpuKernels, CastRoundsToNearestEven) {
   std::vector<float> hf(4099);
   cpu::cast(test::view_of(hf, {4099}), h.t());
   EXPECT_EQ(hf, h.f());
-  expect_check_failure([&] { cpu::cast(test::view_of(back, {n}), test::view_of(in, {n - 1})); }, "elementwise.cpp",
+  CpuFront f;
+  expect_check_failure([&] { f.ops().cast(test::view_of(back, {n}), test::view_of(in, {n - 1}), *f.s); }, "ops_check.h",
                        "elements");
 }
 
@@ -316,12 +334,13 @@ TEST(CpuKernels, RmsNormBackwardMatchesFiniteDifferences) {
                         test::view_of(w, {C}), test::view_of(rstd, {R}), true);
   for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(dx2[i], dx[i] + dx[i]);
   // The backward has no eps: rstd is required.
+  CpuFront f;
   expect_check_failure(
       [&] {
-        cpu::rmsnorm_backward(test::view_of(dx2, {R, C}), Tensor(), test::view_of(Rm, {R, C}), test::view_of(x, {R, C}),
-                              test::view_of(w, {C}), Tensor(), false);
+        f.ops().rmsnorm_backward(test::view_of(dx2, {R, C}), Tensor(), test::view_of(Rm, {R, C}),
+                                 test::view_of(x, {R, C}), test::view_of(w, {C}), Tensor(), false, *f.s);
       },
-      "rmsnorm.cpp", "rstd");
+      "ops_check.h", "rstd");
 }
 
 TEST(CpuKernels, RmsNormBf16Storage) {
@@ -413,12 +432,13 @@ TEST(CpuKernels, RopeMatchesHfAndBackwardIsTheTranspose) {
                     test::view_of(sin, {Tmax, hd / 2}), T, nh, hd);
   for (size_t i = 0; i < xr.size(); ++i) ASSERT_EQ(xb.get(int64_t(i)), test::round_bf16(xr[i]));
   // Tables shorter than T are refused.
+  CpuFront f;
   expect_check_failure(
       [&] {
-        cpu::rope_forward(test::view_of(y, {rows, nh * hd}), test::view_of(cos, {Tmax, hd / 2}),
-                          test::view_of(sin, {Tmax, hd / 2}), 14, nh, hd);
+        f.ops().rope_forward(test::view_of(y, {rows, nh * hd}), test::view_of(cos, {Tmax, hd / 2}),
+                             test::view_of(sin, {Tmax, hd / 2}), 14, nh, hd, Tensor(), *f.s);
       },
-      "rope.cpp", "T");
+      "ops_check.h", "T_max >= T");
 }
 
 // ---------------------------------------------------------------- SwiGLU
@@ -636,12 +656,17 @@ TEST(CpuKernels, AdamWVectorMatchesFp64AndWritesCopies) {
   }
   // Checks: step is 1-based; m must be F32.
   a.step = 0;
+  CpuFront f;
   expect_check_failure(
-      [&] { cpu::adamw(test::view_of(pa, {n}), gb.t(), test::view_of(ma, {n}), test::view_of(va, {n}), Tensor(), a); },
-      "adamw.cpp", "step");
+      [&] {
+        f.ops().adamw(test::view_of(pa, {n}), gb.t(), test::view_of(ma, {n}), test::view_of(va, {n}), Tensor(), a,
+                      *f.s);
+      },
+      "ops_check.h", "step");
   a.step = 1;
-  expect_check_failure([&] { cpu::adamw(test::view_of(pa, {n}), gb.t(), gb.t(), test::view_of(va, {n}), Tensor(), a); },
-                       "adamw.cpp", "F32");
+  expect_check_failure(
+      [&] { f.ops().adamw(test::view_of(pa, {n}), gb.t(), gb.t(), test::view_of(va, {n}), Tensor(), a, *f.s); },
+      "ops_check.h", "F32");
 }
 
 // The split update of the sliding engine (clipping): a Params pass then a Moments pass give the

@@ -5,9 +5,11 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "backend/cpu/kernels.h"
+#include "backend/device.h"
 #include "test_util.h"
 
 namespace sf {
@@ -21,6 +23,15 @@ using test::rel_err;
 using test::to_double;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Argument checks live in the front of the kernel table (backend/ops_check.h), which every Device
+// hands out: the calls that must be refused go through the cpu device's table. The front throws on
+// the caller's thread, before anything is queued.
+struct CpuFront {
+  std::unique_ptr<Device> dev = make_cpu_device();
+  std::unique_ptr<Stream> s = dev->create_stream();
+  Ops& ops() { return dev->ops(); }
+};
 
 // ---------------------------------------------------------------- attention
 
@@ -186,19 +197,20 @@ TEST(CpuKernels, AttentionBf16Storage) {
 TEST(CpuKernels, AttentionRejectsBadShapes) {
   AttnDims d = dims(1, 4, 4, 3, 8);  // 4 % 3 != 0
   std::vector<float> q(4 * 32), k(4 * 24), o(4 * 32), lse(16);
+  CpuFront f;
   expect_check_failure(
       [&] {
-        cpu::attention_forward(test::view_of(o, {4, 32}), test::view_of(lse, {16}), test::view_of(q, {4, 32}),
-                               test::view_of(k, {4, 24}), test::view_of(k, {4, 24}), d);
+        f.ops().attention_forward(test::view_of(o, {4, 32}), test::view_of(lse, {16}), test::view_of(q, {4, 32}),
+                                  test::view_of(k, {4, 24}), test::view_of(k, {4, 24}), d, *f.s);
       },
-      "attention.cpp", "bad dims");
+      "ops_check.h", "bad dims");
   d = dims(1, 4, 4, 2, 8);  // k must be [4, 16]
   expect_check_failure(
       [&] {
-        cpu::attention_forward(test::view_of(o, {4, 32}), test::view_of(lse, {16}), test::view_of(q, {4, 32}),
-                               test::view_of(k, {4, 24}), test::view_of(k, {4, 24}), d);
+        f.ops().attention_forward(test::view_of(o, {4, 32}), test::view_of(lse, {16}), test::view_of(q, {4, 32}),
+                                  test::view_of(k, {4, 24}), test::view_of(k, {4, 24}), d, *f.s);
       },
-      "attention.cpp", "n_kv_head*head_dim");
+      "ops_check.h", "n_kv_head*head_dim");
 }
 
 // ---------------------------------------------------------------- attention over packed rows
@@ -483,12 +495,13 @@ TEST(CpuKernels, LinearCrossEntropyIgnoredRowsAndOptionalOutputs) {
                                   test::view_of(w, {V, H}), test::view_of(bad, {N}), 1.f, ws.t());
       },
       "linear_ce.cpp", "label -1");
+  CpuFront f;
   expect_check_failure(
       [&] {
-        cpu::linear_cross_entropy(test::view_of(loss, {1}), Tensor(), Tensor(), test::view_of(x, {N, H}),
-                                  test::view_of(w, {V, H}), test::view_of(y, {N}), 1.f, ws.t().view({4}));
+        f.ops().linear_cross_entropy(test::view_of(loss, {1}), Tensor(), Tensor(), test::view_of(x, {N, H}),
+                                     test::view_of(w, {V, H}), test::view_of(y, {N}), 1.f, ws.t().view({4}), *f.s);
       },
-      "linear_ce.cpp", "workspace");
+      "ops_check.h", "workspace");
 }
 
 TEST(CpuKernels, LinearCrossEntropyBf16Storage) {

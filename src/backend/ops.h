@@ -9,6 +9,8 @@
 // - "+=" outputs accumulate into what is there (weight gradients, loss sums); others overwrite.
 // - An empty Tensor (data == nullptr) where an output is optional means "not wanted".
 // - Every pointer is in the backend's device memory (host memory for cpu).
+// - Devices hand out their table behind a checking front (backend/ops_check.h): a call that breaks
+//   what is written here throws there, naming the op and the argument, before any backend sees it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -56,7 +58,8 @@ class Ops {
   // RMSNorm over the last dim C of x [R, C] with weight w [C] (HF Llama: w * (x * rstd)).
   // rstd [R] F32 (saved for backward; may be empty in a forward-only pass).
   virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) = 0;
-  // dx = (accumulate ? dx : 0) + d/dx; dw [C] += d/dw. x, w, rstd as in forward.
+  // dx = (accumulate ? dx : 0) + d/dx; dw [C] += d/dw. x, w as in forward; rstd required. dw may
+  // be empty; so may dx on the cpu backend (the cuda kernel always writes dx).
   virtual void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate,
                                 Stream& s) = 0;
 

@@ -39,6 +39,11 @@ std::string bounded_where(const std::string& where);
 
 }  // namespace sf
 
+// The one check of a programming error (a precondition, an argument of the kernel table, a limit of
+// a kernel): throws std::runtime_error("file:line: msg"). `msg` (a std::string expression) is built
+// only when `cond` fails, so a check on the hot path costs the comparison alone. Usable from .cpp
+// and .cu files. Shape / dtype helpers built on it: backend/ops_check.h. (CUDA and cuBLAS status
+// codes are another matter: CUDA_CHECK / CUBLAS_CHECK in backend/cuda/cuda_check.h.)
 #define SF_CHECK(cond, msg)                                                  \
   do {                                                                       \
     if (!(cond)) ::sf::internal_error(__FILE__, __LINE__, std::string(msg)); \

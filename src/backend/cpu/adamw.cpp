@@ -98,20 +98,8 @@ void adamw_range(float* p, const GradT* gp, float* m, float* v, CopyT* cp, const
 }  // namespace
 
 void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& a, AdamWPart part) {
-  SF_CHECK_DTYPE("adamw", param, DType::F32);
-  SF_CHECK_DTYPE("adamw", m, DType::F32);
-  SF_CHECK_DTYPE("adamw", v, DType::F32);
-  SF_CHECK_REAL("adamw", grad);
-  const int64_t n = param.numel();  // all [n]
-  SF_CHECK_NUMEL("adamw", grad, n);
-  SF_CHECK_NUMEL("adamw", m, n);
-  SF_CHECK_NUMEL("adamw", v, n);
+  const int64_t n = param.numel();  // all [n]; the arguments as ops_check.h's opcheck::adamw checks them
   SF_CHECK(part != AdamWPart::Moments || param_copy.empty(), "adamw: a Moments pass writes no parameter copy");
-  if (!param_copy.empty()) {
-    SF_CHECK_REAL("adamw", param_copy);
-    SF_CHECK_NUMEL("adamw", param_copy, n);
-  }
-  SF_CHECK(a.step >= 1, "adamw: step must be >= 1 (1-based), got " + std::to_string(a.step));
   const double bc1 = 1.0 - std::pow(double(a.beta1), double(a.step));
   const double bc2 = 1.0 - std::pow(double(a.beta2), double(a.step));
   const Coefs k{float(1.0 - double(a.lr) * double(a.weight_decay)),

@@ -16,29 +16,6 @@ using namespace detail;
 
 namespace {
 
-void check_dims(const char* op, const AttnDims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                const Tensor& lse) {
-  SF_CHECK(d.B > 0 && d.T > 0 && d.n_head > 0 && d.n_kv_head > 0 && d.head_dim > 0 && d.n_head % d.n_kv_head == 0,
-           std::string(op) + ": bad dims B=" + std::to_string(d.B) + " T=" + std::to_string(d.T) +
-               " n_head=" + std::to_string(d.n_head) + " n_kv_head=" + std::to_string(d.n_kv_head) +
-               " head_dim=" + std::to_string(d.head_dim));
-  SF_CHECK_REAL(op, q);
-  SF_CHECK_REAL(op, k);
-  SF_CHECK_REAL(op, v);
-  SF_CHECK_REAL(op, out);
-  SF_CHECK_DTYPE(op, lse, DType::F32);
-  const int64_t N = int64_t(d.B) * d.T, qw = int64_t(d.n_head) * d.head_dim, kw = int64_t(d.n_kv_head) * d.head_dim;
-  SF_CHECK(q.rows() == N && q.cols() == qw, std::string(op) + ": " + desc("q", q) + " is not [B*T, n_head*head_dim]");
-  SF_CHECK(out.rows() == N && out.cols() == qw,
-           std::string(op) + ": " + desc("out", out) + " is not [B*T, n_head*head_dim]");
-  SF_CHECK(k.rows() == N && k.cols() == kw,
-           std::string(op) + ": " + desc("k", k) + " is not [B*T, n_kv_head*head_dim]");
-  SF_CHECK(v.rows() == N && v.cols() == kw,
-           std::string(op) + ": " + desc("v", v) + " is not [B*T, n_kv_head*head_dim]");
-  SF_CHECK_NUMEL(op, lse, int64_t(d.B) * d.n_head * d.T);
-  check_positions(d);
-}
-
 // First key visible to query t of sequence b: t - pos[t] (packed rows), else 0.
 inline int seg_lo(const int32_t* pos, int b, int T, int t) { return pos ? t - pos[int64_t(b) * T + t] : 0; }
 
@@ -68,8 +45,6 @@ size_t attention_workspace_bytes(const AttnDims&) { return 0; }
 void check_positions(const AttnDims& d) {
   if (d.pos.empty()) return;
   const int64_t N = int64_t(d.B) * d.T;
-  SF_CHECK_DTYPE("attention", d.pos, DType::I32);
-  SF_CHECK_NUMEL("attention", d.pos, N);
   const int32_t* p = d.pos.ptr<int32_t>();  // [B*T]
   for (int64_t i = 0; i < N; ++i) {
     const int64_t t = i % d.T;
@@ -80,8 +55,7 @@ void check_positions(const AttnDims& d) {
 }
 
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d) {
-  check_dims("attention_forward", d, q, k, v, out, lse);
-  SF_CHECK(!overlaps(out, q) && !overlaps(out, k) && !overlaps(out, v), "attention_forward: out aliases an input");
+  check_positions(d);
   const int T = d.T, hd = d.head_dim, group = d.n_head / d.n_kv_head;
   const double scale = d.scale;
   const size_t nT = size_t(T), nhd = size_t(hd);
@@ -127,18 +101,7 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
 // thread, in head order, so no races and the same bits for any thread count.
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                         Tensor lse, const AttnDims& d, Tensor ws) {
-  check_dims("attention_backward", d, q, k, v, out, lse);
-  SF_CHECK_REAL("attention_backward", dq);
-  SF_CHECK_REAL("attention_backward", dk);
-  SF_CHECK_REAL("attention_backward", dv);
-  SF_CHECK_REAL("attention_backward", dout);
-  SF_CHECK(dq.numel() == q.numel() && dout.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel(),
-           "attention_backward: gradient shapes do not match " + desc("dq", dq) + ", " + desc("dk", dk) + ", " +
-               desc("dv", dv) + ", " + desc("dout", dout));
-  for (const Tensor* t : {&q, &k, &v, &out, &dout, &lse}) {
-    SF_CHECK(!overlaps(dq, *t) && !overlaps(dk, *t) && !overlaps(dv, *t),
-             "attention_backward: a gradient output aliases an input");
-  }
+  check_positions(d);
   const int T = d.T, hd = d.head_dim, group = d.n_head / d.n_kv_head;
   const double scale = d.scale;
   const size_t nT = size_t(T), nhd = size_t(hd);

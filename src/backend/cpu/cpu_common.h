@@ -1,5 +1,7 @@
-// Private helpers of the cpu kernels: dtype/shape checks, conversion between F32/BF16 storage and
-// fp32 math, per-thread scratch buffers, and the one sgemm entry point.
+// Private helpers of the cpu kernels: conversion between F32/BF16 storage and fp32 math, per-thread
+// scratch buffers, and the one sgemm entry point. The kernels get their arguments checked by the
+// front of the kernel table (backend/ops_check.h); they check only values in memory (token ids,
+// labels, positions) and their own limits.
 //
 // Determinism: every kernel gives the same bits whatever cpu_pool's size, because each output
 // element (and each reduction) is computed by one thread in a fixed order. The engine's
@@ -9,31 +11,12 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <string>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
 namespace sf::cpu::detail {
-
-inline bool is_real(DType t) { return t == DType::F32 || t == DType::BF16; }
-
-// "name [2, 3] BF16", for error messages only (built when a check fails).
-inline std::string desc(const char* name, const Tensor& t) {
-  return std::string(name) + " " + t.shape_str() + " " + dtype_name(t.dtype);
-}
-
-// A required F32/BF16 input or output.
-#define SF_CHECK_REAL(op, t)                                      \
-  SF_CHECK(!(t).empty() && ::sf::cpu::detail::is_real((t).dtype), \
-           std::string(op) + ": " + ::sf::cpu::detail::desc(#t, t) + " must be a non-empty F32 or BF16 tensor")
-#define SF_CHECK_DTYPE(op, t, dt)                                                                       \
-  SF_CHECK(!(t).empty() && (t).dtype == (dt), std::string(op) + ": " + ::sf::cpu::detail::desc(#t, t) + \
-                                                  " must be a non-empty " + dtype_name(dt) + " tensor")
-#define SF_CHECK_NUMEL(op, t, n) \
-  SF_CHECK((t).numel() == (n),   \
-           std::string(op) + ": " + ::sf::cpu::detail::desc(#t, t) + " must have " + std::to_string(n) + " elements")
 
 inline float bf16_bits_to_float(uint16_t b) { return bf16_to_float(bf16{b}); }
 
@@ -72,6 +55,17 @@ inline void visit(const Tensor& t, F&& f) {
   } else {
     f(t.ptr<bf16>());
   }
+}
+
+// visit over several tensors at once: f(p0, p1, ...) with the typed data of each (one instantiation
+// per dtype mix, as nested visits would give).
+template <class F>
+inline void visit_all(F&& f) {
+  f();
+}
+template <class F, class... Ts>
+inline void visit_all(F&& f, const Tensor& t, const Ts&... rest) {
+  visit(t, [&](auto* p) { visit_all([&](auto*... ps) { f(p, ps...); }, rest...); });
 }
 
 // dst[0, n) = t[off, off + n) as fp32.
@@ -125,12 +119,5 @@ inline const float* as_f32(const Tensor& t, int slot) {
 // only, never inside a cpu_pool task (OpenBLAS runs its own threads).
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-
-// Whether byte ranges of two tensors overlap (inputs of a gemm must not alias its output).
-inline bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.empty() || b.empty()) return false;
-  auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
-  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
-}
 
 }  // namespace sf::cpu::detail

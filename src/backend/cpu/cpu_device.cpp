@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "backend/cpu/kernels.h"
+#include "backend/ops_check.h"
 #include "core/align.h"
 #include "core/error.h"
 
@@ -123,7 +124,8 @@ struct CpuStream : Stream {
 CpuStream& cs(Stream& s) { return static_cast<CpuStream&>(s); }
 CpuEvent& ce(Event& e) { return static_cast<CpuEvent&>(e); }
 
-// The kernel table: each call is queued on the stream's worker.
+// The kernel table: each call is queued on the stream's worker. The device hands it out behind
+// the checking front (ops_check.h), so the arguments are checked on the caller's thread.
 class CpuOps final : public Ops {
  public:
   void matmul(Tensor out, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Stream& s) override {
@@ -258,11 +260,12 @@ class CpuDevice final : public Device {
     cs(s).push([=] { std::memcpy(dst, src, bytes); });
   }
   void host_fn(Stream& s, std::function<void()> fn) override { cs(s).push(std::move(fn)); }
-  Ops& ops() override { return ops_; }
+  Ops& ops() override { return checked_; }
 
  private:
   CpuDeviceOptions opt_;
   CpuOps ops_;
+  CheckedOps checked_{ops_};
   std::atomic<uint64_t> streams_{0};
 };
 

@@ -16,29 +16,21 @@ constexpr int64_t kGrain = 1 << 15;
 }  // namespace
 
 void add(Tensor out, Tensor a, Tensor b) {
-  SF_CHECK_REAL("add", out);
-  SF_CHECK_REAL("add", a);
-  SF_CHECK_REAL("add", b);
   const int64_t n = out.numel();
-  SF_CHECK_NUMEL("add", a, n);
-  SF_CHECK_NUMEL("add", b, n);
   // Element i is read before it is written, so out may alias a or b.
-  visit(out, [&](auto* o) {
-    visit(a, [&](auto* pa) {
-      visit(b, [&](auto* pb) {
+  visit_all(
+      [&](auto* o, auto* pa, auto* pb) {
         cpu_pool().parallel_for(
             n,
             [&](int64_t i0, int64_t i1) {
               for (int64_t i = i0; i < i1; ++i) st(o, i, ld(pa, i) + ld(pb, i));
             },
             kGrain);
-      });
-    });
-  });
+      },
+      out, a, b);
 }
 
 void scale(Tensor x, float alpha) {
-  SF_CHECK_REAL("scale", x);
   visit(x, [&](auto* p) {
     cpu_pool().parallel_for(
         x.numel(),
@@ -50,18 +42,12 @@ void scale(Tensor x, float alpha) {
 }
 
 void cast(Tensor out, Tensor in) {
-  SF_CHECK(!out.empty() && !in.empty(), "cast: " + desc("out", out) + " and " + desc("in", in) + " must be non-empty");
   const int64_t n = out.numel();
-  SF_CHECK_NUMEL("cast", in, n);
   if (out.dtype == in.dtype) {  // plain copy (memmove: an exact alias is harmless)
     std::memmove(out.data, in.data, out.bytes());
     return;
   }
-  // F16 is accepted too (checkpoints may hold it); I32 only copies to I32 (handled above).
-  auto is_float = [](DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; };
-  SF_CHECK(is_float(out.dtype) && is_float(in.dtype),
-           "cast: cannot convert " + desc("in", in) + " to " + desc("out", out));
-  SF_CHECK(!overlaps(out, in), "cast: converting in place between dtypes of different sizes is not supported");
+  // F32, BF16 or F16 each (I32 only copies to I32, above), not overlapping (ops_check.h).
   cpu_pool().parallel_for(
       n,
       [&](int64_t i0, int64_t i1) {
@@ -83,7 +69,6 @@ void cast(Tensor out, Tensor in) {
 
 void zero(Tensor x) {
   if (x.numel() == 0) return;
-  SF_CHECK(!x.empty(), "zero: " + desc("x", x) + " has no data");
   std::memset(x.data, 0, x.bytes());
 }
 
@@ -110,9 +95,6 @@ double sq_sum_t(const T* p, int64_t n) {
 double sq_sum(const float* x, int64_t n) { return sq_sum_t(x, n); }
 
 void sq_norm(Tensor out, Tensor x) {
-  SF_CHECK_DTYPE("sq_norm", out, DType::F32);
-  SF_CHECK_NUMEL("sq_norm", out, 1);
-  SF_CHECK_REAL("sq_norm", x);
   const int64_t n = x.numel(), nblocks = (n + kSqNormBlock - 1) / kSqNormBlock;
   std::vector<double> partial(size_t(nblocks), 0.0);  // [nblocks]
   visit(x, [&](auto* p) {
@@ -132,44 +114,38 @@ void sq_norm(Tensor out, Tensor x) {
 }
 
 void add_bias(Tensor out, Tensor bias) {
-  SF_CHECK_REAL("add_bias", out);
-  SF_CHECK_REAL("add_bias", bias);
   const int64_t M = out.rows(), N = out.cols();
-  SF_CHECK_NUMEL("add_bias", bias, N);
-  visit(out, [&](auto* o) {
-    visit(bias, [&](auto* bp) {
-      cpu_pool().parallel_for(
-          M,
-          [&](int64_t r0, int64_t r1) {
-            for (int64_t r = r0; r < r1; ++r) {
-              for (int64_t j = 0; j < N; ++j) st(o, r * N + j, ld(o, r * N + j) + ld(bp, j));
-            }
-          },
-          std::max<int64_t>(1, kGrain / std::max<int64_t>(1, N)));
-    });
-  });
+  visit_all(
+      [&](auto* o, auto* bp) {
+        cpu_pool().parallel_for(
+            M,
+            [&](int64_t r0, int64_t r1) {
+              for (int64_t r = r0; r < r1; ++r) {
+                for (int64_t j = 0; j < N; ++j) st(o, r * N + j, ld(o, r * N + j) + ld(bp, j));
+              }
+            },
+            std::max<int64_t>(1, kGrain / std::max<int64_t>(1, N)));
+      },
+      out, bias);
 }
 
 void bias_backward(Tensor dbias, Tensor dout) {
-  SF_CHECK_REAL("bias_backward", dbias);
-  SF_CHECK_REAL("bias_backward", dout);
   const int64_t M = dout.rows(), N = dout.cols();
-  SF_CHECK_NUMEL("bias_backward", dbias, N);
   // Threads split the columns; each column is summed over rows in order, in fp64.
-  visit(dbias, [&](auto* db) {
-    visit(dout, [&](auto* d) {
-      cpu_pool().parallel_for(
-          N,
-          [&](int64_t c0, int64_t c1) {
-            std::vector<double> acc(size_t(c1 - c0), 0.0);  // [c1 - c0]
-            for (int64_t r = 0; r < M; ++r) {
-              for (int64_t j = c0; j < c1; ++j) acc[size_t(j - c0)] += ld(d, r * N + j);
-            }
-            for (int64_t j = c0; j < c1; ++j) st(db, j, float(double(ld(db, j)) + acc[size_t(j - c0)]));
-          },
-          64);
-    });
-  });
+  visit_all(
+      [&](auto* db, auto* d) {
+        cpu_pool().parallel_for(
+            N,
+            [&](int64_t c0, int64_t c1) {
+              std::vector<double> acc(size_t(c1 - c0), 0.0);  // [c1 - c0]
+              for (int64_t r = 0; r < M; ++r) {
+                for (int64_t j = c0; j < c1; ++j) acc[size_t(j - c0)] += ld(d, r * N + j);
+              }
+              for (int64_t j = c0; j < c1; ++j) st(db, j, float(double(ld(db, j)) + acc[size_t(j - c0)]));
+            },
+            64);
+      },
+      dbias, dout);
 }
 
 }  // namespace sf::cpu

@@ -13,10 +13,9 @@ using namespace detail;
 
 namespace {
 
-// Ids are checked on the caller thread: a throw inside a pool task would terminate the process.
+// Id values (the front, ops_check.h, checked ids is I32 [N]), on the caller thread: a throw inside
+// a pool task would terminate the process.
 void check_ids(const char* op, const Tensor& ids, int64_t N, int64_t V) {
-  SF_CHECK_DTYPE(op, ids, DType::I32);
-  SF_CHECK_NUMEL(op, ids, N);
   const int32_t* id = ids.ptr<int32_t>();
   for (int64_t n = 0; n < N; ++n) {
     SF_CHECK(id[n] >= 0 && id[n] < V, std::string(op) + ": token id " + std::to_string(id[n]) + " at position " +
@@ -28,10 +27,7 @@ void check_ids(const char* op, const Tensor& ids, int64_t N, int64_t V) {
 }  // namespace
 
 void embedding_forward(Tensor out, Tensor ids, Tensor table) {
-  SF_CHECK_REAL("embedding_forward", out);
-  SF_CHECK_REAL("embedding_forward", table);
   const int64_t V = table.rows(), H = table.cols(), N = out.rows();  // table [V, H], out [N, H], ids [N]
-  SF_CHECK(out.cols() == H, "embedding_forward: " + desc("out", out) + " does not match " + desc("table", table));
   check_ids("embedding_forward", ids, N, V);
   const int32_t* id = ids.ptr<int32_t>();
   cpu_pool().parallel_for(
@@ -51,10 +47,7 @@ void embedding_forward(Tensor out, Tensor ids, Tensor table) {
 }
 
 void embedding_backward(Tensor dtable, Tensor dout, Tensor ids) {
-  SF_CHECK_REAL("embedding_backward", dtable);
-  SF_CHECK_REAL("embedding_backward", dout);
   const int64_t V = dtable.rows(), H = dtable.cols(), N = dout.rows();  // dtable [V, H], dout [N, H], ids [N]
-  SF_CHECK(dout.cols() == H, "embedding_backward: " + desc("dout", dout) + " does not match " + desc("dtable", dtable));
   check_ids("embedding_backward", ids, N, V);
   const int32_t* id = ids.ptr<int32_t>();
   // Positions grouped by id (stable: positions in order). Each id's rows are summed in fp64 by

@@ -2,6 +2,9 @@
 // (backend/ops.h documents each). They are the twin every other backend is tested against.
 // Storage F32 or BF16; math in fp32 (fp64 where a reduction would otherwise lose accuracy).
 // They may use cpu_pool() internally; they are not reentrant from inside a pool task.
+// Arguments: as the front of the kernel table (backend/ops_check.h) checks them; the kernels check
+// only values in memory (token ids, labels, positions). A direct caller that builds its own
+// tensors can run the front's check first (opcheck::adamw, opcheck::cast, ...).
 #pragma once
 #include "backend/ops.h"
 
@@ -21,7 +24,8 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                         Tensor lse, const AttnDims& d, Tensor ws);
 size_t attention_workspace_bytes(const AttnDims& d);
-// Checks d.pos (empty, or I32 [B*T] with the precondition of ops.h); InputError-free SF_CHECK.
+// Checks the values of d.pos (the precondition of ops.h: 0 or previous + 1 within a row); its dtype
+// and size are the front's (ops_check.h).
 void check_positions(const AttnDims& d);
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
                           Tensor ws);

@@ -31,33 +31,11 @@ size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) {
 
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
                           Tensor ws) {
-  const char* op = "linear_cross_entropy";
-  SF_CHECK_DTYPE(op, loss_sum, DType::F32);
-  SF_CHECK_NUMEL(op, loss_sum, 1);
-  SF_CHECK_REAL(op, x);
-  SF_CHECK_REAL(op, w);
-  SF_CHECK_DTYPE(op, labels, DType::I32);
+  // Shapes, dtypes, aliasing and the workspace size: ops_check.h. dx may be x itself: dx rows of a
+  // chunk are written after that chunk's x rows were last read.
   const int64_t N = x.rows(), H = x.cols(), V = w.rows();  // x [N, H], w [V, H], labels [N]
-  SF_CHECK(w.cols() == H, std::string(op) + ": " + desc("w", w) + " does not match " + desc("x", x));
-  SF_CHECK_NUMEL(op, labels, N);
-  if (!dx.empty()) {
-    SF_CHECK_REAL(op, dx);
-    SF_CHECK_NUMEL(op, dx, N * H);
-    // dx rows of a chunk are written after that chunk's x rows were last read: an exact alias is fine.
-    SF_CHECK(!overlaps(dx, x) || (dx.data == x.data && dx.dtype == x.dtype), "linear_cross_entropy: dx overlaps x");
-    SF_CHECK(!overlaps(dx, w), "linear_cross_entropy: dx overlaps w");
-  }
-  if (!dw.empty()) {
-    SF_CHECK_REAL(op, dw);
-    SF_CHECK_NUMEL(op, dw, V * H);
-    SF_CHECK(!overlaps(dw, w) && !overlaps(dw, x), "linear_cross_entropy: dw overlaps an input");
-  }
   if (N == 0) return;
-  SF_CHECK(V > 0 && H > 0, std::string(op) + ": empty " + desc("w", w));
   const int64_t C = chunk_rows(N, H, V);
-  SF_CHECK(!ws.empty() && ws.bytes() >= linear_ce_workspace_bytes(N, H, V),
-           "linear_cross_entropy: workspace " + desc("ws", ws) +
-               " is smaller than linear_ce_workspace_bytes = " + std::to_string(linear_ce_workspace_bytes(N, H, V)));
   // Labels are checked up front: a throw inside a pool task would terminate the process.
   const int32_t* lab = labels.ptr<int32_t>();  // [N]
   for (int64_t n = 0; n < N; ++n) {

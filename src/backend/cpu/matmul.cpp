@@ -69,17 +69,10 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 using namespace detail;
 
 void matmul(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta) {
-  SF_CHECK_REAL("matmul", out);
-  SF_CHECK_REAL("matmul", a);
-  SF_CHECK_REAL("matmul", b);
-  // Every tensor is seen as a matrix [rows, cols]. op(a) [M,K], op(b) [K,N], out [M,N].
+  // Every tensor is seen as a matrix [rows, cols]. op(a) [M,K], op(b) [K,N], out [M,N] (shapes and
+  // no aliasing: ops_check.h).
   const int64_t M = out.rows(), N = out.cols();
   const int64_t K = trans_a ? a.rows() : a.cols();
-  const int64_t aM = trans_a ? a.cols() : a.rows();
-  const int64_t bK = trans_b ? b.cols() : b.rows(), bN = trans_b ? b.rows() : b.cols();
-  SF_CHECK(aM == M && bK == K && bN == N, "matmul: shapes do not match: " + desc("out", out) + ", " + desc("a", a) +
-                                              (trans_a ? "^T" : "") + ", " + desc("b", b) + (trans_b ? "^T" : ""));
-  SF_CHECK(!overlaps(out, a) && !overlaps(out, b), "matmul: out must not alias a or b");
 
   const float* af = as_f32(a, 0);  // [a.rows, a.cols]
   const float* bf = as_f32(b, 1);  // [b.rows, b.cols]

@@ -11,19 +11,9 @@ namespace sf::cpu {
 using namespace detail;
 
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
-  SF_CHECK_REAL("rmsnorm_forward", out);
-  SF_CHECK_REAL("rmsnorm_forward", x);
-  SF_CHECK_REAL("rmsnorm_forward", w);
-  const int64_t R = x.rows(), C = x.cols();  // x, out [R, C]; w [C]; rstd [R]
-  SF_CHECK_NUMEL("rmsnorm_forward", out, R * C);
-  SF_CHECK_NUMEL("rmsnorm_forward", w, C);
-  if (!rstd.empty()) {
-    SF_CHECK_DTYPE("rmsnorm_forward", rstd, DType::F32);
-    SF_CHECK_NUMEL("rmsnorm_forward", rstd, R);
-  }
-  visit(out, [&](auto* o) {
-    visit(x, [&](auto* xp) {
-      visit(w, [&](auto* wp) {
+  const int64_t R = x.rows(), C = x.cols();  // x, out [R, C]; w [C]; rstd [R] F32 or empty
+  visit_all(
+      [&](auto* o, auto* xp, auto* wp) {
         cpu_pool().parallel_for(
             R,
             [&](int64_t r0, int64_t r1) {
@@ -42,75 +32,59 @@ void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
               }
             },
             std::max<int64_t>(1, 4096 / std::max<int64_t>(1, C)));
-      });
-    });
-  });
+      },
+      out, x, w);
 }
 
 // y_c = w_c x_c r with r = (mean(x^2) + eps)^-1/2, so dr/dx_c = -r^3 x_c / C and
 // dx_c = r w_c g_c - (r^3 / C) x_c sum_i(w_i g_i x_i);  dw_c = sum_rows g_c (x_c r).
 void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate) {
-  SF_CHECK_REAL("rmsnorm_backward", dout);
-  SF_CHECK_REAL("rmsnorm_backward", x);
-  SF_CHECK_REAL("rmsnorm_backward", w);
-  // The backward has no eps, so it cannot recompute rstd: the saved one is required.
-  SF_CHECK_DTYPE("rmsnorm_backward", rstd, DType::F32);
-  const int64_t R = x.rows(), C = x.cols();  // x, dout, dx [R, C]; w, dw [C]; rstd [R]
-  SF_CHECK_NUMEL("rmsnorm_backward", dout, R * C);
-  SF_CHECK_NUMEL("rmsnorm_backward", w, C);
-  SF_CHECK_NUMEL("rmsnorm_backward", rstd, R);
-  if (!dx.empty()) {
-    SF_CHECK_REAL("rmsnorm_backward", dx);
-    SF_CHECK_NUMEL("rmsnorm_backward", dx, R * C);
-  }
-  if (!dw.empty()) {
-    SF_CHECK_REAL("rmsnorm_backward", dw);
-    SF_CHECK_NUMEL("rmsnorm_backward", dw, C);
-  }
+  const int64_t R = x.rows(), C = x.cols();  // x, dout, dx [R, C]; w, dw [C]; rstd [R]; dx, dw optional
   const float* rs = rstd.ptr<float>();
-  visit(dout, [&](auto* g) {
-    visit(x, [&](auto* xp) {
-      // dw first: it reads dout, which dx may alias.
-      if (!dw.empty()) {
-        visit(dw, [&](auto* dwp) {
-          // Threads split the columns; each column sums over rows in order (fp64).
-          cpu_pool().parallel_for(
-              C,
-              [&](int64_t c0, int64_t c1) {
-                std::vector<double> acc(size_t(c1 - c0), 0.0);  // [c1 - c0]
-                for (int64_t r = 0; r < R; ++r) {
-                  const int64_t base = r * C;
-                  for (int64_t c = c0; c < c1; ++c) acc[size_t(c - c0)] += ld(g, base + c) * (ld(xp, base + c) * rs[r]);
-                }
-                for (int64_t c = c0; c < c1; ++c) st(dwp, c, float(double(ld(dwp, c)) + acc[size_t(c - c0)]));
-              },
-              64);
-        });
-      }
-      if (dx.empty()) return;
-      visit(w, [&](auto* wp) {
-        visit(dx, [&](auto* dxp) {
-          cpu_pool().parallel_for(
-              R,
-              [&](int64_t r0, int64_t r1) {
-                for (int64_t r = r0; r < r1; ++r) {
-                  const int64_t base = r * C;
-                  const double rr = rs[r];
-                  double dot = 0.0;  // sum_i w_i g_i x_i
-                  for (int64_t c = 0; c < C; ++c) dot += double(ld(wp, c) * ld(g, base + c)) * ld(xp, base + c);
-                  const float coef = float(dot * rr * rr * rr / double(C));
-                  const float rf = rs[r];
-                  for (int64_t c = 0; c < C; ++c) {
-                    float v = rf * (ld(wp, c) * ld(g, base + c)) - coef * ld(xp, base + c);
-                    st(dxp, base + c, accumulate ? ld(dxp, base + c) + v : v);
+  visit_all(
+      [&](auto* g, auto* xp) {
+        // dw first: it reads dout, which dx may alias.
+        if (!dw.empty()) {
+          visit(dw, [&](auto* dwp) {
+            // Threads split the columns; each column sums over rows in order (fp64).
+            cpu_pool().parallel_for(
+                C,
+                [&](int64_t c0, int64_t c1) {
+                  std::vector<double> acc(size_t(c1 - c0), 0.0);  // [c1 - c0]
+                  for (int64_t r = 0; r < R; ++r) {
+                    const int64_t base = r * C;
+                    for (int64_t c = c0; c < c1; ++c)
+                      acc[size_t(c - c0)] += ld(g, base + c) * (ld(xp, base + c) * rs[r]);
                   }
-                }
-              },
-              std::max<int64_t>(1, 4096 / std::max<int64_t>(1, C)));
-        });
-      });
-    });
-  });
+                  for (int64_t c = c0; c < c1; ++c) st(dwp, c, float(double(ld(dwp, c)) + acc[size_t(c - c0)]));
+                },
+                64);
+          });
+        }
+        if (dx.empty()) return;
+        visit_all(
+            [&](auto* wp, auto* dxp) {
+              cpu_pool().parallel_for(
+                  R,
+                  [&](int64_t r0, int64_t r1) {
+                    for (int64_t r = r0; r < r1; ++r) {
+                      const int64_t base = r * C;
+                      const double rr = rs[r];
+                      double dot = 0.0;  // sum_i w_i g_i x_i
+                      for (int64_t c = 0; c < C; ++c) dot += double(ld(wp, c) * ld(g, base + c)) * ld(xp, base + c);
+                      const float coef = float(dot * rr * rr * rr / double(C));
+                      const float rf = rs[r];
+                      for (int64_t c = 0; c < C; ++c) {
+                        float v = rf * (ld(wp, c) * ld(g, base + c)) - coef * ld(xp, base + c);
+                        st(dxp, base + c, accumulate ? ld(dxp, base + c) + v : v);
+                      }
+                    }
+                  },
+                  std::max<int64_t>(1, 4096 / std::max<int64_t>(1, C)));
+            },
+            w, dx);
+      },
+      dout, x);
 }
 
 }  // namespace sf::cpu

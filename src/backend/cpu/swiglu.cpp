@@ -14,15 +14,9 @@ constexpr int64_t kGrain = 1 << 14;
 }
 
 void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
-  SF_CHECK_REAL("swiglu_forward", out);
-  SF_CHECK_REAL("swiglu_forward", gate);
-  SF_CHECK_REAL("swiglu_forward", up);
   const int64_t n = gate.numel();  // out, gate, up [R, I]
-  SF_CHECK_NUMEL("swiglu_forward", out, n);
-  SF_CHECK_NUMEL("swiglu_forward", up, n);
-  visit(out, [&](auto* o) {
-    visit(gate, [&](auto* g) {
-      visit(up, [&](auto* u) {
+  visit_all(
+      [&](auto* o, auto* g, auto* u) {
         cpu_pool().parallel_for(
             n,
             [&](int64_t i0, int64_t i1) {
@@ -32,47 +26,31 @@ void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
               }
             },
             kGrain);
-      });
-    });
-  });
+      },
+      out, gate, up);
 }
 
 // With s = sigmoid(g): dsilu/dg = s (1 + g (1 - s)) (PyTorch's silu_backward);
 // dgate = (dout * up) * dsilu/dg, dup = dout * silu(g). Element i is fully read before it is
 // written, so dgate may alias gate and dup may alias up.
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) {
-  SF_CHECK_REAL("swiglu_backward", dgate);
-  SF_CHECK_REAL("swiglu_backward", dup);
-  SF_CHECK_REAL("swiglu_backward", dout);
-  SF_CHECK_REAL("swiglu_backward", gate);
-  SF_CHECK_REAL("swiglu_backward", up);
   const int64_t n = gate.numel();  // all [R, I]
-  SF_CHECK_NUMEL("swiglu_backward", dgate, n);
-  SF_CHECK_NUMEL("swiglu_backward", dup, n);
-  SF_CHECK_NUMEL("swiglu_backward", dout, n);
-  SF_CHECK_NUMEL("swiglu_backward", up, n);
-  visit(dgate, [&](auto* dg) {
-    visit(dup, [&](auto* du) {
-      visit(dout, [&](auto* d) {
-        visit(gate, [&](auto* g) {
-          visit(up, [&](auto* u) {
-            cpu_pool().parallel_for(
-                n,
-                [&](int64_t i0, int64_t i1) {
-                  for (int64_t i = i0; i < i1; ++i) {
-                    const float gv = ld(g, i), uv = ld(u, i), dv = ld(d, i);
-                    const float e1 = 1.f + std::exp(-gv);
-                    const float sig = 1.f / e1, silu = gv / e1;
-                    st(dg, i, (dv * uv) * (sig * (1.f + gv * (1.f - sig))));
-                    st(du, i, dv * silu);
-                  }
-                },
-                kGrain);
-          });
-        });
-      });
-    });
-  });
+  visit_all(
+      [&](auto* dg, auto* du, auto* d, auto* g, auto* u) {
+        cpu_pool().parallel_for(
+            n,
+            [&](int64_t i0, int64_t i1) {
+              for (int64_t i = i0; i < i1; ++i) {
+                const float gv = ld(g, i), uv = ld(u, i), dv = ld(d, i);
+                const float e1 = 1.f + std::exp(-gv);
+                const float sig = 1.f / e1, silu = gv / e1;
+                st(dg, i, (dv * uv) * (sig * (1.f + gv * (1.f - sig))));
+                st(du, i, dv * silu);
+              }
+            },
+            kGrain);
+      },
+      dgate, dup, dout, gate, up);
 }
 
 }  // namespace sf::cpu

@@ -26,46 +26,38 @@ __device__ __forceinline__ float adam_one(float& p, float g, float& m, float& v,
   return p;
 }
 
-template <int VEC>
-__global__ void adamw_kernel(float* __restrict__ param, DIn grad, float* __restrict__ m, float* __restrict__ v,
-                             DOut copy, int has_copy, int64_t n, AdamConsts c) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nv = n / VEC;
-  for (int64_t i = tid; i < nv; i += stride) {
-    const int64_t o = i * VEC;
-    float p[VEC], g[VEC], mm[VEC], vv[VEC];
-    load_vec<VEC>(param + o, p);
-    ldv<VEC>(grad, o, g);
-    load_vec<VEC>(m + o, mm);
-    load_vec<VEC>(v + o, vv);
+// The functor of for_each (kernel_utils.cuh): N elements from o.
+struct AdamWOp {
+  float* __restrict__ param;
+  DIn grad;
+  float* __restrict__ m;
+  float* __restrict__ v;
+  DOut copy;
+  int has_copy;
+  AdamConsts c;
+  template <int N>
+  __device__ void apply(int64_t o) const {
+    float p[N], g[N], mm[N], vv[N];
+    load_vec<N>(param + o, p);
+    ldv<N>(grad, o, g);
+    load_vec<N>(m + o, mm);
+    load_vec<N>(v + o, vv);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) adam_one(p[k], g[k], mm[k], vv[k], c);
-    store_vec<VEC>(param + o, p);
-    store_vec<VEC>(m + o, mm);
-    store_vec<VEC>(v + o, vv);
-    if (has_copy) stv<VEC>(copy, o, p);
+    for (int k = 0; k < N; ++k) adam_one(p[k], g[k], mm[k], vv[k], c);
+    store_vec<N>(param + o, p);
+    store_vec<N>(m + o, mm);
+    store_vec<N>(v + o, vv);
+    if (has_copy) stv<N>(copy, o, p);
   }
-  for (int64_t i = nv * VEC + tid; i < n; i += stride) {
-    float p = param[i], mm = m[i], vv = v[i];
-    adam_one(p, ld1(grad, i), mm, vv, c);
-    param[i] = p, m[i] = mm, v[i] = vv;
-    if (has_copy) st1(copy, i, p);
-  }
-}
+};
 
 }  // namespace
 
 void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& p, const Launch& L) {
   const int64_t n = param.numel();
-  SF_CUDA_REQUIRE(param.dtype == DType::F32 && m.dtype == DType::F32 && v.dtype == DType::F32,
-                  "cuda adamw: param, m, v must be F32");
-  SF_CUDA_REQUIRE(grad.numel() == n && m.numel() == n && v.numel() == n, "cuda adamw: numel mismatch");
   const bool has_copy = !param_copy.empty();
-  if (has_copy) SF_CUDA_REQUIRE(param_copy.numel() == n, "cuda adamw: param_copy numel mismatch");
   if (n == 0) return;
   AdamConsts c;
-  SF_CUDA_REQUIRE(p.step >= 1, "cuda adamw: step must be >= 1");
   const double bc1 = 1.0 - std::pow(double(p.beta1), double(p.step));
   const double bc2 = 1.0 - std::pow(double(p.beta2), double(p.step));
   c.w1 = float(1.0 - double(p.beta1)), c.b2 = p.beta2, c.c2 = float(1.0 - double(p.beta2)), c.eps = p.eps;
@@ -74,17 +66,10 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
   c.neg_step = float(-(double(p.lr) / bc1));
   c.grad_scale = p.grad_scale;
   DOut copy = has_copy ? dout_(param_copy) : DOut{nullptr, 0};
-  const int threads = 256;
-  const unsigned grid = grid_for((n + 3) / 4, threads, L.num_sms);
   const bool al = aligned16(param.data) && aligned16(grad.data) && aligned16(m.data) && aligned16(v.data) &&
                   (!has_copy || aligned16(param_copy.data));
-  if (al)
-    adamw_kernel<4><<<grid, threads, 0, L.stream>>>(param.ptr<float>(), din(grad), m.ptr<float>(), v.ptr<float>(), copy,
-                                                    has_copy, n, c);
-  else
-    adamw_kernel<1><<<grid, threads, 0, L.stream>>>(param.ptr<float>(), din(grad), m.ptr<float>(), v.ptr<float>(), copy,
-                                                    has_copy, n, c);
-  CUDA_CHECK_LAUNCH();
+  for_each<4>(AdamWOp{param.ptr<float>(), din(grad), m.ptr<float>(), v.ptr<float>(), copy, has_copy ? 1 : 0, c}, n, al,
+              L);
 }
 
 }  // namespace sf::cuda

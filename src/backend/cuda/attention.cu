@@ -835,13 +835,10 @@ __global__ void attn_bwd_dkdv_simple_kernel(DOut dk, DOut dv, DIn dout, DIn q, D
   }
 }
 
-void check_dims(const AttnDims& d) {
-  SF_CUDA_REQUIRE(d.B > 0 && d.T > 0 && d.n_head > 0 && d.n_kv_head > 0 && d.head_dim > 0,
-                  "cuda attention: empty dims");
-  SF_CUDA_REQUIRE(d.n_head % d.n_kv_head == 0, "cuda attention: n_head % n_kv_head != 0");
-  SF_CUDA_REQUIRE(d.head_dim <= 32 * kMaxD, "cuda attention: head_dim > 256");
-  SF_CUDA_REQUIRE(d.pos.empty() || (d.pos.dtype == DType::I32 && d.pos.numel() == int64_t(d.B) * d.T),
-                  "cuda attention: pos must be I32 [B*T]");
+// The kernels' own limit (the rest of the arguments: ops_check.h).
+void check_head_dim(const char* op, const AttnDims& d) {
+  SF_CHECK(d.head_dim <= 32 * kMaxD, std::string(op) + ": head_dim = " + std::to_string(d.head_dim) +
+                                         ", the cuda kernels take at most " + std::to_string(32 * kMaxD));
 }
 
 bool all_bf16(std::initializer_list<const Tensor*> ts) {
@@ -867,14 +864,8 @@ size_t attention_workspace_bytes(const AttnDims& d) {
 }
 
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
-  check_dims(d);
+  check_head_dim("attention_forward", d);
   const int64_t rows = int64_t(d.B) * d.T;
-  SF_CUDA_REQUIRE(q.numel() == rows * d.n_head * d.head_dim && out.numel() == q.numel(),
-                  "cuda attention_forward: q/out must be [B*T, n_head*head_dim]");
-  SF_CUDA_REQUIRE(k.numel() == rows * d.n_kv_head * d.head_dim && v.numel() == k.numel(),
-                  "cuda attention_forward: k/v must be [B*T, n_kv_head*head_dim]");
-  SF_CUDA_REQUIRE(lse.empty() || (lse.dtype == DType::F32 && lse.numel() == rows * d.n_head),
-                  "cuda attention_forward: lse must be F32 [B, n_head, T]");
   const bool flash = !g_force_simple && (d.head_dim == 64 || d.head_dim == 128) && all_bf16({&out, &q, &k, &v});
   if (flash) {
     if (d.head_dim == 64)
@@ -892,18 +883,9 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                         Tensor lse, const AttnDims& d, Tensor ws, const Launch& L) {
-  check_dims(d);
+  check_head_dim("attention_backward", d);
   const int64_t rows = int64_t(d.B) * d.T;
-  const int64_t nq = rows * d.n_head * d.head_dim, nk = rows * d.n_kv_head * d.head_dim;
-  SF_CUDA_REQUIRE(q.numel() == nq && dq.numel() == nq && dout.numel() == nq && out.numel() == nq,
-                  "cuda attention_backward: q/dq/dout/out must be [B*T, n_head*head_dim]");
-  SF_CUDA_REQUIRE(k.numel() == nk && v.numel() == nk && dk.numel() == nk && dv.numel() == nk,
-                  "cuda attention_backward: k/v/dk/dv must be [B*T, n_kv_head*head_dim]");
-  SF_CUDA_REQUIRE(lse.dtype == DType::F32 && lse.numel() == rows * d.n_head,
-                  "cuda attention_backward: lse must be F32 [B, n_head, T]");
-  const size_t need = attention_workspace_bytes(d);
-  SF_CUDA_REQUIRE(ws.data != nullptr && ws.bytes() >= need,
-                  "cuda attention_backward: workspace too small (need " + std::to_string(need) + " bytes)");
+  const int64_t nq = rows * d.n_head * d.head_dim;  // ws holds attention_workspace_bytes(d) (ops_check.h)
   float* dq_acc = static_cast<float*>(ws.data);
   float* D = reinterpret_cast<float*>(static_cast<char*>(ws.data) + round256(size_t(nq) * 4));
   {

@@ -6,13 +6,13 @@
 namespace sf::cuda {
 namespace {
 
-template <int VEC>
-__global__ void add_bias_kernel(DOut out, DIn bias, int64_t M, int64_t N) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nv = M * N / VEC;  // VEC divides N
-  for (int64_t i = tid; i < nv; i += stride) {
-    const int64_t e = i * VEC;
+// The functor of for_each (kernel_utils.cuh): N elements from e, within one row (N divides cols).
+struct AddBiasOp {
+  DOut out;
+  DIn bias;
+  int64_t N;  // columns
+  template <int VEC>
+  __device__ void apply(int64_t e) const {
     const int64_t c = e % N;
     float x[VEC], b[VEC];
     ldv<VEC>(out, e, x);
@@ -21,7 +21,7 @@ __global__ void add_bias_kernel(DOut out, DIn bias, int64_t M, int64_t N) {
     for (int k = 0; k < VEC; ++k) x[k] += b[k];
     stv<VEC>(out, e, x);
   }
-}
+};
 
 // partial[blockIdx.y][c] = sum of dout[r][c] over the rows r of this block's row slice.
 // block (32, 8): threadIdx.x picks the column inside a 32-column strip, threadIdx.y the row lane.
@@ -68,14 +68,12 @@ __global__ void colsum_kernel(DOut dst, const float* __restrict__ partial, int P
 
 void add_bias(Tensor out, Tensor bias, const Launch& L) {
   const int64_t N = out.cols(), M = out.rows();
-  SF_CUDA_REQUIRE(bias.numel() == N, "cuda add_bias: bias numel != cols of out");
   if (M * N == 0) return;
-  const int threads = 256;
+  const AddBiasOp op{dout_(out), din(bias), N};
   if (N % 8 == 0 && aligned16(out.data) && aligned16(bias.data))
-    add_bias_kernel<8><<<grid_for(M * N / 8, threads, L.num_sms), threads, 0, L.stream>>>(dout_(out), din(bias), M, N);
+    launch_for_each<8>(op, M * N, M * N / 8, L);  // 8 divides N: packs never cross a row, no tail
   else
-    add_bias_kernel<1><<<grid_for(M * N, threads, L.num_sms), threads, 0, L.stream>>>(dout_(out), din(bias), M, N);
-  CUDA_CHECK_LAUNCH();
+    launch_for_each<1>(op, M * N, M * N, L);
 }
 
 void colsum_accumulate(Tensor dst, const float* partial, int P, int64_t C, const Launch& L) {
@@ -85,11 +83,10 @@ void colsum_accumulate(Tensor dst, const float* partial, int P, int64_t C, const
 
 void bias_backward(Tensor dbias, Tensor dout, const Launch& L) {
   const int64_t N = dout.cols(), M = dout.rows();
-  SF_CUDA_REQUIRE(dbias.numel() == N, "cuda bias_backward: dbias numel != cols of dout");
   if (M * N == 0) return;
   const int64_t strips = (N + 31) / 32;
   const int64_t max_p = int64_t(L.scratch->buf_bytes / (sizeof(float) * size_t(N)));
-  SF_CUDA_REQUIRE(max_p >= 1, "cuda bias_backward: N too large for the kernel scratch");
+  SF_CHECK(max_p >= 1, "bias_backward: N = " + std::to_string(N) + " is too large for the cuda kernel's scratch");
   int64_t P = std::max<int64_t>(1, (4 * L.num_sms + strips - 1) / strips);
   P = std::min({P, (M + 7) / 8, max_p, int64_t(65535)});
   float* partial = static_cast<float*>(L.scratch->buf);

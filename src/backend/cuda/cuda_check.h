@@ -1,10 +1,12 @@
-// Private to the cuda backend: error checking for every CUDA / cuBLAS call, with file:line.
+// Private to the cuda backend: status checking for every CUDA / cuBLAS call, with file:line.
 // Usable from host C++ (.cpp) and CUDA (.cu) files alike.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <string>
+
+#include "core/error.h"
 
 namespace sf::cuda {
 
@@ -13,27 +15,21 @@ namespace sf::cuda {
 
 }  // namespace sf::cuda
 
-#define CUDA_CHECK(expr)                                                                             \
-  do {                                                                                               \
-    cudaError_t sf_err_ = (expr);                                                                    \
-    if (sf_err_ != cudaSuccess)                                                                      \
-      ::sf::cuda::fail(__FILE__, __LINE__, #expr,                                                    \
-                       std::string(cudaGetErrorName(sf_err_)) + ": " + cudaGetErrorString(sf_err_)); \
+// One status check: `expr` gives a status of type `type`; anything but `ok` fails with the status's
+// name and description (`name_fn`, `string_fn`).
+#define SF_API_CHECK(expr, type, ok, name_fn, string_fn)                                                            \
+  do {                                                                                                              \
+    type sf_status_ = (expr);                                                                                       \
+    if (sf_status_ != (ok))                                                                                         \
+      ::sf::cuda::fail(__FILE__, __LINE__, #expr, std::string(name_fn(sf_status_)) + ": " + string_fn(sf_status_)); \
   } while (0)
 
-#define CUBLAS_CHECK(expr)                                                                               \
-  do {                                                                                                   \
-    cublasStatus_t sf_st_ = (expr);                                                                      \
-    if (sf_st_ != CUBLAS_STATUS_SUCCESS)                                                                 \
-      ::sf::cuda::fail(__FILE__, __LINE__, #expr,                                                        \
-                       std::string(cublasGetStatusName(sf_st_)) + ": " + cublasGetStatusString(sf_st_)); \
-  } while (0)
+#define CUDA_CHECK(expr) SF_API_CHECK(expr, cudaError_t, cudaSuccess, cudaGetErrorName, cudaGetErrorString)
+#define CUBLAS_CHECK(expr) \
+  SF_API_CHECK(expr, cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusName, cublasGetStatusString)
 
 // After every kernel launch: launch-configuration errors surface here, at the launch site.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
-// Argument checks of the kernel table (shape / dtype mismatches are programming errors).
-#define SF_CUDA_REQUIRE(cond, msg)                                   \
-  do {                                                               \
-    if (!(cond)) ::sf::cuda::fail(__FILE__, __LINE__, #cond, (msg)); \
-  } while (0)
+// Argument checks are not here: the front of the kernel table (backend/ops_check.h) checks what
+// ops.h documents, and the kernels check their own limits with SF_CHECK (core/error.h).

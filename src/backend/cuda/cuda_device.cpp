@@ -22,6 +22,7 @@
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/sq_norm.cuh"
 #include "backend/cuda/swiglu.cuh"
+#include "backend/ops_check.h"
 #include "core/align.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -250,6 +251,7 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     gpu_name_ = prop.name;
     ops_ = std::make_unique<CudaOps>(prop.multiProcessorCount);  // creates the cuBLASLt handle first
+    checked_ = std::make_unique<CheckedOps>(*ops_);
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (arena_bytes == 0) arena_bytes = size_t(double(free_b) * 0.9) / 256 * 256;
@@ -260,6 +262,7 @@ class CudaDevice final : public Device {
   }
   ~CudaDevice() override {
     cudaDeviceSynchronize();
+    checked_.reset();
     ops_.reset();
   }
 
@@ -321,11 +324,12 @@ class CudaDevice final : public Device {
     if (r != cudaSuccess) delete ctx;
     CUDA_CHECK(r);
   }
-  Ops& ops() override { return *ops_; }
+  Ops& ops() override { return *checked_; }
 
  private:
   std::string gpu_name_;
   std::unique_ptr<CudaOps> ops_;
+  std::unique_ptr<CheckedOps> checked_;  // the front every caller gets (ops_check.h)
   std::shared_ptr<Arena> arena_;
 };
 

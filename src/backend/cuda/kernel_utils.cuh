@@ -25,14 +25,9 @@ struct DOut {
   int bf;
 };
 
-inline DIn din(const Tensor& t) {
-  SF_CUDA_REQUIRE(is_float_dt(t.dtype), std::string("expected F32 or BF16, got ") + dt_name(t.dtype));
-  return DIn{t.data, t.dtype == DType::BF16 ? 1 : 0};
-}
-inline DOut dout_(const Tensor& t) {
-  SF_CUDA_REQUIRE(is_float_dt(t.dtype), std::string("expected F32 or BF16, got ") + dt_name(t.dtype));
-  return DOut{t.data, t.dtype == DType::BF16 ? 1 : 0};
-}
+// Of a F32 or BF16 tensor (the front of the kernel table, backend/ops_check.h, checked the dtype).
+inline DIn din(const Tensor& t) { return DIn{t.data, t.dtype == DType::BF16 ? 1 : 0}; }
+inline DOut dout_(const Tensor& t) { return DOut{t.data, t.dtype == DType::BF16 ? 1 : 0}; }
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -62,30 +57,39 @@ __device__ __forceinline__ void load_vec(const float* p, float (&v)[N]) {
     for (int i = 0; i < N; ++i) v[i] = p[i];
   }
 }
+// bf16 through packs of type P (uint4: 8 elements, uint2: 4), as __nv_bfloat162 pairs.
+template <class P, int N>
+__device__ __forceinline__ void load_bf16_packs(const bf16_t* p, float (&v)[N]) {
+  constexpr int E = int(sizeof(P)) / 2;  // elements a pack
+#pragma unroll
+  for (int i = 0; i < N / E; ++i) {
+    P x = reinterpret_cast<const P*>(p)[i];
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x);
+#pragma unroll
+    for (int j = 0; j < E / 2; ++j) {
+      float2 f = __bfloat1622float2(h[j]);
+      v[E * i + 2 * j] = f.x, v[E * i + 2 * j + 1] = f.y;
+    }
+  }
+}
+template <class P, int N>
+__device__ __forceinline__ void store_bf16_packs(bf16_t* p, const float (&v)[N]) {
+  constexpr int E = int(sizeof(P)) / 2;
+#pragma unroll
+  for (int i = 0; i < N / E; ++i) {
+    P x;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&x);
+#pragma unroll
+    for (int j = 0; j < E / 2; ++j) h[j] = __floats2bfloat162_rn(v[E * i + 2 * j], v[E * i + 2 * j + 1]);
+    reinterpret_cast<P*>(p)[i] = x;
+  }
+}
 template <int N>
 __device__ __forceinline__ void load_vec(const bf16_t* p, float (&v)[N]) {
   if constexpr (N % 8 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 8; ++i) {
-      uint4 x = reinterpret_cast<const uint4*>(p)[i];
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float2 f = __bfloat1622float2(h[j]);
-        v[8 * i + 2 * j] = f.x, v[8 * i + 2 * j + 1] = f.y;
-      }
-    }
+    load_bf16_packs<uint4>(p, v);
   } else if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      uint2 x = reinterpret_cast<const uint2*>(p)[i];
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float2 f = __bfloat1622float2(h[j]);
-        v[4 * i + 2 * j] = f.x, v[4 * i + 2 * j + 1] = f.y;
-      }
-    }
+    load_bf16_packs<uint2>(p, v);
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] = __bfloat162float(p[i]);
@@ -105,23 +109,9 @@ __device__ __forceinline__ void store_vec(float* p, const float (&v)[N]) {
 template <int N>
 __device__ __forceinline__ void store_vec(bf16_t* p, const float (&v)[N]) {
   if constexpr (N % 8 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 8; ++i) {
-      uint4 x;
-      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&x);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) h[j] = __floats2bfloat162_rn(v[8 * i + 2 * j], v[8 * i + 2 * j + 1]);
-      reinterpret_cast<uint4*>(p)[i] = x;
-    }
+    store_bf16_packs<uint4>(p, v);
   } else if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      uint2 x;
-      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&x);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) h[j] = __floats2bfloat162_rn(v[4 * i + 2 * j], v[4 * i + 2 * j + 1]);
-      reinterpret_cast<uint2*>(p)[i] = x;
-    }
+    store_bf16_packs<uint2>(p, v);
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) p[i] = __float2bfloat16_rn(v[i]);
@@ -187,6 +177,83 @@ inline unsigned grid_for(int64_t n, int threads, int num_sms, int per_sm = 16) {
   if (b > cap) b = cap;
   if (b < 1) b = 1;
   return unsigned(b);
+}
+
+// ---- element-wise grid-stride loops --------------------------------------------------------
+// `Op` is a functor (a struct of DIn / DOut / scalars; nvcc here has no extended lambdas) with
+//   template <int N> __device__ void apply(int64_t i) const;
+// which does elements [i, i + N). The kernel walks [0, n): packs of VEC elements (pack k starts at
+// k * VEC, so its pointers stay 16-byte aligned when the tensors are), then the n % VEC elements
+// of the tail one at a time, each loop striding over the whole grid.
+template <int VEC, class Op>
+__global__ void for_each_kernel(Op op, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nv = n / VEC;
+  for (int64_t i = tid; i < nv; i += stride) op.template apply<VEC>(i * VEC);
+  for (int64_t i = nv * VEC + tid; i < n; i += stride) op.template apply<1>(i);
+}
+
+// Launches for_each_kernel<VEC> over n elements on L.stream with a grid sized for `items` work
+// items of `threads` threads (grid_for: at most 16 blocks an SM).
+template <int VEC, class Op>
+void launch_for_each(const Op& op, int64_t n, int64_t items, const Launch& L, int threads = 256) {
+  if (n == 0) return;
+  for_each_kernel<VEC><<<grid_for(items, threads, L.num_sms), threads, 0, L.stream>>>(op, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Plain maps, the usual Op of for_each: out = f(a), x = f(x) and out = f(a, b) element by element, with f a
+// device functor on fp32 values (math in fp32, storage F32 or BF16 as DIn / DOut say).
+template <class F>
+struct Map1 {
+  DOut out;
+  DIn a;
+  F f;
+  template <int N>
+  __device__ void apply(int64_t i) const {
+    float v[N];
+    ldv<N>(a, i, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = f(v[k]);
+    stv<N>(out, i, v);
+  }
+};
+// x = f(x) in place: a Map1 whose input is x itself.
+template <class F>
+struct Update {
+  DOut x;
+  F f;
+  template <int N>
+  __device__ void apply(int64_t i) const {
+    Map1<F>{x, DIn{x.p, x.bf}, f}.template apply<N>(i);
+  }
+};
+template <class F>
+struct Map2 {
+  DOut out;
+  DIn a, b;
+  F f;
+  template <int N>
+  __device__ void apply(int64_t i) const {
+    float x[N], y[N];
+    ldv<N>(a, i, x);
+    ldv<N>(b, i, y);
+#pragma unroll
+    for (int k = 0; k < N; ++k) x[k] = f(x[k], y[k]);
+    stv<N>(out, i, x);
+  }
+};
+
+// Runs op over n elements: VEC at a time when `vec` (the caller checked the alignment), else one
+// at a time; either way on the grid of ceil(n / VEC) work items.
+template <int VEC, class Op>
+void for_each(const Op& op, int64_t n, bool vec, const Launch& L, int threads = 256) {
+  const int64_t items = (n + VEC - 1) / VEC;
+  if (vec)
+    launch_for_each<VEC>(op, n, items, L, threads);
+  else
+    launch_for_each<1>(op, n, items, L, threads);
 }
 
 // ---- tensor-core / async-copy PTX (sm_80+) -------------------------------------------------

@@ -152,27 +152,25 @@ size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) {
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
                           Tensor ws, const Launch& L) {
   const int64_t N = x.rows(), H = x.cols(), V = w.rows();
-  SF_CUDA_REQUIRE(w.cols() == H, "cuda linear_cross_entropy: w must be [V, H]");
-  SF_CUDA_REQUIRE(labels.dtype == DType::I32 && labels.numel() == N, "cuda linear_cross_entropy: labels [N] I32");
-  SF_CUDA_REQUIRE(loss_sum.dtype == DType::F32 && loss_sum.numel() >= 1, "cuda linear_cross_entropy: loss_sum F32");
-  SF_CUDA_REQUIRE(x.dtype == w.dtype && is_float_dt(x.dtype), "cuda linear_cross_entropy: x, w same dtype");
-  SF_CUDA_REQUIRE(dx.empty() || dx.numel() == N * H, "cuda linear_cross_entropy: dx must be [N, H]");
-  SF_CUDA_REQUIRE(dw.empty() || dw.numel() == V * H, "cuda linear_cross_entropy: dw must be [V, H]");
+  // The arguments and the workspace size as ops_check.h checks them; the dtype mixes below are this
+  // kernel's own limits (its gemms are cuBLASLt's, see matmul.cu).
+  SF_CHECK(x.dtype == w.dtype, std::string("linear_cross_entropy: the cuda kernel needs x and w of one dtype, got ") +
+                                   dt_name(x.dtype) + " and " + dt_name(w.dtype));
   if (x.dtype == DType::F32) {
-    SF_CUDA_REQUIRE(dx.empty() || dx.dtype == DType::F32, "cuda linear_cross_entropy: F32 x needs F32 dx");
-    SF_CUDA_REQUIRE(dw.empty() || dw.dtype == DType::F32, "cuda linear_cross_entropy: F32 x needs F32 dw");
+    SF_CHECK(dx.empty() || dx.dtype == DType::F32,
+             "linear_cross_entropy: the cuda kernel needs an F32 dx for an F32 x");
+    SF_CHECK(dw.empty() || dw.dtype == DType::F32,
+             "linear_cross_entropy: the cuda kernel needs an F32 dw for an F32 x");
   }
   if (N == 0) return;
-  const size_t need = linear_ce_workspace_bytes(N, H, V);
-  SF_CUDA_REQUIRE(ws.data != nullptr && ws.bytes() >= need,
-                  "cuda linear_cross_entropy: workspace too small (need " + std::to_string(need) + " bytes)");
   float* logits = static_cast<float*>(ws.data);
   // Per-row losses of a chunk [nc] F32: in the stream's kernel scratch, so ws is only the logits.
   float* row_loss = static_cast<float*>(L.scratch->buf);
   const bool bf = x.dtype == DType::BF16;
   const bool want_grad = !dx.empty() || !dw.empty();
   const int64_t nc_max = linear_ce_chunk_rows(N, V);
-  SF_CUDA_REQUIRE(size_t(nc_max) * 4 <= L.scratch->buf_bytes, "cuda linear_cross_entropy: chunk too large");
+  SF_CHECK(size_t(nc_max) * 4 <= L.scratch->buf_bytes,
+           "linear_cross_entropy: a chunk of " + std::to_string(nc_max) + " rows overflows the cuda kernel's scratch");
   const size_t xe = dtype_size(x.dtype);
   for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
     const int64_t nc = std::min(nc_max, N - n0);
