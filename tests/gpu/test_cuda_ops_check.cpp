@@ -21,7 +21,8 @@ TEST(CudaOpsCheck, CudaDeviceRefusesEveryBadCall) {
 // before anything is launched.
 TEST(CudaOpsCheck, CudaOwnLimitsAreRefused) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
-  auto dev = make_cuda_device(size_t(64) << 20);
+  // 256 MiB: a stream's 64 MiB of scratch (cuBLASLt workspace, kernel scratch) is taken at its first op.
+  auto dev = make_cuda_device(size_t(256) << 20);
   auto s = dev->create_stream();
   char* base = static_cast<char*>(dev->alloc(size_t(1) << 20));
   auto at = [base](int slot, DType t, std::initializer_list<int64_t> dims) {
