@@ -14,6 +14,7 @@
 #include <random>
 #include <sstream>
 
+#include "backend/device.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "io/checkpoint.h"
@@ -219,7 +220,8 @@ TEST_F(Cli, Bf16ComputeOnCpuIsCloseToFp32) {
   expect_close_tensors(SafetensorsFile::open(p("gf.safetensors")), SafetensorsFile::open(p("gb.safetensors")), 5e-2);
   CmdResult tr = run("train " + common + " --compute-dtype bf16 --steps 2 --lr 1e-3 --output " + p("out"));
   EXPECT_EQ(tr.code, 0) << tr.err;
-  expect_input_error(run("eval " + common + " --compute-dtype fp8"), "fp8");
+  expect_input_error(run("eval " + common + " --compute-dtype fp8"),
+                     "slideformer: --compute-dtype: unknown compute dtype 'fp8' (expected fp32 or bf16)");
 }
 
 // --offload (the sliding engine) gives the same loss and trained weights as the in-memory engine
@@ -265,8 +267,9 @@ TEST_F(Cli, OffloadMatchesInMemory) {
     ASSERT_EQ(u.code, 0) << u.err;
     EXPECT_TRUE(same_weights(p("ua"), p("ub"))) << clip;
   }
-  expect_input_error(run("eval " + common + " --offload --slots 1"), "--slots");
-  expect_input_error(run("eval " + common + " --offload --gpu-blobs 99"), "--gpu-blobs");
+  expect_input_error(run("eval " + common + " --offload --slots 1"),
+                     "slideformer: --slots: the sliding engine needs at least 2 GPU parameter slots");
+  expect_input_error(run("eval " + common + " --offload --gpu-blobs 99"), "slideformer: --gpu-blobs: the model has ");
 }
 
 TEST_F(Cli, ShardedOutputAndSaveEvery) {
@@ -423,6 +426,9 @@ TEST_F(Cli, PlanAndRefusalWhenItDoesNotFit) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(r.last()["fits"].get<bool>());
   EXPECT_NE(r.last()["why"].get<std::string>().find("host memory"), std::string::npos);
+  EXPECT_NE(r.last()["why"].get<std::string>().find(" available (--cpu-memory)"), std::string::npos);
+  EXPECT_NE(r.err.find("DOES NOT FIT: needs "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" available (--cpu-memory)"), std::string::npos) << r.err;
 
   r = run(train_cmd(model, data, p("out")) + " --steps 1 --lr 1e-3 --device cpu --cpu-memory 64KiB");
   expect_input_error(r, "host memory");
@@ -431,6 +437,30 @@ TEST_F(Cli, PlanAndRefusalWhenItDoesNotFit) {
   expect_input_error(run("plan --device cpu"), "--model");
   expect_input_error(run("plan --model " + model + " --device cpu --gpu-memory lots"), "--gpu-memory");
   expect_input_error(run(eval_cmd(model, data) + " --device cpu --offload --no-offload"), "--offload");
+}
+
+// The lower layers name settings as data; the CLI names the options in the line the user reads.
+TEST_F(Cli, RefusalsNameTheOptions) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 6);
+  expect_input_error(run(eval_cmd(model, data) + " --seq-len 16 --device tpu"),
+                     "slideformer: --device: unknown device 'tpu' (expected cpu, cuda or auto)");
+  if (!cuda_available()) {
+    CmdResult r = run(eval_cmd(model, data) + " --seq-len 16 --device cuda");
+    expect_input_error(r, "slideformer: --device cuda: ");
+  }
+  // The in-memory engine forced and too little host memory: the plan's numbers and both options.
+  CmdResult r = run(eval_cmd(model, data) + " --seq-len 16 --device cpu --no-offload --cpu-memory 64KiB");
+  expect_input_error(r, "slideformer: plan: the resident engine needs ");
+  expect_input_error(r, " available (--cpu-memory) (try --offload); `slideformer plan` lists every buffer");
+  // A sliding-window model: the window and the option's largest value.
+  json cfg = test::tiny_config("mistral");
+  cfg["sliding_window"] = 16;
+  const std::string c = write("sw.json", cfg.dump());
+  expect_input_error(run("plan --config " + c + " --device cpu --seq-len 32"),
+                     "slideformer: " + c +
+                         ": the model uses sliding-window attention (window 16) shorter than --seq-len 32; sliding "
+                         "windows are not supported: use --seq-len <= 16");
 }
 
 // `slideformer train CONFIG.yaml key=value`: the same run as the options on the command line;
@@ -581,6 +611,9 @@ TEST_F(Cli, OutputRefusesDirectoriesItDidNotWrite) {
   const std::string cfg = write("cfg.json", test::tiny_config("llama").dump());
   expect_input_error(run(train_cmd(model, data, proj) + " --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
                      proj + ": exists and holds");
+  expect_input_error(run(train_cmd(model, data, proj) + " --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
+                     "which slideformer did not write; refusing to replace it (choose a new or empty --output "
+                     "directory)");
   expect_input_error(run("init --config " + cfg + " --output " + proj + "/"), "did not write");
   expect_input_error(run("demo --steps 1 --output " + proj), "did not write");
   expect_input_error(run(train_cmd(model, data, model) + "/config.json --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),

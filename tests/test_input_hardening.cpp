@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "cli/config_file.h"
+#include "cli/option_names.h"
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "data/dataset.h"
@@ -168,7 +169,7 @@ TEST(InputHardening, LineReaderStopsAtTheLimitWithoutBufferingMore) {
     std::ofstream f(d.file("a.txt"));
     f << "one\n\ntwo\n" << std::string(5000, 'x') << "\nlast";
   }
-  LineReader r(d.file("a.txt"), 4096, "raise it with --opt");
+  LineReader r(d.file("a.txt"), 4096, Setting::MaxRecordBytes);
   std::string line;
   ASSERT_TRUE(r.next(line));
   EXPECT_EQ(line, "one");
@@ -176,7 +177,9 @@ TEST(InputHardening, LineReaderStopsAtTheLimitWithoutBufferingMore) {
   EXPECT_EQ(line, "");
   ASSERT_TRUE(r.next(line));
   EXPECT_EQ(line, "two");
-  expect_input_error([&] { r.next(line); }, {"a.txt:4: line longer than the limit of 4096 bytes", "--opt"});
+  const InputError e = test::expect_setting_error([&] { r.next(line); }, Setting::MaxRecordBytes);
+  EXPECT_NE(std::string(e.what()).find("a.txt:4: line longer than the limit of 4096 bytes"), std::string::npos);
+  EXPECT_NE(e.message(option_name).find("4096 bytes (raise it with --max-record-bytes)"), std::string::npos);
   LineReader z("/dev/zero", 1 << 20);
   expect_input_error([&] { z.next(line); }, {"/dev/zero:1: line longer"});
   LineReader t(d.file("a.txt"), 1 << 20);
@@ -379,10 +382,10 @@ TEST_F(Hostile, JsonlLinesAreBounded) {
   // A record over the limit (lowered with the option so the test stays small), then within it.
   const std::string rec = "{\"input_ids\": [1, 2" + std::string(2000, ' ') + "]}\n";
   expect_refused(run("eval --model " + m + " --data " + write("big.jsonl", rec) + " --max-record-bytes 1KiB"),
-                 {"big.jsonl:1: line longer than the limit of 1024 bytes", "--max-record-bytes"});
+                 {"big.jsonl:1: line longer than the limit of 1024 bytes (raise it with --max-record-bytes)"});
   EXPECT_EQ(run("eval --model " + m + " --data " + p("big.jsonl") + " --max-record-bytes 4KiB").code, 0);
   expect_refused(run("eval --model " + m + " --data " + p("big.jsonl") + " --max-record-bytes 0"),
-                 {"--max-record-bytes"});
+                 {"--max-record-bytes: 0 is out of range [1, "});
   // /dev/zero never ends a line: stopped at the default limit (64 MiB), quickly.
   const auto t0 = std::chrono::steady_clock::now();
   expect_refused(run("eval --model " + m + " --data /dev/zero"), {"/dev/zero:1: line longer than the limit"});

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_device.h"
 #include "backend/cpu/kernels.h"
+#include "cli/option_names.h"
 #include "data/dataset.h"
 #include "data/pack.h"
 #include "engine/resident_engine.h"
@@ -158,7 +159,10 @@ TEST(Pack, RowPackerResumesAcrossWindowsAndEpochs) {
   }
   // A position past the window's rows (a checkpoint of other data or --seq-len) is an input error.
   RecordOrder o4(ds.records.size(), true, 7);
-  test::expect_input_error([&] { RowPacker(ds, o4, seq, 0, 100000); }, {"--resume", "packing position"});
+  const InputError e = test::expect_setting_error([&] { RowPacker(ds, o4, seq, 0, 100000); }, Setting::Resume);
+  EXPECT_NE(std::string(e.what()).find("packing position"), std::string::npos) << e.what();
+  EXPECT_NE(e.message(option_name).find("--resume: the checkpoint's packing position"), std::string::npos);
+  EXPECT_NE(e.message(option_name).find("does not fit this data and --seq-len"), std::string::npos);
 }
 
 TEST(Pack, PackedBatchLayout) {

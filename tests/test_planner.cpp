@@ -5,11 +5,13 @@
 #include <tuple>
 
 #include "backend/device.h"
+#include "cli/option_names.h"
 #include "core/error.h"
 #include "engine/planner.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
 #include "model_fixtures.h"
+#include "test_util.h"
 
 namespace sf {
 namespace {
@@ -91,6 +93,35 @@ TEST(Planner, MemoryMatchesTheEngines) {
   }
 }
 
+// Requests the planner refuses name the setting as data (the CLI names the option).
+TEST(Planner, RefusalsNameTheSetting) {
+  const ModelSpec spec = llama_1b();
+  const BackendInfo be = gpu_like();
+  PlanRequest r;
+  r.batch = 1;
+  r.seq = 16;
+  auto refused = [&](PlanRequest bad, Setting s) {
+    const InputError e = test::expect_setting_error([&] { make_plan(spec, bad, be); }, s);
+    EXPECT_EQ(std::string(e.what()).find("--"), std::string::npos) << e.what();
+  };
+  PlanRequest b = r;
+  b.batch = 0;
+  refused(b, Setting::BatchSize);
+  b = r;
+  b.seq = -1;
+  refused(b, Setting::SeqLen);
+  b = r;
+  b.grad_accum = 0;
+  refused(b, Setting::GradAccum);
+  b = r;
+  b.slots = 1;
+  refused(b, Setting::Slots);
+  b = r;
+  b.gpu_blobs = 1000;
+  refused(b, Setting::GpuBlobs);
+  test::expect_setting_error([] { backend_info("tpu"); }, Setting::Device);
+}
+
 // A 1B-shaped model on a made-up GPU: resident when it fits, the sliding engine when it does
 // not, refused with the numbers when even that does not fit.
 TEST(Planner, ChoosesTheEngineByTheBudgets) {
@@ -133,7 +164,10 @@ TEST(Planner, ChoosesTheEngineByTheBudgets) {
   p = make_plan(spec, r, be);
   EXPECT_FALSE(p.fits);
   EXPECT_EQ(p.short_of.memory, Shortfall::Memory::Gpu) << p.why();
+  EXPECT_TRUE(p.short_of.setting() == Setting::GpuMemory);
   EXPECT_NE(p.why().find("GPU memory"), std::string::npos) << p.why();
+  EXPECT_EQ(p.why().find("--"), std::string::npos) << p.why();  // the CLI names the option
+  EXPECT_NE(p.why(option_name).find("available (--gpu-memory)"), std::string::npos) << p.why(option_name);
 
   // Little host memory: the blobs move to the GPU until the host part fits.
   r.gpu_budget = size_t(80) << 30;
@@ -147,7 +181,9 @@ TEST(Planner, ChoosesTheEngineByTheBudgets) {
   p = make_plan(spec, r, be);
   EXPECT_FALSE(p.fits);
   EXPECT_EQ(p.short_of.memory, Shortfall::Memory::Host) << p.why();
+  EXPECT_TRUE(p.short_of.setting() == Setting::HostMemory);
   EXPECT_NE(p.why().find("host memory"), std::string::npos) << p.why();
+  EXPECT_NE(p.why(option_name).find("available (--cpu-memory)"), std::string::npos) << p.why(option_name);
   r.gpu_blobs = -1;
 
   r.offload = OffloadChoice::Off;

@@ -3,11 +3,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/option_names.h"
 #include "core/error.h"
 #include "model/layout.h"
 #include "model/rope.h"
 #include "model/spec.h"
 #include "model_fixtures.h"
+#include "test_util.h"
 
 namespace sf {
 namespace {
@@ -113,7 +115,13 @@ TEST(Spec, SlidingWindowShorterThanSequenceIsRefused) {
   c["sliding_window"] = 16;
   ModelSpec s = parse_model_spec(c, "c.json");
   EXPECT_NO_THROW(s.check_seq_len(16, "c.json"));
-  EXPECT_THROW(s.check_seq_len(17, "c.json"), InputError);
+  const InputError e = test::expect_setting_error([&] { s.check_seq_len(17, "c.json"); }, Setting::SeqLen);
+  EXPECT_EQ(std::string(e.what()),
+            "c.json: the model uses sliding-window attention (window 16) shorter than sequence length 17; sliding "
+            "windows are not supported: use sequence length <= 16");
+  EXPECT_EQ(e.message(option_name),
+            "c.json: the model uses sliding-window attention (window 16) shorter than --seq-len 17; sliding windows "
+            "are not supported: use --seq-len <= 16");
   json q = test::tiny_config("qwen2");
   q["use_sliding_window"] = true;
   q["max_window_layers"] = 1;

@@ -107,6 +107,18 @@ inline std::string expect_input_error(const std::function<void()>& fn, const std
   return "";
 }
 
+// Runs fn, expects an InputError about `setting` (InputError::setting, data, not text); returns it.
+inline InputError expect_setting_error(const std::function<void()>& fn, Setting setting) {
+  try {
+    fn();
+  } catch (const InputError& e) {
+    EXPECT_TRUE(e.setting == setting) << "expected the setting " << setting_name(setting) << ": " << e.what();
+    return e;
+  }
+  ADD_FAILURE() << "no InputError thrown";
+  return InputError("no InputError thrown");
+}
+
 // ---- random data (deterministic per seed) ----
 
 inline std::vector<float> randn(size_t n, uint64_t seed, float stddev = 1.f, float mean = 0.f) {

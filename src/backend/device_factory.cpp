@@ -7,10 +7,12 @@ namespace sf {
 #ifndef SF_HAVE_CUDA
 bool cuda_available() { return false; }
 std::unique_ptr<Device> make_cuda_device(size_t) {
-  input_error("--device cuda", "this slideformer was built without CUDA (rebuild with -DSF_CUDA=ON)");
+  setting_error(Setting::Device, {Setting::Device, " cuda"},
+                "this slideformer was built without CUDA (rebuild with -DSF_CUDA=ON)");
 }
 BackendInfo cuda_backend_info() {
-  input_error("--device cuda", "this slideformer was built without CUDA (rebuild with -DSF_CUDA=ON)");
+  setting_error(Setting::Device, {Setting::Device, " cuda"},
+                "this slideformer was built without CUDA (rebuild with -DSF_CUDA=ON)");
 }
 #else
 BackendInfo cuda_backend_info();  // backend/cuda/cuda_device.cpp
@@ -26,7 +28,7 @@ BackendInfo backend_info(const std::string& which) {
     b.linear_ce_ws = cpu::linear_ce_workspace_bytes;
     return b;
   }
-  input_error("--device", "unknown device '" + which + "' (expected cpu, cuda or auto)");
+  setting_error(Setting::Device, "unknown device '" + which + "' (expected cpu, cuda or auto)");
 }
 
 std::unique_ptr<Device> make_device(const std::string& which, size_t arena_bytes) {
@@ -36,7 +38,7 @@ std::unique_ptr<Device> make_device(const std::string& which, size_t arena_bytes
     if (cuda_available()) return make_cuda_device(arena_bytes);
     return make_cpu_device();
   }
-  input_error("--device", "unknown device '" + which + "' (expected cpu, cuda or auto)");
+  setting_error(Setting::Device, "unknown device '" + which + "' (expected cpu, cuda or auto)");
 }
 
 }  // namespace sf

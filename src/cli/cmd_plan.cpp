@@ -2,6 +2,7 @@
 #include <memory>
 
 #include "cli/cli_common.h"
+#include "cli/option_names.h"
 #include "train/plan_report.h"
 #include "train/train_options_check.h"
 
@@ -36,6 +37,7 @@ Command add_plan_command(CLI::App& app) {
   add_plan_options(c, *o);
   return {c, [o] {
             o->flags.apply(o->po.engine);
+            o->po.names = option_name;
             check_step_sizes(o->po.batch_size, o->po.seq_len, o->po.grad_accum);
             print_json(run_plan(o->po));
             return 0;

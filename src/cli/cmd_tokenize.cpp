@@ -53,7 +53,7 @@ class JsonlTokenizer {
   void run() {
     // The same line limit as training reads data with (--max-record-bytes): a line is never
     // buffered past it, so a file without newlines is refused, not read whole.
-    LineReader in(name_ == "-" ? "/dev/stdin" : name_, max_record_bytes(), "raise it with --max-record-bytes");
+    LineReader in(name_ == "-" ? "/dev/stdin" : name_, max_record_bytes(), Setting::MaxRecordBytes);
     for (bool more = true; more;) {
       std::vector<TokenizedRecord> chunk;
       std::exception_ptr error;

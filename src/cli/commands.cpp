@@ -10,6 +10,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/config_file.h"
+#include "cli/option_names.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -81,7 +82,7 @@ int run_with_exit_codes(const std::function<int()>& run) {
   try {
     return run();
   } catch (const InputError& e) {
-    std::fprintf(stderr, "slideformer: %s\n", e.what());
+    std::fprintf(stderr, "slideformer: %s\n", e.message(option_name).c_str());
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {
     // A path the system refuses as too long is the user's input (exit 2), like any other bad path.
@@ -114,7 +115,7 @@ int cli_main(int argc, char** argv) {
   try {
     config_path = expand_config_file(args);
   } catch (const InputError& e) {
-    std::fprintf(stderr, "slideformer: %s\n", e.what());
+    std::fprintf(stderr, "slideformer: %s\n", e.message(option_name).c_str());
     return 2;
   }
   if (const std::optional<int> done = parse_args(app, args, config_path)) return *done;

@@ -54,6 +54,82 @@ std::string bounded_where(const std::string& where) {
   return escape(where, 0, head) + "..." + escape(where, tail_begin, where.size());
 }
 
+const char* setting_name(Setting s) {
+  switch (s) {
+    case Setting::Device:
+      return "device";
+    case Setting::GpuMemory:
+      return "GPU memory budget";
+    case Setting::HostMemory:
+      return "host memory budget";
+    case Setting::BatchSize:
+      return "batch size";
+    case Setting::SeqLen:
+      return "sequence length";
+    case Setting::GradAccum:
+      return "gradient accumulation";
+    case Setting::Offload:
+      return "offload";
+    case Setting::Slots:
+      return "GPU parameter slots";
+    case Setting::GpuBlobs:
+      return "GPU blobs";
+    case Setting::ComputeDtype:
+      return "compute dtype";
+    case Setting::MaxRecordBytes:
+      return "record size limit";
+    case Setting::Resume:
+      return "resume checkpoint";
+    case Setting::Output:
+      return "output";
+  }
+  return "setting";
+}
+
+std::string SettingText::render(SettingNamer names) const {
+  std::string out;
+  for (const Piece& p : pieces) out += p.setting ? std::string(names(*p.setting)) : p.text;
+  return out;
+}
+
+std::optional<Setting> SettingText::first_setting() const {
+  for (const Piece& p : pieces)
+    if (p.setting) return p.setting;
+  return std::nullopt;
+}
+
+namespace {
+
+std::string compose(const SettingText& label, const SettingText& detail, SettingNamer names) {
+  const std::string what = bounded_message(detail.render(names), kMaxWhatBytes);
+  const std::string where = label.render(names);
+  return where.empty() ? what : bounded_where(where) + ": " + what;
+}
+
+}  // namespace
+
+InputError::InputError(SettingText label, SettingText detail, std::optional<Setting> s)
+    : std::runtime_error(compose(label, detail, setting_name)),
+      setting(s),
+      label_(std::move(label)),
+      detail_(std::move(detail)) {}
+
+std::string InputError::message(SettingNamer names) const {
+  if (label_.empty() && detail_.empty()) return what();  // made from a plain message
+  return compose(label_, detail_, names);
+}
+
+void input_error_naming(const std::string& where, SettingText what) {
+  const std::optional<Setting> s = what.first_setting();
+  throw InputError(where, std::move(what), s);
+}
+
+void setting_error(Setting setting, SettingText what) { throw InputError({setting}, std::move(what), setting); }
+
+void setting_error(Setting setting, SettingText label, SettingText what) {
+  throw InputError(std::move(label), std::move(what), setting);
+}
+
 void internal_error(const char* file, int line, const std::string& what) {
   throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + what);
 }

@@ -212,8 +212,8 @@ class RecordParser : public nlohmann::json_sax<nlohmann::json> {
 
 void set_max_record_bytes(uint64_t bytes) {
   if (bytes < 1 || bytes > kMaxMaxRecordBytes)
-    input_error("--max-record-bytes",
-                std::to_string(bytes) + " is out of range [1, " + std::to_string(kMaxMaxRecordBytes) + "]");
+    setting_error(Setting::MaxRecordBytes,
+                  std::to_string(bytes) + " is out of range [1, " + std::to_string(kMaxMaxRecordBytes) + "]");
   g_max_record_bytes = size_t(bytes);
 }
 
@@ -394,7 +394,7 @@ struct Pending {
 // Runs fn(i) for i in [0, n) on the pool; an InputError is rethrown for the lowest i that failed,
 // so errors are the same as in a serial run.
 void parallel_records(ThreadPool& pool, size_t n, const std::function<void(size_t)>& fn) {
-  std::vector<std::string> errors(n);
+  std::vector<std::exception_ptr> errors(n);  // the InputErrors whole: they may name settings as data
   std::atomic<bool> failed{false};
   pool.parallel_for(
       int64_t(n),
@@ -402,8 +402,8 @@ void parallel_records(ThreadPool& pool, size_t n, const std::function<void(size_
         for (int64_t i = a; i < b; ++i) {
           try {
             fn(size_t(i));
-          } catch (const InputError& e) {
-            errors[size_t(i)] = e.what();
+          } catch (const InputError&) {
+            errors[size_t(i)] = std::current_exception();
             failed = true;
             return;
           }
@@ -411,8 +411,8 @@ void parallel_records(ThreadPool& pool, size_t n, const std::function<void(size_
       },
       16);
   if (!failed) return;
-  for (const std::string& e : errors)
-    if (!e.empty()) throw InputError(e);
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 // load_jsonl in its steps: each line parsed into a Pending (token ids checked, texts collected),
@@ -487,7 +487,7 @@ class JsonlLoader {
   }
 
   void parse_lines() {
-    LineReader in(path_, g_max_record_bytes, "raise it with --max-record-bytes");
+    LineReader in(path_, g_max_record_bytes, Setting::MaxRecordBytes);
     std::string line;
     while (in.next(line)) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed

@@ -68,9 +68,10 @@ RowPacker::RowPacker(const Dataset& ds, RecordOrder& order, int seq_len, uint64_
            "RowPacker: every record is empty");
   load_window(window_start);
   if (rows_taken > rows_.size())
-    input_error("--resume", "the checkpoint's packing position (row " + std::to_string(rows_taken) +
-                                " of a window of " + std::to_string(rows_.size()) +
-                                ") does not fit this data and --seq-len");
+    setting_error(Setting::Resume,
+                  {"the checkpoint's packing position (row " + std::to_string(rows_taken) + " of a window of " +
+                       std::to_string(rows_.size()) + ") does not fit this data and ",
+                   Setting::SeqLen});
   next_ = rows_taken;
 }
 

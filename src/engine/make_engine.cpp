@@ -14,7 +14,7 @@ namespace sf {
 std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
                                     int slots, const std::vector<int>& gpu_blobs, bool keep_grads, int64_t hold_grads) {
   if (!offload) return std::make_unique<ResidentEngine>(dev, spec, opt);
-  if (slots < 2) input_error("--slots", "the sliding engine needs at least 2 GPU parameter slots");
+  if (slots < 2) setting_error(Setting::Slots, "the sliding engine needs at least 2 GPU parameter slots");
   SlidingOptions so;
   so.base = opt;
   so.slots = slots;
@@ -52,10 +52,11 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
   b.plan = make_plan(spec, plan_request(opt, req), plan_backend(opt, req));
   const Plan& p = b.plan;
   if (!p.fits) {
-    input_error("plan",
-                std::string("the ") + engine_name(p.engine) + " engine " + p.why() +
-                    (p.engine == EngineKind::Resident && req.offload == OffloadChoice::Off ? " (try --offload)" : "") +
-                    "; `slideformer plan` lists every buffer");
+    SettingText why = std::string("the ") + engine_name(p.engine) + " engine ";
+    why += p.short_of.phrase();
+    if (p.engine == EngineKind::Resident && req.offload == OffloadChoice::Off) why += {" (try ", Setting::Offload, ")"};
+    why += "; `slideformer plan` lists every buffer";
+    input_error_naming("plan", std::move(why));
   }
   b.dev = make_device(req.device, req.gpu_memory);
   EngineOptions eo = opt;

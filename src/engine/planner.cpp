@@ -52,18 +52,31 @@ Flops flops_per_token(const ModelSpec& s, int T) {
 
 const char* engine_name(EngineKind k) { return k == EngineKind::Sliding ? "sliding" : "resident"; }
 
-std::string Shortfall::text() const {
+std::optional<Setting> Shortfall::setting() const {
   switch (memory) {
     case Memory::Gpu:
-      return "needs " + format_bytes(needs) + " of GPU memory, " + format_bytes(available) +
-             " available (--gpu-memory)";
+      return Setting::GpuMemory;
     case Memory::Host:
-      return "needs " + format_bytes(needs) + " of host memory (" + format_bytes(pinned) + " pinned), " +
-             format_bytes(available) + " available (--cpu-memory)";
+      return Setting::HostMemory;
     case Memory::None:
       break;
   }
-  return "";
+  return std::nullopt;
+}
+
+SettingText Shortfall::phrase() const {
+  switch (memory) {
+    case Memory::Gpu:
+      return {"needs " + format_bytes(needs) + " of GPU memory, " + format_bytes(available) + " available (",
+              Setting::GpuMemory, ")"};
+    case Memory::Host:
+      return {"needs " + format_bytes(needs) + " of host memory (" + format_bytes(pinned) + " pinned), " +
+                  format_bytes(available) + " available (",
+              Setting::HostMemory, ")"};
+    case Memory::None:
+      break;
+  }
+  return {};
 }
 
 namespace {
@@ -319,11 +332,13 @@ void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, co
 }  // namespace
 
 Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates) {
-  if (r.batch <= 0 || r.seq <= 0) input_error("--batch-size/--seq-len", "must be positive");
-  if (r.grad_accum <= 0) input_error("--grad-accum", "must be positive");
-  if (r.slots != 0 && r.slots < 2) input_error("--slots", "the sliding engine needs at least 2 GPU parameter slots");
+  if (r.batch <= 0) setting_error(Setting::BatchSize, "must be positive");
+  if (r.seq <= 0) setting_error(Setting::SeqLen, "must be positive");
+  if (r.grad_accum <= 0) setting_error(Setting::GradAccum, "must be positive");
+  if (r.slots != 0 && r.slots < 2)
+    setting_error(Setting::Slots, "the sliding engine needs at least 2 GPU parameter slots");
   if (r.gpu_blobs > int(gpu_blob_order(s).size()))
-    input_error("--gpu-blobs", "the model has " + std::to_string(gpu_blob_order(s).size()) + " blobs");
+    setting_error(Setting::GpuBlobs, "the model has " + std::to_string(gpu_blob_order(s).size()) + " blobs");
   Plan p = Planner(s, r, be, rates).choose();
   if (p.engine == EngineKind::Sliding && p.short_of.memory == Shortfall::Memory::Gpu && r.split_micro) {
     Plan sub;
@@ -347,7 +362,7 @@ std::string plan_summary(const Plan& p) {
   return s;
 }
 
-std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p) {
+std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p, SettingNamer names) {
   std::ostringstream o;
   char line[256];
   std::snprintf(line, sizeof line, "plan: %s, %.2fB parameters, %d x %d tokens x %d micro-batches a step%s\n",
@@ -374,7 +389,7 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p)
   }
   o << "budgets: GPU " << (p.gpu_budget ? format_bytes(p.gpu_budget) : std::string("unknown")) << ", host "
     << (p.host_budget ? format_bytes(p.host_budget) : std::string("unknown")) << "\n";
-  o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why()) << "\n";
+  o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why(names)) << "\n";
   if (p.step_s > 0) {
     std::snprintf(line, sizeof line,
                   "predicted (lower bound from the rates): %.3f s a step, %.0f tokens/s (GPU %.3f s, host %.3f s, "

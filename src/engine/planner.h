@@ -4,10 +4,12 @@
 // engines' own lists (engine/buffers.h), from which their constructors allocate
 // (tests/test_engine_buffers.cpp counts the allocations).
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/device.h"
+#include "core/error.h"
 #include "engine/buffers.h"
 #include "model/spec.h"
 
@@ -65,7 +67,10 @@ struct Shortfall {
   enum class Memory { None, Gpu, Host };
   Memory memory = Memory::None;
   size_t needs = 0, available = 0, pinned = 0;
-  std::string text() const;  // "needs X of GPU memory, Y available (--gpu-memory)"; "" when None
+  // "needs X of GPU memory, Y available (<the GPU memory setting>)"; empty when None.
+  SettingText phrase() const;
+  std::string text(SettingNamer names = setting_name) const { return phrase().render(names); }
+  std::optional<Setting> setting() const;  // the budget that is short (GpuMemory, HostMemory)
 };
 
 struct Plan {
@@ -82,7 +87,7 @@ struct Plan {
   size_t gpu_budget = 0, host_budget = 0;
   bool fits = false;
   Shortfall short_of;  // when it does not fit
-  std::string why() const { return short_of.text(); }
+  std::string why(SettingNamer names = setting_name) const { return short_of.text(names); }
   // Prediction (seconds a step of batch x seq x grad_accum tokens).
   double flops = 0;  // per optimizer step
   double gpu_s = 0, host_s = 0, pcie_s = 0, step_s = 0;
@@ -94,6 +99,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
 // One line: engine, memory, predicted rate.
 std::string plan_summary(const Plan& p);
 // Human-readable, one item a line.
-std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p);
+// `names`: how the shortfall names the budget that is short (the CLI: its options).
+std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p, SettingNamer names = setting_name);
 
 }  // namespace sf

@@ -21,10 +21,10 @@ DType compute_dtype_for(const Device& d, const std::string& name) {
   if (name.empty()) return d.is_host() ? DType::F32 : DType::BF16;
   if (name == "bf16" || name == "bfloat16") return DType::BF16;
   if (name == "fp32" || name == "float32") {
-    if (!d.is_host()) input_error("--compute-dtype", "fp32 compute is only available on the cpu backend");
+    if (!d.is_host()) setting_error(Setting::ComputeDtype, "fp32 compute is only available on the cpu backend");
     return DType::F32;
   }
-  input_error("--compute-dtype", "unknown compute dtype '" + name + "' (expected fp32 or bf16)");
+  setting_error(Setting::ComputeDtype, "unknown compute dtype '" + name + "' (expected fp32 or bf16)");
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ DType natural_compute_dtype(const Device& d, const std::string& name) {
   if (name.empty()) return d.is_host() ? DType::F32 : DType::BF16;
   if (name == "bf16" || name == "bfloat16") return DType::BF16;
   if ((name == "fp32" || name == "float32") && d.is_host()) return DType::F32;
-  input_error("--compute-dtype", "'" + name + "' is not available here (fp32 on the cpu backend, or bf16)");
+  setting_error(Setting::ComputeDtype, "'" + name + "' is not available here (fp32 on the cpu backend, or bf16)");
 }
 
 }  // namespace

@@ -14,8 +14,8 @@ namespace {
 constexpr size_t kChunk = size_t(1) << 16;
 }
 
-LineReader::LineReader(const std::string& path, size_t max_line_bytes, std::string limit_hint)
-    : path_(path), hint_(std::move(limit_hint)), max_(max_line_bytes) {
+LineReader::LineReader(const std::string& path, size_t max_line_bytes, std::optional<Setting> limit)
+    : path_(path), limit_(limit), max_(max_line_bytes) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) {
     const int err = errno;
@@ -52,9 +52,9 @@ bool LineReader::next(std::string& line) {
     const void* nl = std::memchr(buf_.data() + scanned, '\n', buf_.size() - scanned);
     const size_t end = nl ? size_t(static_cast<const char*>(nl) - buf_.data()) : buf_.size();
     if (end - pos_ > max_) {
-      input_error(path_ + ":" + std::to_string(lineno_ + 1), "line longer than the limit of " + std::to_string(max_) +
-                                                                 " bytes" +
-                                                                 (hint_.empty() ? std::string() : " (" + hint_ + ")"));
+      SettingText what = "line longer than the limit of " + std::to_string(max_) + " bytes";
+      if (limit_) what += {" (raise it with ", *limit_, ")"};
+      input_error_naming(path_ + ":" + std::to_string(lineno_ + 1), std::move(what));
     }
     if (nl) {
       line.assign(buf_, pos_, end - pos_);

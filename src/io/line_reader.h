@@ -3,15 +3,18 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "core/error.h"
 
 namespace sf {
 
 class LineReader {
  public:
-  // InputError naming `path` when it cannot be opened. `limit_hint` ends the too-long message
-  // (e.g. "raise it with --max-record-bytes").
-  LineReader(const std::string& path, size_t max_line_bytes, std::string limit_hint = "");
+  // InputError naming `path` when it cannot be opened. `limit` (when given) is the setting that
+  // sets max_line_bytes: the too-long message ends "(raise it with <setting>)".
+  LineReader(const std::string& path, size_t max_line_bytes, std::optional<Setting> limit = std::nullopt);
   ~LineReader();
   LineReader(const LineReader&) = delete;
   LineReader& operator=(const LineReader&) = delete;
@@ -24,7 +27,8 @@ class LineReader {
  private:
   bool fill();
 
-  std::string path_, hint_;
+  std::string path_;
+  std::optional<Setting> limit_;
   size_t max_;
   int fd_ = -1;
   int64_t lineno_ = 0;

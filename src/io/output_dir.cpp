@@ -182,9 +182,9 @@ void check_output_dir(const std::string& dir_in) {
   if (!fs::is_directory(st)) input_error(dir, "exists and is not a directory");
   const std::string bad = foreign_entry(dir);
   if (!bad.empty())
-    input_error(dir, "exists and holds " + bad +
-                         ", which slideformer did not write; refusing to replace it (choose a new or empty "
-                         "--output directory)");
+    input_error_naming(dir, {"exists and holds " + bad +
+                                 ", which slideformer did not write; refusing to replace it (choose a new or empty ",
+                             Setting::Output, " directory)"});
 }
 
 namespace {

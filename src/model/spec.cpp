@@ -82,9 +82,10 @@ int64_t ModelSpec::total_params() const {
 
 void ModelSpec::check_seq_len(int64_t seq_len, const std::string& where) const {
   if (sliding_window > 0 && sliding_window < seq_len) {
-    input_error(where, "the model uses sliding-window attention (window " + std::to_string(sliding_window) +
-                           ") shorter than --seq-len " + std::to_string(seq_len) +
-                           "; sliding windows are not supported: use --seq-len <= " + std::to_string(sliding_window));
+    input_error_naming(
+        where, {"the model uses sliding-window attention (window " + std::to_string(sliding_window) + ") shorter than ",
+                Setting::SeqLen, " " + std::to_string(seq_len) + "; sliding windows are not supported: use ",
+                Setting::SeqLen, " <= " + std::to_string(sliding_window)});
   }
 }
 

@@ -40,7 +40,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
     log_info("%s", mr.summary.c_str());
   }
   const Plan p = make_plan(spec, r, be, mr.rates);
-  std::fputs(format_plan(spec, r, p).c_str(), stderr);
+  std::fputs(format_plan(spec, r, p, o.names).c_str(), stderr);
   nlohmann::json items = nlohmann::json::array();
   for (const MemoryItem& m : p.items)
     items.push_back({{"name", m.name},
@@ -49,7 +49,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
                                : m.place == Place::Pinned ? "pinned"
                                                           : "host"}});
   return {{"fits", p.fits},
-          {"why", p.why()},
+          {"why", p.why(o.names)},
           {"engine", engine_name(p.engine)},
           {"slots", p.slots},
           {"micro_batch", p.micro_batch},

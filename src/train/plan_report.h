@@ -14,6 +14,7 @@ struct PlanCliOptions {
   double max_grad_norm = 1.0;
   bool measure = false;  // measure this machine's rates for the prediction (else the H200's)
   EngineRequest engine;
+  SettingNamer names = setting_name;  // how the plan's shortfall names the budgets (the CLI: options)
 };
 // Prints the plan on stderr; returns it as JSON (fits, engine, slots, bytes, prediction).
 nlohmann::json run_plan(const PlanCliOptions& o);

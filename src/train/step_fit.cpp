@@ -22,7 +22,7 @@ struct StepShape {
 
 struct Fit {
   bool fits = false;
-  std::string why;  // when it does not: what it needs and what is available
+  SettingText why;  // when it does not: what it needs and what is available
 };
 
 class StepPlanner {
@@ -36,21 +36,25 @@ class StepPlanner {
     const double tokens_bytes = s.buffer_bytes();
     const size_t budget = host_budget();
     if (tokens_bytes > double(budget))
-      return {false, "its token buffers alone need " + format_bytes(size_t(std::min(tokens_bytes, 1e19))) +
-                         " of host memory, " + format_bytes(budget) + " available (--cpu-memory)"};
+      return {false,
+              {"its token buffers alone need " + format_bytes(size_t(std::min(tokens_bytes, 1e19))) +
+                   " of host memory, " + format_bytes(budget) + " available (",
+               Setting::HostMemory, ")"}};
     EngineOptions eo = eo_;
     eo.max_batch = int(s.batch);
     eo.max_seq = int(s.seq);
     EngineRequest er = er_;
     er.grad_accum = int(s.accum);
     const Plan p = make_plan(spec_, plan_request(eo, er), be_);
-    if (!p.fits) return {false, std::string("the ") + engine_name(p.engine) + " engine " + p.why()};
+    if (!p.fits) return {false, std::string("the ") + engine_name(p.engine) + " engine " + p.short_of.phrase()};
     const size_t need = p.host_bytes + size_t(tokens_bytes);
     if (need > p.host_budget)
-      return {false, "needs " + format_bytes(need) + " of host memory (" + engine_name(p.engine) + " engine " +
-                         format_bytes(p.host_bytes) + ", step tokens " + format_bytes(size_t(tokens_bytes)) + "), " +
-                         format_bytes(p.host_budget) + " available (--cpu-memory)"};
-    return {true, ""};
+      return {false,
+              {"needs " + format_bytes(need) + " of host memory (" + engine_name(p.engine) + " engine " +
+                   format_bytes(p.host_bytes) + ", step tokens " + format_bytes(size_t(tokens_bytes)) + "), " +
+                   format_bytes(p.host_budget) + " available (",
+               Setting::HostMemory, ")"}};
+    return {true, {}};
   }
 
   // The host budget the planner uses (--cpu-memory, else 95 % of MemAvailable).
@@ -87,11 +91,12 @@ int64_t largest_fitting(int64_t lo, int64_t hi, F fits) {
   return lo;
 }
 
-[[noreturn]] void refuse(const char* option, int64_t asked, const StepShape& s, const std::string& why,
-                         int64_t largest) {
-  input_error(option, std::to_string(asked) + " (a step of " + std::to_string(s.accum) + " x " +
-                          std::to_string(s.batch) + " x " + std::to_string(s.seq) + " tokens) does not fit: " + why +
-                          "; at most " + option + " " + std::to_string(largest) + " fits");
+[[noreturn]] void refuse(Setting setting, int64_t asked, const StepShape& s, const SettingText& why, int64_t largest) {
+  SettingText what = std::to_string(asked) + " (a step of " + std::to_string(s.accum) + " x " +
+                     std::to_string(s.batch) + " x " + std::to_string(s.seq) + " tokens) does not fit: ";
+  what += why;
+  what += {"; at most ", setting, " " + std::to_string(largest) + " fits"};
+  setting_error(setting, std::move(what));
 }
 
 }  // namespace
@@ -104,15 +109,15 @@ void check_step_fits(const ModelSpec& spec, const EngineOptions& eo, const Engin
   auto fits = [&](StepShape s) { return planner.fit(s).fits; };
   if (asked.accum > 1 && fits({asked.batch, asked.seq, 1})) {
     const int64_t k = largest_fitting(1, asked.accum - 1, [&](int64_t v) { return fits({asked.batch, asked.seq, v}); });
-    refuse("--grad-accum", asked.accum, asked, f.why, k);
+    refuse(Setting::GradAccum, asked.accum, asked, f.why, k);
   }
   if (asked.batch > 1 && fits({1, asked.seq, 1})) {
     const int64_t b = largest_fitting(1, asked.batch - 1, [&](int64_t v) { return fits({v, asked.seq, 1}); });
-    refuse("--batch-size", asked.batch, asked, f.why, b);
+    refuse(Setting::BatchSize, asked.batch, asked, f.why, b);
   }
   if (asked.seq > 1 && fits({1, 1, 1})) {
     const int64_t t = largest_fitting(1, asked.seq - 1, [&](int64_t v) { return fits({1, v, 1}); });
-    refuse("--seq-len", asked.seq, asked, f.why, t);
+    refuse(Setting::SeqLen, asked.seq, asked, f.why, t);
   }
   // Not even one token a step fits: the model itself does not; build_engine says so with the plan.
 }

@@ -16,8 +16,8 @@ inline constexpr int64_t kStepHostBytesPerToken = 8;
 inline constexpr int64_t kStepHostBytesPerMicroBatch = 256;
 
 // eo.max_batch x eo.max_seq tokens per micro-batch, er.grad_accum micro-batches a step. Returns when
-// the step fits; otherwise InputError naming the option (--grad-accum, then --batch-size, then
-// --seq-len: the first whose smaller value would fit), what was asked, what it needs and what is
+// the step fits; otherwise InputError naming the setting (Setting::GradAccum, then BatchSize, then
+// SeqLen: the first whose smaller value would fit), what was asked, what it needs and what is
 // available, and the largest value that fits. When even one token per step does not fit, it returns
 // and build_engine refuses the model with the planner's numbers.
 void check_step_fits(const ModelSpec& spec, const EngineOptions& eo, const EngineRequest& er);

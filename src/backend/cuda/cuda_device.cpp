@@ -256,8 +256,8 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (arena_bytes == 0) arena_bytes = size_t(double(free_b) * 0.9) / 256 * 256;
     if (arena_bytes > free_b)
-      input_error("--gpu-memory", "the CUDA arena of " + mib(arena_bytes) + " does not fit in the " + mib(free_b) +
-                                      " free on " + gpu_name_);
+      setting_error(Setting::GpuMemory, "the CUDA arena of " + mib(arena_bytes) + " does not fit in the " +
+                                            mib(free_b) + " free on " + gpu_name_);
     arena_ = std::make_shared<Arena>(arena_bytes);
   }
   ~CudaDevice() override {
@@ -368,7 +368,8 @@ BackendInfo cuda_backend_info() {
 }
 
 std::unique_ptr<Device> make_cuda_device(size_t arena_bytes) {
-  if (!cuda_available()) input_error("--device cuda", "no usable CUDA GPU (cudaGetDeviceCount found none)");
+  if (!cuda_available())
+    setting_error(Setting::Device, {Setting::Device, " cuda"}, "no usable CUDA GPU (cudaGetDeviceCount found none)");
   return std::make_unique<CudaDevice>(arena_bytes);
 }
 

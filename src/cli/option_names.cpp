@@ -1,0 +1,37 @@
+#include "cli/option_names.h"
+
+namespace sf {
+
+const char* option_name(Setting s) {
+  switch (s) {
+    case Setting::Device:
+      return "--device";
+    case Setting::GpuMemory:
+      return "--gpu-memory";
+    case Setting::HostMemory:
+      return "--cpu-memory";
+    case Setting::BatchSize:
+      return "--batch-size";
+    case Setting::SeqLen:
+      return "--seq-len";
+    case Setting::GradAccum:
+      return "--grad-accum";
+    case Setting::Offload:
+      return "--offload";
+    case Setting::Slots:
+      return "--slots";
+    case Setting::GpuBlobs:
+      return "--gpu-blobs";
+    case Setting::ComputeDtype:
+      return "--compute-dtype";
+    case Setting::MaxRecordBytes:
+      return "--max-record-bytes";
+    case Setting::Resume:
+      return "--resume";
+    case Setting::Output:
+      return "--output";
+  }
+  return "";  // not reached: -Wswitch names a Setting without an option
+}
+
+}  // namespace sf
