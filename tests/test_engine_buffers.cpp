@@ -12,6 +12,7 @@
 #include "engine/planner.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "engine/token_uploader.h"
 #include "model/program.h"
 #include "model_fixtures.h"
 
@@ -188,6 +189,33 @@ TEST(EngineBuffers, SourceChecksTheList) {
   EXPECT_EQ(src.buffer("a").size(), 256u);
   EXPECT_FALSE(src.has("a"));
   EXPECT_EQ(src.buffer_if("b").size(), 0u);
+  // An item of count n: n buffers of its bytes, taken n times (no fewer).
+  EXPECT_THROW(
+      {
+        BufferSource c(*cpu, {{"t", 256, Place::Device, "t", 3}});
+        DeviceBuffer a = c.buffer("t");
+        DeviceBuffer b = c.buffer("t");
+      },
+      std::exception);
+  BufferSource c(*cpu, {{"t", 256, Place::Device, "t", 2}});
+  EXPECT_EQ(c.buffer("t").size(), 256u);
+  EXPECT_TRUE(c.has("t"));
+  EXPECT_EQ(c.buffer("t").size(), 256u);
+  EXPECT_FALSE(c.has("t"));
+}
+
+// The planner lists engines for --grad-accum values it then refuses (tests/test_input_hardening.cpp
+// asks for 100,000,000): the token buffers, 2 a micro-batch, are one item with a count, so the list
+// stays short and its bytes exact (a list of 2e8 items took 110 s and 2.5 GB to build).
+TEST(EngineBuffers, ManyMicroBatchesAreOneItemWithACount) {
+  const MemoryItems m = TokenUploader::buffers(16, 200000000);
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(total_bytes(m, Place::Device), size_t(200000000) * 16 * TokenUploader::kBytesPerToken);
+  EXPECT_EQ(total_bytes(m, Place::Pinned), size_t(200000000) * 16 * TokenUploader::kBytesPerToken);
+  const MemoryItems merged = merge_by_name(m);
+  ASSERT_EQ(merged.size(), 2u);
+  EXPECT_EQ(merged[0].bytes, size_t(200000000) * 16 * TokenUploader::kBytesPerToken);
+  EXPECT_EQ(merged[0].count, 1u);
 }
 
 }  // namespace

@@ -9,7 +9,7 @@ namespace sf {
 size_t total_bytes(const MemoryItems& items, Place where) {
   size_t n = 0;
   for (const MemoryItem& m : items)
-    if (m.place == where) n += m.bytes;
+    if (m.place == where) n += m.bytes * m.count;
   return n;
 }
 
@@ -21,11 +21,11 @@ MemoryItems merge_by_name(const MemoryItems& items) {
       bool merged = false;
       for (MemoryItem& o : out)
         if (o.name == m.name && o.place == m.place) {
-          o.bytes += m.bytes;
+          o.bytes += m.bytes * m.count;
           merged = true;
           break;
         }
-      if (!merged) out.push_back({m.name, m.bytes, m.place});
+      if (!merged) out.push_back({m.name, m.bytes * m.count, m.place});
     }
   return out;
 }
@@ -40,24 +40,25 @@ MemoryItems items_with(const MemoryItems& items, std::string_view prefix) {
 }
 
 BufferSource::BufferSource(Device& dev, MemoryItems items)
-    : dev_(dev), items_(std::move(items)), taken_(items_.size(), false) {}
+    : dev_(dev), items_(std::move(items)), taken_(items_.size(), 0) {}
 
 BufferSource::~BufferSource() noexcept(false) {
   if (std::uncaught_exceptions() > 0) return;  // a constructor failed on its way: nothing to check
   for (size_t i = 0; i < items_.size(); ++i)
-    SF_CHECK(taken_[i] || items_[i].key.empty(), "buffer '" + items_[i].key + "' described but never allocated");
+    SF_CHECK(taken_[i] == items_[i].count || items_[i].key.empty(),
+             "buffer '" + items_[i].key + "' described but never allocated");
 }
 
 bool BufferSource::has(std::string_view key) const {
   for (size_t i = 0; i < items_.size(); ++i)
-    if (!taken_[i] && items_[i].key == key) return true;
+    if (taken_[i] < items_[i].count && items_[i].key == key) return true;
   return false;
 }
 
 const MemoryItem& BufferSource::take(std::string_view key) {
   for (size_t i = 0; i < items_.size(); ++i)
-    if (!taken_[i] && items_[i].key == key) {
-      taken_[i] = true;
+    if (taken_[i] < items_[i].count && items_[i].key == key) {
+      ++taken_[i];
       return items_[i];
     }
   internal_error(__FILE__, __LINE__, "no buffer '" + std::string(key) + "' left in the buffer list");
@@ -66,7 +67,8 @@ const MemoryItem& BufferSource::take(std::string_view key) {
 void BufferSource::allocated(const MemoryItems& items) {
   for (const MemoryItem& m : items) {
     if (m.key.empty()) continue;
-    SF_CHECK(take(m.key).bytes == m.bytes, "buffer '" + m.key + "' allocated with other bytes than listed");
+    for (size_t c = 0; c < m.count; ++c)
+      SF_CHECK(take(m.key).bytes == m.bytes, "buffer '" + m.key + "' allocated with other bytes than listed");
   }
 }
 

@@ -23,6 +23,9 @@ struct MemoryItem {
   // Which buffer (the allocating part looks it up by this); "" for bytes that the backend, not the
   // engine, allocates (the CUDA backend's per-stream scratch).
   std::string key = {};
+  // That many buffers of `bytes` each (one item, not `count` items: the planner also lists the
+  // engines for --grad-accum values it then refuses, with 2 token buffers a micro-batch).
+  size_t count = 1;
 };
 using MemoryItems = std::vector<MemoryItem>;
 
@@ -36,8 +39,8 @@ struct BackendSizes {
   size_t stream_scratch = 0;
 };
 
-size_t total_bytes(const MemoryItems& items, Place where);
-// One item per name and place, bytes summed (the plan's lines): by place (Device, Pinned, Host),
+size_t total_bytes(const MemoryItems& items, Place where);  // bytes x count, summed
+// One item per name and place, bytes x count summed (the plan's lines): by place (Device, Pinned, Host),
 // each in the order of its first appearance.
 MemoryItems merge_by_name(const MemoryItems& items);
 // Appends `more` to `items`.
@@ -46,8 +49,8 @@ void append(MemoryItems& items, const MemoryItems& more);
 MemoryItems items_with(const MemoryItems& items, std::string_view prefix);
 
 // Hands out the items of a list to the constructor that allocates them: take(key) is the next item
-// of that key not yet taken; the destructor checks that every item with a key was taken (an item
-// described but not allocated is a bug).
+// of that key not yet taken (an item of count n is taken n times); the destructor checks that every
+// item with a key was taken (an item described but not allocated is a bug).
 class BufferSource {
  public:
   BufferSource(Device& dev, MemoryItems items);
@@ -72,7 +75,7 @@ class BufferSource {
  private:
   Device& dev_;
   MemoryItems items_;
-  std::vector<bool> taken_;
+  std::vector<size_t> taken_;  // [items] times taken
 };
 
 }  // namespace sf

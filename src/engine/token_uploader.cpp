@@ -19,13 +19,9 @@ TokenUploader::TokenUploader(Device& dev, int64_t max_tokens, int slots)
 }
 
 MemoryItems TokenUploader::buffers(int64_t max_tokens, int slots) {
-  MemoryItems m;
-  const size_t bytes = size_t(max_tokens) * kBytesPerToken;
-  for (int i = 0; i < std::max(slots, 1); ++i) {
-    m.push_back({"token ids / targets / positions", bytes, Place::Device, "tokens.device"});
-    m.push_back({"token staging", bytes, Place::Pinned, "tokens.staging"});
-  }
-  return m;
+  const size_t bytes = size_t(max_tokens) * kBytesPerToken, n = size_t(std::max(slots, 1));
+  return {{"token ids / targets / positions", bytes, Place::Device, "tokens.device", n},
+          {"token staging", bytes, Place::Pinned, "tokens.staging", n}};
 }
 
 TokenUploader::Tokens TokenUploader::upload(const Batch& b, Stream& compute) {
