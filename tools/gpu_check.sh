@@ -15,6 +15,15 @@ export PYTHONUNBUFFERED=1
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee -a "$OUT/summary.txt"
+# The packing benchmarks' data: 3,000 records of 50-800 random token ids (a real-length SFT mix).
+sft_mix() {
+  python3 -c "
+import json, random
+random.seed(7)
+for i in range(3000):
+    n = random.randint(50, 800)
+    print(json.dumps({'input_ids': [random.randrange(128000) for _ in range(n)]}))" >/tmp/sft.jsonl
+}
 run() {
   local name=$1
   shift
@@ -108,12 +117,7 @@ for s in "${steps[@]}"; do
     # issue 8 §3: packing on a real-length SFT mix (records of 50-800 tokens) against one record a
     # row, Llama 3.2 1B, --seq-len 2048; tokens trained per second from each step's --metrics line
     pack_bench)
-      python3 -c "
-import json, random
-random.seed(7)
-for i in range(3000):
-    n = random.randint(50, 800)
-    print(json.dumps({'input_ids': [random.randrange(128000) for _ in range(n)]}))" >/tmp/sft.jsonl
+      sft_mix
       run pack_init "$BIN/slideformer" init --config fuzz/corpus/config/llama-3.2-1b.json --output /tmp/m1b --dtype bf16
       for mode in unpacked packed; do
         extra=""; [ $mode = packed ] && extra="--pack"
@@ -131,12 +135,7 @@ for m in ('unpacked', 'packed'):
     # packing on the offload engine: Llama 3.2 3B shape (random bf16 weights), every blob on the
     # host, the same 3,000-record mix; then the 1B in-memory pair again (the windowed packer)
     pack_bench3b)
-      python3 -c "
-import json, random
-random.seed(7)
-for i in range(3000):
-    n = random.randint(50, 800)
-    print(json.dumps({'input_ids': [random.randrange(128000) for _ in range(n)]}))" >/tmp/sft.jsonl
+      sft_mix
       python3 -c "
 import json
 c = json.load(open('fuzz/corpus/config/llama-3.2-1b.json'))

@@ -1,6 +1,7 @@
 #include "data/pack.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "core/error.h"
 
@@ -13,6 +14,15 @@ namespace {
 // Whether a window that holds `tokens` tokens in `records` records is full.
 bool window_full(int64_t tokens, size_t records, int seq_len) {
   return tokens >= kPackWindowRows * seq_len || records >= kPackWindowRecords;
+}
+
+// The packed lengths of one window: of the `available` records left, at(0), at(1), ... (each asked
+// once, in order) until the window is full.
+std::vector<int> window_lengths(uint64_t available, int seq_len, const std::function<const Record&(size_t)>& at) {
+  std::vector<int> lens;
+  for (int64_t tokens = 0; lens.size() < available && !window_full(tokens, lens.size(), seq_len); tokens += lens.back())
+    lens.push_back(packed_length(at(lens.size()), seq_len));
+  return lens;
 }
 
 }  // namespace
@@ -46,12 +56,8 @@ std::vector<std::vector<size_t>> pack_records(const std::vector<const Record*>& 
   SF_CHECK(seq_len > 0, "pack_records: seq_len must be positive");
   std::vector<std::vector<size_t>> rows;
   for (size_t first = 0; first < recs.size();) {
-    std::vector<int> lens;
-    int64_t tokens = 0;
-    while (first + lens.size() < recs.size() && !window_full(tokens, lens.size(), seq_len)) {
-      lens.push_back(packed_length(*recs[first + lens.size()], seq_len));
-      tokens += lens.back();
-    }
+    const std::vector<int> lens =
+        window_lengths(recs.size() - first, seq_len, [&](size_t i) -> const Record& { return *recs[first + i]; });
     for (auto& row : pack_window(lens, seq_len)) {
       for (size_t& k : row) k += first;
       rows.push_back(std::move(row));
@@ -79,13 +85,10 @@ void RowPacker::load_window(uint64_t start) {
   const uint64_t n = ds_.records.size();
   const uint64_t epoch_end = (start / n + 1) * n;
   std::vector<size_t> idx;  // record indices of the window's positions
-  std::vector<int> lens;
-  int64_t tokens = 0;
-  for (uint64_t p = start; p < epoch_end && !window_full(tokens, lens.size(), seq_len_); ++p) {
-    idx.push_back(order_.at(p));
-    lens.push_back(packed_length(ds_.records[idx.back()], seq_len_));
-    tokens += lens.back();
-  }
+  const std::vector<int> lens = window_lengths(epoch_end - start, seq_len_, [&](size_t i) -> const Record& {
+    idx.push_back(order_.at(start + i));
+    return ds_.records[idx.back()];
+  });
   rows_ = pack_window(lens, seq_len_);
   for (auto& row : rows_)
     for (size_t& k : row) k = idx[k];
