@@ -41,6 +41,10 @@ struct Rates {
   double host_adamw_params_s = 5.3e9;
   double host_read_gbs = 75;  // host memory read, all cores
   double pcie_gbs = 44;       // each way, both directions busy
+  // The NVMe store's disk (--offload-dir), O_DIRECT large blocks, several requests in flight. The
+  // defaults are the H200 machine's disk with one request in flight (issue 17's figures).
+  double disk_read_gbs = 1.77;
+  double disk_write_gbs = 2.44;
 };
 
 enum class OffloadChoice { Auto, On, Off };
