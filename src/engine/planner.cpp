@@ -229,6 +229,7 @@ class Planner {
     const std::vector<int> order = gpu_blob_order(s_);
     if (r_.gpu_blobs >= 0) {
       fill(EngineKind::Sliding, slots, std::vector<int>(order.begin(), order.begin() + r_.gpu_blobs));
+      to_disk(slots);
       return;
     }
     std::vector<int> keep;

@@ -128,6 +128,9 @@ CheckpointOptions checkpoint_options(const ModelSpec& spec, const SlidingShape& 
   c.layers = spec.n_layer;
   c.stride = z.stride_nh;
   c.disk_layers = o.ckpt_disk_layers;
+  const int on_disk = z.K * std::clamp(o.ckpt_disk_layers, 0, spec.n_layer);  // no more buffers than checkpoints there
+  c.write_ring = std::clamp(on_disk, 1, c.write_ring);
+  c.read_ahead = std::clamp(on_disk, 1, c.read_ahead);
   return c;
 }
 
@@ -140,7 +143,7 @@ HostOptimizerOptions host_options(const SlidingShape& z, const SlidingOptions& o
   h.ring = o.grad_ring;
   h.held = z.held;
   h.disk = z.disk;
-  h.disk_ring = o.disk_ring;
+  h.disk_ring = std::clamp(int(std::count(z.disk.begin(), z.disk.end(), true)), 1, o.disk_ring);
   return h;
 }
 
