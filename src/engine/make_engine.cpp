@@ -21,12 +21,11 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.gpu_blobs = gpu_blobs;
   so.keep_grads = keep_grads || !opt.optimizer;
   so.hold_grads = hold_grads;
-  so.split_update = env_switch("SF_SPLIT_UPDATE", true);
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }
 
 BackendInfo plan_backend(const EngineOptions& opt, const EngineRequest& req) {
-  BackendInfo be = backend_info(req.device);
+  BackendInfo be = backend_info(req.device, req.device_ordinal);
   if (opt.compute_dtype == "bf16" || opt.compute_dtype == "bfloat16") be.compute_dtype = DType::BF16;
   return be;
 }
@@ -44,6 +43,7 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   r.gpu_blobs = req.gpu_blobs;
   r.gpu_budget = req.gpu_memory;
   r.host_budget = req.cpu_memory;
+  r.hold_grads = env_int(Env::HoldGrads, 0);  // the one knob that changes the plan (core/env.h)
   return r;
 }
 
@@ -58,7 +58,7 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
     why += "; `slideformer plan` lists every buffer";
     input_error_naming("plan", std::move(why));
   }
-  b.dev = make_device(req.device, req.gpu_memory);
+  b.dev = make_device(req.device, req.gpu_memory, req.device_ordinal);
   EngineOptions eo = opt;
   eo.max_batch = p.micro_batch;  // the micro-batches the plan counted (maybe split)
   eo.max_micro = p.micro_batches;

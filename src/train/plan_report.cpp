@@ -56,7 +56,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"micro_batches", p.micro_batches},
           {"hold_grads", p.hold_grads},
           {"gpu_blobs", p.gpu_blobs},
-          {"backend", be.name},
+          {"backend", device_kind_name(be.kind)},
           {"gpu_bytes", p.gpu_bytes},
           {"host_bytes", p.host_bytes},
           {"pinned_bytes", p.pinned_bytes},
