@@ -10,7 +10,6 @@
 #include <string>
 
 #include "backend/cpu/kernels.h"
-#include "core/env.h"
 #include "core/error.h"
 
 namespace sf {
@@ -90,10 +89,8 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
   m_ = HostBuffer(src.take("host.m").bytes);
   v_ = HostBuffer(src.take("host.v").bytes);
   // The AdamW pass streams through m and v every step: transparent huge pages spare the TLB
-  // (SF_HUGEPAGES=0 turns this off, to measure it).
-  static const bool huge = env_switch("SF_HUGEPAGES", true);
-  if (huge)
-    for (const HostBuffer* b : {&m_, &v_})
+  // (measured within the spread, kept: docs/DECISIONS.md, "Transparent huge pages").
+  for (const HostBuffer* b : {&m_, &v_})
       if (b->size() >= (size_t(4) << 20)) {  // page-aligned inside the buffer; a hint, failure is harmless
         const uintptr_t lo = (reinterpret_cast<uintptr_t>(b->data()) + 4095) / 4096 * 4096;
         const uintptr_t hi = (reinterpret_cast<uintptr_t>(b->data()) + b->size()) / 4096 * 4096;

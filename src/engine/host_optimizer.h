@@ -1,4 +1,4 @@
-// The sliding engine's host state and host AdamW (DESIGN.md §3-4). Per parameter of the blobs kept
+// The sliding engine's host state and host AdamW (docs/ARCHITECTURE.md §2-3). Per parameter of the blobs kept
 // on the host: the fp32 master (page-locked: the upload source), AdamW m and v — 12 bytes — and
 // the gradients as they come down from the GPU, in the compute dtype (bf16 on cuda):
 // - `keep_grads` (clipping, or gradients read back): every gradient of the step is held until the

@@ -1,4 +1,4 @@
-// The planner (DESIGN.md §4): from the model, the batch and the memory budgets, which engine runs,
+// The planner (docs/ARCHITECTURE.md §4): from the model, the batch and the memory budgets, which engine runs,
 // with how many GPU slots, what every buffer costs on the GPU and in host memory, whether it
 // fits, and a predicted step time from measured rates. Nothing is allocated; the buffers are the
 // engines' own lists (engine/buffers.h), from which their constructors allocate
@@ -70,6 +70,10 @@ struct PlanRequest {
   std::string offload_dir;
   size_t disk_budget = 0;
   bool split_micro = true;  // the planner may split micro-batches to fit the GPU
+  bool split_update = true;  // with clipping, the update in two passes (SlidingOptions::split_update)
+  // Without clipping, gradients held for the next forward (SlidingOptions::hold_grads): 0 none, 1 as
+  // many parameters as the rates say, N > 1 that many. Off by default (docs/DECISIONS.md, "Held gradients").
+  int64_t hold_grads = 0;
 };
 
 enum class EngineKind { Resident, Sliding };

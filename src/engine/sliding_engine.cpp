@@ -437,7 +437,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   dev.synchronize(*compute);
 }
 
-// One pass over the micro-batches, layer-major (DESIGN.md §4). Forward: the embedding, then each
+// One pass over the micro-batches, layer-major (docs/ARCHITECTURE.md §3). Forward: the embedding, then each
 // layer for every micro-batch while its parameters sit in the slot, each layer input offloaded as
 // that micro-batch's checkpoint; the head (loss, and with `backward` the first gradients); then
 // the backward in reverse, each layer recomputed from its fetched checkpoints, its gradient

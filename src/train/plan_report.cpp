@@ -62,7 +62,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"disk_bytes", p.disk_bytes},
           {"disk_budget", p.disk_budget},
           {"predicted_disk_s", p.disk_s},
-          {"backend", be.name},
+          {"backend", device_kind_name(be.kind)},
           {"gpu_bytes", p.gpu_bytes},
           {"host_bytes", p.host_bytes},
           {"pinned_bytes", p.pinned_bytes},
