@@ -23,7 +23,7 @@ bool holds(const std::vector<int64_t>& blob_numel, bool keep_grads, const std::v
 }  // namespace
 
 MemoryItems HostOptimizer::buffers(const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk,
-                                   int ring, const std::vector<bool>& held) {
+                                   int ring, const std::vector<bool>& held, DType sd) {
   int64_t total = 0, held_total = 0;
   for (size_t b = 0; b < blob_numel.size(); ++b) {
     total += blob_numel[b];
@@ -38,14 +38,15 @@ MemoryItems HostOptimizer::buffers(const std::vector<int64_t>& blob_numel, DType
     m.push_back({keep_grads ? "gradients of the step (held for the norm)"
                             : "gradient ring (" + std::to_string(ring) + " chunks)",
                  g, Place::Pinned, "host.grads"});
-  m.push_back({"AdamW m and v", size_t(total) * 4, Place::Host, "host.m"});
-  m.push_back({"AdamW m and v", size_t(total) * 4, Place::Host, "host.v"});
+  const std::string mv = sd == DType::F32 ? "AdamW m and v" : "AdamW m and v (bf16)";
+  m.push_back({mv, size_t(total) * dtype_size(sd), Place::Host, "host.m"});
+  m.push_back({mv, size_t(total) * dtype_size(sd), Place::Host, "host.v"});
   return m;
 }
 
 HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads,
-                             int64_t chunk, int ring, const std::vector<bool>& held)
-    : dev_(dev), gd_(gd), keep_(keep_grads) {
+                             int64_t chunk, int ring, const std::vector<bool>& held, DType sd)
+    : dev_(dev), gd_(gd), sd_(sd), keep_(keep_grads) {
   for (int64_t n : blob_numel) {
     off_.push_back(n > 0 ? total_ : -1);
     total_ += n;
@@ -59,7 +60,7 @@ HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel
       held_off_[b] = ring_elems + held_total;
       held_total += blob_numel[b];
     }
-  BufferSource src(dev, buffers(blob_numel, gd, keep_grads, chunk, ring, held));
+  BufferSource src(dev, buffers(blob_numel, gd, keep_grads, chunk, ring, held, sd));
   master_ = src.buffer("host.master");
   m_ = HostBuffer(src.take("host.m").bytes);
   v_ = HostBuffer(src.take("host.v").bytes);
@@ -75,17 +76,17 @@ HostOptimizer::HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel
       }
   if (total_ > 0) {
     std::memset(master_.data(), 0, master_.size());  // padding between tensors stays 0
-    std::memset(m_.data(), 0, size_t(total_) * 4);
-    std::memset(v_.data(), 0, size_t(total_) * 4);
+    std::memset(m_.data(), 0, size_t(total_) * dtype_size(sd_));
+    std::memset(v_.data(), 0, size_t(total_) * dtype_size(sd_));
   }
   store_ = src.buffer_if("host.grads");
   if (!keep_grads)
     for (int r = 0; r < ring; ++r) ring_free_.push_back(dev.create_event());
 }
 
-float* HostOptimizer::state(int which, int blob) {
-  void* base = which == 0 ? master_.data() : which == 1 ? m_.data() : v_.data();
-  return static_cast<float*>(base) + off_[size_t(blob)];
+void* HostOptimizer::state(int which, int blob) {
+  if (which == 0) return master(blob);
+  return static_cast<char*>(which == 1 ? m_.data() : v_.data()) + size_t(off_[size_t(blob)]) * dtype_size(sd_);
 }
 
 const void* HostOptimizer::grads(int blob) const {
@@ -107,11 +108,16 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
                                  cpu::AdamWPart part) {
   const int64_t off = off_[size_t(blob)] + i0;
   // p by value: the next step's parameters may differ by the time this runs.
-  dev_.host_fn(opt, [this, off, n, g = at.ptr, p, part] {
+  AdamWParams q = p;  // the rounding stream's coordinates: blob, and i0 within it
+  q.blob = blob;
+  q.first = i0;
+  dev_.host_fn(opt, [this, off, n, g = at.ptr, q, part] {
     const auto t0 = std::chrono::steady_clock::now();
-    auto f32 = [&](const HostBuffer& b) { return Tensor(b.as<float>() + off, DType::F32, {n}); };
-    cpu::adamw(Tensor(static_cast<float*>(master_.data()) + off, DType::F32, {n}), Tensor(g, gd_, {n}), f32(m_),
-               f32(v_), Tensor(), p, part);
+    auto moment = [&](const HostBuffer& b) {
+      return Tensor(static_cast<char*>(b.data()) + size_t(off) * dtype_size(sd_), sd_, {n});
+    };
+    cpu::adamw(Tensor(static_cast<float*>(master_.data()) + off, DType::F32, {n}), Tensor(g, gd_, {n}), moment(m_),
+               moment(v_), Tensor(), q, part);
     update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });
   if (at.ring >= 0) dev_.record(*ring_free_[size_t(at.ring)], opt);

@@ -1,5 +1,6 @@
 // The sliding engine's host state and host AdamW (DESIGN.md §3-4). Per parameter of the blobs kept
-// on the host: the fp32 master (page-locked: the upload source), AdamW m and v — 12 bytes — and
+// on the host: the fp32 master (page-locked: the upload source), AdamW m and v in the state dtype
+// (F32, or BF16 stochastically rounded) — 12 or 8 bytes — and
 // the gradients as they come down from the GPU, in the compute dtype (bf16 on cuda):
 // - `keep_grads` (clipping, or gradients read back): every gradient of the step is held until the
 //   norm is known (+2 bytes a parameter);
@@ -25,13 +26,15 @@ namespace sf {
 class HostOptimizer {
  public:
   // blob_numel[b] (0: the blob is not on the host); `gd` the gradients' dtype; `chunk` elements a
-  // gradient chunk; `ring` buffers when not keep_grads; held[b]: the blob's gradient waits in place.
+  // gradient chunk; `ring` buffers when not keep_grads; held[b]: the blob's gradient waits in place;
+  // `sd` the dtype of m and v (EngineOptions::state_dtype).
   HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk, int ring,
-                const std::vector<bool>& held = {});
+                const std::vector<bool>& held = {}, DType sd = DType::F32);
 
   int64_t total() const { return total_; }
   float* master(int blob) { return static_cast<float*>(master_.data()) + off_[size_t(blob)]; }
-  float* state(int which, int blob);  // 0 master, 1 m, 2 v
+  void* state(int which, int blob);  // 0 master (F32), 1 m, 2 v (state_dtype())
+  DType state_dtype() const { return sd_; }
   bool keep_grads() const { return keep_; }
   DType grad_dtype() const { return gd_; }
 
@@ -57,17 +60,18 @@ class HostOptimizer {
   // What the constructor allocates, from the same arguments: "host.master" and "host.grads" (the
   // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v" pageable.
   static MemoryItems buffers(const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk, int ring,
-                             const std::vector<bool>& held = {});
+                             const std::vector<bool>& held = {}, DType sd = DType::F32);
 
  private:
   Device& dev_;
   DType gd_;
+  DType sd_;
   bool keep_;
   int64_t chunk_;
   std::vector<int64_t> off_;  // [blobs] element offset in the flat buffers (-1: not on the host)
   int64_t total_ = 0;
   DeviceBuffer master_;                            // [total] F32 pinned
-  HostBuffer m_, v_;                               // [total] F32
+  HostBuffer m_, v_;                               // [total] sd_
   DeviceBuffer store_;                             // keep_grads: [total] gd; else [ring, chunk] + [held] gd; pinned
   std::vector<int64_t> held_off_;                  // [blobs] element offset of a held blob in store_ (-1: not held)
   std::vector<std::unique_ptr<Event>> ring_free_;  // [ring] opt: the buffer's update is done

@@ -44,6 +44,7 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   r.gpu_blobs = req.gpu_blobs;
   r.gpu_budget = req.gpu_memory;
   r.host_budget = req.cpu_memory;
+  r.state_dtype = req.state_dtype;
   return r;
 }
 
@@ -62,6 +63,7 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
   EngineOptions eo = opt;
   eo.max_batch = p.micro_batch;  // the micro-batches the plan counted (maybe split)
   eo.max_micro = p.micro_batches;
+  eo.state_dtype = req.state_dtype;
   b.engine =
       make_engine(*b.dev, spec, eo, p.engine == EngineKind::Sliding, p.slots, p.gpu_blobs, req.clip, p.hold_grads);
   return b;

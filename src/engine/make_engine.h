@@ -24,6 +24,7 @@ struct EngineRequest {
   size_t cpu_memory = 0;  // the plan's host budget (0: MemAvailable)
   int grad_accum = 1;
   bool clip = true;
+  DType state_dtype = DType::F32;  // AdamW m and v (EngineOptions::state_dtype, which build_engine sets)
 };
 
 struct BuiltEngine {

@@ -18,15 +18,16 @@ namespace sf {
 // Buffers of each engine, one item a line of `slideformer plan` (the engine's list,
 // ResidentEngine::buffers / SlidingEngine::buffers, with the items of one name summed) for max_batch x max_seq
 // micro-batches (the resident engine holds gradients only when training, AdamW state only with the optimizer; the
-// sliding one always both).
+// sliding one always both). `state`: the dtype of AdamW m and v (EngineOptions::state_dtype).
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int max_seq, const BackendInfo& be,
-                                        bool training = true, bool optimizer = true, int micro = 1);
+                                        bool training = true, bool optimizer = true, int micro = 1,
+                                        DType state = DType::F32);
 // micro: micro-batches a step (layer-major: checkpoints and activations per micro-batch);
 // keep_grads: the step's gradients held in host memory (clipping, or gradients read back).
 // hold_grads: SlidingOptions::hold_grads (without keep_grads).
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs = {}, int micro = 1, bool keep_grads = true,
-                                       int64_t hold_grads = 0);
+                                       int64_t hold_grads = 0, DType state = DType::F32);
 // The order in which the planner keeps blobs whole on the GPU: the embedding (the largest, and the
 // last to be updated in a backward while the next forward needs it first), the head, then layers.
 std::vector<int> gpu_blob_order(const ModelSpec& s);
@@ -60,6 +61,7 @@ struct PlanRequest {
   size_t gpu_budget = 0;    // bytes the engine may hold on the GPU (0: the backend's free memory)
   size_t host_budget = 0;   // bytes of host memory (0: MemAvailable)
   bool split_micro = true;  // the planner may split micro-batches to fit the GPU
+  DType state_dtype = DType::F32;  // AdamW m and v (EngineOptions::state_dtype): 4 or 2 bytes each
 };
 
 enum class EngineKind { Resident, Sliding };

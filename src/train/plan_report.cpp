@@ -57,6 +57,8 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"hold_grads", p.hold_grads},
           {"gpu_blobs", p.gpu_blobs},
           {"backend", be.name},
+          {"optimizer_state", r.state_dtype == DType::BF16 ? "bf16" : "fp32"},
+          {"parameters", spec.total_params()},
           {"gpu_bytes", p.gpu_bytes},
           {"host_bytes", p.host_bytes},
           {"pinned_bytes", p.pinned_bytes},
