@@ -181,6 +181,35 @@ TEST(StochasticRounding, UnbiasedAndUniform) {
       EXPECT_LT(chi, 150.0) << "half " << half;
     }
   }
+  // No correlation between neighbouring elements' draws, between the m and v halves of one draw,
+  // nor between one element's draws at consecutive steps; that element's draws over the steps are
+  // uniform too (N = 2^18: a correlation's sampling sd is 0.002).
+  {
+    const int N = 1 << 18;
+    auto corr = [&](auto x, auto y) {
+      double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
+      for (int i = 0; i < N; ++i) {
+        const double a = x(i), b = y(i);
+        sx += a, sy += b, sxx += a * a, syy += b * b, sxy += a * b;
+      }
+      const double cov = sxy / N - sx / N * sy / N;
+      return cov / std::sqrt((sxx / N - sx / N * sx / N) * (syy / N - sy / N * sy / N));
+    };
+    const uint64_t key = round_key(3, 10, 2);
+    auto lo16 = [&](uint64_t k, uint64_t i) { return double(round_bits(k, i) & 0xffffu); };
+    auto hi16 = [&](uint64_t k, uint64_t i) { return double(round_bits(k, i) >> 16); };
+    EXPECT_LT(std::fabs(corr([&](int i) { return lo16(key, i); }, [&](int i) { return lo16(key, i + 1); })), 0.01);
+    EXPECT_LT(std::fabs(corr([&](int i) { return lo16(key, i); }, [&](int i) { return hi16(key, i); })), 0.01);
+    auto at_step = [&](int t) { return round_key(3, t + 1, 2); };
+    EXPECT_LT(
+        std::fabs(corr([&](int t) { return lo16(at_step(t), 77); }, [&](int t) { return lo16(at_step(t + 1), 77); })),
+        0.01);
+    std::vector<double> bucket(64, 0.0);
+    for (int t = 0; t < N; ++t) bucket[size_t(lo16(at_step(t), 77)) >> 10] += 1;
+    double chi = 0;
+    for (double b : bucket) chi += (b - N / 64.0) * (b - N / 64.0) / (N / 64.0);
+    EXPECT_LT(chi, 150.0);
+  }
   // Means: x between two bf16 neighbours, at 0.3, 0.5 and 0.9 of the gap (and negative).
   for (float frac : {0.3f, 0.5f, 0.9f})
     for (float sign : {1.f, -1.f}) {
