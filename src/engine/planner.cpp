@@ -262,7 +262,7 @@ double split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
                          double act, double ckpt, double up_fwd_s, double up_bwd_s, bool emb_on_host, Plan& p) {
   const double pcie = rates.pcie_gbs * 1e9;
   const double pass = 16 + act;
-  const double bus = rates.host_adamw_params_s * (24 + act) * 1.2;
+  const double bus = rates.host_bus_gbs > 0 ? rates.host_bus_gbs * 1e9 : rates.host_adamw_params_s * (24 + act) * 1.2;
   const double K = r.grad_accum;
   const double head_s = p.gpu_s * (f.head / f.total);
   const double layers_fwd_gpu = p.gpu_s * ((f.forward - f.head / 3) / f.total),
