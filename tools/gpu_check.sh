@@ -4,7 +4,7 @@
 #   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench
 #   (also: bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
-#    bench_host = host rates)
+#    bench_host = host rates, plan_hardware = the measured hardware profile with the disk)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels and bench_host built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -287,6 +287,14 @@ for s in ('3b', '1b'):
     # this machine's rates as the planner measures them, and its prediction for the 3B host path
     plan_measure) run plan_measure "$BIN/slideformer" plan --preset llama-3b --batch-size 8 --seq-len 2048 --device cuda \
       --offload --gpu-blobs 0 --measure ;;
+    # issue 17: this machine's figures with its disk (O_DIRECT, 64 MiB blocks, 4 in flight) saved as a
+    # hardware profile ($OUT/h200.json comes back), then a plan from that file
+    plan_hardware)
+      mkdir -p /tmp/sf_probe && rm -f "$OUT/h200.json"
+      run plan_hardware_measure "$BIN/slideformer" plan --preset llama-8b --batch-size 8 --seq-len 2048 --device cuda \
+        --gpu-memory 24GiB --measure --offload-dir /tmp/sf_probe --save-hardware "$OUT/h200.json"
+      run plan_hardware_file "$BIN/slideformer" plan --preset llama-8b --batch-size 8 --seq-len 2048 \
+        --gpu-memory 24GiB --hardware "$OUT/h200.json" ;;
     # the tokenizer against Hugging Face tokenizers (any machine that has them)
     tokenizer_parity) run tokenizer_parity python3 tools/tokenizer_parity.py --bin "$BIN/slideformer" ;;
     # host memory bandwidth, CPU AdamW rate, PCIe: the rates that bound the offload engine
