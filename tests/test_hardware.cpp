@@ -86,6 +86,7 @@ TEST(Hardware, BadFilesNameTheFileAndTheKey) {
       {"absurd", [](json& j) { j["gemm_tflops"] = 1e9; }, {"$.gemm_tflops", "out of range"}},
       {"unit slip", [](json& j) { j["host_adamw_gparams_s"] = 1.8e9; }, {"$.host_adamw_gparams_s", "out of range"}},
       {"efficiency > 1", [](json& j) { j["model_efficiency"] = 1.5; }, {"$.model_efficiency", "out of range"}},
+      {"disk size negative", [](json& j) { j["disk_gib"] = -1; }, {"$.disk_gib", "out of range"}},
       {"name not a string", [](json& j) { j["name"] = 4090; }, {"$.name", "expected a string"}},
       {"sources not an object", [](json& j) { j["sources"] = json::array(); }, {"$.sources", "expected an object"}},
       {"unknown source", [](json& j) { j["sources"]["gpu"] = "x"; }, {"$.sources.gpu", "unknown key"}},
@@ -246,6 +247,44 @@ TEST_F(PlanHardware, GradAccumTable) {
   EXPECT_NE(r.err.find("by gradient accumulation"), std::string::npos) << r.err;
 }
 
+// The NVMe tier on another machine: the profile's disk size is the disk budget and its rates the
+// disk's time; with state on disk, the disk's traffic a step does not grow with K, so larger steps
+// are cheaper per token (Mistral Small 24B on the 4090 desktop: fp32 state does not fit its RAM).
+TEST_F(PlanHardware, OffloadDirOnAProfile) {
+  ProbeDir d;
+  const std::string plan = "plan --preset mistral-24b --batch-size 8 --seq-len 2048 --hardware rtx4090";
+  test::CmdResult r = run(plan);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(r.last()["fits"].get<bool>());  // 314 GiB of host memory
+  r = run(plan + " --offload-dir " + d.path.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.last();
+  const HardwareProfile h = load_hardware("rtx4090");
+  EXPECT_EQ(j["disk_budget"].get<size_t>(), h.disk_budget_bytes());
+  ASSERT_TRUE(j["fits"].get<bool>()) << r.err;
+  EXPECT_GT(j["disk_bytes"].get<double>(), 0);
+  EXPECT_LE(j["host_bytes"].get<size_t>(), h.host_budget_bytes());
+  // The disk moves its bytes once each way a step at the profile's rates.
+  EXPECT_GT(j["predicted_disk_s"].get<double>(), 0);
+  const json t = j["grad_accum_table"];
+  ASSERT_EQ(t.size(), 5u);
+  EXPECT_GT(t[3]["predicted_tokens_per_second"].get<double>(), t[0]["predicted_tokens_per_second"].get<double>());
+  // A disk twice as fast: the disk's time halves.
+  json fast = builtin_json("rtx4090");
+  fast["disk_read_gbs"] = fast["disk_read_gbs"].get<double>() * 2;
+  fast["disk_write_gbs"] = fast["disk_write_gbs"].get<double>() * 2;
+  write_text(p("fast_disk.json"), fast.dump());
+  r = run("plan --preset mistral-24b --batch-size 8 --seq-len 2048 --hardware " + p("fast_disk.json") +
+          " --offload-dir " + d.path.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.last()["disk_bytes"], j["disk_bytes"]);
+  EXPECT_NEAR(r.last()["predicted_disk_s"].get<double>() * 2, j["predicted_disk_s"].get<double>(), 1e-9);
+  // --disk-memory wins over the profile's disk.
+  r = run(plan + " --offload-dir " + d.path.string() + " --disk-memory 1TiB");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.last()["disk_budget"].get<size_t>(), size_t(1) << 40);
+}
+
 TEST_F(PlanHardware, BadUseIsExitTwo) {
   json bad = builtin_json("a100-80gb");
   bad["pcie_gbs"] = -3;
@@ -282,6 +321,7 @@ TEST_F(PlanHardware, MeasureSavesThisMachineAndItsDisk) {
   EXPECT_DOUBLE_EQ(h.disk_read_gbs, out["rates"]["disk_read_gbs"].get<double>());
   EXPECT_DOUBLE_EQ(h.host_adamw_gparams_s * 1e9, out["rates"]["host_adamw_params_s"].get<double>());
   EXPECT_GT(h.ram_gib, 0.5);
+  EXPECT_GT(h.disk_gib, 0);  // the directory's free space
   EXPECT_NE(h.sources.at("disk_read_gbs").find("measured"), std::string::npos);
   // The saved file plans another run; a second save never overwrites it.
   const std::string before = test::slurp(p("me.json"));

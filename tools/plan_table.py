@@ -26,7 +26,7 @@ def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     binary, extra = sys.argv[1], sys.argv[2:]
-    print("| profile | model | fits | engine | GPU | host | disk | tokens/s (K=1) | tokens/s (K=8) | step s: GPU / host / PCIe |")
+    print("| profile | model | fits | engine | GPU | host | disk | tokens/s (K=1) | tokens/s (K=8) | step s: GPU / host / PCIe / disk |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for profile in PROFILES:
         for model in MODELS:
@@ -41,7 +41,8 @@ def main():
             print(f"| {profile} | {model} | {fits} | {engine} | {j['gpu_bytes'] / GIB:.1f} GiB | "
                   f"{j['host_bytes'] / GIB:.0f} GiB | {j.get('disk_bytes', 0) / GIB:.0f} GiB | "
                   f"{j['predicted_tokens_per_second']:.0f} | {tps8} | "
-                  f"{j['predicted_gpu_s']:.2f} / {j['predicted_host_s']:.2f} / {j['predicted_pcie_s']:.2f} |")
+                  f"{j['predicted_gpu_s']:.2f} / {j['predicted_host_s']:.2f} / {j['predicted_pcie_s']:.2f} / "
+                  f"{j.get('predicted_disk_s', 0):.2f} |")
 
 
 if __name__ == "__main__":

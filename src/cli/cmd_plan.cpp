@@ -31,7 +31,6 @@ void add_plan_options(CLI::App* c, PlanCli& o) {
                 "plan for another machine: a built-in profile (rtx4090, a100-80gb) or a hardware .json file "
                 "(docs/HARDWARE.md); its GPU memory and RAM are the budgets unless --gpu-memory / --cpu-memory");
   c->add_option("--save-hardware", po.save_hardware, "with --measure: write this machine's figures to a new .json file");
-  c->add_option("--offload-dir", po.offload_dir, "with --measure: measure this directory's disk");
   o.flags.add(c);
 }
 

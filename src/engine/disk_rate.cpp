@@ -153,6 +153,7 @@ DiskRate measure_disk(const std::string& dir, const DiskProbeOptions& o) {
   DiskRate d;
   d.bytes_written = w.bytes;
   d.bytes_read = r.bytes;
+  d.free_bytes = double(free_bytes);
   d.write_gbs = w.seconds > 0 ? double(w.bytes) / w.seconds * 1e-9 : 0;
   d.read_gbs = r.seconds > 0 ? double(r.bytes) / r.seconds * 1e-9 : 0;
   return d;

@@ -17,6 +17,7 @@ struct DiskProbeOptions {
 struct DiskRate {
   double write_gbs = 0, read_gbs = 0;
   size_t bytes_written = 0, bytes_read = 0;
+  double free_bytes = 0;  // the directory's free space before the probe
 };
 
 // The scratch file (DIR/.slideformer-disk-probe.PID.N, created exclusively) is removed afterwards,

@@ -28,6 +28,7 @@ struct NumberKey {
   const char* key;
   double HardwareProfile::*field;
   double lo, hi;
+  bool optional = false;  // absent or null: 0
 };
 constexpr NumberKey kNumbers[] = {
     {"gpu_memory_gib", &HardwareProfile::gpu_memory_gib, 1, 16384},
@@ -40,6 +41,7 @@ constexpr NumberKey kNumbers[] = {
     {"host_read_gbs", &HardwareProfile::host_read_gbs, 1, 1e5},
     {"disk_read_gbs", &HardwareProfile::disk_read_gbs, 0.01, 1e4},
     {"disk_write_gbs", &HardwareProfile::disk_write_gbs, 0.01, 1e4},
+    {"disk_gib", &HardwareProfile::disk_gib, 1, 1 << 30, true},
 };
 
 size_t gib_share(double gib, double share) { return size_t(gib * share * double(size_t(1) << 30)); }
@@ -60,6 +62,7 @@ Rates HardwareProfile::rates() const {
 
 size_t HardwareProfile::gpu_budget_bytes() const { return gib_share(gpu_memory_gib, 0.9); }
 size_t HardwareProfile::host_budget_bytes() const { return gib_share(ram_gib, 0.9); }
+size_t HardwareProfile::disk_budget_bytes() const { return gib_share(disk_gib, 0.95); }
 
 const std::vector<std::string>& hardware_keys() {
   static const std::vector<std::string> keys = [] {
@@ -80,7 +83,8 @@ HardwareProfile hardware_from_json(const nlohmann::json& j, const std::string& f
   HardwareProfile h;
   h.name = root.string_or("name", "");
   h.description = root.string_or("description", "");
-  for (const NumberKey& n : kNumbers) h.*n.field = root.at(n.key).as_number(n.lo, n.hi);
+  for (const NumberKey& n : kNumbers)
+    h.*n.field = n.optional ? root.number_or(n.key, 0, n.lo, n.hi) : root.at(n.key).as_number(n.lo, n.hi);
   if (const auto src = root.get("sources")) {
     src->expect_object();
     for (const auto& [key, value] : src->json().items()) {
@@ -96,7 +100,8 @@ nlohmann::ordered_json hardware_to_json(const HardwareProfile& h) {
   nlohmann::ordered_json j;
   j["name"] = h.name;
   j["description"] = h.description;
-  for (const NumberKey& n : kNumbers) j[n.key] = h.*n.field;
+  for (const NumberKey& n : kNumbers)
+    if (!n.optional || h.*n.field > 0) j[n.key] = h.*n.field;
   if (!h.sources.empty()) {
     nlohmann::ordered_json s = nlohmann::ordered_json::object();
     for (const NumberKey& n : kNumbers)

@@ -25,15 +25,19 @@ struct HardwareProfile {
   double host_adamw_gparams_s = 0;  // fused CPU AdamW, all cores, 1e9 parameters a second
   double host_read_gbs = 0;         // host memory read, all cores
   double disk_read_gbs = 0, disk_write_gbs = 0;  // the offload directory's disk, O_DIRECT large blocks
+  // Optional (0: absent): the offload disk's free space; with --offload-dir the plan's disk budget is
+  // 95 % of it (as of a real directory's free space) unless --disk-memory.
+  double disk_gib = 0;
   // Where each figure comes from (key -> text); optional, kept through a read/write round trip.
   std::map<std::string, std::string> sources;
 
   Rates rates() const;
   size_t gpu_budget_bytes() const;   // 90 % of gpu_memory_gib
   size_t host_budget_bytes() const;  // 90 % of ram_gib
+  size_t disk_budget_bytes() const;  // 95 % of disk_gib
 };
 
-// The rate keys of a hardware file, in the order they are written.
+// The numeric keys of a hardware file, in the order they are written (disk_gib optional).
 const std::vector<std::string>& hardware_keys();
 
 HardwareProfile hardware_from_json(const nlohmann::json& j, const std::string& file);

@@ -73,6 +73,10 @@ HardwareProfile measured_profile(const MeasuredRates& m, const BackendInfo& be, 
   const std::string d = disk ? measured + " (O_DIRECT, sequential, --offload-dir)"
                              : "not measured (no --offload-dir): the H200 machine's disk";
   h.sources["disk_read_gbs"] = h.sources["disk_write_gbs"] = d;
+  if (disk) {
+    h.disk_gib = disk->free_bytes / kGiB;
+    h.sources["disk_gib"] = "free space under --offload-dir when measured";
+  }
   return h;
 }
 
@@ -97,13 +101,14 @@ RateSource rates_for(const PlanCliOptions& o, const BackendInfo& be) {
   rs.source = "measured";
   std::string summary = m.summary;
   std::optional<DiskRate> disk;
-  if (!o.offload_dir.empty()) {
-    disk = measure_disk(o.offload_dir, disk_probe_options_from_env());
+  const std::string& dir = o.engine.offload_dir;
+  if (!dir.empty()) {
+    disk = measure_disk(dir, disk_probe_options_from_env());
     rs.rates.disk_read_gbs = disk->read_gbs;
     rs.rates.disk_write_gbs = disk->write_gbs;
     char line[256];
     std::snprintf(line, sizeof line, ", disk (%s) write %.2f GB/s, read %.2f GB/s (O_DIRECT, %s each way)",
-                  o.offload_dir.c_str(), disk->write_gbs, disk->read_gbs, format_bytes(disk->bytes_written).c_str());
+                  dir.c_str(), disk->write_gbs, disk->read_gbs, format_bytes(disk->bytes_written).c_str());
     summary += line;
   }
   log_info("%s", summary.c_str());
@@ -122,14 +127,13 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
   char line[256];
   std::snprintf(line, sizeof line, "by gradient accumulation (%d x %d tokens a micro-batch):\n", r.batch, r.seq);
   text = line;
-  std::snprintf(line, sizeof line, "  %4s %12s %9s %10s %12s %12s\n", "K", "tokens/step", "step s", "tokens/s",
-                "host memory", "disk");
+  std::snprintf(line, sizeof line, "  %4s %12s %9s %10s %12s %12s %7s\n", "K", "tokens/step", "step s", "tokens/s",
+                "host memory", "disk", "disk s");
   text += line;
   for (int k : {1, 2, 4, 8, 16}) {
     PlanRequest q = r;
     q.grad_accum = k;
     const Plan p = make_plan(spec, q, be, rates);
-    const size_t disk = total_bytes(p.items, Place::Disk);
     const double tokens = double(r.batch) * r.seq * k;
     rows.push_back({{"grad_accum", k},
                     {"tokens_per_step", tokens},
@@ -137,10 +141,11 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
                     {"predicted_step_s", p.step_s},
                     {"predicted_tokens_per_second", p.tokens_per_s},
                     {"host_bytes", p.host_bytes},
-                    {"disk_bytes", disk}});
+                    {"disk_bytes", p.disk_bytes},
+                    {"predicted_disk_s", p.disk_s}});
     if (p.fits)
-      std::snprintf(line, sizeof line, "  %4d %12.0f %9.3f %10.0f %12s %12s\n", k, tokens, p.step_s, p.tokens_per_s,
-                    format_bytes(p.host_bytes).c_str(), format_bytes(disk).c_str());
+      std::snprintf(line, sizeof line, "  %4d %12.0f %9.3f %10.0f %12s %12s %7.3f\n", k, tokens, p.step_s,
+                    p.tokens_per_s, format_bytes(p.host_bytes).c_str(), format_bytes(p.disk_bytes).c_str(), p.disk_s);
     else
       std::snprintf(line, sizeof line, "  %4d %12.0f  does not fit: %s\n", k, tokens, p.why(names).c_str());
     text += line;
@@ -186,6 +191,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
     be.device_total = be.device_free = size_t(rs.hardware->gpu_memory_gib * kGiB);
     if (r.gpu_budget == 0) r.gpu_budget = rs.hardware->gpu_budget_bytes();
     if (r.host_budget == 0) r.host_budget = rs.hardware->host_budget_bytes();
+    if (r.disk_budget == 0 && !r.offload_dir.empty()) r.disk_budget = rs.hardware->disk_budget_bytes();
   }
   const Plan p = make_plan(spec, r, be, rs.rates);
   std::fputs(format_plan(spec, r, p, o.names).c_str(), stderr);
@@ -201,8 +207,8 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
                      {"bytes", m.bytes},
                      {"place", m.place == Place::Device   ? "gpu"
                                : m.place == Place::Pinned ? "pinned"
-                               : m.place == Place::Disk   ? "disk"
-                                                          : "host"}});
+                               : m.place == Place::Host   ? "host"
+                                                          : "disk"}});
   return {{"fits", p.fits},
           {"why", p.why(o.names)},
           {"engine", engine_name(p.engine)},
@@ -211,11 +217,15 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"micro_batches", p.micro_batches},
           {"hold_grads", p.hold_grads},
           {"gpu_blobs", p.gpu_blobs},
+          {"disk_blobs", p.disk_blobs},
+          {"ckpt_disk_layers", p.ckpt_disk_layers},
+          {"disk_bytes", p.disk_bytes},
+          {"disk_budget", p.disk_budget},
+          {"predicted_disk_s", p.disk_s},
           {"backend", be.name},
           {"gpu_bytes", p.gpu_bytes},
           {"host_bytes", p.host_bytes},
           {"pinned_bytes", p.pinned_bytes},
-          {"disk_bytes", total_bytes(p.items, Place::Disk)},
           {"gpu_budget", p.gpu_budget},
           {"host_budget", p.host_budget},
           {"flops_per_step", p.flops},

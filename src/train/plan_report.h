@@ -17,7 +17,6 @@ struct PlanCliOptions {
   // its rates, and its GPU memory and RAM as the budgets where --gpu-memory / --cpu-memory are not given.
   std::string hardware;
   std::string save_hardware;  // with measure: write this machine's figures there (never overwrites)
-  std::string offload_dir;    // with measure: the disk measured for the NVMe store
   EngineRequest engine;
   SettingNamer names = setting_name;  // how the plan's shortfall names the budgets (the CLI: options)
 };
