@@ -22,8 +22,9 @@ constexpr BuiltinProfile kBuiltin[] = {
 #include "hardware_profiles.inc"
 };
 
-// One numeric key: where it lives in the struct and the range a real machine can have (a value
-// outside is a typo or a unit mistake: GB for GiB, params/s for G params/s).
+// One numeric key: where it lives in the struct and the range a machine can have. The upper bounds
+// catch typos and unit slips (GB for GiB, parameters for billions); the lower ones only require a
+// positive figure, low enough for what `--measure` finds on a loaded or sanitizer-instrumented host.
 struct NumberKey {
   const char* key;
   double HardwareProfile::*field;
@@ -31,17 +32,17 @@ struct NumberKey {
   bool optional = false;  // absent or null: 0
 };
 constexpr NumberKey kNumbers[] = {
-    {"gpu_memory_gib", &HardwareProfile::gpu_memory_gib, 1, 16384},
-    {"ram_gib", &HardwareProfile::ram_gib, 1, 1 << 20},
-    {"gemm_tflops", &HardwareProfile::gemm_tflops, 1, 1e5},
-    {"model_efficiency", &HardwareProfile::model_efficiency, 0.05, 1},
-    {"pcie_gbs", &HardwareProfile::pcie_gbs, 0.1, 1e4},
-    {"host_bus_gbs", &HardwareProfile::host_bus_gbs, 1, 1e5},
-    {"host_adamw_gparams_s", &HardwareProfile::host_adamw_gparams_s, 0.01, 1e4},
-    {"host_read_gbs", &HardwareProfile::host_read_gbs, 1, 1e5},
-    {"disk_read_gbs", &HardwareProfile::disk_read_gbs, 0.01, 1e4},
-    {"disk_write_gbs", &HardwareProfile::disk_write_gbs, 0.01, 1e4},
-    {"disk_gib", &HardwareProfile::disk_gib, 1, 1 << 30, true},
+    {"gpu_memory_gib", &HardwareProfile::gpu_memory_gib, 0.25, 16384},
+    {"ram_gib", &HardwareProfile::ram_gib, 0.25, 1 << 20},
+    {"gemm_tflops", &HardwareProfile::gemm_tflops, 1e-3, 1e5},
+    {"model_efficiency", &HardwareProfile::model_efficiency, 0.01, 1},
+    {"pcie_gbs", &HardwareProfile::pcie_gbs, 1e-3, 1e4},
+    {"host_bus_gbs", &HardwareProfile::host_bus_gbs, 1e-3, 1e5},
+    {"host_adamw_gparams_s", &HardwareProfile::host_adamw_gparams_s, 1e-6, 1e4},
+    {"host_read_gbs", &HardwareProfile::host_read_gbs, 1e-3, 1e5},
+    {"disk_read_gbs", &HardwareProfile::disk_read_gbs, 1e-3, 1e4},
+    {"disk_write_gbs", &HardwareProfile::disk_write_gbs, 1e-3, 1e4},
+    {"disk_gib", &HardwareProfile::disk_gib, 1e-3, 1 << 30, true},
 };
 
 size_t gib_share(double gib, double share) { return size_t(gib * share * double(size_t(1) << 30)); }
@@ -136,7 +137,10 @@ void save_hardware(const std::string& path, const HardwareProfile& h) {
   std::error_code ec;
   if (std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
     input_error(path, "exists; --save-hardware does not overwrite a file (remove it or choose another name)");
-  write_json_file(path, hardware_to_json(h));
+  // What is written must read back (a measured figure out of range is refused here, not later).
+  const nlohmann::ordered_json j = hardware_to_json(h);
+  hardware_from_json(nlohmann::json::parse(j.dump()), path + " (as measured)");
+  write_json_file(path, j);
 }
 
 }  // namespace sf
