@@ -5,7 +5,7 @@
 #   (also: bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
 #    state_quality state_bench = bf16 optimizer state: quality, 3B speed, 8B plan,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
-#    bench_host = host rates)
+#    bench_host = host rates, plan_hardware = the measured hardware profile with the disk)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels and bench_host built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -246,6 +246,14 @@ print(json.dumps({'plan_8b_24g': p['optimizer_state'], 'fits': p['fits'], 'host_
                   'host_bytes_per_param_without_checkpoints': per, 'predicted_tokens_per_second': p['predicted_tokens_per_second']}))
 sys.exit(0 if p['fits'] and (p['optimizer_state'] == 'fp32' or per <= 9) else 1)" "$OUT/plan_8b_24g_$st.json"
       done ;;
+    # issue 17: this machine's figures with its disk (O_DIRECT, 64 MiB blocks, 4 in flight) saved as a
+    # hardware profile ($OUT/h200.json comes back), then a plan from that file
+    plan_hardware)
+      mkdir -p /tmp/sf_probe && rm -f "$OUT/h200.json"
+      run plan_hardware_measure "$BIN/slideformer" plan --preset llama-8b --batch-size 8 --seq-len 2048 --device cuda \
+        --gpu-memory 24GiB --measure --offload-dir /tmp/sf_probe --save-hardware "$OUT/h200.json"
+      run plan_hardware_file "$BIN/slideformer" plan --preset llama-8b --batch-size 8 --seq-len 2048 \
+        --gpu-memory 24GiB --hardware "$OUT/h200.json" ;;
     # the tokenizer against Hugging Face tokenizers (any machine that has them)
     tokenizer_parity) run tokenizer_parity python3 tools/tokenizer_parity.py --bin "$BIN/slideformer" ;;
     # host memory bandwidth, CPU AdamW rate, PCIe: the rates that bound the offload engine

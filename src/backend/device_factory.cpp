@@ -1,4 +1,5 @@
 #include "backend/cpu/kernels.h"
+#include "backend/cuda/workspace_sizes.h"
 #include "backend/device.h"
 #include "core/error.h"
 
@@ -17,6 +18,16 @@ BackendInfo cuda_backend_info(int) {
 #else
 BackendInfo cuda_backend_info(int ordinal);  // backend/cuda/cuda_device.cpp
 #endif
+
+BackendInfo cuda_backend_sizes() {
+  BackendInfo b;
+  b.kind = DeviceKind::Cuda;
+  b.compute_dtype = DType::BF16;
+  b.stream_scratch = cuda::kLtWorkspaceBytes + cuda::kKernelScratchBytes;
+  b.attention_ws = cuda::attention_workspace_bytes;
+  b.linear_ce_ws = cuda::linear_ce_workspace_bytes;
+  return b;
+}
 
 BackendInfo backend_info(const std::string& which, int ordinal) {
   if (which == "cuda" || ((which == "auto" || which.empty()) && cuda_available())) return cuda_backend_info(ordinal);

@@ -18,14 +18,19 @@ struct PlanCli {
 void add_plan_options(CLI::App* c, PlanCli& o) {
   PlanCliOptions& po = o.po;
   c->add_option("--model", po.model_dir, "Hugging Face model directory (its config.json)");
-  c->add_option("--preset", po.preset, "or a built-in shape: llama-1b, llama-3b, llama-8b, qwen2.5-7b");
+  c->add_option("--preset", po.preset, "or a built-in shape: llama-1b, llama-3b, llama-8b, llama-13b, llama-70b, mistral-24b, mistral-123b, qwen2.5-7b");
   c->add_option("--config", po.config, "or a config.json");
   c->add_option("--device", po.device, "cuda, cpu or auto")->capture_default_str();
   c->add_option("--batch-size", po.batch_size)->capture_default_str();
   c->add_option("--seq-len", po.seq_len)->capture_default_str();
   c->add_option("--grad-accum", po.grad_accum)->capture_default_str();
   c->add_option("--max-grad-norm", po.max_grad_norm, "0 = no clipping")->capture_default_str();
-  c->add_flag("--measure", po.measure, "measure this machine's rates first (a few seconds) for the prediction");
+  c->add_flag("--measure", po.measure,
+              "measure this machine's rates first (a few seconds; with --offload-dir also its disk) for the prediction");
+  c->add_option("--hardware", po.hardware,
+                "plan for another machine: a built-in profile (rtx4090, a100-80gb) or a hardware .json file "
+                "(docs/HARDWARE.md); its GPU memory and RAM are the budgets unless --gpu-memory / --cpu-memory");
+  c->add_option("--save-hardware", po.save_hardware, "with --measure: write this machine's figures to a new .json file");
   o.flags.add(c);
   o.flags.add_optimizer_state(c);
 }

@@ -24,4 +24,7 @@ inline bool crash_trace() { return std::getenv("SF_CRASH_TRACE") != nullptr; }
 // SF_TEST_NO_EXCHANGE=1: behave as a filesystem without renameat2(RENAME_EXCHANGE).
 inline bool no_exchange() { return std::getenv("SF_TEST_NO_EXCHANGE") != nullptr; }
 
+// SF_DISK_PROBE_MIB=N: `plan --measure --offload-dir` probes the disk with N MiB each way (tests: a
+// quick probe); 0: the full probe.
+inline long long disk_probe_mib() { return detail::read_int("SF_DISK_PROBE_MIB"); }
 }  // namespace sf::test_hooks

@@ -333,7 +333,7 @@ double split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
                          double act, double ckpt, double up_fwd_s, double up_bwd_s, bool emb_on_host, Plan& p) {
   const double pcie = rates.pcie_gbs * 1e9;
   const PassBytes pb = pass_bytes(act, double(dtype_size(r.state_dtype)));
-  const double bus = rates.host_adamw_params_s * (24 + act) * 1.2;
+  const double bus = rates.host_bus_gbs > 0 ? rates.host_bus_gbs * 1e9 : rates.host_adamw_params_s * (24 + act) * 1.2;
   const double K = r.grad_accum;
   const double head_s = p.gpu_s * (f.head / f.total);
   const double layers_fwd_gpu = p.gpu_s * ((f.forward - f.head / 3) / f.total),

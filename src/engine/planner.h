@@ -48,6 +48,9 @@ struct Rates {
   double host_adamw_params_s = 5.3e9;
   double host_read_gbs = 75;  // host memory read, all cores
   double pcie_gbs = 44;       // each way, both directions busy
+  // The host memory bus with the CPU's optimizer passes and the DMA both busy; 0: derived from the
+  // host AdamW rate (its fused pass's bytes x 1.2, planner.cpp split_update_path).
+  double host_bus_gbs = 0;
   // The NVMe store's disk (--offload-dir), O_DIRECT large blocks, several requests in flight. The
   // defaults are the H200 machine's disk with one request in flight (issue 17's figures).
   double disk_read_gbs = 1.77;

@@ -16,9 +16,6 @@ namespace sf {
 
 namespace {
 
-// 1B in-memory step over its FLOPs (500 TFLOP/s) against cuBLAS on its layer GEMMs (727), H200.
-constexpr double kStepEfficiency = 500.0 / 727.0;
-
 template <class F>
 double best_seconds(int reps, F&& fn) {
   fn();  // warm-up: first touch, lazy initialisation

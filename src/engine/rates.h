@@ -9,6 +9,10 @@
 
 namespace sf {
 
+// The model rate over the layer GEMM's rate: the 1B in-memory step over its FLOPs (500 TFLOP/s)
+// against cuBLAS on its layer GEMMs (727), H200 machine (docs/ENGINE.md).
+constexpr double kStepEfficiency = 500.0 / 727.0;
+
 struct MeasuredRates {
   Rates rates;
   double gemm_tflops = 0;  // 0: no GPU measured

@@ -1,20 +1,171 @@
 #include "train/plan_report.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/units.h"
+#include "engine/disk_rate.h"
 #include "engine/make_engine.h"
 #include "engine/rates.h"
 #include "io/json_file.h"
+#include "train/hardware_profile.h"
 #include "train/presets.h"
 
 namespace sf {
 
+namespace {
+
+constexpr double kGiB = double(size_t(1) << 30);
+
+double mem_total_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  uint64_t kb = 0;
+  while (f >> key >> kb >> unit)
+    if (key == "MemTotal:") return double(kb) * 1024.0;
+  return 0;
+}
+
+// The rates the prediction uses and where they come from.
+struct RateSource {
+  Rates rates;
+  std::string source = "built-in (the H200 machine)";
+  std::optional<HardwareProfile> hardware;  // --hardware
+};
+
+// This machine's figures as a hardware file: what `plan --measure` found; what it could not
+// measure (no GPU, no --offload-dir) is the built-in default, and its source says so.
+HardwareProfile measured_profile(const MeasuredRates& m, const BackendInfo& be, const std::optional<DiskRate>& disk) {
+  const Rates def;
+  HardwareProfile h;
+  char host[256] = "this machine";
+  ::gethostname(host, sizeof host - 1);
+  h.name = host;
+  h.description = "measured by `slideformer plan --measure`";
+  const std::string measured = "measured by plan --measure";
+  const bool gpu = m.gemm_tflops > 0;
+  const std::string no_gpu = "not measured (no GPU): the built-in H200 figure";
+  h.gpu_memory_gib = gpu && be.device_total > 0 ? double(be.device_total) / kGiB : 139.8;
+  h.sources["gpu_memory_gib"] = gpu && be.device_total > 0 ? "cudaMemGetInfo total" : no_gpu;
+  h.gemm_tflops = gpu ? m.gemm_tflops : def.model_tflops / kStepEfficiency;
+  h.sources["gemm_tflops"] = gpu ? measured + " ([8192, 4096] x [4096, 4096]^T bf16, 10 in a row)" : no_gpu;
+  h.model_efficiency = kStepEfficiency;
+  h.sources["model_efficiency"] = "the H200 machine's 1B step over its layer GEMM rate (500 / 727)";
+  h.pcie_gbs = gpu ? m.rates.pcie_gbs : def.pcie_gbs;
+  h.sources["pcie_gbs"] = gpu ? measured + " (256 MiB pinned, both directions at once)" : no_gpu;
+  h.ram_gib = mem_total_bytes() / kGiB;
+  h.sources["ram_gib"] = "MemTotal of /proc/meminfo";
+  h.host_adamw_gparams_s = m.rates.host_adamw_params_s * 1e-9;
+  h.sources["host_adamw_gparams_s"] = measured + " (32M parameters, all cores, no DMA running)";
+  h.host_read_gbs = m.rates.host_read_gbs;
+  h.sources["host_read_gbs"] = measured + " (squared norm of 128 MiB, all cores)";
+  // The planner's own derivation (planner.cpp split_update_path): the fused pass's bytes x 1.2.
+  h.host_bus_gbs = m.rates.host_adamw_params_s * (24 + 2) * 1.2 * 1e-9;
+  h.sources["host_bus_gbs"] = "derived: host AdamW rate x 26 bytes a parameter x 1.2 (as the planner derives it)";
+  h.disk_read_gbs = disk ? disk->read_gbs : def.disk_read_gbs;
+  h.disk_write_gbs = disk ? disk->write_gbs : def.disk_write_gbs;
+  const std::string d = disk ? measured + " (O_DIRECT, sequential, --offload-dir)"
+                             : "not measured (no --offload-dir): the H200 machine's disk";
+  h.sources["disk_read_gbs"] = h.sources["disk_write_gbs"] = d;
+  if (disk) {
+    h.disk_gib = disk->free_bytes / kGiB;
+    h.sources["disk_gib"] = "free space under --offload-dir when measured";
+  }
+  return h;
+}
+
+RateSource rates_for(const PlanCliOptions& o, const BackendInfo& be) {
+  RateSource rs;
+  if (!o.hardware.empty()) {
+    rs.hardware = load_hardware(o.hardware);
+    const HardwareProfile& h = *rs.hardware;
+    rs.rates = h.rates();
+    rs.source = "hardware " + o.hardware;
+    const std::string named = h.name.empty() || h.name == o.hardware ? "" : " (" + h.name + ")";
+    log_info("hardware %s%s: GPU %.1f GiB, RAM %.0f GiB, GEMM %.0f TFLOP/s -> model %.0f TFLOP/s, PCIe %.1f GB/s, "
+             "host AdamW %.2f G params/s, host bus %.0f GB/s, disk read %.2f / write %.2f GB/s",
+             o.hardware.c_str(), named.c_str(), h.gpu_memory_gib, h.ram_gib,
+             h.gemm_tflops, rs.rates.model_tflops, h.pcie_gbs, h.host_adamw_gparams_s, h.host_bus_gbs,
+             h.disk_read_gbs, h.disk_write_gbs);
+    return rs;
+  }
+  if (!o.measure) return rs;
+  const MeasuredRates m = measure_rates(o.device);
+  rs.rates = m.rates;
+  rs.source = "measured";
+  std::string summary = m.summary;
+  std::optional<DiskRate> disk;
+  const std::string& dir = o.engine.offload_dir;
+  if (!dir.empty()) {
+    disk = measure_disk(dir, disk_probe_options_from_env());
+    rs.rates.disk_read_gbs = disk->read_gbs;
+    rs.rates.disk_write_gbs = disk->write_gbs;
+    char line[256];
+    std::snprintf(line, sizeof line, ", disk (%s) write %.2f GB/s, read %.2f GB/s (O_DIRECT, %s each way)",
+                  dir.c_str(), disk->write_gbs, disk->read_gbs, format_bytes(disk->bytes_written).c_str());
+    summary += line;
+  }
+  log_info("%s", summary.c_str());
+  if (!o.save_hardware.empty()) {
+    save_hardware(o.save_hardware, measured_profile(m, be, disk));
+    log_info("wrote %s", o.save_hardware.c_str());
+  }
+  return rs;
+}
+
+// The trade of a larger step: predicted rate and memory for grad-accum K = 1, 2, 4, 8, 16 (one
+// plan each; the planner is arithmetic over buffer lists, well under a second for 123B).
+nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, const BackendInfo& be, const Rates& rates,
+                                SettingNamer names, std::string& text) {
+  nlohmann::json rows = nlohmann::json::array();
+  char line[256];
+  std::snprintf(line, sizeof line, "by gradient accumulation (%d x %d tokens a micro-batch):\n", r.batch, r.seq);
+  text = line;
+  std::snprintf(line, sizeof line, "  %4s %12s %9s %10s %12s %12s %7s\n", "K", "tokens/step", "step s", "tokens/s",
+                "host memory", "disk", "disk s");
+  text += line;
+  for (int k : {1, 2, 4, 8, 16}) {
+    PlanRequest q = r;
+    q.grad_accum = k;
+    const Plan p = make_plan(spec, q, be, rates);
+    const double tokens = double(r.batch) * r.seq * k;
+    rows.push_back({{"grad_accum", k},
+                    {"tokens_per_step", tokens},
+                    {"fits", p.fits},
+                    {"predicted_step_s", p.step_s},
+                    {"predicted_tokens_per_second", p.tokens_per_s},
+                    {"host_bytes", p.host_bytes},
+                    {"disk_bytes", p.disk_bytes},
+                    {"predicted_disk_s", p.disk_s}});
+    if (p.fits)
+      std::snprintf(line, sizeof line, "  %4d %12.0f %9.3f %10.0f %12s %12s %7.3f\n", k, tokens, p.step_s,
+                    p.tokens_per_s, format_bytes(p.host_bytes).c_str(), format_bytes(p.disk_bytes).c_str(), p.disk_s);
+    else
+      std::snprintf(line, sizeof line, "  %4d %12.0f  does not fit: %s\n", k, tokens, p.why(names).c_str());
+    text += line;
+  }
+  return rows;
+}
+
+}  // namespace
+
 nlohmann::json run_plan(const PlanCliOptions& o) {
   const int sources = int(!o.model_dir.empty()) + int(!o.preset.empty()) + int(!o.config.empty());
   if (sources != 1) input_error("plan", "give one of --model DIR, --preset NAME or --config FILE");
+  if (!o.hardware.empty() && o.measure)
+    input_error("plan", "give --hardware (another machine's figures) or --measure (this machine's), not both");
+  if (!o.save_hardware.empty() && !o.measure)
+    input_error("--save-hardware", "needs --measure (it writes this machine's measured figures)");
+  if (!o.save_hardware.empty() && std::filesystem::exists(std::filesystem::symlink_status(o.save_hardware)))
+    input_error(o.save_hardware, "exists; --save-hardware does not overwrite a file (remove it or choose another name)");
+  if (!o.hardware.empty() && o.device == "cpu")
+    input_error("--hardware", "a hardware profile plans for its GPU; leave out --device cpu");
   std::string where = o.preset.empty() ? "" : "preset " + o.preset;
   nlohmann::json cfg;
   if (!o.preset.empty()) {
@@ -29,18 +180,27 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
   eo.max_batch = o.batch_size;
   eo.max_seq = o.seq_len;
   EngineRequest er = o.engine;
-  er.device = o.device;
+  er.device = o.hardware.empty() ? o.device : "cuda";
   er.grad_accum = o.grad_accum;
   er.clip = o.max_grad_norm > 0;
-  const PlanRequest r = plan_request(eo, er);
-  const BackendInfo be = plan_backend(eo, er);
-  MeasuredRates mr;
-  if (o.measure) {
-    mr = measure_rates(o.device);
-    log_info("%s", mr.summary.c_str());
+  PlanRequest r = plan_request(eo, er);
+  // Another machine's GPU: the cuda backend's sizes (known without a GPU) and the profile's memory.
+  BackendInfo be = o.hardware.empty() ? plan_backend(eo, er) : cuda_backend_sizes();
+  const RateSource rs = rates_for(o, be);
+  if (rs.hardware) {
+    be.device_total = be.device_free = size_t(rs.hardware->gpu_memory_gib * kGiB);
+    if (r.gpu_budget == 0) r.gpu_budget = rs.hardware->gpu_budget_bytes();
+    if (r.host_budget == 0) r.host_budget = rs.hardware->host_budget_bytes();
+    if (r.disk_budget == 0 && !r.offload_dir.empty()) r.disk_budget = rs.hardware->disk_budget_bytes();
   }
-  const Plan p = make_plan(spec, r, be, mr.rates);
+  const Plan p = make_plan(spec, r, be, rs.rates);
   std::fputs(format_plan(spec, r, p, o.names).c_str(), stderr);
+  nlohmann::json table = nlohmann::json::array();
+  if (p.step_s > 0) {
+    std::string text;
+    table = grad_accum_table(spec, r, be, rs.rates, o.names, text);
+    std::fputs(text.c_str(), stderr);
+  }
   nlohmann::json items = nlohmann::json::array();
   for (const MemoryItem& m : p.items)
     items.push_back({{"name", m.name},
@@ -76,12 +236,17 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"predicted_gpu_s", p.gpu_s},
           {"predicted_host_s", p.host_s},
           {"predicted_pcie_s", p.pcie_s},
+          {"grad_accum_table", table},
           {"rates",
            {{"measured", o.measure},
-            {"model_tflops", mr.rates.model_tflops},
-            {"host_adamw_params_s", mr.rates.host_adamw_params_s},
-            {"host_read_gbs", mr.rates.host_read_gbs},
-            {"pcie_gbs", mr.rates.pcie_gbs}}},
+            {"source", rs.source},
+            {"model_tflops", rs.rates.model_tflops},
+            {"host_adamw_params_s", rs.rates.host_adamw_params_s},
+            {"host_read_gbs", rs.rates.host_read_gbs},
+            {"host_bus_gbs", rs.rates.host_bus_gbs},
+            {"pcie_gbs", rs.rates.pcie_gbs},
+            {"disk_read_gbs", rs.rates.disk_read_gbs},
+            {"disk_write_gbs", rs.rates.disk_write_gbs}}},
           {"items", items}};
 }
 

@@ -13,6 +13,10 @@ struct PlanCliOptions {
   int batch_size = 8, seq_len = 2048, grad_accum = 1;
   double max_grad_norm = 1.0;
   bool measure = false;  // measure this machine's rates for the prediction (else the H200's)
+  // Another machine's figures (a built-in name or a .json path, docs/HARDWARE.md) instead of measuring:
+  // its rates, and its GPU memory and RAM as the budgets where --gpu-memory / --cpu-memory are not given.
+  std::string hardware;
+  std::string save_hardware;  // with measure: write this machine's figures there (never overwrites)
   EngineRequest engine;
   SettingNamer names = setting_name;  // how the plan's shortfall names the budgets (the CLI: options)
 };

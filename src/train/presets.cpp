@@ -4,38 +4,88 @@
 
 namespace sf {
 
+namespace {
+
+// A decoder's published shape (the model's config.json on the Hugging Face hub).
+struct Shape {
+  const char* name;
+  int hidden, intermediate, layers, heads, kv_heads;
+  int head_dim;  // 0: hidden / heads
+  bool tied;
+};
+
+nlohmann::json with_shape(nlohmann::json cfg, const Shape& l) {
+  cfg.update({{"hidden_size", l.hidden},
+              {"intermediate_size", l.intermediate},
+              {"num_hidden_layers", l.layers},
+              {"num_attention_heads", l.heads},
+              {"num_key_value_heads", l.kv_heads},
+              {"tie_word_embeddings", l.tied}});
+  if (l.head_dim > 0) cfg["head_dim"] = l.head_dim;
+  return cfg;
+}
+
+nlohmann::json llama3_base() {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", 128256},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", 500000.0},
+          {"max_position_embeddings", 131072},
+          {"hidden_act", "silu"},
+          {"torch_dtype", "bfloat16"},
+          {"rope_scaling",
+           {{"rope_type", "llama3"},
+            {"factor", 32.0},
+            {"low_freq_factor", 1.0},
+            {"high_freq_factor", 4.0},
+            {"original_max_position_embeddings", 8192}}}};
+}
+
+nlohmann::json mistral_base(int vocab, double rope_theta, int max_positions) {
+  return {{"architectures", {"MistralForCausalLM"}},
+          {"model_type", "mistral"},
+          {"vocab_size", vocab},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", rope_theta},
+          {"max_position_embeddings", max_positions},
+          {"sliding_window", nullptr},
+          {"hidden_act", "silu"},
+          {"torch_dtype", "bfloat16"}};
+}
+
+}  // namespace
+
+const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> names = {"llama-1b",   "llama-3b",    "llama-8b",     "llama-13b",
+                                                 "llama-70b",  "mistral-24b", "mistral-123b", "qwen2.5-7b"};
+  return names;
+}
+
 nlohmann::json preset_config(const std::string& name) {
-  nlohmann::json llama = {{"architectures", {"LlamaForCausalLM"}},
-                          {"model_type", "llama"},
-                          {"vocab_size", 128256},
-                          {"rms_norm_eps", 1e-5},
-                          {"rope_theta", 500000.0},
-                          {"max_position_embeddings", 131072},
-                          {"hidden_act", "silu"},
-                          {"torch_dtype", "bfloat16"},
-                          {"rope_scaling",
-                           {{"rope_type", "llama3"},
-                            {"factor", 32.0},
-                            {"low_freq_factor", 1.0},
-                            {"high_freq_factor", 4.0},
-                            {"original_max_position_embeddings", 8192}}}};
-  // Llama 3.2 1B and 3B, Llama 3.1 8B: their shapes on the configuration above.
-  struct Shape {
-    const char* name;
-    int hidden, intermediate, layers, heads;
-    bool tied;
-  };
-  for (const Shape& l : {Shape{"llama-1b", 2048, 8192, 16, 32, true}, Shape{"llama-3b", 3072, 8192, 28, 24, true},
-                         Shape{"llama-8b", 4096, 14336, 32, 32, false}}) {
-    if (name != l.name) continue;
-    llama.update({{"hidden_size", l.hidden},
-                  {"intermediate_size", l.intermediate},
-                  {"num_hidden_layers", l.layers},
-                  {"num_attention_heads", l.heads},
-                  {"num_key_value_heads", 8},
-                  {"tie_word_embeddings", l.tied}});
-    return llama;
+  // Llama 3.2 1B and 3B, Llama 3.1 8B, Llama 3 70B (Llama 3.1 70B has the same shapes; its rope
+  // scaling is taken here, as for the 8B).
+  for (const Shape& l : {Shape{"llama-1b", 2048, 8192, 16, 32, 8, 0, true}, Shape{"llama-3b", 3072, 8192, 28, 24, 8, 0, true},
+                         Shape{"llama-8b", 4096, 14336, 32, 32, 8, 0, false},
+                         Shape{"llama-70b", 8192, 28672, 80, 64, 8, 0, false}})
+    if (name == l.name) return with_shape(llama3_base(), l);
+  if (name == "llama-13b") {  // Llama 2 13B: multi-head attention, 32k vocabulary, 4k context, theta 1e4
+    return with_shape({{"architectures", {"LlamaForCausalLM"}},
+                       {"model_type", "llama"},
+                       {"vocab_size", 32000},
+                       {"rms_norm_eps", 1e-5},
+                       {"rope_theta", 10000.0},
+                       {"max_position_embeddings", 4096},
+                       {"hidden_act", "silu"},
+                       {"torch_dtype", "bfloat16"}},
+                      Shape{"llama-13b", 5120, 13824, 40, 40, 40, 0, false});
   }
+  // Mistral Small 24B (2501): 32 heads of 128 on a 5120 residual; Mistral Large 2 (2407), 123B.
+  if (name == "mistral-24b")
+    return with_shape(mistral_base(131072, 100000000.0, 32768), Shape{"mistral-24b", 5120, 32768, 40, 32, 8, 128, false});
+  if (name == "mistral-123b")
+    return with_shape(mistral_base(32768, 1000000.0, 131072),
+                      Shape{"mistral-123b", 12288, 28672, 88, 96, 8, 128, false});
   if (name == "qwen2.5-7b") {
     return {{"architectures", {"Qwen2ForCausalLM"}},
             {"model_type", "qwen2"},
@@ -52,7 +102,9 @@ nlohmann::json preset_config(const std::string& name) {
             {"tie_word_embeddings", false},
             {"torch_dtype", "bfloat16"}};
   }
-  input_error("--preset", "unknown preset '" + name + "' (llama-1b, llama-3b, llama-8b, qwen2.5-7b)");
+  std::string names;
+  for (const std::string& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+  input_error("--preset", "unknown preset '" + name + "' (" + names + ")");
 }
 
 }  // namespace sf

@@ -2,11 +2,15 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace sf {
 
-// Built-in configs (config.json as Hugging Face writes it): llama-1b (Llama-3.2-1B shapes),
-// llama-3b, llama-8b, qwen2.5-7b. An unknown name is an InputError naming --preset.
+// Built-in configs (config.json as Hugging Face writes it, the published shapes): llama-1b,
+// llama-3b (Llama 3.2), llama-8b (Llama 3.1), llama-13b (Llama 2), llama-70b (Llama 3),
+// mistral-24b (Mistral Small 24B), mistral-123b (Mistral Large 2), qwen2.5-7b. An unknown name is an
+// InputError naming --preset.
 nlohmann::json preset_config(const std::string& name);
+const std::vector<std::string>& preset_names();
 
 }  // namespace sf

@@ -855,11 +855,6 @@ void attention_set_longest_first(bool on) { g_longest_first = on; }
 int attention_fwd_variants() { return 3; }
 int attention_bwd_variants() { return 5; }
 
-size_t attention_workspace_bytes(const AttnDims& d) {
-  const size_t rows = size_t(d.B) * size_t(d.T);
-  return round256(rows * size_t(d.n_head) * size_t(d.head_dim) * 4) + round256(rows * size_t(d.n_head) * 4);
-}
-
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   check_head_dim("attention_forward", d);
   const int64_t rows = int64_t(d.B) * d.T;

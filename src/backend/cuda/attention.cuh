@@ -16,12 +16,12 @@
 // kernels (slow, O(T^2 * hd) per head, meant for tests and odd shapes).
 #pragma once
 #include "backend/cuda/launch.h"
+#include "backend/cuda/workspace_sizes.h"
 #include "backend/ops.h"
 
 namespace sf::cuda {
 
-// fp32 dQ accumulator [B*T, n_head*hd] + D [B, n_head, T], each 256-byte aligned.
-size_t attention_workspace_bytes(const AttnDims& d);
+// attention_workspace_bytes: backend/cuda/workspace_sizes.h.
 // out, q [B*T, n_head*hd]; k, v [B*T, n_kv_head*hd]; lse [B, n_head, T] F32 (may be empty).
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,

@@ -350,12 +350,7 @@ bool cuda_available() {
 }
 
 BackendInfo cuda_backend_info(int ordinal) {
-  BackendInfo b;
-  b.kind = DeviceKind::Cuda;
-  b.compute_dtype = DType::BF16;
-  b.stream_scratch = cuda::kLtWorkspaceBytes + cuda::kKernelScratchBytes;
-  b.attention_ws = cuda::attention_workspace_bytes;
-  b.linear_ce_ws = cuda::linear_ce_workspace_bytes;
+  BackendInfo b = cuda_backend_sizes();
   int n = 0;
   if (cudaGetDeviceCount(&n) == cudaSuccess && n > ordinal && ordinal >= 0) {
     set_sync_flags();  // before the first call that creates the context

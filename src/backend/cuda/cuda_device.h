@@ -2,6 +2,7 @@
 // (256-byte alignment), non-blocking streams, timing-free events, pinned host memory, and the
 // kernel table implemented by the launchers in this folder.
 #pragma once
+#include "backend/cuda/workspace_sizes.h"
 #include "backend/device.h"
 
 namespace sf {
@@ -12,11 +13,7 @@ std::unique_ptr<Device> make_cuda_device(size_t arena_bytes, int ordinal);  // d
 bool cuda_available();
 
 namespace cuda {
-// Bytes of arena each stream takes the first time it runs a kernel that needs scratch
-// (cuBLASLt workspace + reduction partials). Copy-only streams take none.
-constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
-constexpr size_t kKernelScratchBytes = size_t(32) << 20;
-
+// kLtWorkspaceBytes, kKernelScratchBytes: backend/cuda/workspace_sizes.h.
 // The cudaStream_t behind a Stream of a cuda Device (for benchmarks and interop), as void*.
 void* native_stream(Stream& s);
 }  // namespace cuda

@@ -129,26 +129,6 @@ __global__ void loss_reduce_kernel(float* loss_sum, const float* __restrict__ ro
 
 }  // namespace
 
-int64_t linear_ce_chunk_rows(int64_t N, int64_t V) {
-  if (N <= 0 || V <= 0) return 1;
-  const int64_t row_bytes = V * 4;
-  const int64_t small = int64_t(32) << 20;
-  if (N * row_bytes <= small) return N;
-  // 1/8 of the BF16 N x V logits, less the stream's cuBLASLt workspace, so that the chunk's F32
-  // logits plus that workspace stay within 1/8 of the logits.
-  const int64_t budget = std::max<int64_t>(small, N * V * 2 / 8 - int64_t(kLtWorkspaceBytes));
-  int64_t nc = budget / row_bytes;
-  if (nc >= N) return N;
-  if (nc >= 128) nc = nc / 128 * 128;
-  return std::max<int64_t>(nc, 1);
-}
-
-size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) {
-  (void)H;
-  const int64_t nc = linear_ce_chunk_rows(N, V);
-  return round256(size_t(nc) * size_t(V) * 4);
-}
-
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
                           Tensor ws, const Launch& L) {
   const int64_t N = x.rows(), H = x.cols(), V = w.rows();

@@ -16,14 +16,11 @@
 // kernel scratch (the per-row losses live there).
 #pragma once
 #include "backend/cuda/launch.h"
+#include "backend/cuda/workspace_sizes.h"
 
 namespace sf::cuda {
 
-// Tokens per chunk: all N when N*V*4 <= 32 MiB; otherwise as many as fit in
-// max(32 MiB, N*V*2/8 - kLtWorkspaceBytes) bytes of F32 logits (1/8 of the BF16 N x V logits less
-// the cuBLASLt workspace), a multiple of 128 when that is at least 128.
-int64_t linear_ce_chunk_rows(int64_t N, int64_t V);
-size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V);
+// linear_ce_chunk_rows, linear_ce_workspace_bytes: backend/cuda/workspace_sizes.h.
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
                           Tensor ws, const Launch& L);
 
