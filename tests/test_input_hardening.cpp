@@ -421,9 +421,18 @@ TEST_F(Hostile, TrainerStateFieldsAreTypeChecked) {
   const std::string ck = p("a") + "/checkpoint-1";
   ASSERT_TRUE(fs::exists(ck + "/trainer_state.json"));
   const json good = json::parse(slurp(ck + "/trainer_state.json"));
+  // Any change is refused by the manifest's checksum first; --no-verify reaches the typed reads.
+  {
+    json j = good;
+    j["step"] = 2;
+    std::ofstream(ck + "/trainer_state.json") << j.dump(2) << "\n";
+    expect_refused(run("train" + common + " --output " + p("b") + " --resume " + ck),
+                   {ck + "/trainer_state.json: ", "does not match", ".sf-manifest.json"});
+    EXPECT_FALSE(fs::exists(p("b")));
+  }
   auto resume_with = [&](const std::string& text) {
     std::ofstream(ck + "/trainer_state.json") << text;
-    return run("train" + common + " --output " + p("b") + " --resume " + ck);
+    return run("train" + common + " --output " + p("b") + " --resume " + ck + " --no-verify");
   };
   json j = good;
   j["step"] = 1.5;
@@ -440,7 +449,7 @@ TEST_F(Hostile, TrainerStateFieldsAreTypeChecked) {
   expect_refused(resume_with("[1]"), {"trainer_state.json: $: expected an object, got an array"});
   expect_refused(resume_with("{\"step\":" + std::string(100000, '[') + std::string(100000, ']') + "}"),
                  {"trainer_state.json: JSON nested deeper than 64"});
-  expect_refused(resume_with("{\"step\": 1e400}"), {"trainer_state.json: invalid JSON"});
+  expect_refused(resume_with("{\"step\": 1e400}"), {"trainer_state.json: invalid JSON", "number overflow"});
   EXPECT_EQ(resume_with(good.dump()).code, 0);
 }
 
