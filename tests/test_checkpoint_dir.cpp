@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -247,7 +248,7 @@ TEST(StagedDir, CommitReplacesOwnOutputKeepingOtherEntries) {
     StagedDir s(out + "/");  // trailing slash names the same directory
     EXPECT_EQ(s.final_path(), out);
     EXPECT_EQ(fs::path(s.path()).parent_path(), fs::path(out).parent_path());
-    EXPECT_NE(s.path().find("out.tmp-"), std::string::npos);
+    EXPECT_NE(s.path().find("out.sf-tmp-"), std::string::npos);
     write_text(s.path() + "/model.safetensors", "new weights");
     EXPECT_EQ(read_text(out + "/model.safetensors"), "old weights");  // untouched until commit
     s.commit();
@@ -406,7 +407,8 @@ TEST(StagedDir, RemovalIsKillSafe) {
     claim_output_dir(out);
     std::vector<std::string> left;
     for (const auto& e : fs::directory_iterator(out)) left.push_back(e.path().filename().string());
-    EXPECT_EQ(left, std::vector<std::string>{kOutputMarker}) << "k=" << k;
+    std::sort(left.begin(), left.end());
+    EXPECT_EQ(left, (std::vector<std::string>{kManifestName, kOutputMarker})) << "k=" << k;
     if (!killed) {
       EXPECT_GT(k, 4);  // rename to trash, 2 files, 2 directories
       break;

@@ -41,11 +41,10 @@ bool weight_file_name(const std::string& n) {
   return std::regex_match(n, w);
 }
 
-// Names slideformer uses for itself beside or inside an output (temporaries, another output's
-// lock file): never carried into a new output.
+// Temporaries (of this run, of another live one, or leftovers): never carried into a new output.
 bool marked_temp(const std::string& n) {
   return parse_marked_temp(n, kTempKindTmp) || parse_marked_temp(n, kTempKindOld) ||
-         parse_marked_temp(n, kTempKindTrash) || n.ends_with(".sf-lock");
+         parse_marked_temp(n, kTempKindTrash);
 }
 
 // A marked temporary name of `kind` whose base is `base` (any base when empty) and whose process
@@ -285,7 +284,8 @@ void StagedDir::commit() {
   // Never temporaries (another process's, or leftovers) nor old weights.
   for (const auto& e : fs::directory_iterator(final_, ec)) {
     const std::string n = e.path().filename().string();
-    if (fs::exists(fs::symlink_status(fs::path(tmp_) / n, ec)) || weight_file_name(n) || marked_temp(n)) continue;
+    std::error_code absent;  // "not found" sets it: kept apart from the listing's error
+    if (fs::exists(fs::symlink_status(fs::path(tmp_) / n, absent)) || weight_file_name(n) || marked_temp(n)) continue;
     link_tree(e.path(), fs::path(tmp_) / n);
   }
   if (ec) input_error(final_, "cannot list directory: " + ec.message());
