@@ -86,6 +86,7 @@ class Cli : public test::BinaryTest {
   // A copy of the model directory `model` at DIR/name, with `config` as its config.json.
   std::string copy_model(const std::string& model, const std::string& name, const std::string& config) {
     fs::copy(model, p(name), fs::copy_options::recursive);
+    fs::remove(p(name + "/.sf-manifest.json"));  // an edited copy: no longer slideformer's output
     write(name + "/config.json", config);
     return p(name);
   }
@@ -400,7 +401,12 @@ TEST_F(Cli, NanLossStopsTraining) {
     write_safetensors(p("nan.safetensors"), tw);
   }
   fs::rename(p("nan.safetensors"), model + "/model.safetensors");
-  CmdResult r = run(train_cmd(model, data, p("out")) + " --steps 3 --lr 1e-3 --seq-len 16 --device cpu");
+  fs::remove(model + "/.sf-manifest.json");  // another program's file now
+  // Refused on load (issue 16); --no-verify lets it through to the loss check.
+  expect_input_error(run(train_cmd(model, data, p("out")) + " --steps 3 --lr 1e-3 --seq-len 16 --device cpu"),
+                     model + "/model.safetensors: tensor model.norm.weight: element 0 is NaN or infinite");
+  CmdResult r =
+      run(train_cmd(model, data, p("out")) + " --steps 3 --lr 1e-3 --seq-len 16 --device cpu --no-verify");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("loss is nan at step 1"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(p("out")));
@@ -790,9 +796,11 @@ TEST_F(Cli, ResumeVerifiesChecksums) {
   std::string len(8, '\0');
   for (int i = 0; i < 8; ++i) len[size_t(i)] = char((uint64_t(h.size()) >> (8 * i)) & 0xff);
   write_bytes(state, len + h + raw.substr(8 + n));
+  fs::remove(p("old/.sf-manifest.json"));  // older versions wrote none
   CmdResult c = run("train" + common + " --output " + p("c") + " --resume " + p("old"));
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_NE(c.err.find("warning: " + state + " has no checksums"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("has no .sf-manifest.json"), std::string::npos) << c.err;
   auto fc = weights(p("c"));
   for (const auto& t : fa.tensors()) EXPECT_EQ(std::memcmp(t.data, fc.find(t.name)->data, t.bytes), 0) << t.name;
 }
