@@ -127,11 +127,12 @@ bool verify_manifest(const std::string& dir, const std::vector<std::string>& req
     const FileSum s = sum_file(path, header_only);
     if (s.size != want_size)
       input_error(path, "is " + std::to_string(s.size) + " bytes, the manifest " + mpath + " says " +
-                            std::to_string(want_size) + " (the file was changed or is corrupt)");
+                            std::to_string(want_size) +
+                            " (the file was changed or is corrupt; if you edited it, --no-verify skips this check)");
     if (hex8(s.crc) != want)
       input_error(path, std::string(header_only ? "header " : "") + "CRC-32C " + hex8(s.crc) +
                             " does not match " + want + " in " + mpath +
-                            " (the file was changed or is corrupt; --no-verify skips this check)");
+                            " (the file was changed or is corrupt; if you edited it, --no-verify skips this check)");
   }
   for (const std::string& r : required)
     if (!m["files"].contains(r)) input_error(mpath, "does not list " + r);
