@@ -80,11 +80,6 @@ void write_marker(const fs::path& dir) {
   if (!ok) input_error(path, std::string("cannot write: ") + std::strerror(err));
 }
 
-bool empty_dir(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_empty(p, ec) && !ec;
-}
-
 void make_parents(const std::string& final_dir) {
   fs::path parent = fs::path(final_dir).parent_path();
   if (parent.empty()) return;
