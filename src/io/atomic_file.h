@@ -67,8 +67,8 @@ std::string unmarked_name(std::string name);
 bool process_gone(long pid);
 
 // Removes a file or directory tree that slideformer wrote, kill-safely: it is first renamed to a
-// marked "trash" name beside it (one atomic step), then removed entry by entry (a crash point at
-// each), so a kill at any moment leaves either the whole tree under its name or a marked trash
+// marked "trash" name beside it (one atomic step), then removed entry by entry (crash points at
+// the rename and before each directory's rmdir), so a kill at any moment leaves either the whole tree under its name or a marked trash
 // name that the next run on the output removes. Symbolic links are removed, never followed.
 // Errors are InputErrors naming the path.
 void remove_marked_tree(const std::string& path);
