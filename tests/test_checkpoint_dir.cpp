@@ -1,8 +1,11 @@
 // HF checkpoint directories: single/sharded round trips with conversion, index errors, staged output
 // directories, JSON file helpers.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -11,7 +14,11 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "io/manifest.h"
+#include "io/output_lock.h"
+#include "io/written_paths.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "test_util.h"
@@ -241,7 +248,7 @@ TEST(StagedDir, CommitReplacesOwnOutputKeepingOtherEntries) {
     StagedDir s(out + "/");  // trailing slash names the same directory
     EXPECT_EQ(s.final_path(), out);
     EXPECT_EQ(fs::path(s.path()).parent_path(), fs::path(out).parent_path());
-    EXPECT_NE(s.path().find("out.tmp-"), std::string::npos);
+    EXPECT_NE(s.path().find("out.sf-tmp-"), std::string::npos);
     write_text(s.path() + "/model.safetensors", "new weights");
     EXPECT_EQ(read_text(out + "/model.safetensors"), "old weights");  // untouched until commit
     s.commit();
@@ -273,15 +280,24 @@ TEST(StagedDir, RefusesDirectoriesItDidNotWrite) {
   expect_input_error([&] { check_output_dir("."); }, {"not usable"});
   expect_input_error([&] { check_output_dir("/"); }, {"not usable"});
 
-  // An output of a version without the marker (only files slideformer writes) is recognised.
-  std::string old = d.file("old_out");
-  fs::create_directories(old + "/checkpoint-5");
-  write_text(old + "/model.safetensors", "w");
-  write_text(old + "/config.json", "{}");
-  write_text(old + "/checkpoint-5/model.safetensors", "w");
-  check_output_dir(old);
-  write_text(old + "/checkpoint-5/thesis.tex", "x");  // but not with someone else's file inside
-  expect_input_error([&] { check_output_dir(old); }, {"holds checkpoint-5"});
+  // A directory of model files without the marker (save_pretrained's, a downloaded model) is not
+  // ours, however much it looks like an output: guessing from file names once deleted a model.
+  std::string hf = d.file("Llama-3.2-1B");
+  fs::create_directories(hf);
+  for (const char* f : {"config.json", "model.safetensors", "generation_config.json", "special_tokens_map.json",
+                        "tokenizer.json", "tokenizer_config.json"})
+    write_text(hf + "/" + f, "w");
+  expect_input_error([&] { check_output_dir(hf); }, {hf + ": exists and holds", "no .slideformer-output marker"});
+  expect_input_error([&] { claim_output_dir(hf); }, {"did not write"});
+  expect_input_error([&] { StagedDir s(hf); }, {"did not write"});
+  EXPECT_EQ(entries(hf), 6u);
+  EXPECT_EQ(read_text(hf + "/model.safetensors"), "w");
+  // A link named like the marker does not make a directory ours.
+  std::string linked = d.file("linked");
+  fs::create_directories(linked);
+  write_text(d.file("elsewhere"), "");
+  fs::create_symlink(d.file("elsewhere"), linked + "/" + kOutputMarker);
+  expect_input_error([&] { check_output_dir(linked); }, {"did not write"});
 
   // Empty directories are fine and get the marker.
   std::string empty = d.file("empty");
@@ -296,31 +312,109 @@ TEST(StagedDir, NextRunRemovesWhatKilledRunsLeft) {
   ensure_output_dir(out);
   // A staged sibling and a temp file of a process that no longer exists (pid 2^22+1 is above
   // Linux's default pid_max of 2^22), one of a live process (ours), and a stranger's look-alike.
-  const std::string dead = ".tmp-4194305-0000beef";
+  const std::string dead = ".sf-tmp-4194305-0000beef";
   fs::create_directories(out + dead);
   write_text(out + dead + "/" + kOutputMarker, "");
   write_text(out + "/model.safetensors" + dead, "partial");
   fs::create_directories(out + "/checkpoint-3" + dead);
-  const std::string live = ".tmp-" + std::to_string(::getpid()) + "-0000cafe";
+  // A removal a kill interrupted: the marker already gone, files left; and a trash directory.
+  fs::create_directories(out + ".sf-tmp-4194305-00000002/checkpoint-1");
+  write_text(out + ".sf-tmp-4194305-00000002/checkpoint-1/model.safetensors", "half removed");
+  fs::create_directories(out + ".sf-trash-4194305-00000003/x");
+  fs::create_directories(out + "/checkpoint-2.sf-trash-4194305-00000004");
+  const std::string live = ".sf-tmp-" + std::to_string(::getpid()) + "-0000cafe";
   fs::create_directories(out + live);
   write_text(out + live + "/" + kOutputMarker, "");
-  fs::create_directories(d.file("out.tmp-4194305-00000001"));  // no marker, not empty: not ours
+  fs::create_directories(d.file("out.tmp-4194305-00000001"));  // an old-style name: never ours
   write_text(d.file("out.tmp-4194305-00000001/data.csv"), "1,2");
+  // A user's files whose names look like temporaries of older versions are never removed.
+  write_text(out + "/notes.tmp-1-abc", "mine");
+  write_text(out + "/draft.tmp-4194305-0000beef", "mine too");
+  write_text(d.file("other.sf-tmp-4194305-0000beef"), "another output's, not this one's");
   claim_output_dir(out);
   EXPECT_FALSE(fs::exists(out + dead));
   EXPECT_FALSE(fs::exists(out + "/model.safetensors" + dead));
   EXPECT_FALSE(fs::exists(out + "/checkpoint-3" + dead));
+  EXPECT_FALSE(fs::exists(out + ".sf-tmp-4194305-00000002"));
+  EXPECT_FALSE(fs::exists(out + ".sf-trash-4194305-00000003"));
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-2.sf-trash-4194305-00000004"));
   EXPECT_TRUE(fs::exists(out + live));
-  EXPECT_TRUE(fs::exists(d.file("out.tmp-4194305-00000001")));
+  EXPECT_TRUE(fs::exists(d.file("out.tmp-4194305-00000001/data.csv")));
+  EXPECT_EQ(read_text(out + "/notes.tmp-1-abc"), "mine");
+  EXPECT_EQ(read_text(out + "/draft.tmp-4194305-0000beef"), "mine too");
+  EXPECT_TRUE(fs::exists(d.file("other.sf-tmp-4194305-0000beef")));
+  // A commit neither removes nor carries another process's temporaries, and keeps the user's files.
+  {
+    StagedDir s(out);
+    write_text(s.path() + "/model.safetensors", "new");
+    s.commit();
+  }
+  EXPECT_EQ(read_text(out + "/notes.tmp-1-abc"), "mine");
+  EXPECT_EQ(read_text(out + "/model.safetensors"), "new");
 
   // An old output moved aside by a publish killed before the new one was in place comes back.
   std::string out2 = d.file("out2");
   ensure_output_dir(out2);
   write_text(out2 + "/model.safetensors", "w");
-  fs::rename(out2, out2 + ".old-4194305-0000abcd");
+  fs::rename(out2, out2 + ".sf-old-4194305-0000abcd");
   claim_output_dir(out2);
   EXPECT_EQ(read_text(out2 + "/model.safetensors"), "w");
-  EXPECT_FALSE(fs::exists(out2 + ".old-4194305-0000abcd"));
+  EXPECT_FALSE(fs::exists(out2 + ".sf-old-4194305-0000abcd"));
+}
+
+TEST(StagedDir, MarkedTempNamesParseOnlyTheirOwnShape) {
+  std::string base;
+  long pid = 0;
+  EXPECT_TRUE(parse_marked_temp("out.sf-tmp-123-0000abcd", kTempKindTmp, &base, &pid));
+  EXPECT_EQ(base, "out");
+  EXPECT_EQ(pid, 123);
+  EXPECT_TRUE(parse_marked_temp("a.b.sf-trash-9-ffffffff", kTempKindTrash, &base));
+  EXPECT_EQ(base, "a.b");
+  for (const char* n : {"notes.tmp-1-abc", "out.tmp-123-0000abcd", "out.sf-tmp-123-0000ABCD", "out.sf-tmp--0000abcd",
+                        "out.sf-tmp-12a-0000abcd", "out.sf-tmp-123-000abcd", ".sf-tmp", "out.sf-old-1-0000abcd"})
+    EXPECT_FALSE(parse_marked_temp(n, kTempKindTmp)) << n;
+  EXPECT_EQ(unmarked_name("out.sf-tmp-1-0000abcd.sf-trash-2-0000abcd"), "out");
+  const std::string m = marked_temp_name("x", kTempKindTmp);
+  EXPECT_TRUE(parse_marked_temp(m, kTempKindTmp, &base, &pid)) << m;
+  EXPECT_EQ(pid, long(::getpid()));
+  EXPECT_FALSE(process_gone(::getpid()));
+  EXPECT_TRUE(process_gone(4194305));
+}
+
+// The removal of a directory goes through a marked trash name: a kill at any of its crash points
+// leaves the tree whole under its name or a trash name the next claim removes.
+TEST(StagedDir, RemovalIsKillSafe) {
+  TempDir d;
+  std::string out = d.file("out");
+  for (int k = 1;; ++k) {
+    fs::remove_all(out);
+    ensure_output_dir(out);
+    fs::create_directories(out + "/a/b");
+    write_text(out + "/a/b/f", "x");
+    write_text(out + "/a/g", "y");
+    std::string victim = out + "/checkpoint-1.sf-tmp-4194305-00000001";
+    fs::rename(out + "/a", victim);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      set_crash_point_for_test(k);
+      remove_marked_tree(victim);
+      _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    const bool killed = WIFSIGNALED(status);
+    claim_output_dir(out);
+    std::vector<std::string> left;
+    for (const auto& e : fs::directory_iterator(out)) left.push_back(e.path().filename().string());
+    std::sort(left.begin(), left.end());
+    EXPECT_EQ(left, (std::vector<std::string>{kManifestName, kOutputMarker})) << "k=" << k;
+    if (!killed) {
+      EXPECT_GT(k, 3);  // rename to trash, 2 directories (a part-removed tree before each rmdir)
+      break;
+    }
+    ASSERT_LT(k, 20);
+  }
 }
 
 TEST(StagedDir, UncommittedLeavesNothingBehind) {
@@ -380,4 +474,82 @@ TEST(CheckpointFiles, CopyIfExistsAndJsonFiles) {
   write_text(bad, "{\"a\": 1,,}");
   expect_input_error([&] { read_json_file(bad); }, {bad + ": invalid JSON at byte 9"});
   expect_input_error([&] { read_json_file(src); }, {src + ": cannot read"});  // a directory
+}
+
+// The manifest covers every file of a committed output: a changed byte, size or a missing file
+// is refused naming the file; a directory without one is reported as such.
+TEST(Manifest, CommitWritesItAndVerifyRefusesAnyChange) {
+  TempDir d;
+  const std::string out = d.file("out");
+  std::vector<float> v = ramp(8, 1.0f);
+  {
+    StagedDir s(out);
+    write_checkpoint_tensors(s.path(), {{"w", DType::F32, {8}, v.data()}});
+    write_text(s.path() + "/trainer_state.json", "{\"step\": 2}\n");
+    s.commit();
+  }
+  ASSERT_TRUE(fs::exists(out + "/" + kManifestName));
+  EXPECT_TRUE(verify_manifest(out, {"trainer_state.json"}));
+  expect_input_error([&] { verify_manifest(out, {"training_state.safetensors"}); }, {"does not list training_state"});
+  write_text(out + "/trainer_state.json", "{\"step\": 3}\n");  // same size, one byte changed
+  expect_input_error([&] { verify_manifest(out); }, {out + "/trainer_state.json: CRC-32C", "does not match"});
+  write_text(out + "/trainer_state.json", "{\"step\": 2}\n");
+  EXPECT_TRUE(verify_manifest(out));
+  // A safetensors header is covered; its data by the tensors' own checksums.
+  std::string raw = read_text(out + "/model.safetensors");
+  raw[20] ^= 1;
+  write_text(out + "/model.safetensors", raw);
+  expect_input_error([&] { verify_manifest(out); }, {out + "/model.safetensors: header CRC-32C"});
+  fs::remove(out + "/model.safetensors");
+  expect_input_error([&] { verify_manifest(out); }, {out + "/model.safetensors: missing"});
+  fs::remove(out + "/" + kManifestName);
+  EXPECT_FALSE(verify_manifest(out));
+}
+
+TEST(WrittenPaths, SpellingsLinksAndHardLinksOfAnInputAreRefused) {
+  TempDir d;
+  const std::string model = d.file("m"), data = d.file("d.jsonl");
+  fs::create_directories(model);
+  write_text(data, "x");
+  fs::create_directory_symlink(model, d.file("link"));
+  fs::create_hard_link(data, d.file("hard.jsonl"));
+  const std::vector<NamedPath> inputs = {{"--model", model}, {"--data", data}, {"--resume", ""}};
+  for (const std::string& w : {model, model + "/", model + "/./", d.file("x/../m"), d.file("link"), d.file("link/sub")})
+    expect_input_error([&] { check_written_apart({"--output", w}, inputs); }, {"--output", "--model input"});
+  expect_input_error([&] { check_written_apart({"--output", d.path.string()}, inputs); }, {"holds the --model input"});
+  expect_input_error([&] { check_written_apart({"--metrics", d.file("hard.jsonl")}, inputs); }, {"is the --data input"});
+  check_written_apart({"--output", d.file("out")}, inputs);
+  check_written_apart({"--output", d.file("m2")}, inputs);  // a name that starts like an input is not in it
+  EXPECT_TRUE(path_within("/a/b", "/a"));
+  EXPECT_FALSE(path_within("/a/bc", "/a/b"));
+  EXPECT_EQ(resolved_path(d.file("link") + "/"), resolved_path(model));
+}
+
+TEST(OutputLock, ASecondHolderIsRefusedWithThePid) {
+  TempDir d;
+  const std::string out = d.file("out");
+  {
+    OutputLock a(out);
+    EXPECT_TRUE(fs::exists(out + ".sf-lock"));
+    EXPECT_EQ(read_text(out + ".sf-lock"), std::to_string(::getpid()) + "\n");
+    expect_input_error([&] { OutputLock b(out + "/"); }, {"in use by another slideformer run (pid " +
+                                                          std::to_string(::getpid())});
+    expect_input_error([&] { OutputLock b(d.file("x/../out")); }, {"in use"});
+  }
+  EXPECT_FALSE(fs::exists(out + ".sf-lock"));
+  OutputLock again(out);  // released
+  write_text(d.file("file"), "x");
+  expect_input_error([&] { OutputLock c(d.file("file")); }, {"not a directory"});
+  EXPECT_FALSE(fs::exists(d.file("file.sf-lock")));
+}
+
+TEST(JsonText, NulAndOutOfRangeNumbersAreRefused) {
+  auto parse = [](const std::string& t) { return parse_json_text("f.json", t.data(), t.data() + t.size()); };
+  expect_input_error([&] { parse(std::string("{\"a\": 1}\0garbage", 16)); }, {"f.json: invalid JSON at byte 8", "NUL"});
+  expect_input_error([&] { parse("[1e999]"); }, {"number 1e999", "number overflow"});
+  expect_input_error([&] { parse("[-1e-400]"); }, {"number -1e-400", "underflow"});
+  expect_input_error([&] { parse("{\"a\": 1} x"); }, {"f.json: invalid JSON"});
+  EXPECT_EQ(parse("[0e-400, 1e-300, \"1e999\", true, false, 2.5E3]"),
+            nlohmann::json::parse("[0, 1e-300, \"1e999\", true, false, 2500]"));
+  EXPECT_EQ(parse("[1, 2, 3]"), nlohmann::json::parse("[1, 2, 3]"));  // the fast path (no exponent)
 }

@@ -1,6 +1,7 @@
 // The slideformer binary end to end: init -> eval -> grad -> train on tiny models, data order and
 // accumulation semantics, and every class of bad input (exit code 2, one line naming the file).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -85,6 +86,7 @@ class Cli : public test::BinaryTest {
   // A copy of the model directory `model` at DIR/name, with `config` as its config.json.
   std::string copy_model(const std::string& model, const std::string& name, const std::string& config) {
     fs::copy(model, p(name), fs::copy_options::recursive);
+    fs::remove(p(name + "/.sf-manifest.json"));  // an edited copy: no longer slideformer's output
     write(name + "/config.json", config);
     return p(name);
   }
@@ -134,6 +136,24 @@ class Cli : public test::BinaryTest {
     r.out = slurp(o);
     r.err = slurp(e);
     return r;
+  }
+  // The binary with `args` in the background (stdout, stderr to files); its pid (-1: fork failed).
+  pid_t spawn(const std::string& args, const std::string& out, const std::string& err) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const std::string cmd = "exec " + std::string(SF_BINARY) + " " + args + " >" + out + " 2>" + err;
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  }
+  // Whether the file `path` comes to hold `needle` within 60 s.
+  static bool wait_for(const std::string& path, const std::string& needle) {
+    for (int i = 0; i < 600; ++i) {
+      if (slurp(path).find(needle) != std::string::npos) return true;
+      usleep(100000);
+    }
+    return false;
   }
   // Expects exit code 2 and a single stderr line mentioning `needle`.
   void expect_input_error(const CmdResult& r, const std::string& needle) {
@@ -422,7 +442,12 @@ TEST_F(Cli, NanLossStopsTraining) {
     write_safetensors(p("nan.safetensors"), tw);
   }
   fs::rename(p("nan.safetensors"), model + "/model.safetensors");
-  CmdResult r = run(train_cmd(model, data, p("out")) + " --steps 3 --lr 1e-3 --seq-len 16 --device cpu");
+  fs::remove(model + "/.sf-manifest.json");  // another program's file now
+  // Refused on load (issue 16); --no-verify lets it through to the loss check.
+  expect_input_error(run(train_cmd(model, data, p("out")) + " --steps 3 --lr 1e-3 --seq-len 16 --device cpu"),
+                     model + "/model.safetensors: tensor model.norm.weight: element 0 is NaN or infinite");
+  CmdResult r =
+      run(train_cmd(model, data, p("out")) + " --steps 3 --lr 1e-3 --seq-len 16 --device cpu --no-verify");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("loss is nan at step 1"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(p("out")));
@@ -641,19 +666,9 @@ TEST_F(Cli, InterruptSavesACheckpoint) {
   const std::string args =
       train_cmd(model, data, p("o")) + " --seq-len 16 --batch-size 2 --steps 1000000 --lr 1e-3 --device cpu";
   const std::string err = p("err.txt");
-  const pid_t pid = fork();
+  const pid_t pid = spawn(args, p("out.txt"), err);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const std::string cmd = "exec " + std::string(SF_BINARY) + " " + args + " >" + p("out.txt") + " 2>" + err;
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  bool running = false;
-  for (int i = 0; i < 600 && !running; ++i) {  // wait for a few steps (at most 60 s)
-    usleep(100000);
-    running = slurp(err).find("step 3/") != std::string::npos;
-  }
-  ASSERT_TRUE(running) << slurp(err);
+  ASSERT_TRUE(wait_for(err, "step 3/")) << slurp(err);
   kill(pid, SIGINT);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
@@ -690,13 +705,15 @@ TEST_F(Cli, OutputRefusesDirectoriesItDidNotWrite) {
                      "directory)");
   expect_input_error(run("init --config " + cfg + " --output " + proj + "/"), "did not write");
   expect_input_error(run("demo --steps 1 --output " + proj), "did not write");
-  expect_input_error(run(train_cmd(model, data, model) + "/config.json --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
+  expect_input_error(run(train_cmd(model, data, write("plain", "x")) + " --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
                      "not a directory");
+  expect_input_error(run(train_cmd(model, data, model) + "/config.json --steps 1 --lr 1e-3 --seq-len 16 --device cpu"),
+                     "lies inside the --model input");
   EXPECT_EQ(slurp(proj + "/src/main.cpp"), "int main() {}");
   EXPECT_EQ(slurp(proj + "/config.json"), "{}");
   size_t n = 0;
   for (const auto& e : fs::directory_iterator(dir_))
-    n += e.path().filename().string().find(".tmp-") != std::string::npos;
+    n += e.path().filename().string().find(".sf-") != std::string::npos;
   EXPECT_EQ(n, 0u);
   // Its own output is replaced; a file a user put into it is kept.
   const std::string train = train_cmd(model, data, p("out")) + " --steps 2 --lr 1e-3 --seq-len 16 --device cpu";
@@ -742,12 +759,17 @@ TEST_F(Cli, KillAtEveryStepOfASaveLosesNothing) {
       if (!fs::is_directory(root)) continue;
       for (const auto& e : fs::recursive_directory_iterator(root)) {
         std::string n = e.path().filename().string();
-        if (n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos) v.push_back(n);
+        if (n.find(".sf-tmp-") != std::string::npos || n.find(".sf-old-") != std::string::npos ||
+            n.find(".sf-trash-") != std::string::npos || n.find(".sf-lock") != std::string::npos)
+          v.push_back(n);
       }
     }
     return v;
   };
-  CmdResult clean = run_with_env("SF_CRASH_TRACE=1", train);  // how many crash points a whole run passes
+  // How many crash points a whole run passes, over an earlier output (the most: the replaced
+  // output's removal has crash points of its own).
+  ASSERT_EQ(run(train).code, 0);
+  CmdResult clean = run_with_env("SF_CRASH_TRACE=1", train);
   fs::remove_all(out);
   ASSERT_EQ(clean.code, 0) << clean.err;
   const long points = long(std::count(clean.err.begin(), clean.err.end(), '\n')) -
@@ -848,9 +870,11 @@ TEST_F(Cli, ResumeVerifiesChecksums) {
   std::string len(8, '\0');
   for (int i = 0; i < 8; ++i) len[size_t(i)] = char((uint64_t(h.size()) >> (8 * i)) & 0xff);
   write_bytes(state, len + h + raw.substr(8 + n));
+  fs::remove(p("old/.sf-manifest.json"));  // older versions wrote none
   CmdResult c = run("train" + common + " --output " + p("c") + " --resume " + p("old"));
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_NE(c.err.find("warning: " + state + " has no checksums"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("has no .sf-manifest.json"), std::string::npos) << c.err;
   auto fc = weights(p("c"));
   for (const auto& t : fa.tensors()) EXPECT_EQ(std::memcmp(t.data, fc.find(t.name)->data, t.bytes), 0) << t.name;
 }
@@ -1004,6 +1028,216 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
                     p("off") + " --disk-memory 4KiB");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_FALSE(fs::exists(p("tc")));
+}
+
+// Issue 16, data loss: an output never replaces an input or a directory without the marker; what a
+// run writes (--output, --metrics, grad's --output) is never what it reads, however the path is
+// spelled; an existing --metrics or gradient file is replaced only when slideformer wrote it.
+TEST_F(Cli, WrittenPathsNeverReplaceInputsOrForeignFiles) {
+  const std::string model = make_model("llama", "m");
+  const std::string data = make_data("d.jsonl", 4);
+  const std::string data_text = slurp(data);
+  const std::string weights_before = slurp(model + "/model.safetensors");
+  const std::string opts = " --steps 1 --lr 1e-3 --seq-len 16 --device cpu";
+  // save_pretrained's directory (the model's files, no marker).
+  fs::copy(model, p("hf"), fs::copy_options::recursive);
+  fs::remove(p("hf/.slideformer-output"));
+  fs::remove(p("hf/.sf-manifest.json"));
+  const size_t hf_files = size_t(std::distance(fs::directory_iterator(p("hf")), fs::directory_iterator()));
+  expect_input_error(run(train_cmd(model, data, p("hf")) + opts), "which slideformer did not write");
+  EXPECT_EQ(size_t(std::distance(fs::directory_iterator(p("hf")), fs::directory_iterator())), hf_files);
+  // The input model itself (marked: init wrote it), by several spellings.
+  fs::create_directory_symlink(model, p("mlink"));
+  for (const std::string& out : {model, model + "/", model + "/../m", p("mlink")})
+    expect_input_error(run(train_cmd(model, data, out) + opts), "is the --model input");
+  expect_input_error(run(train_cmd(model, data, model + "/sub") + opts), "lies inside the --model input");
+  expect_input_error(run(train_cmd(p("mlink"), data, model) + opts), "is the --model input");
+  // An output holding the data file, the eval data or the checkpoint resumed from.
+  ASSERT_EQ(run(train_cmd(model, data, p("o")) + opts).code, 0);
+  std::ofstream(p("o/in.jsonl")) << data_text;
+  expect_input_error(run(train_cmd(model, p("o/in.jsonl"), p("o")) + opts), "holds the --data input");
+  expect_input_error(run(train_cmd(model, data, p("o")) + opts + " --eval-data " + p("o/in.jsonl")),
+                     "holds the --eval-data input");
+  // --metrics: the data (by name, through a hard link), a file of the model, a stranger's file, a
+  // device, the output directory itself.
+  fs::create_hard_link(data, p("hard.jsonl"));
+  std::ofstream(p("notes.txt")) << "my notes\n";
+  for (const auto& [metrics, needle] : std::vector<std::pair<std::string, std::string>>{
+           {data, "is the --data input"},
+           {p("hard.jsonl"), "is the --data input"},
+           {model + "/config.json", "lies inside the --model input"},
+           {p("notes.txt"), "is not a slideformer metrics record"},
+           {"/dev/full", "not a regular file"},
+           {p("o2"), "is the --output directory"}}) {
+    CmdResult r = run(train_cmd(model, data, p("o2")) + opts + " --metrics " + metrics);
+    expect_input_error(r, needle);
+    EXPECT_NE(r.err.find("--metrics"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(slurp(data), data_text);
+  EXPECT_EQ(slurp(p("notes.txt")), "my notes\n");
+  EXPECT_EQ(slurp(model + "/model.safetensors"), weights_before);
+  // Its own metrics file is replaced.
+  ASSERT_EQ(run(train_cmd(model, data, p("o2")) + opts + " --metrics " + p("m.jsonl")).code, 0);
+  CmdResult again = run(train_cmd(model, data, p("o2")) + opts + " --metrics " + p("m.jsonl"));
+  ASSERT_EQ(again.code, 0) << again.err;
+  // grad --output: its own data, a stranger's file; its own earlier gradient is replaced.
+  const std::string grad = data_cmd("grad", model, data) + " --seq-len 16 --device cpu --output ";
+  expect_input_error(run(grad + data), "is the --data input");
+  expect_input_error(run(grad + p("notes.txt")), "not a gradient file slideformer wrote");
+  expect_input_error(run(grad + model + "/model.safetensors"), "lies inside the --model input");
+  ASSERT_EQ(run(grad + p("g.safetensors")).code, 0);
+  CmdResult g2 = run(grad + p("g.safetensors"));
+  EXPECT_EQ(g2.code, 0) << g2.err;
+  EXPECT_EQ(slurp(data), data_text);
+  EXPECT_EQ(slurp(p("notes.txt")), "my notes\n");
+  // A path that is not UTF-8: refused up front, nothing created.
+  expect_input_error(run(train_cmd(model, data, p("out\xff")) + opts), "not valid UTF-8");
+  EXPECT_FALSE(fs::exists(p("out\xff")));
+}
+
+// A user's files in an output survive every run, also a failing one; the output keeps its mode;
+// no lock or temporary is left behind.
+TEST_F(Cli, OutputKeepsUserFilesAndItsMode) {
+  const std::string model = make_model("llama", "m");
+  const std::string data = make_data("d.jsonl", 4);
+  const std::string out = p("out");
+  ASSERT_EQ(::mkdir(out.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(out.c_str(), 0700), 0);
+  const std::string train = train_cmd(model, data, out) + " --steps 2 --lr 1e-3 --seq-len 16 --device cpu";
+  CmdResult first = run(train + " --save-every 1");
+  ASSERT_EQ(first.code, 0) << first.err;
+  struct stat st;
+  ASSERT_EQ(::stat(out.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  for (const char* n : {"notes.tmp-1-abc", "x.tmp-99999999-0000beef", "y.sf-lock"}) std::ofstream(out + "/" + n) << "mine";
+  // A run that fails after claiming the output (no label to train: every label -100).
+  const std::string masked = write("masked.jsonl", "{\"input_ids\": [1, 2, 3], \"labels\": [-100, -100, -100]}\n");
+  expect_input_error(run(train_cmd(model, masked, out) + " --steps 1 --lr 1e-3 --device cpu"), masked);
+  ASSERT_EQ(run(train).code, 0);
+  ASSERT_EQ(::stat(out.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  for (const char* n : {"notes.tmp-1-abc", "x.tmp-99999999-0000beef", "y.sf-lock"})
+    EXPECT_EQ(slurp(out + "/" + n), "mine") << n;
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-1/model.safetensors"));
+  EXPECT_FALSE(fs::exists(out + ".sf-lock"));
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".sf-"), std::string::npos) << e.path();
+}
+
+// One run per output: a second train (or init) on an output in use exits 2 naming the holder.
+TEST_F(Cli, SecondRunOnAnOutputIsRefused) {
+  const std::string model = make_model("llama", "m");
+  const std::string data = make_data("d.jsonl", 6);
+  const std::string args = train_cmd(model, data, p("o")) + " --seq-len 16 --steps 1000000 --lr 1e-3 --device cpu";
+  const std::string err = p("err.txt");
+  const pid_t pid = spawn(args, p("out.txt"), err);
+  ASSERT_GE(pid, 0);
+  EXPECT_TRUE(wait_for(err, "step 2/")) << slurp(err);
+  CmdResult second = run(train_cmd(model, data, p("o") + "/") + " --seq-len 16 --steps 2 --lr 1e-3 --device cpu");
+  expect_input_error(second, "in use by another slideformer run (pid " + std::to_string(pid));
+  const std::string cfg = write("cfg.json", test::tiny_config("llama").dump());
+  expect_input_error(run("init --config " + cfg + " --output " + p("o")), "in use by another slideformer run");
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGINT) << slurp(err);
+  EXPECT_FALSE(fs::exists(p("o.sf-lock")));
+  CmdResult after = run(train_cmd(model, data, p("o")) + " --seq-len 16 --steps 2 --lr 1e-3 --device cpu");
+  EXPECT_EQ(after.code, 0) << after.err;
+}
+
+// Issue 16, silent corruption: every load verifies the tensors' checksums and values and the
+// manifest (eval, grad, train --model, --resume); --no-verify skips it and says so.
+TEST_F(Cli, EveryLoadVerifiesChecksumsValuesAndManifest) {
+  const std::string model = make_model("llama", "m");
+  const std::string data = make_data("d.jsonl", 4);
+  const std::string path = model + "/model.safetensors";
+  const std::string good = slurp(path);
+  const std::string tensor = "model.norm.weight";
+  std::string raw = good;
+  {
+    auto f = SafetensorsFile::open(path);
+    raw[size_t(8 + header_bytes(good)) + size_t(f.find(tensor)->data - f.tensors().front().data) + 1] ^= 0x10;
+  }
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << raw;
+  const std::string opts = " --seq-len 16 --device cpu";
+  for (const std::string& cmd : {eval_cmd(model, data) + opts, data_cmd("grad", model, data, p("g")) + opts,
+                                 train_cmd(model, data, p("o")) + opts + " --steps 1 --lr 1e-3"}) {
+    CmdResult r = run(cmd);
+    expect_input_error(r, path + ": tensor " + tensor + ": CRC-32C");
+  }
+  EXPECT_FALSE(fs::exists(p("o")));
+  EXPECT_FALSE(fs::exists(p("g")));
+  CmdResult unchecked = run(eval_cmd(model, data) + opts + " --no-verify");
+  EXPECT_EQ(unchecked.code, 0) << unchecked.err;
+  EXPECT_NE(unchecked.err.find("--no-verify"), std::string::npos) << unchecked.err;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
+  // A changed config.json is refused by the manifest.
+  const std::string cfg = slurp(model + "/config.json");
+  std::ofstream(model + "/config.json") << cfg << " ";
+  expect_input_error(run(eval_cmd(model, data) + opts), model + "/config.json: is ");
+  std::ofstream(model + "/config.json") << cfg;
+  ASSERT_EQ(run(eval_cmd(model, data) + opts).code, 0);
+  // NaN weights with valid checksums (a file another program wrote): refused, file and tensor named.
+  {
+    auto f = SafetensorsFile::open(path);
+    std::vector<TensorWrite> tw;
+    std::vector<std::vector<uint8_t>> bytes;
+    for (const TensorInfo& t : f.tensors()) bytes.emplace_back(t.data, t.data + t.bytes);
+    for (size_t i = 0; i < f.tensors().size(); ++i) {
+      const TensorInfo& t = f.tensors()[i];
+      if (t.name == tensor) {
+        const float nan = std::nanf("");
+        std::memcpy(bytes[i].data() + 4, &nan, 4);
+      }
+      tw.push_back({t.name, t.dtype, t.shape, bytes[i].data()});
+    }
+    fs::copy(model, p("nan"), fs::copy_options::recursive);
+    fs::remove(p("nan/.sf-manifest.json"));
+    write_safetensors(p("nan/model.safetensors"), tw);
+  }
+  expect_input_error(run(eval_cmd(p("nan"), data) + opts),
+                     p("nan/model.safetensors") + ": tensor " + tensor + ": element 1 is NaN or infinite");
+  // trainer_state.json's step changed: --resume refuses it.
+  ASSERT_EQ(run(train_cmd(model, data, p("a")) + opts + " --steps 3 --lr 1e-3 --save-every 2").code, 0);
+  const std::string state = p("a/checkpoint-2/trainer_state.json");
+  std::string text = slurp(state);
+  const size_t at = text.find("\"step\": 2");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 8] = '3';
+  std::ofstream(state) << text;
+  expect_input_error(run(train_cmd(model, data, p("b")) + opts + " --steps 4 --lr 1e-3 --resume " + p("a/checkpoint-2")),
+                     state + ": CRC-32C");
+  EXPECT_FALSE(fs::exists(p("b")));
+  // Intact again: resuming into the same output (the checkpoint lies inside it) works and keeps it.
+  text[at + 8] = '2';
+  std::ofstream(state) << text;
+  CmdResult same = run(train_cmd(model, data, p("a")) + opts + " --steps 4 --lr 1e-3 --resume " + p("a/checkpoint-2"));
+  EXPECT_EQ(same.code, 0) << same.err;
+  EXPECT_TRUE(fs::exists(state));
+  expect_input_error(run(train_cmd(model, data, p("a/checkpoint-2/x")) + opts + " --steps 4 --lr 1e-3 --resume " +
+                         p("a/checkpoint-2")),
+                     "lies inside the --resume input");
+}
+
+// Issue 16, parsers and bounds: a NUL or an out-of-range number in any JSON text is an input error;
+// --slots is bounded by the model's blobs.
+TEST_F(Cli, ParsersRefuseNulAndOutOfRangeNumbers) {
+  const std::string model = make_model("llama", "m");
+  const std::string opts = " --seq-len 16 --device cpu";
+  const std::string nul = write("nul.jsonl", std::string("{\"input_ids\": [1, 2, 3]}\0{\"input_ids\": [", 42) + "\n");
+  expect_input_error(run(eval_cmd(model, nul) + opts), "a NUL byte");
+  const std::string tiny = write("tiny.jsonl", "{\"input_ids\": [1, 2, 3], \"x\": 1e-400}\n");
+  expect_input_error(run(eval_cmd(model, tiny) + opts), "number underflow");
+  const std::string data = make_data("d.jsonl", 2);
+  fs::copy(model, p("c"), fs::copy_options::recursive);
+  fs::remove(p("c/.sf-manifest.json"));
+  std::string cfg = slurp(model + "/config.json");
+  std::ofstream(p("c/config.json"), std::ios::binary) << cfg << std::string("\0{{{", 4);
+  expect_input_error(run(eval_cmd(p("c"), data) + opts), p("c/config.json") + ": invalid JSON at byte");
+  CmdResult slots = run(eval_cmd(model, data) + opts + " --offload --slots 4194305");
+  expect_input_error(slots, "--slots");
+  EXPECT_NE(slots.err.find("blobs"), std::string::npos) << slots.err;
 }
 
 }  // namespace

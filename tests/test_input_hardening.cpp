@@ -421,9 +421,18 @@ TEST_F(Hostile, TrainerStateFieldsAreTypeChecked) {
   const std::string ck = p("a") + "/checkpoint-1";
   ASSERT_TRUE(fs::exists(ck + "/trainer_state.json"));
   const json good = json::parse(slurp(ck + "/trainer_state.json"));
+  // Any change is refused by the manifest's checksum first; --no-verify reaches the typed reads.
+  {
+    json j = good;
+    j["step"] = 2;
+    std::ofstream(ck + "/trainer_state.json") << j.dump(2) << "\n";
+    expect_refused(run("train" + common + " --output " + p("b") + " --resume " + ck),
+                   {ck + "/trainer_state.json: ", "does not match", ".sf-manifest.json"});
+    EXPECT_FALSE(fs::exists(p("b")));
+  }
   auto resume_with = [&](const std::string& text) {
     std::ofstream(ck + "/trainer_state.json") << text;
-    return run("train" + common + " --output " + p("b") + " --resume " + ck);
+    return run("-q train" + common + " --output " + p("b") + " --resume " + ck + " --no-verify");
   };
   json j = good;
   j["step"] = 1.5;
@@ -440,7 +449,7 @@ TEST_F(Hostile, TrainerStateFieldsAreTypeChecked) {
   expect_refused(resume_with("[1]"), {"trainer_state.json: $: expected an object, got an array"});
   expect_refused(resume_with("{\"step\":" + std::string(100000, '[') + std::string(100000, ']') + "}"),
                  {"trainer_state.json: JSON nested deeper than 64"});
-  expect_refused(resume_with("{\"step\": 1e400}"), {"trainer_state.json: invalid JSON"});
+  expect_refused(resume_with("{\"step\": 1e400}"), {"trainer_state.json: invalid JSON", "number overflow"});
   EXPECT_EQ(resume_with(good.dump()).code, 0);
 }
 
@@ -451,7 +460,7 @@ TEST_F(Hostile, PathsOverPathMaxAreInputErrors) {
   expect_refused(run("train --model " + m + " --data " + data() + " --output " + long_path + " --steps 1 --lr 1e-3"),
                  {"--output", "PATH_MAX"});
   expect_refused(run("eval --model " + long_path + " --data " + data()), {"--model"});
-  expect_refused(run("init --config " + long_path + " --output " + p("o")), {"File name too long"});
+  expect_refused(run("init --config " + long_path + " --output " + p("o")), {"--config", "PATH_MAX"});
   expect_refused(run("eval --model " + m + " --data " + p(std::string(300, 'n'))), {"--data", "NAME_MAX"});
 }
 

@@ -53,6 +53,29 @@ StepReport report(int64_t step, int64_t total) {
   return r;
 }
 
+// An existing --metrics file is ours only when every line is a record of ours (a last line cut by
+// a full disk after such records is fine); a failed write is an input error naming --metrics.
+TEST(Progress, MetricsFileOwnershipAndWriteFailure) {
+  test::TempDir d;
+  auto put = [&](const std::string& name, const std::string& text) {
+    std::ofstream(d.file(name), std::ios::binary) << text;
+    return d.file(name);
+  };
+  check_metrics_file(d.file("new.jsonl"));
+  check_metrics_file(put("empty.jsonl", ""));
+  const std::string rec = "{\"type\": \"train\", \"step\": 1, \"loss\": 2.5}\n";
+  check_metrics_file(put("ours.jsonl", rec + "{\"type\": \"eval\", \"step\": 1}\n" + rec + "{\"type\": \"tr"));
+  test::expect_input_error([&] { check_metrics_file(put("notes.txt", "my notes")); }, {"--metrics", "line 1"});
+  test::expect_input_error([&] { check_metrics_file(put("data.jsonl", "{\"input_ids\": [1, 2]}\n")); },
+                           {"not a slideformer metrics record"});
+  test::expect_input_error([&] { check_metrics_file(put("mixed.jsonl", rec + "{\"type\": \"x\", \"step\": 1}\n" + rec)); },
+                           {"line 2"});
+  test::expect_input_error([&] { check_metrics_file(d.path.string()); }, {"not a regular file"});
+  MetricsFile full("/dev/full", true);
+  StepReport r;
+  test::expect_input_error([&] { full.train_step(r); }, {"--metrics", "/dev/full", "write failed"});
+}
+
 TEST(Progress, StepLineHasEveryFigure) {
   StepReport r = report(3, 10);
   EXPECT_EQ(format_step(r),

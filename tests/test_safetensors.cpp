@@ -312,6 +312,13 @@ TEST(Crc32c, KnownValuesAndIncremental) {
   EXPECT_EQ(crc32c(zeros.data(), 32), 0x8A9136AAu);
   EXPECT_EQ(crc32c(ones.data(), 32), 0x62A8AB43u);
   EXPECT_EQ(crc32c(inc.data(), 32), 0x46DD794Eu);
+  // The hardware path (where the CPU has one) equals the tables at every length and alignment.
+  std::mt19937 rng(5);
+  std::vector<uint8_t> buf(4096 + 16);
+  for (auto& b : buf) b = uint8_t(rng());
+  for (size_t off = 0; off < 9; ++off)
+    for (size_t len : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), size_t(63), size_t(1000), size_t(4096)})
+      EXPECT_EQ(crc32c(buf.data() + off, len, 0x1234u), crc32c_portable(buf.data() + off, len, 0x1234u)) << off << " " << len;
   EXPECT_EQ(crc32c(nullptr, 0), 0u);
   // Any split, at any alignment, continues to the same value.
   std::string text(1000, '\0');
@@ -373,4 +380,40 @@ TEST(Safetensors, ChecksumsAreWrittenAndVerified) {
   hdr["__metadata__"] = md;
   write_all(path, make_file(hdr.dump(), raw.substr(8 + n)));
   EXPECT_TRUE(SafetensorsFile::open(path).verify_checksums());
+}
+
+// The finite-value check (verify_checksums(true)) finds an Inf or NaN at any index of any dtype,
+// across chunks and in the tail that is not a whole 8-byte word, and passes the largest finite
+// values of either sign.
+TEST(Safetensors, NonFiniteValuesAreFoundAtAnyIndex) {
+  TempDir d;
+  struct Kind {
+    DType dtype;
+    uint32_t largest, inf, nan;  // bit patterns
+  };
+  const Kind kinds[] = {{DType::F32, 0x7f7fffffu, 0x7f800000u, 0x7fc00001u},
+                        {DType::BF16, 0x7f7fu, 0x7f80u, 0x7fc1u},
+                        {DType::F16, 0x7bffu, 0x7c00u, 0x7e01u}};
+  const std::string path = d.file("t.safetensors");
+  for (const Kind& k : kinds) {
+    const size_t es = dtype_size(k.dtype);
+    for (size_t n : {size_t(1), size_t(3), size_t(5), size_t(1000), size_t(300001)}) {
+      std::vector<uint8_t> bytes(n * es);
+      auto put = [&](size_t i, uint32_t bits) { std::memcpy(bytes.data() + i * es, &bits, es); };
+      for (size_t i = 0; i < n; ++i) put(i, i % 2 ? k.largest : (k.largest | (es == 4 ? 0x80000000u : 0x8000u)));
+      write_safetensors(path, {{"x", k.dtype, {int64_t(n)}, bytes.data()}});
+      EXPECT_TRUE(SafetensorsFile::open(path).verify_checksums(true)) << n;
+      for (size_t at : {size_t(0), n / 2, n - 1}) {
+        for (uint32_t bad : {k.inf, k.nan, k.inf | (es == 4 ? 0x80000000u : 0x8000u)}) {
+          std::vector<uint8_t> b = bytes;
+          std::memcpy(b.data() + at * es, &bad, es);
+          write_safetensors(path, {{"x", k.dtype, {int64_t(n)}, b.data()}});
+          const SafetensorsFile f = SafetensorsFile::open(path);
+          expect_input_error([&] { f.verify_checksums(true); },
+                             {path + ": tensor x: element " + std::to_string(at) + " is NaN or infinite"});
+          EXPECT_TRUE(f.verify_checksums(false));  // the checksums still match
+        }
+      }
+    }
+  }
 }

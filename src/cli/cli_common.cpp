@@ -17,7 +17,9 @@
 namespace sf {
 
 void print_json(const nlohmann::json& j) {
-  std::printf("%s\n", j.dump().c_str());
+  // Replacement, not an exception, for text that is not UTF-8 (paths are checked up front; this is
+  // the last line of defence of the result line).
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   std::fflush(stdout);
 }
 
@@ -85,6 +87,8 @@ void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f) {
       ->check(CLI::IsMember({"assistant", "all"}))
       ->capture_default_str();
   c->add_flag("--no-data-cache{false}", d.data_cache, "do not cache the tokenized data next to the data file");
+  c->add_flag("--no-verify{false}", d.verify,
+              "do not check the checksums and values of the model (and --resume checkpoint) read; the log says so");
   c->add_flag("--pack", d.pack,
               "pack short records into rows of --seq-len tokens (attention stays inside each record)");
 }

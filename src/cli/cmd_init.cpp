@@ -10,7 +10,10 @@
 #include "engine/resident_engine.h"
 #include "io/checkpoint.h"
 #include "io/json_file.h"
+#include "io/output_lock.h"
+#include "io/written_paths.h"
 #include "train/model_io.h"
+#include "train/train_options_check.h"
 
 namespace sf {
 
@@ -55,7 +58,11 @@ void check_init_fits(const ModelSpec& spec, DType dtype, const InitOptions& o) {
 }
 
 int run_init(const InitOptions& o) {
-  claim_output_dir(o.output);  // a directory that is not ours is refused before any work
+  check_path_option("--config", o.config);
+  check_path_option("--output", o.output);
+  check_written_apart({"--output", o.output}, {{"--config", o.config}});
+  const OutputLock lock(o.output);  // one run per output
+  claim_output_dir(o.output);       // a directory that is not ours is refused before any work
   const DType dtype = parse_init_dtype(o.dtype);
   nlohmann::json cfg = read_json_file(o.config);
   ModelSpec spec = parse_model_spec(cfg, o.config);

@@ -14,6 +14,7 @@
 #include "data/chat.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "io/json_file.h"
 #include "io/line_reader.h"
 
 namespace sf {
@@ -88,6 +89,7 @@ class JsonlTokenizer {
   }
 
   TokenizedRecord parse(const std::string& line, const std::string& where) {
+    check_json_text(where, line.data(), line.data() + line.size());  // NUL, 1e999 (io/json_file.h)
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);

@@ -30,7 +30,31 @@ constexpr Tables kTables = make_tables();
 
 }  // namespace
 
+#if defined(__x86_64__)
+// The SSE4.2 crc32 instruction computes exactly this CRC (Castagnoli): 8 bytes per instruction,
+// about 4x the tables (measured: see crc32c.h).
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t bytes, uint32_t crc) {
+  uint64_t c = ~crc;
+  for (; bytes > 0 && (reinterpret_cast<uintptr_t>(p) & 7u) != 0; --bytes) c = __builtin_ia32_crc32qi(uint32_t(c), *p++);
+  for (; bytes >= 8; bytes -= 8, p += 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c = __builtin_ia32_crc32di(c, w);
+  }
+  for (; bytes > 0; --bytes) c = __builtin_ia32_crc32qi(uint32_t(c), *p++);
+  return ~uint32_t(c);
+}
+#endif
+
 uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
+#if defined(__x86_64__)
+  static const bool hw = __builtin_cpu_supports("sse4.2");
+  if (hw) return crc32c_sse42(static_cast<const uint8_t*>(data), bytes, crc);
+#endif
+  return crc32c_portable(data, bytes, crc);
+}
+
+uint32_t crc32c_portable(const void* data, size_t bytes, uint32_t crc) {
   static_assert(std::endian::native == std::endian::little, "the 8-byte step below reads little-endian words");
   const auto* p = static_cast<const uint8_t*>(data);
   uint32_t c = ~crc;

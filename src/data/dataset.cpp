@@ -497,6 +497,7 @@ class JsonlLoader {
 
   Pending parse_record(const std::string& line, size_t line_no) {
     const std::string where = path_ + ":" + std::to_string(line_no);
+    check_json_text(where, line.data(), line.data() + line.size());  // NUL, 1e999 (io/json_file.h)
     RecordParser rp(where, vocab_);
     nlohmann::json::sax_parse(line.begin(), line.end(), &rp);
     rp.finish();

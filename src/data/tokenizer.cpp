@@ -414,6 +414,7 @@ void read_post_processor(const Ctx& c, const json& p, const std::string& path, i
 
 Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   check_depth(text, path);
+  check_json_text(path, text.data(), text.data() + text.size());  // NUL, 1e999 (io/json_file.h)
   json j;
   try {
     j = json::parse(text);

@@ -414,6 +414,10 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   if (r.grad_accum <= 0) setting_error(Setting::GradAccum, "must be positive");
   if (r.slots != 0 && r.slots < 2)
     setting_error(Setting::Slots, "the sliding engine needs at least 2 GPU parameter slots");
+  // More slots than blobs hold nothing: bounded by the model (a huge --slots once ran a minute).
+  if (r.slots > int(gpu_blob_order(s).size()))
+    setting_error(Setting::Slots, std::to_string(r.slots) + " is more than the model's " +
+                                      std::to_string(gpu_blob_order(s).size()) + " blobs");
   if (r.gpu_blobs > int(gpu_blob_order(s).size()))
     setting_error(Setting::GpuBlobs, "the model has " + std::to_string(gpu_blob_order(s).size()) + " blobs");
   Plan p = Planner(s, r, be, rates).choose();

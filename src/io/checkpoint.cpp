@@ -9,11 +9,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <chrono>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/atomic_file.h"
 #include "io/json_file.h"
+#include "io/manifest.h"
 
 namespace sf {
 
@@ -274,6 +276,18 @@ std::vector<std::string> copy_if_exists(const std::string& src_dir, const std::s
     copied.push_back(n);
   }
   return copied;
+}
+
+Verified verify_checkpoint(const CheckpointReader& r, const std::vector<std::string>& required) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Verified v;
+  v.manifest = verify_manifest(r.dir(), required);
+  for (const SafetensorsFile& f : r.files()) {
+    if (!f.verify_checksums(/*check_finite=*/true)) v.without_checksums.push_back(f.path());
+    for (const TensorInfo& t : f.tensors()) v.bytes += t.bytes;
+  }
+  v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return v;
 }
 
 }  // namespace sf

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -50,6 +51,20 @@ class CheckpointReader {
   std::unordered_map<std::string, const TensorInfo*> by_name_;
   bool sharded_ = false;
 };
+
+// Verifies a directory about to be read (a model to train, evaluate or take gradients of; a checkpoint
+// to resume): its manifest when it has one (io/manifest.h; each of `required` must then be listed), and
+// in every safetensors file of `r` the tensors' checksums (when the file carries them) and that
+// every value is finite, in one pass. Any defect -> InputError naming the file (and tensor).
+// Returns the safetensors files that carry no checksums (another program's, or an older
+// slideformer's), whether the directory had a manifest, and the time taken.
+struct Verified {
+  std::vector<std::string> without_checksums;
+  bool manifest = false;
+  double seconds = 0;
+  uint64_t bytes = 0;  // tensor bytes read
+};
+Verified verify_checkpoint(const CheckpointReader& r, const std::vector<std::string>& required = {});
 
 // Writes `tensors` (in order) into `dir` (created if needed): a single model.safetensors when the total
 // is <= max_shard_bytes, else HF-named shards model-0000i-of-0000N.safetensors, each filled greedily up to

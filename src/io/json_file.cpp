@@ -49,6 +49,7 @@ std::string read_text(const std::string& path, size_t max_bytes) {
 template <class J>
 J parse_checked(const std::string& where, const char* begin, const char* end, int max_depth) {
   check_json_depth(where, begin, end, max_depth);
+  check_json_text(where, begin, end);
   try {
     return J::parse(begin, end);
   } catch (const nlohmann::json::parse_error& e) {
@@ -122,6 +123,47 @@ void check_json_depth(const std::string& where, const char* begin, const char* e
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
     }
+  }
+}
+
+void check_json_text(const std::string& where, const char* begin, const char* end) {
+  const size_t n = size_t(end - begin);
+  if (const void* nul = std::memchr(begin, 0, n))
+    input_error(where, "invalid JSON at byte " + std::to_string(static_cast<const char*>(nul) - begin) +
+                           ": a NUL byte");
+  if (!std::memchr(begin, 'e', n) && !std::memchr(begin, 'E', n)) return;  // no exponent anywhere
+  bool in_string = false;
+  for (const char* p = begin; p < end; ++p) {
+    const char c = *p;
+    if (in_string) {
+      if (c == '\\' && p + 1 < end)
+        ++p;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      continue;
+    }
+    if (c != '-' && !(c >= '0' && c <= '9')) continue;
+    const char* q = p;
+    bool exponent = false, nonzero = false;
+    while (q < end && (std::isdigit(static_cast<unsigned char>(*q)) || *q == '-' || *q == '+' || *q == '.' ||
+                       *q == 'e' || *q == 'E')) {
+      exponent |= *q == 'e' || *q == 'E';
+      nonzero |= !exponent && *q >= '1' && *q <= '9';
+      ++q;
+    }
+    if (exponent) {
+      const std::string lit(p, size_t(std::min<ptrdiff_t>(q - p, 64)));
+      const double d = std::strtod(std::string(p, q).c_str(), nullptr);
+      if (!std::isfinite(d) || (d == 0 && nonzero))
+        input_error(where, "invalid JSON at byte " + std::to_string(p - begin) + ": number " + lit +
+                               " is out of the range of a double (" +
+                               (std::isfinite(d) ? "number underflow: it would read as 0" : "number overflow") + ")");
+    }
+    p = q - 1;
   }
 }
 

@@ -28,7 +28,13 @@ struct JsonLimits {
 // (containers outside strings; the top-level value is depth 1).
 void check_json_depth(const std::string& where, const char* begin, const char* end, int max_depth);
 
-// Parses [begin, end) after the depth check. Syntax errors and numbers out of range (1e400) are
+// InputError("where: ...") for what nlohmann's parser would take silently: a NUL byte (its lexer
+// reads NUL as the end of the input, so "{...}\0anything" parsed as "{...}"), and a number whose
+// literal is out of the range of a double (1e999; 1e-400, which it reads as 0). Cheap when the text
+// has no 'e'/'E' (token ids): one memchr. Every JSON text read from a file goes through it.
+void check_json_text(const std::string& where, const char* begin, const char* end);
+
+// Parses [begin, end) after the depth and text checks. Syntax errors and numbers out of range (1e400) are
 // InputError("where: invalid JSON at byte N: ..."); nothing from nlohmann escapes.
 nlohmann::json parse_json_text(const std::string& where, const char* begin, const char* end,
                                int max_depth = kJsonMaxDepth);

@@ -1,8 +1,7 @@
 #include "io/output_dir.h"
 
 #include <fcntl.h>
-#include <signal.h>
-#include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +14,7 @@
 #include "core/test_hooks.h"
 #include "core/log.h"
 #include "io/atomic_file.h"
+#include "io/manifest.h"
 
 namespace sf {
 
@@ -30,62 +30,42 @@ std::string normalize_dir(const std::string& d) {
   return s;
 }
 
+// The marker is a regular file (a link named so is not ours: it could point anywhere).
 bool has_marker(const fs::path& dir) {
   std::error_code ec;
-  return fs::is_regular_file(dir / kOutputMarker, ec);
+  return fs::is_regular_file(fs::symlink_status(dir / kOutputMarker, ec));
 }
 
-// The files an output of ours holds (config, weights, tokenizer, training state): a directory of
-// only these is an output of a version that wrote no marker.
-bool own_file_name(const std::string& n) {
-  static const std::regex own(
-      R"(config\.json|generation_config\.json|model\.safetensors|model\.safetensors\.index\.json|)"
-      R"(model-\d+-of-\d+\.safetensors|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|)"
-      R"(tokenizer\.model|vocab\.json|merges\.txt|added_tokens\.json|chat_template\.jinja|)"
-      R"(training_state\.safetensors|trainer_state\.json)");
-  return std::regex_match(n, own);
-}
-bool checkpoint_dir_name(const std::string& n) {
-  static const std::regex ck(R"(checkpoint-\d+)");
-  return std::regex_match(n, ck);
-}
 // Weights of an old output that must not be carried next to new ones.
 bool weight_file_name(const std::string& n) {
   static const std::regex w(R"(model\.safetensors|model\.safetensors\.index\.json|model-\d+-of-\d+\.safetensors)");
   return std::regex_match(n, w);
 }
 
-// Empty string when `dir` is ours (or empty), else the first entry that says it is not.
-std::string foreign_entry(const fs::path& dir, bool nested = false) {
-  if (has_marker(dir)) return "";
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (e.is_regular_file(ec) && !e.is_symlink(ec) && own_file_name(n)) continue;
-    if (!nested && e.is_directory(ec) && !e.is_symlink(ec) && checkpoint_dir_name(n) &&
-        foreign_entry(e.path(), true).empty())
-      continue;
-    return n;
-  }
-  if (ec) input_error(dir.string(), "cannot list directory: " + ec.message());
-  return "";
+// Temporaries (of this run, of another live one, or leftovers): never carried into a new output.
+bool marked_temp(const std::string& n) {
+  return parse_marked_temp(n, kTempKindTmp) || parse_marked_temp(n, kTempKindOld) ||
+         parse_marked_temp(n, kTempKindTrash);
 }
 
-// "<name>.<kind>-<pid>-<hex>" of a process that is gone (another live run may be writing it).
-bool stale_temp_name(const std::string& n, const std::string& base, const char* kind = "tmp") {
-  const std::regex tmp(std::string(R"((.*)\.)") + kind + R"(-(\d+)-[0-9a-f]+)");
-  std::smatch m;
-  if (!std::regex_match(n, m, tmp)) return false;
-  if (!base.empty() && m[1].str() != base) return false;
-  const long pid = std::strtol(m[2].str().c_str(), nullptr, 10);
-  if (pid == long(::getpid())) return false;
-  return !(pid > 0 && ::kill(pid_t(pid), 0) == 0);
+// A marked temporary name of `kind` whose base is `base` (any base when empty) and whose process
+// is gone (a live one may be another run still writing it).
+bool stale_temp_name(const std::string& n, const std::string& base, const char* kind) {
+  std::string b;
+  long pid = 0;
+  if (!parse_marked_temp(n, kind, &b, &pid)) return false;
+  if (!base.empty() && unmarked_name(b) != base) return false;
+  return process_gone(pid);
 }
 
+// A leftover of a killed run: its name is marked, so it is ours whatever it holds now (a kill in
+// the middle of its removal leaves it part-empty, the marker file perhaps gone).
 void remove_stale(const fs::path& p, const char* what) {
-  std::error_code ec;
-  fs::remove_all(p, ec);
-  if (ec) input_error(p.string(), std::string("cannot remove ") + what + ": " + ec.message());
+  const std::string n = p.filename().string();
+  if (parse_marked_temp(n, kTempKindTrash))
+    remove_tree(p.string());
+  else
+    remove_marked_tree(p.string());
   log_info("removed %s %s left by an interrupted run", what, p.string().c_str());
 }
 
@@ -101,11 +81,6 @@ void write_marker(const fs::path& dir) {
   if (!ok) input_error(path, std::string("cannot write: ") + std::strerror(err));
 }
 
-bool empty_dir(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_empty(p, ec) && !ec;
-}
-
 void make_parents(const std::string& final_dir) {
   fs::path parent = fs::path(final_dir).parent_path();
   if (parent.empty()) return;
@@ -117,7 +92,7 @@ void make_parents(const std::string& final_dir) {
 std::string make_temp_dir(const std::string& final_dir) {
   std::error_code ec;
   for (int attempt = 0; attempt < 16; ++attempt) {
-    std::string cand = final_dir + ".tmp-" + unique_suffix();
+    std::string cand = marked_temp_name(final_dir, kTempKindTmp);
     if (fs::create_directory(cand, ec)) return cand;
     if (ec) input_error(cand, "cannot create directory: " + ec.message());
   }
@@ -181,35 +156,40 @@ void check_output_dir(const std::string& dir_in) {
   const fs::file_status st = fs::status(dir, ec);
   if (!fs::exists(st)) return;
   if (!fs::is_directory(st)) input_error(dir, "exists and is not a directory");
-  const std::string bad = foreign_entry(dir);
-  if (!bad.empty())
-    input_error_naming(dir, {"exists and holds " + bad +
-                                 ", which slideformer did not write; refusing to replace it (choose a new or empty ",
+  if (has_marker(dir)) return;
+  // Only the marker says a directory is ours: a directory of model files (save_pretrained's, a
+  // downloaded model) looks exactly like an output, and guessing from names once deleted one.
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    input_error_naming(dir, {"exists and holds " + e.path().filename().string() + " (and no " + kOutputMarker +
+                                 " marker), which slideformer did not write; refusing to replace it (choose a new "
+                                 "or empty ",
                              Setting::Output, " directory)"});
+  if (ec) input_error(dir, "cannot list directory: " + ec.message());
 }
 
 namespace {
 
-// In `parent`: "<base>.old-*" (an old output moved aside by a publish that was killed before the
+// In `parent`: "<base>.sf-old-*" (an old output moved aside by a publish that was killed before the
 // new one was in place, on filesystems without RENAME_EXCHANGE) goes back if <base> is missing,
-// else it is garbage; marked (or empty) "<base>.tmp-*" are staged outputs of killed runs, or
-// replaced old ones. Empty `base`: every name in `parent` (the checkpoints inside an output).
+// else it is garbage; "<base>.sf-tmp-*" (staged outputs of killed runs, or replaced old ones) and
+// "<base>.sf-trash-*" (removals a kill interrupted) are removed. Only names of processes that are
+// gone. Empty `base`: every name in `parent` (the checkpoints and files inside an output).
 void recover_entries(const fs::path& parent, const std::string& base) {
   std::error_code ec;
   std::vector<fs::path> old, tmp;
   for (const auto& e : fs::directory_iterator(parent, ec)) {
     const std::string n = e.path().filename().string();
-    if (stale_temp_name(n, base, "old") && e.is_directory(ec) && !e.is_symlink(ec) && has_marker(e.path()))
+    if (stale_temp_name(n, base, kTempKindOld) && e.is_directory(ec) && !e.is_symlink(ec) && has_marker(e.path()))
       old.push_back(e.path());
-    else if (stale_temp_name(n, base) && (base.empty() || (e.is_directory(ec) && !e.is_symlink(ec) &&
-                                                           (has_marker(e.path()) || empty_dir(e.path())))))
+    else if (stale_temp_name(n, base, kTempKindTmp) || stale_temp_name(n, base, kTempKindTrash))
       tmp.push_back(e.path());
   }
   if (ec) input_error(parent.string(), "cannot list directory: " + ec.message());
   for (const fs::path& p : old) {
-    const std::string n = p.filename().string();
-    const fs::path orig = parent / n.substr(0, n.rfind(".old-"));
-    if (!fs::exists(orig, ec)) {
+    std::string orig_name;
+    parse_marked_temp(p.filename().string(), kTempKindOld, &orig_name);
+    const fs::path orig = parent / orig_name;
+    if (!fs::exists(fs::symlink_status(orig, ec))) {
       if (::rename(p.c_str(), orig.c_str()) != 0)
         input_error(orig.string(), "cannot restore from " + p.string() + ": " + std::strerror(errno));
       log_info("restored %s from %s (a save was interrupted)", orig.c_str(), p.c_str());
@@ -217,7 +197,8 @@ void recover_entries(const fs::path& parent, const std::string& base) {
       remove_stale(p, "replaced output");
     }
   }
-  for (const fs::path& p : tmp) remove_stale(p, fs::is_directory(p, ec) ? "temporary directory" : "temporary file");
+  for (const fs::path& p : tmp)
+    remove_stale(p, fs::is_directory(fs::symlink_status(p, ec)) ? "temporary directory" : "temporary file");
 }
 
 }  // namespace
@@ -257,27 +238,50 @@ StagedDir::StagedDir(const std::string& final_dir) : final_(normalize_dir(final_
 
 StagedDir::~StagedDir() {
   if (!committed_ && !tmp_.empty()) {
-    std::error_code ec;
-    fs::remove_all(tmp_, ec);  // best effort: a destructor must not throw
+    try {
+      remove_marked_tree(tmp_);
+    } catch (const std::exception& e) {  // a destructor must not throw; the next run removes it
+      log_info("warning: %s", e.what());
+    }
   }
 }
+
+namespace {
+
+// Removes what a publish replaced; a failure leaves a marked name that the next run removes.
+void remove_replaced(const std::string& path) {
+  try {
+    remove_marked_tree(path);
+  } catch (const InputError& e) {
+    log_info("warning: %s (the next run on this output removes it)", e.what());
+  }
+}
+
+}  // namespace
 
 void StagedDir::commit() {
   SF_CHECK(!committed_, "StagedDir::commit twice");
   std::error_code ec;
   const std::string parent = fs::path(final_).parent_path().string();
+  write_manifest(tmp_);  // last: it covers every file of the new output
   fsync_dir(tmp_);
-  if (!fs::exists(final_, ec)) {
+  if (!fs::exists(fs::symlink_status(final_, ec))) {
     rename_noreplace(tmp_, final_);
     committed_ = true;
     fsync_dir(parent);
     return;
   }
   check_output_dir(final_);  // still ours (it may have changed since the run started)
+  // The new directory takes the old one's place and its permissions (a user's chmod 700 stays).
+  struct stat st;
+  if (::stat(final_.c_str(), &st) == 0 && ::chmod(tmp_.c_str(), st.st_mode & 07777) != 0)
+    input_error(tmp_, std::string("cannot set permissions: ") + std::strerror(errno));
   // Keep every old entry the new output does not replace: checkpoints saved so far, a user's notes.
+  // Never temporaries (another process's, or leftovers) nor old weights.
   for (const auto& e : fs::directory_iterator(final_, ec)) {
     const std::string n = e.path().filename().string();
-    if (fs::exists(fs::path(tmp_) / n, ec) || weight_file_name(n) || stale_temp_name(n, "")) continue;
+    std::error_code absent;  // "not found" sets it: kept apart from the listing's error
+    if (fs::exists(fs::symlink_status(fs::path(tmp_) / n, absent)) || weight_file_name(n) || marked_temp(n)) continue;
     link_tree(e.path(), fs::path(tmp_) / n);
   }
   if (ec) input_error(final_, "cannot list directory: " + ec.message());
@@ -285,13 +289,12 @@ void StagedDir::commit() {
   if (exchange_paths(tmp_, final_)) {
     committed_ = true;  // tmp_ now names the old directory: everything in it is linked in the new one
     fsync_dir(parent);
-    crash_point("remove old");
-    fs::remove_all(tmp_, ec);  // a failure leaves a marked ".tmp-" that the next run removes
+    remove_replaced(tmp_);
     return;
   }
-  // A filesystem without RENAME_EXCHANGE: the old directory steps aside under a temporary name
-  // (which the next run on this output removes if a kill comes before the new one is in place).
-  const std::string old = final_ + ".old-" + unique_suffix();
+  // A filesystem without RENAME_EXCHANGE: the old directory steps aside under a marked name (which
+  // the next run on this output puts back if a kill comes before the new one is in place).
+  const std::string old = marked_temp_name(final_, kTempKindOld);
   crash_point("rename aside");
   if (::rename(final_.c_str(), old.c_str()) != 0)
     input_error(final_, std::string("cannot move the existing directory aside: ") + std::strerror(errno));
@@ -305,7 +308,7 @@ void StagedDir::commit() {
   }
   committed_ = true;
   fsync_dir(parent);
-  fs::remove_all(old, ec);
+  remove_replaced(old);
 }
 
 }  // namespace sf

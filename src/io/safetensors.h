@@ -53,8 +53,10 @@ class SafetensorsFile {
   // (kChecksumKeyPrefix + tensor name -> 8 lowercase hex digits). Returns false when the file carries
   // none (another program's file, or one slideformer wrote before checksums); true when every tensor
   // matches. A mismatch, a tensor without a checksum in a file that has them, a checksum for no
-  // tensor or a malformed one -> InputError("path: tensor NAME: ...").
-  bool verify_checksums() const;
+  // tensor or a malformed one -> InputError("path: tensor NAME: ..."). With check_finite, also that
+  // every value is finite (NaN/Inf -> InputError naming the tensor), in the same pass over the
+  // bytes. Tensors are checked in parallel on cpu_pool().
+  bool verify_checksums(bool check_finite = false) const;
 
  private:
   SafetensorsFile() = default;

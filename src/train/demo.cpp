@@ -15,6 +15,7 @@
 #include "data/dataset.h"
 #include "engine/resident_engine.h"
 #include "io/checkpoint.h"
+#include "io/output_lock.h"
 #include "train/model_io.h"
 #include "train/schedule.h"
 
@@ -104,7 +105,8 @@ void write_jsonl(const std::string& path, const std::vector<Record>& set) {
 }  // namespace
 
 DemoResult run_demo(const DemoOptions& o) {
-  claim_output_dir(o.output);  // a directory that is not ours is refused before any work
+  const OutputLock lock(o.output);  // one run per output
+  claim_output_dir(o.output);       // a directory that is not ours is refused before any work
   namespace fs = std::filesystem;
   auto t_start = std::chrono::steady_clock::now();
   // All 10,000 problems, split at random: 1,000 held out, never trained on.

@@ -1,10 +1,12 @@
 #include "train/progress.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 #include "core/error.h"
@@ -60,6 +62,33 @@ void ProgressDisplay::break_line() {
   pending_ = false;
 }
 
+void check_metrics_file(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return;  // a new file
+  const std::string refuse = "; refusing to overwrite it (choose a new file name)";
+  if (!S_ISREG(st.st_mode)) input_error("--metrics", path + ": exists and is not a regular file" + refuse);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) input_error("--metrics", path + ": cannot read: " + std::strerror(errno));
+  std::string line;
+  int64_t n = 0, records = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    const bool cut = in.eof();  // the last line, without its newline
+    if (line.empty()) continue;
+    bool ours = false;
+    if (line.size() < 4096 && line.find('\0') == std::string::npos) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const auto type = j.is_object() ? j.find("type") : j.end();
+      ours = j.is_object() && type != j.end() && (*type == "train" || *type == "eval") && j.contains("step") &&
+             j["step"].is_number_integer();
+    }
+    records += ours;
+    if (!ours && !(cut && records > 0))  // after records of ours, a last line may be cut short (a full disk)
+      input_error("--metrics", path + ": exists and line " + std::to_string(n) +
+                                   " is not a slideformer metrics record" + refuse);
+  }
+}
+
 MetricsFile::MetricsFile(const std::string& path, bool append) : path_(path) {
   if (path.empty()) return;
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND | (append ? 0 : O_TRUNC), 0644);
@@ -79,7 +108,7 @@ void MetricsFile::write_line(const nlohmann::json& j) {
   while (done < line.size()) {
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw std::runtime_error("--metrics " + path_ + ": write failed: " + std::strerror(errno));
+    if (n <= 0) input_error("--metrics", path_ + ": write failed: " + std::strerror(n < 0 ? errno : ENOSPC));
     done += size_t(n);
   }
 }

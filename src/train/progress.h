@@ -51,10 +51,16 @@ class ProgressDisplay {
   bool pending_ = false;  // tty: a line without its newline is on screen
 };
 
+// An existing --metrics file is truncated (or appended to, on --resume) only when slideformer wrote
+// it: empty, or every line a record of ours (a JSON object with "type" "train" or "eval" and an
+// integer "step"; after such lines the last may be cut short). Anything else (a data file, someone's notes, a
+// device or a directory) -> InputError naming --metrics, nothing touched.
+void check_metrics_file(const std::string& path);
+
 class MetricsFile {
  public:
   // path "": off. append: continue an existing file (--resume), else truncate it. InputError naming
-  // --metrics when it cannot be opened.
+  // --metrics when it cannot be opened, and when a write fails (a full disk).
   MetricsFile(const std::string& path, bool append);
   ~MetricsFile();
   MetricsFile(const MetricsFile&) = delete;

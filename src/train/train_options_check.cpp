@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "data/unicode.h"
 
 namespace sf {
 
@@ -41,6 +42,9 @@ void check_int(const char* option, int64_t x, int64_t lo, int64_t hi) {
 }  // namespace
 
 void check_path_option(const std::string& option, const std::string& path) {
+  // Paths are recorded in JSON (the result line, trainer_state.json), which holds only UTF-8 text.
+  if (!uni::valid_utf8(path))
+    input_error(option, "the path is not valid UTF-8; rename it (slideformer records paths in JSON files)");
   if (path.size() >= size_t(PATH_MAX))
     input_error(option, "the path is " + std::to_string(path.size()) + " bytes, longer than the system's limit of " +
                             std::to_string(PATH_MAX - 1) + " (PATH_MAX): '" + path.substr(0, 80) + "...'");

@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,7 +25,9 @@
 #include "engine/make_engine.h"
 #include "io/checkpoint.h"
 #include "io/json_file.h"
+#include "io/output_lock.h"
 #include "io/safetensors.h"
+#include "io/written_paths.h"
 #include "model/layout.h"
 #include "train/model_io.h"
 #include "train/progress.h"
@@ -73,12 +77,54 @@ struct Session {
   Plan plan;
 };
 
+// The __metadata__ entry that marks a gradient file as grad's own.
+constexpr const char* kGradMarkerKey = "slideformer";
+constexpr const char* kGradMarkerValue = "grad";
+
+// The model's files checked before anything is built from them (verify_checkpoint), or a line in
+// the log that they were not (--no-verify).
+void verify_model_files(const CheckpointReader& r, bool verify, const char* what,
+                        const std::vector<std::string>& required = {}) {
+  if (!verify) {
+    log_info("--no-verify: the checksums and values of %s %s are not checked", what, r.dir().c_str());
+    return;
+  }
+  const Verified v = verify_checkpoint(r, required);
+  for (const std::string& u : v.without_checksums)
+    log_debug("%s has no checksums (not written by slideformer): only its values were checked", u.c_str());
+  log_debug("verified %s %s: %.2f GB in %.2f s (%.2f GB/s)%s", what, r.dir().c_str(), double(v.bytes) / 1e9,
+            v.seconds, v.seconds > 0 ? double(v.bytes) / 1e9 / v.seconds : 0.0,
+            v.manifest ? ", manifest checked" : "");
+}
+
+// grad's --output replaces only a file slideformer's grad wrote (its __metadata__ carries
+// kGradMarkerKey; gradients of versions before the marker: "loss", "tokens" and checksums).
+void check_grad_output(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return;
+  const std::string refuse = "; refusing to overwrite it (choose a new file name)";
+  if (!S_ISREG(st.st_mode)) input_error("--output", path + ": exists and is not a regular file" + refuse);
+  bool ours = false;
+  try {
+    const SafetensorsFile f = SafetensorsFile::open(path);
+    const auto& md = f.metadata();
+    auto it = md.find(kGradMarkerKey);
+    ours = (it != md.end() && it->second == kGradMarkerValue) ||
+           (md.count("loss") && md.count("tokens") && md.count(std::string(kChecksumKeyPrefix) + "lm_head.weight") +
+                                                            md.count(std::string(kChecksumKeyPrefix) +
+                                                                     "model.embed_tokens.weight") > 0);
+  } catch (const InputError&) {
+  }
+  if (!ours) input_error("--output", path + ": exists and is not a gradient file slideformer wrote" + refuse);
+}
+
 Session open_session(const DataOptions& o, bool training, bool optimizer, int grad_accum = 1, bool clip = false,
                      const std::string& eval_path = "") {
   Session s;
   check_step_ranges(o.batch_size, o.seq_len, 1);  // the CLI checked already; library callers too
   s.model = open_model_dir(o.model_dir);
   auto reader = CheckpointReader::open(o.model_dir);  // validates the safetensors before the data is read
+  verify_model_files(reader, o.verify, "the model");
   // Text records are tokenized with the model's tokenizer.json, loaded at the first one.
   std::optional<Tokenizer> tok;
   auto tokenizer = [&]() -> const Tokenizer& {
@@ -169,6 +215,17 @@ std::vector<Batch> file_batches(const Session& s, int B, const Dataset* d = null
   return out;
 }
 
+// The records' trained target positions within seq_len (a label at position 0 trains nothing:
+// it has no input before it): none at all is an input error, not a run with loss 0.
+void check_some_label(const Dataset& d, int seq_len, const std::string& path) {
+  for (const Record& r : d.records) {
+    const size_t n = std::min(r.labels.size(), size_t(seq_len));
+    for (size_t i = 1; i < n; ++i)
+      if (r.labels[i] != -100) return;
+  }
+  input_error(path, "no trained target positions (every label is -100 or records have one token)");
+}
+
 int64_t total_trained(const std::vector<Batch>& batches, const std::string& path) {
   int64_t n = 0;
   for (const Batch& b : batches) n += b.trained;
@@ -188,6 +245,9 @@ EvalResult run_eval(const DataOptions& o) {
 }
 
 EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
+  check_path_option("--output", out_path);
+  check_written_apart({"--output", out_path}, {{"--model", o.model_dir}, {"--data", o.data}});
+  check_grad_output(out_path);
   Session s = open_session(o, true, false, -1);
   auto batches = file_batches(s, s.max_batch);
   EvalResult r;
@@ -198,7 +258,8 @@ EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
   append_engine_tensors(tw, *s.engine, layout, Engine::State::Grads);
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", r.loss);
-  write_safetensors(out_path, tw, {{"loss", buf}, {"tokens", std::to_string(r.tokens)}});
+  write_safetensors(out_path, tw,
+                    {{"loss", buf}, {"tokens", std::to_string(r.tokens)}, {kGradMarkerKey, kGradMarkerValue}});
   return r;
 }
 
@@ -220,6 +281,31 @@ void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::s
 }  // namespace
 
 namespace {
+
+// What train writes (--output, --metrics) is none of what it reads, and an existing --metrics file
+// is one slideformer wrote; checked before anything is read or written.
+void check_written_paths(const TrainOptions& o) {
+  const std::vector<NamedPath> inputs = {{"--model", o.data.model_dir},
+                                         {"--data", o.data.data},
+                                         {"--eval-data", o.eval_data},
+                                         {"--resume", o.resume}};
+  // The one input an output may hold: the checkpoint-N it continues from (the workflow the
+  // interrupt message names). It is never replaced: this run saves only later steps, and the final
+  // publish carries the output's checkpoints over by hard links.
+  std::vector<NamedPath> output_inputs = inputs;
+  if (!o.resume.empty()) {
+    const fs::path r(resolved_path(o.resume));
+    if (r.parent_path().string() == resolved_path(o.output) && r.filename().string().starts_with("checkpoint-"))
+      output_inputs.pop_back();
+  }
+  check_written_apart({"--output", o.output}, output_inputs);
+  if (o.metrics.empty()) return;
+  // A --metrics file inside the output directory is fine (it is kept like a user's file).
+  if (resolved_path(o.metrics) == resolved_path(o.output))
+    input_error("--metrics", o.metrics + ": is the --output directory; choose a file");
+  check_written_apart({"--metrics", o.metrics}, inputs);
+  check_metrics_file(o.metrics);
+}
 
 // One optimizer step's micro-batches, counted before any runs: the loss is normalised by the step's
 // trained tokens, so accumulation gives the same update as one large batch.
@@ -326,9 +412,12 @@ StepReport step_report(const Session& s, const TrainOptions& o, const Engine::St
 
 TrainResult run_train(const TrainOptions& o) {
   check_train_options(o);  // the one validation of the options, before anything is read
-  claim_output_dir(o.output);  // refuses a directory that is not ours before anything runs
+  check_written_paths(o);  // nothing written may be an input; an existing --metrics must be ours
+  const OutputLock lock(o.output);  // one run per output, held to the end
+  claim_output_dir(o.output);       // refuses a directory that is not ours before anything runs
   const LrSchedule sched = parse_lr_schedule(o.lr_schedule);
   Session s = open_session(o.data, true, true, o.grad_accum, o.max_grad_norm > 0, o.eval_data);
+  check_some_label(s.data, s.seq_len, o.data.data);
   // Held-out loss: the eval file's records in order, as `slideformer eval` computes it.
   std::vector<Batch> eval_batches;
   int64_t eval_tokens = 0;

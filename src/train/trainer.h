@@ -23,6 +23,9 @@ struct DataOptions {
   // --pack: records laid end to end in rows of seq_len tokens (data/pack.h); attention and
   // positions stay inside each record, so the loss is that of the records run one a row.
   bool pack = false;
+  // --no-verify: skip the checksums (tensors, manifest) and the finite-value check of the model
+  // and checkpoint read (about a second per 10 GB; the log says it was skipped).
+  bool verify = true;
   // Engine choice and memory budgets (the planner's input; its device field is set from `device`).
   EngineRequest engine;
 };

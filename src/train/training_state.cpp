@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "io/checkpoint.h"
 #include "io/json_file.h"
+#include "io/manifest.h"
 #include "io/safetensors.h"
 #include "model/layout.h"
 #include "train/model_io.h"
@@ -69,6 +70,24 @@ TrainProgress read_training_state(Engine& engine, const ModelSpec& spec, const T
   const std::string tpath = (fs::path(dir) / kTrainerFile).string();
   if (!fs::exists(tpath))
     input_error(dir, "not a checkpoint with training state (no " + std::string(kTrainerFile) + ")");
+  // Every file checked before any is used: the manifest (trainer_state.json's step and record
+  // position, the configs), the tensors' checksums and values (the state and the model files: a
+  // flipped bit there would surface only when the checkpoint is used as a model).
+  const CheckpointReader model_files = CheckpointReader::open(dir);
+  auto f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
+  if (o.data.verify) {
+    const Verified v = verify_checkpoint(model_files, {kTrainerFile, kStateFile});
+    std::vector<std::string> unverified = v.without_checksums;
+    if (!f.verify_checksums(/*check_finite=*/true)) unverified.push_back(f.path());
+    for (const std::string& u : unverified)
+      log_info("warning: %s has no checksums (written by an older slideformer?); resuming without verifying it",
+               u.c_str());
+    if (!v.manifest)
+      log_info("warning: %s has no %s (written by an older slideformer?); its %s is not verified", dir.c_str(),
+               kManifestName, kTrainerFile);
+  } else {
+    log_info("--no-verify: the checksums and values of the checkpoint %s are not checked", dir.c_str());
+  }
   const nlohmann::json j = read_json_file(tpath);  // depth-limited; typed reads below name the JSON path
   const JsonRef st(j, tpath);
   st.expect_object();
@@ -103,18 +122,7 @@ TrainProgress read_training_state(Engine& engine, const ModelSpec& spec, const T
     input_error(tpath, "the checkpoint is at step " + std::to_string(p.step) + ", not before --steps " +
                            std::to_string(o.steps));
 
-  // Every tensor checked (checksum, dtype, shape) before any is taken; then one at a time from the
-  // mapped file. The checkpoint's model files are verified too: a flipped bit there would surface
-  // only when the checkpoint is used as a model.
-  auto f = SafetensorsFile::open((fs::path(dir) / kStateFile).string());
-  std::vector<std::string> unverified;
-  if (!f.verify_checksums()) unverified.push_back(f.path());
-  const CheckpointReader model_files = CheckpointReader::open(dir);
-  for (const SafetensorsFile& mf : model_files.files())
-    if (!mf.verify_checksums()) unverified.push_back(mf.path());
-  for (const std::string& u : unverified)
-    log_info("warning: %s has no checksums (written by an older slideformer?); resuming without verifying it",
-             u.c_str());
+  // Every tensor checked (dtype, shape) before any is taken; then one at a time from the mapped file.
   const ModelLayout layout = make_layout(spec);
   for (bool take : {false, true}) {
     for (const auto& [kind, prefix] : kSavedStates) {

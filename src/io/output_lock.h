@@ -1,0 +1,27 @@
+// One run per output: an advisory lock (flock) on "<output>.sf-lock" beside the output directory,
+// held from before the output is claimed until the run ends. A second run (train, init, demo) on
+// the same output, however it names it (a trailing slash, "..", a symbolic link), is refused with
+// the holder's pid. The lock goes with the process: a killed run holds nothing.
+#pragma once
+#include <string>
+
+namespace sf {
+
+class OutputLock {
+ public:
+  // check_output_dir(output), then takes the lock of `output` (its parent directories are
+  // created). Held by a live process -> InputError naming the output, the holder's pid and the
+  // lock file.
+  explicit OutputLock(const std::string& output);
+  ~OutputLock();  // removes the lock file and releases the lock
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace sf
