@@ -174,7 +174,7 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
                 EXPECT_EQ(e.host_bytes() - e.stats().pinned_bytes, total_bytes(list, Place::Host));  // AdamW m, v
                 if (!chunk) {  // the planner plans the default chunk and ring
                   const MemoryItems plan =
-                      sliding_memory(spec, B, T, slots, cpu_info(bf16), so.gpu_blobs, micro, keep, hold, state);
+                      sliding_memory(spec, B, T, slots, cpu_info(bf16), so.gpu_blobs, micro, keep, hold, {}, 0, state);
                   EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
                   EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
                   EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));

@@ -57,16 +57,16 @@ struct GpuBlobs {
   DeviceBuffer m, v;           // sd
   bool has(int b) const { return off[size_t(b)] >= 0; }
   float* at(const DeviceBuffer& buf, int b) const { return static_cast<float*>(buf.data()) + off[size_t(b)]; }
-  bool is_moment(Engine::State s) const { return s == Engine::State::AdamM || s == Engine::State::AdamV; }
   const DeviceBuffer& state(Engine::State s) const {
     return s == Engine::State::Params ? master : s == Engine::State::Grads ? grads : s == Engine::State::AdamM ? m : v;
   }
-  // Element e of blob b's `s`, and its dtype.
-  void* at(Engine::State s, int b, int64_t e) const {
-    const DType t = dtype(s);
-    return static_cast<char*>(state(s).data()) + size_t(off[size_t(b)] + e) * dtype_size(t);
+  DType dtype(Engine::State s) const {
+    return s == Engine::State::AdamM || s == Engine::State::AdamV ? sd : DType::F32;
   }
-  DType dtype(Engine::State s) const { return is_moment(s) ? sd : DType::F32; }
+  // Element e of blob b's state s (in dtype(s)).
+  void* at(Engine::State s, int b, int64_t e) const {
+    return static_cast<char*>(state(s).data()) + size_t(off[size_t(b)] + e) * dtype_size(dtype(s));
+  }
 };
 
 // Where a blob's compute-dtype parameters are while kernels read them.
@@ -86,6 +86,7 @@ struct SlidingShape {
   std::vector<int64_t> host_numel;           // [blobs] elements on the host (0: kept on the GPU)
   std::vector<bool> is_layer;                // [blobs]
   std::vector<bool> held;                    // [blobs] SlidingOptions::hold_grads' blobs
+  std::vector<bool> disk;                    // [blobs] m and v in the NVMe store
   int64_t max_layer = 0, emb = 0, head = 0;  // the gradient accumulators' elements (host blobs)
   int64_t chunk = 0;                         // elements a transfer chunk
   int64_t max_tokens = 0;
@@ -118,6 +119,11 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
   z.emb = z.host_numel.front();
   z.head = z.host_numel.back();
   z.held = held_grad_blobs(layout, o.gpu_blobs, o.keep_grads ? 0 : o.hold_grads);
+  z.disk.assign(size_t(nb), false);
+  for (int b : o.disk_blobs) {
+    SF_CHECK(b >= 0 && b < nb && z.host_numel[size_t(b)] > 0, "disk_blobs: no host blob " + std::to_string(b));
+    z.disk[size_t(b)] = true;
+  }
   z.chunk = std::max<int64_t>(1, std::min(o.chunk, std::max(max_blob, z.gpu_total)));
   z.max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   z.stride_nh = activation_stride(spec, z.max_tokens, act);
@@ -125,6 +131,32 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
 }
 
 const char* const kFetchedName = "checkpoints fetched for the backward + recompute output";
+
+CheckpointOptions checkpoint_options(const ModelSpec& spec, const SlidingShape& z, const SlidingOptions& o) {
+  CheckpointOptions c;
+  c.micro = z.K;
+  c.layers = spec.n_layer;
+  c.stride = z.stride_nh;
+  c.disk_layers = o.ckpt_disk_layers;
+  const int on_disk = z.K * std::clamp(o.ckpt_disk_layers, 0, spec.n_layer);  // no more buffers than checkpoints there
+  c.write_ring = std::clamp(on_disk, 1, c.write_ring);
+  c.read_ahead = std::clamp(on_disk, 1, c.read_ahead);
+  return c;
+}
+
+HostOptimizerOptions host_options(const SlidingShape& z, const SlidingOptions& o, DType act) {
+  HostOptimizerOptions h;
+  h.blob_numel = z.host_numel;
+  h.grad_dtype = act;
+  h.keep_grads = o.keep_grads;
+  h.chunk = z.chunk;
+  h.ring = o.grad_ring;
+  h.held = z.held;
+  h.disk = z.disk;
+  h.disk_ring = std::clamp(int(std::count(z.disk.begin(), z.disk.end(), true)), 1, o.disk_ring);
+  h.state_dtype = o.base.state_dtype;
+  return h;
+}
 
 }  // namespace
 
@@ -135,12 +167,12 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& 
   const size_t K = size_t(z.K);
   // In the order `slideformer plan` prints them (by place, an item's first appearance).
   MemoryItems m = SlotCache::buffers(SlotCache::capacities(o.slots, z.host_numel, z.is_layer), act, z.chunk);
-  append(m, HostOptimizer::buffers(z.host_numel, act, o.keep_grads, z.chunk, o.grad_ring, z.held, o.base.state_dtype));
+  append(m, HostOptimizer::buffers(host_options(z, o, act)));
   const MemoryItems grads = GradientPath::buffers(z.max_layer, z.emb, z.head, act, z.chunk);
   append(m, items_with(grads, "acc."));
   m.push_back({"activations (" + std::to_string(K + 1) + " buffers: one per micro-batch + 1)", (K + 1) * z.stride_nh,
                Place::Device, "acts"});
-  for (MemoryItem& c : CheckpointStore::buffers(z.K, spec.n_layer, z.stride_nh)) {
+  for (MemoryItem& c : CheckpointStore::buffers(checkpoint_options(spec, z, o))) {
     if (c.key == "ckpt.fetch") c.name = kFetchedName;  // one line with the recompute output
     m.push_back(c);
   }
@@ -155,12 +187,12 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& 
     const std::string kept = std::to_string(o.gpu_blobs.size()) + " blobs kept on the GPU: fp32 master, AdamW m and v" +
                              (o.base.state_dtype == DType::F32 ? "" : " (bf16)") + ", gradients" +
                              (low ? ", compute copy" : "");
-    const size_t G = size_t(z.gpu_total);
+    const size_t G = size_t(z.gpu_total), sd = dtype_size(o.base.state_dtype);
     if (low) m.push_back({kept, G * dtype_size(act), Place::Device, "gpu.params"});
-    for (const char* key : {"gpu.master", "gpu.m", "gpu.v", "gpu.grads"}) {
-      const bool moment = std::string(key) == "gpu.m" || std::string(key) == "gpu.v";
-      m.push_back({kept, G * (moment ? dtype_size(o.base.state_dtype) : 4), Place::Device, key});
-    }
+    m.push_back({kept, G * 4, Place::Device, "gpu.master"});
+    m.push_back({kept, G * sd, Place::Device, "gpu.m"});
+    m.push_back({kept, G * sd, Place::Device, "gpu.v"});
+    m.push_back({kept, G * 4, Place::Device, "gpu.grads"});
   }
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
   return m;
@@ -181,6 +213,7 @@ struct SlidingEngine::Impl {
 
   std::unique_ptr<Stream> compute, h2d, d2h;
   GpuBlobs gpu;
+  std::unique_ptr<NvmeStore> store;  // the offload file, when a blob's state is on disk
   std::unique_ptr<HostOptimizer> host;
   std::unique_ptr<SlotCache> slots;
   bool slots_stale = false;  // an update was queued: the next forward re-uploads every blob
@@ -201,6 +234,7 @@ struct SlidingEngine::Impl {
   // Host optimizer work in its own stream, so that gradient and checkpoint copies on d2h never
   // queue behind it. Created last (stream indices of the race tests).
   std::unique_ptr<Stream> opt_stream;
+  std::unique_ptr<Stream> io;  // the checkpoints' transfers to and from the offload file (NVMe tier)
   Program program;
   std::unique_ptr<StepTrace> trace;  // SF_TRACE: a timeline of the streams
   // Gradients from the backward to the host optimizer (engine/gradient_path.*): accumulators,
@@ -241,7 +275,7 @@ struct SlidingEngine::Impl {
     const int64_t n = layout.blobs[size_t(blob)].numel;
     auto f32 = [&](const DeviceBuffer& b) { return Tensor(gpu.at(b, blob), DType::F32, {n}); };
     auto moment = [&](Engine::State s) { return Tensor(gpu.at(s, blob, 0), gpu.sd, {n}); };
-    AdamWParams q = p;  // the rounding stream's coordinates: the whole blob
+    AdamWParams q = p;  // the rounding stream's coordinates (bf16 state): the whole blob
     q.blob = blob;
     q.first = 0;
     dev.ops().adamw(f32(gpu.master), f32(gpu.grads), moment(Engine::State::AdamM), moment(Engine::State::AdamV),
@@ -329,6 +363,8 @@ struct SlidingEngine::Impl {
     dev.synchronize(*compute);
     dev.synchronize(*d2h);
     dev.synchronize(*opt_stream);
+    if (io) dev.synchronize(*io);
+    host->quiesce();
   }
   void zero_scalars() { dev.ops().zero(Tensor(scalars.data(), DType::F32, {2 + nb}), *compute); }
   void read_scalars() {
@@ -354,12 +390,10 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
       program(s, d.ops(), act) {
   SF_CHECK(o.slots >= 2, "the sliding engine needs at least 2 parameter slots");
   SF_CHECK(o.base.max_micro >= 1, "max_micro must be positive");
-  SF_CHECK(o.base.state_dtype == DType::F32 || o.base.state_dtype == DType::BF16, "the optimizer state is F32 or BF16");
   const SlidingShape z = sliding_shape(spec, layout, o, act);
   const int K = z.K;
   gpu.off = z.gpu_off;
   gpu.total = z.gpu_total;
-  gpu.sd = o.base.state_dtype;
   chunk = z.chunk;
   max_tokens = z.max_tokens;
   stride_nh = z.stride_nh;
@@ -369,8 +403,22 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   BufferSource src(dev, SlidingEngine::buffers(spec, o, BackendSizes{act, ws->bytes(), 0}));
   src.allocated({{"", ws->bytes(), Place::Device, "workspace"}});
 
-  host = std::make_unique<HostOptimizer>(dev, z.host_numel, act, o.keep_grads, chunk, o.grad_ring, z.held, gpu.sd);
-  src.allocated(HostOptimizer::buffers(z.host_numel, act, o.keep_grads, chunk, o.grad_ring, z.held, gpu.sd));
+  SF_CHECK(o.base.state_dtype == DType::F32 || o.base.state_dtype == DType::BF16, "the optimizer state is F32 or BF16");
+  gpu.sd = o.base.state_dtype;
+  const HostOptimizerOptions ho = host_options(z, o, act);
+  const MemoryItems host_items = HostOptimizer::buffers(ho);
+  const CheckpointOptions co = checkpoint_options(spec, z, o);
+  const MemoryItems ckpt_items = CheckpointStore::buffers(co);
+  // The offload file: the AdamW state of the blobs there, then the checkpoints of the disk layers.
+  const uint64_t state_bytes = total_bytes(host_items, Place::Disk);
+  if (state_bytes + total_bytes(ckpt_items, Place::Disk) > 0) {
+    StoreOptions so = o.store;
+    so.bytes = state_bytes + total_bytes(ckpt_items, Place::Disk);
+    SF_CHECK(!so.dir.empty(), "state in the NVMe store, but no offload directory");
+    store = std::make_unique<NvmeStore>(so);
+  }
+  host = std::make_unique<HostOptimizer>(dev, ho, store.get());
+  src.allocated(host_items);
   const std::vector<int64_t> caps = SlotCache::capacities(o.slots, z.host_numel, z.is_layer);
   slots = std::make_unique<SlotCache>(dev, caps, act, chunk, *h2d, *compute);
   src.allocated(SlotCache::buffers(caps, act, chunk));
@@ -389,8 +437,6 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     act_free.push_back(dev.create_event());
   }
   scratch = src.buffer("scratch");
-  ckpts = std::make_unique<CheckpointStore>(dev, K, L, stride_nh);
-  src.allocated(CheckpointStore::buffers(K, L, stride_nh));
   scalars = src.buffer("scalars");
   host_scalars.assign(size_t(2 + nb), 0.f);
   zero_scalars();
@@ -399,6 +445,9 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   tokens = std::make_unique<TokenUploader>(dev, max_tokens, 2 * K);
   src.allocated(TokenUploader::buffers(max_tokens, 2 * K));
   opt_stream = d.create_stream();
+  if (co.disk_layers > 0) io = d.create_stream();
+  ckpts = std::make_unique<CheckpointStore>(dev, co, store.get(), state_bytes, io.get());
+  src.allocated(ckpt_items);
   trace = StepTrace::from_env(dev, *compute);
   grads = std::make_unique<GradientPath>(dev, nb, z.max_layer, z.emb, z.head, act, chunk,
                                          GradientPath::Streams{*compute, *d2h, *opt_stream}, *host,
@@ -632,6 +681,7 @@ Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const Step
   const float scale = r.trained > 0 ? float(1.0 / double(r.trained)) : 0.f;
   const bool clip = sp.max_grad_norm > 0;
   SF_CHECK(!clip || opt_.keep_grads, "clipping needs an engine built with keep_grads");
+  if (m.store) m.store->check();  // a failed transfer of the NVMe store stops the run at the next step
   // Without clipping the update is known before the gradients: each blob is updated as soon as
   // its gradient lands, overlapped with the rest of the backward (SlideFormer's schedule).
   AdamWParams p = sp.adamw;
@@ -703,19 +753,17 @@ void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
   Impl& m = *impl_;
   m.sync_all();
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
-  const Tensor out(dst, DType::F32, {e.numel});
   if (m.gpu.has(blob)) {
     state_to_f32(dev_, *m.compute, m.gpu.at(which, blob, e.offset), m.gpu.dtype(which), e.numel, dst);
     return;
   }
   if (which == State::Grads) {
     const char* g = static_cast<const char*>(m.host->grads(blob)) + size_t(e.offset) * dtype_size(m.act);
-    cpu::cast(out, Tensor(const_cast<char*>(g), m.act, {e.numel}));
+    cpu::cast(Tensor(dst, DType::F32, {e.numel}), Tensor(const_cast<char*>(g), m.act, {e.numel}));
     return;
   }
   const int s = which == State::Params ? 0 : which == State::AdamM ? 1 : 2;
-  const DType t = s == 0 ? DType::F32 : m.host->state_dtype();
-  cpu::cast(out, Tensor(static_cast<char*>(m.host->state(s, blob)) + size_t(e.offset) * dtype_size(t), t, {e.numel}));
+  m.host->read_state(s, blob, e.offset, e.numel, dst);
 }
 
 void SlidingEngine::write_state(State which, int blob, int entry, const float* src) {
@@ -723,7 +771,6 @@ void SlidingEngine::write_state(State which, int blob, int entry, const float* s
   SF_CHECK(which != State::Grads, "gradients are not written back");
   m.sync_all();
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
-  const Tensor in(const_cast<float*>(src), DType::F32, {e.numel});
   if (m.gpu.has(blob)) {
     state_from_f32(dev_, *m.compute, m.gpu.at(which, blob, e.offset), m.gpu.dtype(which), e.numel, src);
     if (which == State::Params) m.gpu_refresh(blob);
@@ -731,8 +778,7 @@ void SlidingEngine::write_state(State which, int blob, int entry, const float* s
     return;
   }
   const int s = which == State::Params ? 0 : which == State::AdamM ? 1 : 2;
-  const DType t = s == 0 ? DType::F32 : m.host->state_dtype();
-  cpu::cast(Tensor(static_cast<char*>(m.host->state(s, blob)) + size_t(e.offset) * dtype_size(t), t, {e.numel}), in);
+  m.host->write_state(s, blob, e.offset, e.numel, src);
   if (which == State::Params) m.slots->invalidate();
 }
 
@@ -752,8 +798,14 @@ int64_t SlidingEngine::uploads() const { return impl_->slots->uploads(); }
 
 Engine::Stats SlidingEngine::stats() const {
   const Impl& m = *impl_;
-  return Stats{m.host->update_seconds(), m.slots->uploads(),
-               m.host->pinned_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes()};
+  Stats st{m.host->update_seconds(), m.slots->uploads(),
+           m.host->pinned_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes()};
+  if (m.store) {
+    st.disk_read = m.store->bytes_read();
+    st.disk_written = m.store->bytes_written();
+    st.disk_busy_s = m.store->busy_seconds();
+  }
+  return st;
 }
 
 }  // namespace sf
