@@ -504,6 +504,39 @@ TEST_F(Cli, RefusalsNameTheOptions) {
                          "windows are not supported: use --seq-len <= 16");
 }
 
+// The global options -q / -v are taken before or after the subcommand, as people type them; an
+// option nobody knows is still refused with one line naming it.
+TEST_F(Cli, GlobalOptionsAnywhereOnTheLine) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 6);
+  const std::string tr = train_cmd(model, data) + " --steps 2 --lr 1e-3 --batch-size 2 --seq-len 16 --device cpu";
+  CmdResult plain = run(tr + " --output " + p("o1"));
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_NE(plain.err.find("step 2/2"), std::string::npos) << plain.err;  // progress lines by default
+  for (const std::string& line : {tr + " --output " + p("o2") + " -q", "-q " + tr + " --output " + p("o3"),
+                                  tr + " -q --output " + p("o4"), tr + " --output " + p("o5") + " --quiet"}) {
+    CmdResult q = run(line);
+    EXPECT_EQ(q.code, 0) << line << "\n" << q.err;
+    EXPECT_EQ(q.err, "") << line;                      // no progress, no plan, nothing
+    EXPECT_EQ(json::parse(q.out)["last_loss"], json::parse(plain.out)["last_loss"]) << line;  // the same run
+  }
+  for (const std::string& line : {tr + " --output " + p("o6") + " -v", "-v " + tr + " --output " + p("o7")}) {
+    CmdResult v = run(line);
+    EXPECT_EQ(v.code, 0) << line << "\n" << v.err;
+    EXPECT_NE(v.err.find("device cpu, 6 records"), std::string::npos) << line << "\n" << v.err;  // a debug line
+    EXPECT_EQ(json::parse(v.out)["last_loss"], json::parse(plain.out)["last_loss"]) << line;
+  }
+  EXPECT_EQ(plain.err.find("device cpu, 6 records"), std::string::npos) << plain.err;
+  const std::string out = " --output " + p("bad");
+  for (const std::string& bad : {tr + out + " --no-such-option", tr + out + " -x", "--no-such-option " + tr + out}) {
+    CmdResult r = run(bad);
+    EXPECT_EQ(r.code, 2) << bad;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(r.err.find("--no-such-option") != std::string::npos || r.err.find("-x") != std::string::npos)
+        << r.err;
+  }
+}
+
 // `slideformer train CONFIG.yaml key=value`: the same run as the options on the command line;
 // what the file cannot say is refused with file:line.
 TEST_F(Cli, YamlConfigWithOverrides) {

@@ -73,16 +73,16 @@ struct Case {
   bool small_chunks = false;
   // Blobs kept on the GPU: 0 none, 1 embedding + head, 2 embedding + layer 1 + head, 3 all.
   int gpu = 0;
-  bool bf16 = false;   // --compute-dtype bf16 in both engines: gradients rounded to bf16 (as on cuda)
-  int micro = 1;       // micro-batches a step (layer-major in the sliding engine)
-  int64_t hold = 0;    // SlidingOptions::hold_grads (overlap): the first blobs updated after the backward
-  bool fused = false;  // clipping: one AdamW pass a blob (SlidingOptions::split_update off)
+  bool bf16 = false;        // --compute-dtype bf16 in both engines: gradients rounded to bf16 (as on cuda)
+  int micro = 1;            // micro-batches a step (layer-major in the sliding engine)
+  int64_t hold = 0;         // SlidingOptions::hold_grads (overlap): the first blobs updated after the backward
+  bool fused = false;       // clipping: one AdamW pass a blob (SlidingOptions::split_update off)
+  bool bf16_state = false;  // AdamW m and v in bf16, stochastically rounded (EngineOptions::state_dtype)
   // The NVMe tier: 0 none, 1 the even host layers' AdamW state in the store, 2 every host blob's;
   // the store's pieces complete after random delays (out of order) and come back short once.
   int disk = 0;
-  bool uring = true;        // the store's io_uring backend (else worker threads)
-  int ckpt_disk = 0;        // the first layers whose checkpoints are in the store (the I/O stream: bit 5)
-  bool bf16_state = false;  // AdamW m and v in bf16, stochastically rounded (EngineOptions::state_dtype)
+  bool uring = true;  // the store's io_uring backend (else worker threads)
+  int ckpt_disk = 0;  // the first layers whose checkpoints are in the store (the I/O stream: bit 5)
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -212,31 +212,31 @@ INSTANTIATE_TEST_SUITE_P(
         // clipping with one fused AdamW pass a blob (the others split it in two)
         Case{"qwen3", 3, 0, 0, false, false, 0, false, 1, 0, true},
         Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true},
+        // bf16 optimizer state (stochastic rounding keyed by step, blob and element): split and
+        // fused updates, updates during the backward in odd chunks, blobs kept on the GPU, stalls
+        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, true},
+        Case{"qwen3", 2, 50, 4, false, true, 2, true, 2, 0, false, true},
+        Case{"mistral", 3, 50, 16, true, true, 1, false, 1, 0, false, true},
+        Case{"qwen2", 2, 50, 2, false, false, 3, false, 1, 0, true, true},
+        Case{"llama", 2, 50, 8, true, false, 0, true, 3, 3000, false, true},
+        Case{"qwen3", 3, 50, 1, false, true, 0, false, 2, 0, true, true},
         // the NVMe tier: AdamW state of some or all host blobs in the store, read ahead and
         // written back around each update, through either backend, with disordered completions
-        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, 2},
-        Case{"qwen3", 2, 50, 16, false, false, 0, false, 1, 0, false, 1, false},
-        Case{"mistral", 3, 50, 4, true, false, 0, false, 1, 0, false, 2},
-        Case{"qwen2", 2, 50, 16, true, true, 1, true, 2, 0, false, 1, false},
-        Case{"llama", 2, 50, 2, true, false, 0, false, 1, 3000, false, 2, false},
-        Case{"qwen3", 3, 50, 16, false, true, 2, true, 2, 0, true, 2},
-        Case{"llama", 2, 0, 0, false, false, 0, false, 3, 0, false, 1},
+        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, false, 2},
+        Case{"qwen3", 2, 50, 16, false, false, 0, false, 1, 0, false, false, 1, false},
+        Case{"mistral", 3, 50, 4, true, false, 0, false, 1, 0, false, false, 2},
+        Case{"qwen2", 2, 50, 16, true, true, 1, true, 2, 0, false, false, 1, false},
+        Case{"llama", 2, 50, 2, true, false, 0, false, 1, 3000, false, false, 2, false},
+        Case{"qwen3", 3, 50, 16, false, true, 2, true, 2, 0, true, false, 2},
+        Case{"llama", 2, 0, 0, false, false, 0, false, 3, 0, false, false, 1},
         // ... and the first layers' checkpoints in the store, through the I/O stream (stalled: 32)
-        Case{"qwen2", 3, 50, 32, false, false, 0, false, 1, 0, false, 0, true, 1},
-        Case{"llama", 2, 50, 32, true, true, 0, false, 3, 0, false, 2, true, 4},
-        Case{"mistral", 3, 50, 4, false, false, 1, true, 2, 0, false, 1, false, 2},
-        Case{"qwen3", 2, 50, 2, true, false, 0, false, 4, 0, false, 2, true, 3},
-        // bf16 optimizer state (stochastic rounding keyed by step, blob and element): split and
-        // fused updates, updates during the backward in odd chunks, blobs kept on the GPU, stalls,
-        // and m and v in the NVMe store as bf16
-        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, 0, true, 0, true},
-        Case{"qwen3", 2, 50, 4, false, true, 2, true, 2, 0, false, 0, true, 0, true},
-        Case{"mistral", 3, 50, 16, true, true, 1, false, 1, 0, false, 0, true, 0, true},
-        Case{"qwen2", 2, 50, 2, false, false, 3, false, 1, 0, true, 0, true, 0, true},
-        Case{"llama", 2, 50, 8, true, false, 0, true, 3, 3000, false, 0, true, 0, true},
-        Case{"qwen3", 3, 50, 1, false, true, 0, false, 2, 0, true, 0, true, 0, true},
-        Case{"llama", 2, 50, 16, false, false, 1, true, 2, 0, false, 2, true, 0, true},
-        Case{"mistral", 3, 50, 4, true, true, 0, false, 1, 0, false, 1, false, 0, true}),
+        Case{"qwen2", 3, 50, 32, false, false, 0, false, 1, 0, false, false, 0, true, 1},
+        Case{"llama", 2, 50, 32, true, true, 0, false, 3, 0, false, false, 2, true, 4},
+        Case{"mistral", 3, 50, 4, false, false, 1, true, 2, 0, false, false, 1, false, 2},
+        Case{"qwen3", 2, 50, 2, true, false, 0, false, 4, 0, false, false, 2, true, 3},
+        // bf16 optimizer state in the store: the ring carries 2-byte moments
+        Case{"qwen2", 2, 50, 16, true, false, 0, false, 2, 0, false, true, 2, false, 1},
+        Case{"llama", 3, 50, 4, false, true, 1, true, 1, 0, false, true, 1, true, 2}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +
@@ -244,9 +244,9 @@ INSTANTIATE_TEST_SUITE_P(
              (c.small_chunks ? "_chunks" : "") + (c.gpu ? "_gpu" + std::to_string(c.gpu) : "") +
              (c.bf16 ? "_bf16" : "") + (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "") +
              (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "") +
-             (c.disk ? "_disk" + std::to_string(c.disk) : "") +
-             (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
-             ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.bf16_state ? "_bf16state" : "");
+             (c.bf16_state ? "_bf16state" : "") +
+             (c.disk ? "_disk" + std::to_string(c.disk) : "") + (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
+             ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "");
     });
 
 }  // namespace

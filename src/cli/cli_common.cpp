@@ -42,7 +42,7 @@ void EngineFlags::add(CLI::App* c) {
 namespace {
 // The offload directory must exist and take files (the scratch file is created when the engine is).
 void check_offload_dir(const std::string& dir) {
-  struct stat st {};
+  struct stat st{};
   if (::stat(dir.c_str(), &st) != 0) input_error("--offload-dir " + dir, std::strerror(errno));
   if (!S_ISDIR(st.st_mode)) input_error("--offload-dir " + dir, "not a directory");
   if (::access(dir.c_str(), W_OK | X_OK) != 0) input_error("--offload-dir " + dir, "not writable");
@@ -64,11 +64,11 @@ void EngineFlags::apply(EngineRequest& e) const {
   e.gpu_blobs = gpu_blobs;
   e.gpu_memory = gpu_memory.empty() ? 0 : size_t(parse_size(gpu_memory, "--gpu-memory"));
   e.cpu_memory = cpu_memory.empty() ? 0 : size_t(parse_size(cpu_memory, "--cpu-memory"));
-  e.state_dtype = optimizer_state == "bf16" ? DType::BF16 : DType::F32;
   if (!disk_memory.empty() && offload_dir.empty()) input_error("--disk-memory", "needs --offload-dir");
   e.disk_memory = disk_memory.empty() ? 0 : size_t(parse_size(disk_memory, "--disk-memory"));
   e.offload_dir = offload_dir;
   if (!offload_dir.empty()) check_offload_dir(offload_dir);
+  e.state_dtype = optimizer_state == "bf16" ? DType::BF16 : DType::F32;
 }
 
 void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f) {

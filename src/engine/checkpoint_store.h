@@ -1,4 +1,4 @@
-// The sliding engine's activation checkpoints (docs/ARCHITECTURE.md "Memory objects"): each
+// The sliding engine's activation checkpoints (docs/ARCHITECTURE.md §2): each
 // layer's input, per micro-batch, goes down to page-locked host memory during the forward and
 // comes back for the layer's recompute and backward, the k-th fetch of a backward into GPU buffer
 // k % 2 (one in use while the next is fetched).

@@ -76,7 +76,7 @@ class Engine {
   // HF-style random init: normal(0, initializer_range) weights, 1 for norms, 0 for biases.
   virtual void init_random(uint64_t seed) = 0;
 
-  // One optimizer step (DESIGN.md §4, "one step protocol"): forward and backward of every
+  // One optimizer step (docs/ARCHITECTURE.md §3, "the step protocol"): forward and backward of every
   // micro-batch, the loss normalised by the step's trained tokens (so accumulation equals one
   // large batch), the global gradient norm, clipping to max_grad_norm (> 0), AdamW. The engine
   // owns the ordering: without clipping it may update each blob as soon as its gradient is

@@ -1,6 +1,6 @@
-// The sliding engine's host state and host AdamW (DESIGN.md §3-4). Per parameter of the blobs kept
+// The sliding engine's host state and host AdamW (docs/ARCHITECTURE.md §2-3). Per parameter of the blobs kept
 // on the host: the fp32 master (page-locked: the upload source), AdamW m and v in the state dtype
-// (F32, or BF16 stochastically rounded: cpu::adamw) — 12 or 8 bytes — and
+// (F32, or BF16 stochastically rounded) — 12 or 8 bytes — and
 // the gradients as they come down from the GPU, in the compute dtype (bf16 on cuda):
 // - `keep_grads` (clipping, or gradients read back): every gradient of the step is held until the
 //   norm is known (+2 bytes a parameter);
@@ -37,7 +37,7 @@ struct HostOptimizerOptions {
   std::vector<bool> held;           // [blobs] (without keep_grads) the blob's gradient waits in place
   std::vector<bool> disk;           // [blobs] the blob's m and v live in the NVMe store
   int disk_ring = 3;                // blobs' m and v in host memory at once (StateStream)
-  DType state_dtype = DType::F32;   // m and v, in memory and in the store (EngineOptions::state_dtype)
+  DType state_dtype = DType::F32;   // m and v (EngineOptions::state_dtype)
 };
 
 class HostOptimizer {
@@ -47,8 +47,9 @@ class HostOptimizer {
 
   int64_t total() const { return total_; }
   float* master(int blob) { return static_cast<float*>(master_.data()) + off_[size_t(blob)]; }
-  // Elements [off, off + n) of the master (0), m (1) or v (2) of a host blob, outside a step, as
-  // fp32 (bf16 moments widen exactly; written, they round to nearest: exact for bf16 values).
+  DType state_dtype() const { return sd_; }
+  // Elements [off, off + n) of the master (0), m (1) or v (2) of a host blob, outside a step, as fp32
+  // (m and v converted from the state dtype; written back rounded to nearest).
   void read_state(int which, int blob, int64_t off, int64_t n, float* dst);
   void write_state(int which, int blob, int64_t off, int64_t n, const float* src);
   bool on_disk(int blob) const { return disk_ && disk_->has(blob); }
@@ -91,8 +92,7 @@ class HostOptimizer {
 
  private:
   Device& dev_;
-  DType gd_;
-  DType sd_;  // m and v
+  DType gd_, sd_;
   bool keep_;
   int64_t chunk_;
   std::vector<int64_t> off_;   // [blobs] element offset in the flat master (-1: not on the host)
@@ -108,10 +108,6 @@ class HostOptimizer {
   std::vector<std::unique_ptr<Event>> ring_free_;  // [ring] opt: the buffer's update is done
   int ring_next_ = 0;
   std::atomic<int64_t> update_ns_{0};
-  // Element e of m_ (which 1) or v_ (2), in sd_.
-  void* moment(int which, int64_t e) {
-    return static_cast<char*>((which == 1 ? m_ : v_).data()) + size_t(e) * dtype_size(sd_);
-  }
 };
 
 }  // namespace sf

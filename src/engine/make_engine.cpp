@@ -21,7 +21,6 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.gpu_blobs = p.gpu_blobs;
   so.keep_grads = req.clip || !opt.optimizer;
   so.hold_grads = p.hold_grads;
-  so.split_update = env_switch("SF_SPLIT_UPDATE", true);
   so.disk_blobs = p.disk_blobs;
   so.ckpt_disk_layers = p.ckpt_disk_layers;
   so.store.dir = req.offload_dir;
@@ -29,7 +28,7 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
 }
 
 BackendInfo plan_backend(const EngineOptions& opt, const EngineRequest& req) {
-  BackendInfo be = backend_info(req.device);
+  BackendInfo be = backend_info(req.device, req.device_ordinal);
   if (opt.compute_dtype == "bf16" || opt.compute_dtype == "bfloat16") be.compute_dtype = DType::BF16;
   return be;
 }
@@ -49,6 +48,7 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   r.host_budget = req.cpu_memory;
   r.offload_dir = req.offload_dir;
   r.disk_budget = req.disk_memory;
+  r.hold_grads = env_int(Env::HoldGrads, 0);  // the one knob that changes the plan (core/env.h)
   r.state_dtype = req.state_dtype;
   return r;
 }
@@ -64,7 +64,7 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
     why += "; `slideformer plan` lists every buffer";
     input_error_naming("plan", std::move(why));
   }
-  b.dev = make_device(req.device, req.gpu_memory);
+  b.dev = make_device(req.device, req.gpu_memory, req.device_ordinal);
   EngineOptions eo = opt;
   eo.max_batch = p.micro_batch;  // the micro-batches the plan counted (maybe split)
   eo.max_micro = p.micro_batches;

@@ -12,6 +12,7 @@ namespace sf {
 // What the commands ask for; the planner decides the rest.
 struct EngineRequest {
   std::string device = "auto";
+  int device_ordinal = 0;  // which GPU (cudaSetDevice's number)
   OffloadChoice offload = OffloadChoice::Auto;
   int slots = 0;          // 0: the planner's choice
   int gpu_blobs = -1;     // sliding: blobs kept whole on the GPU (-1: as many as fit)

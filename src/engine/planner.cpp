@@ -8,7 +8,6 @@
 #include <sstream>
 
 #include "core/align.h"
-#include "core/env.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "engine/engine.h"
@@ -120,8 +119,8 @@ std::vector<int> gpu_blob_order(const ModelSpec& s) {
 
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs, int micro, bool keep_grads,
-                                       int64_t hold_grads, const std::vector<int>& disk_blobs, int ckpt_disk_layers,
-                                       DType state) {
+                                       int64_t hold_grads, const std::vector<int>& disk_blobs,
+                                       int ckpt_disk_layers, DType state) {
   SlidingOptions o;  // the default chunk and gradient ring
   o.base.state_dtype = state;
   o.base.max_batch = B;
@@ -149,10 +148,10 @@ namespace {
 class Planner {
  public:
   Planner(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates)
-      : s_(s), r_(r), be_(be), rates_(rates), on_host_(be.name == "cpu"), lay_(make_layout(s)) {
+      : s_(s), r_(r), be_(be), rates_(rates), on_host_(be.kind == DeviceKind::Cpu), lay_(make_layout(s)) {
     p_.host_budget = r.host_budget ? r.host_budget : size_t(host_memory_available() * 0.95);
     // The CUDA device's default arena is 90% of the free memory.
-    p_.gpu_budget = r.gpu_budget ? r.gpu_budget : on_host_ ? p_.host_budget : size_t(double(be.device_free) * 0.9);
+    p_.gpu_budget = r.gpu_budget ? r.gpu_budget : on_host_ ? p_.host_budget : default_gpu_budget(be.device_free);
     if (!r.offload_dir.empty())
       p_.disk_budget = r.disk_budget ? r.disk_budget : size_t(double(free_disk_bytes(r.offload_dir)) * 0.95);
   }
@@ -179,13 +178,11 @@ class Planner {
  private:
   // Without clipping the host updates each blob as its gradient lands, but the first blobs of the
   // forward land last: the part of the host's work that does not fit into the backward is held and
-  // runs during the next forward (SlidingOptions::hold_grads). Sized from the rates. Off unless
-  // SF_HOLD_GRADS=1 (a benchmark switch; a larger number holds that many parameters): measured on
-  // the H200 machine it did not yet beat updating every blob as it lands (docs/PERFORMANCE.md).
+  // runs during the next forward (SlidingOptions::hold_grads). Sized from the rates when the
+  // request asks for 1, off unless asked (PlanRequest::hold_grads).
   int64_t hold_for(const std::vector<int>& gpu_blobs) const {
-    static const long long hold_env = env_int("SF_HOLD_GRADS", 0);
-    if (hold_env <= 0 || r_.clip || !r_.optimizer || on_host_) return 0;
-    if (hold_env > 1) return int64_t(hold_env);
+    if (r_.hold_grads <= 0 || r_.clip || !r_.optimizer || on_host_) return 0;
+    if (r_.hold_grads > 1) return r_.hold_grads;
     double P = double(lay_.total_numel());
     for (int b : gpu_blobs) P -= double(lay_.blobs[size_t(b)].numel);
     const Flops f = flops_per_token(s_, r_.seq);
@@ -385,14 +382,14 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
                bwd_s = std::max(p.gpu_s * (1.0 - f.forward / f.total), up_bwd_s);
   const double emb_update_s = emb_on_host ? update_s * double(lay.embedding().numel) / P : 0.0;
   double path = fwd_s + std::max(bwd_s, p.host_s) + emb_update_s;
-  if (r.clip && env_switch("SF_SPLIT_UPDATE", true))
+  if (r.clip && r.split_update)
     path = split_update_path(s, r, rates, f, P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host, p);
   else if (r.clip)
     path = fwd_s + bwd_s + std::max(0.0, update_s - fwd_s);
   // The NVMe store: each blob's m and v read before its update and written after, once a step
   // whatever grad_accum is; the ring keeps the disk busy through the whole step.
-  if (p.disk_bytes > 0)
-    p.disk_s = double(p.disk_bytes) / (rates.disk_read_gbs * 1e9) + double(p.disk_bytes) / (rates.disk_write_gbs * 1e9);
+  if (p.disk_bytes > 0) p.disk_s = double(p.disk_bytes) / (rates.disk_read_gbs * 1e9) +
+                                   double(p.disk_bytes) / (rates.disk_write_gbs * 1e9);
   p.step_s = std::max({path, p.host_s, p.pcie_s, p.disk_s});
 }
 
@@ -406,7 +403,7 @@ void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, co
   else
     predict_sliding(s, r, be, rates, f, p);
   p.tokens_per_s = tokens / p.step_s;
-  if (be.name == "cpu") p.step_s = p.gpu_s = p.host_s = p.pcie_s = p.tokens_per_s = 0;  // the rates are a GPU machine's
+  if (be.kind == DeviceKind::Cpu) p.step_s = p.gpu_s = p.host_s = p.pcie_s = p.tokens_per_s = 0;  // the rates are a GPU machine's
 }
 
 }  // namespace
@@ -478,7 +475,8 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
     std::snprintf(line, sizeof line,
                   "predicted (lower bound from the rates): %.3f s a step, %.0f tokens/s (GPU %.3f s, host %.3f s, "
                   "PCIe %.3f s%s)\n",
-                  p.step_s, p.tokens_per_s, p.gpu_s, p.host_s, p.pcie_s, disk);
+                  p.step_s, p.tokens_per_s, p.gpu_s, p.host_s, p.pcie_s,
+                  disk);
     o << line;
   }
   return o.str();

@@ -1,4 +1,4 @@
-// The planner (DESIGN.md §4): from the model, the batch and the memory budgets, which engine runs,
+// The planner (docs/ARCHITECTURE.md §4): from the model, the batch and the memory budgets, which engine runs,
 // with how many GPU slots, what every buffer costs on the GPU and in host memory, whether it
 // fits, and a predicted step time from measured rates. Nothing is allocated; the buffers are the
 // engines' own lists (engine/buffers.h), from which their constructors allocate
@@ -62,15 +62,19 @@ struct PlanRequest {
   bool training = true, optimizer = true;  // eval needs neither gradients nor AdamW state
   bool clip = true;  // gradient clipping (the sliding engine's update then waits for the backward)
   OffloadChoice offload = OffloadChoice::Auto;
-  int slots = 0;           // 0: the planner's choice
-  int gpu_blobs = -1;      // sliding: blobs kept whole on the GPU (the first of gpu_blob_order); -1: all that fit
-  size_t gpu_budget = 0;   // bytes the engine may hold on the GPU (0: the backend's free memory)
-  size_t host_budget = 0;  // bytes of host memory (0: MemAvailable)
+  int slots = 0;            // 0: the planner's choice
+  int gpu_blobs = -1;       // sliding: blobs kept whole on the GPU (the first of gpu_blob_order); -1: all that fit
+  size_t gpu_budget = 0;    // bytes the engine may hold on the GPU (0: the backend's free memory)
+  size_t host_budget = 0;   // bytes of host memory (0: MemAvailable)
   // The NVMe tier: where the offload file may go (empty: no disk) and how much of it (0: the free
   // space of the directory's filesystem less 5 %).
   std::string offload_dir;
   size_t disk_budget = 0;
-  bool split_micro = true;         // the planner may split micro-batches to fit the GPU
+  bool split_micro = true;  // the planner may split micro-batches to fit the GPU
+  bool split_update = true;  // with clipping, the update in two passes (SlidingOptions::split_update)
+  // Without clipping, gradients held for the next forward (SlidingOptions::hold_grads): 0 none, 1 as
+  // many parameters as the rates say, N > 1 that many. Off by default (docs/DECISIONS.md, "Held gradients").
+  int64_t hold_grads = 0;
   DType state_dtype = DType::F32;  // AdamW m and v (EngineOptions::state_dtype): 4 or 2 bytes each
 };
 
@@ -92,10 +96,10 @@ struct Shortfall {
 struct Plan {
   EngineKind engine = EngineKind::Resident;
   int slots = 0;
-  std::vector<int> gpu_blobs;   // sliding: blobs kept whole on the GPU
-  int64_t hold_grads = 0;       // sliding without clipping: SlidingOptions::hold_grads
-  std::vector<int> disk_blobs;  // sliding: blobs whose AdamW state is in the NVMe store
-  int ckpt_disk_layers = 0;     // sliding: the first layers whose checkpoints are in the NVMe store
+  std::vector<int> gpu_blobs;  // sliding: blobs kept whole on the GPU
+  int64_t hold_grads = 0;      // sliding without clipping: SlidingOptions::hold_grads
+  std::vector<int> disk_blobs; // sliding: blobs whose AdamW state is in the NVMe store
+  int ckpt_disk_layers = 0;    // sliding: the first layers whose checkpoints are in the NVMe store
   // The micro-batches the engine runs: micro_batches of micro_batch sequences a step. The request's
   // batch x grad_accum, unless the sliding engine only fits the GPU with smaller micro-batches
   // (smaller workspace and activations; the same step, as the loss is normalised per step).

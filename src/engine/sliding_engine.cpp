@@ -57,16 +57,16 @@ struct GpuBlobs {
   DeviceBuffer m, v;           // sd
   bool has(int b) const { return off[size_t(b)] >= 0; }
   float* at(const DeviceBuffer& buf, int b) const { return static_cast<float*>(buf.data()) + off[size_t(b)]; }
+  bool is_moment(Engine::State s) const { return s == Engine::State::AdamM || s == Engine::State::AdamV; }
   const DeviceBuffer& state(Engine::State s) const {
     return s == Engine::State::Params ? master : s == Engine::State::Grads ? grads : s == Engine::State::AdamM ? m : v;
   }
-  DType dtype(Engine::State s) const {
-    return s == Engine::State::AdamM || s == Engine::State::AdamV ? sd : DType::F32;
-  }
-  // Element e of blob b's state s (in dtype(s)).
+  // Element e of blob b's `s`, and its dtype.
   void* at(Engine::State s, int b, int64_t e) const {
-    return static_cast<char*>(state(s).data()) + size_t(off[size_t(b)] + e) * dtype_size(dtype(s));
+    const DType t = dtype(s);
+    return static_cast<char*>(state(s).data()) + size_t(off[size_t(b)] + e) * dtype_size(t);
   }
+  DType dtype(Engine::State s) const { return is_moment(s) ? sd : DType::F32; }
 };
 
 // Where a blob's compute-dtype parameters are while kernels read them.
@@ -187,12 +187,12 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& 
     const std::string kept = std::to_string(o.gpu_blobs.size()) + " blobs kept on the GPU: fp32 master, AdamW m and v" +
                              (o.base.state_dtype == DType::F32 ? "" : " (bf16)") + ", gradients" +
                              (low ? ", compute copy" : "");
-    const size_t G = size_t(z.gpu_total), sd = dtype_size(o.base.state_dtype);
+    const size_t G = size_t(z.gpu_total);
     if (low) m.push_back({kept, G * dtype_size(act), Place::Device, "gpu.params"});
-    m.push_back({kept, G * 4, Place::Device, "gpu.master"});
-    m.push_back({kept, G * sd, Place::Device, "gpu.m"});
-    m.push_back({kept, G * sd, Place::Device, "gpu.v"});
-    m.push_back({kept, G * 4, Place::Device, "gpu.grads"});
+    for (const char* key : {"gpu.master", "gpu.m", "gpu.v", "gpu.grads"}) {
+      const bool moment = std::string(key) == "gpu.m" || std::string(key) == "gpu.v";
+      m.push_back({kept, G * (moment ? dtype_size(o.base.state_dtype) : 4), Place::Device, key});
+    }
   }
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
   return m;
@@ -275,7 +275,7 @@ struct SlidingEngine::Impl {
     const int64_t n = layout.blobs[size_t(blob)].numel;
     auto f32 = [&](const DeviceBuffer& b) { return Tensor(gpu.at(b, blob), DType::F32, {n}); };
     auto moment = [&](Engine::State s) { return Tensor(gpu.at(s, blob, 0), gpu.sd, {n}); };
-    AdamWParams q = p;  // the rounding stream's coordinates (bf16 state): the whole blob
+    AdamWParams q = p;  // the rounding stream's coordinates: the whole blob
     q.blob = blob;
     q.first = 0;
     dev.ops().adamw(f32(gpu.master), f32(gpu.grads), moment(Engine::State::AdamM), moment(Engine::State::AdamV),
@@ -390,10 +390,12 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
       program(s, d.ops(), act) {
   SF_CHECK(o.slots >= 2, "the sliding engine needs at least 2 parameter slots");
   SF_CHECK(o.base.max_micro >= 1, "max_micro must be positive");
+  SF_CHECK(o.base.state_dtype == DType::F32 || o.base.state_dtype == DType::BF16, "the optimizer state is F32 or BF16");
   const SlidingShape z = sliding_shape(spec, layout, o, act);
   const int K = z.K;
   gpu.off = z.gpu_off;
   gpu.total = z.gpu_total;
+  gpu.sd = o.base.state_dtype;
   chunk = z.chunk;
   max_tokens = z.max_tokens;
   stride_nh = z.stride_nh;
@@ -403,8 +405,6 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   BufferSource src(dev, SlidingEngine::buffers(spec, o, BackendSizes{act, ws->bytes(), 0}));
   src.allocated({{"", ws->bytes(), Place::Device, "workspace"}});
 
-  SF_CHECK(o.base.state_dtype == DType::F32 || o.base.state_dtype == DType::BF16, "the optimizer state is F32 or BF16");
-  gpu.sd = o.base.state_dtype;
   const HostOptimizerOptions ho = host_options(z, o, act);
   const MemoryItems host_items = HostOptimizer::buffers(ho);
   const CheckpointOptions co = checkpoint_options(spec, z, o);
@@ -456,7 +456,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   dev.synchronize(*compute);
 }
 
-// One pass over the micro-batches, layer-major (DESIGN.md §4). Forward: the embedding, then each
+// One pass over the micro-batches, layer-major (docs/ARCHITECTURE.md §3). Forward: the embedding, then each
 // layer for every micro-batch while its parameters sit in the slot, each layer input offloaded as
 // that micro-batch's checkpoint; the head (loss, and with `backward` the first gradients); then
 // the backward in reverse, each layer recomputed from its fetched checkpoints, its gradient
@@ -753,13 +753,14 @@ void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
   Impl& m = *impl_;
   m.sync_all();
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
+  const Tensor out(dst, DType::F32, {e.numel});
   if (m.gpu.has(blob)) {
     state_to_f32(dev_, *m.compute, m.gpu.at(which, blob, e.offset), m.gpu.dtype(which), e.numel, dst);
     return;
   }
   if (which == State::Grads) {
     const char* g = static_cast<const char*>(m.host->grads(blob)) + size_t(e.offset) * dtype_size(m.act);
-    cpu::cast(Tensor(dst, DType::F32, {e.numel}), Tensor(const_cast<char*>(g), m.act, {e.numel}));
+    cpu::cast(out, Tensor(const_cast<char*>(g), m.act, {e.numel}));
     return;
   }
   const int s = which == State::Params ? 0 : which == State::AdamM ? 1 : 2;

@@ -73,7 +73,7 @@ bool have_avx2() {
 #endif
 
 // The element loop's path: the widest the CPU has, or a narrower one named by SF_ADAMW_ISA
-// (avx2, sse2, scalar; read at each call, for tests of every path and for measurements).
+// (core/env.h; read at each call: tests run every path).
 enum class Isa { Avx2, Sse2, Scalar };
 Isa adamw_isa() {
 #ifdef SF_ADAMW_SIMD
@@ -81,8 +81,7 @@ Isa adamw_isa() {
 #else
   const Isa best = Isa::Scalar;
 #endif
-  const char* e = std::getenv("SF_ADAMW_ISA");
-  const std::string want = e ? e : "";
+  const std::string want = env_text(Env::AdamwIsa);
   const Isa asked = want == "scalar" ? Isa::Scalar : want == "sse2" ? Isa::Sse2 : Isa::Avx2;
   return std::max(asked, best);  // never wider than the CPU allows
 }
@@ -99,8 +98,8 @@ void adamw_range(Isa isa, float* p, const GradT* gp, StateT* m, StateT* v, CopyT
   // Software prefetch 2048 elements (8 KiB of fp32) ahead on every stream: the pass is bound by
   // the misses each core keeps in flight, and 16 cores streaming five arrays beside the DMA leave
   // the hardware prefetchers short (H200 machine, 3B clipped step: +3.4 % tokens/s, 0 -> 2048;
-  // 512: +0.4 %). SF_ADAMW_PREFETCH=N sets the distance, 0 turns it off (to measure).
-  static const int64_t ahead = std::max<long long>(0, env_int("SF_ADAMW_PREFETCH", 2048));
+  // 512: +0.4 %; 4096 slower).
+  constexpr int64_t ahead = 2048;
   if (isa == Isa::Avx2) i = avx2::run<kSmallW, kPart>(p, gp, m, v, cp, k, rk, lo, i, i1, ahead);
   if (isa == Isa::Sse2) i = sse2::run<kSmallW, kPart>(p, gp, m, v, cp, k, rk, lo, i, i1, ahead);
 #else
@@ -169,37 +168,31 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
     // Pieces of ~1/8 of a thread's share (at least 32 Ki elements), taken by whichever thread is
     // free: the pass is memory-bound and runs beside DMA and the CUDA driver's threads, so equal
     // static chunks would wait for the slowest core. Elementwise: the bits do not depend on it.
-    // (SF_ADAMW_STATIC=1: equal static chunks, to measure.)
-    static const bool static_chunks = env_switch("SF_ADAMW_STATIC", false);
     const int64_t piece =
         (std::max<int64_t>(int64_t(1) << 15, n / (int64_t(cpu_pool().size()) * 8)) + 63) / 64 * 64;  // cache lines
-    auto pool_run = [&](const std::function<void(int64_t, int64_t)>& f) {
-      if (static_chunks) {
-        cpu_pool().parallel_for(n, f, int64_t(1) << 15);
-      } else {
-        cpu_pool().parallel_pieces(n, f, piece);
-      }
-    };
-    pool_run([&](int64_t i0, int64_t i1) {
-      auto go = [&](auto small, auto which) {
-        adamw_segments(key, a.first, i0, i1, [&](RoundKeys rk, uint32_t lo, int64_t s0, int64_t s1) {
-          adamw_range<decltype(small)::value, decltype(which)::value, GradT, StateT, CopyT>(isa, p, gp, mp, vp, cp, k,
-                                                                                            rk, lo, s0, s1);
-        });
-      };
-      using S = std::true_type;
-      using B = std::false_type;
-      using A = std::integral_constant<AdamWPart, AdamWPart::All>;
-      using P = std::integral_constant<AdamWPart, AdamWPart::Params>;
-      using M = std::integral_constant<AdamWPart, AdamWPart::Moments>;
-      if (part == AdamWPart::Params) {
-        small_w ? go(S{}, P{}) : go(B{}, P{});
-      } else if (part == AdamWPart::Moments) {
-        small_w ? go(S{}, M{}) : go(B{}, M{});
-      } else {
-        small_w ? go(S{}, A{}) : go(B{}, A{});
-      }
-    });
+    cpu_pool().parallel_pieces(
+        n,
+        [&](int64_t i0, int64_t i1) {
+          auto go = [&](auto small, auto which) {
+            adamw_segments(key, a.first, i0, i1, [&](RoundKeys rk, uint32_t lo, int64_t s0, int64_t s1) {
+              adamw_range<decltype(small)::value, decltype(which)::value, GradT, StateT, CopyT>(isa, p, gp, mp, vp, cp,
+                                                                                                k, rk, lo, s0, s1);
+            });
+          };
+          using S = std::true_type;
+          using B = std::false_type;
+          using A = std::integral_constant<AdamWPart, AdamWPart::All>;
+          using P = std::integral_constant<AdamWPart, AdamWPart::Params>;
+          using M = std::integral_constant<AdamWPart, AdamWPart::Moments>;
+          if (part == AdamWPart::Params) {
+            small_w ? go(S{}, P{}) : go(B{}, P{});
+          } else if (part == AdamWPart::Moments) {
+            small_w ? go(S{}, M{}) : go(B{}, M{});
+          } else {
+            small_w ? go(S{}, A{}) : go(B{}, A{});
+          }
+        },
+        piece);
   };
   // m and v share a dtype (ops_check.h).
   auto with_state = [&](auto* gp, auto* cp) {
