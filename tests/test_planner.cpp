@@ -18,20 +18,22 @@ namespace {
 
 ModelSpec spec_of(const std::string& family) { return parse_model_spec(test::tiny_config(family), "tiny"); }
 
-// Llama-3.2-1B's shapes (no biases).
-ModelSpec llama_1b() {
+// A Llama shape without biases: hidden, intermediate, layers, heads (8 KV heads, vocab 128256).
+ModelSpec llama_shape(int hidden, int intermediate, int layers, int heads, bool tied) {
   nlohmann::json cfg = test::tiny_config("llama");
-  cfg["hidden_size"] = 2048;
-  cfg["intermediate_size"] = 8192;
-  cfg["num_hidden_layers"] = 16;
-  cfg["num_attention_heads"] = 32;
+  cfg["hidden_size"] = hidden;
+  cfg["intermediate_size"] = intermediate;
+  cfg["num_hidden_layers"] = layers;
+  cfg["num_attention_heads"] = heads;
   cfg["num_key_value_heads"] = 8;
   cfg["vocab_size"] = 128256;
   cfg["max_position_embeddings"] = 4096;
-  cfg["tie_word_embeddings"] = true;
+  cfg["tie_word_embeddings"] = tied;
   cfg["attention_bias"] = false;
-  return parse_model_spec(cfg, "1b");
+  return parse_model_spec(cfg, "llama");
 }
+// Llama-3.2-1B's shapes.
+ModelSpec llama_1b() { return llama_shape(2048, 8192, 16, 32, true); }
 
 // A GPU backend without needing one: bf16, workspace sizes from the cpu formulas.
 BackendInfo gpu_like() {
@@ -281,17 +283,7 @@ namespace {
 // Llama 3.1 8B at a 24 GiB GPU budget plans at most 9 bytes of host memory a parameter besides the
 // layer-input checkpoints (issue 17's target), against 13+ with fp32 moments.
 TEST(Planner, Bf16OptimizerStateShrinksHostMemoryAndTraffic) {
-  nlohmann::json cfg = test::tiny_config("llama");
-  cfg["hidden_size"] = 4096;
-  cfg["intermediate_size"] = 14336;
-  cfg["num_hidden_layers"] = 32;
-  cfg["num_attention_heads"] = 32;
-  cfg["num_key_value_heads"] = 8;
-  cfg["vocab_size"] = 128256;
-  cfg["max_position_embeddings"] = 8192;
-  cfg["tie_word_embeddings"] = false;
-  cfg["attention_bias"] = false;
-  const ModelSpec spec = parse_model_spec(cfg, "8b");
+  const ModelSpec spec = llama_shape(4096, 14336, 32, 32, false);  // Llama 3.1 8B
   const BackendInfo be = gpu_like();
   PlanRequest r;
   r.batch = 8;

@@ -239,8 +239,8 @@ for s in ('3b', '1b'):
         run plan_8b_24g_state_$st python3 -c "
 import json, sys
 p = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]
-host = sum(i['bytes'] for i in p['items'] if i['place'] != 'gpu')
-ckpt = sum(i['bytes'] for i in p['items'] if i['place'] != 'gpu' and 'checkpoint' in i['name'])
+host = sum(i['bytes'] for i in p['items'] if i['place'] in ('host', 'pinned'))
+ckpt = sum(i['bytes'] for i in p['items'] if i['place'] in ('host', 'pinned') and 'checkpoint' in i['name'])
 per = (host - ckpt) / p['parameters']
 print(json.dumps({'plan_8b_24g': p['optimizer_state'], 'fits': p['fits'], 'host_bytes': host, 'checkpoint_bytes': ckpt,
                   'host_bytes_per_param_without_checkpoints': per, 'predicted_tokens_per_second': p['predicted_tokens_per_second']}))

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -109,6 +110,7 @@ def write_rows(ids: list[int], T: int, n_rows: int, path: Path) -> int:
 def train(a, state: str, model: Path, train_data: Path, eval_data: Path, work: Path) -> dict[int, float]:
     out = work / f"out_{state}"
     metrics = work / f"metrics_{state}.jsonl"
+    shutil.rmtree(out, ignore_errors=True)  # this script's own output of an earlier run
     if metrics.exists():
         metrics.unlink()
     cmd = [a.bin, "train", "--model", str(model), "--data", str(train_data), "--eval-data", str(eval_data),

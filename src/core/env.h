@@ -16,13 +16,14 @@ enum class Env {
   AttnFwd,    // SF_ATTN_FWD
   AttnBwd,    // SF_ATTN_BWD
   AttnLpt,    // SF_ATTN_LPT
+  AdamwIsa,   // SF_ADAMW_ISA
 };
 
 struct EnvVar {
   Env id;
   const char* name;
-  const char* type;     // "int", "switch" (0 off, anything else on), "path"
-  const char* dflt;     // what unset means
+  const char* type;  // "int", "switch" (0 off, anything else on), "path"
+  const char* dflt;  // what unset means
   const char* meaning;
 };
 
@@ -39,6 +40,9 @@ inline constexpr EnvVar kEnvVars[] = {
     {Env::AttnFwd, "SF_ATTN_FWD", "int", "-1 (per head dim)", "CUDA attention forward variant"},
     {Env::AttnBwd, "SF_ATTN_BWD", "int", "-1 (per head dim)", "CUDA attention backward variant"},
     {Env::AttnLpt, "SF_ATTN_LPT", "switch", "1", "CUDA attention blocks longest-first (0: head by head)"},
+    {Env::AdamwIsa, "SF_ADAMW_ISA", "text", "the widest the CPU has",
+     "the host AdamW's element loop: avx2, sse2 or scalar (never wider than the CPU has; the same bits "
+     "on every path: tests run each, benchmarks compare them)"},
 };
 
 inline const EnvVar& env_var(Env e) { return kEnvVars[static_cast<int>(e)]; }

@@ -21,6 +21,7 @@
 
 #include "backend/cpu/cpu_common.h"
 #include "backend/cpu/kernels.h"
+#include "core/env.h"
 #include "core/stochastic_round.h"
 #include "core/thread_pool.h"
 
@@ -72,7 +73,7 @@ bool have_avx2() {
 #endif
 
 // The element loop's path: the widest the CPU has, or a narrower one named by SF_ADAMW_ISA
-// (avx2, sse2, scalar; read at each call, for tests of every path and for measurements).
+// (core/env.h; read at each call: tests run every path).
 enum class Isa { Avx2, Sse2, Scalar };
 Isa adamw_isa() {
 #ifdef SF_ADAMW_SIMD
@@ -80,8 +81,7 @@ Isa adamw_isa() {
 #else
   const Isa best = Isa::Scalar;
 #endif
-  const char* e = std::getenv("SF_ADAMW_ISA");
-  const std::string want = e ? e : "";
+  const std::string want = env_text(Env::AdamwIsa);
   const Isa asked = want == "scalar" ? Isa::Scalar : want == "sse2" ? Isa::Sse2 : Isa::Avx2;
   return std::max(asked, best);  // never wider than the CPU allows
 }
@@ -170,26 +170,29 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
     // static chunks would wait for the slowest core. Elementwise: the bits do not depend on it.
     const int64_t piece =
         (std::max<int64_t>(int64_t(1) << 15, n / (int64_t(cpu_pool().size()) * 8)) + 63) / 64 * 64;  // cache lines
-    cpu_pool().parallel_pieces(n, [&](int64_t i0, int64_t i1) {
-      auto go = [&](auto small, auto which) {
-        adamw_segments(key, a.first, i0, i1, [&](RoundKeys rk, uint32_t lo, int64_t s0, int64_t s1) {
-          adamw_range<decltype(small)::value, decltype(which)::value, GradT, StateT, CopyT>(isa, p, gp, mp, vp, cp, k,
-                                                                                            rk, lo, s0, s1);
-        });
-      };
-      using S = std::true_type;
-      using B = std::false_type;
-      using A = std::integral_constant<AdamWPart, AdamWPart::All>;
-      using P = std::integral_constant<AdamWPart, AdamWPart::Params>;
-      using M = std::integral_constant<AdamWPart, AdamWPart::Moments>;
-      if (part == AdamWPart::Params) {
-        small_w ? go(S{}, P{}) : go(B{}, P{});
-      } else if (part == AdamWPart::Moments) {
-        small_w ? go(S{}, M{}) : go(B{}, M{});
-      } else {
-        small_w ? go(S{}, A{}) : go(B{}, A{});
-      }
-    }, piece);
+    cpu_pool().parallel_pieces(
+        n,
+        [&](int64_t i0, int64_t i1) {
+          auto go = [&](auto small, auto which) {
+            adamw_segments(key, a.first, i0, i1, [&](RoundKeys rk, uint32_t lo, int64_t s0, int64_t s1) {
+              adamw_range<decltype(small)::value, decltype(which)::value, GradT, StateT, CopyT>(isa, p, gp, mp, vp, cp,
+                                                                                                k, rk, lo, s0, s1);
+            });
+          };
+          using S = std::true_type;
+          using B = std::false_type;
+          using A = std::integral_constant<AdamWPart, AdamWPart::All>;
+          using P = std::integral_constant<AdamWPart, AdamWPart::Params>;
+          using M = std::integral_constant<AdamWPart, AdamWPart::Moments>;
+          if (part == AdamWPart::Params) {
+            small_w ? go(S{}, P{}) : go(B{}, P{});
+          } else if (part == AdamWPart::Moments) {
+            small_w ? go(S{}, M{}) : go(B{}, M{});
+          } else {
+            small_w ? go(S{}, A{}) : go(B{}, A{});
+          }
+        },
+        piece);
   };
   // m and v share a dtype (ops_check.h).
   auto with_state = [&](auto* gp, auto* cp) {
