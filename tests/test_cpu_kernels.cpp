@@ -1,4 +1,4 @@
-// CPU reference kernels, part 1: matmul, element-wise ops, RMSNorm, RoPE, SwiGLU, embedding, AdamW.
+// CPU reference kernels, part 1: matmul, element-wise ops, RMSNorm, RoPE, SwiGLU / GeGLU, embedding, AdamW.
 // Each forward is checked against a naive fp64 formula written here; each backward against
 // central finite differences of that fp64 formula (so the FD itself is accurate to ~1e-9 and
 // the tolerance measures only the kernel's fp32 arithmetic); BF16 storage against the F32
@@ -441,7 +441,7 @@ TEST(CpuKernels, RopeMatchesHfAndBackwardIsTheTranspose) {
       "ops_check.h", "T_max >= T");
 }
 
-// ---------------------------------------------------------------- SwiGLU
+// ---------------------------------------------------------------- SwiGLU, GeGLU
 
 std::vector<double> ref_swiglu(const std::vector<double>& g, const std::vector<double>& u) {
   std::vector<double> out(g.size());
@@ -449,36 +449,57 @@ std::vector<double> ref_swiglu(const std::vector<double>& g, const std::vector<d
   return out;
 }
 
-TEST(CpuKernels, SwigluForwardBackward) {
+// PyTorch's gelu(approximate="tanh") * up (Gemma's GeGLU).
+std::vector<double> ref_geglu(const std::vector<double>& g, const std::vector<double>& u) {
+  const double k = std::sqrt(2.0 / M_PI);
+  std::vector<double> out(g.size());
+  for (size_t i = 0; i < g.size(); ++i)
+    out[i] = 0.5 * g[i] * (1.0 + std::tanh(k * (g[i] + 0.044715 * g[i] * g[i] * g[i]))) * u[i];
+  return out;
+}
+
+using GluRef = std::vector<double> (*)(const std::vector<double>&, const std::vector<double>&);
+using GluFwd = void (*)(Tensor, Tensor, Tensor);
+using GluBwd = void (*)(Tensor, Tensor, Tensor, Tensor, Tensor);
+
+// A gated unit's forward against its fp64 formula, backward against finite differences of it.
+// floor: absolute error allowed where the value is ~0 (max_rel_err's floor).
+void glu_case(GluRef ref, GluFwd fwd, GluBwd bwd, uint64_t seed, double floor) {
   const int R = 7, I = 29, n = R * I;
-  auto g = test::randn(n, 101, 3.f), u = test::randn(n, 102), Rm = test::randn(n, 103);
+  auto g = test::randn(n, seed, 3.f), u = test::randn(n, seed + 1), Rm = test::randn(n, seed + 2);
   g[0] = 30.f, g[1] = -30.f, g[2] = 100.f, g[3] = -100.f, g[4] = 0.f;  // saturation: no NaN/inf
   std::vector<float> out(n);
-  cpu::swiglu_forward(test::view_of(out, {R, I}), test::view_of(g, {R, I}), test::view_of(u, {R, I}));
-  EXPECT_LE(max_rel_err(out, ref_swiglu(to_double(g), to_double(u)), 1e-30), 1e-6);
+  fwd(test::view_of(out, {R, I}), test::view_of(g, {R, I}), test::view_of(u, {R, I}));
+  EXPECT_LE(max_rel_err(out, ref(to_double(g), to_double(u)), floor), 2e-6);
   std::vector<float> dg(n, kNaN), du(n, kNaN);
-  cpu::swiglu_backward(test::view_of(dg, {R, I}), test::view_of(du, {R, I}), test::view_of(Rm, {R, I}),
-                       test::view_of(g, {R, I}), test::view_of(u, {R, I}));
+  bwd(test::view_of(dg, {R, I}), test::view_of(du, {R, I}), test::view_of(Rm, {R, I}), test::view_of(g, {R, I}),
+      test::view_of(u, {R, I}));
   for (int i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(dg[i]) && std::isfinite(du[i])) << i;
   auto gd = to_double(g), ud = to_double(u);
-  auto L = [&] { return test::dot(ref_swiglu(gd, ud), Rm); };
+  auto L = [&] { return test::dot(ref(gd, ud), Rm); };
   auto idx = test::sample_indices(n, n, 0);
-  // fp64 FD (error ~1e-9) vs the fp32 kernel (exp and a few products: ~1e-6).
+  // fp64 FD (error ~1e-9) vs the fp32 kernel (exp / tanh and a few products: ~1e-6).
   EXPECT_LE(rel_err(test::gather(dg, idx), test::numeric_grad(gd, idx, 1e-6, L)), 1e-5);
   EXPECT_LE(rel_err(test::gather(du, idx), test::numeric_grad(ud, idx, 1e-6, L)), 1e-5);
   // In place (dgate = gate, dup = up): same bits.
   auto g2 = g, u2 = u;
-  cpu::swiglu_backward(test::view_of(g2, {R, I}), test::view_of(u2, {R, I}), test::view_of(Rm, {R, I}),
-                       test::view_of(g2, {R, I}), test::view_of(u2, {R, I}));
+  bwd(test::view_of(g2, {R, I}), test::view_of(u2, {R, I}), test::view_of(Rm, {R, I}), test::view_of(g2, {R, I}),
+      test::view_of(u2, {R, I}));
   EXPECT_EQ(g2, dg);
   EXPECT_EQ(u2, du);
   // BF16 storage: one rounding of the fp32 results on the rounded inputs.
   auto gr = test::round_bf16(g), ur = test::round_bf16(u);
   HostTensor gb(gr, DType::BF16, {R, I}), ub(ur, DType::BF16, {R, I}), ob(DType::BF16, {R, I});
-  cpu::swiglu_forward(ob.t(), gb.t(), ub.t());
-  cpu::swiglu_forward(test::view_of(out, {R, I}), test::view_of(gr, {R, I}), test::view_of(ur, {R, I}));
+  fwd(ob.t(), gb.t(), ub.t());
+  fwd(test::view_of(out, {R, I}), test::view_of(gr, {R, I}), test::view_of(ur, {R, I}));
   for (int i = 0; i < n; ++i) ASSERT_EQ(ob.get(i), test::round_bf16(out[i])) << i;
 }
+
+TEST(CpuKernels, SwigluForwardBackward) { glu_case(ref_swiglu, cpu::swiglu_forward, cpu::swiglu_backward, 101, 1e-30); }
+
+// gelu_tanh(g) = 0.5 g (1 + tanh(..)) cancels in fp32 for g < -4 (PyTorch's formula does the same):
+// values of ~1e-7 there carry an absolute error of ~1e-7 (floor 0.1: 2e-7 absolute, outputs are O(1)).
+TEST(CpuKernels, GegluForwardBackward) { glu_case(ref_geglu, cpu::geglu_forward, cpu::geglu_backward, 1101, 0.1); }
 
 // ---------------------------------------------------------------- embedding
 

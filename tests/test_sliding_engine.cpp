@@ -176,7 +176,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama", 2, 50, 1, true, false, 2, true, 3, 2000},
         // clipping with one fused AdamW pass a blob (the others split it in two)
         Case{"qwen3", 3, 0, 0, false, false, 0, false, 1, 0, true},
-        Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true}),
+        Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true},
+        // Gemma 3: local (window 4 < seq 11) and global layers, sandwich norms, GeGLU, embedding scale
+        Case{"gemma3", 3, 0}, Case{"gemma3", 2, 50, 4, true, true}, Case{"gemma3", 2, 50, 16, false, false, 2, true, 2},
+        Case{"gemma3", 3, 50, 2, true, false, 1, false, 3}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +
