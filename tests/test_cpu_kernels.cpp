@@ -268,8 +268,9 @@ TEST(CpuKernels, BiasAddAndBackward) {
 // ---------------------------------------------------------------- RMSNorm
 
 // HF LlamaRMSNorm in fp64: out = w * (x / sqrt(mean(x^2) + eps)).
+// w_offset 1: Gemma's (1 + w) (HF Gemma3RMSNorm).
 std::vector<double> ref_rmsnorm(const std::vector<double>& x, const std::vector<double>& w, int R, int C, double eps,
-                                std::vector<double>* rstd = nullptr) {
+                                std::vector<double>* rstd = nullptr, double w_offset = 0.0) {
   std::vector<double> out(x.size());
   if (rstd) rstd->resize(R);
   for (int r = 0; r < R; ++r) {
@@ -277,7 +278,7 @@ std::vector<double> ref_rmsnorm(const std::vector<double>& x, const std::vector<
     for (int c = 0; c < C; ++c) ss += x[size_t(r) * C + c] * x[size_t(r) * C + c];
     double rs = 1.0 / std::sqrt(ss / C + eps);
     if (rstd) (*rstd)[r] = rs;
-    for (int c = 0; c < C; ++c) out[size_t(r) * C + c] = w[c] * x[size_t(r) * C + c] * rs;
+    for (int c = 0; c < C; ++c) out[size_t(r) * C + c] = (w[c] + w_offset) * x[size_t(r) * C + c] * rs;
   }
   return out;
 }
@@ -308,19 +309,22 @@ TEST(CpuKernels, RmsNormForwardMatchesFp64) {
   }
 }
 
-TEST(CpuKernels, RmsNormBackwardMatchesFiniteDifferences) {
+// w_offset 1: Gemma's rmsnorm_1p (weights around 0).
+void rmsnorm_backward_case(float w_offset) {
+  SCOPED_TRACE(testing::Message() << "w_offset " << w_offset);
   const int R = 6, C = 11;
   const float eps = 1e-5f;
-  auto x = test::randn(size_t(R) * C, 71), w = test::randn(C, 72, 0.5f, 1.f), Rm = test::randn(size_t(R) * C, 73);
+  auto x = test::randn(size_t(R) * C, 71), w = test::randn(C, 72, 0.5f, 1.f - w_offset),
+       Rm = test::randn(size_t(R) * C, 73);
   std::vector<float> out(x.size()), rstd(R);
   cpu::rmsnorm_forward(test::view_of(out, {R, C}), test::view_of(rstd, {R}), test::view_of(x, {R, C}),
-                       test::view_of(w, {C}), eps);
+                       test::view_of(w, {C}), eps, w_offset);
   // L = sum(out * Rm): dout = Rm. dx overwrites garbage; dw accumulates onto dw0.
   std::vector<float> dx(x.size(), kNaN), dw0 = test::randn(C, 74), dw = dw0;
   cpu::rmsnorm_backward(test::view_of(dx, {R, C}), test::view_of(dw, {C}), test::view_of(Rm, {R, C}),
-                        test::view_of(x, {R, C}), test::view_of(w, {C}), test::view_of(rstd, {R}), false);
+                        test::view_of(x, {R, C}), test::view_of(w, {C}), test::view_of(rstd, {R}), false, w_offset);
   auto xd = to_double(x), wd = to_double(w);
-  auto L = [&] { return test::dot(ref_rmsnorm(xd, wd, R, C, eps), Rm); };
+  auto L = [&] { return test::dot(ref_rmsnorm(xd, wd, R, C, eps, nullptr, w_offset), Rm); };
   auto ix = test::sample_indices(xd.size(), xd.size(), 0), iw = test::sample_indices(C, C, 0);
   auto fdx = test::numeric_grad(xd, ix, 1e-6, L);
   auto fdw = test::numeric_grad(wd, iw, 1e-6, L);
@@ -331,13 +335,20 @@ TEST(CpuKernels, RmsNormBackwardMatchesFiniteDifferences) {
   // accumulate = true adds onto what dx holds.
   auto dx2 = dx;
   cpu::rmsnorm_backward(test::view_of(dx2, {R, C}), Tensor(), test::view_of(Rm, {R, C}), test::view_of(x, {R, C}),
-                        test::view_of(w, {C}), test::view_of(rstd, {R}), true);
+                        test::view_of(w, {C}), test::view_of(rstd, {R}), true, w_offset);
   for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(dx2[i], dx[i] + dx[i]);
+}
+
+TEST(CpuKernels, RmsNormBackwardMatchesFiniteDifferences) {
+  rmsnorm_backward_case(0.f);
+  rmsnorm_backward_case(1.f);
   // The backward has no eps: rstd is required.
+  const int R = 6, C = 11;
+  std::vector<float> x(size_t(R) * C, 1.f), w(C, 1.f), dx(x.size());
   CpuFront f;
   expect_check_failure(
       [&] {
-        f.ops().rmsnorm_backward(test::view_of(dx2, {R, C}), Tensor(), test::view_of(Rm, {R, C}),
+        f.ops().rmsnorm_backward(test::view_of(dx, {R, C}), Tensor(), test::view_of(x, {R, C}),
                                  test::view_of(x, {R, C}), test::view_of(w, {C}), Tensor(), false, *f.s);
       },
       "ops_check.h", "rstd");

@@ -1,6 +1,6 @@
-// CPU reference kernels of Gemma 3: the (1 + w) RMSNorm against an fp64 formula written here and
-// its backward against central finite differences of it (as test_cpu_kernels.cpp does for RMSNorm;
-// GeGLU is tested there beside SwiGLU); the device table's new entries and their argument checks.
+// CPU reference kernels of Gemma 3: the (1 + w) RMSNorm's forward against an fp64 formula (its
+// backward against finite differences and GeGLU: test_cpu_kernels.cpp, beside RMSNorm and SwiGLU);
+// the device table's new entries and their argument checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,10 +15,7 @@ namespace sf {
 namespace {
 
 using test::max_rel_err;
-using test::rel_err;
 using test::to_double;
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // HF Gemma3RMSNorm in fp64: x * rsqrt(mean(x^2) + eps) * (1 + w).
 std::vector<double> ref_rmsnorm_1p(const std::vector<double>& x, const std::vector<double>& w, int R, int C,
@@ -33,11 +30,11 @@ std::vector<double> ref_rmsnorm_1p(const std::vector<double>& x, const std::vect
   return out;
 }
 
-TEST(CpuKernelsGemma, RmsNorm1pForwardBackward) {
+TEST(CpuKernelsGemma, RmsNorm1pForward) {
   const int R = 6, C = 11;
   const float eps = 1e-6f;
   // Gemma's weights sit around 0 (the scale is 1 + w).
-  auto x = test::randn(size_t(R) * C, 1171, 2.f), w = test::randn(C, 1172, 0.3f), Rm = test::randn(size_t(R) * C, 1173);
+  auto x = test::randn(size_t(R) * C, 1171, 2.f), w = test::randn(C, 1172, 0.3f);
   std::vector<float> out(x.size()), rstd(R);
   cpu::rmsnorm_forward(test::view_of(out, {R, C}), test::view_of(rstd, {R}), test::view_of(x, {R, C}),
                        test::view_of(w, {C}), eps, 1.f);
@@ -49,16 +46,7 @@ TEST(CpuKernelsGemma, RmsNorm1pForwardBackward) {
   cpu::rmsnorm_forward(test::view_of(out1, {R, C}), Tensor(), test::view_of(x, {R, C}), test::view_of(w1, {C}), eps);
   EXPECT_EQ(out1, out);
 
-  std::vector<float> dx(x.size(), kNaN), dw0 = test::randn(C, 1174), dw = dw0;
-  cpu::rmsnorm_backward(test::view_of(dx, {R, C}), test::view_of(dw, {C}), test::view_of(Rm, {R, C}),
-                        test::view_of(x, {R, C}), test::view_of(w, {C}), test::view_of(rstd, {R}), false, 1.f);
-  auto L = [&] { return test::dot(ref_rmsnorm_1p(xd, wd, R, C, eps), Rm); };
-  auto ix = test::sample_indices(xd.size(), xd.size(), 0), iw = test::sample_indices(C, C, 0);
-  auto fdx = test::numeric_grad(xd, ix, 1e-6, L);
-  auto fdw = test::numeric_grad(wd, iw, 1e-6, L);
-  for (int c = 0; c < C; ++c) dw[c] -= dw0[c];
-  EXPECT_LE(rel_err(test::gather(dx, ix), fdx), 1e-5);
-  EXPECT_LE(rel_err(test::gather(dw, iw), fdw), 1e-5);
+  // The backward against finite differences: test_cpu_kernels.cpp, RmsNormBackwardMatchesFiniteDifferences.
 }
 
 // The device's table runs the twins above under the names of ops.h, and its front checks them.

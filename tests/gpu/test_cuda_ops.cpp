@@ -333,18 +333,27 @@ TEST(CudaOps, BiasForwardBackward) {
 // ================================================================================================
 // rmsnorm
 // ================================================================================================
-void rmsnorm_case(int64_t R, int64_t C, bool acc) {
-  SCOPED_TRACE(testing::Message() << "R=" << R << " C=" << C << " accumulate=" << acc);
-  const uint64_t s = uint64_t(R * 131 + C + acc);
-  const auto xv = rnd(size_t(R * C), s, 1.f), wv = rnd(size_t(C), s + 1, 0.1f, 1.f);
+// one_plus: Gemma's rmsnorm_1p_* (weights around 0; the CPU twin is cpu::rmsnorm_* with w_offset 1).
+void rmsnorm_case(int64_t R, int64_t C, bool acc, bool one_plus = false) {
+  SCOPED_TRACE(testing::Message() << "R=" << R << " C=" << C << " accumulate=" << acc << " 1+w=" << one_plus);
+  const uint64_t s = uint64_t(R * 131 + C + acc + 7 * one_plus);
+  const auto xv = rnd(size_t(R * C), s, 1.f), wv = rnd(size_t(C), s + 1, one_plus ? 0.3f : 0.1f, one_plus ? 0.f : 1.f);
   const auto gv = rnd(size_t(R * C), s + 2), dxv = rnd(size_t(R * C), s + 3), dwv = rnd(size_t(C), s + 4);
   auto four = run4([&](Backend& r, DType dt) -> Outs {
     Tensor x = r.in(xv, dt, {R, C}), w = r.in(wv, dt, {C}), g = r.in(gv, dt, {R, C});
     Tensor out = r.out(dt, {R, C}), rstd = r.out(F32, {R});
-    CALL(r, rmsnorm_forward, out, rstd, x, w, 1e-5f);
     Tensor dx = acc ? r.in(dxv, dt, {R, C}) : r.out(dt, {R, C});
     Tensor dw = r.in(dwv, dt, {C});
-    CALL(r, rmsnorm_backward, dx, dw, g, x, w, rstd, acc);
+    if (!one_plus) {
+      CALL(r, rmsnorm_forward, out, rstd, x, w, 1e-5f);
+      CALL(r, rmsnorm_backward, dx, dw, g, x, w, rstd, acc);
+    } else if (r.on_gpu()) {
+      gpu().ops().rmsnorm_1p_forward(out, rstd, x, w, 1e-5f, gpu_stream());
+      gpu().ops().rmsnorm_1p_backward(dx, dw, g, x, w, rstd, acc, gpu_stream());
+    } else {
+      cpu::rmsnorm_forward(out, rstd, x, w, 1e-5f, 1.f);
+      cpu::rmsnorm_backward(dx, dw, g, x, w, rstd, acc, 1.f);
+    }
     return {r.get(out), r.get(rstd), r.get(dx), r.get(dw)};
   });
   check_bf16("rmsnorm out", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
@@ -691,36 +700,12 @@ TEST(CudaOps, AttentionHeadDim256) {
 // ================================================================================================
 // Gemma 3: the (1 + w) RMSNorm (GeGLU: glu_case above)
 // ================================================================================================
-// rmsnorm_1p_* on the cuda table against the CPU twin (cpu::rmsnorm_* with w_offset 1): every
-// kernel path (register fast path, vector, scalar for C % 8 != 0), head_dim-sized rows (q/k norms).
+// rmsnorm_1p_* on the cuda table against the CPU twin: every kernel path (register fast path,
+// vector, scalar for C % 8 != 0), hidden sizes and head_dim-sized rows (q/k norms).
 TEST(CudaOps, RmsNorm1p) {
   REQUIRE_GPU();
   for (auto [R, C] : {std::pair<int64_t, int64_t>{1, 64}, {7, 2560}, {129, 100}, {1000, 256}, {3001, 256}})
-    for (bool acc : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "R=" << R << " C=" << C << " accumulate=" << acc);
-      const uint64_t s = uint64_t(R * 7 + C + acc + 11);
-      const auto xv = rnd(size_t(R * C), s, 1.f), wv = rnd(size_t(C), s + 1, 0.3f);  // Gemma: w around 0
-      const auto gv = rnd(size_t(R * C), s + 2), dxv = rnd(size_t(R * C), s + 3), dwv = rnd(size_t(C), s + 4);
-      auto four = run4([&](Backend& r, DType dt) -> Outs {
-        Tensor x = r.in(xv, dt, {R, C}), w = r.in(wv, dt, {C}), g = r.in(gv, dt, {R, C});
-        Tensor out = r.out(dt, {R, C}), rstd = r.out(F32, {R});
-        Tensor dx = acc ? r.in(dxv, dt, {R, C}) : r.out(dt, {R, C});
-        Tensor dw = r.in(dwv, dt, {C});
-        if (r.on_gpu()) {
-          gpu().ops().rmsnorm_1p_forward(out, rstd, x, w, 1e-6f, gpu_stream());
-          gpu().ops().rmsnorm_1p_backward(dx, dw, g, x, w, rstd, acc, gpu_stream());
-        } else {
-          cpu::rmsnorm_forward(out, rstd, x, w, 1e-6f, 1.f);
-          cpu::rmsnorm_backward(dx, dw, g, x, w, rstd, acc, 1.f);
-        }
-        return {r.get(out), r.get(rstd), r.get(dx), r.get(dw)};
-      });
-      check_bf16("rmsnorm_1p out", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
-      check_bf16("rmsnorm_1p rstd (F32)", four.cuda_bf[1], four.cpu_bf[1], four.ref[1], kF32Floor);
-      check_bf16("rmsnorm_1p dx", four.cuda_bf[2], four.cpu_bf[2], four.ref[2]);
-      check_bf16("rmsnorm_1p dw", four.cuda_bf[3], four.cpu_bf[3], four.ref[3]);
-      for (int i = 0; i < 4; ++i) check_f32("rmsnorm_1p f32 #" + std::to_string(i), four.cuda_f32[i], four.ref[i]);
-    }
+    for (bool acc : {false, true}) rmsnorm_case(R, C, acc, true);
 }
 
 // ================================================================================================
