@@ -876,5 +876,61 @@ TEST_F(Cli, TokenizeJsonlPrintsRecordsInOrder) {
             tok.encode(texts[1999]));
 }
 
+
+// The NVMe tier through the command line: with --cpu-memory just short of what the sliding engine
+// needs and --offload-dir, the plan moves layers' AdamW state to the offload file (and, shorter
+// still, checkpoints too), and the model trained so is byte for byte the one trained in memory;
+// the offload directory is left as it was. A missing or unusable directory is refused up front.
+TEST_F(Cli, OffloadDirMatchesInMemory) {
+  json c = test::tiny_config("llama");
+  c["hidden_size"] = 128;
+  c["intermediate_size"] = 256;
+  c["num_hidden_layers"] = 6;
+  ASSERT_EQ(init(c, "m", " --seed 3").code, 0);
+  const std::string model = p("m"), data = make_data("d.jsonl", 8);
+  fs::create_directory(p("off"));
+  write("off/keep.txt", "a user's file");
+  const std::string engine = " --seq-len 16 --batch-size 2 --grad-accum 4 --device cpu --offload --slots 2 --gpu-blobs 0";
+  for (const char* clip : {" --max-grad-norm 1", ""}) {
+    SCOPED_TRACE(*clip ? "clipping" : "no clipping");
+    const std::string tr =
+        train_cmd(model, data) + engine + " --steps 2 --lr 1e-2 --weight-decay 0.1" + clip + " --output ";
+    fs::remove_all(p("ta"));
+    ASSERT_EQ(run(tr + p("ta")).code, 0);
+    CmdResult pl = run("plan --model " + model + engine + clip);
+    ASSERT_EQ(pl.code, 0) << pl.err;
+    // Less and less host memory: state of some layers, of all, then checkpoints go to the file.
+    size_t budget = size_t(pl.last()["host_bytes"]) - 1;
+    bool state = false, ckpts = false;
+    for (int i = 0; i < 12 && !(state && ckpts); ++i) {
+      const std::string mem = " --cpu-memory " + std::to_string(budget) + " --offload-dir " + p("off");
+      pl = run("plan --model " + model + engine + clip + mem);
+      if (pl.code != 0 || !pl.last()["fits"].get<bool>()) break;
+      ASSERT_GT(size_t(pl.last()["disk_bytes"]), 0u) << pl.err;
+      const bool has_ckpts = int(pl.last()["ckpt_disk_layers"]) > 0;
+      state |= !pl.last()["disk_blobs"].empty();
+      ckpts |= has_ckpts;
+      fs::remove_all(p("tb"));
+      CmdResult t = run(tr + p("tb") + mem);
+      ASSERT_EQ(t.code, 0) << t.err;
+      EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << mem;
+      budget = size_t(pl.last()["host_bytes"]) - 1;
+    }
+    EXPECT_TRUE(state);
+    EXPECT_TRUE(ckpts);
+    EXPECT_EQ(fs::directory_iterator(p("off"))->path().filename(), "keep.txt");
+    EXPECT_EQ(std::distance(fs::directory_iterator(p("off")), fs::directory_iterator()), 1);
+  }
+  expect_input_error(run(train_cmd(model, data, p("tc")) + engine + " --steps 1 --lr 1e-2 --offload-dir " + p("nope")),
+                     "--offload-dir");
+  expect_input_error(run(train_cmd(model, data, p("tc")) + engine + " --steps 1 --lr 1e-2 --disk-memory 1GiB"),
+                     "--disk-memory");
+  // A disk budget too small for what must go there: refused by the plan, nothing written.
+  CmdResult r = run(train_cmd(model, data, p("tc")) + engine + " --steps 1 --lr 1e-2 --cpu-memory 1MiB --offload-dir " +
+                    p("off") + " --disk-memory 4KiB");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_FALSE(fs::exists(p("tc")));
+}
+
 }  // namespace
 }  // namespace sf

@@ -104,6 +104,10 @@ class Engine {
     double host_update_s = 0;  // wall time of the host AdamW (sum over calls)
     int64_t uploads = 0;       // parameter blobs copied to the device
     size_t pinned_bytes = 0;   // page-locked host memory held
+    // The NVMe store (sums since the engine was built): bytes read and written, seconds with a
+    // transfer in flight.
+    uint64_t disk_read = 0, disk_written = 0;
+    double disk_busy_s = 0;
   };
   virtual Stats stats() const { return {}; }
 

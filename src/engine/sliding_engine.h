@@ -27,6 +27,7 @@
 #include "data/dataset.h"
 #include "engine/buffers.h"
 #include "engine/engine.h"
+#include "io/nvme_store.h"
 #include "model/layout.h"
 #include "model/spec.h"
 
@@ -55,6 +56,15 @@ struct SlidingOptions {
   bool split_update = true;
   int64_t chunk = int64_t(1) << 25;  // elements per upload / gradient transfer chunk
   int grad_ring = 4;                 // host buffers of a chunk each, without keep_grads
+  // The NVMe tier (docs/ENGINE.md): host blobs whose AdamW m and v live in the offload file,
+  // read into `disk_ring` host buffers ahead of their update and written back after it
+  // (engine/state_stream.h). `store.dir` is the offload directory; the engine sizes the file.
+  std::vector<int> disk_blobs;
+  int disk_ring = 3;
+  // The layer-input checkpoints of the first this many layers live in the offload file too
+  // (engine/checkpoint_store.h), moved by an I/O stream of their own.
+  int ckpt_disk_layers = 0;
+  StoreOptions store;
 };
 
 // Which host blobs SlidingOptions::hold_grads holds (the planner's figure and the engine's choice).
