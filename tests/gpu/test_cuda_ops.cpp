@@ -590,23 +590,30 @@ TEST(CudaOps, AttentionLongSequences) {
   attention_case({1, 2049, 2, 2, 128}, false);
 }
 
-// Every flash kernel variant (the default is picked per head dim by speed), in both block orders
-// (the order changes which block computes which tile: a wrong index map fails here).
-TEST(CudaOps, AttentionKernelVariants) {
-  REQUIRE_GPU();
+// cases() under every flash kernel variant, in both block orders; the defaults restored after.
+void each_flash_variant(const std::function<void()>& cases) {
   for (bool lpt : {true, false}) {
     cuda::attention_set_longest_first(lpt);
     for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
       for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
         SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv << ", longest-first " << lpt);
         cuda::attention_set_variant(fv, bv);
-        attention_case({2, 300, 8, 2, 128}, false);
-        attention_case({3, 257, 4, 1, 64}, false);
-        attention_case({1, 1, 2, 1, 128}, false);
+        cases();
       }
   }
   cuda::attention_set_longest_first(true);
   cuda::attention_set_variant(-1, -1);
+}
+
+// Every flash kernel variant (the default is picked per head dim by speed), in both block orders
+// (the order changes which block computes which tile: a wrong index map fails here).
+TEST(CudaOps, AttentionKernelVariants) {
+  REQUIRE_GPU();
+  each_flash_variant([] {
+    attention_case({2, 300, 8, 2, 128}, false);
+    attention_case({3, 257, 4, 1, 64}, false);
+    attention_case({1, 1, 2, 1, 128}, false);
+  });
 }
 
 // head_dim 32 (not a flash size) and the forced simple path run the generic kernels on BF16.
@@ -637,18 +644,10 @@ TEST(CudaOps, AttentionPackedRows) {
 // The packed cases through every flash variant and block order.
 TEST(CudaOps, AttentionPackedRowsKernelVariants) {
   REQUIRE_GPU();
-  for (bool lpt : {true, false}) {
-    cuda::attention_set_longest_first(lpt);
-    for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
-      for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
-        SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv << ", longest-first " << lpt);
-        cuda::attention_set_variant(fv, bv);
-        attention_case({2, 300, 8, 2, 128}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
-        attention_case({3, 257, 4, 1, 64}, false, packed_positions(3, 257, 90, 5));
-      }
-  }
-  cuda::attention_set_longest_first(true);
-  cuda::attention_set_variant(-1, -1);
+  each_flash_variant([] {
+    attention_case({2, 300, 8, 2, 128}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
+    attention_case({3, 257, 4, 1, 64}, false, packed_positions(3, 257, 90, 5));
+  });
 }
 
 // Sliding-window attention (Gemma 3's local layers): windows of 1, shorter than a tile, across tile
@@ -666,18 +665,10 @@ TEST(CudaOps, AttentionSlidingWindow) {
   attention_case({1, 127, 2, 2, 128, 500}, false);  // window longer than T: the causal result
   attention_case({2, 300, 8, 2, 128, 50}, true, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
   attention_case({2, 2049, 8, 2, 64, 333}, false, packed_positions(2, 2049, 700, 3));
-  for (bool lpt : {true, false}) {
-    cuda::attention_set_longest_first(lpt);
-    for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
-      for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
-        SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv << ", longest-first " << lpt);
-        cuda::attention_set_variant(fv, bv);
-        attention_case({2, 300, 8, 2, 128, 70}, false);
-        attention_case({3, 257, 4, 1, 64, 31}, false, packed_positions(3, 257, 90, 5));
-      }
-  }
-  cuda::attention_set_longest_first(true);
-  cuda::attention_set_variant(-1, -1);
+  each_flash_variant([] {
+    attention_case({2, 300, 8, 2, 128, 70}, false);
+    attention_case({3, 257, 4, 1, 64, 31}, false, packed_positions(3, 257, 90, 5));
+  });
 }
 
 // Head dim 256 (Gemma 3) in the flash kernels: T = 1, tails of every tile size, GQA 1/2/4, long
