@@ -166,8 +166,18 @@ def _make_config(spec: dict):
     kw["initializer_range"] = spec.get("init_range", 0.1)
     kw.setdefault("bos_token_id", 1)
     kw.setdefault("eos_token_id", 2)
-    if "rope_parameters" not in kw:  # Gemma 3: legacy keys, which 4.5x and 5 both take
-        return cls(**kw)
+    if "rope_parameters" not in kw:
+        # Gemma 3: legacy keys (rope_theta, rope_local_base_freq, rope_scaling), which 4.5x takes and 5
+        # converts; should a version refuse them, its own per-layer-type rope_parameters. The saved
+        # config.json says what the model used either way (slideformer reads both forms).
+        try:
+            return cls(**kw)
+        except (TypeError, ValueError, KeyError):
+            full = {"rope_type": "default", "rope_theta": kw.pop("rope_theta")}
+            full.update(kw.pop("rope_scaling", None) or {})
+            local = {"rope_type": "default", "rope_theta": kw.pop("rope_local_base_freq")}
+            kw["rope_parameters"] = {"full_attention": full, "sliding_attention": local}
+            return cls(**kw)
     try:
         return cls(**kw)
     except TypeError:
