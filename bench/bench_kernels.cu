@@ -1,7 +1,8 @@
 // Kernel benchmarks of the CUDA backend (GPU machine):
 //   1. GEMM TFLOP/s through the backend (cuBLASLt, cached plans) vs plain cuBLAS (cublasGemmEx)
 //      on the Llama-3.2-1B layer shapes at 16384 tokens (forward, dgrad, wgrad).
-//   2. Causal GQA flash attention fwd / bwd at B=8, T=2048, 32 heads, 8 KV heads, hd 128 (and 64).
+//   2. Causal GQA flash attention fwd / bwd at B=8, T=2048, 32 heads, 8 KV heads, hd 128 (and 64; and
+//      16 heads of hd 256), with packed rows and a sliding window.
 //   3. RMSNorm / RoPE / SwiGLU achieved GB/s vs a measured device-to-device copy.
 //   4. Fused linear cross-entropy at 16384 tokens x 128256 vocab x 4096: time, peak extra memory.
 // Timing: cudaEvents on the backend's stream, warm-up, median of many runs. Inputs are random.
@@ -229,6 +230,15 @@ void bench_attn_one(Ctx& c, int B, int T, int H, int KVH, int hd) {
     d.pos = Tensor();
     c.release(pos);
   }
+  // Sliding window (Gemma 3's local layers): T/4 keys a query, about 0.44 of the causal work.
+  {
+    d.window = T / 4;
+    const double wf = c.time_ms(fwd, 3, 20), wb = c.time_ms(bwd, 3, 20);
+    std::printf("  sliding window of %d: fwd %.3f ms, bwd %.3f ms\n", d.window, wf, wb);
+    std::printf("RESULT attn_hd%d_window%d_fwd_ms=%.3f attn_hd%d_window%d_bwd_ms=%.3f\n", hd, d.window, wf, hd,
+                d.window, wb);
+    d.window = 0;
+  }
   for (Tensor* t : {&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, &ws}) c.release(*t);
 }
 
@@ -236,6 +246,7 @@ void bench_attn(Ctx& c) {
   std::printf("\n== Attention (causal, GQA, bf16) ==\n");
   bench_attn_one(c, 8, 2048, 32, 8, 128);
   bench_attn_one(c, 8, 2048, 32, 8, 64);
+  bench_attn_one(c, 8, 2048, 16, 8, 256);  // Gemma 3's head dim: the FLOPs of the hd 128 case
 }
 
 // ---- 3. memory-bound kernels ----------------------------------------------------------------

@@ -8,7 +8,8 @@ namespace sf::test {
 
 // A tiny config of the given family exercising its special features:
 // llama: GQA, untied, attention_bias, llama3 rope scaling; mistral: MHA, tied;
-// qwen2: q/k/v biases, GQA; qwen3: q/k-norm, head_dim != hidden/heads, v5 rope_parameters.
+// qwen2: q/k/v biases, GQA; qwen3: q/k-norm, head_dim != hidden/heads, v5 rope_parameters;
+// gemma3: local/global layers, window 4, (1 + w) norms, GeGLU, embedding scale.
 inline nlohmann::json tiny_config(const std::string& family) {
   nlohmann::json c = {{"vocab_size", 37},         {"hidden_size", 32},        {"intermediate_size", 48},
                       {"num_hidden_layers", 2},   {"num_attention_heads", 4}, {"num_key_value_heads", 2},
@@ -43,12 +44,30 @@ inline nlohmann::json tiny_config(const std::string& family) {
     c["tie_word_embeddings"] = true;
     c.erase("rope_theta");
     c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  } else if (family == "gemma3") {
+    // Local and global layers (pattern 2 over 3 layers: local, global, local) with a window of 4,
+    // shorter than the tests' sequences; linear rope scaling on the global layers, another base
+    // on the local ones; a query_pre_attn_scalar that is not head_dim; tied embeddings.
+    c["architectures"] = {"Gemma3ForCausalLM"};
+    c["model_type"] = "gemma3_text";
+    c.erase("hidden_act");
+    c["hidden_activation"] = "gelu_pytorch_tanh";
+    c["num_hidden_layers"] = 3;
+    c["head_dim"] = 16;
+    c["query_pre_attn_scalar"] = 12;
+    c["sliding_window"] = 4;
+    c["sliding_window_pattern"] = 2;
+    c["rope_local_base_freq"] = 100.0;
+    c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+    c["final_logit_softcapping"] = nullptr;
+    c["attn_logit_softcapping"] = nullptr;
+    c["tie_word_embeddings"] = true;
   }
   return c;
 }
 
 inline const std::vector<std::string>& families() {
-  static const std::vector<std::string> f = {"llama", "mistral", "qwen2", "qwen3"};
+  static const std::vector<std::string> f = {"llama", "mistral", "qwen2", "qwen3", "gemma3"};
   return f;
 }
 

@@ -1,4 +1,4 @@
-// CPU reference kernels, part 1: matmul, element-wise ops, RMSNorm, RoPE, SwiGLU, embedding, AdamW.
+// CPU reference kernels, part 1: matmul, element-wise ops, RMSNorm, RoPE, SwiGLU / GeGLU, embedding, AdamW.
 // Each forward is checked against a naive fp64 formula written here; each backward against
 // central finite differences of that fp64 formula (so the FD itself is accurate to ~1e-9 and
 // the tolerance measures only the kernel's fp32 arithmetic); BF16 storage against the F32
@@ -268,8 +268,9 @@ TEST(CpuKernels, BiasAddAndBackward) {
 // ---------------------------------------------------------------- RMSNorm
 
 // HF LlamaRMSNorm in fp64: out = w * (x / sqrt(mean(x^2) + eps)).
+// w_offset 1: Gemma's (1 + w) (HF Gemma3RMSNorm).
 std::vector<double> ref_rmsnorm(const std::vector<double>& x, const std::vector<double>& w, int R, int C, double eps,
-                                std::vector<double>* rstd = nullptr) {
+                                std::vector<double>* rstd = nullptr, double w_offset = 0.0) {
   std::vector<double> out(x.size());
   if (rstd) rstd->resize(R);
   for (int r = 0; r < R; ++r) {
@@ -277,7 +278,7 @@ std::vector<double> ref_rmsnorm(const std::vector<double>& x, const std::vector<
     for (int c = 0; c < C; ++c) ss += x[size_t(r) * C + c] * x[size_t(r) * C + c];
     double rs = 1.0 / std::sqrt(ss / C + eps);
     if (rstd) (*rstd)[r] = rs;
-    for (int c = 0; c < C; ++c) out[size_t(r) * C + c] = w[c] * x[size_t(r) * C + c] * rs;
+    for (int c = 0; c < C; ++c) out[size_t(r) * C + c] = (w[c] + w_offset) * x[size_t(r) * C + c] * rs;
   }
   return out;
 }
@@ -308,19 +309,22 @@ TEST(CpuKernels, RmsNormForwardMatchesFp64) {
   }
 }
 
-TEST(CpuKernels, RmsNormBackwardMatchesFiniteDifferences) {
+// w_offset 1: Gemma's rmsnorm_1p (weights around 0).
+void rmsnorm_backward_case(float w_offset) {
+  SCOPED_TRACE(testing::Message() << "w_offset " << w_offset);
   const int R = 6, C = 11;
   const float eps = 1e-5f;
-  auto x = test::randn(size_t(R) * C, 71), w = test::randn(C, 72, 0.5f, 1.f), Rm = test::randn(size_t(R) * C, 73);
+  auto x = test::randn(size_t(R) * C, 71), w = test::randn(C, 72, 0.5f, 1.f - w_offset),
+       Rm = test::randn(size_t(R) * C, 73);
   std::vector<float> out(x.size()), rstd(R);
   cpu::rmsnorm_forward(test::view_of(out, {R, C}), test::view_of(rstd, {R}), test::view_of(x, {R, C}),
-                       test::view_of(w, {C}), eps);
+                       test::view_of(w, {C}), eps, w_offset);
   // L = sum(out * Rm): dout = Rm. dx overwrites garbage; dw accumulates onto dw0.
   std::vector<float> dx(x.size(), kNaN), dw0 = test::randn(C, 74), dw = dw0;
   cpu::rmsnorm_backward(test::view_of(dx, {R, C}), test::view_of(dw, {C}), test::view_of(Rm, {R, C}),
-                        test::view_of(x, {R, C}), test::view_of(w, {C}), test::view_of(rstd, {R}), false);
+                        test::view_of(x, {R, C}), test::view_of(w, {C}), test::view_of(rstd, {R}), false, w_offset);
   auto xd = to_double(x), wd = to_double(w);
-  auto L = [&] { return test::dot(ref_rmsnorm(xd, wd, R, C, eps), Rm); };
+  auto L = [&] { return test::dot(ref_rmsnorm(xd, wd, R, C, eps, nullptr, w_offset), Rm); };
   auto ix = test::sample_indices(xd.size(), xd.size(), 0), iw = test::sample_indices(C, C, 0);
   auto fdx = test::numeric_grad(xd, ix, 1e-6, L);
   auto fdw = test::numeric_grad(wd, iw, 1e-6, L);
@@ -331,13 +335,20 @@ TEST(CpuKernels, RmsNormBackwardMatchesFiniteDifferences) {
   // accumulate = true adds onto what dx holds.
   auto dx2 = dx;
   cpu::rmsnorm_backward(test::view_of(dx2, {R, C}), Tensor(), test::view_of(Rm, {R, C}), test::view_of(x, {R, C}),
-                        test::view_of(w, {C}), test::view_of(rstd, {R}), true);
+                        test::view_of(w, {C}), test::view_of(rstd, {R}), true, w_offset);
   for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(dx2[i], dx[i] + dx[i]);
+}
+
+TEST(CpuKernels, RmsNormBackwardMatchesFiniteDifferences) {
+  rmsnorm_backward_case(0.f);
+  rmsnorm_backward_case(1.f);
   // The backward has no eps: rstd is required.
+  const int R = 6, C = 11;
+  std::vector<float> x(size_t(R) * C, 1.f), w(C, 1.f), dx(x.size());
   CpuFront f;
   expect_check_failure(
       [&] {
-        f.ops().rmsnorm_backward(test::view_of(dx2, {R, C}), Tensor(), test::view_of(Rm, {R, C}),
+        f.ops().rmsnorm_backward(test::view_of(dx, {R, C}), Tensor(), test::view_of(x, {R, C}),
                                  test::view_of(x, {R, C}), test::view_of(w, {C}), Tensor(), false, *f.s);
       },
       "ops_check.h", "rstd");
@@ -441,7 +452,7 @@ TEST(CpuKernels, RopeMatchesHfAndBackwardIsTheTranspose) {
       "ops_check.h", "T_max >= T");
 }
 
-// ---------------------------------------------------------------- SwiGLU
+// ---------------------------------------------------------------- SwiGLU, GeGLU
 
 std::vector<double> ref_swiglu(const std::vector<double>& g, const std::vector<double>& u) {
   std::vector<double> out(g.size());
@@ -449,36 +460,57 @@ std::vector<double> ref_swiglu(const std::vector<double>& g, const std::vector<d
   return out;
 }
 
-TEST(CpuKernels, SwigluForwardBackward) {
+// PyTorch's gelu(approximate="tanh") * up (Gemma's GeGLU).
+std::vector<double> ref_geglu(const std::vector<double>& g, const std::vector<double>& u) {
+  const double k = std::sqrt(2.0 / M_PI);
+  std::vector<double> out(g.size());
+  for (size_t i = 0; i < g.size(); ++i)
+    out[i] = 0.5 * g[i] * (1.0 + std::tanh(k * (g[i] + 0.044715 * g[i] * g[i] * g[i]))) * u[i];
+  return out;
+}
+
+using GluRef = std::vector<double> (*)(const std::vector<double>&, const std::vector<double>&);
+using GluFwd = void (*)(Tensor, Tensor, Tensor);
+using GluBwd = void (*)(Tensor, Tensor, Tensor, Tensor, Tensor);
+
+// A gated unit's forward against its fp64 formula, backward against finite differences of it.
+// floor: absolute error allowed where the value is ~0 (max_rel_err's floor).
+void glu_case(GluRef ref, GluFwd fwd, GluBwd bwd, uint64_t seed, double floor) {
   const int R = 7, I = 29, n = R * I;
-  auto g = test::randn(n, 101, 3.f), u = test::randn(n, 102), Rm = test::randn(n, 103);
+  auto g = test::randn(n, seed, 3.f), u = test::randn(n, seed + 1), Rm = test::randn(n, seed + 2);
   g[0] = 30.f, g[1] = -30.f, g[2] = 100.f, g[3] = -100.f, g[4] = 0.f;  // saturation: no NaN/inf
   std::vector<float> out(n);
-  cpu::swiglu_forward(test::view_of(out, {R, I}), test::view_of(g, {R, I}), test::view_of(u, {R, I}));
-  EXPECT_LE(max_rel_err(out, ref_swiglu(to_double(g), to_double(u)), 1e-30), 1e-6);
+  fwd(test::view_of(out, {R, I}), test::view_of(g, {R, I}), test::view_of(u, {R, I}));
+  EXPECT_LE(max_rel_err(out, ref(to_double(g), to_double(u)), floor), 2e-6);
   std::vector<float> dg(n, kNaN), du(n, kNaN);
-  cpu::swiglu_backward(test::view_of(dg, {R, I}), test::view_of(du, {R, I}), test::view_of(Rm, {R, I}),
-                       test::view_of(g, {R, I}), test::view_of(u, {R, I}));
+  bwd(test::view_of(dg, {R, I}), test::view_of(du, {R, I}), test::view_of(Rm, {R, I}), test::view_of(g, {R, I}),
+      test::view_of(u, {R, I}));
   for (int i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(dg[i]) && std::isfinite(du[i])) << i;
   auto gd = to_double(g), ud = to_double(u);
-  auto L = [&] { return test::dot(ref_swiglu(gd, ud), Rm); };
+  auto L = [&] { return test::dot(ref(gd, ud), Rm); };
   auto idx = test::sample_indices(n, n, 0);
-  // fp64 FD (error ~1e-9) vs the fp32 kernel (exp and a few products: ~1e-6).
+  // fp64 FD (error ~1e-9) vs the fp32 kernel (exp / tanh and a few products: ~1e-6).
   EXPECT_LE(rel_err(test::gather(dg, idx), test::numeric_grad(gd, idx, 1e-6, L)), 1e-5);
   EXPECT_LE(rel_err(test::gather(du, idx), test::numeric_grad(ud, idx, 1e-6, L)), 1e-5);
   // In place (dgate = gate, dup = up): same bits.
   auto g2 = g, u2 = u;
-  cpu::swiglu_backward(test::view_of(g2, {R, I}), test::view_of(u2, {R, I}), test::view_of(Rm, {R, I}),
-                       test::view_of(g2, {R, I}), test::view_of(u2, {R, I}));
+  bwd(test::view_of(g2, {R, I}), test::view_of(u2, {R, I}), test::view_of(Rm, {R, I}), test::view_of(g2, {R, I}),
+      test::view_of(u2, {R, I}));
   EXPECT_EQ(g2, dg);
   EXPECT_EQ(u2, du);
   // BF16 storage: one rounding of the fp32 results on the rounded inputs.
   auto gr = test::round_bf16(g), ur = test::round_bf16(u);
   HostTensor gb(gr, DType::BF16, {R, I}), ub(ur, DType::BF16, {R, I}), ob(DType::BF16, {R, I});
-  cpu::swiglu_forward(ob.t(), gb.t(), ub.t());
-  cpu::swiglu_forward(test::view_of(out, {R, I}), test::view_of(gr, {R, I}), test::view_of(ur, {R, I}));
+  fwd(ob.t(), gb.t(), ub.t());
+  fwd(test::view_of(out, {R, I}), test::view_of(gr, {R, I}), test::view_of(ur, {R, I}));
   for (int i = 0; i < n; ++i) ASSERT_EQ(ob.get(i), test::round_bf16(out[i])) << i;
 }
+
+TEST(CpuKernels, SwigluForwardBackward) { glu_case(ref_swiglu, cpu::swiglu_forward, cpu::swiglu_backward, 101, 1e-30); }
+
+// gelu_tanh(g) = 0.5 g (1 + tanh(..)) cancels in fp32 for g < -4 (PyTorch's formula does the same):
+// values of ~1e-7 there carry an absolute error of ~1e-7 (floor 0.1: 2e-7 absolute, outputs are O(1)).
+TEST(CpuKernels, GegluForwardBackward) { glu_case(ref_geglu, cpu::geglu_forward, cpu::geglu_backward, 1101, 0.1); }
 
 // ---------------------------------------------------------------- embedding
 

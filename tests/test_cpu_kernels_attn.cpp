@@ -53,7 +53,8 @@ void ref_attention(const std::vector<double>& q, const std::vector<double>& k, c
         double mx = -INFINITY;
         for (int j = 0; j < T; ++j) {
           double s = -INFINITY;  // masked
-          const int lo = pos ? i - (*pos)[size_t(b) * T + i] : 0;
+          int lo = pos ? i - (*pos)[size_t(b) * T + i] : 0;
+          if (d.window > 0) lo = std::max(lo, i - d.window + 1);  // sliding window
           if (j <= i && j >= lo) {
             s = 0;
             for (int e = 0; e < hd; ++e) {
@@ -216,6 +217,39 @@ TEST(CpuKernels, AttentionRejectsBadShapes) {
 // ---------------------------------------------------------------- attention over packed rows
 
 // pos [B*T] of rows holding records of the given lengths (each row's lengths sum to T).
+// The backward at (q, k, v) of `a`, given its forward's out and lse, against central differences of
+// the fp64 reference with the same mask (pos: packed rows or null). With one visible key a query's
+// p is 1 and dq, dk are 0 up to rounding (one_key: compared absolutely).
+void expect_backward_matches_fd(const AttnDims& d, const AttnData& a, const std::vector<float>& out,
+                                const std::vector<float>& lse, const std::vector<int32_t>* pos, uint64_t seed,
+                                bool one_key = false) {
+  const int N = d.B * d.T, qw = d.n_head * d.head_dim, kw = d.n_kv_head * d.head_dim;
+  auto R = test::randn(out.size(), seed);
+  std::vector<float> dq(a.q.size(), kNaN), dk(a.k.size(), kNaN), dv(a.v.size(), kNaN);
+  auto q = a.q, k = a.k, v = a.v;
+  auto o = out, l = lse;
+  cpu::attention_backward(test::view_of(dq, {N, qw}), test::view_of(dk, {N, kw}), test::view_of(dv, {N, kw}),
+                          test::view_of(R, {N, qw}), test::view_of(q, {N, qw}), test::view_of(k, {N, kw}),
+                          test::view_of(v, {N, kw}), test::view_of(o, {N, qw}), test::view_of(l, {d.B, d.n_head, d.T}),
+                          d, Tensor());
+  auto qd = to_double(a.q), kd = to_double(a.k), vd = to_double(a.v);
+  auto L = [&] {
+    std::vector<double> ro;
+    ref_attention(qd, kd, vd, d, ro, nullptr, pos);
+    return test::dot(ro, R);
+  };
+  auto iq = test::sample_indices(qd.size(), 150, 1), ik = test::sample_indices(kd.size(), 150, 2),
+       iv = test::sample_indices(vd.size(), 150, 3);
+  if (one_key) {
+    for (size_t i : iq) EXPECT_NEAR(dq[i], 0.f, 1e-5f);
+    for (size_t i : ik) EXPECT_NEAR(dk[i], 0.f, 1e-5f);
+  } else {
+    EXPECT_LE(rel_err(test::gather(dq, iq), test::numeric_grad(qd, iq, 1e-5, L)), 1e-5);
+    EXPECT_LE(rel_err(test::gather(dk, ik), test::numeric_grad(kd, ik, 1e-5, L)), 1e-5);
+  }
+  EXPECT_LE(rel_err(test::gather(dv, iv), test::numeric_grad(vd, iv, 1e-5, L)), 1e-5);
+}
+
 std::vector<int32_t> positions(const std::vector<std::vector<int>>& rows) {
   std::vector<int32_t> pos;
   for (const auto& row : rows)
@@ -272,23 +306,46 @@ TEST(CpuKernels, AttentionWithSegmentsBackwardMatchesFiniteDifferences) {
     std::vector<float> out(size_t(N) * qw), lse(size_t(d.B) * d.n_head * d.T);
     cpu::attention_forward(test::view_of(out, {N, qw}), test::view_of(lse, {d.B, d.n_head, d.T}),
                            test::view_of(a.q, {N, qw}), test::view_of(a.k, {N, kw}), test::view_of(a.v, {N, kw}), d);
-    auto R = test::randn(out.size(), seed + 5);
-    std::vector<float> dq(a.q.size(), kNaN), dk(a.k.size(), kNaN), dv(a.v.size(), kNaN);
-    cpu::attention_backward(test::view_of(dq, {N, qw}), test::view_of(dk, {N, kw}), test::view_of(dv, {N, kw}),
-                            test::view_of(R, {N, qw}), test::view_of(a.q, {N, qw}), test::view_of(a.k, {N, kw}),
-                            test::view_of(a.v, {N, kw}), test::view_of(out, {N, qw}),
-                            test::view_of(lse, {d.B, d.n_head, d.T}), d, Tensor());
-    auto qd = to_double(a.q), kd = to_double(a.k), vd = to_double(a.v);
-    auto L = [&] {
-      std::vector<double> o;
-      ref_attention(qd, kd, vd, d, o, nullptr, &pos);
-      return test::dot(o, R);
-    };
-    auto iq = test::sample_indices(qd.size(), 150, 1), ik = test::sample_indices(kd.size(), 150, 2),
-         iv = test::sample_indices(vd.size(), 150, 3);
-    EXPECT_LE(rel_err(test::gather(dq, iq), test::numeric_grad(qd, iq, 1e-5, L)), 1e-5);
-    EXPECT_LE(rel_err(test::gather(dk, ik), test::numeric_grad(kd, ik, 1e-5, L)), 1e-5);
-    EXPECT_LE(rel_err(test::gather(dv, iv), test::numeric_grad(vd, iv, 1e-5, L)), 1e-5);
+    expect_backward_matches_fd(d, a, out, lse, &pos, seed + 5);
+  }
+}
+
+// Sliding-window attention (d.window): windows of 1 (a token sees only itself), shorter than,
+// equal to and longer than T, with GQA and with packed rows (both bounds at once); forward against
+// the explicit fp64 softmax with the banded mask, backward against its finite differences.
+TEST(CpuKernels, AttentionWithWindowMatchesExplicitSoftmaxAndFiniteDifferences) {
+  struct WinCase {
+    AttnDims d;
+    int window;
+    std::vector<std::vector<int>> rows;  // record lengths per row; empty: unpacked
+  };
+  const std::vector<WinCase> cases = {{dims(2, 13, 4, 2, 8), 1, {}},
+                                      {dims(1, 33, 8, 2, 16), 5, {}},
+                                      {dims(3, 7, 4, 1, 8), 7, {}},
+                                      {dims(1, 9, 2, 2, 8), 20, {}},
+                                      {dims(2, 13, 4, 2, 8), 4, {{5, 1, 7}, {13}}}};
+  uint64_t seed = 1500;
+  for (const WinCase& c : cases) {
+    AttnDims d = c.d;
+    d.window = c.window;
+    SCOPED_TRACE(name(d) + " window=" + std::to_string(c.window));
+    const int N = d.B * d.T, qw = d.n_head * d.head_dim, kw = d.n_kv_head * d.head_dim;
+    std::vector<int32_t> pos = positions(c.rows);
+    if (!c.rows.empty()) d.pos = test::view_of(pos, {N});
+    const std::vector<int32_t>* pp = c.rows.empty() ? nullptr : &pos;
+    AttnData a(d, seed += 10);
+    std::vector<float> out(size_t(N) * qw, kNaN), lse(size_t(d.B) * d.n_head * d.T, kNaN);
+    cpu::attention_forward(test::view_of(out, {N, qw}), test::view_of(lse, {d.B, d.n_head, d.T}),
+                           test::view_of(a.q, {N, qw}), test::view_of(a.k, {N, kw}), test::view_of(a.v, {N, kw}), d);
+    std::vector<double> rout, rlse;
+    ref_attention(to_double(a.q), to_double(a.k), to_double(a.v), d, rout, &rlse, pp);
+    EXPECT_LE(rel_err(out, rout), 1e-6);
+    EXPECT_LE(max_rel_err(lse, rlse, 1e-3), 1e-6);
+    if (c.window == 1) {  // one visible key: out is v of the query's own kv head
+      for (int h = 0; h < d.n_head; ++h)
+        EXPECT_EQ(out[size_t(h) * d.head_dim], a.v[size_t(h / (d.n_head / d.n_kv_head)) * d.head_dim]);
+    }
+    expect_backward_matches_fd(d, a, out, lse, pp, seed + 5, c.window == 1);
   }
 }
 

@@ -120,7 +120,10 @@ TEST(Presets, ParameterCountsAreThePublishedOnes) {
   const std::vector<std::pair<std::string, int64_t>> expected = {
       {"llama-1b", 1235814400},     {"llama-3b", 3212749824},     {"llama-8b", 8030261248},
       {"qwen2.5-7b", 7615616512},   {"llama-13b", 13015864320},   {"mistral-24b", 23572403200},
-      {"llama-70b", 70553706496},   {"mistral-123b", 122610069504}};
+      {"llama-70b", 70553706496},   {"mistral-123b", 122610069504},
+      // Gemma 3 4B's language model from the published config's shapes (the card's 4.3 B include the
+      // vision tower)
+      {"gemma3-4b", 3880263168}};
   for (const auto& [name, params] : expected) {
     const ModelSpec s = parse_model_spec(preset_config(name), "preset " + name);
     EXPECT_EQ(s.total_params(), params) << name;

@@ -34,8 +34,10 @@ std::vector<Record> tiny_records(int vocab, uint64_t seed) {
   return recs;
 }
 
-// Non-trivial norms and biases (init gives 1 and 0, which would hide mistakes).
+// Non-trivial norms and biases (init gives 1 and 0, which would hide mistakes). Norm weights
+// scatter around the identity: 1, or 0 for Gemma's (1 + w) norms.
 void perturb_norms_and_biases(ResidentEngine& e, uint64_t seed) {
+  const float center = e.spec().gemma_norm ? 0.f : 1.f;
   HostParams p = test::export_params(e);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> n(0.f, 1.f);
@@ -43,7 +45,7 @@ void perturb_norms_and_biases(ResidentEngine& e, uint64_t seed) {
     bool norm = t.name.find("norm") != std::string::npos;
     bool bias = t.name.find(".bias") != std::string::npos;
     for (float& x : t.data) {
-      if (norm) x = 1.f + 0.3f * n(rng);
+      if (norm) x = center + 0.3f * n(rng);
       if (bias) x = 0.2f * n(rng);
     }
   }

@@ -220,6 +220,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen2", 2, 50, 2, false, false, 3, false, 1, 0, true, true},
         Case{"llama", 2, 50, 8, true, false, 0, true, 3, 3000, false, true},
         Case{"qwen3", 3, 50, 1, false, true, 0, false, 2, 0, true, true},
+        // Gemma 3: local (window 4 < seq 11) and global layers, sandwich norms, GeGLU, embedding scale
+        Case{"gemma3", 3, 0}, Case{"gemma3", 2, 50, 4, true, true}, Case{"gemma3", 2, 50, 16, false, false, 2, true, 2},
+        Case{"gemma3", 3, 50, 2, true, false, 1, false, 3},
         // the NVMe tier: AdamW state of some or all host blobs in the store, read ahead and
         // written back around each update, through either backend, with disordered completions
         Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, false, 2},
@@ -236,7 +239,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen3", 2, 50, 2, true, false, 0, false, 4, 0, false, false, 2, true, 3},
         // bf16 optimizer state in the store: the ring carries 2-byte moments
         Case{"qwen2", 2, 50, 16, true, false, 0, false, 2, 0, false, true, 2, false, 1},
-        Case{"llama", 3, 50, 4, false, true, 1, true, 1, 0, false, true, 1, true, 2}),
+        Case{"llama", 3, 50, 4, false, true, 1, true, 1, 0, false, true, 1, true, 2},
+        Case{"gemma3", 2, 50, 16, true, false, 0, false, 2, 0, false, false, 2, true, 2}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +

@@ -5,7 +5,8 @@
 #   (also: bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
 #    state_quality state_bench = bf16 optimizer state: quality, 3B speed, 8B plan,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
-#    bench_host = host rates, plan_hardware = the measured hardware profile with the disk)
+#    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
+#    gemma3 = issue 18's Gemma 3 checks)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels and bench_host built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -265,6 +266,25 @@ sys.exit(0 if p['fits'] and (p['optimizer_state'] == 'fp32' or per <= 9) else 1)
     demo_cuda) run demo_cuda "$BIN/slideformer" demo --device cuda --output /tmp/sf_demo_cuda ;;
     # kernels and the 1B training step, each against PyTorch in the same run, then the targets table
     bench) run bench bash bench/run_all.sh "$BIN" "$OUT/bench.log" ;;
+    # issue 18, Gemma 3: its kernels (GeGLU, (1 + w) RMSNorm, sliding-window attention, head dim 256),
+    # the two tiny Gemma models against transformers through the resident and the sliding engine (cpu
+    # and cuda), and the 4B shape resident and offloaded at 24 GiB
+    gemma3)
+      run gemma3_gpu_tests "$BIN/sf_gpu_tests" --gtest_brief=1 \
+        --gtest_filter='CudaOps.Attention*:CudaOps.GeGlu:CudaOps.SwiGlu:CudaOps.RmsNorm*'
+      g3=gemma3_hd256,gemma3_small
+      run gemma3_parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu --models $g3 \
+        --work /tmp/g3_parity_cpu
+      run gemma3_parity_cpu_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu --models $g3 \
+        --cli-args "--offload --slots 2" --work /tmp/g3_parity_cpu_off
+      run gemma3_parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --models $g3 \
+        --work /tmp/g3_parity_cuda
+      run gemma3_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --models $g3 \
+        --cli-args "--offload --slots 2 --gpu-blobs 0" --no-baseline --work /tmp/g3_parity_cuda_off
+      run gemma3_4b_resident "$BIN/slideformer" bench --preset gemma3-4b --batch-size 4 --seq-len 2048 \
+        --steps 3 --warmup 1 --device cuda
+      run gemma3_4b_offload "$BIN/slideformer" bench --preset gemma3-4b --batch-size 4 --seq-len 2048 \
+        --steps 3 --warmup 1 --device cuda --offload --gpu-memory 24GiB ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -68,6 +68,9 @@ CASES = [
          sched="cosine", clip=0.0),
     dict(name="mistral_clip_constant", model="train_mistral_gqa", B=1, K=3, S=32, n_rec=6, warmup=0,
          sched="constant", clip="auto"),
+    # Gemma 3: window 7 < S, local and global layers
+    dict(name="gemma3_clip_cosine", model="train_gemma3_small", B=2, K=2, S=32, n_rec=8, warmup=1,
+         sched="cosine", clip="auto"),
 ]
 STEPS = 3
 

@@ -8,7 +8,7 @@ Writes, under DIR:
     data/<name>.jsonl         parity data for that model (its own vocab), see make_parity_records()
     manifest.json             one entry per model: arch, dtype, sharded, tied, vocab, parameter names, ...
 
-The models cover the four architectures slideformer supports (Llama, Mistral, Qwen2, Qwen3) and the
+The models cover the architectures slideformer supports (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text) and the
 features that differ between them: GQA / MQA / MHA, tied and untied embeddings, `llama3` RoPE
 scaling, Llama `attention_bias=True`, Qwen2 q/k/v biases, Qwen3 per-head q_norm / k_norm with
 head_dim != hidden / heads, configs in transformers-v5 form (`rope_parameters`) and in the legacy
@@ -80,6 +80,32 @@ MODELS: dict[str, dict] = {
                 max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=True,
                 attention_bias=False, use_sliding_window=False,
                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Gemma 3 text, head_dim 256 (the real models' size): local (sliding-window 16 < the parity
+    # sequence length 45) and global layers alternating, linear RoPE scaling on the global layers
+    # and another base on the local ones, query_pre_attn_scalar != head_dim, GQA 2:1, tied; bf16 single.
+    # Config keys in the form both transformers 4.5x and 5 accept (rope_theta / rope_local_base_freq /
+    # rope_scaling; v5 turns them into per-layer-type rope_parameters).
+    "gemma3_hd256": dict(
+        arch="Gemma3ForCausalLM", dtype="bf16", shard=False, legacy_rope=False, norm_center=0.0,
+        kw=dict(vocab_size=509, hidden_size=128, intermediate_size=320, num_hidden_layers=4,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=64,
+                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                hidden_activation="gelu_pytorch_tanh", sliding_window=16,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                rope_scaling={"rope_type": "linear", "factor": 4.0},
+                final_logit_softcapping=None, attn_logit_softcapping=None)),
+    # Gemma 3 text, head_dim 64: two local layers (window 7) then a global one, untied lm_head,
+    # GQA 2:1; fp32 sharded.
+    "gemma3_small": dict(
+        arch="Gemma3ForCausalLM", dtype="fp32", shard=True, legacy_rope=False, norm_center=0.0,
+        kw=dict(vocab_size=384, hidden_size=128, intermediate_size=272, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64,
+                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                hidden_activation="gelu_pytorch_tanh", sliding_window=7,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                rope_theta=1000000.0, rope_local_base_freq=100.0,
+                final_logit_softcapping=None, attn_logit_softcapping=None)),
 }
 
 # Models hf_train_compare.py trains (fp32 checkpoints only; built by build_train_models()).
@@ -88,6 +114,7 @@ TRAIN_MODELS: dict[str, dict] = {
     "train_qwen3_qknorm": dict(MODELS["qwen3_qknorm"], dtype="fp32", shard=True),
     "train_qwen2_bias_tied": dict(MODELS["qwen2_bias_tied"], dtype="fp32", shard=False),
     "train_mistral_gqa": dict(MODELS["mistral_gqa"], dtype="fp32", shard=False),
+    "train_gemma3_small": dict(MODELS["gemma3_small"], dtype="fp32", shard=False),
 }
 
 # The 100-step loss-curve model (hf_train_compare.py --device cuda).
@@ -123,6 +150,7 @@ def _config_class(arch: str):
         "MistralForCausalLM": transformers.MistralConfig,
         "Qwen2ForCausalLM": transformers.Qwen2Config,
         "Qwen3ForCausalLM": transformers.Qwen3Config,
+        "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
     }[arch]
 
 
@@ -138,6 +166,18 @@ def _make_config(spec: dict):
     kw["initializer_range"] = spec.get("init_range", 0.1)
     kw.setdefault("bos_token_id", 1)
     kw.setdefault("eos_token_id", 2)
+    if "rope_parameters" not in kw:
+        # Gemma 3: legacy keys (rope_theta, rope_local_base_freq, rope_scaling), which 4.5x takes and 5
+        # converts; should a version refuse them, its own per-layer-type rope_parameters. The saved
+        # config.json says what the model used either way (slideformer reads both forms).
+        try:
+            return cls(**kw)
+        except (TypeError, ValueError, KeyError):
+            full = {"rope_type": "default", "rope_theta": kw.pop("rope_theta")}
+            full.update(kw.pop("rope_scaling", None) or {})
+            local = {"rope_type": "default", "rope_theta": kw.pop("rope_local_base_freq")}
+            kw["rope_parameters"] = {"full_attention": full, "sliding_attention": local}
+            return cls(**kw)
     try:
         return cls(**kw)
     except TypeError:
@@ -161,13 +201,14 @@ def _rope_params_of(cfg) -> dict:
     return out
 
 
-def _randomize_small_params(model, gen):
-    """Norm weights to 1 + 0.2*N(0,1), biases to 0.1*N(0,1): non-trivial but well conditioned."""
+def _randomize_small_params(model, gen, norm_center: float = 1.0):
+    """Norm weights to norm_center + 0.2*N(0,1), biases to 0.1*N(0,1): non-trivial but well conditioned.
+    Gemma's norms scale by (1 + w): their center is 0."""
     import torch
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float32))
+                p.copy_(norm_center + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float32))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float32))
 
@@ -213,7 +254,7 @@ def build_model(name: str, spec: dict, out_dir: Path, seed: int) -> dict:
     model = _model_class(spec["arch"])(cfg).float()
     if spec.get("randomize", True):
         gen = torch.Generator().manual_seed(seed + 1)
-        _randomize_small_params(model, gen)
+        _randomize_small_params(model, gen, spec.get("norm_center", 1.0))
     ref_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32

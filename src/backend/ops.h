@@ -33,6 +33,10 @@ struct AttnDims {
   // Precondition: pos[t] == 0 or pos[t] == pos[t-1] + 1 within a row, pos[0] == 0.
   // Empty: one record per row (pos[t] = t).
   Tensor pos;
+  // Sliding-window (local) attention: > 0 = query i sees only keys j > i - window (itself and the
+  // window - 1 before it; HF's kv_idx > q_idx - sliding_window), on top of the causal / record
+  // mask. 0 = no window.
+  int window = 0;
 };
 
 struct AdamWParams {
@@ -69,6 +73,12 @@ class Ops {
   // be empty; so may dx on the cpu backend (the cuda kernel always writes dx).
   virtual void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate,
                                 Stream& s) = 0;
+  // Gemma's RMSNorm: out = (1 + w) * (x * rstd) with 1 + w formed in fp32 (HF Gemma3RMSNorm:
+  // one rounding, at the end). Arguments and the backward's contract as rmsnorm_*; dw is the
+  // gradient of w (the same sum as rmsnorm's).
+  virtual void rmsnorm_1p_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) = 0;
+  virtual void rmsnorm_1p_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate,
+                                   Stream& s) = 0;
 
   // RoPE in place, HF half-split layout: x [B*T, n_heads*head_dim]; the token in row r has
   // position pos[r] (pos [B*T] I32, values in [0, T), AttnDims::pos), or r % T when pos is empty.
@@ -82,11 +92,14 @@ class Ops {
   // out = silu(gate) * up, all [R, I].
   virtual void swiglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) = 0;
   virtual void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) = 0;
+  // GeGLU (Gemma): out = gelu_tanh(gate) * up, all [R, I]; gelu_tanh(g) = 0.5 g (1 + tanh(
+  // sqrt(2/pi) (g + 0.044715 g^3))) (PyTorch's gelu(approximate="tanh")). Backward as swiglu's.
+  virtual void geglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) = 0;
+  virtual void geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) = 0;
 
-  // Causal GQA attention (block-diagonal causal when d.pos is given). q, out: [B*T, n_head*hd];
-  // k, v: [B*T, n_kv_head*hd];
-  // lse [B, n_head, T] F32 = log-sum-exp of the scaled scores of each query row (natural log).
-  // No T x T matrix is kept between forward and backward.
+  // Causal GQA attention (block-diagonal causal when d.pos is given; banded when d.window > 0). q, out: [B*T,
+  // n_head*hd]; k, v: [B*T, n_kv_head*hd]; lse [B, n_head, T] F32 = log-sum-exp of the scaled scores of each query row
+  // (natural log). No T x T matrix is kept between forward and backward.
   virtual void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d,
                                  Stream& s) = 0;
   // dq, dk, dv overwritten. ws: scratch of attention_workspace_bytes(d) bytes (may be 0).

@@ -103,8 +103,9 @@ inline void bias_backward(const Tensor& dbias, const Tensor& dout) {
   SF_CHECK_NUMEL(op, dbias, dout.cols(), "N (columns of dout)");
 }
 
-inline void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w) {
-  constexpr const char* op = "rmsnorm_forward";
+// op: the name in messages (rmsnorm_1p_* share these checks).
+inline void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                            const char* op = "rmsnorm_forward") {
   SF_CHECK_REAL(op, out);
   SF_CHECK_REAL(op, x);
   SF_CHECK_REAL(op, w);
@@ -118,8 +119,7 @@ inline void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor&
 }
 
 inline void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w,
-                             const Tensor& rstd) {
-  constexpr const char* op = "rmsnorm_backward";
+                             const Tensor& rstd, const char* op = "rmsnorm_backward") {
   SF_CHECK_REAL(op, dout);
   SF_CHECK_REAL(op, x);
   SF_CHECK_REAL(op, w);
@@ -159,8 +159,8 @@ inline void rope(const char* op, const Tensor& x, const Tensor& cos, const Tenso
   }
 }
 
-inline void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
-  constexpr const char* op = "swiglu_forward";
+// op: the name in messages (geglu_* share these checks).
+inline void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up, const char* op = "swiglu_forward") {
   SF_CHECK_REAL(op, out);
   SF_CHECK_REAL(op, gate);
   SF_CHECK_REAL(op, up);
@@ -170,8 +170,7 @@ inline void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& 
 }
 
 inline void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
-                            const Tensor& up) {
-  constexpr const char* op = "swiglu_backward";
+                            const Tensor& up, const char* op = "swiglu_backward") {
   SF_CHECK_REAL(op, dgate);
   SF_CHECK_REAL(op, dup);
   SF_CHECK_REAL(op, dout);
@@ -202,6 +201,7 @@ inline void attention_common(const char* op, const AttnDims& d, const Tensor& q,
   SF_CHECK(rows(k) == N && k.cols() == kw, bad_shape(op, "k", k, "[B*T, n_kv_head*head_dim]"));
   SF_CHECK(rows(v) == N && v.cols() == kw, bad_shape(op, "v", v, "[B*T, n_kv_head*head_dim]"));
   SF_CHECK_NUMEL(op, lse, int64_t(d.B) * d.n_head * d.T, "B*n_head*T");
+  SF_CHECK(d.window >= 0, std::string(op) + ": window = " + std::to_string(d.window) + " must be >= 0 (0 = none)");
   if (!d.pos.empty()) {
     const Tensor& pos = d.pos;
     SF_CHECK_DTYPE(op, pos, DType::I32);
@@ -379,6 +379,15 @@ class CheckedOps final : public Ops {
     opcheck::rmsnorm_backward(dx, dw, dout, x, w, rstd);
     in_.rmsnorm_backward(dx, dw, dout, x, w, rstd, acc, s);
   }
+  void rmsnorm_1p_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) override {
+    opcheck::rmsnorm_forward(out, rstd, x, w, "rmsnorm_1p_forward");
+    in_.rmsnorm_1p_forward(out, rstd, x, w, eps, s);
+  }
+  void rmsnorm_1p_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool acc,
+                           Stream& s) override {
+    opcheck::rmsnorm_backward(dx, dw, dout, x, w, rstd, "rmsnorm_1p_backward");
+    in_.rmsnorm_1p_backward(dx, dw, dout, x, w, rstd, acc, s);
+  }
   void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int nh, int hd, Tensor pos, Stream& s) override {
     opcheck::rope("rope_forward", x, cos, sin, T, nh, hd, pos);
     in_.rope_forward(x, cos, sin, T, nh, hd, pos, s);
@@ -394,6 +403,14 @@ class CheckedOps final : public Ops {
   void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
     opcheck::swiglu_backward(dgate, dup, dout, gate, up);
     in_.swiglu_backward(dgate, dup, dout, gate, up, s);
+  }
+  void geglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) override {
+    opcheck::swiglu_forward(out, gate, up, "geglu_forward");
+    in_.geglu_forward(out, gate, up, s);
+  }
+  void geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
+    opcheck::swiglu_backward(dgate, dup, dout, gate, up, "geglu_backward");
+    in_.geglu_backward(dgate, dup, dout, gate, up, s);
   }
   void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, Stream& s) override {
     opcheck::attention_forward(out, lse, q, k, v, d);

@@ -27,7 +27,7 @@ void random_blob(const BlobLayout& blob, int blob_index, uint64_t seed, double s
     bool is_norm = e.name.find("norm.weight") != std::string::npos;
     bool is_bias = e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
     if (is_norm || is_bias) {
-      std::fill(p, p + e.numel, is_norm ? 1.f : 0.f);
+      std::fill(p, p + e.numel, is_norm ? blob.norm_init : 0.f);
       continue;
     }
     const int64_t chunks = (e.numel + kChunk - 1) / kChunk;

@@ -11,7 +11,8 @@ class CheckpointReader;
 
 // host [blob.numel]: every entry read (and converted to fp32) from the checkpoint; padding 0.
 void read_blob(const CheckpointReader& ckpt, const BlobLayout& blob, float* host);
-// host [blob.numel]: normal(0, std) matrices and embeddings, 1 for norm weights, 0 for biases.
+// host [blob.numel]: normal(0, std) matrices and embeddings, blob.norm_init for norm weights, 0 for
+// biases.
 // `blob_index` is the blob's position in the model layout (part of the generator's seed).
 void random_blob(const BlobLayout& blob, int blob_index, uint64_t seed, double std, float* host);
 

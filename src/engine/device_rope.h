@@ -10,7 +10,7 @@ namespace sf {
 struct DeviceRope {
   DeviceRope(Device& dev, const ModelSpec& spec, int max_T, Stream& s);  // waits for the upload
   static MemoryItems buffers(const ModelSpec& spec, int max_T);          // "rope"
-  DeviceBuffer buf;                                                      // [2, max_T, head_dim/2] F32
+  DeviceBuffer buf;  // [2 or 4 (local RoPE), max_T, head_dim/2] F32
   RopeTables tables;                                                     // views into buf
 };
 

@@ -37,11 +37,22 @@ struct Flops {
   double total = 0, forward = 0;
   double head = 0;  // of total: the head's forward and backward (the lm-head products)
 };
+// Keys a query sees, summed over the decoder layers, averaged over a row of T tokens: T/2 for causal
+// attention ((T + 1) / 2 exactly), W - W(W - 1) / 2T for a local layer's window W < T (Gemma 3).
+double attention_keys_per_token(const ModelSpec& s, int T) {
+  double keys = 0;
+  for (int l = 0; l < s.n_layer; ++l) {
+    const double W = double(s.local_window);
+    keys += s.is_local(l) && W < T ? W - W * (W - 1) / (2.0 * T) : 0.5 * T;
+  }
+  return keys;
+}
+
 Flops flops_per_token(const ModelSpec& s, int T) {
   const double H = double(s.hidden), Q = double(s.q_dim()), KV = double(s.kv_dim()), I = double(s.intermediate);
   const double Pd = double(s.n_layer) * (H * Q + 2 * H * KV + Q * H + 3 * H * I);
   const double Ph = double(s.vocab) * H;
-  const double attn_fwd = 2.0 * double(T) * Q * double(s.n_layer);  // QK^T and PV over T/2 keys on average
+  const double attn_fwd = 4.0 * Q * attention_keys_per_token(s, T);  // QK^T and PV over the keys seen
   Flops f;
   f.forward = 2 * Pd + 2 * Ph + attn_fwd;
   f.total = 8 * Pd + 6 * Ph + 4.5 * attn_fwd;  // + recompute (2 Pd, 1x attention) + backward (4 Pd + 4 Ph, 2.5x)

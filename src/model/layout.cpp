@@ -65,14 +65,14 @@ ModelLayout make_layout(const ModelSpec& s) {
 
   BlobLayout emb;
   emb.kind = BlobKind::Embedding;
-  add(s, emb, "model.embed_tokens.weight", {s.vocab, H});
+  add(s, emb, s.tensor_prefix + "embed_tokens.weight", {s.vocab, H});
   m.blobs.push_back(std::move(emb));
 
   for (int l = 0; l < s.n_layer; ++l) {
     BlobLayout b;
     b.kind = BlobKind::Layer;
     b.layer = l;
-    std::string p = "model.layers." + std::to_string(l) + ".";
+    std::string p = s.tensor_prefix + "layers." + std::to_string(l) + ".";
     using P = LayerParam;
     add(s, b, p + "input_layernorm.weight", {H}, int(P::InputNorm));
     add_linear(s, b, p + "self_attn.q_proj", Q, H, P::Wq, s.qkv_bias, P::Bq);
@@ -83,7 +83,13 @@ ModelLayout make_layout(const ModelSpec& s) {
       add(s, b, p + "self_attn.q_norm.weight", {s.head_dim}, int(P::QNorm));
       add(s, b, p + "self_attn.k_norm.weight", {s.head_dim}, int(P::KNorm));
     }
-    add(s, b, p + "post_attention_layernorm.weight", {H}, int(P::PostNorm));
+    if (s.sandwich_norm) {
+      add(s, b, p + "post_attention_layernorm.weight", {H}, int(P::AttnOutNorm));
+      add(s, b, p + "pre_feedforward_layernorm.weight", {H}, int(P::PostNorm));
+      add(s, b, p + "post_feedforward_layernorm.weight", {H}, int(P::FfnOutNorm));
+    } else {
+      add(s, b, p + "post_attention_layernorm.weight", {H}, int(P::PostNorm));
+    }
     add_linear(s, b, p + "mlp.gate_proj", I, H, P::Wgate, s.mlp_bias, P::Bgate);
     add_linear(s, b, p + "mlp.up_proj", I, H, P::Wup, s.mlp_bias, P::Bup);
     add_linear(s, b, p + "mlp.down_proj", H, I, P::Wdown, s.mlp_bias, P::Bdown);
@@ -92,9 +98,10 @@ ModelLayout make_layout(const ModelSpec& s) {
 
   BlobLayout head;
   head.kind = BlobKind::Head;
-  add(s, head, "model.norm.weight", {H});
-  if (!s.tie_embeddings) add(s, head, "lm_head.weight", {s.vocab, H});
+  add(s, head, s.tensor_prefix + "norm.weight", {H});
+  if (!s.tie_embeddings) add(s, head, s.lm_head_name, {s.vocab, H});
   m.blobs.push_back(std::move(head));
+  for (BlobLayout& b : m.blobs) b.norm_init = s.gemma_norm ? 0.f : 1.f;
   return m;
 }
 
@@ -106,6 +113,7 @@ Tensor entry_view(const BlobEntry& e, void* base, DType dtype) {
 
 LayerParams layer_views(const BlobLayout& b, void* base, DType dtype) {
   LayerParams lp;
+  lp.layer = b.layer;
   for (const auto& e : b.entries)
     if (e.param >= 0) lp.t[e.param] = entry_view(e, base, dtype);
   return lp;

@@ -31,6 +31,11 @@ enum class LayerParam : int {
   Bup,
   Wdown,
   Bdown,
+  // Gemma 3's sandwich norms: HF post_attention_layernorm (on the attention output, before the
+  // residual) and post_feedforward_layernorm (on the MLP output); its pre_feedforward_layernorm
+  // is PostNorm (the norm in front of the MLP, as in Llama).
+  AttnOutNorm,
+  FfnOutNorm,
   Count
 };
 
@@ -48,7 +53,8 @@ struct BlobLayout {
   BlobKind kind = BlobKind::Layer;
   int layer = -1;  // for BlobKind::Layer
   std::vector<BlobEntry> entries;
-  int64_t numel = 0;  // padded size in elements
+  int64_t numel = 0;      // padded size in elements
+  float norm_init = 1.f;  // a fresh model's norm weights (0 for Gemma's (1 + w) norms)
   // Entry for a LayerParam, or nullptr when the architecture has no such tensor.
   const BlobEntry* entry(LayerParam p) const;  // nullptr when the layer lacks it
 };
@@ -68,6 +74,7 @@ ModelLayout make_layout(const ModelSpec& s);
 // Views of one layer's parameters inside a blob at `base` with storage `dtype` (empty where absent).
 struct LayerParams {
   Tensor t[int(LayerParam::Count)];
+  int layer = -1;  // the decoder layer (BlobLayout::layer): local or global attention
   const Tensor& operator[](LayerParam p) const { return t[int(p)]; }
 };
 LayerParams layer_views(const BlobLayout& b, void* base, DType dtype);

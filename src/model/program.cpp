@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/align.h"
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace sf {
@@ -58,6 +59,12 @@ LayerBuffers carve_layer(Carver& c, const ModelSpec& s, DType a, int B, int T, s
   w.dv = c.take(a, {N, KV});
   w.datt = c.take(a, {N, Q});
   w.attn_ws = c.take_bytes(attn_ws);
+  if (s.sandwich_norm) {
+    w.attn_o = c.take(a, {N, H});
+    w.mlp_o = c.take(a, {N, H});
+    w.rstd_ao = c.take(DType::F32, {N});
+    w.rstd_mo = c.take(DType::F32, {N});
+  }
   return w;
 }
 
@@ -73,15 +80,17 @@ HeadBuffers carve_head(Carver& c, const ModelSpec& s, DType a, int B, int T, siz
 
 }  // namespace
 
-AttnDims attn_dims(const ModelSpec& s, const BatchDims& d) {
+AttnDims attn_dims(const ModelSpec& s, const BatchDims& d, int layer) {
   AttnDims a;
   a.B = d.B;
   a.T = d.T;
   a.n_head = s.n_head;
   a.n_kv_head = s.n_kv_head;
   a.head_dim = s.head_dim;
-  a.scale = 1.0f / std::sqrt(float(s.head_dim));
+  a.scale = s.attn_scale > 0 ? float(s.attn_scale) : 1.0f / std::sqrt(float(s.head_dim));
   a.pos = d.pos;
+  // A window that covers the whole row masks nothing: left out (the kernels' unwindowed path).
+  if (s.is_local(layer) && s.local_window < d.T) a.window = int(s.local_window);
   return a;
 }
 
@@ -126,36 +135,75 @@ void Program::linear_backward(Tensor dx, Tensor dW, Tensor db, Tensor dy, Tensor
   if (!db.empty()) ops_.bias_backward(db, dy, st);
 }
 
+// Gemma's sqrt(hidden) as HF applies it: the normalizer cast to the compute dtype first.
+static float embed_scale_of(const ModelSpec& s, DType act) {
+  const float f = std::sqrt(float(s.hidden));
+  return act == DType::BF16 ? bf16_to_float(float_to_bf16(f)) : f;
+}
+
 void Program::embed_forward(Tensor x0, Tensor ids, Tensor table, Stream& st) const {
   ops_.embedding_forward(x0, ids, table, st);
+  if (s_.embed_scale) ops_.scale(x0, embed_scale_of(s_, act_), st);
 }
 
 void Program::embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Stream& st) const {
+  if (s_.embed_scale) ops_.scale(dx0, embed_scale_of(s_, act_), st);
   ops_.embedding_backward(dtable, dx0, ids, st);
+}
+
+void Program::norm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, Stream& st) const {
+  if (s_.gemma_norm)
+    ops_.rmsnorm_1p_forward(out, rstd, x, w, float(s_.rms_eps), st);
+  else
+    ops_.rmsnorm_forward(out, rstd, x, w, float(s_.rms_eps), st);
+}
+
+void Program::norm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate,
+                            Stream& st) const {
+  if (s_.gemma_norm)
+    ops_.rmsnorm_1p_backward(dx, dw, dout, x, w, rstd, accumulate, st);
+  else
+    ops_.rmsnorm_backward(dx, dw, dout, x, w, rstd, accumulate, st);
+}
+
+// The local layers' RoPE tables for a local layer, else the global ones.
+static const Tensor& rope_cos(const ModelSpec& s, const RopeTables& r, int layer) {
+  return s.is_local(layer) ? r.cos_local : r.cos;
+}
+static const Tensor& rope_sin(const ModelSpec& s, const RopeTables& r, int layer) {
+  return s.is_local(layer) ? r.sin_local : r.sin;
+}
+
+void Program::attention_block_forward(const LayerParams& p, Tensor h1, const LayerBuffers& w, const BatchDims& d,
+                                      const RopeTables& rope, Stream& st) const {
+  using P = LayerParam;
+  const int64_t N = d.N();
+  if (s_.qk_norm) {
+    linear(w.q_raw, h1, p[P::Wq], p[P::Bq], st);
+    linear(w.k_raw, h1, p[P::Wk], p[P::Bk], st);
+    // Per-head RMSNorm over head_dim: view [N, heads*hd] as [N*heads, hd].
+    norm_forward(w.q.view({N * s_.n_head, s_.head_dim}), w.q_rstd, w.q_raw.view({N * s_.n_head, s_.head_dim}),
+                 p[P::QNorm], st);
+    norm_forward(w.k.view({N * s_.n_kv_head, s_.head_dim}), w.k_rstd, w.k_raw.view({N * s_.n_kv_head, s_.head_dim}),
+                 p[P::KNorm], st);
+  } else {
+    linear(w.q, h1, p[P::Wq], p[P::Bq], st);
+    linear(w.k, h1, p[P::Wk], p[P::Bk], st);
+  }
+  linear(w.v, h1, p[P::Wv], p[P::Bv], st);
+  const Tensor &cos = rope_cos(s_, rope, p.layer), &sin = rope_sin(s_, rope, p.layer);
+  ops_.rope_forward(w.q, cos, sin, d.T, s_.n_head, s_.head_dim, d.pos, st);
+  ops_.rope_forward(w.k, cos, sin, d.T, s_.n_kv_head, s_.head_dim, d.pos, st);
+  ops_.attention_forward(w.att, w.lse, w.q, w.k, w.v, attn_dims(s_, d, p.layer), st);
 }
 
 void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
                             const RopeTables& rope, Stream& st) const {
   using P = LayerParam;
-  const int64_t N = d.N();
+  if (s_.sandwich_norm) return gemma_layer_forward(p, x, y, w, d, rope, st);
   const float eps = float(s_.rms_eps);
   ops_.rmsnorm_forward(w.h1, w.rstd1, x, p[P::InputNorm], eps, st);
-  if (s_.qk_norm) {
-    linear(w.q_raw, w.h1, p[P::Wq], p[P::Bq], st);
-    linear(w.k_raw, w.h1, p[P::Wk], p[P::Bk], st);
-    // Per-head RMSNorm over head_dim: view [N, heads*hd] as [N*heads, hd].
-    ops_.rmsnorm_forward(w.q.view({N * s_.n_head, s_.head_dim}), w.q_rstd, w.q_raw.view({N * s_.n_head, s_.head_dim}),
-                         p[P::QNorm], eps, st);
-    ops_.rmsnorm_forward(w.k.view({N * s_.n_kv_head, s_.head_dim}), w.k_rstd,
-                         w.k_raw.view({N * s_.n_kv_head, s_.head_dim}), p[P::KNorm], eps, st);
-  } else {
-    linear(w.q, w.h1, p[P::Wq], p[P::Bq], st);
-    linear(w.k, w.h1, p[P::Wk], p[P::Bk], st);
-  }
-  linear(w.v, w.h1, p[P::Wv], p[P::Bv], st);
-  ops_.rope_forward(w.q, rope.cos, rope.sin, d.T, s_.n_head, s_.head_dim, d.pos, st);
-  ops_.rope_forward(w.k, rope.cos, rope.sin, d.T, s_.n_kv_head, s_.head_dim, d.pos, st);
-  ops_.attention_forward(w.att, w.lse, w.q, w.k, w.v, attn_dims(s_, d), st);
+  attention_block_forward(p, w.h1, w, d, rope, st);
   linear(w.x2, w.att, p[P::Wo], p[P::Bo], st);
   ops_.add(w.x2, w.x2, x, st);  // residual
   ops_.rmsnorm_forward(w.h2, w.rstd2, w.x2, p[P::PostNorm], eps, st);
@@ -169,7 +217,7 @@ void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const Laye
 void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
                              const LayerBuffers& w, const BatchDims& d, const RopeTables& rope, Stream& st) const {
   using P = LayerParam;
-  const int64_t N = d.N();
+  if (s_.sandwich_norm) return gemma_layer_backward(p, g, x, dy, dx, w, d, rope, st);
   // y = x2 + down(act): d(x2) starts as dy; dx holds d(x2) until the attention block's
   // contribution and the input norm's are added to it.
   ops_.cast(dx, dy, st);
@@ -186,40 +234,49 @@ void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor 
   ops_.matmul(w.datt, dx, p[P::Wo], false, false, 1.f, 0.f, st);
   ops_.matmul(g[P::Wo], dx, w.att, true, false, 1.f, 1.f, st);
   if (!g[P::Bo].empty()) ops_.bias_backward(g[P::Bo], dx, st);
-  ops_.attention_backward(w.dq, w.dk, w.dv, w.datt, w.q, w.k, w.v, w.att, w.lse, attn_dims(s_, d), w.attn_ws, st);
-  ops_.rope_backward(w.dq, rope.cos, rope.sin, d.T, s_.n_head, s_.head_dim, d.pos, st);
-  ops_.rope_backward(w.dk, rope.cos, rope.sin, d.T, s_.n_kv_head, s_.head_dim, d.pos, st);
+  attention_block_backward(p, g, w.h1, w, d, rope, st);
+  ops_.rmsnorm_backward(dx, g[P::InputNorm], w.dh, x, p[P::InputNorm], w.rstd1, true, st);
+}
+
+void Program::attention_block_backward(const LayerParams& p, const LayerParams& g, Tensor h1, const LayerBuffers& w,
+                                       const BatchDims& d, const RopeTables& rope, Stream& st) const {
+  using P = LayerParam;
+  const int64_t N = d.N();
+  ops_.attention_backward(w.dq, w.dk, w.dv, w.datt, w.q, w.k, w.v, w.att, w.lse, attn_dims(s_, d, p.layer), w.attn_ws,
+                          st);
+  const Tensor &cos = rope_cos(s_, rope, p.layer), &sin = rope_sin(s_, rope, p.layer);
+  ops_.rope_backward(w.dq, cos, sin, d.T, s_.n_head, s_.head_dim, d.pos, st);
+  ops_.rope_backward(w.dk, cos, sin, d.T, s_.n_kv_head, s_.head_dim, d.pos, st);
   Tensor dq = w.dq, dk = w.dk;
   if (s_.qk_norm) {
     const int64_t hd = s_.head_dim;
-    ops_.rmsnorm_backward(w.dq_raw.view({N * s_.n_head, hd}), g[P::QNorm], w.dq.view({N * s_.n_head, hd}),
-                          w.q_raw.view({N * s_.n_head, hd}), p[P::QNorm], w.q_rstd, false, st);
-    ops_.rmsnorm_backward(w.dk_raw.view({N * s_.n_kv_head, hd}), g[P::KNorm], w.dk.view({N * s_.n_kv_head, hd}),
-                          w.k_raw.view({N * s_.n_kv_head, hd}), p[P::KNorm], w.k_rstd, false, st);
+    norm_backward(w.dq_raw.view({N * s_.n_head, hd}), g[P::QNorm], w.dq.view({N * s_.n_head, hd}),
+                  w.q_raw.view({N * s_.n_head, hd}), p[P::QNorm], w.q_rstd, false, st);
+    norm_backward(w.dk_raw.view({N * s_.n_kv_head, hd}), g[P::KNorm], w.dk.view({N * s_.n_kv_head, hd}),
+                  w.k_raw.view({N * s_.n_kv_head, hd}), p[P::KNorm], w.k_rstd, false, st);
     dq = w.dq_raw;
     dk = w.dk_raw;
   }
-  linear_backward(w.dh, g[P::Wq], g[P::Bq], dq, w.h1, p[P::Wq], false, st);
-  linear_backward(w.dh, g[P::Wk], g[P::Bk], dk, w.h1, p[P::Wk], true, st);
-  linear_backward(w.dh, g[P::Wv], g[P::Bv], w.dv, w.h1, p[P::Wv], true, st);
-  ops_.rmsnorm_backward(dx, g[P::InputNorm], w.dh, x, p[P::InputNorm], w.rstd1, true, st);
+  linear_backward(w.dh, g[P::Wq], g[P::Bq], dq, h1, p[P::Wq], false, st);
+  linear_backward(w.dh, g[P::Wk], g[P::Bk], dk, h1, p[P::Wk], true, st);
+  linear_backward(w.dh, g[P::Wv], g[P::Bv], w.dv, h1, p[P::Wv], true, st);
 }
 
 void Program::head_forward_backward(Tensor x, Tensor norm_w, Tensor w_head, Tensor targets, Tensor loss_sum, Tensor dx,
                                     Tensor dnorm, Tensor dw_head, float grad_scale, const HeadBuffers& w,
                                     const BatchDims& d, Stream& st) const {
-  ops_.rmsnorm_forward(w.hf, w.rstd, x, norm_w, float(s_.rms_eps), st);
+  norm_forward(w.hf, w.rstd, x, norm_w, st);
   if (dx.empty()) {
     ops_.linear_cross_entropy(loss_sum, Tensor(), Tensor(), w.hf, w_head, targets, grad_scale, w.lce_ws, st);
     return;
   }
   ops_.linear_cross_entropy(loss_sum, w.dhf, dw_head, w.hf, w_head, targets, grad_scale, w.lce_ws, st);
-  ops_.rmsnorm_backward(dx, dnorm, w.dhf, x, norm_w, w.rstd, false, st);
+  norm_backward(dx, dnorm, w.dhf, x, norm_w, w.rstd, false, st);
 }
 
 void Program::head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w,
                           Stream& st) const {
-  ops_.rmsnorm_forward(w.hf, w.rstd, x, norm_w, float(s_.rms_eps), st);
+  norm_forward(w.hf, w.rstd, x, norm_w, st);
   ops_.matmul(logits, w.hf, w_head, false, true, 1.f, 0.f, st);
 }
 

@@ -38,6 +38,9 @@ struct LayerBuffers {
   Tensor datt;            // [N, Q]
   Tensor dq_raw, dk_raw;  // [N, Q], [N, KV] (qk_norm only)
   Tensor attn_ws;         // attention backward scratch
+  // Gemma 3 (sandwich_norm only): the attention and MLP outputs before their output norms.
+  Tensor attn_o, mlp_o;     // [N, H]
+  Tensor rstd_ao, rstd_mo;  // [N] F32
 };
 
 struct HeadBuffers {
@@ -47,8 +50,8 @@ struct HeadBuffers {
   Tensor lce_ws;  // fused linear-cross-entropy scratch
 };
 
-// The attention dims of a batch of this model.
-AttnDims attn_dims(const ModelSpec& s, const BatchDims& d);
+// The attention dims of a batch of this model (layer >= 0: with that layer's window, if local).
+AttnDims attn_dims(const ModelSpec& s, const BatchDims& d, int layer = -1);
 
 class Workspace {
  public:
@@ -71,16 +74,19 @@ class Workspace {
   DeviceBuffer buf_;
 };
 
-// RoPE tables on the device: [max_T, head_dim/2] F32 each.
+// RoPE tables on the device: [max_T, head_dim/2] F32 each; *_local: the local (sliding-window)
+// layers' tables (ModelSpec::has_local_rope only).
 struct RopeTables {
   Tensor cos, sin;
+  Tensor cos_local, sin_local;
 };
 
 class Program {
  public:
   Program(const ModelSpec& s, Ops& ops, DType act) : s_(s), ops_(ops), act_(act) {}
 
-  // x0 [N, H] = embedding rows of ids [N].
+  // x0 [N, H] = embedding rows of ids [N] (times sqrt(H) in the compute dtype when embed_scale).
+  // embed_backward scales dx0 in place when embed_scale.
   void embed_forward(Tensor x0, Tensor ids, Tensor table, Stream& st) const;
   void embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Stream& st) const;
 
@@ -103,6 +109,22 @@ class Program {
   void head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w, Stream& st) const;
 
  private:
+  // Gemma 3's layer (sandwich norms, GeGLU; program_gemma3.cpp), called by layer_forward /
+  // layer_backward when s_.sandwich_norm.
+  void gemma_layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
+                           const RopeTables& rope, Stream& st) const;
+  void gemma_layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
+                            const LayerBuffers& w, const BatchDims& d, const RopeTables& rope, Stream& st) const;
+  // The attention block shared by every family: h1 [N, H] -> w.att (q/k/v projections, q/k norms,
+  // RoPE, attention), and its backward from w.datt (= d att) to w.dh (= d h1, overwritten).
+  void attention_block_forward(const LayerParams& p, Tensor h1, const LayerBuffers& w, const BatchDims& d,
+                               const RopeTables& rope, Stream& st) const;
+  void attention_block_backward(const LayerParams& p, const LayerParams& g, Tensor h1, const LayerBuffers& w,
+                                const BatchDims& d, const RopeTables& rope, Stream& st) const;
+  // RMSNorm of the family: Gemma's (1 + w) one when s_.gemma_norm.
+  void norm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, Stream& st) const;
+  void norm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate,
+                     Stream& st) const;
   void linear(Tensor out, Tensor x, Tensor W, Tensor b, Stream& st) const;
   void linear_backward(Tensor dx, Tensor dW, Tensor db, Tensor dy, Tensor x, Tensor W, bool accumulate_dx,
                        Stream& st) const;

@@ -46,4 +46,10 @@ void rope_tables(const ModelSpec& s, int T, std::vector<float>& cos, std::vector
   }
 }
 
+void rope_tables_local(const ModelSpec& s, int T, std::vector<float>& cos, std::vector<float>& sin) {
+  ModelSpec local = s;
+  local.rope = s.rope_local;
+  rope_tables(local, T, cos, sin);
+}
+
 }  // namespace sf

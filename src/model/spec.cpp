@@ -7,6 +7,7 @@
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "io/json_file.h"
+#include "model/spec_gemma3.h"
 
 namespace sf {
 namespace {
@@ -14,7 +15,9 @@ namespace {
 using json = nlohmann::json;
 using L = SpecLimits;
 
-void parse_rope(const JsonRef& c, ModelSpec& s) {
+}  // namespace
+
+void detail::parse_rope(const JsonRef& c, ModelSpec& s) {
   // transformers v5 keeps everything in rope_parameters; older configs use rope_theta + rope_scaling.
   std::optional<JsonRef> rp = c.get("rope_parameters");
   if (rp && !rp->json().is_object()) rp.reset();  // v5 may nest per-layer-type dicts: not ours
@@ -53,8 +56,6 @@ void parse_rope(const JsonRef& c, ModelSpec& s) {
   if (!(s.rope.theta > 0)) input_error(c.file(), "'rope_theta' must be positive");
 }
 
-}  // namespace
-
 int64_t ModelSpec::layer_params() const {
   const std::string what = "parameters of a layer";
   auto mul = [&](int64_t a, int64_t b) { return checked_mul(a, b, source, what); };
@@ -66,7 +67,8 @@ int64_t ModelSpec::layer_params() const {
   if (qkv_bias) n = add(n, add(Q, mul(2, KV)));
   if (o_bias) n = add(n, H);
   if (qk_norm) n = add(n, mul(2, head_dim));
-  n = add(n, mul(3, mul(H, I)));  // gate, up, down
+  if (sandwich_norm) n = add(n, mul(2, H));  // post-attention output norm, pre-feedforward norm
+  n = add(n, mul(3, mul(H, I)));             // gate, up, down
   if (mlp_bias) n = add(n, add(mul(2, I), H));
   return n;
 }
@@ -89,8 +91,11 @@ void ModelSpec::check_seq_len(int64_t seq_len, const std::string& where) const {
   }
 }
 
-ModelSpec parse_model_spec(const json& cfg, const std::string& path) {
-  if (!cfg.is_object()) input_error(path, "config must be a JSON object");
+ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
+  if (!cfg_in.is_object()) input_error(path, "config must be a JSON object");
+  // Gemma 3: the text model's config with Gemma3TextConfig's defaults filled in (spec_gemma3.cpp).
+  const json gemma = detail::gemma3_text_config(cfg_in, path);  // null unless a Gemma 3 config
+  const json& cfg = gemma.is_null() ? cfg_in : gemma;
   const JsonRef c(cfg, path);
   ModelSpec s;
   s.source = path;
@@ -104,6 +109,8 @@ ModelSpec parse_model_spec(const json& cfg, const std::string& path) {
     if (mt == "mistral") arch = "MistralForCausalLM";
     if (mt == "qwen2") arch = "Qwen2ForCausalLM";
     if (mt == "qwen3") arch = "Qwen3ForCausalLM";
+    if (mt == "gemma3_text") arch = "Gemma3ForCausalLM";
+    if (mt == "gemma3") arch = "Gemma3ForConditionalGeneration";
   }
   if (arch == "LlamaForCausalLM") {
     s.arch = Arch::Llama;
@@ -113,15 +120,19 @@ ModelSpec parse_model_spec(const json& cfg, const std::string& path) {
     s.arch = Arch::Qwen2;
   } else if (arch == "Qwen3ForCausalLM") {
     s.arch = Arch::Qwen3;
+  } else if (arch == "Gemma3ForCausalLM" || arch == "Gemma3ForConditionalGeneration") {
+    s.arch = Arch::Gemma3;
   } else {
     input_error(path, "unsupported architecture '" + (arch.empty() ? mt : arch) +
-                          "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+                          "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                          "Gemma3ForCausalLM, Gemma3ForConditionalGeneration)");
   }
   s.architecture = arch;
   s.model_type = mt.empty() ? std::string(s.arch == Arch::Llama     ? "llama"
                                           : s.arch == Arch::Mistral ? "mistral"
                                           : s.arch == Arch::Qwen2   ? "qwen2"
-                                                                    : "qwen3")
+                                          : s.arch == Arch::Qwen3   ? "qwen3"
+                                                                    : "gemma3_text")
                             : mt;
 
   // Every dimension is read as int64 and bounded before it is narrowed or multiplied.
@@ -148,7 +159,8 @@ ModelSpec parse_model_spec(const json& cfg, const std::string& path) {
   s.initializer_range = c.number_or("initializer_range", 0.02, 0, 100);
   s.tie_embeddings = c.bool_or("tie_word_embeddings", false);
   std::string act = c.string_or("hidden_act", "silu");
-  if (act != "silu" && act != "swish") input_error(path, "hidden_act '" + act + "' is not supported (only silu)");
+  if (s.arch != Arch::Gemma3 && act != "silu" && act != "swish")
+    input_error(path, "hidden_act '" + act + "' is not supported (only silu)");
   if (c.has("torch_dtype") && cfg["torch_dtype"].is_string()) s.torch_dtype = cfg["torch_dtype"];
   if (c.has("dtype") && cfg["dtype"].is_string()) s.torch_dtype = cfg["dtype"];
 
@@ -166,6 +178,7 @@ ModelSpec parse_model_spec(const json& cfg, const std::string& path) {
       s.mlp_bias = c.bool_or("mlp_bias", false);
       break;
     case Arch::Mistral:
+    case Arch::Gemma3:  // detail::apply_gemma3 below
       break;
   }
 
@@ -188,7 +201,8 @@ ModelSpec parse_model_spec(const json& cfg, const std::string& path) {
   } else if (window > 0) {
     s.sliding_window = window;
   }
-  parse_rope(c, s);
+  detail::parse_rope(c, s);
+  if (s.arch == Arch::Gemma3) detail::apply_gemma3(c, s);
   s.total_params();  // every size computed from the spec fits int64 (checked; throws naming the file)
   return s;
 }

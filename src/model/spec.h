@@ -3,10 +3,17 @@
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 namespace sf {
 
-enum class Arch { Llama, Mistral, Qwen2, Qwen3 };
+enum class Arch {
+  Llama,
+  Mistral,
+  Qwen2,
+  Qwen3,
+  Gemma3,  // gemma3_text, and the language model of gemma3 (multimodal) checkpoints
+};
 
 struct RopeSpec {
   std::string type = "default";  // default | linear | llama3
@@ -47,6 +54,23 @@ struct ModelSpec {
   int64_t sliding_window = 0;  // 0 = none active
   double initializer_range = 0.02;
   std::string torch_dtype;  // "bfloat16", "float32", ... as written (may be empty)
+
+  // Gemma 3 (Arch::Gemma3; the defaults below are every other family's behaviour).
+  // HF tensor names start with this ("language_model.model." in gemma3 multimodal checkpoints).
+  std::string tensor_prefix = "model.";
+  std::string lm_head_name = "lm_head.weight";
+  bool gemma_norm = false;     // RMSNorm scales by (1 + w) (in fp32), norms initialised to 0
+  bool sandwich_norm = false;  // post-attention and pre/post-feedforward norms (4 norms a layer)
+  bool gelu_mlp = false;       // GeGLU with gelu_pytorch_tanh instead of SwiGLU
+  bool embed_scale = false;    // embeddings scaled by sqrt(hidden), rounded to the compute dtype
+  double attn_scale = 0;       // softmax scale (query_pre_attn_scalar^-0.5); 0: head_dim^-0.5
+  // Local attention layers: local_layer[l] true = layer l sees only the last local_window keys
+  // (itself included; HF's kv_idx > q_idx - sliding_window) and uses rope_local.
+  int64_t local_window = 0;
+  std::vector<bool> local_layer;  // [n_layer] or empty (no local layers)
+  RopeSpec rope_local;
+  bool is_local(int layer) const { return layer >= 0 && size_t(layer) < local_layer.size() && local_layer[layer]; }
+  bool has_local_rope() const { return !local_layer.empty(); }
 
   int64_t q_dim() const { return int64_t(n_head) * head_dim; }
   int64_t kv_dim() const { return int64_t(n_kv_head) * head_dim; }

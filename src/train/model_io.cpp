@@ -1,7 +1,10 @@
 #include "train/model_io.h"
 
+#include <cstring>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "io/checkpoint.h"
@@ -21,7 +24,21 @@ ModelDir open_model_dir(const std::string& dir) {
   m.config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(m.config_path)) input_error(m.config_path, "not found (a model directory needs config.json)");
   m.spec = load_model_spec(m.config_path);
+  adopt_checkpoint_names(m.spec, dir);
   return m;
+}
+
+void adopt_checkpoint_names(ModelSpec& spec, const std::string& dir) {
+  // Only gemma3 multimodal checkpoints have two spellings: the published one (language_model.model.*,
+  // spec's default) and transformers >= 4.52's own (model.language_model.*, lm_head.weight).
+  if (spec.tensor_prefix != "language_model.model.") return;
+  if (!fs::exists(fs::path(dir) / kSingleFileName) && !fs::exists(fs::path(dir) / kIndexFileName)) return;
+  const CheckpointReader ckpt = CheckpointReader::open(dir);
+  if (ckpt.find(spec.tensor_prefix + "embed_tokens.weight") == nullptr &&
+      ckpt.find("model.language_model.embed_tokens.weight") != nullptr) {
+    spec.tensor_prefix = "model.language_model.";
+    spec.lm_head_name = "lm_head.weight";
+  }
 }
 
 DType checkpoint_dtype(const std::string& dir) {
@@ -71,7 +88,24 @@ void save_hf_model(Engine& engine, nlohmann::json cfg, const std::string& src_di
   // One tensor at a time from the engine, the fp32 masters rounded to the checkpoint dtype
   // (nearest-even for bf16): no copy of the whole model in host memory.
   std::vector<TensorWrite> tw;
-  append_engine_tensors(tw, engine, make_layout(engine.spec()), Engine::State::Params, dtype);
+  const ModelLayout layout = make_layout(engine.spec());
+  append_engine_tensors(tw, engine, layout, Engine::State::Params, dtype);
+  // A gemma3 multimodal checkpoint's other tensors (vision tower, projector; not trained) are
+  // copied from the source byte for byte: the output loads as the same Gemma3ForConditionalGeneration.
+  std::shared_ptr<const CheckpointReader> src;  // kept open (mmap) until the writer is done
+  if (engine.spec().tensor_prefix != "model." && !src_dir.empty()) {
+    src = std::make_shared<const CheckpointReader>(CheckpointReader::open(src_dir));
+    std::unordered_set<std::string> ours;
+    for (const BlobLayout& b : layout.blobs)
+      for (const BlobEntry& e : b.entries) ours.insert(e.name);
+    for (const std::string& name : src->names()) {
+      if (ours.count(name)) continue;
+      const TensorInfo* t = src->find(name);
+      TensorWrite w{name, t->dtype, t->shape, nullptr};
+      w.fill = [src, t](void* dst) { std::memcpy(dst, t->data, t->bytes); };
+      tw.push_back(std::move(w));
+    }
+  }
   write_checkpoint_tensors(out_dir, tw, max_shard_bytes);
 
   const ModelSpec& spec = engine.spec();

@@ -19,6 +19,9 @@ struct ModelDir {
 
 // Reads and validates DIR/config.json (InputError naming the file on any problem).
 ModelDir open_model_dir(const std::string& dir);
+// A gemma3 multimodal spec's tensor names as the checkpoint in `dir` spells them (when it has
+// one): the published language_model.model.* or transformers >= 4.52's model.language_model.*.
+void adopt_checkpoint_names(ModelSpec& spec, const std::string& dir);
 
 // Checkpoint dtype to save in: the checkpoint's own (F32/BF16/F16 as stored) — see model_io.cpp.
 DType checkpoint_dtype(const std::string& dir);

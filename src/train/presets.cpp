@@ -58,7 +58,7 @@ nlohmann::json mistral_base(int vocab, double rope_theta, int max_positions) {
 
 const std::vector<std::string>& preset_names() {
   static const std::vector<std::string> names = {"llama-1b",   "llama-3b",    "llama-8b",     "llama-13b",
-                                                 "llama-70b",  "mistral-24b", "mistral-123b", "qwen2.5-7b"};
+                                                 "llama-70b",  "mistral-24b", "mistral-123b", "qwen2.5-7b", "gemma3-4b"};
   return names;
 }
 
@@ -100,6 +100,31 @@ nlohmann::json preset_config(const std::string& name) {
             {"max_position_embeddings", 32768},
             {"hidden_act", "silu"},
             {"tie_word_embeddings", false},
+            {"torch_dtype", "bfloat16"}};
+  }
+  if (name == "gemma3-4b") {
+    // google/gemma-3-4b-pt's text_config (the rest are Gemma3TextConfig's defaults, written out):
+    // 34 layers, every 6th global (rope_theta 1e6 with linear scaling 8), the others local with a
+    // window of 1024 (rope base 1e4); head_dim 256, query_pre_attn_scalar 256, tied embeddings.
+    return {{"architectures", {"Gemma3ForCausalLM"}},
+            {"model_type", "gemma3_text"},
+            {"vocab_size", 262208},
+            {"hidden_size", 2560},
+            {"intermediate_size", 10240},
+            {"num_hidden_layers", 34},
+            {"num_attention_heads", 8},
+            {"num_key_value_heads", 4},
+            {"head_dim", 256},
+            {"query_pre_attn_scalar", 256},
+            {"hidden_activation", "gelu_pytorch_tanh"},
+            {"rms_norm_eps", 1e-6},
+            {"rope_theta", 1000000.0},
+            {"rope_local_base_freq", 10000.0},
+            {"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}},
+            {"sliding_window", 1024},
+            {"sliding_window_pattern", 6},
+            {"max_position_embeddings", 131072},
+            {"tie_word_embeddings", true},
             {"torch_dtype", "bfloat16"}};
   }
   std::string names;

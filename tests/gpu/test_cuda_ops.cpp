@@ -333,18 +333,27 @@ TEST(CudaOps, BiasForwardBackward) {
 // ================================================================================================
 // rmsnorm
 // ================================================================================================
-void rmsnorm_case(int64_t R, int64_t C, bool acc) {
-  SCOPED_TRACE(testing::Message() << "R=" << R << " C=" << C << " accumulate=" << acc);
-  const uint64_t s = uint64_t(R * 131 + C + acc);
-  const auto xv = rnd(size_t(R * C), s, 1.f), wv = rnd(size_t(C), s + 1, 0.1f, 1.f);
+// one_plus: Gemma's rmsnorm_1p_* (weights around 0; the CPU twin is cpu::rmsnorm_* with w_offset 1).
+void rmsnorm_case(int64_t R, int64_t C, bool acc, bool one_plus = false) {
+  SCOPED_TRACE(testing::Message() << "R=" << R << " C=" << C << " accumulate=" << acc << " 1+w=" << one_plus);
+  const uint64_t s = uint64_t(R * 131 + C + acc + 7 * one_plus);
+  const auto xv = rnd(size_t(R * C), s, 1.f), wv = rnd(size_t(C), s + 1, one_plus ? 0.3f : 0.1f, one_plus ? 0.f : 1.f);
   const auto gv = rnd(size_t(R * C), s + 2), dxv = rnd(size_t(R * C), s + 3), dwv = rnd(size_t(C), s + 4);
   auto four = run4([&](Backend& r, DType dt) -> Outs {
     Tensor x = r.in(xv, dt, {R, C}), w = r.in(wv, dt, {C}), g = r.in(gv, dt, {R, C});
     Tensor out = r.out(dt, {R, C}), rstd = r.out(F32, {R});
-    CALL(r, rmsnorm_forward, out, rstd, x, w, 1e-5f);
     Tensor dx = acc ? r.in(dxv, dt, {R, C}) : r.out(dt, {R, C});
     Tensor dw = r.in(dwv, dt, {C});
-    CALL(r, rmsnorm_backward, dx, dw, g, x, w, rstd, acc);
+    if (!one_plus) {
+      CALL(r, rmsnorm_forward, out, rstd, x, w, 1e-5f);
+      CALL(r, rmsnorm_backward, dx, dw, g, x, w, rstd, acc);
+    } else if (r.on_gpu()) {
+      gpu().ops().rmsnorm_1p_forward(out, rstd, x, w, 1e-5f, gpu_stream());
+      gpu().ops().rmsnorm_1p_backward(dx, dw, g, x, w, rstd, acc, gpu_stream());
+    } else {
+      cpu::rmsnorm_forward(out, rstd, x, w, 1e-5f, 1.f);
+      cpu::rmsnorm_backward(dx, dw, g, x, w, rstd, acc, 1.f);
+    }
     return {r.get(out), r.get(rstd), r.get(dx), r.get(dw)};
   });
   check_bf16("rmsnorm out", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
@@ -460,25 +469,41 @@ TEST(CudaOps, RopePackedPositions) {
 // ================================================================================================
 // swiglu
 // ================================================================================================
-TEST(CudaOps, SwiGlu) {
-  REQUIRE_GPU();
+// The gated units (SwiGLU, and Gemma's GeGLU): forward and backward on odd shapes.
+void glu_case(bool gelu) {
+  const char* op = gelu ? "geglu" : "swiglu";
   for (auto [R, I] : {std::pair<int64_t, int64_t>{37, 1001}, {64, 512}, {1, 3}}) {
-    SCOPED_TRACE(testing::Message() << "R=" << R << " I=" << I);
+    SCOPED_TRACE(testing::Message() << op << " R=" << R << " I=" << I);
     const auto gv = rnd(size_t(R * I), uint64_t(R + I), 2.f), uv = rnd(size_t(R * I), uint64_t(R * I));
     const auto dv = rnd(size_t(R * I), uint64_t(R + 3 * I));
     auto four = run4([&](Backend& r, DType dt) -> Outs {
       Tensor g = r.in(gv, dt, {R, I}), u = r.in(uv, dt, {R, I}), d = r.in(dv, dt, {R, I});
       Tensor out = r.out(dt, {R, I}), dg = r.out(dt, {R, I}), du = r.out(dt, {R, I});
-      CALL(r, swiglu_forward, out, g, u);
-      CALL(r, swiglu_backward, dg, du, d, g, u);
+      if (gelu) {
+        CALL(r, geglu_forward, out, g, u);
+        CALL(r, geglu_backward, dg, du, d, g, u);
+      } else {
+        CALL(r, swiglu_forward, out, g, u);
+        CALL(r, swiglu_backward, dg, du, d, g, u);
+      }
       return {r.get(out), r.get(dg), r.get(du)};
     });
-    const char* names[] = {"swiglu out", "swiglu dgate", "swiglu dup"};
+    const char* names[] = {"out", "dgate", "dup"};
     for (int i = 0; i < 3; ++i) {
-      check_bf16(names[i], four.cuda_bf[i], four.cpu_bf[i], four.ref[i]);
-      check_f32(std::string(names[i]) + " f32", four.cuda_f32[i], four.ref[i]);
+      check_bf16(std::string(op) + " " + names[i], four.cuda_bf[i], four.cpu_bf[i], four.ref[i]);
+      check_f32(std::string(op) + " " + names[i] + " f32", four.cuda_f32[i], four.ref[i]);
     }
   }
+}
+
+TEST(CudaOps, SwiGlu) {
+  REQUIRE_GPU();
+  glu_case(false);
+}
+
+TEST(CudaOps, GeGlu) {
+  REQUIRE_GPU();
+  glu_case(true);
 }
 
 // ================================================================================================
@@ -486,6 +511,7 @@ TEST(CudaOps, SwiGlu) {
 // ================================================================================================
 struct AttnCfg {
   int B, T, H, KVH, hd;
+  int window = 0;  // sliding window (AttnDims::window), 0 = none
 };
 
 // Forward and backward of one configuration. The backward of every run gets the same inputs:
@@ -493,11 +519,12 @@ struct AttnCfg {
 // gets its own copy of it) or empty.
 void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int32_t>& pos = {}) {
   SCOPED_TRACE(testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " KVH=" << c.KVH << " hd=" << c.hd
-                                  << (pos.empty() ? "" : " packed"));
+                                  << (pos.empty() ? "" : " packed") << " window=" << c.window);
   ASSERT_TRUE(pos.empty() || int64_t(pos.size()) == int64_t(c.B) * c.T);
   AttnDims d0;
   d0.B = c.B, d0.T = c.T, d0.n_head = c.H, d0.n_kv_head = c.KVH, d0.head_dim = c.hd;
   d0.scale = 1.f / std::sqrt(float(c.hd));
+  d0.window = c.window;
   const int64_t N = int64_t(c.B) * c.T, QW = int64_t(c.H) * c.hd, KW = int64_t(c.KVH) * c.hd;
   const uint64_t s = uint64_t(c.T * 1000 + c.H * 10 + c.hd);
   const auto qv = rnd(size_t(N * QW), s), kv = rnd(size_t(N * KW), s + 1), vv = rnd(size_t(N * KW), s + 2);
@@ -563,23 +590,30 @@ TEST(CudaOps, AttentionLongSequences) {
   attention_case({1, 2049, 2, 2, 128}, false);
 }
 
-// Every flash kernel variant (the default is picked per head dim by speed), in both block orders
-// (the order changes which block computes which tile: a wrong index map fails here).
-TEST(CudaOps, AttentionKernelVariants) {
-  REQUIRE_GPU();
+// cases() under every flash kernel variant, in both block orders; the defaults restored after.
+void each_flash_variant(const std::function<void()>& cases) {
   for (bool lpt : {true, false}) {
     cuda::attention_set_longest_first(lpt);
     for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
       for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
         SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv << ", longest-first " << lpt);
         cuda::attention_set_variant(fv, bv);
-        attention_case({2, 300, 8, 2, 128}, false);
-        attention_case({3, 257, 4, 1, 64}, false);
-        attention_case({1, 1, 2, 1, 128}, false);
+        cases();
       }
   }
   cuda::attention_set_longest_first(true);
   cuda::attention_set_variant(-1, -1);
+}
+
+// Every flash kernel variant (the default is picked per head dim by speed), in both block orders
+// (the order changes which block computes which tile: a wrong index map fails here).
+TEST(CudaOps, AttentionKernelVariants) {
+  REQUIRE_GPU();
+  each_flash_variant([] {
+    attention_case({2, 300, 8, 2, 128}, false);
+    attention_case({3, 257, 4, 1, 64}, false);
+    attention_case({1, 1, 2, 1, 128}, false);
+  });
 }
 
 // head_dim 32 (not a flash size) and the forced simple path run the generic kernels on BF16.
@@ -610,18 +644,59 @@ TEST(CudaOps, AttentionPackedRows) {
 // The packed cases through every flash variant and block order.
 TEST(CudaOps, AttentionPackedRowsKernelVariants) {
   REQUIRE_GPU();
+  each_flash_variant([] {
+    attention_case({2, 300, 8, 2, 128}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
+    attention_case({3, 257, 4, 1, 64}, false, packed_positions(3, 257, 90, 5));
+  });
+}
+
+// Sliding-window attention (Gemma 3's local layers): windows of 1, shorter than a tile, across tile
+// boundaries, longer than T; with GQA and packed rows (both lower bounds at once). The flash kernels
+// skip the key tiles before a query tile's window and the query tiles past a key block's; the f32
+// runs check the simple kernels with the same mask.
+TEST(CudaOps, AttentionSlidingWindow) {
+  REQUIRE_GPU();
+  attention_case({2, 7, 8, 1, 128, 1}, true);
+  attention_case({2, 127, 4, 1, 64, 5}, true);
+  attention_case({2, 300, 8, 2, 128, 64}, true);
+  attention_case({1, 1000, 4, 1, 128, 100}, false);
+  attention_case({2, 2049, 8, 2, 64, 1024}, false);
+  attention_case({2, 33, 4, 2, 32, 9}, false);      // simple kernels on BF16
+  attention_case({1, 127, 2, 2, 128, 500}, false);  // window longer than T: the causal result
+  attention_case({2, 300, 8, 2, 128, 50}, true, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
+  attention_case({2, 2049, 8, 2, 64, 333}, false, packed_positions(2, 2049, 700, 3));
+  each_flash_variant([] {
+    attention_case({2, 300, 8, 2, 128, 70}, false);
+    attention_case({3, 257, 4, 1, 64, 31}, false, packed_positions(3, 257, 90, 5));
+  });
+}
+
+// Head dim 256 (Gemma 3) in the flash kernels: T = 1, tails of every tile size, GQA 1/2/4, long
+// rows, windows and packed rows, both block orders; f32 runs check the simple kernels at 256.
+TEST(CudaOps, AttentionHeadDim256) {
+  REQUIRE_GPU();
   for (bool lpt : {true, false}) {
     cuda::attention_set_longest_first(lpt);
-    for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
-      for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
-        SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv << ", longest-first " << lpt);
-        cuda::attention_set_variant(fv, bv);
-        attention_case({2, 300, 8, 2, 128}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
-        attention_case({3, 257, 4, 1, 64}, false, packed_positions(3, 257, 90, 5));
-      }
+    attention_case({2, 1, 2, 2, 256}, !lpt);
+    attention_case({2, 7, 8, 4, 256}, !lpt);
+    attention_case({2, 127, 4, 1, 256}, !lpt);
+    attention_case({1, 300, 8, 2, 256, 64}, !lpt);
+    attention_case({1, 1000, 8, 4, 256, 100}, false);
+    attention_case({1, 2049, 4, 2, 256}, false);
+    attention_case({2, 300, 4, 2, 256, 40}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
   }
   cuda::attention_set_longest_first(true);
-  cuda::attention_set_variant(-1, -1);
+}
+
+// ================================================================================================
+// Gemma 3: the (1 + w) RMSNorm (GeGLU: glu_case above)
+// ================================================================================================
+// rmsnorm_1p_* on the cuda table against the CPU twin: every kernel path (register fast path,
+// vector, scalar for C % 8 != 0), hidden sizes and head_dim-sized rows (q/k norms).
+TEST(CudaOps, RmsNorm1p) {
+  REQUIRE_GPU();
+  for (auto [R, C] : {std::pair<int64_t, int64_t>{1, 64}, {7, 2560}, {129, 100}, {1000, 256}, {3001, 256}})
+    for (bool acc : {false, true}) rmsnorm_case(R, C, acc, true);
 }
 
 // ================================================================================================

@@ -2,6 +2,8 @@
 // FlashAttention-style backward from the saved log-sum-exp. Memory per thread is O(T * hd);
 // no T x T matrix exists. Packed rows (d.pos): query t sees keys lo(t) = t - pos[t] .. t, so a
 // record's rows get the same sums, in the same order, as the record alone in its own row.
+// Sliding window (d.window = W > 0): the first key is also at least t - W + 1.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -16,8 +18,12 @@ using namespace detail;
 
 namespace {
 
-// First key visible to query t of sequence b: t - pos[t] (packed rows), else 0.
-inline int seg_lo(const int32_t* pos, int b, int T, int t) { return pos ? t - pos[int64_t(b) * T + t] : 0; }
+// First key visible to query t of sequence b: t - pos[t] (packed rows), else 0; with a window W,
+// at least t - W + 1.
+inline int seg_lo(const int32_t* pos, int window, int b, int T, int t) {
+  const int lo = pos ? t - pos[int64_t(b) * T + t] : 0;
+  return window > 0 ? std::max(lo, t - window + 1) : lo;
+}
 
 // dst [T, hd] = the head_dim columns of head `head` of sequence b of x [B*T, n*hd], as fp32.
 void load_head(const Tensor& x, int b, int T, int head, int hd, float* dst) {
@@ -77,7 +83,7 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
       for (int t = 0; t < T; ++t) {
         const int64_t row = (int64_t(b) * T + t) * q.cols() + int64_t(h) * hd;
         load(q, row, hd, qrow.data());
-        const int lo = seg_lo(pos, b, T, t);
+        const int lo = seg_lo(pos, d.window, b, T, t);
         const double mx = scores(qrow.data(), K.data(), lo, t, hd, scale, s.data());
         double sum = 0.0;
         std::fill(acc.begin(), acc.end(), 0.0);
@@ -127,7 +133,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
           double D = 0.0;
           for (int e = 0; e < hd; ++e) D += double(dorow[size_t(e)]) * orow[size_t(e)];
           const double L = lsep[(int64_t(b) * d.n_head + h) * T + t];
-          const int lo = seg_lo(pos, b, T, t);
+          const int lo = seg_lo(pos, d.window, b, T, t);
           scores(qrow.data(), K.data(), lo, t, hd, scale, s.data());
           std::fill(dqacc.begin(), dqacc.end(), 0.0);
           for (int j = lo; j <= t; ++j) {

@@ -144,6 +144,13 @@ class CpuOps final : public Ops {
                         Stream& s) override {
     cs(s).push([=] { cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, acc); });
   }
+  void rmsnorm_1p_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) override {
+    cs(s).push([=] { cpu::rmsnorm_forward(out, rstd, x, w, eps, 1.f); });
+  }
+  void rmsnorm_1p_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool acc,
+                           Stream& s) override {
+    cs(s).push([=] { cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, acc, 1.f); });
+  }
   void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int nh, int hd, Tensor pos, Stream& s) override {
     cs(s).push([=] { cpu::rope_forward(x, cos, sin, T, nh, hd, pos); });
   }
@@ -155,6 +162,12 @@ class CpuOps final : public Ops {
   }
   void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
     cs(s).push([=] { cpu::swiglu_backward(dgate, dup, dout, gate, up); });
+  }
+  void geglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) override {
+    cs(s).push([=] { cpu::geglu_forward(out, gate, up); });
+  }
+  void geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
+    cs(s).push([=] { cpu::geglu_backward(dgate, dup, dout, gate, up); });
   }
   void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, Stream& s) override {
     cs(s).push([=] { cpu::attention_forward(out, lse, q, k, v, d); });

@@ -13,13 +13,17 @@ namespace sf::cpu {
 void matmul(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta);
 void add_bias(Tensor out, Tensor bias);
 void bias_backward(Tensor dbias, Tensor dout);
-void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps);
-void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate);
+// w_offset: the weight is w + w_offset in fp32 (1 for Gemma's rmsnorm_1p_*).
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, float w_offset = 0.f);
+void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate,
+                      float w_offset = 0.f);
 // pos [B*T] I32 or empty (ops.h).
 void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Tensor pos = Tensor());
 void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int n_heads, int head_dim, Tensor pos = Tensor());
 void swiglu_forward(Tensor out, Tensor gate, Tensor up);
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
+void geglu_forward(Tensor out, Tensor gate, Tensor up);
+void geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                         Tensor lse, const AttnDims& d, Tensor ws);

@@ -1,4 +1,5 @@
-// RMSNorm (HF LlamaRMSNorm): rstd = 1/sqrt(mean(x^2) + eps); out = w * (x * rstd).
+// RMSNorm (HF LlamaRMSNorm): rstd = 1/sqrt(mean(x^2) + eps); out = w * (x * rstd); with
+// w_offset 1, Gemma's (1 + w) * (x * rstd), 1 + w in fp32.
 #include <cmath>
 #include <vector>
 
@@ -10,7 +11,7 @@ namespace sf::cpu {
 
 using namespace detail;
 
-void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, float w_offset) {
   const int64_t R = x.rows(), C = x.cols();  // x, out [R, C]; w [C]; rstd [R] F32 or empty
   visit_all(
       [&](auto* o, auto* xp, auto* wp) {
@@ -27,7 +28,7 @@ void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
                 const float var = float(ss / double(C));
                 const float rs = 1.f / std::sqrt(var + eps);
                 // Row read fully above, element c read before written: out may alias x.
-                for (int64_t c = 0; c < C; ++c) st(o, base + c, ld(wp, c) * (ld(xp, base + c) * rs));
+                for (int64_t c = 0; c < C; ++c) st(o, base + c, (ld(wp, c) + w_offset) * (ld(xp, base + c) * rs));
                 if (!rstd.empty()) rstd.ptr<float>()[r] = rs;
               }
             },
@@ -38,7 +39,8 @@ void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
 
 // y_c = w_c x_c r with r = (mean(x^2) + eps)^-1/2, so dr/dx_c = -r^3 x_c / C and
 // dx_c = r w_c g_c - (r^3 / C) x_c sum_i(w_i g_i x_i);  dw_c = sum_rows g_c (x_c r).
-void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate) {
+void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate,
+                      float w_offset) {
   const int64_t R = x.rows(), C = x.cols();  // x, dout, dx [R, C]; w, dw [C]; rstd [R]; dx, dw optional
   const float* rs = rstd.ptr<float>();
   visit_all(
@@ -71,11 +73,12 @@ void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Ten
                       const int64_t base = r * C;
                       const double rr = rs[r];
                       double dot = 0.0;  // sum_i w_i g_i x_i
-                      for (int64_t c = 0; c < C; ++c) dot += double(ld(wp, c) * ld(g, base + c)) * ld(xp, base + c);
+                      for (int64_t c = 0; c < C; ++c)
+                        dot += double((ld(wp, c) + w_offset) * ld(g, base + c)) * ld(xp, base + c);
                       const float coef = float(dot * rr * rr * rr / double(C));
                       const float rf = rs[r];
                       for (int64_t c = 0; c < C; ++c) {
-                        float v = rf * (ld(wp, c) * ld(g, base + c)) - coef * ld(xp, base + c);
+                        float v = rf * ((ld(wp, c) + w_offset) * ld(g, base + c)) - coef * ld(xp, base + c);
                         st(dxp, base + c, accumulate ? ld(dxp, base + c) + v : v);
                       }
                     }

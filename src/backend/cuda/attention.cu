@@ -16,8 +16,15 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 std::atomic<bool> g_force_simple{false};
 
+// First key that query `row` of a sequence may see: its record's start (packed rows, pb = that
+// sequence's pos, or null) and, with a sliding window, row - window + 1. Never decreases with row.
+__device__ __forceinline__ int first_key(const int32_t* pb, int window, int row) {
+  const int lo = pb != nullptr ? row - pb[row] : 0;
+  return window > 0 ? max(lo, row - window + 1) : lo;
+}
+
 // ============================================================================================
-// Flash kernels (BF16, head_dim 64 / 128)
+// Flash kernels (BF16, head_dim 64 / 128 / 256)
 // ============================================================================================
 
 // Element offset of (row, col) in a [rows][HD] bf16 tile whose 16-byte chunks are XOR-swizzled
@@ -52,7 +59,7 @@ template <int HD, int BR, int BC, int NW, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB)
     flash_fwd_kernel(bf16_t* __restrict__ out, float* __restrict__ lse, const bf16_t* __restrict__ q,
                      const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, const int32_t* __restrict__ pos, int T,
-                     int H, int KVH, float scale_log2, bool lpt) {
+                     int H, int KVH, float scale_log2, bool lpt, int window) {
   constexpr int MT = BR / (NW * 16);
   static_assert(MT * NW * 16 == BR && MT >= 1, "BR must be a multiple of 16 * warps");
   constexpr int NT = NW * 32;
@@ -84,13 +91,14 @@ __global__ void __launch_bounds__(NW * 32, MINB)
   // decrease along a row, so the tile's first row has the lowest: key tiles wholly below it are
   // skipped; a tile below the warp's last row's start is masked element-wise, with the rows'
   // starts read (L1) only then, to keep registers for the unpacked path, which is unchanged
-  // (pb null: j0 = 0 and warp_seg_max = 0).
+  // (pb null: j0 = 0 and warp_seg_max = 0). A sliding window moves the rows' first keys the same
+  // way (first_key): key tiles wholly before the window of the tile's first row are skipped.
   const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
   int j0 = 0, warp_seg_max = 0;
-  if (pb != nullptr) {
-    j0 = (q0 - pb[q0]) / BC;
+  if (pb != nullptr || window > 0) {
+    j0 = first_key(pb, window, q0) / BC;
     const int wlast = min(q0 + wr0 + MT * 16 - 1, T - 1);
-    warp_seg_max = wlast - pb[wlast];
+    warp_seg_max = first_key(pb, window, wlast);
   }
 
   load_tile<HD, BR, NT>(Qs, qb, qstr, q0, T, tid);
@@ -150,9 +158,9 @@ __global__ void __launch_bounds__(NW * 32, MINB)
       const int row0 = q0 + wr0 + mt * 16 + g;  // this thread's rows: row0, row0 + 8
       if (need_mask) {
         int seg[2] = {0, 0};  // the rows' segment starts
-        if (pb != nullptr && kv0 < warp_seg_max) {
-          seg[0] = row0 < T ? row0 - pb[row0] : 0;
-          seg[1] = row0 + 8 < T ? row0 + 8 - pb[row0 + 8] : 0;
+        if (kv0 < warp_seg_max) {
+          seg[0] = row0 < T ? first_key(pb, window, row0) : 0;
+          seg[1] = row0 + 8 < T ? first_key(pb, window, row0 + 8) : 0;
         }
 #pragma unroll
         for (int nt = 0; nt < BC / 8; ++nt)
@@ -327,18 +335,24 @@ __device__ __forceinline__ void flash_bwd_dq_32(float* __restrict__ dq_acc, cons
 // DQV 1: 32-row warp tiles (two m16 tiles share every K fragment: fewer ldmatrix per MMA) and
 //        float4 atomics (half the atomic instructions) into a layout permuted within each group
 //        of 16 columns (dq_permuted_pos); the cast kernel undoes the permutation.
-template <int HD, int NW, int BR, int MINB, int SPLIT, int DQV>
+// CS > 1 (head_dim 256: 2): the dK / dV accumulators of HD fp32 columns do not fit in registers;
+//        block (.., y) accumulates only columns [y HD/CS, (y+1) HD/CS) of dK, dV and dQ, recomputing
+//        S and dP in full (1.4x the MMA work of CS 1 at CS 2, no fallback kernel).
+template <int HD, int NW, int BR, int MINB, int SPLIT, int DQV, int CS = 1>
 __global__ void __launch_bounds__(NW * 32, MINB)
     flash_bwd_kernel(float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
                      const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                      const bf16_t* __restrict__ dO, const float* __restrict__ lse, const float* __restrict__ Dd,
-                     const int32_t* __restrict__ pos, int T, int H, int KVH, float scale, float scale_log2, bool lpt) {
-  constexpr int BC = NW * 16;  // key rows per block (16 per warp)
+                     const int32_t* __restrict__ pos, int T, int H, int KVH, float scale, float scale_log2, bool lpt,
+                     int window) {
+  constexpr int BC = NW * 16;   // key rows per block (16 per warp)
+  constexpr int HDA = HD / CS;  // accumulated columns of dK, dV, dQ per block
+  static_assert(CS == 1 || DQV == 0, "column splits use the DQV 0 dQ step");
   constexpr int NT = NW * 32;
   constexpr int QG = BR / 16, DG = NW / QG;  // dQ split: query groups x column groups
   constexpr int BS = BR / SPLIT;
   static_assert(BS % 16 == 0, "sub-tile must be a multiple of 16");
-  static_assert(QG * DG == NW && (HD / DG) % 32 == 0, "bad dQ split");
+  static_assert(QG * DG == NW && (HDA / DG) % 32 == 0, "bad dQ split");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16_t* Ks = reinterpret_cast<bf16_t*>(smem_raw);     // [BC][HD]
   bf16_t* Vs = Ks + BC * HD;                            // [BC][HD]
@@ -360,20 +374,23 @@ __global__ void __launch_bounds__(NW * 32, MINB)
   const int kvh = hb % KVH, b = hb / KVH;
   const int G = H / KVH;
   const int kv0 = jt * BC;
+  const int coff = int(blockIdx.y) * HDA;  // first accumulated column
   const int64_t qstr = int64_t(H) * HD, kstr = int64_t(KVH) * HD;
   const bf16_t* kb = k + int64_t(b) * T * kstr + int64_t(kvh) * HD;
   const bf16_t* vb = v + int64_t(b) * T * kstr + int64_t(kvh) * HD;
 
   const int n_q = (T + BR - 1) / BR;
   const int i_start = kv0 / BR;
-  // Packed rows: query tiles whose first row starts its segment after this block's last key (and
-  // so every later tile: segment starts never decrease) see none of its keys and are skipped.
+  // Packed rows / window: query tiles whose first row's first key (first_key) is after this
+  // block's last key (and so every later tile: first keys never decrease) see none of its keys
+  // and are skipped.
   const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
+  const bool lower = pb != nullptr || window > 0;  // a first key other than 0 exists
   int i_end = n_q;
-  if (pb != nullptr) {
+  if (lower) {
     const int kv_last = min(kv0 + BC, T) - 1;
     for (int i = i_start + 1; i < n_q; ++i)
-      if (i * BR - pb[i * BR] > kv_last) {
+      if (first_key(pb, window, i * BR) > kv_last) {
         i_end = i;
         break;
       }
@@ -397,15 +414,15 @@ __global__ void __launch_bounds__(NW * 32, MINB)
       const int64_t li = (int64_t(b) * H + h) * T + qr;
       Ls[st * BR + r] = qr < T ? lse[li] * kLog2e : INFINITY;
       Ds[st * BR + r] = qr < T ? Dd[li] : 0.f;
-      Ss[st * BR + r] = (pb != nullptr && qr < T) ? qr - pb[qr] : 0;
+      Ss[st * BR + r] = (lower && qr < T) ? first_key(pb, window, qr) : 0;
     }
   };
   issue(0, 0);
   cp_async_commit();
 
-  float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
+  float dk_acc[HDA / 8][4], dv_acc[HDA / 8][4];
 #pragma unroll
-  for (int i = 0; i < HD / 8; ++i)
+  for (int i = 0; i < HDA / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.f;
   const int kvr0 = kv0 + warp * 16 + g;  // this thread's key rows: kvr0, kvr0 + 8
@@ -426,7 +443,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     const float* Dt = Ds + st * BR;
     const int* St = Ss + st * BR;
     // Some query of the tile starts its segment after this block's first key: mask by segment too.
-    const bool seg_mask = pb != nullptr && St[min(BR, T - q0) - 1] > kv0;
+    const bool seg_mask = lower && St[min(BR, T - q0) - 1] > kv0;
 
     // Steps 1-6 run over SPLIT sub-tiles of BS = BR / SPLIT query columns (SPLIT = 2 halves the
     // live S / dP registers, next to the 2 x HD/2 fp32 dK, dV accumulators).
@@ -499,9 +516,10 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 #pragma unroll
       for (int kk = 0; kk < BS / 16; ++kk)
 #pragma unroll
-        for (int dn = 0; dn < HD / 8; dn += 2) {
+        for (int dn = 0; dn < HDA / 8; dn += 2) {
           uint32_t bb[4];
-          ldsm_x4_t(bb, dOt + swz<HD>(c0 + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (dn + (lane >> 4)) * 8));
+          ldsm_x4_t(bb,
+                    dOt + swz<HD>(c0 + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), coff + (dn + (lane >> 4)) * 8));
           mma_bf16(dv_acc[dn], pa[kk], bb[0], bb[1]);
           mma_bf16(dv_acc[dn + 1], pa[kk], bb[2], bb[3]);
         }
@@ -509,9 +527,9 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 #pragma unroll
       for (int kk = 0; kk < BS / 16; ++kk)
 #pragma unroll
-        for (int dn = 0; dn < HD / 8; dn += 2) {
+        for (int dn = 0; dn < HDA / 8; dn += 2) {
           uint32_t bb[4];
-          ldsm_x4_t(bb, Qt + swz<HD>(c0 + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (dn + (lane >> 4)) * 8));
+          ldsm_x4_t(bb, Qt + swz<HD>(c0 + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), coff + (dn + (lane >> 4)) * 8));
           mma_bf16(dk_acc[dn], dsa[kk], bb[0], bb[1]);
           mma_bf16(dk_acc[dn + 1], dsa[kk], bb[2], bb[3]);
         }
@@ -527,7 +545,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     float* dqrow0 = dq_acc + (int64_t(b) * T + qr0) * qstr + int64_t(h) * HD + 2 * t4;
     float* dqrow1 = dqrow0 + 8 * qstr;
 #pragma unroll 1
-    for (int dc = dg * (HD / DG / 32); dc < (dg + 1) * (HD / DG / 32); ++dc) {
+    for (int dc = dg * (HDA / DG / 32); dc < (dg + 1) * (HDA / DG / 32); ++dc) {
       float acc[4][4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
@@ -537,7 +555,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
         ldsm_x4_t(qa, dSs + swz<BR>(kk * 16 + (lane >> 4) * 8 + (lane & 7), qg * 16 + ((lane >> 3) & 1) * 8));
 #pragma unroll
         for (int d2 = 0; d2 < 2; ++d2) {
-          const int dn = dc * 4 + d2 * 2;
+          const int dn = coff / 8 + dc * 4 + d2 * 2;
           uint32_t bb[4];
           ldsm_x4_t(bb, Ks + swz<HD>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (dn + (lane >> 4)) * 8));
           mma_bf16(acc[d2 * 2], qa, bb[0], bb[1]);
@@ -546,7 +564,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
       }
 #pragma unroll
       for (int n4 = 0; n4 < 4; ++n4) {
-        const int d = (dc * 4 + n4) * 8;
+        const int d = coff + (dc * 4 + n4) * 8;
         if (qr0 < T) atomicAdd(reinterpret_cast<float2*>(dqrow0 + d), make_float2(acc[n4][0], acc[n4][1]));
         if (qr0 + 8 < T) atomicAdd(reinterpret_cast<float2*>(dqrow1 + d), make_float2(acc[n4][2], acc[n4][3]));
       }
@@ -558,9 +576,9 @@ __global__ void __launch_bounds__(NW * 32, MINB)
   for (int r = 0; r < 2; ++r) {
     const int row = kvr0 + r * 8;
     if (row >= T) continue;
-    const int64_t off = (int64_t(b) * T + row) * kstr + int64_t(kvh) * HD + 2 * t4;
+    const int64_t off = (int64_t(b) * T + row) * kstr + int64_t(kvh) * HD + coff + 2 * t4;
 #pragma unroll
-    for (int dn = 0; dn < HD / 8; ++dn) {
+    for (int dn = 0; dn < HDA / 8; ++dn) {
       *reinterpret_cast<uint32_t*>(dk + off + dn * 8) = pack_bf16(dk_acc[dn][2 * r], dk_acc[dn][2 * r + 1]);
       *reinterpret_cast<uint32_t*>(dv + off + dn * 8) = pack_bf16(dv_acc[dn][2 * r], dv_acc[dn][2 * r + 1]);
     }
@@ -595,6 +613,7 @@ __global__ void f32_to_bf16_kernel(bf16_t* __restrict__ out, const float* __rest
 //             steps 1-6 in two halves of 32 query columns (fewer live registers); query tiles of 64;
 //             4 = as 1 with the DQV 1 dQ step (32-row warp tiles, float4 atomics, permuted)
 // -1: the per-head-dim default below.
+// Head dim 256 has one variant each way (its own, below), whatever is selected.
 template <int HD>
 constexpr int kDefaultFwdVariant = HD == 128 ? 2 : 1;
 template <int HD>
@@ -618,41 +637,48 @@ void launch_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const Attn
   const unsigned grid = unsigned((d.T + BR - 1) / BR) * unsigned(d.n_head * d.B);
   kernel<<<grid, NW * 32, smem, L.stream>>>(out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
                                             q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), pos_ptr(d), d.T,
-                                            d.n_head, d.n_kv_head, d.scale * kLog2e, g_longest_first.load());
+                                            d.n_head, d.n_kv_head, d.scale * kLog2e, g_longest_first.load(), d.window);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int HD>
 void flash_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
-  const int var = g_fwd_variant.load();
-  switch (var < 0 ? kDefaultFwdVariant<HD> : var) {
-    case 0:
-      launch_fwd<HD, 128, 64, 8, 1>(out, lse, q, k, v, d, L);
-      break;
-    case 2:
-      launch_fwd<HD, 128, 32, 4, 2>(out, lse, q, k, v, d, L);
-      break;
-    default:
-      launch_fwd<HD, 128, 64, 4, 2>(out, lse, q, k, v, d, L);
-      break;
+  if constexpr (HD == 256) {
+    // 8 warps x 1 m-tile: the O accumulator is HD/2 fp32 registers a thread (2 m-tiles would
+    // spill); Q 64 KiB + double-buffered K, V 128 KiB of shared memory (sm_90: 227 KiB).
+    launch_fwd<HD, 128, 64, 8, 1>(out, lse, q, k, v, d, L);
+  } else {
+    const int var = g_fwd_variant.load();
+    switch (var < 0 ? kDefaultFwdVariant<HD> : var) {
+      case 0:
+        launch_fwd<HD, 128, 64, 8, 1>(out, lse, q, k, v, d, L);
+        break;
+      case 2:
+        launch_fwd<HD, 128, 32, 4, 2>(out, lse, q, k, v, d, L);
+        break;
+      default:
+        launch_fwd<HD, 128, 64, 4, 2>(out, lse, q, k, v, d, L);
+        break;
+    }
   }
 }
 
-template <int HD, int NW, int BR, int MINB, int SPLIT, int DQV>
+template <int HD, int NW, int BR, int MINB, int SPLIT, int DQV, int CS = 1>
 void launch_bwd(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
                 Tensor lse, const AttnDims& d, const Launch& L) {
   constexpr int BC = NW * 16;
   constexpr size_t smem = size_t(2 * BC + 4 * BR) * HD * 2 + size_t(BC) * BR * 2 + 6 * BR * 4;  // + Ls, Ds, Ss
-  auto kernel = flash_bwd_kernel<HD, NW, BR, MINB, SPLIT, DQV>;
+  auto kernel = flash_bwd_kernel<HD, NW, BR, MINB, SPLIT, DQV, CS>;
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
-  const unsigned grid = unsigned((d.T + BC - 1) / BC) * unsigned(d.n_kv_head * d.B);
-  kernel<<<grid, NW * 32, smem, L.stream>>>(
-      dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(),
-      lse.ptr<float>(), D, pos_ptr(d), d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, g_longest_first.load());
+  const dim3 grid(unsigned((d.T + BC - 1) / BC) * unsigned(d.n_kv_head * d.B), CS);
+  kernel<<<grid, NW * 32, smem, L.stream>>>(dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(),
+                                            k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(), lse.ptr<float>(), D,
+                                            pos_ptr(d), d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e,
+                                            g_longest_first.load(), d.window);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -661,30 +687,38 @@ void flash_backward(float* dq_acc, const float* D, Tensor dq, Tensor dk, Tensor 
                     Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
   const int64_t nq = int64_t(d.B) * d.T * d.n_head * HD;
   CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
-  const int var = g_bwd_variant.load();
-  const int sel = var < 0 ? kDefaultBwdVariant<HD> : var;
-  switch (sel) {
-    case 0:
-      launch_bwd<HD, 4, 64, 2, 1, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-      break;
-    case 2:
-      launch_bwd<HD, 8, 64, 1, 2, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-      break;
-    case 3:
-      launch_bwd<HD, 4, 64, 2, 2, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-      break;
-    case 4:
-      launch_bwd<HD, 8, 64, 1, 1, 1>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-      break;
-    default:
-      launch_bwd<HD, 8, 64, 1, 1, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-      break;
-  }
-  if (sel == 4)
-    dq_unpermute_bf16_kernel<<<grid_for(nq / 16, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
-  else
+  if constexpr (HD == 256) {
+    // 64 key rows (4 warps), query tiles of 64 in two halves, dK / dV / dQ columns split over two
+    // blocks (CS 2): K, V 64 KiB + double-buffered Q, dO 128 KiB + dS 8 KiB of shared memory.
+    launch_bwd<HD, 4, 64, 1, 2, 0, 2>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
     f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
-  CUDA_CHECK_LAUNCH();
+    CUDA_CHECK_LAUNCH();
+  } else {
+    const int var = g_bwd_variant.load();
+    const int sel = var < 0 ? kDefaultBwdVariant<HD> : var;
+    switch (sel) {
+      case 0:
+        launch_bwd<HD, 4, 64, 2, 1, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+        break;
+      case 2:
+        launch_bwd<HD, 8, 64, 1, 2, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+        break;
+      case 3:
+        launch_bwd<HD, 4, 64, 2, 2, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+        break;
+      case 4:
+        launch_bwd<HD, 8, 64, 1, 1, 1>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+        break;
+      default:
+        launch_bwd<HD, 8, 64, 1, 1, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+        break;
+    }
+    if (sel == 4)
+      dq_unpermute_bf16_kernel<<<grid_for(nq / 16, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
+    else
+      f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 // ============================================================================================
@@ -695,7 +729,7 @@ constexpr int kMaxD = 8;  // head_dim <= 32 * kMaxD
 // pos [B*T] I32 or null (packed rows, ops.h): query t sees keys t - pos[t] .. t.
 __global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q, DIn k, DIn v,
                                        const int32_t* __restrict__ pos, int B, int T, int H, int KVH, int hd,
-                                       float scale) {
+                                       float scale, int window) {
   const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (w >= int64_t(B) * H * T) return;
@@ -710,7 +744,7 @@ __global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q,
     o[i] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  const int lo = pos != nullptr ? t - pos[int64_t(b) * T + t] : 0;
+  const int lo = first_key(pos != nullptr ? pos + int64_t(b) * T : nullptr, window, t);
   for (int j = lo; j <= t; ++j) {
     const int64_t koff = ((int64_t(b) * T + j) * KVH + kvh) * hd;
     float dot = 0.f;
@@ -740,7 +774,7 @@ __global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q,
 
 __global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v, const float* __restrict__ lse,
                                           const float* __restrict__ D, const int32_t* __restrict__ pos, int B, int T,
-                                          int H, int KVH, int hd, float scale) {
+                                          int H, int KVH, int hd, float scale, int window) {
   const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (w >= int64_t(B) * H * T) return;
@@ -757,7 +791,7 @@ __global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v
     gv[i] = dd < hd ? ld1(dout, qoff + dd) : 0.f;
     acc[i] = 0.f;
   }
-  const int lo = pos != nullptr ? t - pos[int64_t(b) * T + t] : 0;
+  const int lo = first_key(pos != nullptr ? pos + int64_t(b) * T : nullptr, window, t);
   for (int j = lo; j <= t; ++j) {
     const int64_t koff = ((int64_t(b) * T + j) * KVH + kvh) * hd;
     float kv[kMaxD], sdot = 0.f, pdot = 0.f;
@@ -783,7 +817,7 @@ __global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v
 __global__ void attn_bwd_dkdv_simple_kernel(DOut dk, DOut dv, DIn dout, DIn q, DIn k, DIn v,
                                             const float* __restrict__ lse, const float* __restrict__ D,
                                             const int32_t* __restrict__ pos, int B, int T, int H, int KVH, int hd,
-                                            float scale) {
+                                            float scale, int window) {
   const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (w >= int64_t(B) * KVH * T) return;
@@ -801,7 +835,8 @@ __global__ void attn_bwd_dkdv_simple_kernel(DOut dk, DOut dv, DIn dout, DIn q, D
   for (int gi = 0; gi < G; ++gi) {
     const int h = kvh * G + gi;
     for (int t = j; t < T; ++t) {
-      if (pos != nullptr && t - pos[int64_t(b) * T + t] > j) break;  // later queries are in later records
+      // Later queries are in later records / windows.
+      if (first_key(pos != nullptr ? pos + int64_t(b) * T : nullptr, window, t) > j) break;
       const int64_t qoff = ((int64_t(b) * T + t) * H + h) * hd;
       const int64_t li = (int64_t(b) * H + h) * T + t;
       float qv[kMaxD], gv[kMaxD], sdot = 0.f, pdot = 0.f;
@@ -858,18 +893,21 @@ int attention_bwd_variants() { return 5; }
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   check_head_dim("attention_forward", d);
   const int64_t rows = int64_t(d.B) * d.T;
-  const bool flash = !g_force_simple && (d.head_dim == 64 || d.head_dim == 128) && all_bf16({&out, &q, &k, &v});
+  const bool flash =
+      !g_force_simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) && all_bf16({&out, &q, &k, &v});
   if (flash) {
     if (d.head_dim == 64)
       flash_forward<64>(out, lse, q, k, v, d, L);
-    else
+    else if (d.head_dim == 128)
       flash_forward<128>(out, lse, q, k, v, d, L);
+    else
+      flash_forward<256>(out, lse, q, k, v, d, L);
     return;
   }
   const int64_t warps = rows * d.n_head;
   attn_fwd_simple_kernel<<<unsigned((warps + 3) / 4), 128, 0, L.stream>>>(
       dout_(out), lse.empty() ? nullptr : lse.ptr<float>(), din(q), din(k), din(v), pos_ptr(d), d.B, d.T, d.n_head,
-      d.n_kv_head, d.head_dim, d.scale);
+      d.n_kv_head, d.head_dim, d.scale, d.window);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -886,22 +924,24 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
                                                                          d.head_dim);
     CUDA_CHECK_LAUNCH();
   }
-  const bool flash =
-      !g_force_simple && (d.head_dim == 64 || d.head_dim == 128) && all_bf16({&dq, &dk, &dv, &dout, &q, &k, &v});
+  const bool flash = !g_force_simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
+                     all_bf16({&dq, &dk, &dv, &dout, &q, &k, &v});
   if (flash) {
     if (d.head_dim == 64)
       flash_backward<64>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
-    else
+    else if (d.head_dim == 128)
       flash_backward<128>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
+    else
+      flash_backward<256>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
     return;
   }
   attn_bwd_dq_simple_kernel<<<unsigned((rows * d.n_head + 3) / 4), 128, 0, L.stream>>>(
       dout_(dq), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, pos_ptr(d), d.B, d.T, d.n_head, d.n_kv_head,
-      d.head_dim, d.scale);
+      d.head_dim, d.scale, d.window);
   CUDA_CHECK_LAUNCH();
   attn_bwd_dkdv_simple_kernel<<<unsigned((rows * d.n_kv_head + 3) / 4), 128, 0, L.stream>>>(
       dout_(dk), dout_(dv), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, pos_ptr(d), d.B, d.T, d.n_head,
-      d.n_kv_head, d.head_dim, d.scale);
+      d.n_kv_head, d.head_dim, d.scale, d.window);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embedding.cuh"
+#include "backend/cuda/geglu.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/linear_ce.cuh"
 #include "backend/cuda/matmul.cuh"
@@ -184,6 +185,13 @@ class CudaOps final : public Ops {
                         Stream& s) override {
     cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, acc, L(s));
   }
+  void rmsnorm_1p_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) override {
+    cuda::rmsnorm_forward(out, rstd, x, w, eps, L(s), 1.f);
+  }
+  void rmsnorm_1p_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool acc,
+                           Stream& s) override {
+    cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, acc, L(s), 1.f);
+  }
   void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int nh, int hd, Tensor pos, Stream& s) override {
     cuda::rope_forward(x, cos, sin, T, nh, hd, pos, L(s));
   }
@@ -195,6 +203,12 @@ class CudaOps final : public Ops {
   }
   void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
     cuda::swiglu_backward(dgate, dup, dout, gate, up, L(s));
+  }
+  void geglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) override {
+    cuda::geglu_forward(out, gate, up, L(s));
+  }
+  void geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
+    cuda::geglu_backward(dgate, dup, dout, gate, up, L(s));
   }
   void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, Stream& s) override {
     cuda::attention_forward(out, lse, q, k, v, d, L(s));

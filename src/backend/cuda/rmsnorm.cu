@@ -12,7 +12,7 @@ namespace sf::cuda {
 namespace {
 
 template <int VEC>
-__global__ void rmsnorm_fwd_kernel(DOut out, float* __restrict__ rstd, DIn x, DIn w, int C, float eps) {
+__global__ void rmsnorm_fwd_kernel(DOut out, float* __restrict__ rstd, DIn x, DIn w, int C, float eps, float woff) {
   __shared__ float sh[32];
   const int64_t base = int64_t(blockIdx.x) * C;
   const int nv = C / VEC;
@@ -31,14 +31,15 @@ __global__ void rmsnorm_fwd_kernel(DOut out, float* __restrict__ rstd, DIn x, DI
     ldv<VEC>(x, base + i * VEC, v);  // second read: L1/L2 hit
     ldv<VEC>(w, i * VEC, wv);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = wv[k] * (v[k] * rs);
+    for (int k = 0; k < VEC; ++k) v[k] = (wv[k] + woff) * (v[k] * rs);
     stv<VEC>(out, base + i * VEC, v);
   }
 }
 
 template <int VEC>
 __global__ void rmsnorm_bwd_kernel(DOut dx, float* __restrict__ partial, DIn g, DIn x, DIn w,
-                                   const float* __restrict__ rstd, int64_t R, int C, int accumulate, int want_dw) {
+                                   const float* __restrict__ rstd, int64_t R, int C, int accumulate, int want_dw,
+                                   float woff) {
   extern __shared__ float dws[];  // [C] when want_dw; thread t owns the packs t, t+blockDim, ...
   __shared__ float sh[32];
   const int nv = C / VEC;
@@ -56,7 +57,7 @@ __global__ void rmsnorm_bwd_kernel(DOut dx, float* __restrict__ partial, DIn g, 
       ldv<VEC>(x, base + i * VEC, xv);
       ldv<VEC>(w, i * VEC, wv);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) dot = fmaf(gv[k] * wv[k], xv[k], dot);
+      for (int k = 0; k < VEC; ++k) dot = fmaf(gv[k] * (wv[k] + woff), xv[k], dot);
     }
     dot = block_sum(dot, sh);
     const float coef = dot * rs * rs * rs / float(C);
@@ -71,7 +72,7 @@ __global__ void rmsnorm_bwd_kernel(DOut dx, float* __restrict__ partial, DIn g, 
 #pragma unroll
         for (int k = 0; k < VEC; ++k) d[k] = 0.f;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) d[k] += rs * gv[k] * wv[k] - coef * xv[k];
+      for (int k = 0; k < VEC; ++k) d[k] += rs * gv[k] * (wv[k] + woff) - coef * xv[k];
       stv<VEC>(dx, base + i * VEC, d);
       if (want_dw)
 #pragma unroll
@@ -125,7 +126,7 @@ struct Pack8<false> {
 };
 
 template <bool XBF>
-__global__ void rmsnorm_fwd_reg_kernel(DOut out, float* __restrict__ rstd, DIn x, DIn w, int C, float eps) {
+__global__ void rmsnorm_fwd_reg_kernel(DOut out, float* __restrict__ rstd, DIn x, DIn w, int C, float eps, float woff) {
   __shared__ float sh[32];
   const int64_t base = int64_t(blockIdx.x) * C;
   const int nv = C / 8;
@@ -159,7 +160,7 @@ __global__ void rmsnorm_fwd_reg_kernel(DOut out, float* __restrict__ rstd, DIn x
       v[p].to_float(f);
       ldv<8>(w, int64_t(i) * 8, wv);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) f[k] = wv[k] * (f[k] * rs);
+      for (int k = 0; k < 8; ++k) f[k] = (wv[k] + woff) * (f[k] * rs);
       stv<8>(out, base + int64_t(i) * 8, f);
     }
   }
@@ -171,7 +172,8 @@ __global__ void rmsnorm_fwd_reg_kernel(DOut out, float* __restrict__ rstd, DIn x
 // its own packs, as float4, so they need no barrier).
 template <bool GBF, bool XBF>
 __global__ void rmsnorm_bwd_reg_kernel(DOut dx, float* __restrict__ partial, DIn g, DIn x, DIn w,
-                                       const float* __restrict__ rstd, int64_t R, int C, int accumulate, int want_dw) {
+                                       const float* __restrict__ rstd, int64_t R, int C, int accumulate, int want_dw,
+                                       float woff) {
   extern __shared__ float4 sm4[];
   float* ws = reinterpret_cast<float*>(sm4);  // [C]
   float* dws = ws + C;                        // [C]
@@ -183,6 +185,8 @@ __global__ void rmsnorm_bwd_reg_kernel(DOut dx, float* __restrict__ partial, DIn
     if (i < nv) {
       float wv[8], z[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       ldv<8>(w, int64_t(i) * 8, wv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) wv[k] += woff;  // the effective weight (Gemma: 1 + w)
       store_vec<8>(ws + i * 8, wv);
       store_vec<8>(dws + i * 8, z);
     }
@@ -303,7 +307,7 @@ void check_dw_scratch(int64_t max_p, int64_t C) {
 
 }  // namespace
 
-void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, const Launch& L) {
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, const Launch& L, float w_offset) {
   const int64_t C = x.cols(), R = x.rows();
   if (R == 0 || C == 0) return;
   float* rs = rstd.empty() ? nullptr : rstd.ptr<float>();
@@ -312,20 +316,20 @@ void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, con
     const int t = std::max(32, int((C / 8 + kNP - 1) / kNP + 31) / 32 * 32);
     with_bf(x.dtype == DType::BF16, [&](auto xbf) {
       rmsnorm_fwd_reg_kernel<decltype(xbf)::value>
-          <<<unsigned(R), t, 0, L.stream>>>(dout_(out), rs, din(x), din(w), int(C), eps);
+          <<<unsigned(R), t, 0, L.stream>>>(dout_(out), rs, din(x), din(w), int(C), eps, w_offset);
     });
   } else if (vec) {
     const int t = row_threads(int(C / 8));
-    rmsnorm_fwd_kernel<8><<<unsigned(R), t, 0, L.stream>>>(dout_(out), rs, din(x), din(w), int(C), eps);
+    rmsnorm_fwd_kernel<8><<<unsigned(R), t, 0, L.stream>>>(dout_(out), rs, din(x), din(w), int(C), eps, w_offset);
   } else {
     const int t = row_threads(int(C));
-    rmsnorm_fwd_kernel<1><<<unsigned(R), t, 0, L.stream>>>(dout_(out), rs, din(x), din(w), int(C), eps);
+    rmsnorm_fwd_kernel<1><<<unsigned(R), t, 0, L.stream>>>(dout_(out), rs, din(x), din(w), int(C), eps, w_offset);
   }
   CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate,
-                      const Launch& L) {
+                      const Launch& L, float w_offset) {
   const int64_t C = x.cols(), R = x.rows();
   SF_CHECK(!dx.empty(), "rmsnorm_backward: the cuda kernel always writes dx: dx is required");
   const bool want_dw = !dw.empty();
@@ -351,7 +355,7 @@ void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Ten
         const int64_t P = std::min({R, int64_t(L.num_sms) * per_sm, max_p});
         if (P == 0) return;  // does not fit on an SM: the generic kernel below
         kernel<<<unsigned(P), t, smem, L.stream>>>(dout_(dx), partial, din(dout), din(x), din(w), rstd.ptr<float>(), R,
-                                                   int(C), accumulate ? 1 : 0, want_dw ? 1 : 0);
+                                                   int(C), accumulate ? 1 : 0, want_dw ? 1 : 0, w_offset);
         CUDA_CHECK_LAUNCH();
         if (want_dw) colsum_accumulate(dw, partial, int(P), C, L);
         launched = true;
@@ -373,7 +377,7 @@ void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Ten
   auto launch = [&](auto kernel) {
     if (smem > 48 * 1024) (void)blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem);  // sets the limit
     kernel<<<unsigned(P), threads, smem, L.stream>>>(dout_(dx), partial, din(dout), din(x), din(w), rstd.ptr<float>(),
-                                                     R, int(C), accumulate ? 1 : 0, want_dw ? 1 : 0);
+                                                     R, int(C), accumulate ? 1 : 0, want_dw ? 1 : 0, w_offset);
     CUDA_CHECK_LAUNCH();
   };
   if (vec)

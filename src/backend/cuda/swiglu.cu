@@ -1,4 +1,4 @@
-#include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/glu.cuh"
 #include "backend/cuda/swiglu.cuh"
 
 namespace sf::cuda {
@@ -6,44 +6,22 @@ namespace {
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 
-// silu(gate) * up, the element function of Map2 (kernel_utils.cuh).
-struct SiluTimes {
-  __device__ float operator()(float g, float u) const { return g * sigmoidf_(g) * u; }
-};
-
-struct SwigluBwdOp {
-  DOut dgate, dup;
-  DIn dout, gate, up;
-  template <int N>
-  __device__ void apply(int64_t i) const {
-    float d[N], g[N], u[N], dg[N], du[N];
-    ldv<N>(dout, i, d);
-    ldv<N>(gate, i, g);
-    ldv<N>(up, i, u);
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const float s = sigmoidf_(g[k]);
-      du[k] = d[k] * g[k] * s;
-      dg[k] = d[k] * u[k] * s * (1.f + g[k] * (1.f - s));
-    }
-    stv<N>(dgate, i, dg);
-    stv<N>(dup, i, du);
+struct Silu {
+  __device__ static float value(float g) { return g * sigmoidf_(g); }
+  // d silu / dg = s (1 + g (1 - s)), s = sigmoid(g).
+  __device__ static void value_grad(float g, float& v, float& d) {
+    const float s = sigmoidf_(g);
+    v = g * s;
+    d = s * (1.f + g * (1.f - s));
   }
 };
 
 }  // namespace
 
-void swiglu_forward(Tensor out, Tensor gate, Tensor up, const Launch& L) {
-  const int64_t n = out.numel();
-  for_each<8>(Map2<SiluTimes>{dout_(out), din(gate), din(up), SiluTimes{}}, n,
-              aligned16(out.data) && aligned16(gate.data) && aligned16(up.data), L);
-}
+void swiglu_forward(Tensor out, Tensor gate, Tensor up, const Launch& L) { glu_forward<Silu>(out, gate, up, L); }
 
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, const Launch& L) {
-  const int64_t n = gate.numel();
-  const bool vec = aligned16(dgate.data) && aligned16(dup.data) && aligned16(dout.data) && aligned16(gate.data) &&
-                   aligned16(up.data);
-  for_each<8>(SwigluBwdOp{dout_(dgate), dout_(dup), din(dout), din(gate), din(up)}, n, vec, L);
+  glu_backward<Silu>(dgate, dup, dout, gate, up, L);
 }
 
 }  // namespace sf::cuda
