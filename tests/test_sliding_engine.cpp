@@ -176,7 +176,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama", 2, 50, 1, true, false, 2, true, 3, 2000},
         // clipping with one fused AdamW pass a blob (the others split it in two)
         Case{"qwen3", 3, 0, 0, false, false, 0, false, 1, 0, true},
-        Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true}),
+        Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true},
+        // mixture of experts: the load-balancing loss's router statistics per micro-batch
+        Case{"qwen3_moe", 3, 0}, Case{"mixtral", 2, 50, 4, true, true}, Case{"olmoe", 3, 50, 2},
+        Case{"qwen3_moe", 2, 50, 16, false, false, 0, false, 3}, Case{"mixtral", 3, 0, 0, false, false, 1, true, 2},
+        Case{"olmoe", 2, 50, 1, true, false, 2, true, 2}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +

@@ -351,6 +351,8 @@ inline void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, cons
 
 }  // namespace sf::opcheck
 
+#include "backend/ops_check_moe.h"
+
 namespace sf {
 
 // The front itself: checks, then forwards to the backend's table (which it does not own).
@@ -446,6 +448,50 @@ class CheckedOps final : public Ops {
   void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor copy, const AdamWParams& p, Stream& s) override {
     opcheck::adamw(param, grad, m, v, copy, p);
     in_.adamw(param, grad, m, v, copy, p, s);
+  }
+  void moe_route(Tensor probs, Tensor idx, Tensor weights, Tensor stats, Tensor logits, bool renorm,
+                 Stream& s) override {
+    opcheck::moe_route(probs, idx, weights, stats, logits);
+    in_.moe_route(probs, idx, weights, stats, logits, renorm, s);
+  }
+  void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor probs, Tensor idx, bool renorm, Tensor counts,
+                          float aux_scale, Stream& s) override {
+    opcheck::moe_route_backward(dlogits, dweights, probs, idx, counts);
+    in_.moe_route_backward(dlogits, dweights, probs, idx, renorm, counts, aux_scale, s);
+  }
+  void moe_permute(Tensor offsets, Tensor sorted_slot, Tensor slot_pos, Tensor idx, Stream& s) override {
+    opcheck::moe_permute(offsets, sorted_slot, slot_pos, idx);
+    in_.moe_permute(offsets, sorted_slot, slot_pos, idx, s);
+  }
+  void moe_gather(Tensor xs, Tensor x, Tensor sorted_slot, int k, Stream& s) override {
+    opcheck::moe_gather(xs, x, sorted_slot, k);
+    in_.moe_gather(xs, x, sorted_slot, k, s);
+  }
+  void moe_gather_backward(Tensor dx, Tensor dxs, Tensor slot_pos, int k, Stream& s) override {
+    opcheck::moe_gather_backward(dx, dxs, slot_pos, k);
+    in_.moe_gather_backward(dx, dxs, slot_pos, k, s);
+  }
+  void moe_grouped_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta,
+                          Stream& s) override {
+    opcheck::moe_grouped_matmul(out, a, w, offsets);
+    in_.moe_grouped_matmul(out, a, w, offsets, trans_w, beta, s);
+  }
+  void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets, Stream& s) override {
+    opcheck::moe_grouped_matmul_wgrad(dw, dy, x, offsets);
+    in_.moe_grouped_matmul_wgrad(dw, dy, x, offsets, s);
+  }
+  void moe_combine(Tensor y, Tensor ys, Tensor weights, Tensor slot_pos, Stream& s) override {
+    opcheck::moe_combine(y, ys, weights, slot_pos);
+    in_.moe_combine(y, ys, weights, slot_pos, s);
+  }
+  void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights, Tensor slot_pos,
+                            Stream& s) override {
+    opcheck::moe_combine_backward(dys, dweights, dy, ys, weights, slot_pos);
+    in_.moe_combine_backward(dys, dweights, dy, ys, weights, slot_pos, s);
+  }
+  void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, Stream& s) override {
+    opcheck::moe_aux_loss(loss_sum, stats);
+    in_.moe_aux_loss(loss_sum, stats, scale, s);
   }
 
  private:

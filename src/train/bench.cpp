@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "engine/make_engine.h"
+#include "engine/planner.h"
 #include "io/json_file.h"
 #include "train/presets.h"
 #include "train/step_fit.h"
@@ -99,7 +100,24 @@ nlohmann::json run_bench(const BenchOptions& o) {
       "bench: %.1f ms/step, %.0f tokens/s (steady state); end to end %.1f ms/step (the last update's %.0f ms "
       "drained); loss %.4f",
       1e3 * steady_s, tps, 1e3 * secs * per, 1e3 * drain_s, loss);
-  return {{"tokens_per_second", tps},
+  // Model FLOPs (engine/planner.h train_flops_per_token: MoE layers on their active parameters)
+  // over the steady step time; MFU against the bf16 dense peak of an H100/H200 (989 TFLOP/s), the
+  // GPUs the numbers are taken on, and left out elsewhere. With the recompute: what the GPU ran.
+  const double mfu_tflops = train_flops_per_token(spec, b.T, false) * step_tokens / steady_s * 1e-12;
+  const double hw_tflops = train_flops_per_token(spec, b.T, true) * step_tokens / steady_s * 1e-12;
+  const std::string dev_name = dev->name();
+  const bool hopper = dev_name.find("H100") != std::string::npos || dev_name.find("H200") != std::string::npos;
+  nlohmann::json flops = {{"model_tflops_per_second", mfu_tflops}, {"hardware_tflops_per_second", hw_tflops}};
+  if (hopper) flops["mfu"] = mfu_tflops / 989.0;
+  if (spec.is_moe()) {
+    int64_t active = spec.vocab * spec.hidden * (spec.tie_embeddings ? 1 : 2) + spec.hidden;
+    for (int l = 0; l < spec.n_layer; ++l) active += spec.layer_active_params(l);
+    flops["active_parameters"] = active;
+  }
+  log_info("bench: %.1f model TFLOP/s (%.1f with the recompute)%s%s", mfu_tflops, hw_tflops,
+           hopper ? (", MFU " + std::to_string(mfu_tflops / 989.0)).c_str() : "",
+           spec.is_moe() ? ", MoE: FLOPs on active parameters" : "");
+  nlohmann::json res = {{"tokens_per_second", tps},
           {"step_ms", 1e3 * steady_s},
           {"end_to_end_step_ms", 1e3 * secs * per},
           {"end_to_end_tokens_per_second", step_tokens / (secs * per)},
@@ -127,6 +145,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"peak_rss_bytes", peak_rss_bytes()},
           {"uploads_per_step", double(st1.uploads - st0.uploads) * per},
           {"loss", loss}};
+  res.update(flops);
+  return res;
 }
 
 }  // namespace sf
