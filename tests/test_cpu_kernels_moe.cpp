@@ -237,7 +237,8 @@ TEST(CpuMoe, TopKTiesPickTheLowerExpertAndNaNKeepsIndicesValid) {
 TEST(CpuMoe, GroupedMatmulSkewedRoutingAndBf16) {
   const int64_t E = 4, K = 9, Nout = 7, stride = K * Nout + 3;
   for (const std::vector<int32_t>& offsets :
-       {std::vector<int32_t>{0, 0, 11, 11, 11}, std::vector<int32_t>{0, 3, 3, 8, 11}, std::vector<int32_t>{0, 0, 0, 0, 0}}) {
+       {std::vector<int32_t>{0, 0, 11, 11, 11}, std::vector<int32_t>{0, 3, 3, 8, 11},
+        std::vector<int32_t>{0, 0, 0, 0, 0}}) {
     const int64_t M = 11;
     auto a = test::randn(size_t(M * K), 21), w = test::randn(size_t(E * stride), 22);
     auto offs = offsets;
@@ -249,7 +250,8 @@ TEST(CpuMoe, GroupedMatmulSkewedRoutingAndBf16) {
         const int64_t r0 = offs[size_t(e)], r1 = offs[size_t(e + 1)];
         if (r1 == r0) continue;
         std::vector<float> we(w.begin() + e * stride, w.begin() + e * stride + K * Nout);
-        std::vector<float> ae(a.begin() + r0 * K, a.begin() + r1 * K), oe(ref.begin() + r0 * Nout, ref.begin() + r1 * Nout);
+        std::vector<float> ae(a.begin() + r0 * K, a.begin() + r1 * K),
+            oe(ref.begin() + r0 * Nout, ref.begin() + r1 * Nout);
         cpu::matmul(view_of(oe, {r1 - r0, Nout}), view_of(ae, {r1 - r0, K}),
                     trans ? view_of(we, {Nout, K}) : view_of(we, {K, Nout}), false, trans, 1.f, 1.f);
         std::copy(oe.begin(), oe.end(), ref.begin() + r0 * Nout);
@@ -294,7 +296,9 @@ TEST(CpuMoe, AuxLossIsCoefTimesCountsDotProbSums) {
 TEST(CpuMoe, PermuteRejectsAnExpertOutOfRange) {
   std::vector<int32_t> idx = {0, 3}, offs(4), ss(2), sp(2);
   test::expect_check_failure(
-      [&] { cpu::moe_permute(view_of(offs, {4}), view_of(ss, {2}), view_of(sp, {2}), view_of(idx, {1, 2})); },
+      [&] {
+        cpu::moe_permute(view_of(offs, {4}), view_of(ss, {2}), view_of(sp, {2}), view_of(idx, {1, 2}));
+      },
       "moe.cpp", "out of [0, 3)");
 }
 

@@ -197,8 +197,8 @@ TEST_P(MoeLayerGrad, ProgramBackwardMatchesFiniteDifferences) {
   auto forward = [&](std::vector<int32_t>* idx_out) {
     std::fill(stats.begin(), stats.end(), 0.f);
     d.moe_collect = true;
-    prog.layer_forward(layer_views(blob, params.data(), DType::F32), test::view_of(x, {N, H}),
-                       test::view_of(y, {N, H}), w, d, rope, *st);
+    prog.layer_forward(layer_views(blob, params.data(), DType::F32), test::view_of(x, {N, H}), test::view_of(y, {N, H}),
+                       w, d, rope, *st);
     dev->synchronize(*st);
     d.moe_collect = false;
     if (idx_out) idx_out->assign(w.topk_idx.ptr<int32_t>(), w.topk_idx.ptr<int32_t>() + N * k);
@@ -218,8 +218,8 @@ TEST_P(MoeLayerGrad, ProgramBackwardMatchesFiniteDifferences) {
     d0.moe_aux_weight = 0.f;
     forward(nullptr);
     prog.layer_backward(layer_views(blob, params.data(), DType::F32), layer_views(blob, g_no.data(), DType::F32),
-                        test::view_of(x, {N, H}), test::view_of(R, {N, H}), test::view_of(dx_no, {N, H}),
-                        ws.layer(d0), d0, rope, *st);
+                        test::view_of(x, {N, H}), test::view_of(R, {N, H}), test::view_of(dx_no, {N, H}), ws.layer(d0),
+                        d0, rope, *st);
     dev->synchronize(*st);
     const BlobEntry* r = blob.entry(LayerParam::Router);
     double diff = 0;

@@ -123,8 +123,8 @@ class Ops {
   // dlogits [N,E] (overwritten) from dweights [N,k] F32 through the top-k (renorm as forward) and
   // the softmax, plus aux_scale * counts[e] added to d(probs[n,e]) for every row (the load-
   // balancing loss's gradient; counts F32 [E], may be empty).
-  virtual void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor probs, Tensor idx, bool renorm,
-                                  Tensor counts, float aux_scale, Stream& s) = 0;
+  virtual void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor probs, Tensor idx, bool renorm, Tensor counts,
+                                  float aux_scale, Stream& s) = 0;
   // Counting sort of the slots by expert: offsets [E+1] (offsets[e] = first sorted row of expert
   // e, offsets[E] = N*k), sorted_slot [N*k] (sorted row -> slot), slot_pos [N*k] (slot -> sorted
   // row). idx values must be in [0, E).
@@ -144,8 +144,8 @@ class Ops {
   // y [N, H] (overwritten) row n = sum over j of weights[n, j] * ys row slot_pos[n*k + j].
   virtual void moe_combine(Tensor y, Tensor ys, Tensor weights, Tensor slot_pos, Stream& s) = 0;
   // dys [N*k, H] row slot_pos[n*k+j] = weights[n,j] * dy[n]; dweights [N,k] F32 = dy[n] . that ys row.
-  virtual void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights,
-                                    Tensor slot_pos, Stream& s) = 0;
+  virtual void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights, Tensor slot_pos,
+                                    Stream& s) = 0;
   // loss_sum [1] F32 += scale * sum_e stats[0,e] * stats[1,e] (the load-balancing loss, scaled).
   virtual void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, Stream& s) = 0;
 

@@ -67,8 +67,7 @@ inline void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& sorted_s
   SF_CHECK_REAL(op, x);
   SF_CHECK_DTYPE(op, sorted_slot, DType::I32);
   SF_CHECK(k >= 1, std::string(op) + ": k must be >= 1");
-  SF_CHECK(xs.cols() == x.cols() && rows(xs) == rows(x) * k,
-           bad_shape(op, "xs", xs, "[N*k, H] (x [N, H])"));
+  SF_CHECK(xs.cols() == x.cols() && rows(xs) == rows(x) * k, bad_shape(op, "xs", xs, "[N*k, H] (x [N, H])"));
   SF_CHECK_NUMEL(op, sorted_slot, rows(xs), "N*k");
   SF_CHECK_NO_ALIAS(op, xs, x);
 }
@@ -79,8 +78,7 @@ inline void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tenso
   SF_CHECK_REAL(op, dxs);
   SF_CHECK_DTYPE(op, slot_pos, DType::I32);
   SF_CHECK(k >= 1, std::string(op) + ": k must be >= 1");
-  SF_CHECK(dxs.cols() == dx.cols() && rows(dxs) == rows(dx) * k,
-           bad_shape(op, "dxs", dxs, "[N*k, H] (dx [N, H])"));
+  SF_CHECK(dxs.cols() == dx.cols() && rows(dxs) == rows(dx) * k, bad_shape(op, "dxs", dxs, "[N*k, H] (dx [N, H])"));
   SF_CHECK_NUMEL(op, slot_pos, rows(dxs), "N*k");
   SF_CHECK_NO_ALIAS(op, dx, dxs);
 }

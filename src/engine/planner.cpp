@@ -42,8 +42,8 @@ Flops flops_per_token(const ModelSpec& s, int T) {
   const double H = double(s.hidden), Q = double(s.q_dim()), KV = double(s.kv_dim()), I = double(s.intermediate);
   double Pd = 0;  // the decoder layers' matrix parameters a token multiplies
   for (int l = 0; l < s.n_layer; ++l) {
-    const double mlp = s.moe_layer(l) ? double(s.moe.n_expert) * H + double(s.moe.top_k) * 3 * H * double(s.moe.intermediate)
-                                      : 3 * H * I;
+    const double Ie = double(s.moe.intermediate);
+    const double mlp = s.moe_layer(l) ? double(s.moe.n_expert) * H + double(s.moe.top_k) * 3 * H * Ie : 3 * H * I;
     Pd += H * Q + 2 * H * KV + Q * H + mlp;
   }
   const double Ph = double(s.vocab) * H;

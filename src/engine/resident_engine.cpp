@@ -59,7 +59,7 @@ struct ResidentEngine::Impl {
   std::vector<Deferred> deferred;  // the step's micro-batches whose embedding backward waits
   bool defer = false;
   std::unique_ptr<TokenUploader> tokens;
-  DeviceBuffer scalars;  // engine_scalar_bytes: loss sum, per-blob squared norms
+  DeviceBuffer scalars;    // engine_scalar_bytes: loss sum, per-blob squared norms
   DeviceBuffer moe_stats;  // [2, E] F32 router statistics of the running micro-batch (engine/moe_stats.h)
   int micro_in_step = 1;   // micro-batches of the running step (weights the load-balancing loss)
   std::unique_ptr<DeviceRope> rope_dev;
@@ -225,8 +225,8 @@ void ResidentEngine::init_random(uint64_t seed) {
 size_t ResidentEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
-         m.round_buf.size() + m.dbuf.size() + m.dy0.size() + m.tokens->device_bytes() + m.scalars.size() + m.moe_stats.size() +
-         m.rope_dev->buf.size() + m.ws->bytes();
+         m.round_buf.size() + m.dbuf.size() + m.dy0.size() + m.tokens->device_bytes() + m.scalars.size() +
+         m.moe_stats.size() + m.rope_dev->buf.size() + m.ws->bytes();
 }
 
 size_t ResidentEngine::host_bytes() const { return impl_->tokens->host_bytes(); }

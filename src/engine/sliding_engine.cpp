@@ -183,7 +183,7 @@ struct SlidingEngine::Impl {
   DeviceBuffer scratch;                          // [N, H] act: the recompute's output
   std::unique_ptr<CheckpointStore> ckpts;        // each layer's input per micro-batch ([K, L, N, H] act)
 
-  DeviceBuffer scalars;  // engine_scalar_bytes: loss sum, per-blob squared norms
+  DeviceBuffer scalars;    // engine_scalar_bytes: loss sum, per-blob squared norms
   DeviceBuffer moe_stats;  // [K][2, E] F32 router statistics per micro-batch (engine/moe_stats.h)
   std::vector<float> host_scalars;
   std::unique_ptr<DeviceRope> rope;

@@ -24,8 +24,7 @@ float Program::moe_aux_grad_scale(const BatchDims& d) const {
 void Program::moe_forward(const LayerParams& p, Tensor h2, Tensor y, const LayerBuffers& w, const BatchDims& d,
                           Stream& st) const {
   using P = LayerParam;
-  const int64_t N = d.N(), E = s_.moe.n_expert, k = s_.moe.top_k, S = N * k, H = s_.hidden,
-                Ie = s_.moe.intermediate;
+  const int64_t N = d.N(), E = s_.moe.n_expert, k = s_.moe.top_k, S = N * k, H = s_.hidden, Ie = s_.moe.intermediate;
   Tensor logits = w.logits.view({N, E}), probs = w.probs.view({N, E});
   Tensor idx = w.topk_idx.view({N, k}), wt = w.topk_w.view({N, k});
   Tensor sorted_slot = w.sorted_slot.view({S}), slot_pos = w.slot_pos.view({S});
@@ -46,8 +45,7 @@ void Program::moe_forward(const LayerParams& p, Tensor h2, Tensor y, const Layer
 void Program::moe_backward(const LayerParams& p, const LayerParams& g, Tensor h2, Tensor dy, Tensor dh,
                            const LayerBuffers& w, const BatchDims& d, Stream& st) const {
   using P = LayerParam;
-  const int64_t N = d.N(), E = s_.moe.n_expert, k = s_.moe.top_k, S = N * k, H = s_.hidden,
-                Ie = s_.moe.intermediate;
+  const int64_t N = d.N(), E = s_.moe.n_expert, k = s_.moe.top_k, S = N * k, H = s_.hidden, Ie = s_.moe.intermediate;
   Tensor dlogits = w.logits.view({N, E}), probs = w.probs.view({N, E});
   Tensor idx = w.topk_idx.view({N, k}), wt = w.topk_w.view({N, k}), dwt = w.dtopk_w.view({N, k});
   Tensor slot_pos = w.slot_pos.view({S});

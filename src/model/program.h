@@ -130,8 +130,8 @@ class Program {
   // backward from dy into dh (overwritten) and the parameter grads (model/moe_program.cpp).
   void moe_forward(const LayerParams& p, Tensor h2, Tensor y, const LayerBuffers& w, const BatchDims& d,
                    Stream& st) const;
-  void moe_backward(const LayerParams& p, const LayerParams& g, Tensor h2, Tensor dy, Tensor dh,
-                    const LayerBuffers& w, const BatchDims& d, Stream& st) const;
+  void moe_backward(const LayerParams& p, const LayerParams& g, Tensor h2, Tensor dy, Tensor dh, const LayerBuffers& w,
+                    const BatchDims& d, Stream& st) const;
   // d(aux loss)/d(probs[n, e]) = this * counts[e] (0 when the loss is off for this batch).
   float moe_aux_grad_scale(const BatchDims& d) const;
   void linear(Tensor out, Tensor x, Tensor W, Tensor b, Stream& st) const;

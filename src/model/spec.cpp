@@ -117,8 +117,8 @@ int64_t count_layer_params(const ModelSpec& s, bool moe, bool active_only) {
   if (s.qk_norm) n = add(n, s.qk_norm_full ? add(Q, KV) : mul(2, s.head_dim));
   if (moe) {
     const int64_t experts = active_only ? s.moe.top_k : s.moe.n_expert;
-    n = add(n, mul(s.moe.n_expert, H));                                   // router
-    n = add(n, mul(experts, mul(3, mul(H, s.moe.intermediate))));        // gate, up, down of each expert
+    n = add(n, mul(s.moe.n_expert, H));                            // router
+    n = add(n, mul(experts, mul(3, mul(H, s.moe.intermediate))));  // gate, up, down of each expert
     return n;
   }
   const int64_t I = s.intermediate;

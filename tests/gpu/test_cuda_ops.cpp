@@ -881,7 +881,8 @@ TEST(CudaOps, MoePermuteGatherCombine) {
     std::vector<int32_t> perm[2][3];
     auto four = run4([&](Backend& r, DType dt) -> Outs {
       Tensor idx = r.in_i32(iv, {c.N, c.k}), offs = r.in_i32(std::vector<int32_t>(size_t(c.E + 1), -1), {c.E + 1});
-      Tensor ss = r.in_i32(std::vector<int32_t>(size_t(S), -1), {S}), sp = r.in_i32(std::vector<int32_t>(size_t(S), -1), {S});
+      Tensor ss = r.in_i32(std::vector<int32_t>(size_t(S), -1), {S}),
+             sp = r.in_i32(std::vector<int32_t>(size_t(S), -1), {S});
       CALL(r, moe_permute, offs, ss, sp, idx);
       if (dt == F32) {
         const int g = r.on_gpu() ? 1 : 0;
@@ -913,31 +914,37 @@ TEST(CudaOps, MoeGroupedMatmul) {
     std::vector<int32_t> offsets;  // M = offsets.back() + a few rows past the last expert
   };
   const G cases[] = {{37, 29, {0, 5, 5, 70, 71, 130}},  // an expert with no rows
-                     {64, 128, {0, 0, 200, 200}},     // one expert with every row
-                     {130, 67, {0, 0, 0}},            // no rows at all
-                     {16, 1, {0, 1, 2, 3, 4}}};
-  for (const G& c : cases) {
-    const int64_t E = int64_t(c.offsets.size()) - 1, M = c.offsets.back() + 3, stride = c.K * c.Nout + 7;
-    SCOPED_TRACE(testing::Message() << "K=" << c.K << " Nout=" << c.Nout << " E=" << E);
-    const auto av = rnd(size_t(M * c.K), 31), wv = rnd(size_t(E * stride), 32), ov = rnd(size_t(M * c.Nout), 33);
-    const auto dyv = rnd(size_t(M * c.Nout), 34), dwv = rnd(size_t(E * stride), 35);
-    auto four = run4([&](Backend& r, DType dt) -> Outs {
-      Tensor offs = r.in_i32(c.offsets, {E + 1});
-      Tensor a = r.in(av, dt, {M, c.K}), w = r.in(wv, dt, {E, stride}), dy = r.in(dyv, dt, {M, c.Nout});
-      Tensor o1 = r.in(ov, dt, {M, c.Nout}), o2 = r.in(ov, dt, {M, c.Nout});
-      Tensor dw = r.in(dwv, F32, {E, stride}), dwb = r.in(dwv, dt, {E, stride});
-      CALL(r, moe_grouped_matmul, o1, a, w, offs, true, 0.f);  // y = x W^T
-      CALL(r, moe_grouped_matmul, o2, dy.view({M, c.Nout}), w.view({E, stride}), offs, false, 1.f);  // += dy W
-      CALL(r, moe_grouped_matmul_wgrad, dw, dy, a, offs);
-      CALL(r, moe_grouped_matmul_wgrad, dwb, dy, a, offs);
-      return {r.get(o1), r.get(o2), r.get(dw), r.get(dwb)};
-    });
-    const char* names[] = {"grouped x W^T", "grouped += dy W", "wgrad f32 accumulator", "wgrad storage dtype"};
-    for (int i = 0; i < 4; ++i) {
-      check_bf16(names[i], four.cuda_bf[size_t(i)], four.cpu_bf[size_t(i)], four.ref[size_t(i)], kF32Floor);
-      check_f32(std::string(names[i]) + " f32", four.cuda_f32[size_t(i)], four.ref[size_t(i)]);
+                     {64, 128, {0, 0, 200, 200}},       // one expert with every row
+                     {130, 67, {0, 0, 0}},              // no rows at all
+                     {16, 1, {0, 1, 2, 3, 4}},
+                     {256, 136, {0, 130, 130, 400}}};  // several k slices and tiles, 16-byte loads
+  // Both kernels: tensor cores for bf16 operands, and the SIMT fallback (SF_MOE_SIMT=1).
+  for (const char* simt : {"0", "1"}) {
+    setenv("SF_MOE_SIMT", simt, 1);
+    for (const G& c : cases) {
+      const int64_t E = int64_t(c.offsets.size()) - 1, M = c.offsets.back() + 3, stride = c.K * c.Nout + 8;
+      SCOPED_TRACE(testing::Message() << "K=" << c.K << " Nout=" << c.Nout << " E=" << E << " SF_MOE_SIMT=" << simt);
+      const auto av = rnd(size_t(M * c.K), 31), wv = rnd(size_t(E * stride), 32), ov = rnd(size_t(M * c.Nout), 33);
+      const auto dyv = rnd(size_t(M * c.Nout), 34), dwv = rnd(size_t(E * stride), 35), dxv = rnd(size_t(M * c.K), 36);
+      auto four = run4([&](Backend& r, DType dt) -> Outs {
+        Tensor offs = r.in_i32(c.offsets, {E + 1});
+        Tensor a = r.in(av, dt, {M, c.K}), w = r.in(wv, dt, {E, stride}), dy = r.in(dyv, dt, {M, c.Nout});
+        Tensor y = r.in(ov, dt, {M, c.Nout}), dx = r.in(dxv, dt, {M, c.K});
+        Tensor dw = r.in(dwv, F32, {E, stride}), dwb = r.in(dwv, dt, {E, stride});
+        CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);     // y = x W_e^T, W_e [Nout, K]
+        CALL(r, moe_grouped_matmul, dx, dy, w, offs, false, 1.f);  // dx += dy W_e
+        CALL(r, moe_grouped_matmul_wgrad, dw, dy, a, offs);
+        CALL(r, moe_grouped_matmul_wgrad, dwb, dy, a, offs);
+        return {r.get(y), r.get(dx), r.get(dw), r.get(dwb)};
+      });
+      const char* names[] = {"grouped x W^T", "grouped += dy W", "wgrad f32 accumulator", "wgrad storage dtype"};
+      for (int i = 0; i < 4; ++i) {
+        check_bf16(names[i], four.cuda_bf[size_t(i)], four.cpu_bf[size_t(i)], four.ref[size_t(i)], kF32Floor);
+        check_f32(std::string(names[i]) + " f32", four.cuda_f32[size_t(i)], four.ref[size_t(i)]);
+      }
     }
   }
+  unsetenv("SF_MOE_SIMT");
 }
 
 TEST(CudaOps, MoeAuxLoss) {

@@ -114,8 +114,8 @@ void moe_permute(Tensor offsets, Tensor sorted_slot, Tensor slot_pos, Tensor idx
   int32_t* off = offsets.ptr<int32_t>();
   std::vector<int64_t> next(size_t(E) + 1, 0);
   for (int64_t s = 0; s < S; ++s) {
-    SF_CHECK(I[s] >= 0 && I[s] < E, "moe_permute: expert index " + std::to_string(I[s]) + " out of [0, " +
-                                        std::to_string(E) + ")");
+    SF_CHECK(I[s] >= 0 && I[s] < E,
+             "moe_permute: expert index " + std::to_string(I[s]) + " out of [0, " + std::to_string(E) + ")");
     ++next[size_t(I[s]) + 1];
   }
   for (int64_t e = 0; e < E; ++e) next[size_t(e) + 1] += next[size_t(e)];
