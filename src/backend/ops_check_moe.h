@@ -87,7 +87,7 @@ inline void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tenso
 inline void moe_grouped_w(const char* op, const Tensor& w, const Tensor& offsets, int64_t K, int64_t Nout) {
   SF_CHECK_REAL(op, w);
   SF_CHECK_DTYPE(op, offsets, DType::I32);
-  SF_CHECK(w.shape.size() == 2 && w.cols() >= K * Nout,
+  SF_CHECK(w.ndim == 2 && w.cols() >= K * Nout,
            bad_shape(op, "w", w, ("[E, stride >= " + std::to_string(K * Nout) + "]").c_str()));
   SF_CHECK_NUMEL(op, offsets, rows(w) + 1, "E+1 (rows of w + 1)");
 }

@@ -17,6 +17,21 @@ namespace {
 // Rows of a [R, C] tensor per pool task: about 2^14 elements.
 int64_t row_grain(int64_t C) { return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(C, 1)); }
 
+// f(r, typed data of ts...) for every row r of [0, R), rows C elements wide, in pool tasks.
+template <class F, class... Ts>
+void for_rows(int64_t R, int64_t C, F&& f, const Ts&... ts) {
+  visit_all(
+      [&](auto*... ps) {
+        cpu_pool().parallel_for(
+            R,
+            [&](int64_t r0, int64_t r1) {
+              for (int64_t r = r0; r < r1; ++r) f(r, ps...);
+            },
+            row_grain(C));
+      },
+      ts...);
+}
+
 }  // namespace
 
 void moe_route(Tensor probs, Tensor idx, Tensor weights, Tensor stats, Tensor logits, bool renorm) {
@@ -130,40 +145,28 @@ void moe_permute(Tensor offsets, Tensor sorted_slot, Tensor slot_pos, Tensor idx
 }
 
 void moe_gather(Tensor xs, Tensor x, Tensor sorted_slot, int k) {
-  const int64_t R = xs.rows(), H = xs.cols();
+  const int64_t H = xs.cols();
   const int32_t* ss = sorted_slot.ptr<int32_t>();
-  visit_all(
-      [&](auto* o, auto* in) {
-        cpu_pool().parallel_for(
-            R,
-            [&](int64_t p0, int64_t p1) {
-              for (int64_t p = p0; p < p1; ++p) {
-                const int64_t n = ss[p] / k;
-                for (int64_t h = 0; h < H; ++h) st(o, p * H + h, ld(in, n * H + h));
-              }
-            },
-            row_grain(H));
+  for_rows(
+      xs.rows(), H,
+      [&](int64_t p, auto* o, auto* in) {
+        const int64_t n = ss[p] / k;
+        for (int64_t h = 0; h < H; ++h) st(o, p * H + h, ld(in, n * H + h));
       },
       xs, x);
 }
 
 void moe_gather_backward(Tensor dx, Tensor dxs, Tensor slot_pos, int k) {
-  const int64_t N = dx.rows(), H = dx.cols();
+  const int64_t H = dx.cols();
   const int32_t* sp = slot_pos.ptr<int32_t>();
-  visit_all(
-      [&](auto* o, auto* in) {
-        cpu_pool().parallel_for(
-            N,
-            [&](int64_t n0, int64_t n1) {
-              for (int64_t n = n0; n < n1; ++n) {
-                for (int64_t h = 0; h < H; ++h) {
-                  float acc = 0.f;
-                  for (int64_t j = 0; j < k; ++j) acc += ld(in, int64_t(sp[n * k + j]) * H + h);
-                  st(o, n * H + h, acc);
-                }
-              }
-            },
-            row_grain(H * k));
+  for_rows(
+      dx.rows(), H * k,
+      [&](int64_t n, auto* o, auto* in) {
+        for (int64_t h = 0; h < H; ++h) {
+          float acc = 0.f;
+          for (int64_t j = 0; j < k; ++j) acc += ld(in, int64_t(sp[n * k + j]) * H + h);
+          st(o, n * H + h, acc);
+        }
       },
       dx, dxs);
 }
@@ -204,52 +207,40 @@ void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets) {
 }
 
 void moe_combine(Tensor y, Tensor ys, Tensor weights, Tensor slot_pos) {
-  const int64_t N = y.rows(), H = y.cols(), k = weights.cols();
+  const int64_t H = y.cols(), k = weights.cols();
   const float* W = weights.ptr<float>();
   const int32_t* sp = slot_pos.ptr<int32_t>();
-  visit_all(
-      [&](auto* o, auto* in) {
-        cpu_pool().parallel_for(
-            N,
-            [&](int64_t n0, int64_t n1) {
-              for (int64_t n = n0; n < n1; ++n) {
-                for (int64_t h = 0; h < H; ++h) {
-                  float acc = 0.f;
-                  for (int64_t j = 0; j < k; ++j) acc += W[n * k + j] * ld(in, int64_t(sp[n * k + j]) * H + h);
-                  st(o, n * H + h, acc);
-                }
-              }
-            },
-            row_grain(H * k));
+  for_rows(
+      y.rows(), H * k,
+      [&](int64_t n, auto* o, auto* in) {
+        for (int64_t h = 0; h < H; ++h) {
+          float acc = 0.f;
+          for (int64_t j = 0; j < k; ++j) acc += W[n * k + j] * ld(in, int64_t(sp[n * k + j]) * H + h);
+          st(o, n * H + h, acc);
+        }
       },
       y, ys);
 }
 
 void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights, Tensor slot_pos) {
-  const int64_t N = dy.rows(), H = dy.cols(), k = weights.cols();
+  const int64_t H = dy.cols(), k = weights.cols();
   const float* W = weights.ptr<float>();
   float* dW = dweights.ptr<float>();
   const int32_t* sp = slot_pos.ptr<int32_t>();
-  visit_all(
-      [&](auto* dyo, auto* g, auto* y) {
-        cpu_pool().parallel_for(
-            N,
-            [&](int64_t n0, int64_t n1) {
-              for (int64_t n = n0; n < n1; ++n) {
-                for (int64_t j = 0; j < k; ++j) {
-                  const int64_t p = sp[n * k + j];
-                  const float wj = W[n * k + j];
-                  double dot = 0;
-                  for (int64_t h = 0; h < H; ++h) {
-                    const float gv = ld(g, n * H + h);
-                    st(dyo, p * H + h, wj * gv);
-                    dot += double(gv) * ld(y, p * H + h);
-                  }
-                  dW[n * k + j] = float(dot);
-                }
-              }
-            },
-            row_grain(H * k));
+  for_rows(
+      dy.rows(), H * k,
+      [&](int64_t n, auto* dyo, auto* g, auto* y) {
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t p = sp[n * k + j];
+          const float wj = W[n * k + j];
+          double dot = 0;
+          for (int64_t h = 0; h < H; ++h) {
+            const float gv = ld(g, n * H + h);
+            st(dyo, p * H + h, wj * gv);
+            dot += double(gv) * ld(y, p * H + h);
+          }
+          dW[n * k + j] = float(dot);
+        }
       },
       dys, dy, ys);
 }

@@ -225,6 +225,22 @@ __global__ void combine_bwd_kernel(DOut dys, float* __restrict__ dwt, DIn dy, DI
 // ---- grouped GEMMs: 64 x 64 tiles, 16-deep k slices, 256 threads of 4 x 4 outputs each.
 constexpr int BM = 64, BN = 64, BK = 16, kMmThreads = 256;
 
+// acc[i][j] += sum over the slice of As[k][ty + 16 i] * Bs[k][tx + 16 j] (thread (tx, ty) of 16 x 16).
+__device__ __forceinline__ void simt_tile_fma(float (&acc)[4][4], const float (*As)[BM + 1],
+                                              const float (*Bs)[BN + 1]) {
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+#pragma unroll
+  for (int kk = 0; kk < BK; ++kk) {
+    float av[4], bv[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i], bv[i] = Bs[kk][tx + 16 * i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+  }
+}
+
 // out[r] = a[r] @ op(W_e) + beta out[r] over expert e's rows; blockIdx.y enumerates the row tiles
 // of all experts in order (the grid has an upper bound of them: ceil(M / BM) + E).
 __global__ void __launch_bounds__(kMmThreads)
@@ -260,16 +276,7 @@ __global__ void __launch_bounds__(kMmThreads)
       Bs[kk][n] = v;
     }
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < BK; ++kk) {
-      float av[4], bv[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i], bv[i] = Bs[kk][tx + 16 * i];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
-    }
+    simt_tile_fma(acc, As, Bs);
     __syncthreads();
   }
 #pragma unroll
@@ -305,16 +312,7 @@ __global__ void __launch_bounds__(kMmThreads)
       Bs[rr][c] = (r < c1 && cg < K) ? ld1(x, int64_t(r) * K + cg) : 0.f;
     }
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < BK; ++kk) {
-      float av[4], bv[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i], bv[i] = Bs[kk][tx + 16 * i];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
-    }
+    simt_tile_fma(acc, As, Bs);
     __syncthreads();
   }
   const int64_t wbase = int64_t(e) * stride;
