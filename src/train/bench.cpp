@@ -102,51 +102,56 @@ nlohmann::json run_bench(const BenchOptions& o) {
       1e3 * steady_s, tps, 1e3 * secs * per, 1e3 * drain_s, loss);
   // Model FLOPs (engine/planner.h train_flops_per_token: MoE layers on their active parameters)
   // over the steady step time; MFU against the bf16 dense peak of an H100/H200 (989 TFLOP/s), the
-  // GPUs the numbers are taken on, and left out elsewhere. With the recompute: what the GPU ran.
+  // GPUs the numbers are taken on, null elsewhere. With the recompute: what the GPU ran.
   const double mfu_tflops = train_flops_per_token(spec, b.T, false) * step_tokens / steady_s * 1e-12;
   const double hw_tflops = train_flops_per_token(spec, b.T, true) * step_tokens / steady_s * 1e-12;
   const std::string dev_name = dev->name();
   const bool hopper = dev_name.find("H100") != std::string::npos || dev_name.find("H200") != std::string::npos;
-  nlohmann::json flops = {{"model_tflops_per_second", mfu_tflops}, {"hardware_tflops_per_second", hw_tflops}};
-  if (hopper) flops["mfu"] = mfu_tflops / 989.0;
-  if (spec.is_moe()) {
-    int64_t active = spec.vocab * spec.hidden * (spec.tie_embeddings ? 1 : 2) + spec.hidden;
-    for (int l = 0; l < spec.n_layer; ++l) active += spec.layer_active_params(l);
-    flops["active_parameters"] = active;
-  }
-  log_info("bench: %.1f model TFLOP/s (%.1f with the recompute)%s%s", mfu_tflops, hw_tflops,
-           hopper ? (", MFU " + std::to_string(mfu_tflops / 989.0)).c_str() : "",
-           spec.is_moe() ? ", MoE: FLOPs on active parameters" : "");
-  nlohmann::json res = {{"tokens_per_second", tps},
-                        {"step_ms", 1e3 * steady_s},
-                        {"end_to_end_step_ms", 1e3 * secs * per},
-                        {"end_to_end_tokens_per_second", step_tokens / (secs * per)},
-                        {"drain_ms", 1e3 * drain_s},
-                        {"steps", o.steps},
-                        {"batch_size", o.batch_size},
-                        {"grad_accum", o.grad_accum},
-                        {"micro_batch", M},
-                        {"micro_batches", mbs.size()},
-                        {"seq_len", o.seq_len},
-                        {"parameters", spec.total_params()},
-                        {"device", dev->name()},
-                        {"engine", engine_name(built.plan.engine)},
-                        {"slots", built.plan.slots},
-                        {"gpu_blobs", built.plan.gpu_blobs.size()},
-                        {"predicted_tokens_per_second", built.plan.tokens_per_s},
-                        {"max_grad_norm", o.max_grad_norm},
-                        {"device_bytes", engine.device_bytes()},
-                        // host work a step (the sliding engine): AdamW; uploads of blobs; memory held
-                        {"host_update_ms", 1e3 * (st1.host_update_s - st0.host_update_s) * per},
-                        {"pinned_bytes", st1.pinned_bytes},
-                        {"host_bytes", engine.host_bytes()},
-                        {"predicted_gpu_bytes", built.plan.gpu_bytes},
-                        {"predicted_host_bytes", built.plan.host_bytes},
-                        {"peak_rss_bytes", peak_rss_bytes()},
-                        {"uploads_per_step", double(st1.uploads - st0.uploads) * per},
-                        {"loss", loss}};
-  res.update(flops);
-  return res;
+  int64_t active = spec.vocab * spec.hidden * (spec.tie_embeddings ? 1 : 2) + spec.hidden;
+  for (int l = 0; l < spec.n_layer; ++l) active += spec.layer_active_params(l);
+  log_info("bench: %.1f model TFLOP/s (%.1f with the recompute)%s, %.2fB active parameters", mfu_tflops, hw_tflops,
+           hopper ? (", MFU " + std::to_string(mfu_tflops / 989.0)).c_str() : "", double(active) / 1e9);
+  return {{"tokens_per_second", tps},
+          {"step_ms", 1e3 * steady_s},
+          {"end_to_end_step_ms", 1e3 * secs * per},
+          {"end_to_end_tokens_per_second", step_tokens / (secs * per)},
+          {"drain_ms", 1e3 * drain_s},
+          {"steps", o.steps},
+          {"batch_size", o.batch_size},
+          {"grad_accum", o.grad_accum},
+          {"micro_batch", M},
+          {"micro_batches", mbs.size()},
+          {"seq_len", o.seq_len},
+          {"parameters", spec.total_params()},
+          {"device", dev->name()},
+          {"engine", engine_name(built.plan.engine)},
+          {"slots", built.plan.slots},
+          {"gpu_blobs", built.plan.gpu_blobs.size()},
+          {"predicted_tokens_per_second", built.plan.tokens_per_s},
+          {"max_grad_norm", o.max_grad_norm},
+          {"device_bytes", engine.device_bytes()},
+          // host work a step (the sliding engine): AdamW; uploads of blobs; memory held
+          {"host_update_ms", 1e3 * (st1.host_update_s - st0.host_update_s) * per},
+          {"pinned_bytes", st1.pinned_bytes},
+          {"host_bytes", engine.host_bytes()},
+          {"predicted_gpu_bytes", built.plan.gpu_bytes},
+          {"predicted_host_bytes", built.plan.host_bytes},
+          {"peak_rss_bytes", peak_rss_bytes()},
+          {"uploads_per_step", double(st1.uploads - st0.uploads) * per},
+          // the NVMe tier: bytes a step each way, seconds a step with a transfer in flight (the
+          // disk's share of the steady step: disk_busy_ms / step_ms), the plan's disk time
+          {"disk_read_bytes_per_step", double(st1.disk_read - st0.disk_read) * per},
+          {"disk_written_bytes_per_step", double(st1.disk_written - st0.disk_written) * per},
+          {"disk_busy_ms", 1e3 * (st1.disk_busy_s - st0.disk_busy_s) * per},
+          {"predicted_disk_ms", 1e3 * built.plan.disk_s},
+          {"disk_blobs", built.plan.disk_blobs.size()},
+          {"predicted_disk_bytes", built.plan.disk_bytes},
+          // model FLOPs on active parameters (MoE: router + top_k experts), MFU
+          {"model_tflops_per_second", mfu_tflops},
+          {"hardware_tflops_per_second", hw_tflops},
+          {"mfu", hopper ? nlohmann::json(mfu_tflops / 989.0) : nlohmann::json(nullptr)},
+          {"active_parameters", active},
+          {"loss", loss}};
 }
 
 }  // namespace sf

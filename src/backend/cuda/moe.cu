@@ -489,7 +489,7 @@ unsigned elem_grid(int64_t n, const Launch& L) { return grid_for(n, 256, L.num_s
 // The tensor-core GEMMs take BF16 operands; SF_MOE_SIMT=1 forces the SIMT kernels (read at each
 // call, so that a test can compare both paths).
 bool use_tensor_cores(const Tensor& a, const Tensor& b) {
-  return a.dtype == DType::BF16 && b.dtype == DType::BF16 && !env_switch("SF_MOE_SIMT", false);
+  return a.dtype == DType::BF16 && b.dtype == DType::BF16 && !env_switch(Env::MoeSimt, false);
 }
 
 }  // namespace
