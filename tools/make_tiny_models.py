@@ -135,6 +135,8 @@ TRAIN_MODELS: dict[str, dict] = {
     "train_qwen3_qknorm": dict(MODELS["qwen3_qknorm"], dtype="fp32", shard=True),
     "train_qwen2_bias_tied": dict(MODELS["qwen2_bias_tied"], dtype="fp32", shard=False),
     "train_mistral_gqa": dict(MODELS["mistral_gqa"], dtype="fp32", shard=False),
+    "train_qwen3moe_noaux": dict(MODELS["qwen3moe_noaux"], dtype="fp32", shard=False),
+    "train_olmoe_noaux": dict(MODELS["olmoe_noaux"], dtype="fp32", shard=False),
 }
 
 # The 100-step loss-curve model (hf_train_compare.py --device cuda).
