@@ -56,8 +56,9 @@ for s in "${steps[@]}"; do
         --warmup 1 --device cuda --gpu-memory 24GiB
       run moe_bench_qwen3_4layers "$BIN/slideformer" bench --preset qwen3-30b-a3b --layers 4 --batch-size 8 \
         --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB
+      mkdir -p /tmp/sf_moe_offload
       run moe_plan_qwen3_desktop "$BIN/slideformer" plan --preset qwen3-30b-a3b --batch-size 8 --seq-len 2048 \
-        --gpu-memory 24GiB --cpu-memory 256GiB ;;
+        --gpu-memory 24GiB --cpu-memory 256GiB --offload-dir /tmp/sf_moe_offload --disk-memory 1TiB ;;
     # the sliding (offload) engine: the same parity checks, and the 1B / 3B steps
     parity_offload) run parity_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
       --cli-args "--offload --slots 2 --gpu-blobs 0" --no-baseline --work /tmp/parity_offload
