@@ -10,6 +10,7 @@ namespace sf::test {
 // llama: GQA, untied, attention_bias, llama3 rope scaling; mistral: MHA, tied;
 // qwen2: q/k/v biases, GQA; qwen3: q/k-norm, head_dim != hidden/heads, v5 rope_parameters;
 // gemma3: local/global layers, window 4, (1 + w) norms, GeGLU, embedding scale.
+// mixture of experts: qwen3_moe, mixtral, olmoe (see each).
 inline nlohmann::json tiny_config(const std::string& family) {
   nlohmann::json c = {{"vocab_size", 37},         {"hidden_size", 32},        {"intermediate_size", 48},
                       {"num_hidden_layers", 2},   {"num_attention_heads", 4}, {"num_key_value_heads", 2},
@@ -62,8 +63,49 @@ inline nlohmann::json tiny_config(const std::string& family) {
     c["final_logit_softcapping"] = nullptr;
     c["attn_logit_softcapping"] = nullptr;
     c["tie_word_embeddings"] = true;
+  } else if (family == "qwen3_moe") {  // per-head q/k-norm, renormalised top-k, a dense layer, aux loss
+    c["architectures"] = {"Qwen3MoeForCausalLM"};
+    c["model_type"] = "qwen3_moe";
+    c["num_hidden_layers"] = 3;
+    c["head_dim"] = 16;
+    c["tie_word_embeddings"] = false;
+    c["num_experts"] = 5;
+    c["num_experts_per_tok"] = 2;
+    c["moe_intermediate_size"] = 24;
+    c["norm_topk_prob"] = true;
+    c["decoder_sparse_step"] = 1;
+    c["mlp_only_layers"] = {1};
+    c["output_router_logits"] = true;
+    c["router_aux_loss_coef"] = 0.05;
+  } else if (family == "mixtral") {  // w1/w2/w3 names, always renormalised, aux loss
+    c["architectures"] = {"MixtralForCausalLM"};
+    c["model_type"] = "mixtral";
+    c["tie_word_embeddings"] = false;
+    c["num_local_experts"] = 4;
+    c["num_experts_per_tok"] = 2;
+    c["intermediate_size"] = 20;
+    c["sliding_window"] = nullptr;
+    c["output_router_logits"] = true;
+    c["router_aux_loss_coef"] = 0.02;
+  } else if (family == "olmoe") {  // q/k-norm over the whole projection, top-k not renormalised
+    c["architectures"] = {"OlmoeForCausalLM"};
+    c["model_type"] = "olmoe";
+    c["tie_word_embeddings"] = false;
+    c["num_experts"] = 6;
+    c["num_experts_per_tok"] = 3;
+    c["intermediate_size"] = 16;
+    c["norm_topk_prob"] = false;
+    c["output_router_logits"] = false;
+    c["clip_qkv"] = nullptr;
   }
   return c;
+}
+
+// The mixture-of-experts families (not in families(): a finite-difference step through a whole
+// model can flip a top-k choice, so they have their own model-level checks, test_moe_model.cpp).
+inline const std::vector<std::string>& moe_families() {
+  static const std::vector<std::string> f = {"qwen3_moe", "mixtral", "olmoe"};
+  return f;
 }
 
 inline const std::vector<std::string>& families() {

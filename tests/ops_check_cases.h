@@ -225,6 +225,53 @@ inline std::vector<BadCall> bad_calls(char* base, Ops& ops) {
   add("adamw param_copy numel", "adamw: param_copy [7] BF16 has 7 elements", [=](Ops& o, Stream& s) {
     o.adamw(at(0, F32, {6}), at(1, F32, {6}), at(2, F32, {6}), at(3, F32, {6}), at(4, BF16, {7}), p, s);
   });
+  // mixture of experts
+  add("moe_route probs dtype", "moe_route: probs [3, 4] BF16 must be a non-empty F32 tensor", [=](Ops& o, Stream& s) {
+    o.moe_route(at(0, BF16, {3, 4}), at(1, I32, {3, 2}), at(2, F32, {3, 2}), Tensor(), at(3, F32, {3, 4}), true, s);
+  });
+  add("moe_route k > E", "moe_route: logits [3, 2] F32 is not [N, E] with E >= k", [=](Ops& o, Stream& s) {
+    o.moe_route(at(0, F32, {3, 2}), at(1, I32, {3, 3}), at(2, F32, {3, 3}), Tensor(), at(3, F32, {3, 2}), true, s);
+  });
+  add("moe_route stats numel", "moe_route: stats [4] F32 has 4 elements, expected 2*E = 8", [=](Ops& o, Stream& s) {
+    o.moe_route(at(0, F32, {3, 4}), at(1, I32, {3, 2}), at(2, F32, {3, 2}), at(4, F32, {4}), at(3, F32, {3, 4}), false,
+                s);
+  });
+  add("moe_route_backward counts", "moe_route_backward: counts [3] F32 has 3 elements, expected E = 4",
+      [=](Ops& o, Stream& s) {
+        o.moe_route_backward(at(0, F32, {3, 4}), at(1, F32, {3, 2}), at(2, F32, {3, 4}), at(3, I32, {3, 2}), true,
+                             at(4, F32, {3}), 1.f, s);
+      });
+  add("moe_permute slots", "moe_permute: slot_pos [5] I32 has 5 elements, expected N*k = 6", [=](Ops& o, Stream& s) {
+    o.moe_permute(at(0, I32, {5}), at(1, I32, {6}), at(2, I32, {5}), at(3, I32, {3, 2}), s);
+  });
+  add("moe_gather rows", "moe_gather: xs [5, 4] F32 is not [N*k, H]", [=](Ops& o, Stream& s) {
+    o.moe_gather(at(0, F32, {5, 4}), at(1, F32, {3, 4}), at(2, I32, {5}), 2, s);
+  });
+  add("moe_gather_backward alias", "moe_gather_backward: dx overlaps dxs", [=](Ops& o, Stream& s) {
+    o.moe_gather_backward(at(0, F32, {3, 4}), at(0, F32, {6, 4}), at(2, I32, {6}), 2, s);
+  });
+  add("moe_grouped_matmul stride", "moe_grouped_matmul: w [2, 10] F32 is not [E, stride >= 12]",
+      [=](Ops& o, Stream& s) {
+        o.moe_grouped_matmul(at(0, F32, {5, 4}), at(1, F32, {5, 3}), at(2, F32, {2, 10}), at(3, I32, {3}), true, 0, s);
+      });
+  add("moe_grouped_matmul offsets", "moe_grouped_matmul: offsets [2] I32 has 2 elements, expected E+1",
+      [=](Ops& o, Stream& s) {
+        o.moe_grouped_matmul(at(0, F32, {5, 4}), at(1, F32, {5, 3}), at(2, F32, {2, 12}), at(3, I32, {2}), true, 0, s);
+      });
+  add("moe_grouped_matmul_wgrad rows", "moe_grouped_matmul_wgrad: dy [4, 4] F32 is not [M, Nout]",
+      [=](Ops& o, Stream& s) {
+        o.moe_grouped_matmul_wgrad(at(0, F32, {2, 12}), at(1, F32, {4, 4}), at(2, F32, {5, 3}), at(3, I32, {3}), s);
+      });
+  add("moe_combine weights dtype", "moe_combine: weights [3, 2] BF16 must be a non-empty F32 tensor",
+      [=](Ops& o, Stream& s) {
+        o.moe_combine(at(0, F32, {3, 4}), at(1, F32, {6, 4}), at(2, BF16, {3, 2}), at(3, I32, {6}), s);
+      });
+  add("moe_combine_backward dweights", "moe_combine_backward: dweights [5] F32 has 5 elements", [=](Ops& o, Stream& s) {
+    o.moe_combine_backward(at(0, F32, {6, 4}), at(4, F32, {5}), at(5, F32, {3, 4}), at(1, F32, {6, 4}),
+                           at(2, F32, {3, 2}), at(3, I32, {6}), s);
+  });
+  add("moe_aux_loss stats", "moe_aux_loss: stats [3] F32 is not [2, E]",
+      [=](Ops& o, Stream& s) { o.moe_aux_loss(at(0, F32, {1}), at(1, F32, {3}), 1.f, s); });
   return c;
 }
 

@@ -123,7 +123,10 @@ TEST(Presets, ParameterCountsAreThePublishedOnes) {
       {"llama-70b", 70553706496},   {"mistral-123b", 122610069504},
       // Gemma 3 4B's language model from the published config's shapes (the card's 4.3 B include the
       // vision tower)
-      {"gemma3-4b", 3880263168}};
+      {"gemma3-4b", 3880263168},
+      // the MoE shapes: Qwen3-30B-A3B (30.5 B), Mixtral-8x7B (46.7 B), OLMoE-1B-7B (6.9 B), their
+      // safetensors totals (tests/test_moe_model.cpp checks the active counts)
+      {"qwen3-30b-a3b", 30532122624}, {"mixtral-8x7b", 46702792704}, {"olmoe-1b-7b", 6919161856}};
   for (const auto& [name, params] : expected) {
     const ModelSpec s = parse_model_spec(preset_config(name), "preset " + name);
     EXPECT_EQ(s.total_params(), params) << name;

@@ -223,6 +223,10 @@ INSTANTIATE_TEST_SUITE_P(
         // Gemma 3: local (window 4 < seq 11) and global layers, sandwich norms, GeGLU, embedding scale
         Case{"gemma3", 3, 0}, Case{"gemma3", 2, 50, 4, true, true}, Case{"gemma3", 2, 50, 16, false, false, 2, true, 2},
         Case{"gemma3", 3, 50, 2, true, false, 1, false, 3},
+        // mixture of experts: the load-balancing loss's router statistics per micro-batch
+        Case{"qwen3_moe", 3, 0}, Case{"mixtral", 2, 50, 4, true, true}, Case{"olmoe", 3, 50, 2},
+        Case{"qwen3_moe", 2, 50, 16, false, false, 0, false, 3}, Case{"mixtral", 3, 0, 0, false, false, 1, true, 2},
+        Case{"olmoe", 2, 50, 1, true, false, 2, true, 2},
         // the NVMe tier: AdamW state of some or all host blobs in the store, read ahead and
         // written back around each update, through either backend, with disordered completions
         Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, false, 2},

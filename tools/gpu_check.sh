@@ -2,7 +2,7 @@
 # Every GPU-machine check and benchmark of the repository in one call (device time is scarce).
 # Usage there:  BIN=gpubin bash tools/gpu_check.sh [steps...]
 #   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench
-#   (also: bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
+#   (also: moe = issue 18's mixture-of-experts checks, bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
 #    state_quality state_bench = bf16 optimizer state: quality, 3B speed, 8B plan,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
@@ -42,6 +42,25 @@ for s in "${steps[@]}"; do
     train_cpu) run train_cpu python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cpu --skip-curve --work /tmp/train_cpu ;;
     parity_cuda) run parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --work /tmp/parity_cuda ;;
     train_cuda) run train_cuda python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cuda --work /tmp/train_cuda ;;
+    # issue 18, mixture of experts: the kernels, the tiny models against transformers through both
+    # engines (cpu and cuda), OLMoE-1B-7B at 8 x 2048 beside PyTorch, a 4-layer Qwen3-30B-A3B cut
+    # at 24 GiB beside its plan, and the plan of the whole model on a 24 GB / 256 GB desktop
+    moe)
+      MOE_MODELS=qwen3moe_aux,qwen3moe_noaux,mixtral_aux,olmoe_noaux,olmoe_aux
+      run moe_gpu_tests "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Moe*' --gtest_brief=1
+      run moe_parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu --models $MOE_MODELS \
+        --work /tmp/moe_parity_cpu
+      run moe_parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --models $MOE_MODELS \
+        --work /tmp/moe_parity_cuda
+      run moe_parity_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --models $MOE_MODELS \
+        --cli-args "--offload --slots 2 --gpu-blobs 0" --no-baseline --work /tmp/moe_parity_offload
+      run moe_bench_olmoe "$BIN/slideformer" bench --preset olmoe-1b-7b --batch-size 8 --seq-len 2048 --steps 3 \
+        --warmup 1 --device cuda --gpu-memory 24GiB
+      run moe_bench_qwen3_4layers "$BIN/slideformer" bench --preset qwen3-30b-a3b --layers 4 --batch-size 8 \
+        --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB
+      mkdir -p /tmp/sf_moe_offload
+      run moe_plan_qwen3_desktop "$BIN/slideformer" plan --preset qwen3-30b-a3b --batch-size 8 --seq-len 2048 \
+        --gpu-memory 24GiB --cpu-memory 256GiB --offload-dir /tmp/sf_moe_offload --disk-memory 1TiB ;;
     # the sliding (offload) engine: the same parity checks, and the 1B / 3B steps
     parity_offload) run parity_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
       --cli-args "--offload --slots 2 --gpu-blobs 0" --no-baseline --work /tmp/parity_offload

@@ -5,7 +5,8 @@
     python3 tools/hf_parity.py --bin build/slideformer --device cuda [--work DIR]
 
 For each tiny random model of tools/make_tiny_models.py (Llama, Mistral, Qwen2, Qwen3; fp32 and bf16;
-single-file and sharded; GQA/MQA/MHA; tied and untied; llama3 RoPE; biases; Qwen3 q/k-norm) and its
+single-file and sharded; GQA/MQA/MHA; tied and untied; llama3 RoPE; biases; Qwen3 q/k-norm; the
+mixture-of-experts families Qwen3-MoE, Mixtral, OLMoE with the load-balancing loss on and off) and its
 ragged, partly masked JSONL file:
 
   reference   transformers model in fp32 (bf16 checkpoints upcast exactly), eager attention, TF32 off,
@@ -18,6 +19,12 @@ ragged, partly masked JSONL file:
               loss relative error, token count (exact), grad tensor names (exactly the model's
               parameters), dtype F32 and shapes, "loss" in the grad metadata, and per tensor
               ||g_sf - g_ref|| / ||g_ref||.
+  MoE         transformers v5's fused expert parameters are compared under the checkpoint's per-expert
+              names (to_file_names). With the load-balancing loss on ("aux" models), the gradient
+              reference is one batch of all records with labels= (reference_aux) and `grad` runs them
+              as one micro-batch; `eval` is compared with the cross-entropy part (it reports CE only).
+  round trip  every model: `train --steps 1 --lr 0` saves tensors equal to the input checkpoint's
+              byte for byte, and the output loads in transformers.
   tolerances  cpu: loss 1e-5, grad 1e-4 (fp32 math both sides);
               cuda: loss 1e-2, grad 3e-2 (slideformer computes in bf16 with fp32 accumulation).
               On cuda the models use initializer_range 0.02 (cpu: 0.1), see CUDA_INIT_RANGE, and
@@ -276,6 +283,113 @@ def reference(model_dir, arch, recs, seq_len, device):
     return total / n_total, n_total, grads, shapes, max(self_check or [0.0])
 
 
+def reference_aux(model_dir, arch, recs, seq_len, device):
+    """Models with the load-balancing loss (output_router_logits): transformers computes it over all
+    tokens of one forward call, so the reference is one batch of every record (equal lengths, no
+    padding: make_aux_records) with labels=, and its loss is CE mean + router_aux_loss_coef * aux.
+    Returns what reference() does; the self-check compares the CE part with per-record sums."""
+    import torch
+    model = tiny.load_hf_model(model_dir, arch, device=device, attn="eager")
+    model.eval()
+    model.zero_grad(set_to_none=True)
+    rows = [record_inputs(r, seq_len) for r in recs]
+    if len({len(r[0]) for r in rows}) != 1:
+        raise RuntimeError("aux-loss data must hold records of one length (make_aux_records)")
+    x = torch.tensor([r[0] for r in rows], dtype=torch.long, device=device)
+    lab = torch.tensor([list(rec.get("labels", rec["input_ids"])[:seq_len]) for rec in recs], dtype=torch.long,
+                       device=device)
+    out = model(input_ids=x, labels=lab, output_router_logits=True)
+    out.loss.backward()
+    n_total = count_trained(recs, seq_len)
+    with torch.no_grad():
+        ce = sum(float(record_ce_sum(model, rec, seq_len, device)[0] or 0.0) for rec in recs) / n_total
+        coef = float(model.config.router_aux_loss_coef)
+        sc = rel_err(float(out.loss) - coef * float(out.aux_loss), ce)
+    grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().cpu()
+             for name, p in model.named_parameters()}
+    shapes = {name: list(p.shape) for name, p in model.named_parameters()}
+    log(f"  reference with the load-balancing loss: CE {ce:.8f} + {coef} x aux {float(out.aux_loss):.6f}")
+    return float(out.loss), n_total, grads, shapes, sc
+
+
+def to_file_names(grads: dict, file_shapes: dict) -> dict:
+    """transformers v5 keeps each MoE layer's experts as fused parameters (mlp.experts.gate_up_proj
+    [E, 2I, H] = gate rows then up rows, mlp.experts.down_proj [E, H, I]; Mixtral's block renamed
+    mlp) while checkpoints, and slideformer's gradient files, name each expert's matrices
+    (mlp.experts.N.gate_proj / up_proj / down_proj, Mixtral block_sparse_moe.experts.N.w1 / w3 / w2).
+    Maps tensors keyed by parameter name to the file names (identity for names already there)."""
+    import re
+    out = {}
+    for k, g in grads.items():
+        if k in file_shapes:
+            out[k] = g
+            continue
+        m = re.match(r"(model\.layers\.\d+\.)mlp\.(gate\.weight|experts\.gate_up_proj|experts\.down_proj)$", k)
+        if m is None:
+            out[k] = g
+            continue
+        pre, what = m.groups()
+        mixtral = (pre + "block_sparse_moe.gate.weight") in file_shapes
+        block = pre + ("block_sparse_moe." if mixtral else "mlp.")
+        if what == "gate.weight":
+            out[block + "gate.weight"] = g
+            continue
+        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        for e in range(g.shape[0]):
+            ge = g[e]
+            if what == "experts.gate_up_proj":
+                want = file_shapes[f"{block}experts.{e}.{names[0]}.weight"]  # [I, H]
+                if list(ge.shape) != [2 * want[0], want[1]]:
+                    ge = ge.t()  # a transposed fused layout
+                out[f"{block}experts.{e}.{names[0]}.weight"] = ge[: want[0]].contiguous()
+                out[f"{block}experts.{e}.{names[1]}.weight"] = ge[want[0]:].contiguous()
+            else:
+                want = file_shapes[f"{block}experts.{e}.{names[2]}.weight"]  # [H, I]
+                if list(ge.shape) != list(want):
+                    ge = ge.t()
+                out[f"{block}experts.{e}.{names[2]}.weight"] = ge.contiguous()
+    return out
+
+
+def check_save_round_trip(entry, a, table: Table, work: Path):
+    """A checkpoint written by transformers, loaded by slideformer and saved back unchanged (one
+    step at lr 0, no weight decay), holds the same tensors (names, dtypes, shapes, bytes) and loads
+    in transformers again."""
+    import torch
+    from safetensors import safe_open
+    name = entry["name"]
+    out_dir = work / "saved" / name
+    recs_path = entry["data"]
+    rc, out, err, dt = run_cli([a.bin, "train", "--model", entry["path"], "--data", recs_path, "--output",
+                                str(out_dir), "--steps", "1", "--lr", "0", "--weight-decay", "0", "--seq-len",
+                                str(a.seq_len), "--batch-size", "2", "--device", a.device], a.timeout)
+    if rc != 0:
+        table.add(name, "save round trip", None, None, False, f"train exit {rc}: {_tail(err, 200)}")
+        return
+
+    def tensors(d: Path) -> dict:
+        res = {}
+        for f in sorted(d.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as sf:
+                for k in sf.keys():
+                    res[k] = sf.get_tensor(k)
+        return res
+
+    src, dst = tensors(Path(entry["path"])), tensors(out_dir)
+    diff = sorted(set(src) ^ set(dst))
+    bad = [k for k in sorted(set(src) & set(dst))
+           if src[k].dtype != dst[k].dtype or src[k].shape != dst[k].shape
+           or not torch.equal(src[k].view(torch.uint8) if src[k].dtype == torch.bfloat16 else src[k],
+                              dst[k].view(torch.uint8) if dst[k].dtype == torch.bfloat16 else dst[k])]
+    table.add(name, "save round trip: same tensors", len(diff) + len(bad), 0, not diff and not bad,
+              (f"names differ {diff[:3]} " if diff else "") + (f"bytes/dtype differ {bad[:3]}" if bad else ""))
+    try:
+        tiny.load_hf_model(out_dir, entry["arch"], device="cpu")
+        table.add(name, "save round trip: transformers loads it", 1, 1, True)
+    except Exception as e:
+        table.add(name, "save round trip: transformers loads it", 0, 1, False, f"{type(e).__name__}: {e}")
+
+
 # ----------------------------------------------------------------------------------------------
 # One model
 # ----------------------------------------------------------------------------------------------
@@ -298,6 +412,18 @@ def check_model(entry, a, table: Table, work: Path):
     if sc > 1e-5:
         log(f"REFERENCE SELF-CHECK FAILED for {name}: {sc:.3e} (bug in hf_parity.py)")
         raise SystemExit(3)
+    grad_batch = a.batch_size
+    ce_loss = ref_loss  # what `eval` reports: cross-entropy only
+    if entry.get("aux"):
+        ref_loss, ref_n, ref_g, ref_shapes, sc = reference_aux(entry["path"], entry["arch"], recs, a.seq_len,
+                                                                a.ref_device)
+        if sc > 1e-5:
+            log(f"REFERENCE SELF-CHECK FAILED for {name}: {sc:.3e} (aux reference, bug in hf_parity.py)")
+            raise SystemExit(3)
+        grad_batch = len(recs)  # one micro-batch: the loss is over one forward call's tokens
+    file_shapes = entry.get("file_shapes") or {}
+    ref_g = to_file_names(ref_g, file_shapes)
+    ref_shapes = {k: list(v.shape) for k, v in ref_g.items()}
 
     common = ["--model", entry["path"], "--data", entry["data"], "--seq-len", str(a.seq_len),
               "--device", a.device]
@@ -315,8 +441,8 @@ def check_model(entry, a, table: Table, work: Path):
             loss = float(res["loss"])
         except (TypeError, ValueError):
             loss = math.nan
-        table.add(name, f"eval loss rel {suffix}", rel_err(loss, ref_loss), tol["loss"],
-                  rel_err(loss, ref_loss) <= tol["loss"], f"sf {loss:.7f} ref {ref_loss:.7f}")
+        table.add(name, f"eval loss rel {suffix}", rel_err(loss, ce_loss), tol["loss"],
+                  rel_err(loss, ce_loss) <= tol["loss"], f"sf {loss:.7f} ref {ce_loss:.7f}")
         toks = res.get("tokens")
         table.add(name, f"eval tokens {suffix}", toks, ref_n, toks == ref_n, "must equal")
 
@@ -325,7 +451,7 @@ def check_model(entry, a, table: Table, work: Path):
     gpath.parent.mkdir(parents=True, exist_ok=True)
     if gpath.exists():
         gpath.unlink()
-    rc, out, err, dt = run_cli([a.bin, "grad", *common, "--batch-size", str(a.batch_size),
+    rc, out, err, dt = run_cli([a.bin, "grad", *common, "--batch-size", str(grad_batch),
                                 "--output", str(gpath)], a.timeout)
     if rc != 0 or not gpath.exists():
         table.add(name, "grad", None, None, False, f"exit {rc}" + ("" if gpath.exists() else ", no output file"))
@@ -369,13 +495,15 @@ def check_model(entry, a, table: Table, work: Path):
         log(f"      {'OVER ' if not r <= tol['grad'] else '     '}{r:.3e}  {k}  |g_ref|={nrm:.3e}"
             f"{'  (' + how + ')' if how else ''}")
 
-    if a.device == "cuda" and not a.no_baseline:
+    check_save_round_trip(entry, a, table, work)
+
+    if a.device == "cuda" and not a.no_baseline and not entry.get("aux"):
         # For information: how far transformers itself lands from its fp32 gradients when run in bf16
         # on this GPU (all-bf16 weights/activations, and fp32 weights + bf16 autocast).
         for mode in ("bf16", "autocast"):
             try:
                 bl_loss, bl_g = hf_lowp(entry, recs, a.seq_len, mode)
-                bper = grad_errors(bl_g, ref_g, "cuda")
+                bper = grad_errors(to_file_names(bl_g, file_shapes), ref_g, "cuda")
                 table.add(name, f"(info) transformers {mode}: grad max rel", bper[0][0], None, True,
                           f"loss rel {rel_err(bl_loss, ref_loss):.2e}; worst {bper[0][1]}")
             except Exception as e:  # information only

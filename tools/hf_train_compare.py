@@ -71,6 +71,11 @@ CASES = [
     # Gemma 3: window 7 < S, local and global layers
     dict(name="gemma3_clip_cosine", model="train_gemma3_small", B=2, K=2, S=32, n_rec=8, warmup=1,
          sched="cosine", clip="auto"),
+    # mixture of experts (without the load-balancing loss: its batch coupling is hf_parity's aux models)
+    dict(name="qwen3moe_clip_linear", model="train_qwen3moe_noaux", B=2, K=2, S=32, n_rec=8, warmup=1,
+         sched="linear", clip="auto"),
+    dict(name="olmoe_noclip_cosine", model="train_olmoe_noaux", B=2, K=1, S=32, n_rec=6, warmup=1,
+         sched="cosine", clip=0.0),
 ]
 STEPS = 3
 
@@ -309,7 +314,8 @@ def check_output_dir(table, group, out_dir: Path, entry, ref_model, w0, tol_w, a
     bad_dt = [k for k in got if k in want and dtypes[k] != want[k]]
     table.add(group, "output dtype = input's", len(bad_dt), 0, not bad_dt,
               f"{bad_dt[0]}: {dtypes[bad_dt[0]]} vs {want[bad_dt[0]]}" if bad_dt else "")
-    ref_sd = ref_model.state_dict()
+    # transformers v5's fused MoE experts under the checkpoint's per-expert names (hf_parity.py)
+    ref_sd = hp.to_file_names(ref_model.state_dict(), entry.get("file_shapes") or {})
     per, upd = [], []
     for k in sorted(set(got) & set(ref_sd)):
         a_ = got[k].double()
@@ -343,7 +349,7 @@ def check_output_dir(table, group, out_dir: Path, entry, ref_model, w0, tol_w, a
             f"{upd[len(upd) // 2][0]:.3e}")
     try:
         m = tiny.load_hf_model(out_dir, arch, device="cpu")
-        sd = m.state_dict()
+        sd = hp.to_file_names(m.state_dict(), entry.get("file_shapes") or {})
         diff = [k for k in got if k in sd and not torch.equal(sd[k].float(), got[k].float())]
         table.add(group, "output loads in transformers", len(diff), 0, not diff,
                   f"values differ after load: {diff[:3]}" if diff else "")
@@ -370,7 +376,8 @@ def run_case(case, a, table, work: Path, idx: int):
         n0 = grad_norm_step0(model, recs, case["B"], case["K"], case["S"], dev)
         clip = float(f"{0.5 * n0:.3g}")
         log(f"  step-0 grad norm {n0:.4f} -> --max-grad-norm {clip!r}")
-    w0 = {k: v.detach().double().cpu().clone() for k, v in model.state_dict().items()}
+    w0 = {k: v.detach().double().cpu().clone()
+          for k, v in hp.to_file_names(model.state_dict(), entry.get("file_shapes") or {}).items()}
     hist = reference_train(model, recs, STEPS, case["B"], case["K"], case["S"], ADAM["lr"], ADAM["wd"],
                            ADAM["beta1"], ADAM["beta2"], ADAM["eps"], case["warmup"], case["sched"], clip, dev)
     for s, h in enumerate(hist):

@@ -8,10 +8,13 @@ Writes, under DIR:
     data/<name>.jsonl         parity data for that model (its own vocab), see make_parity_records()
     manifest.json             one entry per model: arch, dtype, sharded, tied, vocab, parameter names, ...
 
-The models cover the architectures slideformer supports (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text) and the
+The models cover the architectures slideformer supports (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text,
+Qwen3-MoE, Mixtral, OLMoE) and the
 features that differ between them: GQA / MQA / MHA, tied and untied embeddings, `llama3` RoPE
 scaling, Llama `attention_bias=True`, Qwen2 q/k/v biases, Qwen3 per-head q_norm / k_norm with
-head_dim != hidden / heads, configs in transformers-v5 form (`rope_parameters`) and in the legacy
+head_dim != hidden / heads, the mixture-of-experts families (Qwen3-MoE with a dense layer, Mixtral,
+OLMoE with its whole-projection q/k norm; renormalised top-k or not; load-balancing loss on or off:
+"aux" models get data of equal-length records, one batch, see make_aux_records), configs in transformers-v5 form (`rope_parameters`) and in the legacy
 form (`rope_theta` / `rope_scaling` at the top level). All head_dims are 64 or 128 so the same models
 also serve the CUDA check. Weights use initializer_range 0.1 and every RMSNorm weight and bias is
 randomised, so no parameter is trivial.
@@ -106,6 +109,51 @@ MODELS: dict[str, dict] = {
                 layer_types=["sliding_attention", "sliding_attention", "full_attention"],
                 rope_theta=1000000.0, rope_local_base_freq=100.0,
                 final_logit_softcapping=None, attn_logit_softcapping=None)),
+    # ---- mixture of experts (all head_dims 64: the CUDA attention kernels serve them too) ----
+    # Qwen3-MoE: per-head q/k-norm, renormalised top-2 of 8, a dense layer among MoE ones
+    # (mlp_only_layers), load-balancing loss on with a coefficient large enough to show in gradients.
+    "qwen3moe_aux": dict(
+        arch="Qwen3MoeForCausalLM", dtype="fp32", shard=False, legacy_rope=False, aux=True,
+        kw=dict(vocab_size=512, hidden_size=128, intermediate_size=192, moe_intermediate_size=96,
+                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                mlp_only_layers=[1], output_router_logits=True, router_aux_loss_coef=0.05,
+                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                attention_bias=False, use_sliding_window=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Qwen3-MoE, top-3 of 6 not renormalised, no auxiliary loss; bf16 sharded.
+    "qwen3moe_noaux": dict(
+        arch="Qwen3MoeForCausalLM", dtype="bf16", shard=True, legacy_rope=False,
+        kw=dict(vocab_size=509, hidden_size=128, intermediate_size=160, moe_intermediate_size=80,
+                num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                num_experts=6, num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=1,
+                mlp_only_layers=[], output_router_logits=False, max_position_embeddings=256,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, use_sliding_window=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Mixtral: block_sparse_moe.experts.N.w1/w2/w3 names, top-2 of 4 (always renormalised), aux on.
+    "mixtral_aux": dict(
+        arch="MixtralForCausalLM", dtype="fp32", shard=False, legacy_rope=False, aux=True,
+        kw=dict(vocab_size=384, hidden_size=128, intermediate_size=160, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+                output_router_logits=True, router_aux_loss_coef=0.02, max_position_embeddings=256,
+                rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # OLMoE: q/k RMSNorm over the whole projection, top-4 of 8 not renormalised (its default), no aux.
+    "olmoe_noaux": dict(
+        arch="OlmoeForCausalLM", dtype="fp32", shard=True, legacy_rope=False,
+        kw=dict(vocab_size=400, hidden_size=128, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=2, num_experts=8, num_experts_per_tok=4,
+                norm_topk_prob=False, output_router_logits=False, max_position_embeddings=256,
+                rms_norm_eps=1e-5, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # OLMoE with renormalisation and the auxiliary loss (its default coefficient 0.01); bf16.
+    "olmoe_aux": dict(
+        arch="OlmoeForCausalLM", dtype="bf16", shard=False, legacy_rope=False, aux=True,
+        kw=dict(vocab_size=448, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, num_experts=6, num_experts_per_tok=2,
+                norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=0.01,
+                max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
 }
 
 # Models hf_train_compare.py trains (fp32 checkpoints only; built by build_train_models()).
@@ -115,6 +163,8 @@ TRAIN_MODELS: dict[str, dict] = {
     "train_qwen2_bias_tied": dict(MODELS["qwen2_bias_tied"], dtype="fp32", shard=False),
     "train_mistral_gqa": dict(MODELS["mistral_gqa"], dtype="fp32", shard=False),
     "train_gemma3_small": dict(MODELS["gemma3_small"], dtype="fp32", shard=False),
+    "train_qwen3moe_noaux": dict(MODELS["qwen3moe_noaux"], dtype="fp32", shard=False),
+    "train_olmoe_noaux": dict(MODELS["olmoe_noaux"], dtype="fp32", shard=False),
 }
 
 # The 100-step loss-curve model (hf_train_compare.py --device cuda).
@@ -151,6 +201,9 @@ def _config_class(arch: str):
         "Qwen2ForCausalLM": transformers.Qwen2Config,
         "Qwen3ForCausalLM": transformers.Qwen3Config,
         "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
+        "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
+        "MixtralForCausalLM": transformers.MixtralConfig,
+        "OlmoeForCausalLM": transformers.OlmoeConfig,
     }[arch]
 
 
@@ -303,6 +356,7 @@ def build_model(name: str, spec: dict, out_dir: Path, seed: int) -> dict:
                      spec["kw"]["hidden_size"] // spec["kw"]["num_attention_heads"]),
         rope=_rope_params_of(reloaded.config), path=str(model_dir),
         param_names=params, file_tensors={k: v[0] for k, v in files.items()},
+        file_shapes={k: v[1] for k, v in files.items()}, aux=bool(spec.get("aux")),
     )
     _log(f"  built {name:22s} {spec['arch']:19s} {spec['dtype']} "
          f"{'sharded' if spec['shard'] else 'single '} params={sum(p.numel() for p in reloaded.parameters())}")
@@ -367,6 +421,23 @@ def make_parity_records(vocab: int, seed: int, seq_len: int = PARITY_SEQ_LEN) ->
     return recs
 
 
+def make_aux_records(vocab: int, seed: int, seq_len: int = PARITY_SEQ_LEN, n: int = 4) -> list[dict]:
+    """For models with the load-balancing loss: n records of exactly seq_len tokens (no cut, no
+    padding), some labels masked. transformers computes that loss over every token of one forward
+    call, so the reference and slideformer must see the same single batch of n x seq_len tokens."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for i in range(n):
+        r = [int(x) for x in rng.integers(0, vocab, size=seq_len)]
+        lab = list(r)
+        if i == 1:
+            lab[:seq_len // 3] = [-100] * (seq_len // 3)
+        if i == 2:
+            lab[5:9] = [-100] * 4
+        recs.append({"input_ids": r, "labels": lab})
+    return recs
+
+
 def make_train_records(vocab: int, seed: int, n: int, seq_len: int) -> list[dict]:
     """Ragged records for the 3-step AdamW comparison; every record has trained targets except one
     fully masked record (so token counts differ between micro-batches)."""
@@ -416,7 +487,10 @@ def build_all(out_dir, seed: int = 1234, only: list[str] | None = None, models: 
         entry = build_model(name, spec, out_dir, seed + 101 * i)
         if with_data:
             dpath = out_dir / "data" / f"{name}.jsonl"
-            write_jsonl(dpath, make_parity_records(entry["vocab_size"], seed + 7 * i))
+            if spec.get("aux"):
+                write_jsonl(dpath, make_aux_records(entry["vocab_size"], seed + 7 * i))
+            else:
+                write_jsonl(dpath, make_parity_records(entry["vocab_size"], seed + 7 * i))
             entry["data"] = str(dpath)
         manifest["models"][name] = entry
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

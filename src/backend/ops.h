@@ -130,6 +130,45 @@ class Ops {
   // out [1] F32 += sum(x^2) (accumulated in at least fp32; cpu uses fp64).
   virtual void sq_norm(Tensor out, Tensor x, Stream& s) = 0;
 
+  // ---- Mixture of experts (model/program.cpp's MoE layer). N tokens, E experts, k = top_k; a
+  // "slot" is one (token, choice) pair n*k + j; "sorted" rows are the N*k slots ordered by expert
+  // (stable: by slot within an expert). Index tensors are I32.
+  //
+  // Router: probs [N,E] F32 = softmax(logits [N,E]) in fp32; idx [N,k] = the k largest probs of
+  // each row in descending order (ties: the lower expert); weights [N,k] F32 = those probs, divided
+  // by their sum when renorm. stats (optional) F32 [2,E] += (row 0) how many tokens chose each
+  // expert, (row 1) the sum of probs over the rows: what the load-balancing loss needs.
+  virtual void moe_route(Tensor probs, Tensor idx, Tensor weights, Tensor stats, Tensor logits, bool renorm,
+                         Stream& s) = 0;
+  // dlogits [N,E] (overwritten) from dweights [N,k] F32 through the top-k (renorm as forward) and
+  // the softmax, plus aux_scale * counts[e] added to d(probs[n,e]) for every row (the load-
+  // balancing loss's gradient; counts F32 [E], may be empty).
+  virtual void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor probs, Tensor idx, bool renorm, Tensor counts,
+                                  float aux_scale, Stream& s) = 0;
+  // Counting sort of the slots by expert: offsets [E+1] (offsets[e] = first sorted row of expert
+  // e, offsets[E] = N*k), sorted_slot [N*k] (sorted row -> slot), slot_pos [N*k] (slot -> sorted
+  // row). idx values must be in [0, E).
+  virtual void moe_permute(Tensor offsets, Tensor sorted_slot, Tensor slot_pos, Tensor idx, Stream& s) = 0;
+  // xs [N*k, H] row p = x [N, H] row sorted_slot[p] / k.
+  virtual void moe_gather(Tensor xs, Tensor x, Tensor sorted_slot, int k, Stream& s) = 0;
+  // dx [N, H] (overwritten) row n = sum over j of dxs row slot_pos[n*k + j] (j ascending).
+  virtual void moe_gather_backward(Tensor dx, Tensor dxs, Tensor slot_pos, int k, Stream& s) = 0;
+  // Grouped linear over sorted rows: for each expert e, rows r in [offsets[e], offsets[e+1]) of
+  // a [M, K]: out[r] = a[r] @ op(W_e) + beta * out[r], W_e the first K*Nout elements of row e of
+  // w [E, stride] seen as [Nout, K] (trans_w: a linear layer's weight) or [K, Nout].
+  virtual void moe_grouped_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta,
+                                  Stream& s) = 0;
+  // dw_e [Nout, K] (row e of dw [E, stride], F32 or BF16) += dy_e^T @ x_e over expert e's rows of
+  // dy [M, Nout] and x [M, K]. Experts with no rows are left as they are.
+  virtual void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets, Stream& s) = 0;
+  // y [N, H] (overwritten) row n = sum over j of weights[n, j] * ys row slot_pos[n*k + j].
+  virtual void moe_combine(Tensor y, Tensor ys, Tensor weights, Tensor slot_pos, Stream& s) = 0;
+  // dys [N*k, H] row slot_pos[n*k+j] = weights[n,j] * dy[n]; dweights [N,k] F32 = dy[n] . that ys row.
+  virtual void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights, Tensor slot_pos,
+                                    Stream& s) = 0;
+  // loss_sum [1] F32 += scale * sum_e stats[0,e] * stats[1,e] (the load-balancing loss, scaled).
+  virtual void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, Stream& s) = 0;
+
   // PyTorch AdamW on fp32 params, m and v both F32 or both BF16 (compact state: the update runs in
   // fp32 and m, v are written back with unbiased stochastic rounding, AdamWParams' stream), grads
   // (F32 or BF16), all of the same numel:

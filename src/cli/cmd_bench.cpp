@@ -16,7 +16,10 @@ struct BenchCli {
 
 void add_bench_options(CLI::App* c, BenchCli& o) {
   BenchOptions& bo = o.bo;
-  c->add_option("--preset", bo.preset, "llama-1b, llama-3b, llama-8b, qwen2.5-7b or gemma3-4b")->capture_default_str();
+  c->add_option("--preset", bo.preset,
+                "llama-1b, llama-3b, llama-8b, llama-13b, llama-70b, mistral-24b, mistral-123b, qwen2.5-7b, gemma3-4b, "
+                "qwen3-30b-a3b, mixtral-8x7b or olmoe-1b-7b")
+      ->capture_default_str();
   c->add_option("--config", bo.config, "a config.json instead of a preset");
   c->add_option("--device", bo.device)->capture_default_str();
   c->add_option("--batch-size", bo.batch_size)->capture_default_str();

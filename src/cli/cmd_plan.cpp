@@ -18,7 +18,9 @@ struct PlanCli {
 void add_plan_options(CLI::App* c, PlanCli& o) {
   PlanCliOptions& po = o.po;
   c->add_option("--model", po.model_dir, "Hugging Face model directory (its config.json)");
-  c->add_option("--preset", po.preset, "or a built-in shape: llama-1b, llama-3b, llama-8b, llama-13b, llama-70b, mistral-24b, mistral-123b, qwen2.5-7b, gemma3-4b");
+  c->add_option("--preset", po.preset,
+                "or a built-in shape: llama-1b, llama-3b, llama-8b, llama-13b, llama-70b, mistral-24b, mistral-123b, "
+                "qwen2.5-7b, gemma3-4b, qwen3-30b-a3b, mixtral-8x7b, olmoe-1b-7b");
   c->add_option("--config", po.config, "or a config.json");
   c->add_option("--device", po.device, "cuda, cpu or auto")->capture_default_str();
   c->add_option("--batch-size", po.batch_size)->capture_default_str();

@@ -17,6 +17,7 @@ enum class Env {
   AttnBwd,    // SF_ATTN_BWD
   AttnLpt,    // SF_ATTN_LPT
   AdamwIsa,   // SF_ADAMW_ISA
+  MoeSimt,    // SF_MOE_SIMT
 };
 
 struct EnvVar {
@@ -43,6 +44,8 @@ inline constexpr EnvVar kEnvVars[] = {
     {Env::AdamwIsa, "SF_ADAMW_ISA", "text", "the widest the CPU has",
      "the host AdamW's element loop: avx2, sse2 or scalar (never wider than the CPU has; the same bits "
      "on every path: tests run each, benchmarks compare them)"},
+    {Env::MoeSimt, "SF_MOE_SIMT", "switch", "0",
+     "CUDA MoE grouped GEMMs on the SIMT kernels also for bf16 (1: the fallback to the tensor-core ones)"},
 };
 
 inline const EnvVar& env_var(Env e) { return kEnvVars[static_cast<int>(e)]; }

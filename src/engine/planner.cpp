@@ -48,9 +48,16 @@ double attention_keys_per_token(const ModelSpec& s, int T) {
   return keys;
 }
 
+// Mixture-of-experts layers count their active parameters: the router and top_k experts (the
+// FLOPs a token costs; MFU on active parameters).
 Flops flops_per_token(const ModelSpec& s, int T) {
   const double H = double(s.hidden), Q = double(s.q_dim()), KV = double(s.kv_dim()), I = double(s.intermediate);
-  const double Pd = double(s.n_layer) * (H * Q + 2 * H * KV + Q * H + 3 * H * I);
+  double Pd = 0;  // the decoder layers' matrix parameters a token multiplies
+  for (int l = 0; l < s.n_layer; ++l) {
+    const double Ie = double(s.moe.intermediate);
+    const double mlp = s.moe_layer(l) ? double(s.moe.n_expert) * H + double(s.moe.top_k) * 3 * H * Ie : 3 * H * I;
+    Pd += H * Q + 2 * H * KV + Q * H + mlp;
+  }
   const double Ph = double(s.vocab) * H;
   const double attn_fwd = 4.0 * Q * attention_keys_per_token(s, T);  // QK^T and PV over the keys seen
   Flops f;
@@ -61,6 +68,11 @@ Flops flops_per_token(const ModelSpec& s, int T) {
 }
 
 }  // namespace
+
+double train_flops_per_token(const ModelSpec& s, int T, bool with_recompute) {
+  const Flops f = flops_per_token(s, T);
+  return with_recompute ? f.total : 3 * f.forward;
+}
 
 const char* engine_name(EngineKind k) { return k == EngineKind::Sliding ? "sliding" : "resident"; }
 

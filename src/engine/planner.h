@@ -121,6 +121,12 @@ struct Plan {
   double tokens_per_s = 0;
 };
 
+// Model FLOPs per trained token of one training step (matrix products, 2 per multiply-add, and
+// causal attention; MoE layers on their active parameters: router + top_k experts): forward +
+// backward (3x the forward), plus the decoder layers' recomputed forward when with_recompute
+// (what the GPU executes; the planner's compute model). MFU uses it without the recompute.
+double train_flops_per_token(const ModelSpec& s, int T, bool with_recompute);
+
 // The plan for a CUDA (or CPU) backend. Throws InputError for impossible requests (slots < 2).
 Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates = {});
 // One line: engine, memory, predicted rate.

@@ -11,6 +11,7 @@
 #include "engine/blob_init.h"
 #include "engine/device_rope.h"
 #include "engine/state_copy.h"
+#include "engine/moe_stats.h"
 #include "engine/token_uploader.h"
 #include "io/checkpoint.h"
 
@@ -60,7 +61,9 @@ struct ResidentEngine::Impl {
   std::vector<Deferred> deferred;  // the step's micro-batches whose embedding backward waits
   bool defer = false;
   std::unique_ptr<TokenUploader> tokens;
-  DeviceBuffer scalars;  // engine_scalar_bytes: loss sum, per-blob squared norms
+  DeviceBuffer scalars;    // engine_scalar_bytes: loss sum, per-blob squared norms
+  DeviceBuffer moe_stats;  // [2, E] F32 router statistics of the running micro-batch (engine/moe_stats.h)
+  int micro_in_step = 1;   // micro-batches of the running step (weights the load-balancing loss)
   std::unique_ptr<DeviceRope> rope_dev;
   RopeTables rope;
   std::unique_ptr<Workspace> ws;
@@ -126,6 +129,7 @@ MemoryItems ResidentEngine::buffers(const ModelSpec& spec, const EngineOptions& 
         {"embedding-output gradients of the step's micro-batches", size_t(micro) * stride, Place::Device, "dy0"});
   append(m, DeviceRope::buffers(spec, opt.max_seq));
   m.push_back({"scalars", engine_scalar_bytes(layout.blobs.size()), Place::Device, "scalars"});
+  append(m, moe_stats_buffers(spec, 1));  // micro-batches run one after the other
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
   return m;
 }
@@ -163,6 +167,7 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   src.allocated(TokenUploader::buffers(maxN, 2 * micro));
   dy0 = src.buffer_if("dy0");
   scalars = src.buffer("scalars");
+  moe_stats = src.buffer_if("moe.stats");
   host_norms.resize(layout.blobs.size());
 
   rope_dev = std::make_unique<DeviceRope>(dev, spec, opt.max_seq, *stream);
@@ -227,7 +232,7 @@ size_t ResidentEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
          m.round_buf.size() + m.dbuf.size() + m.dy0.size() + m.tokens->device_bytes() + m.scalars.size() +
-         m.rope_dev->buf.size() + m.ws->bytes();
+         m.moe_stats.size() + m.rope_dev->buf.size() + m.ws->bytes();
 }
 
 size_t ResidentEngine::host_bytes() const { return impl_->tokens->host_bytes(); }
@@ -274,7 +279,8 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   SF_CHECK(!backward || m.grads.data(), "engine built without gradients");
   Stream& st = *m.stream;
   const TokenUploader::Tokens tok = m.tokens->upload(b, st);
-  const BatchDims d{b.B, b.T, tok.pos};
+  BatchDims d{b.B, b.T, tok.pos};
+  bind_moe_stats(d, spec_, m.moe_stats, 0, m.micro_in_step, dev_.ops(), st);
   const int64_t N = d.N();
   const int L = spec_.n_layer;
   const int head_blob = int(layout_.blobs.size()) - 1;
@@ -297,10 +303,12 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
 
   // Forward: keep every layer's input (the checkpoints).
   m.program.embed_forward(m.ckpt_at(0, N), ids, emb_table, st);
+  d.moe_collect = true;  // the router statistics of this forward (not of the recompute below)
   for (int l = 0; l < L; ++l) {
     LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
     m.program.layer_forward(p, m.ckpt_at(l, N), m.ckpt_at(l + 1, N), m.ws->layer(d), d, m.rope, st);
   }
+  d.moe_collect = false;
   Tensor loss_sum(m.scalars.data(), DType::F32, {1});
   Tensor norm_w = m.entry(pbuf, head_blob, 0, act);
   Tensor w_head = spec_.tie_embeddings ? emb_table : m.entry(pbuf, head_blob, 1, act);
@@ -387,7 +395,9 @@ void ResidentEngine::accumulate(const std::vector<Batch>& mbs, float scale) {
   Impl& m = *impl_;
   m.defer = mbs.size() > 1;
   m.deferred.clear();
+  m.micro_in_step = int(mbs.size());
   for (const Batch& b : mbs) forward_backward(b, scale, true);
+  m.micro_in_step = 1;
   m.defer = false;
   const Tensor g_emb = m.entry(m.grads, 0, 0, DType::F32);
   for (size_t k = 0; k < m.deferred.size(); ++k) {

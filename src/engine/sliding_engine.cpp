@@ -14,6 +14,7 @@
 #include "engine/device_rope.h"
 #include "engine/gradient_path.h"
 #include "engine/host_optimizer.h"
+#include "engine/moe_stats.h"
 #include "engine/slot_cache.h"
 #include "engine/state_copy.h"
 #include "engine/step_trace.h"
@@ -181,6 +182,7 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& 
   append(m, TokenUploader::buffers(z.max_tokens, 2 * z.K));
   append(m, DeviceRope::buffers(spec, o.base.max_seq));
   m.push_back({"scalars", engine_scalar_bytes(layout.blobs.size()), Place::Device, "scalars"});
+  append(m, moe_stats_buffers(spec, z.K));
   append(m, items_with(grads, "grad.staging"));
   if (z.gpu_total > 0) {
     const bool low = act != DType::F32;
@@ -226,7 +228,8 @@ struct SlidingEngine::Impl {
   DeviceBuffer scratch;                          // [N, H] act: the recompute's output
   std::unique_ptr<CheckpointStore> ckpts;        // each layer's input per micro-batch ([K, L, N, H] act)
 
-  DeviceBuffer scalars;  // engine_scalar_bytes: loss sum, per-blob squared norms
+  DeviceBuffer scalars;    // engine_scalar_bytes: loss sum, per-blob squared norms
+  DeviceBuffer moe_stats;  // [K][2, E] F32 router statistics per micro-batch (engine/moe_stats.h)
   std::vector<float> host_scalars;
   std::unique_ptr<DeviceRope> rope;
   std::unique_ptr<Workspace> ws;
@@ -438,6 +441,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   }
   scratch = src.buffer("scratch");
   scalars = src.buffer("scalars");
+  moe_stats = src.buffer_if("moe.stats");
   host_scalars.assign(size_t(2 + nb), 0.f);
   zero_scalars();
   rope = std::make_unique<DeviceRope>(dev, spec, o.base.max_seq, *compute);
@@ -491,6 +495,7 @@ SlidingEngine::Impl::Pass SlidingEngine::Impl::begin_pass(const std::vector<Batc
     SF_CHECK(b.B <= opt.base.max_batch && b.T <= opt.base.max_seq, "batch larger than the engine was built for");
     ps.tok.push_back(tokens->upload(b, *compute));
     ps.dims.push_back(BatchDims{b.B, b.T, ps.tok.back().pos});
+    bind_moe_stats(ps.dims.back(), spec, moe_stats, int(ps.dims.size()) - 1, K, dev.ops(), *compute);
   }
   ps.cur.assign(size_t(K), 0);
   ps.spare = K;
@@ -522,7 +527,8 @@ void SlidingEngine::Impl::forward_layer(Pass& ps, int l, bool backward) {
   acquire(std::min(2 + l, L + 1), false, p.slot);  // prefetch the next blob
   for (int j = 0; j < ps.K(); ++j) {
     const int in = ps.cur[size_t(j)];
-    const BatchDims& d = ps.dims[size_t(j)];
+    BatchDims d = ps.dims[size_t(j)];
+    d.moe_collect = true;  // the router statistics of this forward (not of the backward's recompute)
     Tensor y = out_buf(ps, j);
     program.layer_forward(layer_params(p, 1 + l), act_at(acts, in, ps.N(j)), y, ws->layer(d), d, rope->tables, c);
     if (backward) {  // the layer's input is micro-batch j's checkpoint of layer l

@@ -35,6 +35,32 @@ void add_linear(const ModelSpec& s, BlobLayout& b, const std::string& name, int6
   if (bias) add(s, b, name + ".bias", {out}, int(bias_param));
 }
 
+// A MoE layer's router and experts under transformers' checkpoint names (the per-expert format
+// transformers writes by default, v4 and v5 alike): qwen3_moe / olmoe "mlp.gate",
+// "mlp.experts.N.{gate,up,down}_proj"; mixtral "block_sparse_moe.gate", "...experts.N.{w1,w3,w2}".
+// All experts of one matrix kind are consecutive, so that one view [E, stride] covers them.
+void add_experts(const ModelSpec& s, BlobLayout& b, const std::string& p) {
+  using P = LayerParam;
+  const int64_t H = s.hidden, I = s.moe.intermediate;
+  const bool mx = s.moe.mixtral_names;
+  const std::string block = p + (mx ? "block_sparse_moe." : "mlp.");
+  add(s, b, block + "gate.weight", {s.moe.n_expert, H}, int(P::Router));
+  struct Kind {
+    const char* hf;
+    const char* mixtral;
+    P param;
+    int64_t rows, cols;
+  };
+  for (const Kind& k : {Kind{"gate_proj", "w1", P::ExpGate, I, H}, Kind{"up_proj", "w3", P::ExpUp, I, H},
+                        Kind{"down_proj", "w2", P::ExpDown, H, I}}) {
+    for (int e = 0; e < s.moe.n_expert; ++e) {
+      add(s, b, block + "experts." + std::to_string(e) + "." + (mx ? k.mixtral : k.hf) + ".weight", {k.rows, k.cols},
+          e == 0 ? int(k.param) : -1);
+      if (e == 0) b.entries.back().group = s.moe.n_expert;
+    }
+  }
+}
+
 }  // namespace
 
 const BlobEntry* BlobLayout::entry(LayerParam p) const {
@@ -80,8 +106,8 @@ ModelLayout make_layout(const ModelSpec& s) {
     add_linear(s, b, p + "self_attn.v_proj", KV, H, P::Wv, s.qkv_bias, P::Bv);
     add_linear(s, b, p + "self_attn.o_proj", H, Q, P::Wo, s.o_bias, P::Bo);
     if (s.qk_norm) {
-      add(s, b, p + "self_attn.q_norm.weight", {s.head_dim}, int(P::QNorm));
-      add(s, b, p + "self_attn.k_norm.weight", {s.head_dim}, int(P::KNorm));
+      add(s, b, p + "self_attn.q_norm.weight", {s.qk_norm_full ? Q : s.head_dim}, int(P::QNorm));
+      add(s, b, p + "self_attn.k_norm.weight", {s.qk_norm_full ? KV : s.head_dim}, int(P::KNorm));
     }
     if (s.sandwich_norm) {
       add(s, b, p + "post_attention_layernorm.weight", {H}, int(P::AttnOutNorm));
@@ -90,9 +116,13 @@ ModelLayout make_layout(const ModelSpec& s) {
     } else {
       add(s, b, p + "post_attention_layernorm.weight", {H}, int(P::PostNorm));
     }
-    add_linear(s, b, p + "mlp.gate_proj", I, H, P::Wgate, s.mlp_bias, P::Bgate);
-    add_linear(s, b, p + "mlp.up_proj", I, H, P::Wup, s.mlp_bias, P::Bup);
-    add_linear(s, b, p + "mlp.down_proj", H, I, P::Wdown, s.mlp_bias, P::Bdown);
+    if (s.moe_layer(l)) {
+      add_experts(s, b, p);
+    } else {
+      add_linear(s, b, p + "mlp.gate_proj", I, H, P::Wgate, s.mlp_bias, P::Bgate);
+      add_linear(s, b, p + "mlp.up_proj", I, H, P::Wup, s.mlp_bias, P::Bup);
+      add_linear(s, b, p + "mlp.down_proj", H, I, P::Wdown, s.mlp_bias, P::Bdown);
+    }
     m.blobs.push_back(std::move(b));
   }
 
@@ -114,8 +144,17 @@ Tensor entry_view(const BlobEntry& e, void* base, DType dtype) {
 LayerParams layer_views(const BlobLayout& b, void* base, DType dtype) {
   LayerParams lp;
   lp.layer = b.layer;
-  for (const auto& e : b.entries)
-    if (e.param >= 0) lp.t[e.param] = entry_view(e, base, dtype);
+  for (const auto& e : b.entries) {
+    if (e.param < 0) continue;
+    const LayerParam lp_kind = LayerParam(e.param);
+    if (lp_kind == LayerParam::ExpGate || lp_kind == LayerParam::ExpUp || lp_kind == LayerParam::ExpDown) {
+      // add() spaces the E entries round_up(numel, kAlign) apart.
+      char* p = static_cast<char*>(base) + e.offset * int64_t(dtype_size(dtype));
+      lp.t[e.param] = Tensor(p, dtype, {int64_t(e.group), (e.numel + kAlign - 1) / kAlign * kAlign});
+      continue;
+    }
+    lp.t[e.param] = entry_view(e, base, dtype);
+  }
   return lp;
 }
 

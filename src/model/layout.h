@@ -36,6 +36,12 @@ enum class LayerParam : int {
   // is PostNorm (the norm in front of the MLP, as in Llama).
   AttnOutNorm,
   FfnOutNorm,
+  // Mixture of experts (ModelSpec::moe): the router [E, H] and each expert matrix as one view
+  // [E, stride] over the E equally spaced per-expert tensors (gate, up [I, H] each; down [H, I]).
+  Router,
+  ExpGate,
+  ExpUp,
+  ExpDown,
   Count
 };
 
@@ -45,6 +51,7 @@ struct BlobEntry {
   int64_t offset = 0;          // in elements from the blob start (multiple of 128)
   int64_t numel = 0;
   int param = -1;  // LayerParam index for layers, else -1
+  int group = 1;   // expert matrices: the LayerParam view spans this many equally spaced entries (this one first)
 };
 
 enum class BlobKind { Embedding, Layer, Head };

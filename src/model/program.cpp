@@ -27,6 +27,26 @@ struct Carver {
   }
 };
 
+void carve_moe(Carver& c, const ModelSpec& s, DType a, int64_t N, LayerBuffers& w) {
+  const int64_t E = s.moe.n_expert, k = s.moe.top_k, S = N * k, H = s.hidden, Ie = s.moe.intermediate;
+  w.logits = c.take(a, {N, E});
+  w.probs = c.take(DType::F32, {N, E});
+  w.topk_idx = c.take(DType::I32, {N, k});
+  w.topk_w = c.take(DType::F32, {N, k});
+  w.dtopk_w = c.take(DType::F32, {N, k});
+  w.offsets = c.take(DType::I32, {E + 1});
+  w.sorted_slot = c.take(DType::I32, {S});
+  w.slot_pos = c.take(DType::I32, {S});
+  w.xs = c.take(a, {S, H});
+  w.egate = c.take(a, {S, Ie});
+  w.eup = c.take(a, {S, Ie});
+  w.eact = c.take(a, {S, Ie});
+  w.ys = c.take(a, {S, H});
+  w.dys = c.take(a, {S, H});
+  w.degate = c.take(a, {S, Ie});
+  w.deup = c.take(a, {S, Ie});
+}
+
 LayerBuffers carve_layer(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t attn_ws) {
   const int64_t N = int64_t(B) * T, H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate;
   LayerBuffers w;
@@ -48,12 +68,17 @@ LayerBuffers carve_layer(Carver& c, const ModelSpec& s, DType a, int B, int T, s
   w.x2 = c.take(a, {N, H});
   w.h2 = c.take(a, {N, H});
   w.rstd2 = c.take(DType::F32, {N});
-  w.gate = c.take(a, {N, I});
-  w.up = c.take(a, {N, I});
-  w.act = c.take(a, {N, I});
+  bool dense = false;  // the model has a dense-MLP layer
+  for (int l = 0; l < s.n_layer; ++l) dense = dense || !s.moe_layer(l);
+  if (dense) {
+    w.gate = c.take(a, {N, I});
+    w.up = c.take(a, {N, I});
+    w.act = c.take(a, {N, I});
+    w.dgate = c.take(a, {N, I});
+    w.dup = c.take(a, {N, I});
+  }
+  if (s.is_moe()) carve_moe(c, s, a, N, w);
   w.dh = c.take(a, {N, H});
-  w.dgate = c.take(a, {N, I});
-  w.dup = c.take(a, {N, I});
   w.dq = c.take(a, {N, Q});
   w.dk = c.take(a, {N, KV});
   w.dv = c.take(a, {N, KV});
@@ -181,11 +206,12 @@ void Program::attention_block_forward(const LayerParams& p, Tensor h1, const Lay
   if (s_.qk_norm) {
     linear(w.q_raw, h1, p[P::Wq], p[P::Bq], st);
     linear(w.k_raw, h1, p[P::Wk], p[P::Bk], st);
-    // Per-head RMSNorm over head_dim: view [N, heads*hd] as [N*heads, hd].
-    norm_forward(w.q.view({N * s_.n_head, s_.head_dim}), w.q_rstd, w.q_raw.view({N * s_.n_head, s_.head_dim}),
-                 p[P::QNorm], st);
-    norm_forward(w.k.view({N * s_.n_kv_head, s_.head_dim}), w.k_rstd, w.k_raw.view({N * s_.n_kv_head, s_.head_dim}),
-                 p[P::KNorm], st);
+    // Per-head RMSNorm over head_dim: view [N, heads*hd] as [N*heads, hd] (OLMoE: over the whole
+    // projection, one row a token).
+    const int64_t qh = s_.qk_norm_full ? 1 : s_.n_head, kh = s_.qk_norm_full ? 1 : s_.n_kv_head;
+    const int64_t qc = s_.q_dim() / qh, kc = s_.kv_dim() / kh;
+    norm_forward(w.q.view({N * qh, qc}), w.q_rstd.view({N * qh}), w.q_raw.view({N * qh, qc}), p[P::QNorm], st);
+    norm_forward(w.k.view({N * kh, kc}), w.k_rstd.view({N * kh}), w.k_raw.view({N * kh, kc}), p[P::KNorm], st);
   } else {
     linear(w.q, h1, p[P::Wq], p[P::Bq], st);
     linear(w.k, h1, p[P::Wk], p[P::Bk], st);
@@ -207,6 +233,11 @@ void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const Laye
   linear(w.x2, w.att, p[P::Wo], p[P::Bo], st);
   ops_.add(w.x2, w.x2, x, st);  // residual
   ops_.rmsnorm_forward(w.h2, w.rstd2, w.x2, p[P::PostNorm], eps, st);
+  if (!p[P::Router].empty()) {
+    moe_forward(p, w.h2, y, w, d, st);
+    ops_.add(y, y, w.x2, st);  // residual
+    return;
+  }
   linear(w.gate, w.h2, p[P::Wgate], p[P::Bgate], st);
   linear(w.up, w.h2, p[P::Wup], p[P::Bup], st);
   ops_.swiglu_forward(w.act, w.gate, w.up, st);
@@ -221,13 +252,17 @@ void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor 
   // y = x2 + down(act): d(x2) starts as dy; dx holds d(x2) until the attention block's
   // contribution and the input norm's are added to it.
   ops_.cast(dx, dy, st);
-  ops_.matmul(g[P::Wdown], dy, w.act, true, false, 1.f, 1.f, st);
-  if (!g[P::Bdown].empty()) ops_.bias_backward(g[P::Bdown], dy, st);
-  Tensor dact = w.act;  // act is no longer needed
-  ops_.matmul(dact, dy, p[P::Wdown], false, false, 1.f, 0.f, st);
-  ops_.swiglu_backward(w.dgate, w.dup, dact, w.gate, w.up, st);
-  linear_backward(w.dh, g[P::Wgate], g[P::Bgate], w.dgate, w.h2, p[P::Wgate], false, st);
-  linear_backward(w.dh, g[P::Wup], g[P::Bup], w.dup, w.h2, p[P::Wup], true, st);
+  if (!p[P::Router].empty()) {
+    moe_backward(p, g, w.h2, dy, w.dh, w, d, st);
+  } else {
+    ops_.matmul(g[P::Wdown], dy, w.act, true, false, 1.f, 1.f, st);
+    if (!g[P::Bdown].empty()) ops_.bias_backward(g[P::Bdown], dy, st);
+    Tensor dact = w.act;  // act is no longer needed
+    ops_.matmul(dact, dy, p[P::Wdown], false, false, 1.f, 0.f, st);
+    ops_.swiglu_backward(w.dgate, w.dup, dact, w.gate, w.up, st);
+    linear_backward(w.dh, g[P::Wgate], g[P::Bgate], w.dgate, w.h2, p[P::Wgate], false, st);
+    linear_backward(w.dh, g[P::Wup], g[P::Bup], w.dup, w.h2, p[P::Wup], true, st);
+  }
   ops_.rmsnorm_backward(dx, g[P::PostNorm], w.dh, w.x2, p[P::PostNorm], w.rstd2, true, st);
 
   // x2 = x + o_proj(att); the attention backward still needs att itself (D = rowsum(dO*O)).
@@ -249,11 +284,12 @@ void Program::attention_block_backward(const LayerParams& p, const LayerParams& 
   ops_.rope_backward(w.dk, cos, sin, d.T, s_.n_kv_head, s_.head_dim, d.pos, st);
   Tensor dq = w.dq, dk = w.dk;
   if (s_.qk_norm) {
-    const int64_t hd = s_.head_dim;
-    norm_backward(w.dq_raw.view({N * s_.n_head, hd}), g[P::QNorm], w.dq.view({N * s_.n_head, hd}),
-                  w.q_raw.view({N * s_.n_head, hd}), p[P::QNorm], w.q_rstd, false, st);
-    norm_backward(w.dk_raw.view({N * s_.n_kv_head, hd}), g[P::KNorm], w.dk.view({N * s_.n_kv_head, hd}),
-                  w.k_raw.view({N * s_.n_kv_head, hd}), p[P::KNorm], w.k_rstd, false, st);
+    const int64_t qh = s_.qk_norm_full ? 1 : s_.n_head, kh = s_.qk_norm_full ? 1 : s_.n_kv_head;
+    const int64_t qc = s_.q_dim() / qh, kc = s_.kv_dim() / kh;
+    norm_backward(w.dq_raw.view({N * qh, qc}), g[P::QNorm], w.dq.view({N * qh, qc}), w.q_raw.view({N * qh, qc}),
+                  p[P::QNorm], w.q_rstd.view({N * qh}), false, st);
+    norm_backward(w.dk_raw.view({N * kh, kc}), g[P::KNorm], w.dk.view({N * kh, kc}), w.k_raw.view({N * kh, kc}),
+                  p[P::KNorm], w.k_rstd.view({N * kh}), false, st);
     dq = w.dq_raw;
     dk = w.dk_raw;
   }
@@ -272,6 +308,10 @@ void Program::head_forward_backward(Tensor x, Tensor norm_w, Tensor w_head, Tens
   }
   ops_.linear_cross_entropy(loss_sum, w.dhf, dw_head, w.hf, w_head, targets, grad_scale, w.lce_ws, st);
   norm_backward(dx, dnorm, w.dhf, x, norm_w, w.rstd, false, st);
+  // The load-balancing loss joins the step loss (loss_sum * grad_scale), as transformers adds
+  // coef * aux to its mean cross-entropy. Its gradient enters at each router (moe_backward).
+  if (moe_aux_grad_scale(d) != 0.f && grad_scale > 0.f)
+    ops_.moe_aux_loss(loss_sum, d.moe_stats, moe_aux_grad_scale(d) / grad_scale, st);
 }
 
 void Program::head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w,

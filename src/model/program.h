@@ -15,6 +15,14 @@ struct BatchDims {
   // Packed rows: pos [B*T] I32 on the device, each token's position inside its record (RoPE
   // position; attention stays inside the record, ops.h AttnDims::pos). Empty: one record a row.
   Tensor pos;
+  // Mixture of experts with the load-balancing loss on (ModelSpec::moe.aux_loss): stats F32 [2, E]
+  // on the device, this micro-batch's per-expert token counts and router-probability sums over all
+  // MoE layers. layer_forward adds to them when moe_collect (the first forward, not the
+  // recompute); layer_backward reads the counts; the head adds the loss. moe_aux_weight: the
+  // loss's weight in the step loss (router_aux_loss_coef / micro-batches); 0 = off.
+  Tensor moe_stats{};
+  bool moe_collect = false;
+  float moe_aux_weight = 0.f;
   int64_t N() const { return int64_t(B) * T; }
 };
 
@@ -41,6 +49,20 @@ struct LayerBuffers {
   // Gemma 3 (sandwich_norm only): the attention and MLP outputs before their output norms.
   Tensor attn_o, mlp_o;     // [N, H]
   Tensor rstd_ao, rstd_mo;  // [N] F32
+  // MoE layers: S = N * top_k token slots, sorted by expert (ops.h). Whatever the routing, the
+  // sorted rows number exactly S (each token picks top_k distinct experts), so these are sized
+  // for the worst case (every token on one expert) by construction: no capacity, no drop.
+  Tensor logits;                 // [N, E]    router logits (reused as d(logits))
+  Tensor probs;                  // [N, E]    F32 softmax
+  Tensor topk_idx;               // [N, k]    I32
+  Tensor topk_w, dtopk_w;        // [N, k]    F32 routing weights and their gradient
+  Tensor offsets;                // [E+1]     I32 first sorted row of each expert
+  Tensor sorted_slot, slot_pos;  // [S]       I32 sorted row -> slot, slot -> sorted row
+  Tensor xs;                     // [S, H]    gathered expert inputs
+  Tensor egate, eup, eact;       // [S, Ie]   (eact reused as d(eact))
+  Tensor ys;                     // [S, H]    expert outputs (reused as d(xs))
+  Tensor dys;                    // [S, H]
+  Tensor degate, deup;           // [S, Ie]
 };
 
 struct HeadBuffers {
@@ -91,6 +113,7 @@ class Program {
   void embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Stream& st) const;
 
   // y [N, H] = layer(x). Fills w with what backward needs (this is also the recompute).
+  // A layer whose params have a Router is a MoE layer (layout.h), else its MLP is dense.
   void layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
                      const RopeTables& rope, Stream& st) const;
   // After layer_forward(x) into the same w: dx [N, H] from dy [N, H]; parameter grads g += .
@@ -125,6 +148,14 @@ class Program {
   void norm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, Stream& st) const;
   void norm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool accumulate,
                      Stream& st) const;
+  // The MLP half of a MoE layer: y = MoE(h2) (overwritten; the caller adds the residual), and its
+  // backward from dy into dh (overwritten) and the parameter grads (model/moe_program.cpp).
+  void moe_forward(const LayerParams& p, Tensor h2, Tensor y, const LayerBuffers& w, const BatchDims& d,
+                   Stream& st) const;
+  void moe_backward(const LayerParams& p, const LayerParams& g, Tensor h2, Tensor dy, Tensor dh, const LayerBuffers& w,
+                    const BatchDims& d, Stream& st) const;
+  // d(aux loss)/d(probs[n, e]) = this * counts[e] (0 when the loss is off for this batch).
+  float moe_aux_grad_scale(const BatchDims& d) const;
   void linear(Tensor out, Tensor x, Tensor W, Tensor b, Stream& st) const;
   void linear_backward(Tensor dx, Tensor dW, Tensor db, Tensor dy, Tensor x, Tensor W, bool accumulate_dx,
                        Stream& st) const;

@@ -1,5 +1,6 @@
 #include "model/spec.h"
 
+#include <algorithm>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -56,20 +57,91 @@ void detail::parse_rope(const JsonRef& c, ModelSpec& s) {
   if (!(s.rope.theta > 0)) input_error(c.file(), "'rope_theta' must be positive");
 }
 
-int64_t ModelSpec::layer_params() const {
+namespace {
+
+// The MoE fields, with transformers' defaults where config.json leaves them out.
+void parse_moe(const JsonRef& c, ModelSpec& s) {
+  MoeSpec& m = s.moe;
+  const bool qwen = s.arch == Arch::Qwen3Moe, mixtral = s.arch == Arch::Mixtral, olmoe = s.arch == Arch::Olmoe;
+  if (!qwen && !mixtral && !olmoe) return;
+  m.n_expert = int(mixtral ? c.int_or("num_local_experts", 8, 1, L::kMaxExperts)
+                           : c.int_or("num_experts", qwen ? 128 : 64, 0, L::kMaxExperts));
+  m.top_k = int(c.int_or("num_experts_per_tok", mixtral ? 2 : 8, 1, L::kMaxExperts));
+  m.intermediate = qwen ? c.int_or("moe_intermediate_size", 768, 1, L::kMaxIntermediate) : s.intermediate;
+  m.norm_topk = mixtral ? true : c.bool_or("norm_topk_prob", false);
+  m.mixtral_names = mixtral;
+  m.aux_loss = c.bool_or("output_router_logits", false);
+  m.aux_coef = c.number_or("router_aux_loss_coef", olmoe ? 0.01 : 0.001, -1e6, 1e6);
+  if (mixtral && c.number_or("router_jitter_noise", 0.0, 0, 1e6) != 0.0)
+    input_error(c.file(), "router_jitter_noise > 0 is not supported (Mixtral checkpoints use 0)");
+  m.is_moe.assign(size_t(s.n_layer), 1);
+  if (qwen) {
+    // transformers: layer l is sparse iff l is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+    const int64_t step = c.int_or("decoder_sparse_step", 1, 0, L::kMaxLayers);
+    for (int l = 0; l < s.n_layer; ++l) m.is_moe[size_t(l)] = m.n_expert > 0 && step > 0 && (l + 1) % step == 0;
+    if (std::optional<JsonRef> only = c.get("mlp_only_layers")) {
+      only->expect_array();
+      for (size_t i = 0; i < only->size(); ++i) {
+        const int64_t l = only->at(i).as_int(0, L::kMaxLayers);
+        if (l < s.n_layer) m.is_moe[size_t(l)] = 0;
+      }
+    }
+  }
+  if (m.n_expert == 0 || m.moe_layers() == 0) {  // qwen3_moe without sparse layers: a dense model
+    m = MoeSpec{};
+    return;
+  }
+  if (m.top_k > m.n_expert)
+    input_error(c.file(), "num_experts_per_tok (" + std::to_string(m.top_k) + ") exceeds the number of experts (" +
+                              std::to_string(m.n_expert) + ")");
+}
+
+}  // namespace
+
+int MoeSpec::moe_layers() const {
+  int n = 0;
+  for (char m : is_moe) n += m != 0;
+  return n;
+}
+
+namespace {
+
+// Parameters of one decoder layer whose MLP has `experts` experts of intermediate size I (0
+// experts: the dense MLP) of which `active` are counted (all for the stored size, top_k for the
+// ones a token multiplies).
+int64_t count_layer_params(const ModelSpec& s, bool moe, bool active_only) {
   const std::string what = "parameters of a layer";
-  auto mul = [&](int64_t a, int64_t b) { return checked_mul(a, b, source, what); };
-  auto add = [&](int64_t a, int64_t b) { return checked_add(a, b, source, what); };
-  const int64_t H = hidden, I = intermediate;
-  const int64_t Q = mul(n_head, head_dim), KV = mul(n_kv_head, head_dim);
+  auto mul = [&](int64_t a, int64_t b) { return checked_mul(a, b, s.source, what); };
+  auto add = [&](int64_t a, int64_t b) { return checked_add(a, b, s.source, what); };
+  const int64_t H = s.hidden;
+  const int64_t Q = mul(s.n_head, s.head_dim), KV = mul(s.n_kv_head, s.head_dim);
   int64_t n = mul(2, H);                                   // two norms
   n = add(n, add(mul(mul(2, H), Q), mul(mul(2, H), KV)));  // q, o; k, v
-  if (qkv_bias) n = add(n, add(Q, mul(2, KV)));
-  if (o_bias) n = add(n, H);
-  if (qk_norm) n = add(n, mul(2, head_dim));
-  if (sandwich_norm) n = add(n, mul(2, H));  // post-attention output norm, pre-feedforward norm
-  n = add(n, mul(3, mul(H, I)));             // gate, up, down
-  if (mlp_bias) n = add(n, add(mul(2, I), H));
+  if (s.qkv_bias) n = add(n, add(Q, mul(2, KV)));
+  if (s.o_bias) n = add(n, H);
+  if (s.qk_norm) n = add(n, s.qk_norm_full ? add(Q, KV) : mul(2, s.head_dim));
+  if (s.sandwich_norm) n = add(n, mul(2, H));  // post-attention output norm, pre-feedforward norm
+  if (moe) {
+    const int64_t experts = active_only ? s.moe.top_k : s.moe.n_expert;
+    n = add(n, mul(s.moe.n_expert, H));                            // router
+    n = add(n, mul(experts, mul(3, mul(H, s.moe.intermediate))));  // gate, up, down of each expert
+    return n;
+  }
+  const int64_t I = s.intermediate;
+  n = add(n, mul(3, mul(H, I)));  // gate, up, down
+  if (s.mlp_bias) n = add(n, add(mul(2, I), H));
+  return n;
+}
+
+}  // namespace
+
+int64_t ModelSpec::layer_params(int l) const { return count_layer_params(*this, moe_layer(l), false); }
+
+int64_t ModelSpec::layer_active_params(int l) const { return count_layer_params(*this, moe_layer(l), true); }
+
+int64_t ModelSpec::layer_params() const {
+  int64_t n = 0;
+  for (int l = 0; l < n_layer; ++l) n = std::max(n, layer_params(l));
   return n;
 }
 
@@ -77,7 +149,7 @@ int64_t ModelSpec::total_params() const {
   const std::string what = "parameters of the model";
   const int64_t emb = checked_mul(vocab, hidden, source, what);
   int64_t n = checked_add(emb, hidden, source, what);
-  n = checked_add(n, checked_mul(n_layer, layer_params(), source, what), source, what);
+  for (int l = 0; l < n_layer; ++l) n = checked_add(n, layer_params(l), source, what);
   if (!tie_embeddings) n = checked_add(n, emb, source, what);
   return n;
 }
@@ -111,6 +183,9 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
     if (mt == "qwen3") arch = "Qwen3ForCausalLM";
     if (mt == "gemma3_text") arch = "Gemma3ForCausalLM";
     if (mt == "gemma3") arch = "Gemma3ForConditionalGeneration";
+    if (mt == "qwen3_moe") arch = "Qwen3MoeForCausalLM";
+    if (mt == "mixtral") arch = "MixtralForCausalLM";
+    if (mt == "olmoe") arch = "OlmoeForCausalLM";
   }
   if (arch == "LlamaForCausalLM") {
     s.arch = Arch::Llama;
@@ -122,17 +197,27 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
     s.arch = Arch::Qwen3;
   } else if (arch == "Gemma3ForCausalLM" || arch == "Gemma3ForConditionalGeneration") {
     s.arch = Arch::Gemma3;
+  } else if (arch == "Qwen3MoeForCausalLM") {
+    s.arch = Arch::Qwen3Moe;
+  } else if (arch == "MixtralForCausalLM") {
+    s.arch = Arch::Mixtral;
+  } else if (arch == "OlmoeForCausalLM") {
+    s.arch = Arch::Olmoe;
   } else {
     input_error(path, "unsupported architecture '" + (arch.empty() ? mt : arch) +
                           "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                          "Gemma3ForCausalLM, Gemma3ForConditionalGeneration)");
+                          "Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Qwen3MoeForCausalLM, MixtralForCausalLM, "
+                          "OlmoeForCausalLM)");
   }
   s.architecture = arch;
-  s.model_type = mt.empty() ? std::string(s.arch == Arch::Llama     ? "llama"
-                                          : s.arch == Arch::Mistral ? "mistral"
-                                          : s.arch == Arch::Qwen2   ? "qwen2"
-                                          : s.arch == Arch::Qwen3   ? "qwen3"
-                                                                    : "gemma3_text")
+  s.model_type = mt.empty() ? std::string(s.arch == Arch::Llama      ? "llama"
+                                          : s.arch == Arch::Mistral  ? "mistral"
+                                          : s.arch == Arch::Qwen2    ? "qwen2"
+                                          : s.arch == Arch::Qwen3    ? "qwen3"
+                                          : s.arch == Arch::Qwen3Moe ? "qwen3_moe"
+                                          : s.arch == Arch::Mixtral  ? "mixtral"
+                                          : s.arch == Arch::Olmoe    ? "olmoe"
+                                                                     : "gemma3_text")
                             : mt;
 
   // Every dimension is read as int64 and bounded before it is narrowed or multiplied.
@@ -170,8 +255,18 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
       s.qkv_bias = true;  // Qwen2 always has q/k/v biases and no o bias
       break;
     case Arch::Qwen3:
+    case Arch::Qwen3Moe:
       s.qk_norm = true;
       s.qkv_bias = s.o_bias = attention_bias;
+      break;
+    case Arch::Olmoe:  // q_norm / k_norm over the whole q and k projections
+      s.qk_norm = s.qk_norm_full = true;
+      s.qkv_bias = s.o_bias = attention_bias;
+      if (c.has("clip_qkv")) input_error(path, "clip_qkv is not supported (OLMoE checkpoints leave it null)");
+      if (s.head_dim * s.n_head != s.hidden)
+        input_error(path, "OLMoE needs head_dim * num_attention_heads == hidden_size");
+      break;
+    case Arch::Mixtral:
       break;
     case Arch::Llama:
       s.qkv_bias = s.o_bias = attention_bias;
@@ -187,9 +282,9 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
   // from: any int64 (<= 0 = none).
   constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
   int64_t window = c.int_or("sliding_window", 0, -kAny, kAny);
-  if (s.arch == Arch::Mistral) {
+  if (s.arch == Arch::Mistral || s.arch == Arch::Mixtral) {
     s.sliding_window = window;
-  } else if (s.arch == Arch::Qwen2 || s.arch == Arch::Qwen3) {
+  } else if (s.arch == Arch::Qwen2 || s.arch == Arch::Qwen3 || s.arch == Arch::Qwen3Moe) {
     bool use = c.bool_or("use_sliding_window", false);
     int64_t max_window_layers = c.int_or("max_window_layers", s.n_layer, -kAny, kAny);
     if (use && max_window_layers < s.n_layer) s.sliding_window = window;
@@ -203,6 +298,7 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
   }
   detail::parse_rope(c, s);
   if (s.arch == Arch::Gemma3) detail::apply_gemma3(c, s);
+  parse_moe(c, s);
   s.total_params();  // every size computed from the spec fits int64 (checked; throws naming the file)
   return s;
 }

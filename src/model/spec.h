@@ -13,6 +13,9 @@ enum class Arch {
   Qwen2,
   Qwen3,
   Gemma3,  // gemma3_text, and the language model of gemma3 (multimodal) checkpoints
+  Qwen3Moe,
+  Mixtral,
+  Olmoe,
 };
 
 struct RopeSpec {
@@ -34,6 +37,21 @@ struct SpecLimits {
   static constexpr int64_t kMaxVocab = int64_t(1) << 24;
   static constexpr int64_t kMaxHeadDim = 4096;
   static constexpr int64_t kMaxPositions = int64_t(1) << 26;
+  static constexpr int64_t kMaxExperts = 4096;  // Qwen3-235B: 128, DeepSeek-V3: 256
+};
+
+// Mixture-of-experts decoder layers (qwen3_moe, mixtral, olmoe): a router picks top_k of n_expert
+// SwiGLU experts per token. None of the three families has shared experts.
+struct MoeSpec {
+  int n_expert = 0;  // 0: the model is dense
+  int top_k = 0;
+  int64_t intermediate = 0;    // each expert's intermediate size
+  bool norm_topk = false;      // renormalise the top-k probabilities to sum 1 (mixtral: always)
+  bool mixtral_names = false;  // block_sparse_moe.{gate, experts.N.w1/w2/w3} instead of mlp.{gate, experts.N.*_proj}
+  std::vector<char> is_moe;    // [n_layer]: 1 where the layer's MLP is the MoE block (qwen3_moe has dense ones)
+  bool aux_loss = false;       // output_router_logits: add router_aux_coef * load-balancing loss to the loss
+  double aux_coef = 0.0;       // router_aux_loss_coef
+  int moe_layers() const;      // layers with is_moe
 };
 
 struct ModelSpec {
@@ -45,10 +63,11 @@ struct ModelSpec {
   int n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0;
   double rms_eps = 1e-6;
   bool tie_embeddings = false;
-  bool qkv_bias = false;  // Qwen2 always; Llama/Qwen3/Mistral attention_bias
-  bool o_bias = false;    // Llama/Qwen3 attention_bias
-  bool mlp_bias = false;  // Llama mlp_bias
-  bool qk_norm = false;   // Qwen3: RMSNorm over head_dim of q and k, before RoPE
+  bool qkv_bias = false;      // Qwen2 always; Llama/Qwen3/Mistral attention_bias
+  bool o_bias = false;        // Llama/Qwen3 attention_bias
+  bool mlp_bias = false;      // Llama mlp_bias
+  bool qk_norm = false;       // Qwen3: RMSNorm over head_dim of q and k, before RoPE
+  bool qk_norm_full = false;  // OLMoE (with qk_norm): the norm spans the whole projection, weights [Q], [KV]
   RopeSpec rope;
   int64_t max_position = 0;
   int64_t sliding_window = 0;  // 0 = none active
@@ -71,12 +90,18 @@ struct ModelSpec {
   RopeSpec rope_local;
   bool is_local(int layer) const { return layer >= 0 && size_t(layer) < local_layer.size() && local_layer[layer]; }
   bool has_local_rope() const { return !local_layer.empty(); }
+  MoeSpec moe;
+  bool is_moe() const { return moe.n_expert > 0; }
+  bool moe_layer(int l) const { return is_moe() && moe.is_moe[size_t(l)] != 0; }
 
   int64_t q_dim() const { return int64_t(n_head) * head_dim; }
   int64_t kv_dim() const { return int64_t(n_kv_head) * head_dim; }
   // Checked arithmetic: an overflow is an InputError naming `source` (parse_model_spec computes
   // both, so a spec it returned never overflows them).
-  int64_t layer_params() const;  // parameters of one decoder layer
+  int64_t layer_params() const;       // parameters of the largest decoder layer
+  int64_t layer_params(int l) const;  // parameters of decoder layer l
+  // Parameters a token multiplies in decoder layer l (MoE: router + top_k experts; dense: all).
+  int64_t layer_active_params(int l) const;
   int64_t total_params() const;
   // Refuses (InputError naming `where`) a sliding window shorter than seq_len.
   void check_seq_len(int64_t seq_len, const std::string& where) const;

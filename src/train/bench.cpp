@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "engine/make_engine.h"
+#include "engine/planner.h"
 #include "io/json_file.h"
 #include "train/presets.h"
 #include "train/step_fit.h"
@@ -99,6 +100,17 @@ nlohmann::json run_bench(const BenchOptions& o) {
       "bench: %.1f ms/step, %.0f tokens/s (steady state); end to end %.1f ms/step (the last update's %.0f ms "
       "drained); loss %.4f",
       1e3 * steady_s, tps, 1e3 * secs * per, 1e3 * drain_s, loss);
+  // Model FLOPs (engine/planner.h train_flops_per_token: MoE layers on their active parameters)
+  // over the steady step time; MFU against the bf16 dense peak of an H100/H200 (989 TFLOP/s), the
+  // GPUs the numbers are taken on, null elsewhere. With the recompute: what the GPU ran.
+  const double mfu_tflops = train_flops_per_token(spec, b.T, false) * step_tokens / steady_s * 1e-12;
+  const double hw_tflops = train_flops_per_token(spec, b.T, true) * step_tokens / steady_s * 1e-12;
+  const std::string dev_name = dev->name();
+  const bool hopper = dev_name.find("H100") != std::string::npos || dev_name.find("H200") != std::string::npos;
+  int64_t active = spec.vocab * spec.hidden * (spec.tie_embeddings ? 1 : 2) + spec.hidden;
+  for (int l = 0; l < spec.n_layer; ++l) active += spec.layer_active_params(l);
+  log_info("bench: %.1f model TFLOP/s (%.1f with the recompute)%s, %.2fB active parameters", mfu_tflops, hw_tflops,
+           hopper ? (", MFU " + std::to_string(mfu_tflops / 989.0)).c_str() : "", double(active) / 1e9);
   return {{"tokens_per_second", tps},
           {"step_ms", 1e3 * steady_s},
           {"end_to_end_step_ms", 1e3 * secs * per},
@@ -135,6 +147,11 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"predicted_disk_ms", 1e3 * built.plan.disk_s},
           {"disk_blobs", built.plan.disk_blobs.size()},
           {"predicted_disk_bytes", built.plan.disk_bytes},
+          // model FLOPs on active parameters (MoE: router + top_k experts), MFU
+          {"model_tflops_per_second", mfu_tflops},
+          {"hardware_tflops_per_second", hw_tflops},
+          {"mfu", hopper ? nlohmann::json(mfu_tflops / 989.0) : nlohmann::json(nullptr)},
+          {"active_parameters", active},
           {"loss", loss}};
 }
 

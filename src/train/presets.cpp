@@ -58,7 +58,8 @@ nlohmann::json mistral_base(int vocab, double rope_theta, int max_positions) {
 
 const std::vector<std::string>& preset_names() {
   static const std::vector<std::string> names = {"llama-1b",   "llama-3b",    "llama-8b",     "llama-13b",
-                                                 "llama-70b",  "mistral-24b", "mistral-123b", "qwen2.5-7b", "gemma3-4b"};
+                                                 "llama-70b",  "mistral-24b", "mistral-123b", "qwen2.5-7b", "gemma3-4b",
+                                                 "qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b"};
   return names;
 }
 
@@ -125,6 +126,74 @@ nlohmann::json preset_config(const std::string& name) {
             {"sliding_window_pattern", 6},
             {"max_position_embeddings", 131072},
             {"tie_word_embeddings", true},
+            {"torch_dtype", "bfloat16"}};
+  }
+  // Mixture of experts: the published configs' shapes (Hugging Face Qwen/Qwen3-30B-A3B,
+  // mistralai/Mixtral-8x7B-v0.1, allenai/OLMoE-1B-7B-0924).
+  if (name == "qwen3-30b-a3b") {
+    return {{"architectures", {"Qwen3MoeForCausalLM"}},
+            {"model_type", "qwen3_moe"},
+            {"vocab_size", 151936},
+            {"hidden_size", 2048},
+            {"intermediate_size", 6144},
+            {"moe_intermediate_size", 768},
+            {"num_hidden_layers", 48},
+            {"num_attention_heads", 32},
+            {"num_key_value_heads", 4},
+            {"head_dim", 128},
+            {"num_experts", 128},
+            {"num_experts_per_tok", 8},
+            {"norm_topk_prob", true},
+            {"decoder_sparse_step", 1},
+            {"mlp_only_layers", nlohmann::json::array()},
+            {"output_router_logits", false},
+            {"router_aux_loss_coef", 0.001},
+            {"rms_norm_eps", 1e-6},
+            {"rope_theta", 1000000.0},
+            {"max_position_embeddings", 40960},
+            {"hidden_act", "silu"},
+            {"tie_word_embeddings", false},
+            {"torch_dtype", "bfloat16"}};
+  }
+  if (name == "mixtral-8x7b") {
+    return {{"architectures", {"MixtralForCausalLM"}},
+            {"model_type", "mixtral"},
+            {"vocab_size", 32000},
+            {"hidden_size", 4096},
+            {"intermediate_size", 14336},
+            {"num_hidden_layers", 32},
+            {"num_attention_heads", 32},
+            {"num_key_value_heads", 8},
+            {"num_local_experts", 8},
+            {"num_experts_per_tok", 2},
+            {"output_router_logits", false},
+            {"router_aux_loss_coef", 0.02},
+            {"rms_norm_eps", 1e-5},
+            {"rope_theta", 1000000.0},
+            {"max_position_embeddings", 32768},
+            {"hidden_act", "silu"},
+            {"tie_word_embeddings", false},
+            {"torch_dtype", "bfloat16"}};
+  }
+  if (name == "olmoe-1b-7b") {
+    return {{"architectures", {"OlmoeForCausalLM"}},
+            {"model_type", "olmoe"},
+            {"vocab_size", 50304},
+            {"hidden_size", 2048},
+            {"intermediate_size", 1024},
+            {"num_hidden_layers", 16},
+            {"num_attention_heads", 16},
+            {"num_key_value_heads", 16},
+            {"num_experts", 64},
+            {"num_experts_per_tok", 8},
+            {"norm_topk_prob", false},
+            {"output_router_logits", false},
+            {"router_aux_loss_coef", 0.01},
+            {"rms_norm_eps", 1e-5},
+            {"rope_theta", 10000.0},
+            {"max_position_embeddings", 4096},
+            {"hidden_act", "silu"},
+            {"tie_word_embeddings", false},
             {"torch_dtype", "bfloat16"}};
   }
   std::string names;

@@ -907,6 +907,174 @@ TEST(CudaOps, AdamWBf16StateBitIdentical) {
 // ================================================================================================
 // device: arena, streams, events, copies, host callbacks
 // ================================================================================================
+// ================================================================================================
+// mixture of experts (the cpu twins: backend/cpu/moe.cpp)
+// ================================================================================================
+std::vector<int32_t> get_i32(Backend& r, const Tensor& t) {
+  std::vector<int32_t> v(size_t(t.numel()));
+  if (r.on_gpu()) {
+    gpu().copy(v.data(), t.data, t.bytes(), CopyKind::DeviceToHost, gpu_stream());
+    gpu().synchronize(gpu_stream());
+  } else {
+    std::memcpy(v.data(), t.data, t.bytes());
+  }
+  return v;
+}
+
+// Router logits [N, E]; `hot` >= 0 biases every token towards that expert (one expert gets all).
+std::vector<float> moe_logits(int64_t N, int64_t E, uint64_t seed, int hot) {
+  auto v = rnd(size_t(N * E), seed, 2.f);
+  if (hot >= 0)
+    for (int64_t n = 0; n < N; ++n) v[size_t(n * E + hot)] += 50.f;
+  return v;
+}
+
+// Expert choices [N, k] as the router gives them (k distinct experts a row); `hot` as above.
+std::vector<int32_t> moe_choices(int64_t N, int64_t E, int64_t k, uint64_t seed, int hot) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> idx;
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<int32_t> all(static_cast<size_t>(E));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    if (hot >= 0) std::iter_swap(all.begin(), std::find(all.begin(), all.end(), hot));
+    idx.insert(idx.end(), all.begin(), all.begin() + k);
+  }
+  return idx;
+}
+
+struct MoeCfg {
+  int64_t N, E, k;
+  int hot;  // -1: random routing
+};
+const MoeCfg kMoeCfgs[] = {{300, 37, 5, -1}, {1, 3, 3, -1}, {129, 128, 8, -1}, {77, 9, 1, 4}, {50, 6, 2, 0}};
+
+TEST(CudaOps, MoeRouteAndBackward) {
+  REQUIRE_GPU();
+  for (const MoeCfg& c : kMoeCfgs) {
+    for (bool renorm : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "N=" << c.N << " E=" << c.E << " k=" << c.k << " hot=" << c.hot
+                                      << " renorm=" << renorm);
+      const auto lv = moe_logits(c.N, c.E, uint64_t(c.N * 7 + c.E), c.hot);
+      const auto dwv = randn(size_t(c.N * c.k), uint64_t(c.E + 5));
+      const auto cntv = randn(size_t(c.E), 3);
+      std::vector<std::vector<float>> f[2];
+      std::vector<std::vector<int32_t>> ix[2];
+      for (int g = 0; g < 2; ++g) {
+        Backend r(g == 1);
+        Tensor logits = r.in(lv, F32, {c.N, c.E}), probs = r.out(F32, {c.N, c.E}), wt = r.out(F32, {c.N, c.k});
+        Tensor idx = r.in_i32(std::vector<int32_t>(size_t(c.N * c.k), -1), {c.N, c.k});
+        Tensor stats = r.in(std::vector<float>(size_t(2 * c.E), 0.5f), F32, {2 * c.E});
+        CALL(r, moe_route, probs, idx, wt, stats, logits, renorm);
+        // The backward on the cpu's routing, so both sides differentiate the same choice.
+        Tensor dl = r.out(F32, {c.N, c.E}), dlb = r.out(BF16, {c.N, c.E}), dw = r.in(dwv, F32, {c.N, c.k});
+        Tensor counts = r.in(cntv, F32, {c.E});
+        Tensor idx_cpu = g == 0 ? idx : r.in_i32(ix[0][0], {c.N, c.k});
+        Tensor probs_cpu = g == 0 ? probs : r.in(f[0][0], F32, {c.N, c.E});
+        CALL(r, moe_route_backward, dl, dw, probs_cpu, idx_cpu, renorm, counts, 0.3f);
+        CALL(r, moe_route_backward, dlb, dw, probs_cpu, idx_cpu, renorm, Tensor(), 0.f);
+        f[g] = {r.get(probs), r.get(wt), r.get(stats), r.get(dl), r.get(dlb)};
+        ix[g] = {get_i32(r, idx)};
+      }
+      EXPECT_EQ(ix[1][0], ix[0][0]) << "top-k choices differ";
+      const char* names[] = {"probs", "weights", "stats", "dlogits (aux)", "dlogits bf16"};
+      for (int i = 0; i < 5; ++i) check_f32(names[i], f[1][size_t(i)], f[0][size_t(i)], i == 4 ? 8e-3 : 1e-5);
+    }
+  }
+}
+
+TEST(CudaOps, MoePermuteGatherCombine) {
+  REQUIRE_GPU();
+  const int64_t H = 23;
+  for (const MoeCfg& c : kMoeCfgs) {
+    SCOPED_TRACE(testing::Message() << "N=" << c.N << " E=" << c.E << " k=" << c.k << " hot=" << c.hot);
+    const int64_t S = c.N * c.k;
+    const auto iv = moe_choices(c.N, c.E, c.k, uint64_t(S), c.hot);
+    const auto xv = rnd(size_t(c.N * H), 11), ysv = rnd(size_t(S * H), 12), dyv = rnd(size_t(c.N * H), 13);
+    const auto wv = randn(size_t(S), 14);
+    std::vector<int32_t> perm[2][3];
+    auto four = run4([&](Backend& r, DType dt) -> Outs {
+      Tensor idx = r.in_i32(iv, {c.N, c.k}), offs = r.in_i32(std::vector<int32_t>(size_t(c.E + 1), -1), {c.E + 1});
+      Tensor ss = r.in_i32(std::vector<int32_t>(size_t(S), -1), {S}),
+             sp = r.in_i32(std::vector<int32_t>(size_t(S), -1), {S});
+      CALL(r, moe_permute, offs, ss, sp, idx);
+      if (dt == F32) {
+        const int g = r.on_gpu() ? 1 : 0;
+        perm[g][0] = get_i32(r, offs), perm[g][1] = get_i32(r, ss), perm[g][2] = get_i32(r, sp);
+      }
+      Tensor x = r.in(xv, dt, {c.N, H}), ys = r.in(ysv, dt, {S, H}), dy = r.in(dyv, dt, {c.N, H});
+      Tensor w = r.in(wv, F32, {c.N, c.k});
+      Tensor xs = r.out(dt, {S, H}), dx = r.out(dt, {c.N, H}), y = r.out(dt, {c.N, H}), dys = r.out(dt, {S, H});
+      Tensor dw = r.out(F32, {c.N, c.k});
+      CALL(r, moe_gather, xs, x, ss, int(c.k));
+      CALL(r, moe_gather_backward, dx, ys, sp, int(c.k));
+      CALL(r, moe_combine, y, ys, w, sp);
+      CALL(r, moe_combine_backward, dys, dw, dy, ys, w, sp);
+      return {r.get(xs), r.get(dx), r.get(y), r.get(dys), r.get(dw)};
+    });
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(perm[1][i], perm[0][i]) << "permutation output " << i;
+    const char* names[] = {"gather", "gather backward", "combine", "combine backward dys", "combine backward dw"};
+    for (int i = 0; i < 5; ++i) {
+      check_bf16(names[i], four.cuda_bf[size_t(i)], four.cpu_bf[size_t(i)], four.ref[size_t(i)], kF32Floor);
+      check_f32(std::string(names[i]) + " f32", four.cuda_f32[size_t(i)], four.ref[size_t(i)]);
+    }
+  }
+}
+
+TEST(CudaOps, MoeGroupedMatmul) {
+  REQUIRE_GPU();
+  struct G {
+    int64_t K, Nout;
+    std::vector<int32_t> offsets;  // M = offsets.back() + a few rows past the last expert
+  };
+  const G cases[] = {{37, 29, {0, 5, 5, 70, 71, 130}},  // an expert with no rows
+                     {64, 128, {0, 0, 200, 200}},       // one expert with every row
+                     {130, 67, {0, 0, 0}},              // no rows at all
+                     {16, 1, {0, 1, 2, 3, 4}},
+                     {256, 136, {0, 130, 130, 400}}};  // several k slices and tiles, 16-byte loads
+  // Both kernels: tensor cores for bf16 operands, and the SIMT fallback (SF_MOE_SIMT=1).
+  for (const char* simt : {"0", "1"}) {
+    setenv("SF_MOE_SIMT", simt, 1);
+    for (const G& c : cases) {
+      const int64_t E = int64_t(c.offsets.size()) - 1, M = c.offsets.back() + 3, stride = c.K * c.Nout + 8;
+      SCOPED_TRACE(testing::Message() << "K=" << c.K << " Nout=" << c.Nout << " E=" << E << " SF_MOE_SIMT=" << simt);
+      const auto av = rnd(size_t(M * c.K), 31), wv = rnd(size_t(E * stride), 32), ov = rnd(size_t(M * c.Nout), 33);
+      const auto dyv = rnd(size_t(M * c.Nout), 34), dwv = rnd(size_t(E * stride), 35), dxv = rnd(size_t(M * c.K), 36);
+      auto four = run4([&](Backend& r, DType dt) -> Outs {
+        Tensor offs = r.in_i32(c.offsets, {E + 1});
+        Tensor a = r.in(av, dt, {M, c.K}), w = r.in(wv, dt, {E, stride}), dy = r.in(dyv, dt, {M, c.Nout});
+        Tensor y = r.in(ov, dt, {M, c.Nout}), dx = r.in(dxv, dt, {M, c.K});
+        Tensor dw = r.in(dwv, F32, {E, stride}), dwb = r.in(dwv, dt, {E, stride});
+        CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);     // y = x W_e^T, W_e [Nout, K]
+        CALL(r, moe_grouped_matmul, dx, dy, w, offs, false, 1.f);  // dx += dy W_e
+        CALL(r, moe_grouped_matmul_wgrad, dw, dy, a, offs);
+        CALL(r, moe_grouped_matmul_wgrad, dwb, dy, a, offs);
+        return {r.get(y), r.get(dx), r.get(dw), r.get(dwb)};
+      });
+      const char* names[] = {"grouped x W^T", "grouped += dy W", "wgrad f32 accumulator", "wgrad storage dtype"};
+      for (int i = 0; i < 4; ++i) {
+        check_bf16(names[i], four.cuda_bf[size_t(i)], four.cpu_bf[size_t(i)], four.ref[size_t(i)], kF32Floor);
+        check_f32(std::string(names[i]) + " f32", four.cuda_f32[size_t(i)], four.ref[size_t(i)]);
+      }
+    }
+  }
+  unsetenv("SF_MOE_SIMT");
+}
+
+TEST(CudaOps, MoeAuxLoss) {
+  REQUIRE_GPU();
+  const int64_t E = 77;
+  const auto sv = randn(size_t(2 * E), 41);
+  std::vector<float> got[2];
+  for (int g = 0; g < 2; ++g) {
+    Backend r(g == 1);
+    Tensor loss = r.in({1.5f}, F32, {1}), stats = r.in(sv, F32, {2 * E});
+    CALL(r, moe_aux_loss, loss, stats, 0.7f);
+    got[g] = r.get(loss);
+  }
+  check_f32("aux loss", got[1], got[0]);
+}
+
 TEST(CudaDevice, ArenaFirstFitAndCoalescing) {
   REQUIRE_GPU();
   auto dev = make_cuda_device(size_t(256) << 20);

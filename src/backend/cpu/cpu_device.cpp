@@ -169,6 +169,40 @@ class CpuOps final : public Ops {
   void geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
     cs(s).push([=] { cpu::geglu_backward(dgate, dup, dout, gate, up); });
   }
+  void moe_route(Tensor probs, Tensor idx, Tensor weights, Tensor stats, Tensor logits, bool renorm,
+                 Stream& s) override {
+    cs(s).push([=] { cpu::moe_route(probs, idx, weights, stats, logits, renorm); });
+  }
+  void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor probs, Tensor idx, bool renorm, Tensor counts,
+                          float aux_scale, Stream& s) override {
+    cs(s).push([=] { cpu::moe_route_backward(dlogits, dweights, probs, idx, renorm, counts, aux_scale); });
+  }
+  void moe_permute(Tensor offsets, Tensor sorted_slot, Tensor slot_pos, Tensor idx, Stream& s) override {
+    cs(s).push([=] { cpu::moe_permute(offsets, sorted_slot, slot_pos, idx); });
+  }
+  void moe_gather(Tensor xs, Tensor x, Tensor sorted_slot, int k, Stream& s) override {
+    cs(s).push([=] { cpu::moe_gather(xs, x, sorted_slot, k); });
+  }
+  void moe_gather_backward(Tensor dx, Tensor dxs, Tensor slot_pos, int k, Stream& s) override {
+    cs(s).push([=] { cpu::moe_gather_backward(dx, dxs, slot_pos, k); });
+  }
+  void moe_grouped_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta,
+                          Stream& s) override {
+    cs(s).push([=] { cpu::moe_grouped_matmul(out, a, w, offsets, trans_w, beta); });
+  }
+  void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets, Stream& s) override {
+    cs(s).push([=] { cpu::moe_grouped_matmul_wgrad(dw, dy, x, offsets); });
+  }
+  void moe_combine(Tensor y, Tensor ys, Tensor weights, Tensor slot_pos, Stream& s) override {
+    cs(s).push([=] { cpu::moe_combine(y, ys, weights, slot_pos); });
+  }
+  void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights, Tensor slot_pos,
+                            Stream& s) override {
+    cs(s).push([=] { cpu::moe_combine_backward(dys, dweights, dy, ys, weights, slot_pos); });
+  }
+  void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, Stream& s) override {
+    cs(s).push([=] { cpu::moe_aux_loss(loss_sum, stats, scale); });
+  }
   void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, Stream& s) override {
     cs(s).push([=] { cpu::attention_forward(out, lse, q, k, v, d); });
   }

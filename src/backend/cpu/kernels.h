@@ -24,6 +24,18 @@ void swiglu_forward(Tensor out, Tensor gate, Tensor up);
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
 void geglu_forward(Tensor out, Tensor gate, Tensor up);
 void geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
+// Mixture of experts (moe.cpp).
+void moe_route(Tensor probs, Tensor idx, Tensor weights, Tensor stats, Tensor logits, bool renorm);
+void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor probs, Tensor idx, bool renorm, Tensor counts,
+                        float aux_scale);
+void moe_permute(Tensor offsets, Tensor sorted_slot, Tensor slot_pos, Tensor idx);
+void moe_gather(Tensor xs, Tensor x, Tensor sorted_slot, int k);
+void moe_gather_backward(Tensor dx, Tensor dxs, Tensor slot_pos, int k);
+void moe_grouped_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta);
+void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets);
+void moe_combine(Tensor y, Tensor ys, Tensor weights, Tensor slot_pos);
+void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights, Tensor slot_pos);
+void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale);
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                         Tensor lse, const AttnDims& d, Tensor ws);

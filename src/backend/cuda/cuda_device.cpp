@@ -19,6 +19,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/linear_ce.cuh"
 #include "backend/cuda/matmul.cuh"
+#include "backend/cuda/moe.cuh"
 #include "backend/cuda/rmsnorm.cuh"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/sq_norm.cuh"
@@ -197,6 +198,40 @@ class CudaOps final : public Ops {
   }
   void rope_backward(Tensor dx, Tensor cos, Tensor sin, int T, int nh, int hd, Tensor pos, Stream& s) override {
     cuda::rope_backward(dx, cos, sin, T, nh, hd, pos, L(s));
+  }
+  void moe_route(Tensor probs, Tensor idx, Tensor weights, Tensor stats, Tensor logits, bool renorm,
+                 Stream& s) override {
+    cuda::moe_route(probs, idx, weights, stats, logits, renorm, L(s));
+  }
+  void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor probs, Tensor idx, bool renorm, Tensor counts,
+                          float aux_scale, Stream& s) override {
+    cuda::moe_route_backward(dlogits, dweights, probs, idx, renorm, counts, aux_scale, L(s));
+  }
+  void moe_permute(Tensor offsets, Tensor sorted_slot, Tensor slot_pos, Tensor idx, Stream& s) override {
+    cuda::moe_permute(offsets, sorted_slot, slot_pos, idx, L(s));
+  }
+  void moe_gather(Tensor xs, Tensor x, Tensor sorted_slot, int k, Stream& s) override {
+    cuda::moe_gather(xs, x, sorted_slot, k, L(s));
+  }
+  void moe_gather_backward(Tensor dx, Tensor dxs, Tensor slot_pos, int k, Stream& s) override {
+    cuda::moe_gather_backward(dx, dxs, slot_pos, k, L(s));
+  }
+  void moe_grouped_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta,
+                          Stream& s) override {
+    cuda::moe_grouped_matmul(out, a, w, offsets, trans_w, beta, L(s));
+  }
+  void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets, Stream& s) override {
+    cuda::moe_grouped_matmul_wgrad(dw, dy, x, offsets, L(s));
+  }
+  void moe_combine(Tensor y, Tensor ys, Tensor weights, Tensor slot_pos, Stream& s) override {
+    cuda::moe_combine(y, ys, weights, slot_pos, L(s));
+  }
+  void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights, Tensor slot_pos,
+                            Stream& s) override {
+    cuda::moe_combine_backward(dys, dweights, dy, ys, weights, slot_pos, L(s));
+  }
+  void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, Stream& s) override {
+    cuda::moe_aux_loss(loss_sum, stats, scale, L(s));
   }
   void swiglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) override {
     cuda::swiglu_forward(out, gate, up, L(s));
