@@ -2,8 +2,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
-#include <unordered_map>
+#include <algorithm>
+#include <stdexcept>
 
 #include "core/error.h"
 #include "data/tokenizer.h"
@@ -33,11 +35,6 @@ std::string read_small(const std::string& path) {
   return ss.str();
 }
 
-// Steps of all the renderings of one record (finding the assistant turns renders the conversation
-// once per assistant message): a long conversation of tiny messages cannot make that quadratic
-// work unbounded.
-constexpr uint64_t kRecordSteps = 50'000'000;
-
 jinja::Rendered render_messages(const ChatTemplate& t, const jinja::Value& all, size_t n, bool gen_prompt,
                                 std::time_t now, const std::string& where, uint64_t* budget = nullptr) {
   jinja::Dict vars = t.special;
@@ -47,10 +44,10 @@ jinja::Rendered render_messages(const ChatTemplate& t, const jinja::Value& all, 
   vars.emplace_back("tools", jinja::Value::none());
   vars.emplace_back("documents", jinja::Value::none());
   try {
-    jinja::RenderLimits lim;
+    jinja::RenderLimits lim = t.limits;
     if (budget) {
       if (*budget == 0)
-        input_error(where, "chat template " + t.file + ": the record takes more than " + std::to_string(kRecordSteps) +
+        input_error(where, "chat template " + t.file + ": the record takes more than " + std::to_string(t.record_steps) +
                                " steps to render");
       lim.max_steps = std::min<uint64_t>(lim.max_steps, *budget);
     }
@@ -58,11 +55,23 @@ jinja::Rendered render_messages(const ChatTemplate& t, const jinja::Value& all, 
     if (budget) *budget -= std::min(*budget, r.steps);
     return r;
   } catch (const jinja::RenderError& e) {
-    if (budget && *budget < jinja::RenderLimits{}.max_steps &&
+    if (budget && *budget < t.limits.max_steps &&
         std::string(e.what()).find(" steps") != std::string::npos)
-      input_error(where, "chat template " + t.file + ": the record takes more than " + std::to_string(kRecordSteps) +
+      input_error(where, "chat template " + t.file + ": the record takes more than " + std::to_string(t.record_steps) +
                              " steps to render (" + std::to_string(all.list->size()) + " messages)");
     input_error(where, "chat template " + t.file + ": " + e.what());
+  }
+}
+
+// A rendering used only to locate a turn: nullopt when the template refuses it (a prefix of a
+// valid conversation need not be valid: an assistant-first chat's messages[:0]).
+std::optional<std::string> try_render(const ChatTemplate& t, const jinja::Value& all, size_t n, bool gen_prompt,
+                                      std::time_t now, const std::string& where, uint64_t* budget) {
+  try {
+    return render_messages(t, all, n, gen_prompt, now, where, budget).text;
+  } catch (const InputError& e) {
+    if (std::string(e.what()).find(" steps to render") != std::string::npos) throw;
+    return std::nullopt;
   }
 }
 
@@ -151,68 +160,162 @@ std::optional<ChatTemplate> ChatTemplate::load(const std::string& model_dir) {
   return parse(source, cfg_path, std::move(special));
 }
 
+namespace {
+
+size_t common_prefix(const std::string& a, const std::string& b) {
+  size_t k = 0;
+  while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+  return k;
+}
+size_t common_suffix(const std::string& a, const std::string& b, size_t limit) {
+  size_t k = 0;
+  while (k < limit && k < a.size() && k < b.size() && a[a.size() - 1 - k] == b[b.size() - 1 - k]) ++k;
+  return k;
+}
+
+// A byte that is neither in the text nor in the messages: a marker for a message's content.
+std::string marker_for(const std::string& text, const std::string& content) {
+  for (const char* m : {"\x02", "\x03", "\x1e", "\x1f", "\x01", "\x04", "\x05", "\x06", "\x0e", "\x0f"})
+    if (text.find(m) == std::string::npos && content.find(m) == std::string::npos) return m;
+  return "\xEE\x80\x80";  // U+E000, private use (a template would have to contain every control byte)
+}
+
+// Where message i's content lies in render(messages[:n]): the rendering is diffed with one whose
+// content is a marker absent from both. nullopt when the content does not show (the template does
+// not print it, or prints it only through a transformation the marker does not survive).
+std::optional<std::pair<size_t, size_t>> content_span(const ChatTemplate& t, const jinja::Value& all, size_t i,
+                                                      size_t n, const std::string& text, std::time_t now,
+                                                      const std::string& where, uint64_t* budget) {
+  jinja::Value copy = jinja::Value::new_list(*all.list);
+  jinja::Value msg = (*copy.list)[i];
+  jinja::Value fresh = jinja::Value::new_dict(*msg.dict);  // messages are shared: copy the one changed
+  const jinja::Value* c = fresh.find("content");
+  const std::string content = c && c->kind == jinja::Value::Str ? c->s : std::string();
+  const std::string mark = marker_for(text, content);
+  fresh.set_item("content", jinja::Value::str(mark));
+  (*copy.list)[i] = fresh;
+  const std::optional<std::string> marked = try_render(t, copy, n, false, now, where, budget);
+  if (!marked) return std::nullopt;
+  const size_t at = marked->find(mark);
+  if (at == std::string::npos || marked->find(mark, at + 1) != std::string::npos) return std::nullopt;
+  const size_t s = common_prefix(text, *marked);
+  if (s != at) return std::nullopt;
+  const size_t tail = common_suffix(text, *marked, std::min(text.size() - s, marked->size() - at - mark.size()));
+  if (marked->size() - tail != at + mark.size()) return std::nullopt;
+  return std::make_pair(s, text.size() - tail);
+}
+
+}  // namespace
+
+jinja::Value chat_messages(const std::string& record, const std::string& where) {
+  jinja::Value r;
+  try {
+    r = jinja::Value::parse_json(record);
+  } catch (const jinja::RenderError& e) {
+    input_error(where, e.what());
+  }
+  const jinja::Value* m = r.find("messages");
+  if (!m) input_error(where, "needs 'messages'");
+  return *m;
+}
+
 ChatRendering render_chat(const ChatTemplate& t, const nlohmann::json& messages, std::time_t now,
                           const std::string& where) {
-  if (!messages.is_array() || messages.empty()) input_error(where, "'messages' must be a non-empty array");
-  for (size_t k = 0; k < messages.size(); ++k) {
-    const auto& m = messages[k];
-    const std::string at = "'messages'[" + std::to_string(k) + "]";
-    if (!m.is_object()) input_error(where, at + " must be an object");
-    if (!m.contains("role") || !m["role"].is_string()) input_error(where, at + " needs a string 'role'");
-    if (!m.contains("content") || !(m["content"].is_string() || m["content"].is_null()))
-      input_error(where, at + " needs a string 'content'");
+  // nlohmann's objects are sorted by key: the text keeps the order that tojson prints.
+  jinja::Value v;
+  try {
+    v = jinja::Value::parse_json(messages.dump());
+  } catch (const jinja::RenderError& e) {
+    input_error(where, e.what());
   }
-  const jinja::Value all = jinja::Value::from_json(messages);
-  const size_t n = messages.size();
-  uint64_t budget = kRecordSteps;
+  return render_chat(t, v, now, where);
+}
+
+ChatRendering render_chat(const ChatTemplate& t, const jinja::Value& all, std::time_t now, const std::string& where) {
+  if (all.kind != jinja::Value::ListK || all.list->empty())
+    input_error(where, "'messages' must be a non-empty array");
+  const size_t n = all.list->size();
+  std::vector<bool> assistant(n, false);
+  for (size_t k = 0; k < n; ++k) {
+    const jinja::Value& m = (*all.list)[k];
+    const std::string at = "'messages'[" + std::to_string(k) + "]";
+    if (m.kind != jinja::Value::DictK) input_error(where, at + " must be an object");
+    const jinja::Value* role = m.find("role");
+    if (!role || role->kind != jinja::Value::Str) input_error(where, at + " needs a string 'role'");
+    const jinja::Value* content = m.find("content");
+    if (content && content->kind != jinja::Value::Str && content->kind != jinja::Value::None)
+      input_error(where, at + " needs a string 'content'");
+    if (!content && !m.find("tool_calls")) input_error(where, at + " needs a string 'content'");
+    assistant[k] = role->s == "assistant";
+  }
+  uint64_t budget = t.record_steps;
   ChatRendering out;
   jinja::Rendered full = render_messages(t, all, n, false, now, where, &budget);
   out.text = std::move(full.text);
+  const std::string& text = out.text;
   if (t.tmpl.has_generation()) {
     for (const auto& g : full.generation)
       if (g.second > g.first) out.assistant.push_back(g);
     return out;
   }
-  auto with_marker = [&](size_t i, bool before_content) {
-    jinja::Value copy = jinja::Value::from_json(messages);
-    jinja::Value& c = *(*copy.list)[i].find("content");
-    if (c.kind != jinja::Value::Str) c = jinja::Value::str("");
-    c.s = before_content ? "\x02" + c.s : c.s + "\x02";
-    return render_messages(t, copy, n, false, now, where, &budget).text;
-  };
-  auto common_prefix = [](const std::string& a, const std::string& b) {
-    size_t k = 0;
-    while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
-    return k;
-  };
   for (size_t i = 0; i < n; ++i) {
-    if (messages[i]["role"] != "assistant") continue;
-    const std::string before = render_messages(t, all, i, true, now, where, &budget).text;
-    size_t s, e;
-    if (starts_with(out.text, before)) {
-      const std::string upto = render_messages(t, all, i + 1, false, now, where, &budget).text;
-      s = before.size();
-      if (starts_with(out.text, upto) && upto.size() >= s) {
-        e = upto.size();
-      } else {
-        const std::string turn = upto.size() > s ? upto.substr(s) : std::string();
-        const std::string rest = out.text.substr(s);
+    if (!assistant[i]) continue;
+    // The conversation before the turn with the generation prompt, and up to the turn: where they
+    // are prefixes of the full text, the turn is what lies between them.
+    const std::optional<std::string> before = try_render(t, all, i, true, now, where, &budget);
+    const std::optional<std::string> upto = try_render(t, all, i + 1, false, now, where, &budget);
+    size_t s = 0, e = 0;
+    if (before && starts_with(text, *before)) {
+      s = before->size();
+      if (upto && starts_with(text, *upto) && upto->size() >= s) {
+        e = upto->size();
+      } else if (upto && upto->size() > s && starts_with(*upto, *before)) {
+        // Rendered differently when last (Qwen3's <think> block): the longest end of the turn as
+        // rendered last that the full text continues with.
+        const std::string turn = upto->substr(s);
+        const std::string rest = text.substr(s);
         size_t len = suffix_prefix_overlap(turn, rest);
         if (len == 0) len = common_prefix(turn, rest);
         e = s + len;
+      } else if (const auto c = content_span(t, all, i, n, text, now, where, &budget)) {
+        e = c->second;
+      } else {
+        continue;
       }
     } else {
-      // The conversation before this turn renders differently on its own (Mistral v0.3 puts the
-      // system message into the last user message): the turn is the message's content, found by
-      // rendering it with a marker before and after it, and the end-of-sequence token after it.
-      s = common_prefix(out.text, with_marker(i, true));
-      e = common_prefix(out.text, with_marker(i, false));
-      if (e < s) e = s;
-      const jinja::Value* eos = nullptr;
-      for (const auto& [k, v] : t.special)
-        if (k == "eos_token") eos = &v;
-      if (eos && eos->kind == jinja::Value::Str && !eos->s.empty() && out.text.compare(e, eos->s.size(), eos->s) == 0)
-        e += eos->s.size();
+      // The conversation before the turn renders differently on its own, or not at all (an
+      // assistant message first; Mistral v0.3 moves the system message; Qwen3 drops the <think>
+      // of earlier turns): the content is found by a marker, and extended by what the template
+      // writes around it when the turn is last (after the header, before the content; after it).
+      const auto c = content_span(t, all, i, n, text, now, where, &budget);
+      if (!c) continue;
+      s = c->first;
+      e = c->second;
+      if (upto) {
+        if (const auto pc = content_span(t, all, i, i + 1, *upto, now, where, &budget)) {
+          size_t h = pc->first;  // where the header ends in `upto`
+          const std::optional<std::string> bare = i > 0 ? try_render(t, all, i, false, now, where, &budget)
+                                                        : std::optional<std::string>();
+          if (before) {
+            const size_t hp = bare ? common_prefix(*bare, *before) : 0;
+            const std::string header = before->substr(hp);
+            const size_t at = header.empty() ? std::string::npos : upto->rfind(header, pc->first);
+            if (at != std::string::npos && at + header.size() <= pc->first) h = at + header.size();
+          }
+          const std::string lead = upto->substr(h, pc->first - h);
+          const std::string tail = upto->substr(pc->second);
+          size_t l = std::min(lead.size(), s);
+          while (l > 0 && text.compare(s - l, l, lead, lead.size() - l, l) != 0) --l;
+          s -= l;
+          e += common_prefix(tail, text.substr(e, tail.size()));
+        }
+      } else {
+        const jinja::Value* eos = nullptr;
+        for (const auto& [k, v] : t.special)
+          if (k == "eos_token") eos = &v;
+        if (eos && eos->kind == jinja::Value::Str && !eos->s.empty() && text.compare(e, eos->s.size(), eos->s) == 0)
+          e += eos->s.size();
+      }
     }
     if (e > s) out.assistant.emplace_back(s, e);
   }
@@ -222,33 +325,22 @@ ChatRendering render_chat(const ChatTemplate& t, const nlohmann::json& messages,
 std::vector<int32_t> assistant_labels(const Tokenizer& tok, const ChatRendering& r, const std::vector<int32_t>& ids) {
   std::vector<int32_t> labels(ids.size(), kIgnoreIndex);
   if (r.assistant.empty() || ids.empty()) return labels;
-  // Byte offsets of the tokens: exact when the tokens' bytes spell the text (byte-level BPE
-  // without a normalizer that changed it); otherwise from the token counts of prefixes.
-  // A token's bytes depend on its id alone: each distinct id is decoded once.
-  std::vector<size_t> start(ids.size() + 1, 0);
-  std::unordered_map<int32_t, size_t> bytes_of;
-  size_t pos = 0;
-  for (size_t k = 0; k < ids.size(); ++k) {
-    start[k] = pos;
-    auto [it, fresh] = bytes_of.try_emplace(ids[k], 0);
-    if (fresh) it->second = tok.decode({ids[k]}).size();
-    pos += it->second;
-  }
-  start[ids.size()] = pos;
-  const bool exact = pos == r.text.size();
-  auto token_at = [&](size_t byte) -> size_t {  // the token holding `byte`
-    if (exact) {
-      const auto it = std::upper_bound(start.begin(), start.end() - 1, byte);
-      return size_t(it - start.begin()) - 1;
-    }
-    const size_t n = tok.encode(r.text.substr(0, byte + 1), false).size();
-    return n == 0 ? 0 : std::min(n - 1, ids.size() - 1);
-  };
+  // As transformers: a turn labels every token from the one holding its first character to the one
+  // holding its last, by the tokens' character offsets.
+  std::vector<std::pair<size_t, size_t>> off;
+  const std::vector<int32_t> again = tok.encode_offsets(r.text, off, false);
+  if (again != ids) throw std::logic_error("assistant_labels: ids are not the encoding of the rendered text");
   for (const auto& [s, e] : r.assistant) {
-    if (s >= r.text.size()) break;
-    const size_t a = token_at(s);
-    const size_t b = token_at(std::min(e, r.text.size()) - 1);
-    for (size_t k = a; k <= b && k < ids.size(); ++k) labels[k] = ids[k];
+    if (s >= e || s >= r.text.size()) continue;
+    const size_t last = std::min(e, r.text.size()) - 1;
+    // The first token ending after s (holding s, or the first after it when s lies in no token),
+    // and the last token starting at or before `last`.
+    // (Offsets never decrease along the tokens.)
+    const size_t a = size_t(std::partition_point(off.begin(), off.end(), [&](const auto& o) { return o.second <= s; }) -
+                            off.begin());
+    const size_t b = size_t(std::partition_point(off.begin(), off.end(), [&](const auto& o) { return o.first <= last; }) -
+                            off.begin());
+    for (size_t k = a; k < b; ++k) labels[k] = ids[k];
   }
   return labels;
 }

@@ -550,10 +550,11 @@ class JsonlLoader {
       if (p.kind == Pending::Chat) chats.push_back(&p);
     parallel_records(pool, chats.size(), [&](size_t i) {
       Pending& p = *chats[i];
-      // The SAX pass checked the nesting; the messages are read as a tree.
-      const nlohmann::json j = nlohmann::json::parse(p.line_text, nullptr, false);
+      // The SAX pass checked the record; the messages are read in the text's key order.
+      const std::string where = path_ + ":" + std::to_string(p.line);
+      const jinja::Value messages = chat_messages(p.line_text, where);
       p.line_text = std::string();
-      p.chat = render_chat(*chat_, j["messages"], now_, path_ + ":" + std::to_string(p.line));
+      p.chat = render_chat(*chat_, messages, now_, where);
       plain_texts_[p.a] = p.chat.text;
     });
     if (!special_texts_.empty()) special_ids_ = tok_->encode_batch(special_texts_, true, opt_.threads);

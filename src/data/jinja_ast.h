@@ -43,6 +43,7 @@ struct Expr {
   enum Kind { Literal, Name, ListLit, TupleLit, DictLit, Attr, Index, Slice, Call, Filter, Test, Unary, Binary, Cond };
   Kind kind;
   int line = 0;
+  int depth = 1;                                      // of the tree below (the parser bounds it)
   Value value;                                        // Literal
   std::string name;                                   // Name, Attr member, Filter/Test name, Unary/Binary operator
   bool negate = false;                                // Test: `is not`
