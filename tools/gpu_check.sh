@@ -96,6 +96,12 @@ for s in "${steps[@]}"; do
       run tokenizer_compare timeout 200 python3 tools/tokenizer_parity.py compare --bin "$BIN/slideformer" --n 4000 \
         tmp/tokenizers/*.json.gz
       run tokenizer_record timeout 120 python3 tools/tokenizer_parity.py record --out "$OUT/tok" ;;
+    # chat records against transformers' apply_chat_template (text, ids, masks) on the real templates
+    # (and TRL's training templates where trl is installed), recording the corpus that
+    # tests/data/chat_corpus/ holds (copy $OUT/chat_corpus.jsonl there); tmp/tokenizers carried
+    # (`tokenizer_parity.py fetch tmp/tokenizers --gzip` and `chat_template_parity.py --fetch`)
+    chat_parity) run chat_parity timeout 500 python3 tools/chat_template_parity.py --bin "$BIN/slideformer" \
+      --record "$OUT/chat_corpus.jsonl" ;;
     # session 4: clipping with the split update (default) and fused (SF_SPLIT_UPDATE=0), no
     # clipping with and without held gradients, each with a stream timeline (SF_TRACE, summarised
     # by tools/trace_summary.py into all.log; the raw traces in $OUT/traces.tgz); 8B at 24 GiB

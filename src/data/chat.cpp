@@ -330,7 +330,8 @@ std::vector<int32_t> assistant_labels(const Tokenizer& tok, const ChatRendering&
   std::vector<std::pair<size_t, size_t>> off;
   const std::vector<int32_t> again = tok.encode_offsets(r.text, off, false);
   if (again != ids) throw std::logic_error("assistant_labels: ids are not the encoding of the rendered text");
-  for (const auto& [s, e] : r.assistant) {
+  for (const auto& turn : r.assistant) {
+    const size_t s = turn.first, e = turn.second;  // (lambdas below capture them: no structured binding)
     if (s >= e || s >= r.text.size()) continue;
     const size_t last = std::min(e, r.text.size()) - 1;
     // The first token ending after s (holding s, or the first after it when s lies in no token),

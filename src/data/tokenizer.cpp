@@ -987,6 +987,7 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
   std::vector<int32_t> ids;
   split_added(text, false, segs, ids);
   std::vector<int32_t> seg_ids;
+  std::unordered_map<int32_t, size_t> length_of;  // bytes of each id met (byte-level)
   for (size_t s = 0; s < segs.size(); ++s) {
     const auto [a, b] = segs[s];
     if (b > a) {
@@ -1000,23 +1001,34 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
       if (!normalizer_.empty()) normalizer_.apply(norm, at_start);
       // Token k's bytes in the normalized segment: consecutive when the tokens spell it (a prepended
       // SentencePiece space stands before the first character).
+      // Byte-level tokens are the text's bytes: their lengths suffice (each distinct id's once).
+      const bool lossless = pre_.byte_level();
       std::vector<std::pair<size_t, size_t>> in_norm(seg_ids.size());
       size_t pos = 0;
       std::string spelled;
       for (size_t k = 0; k < seg_ids.size(); ++k) {
-        const std::string t = token_text({seg_ids[k]});
-        in_norm[k] = {pos, pos + t.size()};
-        pos += t.size();
-        spelled += t;
+        size_t len;
+        if (lossless) {
+          auto [it, fresh] = length_of.try_emplace(seg_ids[k], 0);
+          if (fresh) it->second = token_text({seg_ids[k]}).size();
+          len = it->second;
+        } else {
+          const std::string t = token_text({seg_ids[k]});
+          len = t.size();
+          spelled += t;
+        }
+        in_norm[k] = {pos, pos + len};
+        pos += len;
       }
       size_t shift = 0;
-      if (spelled != norm && !pre_.byte_level() && spelled.size() == norm.size() + 1 && spelled[0] == ' ' &&
+      if (!lossless && spelled != norm && spelled.size() == norm.size() + 1 && spelled[0] == ' ' &&
           spelled.compare(1, std::string::npos, norm) == 0)
         shift = 1;
+      const bool unchanged = norm == raw;
+      const bool spells = lossless ? pos == norm.size() : spelled.size() == norm.size() + shift && (shift || spelled == norm);
       std::optional<std::vector<std::pair<size_t, size_t>>> origin;
-      if (spelled.size() == norm.size() + shift && (shift || spelled == norm) && !normalizer_.empty() && norm != raw)
-        origin = normalized_origin(normalizer_, raw, a == 0, norm);
-      const bool exact = (spelled.size() == norm.size() + shift) && (shift || spelled == norm) && (norm == raw || origin);
+      if (spells && !unchanged) origin = normalized_origin(normalizer_, raw, a == 0, norm);
+      const bool exact = spells && (unchanged || origin);
       for (size_t k = 0; k < seg_ids.size(); ++k) {
         out.push_back(seg_ids[k]);
         if (!exact) {  // unknown alignment: every token of the segment spans it
@@ -1030,7 +1042,7 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
           offsets.emplace_back(a, a);
           continue;
         }
-        if (norm == raw) {
+        if (unchanged) {
           offsets.emplace_back(a + x, a + y);
         } else {
           offsets.emplace_back(a + (*origin)[x].first, a + (*origin)[y - 1].second);
