@@ -329,6 +329,12 @@ TEST(Jinja, RenderBudgetsStopEarly) {
     EXPECT_NE(err.find(c.needle), std::string::npos) << c.src << ": " << err;
     EXPECT_LT(seconds_since(t0), 10.0) << c.src;
   }
+  // Substring search is linear ('aaa...ab' in 'aaa...a' is quadratic for std::string::find).
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(render("{% set h = 'a'*500000 %}{% set n = 'a'*50000 ~ 'b' %}{% for i in range(20) %}"
+                   "{{ n in h }}{{ h.find(n) }}{{ h.count(n) }}{{ h.split(n)|length }}{% endfor %}"),
+            repeated("False-101", 20));
+  EXPECT_LT(seconds_since(t0), 10.0);
   // unique hashes (linear), ignores case by default as jinja2, and refuses unhashable items.
   EXPECT_EQ(render("{{ ['a', 'A', 'b', 1, 1.0, true, 2]|unique|list }}"), "['a', 'b', 1, 2]");
   EXPECT_EQ(render("{{ ['a', 'A']|unique(case_sensitive=true)|list }}"), "['a', 'A']");

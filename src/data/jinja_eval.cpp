@@ -4,6 +4,7 @@
 #include <cctype>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -77,6 +78,15 @@ std::optional<double> py_float(const std::string& s) {
   return d;
 }
 
+// s.find(sub, pos) in linear time (glibc's memmem is the two-way algorithm; std::string::find is
+// quadratic on 'aaa...ab' in 'aaa...a', which a hostile template can loop over).
+size_t find_sub(const std::string& s, const std::string& sub, size_t pos = 0) {
+  if (pos > s.size()) return std::string::npos;
+  if (sub.empty()) return pos;
+  const void* p = ::memmem(s.data() + pos, s.size() - pos, sub.data(), sub.size());
+  return p ? size_t(static_cast<const char*>(p) - s.data()) : std::string::npos;
+}
+
 std::string ascii_case(std::string s, bool upper) {
   for (char& c : s) {
     if (upper && c >= 'a' && c <= 'z') c = char(c - 32);
@@ -103,7 +113,7 @@ std::string replace_all(const std::string& s, const std::string& from, const std
   size_t pos = 0;
   int64_t n = 0;
   while (count < 0 || n < count) {
-    const size_t f = s.find(from, pos);
+    const size_t f = find_sub(s, from, pos);
     if (f == std::string::npos) break;
     out.append(s, pos, f - pos);
     out += to;
@@ -492,7 +502,7 @@ class Renderer {
     bool r = false;
     if (b.kind == Value::Str) {
       if (a.kind != Value::Str) fail(line, "'in <string>' requires a string on the left");
-      r = b.s.find(a.s) != std::string::npos;
+      r = find_sub(b.s, a.s) != std::string::npos;
     } else if (b.kind == Value::ListK) {
       for (size_t k = 0; k < b.list->size() && !r; ++k) r = equal(a, (*b.list)[k]);
     } else if (b.kind == Value::DictK) {
@@ -842,7 +852,7 @@ class Renderer {
     if (m == "replace") return replace(s, a, line);
     if (m == "title" || m == "capitalize") return Value::str(case_words(s, m == "title"));
     if (m == "find" || m == "index") {
-      const size_t f = s.find(str_arg(a, 0, "sub", line));
+      const size_t f = find_sub(s, str_arg(a, 0, "sub", line));
       if (f == std::string::npos) {
         if (m == "index") fail(line, "substring not found");
         return Value::integer(-1);
@@ -853,7 +863,7 @@ class Renderer {
       const std::string sub = str_arg(a, 0, "sub", line);
       if (sub.empty()) return Value::integer(int64_t(cp_count(s)) + 1);
       int64_t n = 0;
-      for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+      for (size_t p = find_sub(s, sub); p != std::string::npos; p = find_sub(s, sub, p + sub.size())) ++n;
       return Value::integer(n);
     }
     if (m == "isdigit" || m == "isspace" || m == "isalpha") {
@@ -949,7 +959,7 @@ class Renderer {
       size_t p = 0;
       int64_t n = 0;
       while (maxsplit < 0 || n < maxsplit) {
-        const size_t f = s.find(d, p);
+        const size_t f = find_sub(s, d, p);
         if (f == std::string::npos) break;
         parts.push_back(s.substr(p, f - p));
         p = f + d.size();
@@ -957,6 +967,8 @@ class Renderer {
       }
       parts.push_back(s.substr(p));
     } else {
+      // rfind is quadratic at worst (no linear reverse search here): counted as steps.
+      work(s.size() / 16 * (d.size() / 16 + 1), line);
       size_t end = s.size();
       int64_t n = 0;
       std::vector<std::string> rev;
@@ -1331,7 +1343,7 @@ class Renderer {
     }
     if (t == "in") {
       const Value& c = arg(0);
-      if (c.kind == Value::Str) return v.kind == Value::Str && c.s.find(v.s) != std::string::npos;
+      if (c.kind == Value::Str) return v.kind == Value::Str && find_sub(c.s, v.s) != std::string::npos;
       if (c.kind == Value::ListK) {
         for (const Value& x : *c.list)
           if (equal(v, x)) return true;
