@@ -223,7 +223,8 @@ namespace {
 
 // ---- the tokenized-dataset cache
 constexpr char kCacheMagic[8] = {'S', 'F', 'D', 'S', 'E', 'T', 'C', '1'};
-constexpr uint32_t kCacheVersion = 1;
+// 2: chat records in their key order, turns after their headers, masks by character offsets (issue 16).
+constexpr uint32_t kCacheVersion = 2;
 constexpr size_t kHashWindow = size_t(1) << 20;
 
 uint64_t mix(uint64_t h, uint64_t x) {
