@@ -19,8 +19,10 @@ configure: $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The demo needs only the binary: not the test suite, the fuzz replays or the benchmarks.
 demo: deps
-	@$(MAKE) --no-print-directory build
+	@$(MAKE) --no-print-directory configure
+	cmake --build $(BUILD) -j $(JOBS) --target slideformer
 	$(BUILD)/slideformer demo
 
 test: deps

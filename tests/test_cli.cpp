@@ -463,6 +463,39 @@ TEST_F(Cli, RefusalsNameTheOptions) {
                          "windows are not supported: use --seq-len <= 16");
 }
 
+// The global options -q / -v are taken before or after the subcommand, as people type them; an
+// option nobody knows is still refused with one line naming it.
+TEST_F(Cli, GlobalOptionsAnywhereOnTheLine) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 6);
+  const std::string tr = train_cmd(model, data) + " --steps 2 --lr 1e-3 --batch-size 2 --seq-len 16 --device cpu";
+  CmdResult plain = run(tr + " --output " + p("o1"));
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_NE(plain.err.find("step 2/2"), std::string::npos) << plain.err;  // progress lines by default
+  for (const std::string& line : {tr + " --output " + p("o2") + " -q", "-q " + tr + " --output " + p("o3"),
+                                  tr + " -q --output " + p("o4"), tr + " --output " + p("o5") + " --quiet"}) {
+    CmdResult q = run(line);
+    EXPECT_EQ(q.code, 0) << line << "\n" << q.err;
+    EXPECT_EQ(q.err, "") << line;                      // no progress, no plan, nothing
+    EXPECT_EQ(json::parse(q.out)["last_loss"], json::parse(plain.out)["last_loss"]) << line;  // the same run
+  }
+  for (const std::string& line : {tr + " --output " + p("o6") + " -v", "-v " + tr + " --output " + p("o7")}) {
+    CmdResult v = run(line);
+    EXPECT_EQ(v.code, 0) << line << "\n" << v.err;
+    EXPECT_NE(v.err.find("device cpu, 6 records"), std::string::npos) << line << "\n" << v.err;  // a debug line
+    EXPECT_EQ(json::parse(v.out)["last_loss"], json::parse(plain.out)["last_loss"]) << line;
+  }
+  EXPECT_EQ(plain.err.find("device cpu, 6 records"), std::string::npos) << plain.err;
+  const std::string out = " --output " + p("bad");
+  for (const std::string& bad : {tr + out + " --no-such-option", tr + out + " -x", "--no-such-option " + tr + out}) {
+    CmdResult r = run(bad);
+    EXPECT_EQ(r.code, 2) << bad;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(r.err.find("--no-such-option") != std::string::npos || r.err.find("-x") != std::string::npos)
+        << r.err;
+  }
+}
+
 // `slideformer train CONFIG.yaml key=value`: the same run as the options on the command line;
 // what the file cannot say is refused with file:line.
 TEST_F(Cli, YamlConfigWithOverrides) {
@@ -874,6 +907,62 @@ TEST_F(Cli, TokenizeJsonlPrintsRecordsInOrder) {
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2000);
   EXPECT_EQ(json::parse(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1))["ids"].get<std::vector<int32_t>>(),
             tok.encode(texts[1999]));
+}
+
+
+// The NVMe tier through the command line: with --cpu-memory just short of what the sliding engine
+// needs and --offload-dir, the plan moves layers' AdamW state to the offload file (and, shorter
+// still, checkpoints too), and the model trained so is byte for byte the one trained in memory;
+// the offload directory is left as it was. A missing or unusable directory is refused up front.
+TEST_F(Cli, OffloadDirMatchesInMemory) {
+  json c = test::tiny_config("llama");
+  c["hidden_size"] = 128;
+  c["intermediate_size"] = 256;
+  c["num_hidden_layers"] = 6;
+  ASSERT_EQ(init(c, "m", " --seed 3").code, 0);
+  const std::string model = p("m"), data = make_data("d.jsonl", 8);
+  fs::create_directory(p("off"));
+  write("off/keep.txt", "a user's file");
+  const std::string engine = " --seq-len 16 --batch-size 2 --grad-accum 4 --device cpu --offload --slots 2 --gpu-blobs 0";
+  for (const char* clip : {" --max-grad-norm 1", ""}) {
+    SCOPED_TRACE(*clip ? "clipping" : "no clipping");
+    const std::string tr =
+        train_cmd(model, data) + engine + " --steps 2 --lr 1e-2 --weight-decay 0.1" + clip + " --output ";
+    fs::remove_all(p("ta"));
+    ASSERT_EQ(run(tr + p("ta")).code, 0);
+    CmdResult pl = run("plan --model " + model + engine + clip);
+    ASSERT_EQ(pl.code, 0) << pl.err;
+    // Less and less host memory: state of some layers, of all, then checkpoints go to the file.
+    size_t budget = size_t(pl.last()["host_bytes"]) - 1;
+    bool state = false, ckpts = false;
+    for (int i = 0; i < 12 && !(state && ckpts); ++i) {
+      const std::string mem = " --cpu-memory " + std::to_string(budget) + " --offload-dir " + p("off");
+      pl = run("plan --model " + model + engine + clip + mem);
+      if (pl.code != 0 || !pl.last()["fits"].get<bool>()) break;
+      ASSERT_GT(size_t(pl.last()["disk_bytes"]), 0u) << pl.err;
+      const bool has_ckpts = int(pl.last()["ckpt_disk_layers"]) > 0;
+      state |= !pl.last()["disk_blobs"].empty();
+      ckpts |= has_ckpts;
+      fs::remove_all(p("tb"));
+      CmdResult t = run(tr + p("tb") + mem);
+      ASSERT_EQ(t.code, 0) << t.err;
+      EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << mem;
+      budget = size_t(pl.last()["host_bytes"]) - 1;
+    }
+    EXPECT_TRUE(state);
+    EXPECT_TRUE(ckpts);
+    EXPECT_EQ(fs::directory_iterator(p("off"))->path().filename(), "keep.txt");
+    EXPECT_EQ(std::distance(fs::directory_iterator(p("off")), fs::directory_iterator()), 1);
+  }
+  expect_input_error(run(train_cmd(model, data, p("tc")) + engine + " --steps 1 --lr 1e-2 --offload-dir " + p("nope")),
+                     "--offload-dir");
+  expect_input_error(run(train_cmd(model, data, p("tc")) + engine + " --steps 1 --lr 1e-2 --disk-memory 1GiB"),
+                     "--disk-memory");
+  // A disk budget too small for what must go there: refused by the plan, nothing written.
+  CmdResult r = run(train_cmd(model, data, p("tc")) + engine + " --steps 1 --lr 1e-2 --cpu-memory 1MiB --offload-dir " +
+                    p("off") + " --disk-memory 4KiB");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_FALSE(fs::exists(p("tc")));
 }
 
 }  // namespace

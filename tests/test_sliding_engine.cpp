@@ -3,6 +3,7 @@
 // delays injected into every stream (a missing event dependency shows up as a difference).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -75,7 +76,22 @@ struct Case {
   int micro = 1;       // micro-batches a step (layer-major in the sliding engine)
   int64_t hold = 0;    // SlidingOptions::hold_grads (overlap): the first blobs updated after the backward
   bool fused = false;  // clipping: one AdamW pass a blob (SlidingOptions::split_update off)
+  // The NVMe tier: 0 none, 1 the even host layers' AdamW state in the store, 2 every host blob's;
+  // the store's pieces complete after random delays (out of order) and come back short once.
+  int disk = 0;
+  bool uring = true;  // the store's io_uring backend (else worker threads)
+  int ckpt_disk = 0;  // the first layers whose checkpoints are in the store (the I/O stream: bit 5)
 };
+
+// The host blobs whose AdamW state goes to the store.
+std::vector<int> disk_blobs(int which, int n_layer, const std::vector<int>& on_gpu) {
+  std::vector<int> out;
+  for (int b = 0; b <= n_layer + 1 && which > 0; ++b) {
+    if (std::find(on_gpu.begin(), on_gpu.end(), b) != on_gpu.end()) continue;
+    if (which == 2 || (b >= 1 && b <= n_layer && b % 2 == 0)) out.push_back(b);
+  }
+  return out;
+}
 
 std::vector<int> gpu_blobs(int which, int n_layer) {
   const int head = n_layer + 1;
@@ -131,6 +147,18 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
     so.chunk = 37;
     so.grad_ring = 2;
   }
+  test::TempDir store_dir;
+  so.disk_blobs = disk_blobs(c.disk, spec.n_layer, so.gpu_blobs);
+  so.ckpt_disk_layers = c.ckpt_disk;
+  if (!so.disk_blobs.empty() || c.ckpt_disk > 0) {
+    so.store.dir = store_dir.path.string();
+    so.store.piece = 4096;  // every blob's state in several pieces
+    so.store.depth = 3;
+    so.store.uring = c.uring;
+    so.store.faults.max_delay_us = c.delay_us * 4;
+    so.store.faults.short_transfers = true;
+    so.disk_ring = 2;
+  }
   SlidingEngine s(*dev_s, spec, so);
   s.init_random(5);
   auto [ls, ps] = train(s, recs, 3, c.micro, clip);
@@ -176,14 +204,30 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama", 2, 50, 1, true, false, 2, true, 3, 2000},
         // clipping with one fused AdamW pass a blob (the others split it in two)
         Case{"qwen3", 3, 0, 0, false, false, 0, false, 1, 0, true},
-        Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true}),
+        Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true},
+        // the NVMe tier: AdamW state of some or all host blobs in the store, read ahead and
+        // written back around each update, through either backend, with disordered completions
+        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, 2},
+        Case{"qwen3", 2, 50, 16, false, false, 0, false, 1, 0, false, 1, false},
+        Case{"mistral", 3, 50, 4, true, false, 0, false, 1, 0, false, 2},
+        Case{"qwen2", 2, 50, 16, true, true, 1, true, 2, 0, false, 1, false},
+        Case{"llama", 2, 50, 2, true, false, 0, false, 1, 3000, false, 2, false},
+        Case{"qwen3", 3, 50, 16, false, true, 2, true, 2, 0, true, 2},
+        Case{"llama", 2, 0, 0, false, false, 0, false, 3, 0, false, 1},
+        // ... and the first layers' checkpoints in the store, through the I/O stream (stalled: 32)
+        Case{"qwen2", 3, 50, 32, false, false, 0, false, 1, 0, false, 0, true, 1},
+        Case{"llama", 2, 50, 32, true, true, 0, false, 3, 0, false, 2, true, 4},
+        Case{"mistral", 3, 50, 4, false, false, 1, true, 2, 0, false, 1, false, 2},
+        Case{"qwen3", 2, 50, 2, true, false, 0, false, 4, 0, false, 2, true, 3}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +
              (c.stall_streams ? "_stalls" + std::to_string(c.stall_streams) : "") + (c.overlap ? "_overlap" : "") +
              (c.small_chunks ? "_chunks" : "") + (c.gpu ? "_gpu" + std::to_string(c.gpu) : "") +
              (c.bf16 ? "_bf16" : "") + (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "") +
-             (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "");
+             (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "") +
+             (c.disk ? "_disk" + std::to_string(c.disk) : "") + (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
+             ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "");
     });
 
 }  // namespace

@@ -82,14 +82,6 @@ for s in "${steps[@]}"; do
         --seq-len 2048 --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm 1
       run sf_3b_host_slots2_6g "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
         --steps 2 --warmup 1 --device cuda --offload --gpu-blobs 0 --slots 2 --gpu-memory 6GiB --max-grad-norm 1 ;;
-    # transparent huge pages for the AdamW moments, on and off, with and without clipping
-    offload7_thp)
-      for clip in 0 1; do
-        for thp in 1 0; do
-          run sf_3b_host_clip${clip}_thp$thp env SF_HUGEPAGES=$thp "$BIN/slideformer" bench --preset llama-3b \
-            --batch-size 8 --seq-len 2048 --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm $clip
-        done
-      done ;;
     # the tokenizer against HF tokenizers on the real files (tmp/tokenizers, `tokenizer_parity.py fetch
     # --gzip`), and HF's ids for the component fixtures of tests/data/tokenizer/rec_*
     tokenizer_hf)
@@ -102,24 +94,6 @@ for s in "${steps[@]}"; do
     # (`tokenizer_parity.py fetch tmp/tokenizers --gzip` and `chat_template_parity.py --fetch`)
     chat_parity) run chat_parity timeout 500 python3 tools/chat_template_parity.py --bin "$BIN/slideformer" \
       --record "$OUT/chat_corpus.jsonl" ;;
-    # session 4: clipping with the split update (default) and fused (SF_SPLIT_UPDATE=0), no
-    # clipping with and without held gradients, each with a stream timeline (SF_TRACE, summarised
-    # by tools/trace_summary.py into all.log; the raw traces in $OUT/traces.tgz); 8B at 24 GiB
-    offload8)
-      run torch_3b python3 bench/torch_train_baseline.py --preset 3b --steps 3 --warmup 2 --clip 1.0
-      b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 4 --warmup 1 --device cuda
-        --offload --gpu-blobs 0"
-      mkdir -p "$OUT/traces"
-      for v in "clip1 1 1 0" "clip1_fused 1 0 0" "clip0 0 1 0" "clip0_hold 0 1 1" "clip0_hold400m 0 1 400000000"; do
-        set -- $v
-        run sf_3b_$1 env SF_TRACE="$OUT/traces/$1.jsonl" SF_SPLIT_UPDATE=$3 SF_HOLD_GRADS=$4 $b3 --max-grad-norm $2
-        run trace_3b_$1 python3 tools/trace_summary.py "$OUT/traces/$1.jsonl" --layers
-      done
-      for clip in 1 0; do
-        run sf_8b_24g_clip$clip env SF_TRACE="$OUT/traces/8b_clip$clip.jsonl" "$BIN/slideformer" bench --preset llama-8b           --batch-size 8 --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip
-        run trace_8b_clip$clip python3 tools/trace_summary.py "$OUT/traces/8b_clip$clip.jsonl"
-      done
-      tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces" ;;
     # issue 8 §3: packing on a real-length SFT mix (records of 50-800 tokens) against one record a
     # row, Llama 3.2 1B, --seq-len 2048; tokens trained per second from each step's --metrics line
     pack_bench)
@@ -200,47 +174,6 @@ for s in ('3b', '1b'):
       tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces" ;;
     # issue 8 §4: an output directory loads with AutoModelForCausalLM / AutoTokenizer, generation_config kept
     hf_load) run hf_load python3 tools/hf_load_check.py --bin "$BIN/slideformer" --device cuda ;;
-    # host AdamW in dynamic pieces + blocking CUDA waits (new defaults) against the old static
-    # chunks + spinning waits, on one machine
-    offload11)
-      b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 5 --warmup 1 --device cuda
-        --offload --gpu-blobs 0"
-      run sf_3b_clip0_old env SF_SPIN=1 SF_ADAMW_STATIC=1 $b3 --max-grad-norm 0
-      run sf_3b_clip0 $b3 --max-grad-norm 0
-      run sf_3b_clip1 $b3 --max-grad-norm 1
-      run sf_3b_clip1_old env SF_SPIN=1 SF_ADAMW_STATIC=1 $b3 --max-grad-norm 1 ;;
-    # session 5: the host side of the 3B clipped step: huge-page pinned buffers (SF_PINNED_HUGE)
-    # and fewer host AdamW threads (SF_THREADS), then 8B at 24 GiB with the final pool
-    offload12)
-      run host_info bash -c 'cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag;
-        nproc; lscpu | grep -i -E "model name|numa|socket|thread"; grep -i huge /proc/meminfo'
-      run torch_3b python3 bench/torch_train_baseline.py --preset 3b --steps 3 --warmup 2 --clip 1.0
-      b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 5 --warmup 1 --device cuda
-        --offload --gpu-blobs 0"
-      run sf_3b_clip1 $b3 --max-grad-norm 1
-      run sf_3b_clip1_huge env SF_PINNED_HUGE=1 $b3 --max-grad-norm 1
-      run sf_3b_clip1_t12 env SF_THREADS=12 $b3 --max-grad-norm 1
-      run sf_3b_clip1_huge_t12 env SF_PINNED_HUGE=1 SF_THREADS=12 $b3 --max-grad-norm 1
-      run sf_3b_clip0_huge env SF_PINNED_HUGE=1 $b3 --max-grad-norm 0
-      mkdir -p "$OUT/traces"
-      run sf_3b_slots2_6g_trace env SF_TRACE="$OUT/traces/6g.jsonl" $b3 --slots 2 --gpu-memory 6GiB --max-grad-norm 1
-      run trace_3b_6g python3 tools/trace_summary.py "$OUT/traces/6g.jsonl" --layers
-      gzip "$OUT/traces/6g.jsonl"
-      for clip in 1 0; do
-        run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \
-          --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm $clip
-      done ;;
-    # session 5: some layers' AdamW on the GPU, their state streamed through PCIe (SF_STREAM_EVERY=k:
-    # every k-th layer), and software prefetch in the host AdamW (SF_ADAMW_PREFETCH=elements)
-    offload13)
-      run torch_3b python3 bench/torch_train_baseline.py --preset 3b --steps 3 --warmup 2 --clip 1.0
-      b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 5 --warmup 1 --device cuda
-        --offload --gpu-blobs 0 --max-grad-norm 1"
-      run sf_3b_clip1 $b3
-      for k in 4 3 2; do run sf_3b_clip1_stream$k env SF_STREAM_EVERY=$k $b3; done
-      for d in 512 2048; do run sf_3b_clip1_prefetch$d env SF_ADAMW_PREFETCH=$d $b3; done
-      run train_offload_stream2 env SF_STREAM_EVERY=2 python3 tools/hf_train_compare.py --bin "$BIN/slideformer" \
-        --device cuda --cli-args "--offload --slots 3 --gpu-blobs 0" --work /tmp/train_offload_stream ;;
     # session 5, final code (host AdamW with software prefetch, 2048 elements by default): 3B clip
     # with longer distances, 3B no clip, the 6 GiB split run, 8B at 24 GiB
     offload14)
@@ -248,7 +181,6 @@ for s in ('3b', '1b'):
       b3="$BIN/slideformer bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 5 --warmup 1 --device cuda
         --offload --gpu-blobs 0"
       run sf_3b_clip1 $b3 --max-grad-norm 1
-      run sf_3b_clip1_prefetch4096 env SF_ADAMW_PREFETCH=4096 $b3 --max-grad-norm 1
       run sf_3b_clip0 $b3 --max-grad-norm 0
       run sf_3b_slots2_6g $b3 --slots 2 --gpu-memory 6GiB --max-grad-norm 1
       for clip in 1 0; do

@@ -98,22 +98,31 @@ class DeviceBuffer {
 };
 
 // What a backend's buffers cost, known without creating a device (the planner's input).
+enum class DeviceKind { Cpu, Cuda };
+inline const char* device_kind_name(DeviceKind k) { return k == DeviceKind::Cuda ? "cuda" : "cpu"; }
+
+// The GPU budget when none is given: 90 % of the device's free memory (a 256-byte multiple). The
+// CUDA arena's default size and the planner's default budget, so the two agree.
+inline size_t default_gpu_budget(size_t device_free) { return size_t(double(device_free) * 0.9) / 256 * 256; }
+
 struct BackendInfo {
-  std::string name;           // "cpu" | "cuda"
+  DeviceKind kind = DeviceKind::Cpu;
   DType compute_dtype;        // its natural activation / compute-copy dtype
   size_t stream_scratch = 0;  // device bytes each stream that runs kernels takes on first use
   size_t (*attention_ws)(const AttnDims&) = nullptr;
   size_t (*linear_ce_ws)(int64_t N, int64_t H, int64_t V) = nullptr;
   size_t device_total = 0, device_free = 0;  // device memory (0: unknown / host memory)
 };
-// "cpu", "cuda" or "auto" (cuda when available); InputError when cuda is not built in.
-BackendInfo backend_info(const std::string& which);
+// "cpu", "cuda" or "auto" (cuda when available); InputError when cuda is not built in. `ordinal`:
+// which GPU (cudaSetDevice's number).
+BackendInfo backend_info(const std::string& which, int ordinal = 0);
 
 // Backends. make_cuda_device throws InputError when no GPU is usable or CUDA is not built in.
 std::unique_ptr<Device> make_cpu_device();
-std::unique_ptr<Device> make_cuda_device(size_t arena_bytes);
+std::unique_ptr<Device> make_cuda_device(size_t arena_bytes, int ordinal = 0);
 bool cuda_available();  // built with CUDA and a GPU is present
-// "cpu", "cuda", or "auto" (cuda when available). arena_bytes: 0 = a default share of free memory.
-std::unique_ptr<Device> make_device(const std::string& which, size_t arena_bytes = 0);
+// "cpu", "cuda", or "auto" (cuda when available). arena_bytes: 0 = default_gpu_budget of the free
+// memory. ordinal: which GPU (0: the first; ignored by the cpu backend).
+std::unique_ptr<Device> make_device(const std::string& which, size_t arena_bytes = 0, int ordinal = 0);
 
 }  // namespace sf

@@ -1,6 +1,11 @@
 #include "cli/cli_common.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -27,7 +32,22 @@ void EngineFlags::add(CLI::App* c) {
                 "optimizer state (default: as many as fit)");
   c->add_option("--gpu-memory", gpu_memory, "GPU memory to use, e.g. 40GiB (default: 90% of the free memory)");
   c->add_option("--cpu-memory", cpu_memory, "host memory to plan with (default: what the system reports available)");
+  c->add_option("--offload-dir", offload_dir,
+                "directory for the NVMe tier: AdamW state of whole layers goes to a scratch file there when host "
+                "memory is short (the file has no name and disappears when the run ends)");
+  c->add_option("--disk-memory", disk_memory,
+                "space the scratch file in --offload-dir may take, e.g. 500GiB (default: the free space less 5%)");
 }
+
+namespace {
+// The offload directory must exist and take files (the scratch file is created when the engine is).
+void check_offload_dir(const std::string& dir) {
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0) input_error("--offload-dir " + dir, std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) input_error("--offload-dir " + dir, "not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) input_error("--offload-dir " + dir, "not writable");
+}
+}  // namespace
 
 void EngineFlags::apply(EngineRequest& e) const {
   if (offload && no_offload) input_error("--offload/--no-offload", "give one of them");
@@ -36,6 +56,10 @@ void EngineFlags::apply(EngineRequest& e) const {
   e.gpu_blobs = gpu_blobs;
   e.gpu_memory = gpu_memory.empty() ? 0 : size_t(parse_size(gpu_memory, "--gpu-memory"));
   e.cpu_memory = cpu_memory.empty() ? 0 : size_t(parse_size(cpu_memory, "--cpu-memory"));
+  if (!disk_memory.empty() && offload_dir.empty()) input_error("--disk-memory", "needs --offload-dir");
+  e.disk_memory = disk_memory.empty() ? 0 : size_t(parse_size(disk_memory, "--disk-memory"));
+  e.offload_dir = offload_dir;
+  if (!offload_dir.empty()) check_offload_dir(offload_dir);
 }
 
 void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f) {

@@ -37,6 +37,7 @@ struct EngineFlags {
   bool offload = false, no_offload = false;
   int slots = 0, gpu_blobs = -1;
   std::string gpu_memory, cpu_memory;
+  std::string offload_dir, disk_memory;
   void add(CLI::App* c);
   void apply(EngineRequest& e) const;
 };

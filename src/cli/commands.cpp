@@ -106,6 +106,9 @@ int cli_main(int argc, char** argv) {
   bool quiet = false, verbose = false;
   app.add_flag("-q,--quiet", quiet, "only results on stdout, errors on stderr");
   app.add_flag("-v,--verbose", verbose, "more diagnostics on stderr");
+  // -q / -v anywhere on the line (`slideformer train ... -q`): an option a subcommand does not know
+  // falls through to this level (subcommands inherit the setting), where it is matched or refused.
+  app.fallthrough();
   const Command commands[] = {add_init_command(app),     add_eval_command(app), add_grad_command(app),
                               add_train_command(app),    add_demo_command(app), add_bench_command(app),
                               add_tokenize_command(app), add_plan_command(app)};

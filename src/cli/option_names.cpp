@@ -30,6 +30,10 @@ const char* option_name(Setting s) {
       return "--resume";
     case Setting::Output:
       return "--output";
+    case Setting::OffloadDir:
+      return "--offload-dir";
+    case Setting::DiskMemory:
+      return "--disk-memory";
   }
   return "";  // not reached: -Wswitch names a Setting without an option
 }

@@ -1,25 +1,67 @@
-// Benchmark switches read from the environment (documented in docs/ENGINE.md): one reader, so
-// that the planner and the engine it plans for always see the same value.
+// Every environment variable slideformer reads, in one table, and the one accessor that reads
+// them. Options belong on the command line; these are the few settings that are not a training
+// choice (thread count, a diagnostic timeline, kernel variants under measurement, one engine
+// mechanism still being measured). README lists the same table. Fault-injection hooks for tests
+// are apart, in core/test_hooks.h.
 #pragma once
 #include <cstdlib>
 #include <string>
 
 namespace sf {
 
-// `name`=0 turns a switch off, any other value on; unset: `dflt`.
-inline bool env_switch(const char* name, bool dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  return std::string(v) != "0";
+enum class Env {
+  Threads,    // SF_THREADS
+  Trace,      // SF_TRACE
+  HoldGrads,  // SF_HOLD_GRADS
+  AttnFwd,    // SF_ATTN_FWD
+  AttnBwd,    // SF_ATTN_BWD
+  AttnLpt,    // SF_ATTN_LPT
+};
+
+struct EnvVar {
+  Env id;
+  const char* name;
+  const char* type;     // "int", "switch" (0 off, anything else on), "path"
+  const char* dflt;     // what unset means
+  const char* meaning;
+};
+
+// In the order of Env.
+inline constexpr EnvVar kEnvVars[] = {
+    {Env::Threads, "SF_THREADS", "int", "the CPUs of the affinity mask and cgroup quota",
+     "host threads: the host AdamW, the cpu backend's kernels, the tokenizer's encode_batch"},
+    {Env::Trace, "SF_TRACE", "path", "off",
+     "write a timeline of the sliding engine's streams to this file (tools/trace_summary.py reads it)"},
+    {Env::HoldGrads, "SF_HOLD_GRADS", "int", "0",
+     "without clipping, hold the first blobs' gradients and update them in the next forward: 1 = "
+     "as many parameters as the planner's rates say, N > 1 = N parameters (changes the plan; +2 B "
+     "of pinned memory a held parameter)"},
+    {Env::AttnFwd, "SF_ATTN_FWD", "int", "-1 (per head dim)", "CUDA attention forward variant"},
+    {Env::AttnBwd, "SF_ATTN_BWD", "int", "-1 (per head dim)", "CUDA attention backward variant"},
+    {Env::AttnLpt, "SF_ATTN_LPT", "switch", "1", "CUDA attention blocks longest-first (0: head by head)"},
+};
+
+inline const EnvVar& env_var(Env e) { return kEnvVars[static_cast<int>(e)]; }
+
+// The one reader: the variable's text, or "" when unset.
+inline std::string env_text(Env e) {
+  const char* v = std::getenv(env_var(e).name);
+  return v ? std::string(v) : std::string();
 }
 
-// An integer switch; unset, empty or not a number: `dflt`.
-inline long long env_int(const char* name, long long dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
+// An integer variable; unset, empty or not a whole number: `dflt`.
+inline long long env_int(Env e, long long dflt) {
+  const std::string v = env_text(e);
+  if (v.empty()) return dflt;
   char* end = nullptr;
-  const long long x = std::strtoll(v, &end, 10);
+  const long long x = std::strtoll(v.c_str(), &end, 10);
   return end && *end == 0 ? x : dflt;
+}
+
+// A switch: "0" off, any other text on; unset or empty: `dflt`.
+inline bool env_switch(Env e, bool dflt) {
+  const std::string v = env_text(e);
+  return v.empty() ? dflt : v != "0";
 }
 
 }  // namespace sf

@@ -82,6 +82,10 @@ const char* setting_name(Setting s) {
       return "resume checkpoint";
     case Setting::Output:
       return "output";
+    case Setting::OffloadDir:
+      return "offload directory";
+    case Setting::DiskMemory:
+      return "disk budget";
   }
   return "setting";
 }

@@ -43,12 +43,14 @@ enum class Setting {
   MaxRecordBytes,  // the longest record (line) of a dataset
   Resume,          // the checkpoint a run resumes from
   Output,          // the output directory
+  OffloadDir,      // the NVMe store's directory
+  DiskMemory,      // the NVMe store's budget
 };
 inline constexpr Setting kAllSettings[] = {
     Setting::Device,         Setting::GpuMemory, Setting::HostMemory, Setting::BatchSize, Setting::SeqLen,
     Setting::GradAccum,      Setting::Offload,   Setting::Slots,      Setting::GpuBlobs,  Setting::ComputeDtype,
-    Setting::MaxRecordBytes, Setting::Resume,    Setting::Output};
-static_assert(std::size(kAllSettings) == size_t(Setting::Output) + 1, "kAllSettings lists every Setting");
+    Setting::MaxRecordBytes, Setting::Resume,    Setting::Output,     Setting::OffloadDir, Setting::DiskMemory};
+static_assert(std::size(kAllSettings) == size_t(Setting::DiskMemory) + 1, "kAllSettings lists every Setting");
 
 // The neutral name of a setting ("sequence length"), for library users and tests.
 const char* setting_name(Setting s);

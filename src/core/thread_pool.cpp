@@ -7,6 +7,8 @@
 #include <fstream>
 #include <string>
 
+#include "core/env.h"
+
 namespace sf {
 
 ThreadPool::ThreadPool(int threads) {
@@ -93,7 +95,7 @@ void ThreadPool::parallel_pieces(int64_t n, const std::function<void(int64_t, in
 }
 
 int usable_cpus() {
-  if (const char* env = std::getenv("SF_THREADS")) return std::max(1, std::atoi(env));
+  if (const long long env = env_int(Env::Threads, 0); env > 0) return int(std::min<long long>(env, 1 << 16));
   int n = int(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;
   CPU_ZERO(&set);

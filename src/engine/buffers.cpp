@@ -15,7 +15,7 @@ size_t total_bytes(const MemoryItems& items, Place where) {
 
 MemoryItems merge_by_name(const MemoryItems& items) {
   MemoryItems out;
-  for (Place where : {Place::Device, Place::Pinned, Place::Host})
+  for (Place where : {Place::Device, Place::Pinned, Place::Host, Place::Disk})
     for (const MemoryItem& m : items) {
       if (m.place != where) continue;
       bool merged = false;
@@ -74,7 +74,8 @@ void BufferSource::allocated(const MemoryItems& items) {
 
 DeviceBuffer BufferSource::buffer(std::string_view key) {
   const MemoryItem& m = take(key);
-  SF_CHECK(m.place != Place::Host, "buffer '" + m.key + "' is pageable host memory, not a DeviceBuffer");
+  SF_CHECK(m.place != Place::Host && m.place != Place::Disk,
+           "buffer '" + m.key + "' is pageable host memory or on disk, not a DeviceBuffer");
   return DeviceBuffer(dev_, m.bytes, m.place == Place::Pinned ? MemoryKind::PinnedHost : MemoryKind::Device);
 }
 

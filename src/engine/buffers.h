@@ -14,7 +14,8 @@
 
 namespace sf {
 
-enum class Place { Device, Pinned, Host };  // GPU memory, page-locked host memory, pageable host memory
+// GPU memory, page-locked host memory, pageable host memory, the NVMe store's files (--offload-dir)
+enum class Place { Device, Pinned, Host, Disk };
 
 struct MemoryItem {
   std::string name;  // what `slideformer plan` prints (items of one name are one line there)

@@ -3,47 +3,137 @@
 #include <algorithm>
 #include <string>
 
+#include "core/error.h"
+
 namespace sf {
 
-CheckpointStore::CheckpointStore(Device& dev, int micro, int layers, size_t stride)
-    : dev_(dev), layers_(std::max(layers, 1)), stride_(stride) {
-  BufferSource src(dev, buffers(micro, layers, stride));
-  host_ = src.buffer("ckpt.host");
+namespace {
+size_t disk_stride(const CheckpointOptions& o) { return size_t(NvmeStore::aligned(o.stride)); }
+}  // namespace
+
+MemoryItems CheckpointStore::buffers(const CheckpointOptions& o) {
+  const int layers = std::max(o.layers, 1);
+  const int disk = std::clamp(o.disk_layers, 0, layers);
+  MemoryItems m = {{"checkpoints fetched for the backward", 2 * o.stride, Place::Device, "ckpt.fetch"},
+                   {"layer-input checkpoints (" + std::to_string(o.micro) + " micro-batches)",
+                    size_t(o.micro) * size_t(layers - disk) * o.stride, Place::Pinned, "ckpt.host"}};
+  if (disk > 0) {
+    const size_t ring = size_t(o.write_ring + o.read_ahead) * disk_stride(o) + NvmeStore::kAlign;
+    m.push_back({"checkpoints to and from the offload dir (" + std::to_string(o.write_ring + o.read_ahead) +
+                     " buffers)",
+                 ring, Place::Pinned, "ckpt.ring"});
+    m.push_back({"layer-input checkpoints of " + std::to_string(disk) + " layers",
+                 size_t(o.micro) * size_t(disk) * disk_stride(o), Place::Disk, "ckpt.disk"});
+  }
+  return m;
+}
+
+CheckpointStore::CheckpointStore(Device& dev, const CheckpointOptions& o, NvmeStore* store, uint64_t store_offset,
+                                 Stream* io)
+    : dev_(dev), o_(o), dstride_(disk_stride(o)), store_(store), store_off_(store_offset), io_(io) {
+  o_.layers = std::max(o.layers, 1);
+  o_.disk_layers = std::clamp(o.disk_layers, 0, o_.layers);
+  BufferSource src(dev, buffers(o));
   gpu_ = src.buffer("ckpt.fetch");
+  host_ = src.buffer("ckpt.host");
   for (int i = 0; i < 2; ++i) {
     ready_[i] = dev.create_event();
     free_[i] = dev.create_event();
   }
   offloaded_ = dev.create_event();
-}
-
-MemoryItems CheckpointStore::buffers(int micro, int layers, size_t stride) {
-  return {{"checkpoints fetched for the backward", 2 * stride, Place::Device, "ckpt.fetch"},
-          {"layer-input checkpoints (" + std::to_string(micro) + " micro-batches)",
-           size_t(micro) * size_t(std::max(layers, 1)) * stride, Place::Pinned, "ckpt.host"}};
+  if (o_.disk_layers == 0) return;
+  SF_CHECK(store && io && o.write_ring >= 1 && o.read_ahead >= 1, "checkpoints on disk need the store and a stream");
+  ring_ = src.buffer("ckpt.ring");
+  src.take("ckpt.disk");
+  for (int i = 0; i < o.write_ring; ++i) {
+    w_free_.push_back(dev.create_event());
+    w_copied_.push_back(dev.create_event());
+  }
+  for (int i = 0; i < o.read_ahead; ++i) {
+    r_ready_.push_back(dev.create_event());
+    r_free_.push_back(dev.create_event());
+  }
+  for (int l = o_.disk_layers - 1; l >= 0; --l)
+    for (int j = 0; j < o_.micro; ++j) disk_order_.emplace_back(j, l);
 }
 
 char* CheckpointStore::at(int j, int l) const {
-  return static_cast<char*>(host_.data()) + (size_t(j) * size_t(layers_) + size_t(l)) * stride_;
+  const int ram_layers = o_.layers - o_.disk_layers;
+  return static_cast<char*>(host_.data()) + (size_t(j) * size_t(ram_layers) + size_t(l - o_.disk_layers)) * o_.stride;
+}
+
+uint64_t CheckpointStore::disk_at(int j, int l) const {
+  return store_off_ + (uint64_t(j) * uint64_t(o_.disk_layers) + uint64_t(l)) * dstride_;
+}
+
+char* CheckpointStore::ring_slot(int i) const {
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(ring_.data()) + NvmeStore::kAlign - 1) / NvmeStore::kAlign *
+                         NvmeStore::kAlign;
+  return reinterpret_cast<char*>(base) + size_t(i) * dstride_;
 }
 
 void CheckpointStore::offload(int j, int l, const void* src, size_t bytes, Stream& d2h) {
-  dev_.copy(at(j, l), src, bytes, CopyKind::DeviceToHost, d2h);
+  if (!on_disk(l)) {
+    dev_.copy(at(j, l), src, bytes, CopyKind::DeviceToHost, d2h);
+    return;
+  }
+  const int w = next_w_;
+  next_w_ = (next_w_ + 1) % o_.write_ring;
+  char* slot = ring_slot(w);
+  dev_.wait(d2h, *w_free_[size_t(w)]);  // its last write is done
+  dev_.copy(slot, src, bytes, CopyKind::DeviceToHost, d2h);
+  dev_.record(*w_copied_[size_t(w)], d2h);
+  dev_.wait(*io_, *w_copied_[size_t(w)]);
+  NvmeStore* store = store_;
+  const uint64_t at = disk_at(j, l);
+  const size_t n = size_t(NvmeStore::aligned(bytes));
+  dev_.host_fn(*io_, [store, at, slot, n] { store->write_wait(at, slot, n); });
+  dev_.record(*w_free_[size_t(w)], *io_);
 }
 
-void CheckpointStore::forward_done(Stream& d2h) { dev_.record(*offloaded_, d2h); }
+void CheckpointStore::forward_done(Stream& d2h) {
+  dev_.record(*offloaded_, d2h);
+  reads_queued_ = reads_used_ = 0;
+  // The backward's first disk fetches read ahead from now on (the io stream runs the forward's
+  // writes first, in its order).
+  while (reads_queued_ < disk_order_.size() && reads_queued_ < size_t(o_.read_ahead)) queue_read();
+}
+
+void CheckpointStore::queue_read() {
+  const size_t q = reads_queued_++;
+  const int r = int(q % size_t(o_.read_ahead));
+  char* slot = ring_slot(o_.write_ring + r);
+  dev_.wait(*io_, *r_free_[size_t(r)]);  // h2d copied out what it held (an event never recorded: no wait)
+  NvmeStore* store = store_;
+  const auto [j, l] = disk_order_[q];
+  const uint64_t at = disk_at(j, l);
+  const size_t n = dstride_;
+  dev_.host_fn(*io_, [store, at, slot, n] { store->read_wait(at, slot, n); });
+  dev_.record(*r_ready_[size_t(r)], *io_);
+}
 
 void CheckpointStore::fetch(int k, int j, int l, size_t bytes, Stream& h2d) {
   const int i = k % 2;
   dev_.wait(h2d, *free_[i]);
   dev_.wait(h2d, *offloaded_);
-  dev_.copy(static_cast<char*>(gpu_.data()) + size_t(i) * stride_, at(j, l), bytes, CopyKind::HostToDevice, h2d);
+  char* gpu = static_cast<char*>(gpu_.data()) + size_t(i) * o_.stride;
+  if (!on_disk(l)) {
+    dev_.copy(gpu, at(j, l), bytes, CopyKind::HostToDevice, h2d);
+  } else {
+    const size_t u = reads_used_++;
+    SF_CHECK(u < disk_order_.size() && disk_order_[u] == std::make_pair(j, l), "checkpoint fetched out of order");
+    while (reads_queued_ < disk_order_.size() && reads_queued_ < u + size_t(o_.read_ahead)) queue_read();
+    const int r = int(u % size_t(o_.read_ahead));
+    dev_.wait(h2d, *r_ready_[size_t(r)]);
+    dev_.copy(gpu, ring_slot(o_.write_ring + r), bytes, CopyKind::HostToDevice, h2d);
+    dev_.record(*r_free_[size_t(r)], h2d);
+  }
   dev_.record(*ready_[i], h2d);
 }
 
 void* CheckpointStore::use(int k, Stream& compute) {
   dev_.wait(compute, *ready_[k % 2]);
-  return static_cast<char*>(gpu_.data()) + size_t(k % 2) * stride_;
+  return static_cast<char*>(gpu_.data()) + size_t(k % 2) * o_.stride;
 }
 
 void CheckpointStore::done(int k, Stream& compute) { dev_.record(*free_[k % 2], compute); }

@@ -1,22 +1,44 @@
-// The sliding engine's activation checkpoints (DESIGN.md §3): each layer's input, per micro-batch,
-// goes down to page-locked host memory during the forward and comes back for the layer's
-// recompute and backward, the k-th fetch of a backward into GPU buffer k % 2 (one in use while
-// the next is fetched).
+// The sliding engine's activation checkpoints (docs/ARCHITECTURE.md §2): each
+// layer's input, per micro-batch, goes down to page-locked host memory during the forward and
+// comes back for the layer's recompute and backward, the k-th fetch of a backward into GPU buffer
+// k % 2 (one in use while the next is fetched).
+//
+// The NVMe tier: the checkpoints of the first `disk_layers` layers (written first in a forward,
+// read last in the backward: the most time between) go to the offload file instead, through a
+// small pinned ring, on an I/O stream whose host functions do the transfers: down, d2h into a
+// ring buffer then written out; up, read into a ring buffer `read_ahead` fetches ahead (from the
+// end of the forward on), then h2d into the GPU buffer.
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "backend/device.h"
 #include "engine/buffers.h"
+#include "io/nvme_store.h"
 
 namespace sf {
 
+struct CheckpointOptions {
+  int micro = 1;        // micro-batches a step
+  int layers = 1;       // layer inputs a micro-batch
+  size_t stride = 0;    // bytes of one layer input at most
+  int disk_layers = 0;  // the first layers whose checkpoints are in the offload file
+  int write_ring = 2;   // pinned buffers of the writes
+  int read_ahead = 4;   // pinned buffers of the reads (fetches read ahead)
+};
+
 class CheckpointStore {
  public:
-  // `micro` micro-batches of `layers` layer inputs, each at most `stride` bytes.
-  CheckpointStore(Device& dev, int micro, int layers, size_t stride);
-  // Its buffers: the pinned store and the two GPU buffers of the fetches ("ckpt.host", "ckpt.fetch").
-  static MemoryItems buffers(int micro, int layers, size_t stride);
+  // `store` and `io` (a stream of its own) when disk_layers > 0; the checkpoints are at
+  // `store_offset` in the store.
+  CheckpointStore(Device& dev, const CheckpointOptions& o, NvmeStore* store = nullptr, uint64_t store_offset = 0,
+                  Stream* io = nullptr);
+  // Its buffers: the two GPU buffers of the fetches ("ckpt.fetch"), the pinned store of the layers
+  // in host memory ("ckpt.host"), and with disk layers the pinned ring ("ckpt.ring") and the
+  // store's bytes ("ckpt.disk").
+  static MemoryItems buffers(const CheckpointOptions& o);
 
   // Micro-batch j's input of layer l, `bytes` at `src` on the GPU, down on `d2h` (which has waited
   // for `src` to be written).
@@ -24,25 +46,41 @@ class CheckpointStore {
   // Every offload of this forward is queued on d2h: the backward's fetches wait for them.
   void forward_done(Stream& d2h);
   // Fetch k of the backward: micro-batch j's input of layer l into buffer k % 2, on h2d, once
-  // the compute stream is done with what fetch k - 2 brought.
+  // the compute stream is done with what fetch k - 2 brought. Fetches come in the backward's
+  // order: layers last to first, micro-batches in order.
   void fetch(int k, int j, int l, size_t bytes, Stream& h2d);
   // The compute stream waits for fetch k; its buffer.
   void* use(int k, Stream& compute);
   // The compute stream's work queued so far is the last that reads fetch k's buffer.
   void done(int k, Stream& compute);
 
-  size_t host_bytes() const { return host_.size(); }
+  size_t host_bytes() const { return host_.size() + ring_.size(); }
   size_t device_bytes() const { return gpu_.size(); }
 
  private:
   char* at(int j, int l) const;
+  bool on_disk(int l) const { return l < o_.disk_layers; }
+  uint64_t disk_at(int j, int l) const;
+  char* ring_slot(int i) const;  // write ring 0..write_ring-1, then the read ring
+  void queue_read();  // the next disk checkpoint of the backward into the read ring (io stream)
   Device& dev_;
-  int layers_;
-  size_t stride_;
-  DeviceBuffer host_;                          // [micro, layers, stride] pinned
+  CheckpointOptions o_;
+  size_t dstride_ = 0;  // stride rounded to the store's block
+  NvmeStore* store_ = nullptr;
+  uint64_t store_off_ = 0;
+  Stream* io_ = nullptr;
+  DeviceBuffer host_;                          // [micro, layers - disk_layers, stride] pinned
   DeviceBuffer gpu_;                           // [2, stride]: the fetched checkpoints
+  DeviceBuffer ring_;                          // [write_ring + read_ahead, dstride] pinned (+ alignment)
   std::unique_ptr<Event> ready_[2], free_[2];  // h2d: fetched; compute: released
   std::unique_ptr<Event> offloaded_;           // d2h: the forward's offloads are done
+  // The disk part: a write buffer is free once written (io); copied once d2h filled it.
+  std::vector<std::unique_ptr<Event>> w_free_, w_copied_;
+  int next_w_ = 0;
+  // The read ring: read (io) and free again once h2d has copied it out.
+  std::vector<std::unique_ptr<Event>> r_ready_, r_free_;
+  std::vector<std::pair<int, int>> disk_order_;  // (j, l) of the disk checkpoints in fetch order
+  size_t reads_queued_ = 0, reads_used_ = 0;
 };
 
 }  // namespace sf

@@ -73,7 +73,7 @@ class Engine {
   // HF-style random init: normal(0, initializer_range) weights, 1 for norms, 0 for biases.
   virtual void init_random(uint64_t seed) = 0;
 
-  // One optimizer step (DESIGN.md §4, "one step protocol"): forward and backward of every
+  // One optimizer step (docs/ARCHITECTURE.md §3, "the step protocol"): forward and backward of every
   // micro-batch, the loss normalised by the step's trained tokens (so accumulation equals one
   // large batch), the global gradient norm, clipping to max_grad_norm (> 0), AdamW. The engine
   // owns the ordering: without clipping it may update each blob as soon as its gradient is
@@ -104,6 +104,10 @@ class Engine {
     double host_update_s = 0;  // wall time of the host AdamW (sum over calls)
     int64_t uploads = 0;       // parameter blobs copied to the device
     size_t pinned_bytes = 0;   // page-locked host memory held
+    // The NVMe store (sums since the engine was built): bytes read and written, seconds with a
+    // transfer in flight.
+    uint64_t disk_read = 0, disk_written = 0;
+    double disk_busy_s = 0;
   };
   virtual Stats stats() const { return {}; }
 

@@ -1,4 +1,4 @@
-// The sliding engine's host state and host AdamW (DESIGN.md §3-4). Per parameter of the blobs kept
+// The sliding engine's host state and host AdamW (docs/ARCHITECTURE.md §2-3). Per parameter of the blobs kept
 // on the host: the fp32 master (page-locked: the upload source), AdamW m and v — 12 bytes — and
 // the gradients as they come down from the GPU, in the compute dtype (bf16 on cuda):
 // - `keep_grads` (clipping, or gradients read back): every gradient of the step is held until the
@@ -9,6 +9,9 @@
 //   backward, in forward order, while the next forward runs (the host would idle there otherwise).
 // One fused pass per chunk (cpu::adamw): reads the gradient, p, m, v; writes p, m, v; or, split,
 // a parameter pass (reads g, p, m, v; writes p) and later a moment pass (reads g, m, v; writes m, v).
+// The m and v of the blobs marked `disk` live in the NVMe store instead (engine/state_stream.h):
+// read into a small ring ahead of their update and written back after it; their update is always
+// the fused pass (a split would read them twice), which gives the same bits.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -19,19 +22,39 @@
 #include "backend/device.h"
 #include "core/host_memory.h"
 #include "engine/buffers.h"
+#include "engine/state_stream.h"
+#include "io/nvme_store.h"
 
 namespace sf {
 
+struct HostOptimizerOptions {
+  std::vector<int64_t> blob_numel;  // [blobs] elements (0: the blob is not on the host)
+  DType grad_dtype = DType::F32;    // the gradients as they land
+  bool keep_grads = true;           // the step's gradients held until the norm is known
+  int64_t chunk = 1;                // elements a gradient chunk
+  int ring = 4;                     // gradient buffers when not keep_grads
+  std::vector<bool> held;           // [blobs] (without keep_grads) the blob's gradient waits in place
+  std::vector<bool> disk;           // [blobs] the blob's m and v live in the NVMe store
+  int disk_ring = 3;                // blobs' m and v in host memory at once (StateStream)
+};
+
 class HostOptimizer {
  public:
-  // blob_numel[b] (0: the blob is not on the host); `gd` the gradients' dtype; `chunk` elements a
-  // gradient chunk; `ring` buffers when not keep_grads; held[b]: the blob's gradient waits in place.
-  HostOptimizer(Device& dev, const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk, int ring,
-                const std::vector<bool>& held = {});
+  // `store`: the NVMe store, when a blob is marked `disk` (its "disk.state" bytes at offset 0).
+  HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeStore* store = nullptr);
 
   int64_t total() const { return total_; }
   float* master(int blob) { return static_cast<float*>(master_.data()) + off_[size_t(blob)]; }
-  float* state(int which, int blob);  // 0 master, 1 m, 2 v
+  // Elements [off, off + n) of the master (0), m (1) or v (2) of a host blob, outside a step.
+  void read_state(int which, int blob, int64_t off, int64_t n, float* dst);
+  void write_state(int which, int blob, int64_t off, int64_t n, const float* src);
+  bool on_disk(int blob) const { return disk_ && disk_->has(blob); }
+  // Outside a step, before state is read or written: the store's transfers are done and what was
+  // read ahead is dropped. Throws a kept I/O error (check_io too).
+  void quiesce();
+  void check_io() const {
+    if (disk_) disk_->check();
+  }
   bool keep_grads() const { return keep_; }
   DType grad_dtype() const { return gd_; }
 
@@ -53,21 +76,29 @@ class HostOptimizer {
 
   double update_seconds() const { return double(update_ns_.load()) * 1e-9; }
   size_t pinned_bytes() const { return master_.size() + store_.size(); }
-  size_t host_bytes() const { return pinned_bytes() + m_.size() + v_.size(); }
-  // What the constructor allocates, from the same arguments: "host.master" and "host.grads" (the
-  // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v" pageable.
-  static MemoryItems buffers(const std::vector<int64_t>& blob_numel, DType gd, bool keep_grads, int64_t chunk, int ring,
-                             const std::vector<bool>& held = {});
+  size_t host_bytes() const { return pinned_bytes() + m_.size() + v_.size() + (disk_ ? disk_->host_bytes() : 0); }
+  // What the constructor allocates, from the same options: "host.master" and "host.grads" (the
+  // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v"
+  // pageable, and for blobs in the store "disk.ring" (pageable) and "disk.state" (the store's bytes).
+  static MemoryItems buffers(const HostOptimizerOptions& o);
+  // The order in which the blobs' updates run on the opt stream within a step (the disk ring reads
+  // ahead in it): with keep_grads forward order; else the blobs not held in backward order, as
+  // their gradients land, then the held ones in forward order.
+  static std::vector<int> update_order(const HostOptimizerOptions& o);
 
  private:
   Device& dev_;
   DType gd_;
   bool keep_;
   int64_t chunk_;
-  std::vector<int64_t> off_;  // [blobs] element offset in the flat buffers (-1: not on the host)
+  std::vector<int64_t> off_;   // [blobs] element offset in the flat master (-1: not on the host)
+  std::vector<int64_t> moff_;  // [blobs] element offset in m_ and v_ (-1: not on the host, or on disk)
+  std::vector<int64_t> numel_;
   int64_t total_ = 0;
   DeviceBuffer master_;                            // [total] F32 pinned
-  HostBuffer m_, v_;                               // [total] F32
+  HostBuffer m_, v_;                               // [total of the blobs not on disk] F32
+  std::unique_ptr<StateStream> disk_;              // m and v of the blobs in the NVMe store
+  StateStream::View disk_view_;                    // the blob being updated (opt stream only)
   DeviceBuffer store_;                             // keep_grads: [total] gd; else [ring, chunk] + [held] gd; pinned
   std::vector<int64_t> held_off_;                  // [blobs] element offset of a held blob in store_ (-1: not held)
   std::vector<std::unique_ptr<Event>> ring_free_;  // [ring] opt: the buffer's update is done

@@ -11,22 +11,24 @@
 
 namespace sf {
 
-std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
-                                    int slots, const std::vector<int>& gpu_blobs, bool keep_grads, int64_t hold_grads) {
-  if (!offload) return std::make_unique<ResidentEngine>(dev, spec, opt);
-  if (slots < 2) setting_error(Setting::Slots, "the sliding engine needs at least 2 GPU parameter slots");
+std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, const Plan& p,
+                                    const EngineRequest& req) {
+  if (p.engine == EngineKind::Resident) return std::make_unique<ResidentEngine>(dev, spec, opt);
+  if (p.slots < 2) setting_error(Setting::Slots, "the sliding engine needs at least 2 GPU parameter slots");
   SlidingOptions so;
   so.base = opt;
-  so.slots = slots;
-  so.gpu_blobs = gpu_blobs;
-  so.keep_grads = keep_grads || !opt.optimizer;
-  so.hold_grads = hold_grads;
-  so.split_update = env_switch("SF_SPLIT_UPDATE", true);
+  so.slots = p.slots;
+  so.gpu_blobs = p.gpu_blobs;
+  so.keep_grads = req.clip || !opt.optimizer;
+  so.hold_grads = p.hold_grads;
+  so.disk_blobs = p.disk_blobs;
+  so.ckpt_disk_layers = p.ckpt_disk_layers;
+  so.store.dir = req.offload_dir;
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }
 
 BackendInfo plan_backend(const EngineOptions& opt, const EngineRequest& req) {
-  BackendInfo be = backend_info(req.device);
+  BackendInfo be = backend_info(req.device, req.device_ordinal);
   if (opt.compute_dtype == "bf16" || opt.compute_dtype == "bfloat16") be.compute_dtype = DType::BF16;
   return be;
 }
@@ -44,6 +46,9 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   r.gpu_blobs = req.gpu_blobs;
   r.gpu_budget = req.gpu_memory;
   r.host_budget = req.cpu_memory;
+  r.offload_dir = req.offload_dir;
+  r.disk_budget = req.disk_memory;
+  r.hold_grads = env_int(Env::HoldGrads, 0);  // the one knob that changes the plan (core/env.h)
   return r;
 }
 
@@ -58,12 +63,11 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
     why += "; `slideformer plan` lists every buffer";
     input_error_naming("plan", std::move(why));
   }
-  b.dev = make_device(req.device, req.gpu_memory);
+  b.dev = make_device(req.device, req.gpu_memory, req.device_ordinal);
   EngineOptions eo = opt;
   eo.max_batch = p.micro_batch;  // the micro-batches the plan counted (maybe split)
   eo.max_micro = p.micro_batches;
-  b.engine =
-      make_engine(*b.dev, spec, eo, p.engine == EngineKind::Sliding, p.slots, p.gpu_blobs, req.clip, p.hold_grads);
+  b.engine = make_engine(*b.dev, spec, eo, p, req);
   return b;
 }
 

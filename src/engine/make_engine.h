@@ -9,14 +9,10 @@
 
 namespace sf {
 
-// keep_grads (sliding): the step's gradients are held in host memory (clipping, or read back).
-std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, bool offload,
-                                    int slots, const std::vector<int>& gpu_blobs = {}, bool keep_grads = true,
-                                    int64_t hold_grads = 0);
-
 // What the commands ask for; the planner decides the rest.
 struct EngineRequest {
   std::string device = "auto";
+  int device_ordinal = 0;  // which GPU (cudaSetDevice's number)
   OffloadChoice offload = OffloadChoice::Auto;
   int slots = 0;          // 0: the planner's choice
   int gpu_blobs = -1;     // sliding: blobs kept whole on the GPU (-1: as many as fit)
@@ -24,7 +20,16 @@ struct EngineRequest {
   size_t cpu_memory = 0;  // the plan's host budget (0: MemAvailable)
   int grad_accum = 1;
   bool clip = true;
+  // The NVMe tier: the offload directory (empty: none) and its budget (0: free space less 5 %).
+  std::string offload_dir;
+  size_t disk_memory = 0;
 };
+
+struct Plan;
+// The engine a plan chose (sliding: its slots, kept blobs, held gradients, blobs in the NVMe
+// store), for the options the plan was made with; `req` gives clipping and the offload directory.
+std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const EngineOptions& opt, const Plan& p,
+                                    const EngineRequest& req);
 
 struct BuiltEngine {
   std::unique_ptr<Device> dev;

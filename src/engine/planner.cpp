@@ -4,15 +4,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "core/align.h"
-#include "core/env.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "engine/engine.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "io/nvme_store.h"
 #include "model/layout.h"
 #include "model/program.h"
 
@@ -58,6 +59,8 @@ std::optional<Setting> Shortfall::setting() const {
       return Setting::GpuMemory;
     case Memory::Host:
       return Setting::HostMemory;
+    case Memory::Disk:
+      return Setting::DiskMemory;
     case Memory::None:
       break;
   }
@@ -73,6 +76,10 @@ SettingText Shortfall::phrase() const {
       return {"needs " + format_bytes(needs) + " of host memory (" + format_bytes(pinned) + " pinned), " +
                   format_bytes(available) + " available (",
               Setting::HostMemory, ")"};
+    case Memory::Disk:
+      return {"needs " + format_bytes(needs) + " in the offload directory for AdamW state, " + format_bytes(available) +
+                  " available (",
+              Setting::DiskMemory, ")"};
     case Memory::None:
       break;
   }
@@ -111,7 +118,8 @@ std::vector<int> gpu_blob_order(const ModelSpec& s) {
 
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs, int micro, bool keep_grads,
-                                       int64_t hold_grads) {
+                                       int64_t hold_grads, const std::vector<int>& disk_blobs,
+                                       int ckpt_disk_layers) {
   SlidingOptions o;  // the default chunk and gradient ring
   o.base.max_batch = B;
   o.base.max_seq = T;
@@ -120,7 +128,15 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
   o.gpu_blobs = gpu_blobs;
   o.keep_grads = keep_grads;
   o.hold_grads = hold_grads;
+  o.disk_blobs = disk_blobs;
+  o.ckpt_disk_layers = ckpt_disk_layers;
   return merge_by_name(SlidingEngine::buffers(s, o, backend_sizes(s, B, T, be)));
+}
+
+std::vector<int> disk_blob_order(const ModelSpec& s) {
+  std::vector<int> order;
+  for (int l = s.n_layer - 1; l >= 0; --l) order.push_back(1 + l);
+  return order;
 }
 
 namespace {
@@ -130,10 +146,12 @@ namespace {
 class Planner {
  public:
   Planner(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates)
-      : s_(s), r_(r), be_(be), rates_(rates), on_host_(be.name == "cpu"), lay_(make_layout(s)) {
+      : s_(s), r_(r), be_(be), rates_(rates), on_host_(be.kind == DeviceKind::Cpu), lay_(make_layout(s)) {
     p_.host_budget = r.host_budget ? r.host_budget : size_t(host_memory_available() * 0.95);
     // The CUDA device's default arena is 90% of the free memory.
-    p_.gpu_budget = r.gpu_budget ? r.gpu_budget : on_host_ ? p_.host_budget : size_t(double(be.device_free) * 0.9);
+    p_.gpu_budget = r.gpu_budget ? r.gpu_budget : on_host_ ? p_.host_budget : default_gpu_budget(be.device_free);
+    if (!r.offload_dir.empty())
+      p_.disk_budget = r.disk_budget ? r.disk_budget : size_t(double(free_disk_bytes(r.offload_dir)) * 0.95);
   }
 
   // The engine: resident if it fits (or is asked for), else the sliding one with 3 slots, or 2.
@@ -158,13 +176,11 @@ class Planner {
  private:
   // Without clipping the host updates each blob as its gradient lands, but the first blobs of the
   // forward land last: the part of the host's work that does not fit into the backward is held and
-  // runs during the next forward (SlidingOptions::hold_grads). Sized from the rates. Off unless
-  // SF_HOLD_GRADS=1 (a benchmark switch; a larger number holds that many parameters): measured on
-  // the H200 machine it did not yet beat updating every blob as it lands (docs/PERFORMANCE.md).
+  // runs during the next forward (SlidingOptions::hold_grads). Sized from the rates when the
+  // request asks for 1, off unless asked (PlanRequest::hold_grads).
   int64_t hold_for(const std::vector<int>& gpu_blobs) const {
-    static const long long hold_env = env_int("SF_HOLD_GRADS", 0);
-    if (hold_env <= 0 || r_.clip || !r_.optimizer || on_host_) return 0;
-    if (hold_env > 1) return int64_t(hold_env);
+    if (r_.hold_grads <= 0 || r_.clip || !r_.optimizer || on_host_) return 0;
+    if (r_.hold_grads > 1) return r_.hold_grads;
     double P = double(lay_.total_numel());
     for (int b : gpu_blobs) P -= double(lay_.blobs[size_t(b)].numel);
     const Flops f = flops_per_token(s_, r_.seq);
@@ -175,14 +191,18 @@ class Planner {
   }
 
   // The plan of one placement: its buffers, their totals by place, whether they fit the budgets.
-  void fill(EngineKind engine, int slots, const std::vector<int>& gpu_blobs = {}) {
+  void fill(EngineKind engine, int slots, const std::vector<int>& gpu_blobs = {},
+            const std::vector<int>& disk_blobs = {}, int ckpt_disk_layers = 0) {
     p_.engine = engine;
     p_.slots = slots;
     p_.gpu_blobs = gpu_blobs;
+    p_.disk_blobs = disk_blobs;
+    p_.ckpt_disk_layers = ckpt_disk_layers;
     p_.items = engine == EngineKind::Resident
                    ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum)
                    : sliding_memory(s_, r_.batch, r_.seq, slots, be_, gpu_blobs, r_.grad_accum,
-                                    r_.clip || !r_.optimizer, hold_for(gpu_blobs));
+                                    r_.clip || !r_.optimizer, hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers);
+    p_.disk_bytes = total_bytes(p_.items, Place::Disk);
     p_.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
     p_.gpu_bytes = total_bytes(p_.items, Place::Device);
     p_.pinned_bytes = total_bytes(p_.items, Place::Pinned);
@@ -195,6 +215,8 @@ class Planner {
       p_.short_of = {Shortfall::Memory::Gpu, p_.gpu_bytes, p_.gpu_budget, 0};
     else if (p_.host_budget > 0 && p_.host_bytes > p_.host_budget)
       p_.short_of = {Shortfall::Memory::Host, p_.host_bytes, p_.host_budget, p_.pinned_bytes};
+    else if (p_.disk_bytes > p_.disk_budget)
+      p_.short_of = {Shortfall::Memory::Disk, p_.disk_bytes, p_.disk_budget, 0};
     p_.fits = p_.short_of.memory == Shortfall::Memory::None;
   }
 
@@ -204,6 +226,7 @@ class Planner {
     const std::vector<int> order = gpu_blob_order(s_);
     if (r_.gpu_blobs >= 0) {
       fill(EngineKind::Sliding, slots, std::vector<int>(order.begin(), order.begin() + r_.gpu_blobs));
+      to_disk(slots);
       return;
     }
     std::vector<int> keep;
@@ -218,6 +241,40 @@ class Planner {
         p_ = before;
       }
     }
+    to_disk(slots);
+  }
+
+  // Short of host memory with an offload directory: the NVMe tier, cheapest traffic first. Whole
+  // blobs' AdamW m and v (with the optimizer) move to the store (8 bytes a parameter each, read and
+  // written once a step), in disk_blob_order; if the host is still short with all of them there,
+  // the checkpoints of the first layers too (written in the forward, read in the backward). Each
+  // time the fewest that fit (a binary search: the host bytes fall with each one moved).
+  void to_disk(int slots) {
+    if (r_.offload_dir.empty() || p_.short_of.memory != Shortfall::Memory::Host) return;
+    // (On the cpu backend the "GPU" is host memory: keeping blobs there saves nothing.)
+    const std::vector<int> keep = on_host_ ? std::vector<int>{} : p_.gpu_blobs;
+    std::vector<int> cand;
+    if (r_.optimizer)
+      for (int b : disk_blob_order(s_))
+        if (std::find(keep.begin(), keep.end(), b) == keep.end()) cand.push_back(b);
+    auto with = [&](size_t n, int ckpt) {
+      fill(EngineKind::Sliding, slots, keep, std::vector<int>(cand.begin(), cand.begin() + std::ptrdiff_t(n)), ckpt);
+      return p_.short_of.memory != Shortfall::Memory::Host;
+    };
+    auto fewest = [](int hi, const std::function<bool(int)>& fits) {  // fits(hi) holds
+      int lo = 0;
+      while (lo + 1 < hi) {
+        const int mid = (lo + hi) / 2;
+        (fits(mid) ? hi : lo) = mid;
+      }
+      return hi;
+    };
+    if (with(cand.size(), 0)) {
+      with(size_t(fewest(int(cand.size()), [&](int n) { return with(size_t(n), 0); })), 0);
+      return;
+    }
+    if (!r_.training || !with(cand.size(), s_.n_layer)) return;  // still short: refused as that
+    with(cand.size(), fewest(s_.n_layer, [&](int c) { return with(cand.size(), c); }));
   }
 
   const ModelSpec& s_;
@@ -309,11 +366,15 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
                bwd_s = std::max(p.gpu_s * (1.0 - f.forward / f.total), up_bwd_s);
   const double emb_update_s = emb_on_host ? double(lay.embedding().numel) / rates.host_adamw_params_s : 0.0;
   double path = fwd_s + std::max(bwd_s, p.host_s) + emb_update_s;
-  if (r.clip && env_switch("SF_SPLIT_UPDATE", true))
+  if (r.clip && r.split_update)
     path = split_update_path(s, r, rates, f, P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host, p);
   else if (r.clip)
     path = fwd_s + bwd_s + std::max(0.0, update_s - fwd_s);
-  p.step_s = std::max({path, p.host_s, p.pcie_s});
+  // The NVMe store: each blob's m and v read before its update and written after, once a step
+  // whatever grad_accum is; the ring keeps the disk busy through the whole step.
+  if (p.disk_bytes > 0) p.disk_s = double(p.disk_bytes) / (rates.disk_read_gbs * 1e9) +
+                                   double(p.disk_bytes) / (rates.disk_write_gbs * 1e9);
+  p.step_s = std::max({path, p.host_s, p.pcie_s, p.disk_s});
 }
 
 void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
@@ -326,7 +387,7 @@ void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, co
   else
     predict_sliding(s, r, be, rates, f, p);
   p.tokens_per_s = tokens / p.step_s;
-  if (be.name == "cpu") p.step_s = p.gpu_s = p.host_s = p.pcie_s = p.tokens_per_s = 0;  // the rates are a GPU machine's
+  if (be.kind == DeviceKind::Cpu) p.step_s = p.gpu_s = p.host_s = p.pcie_s = p.tokens_per_s = 0;  // the rates are a GPU machine's
 }
 
 }  // namespace
@@ -374,12 +435,13 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
                                               std::to_string(p.gpu_blobs.size()) + " blobs kept whole on the GPU)"
                                         : "")
     << "\n";
-  for (Place where : {Place::Device, Place::Pinned, Place::Host}) {
+  for (Place where : {Place::Device, Place::Pinned, Place::Host, Place::Disk}) {
     const size_t n = total_bytes(p.items, where);
     if (n == 0) continue;
     o << (where == Place::Device   ? "GPU memory"
           : where == Place::Pinned ? "host, pinned"
-                                   : "host, pageable")
+          : where == Place::Host   ? "host, pageable"
+                                   : "offload dir " + r.offload_dir)
       << ": " << format_bytes(n) << "\n";
     for (const MemoryItem& m : p.items) {
       if (m.place != where) continue;
@@ -388,13 +450,17 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
     }
   }
   o << "budgets: GPU " << (p.gpu_budget ? format_bytes(p.gpu_budget) : std::string("unknown")) << ", host "
-    << (p.host_budget ? format_bytes(p.host_budget) : std::string("unknown")) << "\n";
+    << (p.host_budget ? format_bytes(p.host_budget) : std::string("unknown"))
+    << (r.offload_dir.empty() ? std::string() : ", offload dir " + format_bytes(p.disk_budget)) << "\n";
   o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why(names)) << "\n";
   if (p.step_s > 0) {
+    char disk[48] = "";
+    if (p.disk_s > 0) std::snprintf(disk, sizeof disk, ", disk %.3f s", p.disk_s);
     std::snprintf(line, sizeof line,
                   "predicted (lower bound from the rates): %.3f s a step, %.0f tokens/s (GPU %.3f s, host %.3f s, "
-                  "PCIe %.3f s)\n",
-                  p.step_s, p.tokens_per_s, p.gpu_s, p.host_s, p.pcie_s);
+                  "PCIe %.3f s%s)\n",
+                  p.step_s, p.tokens_per_s, p.gpu_s, p.host_s, p.pcie_s,
+                  disk);
     o << line;
   }
   return o.str();

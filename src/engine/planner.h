@@ -1,4 +1,4 @@
-// The planner (DESIGN.md §4): from the model, the batch and the memory budgets, which engine runs,
+// The planner (docs/ARCHITECTURE.md §4): from the model, the batch and the memory budgets, which engine runs,
 // with how many GPU slots, what every buffer costs on the GPU and in host memory, whether it
 // fits, and a predicted step time from measured rates. Nothing is allocated; the buffers are the
 // engines' own lists (engine/buffers.h), from which their constructors allocate
@@ -24,9 +24,15 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int m
 // micro: micro-batches a step (layer-major: checkpoints and activations per micro-batch);
 // keep_grads: the step's gradients held in host memory (clipping, or gradients read back).
 // hold_grads: SlidingOptions::hold_grads (without keep_grads).
+// disk_blobs: host blobs whose AdamW m and v live in the NVMe store (SlidingOptions::disk_blobs).
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs = {}, int micro = 1, bool keep_grads = true,
-                                       int64_t hold_grads = 0);
+                                       int64_t hold_grads = 0, const std::vector<int>& disk_blobs = {},
+                                       int ckpt_disk_layers = 0);
+// The order in which the planner moves blobs' AdamW state to the NVMe store: the layers, last
+// first (the embedding's and the head's updates stay in host memory: without clipping the
+// embedding's is the last of a backward and the next forward needs it first).
+std::vector<int> disk_blob_order(const ModelSpec& s);
 // The order in which the planner keeps blobs whole on the GPU: the embedding (the largest, and the
 // last to be updated in a backward while the next forward needs it first), the head, then layers.
 std::vector<int> gpu_blob_order(const ModelSpec& s);
@@ -41,6 +47,10 @@ struct Rates {
   double host_adamw_params_s = 5.3e9;
   double host_read_gbs = 75;  // host memory read, all cores
   double pcie_gbs = 44;       // each way, both directions busy
+  // The NVMe store's disk (--offload-dir), O_DIRECT large blocks, several requests in flight. The
+  // defaults are the H200 machine's disk with one request in flight (issue 17's figures).
+  double disk_read_gbs = 1.77;
+  double disk_write_gbs = 2.44;
 };
 
 enum class OffloadChoice { Auto, On, Off };
@@ -55,7 +65,15 @@ struct PlanRequest {
   int gpu_blobs = -1;       // sliding: blobs kept whole on the GPU (the first of gpu_blob_order); -1: all that fit
   size_t gpu_budget = 0;    // bytes the engine may hold on the GPU (0: the backend's free memory)
   size_t host_budget = 0;   // bytes of host memory (0: MemAvailable)
+  // The NVMe tier: where the offload file may go (empty: no disk) and how much of it (0: the free
+  // space of the directory's filesystem less 5 %).
+  std::string offload_dir;
+  size_t disk_budget = 0;
   bool split_micro = true;  // the planner may split micro-batches to fit the GPU
+  bool split_update = true;  // with clipping, the update in two passes (SlidingOptions::split_update)
+  // Without clipping, gradients held for the next forward (SlidingOptions::hold_grads): 0 none, 1 as
+  // many parameters as the rates say, N > 1 that many. Off by default (docs/DECISIONS.md, "Held gradients").
+  int64_t hold_grads = 0;
 };
 
 enum class EngineKind { Resident, Sliding };
@@ -64,13 +82,13 @@ const char* engine_name(EngineKind k);  // "resident" | "sliding" (the CLI's and
 // Why a plan does not fit, as data: which memory, what the plan needs, what the budget allows
 // (and, for host memory, how much of the need is page-locked).
 struct Shortfall {
-  enum class Memory { None, Gpu, Host };
+  enum class Memory { None, Gpu, Host, Disk };
   Memory memory = Memory::None;
   size_t needs = 0, available = 0, pinned = 0;
   // "needs X of GPU memory, Y available (<the GPU memory setting>)"; empty when None.
   SettingText phrase() const;
   std::string text(SettingNamer names = setting_name) const { return phrase().render(names); }
-  std::optional<Setting> setting() const;  // the budget that is short (GpuMemory, HostMemory)
+  std::optional<Setting> setting() const;  // the budget that is short (GpuMemory, HostMemory, DiskMemory)
 };
 
 struct Plan {
@@ -78,19 +96,23 @@ struct Plan {
   int slots = 0;
   std::vector<int> gpu_blobs;  // sliding: blobs kept whole on the GPU
   int64_t hold_grads = 0;      // sliding without clipping: SlidingOptions::hold_grads
+  std::vector<int> disk_blobs; // sliding: blobs whose AdamW state is in the NVMe store
+  int ckpt_disk_layers = 0;    // sliding: the first layers whose checkpoints are in the NVMe store
   // The micro-batches the engine runs: micro_batches of micro_batch sequences a step. The request's
   // batch x grad_accum, unless the sliding engine only fits the GPU with smaller micro-batches
   // (smaller workspace and activations; the same step, as the loss is normalised per step).
   int micro_batch = 0, micro_batches = 0;
   std::vector<MemoryItem> items;
   size_t gpu_bytes = 0, pinned_bytes = 0, host_bytes = 0;  // host_bytes counts pinned too
-  size_t gpu_budget = 0, host_budget = 0;
+  size_t disk_bytes = 0;                                   // the offload file
+  size_t gpu_budget = 0, host_budget = 0, disk_budget = 0;
   bool fits = false;
   Shortfall short_of;  // when it does not fit
   std::string why(SettingNamer names = setting_name) const { return short_of.text(names); }
   // Prediction (seconds a step of batch x seq x grad_accum tokens).
   double flops = 0;  // per optimizer step
   double gpu_s = 0, host_s = 0, pcie_s = 0, step_s = 0;
+  double disk_s = 0;  // the NVMe store's reads and writes of a step at the disk's rates
   double tokens_per_s = 0;
 };
 

@@ -63,7 +63,7 @@ MeasuredRates measure_rates(const std::string& device) {
   m.rates.host_read_gbs = double(n) * 4 / t_read * 1e-9;
 
   const BackendInfo be = backend_info(device);
-  if (be.name == "cuda") {
+  if (be.kind == DeviceKind::Cuda) {
     auto dev = make_device("cuda", size_t(2) << 30);
     auto s1 = dev->create_stream(), s2 = dev->create_stream();
     const size_t bytes = size_t(256) << 20;

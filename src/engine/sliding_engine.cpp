@@ -76,6 +76,7 @@ struct SlidingShape {
   std::vector<int64_t> host_numel;           // [blobs] elements on the host (0: kept on the GPU)
   std::vector<bool> is_layer;                // [blobs]
   std::vector<bool> held;                    // [blobs] SlidingOptions::hold_grads' blobs
+  std::vector<bool> disk;                    // [blobs] m and v in the NVMe store
   int64_t max_layer = 0, emb = 0, head = 0;  // the gradient accumulators' elements (host blobs)
   int64_t chunk = 0;                         // elements a transfer chunk
   int64_t max_tokens = 0;
@@ -108,6 +109,11 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
   z.emb = z.host_numel.front();
   z.head = z.host_numel.back();
   z.held = held_grad_blobs(layout, o.gpu_blobs, o.keep_grads ? 0 : o.hold_grads);
+  z.disk.assign(size_t(nb), false);
+  for (int b : o.disk_blobs) {
+    SF_CHECK(b >= 0 && b < nb && z.host_numel[size_t(b)] > 0, "disk_blobs: no host blob " + std::to_string(b));
+    z.disk[size_t(b)] = true;
+  }
   z.chunk = std::max<int64_t>(1, std::min(o.chunk, std::max(max_blob, z.gpu_total)));
   z.max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   z.stride_nh = activation_stride(spec, z.max_tokens, act);
@@ -115,6 +121,31 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
 }
 
 const char* const kFetchedName = "checkpoints fetched for the backward + recompute output";
+
+CheckpointOptions checkpoint_options(const ModelSpec& spec, const SlidingShape& z, const SlidingOptions& o) {
+  CheckpointOptions c;
+  c.micro = z.K;
+  c.layers = spec.n_layer;
+  c.stride = z.stride_nh;
+  c.disk_layers = o.ckpt_disk_layers;
+  const int on_disk = z.K * std::clamp(o.ckpt_disk_layers, 0, spec.n_layer);  // no more buffers than checkpoints there
+  c.write_ring = std::clamp(on_disk, 1, c.write_ring);
+  c.read_ahead = std::clamp(on_disk, 1, c.read_ahead);
+  return c;
+}
+
+HostOptimizerOptions host_options(const SlidingShape& z, const SlidingOptions& o, DType act) {
+  HostOptimizerOptions h;
+  h.blob_numel = z.host_numel;
+  h.grad_dtype = act;
+  h.keep_grads = o.keep_grads;
+  h.chunk = z.chunk;
+  h.ring = o.grad_ring;
+  h.held = z.held;
+  h.disk = z.disk;
+  h.disk_ring = std::clamp(int(std::count(z.disk.begin(), z.disk.end(), true)), 1, o.disk_ring);
+  return h;
+}
 
 }  // namespace
 
@@ -125,12 +156,12 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& 
   const size_t K = size_t(z.K);
   // In the order `slideformer plan` prints them (by place, an item's first appearance).
   MemoryItems m = SlotCache::buffers(SlotCache::capacities(o.slots, z.host_numel, z.is_layer), act, z.chunk);
-  append(m, HostOptimizer::buffers(z.host_numel, act, o.keep_grads, z.chunk, o.grad_ring, z.held));
+  append(m, HostOptimizer::buffers(host_options(z, o, act)));
   const MemoryItems grads = GradientPath::buffers(z.max_layer, z.emb, z.head, act, z.chunk);
   append(m, items_with(grads, "acc."));
   m.push_back({"activations (" + std::to_string(K + 1) + " buffers: one per micro-batch + 1)", (K + 1) * z.stride_nh,
                Place::Device, "acts"});
-  for (MemoryItem& c : CheckpointStore::buffers(z.K, spec.n_layer, z.stride_nh)) {
+  for (MemoryItem& c : CheckpointStore::buffers(checkpoint_options(spec, z, o))) {
     if (c.key == "ckpt.fetch") c.name = kFetchedName;  // one line with the recompute output
     m.push_back(c);
   }
@@ -169,6 +200,7 @@ struct SlidingEngine::Impl {
 
   std::unique_ptr<Stream> compute, h2d, d2h;
   GpuBlobs gpu;
+  std::unique_ptr<NvmeStore> store;  // the offload file, when a blob's state is on disk
   std::unique_ptr<HostOptimizer> host;
   std::unique_ptr<SlotCache> slots;
   bool slots_stale = false;  // an update was queued: the next forward re-uploads every blob
@@ -189,6 +221,7 @@ struct SlidingEngine::Impl {
   // Host optimizer work in its own stream, so that gradient and checkpoint copies on d2h never
   // queue behind it. Created last (stream indices of the race tests).
   std::unique_ptr<Stream> opt_stream;
+  std::unique_ptr<Stream> io;  // the checkpoints' transfers to and from the offload file (NVMe tier)
   Program program;
   std::unique_ptr<StepTrace> trace;  // SF_TRACE: a timeline of the streams
   // Gradients from the backward to the host optimizer (engine/gradient_path.*): accumulators,
@@ -313,6 +346,8 @@ struct SlidingEngine::Impl {
     dev.synchronize(*compute);
     dev.synchronize(*d2h);
     dev.synchronize(*opt_stream);
+    if (io) dev.synchronize(*io);
+    host->quiesce();
   }
   void zero_scalars() { dev.ops().zero(Tensor(scalars.data(), DType::F32, {2 + nb}), *compute); }
   void read_scalars() {
@@ -351,8 +386,20 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   BufferSource src(dev, SlidingEngine::buffers(spec, o, BackendSizes{act, ws->bytes(), 0}));
   src.allocated({{"", ws->bytes(), Place::Device, "workspace"}});
 
-  host = std::make_unique<HostOptimizer>(dev, z.host_numel, act, o.keep_grads, chunk, o.grad_ring, z.held);
-  src.allocated(HostOptimizer::buffers(z.host_numel, act, o.keep_grads, chunk, o.grad_ring, z.held));
+  const HostOptimizerOptions ho = host_options(z, o, act);
+  const MemoryItems host_items = HostOptimizer::buffers(ho);
+  const CheckpointOptions co = checkpoint_options(spec, z, o);
+  const MemoryItems ckpt_items = CheckpointStore::buffers(co);
+  // The offload file: the AdamW state of the blobs there, then the checkpoints of the disk layers.
+  const uint64_t state_bytes = total_bytes(host_items, Place::Disk);
+  if (state_bytes + total_bytes(ckpt_items, Place::Disk) > 0) {
+    StoreOptions so = o.store;
+    so.bytes = state_bytes + total_bytes(ckpt_items, Place::Disk);
+    SF_CHECK(!so.dir.empty(), "state in the NVMe store, but no offload directory");
+    store = std::make_unique<NvmeStore>(so);
+  }
+  host = std::make_unique<HostOptimizer>(dev, ho, store.get());
+  src.allocated(host_items);
   const std::vector<int64_t> caps = SlotCache::capacities(o.slots, z.host_numel, z.is_layer);
   slots = std::make_unique<SlotCache>(dev, caps, act, chunk, *h2d, *compute);
   src.allocated(SlotCache::buffers(caps, act, chunk));
@@ -371,8 +418,6 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     act_free.push_back(dev.create_event());
   }
   scratch = src.buffer("scratch");
-  ckpts = std::make_unique<CheckpointStore>(dev, K, L, stride_nh);
-  src.allocated(CheckpointStore::buffers(K, L, stride_nh));
   scalars = src.buffer("scalars");
   host_scalars.assign(size_t(2 + nb), 0.f);
   zero_scalars();
@@ -381,6 +426,9 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   tokens = std::make_unique<TokenUploader>(dev, max_tokens, 2 * K);
   src.allocated(TokenUploader::buffers(max_tokens, 2 * K));
   opt_stream = d.create_stream();
+  if (co.disk_layers > 0) io = d.create_stream();
+  ckpts = std::make_unique<CheckpointStore>(dev, co, store.get(), state_bytes, io.get());
+  src.allocated(ckpt_items);
   trace = StepTrace::from_env(dev, *compute);
   grads = std::make_unique<GradientPath>(dev, nb, z.max_layer, z.emb, z.head, act, chunk,
                                          GradientPath::Streams{*compute, *d2h, *opt_stream}, *host,
@@ -389,7 +437,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   dev.synchronize(*compute);
 }
 
-// One pass over the micro-batches, layer-major (DESIGN.md §4). Forward: the embedding, then each
+// One pass over the micro-batches, layer-major (docs/ARCHITECTURE.md §3). Forward: the embedding, then each
 // layer for every micro-batch while its parameters sit in the slot, each layer input offloaded as
 // that micro-batch's checkpoint; the head (loss, and with `backward` the first gradients); then
 // the backward in reverse, each layer recomputed from its fetched checkpoints, its gradient
@@ -614,6 +662,7 @@ Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const Step
   const float scale = r.trained > 0 ? float(1.0 / double(r.trained)) : 0.f;
   const bool clip = sp.max_grad_norm > 0;
   SF_CHECK(!clip || opt_.keep_grads, "clipping needs an engine built with keep_grads");
+  if (m.store) m.store->check();  // a failed transfer of the NVMe store stops the run at the next step
   // Without clipping the update is known before the gradients: each blob is updated as soon as
   // its gradient lands, overlapped with the rest of the backward (SlideFormer's schedule).
   AdamWParams p = sp.adamw;
@@ -697,7 +746,7 @@ void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
     return;
   }
   const int s = which == State::Params ? 0 : which == State::AdamM ? 1 : 2;
-  std::memcpy(dst, m.host->state(s, blob) + e.offset, size_t(e.numel) * 4);
+  m.host->read_state(s, blob, e.offset, e.numel, dst);
 }
 
 void SlidingEngine::write_state(State which, int blob, int entry, const float* src) {
@@ -713,7 +762,7 @@ void SlidingEngine::write_state(State which, int blob, int entry, const float* s
     return;
   }
   const int s = which == State::Params ? 0 : which == State::AdamM ? 1 : 2;
-  std::memcpy(m.host->state(s, blob) + e.offset, src, size_t(e.numel) * 4);
+  m.host->write_state(s, blob, e.offset, e.numel, src);
   if (which == State::Params) m.slots->invalidate();
 }
 
@@ -733,8 +782,14 @@ int64_t SlidingEngine::uploads() const { return impl_->slots->uploads(); }
 
 Engine::Stats SlidingEngine::stats() const {
   const Impl& m = *impl_;
-  return Stats{m.host->update_seconds(), m.slots->uploads(),
-               m.host->pinned_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes()};
+  Stats st{m.host->update_seconds(), m.slots->uploads(),
+           m.host->pinned_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes()};
+  if (m.store) {
+    st.disk_read = m.store->bytes_read();
+    st.disk_written = m.store->bytes_written();
+    st.disk_busy_s = m.store->busy_seconds();
+  }
+  return st;
 }
 
 }  // namespace sf

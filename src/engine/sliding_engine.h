@@ -1,4 +1,4 @@
-// The sliding engine (DESIGN.md §3-4): the GPU holds a ring of parameter slots through which the
+// The sliding engine (docs/ARCHITECTURE.md §2-3): the GPU holds a ring of parameter slots through which the
 // blobs slide, layer by layer; fp32 master weights and AdamW state live in host memory (12 bytes
 // a parameter, + 2 for the held gradients with clipping); activation checkpoints (each layer's
 // input, per micro-batch) are offloaded to pinned host memory after the layer's forward and
@@ -27,6 +27,7 @@
 #include "data/dataset.h"
 #include "engine/buffers.h"
 #include "engine/engine.h"
+#include "io/nvme_store.h"
 #include "model/layout.h"
 #include "model/spec.h"
 
@@ -51,10 +52,19 @@ struct SlidingOptions {
   // (cpu::AdamWPart): the parameters as soon as the clip factor is known, in forward order, and
   // the moments after every parameter pass, overlapping the next step until its backward needs the
   // blob's gradient store again. The next forward then waits for 18 bytes of host traffic a
-  // parameter instead of 26 (SF_SPLIT_UPDATE=0 fuses them again, to measure).
+  // parameter instead of 26 (false: one fused pass, kept for tests; docs/DECISIONS.md "The split update").
   bool split_update = true;
   int64_t chunk = int64_t(1) << 25;  // elements per upload / gradient transfer chunk
   int grad_ring = 4;                 // host buffers of a chunk each, without keep_grads
+  // The NVMe tier (docs/ENGINE.md): host blobs whose AdamW m and v live in the offload file,
+  // read into `disk_ring` host buffers ahead of their update and written back after it
+  // (engine/state_stream.h). `store.dir` is the offload directory; the engine sizes the file.
+  std::vector<int> disk_blobs;
+  int disk_ring = 3;
+  // The layer-input checkpoints of the first this many layers live in the offload file too
+  // (engine/checkpoint_store.h), moved by an I/O stream of their own.
+  int ckpt_disk_layers = 0;
+  StoreOptions store;
 };
 
 // Which host blobs SlidingOptions::hold_grads holds (the planner's figure and the engine's choice).

@@ -1,4 +1,4 @@
-// The GPU parameter slots of the sliding engine (DESIGN.md §3): which host blob is in which slot,
+// The GPU parameter slots of the sliding engine (docs/ARCHITECTURE.md §2): which host blob is in which slot,
 // least-recently-used replacement with lookahead, and the upload itself. Slots come in two sizes:
 // one of the largest blob (the embedding or the untied head, often several layers' worth) and the
 // others of the largest layer; a blob takes the least recently used slot of the smallest size

@@ -5,13 +5,14 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "core/env.h"
 #include "core/log.h"
 
 namespace sf {
 
 std::unique_ptr<StepTrace> StepTrace::from_env(Device& dev, Stream& s) {
-  const char* p = std::getenv("SF_TRACE");
-  if (!p || !*p) return nullptr;
+  const std::string p = env_text(Env::Trace);
+  if (p.empty()) return nullptr;
   return std::make_unique<StepTrace>(dev, p, s);
 }
 

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/test_hooks.h"
 
 namespace sf {
 
@@ -43,10 +44,9 @@ void fsync_file(const std::string& path) { fsync_path(path, 0); }
 
 void crash_point(const char* what) {
   static const long crash_at = [] {
-    const char* v = std::getenv("SF_CRASH_AT");
-    return v ? std::strtol(v, nullptr, 10) : 0L;
+    return long(test_hooks::crash_at());
   }();
-  static const bool trace = std::getenv("SF_CRASH_TRACE") != nullptr;
+  static const bool trace = test_hooks::crash_trace();
   static std::atomic<long> calls{0};
   if (crash_at <= 0 && !trace) return;
   const long n = ++calls;

@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "core/test_hooks.h"
 #include "core/log.h"
 #include "io/atomic_file.h"
 
@@ -153,7 +154,7 @@ void link_tree(const fs::path& src, const fs::path& dst) {
 
 bool exchange_paths(const std::string& a, const std::string& b) {
   // SF_TEST_NO_EXCHANGE=1: behave as a filesystem without RENAME_EXCHANGE (tests of the fallback).
-  static const bool disabled = std::getenv("SF_TEST_NO_EXCHANGE") != nullptr;
+  static const bool disabled = test_hooks::no_exchange();
   if (disabled) return false;
   crash_point("exchange");
   if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return true;

@@ -1,5 +1,5 @@
 // Parameter layout: every blob (embedding, one per decoder layer, head) is one contiguous block
-// whose tensors sit at fixed offsets aligned to 256 bytes in any storage dtype (DESIGN.md §3).
+// whose tensors sit at fixed offsets aligned to 256 bytes in any storage dtype (docs/ARCHITECTURE.md §2).
 // Gradients, master weights and optimizer state use the same layout.
 #pragma once
 #include <cstdint>

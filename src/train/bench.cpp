@@ -126,6 +126,14 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"predicted_host_bytes", built.plan.host_bytes},
           {"peak_rss_bytes", peak_rss_bytes()},
           {"uploads_per_step", double(st1.uploads - st0.uploads) * per},
+          // the NVMe tier: bytes a step each way, seconds a step with a transfer in flight (the
+          // disk's share of the steady step: disk_busy_ms / step_ms), the plan's disk time
+          {"disk_read_bytes_per_step", double(st1.disk_read - st0.disk_read) * per},
+          {"disk_written_bytes_per_step", double(st1.disk_written - st0.disk_written) * per},
+          {"disk_busy_ms", 1e3 * (st1.disk_busy_s - st0.disk_busy_s) * per},
+          {"predicted_disk_ms", 1e3 * built.plan.disk_s},
+          {"disk_blobs", built.plan.disk_blobs.size()},
+          {"predicted_disk_bytes", built.plan.disk_bytes},
           {"loss", loss}};
 }
 

@@ -47,7 +47,8 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
                      {"bytes", m.bytes},
                      {"place", m.place == Place::Device   ? "gpu"
                                : m.place == Place::Pinned ? "pinned"
-                                                          : "host"}});
+                               : m.place == Place::Host   ? "host"
+                                                          : "disk"}});
   return {{"fits", p.fits},
           {"why", p.why(o.names)},
           {"engine", engine_name(p.engine)},
@@ -56,7 +57,12 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"micro_batches", p.micro_batches},
           {"hold_grads", p.hold_grads},
           {"gpu_blobs", p.gpu_blobs},
-          {"backend", be.name},
+          {"disk_blobs", p.disk_blobs},
+          {"ckpt_disk_layers", p.ckpt_disk_layers},
+          {"disk_bytes", p.disk_bytes},
+          {"disk_budget", p.disk_budget},
+          {"predicted_disk_s", p.disk_s},
+          {"backend", device_kind_name(be.kind)},
           {"gpu_bytes", p.gpu_bytes},
           {"host_bytes", p.host_bytes},
           {"pinned_bytes", p.pinned_bytes},

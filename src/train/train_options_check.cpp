@@ -105,6 +105,8 @@ void check_train_options(const TrainOptions& o) {
   for (const auto& [option, beta] : {std::pair<const char*, double>{"--beta1", o.beta1}, {"--beta2", o.beta2}})
     if (float(beta) >= 1.f) input_error(option, num(beta) + " rounds to 1 in single precision; use a smaller value");
   check_real("--max-grad-norm", o.max_grad_norm, 0, 1e30, false, false);
+  if (o.output.empty()) input_error("--output", "is required");
+  if (o.eval_every > 0 && o.eval_data.empty()) input_error("--eval-every", "needs --eval-data");
 }
 
 }  // namespace sf

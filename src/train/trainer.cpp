@@ -14,6 +14,7 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/test_hooks.h"
 #include "core/units.h"
 #include "data/chat.h"
 #include "data/dataset.h"
@@ -75,8 +76,7 @@ struct Session {
 Session open_session(const DataOptions& o, bool training, bool optimizer, int grad_accum = 1, bool clip = false,
                      const std::string& eval_path = "") {
   Session s;
-  if (o.batch_size <= 0) input_error("--batch-size", "must be positive");
-  if (o.seq_len < 0) input_error("--seq-len", "must be positive");
+  check_step_ranges(o.batch_size, o.seq_len, 1);  // the CLI checked already; library callers too
   s.model = open_model_dir(o.model_dir);
   auto reader = CheckpointReader::open(o.model_dir);  // validates the safetensors before the data is read
   // Text records are tokenized with the model's tokenizer.json, loaded at the first one.
@@ -221,20 +221,6 @@ void save_model_dir(Session& s, const TrainOptions& o, DType dtype, const std::s
 
 namespace {
 
-// The option checks of train that need no file (check_train_options covers the rest).
-void check_run_options(const TrainOptions& o) {
-  check_train_options(o);  // hyperparameters, step sizes and paths, before anything is read
-  if (o.steps <= 0) input_error("--steps", "must be positive");
-  if (!(o.lr >= 0) || !std::isfinite(o.lr)) input_error("--lr", "must be a non-negative number");
-  if (o.grad_accum <= 0) input_error("--grad-accum", "must be positive");
-  if (o.warmup_steps < 0) input_error("--warmup-steps", "must be non-negative");
-  if (o.max_grad_norm < 0) input_error("--max-grad-norm", "must be non-negative");
-  if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) input_error("--beta1/--beta2", "must be in [0, 1)");
-  if (o.output.empty()) input_error("--output", "is required");
-  if (o.eval_every < 0) input_error("--eval-every", "must be non-negative");
-  if (o.eval_every > 0 && o.eval_data.empty()) input_error("--eval-every", "needs --eval-data");
-}
-
 // One optimizer step's micro-batches, counted before any runs: the loss is normalised by the step's
 // trained tokens, so accumulation gives the same update as one large batch.
 struct StepBatches {
@@ -330,7 +316,7 @@ StepReport step_report(const Session& s, const TrainOptions& o, const Engine::St
   r.elapsed_s = seconds_since(rep.t_start);
   r.eta_s = r.elapsed_s / double(step + 1 - first_step) * double(o.steps - step - 1);
   // The engine's device memory is GPU memory only on a GPU (on the cpu it is the host's, in rss).
-  if (s.dev->name().rfind("cuda", 0) == 0) r.gpu_bytes = s.engine->device_bytes();
+  if (!s.dev->is_host()) r.gpu_bytes = s.engine->device_bytes();
   r.rss_bytes = current_rss_bytes();
   return r;
 }
@@ -338,7 +324,7 @@ StepReport step_report(const Session& s, const TrainOptions& o, const Engine::St
 }  // namespace
 
 TrainResult run_train(const TrainOptions& o) {
-  check_run_options(o);
+  check_train_options(o);  // the one validation of the options, before anything is read
   claim_output_dir(o.output);  // refuses a directory that is not ours before anything runs
   const LrSchedule sched = parse_lr_schedule(o.lr_schedule);
   Session s = open_session(o.data, true, true, o.grad_accum, o.max_grad_norm > 0, o.eval_data);
@@ -385,12 +371,10 @@ TrainResult run_train(const TrainOptions& o) {
   const StopSignals stop_signals;  // from here on a signal stops after the step, with a checkpoint
   // Test hook: SF_RAISE_SIGINT_AT_STEP=N raises SIGINT at the start of step N (1-based), as a Ctrl-C
   // arriving during that step would.
-  const char* raise_at_env = std::getenv("SF_RAISE_SIGINT_AT_STEP");
-  const int64_t raise_at = raise_at_env ? std::atoll(raise_at_env) : 0;
+  const int64_t raise_at = test_hooks::raise_sigint_at_step();
   // Test hook: SF_KILL_AT_STEP=N kills the process (SIGKILL, as a crash or the OOM killer would) at
   // the start of step N: what was written so far (the --metrics lines) must stay valid.
-  const char* kill_at_env = std::getenv("SF_KILL_AT_STEP");
-  const int64_t kill_at = kill_at_env ? std::atoll(kill_at_env) : 0;
+  const int64_t kill_at = test_hooks::kill_at_step();
   int64_t tokens_total = 0;
   for (int64_t step = start.step; step < o.steps; ++step) {
     if (step + 1 == raise_at) std::raise(SIGINT);
@@ -403,7 +387,7 @@ TrainResult run_train(const TrainOptions& o) {
       pack_rows = packer->rows_taken();
     }
     const Engine::StepParams sp = step_params(o, sched, step);
-    // The engine owns the step's order (DESIGN.md §4): the update may still run on the host while
+    // The engine owns the step's order (docs/ARCHITECTURE.md §3): the update may still run on the host while
     // the next step starts (the sliding engine overlaps it); saving and exporting wait for it.
     Engine::StepResult sr = s.engine->step(sb.mbs, sp);
     if (sb.trained == 0) sr.loss = 0.0;

@@ -14,7 +14,6 @@
 
 #include "backend/cpu/cpu_common.h"
 #include "backend/cpu/kernels.h"
-#include "core/env.h"
 #include "core/thread_pool.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -73,8 +72,8 @@ void adamw_range(float* p, const GradT* gp, float* m, float* v, CopyT* cp, const
   // Software prefetch 2048 elements (8 KiB of fp32) ahead on every stream: the pass is bound by
   // the misses each core keeps in flight, and 16 cores streaming five arrays beside the DMA leave
   // the hardware prefetchers short (H200 machine, 3B clipped step: +3.4 % tokens/s, 0 -> 2048;
-  // 512: +0.4 %). SF_ADAMW_PREFETCH=N sets the distance, 0 turns it off (to measure).
-  static const int64_t ahead = std::max<long long>(0, env_int("SF_ADAMW_PREFETCH", 2048));
+  // 512: +0.4 %; 4096 slower).
+  constexpr int64_t ahead = 2048;
   i = have_avx2() ? avx2::run<kSmallW, kPart>(p, gp, m, v, cp, k, i, i1, ahead)
                   : sse2::run<kSmallW, kPart>(p, gp, m, v, cp, k, i, i1, ahead);
 #endif
@@ -120,18 +119,9 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
     // Pieces of ~1/8 of a thread's share (at least 32 Ki elements), taken by whichever thread is
     // free: the pass is memory-bound and runs beside DMA and the CUDA driver's threads, so equal
     // static chunks would wait for the slowest core. Elementwise: the bits do not depend on it.
-    // (SF_ADAMW_STATIC=1: equal static chunks, to measure.)
-    static const bool static_chunks = env_switch("SF_ADAMW_STATIC", false);
     const int64_t piece =
         (std::max<int64_t>(int64_t(1) << 15, n / (int64_t(cpu_pool().size()) * 8)) + 63) / 64 * 64;  // cache lines
-    auto pool_run = [&](const std::function<void(int64_t, int64_t)>& f) {
-      if (static_chunks) {
-        cpu_pool().parallel_for(n, f, int64_t(1) << 15);
-      } else {
-        cpu_pool().parallel_pieces(n, f, piece);
-      }
-    };
-    pool_run([&](int64_t i0, int64_t i1) {
+    cpu_pool().parallel_pieces(n, [&](int64_t i0, int64_t i1) {
       auto go = [&](auto small, auto which) {
         adamw_range<decltype(small)::value, decltype(which)::value, GradT, CopyT>(p, gp, mp, vp, cp, k, i0, i1);
       };
@@ -147,7 +137,7 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
       } else {
         small_w ? go(S{}, A{}) : go(B{}, A{});
       }
-    });
+    }, piece);
   };
   visit(grad, [&](auto* gp) {
     if (param_copy.empty()) {

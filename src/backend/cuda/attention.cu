@@ -6,6 +6,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/kernel_utils.cuh"
 #include "core/align.h"
+#include "core/env.h"
 
 namespace sf::cuda {
 namespace {
@@ -599,13 +600,9 @@ constexpr int kDefaultFwdVariant = HD == 128 ? 2 : 1;
 template <int HD>
 constexpr int kDefaultBwdVariant = 4;
 
-int env_int(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : dflt;
-}
-std::atomic<int> g_fwd_variant{env_int("SF_ATTN_FWD", -1)};
-std::atomic<int> g_bwd_variant{env_int("SF_ATTN_BWD", -1)};
-std::atomic<bool> g_longest_first{env_int("SF_ATTN_LPT", 1) != 0};
+std::atomic<int> g_fwd_variant{int(env_int(Env::AttnFwd, -1))};
+std::atomic<int> g_bwd_variant{int(env_int(Env::AttnBwd, -1))};
+std::atomic<bool> g_longest_first{env_switch(Env::AttnLpt, true)};
 
 const int32_t* pos_ptr(const AttnDims& d) { return d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(); }
 

@@ -24,7 +24,6 @@
 #include "backend/cuda/swiglu.cuh"
 #include "backend/ops_check.h"
 #include "core/align.h"
-#include "core/env.h"
 #include "core/error.h"
 
 namespace sf {
@@ -132,11 +131,11 @@ struct CudaStream final : Stream {
 
 // Host threads that wait for the GPU block instead of spinning (CUDA's default with fewer
 // contexts than cores is to spin): a spinning thread takes a core from the host AdamW, which runs
-// beside the step's one synchronisation. SF_SPIN=1 keeps CUDA's default, to measure. Set before
+// beside the step's one synchronisation (measured: docs/DECISIONS.md, "CUDA host waits block"). Set before
 // the context exists; later calls fail harmlessly.
 void set_sync_flags() {
   static const bool once = [] {
-    if (!env_switch("SF_SPIN", false)) (void)cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+    (void)cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
     (void)cudaGetLastError();
     return true;
   }();
@@ -244,17 +243,17 @@ class CudaOps final : public Ops {
 
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(size_t arena_bytes) {
+  CudaDevice(size_t arena_bytes, int ordinal) {
     set_sync_flags();
-    CUDA_CHECK(cudaSetDevice(0));
+    CUDA_CHECK(cudaSetDevice(ordinal));
     cudaDeviceProp prop{};
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
     gpu_name_ = prop.name;
     ops_ = std::make_unique<CudaOps>(prop.multiProcessorCount);  // creates the cuBLASLt handle first
     checked_ = std::make_unique<CheckedOps>(*ops_);
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    if (arena_bytes == 0) arena_bytes = size_t(double(free_b) * 0.9) / 256 * 256;
+    if (arena_bytes == 0) arena_bytes = default_gpu_budget(free_b);
     if (arena_bytes > free_b)
       setting_error(Setting::GpuMemory, "the CUDA arena of " + mib(arena_bytes) + " does not fit in the " +
                                             mib(free_b) + " free on " + gpu_name_);
@@ -350,16 +349,17 @@ bool cuda_available() {
   return ok;
 }
 
-BackendInfo cuda_backend_info() {
+BackendInfo cuda_backend_info(int ordinal) {
   BackendInfo b;
-  b.name = "cuda";
+  b.kind = DeviceKind::Cuda;
   b.compute_dtype = DType::BF16;
   b.stream_scratch = cuda::kLtWorkspaceBytes + cuda::kKernelScratchBytes;
   b.attention_ws = cuda::attention_workspace_bytes;
   b.linear_ce_ws = cuda::linear_ce_workspace_bytes;
   int n = 0;
-  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > ordinal && ordinal >= 0) {
     set_sync_flags();  // before the first call that creates the context
+    (void)cudaSetDevice(ordinal);
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) b.device_free = free_b, b.device_total = total_b;
   }
@@ -367,10 +367,15 @@ BackendInfo cuda_backend_info() {
   return b;
 }
 
-std::unique_ptr<Device> make_cuda_device(size_t arena_bytes) {
+std::unique_ptr<Device> make_cuda_device(size_t arena_bytes, int ordinal) {
   if (!cuda_available())
     setting_error(Setting::Device, {Setting::Device, " cuda"}, "no usable CUDA GPU (cudaGetDeviceCount found none)");
-  return std::make_unique<CudaDevice>(arena_bytes);
+  int n = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&n));
+  if (ordinal < 0 || ordinal >= n)
+    setting_error(Setting::Device, {Setting::Device, " cuda"},
+                  "no CUDA GPU " + std::to_string(ordinal) + " (" + std::to_string(n) + " found)");
+  return std::make_unique<CudaDevice>(arena_bytes, ordinal);
 }
 
 }  // namespace sf

@@ -6,8 +6,9 @@
 
 namespace sf {
 
-// arena_bytes 0: 90% of the free device memory at start-up.
-std::unique_ptr<Device> make_cuda_device(size_t arena_bytes);
+// arena_bytes 0: default_gpu_budget (backend/device.h) of the free device memory at start-up.
+// ordinal: the GPU (cudaSetDevice's number); an InputError when there is no such GPU.
+std::unique_ptr<Device> make_cuda_device(size_t arena_bytes, int ordinal = 0);
 bool cuda_available();
 
 namespace cuda {

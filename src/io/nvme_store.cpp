@@ -1,0 +1,467 @@
+#include "io/nvme_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#ifdef SF_HAVE_LIBURING
+#include <liburing.h>
+#endif
+
+#include "core/error.h"
+#include "core/host_memory.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "io/atomic_file.h"
+
+namespace sf {
+
+uint64_t free_disk_bytes(const std::string& dir) {
+  struct statvfs st{};
+  if (::statvfs(dir.c_str(), &st) != 0) return 0;
+  return uint64_t(st.f_bavail) * uint64_t(st.f_frsize);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One read() or write(): done once every piece has completed.
+struct Request {
+  bool write = false;
+  std::atomic<int> pieces{0};
+  std::atomic<int> err{0};
+  NvmeStore::Done done;
+};
+
+struct Piece {
+  std::shared_ptr<Request> req;
+  uint64_t off = 0;
+  char* buf = nullptr;
+  size_t len = 0;
+  bool shortened = false;  // StoreFaults::short_transfers: each piece is cut once
+};
+
+// Opens the anonymous file: O_TMPFILE, else a marked name unlinked at once; with O_DIRECT unless
+// the filesystem refuses it (EINVAL: tmpfs and others), then through the page cache.
+int open_anonymous(const std::string& dir, int flags) {
+  int fd = ::open(dir.c_str(), flags | O_TMPFILE, 0600);
+  if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != ENOENT)) return fd;
+  // A kill between the create and the unlink leaves a ".slideformer-store-*" file, which says what it is.
+  const std::string path = dir + "/.slideformer-store-" + unique_suffix();
+  fd = ::open(path.c_str(), flags | O_CREAT | O_EXCL, 0600);
+  if (fd >= 0) ::unlink(path.c_str());
+  return fd;
+}
+
+int open_store_file(const std::string& dir, bool want_direct, bool& direct) {
+  const int flags = O_RDWR | O_CLOEXEC;
+  direct = want_direct;
+  int fd = want_direct ? open_anonymous(dir, flags | O_DIRECT) : -1;
+  if (fd < 0 && (!want_direct || errno == EINVAL)) {
+    direct = false;
+    fd = open_anonymous(dir, flags);
+  }
+  if (fd < 0) {
+    const int err = errno;
+    input_error_naming(dir, {std::string("cannot create the offload file: ") + std::strerror(err) + " (",
+                             Setting::OffloadDir, ")"});
+  }
+  return fd;
+}
+
+}  // namespace
+
+struct NvmeStore::Impl {
+  StoreOptions o;
+  int fd = -1;
+  bool direct = false, uring = false;
+
+  std::mutex mu;
+  std::condition_variable cv;          // queue non-empty, or a request done (drain)
+  std::deque<Piece> queue;             // pieces not yet issued
+  int inflight = 0;                    // pieces issued, not completed
+  int64_t open_requests = 0;           // requests not yet done
+  bool stopping = false;
+  std::vector<std::thread> threads;    // the reaper (io_uring) or the workers
+  Clock::time_point busy_since{};
+  std::atomic<uint64_t> busy_ns{0}, rd{0}, wr{0};
+  std::atomic<uint64_t> fault_bytes{0};
+  std::atomic<int> first_err{0};  // 2 * errno + (1 for a write): the first failure
+  std::mt19937_64 rng;
+  std::mutex rng_mu;
+#ifdef SF_HAVE_LIBURING
+  io_uring ring{};
+#endif
+
+  explicit Impl(const StoreOptions& opt) : o(opt), rng(opt.faults.seed) {}
+
+  // ---- pieces: queued, issued by a backend, completed here
+  void enqueue(std::shared_ptr<Request> r, uint64_t off, char* buf, size_t bytes) {
+    std::vector<Piece> ps;
+    for (size_t at = 0; at < bytes; at += o.piece) ps.push_back({r, off + at, buf + at, std::min(o.piece, bytes - at)});
+    if (ps.empty()) {  // nothing to move
+      r->done(0);
+      return;
+    }
+    r->pieces = int(ps.size());
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      ++open_requests;
+      for (Piece& p : ps) queue.push_back(std::move(p));
+      issue_locked();
+    }
+    cv.notify_all();
+  }
+
+  void started_locked() {
+    if (inflight++ == 0) busy_since = Clock::now();
+  }
+  void finished_locked() {
+    if (--inflight == 0)
+      busy_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - busy_since).count());
+  }
+
+  // A piece's result (bytes moved or -errno) from either backend: faults applied, short transfers
+  // and interruptions resubmitted, the request done after its last piece.
+  void complete(Piece p, ssize_t res) {
+    const StoreFaults& f = o.faults;
+    if (f.max_delay_us > 0) {
+      int us;
+      {
+        std::lock_guard<std::mutex> lk(rng_mu);
+        us = int(rng() % uint64_t(f.max_delay_us + 1));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
+    }
+    if (res > 0 && f.short_transfers && !p.shortened && size_t(res) == p.len && p.len > kAlign) {
+      res = ssize_t(p.len / 2 / kAlign * kAlign);
+      p.shortened = true;
+    }
+    if (res > 0 && f.fail_errno != 0 && f.fail_reads != p.req->write) {
+      if (fault_bytes.fetch_add(uint64_t(res)) + uint64_t(res) > f.fail_after_bytes) res = -f.fail_errno;
+    }
+    bool again = false;
+    if (res == -EINTR || res == -EAGAIN) {
+      again = true;
+    } else if (res < 0) {
+      int expected = 0;
+      p.req->err.compare_exchange_strong(expected, int(-res));
+    } else if (res == 0) {
+      int expected = 0;
+      p.req->err.compare_exchange_strong(expected, p.req->write ? ENOSPC : EIO);
+    } else {
+      (p.req->write ? wr : rd) += uint64_t(res);
+      if (size_t(res) < p.len) {
+        p.off += uint64_t(res);
+        p.buf += res;
+        p.len -= size_t(res);
+        again = true;
+      }
+    }
+    std::shared_ptr<Request> done_req;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      finished_locked();
+      if (again)
+        queue.push_front(p);
+      else if (--p.req->pieces == 0)
+        done_req = p.req;
+      issue_locked();
+    }
+    cv.notify_all();
+    if (!done_req) return;
+    const int err = done_req->err.load();
+    if (err) {
+      int expected = 0;
+      first_err.compare_exchange_strong(expected, 2 * err + (done_req->write ? 1 : 0));
+    }
+    done_req->done(err);
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      --open_requests;
+    }
+    cv.notify_all();
+  }
+
+  // io_uring: the pieces the depth allows go to the ring (under mu). The workers take theirs.
+  void issue_locked() {
+#ifdef SF_HAVE_LIBURING
+    if (!uring) return;
+    int n = 0;
+    while (!queue.empty() && inflight < o.depth) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+      if (!sqe) break;
+      Piece* p = new Piece(std::move(queue.front()));
+      queue.pop_front();
+      if (p->req->write)
+        io_uring_prep_write(sqe, fd, p->buf, unsigned(p->len), p->off);
+      else
+        io_uring_prep_read(sqe, fd, p->buf, unsigned(p->len), p->off);
+      io_uring_sqe_set_data(sqe, p);
+      started_locked();
+      ++n;
+    }
+    if (n > 0) {
+      const int r = io_uring_submit(&ring);
+      SF_CHECK(r >= 0, std::string("io_uring_submit: ") + std::strerror(-r));
+    }
+#endif
+  }
+
+#ifdef SF_HAVE_LIBURING
+  void reaper() {
+    for (;;) {
+      io_uring_cqe* cqe = nullptr;
+      const int r = io_uring_wait_cqe(&ring, &cqe);
+      if (r == -EINTR) continue;
+      SF_CHECK(r == 0, std::string("io_uring_wait_cqe: ") + std::strerror(-r));
+      Piece* p = static_cast<Piece*>(io_uring_cqe_get_data(cqe));
+      const int res = cqe->res;
+      io_uring_cqe_seen(&ring, cqe);
+      if (!p) return;  // the stop marker (a NOP)
+      Piece piece = std::move(*p);
+      delete p;
+      complete(std::move(piece), res);
+    }
+  }
+#endif
+
+  void worker() {
+    for (;;) {
+      Piece p;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        p = std::move(queue.front());
+        queue.pop_front();
+        started_locked();
+      }
+      const ssize_t n = p.req->write ? ::pwrite(fd, p.buf, p.len, off_t(p.off)) : ::pread(fd, p.buf, p.len, off_t(p.off));
+      complete(std::move(p), n < 0 ? -ssize_t(errno) : n);
+    }
+  }
+
+  void start() {
+#ifdef SF_HAVE_LIBURING
+    if (o.uring) {
+      const int r = io_uring_queue_init(unsigned(std::max(o.depth, 1)) * 2, &ring, 0);
+      if (r == 0) {
+        uring = true;
+        threads.emplace_back([this] { reaper(); });
+        return;
+      }
+      log_info("offload dir %s: io_uring unavailable (%s); worker threads do the I/O", o.dir.c_str(),
+               std::strerror(-r));
+    }
+#endif
+    for (int i = 0; i < std::max(o.depth, 1); ++i) threads.emplace_back([this] { worker(); });
+  }
+
+  void stop() {
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return open_requests == 0; });
+      stopping = true;
+    }
+    cv.notify_all();
+#ifdef SF_HAVE_LIBURING
+    if (uring) {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+        if (sqe) {
+          io_uring_prep_nop(sqe);
+          io_uring_sqe_set_data(sqe, nullptr);
+          io_uring_submit(&ring);
+        }
+      }
+      for (std::thread& t : threads) t.join();
+      io_uring_queue_exit(&ring);
+      return;
+    }
+#endif
+    for (std::thread& t : threads) t.join();
+  }
+
+  // A synchronous transfer of aligned ranges.
+  int transfer_sync(bool write, uint64_t off, char* buf, size_t bytes) {
+    std::mutex m;
+    std::condition_variable c;
+    bool done = false;
+    int err = 0;
+    auto r = std::make_shared<Request>();
+    r->write = write;
+    r->done = [&](int e) {
+      std::lock_guard<std::mutex> lk(m);
+      err = e;
+      done = true;
+      c.notify_all();
+    };
+    enqueue(r, off, buf, bytes);
+    std::unique_lock<std::mutex> lk(m);
+    c.wait(lk, [&] { return done; });
+    return err;
+  }
+};
+
+NvmeStore::NvmeStore(const StoreOptions& o) : impl_(std::make_unique<Impl>(o)) {
+  Impl& s = *impl_;
+  SF_CHECK(o.piece >= kAlign && o.piece % kAlign == 0, "store piece size must be a multiple of 4096");
+  struct stat st{};
+  if (::stat(o.dir.c_str(), &st) != 0)
+    input_error_naming(o.dir, {std::string("cannot use as the offload directory: ") + std::strerror(errno) + " (",
+                               Setting::OffloadDir, ")"});
+  if (!S_ISDIR(st.st_mode)) input_error_naming(o.dir, {"is not a directory (", Setting::OffloadDir, ")"});
+  s.fd = open_store_file(o.dir, o.direct, s.direct);
+  const uint64_t bytes = aligned(o.bytes);
+  if (bytes > 0) {
+    int err = ::fallocate(s.fd, 0, 0, off_t(bytes)) == 0 ? 0 : errno;
+    if (err == EOPNOTSUPP || err == ENOSYS) err = ::posix_fallocate(s.fd, 0, off_t(bytes));
+    if (err != 0) {
+      ::close(s.fd);
+      s.fd = -1;
+      input_error_naming(o.dir, {"cannot reserve " + format_bytes(bytes) + " for the offload file (" +
+                                     format_bytes(free_disk_bytes(o.dir)) + " free): " + std::strerror(err) + " (",
+                                 Setting::OffloadDir, ")"});
+    }
+  }
+  s.start();
+}
+
+NvmeStore::~NvmeStore() {
+  if (!impl_) return;
+  impl_->stop();
+  if (impl_->fd >= 0) ::close(impl_->fd);
+}
+
+void NvmeStore::read(uint64_t offset, void* buf, size_t bytes, Done done) {
+  SF_CHECK(offset % kAlign == 0 && bytes % kAlign == 0 && reinterpret_cast<uintptr_t>(buf) % kAlign == 0,
+           "store read: unaligned");
+  SF_CHECK(offset + bytes <= capacity(), "store read past the end");
+  auto r = std::make_shared<Request>();
+  r->done = std::move(done);
+  impl_->enqueue(std::move(r), offset, static_cast<char*>(buf), bytes);
+}
+
+void NvmeStore::write(uint64_t offset, const void* buf, size_t bytes, Done done) {
+  SF_CHECK(offset % kAlign == 0 && bytes % kAlign == 0 && reinterpret_cast<uintptr_t>(buf) % kAlign == 0,
+           "store write: unaligned");
+  SF_CHECK(offset + bytes <= capacity(), "store write past the end");
+  auto r = std::make_shared<Request>();
+  r->write = true;
+  r->done = std::move(done);
+  impl_->enqueue(std::move(r), offset, const_cast<char*>(static_cast<const char*>(buf)), bytes);
+}
+
+namespace {
+constexpr size_t kBounce = size_t(16) << 20;  // the synchronous transfers' window
+
+// An aligned bounce buffer of kBounce bytes.
+struct Bounce {
+  HostBuffer mem{kBounce + NvmeStore::kAlign};
+  char* data() const {
+    return reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(mem.data()) + NvmeStore::kAlign - 1) /
+                                   NvmeStore::kAlign * NvmeStore::kAlign);
+  }
+};
+}  // namespace
+
+void NvmeStore::read_sync(uint64_t offset, void* dst, size_t bytes) {
+  SF_CHECK(offset + bytes <= capacity(), "store read past the end");
+  Bounce b;
+  char* out = static_cast<char*>(dst);
+  while (bytes > 0) {
+    const uint64_t lo = offset / kAlign * kAlign;
+    const size_t n = std::min(bytes, size_t(lo + kBounce - offset));
+    const size_t span = size_t(aligned(offset + n) - lo);
+    const int err = impl_->transfer_sync(false, lo, b.data(), span);
+    if (err) throw std::runtime_error(error_text(false, err));
+    std::memcpy(out, b.data() + (offset - lo), n);
+    out += n;
+    offset += n;
+    bytes -= n;
+  }
+}
+
+void NvmeStore::write_sync(uint64_t offset, const void* src, size_t bytes) {
+  SF_CHECK(offset + bytes <= capacity(), "store write past the end");
+  Bounce b;
+  const char* in = static_cast<const char*>(src);
+  while (bytes > 0) {
+    const uint64_t lo = offset / kAlign * kAlign;
+    const size_t n = std::min(bytes, size_t(lo + kBounce - offset));
+    const size_t span = size_t(aligned(offset + n) - lo);
+    if (offset != lo || n != span) {  // partial blocks at the edges: read them first
+      const int err = impl_->transfer_sync(false, lo, b.data(), span);
+      if (err) throw std::runtime_error(error_text(false, err));
+    }
+    std::memcpy(b.data() + (offset - lo), in, n);
+    const int err = impl_->transfer_sync(true, lo, b.data(), span);
+    if (err) throw std::runtime_error(error_text(true, err));
+    in += n;
+    offset += n;
+    bytes -= n;
+  }
+}
+
+void NvmeStore::read_wait(uint64_t offset, void* buf, size_t bytes) {
+  SF_CHECK(offset % kAlign == 0 && bytes % kAlign == 0 && reinterpret_cast<uintptr_t>(buf) % kAlign == 0,
+           "store read: unaligned");
+  SF_CHECK(offset + bytes <= capacity(), "store read past the end");
+  const int err = impl_->transfer_sync(false, offset, static_cast<char*>(buf), bytes);
+  if (err) throw std::runtime_error(error_text(false, err));
+}
+
+void NvmeStore::write_wait(uint64_t offset, const void* buf, size_t bytes) {
+  SF_CHECK(offset % kAlign == 0 && bytes % kAlign == 0 && reinterpret_cast<uintptr_t>(buf) % kAlign == 0,
+           "store write: unaligned");
+  SF_CHECK(offset + bytes <= capacity(), "store write past the end");
+  const int err = impl_->transfer_sync(true, offset, const_cast<char*>(static_cast<const char*>(buf)), bytes);
+  if (err) throw std::runtime_error(error_text(true, err));
+}
+
+void NvmeStore::check() const {
+  if (const int e = impl_->first_err.load()) throw std::runtime_error(error_text(e % 2 == 1, e / 2));
+}
+
+void NvmeStore::drain() {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  impl_->cv.wait(lk, [&] { return impl_->open_requests == 0; });
+}
+
+uint64_t NvmeStore::capacity() const { return aligned(impl_->o.bytes); }
+const std::string& NvmeStore::dir() const { return impl_->o.dir; }
+std::string NvmeStore::how() const {
+  return std::string(impl_->uring ? "io_uring" : "worker threads") + (impl_->direct ? ", O_DIRECT" : ", page cache");
+}
+uint64_t NvmeStore::bytes_read() const { return impl_->rd.load(); }
+uint64_t NvmeStore::bytes_written() const { return impl_->wr.load(); }
+double NvmeStore::busy_seconds() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  uint64_t ns = impl_->busy_ns.load();
+  if (impl_->inflight > 0)
+    ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - impl_->busy_since).count());
+  return double(ns) * 1e-9;
+}
+
+std::string NvmeStore::error_text(bool write, int err) const {
+  return "offload dir " + impl_->o.dir + ": " + (write ? "writing" : "reading") + " the offload file failed: " +
+         std::strerror(err);
+}
+
+}  // namespace sf

@@ -1,0 +1,94 @@
+// The NVMe tier's scratch file (--offload-dir; docs/ENGINE.md "NVMe tier"). One file in the offload
+// directory, preallocated at start-up, read and written in large aligned pieces with several
+// requests in flight: io_uring with O_DIRECT where the kernel and the filesystem allow, else
+// worker threads with pread/pwrite (and the page cache where O_DIRECT is refused, e.g. tmpfs).
+//
+// The file has no name: O_TMPFILE, else created under a marked name and unlinked at once. So it
+// disappears when the process ends however it ends (exit, Ctrl-C, a kill), a later run never finds
+// and reuses it, and nothing in the directory that slideformer did not create is touched.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace sf {
+
+// Test hooks (tests/test_nvme_store.cpp, tests/test_sliding_engine.cpp): failures and disorder
+// injected at the completion of each piece, in either backend.
+struct StoreFaults {
+  int fail_errno = 0;                      // EIO, ENOSPC, ...: pieces past fail_after_bytes fail with it
+  uint64_t fail_after_bytes = 0;           // bytes transferred (of the kind below) before the failure
+  bool fail_reads = false;                 // the failure hits reads (else writes)
+  bool short_transfers = false;            // every piece of more than one block first moves half
+  int max_delay_us = 0;                    // each piece completes after a random delay up to this
+  uint64_t seed = 1;                       // of the delays
+  bool any() const { return fail_errno != 0 || short_transfers || max_delay_us > 0; }
+};
+
+struct StoreOptions {
+  std::string dir;                  // the offload directory (must exist)
+  uint64_t bytes = 0;               // capacity, preallocated
+  int depth = 8;                    // pieces in flight
+  size_t piece = size_t(8) << 20;   // the largest transfer of one request (bytes)
+  bool direct = true;               // O_DIRECT where the filesystem allows it
+  bool uring = true;                // io_uring where the kernel allows it (and liburing is built in)
+  StoreFaults faults;
+};
+
+class NvmeStore {
+ public:
+  static constexpr size_t kAlign = 4096;  // offsets, sizes and buffers of read()/write()
+
+  // Creates and preallocates the file. Failures are InputErrors naming the directory (missing,
+  // not a directory, not writable, too small: "needs X, Y free").
+  explicit NvmeStore(const StoreOptions& o);
+  ~NvmeStore();  // waits for the requests in flight; the file disappears with its descriptor
+  NvmeStore(const NvmeStore&) = delete;
+  NvmeStore& operator=(const NvmeStore&) = delete;
+
+  // Asynchronous transfers of [offset, offset + bytes) from / to `buf` (all kAlign-aligned); split
+  // into pieces, several in flight. `done(err)` runs once, on a store thread, when every piece has
+  // completed: err 0, or the first errno (a short transfer is retried; 0 bytes moved is EIO for a
+  // read, ENOSPC for a write). `done` must not call back into the store synchronously... except
+  // read()/write(), which it may.
+  using Done = std::function<void(int err)>;
+  void read(uint64_t offset, void* buf, size_t bytes, Done done);
+  void write(uint64_t offset, const void* buf, size_t bytes, Done done);
+  // Synchronous, any offset and size (through an aligned bounce buffer; read-modify-write at the
+  // edges): state loaded, saved or inspected outside a step. Errors: std::runtime_error.
+  void read_sync(uint64_t offset, void* dst, size_t bytes);
+  void write_sync(uint64_t offset, const void* src, size_t bytes);
+  // Aligned and blocking (the calling thread waits): the checkpoints' transfers, which run as host
+  // functions of an I/O stream. Errors: std::runtime_error.
+  void read_wait(uint64_t offset, void* buf, size_t bytes);
+  void write_wait(uint64_t offset, const void* buf, size_t bytes);
+  void drain();  // every request submitted so far has completed
+  // Throws the first failure any transfer ever had (a run stops at its next step, whichever part's
+  // transfer it was).
+  void check() const;
+
+  uint64_t capacity() const;
+  const std::string& dir() const;
+  std::string how() const;  // "io_uring, O_DIRECT" | "threads, buffered" ...: what plan/logs say
+  // Counters (bytes moved; seconds during which at least one piece was in flight).
+  uint64_t bytes_read() const;
+  uint64_t bytes_written() const;
+  double busy_seconds() const;
+
+  // Round up to kAlign.
+  static uint64_t aligned(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+  // The message of an errno from a transfer: "offload dir DIR: reading failed: ..." (for callers
+  // that turn a done(err) into an error).
+  std::string error_text(bool write, int err) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Free bytes of the filesystem holding `dir` (0 when it cannot be read).
+uint64_t free_disk_bytes(const std::string& dir);
+
+}  // namespace sf
