@@ -5,8 +5,8 @@
 // bad input may only be an InputError. The limits are lowered so that one input stays fast.
 #include <cstring>
 
-#include "data/chat.h"
-#include "data/tokenizer.h"
+#include "data/template/chat.h"
+#include "data/tokenizer/tokenizer.h"
 #include "fuzz_common.h"
 
 namespace {

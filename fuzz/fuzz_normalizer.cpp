@@ -5,7 +5,7 @@
 // agree, and the offsets must lie in the text and never decrease.
 #include <nlohmann/json.hpp>
 
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "fuzz_common.h"
 #include "io/json_file.h"
 

@@ -12,9 +12,9 @@
 
 #include "chat_fixtures.h"
 #include "core/error.h"
-#include "data/chat.h"
-#include "data/jinja_eval.h"
-#include "data/tokenizer.h"
+#include "data/template/chat.h"
+#include "data/template/jinja_eval.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 #include "test_util.h"
 

@@ -9,9 +9,9 @@
 
 #include "chat_fixtures.h"
 #include "core/error.h"
-#include "data/chat.h"
-#include "data/dataset.h"
-#include "data/tokenizer.h"
+#include "data/template/chat.h"
+#include "data/dataset/dataset.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 #include "test_util.h"
 

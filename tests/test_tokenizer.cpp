@@ -21,9 +21,9 @@
 #include <thread>
 
 #include "core/error.h"
-#include "data/normalizer.h"
+#include "data/tokenizer/normalizer.h"
 #include "core/thread_pool.h"
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 #include "test_util.h"
 

@@ -19,7 +19,7 @@ empty content, Unicode, whitespace, Qwen3 reasoning), it builds a model director
   - ids: apply_chat_template(messages, tokenize=True) (the rendered text without added special tokens);
   - masks: for a template with {% generation %} blocks, transformers' own
     return_assistant_tokens_mask; for the real templates (which have none), the same documented
-    method slideformer uses (src/data/chat.h), implemented here in Python over transformers'
+    method slideformer uses (src/data/template/chat.h), implemented here in Python over transformers'
     renderings and the fast tokenizer's offsets.
 A conversation that the template refuses (raise_exception) must be refused by both. Exit 0 when
 nothing differs.
@@ -30,7 +30,7 @@ masks are transformers' own return_assistant_tokens_mask.
 
 --record FILE.jsonl writes one line per (template, conversation) with transformers' results:
 {"template", "tokenizer", "messages", "text", "ids", "mask", "mask_source" ("transformers" for
-generation-tagged templates, "rule" for the documented rule of src/data/chat.h computed here on
+generation-tagged templates, "rule" for the documented rule of src/data/template/chat.h computed here on
 transformers' renderings and offsets), "mask_chars" (the character ranges of the masked tokens),
 "transformers"} or {"template", "messages", "error"} when the template refuses the conversation:
 the recorded corpus (tests/data/chat_corpus/) that tests/test_chat.cpp (ChatCorpus) replays.
@@ -181,7 +181,7 @@ def ours(binary, model_dir, messages, work):
 
 
 def rule_spans(tok, messages, text):
-    """The assistant turns of `text` by the documented rule of src/data/chat.h, computed on
+    """The assistant turns of `text` by the documented rule of src/data/template/chat.h, computed on
     transformers' renderings (an independent implementation of the same rule)."""
     def render(msgs, gen):
         try:

@@ -11,9 +11,9 @@
 #include "cli/cli_common.h"
 #include "core/error.h"
 #include "core/units.h"
-#include "data/chat.h"
-#include "data/dataset.h"
-#include "data/tokenizer.h"
+#include "data/template/chat.h"
+#include "data/dataset/dataset.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/line_reader.h"
 
 namespace sf {

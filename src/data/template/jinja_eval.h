@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "data/jinja_ast.h"
-#include "data/jinja_value.h"
+#include "data/template/jinja_ast.h"
+#include "data/template/jinja_value.h"
 
 namespace sf::jinja {
 

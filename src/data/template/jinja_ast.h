@@ -1,10 +1,10 @@
-// The Jinja subset's lexer output and syntax tree (src/data/jinja_lexer.cpp, jinja_parser.cpp).
+// The Jinja subset's lexer output and syntax tree (src/data/template/jinja_lexer.cpp, jinja_parser.cpp).
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "data/jinja_value.h"
+#include "data/template/jinja_value.h"
 
 namespace sf::jinja {
 

@@ -7,7 +7,7 @@
 #include <initializer_list>
 #include <set>
 
-#include "data/jinja_ast.h"
+#include "data/template/jinja_ast.h"
 
 namespace sf::jinja {
 namespace {

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "data/normalizer.h"
-#include "data/pre_tokenizer.h"
+#include "data/tokenizer/normalizer.h"
+#include "data/tokenizer/pre_tokenizer.h"
 
 namespace sf {
 

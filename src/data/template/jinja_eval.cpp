@@ -1,4 +1,4 @@
-#include "data/jinja_eval.h"
+#include "data/template/jinja_eval.h"
 
 #include <algorithm>
 #include <cctype>

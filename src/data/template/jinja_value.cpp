@@ -1,4 +1,4 @@
-#include "data/jinja_value.h"
+#include "data/template/jinja_value.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 
 #include <sys/stat.h>
 
@@ -18,8 +18,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
-#include "data/chat.h"
-#include "data/tokenizer.h"
+#include "data/template/chat.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/atomic_file.h"
 #include "io/json_file.h"
 #include "io/line_reader.h"

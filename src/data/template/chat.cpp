@@ -1,4 +1,4 @@
-#include "data/chat.h"
+#include "data/template/chat.h"
 
 #include <filesystem>
 #include <fstream>
@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 
 namespace sf {

@@ -28,8 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include "data/dataset.h"
-#include "data/jinja_eval.h"
+#include "data/dataset/dataset.h"
+#include "data/template/jinja_eval.h"
 
 namespace sf {
 

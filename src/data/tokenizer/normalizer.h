@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "data/tokenizer_json.h"
+#include "data/tokenizer/tokenizer_json.h"
 
 namespace sf {
 

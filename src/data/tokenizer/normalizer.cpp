@@ -1,4 +1,4 @@
-#include "data/normalizer.h"
+#include "data/tokenizer/normalizer.h"
 
 #include <utf8proc.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <iterator>
 
-#include "data/unicode.h"
+#include "data/tokenizer/unicode.h"
 
 namespace sf {
 namespace {

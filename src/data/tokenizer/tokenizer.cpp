@@ -1,4 +1,4 @@
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,7 +18,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "data/unicode.h"
+#include "data/tokenizer/unicode.h"
 #include "io/json_file.h"
 
 namespace sf {
