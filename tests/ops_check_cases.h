@@ -212,8 +212,12 @@ inline std::vector<BadCall> bad_calls(char* base, Ops& ops) {
   add("adamw step", "adamw: step must be >= 1 (1-based), got 0", [=](Ops& o, Stream& s) {
     o.adamw(at(0, F32, {6}), at(1, BF16, {6}), at(2, F32, {6}), at(3, F32, {6}), Tensor(), p0, s);
   });
-  add("adamw m dtype", "adamw: m [6] BF16 must be a non-empty F32", [=](Ops& o, Stream& s) {
+  // m and v: both F32, or both BF16 (compact optimizer state)
+  add("adamw m, v dtypes differ", "adamw: v [6] F32 must be a non-empty BF16 tensor", [=](Ops& o, Stream& s) {
     o.adamw(at(0, F32, {6}), at(1, BF16, {6}), at(2, BF16, {6}), at(3, F32, {6}), Tensor(), p, s);
+  });
+  add("adamw m dtype", "adamw: m [6] I32 must be a non-empty F32 or BF16 tensor", [=](Ops& o, Stream& s) {
+    o.adamw(at(0, F32, {6}), at(1, BF16, {6}), at(2, I32, {6}), at(3, I32, {6}), Tensor(), p, s);
   });
   add("adamw grad numel", "adamw: grad [5] F32 has 5 elements, expected numel(param) = 6", [=](Ops& o, Stream& s) {
     o.adamw(at(0, F32, {6}), at(1, F32, {5}), at(2, F32, {6}), at(3, F32, {6}), Tensor(), p, s);

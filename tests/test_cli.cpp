@@ -309,6 +309,47 @@ TEST_F(Cli, ResumeContinuesExactly) {
   expect_input_error(run("train" + common + " --output " + p("c") + " --resume " + model), "training state");
 }
 
+// --optimizer-state bf16: AdamW m and v stored in bf16 (stochastic rounding keyed by seed, step,
+// blob and element). The sliding engine (--offload) trains to the resident engine's bytes; the
+// checkpoint stores the moments as BF16 and a resume continues exactly; a resume with the other
+// --optimizer-state is refused (exit 2, one line), as is an unknown state dtype.
+TEST_F(Cli, Bf16OptimizerStateResumesExactly) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 9);
+  std::string common = " --model " + model + " --data " + data +
+                       " --steps 4 --lr 1e-2 --weight-decay 0.1 --warmup-steps 1 --lr-schedule cosine "
+                       "--batch-size 2 --grad-accum 2 --seq-len 16 --max-grad-norm 1 --seed 5 --device cpu "
+                       "--optimizer-state bf16";
+  CmdResult a = run("train" + common + " --output " + p("a") + " --save-every 2");
+  ASSERT_EQ(a.code, 0) << a.err;
+  auto st = SafetensorsFile::open(p("a") + "/checkpoint-2/training_state.safetensors");
+  int moments = 0;
+  for (const TensorInfo& t : st.tensors()) {
+    const bool moment = t.name.rfind("adam_", 0) == 0;
+    moments += moment;
+    EXPECT_EQ(t.dtype, moment ? DType::BF16 : DType::F32) << t.name;
+  }
+  EXPECT_GT(moments, 0);
+  CmdResult off = run("train" + common + " --output " + p("off") + " --offload --slots 2");
+  ASSERT_EQ(off.code, 0) << off.err;
+  expect_same_tensors(weights(p("a")), weights(p("off")));
+  CmdResult b = run("train" + common + " --output " + p("b") + " --resume " + p("a") + "/checkpoint-2");
+  ASSERT_EQ(b.code, 0) << b.err;
+  expect_same_tensors(weights(p("a")), weights(p("b")));
+  // The fp32-state run differs (the moments were rounded), and neither resumes the other's state.
+  const std::string fp32 = common.substr(0, common.find(" --optimizer-state"));
+  CmdResult c = run("train" + fp32 + " --output " + p("c") + " --save-every 2");
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_FALSE(same_weights(p("a"), p("c")));
+  expect_input_error(run("train" + fp32 + " --output " + p("d") + " --resume " + p("a") + "/checkpoint-2"),
+                     "--optimizer-state");
+  expect_input_error(run("train" + common + " --output " + p("e") + " --resume " + p("c") + "/checkpoint-2"),
+                     "--optimizer-state");
+  CmdResult bad = run("train" + fp32 + " --output " + p("f") + " --optimizer-state fp16");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("optimizer-state"), std::string::npos) << bad.err;
+}
+
 TEST_F(Cli, BadDataIsRefusedWithFileAndLine) {
   std::string model = make_model("llama", "m");
   auto ev = [&](const std::string& data) { return run(eval_cmd(model, data)); };

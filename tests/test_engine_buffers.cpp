@@ -86,6 +86,14 @@ BackendInfo cpu_info(bool bf16) {
   return be;
 }
 
+// Bytes of the resident engine's AdamW m and v items.
+size_t moment_bytes(const MemoryItems& list) {
+  size_t n = 0;
+  for (const MemoryItem& m : list)
+    if (m.key == "m" || m.key == "v") n += m.bytes * size_t(m.count);
+  return n;
+}
+
 TEST(EngineBuffers, ResidentAllocatesItsList) {
   auto cpu = make_cpu_device();
   for (const bool bf16 : {false, true})
@@ -101,9 +109,12 @@ TEST(EngineBuffers, ResidentAllocatesItsList) {
           o.training = training;
           o.optimizer = optimizer;
           if (bf16) o.compute_dtype = "bf16";
+          // bf16 optimizer state (m and v 2 bytes each) in the larger shape, with either compute dtype
+          const DType state = B == 3 ? DType::BF16 : DType::F32;
+          o.state_dtype = state;
           SCOPED_TRACE(family + " " + std::to_string(B) + "x" + std::to_string(T) + (bf16 ? " bf16" : " f32") +
-                       " training " + std::to_string(training) + " optimizer " + std::to_string(optimizer) + " micro " +
-                       std::to_string(micro));
+                       " state " + dtype_name(state) + " training " + std::to_string(training) + " optimizer " +
+                       std::to_string(optimizer) + " micro " + std::to_string(micro));
           CountingDevice dev(*cpu);
           {
             ResidentEngine e(dev, spec, o);
@@ -112,7 +123,10 @@ TEST(EngineBuffers, ResidentAllocatesItsList) {
             EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
             EXPECT_EQ(total_bytes(list, Place::Host), 0u);
             // The planner's lines are the same list, merged by name.
-            const MemoryItems plan = resident_memory(spec, B, T, cpu_info(bf16), training, optimizer, micro);
+            const MemoryItems plan = resident_memory(spec, B, T, cpu_info(bf16), training, optimizer, micro, state);
+            if (optimizer && training) {  // the moments: 2 x 4 or 2 x 2 bytes a parameter
+              EXPECT_EQ(moment_bytes(list), size_t(make_layout(spec).total_numel()) * 2 * dtype_size(state));
+            }
             EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
             EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
           }
@@ -137,6 +151,8 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
               so.base.max_seq = T;
               so.base.max_micro = micro;
               if (bf16) so.base.compute_dtype = "bf16";
+              const DType state = B == 2 ? DType::BF16 : DType::F32;  // bf16 optimizer state in the larger shape
+              so.base.state_dtype = state;
               so.slots = slots;
               so.keep_grads = keep;
               so.hold_grads = hold;
@@ -148,7 +164,7 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
               SCOPED_TRACE(family + " " + std::to_string(B) + "x" + std::to_string(T) + (bf16 ? " bf16 " : " f32 ") +
                            std::to_string(slots) + " slots, " + std::to_string(kept) + " kept, " +
                            std::to_string(micro) + " micro-batches, keep_grads " + std::to_string(keep) + ", hold " +
-                           std::to_string(hold) + ", chunk " + std::to_string(chunk));
+                           std::to_string(hold) + ", chunk " + std::to_string(chunk) + ", state " + dtype_name(state));
               CountingDevice dev(*cpu);
               {
                 SlidingEngine e(dev, spec, so);
@@ -158,7 +174,7 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
                 EXPECT_EQ(e.host_bytes() - e.stats().pinned_bytes, total_bytes(list, Place::Host));  // AdamW m, v
                 if (!chunk) {  // the planner plans the default chunk and ring
                   const MemoryItems plan =
-                      sliding_memory(spec, B, T, slots, cpu_info(bf16), so.gpu_blobs, micro, keep, hold);
+                      sliding_memory(spec, B, T, slots, cpu_info(bf16), so.gpu_blobs, micro, keep, hold, {}, 0, state);
                   EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
                   EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
                   EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));

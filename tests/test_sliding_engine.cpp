@@ -53,6 +53,7 @@ std::pair<std::vector<double>, HostParams> train(Engine& e, const std::vector<Re
     p.adamw.lr = 1e-2f * float(s);  // changes every step: a stale schedule would show
     p.adamw.weight_decay = 0.1f;
     p.adamw.step = s;
+    p.adamw.round_seed = 77;  // bf16 optimizer state: the rounding's stream (fp32 state ignores it)
     p.max_grad_norm = clip;
     const Engine::StepResult r = e.step(mbs, p);
     EXPECT_TRUE(r.updated);
@@ -72,10 +73,11 @@ struct Case {
   bool small_chunks = false;
   // Blobs kept on the GPU: 0 none, 1 embedding + head, 2 embedding + layer 1 + head, 3 all.
   int gpu = 0;
-  bool bf16 = false;   // --compute-dtype bf16 in both engines: gradients rounded to bf16 (as on cuda)
-  int micro = 1;       // micro-batches a step (layer-major in the sliding engine)
-  int64_t hold = 0;    // SlidingOptions::hold_grads (overlap): the first blobs updated after the backward
-  bool fused = false;  // clipping: one AdamW pass a blob (SlidingOptions::split_update off)
+  bool bf16 = false;        // --compute-dtype bf16 in both engines: gradients rounded to bf16 (as on cuda)
+  int micro = 1;            // micro-batches a step (layer-major in the sliding engine)
+  int64_t hold = 0;         // SlidingOptions::hold_grads (overlap): the first blobs updated after the backward
+  bool fused = false;       // clipping: one AdamW pass a blob (SlidingOptions::split_update off)
+  bool bf16_state = false;  // AdamW m and v in bf16, stochastically rounded (EngineOptions::state_dtype)
   // The NVMe tier: 0 none, 1 the even host layers' AdamW state in the store, 2 every host blob's;
   // the store's pieces complete after random delays (out of order) and come back short once.
   int disk = 0;
@@ -123,6 +125,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   eo.max_seq = 11;
   eo.max_micro = c.micro;
   if (c.bf16) eo.compute_dtype = "bf16";
+  if (c.bf16_state) eo.state_dtype = DType::BF16;
 
   auto dev_r = make_cpu_device();
   ResidentEngine r(*dev_r, spec, eo);
@@ -168,6 +171,10 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   EXPECT_EQ(lr, ls);
   ASSERT_EQ(pr.size(), ps.size());
   for (size_t i = 0; i < pr.size(); ++i) EXPECT_EQ(pr[i].data, ps[i].data) << pr[i].name;
+  for (auto which : {Engine::State::AdamM, Engine::State::AdamV}) {  // the moments too (bf16 state: rounded alike)
+    const HostParams mr = test::export_state(r, which), ms = test::export_state(s, which);
+    for (size_t i = 0; i < mr.size(); ++i) EXPECT_EQ(mr[i].data, ms[i].data) << mr[i].name;
+  }
   if (c.gpu == 3)
     EXPECT_EQ(s.uploads(), 0);  // every blob on the GPU: nothing slides
   else
@@ -205,20 +212,31 @@ INSTANTIATE_TEST_SUITE_P(
         // clipping with one fused AdamW pass a blob (the others split it in two)
         Case{"qwen3", 3, 0, 0, false, false, 0, false, 1, 0, true},
         Case{"llama", 2, 50, 16, false, true, 1, true, 2, 0, true},
+        // bf16 optimizer state (stochastic rounding keyed by step, blob and element): split and
+        // fused updates, updates during the backward in odd chunks, blobs kept on the GPU, stalls
+        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, true},
+        Case{"qwen3", 2, 50, 4, false, true, 2, true, 2, 0, false, true},
+        Case{"mistral", 3, 50, 16, true, true, 1, false, 1, 0, false, true},
+        Case{"qwen2", 2, 50, 2, false, false, 3, false, 1, 0, true, true},
+        Case{"llama", 2, 50, 8, true, false, 0, true, 3, 3000, false, true},
+        Case{"qwen3", 3, 50, 1, false, true, 0, false, 2, 0, true, true},
         // the NVMe tier: AdamW state of some or all host blobs in the store, read ahead and
         // written back around each update, through either backend, with disordered completions
-        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, 2},
-        Case{"qwen3", 2, 50, 16, false, false, 0, false, 1, 0, false, 1, false},
-        Case{"mistral", 3, 50, 4, true, false, 0, false, 1, 0, false, 2},
-        Case{"qwen2", 2, 50, 16, true, true, 1, true, 2, 0, false, 1, false},
-        Case{"llama", 2, 50, 2, true, false, 0, false, 1, 3000, false, 2, false},
-        Case{"qwen3", 3, 50, 16, false, true, 2, true, 2, 0, true, 2},
-        Case{"llama", 2, 0, 0, false, false, 0, false, 3, 0, false, 1},
+        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, false, 2},
+        Case{"qwen3", 2, 50, 16, false, false, 0, false, 1, 0, false, false, 1, false},
+        Case{"mistral", 3, 50, 4, true, false, 0, false, 1, 0, false, false, 2},
+        Case{"qwen2", 2, 50, 16, true, true, 1, true, 2, 0, false, false, 1, false},
+        Case{"llama", 2, 50, 2, true, false, 0, false, 1, 3000, false, false, 2, false},
+        Case{"qwen3", 3, 50, 16, false, true, 2, true, 2, 0, true, false, 2},
+        Case{"llama", 2, 0, 0, false, false, 0, false, 3, 0, false, false, 1},
         // ... and the first layers' checkpoints in the store, through the I/O stream (stalled: 32)
-        Case{"qwen2", 3, 50, 32, false, false, 0, false, 1, 0, false, 0, true, 1},
-        Case{"llama", 2, 50, 32, true, true, 0, false, 3, 0, false, 2, true, 4},
-        Case{"mistral", 3, 50, 4, false, false, 1, true, 2, 0, false, 1, false, 2},
-        Case{"qwen3", 2, 50, 2, true, false, 0, false, 4, 0, false, 2, true, 3}),
+        Case{"qwen2", 3, 50, 32, false, false, 0, false, 1, 0, false, false, 0, true, 1},
+        Case{"llama", 2, 50, 32, true, true, 0, false, 3, 0, false, false, 2, true, 4},
+        Case{"mistral", 3, 50, 4, false, false, 1, true, 2, 0, false, false, 1, false, 2},
+        Case{"qwen3", 2, 50, 2, true, false, 0, false, 4, 0, false, false, 2, true, 3},
+        // bf16 optimizer state in the store: the ring carries 2-byte moments
+        Case{"qwen2", 2, 50, 16, true, false, 0, false, 2, 0, false, true, 2, false, 1},
+        Case{"llama", 3, 50, 4, false, true, 1, true, 1, 0, false, true, 1, true, 2}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +
@@ -226,6 +244,7 @@ INSTANTIATE_TEST_SUITE_P(
              (c.small_chunks ? "_chunks" : "") + (c.gpu ? "_gpu" + std::to_string(c.gpu) : "") +
              (c.bf16 ? "_bf16" : "") + (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "") +
              (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "") +
+             (c.bf16_state ? "_bf16state" : "") +
              (c.disk ? "_disk" + std::to_string(c.disk) : "") + (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
              ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "");
     });
@@ -244,63 +263,71 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
   ModelSpec spec = parse_model_spec(cfg, "tiny");
   const ModelLayout layout = make_layout(spec);
   auto recs = records(int(spec.vocab), 23, 6);
-  EngineOptions eo;
-  eo.max_batch = 2;
-  eo.max_seq = 11;
-  auto dev = make_cpu_device();
-  auto check = [&](Engine& a, Engine& b) {
-    a.init_random(7);
-    train(a, recs, 2, 1, 0.5);  // AdamW moments are not zero
-    b.init_random(8);
-    for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV}) {
-      const auto ref = test::export_state(a, which);
-      size_t k = 0;
-      for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
-        for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i, ++k) {
-          b.write_state(which, int(bl), int(i), ref[k].data.data());
-        }
-      const auto got = test::export_state(b, which);
-      for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;
+  for (DType state : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(std::string("optimizer state ") + dtype_name(state));
+    EngineOptions eo;
+    eo.max_batch = 2;
+    eo.max_seq = 11;
+    eo.state_dtype = state;
+    auto dev = make_cpu_device();
+    auto check = [&](Engine& a, Engine& b) {
+      a.init_random(7);
+      train(a, recs, 2, 1, 0.5);  // AdamW moments are not zero
+      b.init_random(8);
+      for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV}) {
+        const auto ref = test::export_state(a, which);
+        size_t k = 0;
+        for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
+          for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i, ++k) {
+            b.write_state(which, int(bl), int(i), ref[k].data.data());
+          }
+        const auto got = test::export_state(b, which);
+        for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;
+      }
+      // Same state, same next step.
+      auto [la, pa] = train(a, recs, 1, 1, 0.5);
+      auto [lb, pb] = train(b, recs, 1, 1, 0.5);
+      EXPECT_EQ(la, lb);
+      for (size_t t = 0; t < pa.size(); ++t) EXPECT_EQ(pa[t].data, pb[t].data) << pa[t].name;
+    };
+    {
+      ResidentEngine a(*dev, spec, eo), b(*dev, spec, eo);
+      check(a, b);
     }
-    // Same state, same next step.
-    auto [la, pa] = train(a, recs, 1, 1, 0.5);
-    auto [lb, pb] = train(b, recs, 1, 1, 0.5);
-    EXPECT_EQ(la, lb);
-    for (size_t t = 0; t < pa.size(); ++t) EXPECT_EQ(pa[t].data, pb[t].data) << pa[t].name;
-  };
-  {
-    ResidentEngine a(*dev, spec, eo), b(*dev, spec, eo);
-    check(a, b);
-  }
-  for (int gpu : {0, 2}) {
-    SCOPED_TRACE("gpu blobs " + std::to_string(gpu));
-    SlidingOptions so;
-    so.base = eo;
-    so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
-    SlidingEngine a(*dev, spec, so), b(*dev, spec, so);
-    check(a, b);
-  }
-  // read_state of the two engines (device buffers in one, host state and kept blobs in the other)
-  // agrees tensor by tensor after the same training (the engines are bit-identical on cpu).
-  for (int gpu : {0, 2}) {
-    SCOPED_TRACE("against the resident engine, gpu blobs " + std::to_string(gpu));
-    ResidentEngine r(*dev, spec, eo);
-    SlidingOptions so;
-    so.base = eo;
-    so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
-    SlidingEngine sl(*dev, spec, so);
-    r.init_random(7);
-    sl.init_random(7);
-    train(r, recs, 2, 1, 0.5);
-    train(sl, recs, 2, 1, 0.5);
-    for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV})
-      for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
-        for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i) {
-          std::vector<float> x(size_t(layout.blobs[bl].entries[i].numel)), y(x.size(), -1.f);
-          r.read_state(which, int(bl), int(i), x.data());
-          sl.read_state(which, int(bl), int(i), y.data());
-          ASSERT_EQ(x, y) << layout.blobs[bl].entries[i].name;
-        }
+    for (int gpu : {0, 2}) {
+      SCOPED_TRACE("gpu blobs " + std::to_string(gpu));
+      SlidingOptions so;
+      so.base = eo;
+      so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
+      SlidingEngine a(*dev, spec, so), b(*dev, spec, so);
+      check(a, b);
+    }
+    // read_state of the two engines (device buffers in one, host state and kept blobs in the other)
+    // agrees tensor by tensor after the same training (the engines are bit-identical on cpu).
+    for (int gpu : {0, 2}) {
+      SCOPED_TRACE("against the resident engine, gpu blobs " + std::to_string(gpu));
+      ResidentEngine r(*dev, spec, eo);
+      SlidingOptions so;
+      so.base = eo;
+      so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
+      SlidingEngine sl(*dev, spec, so);
+      r.init_random(7);
+      sl.init_random(7);
+      train(r, recs, 2, 1, 0.5);
+      train(sl, recs, 2, 1, 0.5);
+      for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV})
+        for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
+          for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i) {
+            std::vector<float> x(size_t(layout.blobs[bl].entries[i].numel)), y(x.size(), -1.f);
+            r.read_state(which, int(bl), int(i), x.data());
+            sl.read_state(which, int(bl), int(i), y.data());
+            ASSERT_EQ(x, y) << layout.blobs[bl].entries[i].name;
+            // bf16 moments read back as fp32 are bf16 values (exactly representable)
+            if (state == DType::BF16 && which != Engine::State::Params) {
+              for (float f : y) ASSERT_EQ(f, test::round_bf16(f)) << layout.blobs[bl].entries[i].name;
+            }
+          }
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 # Usage there:  BIN=gpubin bash tools/gpu_check.sh [steps...]
 #   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench
 #   (also: bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
+#    state_quality state_bench = bf16 optimizer state: quality, 3B speed, 8B plan,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels and bench_host built here with -DSF_PORTABLE=ON.
@@ -225,6 +226,32 @@ for s in ('3b', '1b'):
     # this machine's rates as the planner measures them, and its prediction for the 3B host path
     plan_measure) run plan_measure "$BIN/slideformer" plan --preset llama-3b --batch-size 8 --seq-len 2048 --device cuda \
       --offload --gpu-blobs 0 --measure ;;
+    # issue 17 §2, compact optimizer state (--optimizer-state bf16). Quality: a 1B model trained 500
+    # steps on the Python and documentation text Debian ships, fp32 vs bf16 AdamW m and v, eval loss
+    # within 1 % at every 50-step evaluation (tools/state_quality.py; --cli-args places the engine)
+    state_quality) run state_quality python3 tools/state_quality.py --bin "$BIN/slideformer" --device cuda \
+      --work /tmp/state_quality ;;
+    # speed: the 3B step with every blob on the host, clip 1, fp32 then bf16 state in the same call
+    # (target: bf16 >= 1.15x fp32, >= 16,000 tok/s); plan: 8B at 24 GiB with bf16 state, host bytes
+    # a parameter without the checkpoints (target <= 9)
+    state_bench)
+      for st in fp32 bf16; do
+        run sf_3b_host_clip1_state_$st "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+          --steps 3 --warmup 1 --device cuda --offload --gpu-blobs 0 --max-grad-norm 1 --optimizer-state $st
+      done
+      for st in fp32 bf16; do
+        "$BIN/slideformer" plan --preset llama-8b --batch-size 8 --seq-len 2048 --device cuda --gpu-memory 24GiB \
+          --optimizer-state $st >"$OUT/plan_8b_24g_$st.json" 2>>"$OUT/all.log"
+        run plan_8b_24g_state_$st python3 -c "
+import json, sys
+p = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]
+host = sum(i['bytes'] for i in p['items'] if i['place'] != 'gpu')
+ckpt = sum(i['bytes'] for i in p['items'] if i['place'] != 'gpu' and 'checkpoint' in i['name'])
+per = (host - ckpt) / p['parameters']
+print(json.dumps({'plan_8b_24g': p['optimizer_state'], 'fits': p['fits'], 'host_bytes': host, 'checkpoint_bytes': ckpt,
+                  'host_bytes_per_param_without_checkpoints': per, 'predicted_tokens_per_second': p['predicted_tokens_per_second']}))
+sys.exit(0 if p['fits'] and (p['optimizer_state'] == 'fp32' or per <= 9) else 1)" "$OUT/plan_8b_24g_$st.json"
+      done ;;
     # the tokenizer against Hugging Face tokenizers (any machine that has them)
     tokenizer_parity) run tokenizer_parity python3 tools/tokenizer_parity.py --bin "$BIN/slideformer" ;;
     # host memory bandwidth, CPU AdamW rate, PCIe: the rates that bound the offload engine

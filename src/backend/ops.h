@@ -39,6 +39,13 @@ struct AdamWParams {
   float lr = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;
   int64_t step = 1;        // 1-based, for bias correction
   float grad_scale = 1.f;  // the gradient is multiplied by this first (clipping)
+  // BF16 m and v only: their stochastic rounding draws its bits for element i of the call from
+  // round_bits(round_key(round_seed, step, blob), first + i) (core/stochastic_round.h): `blob` is
+  // the model-layout index of the blob the tensors belong to, `first` the index within that blob
+  // of the call's element 0. The engines set them, so chunks and engines draw alike.
+  uint64_t round_seed = 0;
+  int64_t blob = 0;
+  int64_t first = 0;
 };
 
 class Ops {
@@ -110,7 +117,9 @@ class Ops {
   // out [1] F32 += sum(x^2) (accumulated in at least fp32; cpu uses fp64).
   virtual void sq_norm(Tensor out, Tensor x, Stream& s) = 0;
 
-  // PyTorch AdamW on fp32 params/m/v with grads (F32 or BF16) of the same numel:
+  // PyTorch AdamW on fp32 params, m and v both F32 or both BF16 (compact state: the update runs in
+  // fp32 and m, v are written back with unbiased stochastic rounding, AdamWParams' stream), grads
+  // (F32 or BF16), all of the same numel:
   // g = grad*grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr*wd*p;
   // p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps). If param_copy is given (BF16 or F32),
   // the new parameter is also written there (the upload copy).

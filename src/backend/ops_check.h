@@ -335,8 +335,8 @@ inline void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, cons
                   const AdamWParams& p) {
   constexpr const char* op = "adamw";
   SF_CHECK_DTYPE(op, param, DType::F32);
-  SF_CHECK_DTYPE(op, m, DType::F32);
-  SF_CHECK_DTYPE(op, v, DType::F32);
+  SF_CHECK_REAL(op, m);  // F32, or BF16 (compact state, stochastically rounded)
+  SF_CHECK_DTYPE(op, v, m.dtype);
   SF_CHECK_REAL(op, grad);
   const int64_t n = param.numel();  // all [n]
   SF_CHECK_NUMEL(op, grad, n, "numel(param)");

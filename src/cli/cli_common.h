@@ -38,7 +38,10 @@ struct EngineFlags {
   int slots = 0, gpu_blobs = -1;
   std::string gpu_memory, cpu_memory;
   std::string offload_dir, disk_memory;
+  std::string optimizer_state = "fp32";
   void add(CLI::App* c);
+  // --optimizer-state (the commands that train or plan training: train, bench, plan).
+  void add_optimizer_state(CLI::App* c);
   void apply(EngineRequest& e) const;
 };
 

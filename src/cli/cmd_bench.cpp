@@ -26,6 +26,7 @@ void add_bench_options(CLI::App* c, BenchCli& o) {
   c->add_option("--warmup", bo.warmup, "untimed steps first")->capture_default_str();
   c->add_option("--layers", bo.layers, "override the number of layers");
   o.flags.add(c);
+  o.flags.add_optimizer_state(c);
   c->add_option("--max-grad-norm", bo.max_grad_norm, "gradient clipping (0 = off: overlapped update)")
       ->capture_default_str();
 }

@@ -27,6 +27,7 @@ void add_plan_options(CLI::App* c, PlanCli& o) {
   c->add_option("--max-grad-norm", po.max_grad_norm, "0 = no clipping")->capture_default_str();
   c->add_flag("--measure", po.measure, "measure this machine's rates first (a few seconds) for the prediction");
   o.flags.add(c);
+  o.flags.add_optimizer_state(c);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ struct TrainCli {
 void add_train_options(CLI::App* c, TrainCli& o) {
   TrainOptions& t = o.t;
   add_data_options(c, t.data, o.flags);
+  o.flags.add_optimizer_state(c);
   c->add_option("--output", t.output, "output model directory")->required();
   c->add_option("--steps", t.steps, "optimizer steps")->required();
   c->add_option("--lr", t.lr, "peak learning rate")->required();

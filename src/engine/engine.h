@@ -25,6 +25,9 @@ struct EngineOptions {
   // Storage of activations and of the compute copy of the parameters: "" = the device's natural
   // one (F32 on cpu, BF16 on cuda); "bf16" on the cpu mirrors the GPU's rounding.
   std::string compute_dtype;
+  // AdamW m and v: F32 (exact), or BF16 written back with unbiased stochastic rounding (8 instead of
+  // 12 bytes of state a parameter with the fp32 master; AdamWParams::round_seed seeds the rounding).
+  DType state_dtype = DType::F32;
 };
 
 // Bytes of one [tokens, hidden] activation in `act`, 256-aligned (both engines' activation stride).

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/kernels.h"
 #include "core/error.h"
@@ -24,7 +25,7 @@ bool in_store(const HostOptimizerOptions& o, size_t b) { return b < o.disk.size(
 StateStream::Config stream_config(const HostOptimizerOptions& o) {
   StateStream::Config c;
   for (size_t b = 0; b < o.blob_numel.size(); ++b) c.numel.push_back(in_store(o, b) ? o.blob_numel[b] : 0);
-  c.elem_bytes = 4;
+  c.elem_bytes = dtype_size(o.state_dtype);
   c.order = HostOptimizer::update_order(o);
   c.ring = o.disk_ring;
   return c;
@@ -58,14 +59,15 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
     m.push_back({o.keep_grads ? "gradients of the step (held for the norm)"
                               : "gradient ring (" + std::to_string(o.ring) + " chunks)",
                  g, Place::Pinned, "host.grads"});
-  m.push_back({"AdamW m and v", size_t(ram_state) * 4, Place::Host, "host.m"});
-  m.push_back({"AdamW m and v", size_t(ram_state) * 4, Place::Host, "host.v"});
+  const std::string mv = o.state_dtype == DType::F32 ? "AdamW m and v" : "AdamW m and v (bf16)";
+  m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.m"});
+  m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.v"});
   append(m, StateStream::buffers(stream_config(o)));
   return m;
 }
 
 HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeStore* store)
-    : dev_(dev), gd_(o.grad_dtype), keep_(o.keep_grads) {
+    : dev_(dev), gd_(o.grad_dtype), sd_(o.state_dtype), keep_(o.keep_grads) {
   int64_t ram_state = 0;
   for (size_t b = 0; b < o.blob_numel.size(); ++b) {
     const int64_t n = o.blob_numel[b];
@@ -98,8 +100,8 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
       }
   if (total_ > 0) std::memset(master_.data(), 0, master_.size());  // padding between tensors stays 0
   if (ram_state > 0) {
-    std::memset(m_.data(), 0, size_t(ram_state) * 4);
-    std::memset(v_.data(), 0, size_t(ram_state) * 4);
+    std::memset(m_.data(), 0, size_t(ram_state) * dtype_size(sd_));
+    std::memset(v_.data(), 0, size_t(ram_state) * dtype_size(sd_));
   }
   store_ = src.buffer_if("host.grads");
   const StateStream::Config sc = stream_config(o);
@@ -115,20 +117,46 @@ void HostOptimizer::quiesce() {
   if (disk_) disk_->quiesce();
 }
 
+namespace {
+// n elements between fp32 and the state dtype (m and v of a bf16 state: rounded to nearest when
+// written, as a resumed run's state; the updates themselves round stochastically).
+void to_f32(float* dst, const void* src, DType t, int64_t n) {
+  cpu::cast(Tensor(dst, DType::F32, {n}), Tensor(const_cast<void*>(src), t, {n}));
+}
+}  // namespace
+
 void HostOptimizer::read_state(int which, int blob, int64_t off, int64_t n, float* dst) {
   SF_CHECK(off_[size_t(blob)] >= 0 && off >= 0 && off + n <= numel_[size_t(blob)], "read_state: bad range");
-  if (which != 0 && on_disk(blob)) return disk_->read(which, blob, off, n, dst);
-  const float* base = which == 0 ? static_cast<const float*>(master_.data()) + off_[size_t(blob)]
-                                 : (which == 1 ? m_ : v_).as<float>() + moff_[size_t(blob)];
-  std::memcpy(dst, base + off, size_t(n) * 4);
+  if (which == 0) {
+    std::memcpy(dst, master(blob) + off, size_t(n) * 4);
+    return;
+  }
+  if (on_disk(blob)) {
+    std::vector<char> tmp(size_t(n) * dtype_size(sd_));
+    disk_->read(which, blob, off, n, tmp.data());
+    to_f32(dst, tmp.data(), sd_, n);
+    return;
+  }
+  to_f32(dst, static_cast<const char*>((which == 1 ? m_ : v_).data()) + size_t(moff_[size_t(blob)] + off) * dtype_size(sd_),
+         sd_, n);
 }
 
 void HostOptimizer::write_state(int which, int blob, int64_t off, int64_t n, const float* src) {
   SF_CHECK(off_[size_t(blob)] >= 0 && off >= 0 && off + n <= numel_[size_t(blob)], "write_state: bad range");
-  if (which != 0 && on_disk(blob)) return disk_->write(which, blob, off, n, src);
-  float* base = which == 0 ? static_cast<float*>(master_.data()) + off_[size_t(blob)]
-                           : (which == 1 ? m_ : v_).as<float>() + moff_[size_t(blob)];
-  std::memcpy(base + off, src, size_t(n) * 4);
+  if (which == 0) {
+    std::memcpy(master(blob) + off, src, size_t(n) * 4);
+    return;
+  }
+  std::vector<char> tmp;
+  char* dst;
+  if (on_disk(blob)) {
+    tmp.resize(size_t(n) * dtype_size(sd_));
+    dst = tmp.data();
+  } else {
+    dst = static_cast<char*>((which == 1 ? m_ : v_).data()) + size_t(moff_[size_t(blob)] + off) * dtype_size(sd_);
+  }
+  cpu::cast(Tensor(dst, sd_, {n}), Tensor(const_cast<float*>(src), DType::F32, {n}));
+  if (on_disk(blob)) disk_->write(which, blob, off, n, tmp.data());
 }
 
 const void* HostOptimizer::grads(int blob) const {
@@ -155,19 +183,23 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
   const int64_t moff = moff_[size_t(blob)] + i0;
   const bool first = i0 == 0, last = i0 + n == numel_[size_t(blob)];
   // p by value: the next step's parameters may differ by the time this runs.
-  dev_.host_fn(opt, [this, blob, i0, off, moff, n, g = at.ptr, p, part, disk, first, last] {
+  AdamWParams q = p;  // the rounding stream's coordinates: blob, and i0 within it
+  q.blob = blob;
+  q.first = i0;
+  dev_.host_fn(opt, [this, blob, i0, off, moff, n, g = at.ptr, q, part, disk, first, last] {
     const auto t0 = std::chrono::steady_clock::now();
-    float *m, *v;
+    const size_t es = dtype_size(sd_);
+    char *m, *v;
     if (disk) {
       if (first) disk_view_ = disk_->acquire(blob);
-      m = static_cast<float*>(disk_view_.m) + i0;
-      v = static_cast<float*>(disk_view_.v) + i0;
+      m = static_cast<char*>(disk_view_.m) + size_t(i0) * es;
+      v = static_cast<char*>(disk_view_.v) + size_t(i0) * es;
     } else {
-      m = m_.as<float>() + moff;
-      v = v_.as<float>() + moff;
+      m = static_cast<char*>(m_.data()) + size_t(moff) * es;
+      v = static_cast<char*>(v_.data()) + size_t(moff) * es;
     }
     cpu::adamw(Tensor(static_cast<float*>(master_.data()) + off, DType::F32, {n}), Tensor(g, gd_, {n}),
-               Tensor(m, DType::F32, {n}), Tensor(v, DType::F32, {n}), Tensor(), p, part);
+               Tensor(m, sd_, {n}), Tensor(v, sd_, {n}), Tensor(), q, part);
     if (disk && last) disk_->release(blob);
     update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });

@@ -1,5 +1,6 @@
 // The sliding engine's host state and host AdamW (docs/ARCHITECTURE.md §2-3). Per parameter of the blobs kept
-// on the host: the fp32 master (page-locked: the upload source), AdamW m and v — 12 bytes — and
+// on the host: the fp32 master (page-locked: the upload source), AdamW m and v in the state dtype
+// (F32, or BF16 stochastically rounded) — 12 or 8 bytes — and
 // the gradients as they come down from the GPU, in the compute dtype (bf16 on cuda):
 // - `keep_grads` (clipping, or gradients read back): every gradient of the step is held until the
 //   norm is known (+2 bytes a parameter);
@@ -36,6 +37,7 @@ struct HostOptimizerOptions {
   std::vector<bool> held;           // [blobs] (without keep_grads) the blob's gradient waits in place
   std::vector<bool> disk;           // [blobs] the blob's m and v live in the NVMe store
   int disk_ring = 3;                // blobs' m and v in host memory at once (StateStream)
+  DType state_dtype = DType::F32;   // m and v (EngineOptions::state_dtype)
 };
 
 class HostOptimizer {
@@ -45,7 +47,9 @@ class HostOptimizer {
 
   int64_t total() const { return total_; }
   float* master(int blob) { return static_cast<float*>(master_.data()) + off_[size_t(blob)]; }
-  // Elements [off, off + n) of the master (0), m (1) or v (2) of a host blob, outside a step.
+  DType state_dtype() const { return sd_; }
+  // Elements [off, off + n) of the master (0), m (1) or v (2) of a host blob, outside a step, as fp32
+  // (m and v converted from the state dtype; written back rounded to nearest).
   void read_state(int which, int blob, int64_t off, int64_t n, float* dst);
   void write_state(int which, int blob, int64_t off, int64_t n, const float* src);
   bool on_disk(int blob) const { return disk_ && disk_->has(blob); }
@@ -88,7 +92,7 @@ class HostOptimizer {
 
  private:
   Device& dev_;
-  DType gd_;
+  DType gd_, sd_;
   bool keep_;
   int64_t chunk_;
   std::vector<int64_t> off_;   // [blobs] element offset in the flat master (-1: not on the host)
@@ -96,7 +100,7 @@ class HostOptimizer {
   std::vector<int64_t> numel_;
   int64_t total_ = 0;
   DeviceBuffer master_;                            // [total] F32 pinned
-  HostBuffer m_, v_;                               // [total of the blobs not on disk] F32
+  HostBuffer m_, v_;                               // [total of the blobs not on disk] sd_
   std::unique_ptr<StateStream> disk_;              // m and v of the blobs in the NVMe store
   StateStream::View disk_view_;                    // the blob being updated (opt stream only)
   DeviceBuffer store_;                             // keep_grads: [total] gd; else [ring, chunk] + [held] gd; pinned

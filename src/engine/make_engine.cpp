@@ -49,6 +49,7 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   r.offload_dir = req.offload_dir;
   r.disk_budget = req.disk_memory;
   r.hold_grads = env_int(Env::HoldGrads, 0);  // the one knob that changes the plan (core/env.h)
+  r.state_dtype = req.state_dtype;
   return r;
 }
 
@@ -67,6 +68,7 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
   EngineOptions eo = opt;
   eo.max_batch = p.micro_batch;  // the micro-batches the plan counted (maybe split)
   eo.max_micro = p.micro_batches;
+  eo.state_dtype = req.state_dtype;
   b.engine = make_engine(*b.dev, spec, eo, p, req);
   return b;
 }

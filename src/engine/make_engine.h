@@ -23,6 +23,7 @@ struct EngineRequest {
   // The NVMe tier: the offload directory (empty: none) and its budget (0: free space less 5 %).
   std::string offload_dir;
   size_t disk_memory = 0;
+  DType state_dtype = DType::F32;  // AdamW m and v (EngineOptions::state_dtype, which build_engine sets)
 };
 
 struct Plan;

@@ -100,8 +100,9 @@ BackendSizes backend_sizes(const ModelSpec& s, int B, int T, const BackendInfo& 
 }  // namespace
 
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const BackendInfo& be, bool training,
-                                        bool optimizer, int micro) {
+                                        bool optimizer, int micro, DType state) {
   EngineOptions o;
+  o.state_dtype = state;
   o.max_batch = B;
   o.max_seq = T;
   o.max_micro = std::max(micro, 1);
@@ -119,8 +120,9 @@ std::vector<int> gpu_blob_order(const ModelSpec& s) {
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs, int micro, bool keep_grads,
                                        int64_t hold_grads, const std::vector<int>& disk_blobs,
-                                       int ckpt_disk_layers) {
+                                       int ckpt_disk_layers, DType state) {
   SlidingOptions o;  // the default chunk and gradient ring
+  o.base.state_dtype = state;
   o.base.max_batch = B;
   o.base.max_seq = T;
   o.base.max_micro = std::max(micro, 1);
@@ -198,10 +200,11 @@ class Planner {
     p_.gpu_blobs = gpu_blobs;
     p_.disk_blobs = disk_blobs;
     p_.ckpt_disk_layers = ckpt_disk_layers;
-    p_.items = engine == EngineKind::Resident
-                   ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum)
-                   : sliding_memory(s_, r_.batch, r_.seq, slots, be_, gpu_blobs, r_.grad_accum,
-                                    r_.clip || !r_.optimizer, hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers);
+    p_.items =
+        engine == EngineKind::Resident
+            ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum, r_.state_dtype)
+            : sliding_memory(s_, r_.batch, r_.seq, slots, be_, gpu_blobs, r_.grad_accum, r_.clip || !r_.optimizer,
+                             hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers, r_.state_dtype);
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
     p_.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
     p_.gpu_bytes = total_bytes(p_.items, Place::Device);
@@ -304,13 +307,24 @@ bool split_micro_batches(const ModelSpec& s, const PlanRequest& r, const Backend
   return false;
 }
 
+// Host memory bytes a parameter of the host AdamW passes (cpu::adamw) move, with m and v of
+// `state` bytes each and gradients of `act` bytes: the fused pass reads and writes p, m, v and
+// reads g (24 + act with fp32 state, 16 + act with bf16); of the split update, the parameter pass
+// reads p, m, v, g and writes p (16 + act; 12 + act), the moment pass reads g, m, v and writes m, v
+// (16 + act; 8 + act). host_adamw_params_s was measured on the fused pass with fp32 state: the bus
+// moves (24 + act) times that many bytes a second, whatever the state's dtype.
+struct PassBytes {
+  double fused, params, moments;
+};
+PassBytes pass_bytes(double act, double state) { return {8 + 4 * state + act, 8 + 2 * state + act, 4 * state + act}; }
+
 // The sliding engine's step with clipping and the split update (SlidingOptions::split_update):
 // each phase is bound by the GPU, by PCIe, or by the host memory bus, which the CPU passes and the
 // DMA share (session 5: moving bytes from CPU passes to DMA, by running some layers' AdamW on the
 // GPU with their state streamed through PCIe, made the step slower: DMA bytes cost the bus as
-// much). Forward: the parameter passes (16 + act bytes a parameter), the fp32 uploads, the
-// checkpoints going down. Then the head, which waits for the last layer. Backward: the moment
-// passes (16 + act), the uploads again, the gradients down, the checkpoints up.
+// much). Forward: the parameter passes (pass_bytes), the fp32 uploads, the checkpoints going
+// down. Then the head, which waits for the last layer. Backward: the moment passes, the uploads
+// again, the gradients down, the checkpoints up.
 // The bus rate: the fused pass's 24 + act bytes a parameter at the host AdamW rate (measured
 // beside the step's DMA), times 1.2: the CPU passes (with software prefetch) and the DMA together
 // reach more (session 5, H200 machine: the 3B clipped forward moved 73.5 GB in ~0.47 s, ~156 GB/s,
@@ -318,19 +332,19 @@ bool split_micro_batches(const ModelSpec& s, const PlanRequest& r, const Backend
 double split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f, double P,
                          double act, double ckpt, double up_fwd_s, double up_bwd_s, bool emb_on_host, Plan& p) {
   const double pcie = rates.pcie_gbs * 1e9;
-  const double pass = 16 + act;
+  const PassBytes pb = pass_bytes(act, double(dtype_size(r.state_dtype)));
   const double bus = rates.host_adamw_params_s * (24 + act) * 1.2;
   const double K = r.grad_accum;
   const double head_s = p.gpu_s * (f.head / f.total);
   const double layers_fwd_gpu = p.gpu_s * ((f.forward - f.head / 3) / f.total),
                layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
-  const double fwd_host = (P * pass + P * 4 + K * ckpt) / bus;
+  const double fwd_host = (P * pb.params + P * 4 + K * ckpt) / bus;
   const double fwd_pcie = std::max(up_fwd_s, K * ckpt / pcie);  // checkpoints go down
-  const double bwd_host = (P * pass + P * 4 + P * act + K * ckpt) / bus;
+  const double bwd_host = (P * pb.moments + P * 4 + P * act + K * ckpt) / bus;
   // Two slots and a tied embedding on the host: the layers evict it, the head uploads it again.
   const double emb = double(make_layout(s).embedding().numel);
   const double head_upload_s = p.slots <= 2 && s.tie_embeddings && emb_on_host ? emb * 4 / pcie : 0.0;
-  p.host_s = 2 * P / rates.host_adamw_params_s * (pass / (24 + act));
+  p.host_s = P / rates.host_adamw_params_s * ((pb.params + pb.moments) / (24 + act));
   return std::max({layers_fwd_gpu, fwd_host, fwd_pcie}) + head_s + head_upload_s +
          std::max({layers_bwd_gpu, bwd_host, up_bwd_s});
 }
@@ -349,7 +363,9 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   const double pcie = rates.pcie_gbs * 1e9;
   const double act = double(dtype_size(be.compute_dtype));
   const double ckpt = double(s.n_layer) * double(r.batch) * r.seq * double(s.hidden) * act;
-  const double update_s = P / rates.host_adamw_params_s;  // one fused pass (bf16 gradient in)
+  // One fused pass (bf16 gradient in), bound by the bus: bf16 state moves fewer bytes.
+  const double update_s =
+      P / rates.host_adamw_params_s * (pass_bytes(act, double(dtype_size(r.state_dtype))).fused / (24 + act));
   p.host_s = update_s;
   // Layer-major micro-batches: weights cross PCIe once a step (fp32 up, cast on the GPU; twice,
   // forward and backward) and gradients once (compute dtype down), whatever grad_accum is.
@@ -364,7 +380,7 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   const double up_fwd_s = P * 4 / pcie, up_bwd_s = up_fwd_s + r.grad_accum * ckpt / pcie;
   const double fwd_s = std::max(p.gpu_s * (f.forward / f.total), up_fwd_s),
                bwd_s = std::max(p.gpu_s * (1.0 - f.forward / f.total), up_bwd_s);
-  const double emb_update_s = emb_on_host ? double(lay.embedding().numel) / rates.host_adamw_params_s : 0.0;
+  const double emb_update_s = emb_on_host ? update_s * double(lay.embedding().numel) / P : 0.0;
   double path = fwd_s + std::max(bwd_s, p.host_s) + emb_update_s;
   if (r.clip && r.split_update)
     path = split_update_path(s, r, rates, f, P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host, p);

@@ -18,9 +18,10 @@ namespace sf {
 // Buffers of each engine, one item a line of `slideformer plan` (the engine's list,
 // ResidentEngine::buffers / SlidingEngine::buffers, with the items of one name summed) for max_batch x max_seq
 // micro-batches (the resident engine holds gradients only when training, AdamW state only with the optimizer; the
-// sliding one always both).
+// sliding one always both). `state`: the dtype of AdamW m and v (EngineOptions::state_dtype).
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int max_seq, const BackendInfo& be,
-                                        bool training = true, bool optimizer = true, int micro = 1);
+                                        bool training = true, bool optimizer = true, int micro = 1,
+                                        DType state = DType::F32);
 // micro: micro-batches a step (layer-major: checkpoints and activations per micro-batch);
 // keep_grads: the step's gradients held in host memory (clipping, or gradients read back).
 // hold_grads: SlidingOptions::hold_grads (without keep_grads).
@@ -28,7 +29,7 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int m
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs = {}, int micro = 1, bool keep_grads = true,
                                        int64_t hold_grads = 0, const std::vector<int>& disk_blobs = {},
-                                       int ckpt_disk_layers = 0);
+                                       int ckpt_disk_layers = 0, DType state = DType::F32);
 // The order in which the planner moves blobs' AdamW state to the NVMe store: the layers, last
 // first (the embedding's and the head's updates stay in host memory: without clipping the
 // embedding's is the last of a backward and the next forward needs it first).
@@ -74,6 +75,7 @@ struct PlanRequest {
   // Without clipping, gradients held for the next forward (SlidingOptions::hold_grads): 0 none, 1 as
   // many parameters as the rates say, N > 1 that many. Off by default (docs/DECISIONS.md, "Held gradients").
   int64_t hold_grads = 0;
+  DType state_dtype = DType::F32;  // AdamW m and v (EngineOptions::state_dtype): 4 or 2 bytes each
 };
 
 enum class EngineKind { Resident, Sliding };

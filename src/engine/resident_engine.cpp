@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "engine/blob_init.h"
 #include "engine/device_rope.h"
+#include "engine/state_copy.h"
 #include "engine/token_uploader.h"
 #include "io/checkpoint.h"
 
@@ -42,7 +43,8 @@ struct ResidentEngine::Impl {
   DeviceBuffer master;          // [total] F32 parameters (fp32 masters)
   DeviceBuffer compute;         // [total] act copy of the parameters (only when act != F32)
   DeviceBuffer grads;           // [total] F32
-  DeviceBuffer adam_m, adam_v;  // [total] F32
+  DeviceBuffer adam_m, adam_v;  // [total] sd
+  DType sd = DType::F32;        // AdamW m and v (EngineOptions::state_dtype)
   DeviceBuffer round_buf;       // [min(total, kGradRoundChunk)] act: round_grads (act != F32)
   DeviceBuffer ckpt;            // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
   DeviceBuffer dbuf;            // [3, N, H] act: dy, dx, recompute output scratch
@@ -84,6 +86,7 @@ struct ResidentEngine::Impl {
   }
   size_t stride_nh = 0;  // bytes of one [max N, H] activation
   void upload_blob(int blob, const std::vector<float>& host);
+  DType dtype(State which) const { return which == State::AdamM || which == State::AdamV ? sd : DType::F32; }
   const DeviceBuffer& state(State which) const {
     const DeviceBuffer& b = which == State::Params  ? master
                             : which == State::Grads ? grads
@@ -110,8 +113,9 @@ MemoryItems ResidentEngine::buffers(const ModelSpec& spec, const EngineOptions& 
   if (opt.training && low)
     m.push_back({"gradient rounding scratch", size_t(std::min(total, kGradRoundChunk)) * act, Place::Device, "round"});
   if (opt.training && opt.optimizer) {
-    m.push_back({"AdamW m", P * 4, Place::Device, "m"});
-    m.push_back({"AdamW v", P * 4, Place::Device, "v"});
+    const size_t sd = dtype_size(opt.state_dtype);
+    m.push_back({sd == 4 ? "AdamW m" : "AdamW m (bf16)", P * sd, Place::Device, "m"});
+    m.push_back({sd == 4 ? "AdamW v" : "AdamW v (bf16)", P * sd, Place::Device, "v"});
   }
   m.push_back({"layer-input checkpoints", stride * size_t(spec.n_layer + 1), Place::Device, "ckpt"});
   m.push_back({"backward activations (dy, dx, recompute)", stride * 3, Place::Device, "dbuf"});
@@ -131,12 +135,14 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
       spec(s),
       layout(lay),
       act(compute_dtype_for(d, opt.compute_dtype)),
+      sd(opt.state_dtype),
       stream(d.create_stream()),
       program(s, d.ops(), act) {
   for (const auto& b : layout.blobs) {
     blob_off.push_back(total);
     total += b.numel;
   }
+  SF_CHECK(sd == DType::F32 || sd == DType::BF16, "the optimizer state is F32 or BF16");
   const int64_t maxN = int64_t(opt.max_batch) * opt.max_seq;
   stride_nh = activation_stride(spec, maxN, act);
   // Every buffer comes from the engine's list (ResidentEngine::buffers); a part allocates from its
@@ -166,8 +172,8 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   Ops& ops = dev.ops();
   ops.zero(Tensor(master.data(), DType::F32, {total}), *stream);  // padding between tensors stays 0
   if (adam_m.data()) {
-    ops.zero(Tensor(adam_m.data(), DType::F32, {total}), *stream);
-    ops.zero(Tensor(adam_v.data(), DType::F32, {total}), *stream);
+    ops.zero(Tensor(adam_m.data(), sd, {total}), *stream);
+    ops.zero(Tensor(adam_v.data(), sd, {total}), *stream);
   }
   ops.zero(Tensor(scalars.data(), DType::F32, {2}), *stream);
   dev.synchronize(*stream);  // the host tables above go out of scope
@@ -229,16 +235,17 @@ size_t ResidentEngine::host_bytes() const { return impl_->tokens->host_bytes(); 
 void ResidentEngine::read_state(State which, int blob, int entry, float* dst) {
   Impl& m = *impl_;
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
-  const char* src = static_cast<const char*>(m.at(m.state(which), blob, DType::F32)) + e.offset * 4;
-  dev_.copy(dst, src, size_t(e.numel) * 4, CopyKind::DeviceToHost, *m.stream);
-  dev_.synchronize(*m.stream);
+  const DType t = m.dtype(which);
+  const char* src = static_cast<const char*>(m.at(m.state(which), blob, t)) + e.offset * int64_t(dtype_size(t));
+  state_to_f32(dev_, *m.stream, src, t, e.numel, dst);
 }
 
 void ResidentEngine::write_state(State which, int blob, int entry, const float* src) {
   Impl& m = *impl_;
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
-  char* dst = static_cast<char*>(m.at(m.state(which), blob, DType::F32)) + e.offset * 4;
-  dev_.copy(dst, src, size_t(e.numel) * 4, CopyKind::HostToDevice, *m.stream);
+  const DType t = m.dtype(which);
+  char* dst = static_cast<char*>(m.at(m.state(which), blob, t)) + e.offset * int64_t(dtype_size(t));
+  state_from_f32(dev_, *m.stream, dst, t, e.numel, src);
   if (which == State::Params && m.act != DType::F32) {
     char* cdst = static_cast<char*>(m.at(m.compute, blob, m.act)) + e.offset * int64_t(dtype_size(m.act));
     dev_.ops().cast(Tensor(cdst, m.act, {e.numel}), Tensor(dst, DType::F32, {e.numel}), *m.stream);
@@ -431,10 +438,25 @@ double ResidentEngine::compute_grads(const std::vector<Batch>& batches) {
 void ResidentEngine::adamw_step(const AdamWParams& p) {
   Impl& m = *impl_;
   SF_CHECK(m.adam_m.data(), "engine built without optimizer state");
-  Tensor copy = m.act == DType::F32 ? Tensor() : Tensor(m.compute.data(), m.act, {m.total});
-  dev_.ops().adamw(Tensor(m.master.data(), DType::F32, {m.total}), Tensor(m.grads.data(), DType::F32, {m.total}),
-                   Tensor(m.adam_m.data(), DType::F32, {m.total}), Tensor(m.adam_v.data(), DType::F32, {m.total}), copy,
-                   p, *m.stream);
+  if (m.sd == DType::F32) {  // one pass over every blob (elementwise: the same bits as blob by blob)
+    Tensor copy = m.act == DType::F32 ? Tensor() : Tensor(m.compute.data(), m.act, {m.total});
+    dev_.ops().adamw(Tensor(m.master.data(), DType::F32, {m.total}), Tensor(m.grads.data(), DType::F32, {m.total}),
+                     Tensor(m.adam_m.data(), DType::F32, {m.total}), Tensor(m.adam_v.data(), DType::F32, {m.total}),
+                     copy, p, *m.stream);
+    return;
+  }
+  // Compact state: blob by blob, each drawing its own rounding stream (AdamWParams::blob), as the
+  // sliding engine's host and GPU updates do.
+  for (int b = 0; b < int(layout_.blobs.size()); ++b) {
+    const int64_t n = layout_.blobs[size_t(b)].numel;
+    AdamWParams q = p;
+    q.blob = b;
+    q.first = 0;
+    dev_.ops().adamw(Tensor(m.at(m.master, b, DType::F32), DType::F32, {n}),
+                     Tensor(m.at(m.grads, b, DType::F32), DType::F32, {n}), Tensor(m.at(m.adam_m, b, m.sd), m.sd, {n}),
+                     Tensor(m.at(m.adam_v, b, m.sd), m.sd, {n}),
+                     m.act == DType::F32 ? Tensor() : Tensor(m.at(m.compute, b, m.act), m.act, {n}), q, *m.stream);
+  }
 }
 
 }  // namespace sf

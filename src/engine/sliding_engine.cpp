@@ -15,6 +15,7 @@
 #include "engine/gradient_path.h"
 #include "engine/host_optimizer.h"
 #include "engine/slot_cache.h"
+#include "engine/state_copy.h"
 #include "engine/step_trace.h"
 #include "engine/token_uploader.h"
 #include "io/checkpoint.h"
@@ -50,13 +51,22 @@ std::vector<bool> held_grad_blobs(const ModelLayout& layout, const std::vector<i
 struct GpuBlobs {
   std::vector<int64_t> off;  // [blobs] element offset (-1: on the host)
   int64_t total = 0;
-  DeviceBuffer params;               // act (act != F32): the compute copy
-  DeviceBuffer master, m, v, grads;  // F32; grads accumulate over the step's micro-batches
+  DType sd = DType::F32;       // m and v (EngineOptions::state_dtype)
+  DeviceBuffer params;         // act (act != F32): the compute copy
+  DeviceBuffer master, grads;  // F32; grads accumulate over the step's micro-batches
+  DeviceBuffer m, v;           // sd
   bool has(int b) const { return off[size_t(b)] >= 0; }
   float* at(const DeviceBuffer& buf, int b) const { return static_cast<float*>(buf.data()) + off[size_t(b)]; }
+  bool is_moment(Engine::State s) const { return s == Engine::State::AdamM || s == Engine::State::AdamV; }
   const DeviceBuffer& state(Engine::State s) const {
     return s == Engine::State::Params ? master : s == Engine::State::Grads ? grads : s == Engine::State::AdamM ? m : v;
   }
+  // Element e of blob b's `s`, and its dtype.
+  void* at(Engine::State s, int b, int64_t e) const {
+    const DType t = dtype(s);
+    return static_cast<char*>(state(s).data()) + size_t(off[size_t(b)] + e) * dtype_size(t);
+  }
+  DType dtype(Engine::State s) const { return is_moment(s) ? sd : DType::F32; }
 };
 
 // Where a blob's compute-dtype parameters are while kernels read them.
@@ -144,6 +154,7 @@ HostOptimizerOptions host_options(const SlidingShape& z, const SlidingOptions& o
   h.held = z.held;
   h.disk = z.disk;
   h.disk_ring = std::clamp(int(std::count(z.disk.begin(), z.disk.end(), true)), 1, o.disk_ring);
+  h.state_dtype = o.base.state_dtype;
   return h;
 }
 
@@ -173,13 +184,15 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& 
   append(m, items_with(grads, "grad.staging"));
   if (z.gpu_total > 0) {
     const bool low = act != DType::F32;
-    const std::string kept = std::to_string(o.gpu_blobs.size()) +
-                             " blobs kept on the GPU: fp32 master, AdamW m and v, gradients" +
+    const std::string kept = std::to_string(o.gpu_blobs.size()) + " blobs kept on the GPU: fp32 master, AdamW m and v" +
+                             (o.base.state_dtype == DType::F32 ? "" : " (bf16)") + ", gradients" +
                              (low ? ", compute copy" : "");
     const size_t G = size_t(z.gpu_total);
     if (low) m.push_back({kept, G * dtype_size(act), Place::Device, "gpu.params"});
-    for (const char* key : {"gpu.master", "gpu.m", "gpu.v", "gpu.grads"})
-      m.push_back({kept, G * 4, Place::Device, key});
+    for (const char* key : {"gpu.master", "gpu.m", "gpu.v", "gpu.grads"}) {
+      const bool moment = std::string(key) == "gpu.m" || std::string(key) == "gpu.v";
+      m.push_back({kept, G * (moment ? dtype_size(o.base.state_dtype) : 4), Place::Device, key});
+    }
   }
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
   return m;
@@ -261,8 +274,12 @@ struct SlidingEngine::Impl {
   void gpu_update(int blob, const AdamWParams& p) {
     const int64_t n = layout.blobs[size_t(blob)].numel;
     auto f32 = [&](const DeviceBuffer& b) { return Tensor(gpu.at(b, blob), DType::F32, {n}); };
-    dev.ops().adamw(f32(gpu.master), f32(gpu.grads), f32(gpu.m), f32(gpu.v),
-                    act == DType::F32 ? Tensor() : Tensor(gpu_params(blob), act, {n}), p, *compute);
+    auto moment = [&](Engine::State s) { return Tensor(gpu.at(s, blob, 0), gpu.sd, {n}); };
+    AdamWParams q = p;  // the rounding stream's coordinates: the whole blob
+    q.blob = blob;
+    q.first = 0;
+    dev.ops().adamw(f32(gpu.master), f32(gpu.grads), moment(Engine::State::AdamM), moment(Engine::State::AdamV),
+                    act == DType::F32 ? Tensor() : Tensor(gpu_params(blob), act, {n}), q, *compute);
   }
   // The compute copy of a kept blob from its master (after load / import).
   void gpu_refresh(int blob) {
@@ -373,10 +390,12 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
       program(s, d.ops(), act) {
   SF_CHECK(o.slots >= 2, "the sliding engine needs at least 2 parameter slots");
   SF_CHECK(o.base.max_micro >= 1, "max_micro must be positive");
+  SF_CHECK(o.base.state_dtype == DType::F32 || o.base.state_dtype == DType::BF16, "the optimizer state is F32 or BF16");
   const SlidingShape z = sliding_shape(spec, layout, o, act);
   const int K = z.K;
   gpu.off = z.gpu_off;
   gpu.total = z.gpu_total;
+  gpu.sd = o.base.state_dtype;
   chunk = z.chunk;
   max_tokens = z.max_tokens;
   stride_nh = z.stride_nh;
@@ -410,7 +429,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   gpu.grads = src.buffer_if("gpu.grads");
   if (gpu.total > 0)
     for (DeviceBuffer* b : {&gpu.master, &gpu.m, &gpu.v, &gpu.grads})
-      dev.ops().zero(Tensor(b->data(), DType::F32, {gpu.total}), *compute);
+      dev.ops().zero(Tensor(b->data(), b == &gpu.m || b == &gpu.v ? gpu.sd : DType::F32, {gpu.total}), *compute);
 
   acts = src.buffer("acts");
   for (int i = 0; i <= K; ++i) {
@@ -734,15 +753,14 @@ void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
   Impl& m = *impl_;
   m.sync_all();
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
+  const Tensor out(dst, DType::F32, {e.numel});
   if (m.gpu.has(blob)) {
-    dev_.copy(dst, m.gpu.at(m.gpu.state(which), blob) + e.offset, size_t(e.numel) * 4, CopyKind::DeviceToHost,
-              *m.compute);
-    dev_.synchronize(*m.compute);
+    state_to_f32(dev_, *m.compute, m.gpu.at(which, blob, e.offset), m.gpu.dtype(which), e.numel, dst);
     return;
   }
   if (which == State::Grads) {
     const char* g = static_cast<const char*>(m.host->grads(blob)) + size_t(e.offset) * dtype_size(m.act);
-    cpu::cast(Tensor(dst, DType::F32, {e.numel}), Tensor(const_cast<char*>(g), m.act, {e.numel}));
+    cpu::cast(out, Tensor(const_cast<char*>(g), m.act, {e.numel}));
     return;
   }
   const int s = which == State::Params ? 0 : which == State::AdamM ? 1 : 2;
@@ -755,8 +773,7 @@ void SlidingEngine::write_state(State which, int blob, int entry, const float* s
   m.sync_all();
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
   if (m.gpu.has(blob)) {
-    dev_.copy(m.gpu.at(m.gpu.state(which), blob) + e.offset, src, size_t(e.numel) * 4, CopyKind::HostToDevice,
-              *m.compute);
+    state_from_f32(dev_, *m.compute, m.gpu.at(which, blob, e.offset), m.gpu.dtype(which), e.numel, src);
     if (which == State::Params) m.gpu_refresh(blob);
     dev_.synchronize(*m.compute);
     return;

@@ -117,6 +117,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"gpu_blobs", built.plan.gpu_blobs.size()},
           {"predicted_tokens_per_second", built.plan.tokens_per_s},
           {"max_grad_norm", o.max_grad_norm},
+          {"optimizer_state", o.engine.state_dtype == DType::BF16 ? "bf16" : "fp32"},
           {"device_bytes", engine.device_bytes()},
           // host work a step (the sliding engine): AdamW; uploads of blobs; memory held
           {"host_update_ms", 1e3 * (st1.host_update_s - st0.host_update_s) * per},

@@ -63,6 +63,8 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"disk_budget", p.disk_budget},
           {"predicted_disk_s", p.disk_s},
           {"backend", device_kind_name(be.kind)},
+          {"optimizer_state", r.state_dtype == DType::BF16 ? "bf16" : "fp32"},
+          {"parameters", spec.total_params()},
           {"gpu_bytes", p.gpu_bytes},
           {"host_bytes", p.host_bytes},
           {"pinned_bytes", p.pinned_bytes},

@@ -271,6 +271,7 @@ Engine::StepParams step_params(const TrainOptions& o, LrSchedule sched, int64_t 
   sp.adamw.eps = float(o.eps);
   sp.adamw.weight_decay = float(o.weight_decay);
   sp.adamw.step = step + 1;
+  sp.adamw.round_seed = o.seed;  // bf16 optimizer state: the stochastic rounding's stream
   sp.max_grad_norm = o.max_grad_norm;
   return sp;
 }

@@ -28,6 +28,13 @@ constexpr const char* kTrainerFile = "trainer_state.json";
 const std::pair<Engine::State, std::string> kSavedStates[] = {
     {Engine::State::Params, "master."}, {Engine::State::AdamM, "adam_m."}, {Engine::State::AdamV, "adam_v."}};
 
+// The moments are saved in the run's --optimizer-state dtype (bf16 values are saved exactly);
+// trainer_state.json names it ("optimizer_state"; absent in checkpoints from before: fp32). A
+// resume with another --optimizer-state is refused rather than converted: bf16 -> fp32 would be
+// exact but fp32 -> bf16 would round the moments once more, outside the run's random stream.
+const char* state_name(DType t) { return t == DType::BF16 ? "bf16" : "fp32"; }
+DType saved_dtype(Engine::State kind, DType moments) { return kind == Engine::State::Params ? DType::F32 : moments; }
+
 }  // namespace
 
 void write_training_state(Engine& engine, const ModelSpec& spec, const TrainOptions& o, size_t records, int seq_len,
@@ -35,7 +42,9 @@ void write_training_state(Engine& engine, const ModelSpec& spec, const TrainOpti
   // One tensor at a time from the engine (no copy of the whole state in host memory).
   const ModelLayout layout = make_layout(spec);
   std::vector<TensorWrite> tw;
-  for (const auto& [kind, prefix] : kSavedStates) append_engine_tensors(tw, engine, layout, kind, DType::F32, prefix);
+  const DType sd = o.data.engine.state_dtype;
+  for (const auto& [kind, prefix] : kSavedStates)
+    append_engine_tensors(tw, engine, layout, kind, saved_dtype(kind, sd), prefix);
   write_safetensors((fs::path(dir) / kStateFile).string(), tw, {{"step", std::to_string(p.step)}});
   nlohmann::json j = {{"step", p.step},
                       {"next_record", p.next_record},
@@ -46,6 +55,7 @@ void write_training_state(Engine& engine, const ModelSpec& spec, const TrainOpti
                       {"seq_len", seq_len},
                       {"shuffle", o.shuffle},
                       {"seed", o.seed},
+                      {"optimizer_state", state_name(sd)},
                       {"steps", o.steps},
                       {"lr", o.lr},
                       {"lr_schedule", o.lr_schedule},
@@ -74,6 +84,14 @@ TrainProgress read_training_state(Engine& engine, const ModelSpec& spec, const T
   same("grad_accum", o.grad_accum);
   same("shuffle", o.shuffle);
   same("seed", o.seed);
+  const DType sd = o.data.engine.state_dtype;
+  {
+    const std::optional<JsonRef> saved = st.get("optimizer_state");
+    const std::string was = saved ? saved->json().dump() : "\"fp32\"", now = std::string("\"") + state_name(sd) + "\"";
+    if (was != now)
+      input_error(tpath, "--resume needs the same --optimizer-state as the saved run (saved " + was + ", now " + now +
+                             "; the moments are not converted)");
+  }
   TrainProgress p;
   constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
   p.step = st.at("step").as_int(0, kAny, /*integral_floats=*/false);
@@ -106,12 +124,22 @@ TrainProgress read_training_state(Engine& engine, const ModelSpec& spec, const T
           const TensorInfo* info = f.find(prefix + e.name);
           if (!take) {
             if (!info) input_error(f.path(), "tensor " + prefix + e.name + " missing");
-            if (info->dtype != DType::F32 || info->shape != e.shape)
-              input_error(f.path(), "tensor " + prefix + e.name + " must be F32 " + shape_string(e.shape));
+            const DType want = saved_dtype(kind, sd);
+            if (info->dtype != want || info->shape != e.shape)
+              input_error(f.path(),
+                          "tensor " + prefix + e.name + " must be " + dtype_name(want) + " " + shape_string(e.shape));
             continue;
           }
           std::vector<float> v(static_cast<size_t>(e.numel));  // the mapping need not be 4-byte aligned
-          std::memcpy(v.data(), info->data, v.size() * 4);
+          if (info->dtype == DType::F32) {
+            std::memcpy(v.data(), info->data, v.size() * 4);
+          } else {  // bf16 moments, widened exactly (write_state narrows them back exactly)
+            for (size_t k = 0; k < v.size(); ++k) {
+              uint16_t h;
+              std::memcpy(&h, info->data + 2 * k, 2);
+              v[k] = bf16_to_float(bf16{h});
+            }
+          }
           engine.write_state(kind, int(b), int(i), v.data());
         }
       }

@@ -7,13 +7,21 @@
 // runs on 8 lanes with AVX2 where the CPU has it (chosen at run time), else 4 lanes of baseline
 // SSE2 (adamw_simd.inc), then a scalar tail. All paths do the same IEEE fp32 operations in the
 // same order, so the bits do not depend on the path or the thread count.
+//
+// Compact state (m, v BF16): read exactly (bf16 -> fp32), the update in fp32 as above (the
+// parameter uses the unrounded m and v), then m and v written back with stochastic rounding
+// (core/stochastic_round.h; AdamWParams says whose random bits): 4 instead of 8 bytes read and
+// written a parameter for each moment. The split passes round alike, so they equal the fused one.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "backend/cpu/cpu_common.h"
 #include "backend/cpu/kernels.h"
+#include "core/stochastic_round.h"
 #include "core/thread_pool.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -63,10 +71,28 @@ bool have_avx2() {
 }
 #endif
 
+// The element loop's path: the widest the CPU has, or a narrower one named by SF_ADAMW_ISA
+// (avx2, sse2, scalar; read at each call, for tests of every path and for measurements).
+enum class Isa { Avx2, Sse2, Scalar };
+Isa adamw_isa() {
+#ifdef SF_ADAMW_SIMD
+  const Isa best = have_avx2() ? Isa::Avx2 : Isa::Sse2;
+#else
+  const Isa best = Isa::Scalar;
+#endif
+  const char* e = std::getenv("SF_ADAMW_ISA");
+  const std::string want = e ? e : "";
+  const Isa asked = want == "scalar" ? Isa::Scalar : want == "sse2" ? Isa::Sse2 : Isa::Avx2;
+  return std::max(asked, best);  // never wider than the CPU allows
+}
+
 // CopyT = void: no copy. at::lerp: self + w (end - self) for |w| < 0.5, else
 // end - (end - self)(1 - w); the branch is a template argument (it is loop-invariant).
-template <bool kSmallW, AdamWPart kPart, class GradT, class CopyT>
-void adamw_range(float* p, const GradT* gp, float* m, float* v, CopyT* cp, const Coefs& k, int64_t i0, int64_t i1) {
+// StateT: float, or bf16 (stochastic rounding with keys `rk` for element i's index lo + (i - i0)
+// in its blob; [i0, i1) never crosses a 2^32 boundary of that index, see adamw_segments).
+template <bool kSmallW, AdamWPart kPart, class GradT, class StateT, class CopyT>
+void adamw_range(Isa isa, float* p, const GradT* gp, StateT* m, StateT* v, CopyT* cp, const Coefs& k, RoundKeys rk,
+                 uint32_t lo, int64_t i0, int64_t i1) {
   int64_t i = i0;
 #ifdef SF_ADAMW_SIMD
   // Software prefetch 2048 elements (8 KiB of fp32) ahead on every stream: the pass is bound by
@@ -74,16 +100,25 @@ void adamw_range(float* p, const GradT* gp, float* m, float* v, CopyT* cp, const
   // the hardware prefetchers short (H200 machine, 3B clipped step: +3.4 % tokens/s, 0 -> 2048;
   // 512: +0.4 %; 4096 slower).
   constexpr int64_t ahead = 2048;
-  i = have_avx2() ? avx2::run<kSmallW, kPart>(p, gp, m, v, cp, k, i, i1, ahead)
-                  : sse2::run<kSmallW, kPart>(p, gp, m, v, cp, k, i, i1, ahead);
+  if (isa == Isa::Avx2) i = avx2::run<kSmallW, kPart>(p, gp, m, v, cp, k, rk, lo, i, i1, ahead);
+  if (isa == Isa::Sse2) i = sse2::run<kSmallW, kPart>(p, gp, m, v, cp, k, rk, lo, i, i1, ahead);
+#else
+  (void)isa;
 #endif
   for (; i < i1; ++i) {
     const float g = ld(gp, i) * k.gscale;
-    const float mv = kSmallW ? m[i] + k.w1 * (g - m[i]) : g - (g - m[i]) * (1.f - k.w1);
-    const float vv = v[i] * k.b2 + (k.c2 * g) * g;
+    const float mo = ld(m, i);
+    const float mv = kSmallW ? mo + k.w1 * (g - mo) : g - (g - mo) * (1.f - k.w1);
+    const float vv = ld(v, i) * k.b2 + (k.c2 * g) * g;
     if constexpr (kPart != AdamWPart::Params) {
-      m[i] = mv;
-      v[i] = vv;
+      if constexpr (std::is_same_v<StateT, bf16>) {
+        const uint32_t r = round_bits(rk, lo + uint32_t(i - i0));
+        m[i].bits = bf16_bits_stochastic(float_bits(mv), r);
+        v[i].bits = bf16_bits_stochastic(float_bits(vv), r >> 16);
+      } else {
+        m[i] = mv;
+        v[i] = vv;
+      }
     }
     if constexpr (kPart != AdamWPart::Moments) {
       const float pv = p[i] * k.decay;
@@ -91,6 +126,19 @@ void adamw_range(float* p, const GradT* gp, float* m, float* v, CopyT* cp, const
       p[i] = pv + k.neg_step * (mv / denom);
       if constexpr (!std::is_void_v<CopyT>) st(cp, i, p[i]);
     }
+  }
+}
+
+// [i0, i1) of a call whose element 0 is element `first` of its blob, cut where the blob index
+// crosses a multiple of 2^32 (the keys change there: core/stochastic_round.h).
+template <class F>
+void adamw_segments(uint64_t key, int64_t first, int64_t i0, int64_t i1, F&& f) {
+  while (i0 < i1) {
+    const uint64_t at = uint64_t(first + i0);
+    const int64_t room = int64_t((uint64_t(1) << 32) - (at & 0xffffffffu));
+    const int64_t e = std::min(i1, i0 + room);
+    f(round_keys(key, at >> 32), uint32_t(at), i0, e);
+    i0 = e;
   }
 }
 
@@ -110,12 +158,13 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
                 float(-(double(a.lr) / bc1)),
                 a.grad_scale};
   float* p = param.ptr<float>();
-  float* mp = m.ptr<float>();
-  float* vp = v.ptr<float>();
   const bool small_w = std::fabs(k.w1) < 0.5f;
-  auto run = [&](auto* gp, auto* cp) {
+  const uint64_t key = round_key(a.round_seed, a.step, a.blob);
+  const Isa isa = adamw_isa();
+  auto run = [&](auto* gp, auto* cp, auto* mp, auto* vp) {
     using GradT = std::remove_pointer_t<decltype(gp)>;
     using CopyT = std::remove_pointer_t<decltype(cp)>;
+    using StateT = std::remove_pointer_t<decltype(mp)>;
     // Pieces of ~1/8 of a thread's share (at least 32 Ki elements), taken by whichever thread is
     // free: the pass is memory-bound and runs beside DMA and the CUDA driver's threads, so equal
     // static chunks would wait for the slowest core. Elementwise: the bits do not depend on it.
@@ -123,7 +172,10 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
         (std::max<int64_t>(int64_t(1) << 15, n / (int64_t(cpu_pool().size()) * 8)) + 63) / 64 * 64;  // cache lines
     cpu_pool().parallel_pieces(n, [&](int64_t i0, int64_t i1) {
       auto go = [&](auto small, auto which) {
-        adamw_range<decltype(small)::value, decltype(which)::value, GradT, CopyT>(p, gp, mp, vp, cp, k, i0, i1);
+        adamw_segments(key, a.first, i0, i1, [&](RoundKeys rk, uint32_t lo, int64_t s0, int64_t s1) {
+          adamw_range<decltype(small)::value, decltype(which)::value, GradT, StateT, CopyT>(isa, p, gp, mp, vp, cp, k,
+                                                                                            rk, lo, s0, s1);
+        });
       };
       using S = std::true_type;
       using B = std::false_type;
@@ -139,11 +191,19 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
       }
     }, piece);
   };
+  // m and v share a dtype (ops_check.h).
+  auto with_state = [&](auto* gp, auto* cp) {
+    if (m.dtype == DType::BF16) {
+      run(gp, cp, m.ptr<bf16>(), v.ptr<bf16>());
+    } else {
+      run(gp, cp, m.ptr<float>(), v.ptr<float>());
+    }
+  };
   visit(grad, [&](auto* gp) {
     if (param_copy.empty()) {
-      run(gp, static_cast<void*>(nullptr));
+      with_state(gp, static_cast<void*>(nullptr));
     } else {
-      visit(param_copy, [&](auto* cp) { run(gp, cp); });
+      visit(param_copy, [&](auto* cp) { with_state(gp, cp); });
     }
   });
 }

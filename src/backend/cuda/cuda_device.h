@@ -8,7 +8,7 @@ namespace sf {
 
 // arena_bytes 0: default_gpu_budget (backend/device.h) of the free device memory at start-up.
 // ordinal: the GPU (cudaSetDevice's number); an InputError when there is no such GPU.
-std::unique_ptr<Device> make_cuda_device(size_t arena_bytes, int ordinal = 0);
+std::unique_ptr<Device> make_cuda_device(size_t arena_bytes, int ordinal);  // default ordinal: device.h
 bool cuda_available();
 
 namespace cuda {
