@@ -60,7 +60,7 @@ tsan-test: deps
 # harnesses build and run; the long runs are `make fuzz`).
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 1800
-FUZZ_TARGETS = safetensors config jsonl tokenizer yaml
+FUZZ_TARGETS = safetensors config jsonl tokenizer yaml chat_template normalizer
 
 $(FUZZ_BUILD)/CMakeCache.txt:
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSF_CUDA=OFF -DSF_FUZZ=ON \

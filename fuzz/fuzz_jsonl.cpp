@@ -1,6 +1,6 @@
 // JSONL data: input_ids/labels records, and text/prompt+completion records through a real tokenizer.
-#include "data/dataset.h"
-#include "data/tokenizer.h"
+#include "data/dataset/dataset.h"
+#include "data/tokenizer/tokenizer.h"
 #include "fuzz_common.h"
 
 #ifndef SF_FUZZ_TOKENIZER

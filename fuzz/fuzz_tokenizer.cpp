@@ -2,7 +2,7 @@
 // and the input itself encoded as text by the tokenizer it describes (arbitrary bytes, invalid
 // UTF-8, long pieces: the encoder's caches and merges see random text), once alone and in a
 // batch on two threads (each thread its own scratch and piece cache), which must agree.
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

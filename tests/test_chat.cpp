@@ -4,14 +4,17 @@
 // bounded, and assistant masks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "chat_fixtures.h"
 #include "core/error.h"
-#include "data/chat.h"
-#include "data/jinja_eval.h"
-#include "data/tokenizer.h"
+#include "data/template/chat.h"
+#include "data/template/jinja_eval.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 #include "test_util.h"
 
@@ -228,6 +231,7 @@ TEST(Jinja, HostileTemplatesAreBounded) {
   lim.max_steps = 1'000'000;
   lim.max_output = 1 << 20;
   lim.max_items = 1 << 20;
+  lim.max_iterations = UINT64_MAX;  // the steps stop the nested loops below
   // Deep nesting: refused by the parser, no stack overflow.
   EXPECT_NE(
       syntax_error("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}").find("nested deeper"),
@@ -254,6 +258,118 @@ TEST(Jinja, HostileTemplatesAreBounded) {
           .find("too long"),
       std::string::npos);
   EXPECT_NE(render_error("{{ 2 ** 100 }}", {}, lim).find("overflow"), std::string::npos);
+}
+
+// Issue 16's reproducers: nesting, cycles and budgets of an untrusted template stop with a
+// RenderError or SyntaxError naming the line, quickly, without a crash or a large allocation.
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string repeated(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+TEST(Jinja, LongChainsAreRefusedAtParse) {
+  const std::string sum = "1" + repeated("+1", 9999);  // 10,000 terms, ~20 KB
+  for (const std::string& src :
+       {"{{ " + sum + " }}", "{% if false %}{{ " + sum + " }}{% endif %}", "{{ x" + repeated("|trim", 10000) + " }}",
+        "{{ x" + repeated(".a", 10000) + " }}", "{{ x" + repeated("[0]", 10000) + " }}",
+        "{{ x" + repeated(" is defined", 10000) + " }}", "{{ 'a'" + repeated(" ~ 'a'", 10000) + " }}",
+        "{% if false %}{{ x" + repeated(".strip()", 10000) + " }}{% endif %}"}) {
+    const std::string err = syntax_error(src);
+    EXPECT_NE(err.find("line 1: expression nested deeper than 256 levels"), std::string::npos) << err;
+  }
+  // Real chains stay well below the limit.
+  EXPECT_EQ(render("{{ 1" + repeated("+1", 99) + " }}"), "100");
+}
+
+TEST(Jinja, NamespacesCannotFormCycles) {
+  EXPECT_NE(render_error("{% set ns = namespace(a=1) %}\n{% set ns.self = ns %}{{ ns|tojson }}")
+                .find("line 2: a namespace cannot hold a namespace"),
+            std::string::npos);
+  EXPECT_NE(render_error("{% set ns = namespace(a=1) %}{% set ns.l = [1, [ns]] %}{{ ns|tojson }}")
+                .find("a namespace cannot hold a namespace"),
+            std::string::npos);
+  EXPECT_NE(render_error("{% set ns = namespace(a=1) %}{% set m = namespace(n=ns) %}").find("cannot hold a namespace"),
+            std::string::npos);
+  // tojson of a namespace is Python's TypeError; a namespace inside a list prints.
+  EXPECT_NE(render_error("{% set ns = namespace(a=1) %}{{ ns|tojson }}").find("not JSON serializable"),
+            std::string::npos);
+  EXPECT_EQ(render("{% set ns = namespace(a=1) %}{{ [ns]|length }}"), "1");
+  // Values nested by a loop stop at the nesting limit (freeing them recurses boundedly).
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(render_error("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}")
+                .find("nested deeper than"),
+            std::string::npos);
+  EXPECT_NE(render_error("{{ " + repeated("[", 50) + repeated("]", 50) + " }}").find("(no error)"), std::string::npos);
+  EXPECT_LT(seconds_since(t0), 10.0);
+}
+
+TEST(Jinja, RenderBudgetsStopEarly) {
+  struct Case {
+    std::string src, needle;
+  };
+  const std::vector<Case> cases = {
+      {"{% set x = [('a'*16000000)]*300 %}", "values take more than 1073741824 bytes"},
+      {"{% for c in 'a'*16000000 %}{% endfor %}", "values take more than"},
+      {"{% set ns = namespace(l=[]) %}{% for i in range(1000000) %}{% set ns.l = ns.l + [i] %}{% endfor %}",
+       "values take more than"},
+      {"{{ range(16000000)|list|unique|length }}", "values take more than"},
+      {"{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}",
+       "loops run more than 1000000 iterations"},
+      {"{% set s = 'a'*16000000 %}{% for i in range(100) %}{% set t = s %}{% endfor %}", "values take more than"},
+  };
+  for (const Case& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string err = render_error("\n" + c.src);
+    EXPECT_NE(err.find("line 2: "), std::string::npos) << c.src << ": " << err;
+    EXPECT_NE(err.find(c.needle), std::string::npos) << c.src << ": " << err;
+    EXPECT_LT(seconds_since(t0), 10.0) << c.src;
+  }
+  // Substring search is linear ('aaa...ab' in 'aaa...a' is quadratic for std::string::find).
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(render("{% set h = 'a'*500000 %}{% set n = 'a'*50000 ~ 'b' %}{% for i in range(20) %}"
+                   "{{ n in h }}{{ h.find(n) }}{{ h.count(n) }}{{ h.split(n)|length }}{% endfor %}"),
+            repeated("False-101", 20));
+  EXPECT_LT(seconds_since(t0), 10.0);
+  // unique hashes (linear), ignores case by default as jinja2, and refuses unhashable items.
+  EXPECT_EQ(render("{{ ['a', 'A', 'b', 1, 1.0, true, 2]|unique|list }}"), "['a', 'b', 1, 2]");
+  EXPECT_EQ(render("{{ ['a', 'A']|unique(case_sensitive=true)|list }}"), "['a', 'A']");
+  EXPECT_NE(render_error("{{ [[1], [1]]|unique|list }}").find("unhashable type: 'list'"), std::string::npos);
+  EXPECT_EQ(render("{{ range(100000)|list|unique|length }}"), "100000");
+}
+
+TEST(Jinja, NumbersAsPython) {
+  EXPECT_EQ(render("{{ 1e999 }} {{ -1e999 }} {{ 1e-400 }} {{ 1E+400 }} {{ 1_000.5 }}"), "inf -inf 0.0 inf 1000.5");
+  EXPECT_EQ(render("{{ '1e999'|float }} {{ ' 2.5 '|float }} {{ 'x'|float }} {{ '0x10'|float }}"), "inf 2.5 0.0 0.0");
+  // Integer literals of any length keep their digits (Python's int); arithmetic on them is refused.
+  EXPECT_EQ(render("{{ 123456789012345678901234567890 }} {{ -99999999999999999999 }} {{ [18446744073709551616] }}"),
+            "123456789012345678901234567890 -99999999999999999999 [18446744073709551616]");
+  EXPECT_EQ(render("{{ 9223372036854775807 }} {{ 0009 }}"), "9223372036854775807 9");
+  EXPECT_NE(render_error("{{ 99999999999999999999 + 1 }}").find("unsupported operand"), std::string::npos);
+  EXPECT_EQ(render("{{ 99999999999999999999 is integer }} {{ 99999999999999999999 is number }}"), "True True");
+}
+
+TEST(Jinja, JsonKeepsOrderAndDigits) {
+  const Value v = Value::parse_json(
+      R"({"name": "get", "arguments": {"z": 1, "a": [2, 3]}, "big": 12345678901234567890123, "u": 18446744073709551615,)"
+      R"( "f": 1.5, "n": null, "z": 1, "z": 2})");
+  Dict vars{{"v", v}};
+  EXPECT_EQ(Template::parse("{{ v|tojson }}").render(vars, kNow).text,
+            R"({"name": "get", "arguments": {"z": 1, "a": [2, 3]}, "big": 12345678901234567890123,)"
+            R"( "u": 18446744073709551615, "f": 1.5, "n": null, "z": 2})");
+  EXPECT_EQ(Template::parse("{% for k, x in v.items() %}{{ k }},{% endfor %}").render(vars, kNow).text,
+            "name,arguments,big,u,f,n,z,");
+  EXPECT_EQ(Template::parse("{{ v.big }} {{ v.arguments }}").render(vars, kNow).text,
+            "12345678901234567890123 {'z': 1, 'a': [2, 3]}");
+  // Dict literals keep the order written (a repeated key: first place, last value).
+  EXPECT_EQ(render("{{ {'name': 'f', 'arguments': 1, 'name': 'g'}|tojson }}"), R"({"name": "g", "arguments": 1})");
+  EXPECT_EQ(render("{{ dict(b=1, a=2)|tojson }}"), R"({"b": 1, "a": 2})");
+  EXPECT_THROW(Value::parse_json(std::string(600, '[') + std::string(600, ']')), RenderError);
+  EXPECT_THROW(Value::parse_json("{\"a\": "), RenderError);
 }
 
 // ---- real templates
@@ -440,6 +556,95 @@ TEST(ChatMasks, LabelsFollowTokens) {
   EXPECT_EQ(trained, "4<|im_end|>\n6<|im_end|>\n");
 }
 
+// Issue 16: chats transformers renders are rendered, with the turns after their headers.
+TEST(ChatMasks, AssistantFirstAndConsecutiveTurns) {
+  const json asst_first = json::array({{{"role", "assistant"}, {"content", "Hi! Ask me."}},
+                                       {{"role", "user"}, {"content", "2+2?"}},
+                                       {{"role", "assistant"}, {"content", "4"}}});
+  // messages[:0] is refused by templates that read messages[0]: the turn is still found.
+  const ChatTemplate reads_first = ChatTemplate::parse(
+      "{% if messages[0]['role'] == 'system' %}S{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}</>"
+      "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+      "first.jinja");
+  EXPECT_EQ(spans_text(render_chat(reads_first, asst_first, kNow, "t")), "[Hi! Ask me.</>][4</>]");
+  EXPECT_EQ(spans_text(render_chat(real("qwen2.5.jinja", "", "<|im_end|>"), asst_first, kNow, "t")),
+            "[Hi! Ask me.<|im_end|>\n][4<|im_end|>\n]");
+  EXPECT_EQ(spans_text(render_chat(real("llama3.1.jinja", "<|begin_of_text|>", "<|eot_id|>"), asst_first, kNow, "t")),
+            "[Hi! Ask me.<|eot_id|>][4<|eot_id|>]");
+  // Qwen3, two assistant messages in a row: the last one's <think> block is part of its turn.
+  const json consecutive = json::array({{{"role", "user"}, {"content", "q"}},
+                                        {{"role", "assistant"}, {"content", "A"}},
+                                        {{"role", "assistant"}, {"content", "B"}}});
+  EXPECT_EQ(spans_text(render_chat(real("qwen3.jinja", "", "<|im_end|>"), consecutive, kNow, "t")),
+            "[A<|im_end|>\n][<think>\n\n</think>\n\nB<|im_end|>\n]");
+  // Mistral v0.3 with a system message: content with an emoji, the marker byte, or nothing.
+  const ChatTemplate v3 = real("mistral-v0.3.jinja", "<s>", "</s>");
+  for (const std::string& c : {std::string("\xF0\x9F\x98\x80 ok"), std::string("\x02 x \x02"), std::string("")}) {
+    const json chat = json::array({{{"role", "system"}, {"content", "S"}},
+                                   {{"role", "user"}, {"content", "U"}},
+                                   {{"role", "assistant"}, {"content", c}}});
+    const ChatRendering r = render_chat(v3, chat, kNow, "t");
+    EXPECT_EQ(spans_text(r), "[" + c + "</s>]") << r.text;
+  }
+}
+
+TEST(ChatMasks, ToolCallsKeepTheirKeyOrder) {
+  const ChatTemplate t = ChatTemplate::parse(
+      "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function|tojson }}{% endfor %}"
+      "{% else %}{{ m.content }}{% endif %};{% endfor %}",
+      "tools.jinja");
+  const jinja::Value msgs = chat_messages(
+      R"({"messages": [{"role": "user", "content": "w?"}, {"role": "assistant", "content": null, "tool_calls": )"
+      R"([{"type": "function", "function": {"name": "get", "arguments": {"city": "Paris", "days": 100000000000000000000}}}]}]})",
+      "d.jsonl:1");
+  const ChatRendering r = render_chat(t, msgs, kNow, "d.jsonl:1");
+  EXPECT_EQ(r.text, R"(w?;{"name": "get", "arguments": {"city": "Paris", "days": 100000000000000000000}};)");
+  try {
+    chat_messages(R"({"messages": [)", "d.jsonl:2");
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("d.jsonl:2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ChatMasks, TokensByCharacterOffsets) {
+  const Tokenizer tok = chat_tokenizer();
+  // Offsets spell the text; an added token spans its content.
+  const std::string text = "<|im_start|>user\nh\xC3\xA9llo<|im_end|> x";
+  std::vector<std::pair<size_t, size_t>> off;
+  const std::vector<int32_t> ids = tok.encode_offsets(text, off);
+  ASSERT_EQ(ids, tok.encode(text, false));
+  ASSERT_EQ(off.size(), ids.size());
+  size_t pos = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_EQ(off[k].first, pos);
+    EXPECT_EQ(text.substr(off[k].first, off[k].second - off[k].first), tok.decode({ids[k]}));
+    pos = off[k].second;
+  }
+  EXPECT_EQ(pos, text.size());
+  // A turn ending inside a token labels that token (transformers' char_to_token): the turn "4 " ends
+  // with the space of " and" (Llama 3 splits digits off: "Q", ":", " ", "4", " and", " more").
+  ChatRendering r;
+  r.text = "Q: 4 and more";
+  const std::vector<int32_t> q = tok.encode(r.text, false);
+  r.assistant = {{3, 5}};  // "4 "
+  const std::vector<int32_t> labels = assistant_labels(tok, r, q);
+  std::string trained;
+  for (size_t k = 0; k < q.size(); ++k)
+    if (labels[k] != kIgnoreIndex) trained += tok.decode({q[k]});
+  EXPECT_EQ(trained, "4 and");
+  // A normalizer that composes characters (NFC): offsets point into the original text.
+  json j = test::chat_tokenizer_json();
+  j["normalizer"] = {{"type", "NFC"}};
+  const Tokenizer nfc = Tokenizer::parse(j.dump(), "nfc.json");
+  const std::string decomposed = "x e\xCC\x81t\xC3\xA9 y";  // e + combining acute, then precomposed é
+  const std::vector<int32_t> nids = nfc.encode_offsets(decomposed, off);
+  ASSERT_EQ(nids, nfc.encode(decomposed, false));
+  EXPECT_EQ(off.front().first, 0u);
+  EXPECT_EQ(off.back().second, decomposed.size());
+  for (size_t k = 1; k < off.size(); ++k) EXPECT_EQ(off[k].first, off[k - 1].second);
+}
+
 TEST(ChatTemplates, LoadFromModelDirectory) {
   test::TempDir d;
   // tokenizer_config.json with a list of named templates and AddedToken-style special tokens.
@@ -504,6 +709,57 @@ TEST(ChatTemplates, BadMessagesAreInputErrors) {
       EXPECT_NE(std::string(e.what()).find("data.jsonl:7"), std::string::npos) << e.what();
     }
   }
+}
+
+// The recorded apply_chat_template corpus (tools/chat_template_parity.py --record, on a machine with
+// transformers; tests/data/chat_corpus/*.jsonl): the text of every conversation of a template in
+// tests/data/chat_templates, refusals, and the assistant turns against the recorded masks' characters
+// (a turn lies inside the masked characters, and every masked stretch holds a turn).
+TEST(ChatCorpus, MatchesTransformers) {
+  const std::filesystem::path dir = std::string(SF_SOURCE_DIR) + "/tests/data/chat_corpus";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no recorded corpus in " << dir;
+  size_t checked = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().extension() != ".jsonl") continue;
+    std::ifstream in(f.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      const json rec = json::parse(line);
+      const std::string name = rec["template"];
+      if (!std::filesystem::exists(kDir + name)) continue;  // TRL's templates are not in the repository
+      Dict special;
+      if (rec["bos"].is_string()) special.emplace_back("bos_token", Value::str(rec["bos"]));
+      if (rec["eos"].is_string()) special.emplace_back("eos_token", Value::str(rec["eos"]));
+      const ChatTemplate t = ChatTemplate::parse(read_file(kDir + name), kDir + name, special);
+      const std::string where = name + " " + rec["messages"].dump();
+      const jinja::Value msgs = chat_messages(json{{"messages", rec["messages"]}}.dump(), where);
+      ++checked;
+      if (rec.contains("error")) {
+        EXPECT_THROW(render_chat(t, msgs, kNow, where), InputError) << where;
+        continue;
+      }
+      const ChatRendering r = render_chat(t, msgs, kNow, where);
+      ASSERT_EQ(r.text, rec["text"].get<std::string>()) << where;
+      // Character offsets (Python's) to bytes.
+      std::vector<size_t> byte_of{0};
+      for (size_t k = 0; k < r.text.size(); ++k)
+        if ((static_cast<unsigned char>(r.text[k]) & 0xC0) != 0x80 && k > 0) byte_of.push_back(k);
+      byte_of.push_back(r.text.size());
+      std::vector<std::pair<size_t, size_t>> masked;
+      for (const auto& m : rec["mask_chars"])
+        masked.emplace_back(byte_of[std::min(m[0].get<size_t>(), byte_of.size() - 1)],
+                            byte_of[std::min(m[1].get<size_t>(), byte_of.size() - 1)]);
+      for (const auto& [a, b] : r.assistant) {
+        const bool inside = std::any_of(masked.begin(), masked.end(), [&](auto m) { return m.first <= a && b <= m.second; });
+        EXPECT_TRUE(inside) << where << ": turn [" << r.text.substr(a, b - a) << "] is not masked";
+      }
+      for (const auto& [a, b] : masked) {
+        const bool holds = std::any_of(r.assistant.begin(), r.assistant.end(), [&](auto s) { return s.first < b && a < s.second; });
+        EXPECT_TRUE(holds) << where << ": masked [" << r.text.substr(a, b - a) << "] holds no turn";
+      }
+    }
+  }
+  EXPECT_GT(checked, 0u);
 }
 
 }  // namespace

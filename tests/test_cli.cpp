@@ -17,7 +17,7 @@
 
 #include "backend/device.h"
 #include "core/error.h"
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/checkpoint.h"
 #include "io/output_dir.h"
 #include "io/safetensors.h"

@@ -9,9 +9,9 @@
 
 #include "chat_fixtures.h"
 #include "core/error.h"
-#include "data/chat.h"
-#include "data/dataset.h"
-#include "data/tokenizer.h"
+#include "data/template/chat.h"
+#include "data/dataset/dataset.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 #include "test_util.h"
 
@@ -136,10 +136,10 @@ TEST(DatasetChat, ChatErrorsNameFileAndLine) {
   none.chat_template = []() -> const ChatTemplate* { return nullptr; };
   EXPECT_NE(error_of("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", none).find(at + "chat records need"),
             std::string::npos);
-  // A template that raises: the record's file and line, the template's message.
+  // A template that raises: the record's file and line, the template's line and message.
   f.chat = ChatTemplate::parse("{{ raise_exception('roles must alternate') }}", "tc.json");
   EXPECT_NE(error_of("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", f.opts(false))
-                .find(at + "chat template tc.json: roles must alternate"),
+                .find(at + "chat template tc.json: line 1: roles must alternate"),
             std::string::npos);
   EXPECT_EQ(error_of("{\"other\": 1}", f.opts(false)),
             at + "needs 'input_ids', 'text', 'prompt' and 'completion', or 'messages'");

@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "chat_fixtures.h"
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 #include "model_fixtures.h"
 #include "test_util.h"

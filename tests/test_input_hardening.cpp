@@ -21,7 +21,7 @@
 #include "cli/option_names.h"
 #include "core/checked_math.h"
 #include "core/error.h"
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 #include "io/json_file.h"
 #include "io/line_reader.h"
 #include "io/safetensors.h"

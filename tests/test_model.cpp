@@ -8,7 +8,7 @@
 
 #include "backend/cpu/cpu_device.h"
 #include "backend/device.h"
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 #include "engine/resident_engine.h"
 #include "engine_state.h"
 #include "model/spec.h"

@@ -6,7 +6,7 @@
 
 #include "cli/option_names.h"
 #include "core/error.h"
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 #include "test_util.h"
 
 using namespace sf;

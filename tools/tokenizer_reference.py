@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent reference for slideformer's byte-level BPE tokenizer (src/data/tokenizer.cpp):
+"""An independent reference for slideformer's byte-level BPE tokenizer (src/data/tokenizer/tokenizer.cpp):
 the pre-tokenizer with the real regular expression (the `regex` module), GPT-2's byte map and BPE
 merges by rank, written here in Python from the same public description.
 

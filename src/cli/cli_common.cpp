@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 #include "train/train_options_check.h"
 
 namespace sf {

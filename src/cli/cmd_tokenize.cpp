@@ -11,9 +11,9 @@
 #include "cli/cli_common.h"
 #include "core/error.h"
 #include "core/units.h"
-#include "data/chat.h"
-#include "data/dataset.h"
-#include "data/tokenizer.h"
+#include "data/template/chat.h"
+#include "data/dataset/dataset.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 #include "io/line_reader.h"
 
@@ -101,7 +101,8 @@ class JsonlTokenizer {
       if (!chat_) chat_ = ChatTemplate::load(dir_);
       if (!*chat_) input_error(dir_, "no chat template (tokenizer_config.json or chat_template.jinja)");
       r.chat = true;
-      r.rendering = render_chat(**chat_, j["messages"], std::time(nullptr), where);
+      // The messages again from the text: in its key order (tojson prints tool calls so), integers exact.
+      r.rendering = render_chat(**chat_, chat_messages(line, where), std::time(nullptr), where);
       return r;
     }
     if (!j.contains("text") || !j["text"].is_string()) input_error(where, "no \"text\" or \"messages\"");

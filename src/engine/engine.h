@@ -9,7 +9,7 @@
 
 #include "backend/ops.h"
 #include "core/align.h"
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 #include "model/spec.h"
 
 namespace sf {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backend/device.h"
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 #include "engine/buffers.h"
 #include "engine/engine.h"
 #include "model/layout.h"

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "backend/device.h"
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 #include "engine/buffers.h"
 #include "engine/engine.h"
 #include "io/nvme_store.h"

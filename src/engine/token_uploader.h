@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "backend/device.h"
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 #include "engine/buffers.h"
 
 namespace sf {

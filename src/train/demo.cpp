@@ -12,7 +12,7 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 #include "engine/resident_engine.h"
 #include "io/checkpoint.h"
 #include "io/output_lock.h"

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
-#include "data/unicode.h"
+#include "data/tokenizer/unicode.h"
 
 namespace sf {
 

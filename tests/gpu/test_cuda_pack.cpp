@@ -12,8 +12,8 @@
 #include "../model_fixtures.h"
 #include "../test_util.h"
 #include "backend/device.h"
-#include "data/dataset.h"
-#include "data/pack.h"
+#include "data/dataset/dataset.h"
+#include "data/dataset/pack.h"
 #include "engine/resident_engine.h"
 #include "model/spec.h"
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "data/tokenizer_json.h"
+#include "data/tokenizer/tokenizer_json.h"
 
 namespace sf {
 

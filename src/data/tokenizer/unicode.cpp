@@ -1,4 +1,4 @@
-#include "data/unicode.h"
+#include "data/tokenizer/unicode.h"
 
 #include <array>
 #include <memory>
@@ -9,7 +9,7 @@ namespace {
 struct CodeRange {
   uint32_t lo, hi;
 };
-#include "data/unicode_tables.inc"
+#include "data/tokenizer/unicode_tables.inc"
 
 // Classes of planes 0-2 in one table (almost every code point of real text); the rest by search.
 constexpr uint32_t kTableEnd = 0x30000;

@@ -1,10 +1,10 @@
-// The Jinja subset's lexer output and syntax tree (src/data/jinja_lexer.cpp, jinja_parser.cpp).
+// The Jinja subset's lexer output and syntax tree (src/data/template/jinja_lexer.cpp, jinja_parser.cpp).
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "data/jinja_value.h"
+#include "data/template/jinja_value.h"
 
 namespace sf::jinja {
 
@@ -43,6 +43,7 @@ struct Expr {
   enum Kind { Literal, Name, ListLit, TupleLit, DictLit, Attr, Index, Slice, Call, Filter, Test, Unary, Binary, Cond };
   Kind kind;
   int line = 0;
+  int depth = 1;                                      // of the tree below (the parser bounds it)
   Value value;                                        // Literal
   std::string name;                                   // Name, Attr member, Filter/Test name, Unary/Binary operator
   bool negate = false;                                // Test: `is not`

@@ -1,9 +1,9 @@
-#include "data/pre_tokenizer.h"
+#include "data/tokenizer/pre_tokenizer.h"
 
 #include <algorithm>
 #include <cctype>
 
-#include "data/unicode.h"
+#include "data/tokenizer/unicode.h"
 
 namespace sf {
 namespace {

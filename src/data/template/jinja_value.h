@@ -1,6 +1,10 @@
 // Values of the Jinja subset (src/data/jinja_*.h): Python-like none/bool/int/float/string/list/dict,
 // plus Jinja's undefined and namespace objects. Lists and dicts are shared (reference semantics as
 // in Python); dicts keep insertion order and have string keys (chat messages are JSON objects).
+// Integers beyond 64 bits (from JSON input) keep their decimal digits and print as Python prints
+// them; arithmetic on them is refused.
+// Nesting is bounded where a value is built (kMaxNesting), and a namespace may not hold a
+// namespace: values form no cycle, and printing, comparing or freeing one recurses boundedly.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,17 +21,24 @@ struct RenderError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Deepest nesting of lists and dicts; a namespace's attributes nest at most half of it (the namespace
+// counts as that deep inside other containers).
+constexpr int kMaxNesting = 512;
+constexpr int kNamespaceDepth = kMaxNesting / 2;
+
 struct Value;
 using List = std::vector<Value>;
 using Dict = std::vector<std::pair<std::string, Value>>;
 
 struct Value {
-  enum Kind { Undefined, None, Bool, Int, Float, Str, ListK, DictK, Namespace };
+  enum Kind { Undefined, None, Bool, Int, BigInt, Float, Str, ListK, DictK, Namespace };
   Kind kind = Undefined;
+  uint16_t depth = 0;     // containers: 1 + the deepest item's depth; a namespace counts as kNamespaceDepth
+  bool holds_ns = false;  // a namespace, or a container holding one
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;               // Str; for Undefined the name that was looked up
+  std::string s;               // Str; BigInt: the decimal digits (a leading '-'); Undefined: the name looked up
   std::shared_ptr<List> list;  // ListK
   bool tuple = false;          // ListK made as a tuple (prints as Python prints a tuple)
   std::shared_ptr<Dict> dict;  // DictK, Namespace
@@ -53,26 +64,33 @@ struct Value {
     x.s = std::move(v);
     return x;
   }
-  static Value new_list(List v = {}) {
-    Value x = make(ListK);
-    x.list = std::make_shared<List>(std::move(v));
+  static Value big_integer(std::string digits) {
+    Value x = make(BigInt);
+    x.s = std::move(digits);
     return x;
   }
-  static Value new_dict(Dict v = {}, Kind k = DictK) {
-    Value x = make(k);
-    x.dict = std::make_shared<Dict>(std::move(v));
-    return x;
-  }
+  // RenderError when the result would nest deeper than kMaxNesting (or a namespace would hold one).
+  static Value new_list(List v = {});
+  static Value new_dict(Dict v = {}, Kind k = DictK);
+  // Stores `v` as `key` of this dict or namespace (replacing in place, else appended), with the checks
+  // of new_dict.
+  void set_item(const std::string& key, Value v);
   static Value undefined(std::string name) {
     Value x;
     x.s = std::move(name);
     return x;
   }
+  // From a parsed JSON value (nlohmann's objects are sorted by key: use parse_json where the
+  // order of the text matters).
   static Value from_json(const nlohmann::json& j);
+  // From JSON text, keeping the objects' key order and the digits of integers beyond 64 bits (as
+  // Python's json.loads; a repeated key keeps its first place and its last value). RenderError
+  // for malformed text or nesting deeper than kMaxNesting.
+  static Value parse_json(const std::string& text);
 
   bool is_undefined() const { return kind == Undefined; }
   bool is_none() const { return kind == None; }
-  bool is_number() const { return kind == Int || kind == Float; }
+  bool is_number() const { return kind == Int || kind == Float; }  // BigInt aside: no arithmetic
   bool truthy() const;
   // dict (or namespace) member; nullptr when absent.
   const Value* find(const std::string& key) const;

@@ -3,15 +3,19 @@
 // ** < unary minus < filters and tests < postfix . [] ()). Filters, tests and functions outside the
 // evaluator's tables are refused here, so a template that loads has no unknown names to call.
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
 #include <set>
 
-#include "data/jinja_ast.h"
+#include "data/template/jinja_ast.h"
 
 namespace sf::jinja {
 namespace {
 
-constexpr int kMaxDepth = 200;  // nesting of expressions and statements
+constexpr int kMaxDepth = 200;  // nesting of expressions and statements as written
+// Depth of an expression tree: left-associative chains (`1+1+...`, `x|f|f...`, `a.b.c...`) are
+// parsed by loops but evaluated (and freed) by recursion, so their length is bounded too.
+constexpr int kMaxTreeDepth = 256;
 
 const std::set<std::string>& known_filters() {
   static const std::set<std::string> s = {"trim",       "length",     "count", "tojson",  "string", "upper", "lower",
@@ -91,6 +95,17 @@ class Parser {
     e->line = line;
     e->args = std::move(args);
     e->name = std::move(name);
+    return measured(e);
+  }
+  // Sets e's tree depth from its children; SyntaxError past kMaxTreeDepth.
+  static std::shared_ptr<Expr> measured(std::shared_ptr<Expr> e) {
+    int d = 0;
+    for (const ExprP& a : e->args)
+      if (a) d = std::max(d, a->depth);
+    for (const auto& kv : e->kwargs) d = std::max(d, kv.second->depth);
+    e->depth = d + 1;
+    if (e->depth > kMaxTreeDepth)
+      throw SyntaxError(e->line, "expression nested deeper than " + std::to_string(kMaxTreeDepth) + " levels");
     return e;
   }
 
@@ -350,7 +365,7 @@ class Parser {
         f->name = name;
         f->args.push_back(e);
         if (is_op("(")) call_args(*f);
-        e = f;
+        e = measured(f);
       } else if (is_name("is")) {
         const int line = next().line;
         auto t = std::make_shared<Expr>();
@@ -378,7 +393,7 @@ class Parser {
                     !is_name("if") && !is_name("is") && !is_name("in") && !is_name("not"))) {
           t->args.push_back(postfix(primary()));  // `is divisibleby 3`, `is equalto 'x'`
         }
-        e = t;
+        e = measured(t);
       } else {
         return e;
       }
@@ -445,12 +460,24 @@ class Parser {
         c->line = line;
         c->args.push_back(e);
         call_args(*c);
-        e = c;
+        e = measured(c);
       } else {
         return e;
       }
     }
   }
+  // Python's int(): any length; beyond 64 bits the digits are kept (Value::BigInt).
+  static Value int_literal(const std::string& text) {
+    std::string digits;
+    for (char c : text)
+      if (c != '_') digits += c;
+    const size_t nz = digits.find_first_not_of('0');
+    digits = nz == std::string::npos ? "0" : digits.substr(nz);
+    if (digits.size() < 19 || (digits.size() == 19 && digits <= "9223372036854775807"))
+      return Value::integer(std::stoll(digits));
+    return Value::big_integer(digits);
+  }
+
   ExprP primary() {
     DepthGuard g(*this, peek().line);
     const Token t = next();
@@ -468,13 +495,14 @@ class Parser {
         return lit(Value::str(s));
       }
       case Token::Int:
-        try {
-          return lit(Value::integer(std::stoll(t.text)));
-        } catch (const std::exception&) {
-          throw SyntaxError(t.line, "integer literal out of range");
-        }
-      case Token::Float:
-        return lit(Value::real(std::stod(t.text)));
+        return lit(int_literal(t.text));
+      case Token::Float: {
+        // Python's float(): 1e999 is inf, 1e-400 is 0.0 (strtod's ERANGE results).
+        std::string digits;
+        for (char c : t.text)
+          if (c != '_') digits += c;
+        return lit(Value::real(std::strtod(digits.c_str(), nullptr)));
+      }
       case Token::Name:
         if (t.text == "true" || t.text == "True") return lit(Value::boolean(true));
         if (t.text == "false" || t.text == "False") return lit(Value::boolean(false));

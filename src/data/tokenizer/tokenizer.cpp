@@ -1,4 +1,4 @@
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 
 #include <algorithm>
 #include <atomic>
@@ -11,13 +11,14 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <sstream>
 #include <thread>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "data/unicode.h"
+#include "data/tokenizer/unicode.h"
 #include "io/json_file.h"
 
 namespace sf {
@@ -767,37 +768,43 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special
   out.reserve(prefix_.size() + suffix_.size() + text.size() / 3);
   if (add_special) out = prefix_;
   const bool any_normalized = any_normalized_;
-  std::vector<std::pair<size_t, size_t>> segs, segs2;
-  std::vector<int32_t> ids, ids2;
+  std::vector<std::pair<size_t, size_t>> segs;
+  std::vector<int32_t> ids;
   split_added(text, false, segs, ids);
   std::string part;
   for (size_t s = 0; s < segs.size(); ++s) {
     if (segs[s].second > segs[s].first) {
       const std::string_view raw = std::string_view(text).substr(segs[s].first, segs[s].second - segs[s].first);
-      bool at_start = segs[s].first == 0;
+      const bool at_start = segs[s].first == 0;
       if (normalizer_.empty() && !any_normalized) {
         segment(raw, at_start, out);
       } else {
-        part.assign(raw);
-        normalizer_.apply(part, at_start);
-        if (any_normalized) {
-          segs2.clear();
-          ids2.clear();
-          split_added(part, true, segs2, ids2);
-          for (size_t k = 0; k < segs2.size(); ++k) {
-            segment(std::string_view(part).substr(segs2[k].first, segs2[k].second - segs2[k].first),
-                    at_start && segs2[k].first == 0, out);
-            if (ids2[k] >= 0) out.push_back(ids2[k]);
-          }
-        } else {
-          segment(part, at_start, out);
-        }
+        encode_between_added(raw, at_start, part, out);
       }
     }
     if (ids[s] >= 0) out.push_back(ids[s]);
   }
   if (add_special) out.insert(out.end(), suffix_.begin(), suffix_.end());
   return out;
+}
+
+// A stretch of text between (raw) added tokens: normalized, then split at the normalized added tokens.
+void Tokenizer::encode_between_added(std::string_view raw, bool at_start, std::string& part,
+                                     std::vector<int32_t>& out) const {
+  part.assign(raw);
+  normalizer_.apply(part, at_start);
+  if (!any_normalized_) {
+    segment(part, at_start, out);
+    return;
+  }
+  std::vector<std::pair<size_t, size_t>> segs;
+  std::vector<int32_t> ids;
+  split_added(part, true, segs, ids);
+  for (size_t k = 0; k < segs.size(); ++k) {
+    segment(std::string_view(part).substr(segs[k].first, segs[k].second - segs[k].first), at_start && segs[k].first == 0,
+            out);
+    if (ids[k] >= 0) out.push_back(ids[k]);
+  }
 }
 
 std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string>& texts, bool add_special,
@@ -856,6 +863,13 @@ std::vector<std::string> Tokenizer::pre_tokenize(const std::string& text) const 
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out = token_text(ids);
+  // SentencePiece-style: the space prepended at encoding is taken off.
+  if (!pre_.byte_level() && !out.empty() && out[0] == ' ') out.erase(0, 1);
+  return out;
+}
+
+std::string Tokenizer::token_text(const std::vector<int32_t>& ids) const {
   std::string out;
   auto token_of = [&](int32_t id) -> const std::string& {
     if (id < 0 || size_t(id) >= id_to_token_.size())
@@ -887,8 +901,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
     }
     return out;
   }
-  // SentencePiece-style: the replacement character is a space, <0xXX> a byte, and the space
-  // prepended at encoding is taken off.
+  // SentencePiece-style: the replacement character is a space, <0xXX> a byte.
   const std::string rep = pre_.metaspace() ? pre_.meta_replacement() : std::string("\xE2\x96\x81");
   for (int32_t id : ids) {
     const std::string& tok = token_of(id);
@@ -910,8 +923,149 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
       }
     }
   }
-  if (!out.empty() && out[0] == ' ') out.erase(0, 1);
   return out;
+}
+
+namespace {
+
+// Where the bytes of a normalized segment come from: the segment is cut into the shortest runs of
+// code points that normalize independently (normalize(run + next) == normalize(run) + normalize(next)
+// at each cut), and every normalized byte of a run maps to the whole run. Exact for the Unicode
+// forms and Lowercase (a run is one character with its combining marks); nullopt when the pieces
+// do not add up to the normalized text (Strip, Prepend, Replace across characters).
+std::optional<std::vector<std::pair<size_t, size_t>>> normalized_origin(const Normalizer& norm, std::string_view raw,
+                                                                         bool at_start, const std::string& normalized) {
+  std::vector<std::pair<size_t, size_t>> origin;  // per normalized byte: [begin, end) in raw
+  origin.reserve(normalized.size());
+  std::string joined, run_norm;
+  size_t run_begin = 0;
+  auto norm_of = [&](size_t a, size_t b) {
+    std::string t(raw.substr(a, b - a));
+    bool st = at_start && a == 0;
+    norm.apply(t, st);
+    return t;
+  };
+  auto flush = [&](size_t end) {
+    for (size_t k = 0; k < run_norm.size(); ++k) origin.emplace_back(run_begin, end);
+    joined += run_norm;
+  };
+  size_t i = 0;
+  while (i < raw.size()) {
+    const unsigned char b = static_cast<unsigned char>(raw[i]);
+    size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
+    len = std::min(len, raw.size() - i);
+    if (i == 0) {
+      run_norm = norm_of(0, len);
+    } else {
+      const std::string alone = norm_of(i, i + len);
+      const std::string together = norm_of(run_begin, i + len);
+      if (together == run_norm + alone) {
+        flush(i);
+        run_begin = i;
+        run_norm = alone;
+      } else {
+        run_norm = together;
+      }
+    }
+    i += len;
+  }
+  if (!raw.empty()) flush(raw.size());
+  if (joined != normalized) return std::nullopt;
+  return origin;
+}
+
+}  // namespace
+
+std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vector<std::pair<size_t, size_t>>& offsets,
+                                               bool add_special) const {
+  std::vector<int32_t> out;
+  offsets.clear();
+  if (add_special) {
+    out = prefix_;
+    offsets.assign(out.size(), {0, 0});
+  }
+  std::vector<std::pair<size_t, size_t>> segs;
+  std::vector<int32_t> ids;
+  split_added(text, false, segs, ids);
+  std::vector<int32_t> seg_ids;
+  std::unordered_map<int32_t, size_t> length_of;  // bytes of each id met (byte-level)
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const auto [a, b] = segs[s];
+    if (b > a) {
+      // The segment's ids as encode() gives them (the normalized added tokens included).
+      const std::string raw = text.substr(a, b - a);
+      std::string part;
+      seg_ids.clear();
+      encode_between_added(raw, a == 0, part, seg_ids);
+      std::string norm = raw;
+      bool at_start = a == 0;
+      if (!normalizer_.empty()) normalizer_.apply(norm, at_start);
+      // Token k's bytes in the normalized segment: consecutive when the tokens spell it (a prepended
+      // SentencePiece space stands before the first character).
+      // Byte-level tokens are the text's bytes: their lengths suffice (each distinct id's once).
+      const bool lossless = pre_.byte_level();
+      std::vector<std::pair<size_t, size_t>> in_norm(seg_ids.size());
+      size_t pos = 0;
+      std::string spelled;
+      for (size_t k = 0; k < seg_ids.size(); ++k) {
+        size_t len;
+        if (lossless) {
+          auto [it, fresh] = length_of.try_emplace(seg_ids[k], 0);
+          if (fresh) it->second = token_text({seg_ids[k]}).size();
+          len = it->second;
+        } else {
+          const std::string t = token_text({seg_ids[k]});
+          len = t.size();
+          spelled += t;
+        }
+        in_norm[k] = {pos, pos + len};
+        pos += len;
+      }
+      size_t shift = 0;
+      if (!lossless && spelled != norm && spelled.size() == norm.size() + 1 && spelled[0] == ' ' &&
+          spelled.compare(1, std::string::npos, norm) == 0)
+        shift = 1;
+      const bool unchanged = norm == raw;
+      const bool spells = lossless ? pos == norm.size() : spelled.size() == norm.size() + shift && (shift || spelled == norm);
+      std::optional<std::vector<std::pair<size_t, size_t>>> origin;
+      if (spells && !unchanged) origin = normalized_origin(normalizer_, raw, a == 0, norm);
+      const bool exact = spells && (unchanged || origin);
+      for (size_t k = 0; k < seg_ids.size(); ++k) {
+        out.push_back(seg_ids[k]);
+        if (!exact) {  // unknown alignment: every token of the segment spans it
+          offsets.emplace_back(a, b);
+          continue;
+        }
+        size_t x = in_norm[k].first, y = in_norm[k].second;
+        x = x > shift ? x - shift : 0;
+        y = y > shift ? y - shift : 0;
+        if (y <= x) {  // the prepended space alone: before the first character
+          offsets.emplace_back(a, a);
+          continue;
+        }
+        if (unchanged) {
+          offsets.emplace_back(a + x, a + y);
+        } else {
+          offsets.emplace_back(a + (*origin)[x].first, a + (*origin)[y - 1].second);
+        }
+      }
+    }
+    if (ids[s] >= 0) {
+      out.push_back(ids[s]);
+      offsets.emplace_back(b, b + added_text_size(ids[s]));
+    }
+  }
+  if (add_special) {
+    out.insert(out.end(), suffix_.begin(), suffix_.end());
+    offsets.resize(out.size(), {text.size(), text.size()});
+  }
+  return out;
+}
+
+size_t Tokenizer::added_text_size(int32_t id) const {
+  for (const Added& x : added_)
+    if (x.id == id) return x.content.size();
+  return 0;
 }
 
 }  // namespace sf

@@ -1,4 +1,4 @@
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 
 #include <sys/stat.h>
 
@@ -18,8 +18,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
-#include "data/chat.h"
-#include "data/tokenizer.h"
+#include "data/template/chat.h"
+#include "data/tokenizer/tokenizer.h"
 #include "io/atomic_file.h"
 #include "io/json_file.h"
 #include "io/line_reader.h"
@@ -223,7 +223,8 @@ namespace {
 
 // ---- the tokenized-dataset cache
 constexpr char kCacheMagic[8] = {'S', 'F', 'D', 'S', 'E', 'T', 'C', '1'};
-constexpr uint32_t kCacheVersion = 1;
+// 2: chat records in their key order, turns after their headers, masks by character offsets (issue 16).
+constexpr uint32_t kCacheVersion = 2;
 constexpr size_t kHashWindow = size_t(1) << 20;
 
 uint64_t mix(uint64_t h, uint64_t x) {
@@ -551,10 +552,11 @@ class JsonlLoader {
       if (p.kind == Pending::Chat) chats.push_back(&p);
     parallel_records(pool, chats.size(), [&](size_t i) {
       Pending& p = *chats[i];
-      // The SAX pass checked the nesting; the messages are read as a tree.
-      const nlohmann::json j = nlohmann::json::parse(p.line_text, nullptr, false);
+      // The SAX pass checked the record; the messages are read in the text's key order.
+      const std::string where = path_ + ":" + std::to_string(p.line);
+      const jinja::Value messages = chat_messages(p.line_text, where);
       p.line_text = std::string();
-      p.chat = render_chat(*chat_, j["messages"], now_, path_ + ":" + std::to_string(p.line));
+      p.chat = render_chat(*chat_, messages, now_, where);
       plain_texts_[p.a] = p.chat.text;
     });
     if (!special_texts_.empty()) special_ids_ = tok_->encode_batch(special_texts_, true, opt_.threads);

@@ -13,10 +13,11 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
-#include "data/normalizer.h"
-#include "data/pre_tokenizer.h"
+#include "data/tokenizer/normalizer.h"
+#include "data/tokenizer/pre_tokenizer.h"
 
 namespace sf {
 
@@ -34,6 +35,12 @@ class Tokenizer {
                                                  int threads = 0) const;
   // The text of ids (byte-level or SentencePiece-style decoding; added tokens as their content).
   std::string decode(const std::vector<int32_t>& ids) const;
+  // encode() with each token's byte range [first, second) in `text` (as tokenizers' offsets, for
+  // assistant masks): exact where the tokens spell the text, through the normalizer's character
+  // alignment where it normalizes characters one by one (NFC, Lowercase); elsewhere each token of a
+  // stretch between added tokens spans the whole stretch. Slower than encode(): for labels only.
+  std::vector<int32_t> encode_offsets(const std::string& text, std::vector<std::pair<size_t, size_t>>& offsets,
+                                      bool add_special = false) const;
   // Identifies what encode() does: the file's bytes and this implementation's revision (bumped
   // whenever ids could change), for keys of tokenized-data caches.
   uint64_t fingerprint() const { return fingerprint_; }
@@ -85,6 +92,9 @@ class Tokenizer {
   void word_ids(std::string_view piece, std::vector<int32_t>& sym) const;
   void merge(std::vector<int32_t>& sym) const;
   void segment(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
+  std::string token_text(const std::vector<int32_t>& ids) const;  // decode() keeping a leading space
+  size_t added_text_size(int32_t id) const;
+  void encode_between_added(std::string_view raw, bool at_start, std::string& part, std::vector<int32_t>& out) const;
   void split_added(const std::string& text, bool normalized, std::vector<std::pair<size_t, size_t>>& segs,
                    std::vector<int32_t>& ids) const;
 };

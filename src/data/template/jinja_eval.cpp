@@ -1,11 +1,15 @@
-#include "data/jinja_eval.h"
+#include "data/template/jinja_eval.h"
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_set>
 
 namespace sf::jinja {
 namespace {
@@ -60,6 +64,29 @@ std::string py_strip(const std::string& s, bool left, bool right, const Value* c
   for (size_t k = a; k < b; ++k) out += cps[k];
   return out;
 }
+// Python's float(s): surrounding whitespace, inf/nan words, out-of-range exponents to inf or 0.0;
+// nullopt where Python raises (hexadecimal, junk).
+std::optional<double> py_float(const std::string& s) {
+  size_t a = 0, b = s.size();
+  while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
+  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1]))) --b;
+  const std::string t = s.substr(a, b - a);
+  if (t.empty() || t.find_first_of("xXpP") != std::string::npos) return std::nullopt;
+  char* end = nullptr;
+  const double d = std::strtod(t.c_str(), &end);  // ERANGE gives +-inf or 0: Python's values
+  if (end != t.c_str() + t.size()) return std::nullopt;
+  return d;
+}
+
+// s.find(sub, pos) in linear time (glibc's memmem is the two-way algorithm; std::string::find is
+// quadratic on 'aaa...ab' in 'aaa...a', which a hostile template can loop over).
+size_t find_sub(const std::string& s, const std::string& sub, size_t pos = 0) {
+  if (pos > s.size()) return std::string::npos;
+  if (sub.empty()) return pos;
+  const void* p = ::memmem(s.data() + pos, s.size() - pos, sub.data(), sub.size());
+  return p ? size_t(static_cast<const char*>(p) - s.data()) : std::string::npos;
+}
+
 std::string ascii_case(std::string s, bool upper) {
   for (char& c : s) {
     if (upper && c >= 'a' && c <= 'z') c = char(c - 32);
@@ -86,7 +113,7 @@ std::string replace_all(const std::string& s, const std::string& from, const std
   size_t pos = 0;
   int64_t n = 0;
   while (count < 0 || n < count) {
-    const size_t f = s.find(from, pos);
+    const size_t f = find_sub(s, from, pos);
     if (f == std::string::npos) break;
     out.append(s, pos, f - pos);
     out += to;
@@ -127,11 +154,48 @@ class Renderer {
   const RenderLimits& lim_;
   uint64_t steps_ = 0;
   int loops_ = 0;
+  int depth_ = 0;            // eval/exec recursion (bounded by the parser's tree depth; checked again)
+  uint64_t value_bytes_ = 0;  // bytes of values built or copied so far (RenderLimits::max_value_bytes)
+  uint64_t iterations_ = 0;   // loop iterations so far (RenderLimits::max_iterations)
 
-  void step(int line) {
+ public:
+  // The line of the statement or expression evaluated last (for errors thrown without one).
+  int last_line() const { return last_line_; }
+
+ private:
+  int last_line_ = 0;
+  void step(int at) {
+    last_line_ = at;
     if (++steps_ > lim_.max_steps)
-      fail(line, "the template takes more than " + std::to_string(lim_.max_steps) + " steps");
+      fail(at, "the template takes more than " + std::to_string(lim_.max_steps) + " steps");
   }
+  // Work proportional to n inside one step (a scan, a comparison of long lists) counts as n steps.
+  void work(size_t n, int at) {
+    steps_ += n;
+    if (steps_ > lim_.max_steps) fail(at, "the template takes more than " + std::to_string(lim_.max_steps) + " steps");
+  }
+  // Refuses, before allocating, bytes that would take the render past its value budget.
+  void afford(uint64_t bytes, int at) const {
+    if (bytes > lim_.max_value_bytes || value_bytes_ > lim_.max_value_bytes - bytes)
+      fail(at, "the template's values take more than " + std::to_string(lim_.max_value_bytes) + " bytes");
+  }
+  void charge(uint64_t bytes, int at) {
+    afford(bytes, at);
+    value_bytes_ += bytes;
+  }
+  // What copying v's items costs (their strings are copied with them).
+  static uint64_t items_bytes(const List& l) {
+    uint64_t n = l.size() * sizeof(Value);
+    for (const Value& x : l) n += x.s.size();
+    return n;
+  }
+  struct DepthGuard {
+    Renderer& r;
+    DepthGuard(Renderer& r, int at) : r(r) {
+      if (++r.depth_ > 2 * kMaxNesting) fail(at, "evaluation nested deeper than " + std::to_string(2 * kMaxNesting));
+    }
+    ~DepthGuard() { --r.depth_; }
+  };
   void emit(const std::string& s, int line) {
     if (out.text.size() + s.size() > lim_.max_output)
       fail(line, "the output is longer than " + std::to_string(lim_.max_output) + " bytes");
@@ -152,6 +216,7 @@ class Renderer {
   // ---- statements
   Flow exec(const Node& n) {
     step(n.line);
+    DepthGuard g(*this, n.line);
     switch (n.kind) {
       case Node::Text:
         emit(n.text, n.line);
@@ -173,12 +238,7 @@ class Renderer {
           Value ns = lookup(n.targets[0]);
           if (ns.kind != Value::Namespace)
             fail(n.line, "cannot set an attribute of '" + n.targets[0] + "' (not a namespace)");
-          Value* slot = ns.find(n.attr);
-          if (slot) {
-            *slot = std::move(v);
-          } else {
-            ns.dict->emplace_back(n.attr, std::move(v));
-          }
+          ns.set_item(n.attr, std::move(v));
         } else if (n.targets.size() == 1) {
           assign(n.targets[0], std::move(v));
         } else {
@@ -218,18 +278,24 @@ class Renderer {
     for (size_t k = 0; k < targets.size(); ++k) assign(targets[k], items[k]);
   }
 
+  // The items of v, copied (charged to the value budget before they are made).
   List iterate(const Value& v, int line) {
     switch (v.kind) {
       case Value::Undefined:
         return {};
       case Value::ListK:
+        charge(items_bytes(*v.list), line);
         return *v.list;
       case Value::DictK: {
+        uint64_t bytes = v.dict->size() * sizeof(Value);
+        for (const auto& kv : *v.dict) bytes += kv.first.size();
+        charge(bytes, line);
         List keys;
         for (const auto& kv : *v.dict) keys.push_back(Value::str(kv.first));
         return keys;
       }
       case Value::Str: {
+        charge(cp_count(v.s) * (sizeof(Value) + 4), line);
         List cs;
         for (auto& c : code_points(v.s)) cs.push_back(Value::str(c));
         return cs;
@@ -241,7 +307,10 @@ class Renderer {
 
   Flow exec_for(const Node& n) {
     List items = iterate(eval(*n.expr), n.line);
-    if (n.cond) {  // `for x in xs if cond`: filtered before loop.* is counted
+    if (n.cond) {
+      iterations_ += items.size();
+      if (iterations_ > lim_.max_iterations)
+        fail(n.line, "the template's loops run more than " + std::to_string(lim_.max_iterations) + " iterations");  // `for x in xs if cond`: filtered before loop.* is counted
       List kept;
       for (const Value& it : items) {
         scopes_.emplace_back();
@@ -256,6 +325,9 @@ class Renderer {
       if (!n.else_body.empty()) return exec(n.else_body);
       return Flow::Normal;
     }
+    iterations_ += items.size();
+    if (iterations_ > lim_.max_iterations)
+      fail(n.line, "the template's loops run more than " + std::to_string(lim_.max_iterations) + " iterations");
     ++loops_;
     const int64_t len = int64_t(items.size());
     for (int64_t k = 0; k < len; ++k) {
@@ -290,8 +362,20 @@ class Renderer {
   }
 
   // ---- expressions
+  // Every value an expression makes is charged to the budget: strings are copied whenever they are
+  // read; a list counts when it is new (a list read from a variable is shared, not copied).
   Value eval(const Expr& e) {
     step(e.line);
+    DepthGuard g(*this, e.line);
+    Value v = eval_uncharged(e);
+    if (v.kind == Value::Str) {
+      charge(v.s.size(), e.line);
+    } else if (v.kind == Value::ListK && v.list.use_count() == 1) {
+      charge(v.list->size() * sizeof(Value), e.line);
+    }
+    return v;
+  }
+  Value eval_uncharged(const Expr& e) {
     switch (e.kind) {
       case Expr::Literal:
         return e.value;
@@ -306,18 +390,19 @@ class Renderer {
         return v;
       }
       case Expr::DictLit: {
-        Value d = Value::new_dict();
+        Dict d;  // in the order written, a repeated key keeping its first place (Python's dict)
         for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
           const Value key = eval(*e.args[k]);
           if (key.kind != Value::Str) fail(e.line, "dictionary keys must be strings here");
           Value v = eval(*e.args[k + 1]);
-          if (Value* slot = d.find(key.s)) {
-            *slot = std::move(v);
+          auto it = std::find_if(d.begin(), d.end(), [&](const auto& kv) { return kv.first == key.s; });
+          if (it != d.end()) {
+            it->second = std::move(v);
           } else {
-            d.dict->emplace_back(key.s, std::move(v));
+            d.emplace_back(key.s, std::move(v));
           }
         }
-        return d;
+        return Value::new_dict(std::move(d));
       }
       case Expr::Attr:
         return attribute(eval(*e.args[0]), e.name, e.line);
@@ -342,6 +427,10 @@ class Renderer {
         }
         if (v.kind == Value::Float) return Value::real(e.name == "-" ? -v.f : v.f);
         if (v.kind == Value::Bool) return Value::integer(e.name == "-" ? -int64_t(v.b) : int64_t(v.b));
+        if (v.kind == Value::BigInt) {
+          if (e.name == "+") return v;
+          return Value::big_integer(v.s[0] == '-' ? v.s.substr(1) : "-" + v.s);
+        }
         fail(e.line, std::string("bad operand type for unary ") + e.name + ": '" + kind_name(v) + "'");
       }
       case Expr::Binary:
@@ -407,13 +496,15 @@ class Renderer {
   }
 
   // `a in b`: a substring of a string, an item of a list, a key of a mapping; nothing is in undefined.
-  static bool contains(const Value& b, const Value& a, int line) {
+  bool contains(const Value& b, const Value& a, int line) {
+    if (b.kind == Value::ListK) work(b.list->size(), line);
+    if (b.kind == Value::Str) work(b.s.size() / 64, line);
     bool r = false;
     if (b.kind == Value::Str) {
       if (a.kind != Value::Str) fail(line, "'in <string>' requires a string on the left");
-      r = b.s.find(a.s) != std::string::npos;
+      r = find_sub(b.s, a.s) != std::string::npos;
     } else if (b.kind == Value::ListK) {
-      for (const Value& x : *b.list) r = r || equal(a, x);
+      for (size_t k = 0; k < b.list->size() && !r; ++k) r = equal(a, (*b.list)[k]);
     } else if (b.kind == Value::DictK) {
       r = a.kind == Value::Str && b.find(a.s) != nullptr;
     } else if (b.kind == Value::Undefined) {
@@ -425,13 +516,15 @@ class Renderer {
   }
 
   // `+` of two strings or two lists; nothing (numbers follow) otherwise.
-  std::optional<Value> concat(const Value& a, const Value& b, int line) const {
+  std::optional<Value> concat(const Value& a, const Value& b, int line) {
     if (a.kind == Value::Str && b.kind == Value::Str) {
       if (a.s.size() + b.s.size() > lim_.max_output) fail(line, "string too long");
+      afford(a.s.size() + b.s.size(), line);
       return Value::str(a.s + b.s);
     }
     if (a.kind == Value::ListK && b.kind == Value::ListK) {
       if (a.list->size() + b.list->size() > lim_.max_items) fail(line, "list too long");
+      charge(items_bytes(*a.list) + items_bytes(*b.list) - (a.list->size() + b.list->size()) * sizeof(Value), line);
       List l = *a.list;
       l.insert(l.end(), b.list->begin(), b.list->end());
       return Value::new_list(std::move(l));
@@ -440,7 +533,7 @@ class Renderer {
   }
 
   // `*` of a string or list and an integer (either side); nothing (numbers follow) otherwise.
-  std::optional<Value> repeat(const Value& a, const Value& b, int line) const {
+  std::optional<Value> repeat(const Value& a, const Value& b, int line) {
     const Value* seq = a.kind == Value::Str || a.kind == Value::ListK ? &a : &b;
     const Value* times = seq == &a ? &b : &a;
     if (!(seq->kind == Value::Str || seq->kind == Value::ListK) ||
@@ -449,6 +542,12 @@ class Renderer {
     const int64_t n = std::max<int64_t>(0, times->kind == Value::Int ? times->i : times->b);
     const size_t unit = seq->kind == Value::Str ? seq->s.size() : seq->list->size();
     if (n > 0 && unit > 0 && uint64_t(n) > lim_.max_items / unit) fail(line, "repetition too long");
+    // Bytes of the result: the string, or the list's slots and the strings copied into them.
+    // (n <= max_items / unit: no overflow.)
+    const uint64_t unit_bytes = seq->kind == Value::Str ? seq->s.size() : items_bytes(*seq->list);
+    afford(uint64_t(n) * unit_bytes, line);
+    // eval() charges the new list's slots; the strings copied into them are charged here.
+    if (seq->kind == Value::ListK) charge(uint64_t(n) * (unit_bytes - unit * sizeof(Value)), line);
     if (seq->kind == Value::Str) {
       std::string s;
       for (int64_t k = 0; k < n; ++k) s += seq->s;
@@ -633,7 +732,7 @@ class Renderer {
       }
       if (f == "namespace" || f == "dict") {
         Value ns = Value::new_dict({}, f == "namespace" ? Value::Namespace : Value::DictK);
-        for (auto& [k, v] : a.kw) ns.dict->emplace_back(k, v);
+        for (auto& [k, v] : a.kw) ns.set_item(k, v);
         return ns;
       }
       if (f == "range") {
@@ -645,6 +744,9 @@ class Renderer {
         if (a.pos.size() == 3) r[2] = a.pos[2].i;
         if (a.pos.empty() || a.pos.size() > 3) fail(e.line, "range() takes 1 to 3 arguments");
         if (r[2] == 0) fail(e.line, "range() step must not be zero");
+        const long double count = std::max<long double>(0, std::ceil(((long double)r[1] - r[0]) / r[2]));
+        if (count > lim_.max_items) fail(e.line, "range() too long");
+        afford(uint64_t(count) * sizeof(Value), e.line);
         List l;
         for (int64_t k = r[0]; r[2] > 0 ? k < r[1] : k > r[1]; k += r[2]) {
           if (l.size() >= lim_.max_items) fail(e.line, "range() too long");
@@ -699,6 +801,7 @@ class Renderer {
       const Value* x = a.get(0, "value");
       if (!x) fail(line, m + "() takes an argument");
       int64_t n = 0;
+      work(obj.list->size(), line);
       for (size_t k = 0; k < obj.list->size(); ++k) {
         if (!equal((*obj.list)[k], *x)) continue;
         if (m == "index") return Value::integer(int64_t(k));
@@ -749,7 +852,7 @@ class Renderer {
     if (m == "replace") return replace(s, a, line);
     if (m == "title" || m == "capitalize") return Value::str(case_words(s, m == "title"));
     if (m == "find" || m == "index") {
-      const size_t f = s.find(str_arg(a, 0, "sub", line));
+      const size_t f = find_sub(s, str_arg(a, 0, "sub", line));
       if (f == std::string::npos) {
         if (m == "index") fail(line, "substring not found");
         return Value::integer(-1);
@@ -760,7 +863,7 @@ class Renderer {
       const std::string sub = str_arg(a, 0, "sub", line);
       if (sub.empty()) return Value::integer(int64_t(cp_count(s)) + 1);
       int64_t n = 0;
-      for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+      for (size_t p = find_sub(s, sub); p != std::string::npos; p = find_sub(s, sub, p + sub.size())) ++n;
       return Value::integer(n);
     }
     if (m == "isdigit" || m == "isspace" || m == "isalpha") {
@@ -856,7 +959,7 @@ class Renderer {
       size_t p = 0;
       int64_t n = 0;
       while (maxsplit < 0 || n < maxsplit) {
-        const size_t f = s.find(d, p);
+        const size_t f = find_sub(s, d, p);
         if (f == std::string::npos) break;
         parts.push_back(s.substr(p, f - p));
         p = f + d.size();
@@ -864,6 +967,8 @@ class Renderer {
       }
       parts.push_back(s.substr(p));
     } else {
+      // rfind is quadratic at worst (no linear reverse search here): counted as steps.
+      work(s.size() / 16 * (d.size() / 16 + 1), line);
       size_t end = s.size();
       int64_t n = 0;
       std::vector<std::string> rev;
@@ -935,21 +1040,51 @@ class Renderer {
       return f == "first" ? l.front() : l.back();
     }
     if (f == "reverse") return reversed(v, line);
-    if (f == "unique") {
-      List l;
-      for (const Value& x : iterate(v, line)) {
-        bool seen = false;
-        for (const Value& y : l) seen = seen || equal(x, y);
-        if (!seen) l.push_back(x);
-      }
-      return Value::new_list(std::move(l));
-    }
+    if (f == "unique") return unique(v, a, line);
     if (f == "join") return join(v, a, line);
     if (f == "selectattr" || f == "rejectattr" || f == "select" || f == "reject") return select_items(f, v, a, line);
     if (f == "map") return map_items(v, a, line);
     if (f == "sum") return sum(iterate(v, line), line);
     if (f == "min" || f == "max") return extreme(f, iterate(v, line), line);
     return std::nullopt;
+  }
+
+  // jinja2's unique: the first of each group of equal items, strings compared ignoring case unless
+  // case_sensitive; items must be hashable (no lists or dicts), 1 == 1.0 == true as in Python.
+  Value unique(const Value& v, const Args& a, int line) {
+    const Value* cs = a.get(0, "case_sensitive");
+    const bool case_sensitive = cs && cs->truthy();
+    const Value* attr = a.get(1, "attribute");
+    std::unordered_set<std::string> seen;
+    List out;
+    for (const Value& x : iterate(v, line)) {
+      const Value k = attr ? attribute_soft(x, to_str(*attr)) : x;
+      std::string key;
+      switch (k.kind) {
+        case Value::Str:
+          key = "s" + (case_sensitive ? k.s : ascii_case(k.s, false));
+          break;
+        case Value::Int:
+        case Value::Bool:
+        case Value::Float: {
+          const double d = num(k);
+          key = k.kind != Value::Float || (std::floor(d) == d && std::fabs(d) < 9e18) ? "n" + std::to_string(int64_t(d))
+                                                                                     : "f" + repr(k);
+          break;
+        }
+        case Value::BigInt:
+          key = "n" + k.s;
+          break;
+        case Value::None:
+        case Value::Undefined:
+          key = "N";
+          break;
+        default:
+          fail(line, std::string("unhashable type: '") + kind_name(k) + "'");
+      }
+      if (seen.insert(std::move(key)).second) out.push_back(x);
+    }
+    return Value::new_list(std::move(out));
   }
 
   Value length_of(const Value& v, int line) {
@@ -1126,12 +1261,10 @@ class Renderer {
     if (f == "float") {
       if (v.is_number() || v.kind == Value::Bool) return Value::real(num(v));
       if (v.kind == Value::Str) {
-        try {
-          return Value::real(std::stod(v.s));
-        } catch (const std::exception&) {
-        }
+        if (std::optional<double> d = py_float(v.s)) return Value::real(*d);
       }
-      return Value::real(0);
+      const Value* d = a.get(0, "default");
+      return d ? *d : Value::real(0);
     }
     if (f == "bool") return Value::boolean(v.truthy());
     if (f == "abs") {
@@ -1189,8 +1322,8 @@ class Renderer {
     if (t == "mapping") return v.kind == Value::DictK;
     if (t == "iterable") return v.kind == Value::Str || v.kind == Value::ListK || v.kind == Value::DictK;
     if (t == "sequence") return v.kind == Value::Str || v.kind == Value::ListK || v.kind == Value::DictK;
-    if (t == "number") return v.is_number() || v.kind == Value::Bool;
-    if (t == "integer") return v.kind == Value::Int;
+    if (t == "number") return v.is_number() || v.kind == Value::Bool || v.kind == Value::BigInt;
+    if (t == "integer") return v.kind == Value::Int || v.kind == Value::BigInt;
     if (t == "float") return v.kind == Value::Float;
     if (t == "boolean") return v.kind == Value::Bool;
     if (t == "true") return v.kind == Value::Bool && v.b;
@@ -1210,7 +1343,7 @@ class Renderer {
     }
     if (t == "in") {
       const Value& c = arg(0);
-      if (c.kind == Value::Str) return v.kind == Value::Str && c.s.find(v.s) != std::string::npos;
+      if (c.kind == Value::Str) return v.kind == Value::Str && find_sub(c.s, v.s) != std::string::npos;
       if (c.kind == Value::ListK) {
         for (const Value& x : *c.list)
           if (equal(v, x)) return true;
@@ -1244,7 +1377,14 @@ Template Template::parse(const std::string& source, const LexOptions& opt) {
 
 Rendered Template::render(const Dict& vars, std::time_t now, const RenderLimits& limits) const {
   Renderer r(vars, now, limits);
-  r.exec(body_);
+  try {
+    r.exec(body_);
+  } catch (const RenderError& e) {
+    // Errors raised by the values (nesting) or by raise_exception carry no line yet.
+    const std::string what = e.what();
+    if (what.rfind("line ", 0) == 0) throw;
+    throw RenderError("line " + std::to_string(r.last_line()) + ": " + what);
+  }
   r.out.steps = r.steps();
   return std::move(r.out);
 }

@@ -1,8 +1,9 @@
-#include "data/jinja_value.h"
+#include "data/template/jinja_value.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -17,7 +18,8 @@ Value Value::from_json(const nlohmann::json& j) {
     case nlohmann::json::value_t::number_integer:
       return integer(j.get<int64_t>());
     case nlohmann::json::value_t::number_unsigned:
-      return j.get<uint64_t>() > uint64_t(INT64_MAX) ? real(double(j.get<uint64_t>())) : integer(j.get<int64_t>());
+      return j.get<uint64_t>() > uint64_t(INT64_MAX) ? big_integer(std::to_string(j.get<uint64_t>()))
+                                                     : integer(j.get<int64_t>());
     case nlohmann::json::value_t::number_float:
       return real(j.get<double>());
     case nlohmann::json::value_t::string:
@@ -37,6 +39,150 @@ Value Value::from_json(const nlohmann::json& j) {
   }
 }
 
+namespace {
+
+// Depth and namespace flag of a container of `items`; RenderError beyond the limits.
+template <class Items, class Get>
+void measure(Value& x, const Items& items, Get get) {
+  int deepest = 0;
+  bool ns = false;
+  for (const auto& it : items) {
+    const Value& v = get(it);
+    deepest = std::max<int>(deepest, v.depth);
+    ns = ns || v.holds_ns;
+  }
+  if (x.kind == Value::Namespace) {
+    if (ns) throw RenderError("a namespace cannot hold a namespace");
+    if (deepest >= kNamespaceDepth)
+      throw RenderError("a namespace attribute nested deeper than " + std::to_string(kNamespaceDepth - 1) + " levels");
+    x.depth = uint16_t(kNamespaceDepth);
+    x.holds_ns = true;
+    return;
+  }
+  if (deepest >= kMaxNesting) throw RenderError("values nested deeper than " + std::to_string(kMaxNesting) + " levels");
+  x.depth = uint16_t(deepest + 1);
+  x.holds_ns = ns;
+}
+
+}  // namespace
+
+Value Value::new_list(List v) {
+  Value x = make(ListK);
+  measure(x, v, [](const Value& e) -> const Value& { return e; });
+  x.list = std::make_shared<List>(std::move(v));
+  return x;
+}
+
+Value Value::new_dict(Dict v, Kind k) {
+  Value x = make(k);
+  measure(x, v, [](const std::pair<std::string, Value>& e) -> const Value& { return e.second; });
+  x.dict = std::make_shared<Dict>(std::move(v));
+  return x;
+}
+
+void Value::set_item(const std::string& key, Value v) {
+  if (kind == Namespace) {
+    // A namespace is shared and mutable: what it holds is bounded here, so that no value cycles.
+    if (v.holds_ns) throw RenderError("a namespace cannot hold a namespace");
+    if (v.depth >= kNamespaceDepth)
+      throw RenderError("a namespace attribute nested deeper than " + std::to_string(kNamespaceDepth - 1) + " levels");
+  } else {
+    if (v.depth >= kMaxNesting) throw RenderError("values nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    depth = std::max<uint16_t>(depth, uint16_t(v.depth + 1));
+    holds_ns = holds_ns || v.holds_ns;
+  }
+  if (Value* slot = find(key)) {
+    *slot = std::move(v);
+  } else {
+    dict->emplace_back(key, std::move(v));
+  }
+}
+
+namespace {
+
+// nlohmann's SAX events to Values: objects in the text's order, integers beyond 64 bits as digits.
+class ValueBuilder {
+ public:
+  using json = nlohmann::json;
+  Value root;
+
+  bool null() { return put(Value::none()); }
+  bool boolean(bool b) { return put(Value::boolean(b)); }
+  bool number_integer(json::number_integer_t v) { return put(Value::integer(v)); }
+  bool number_unsigned(json::number_unsigned_t v) {
+    return put(v > uint64_t(INT64_MAX) ? Value::big_integer(std::to_string(v)) : Value::integer(int64_t(v)));
+  }
+  bool number_float(json::number_float_t v, const std::string& text) {
+    // nlohmann reads an integer too long for 64 bits as a float; Python keeps every digit.
+    if (text.find_first_of(".eE") == std::string::npos) return put(Value::big_integer(text));
+    return put(Value::real(v));
+  }
+  bool string(std::string& s) { return put(Value::str(std::move(s))); }
+  bool binary(json::binary_t&) { return put(Value::none()); }
+  bool start_object(size_t) { return open(true); }
+  bool key(std::string& k) {
+    stack_.back().key = std::move(k);
+    return true;
+  }
+  bool end_object() {
+    Frame f = std::move(stack_.back());
+    stack_.pop_back();
+    return put(Value::new_dict(std::move(f.dict)));
+  }
+  bool start_array(size_t) { return open(false); }
+  bool end_array() {
+    Frame f = std::move(stack_.back());
+    stack_.pop_back();
+    return put(Value::new_list(std::move(f.list)));
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& e) {
+    throw RenderError(std::string("malformed JSON: ") + e.what());
+  }
+
+ private:
+  struct Frame {
+    bool object;
+    List list;
+    Dict dict;
+    std::string key;
+    std::unordered_map<std::string, size_t> index;  // key -> place in dict
+  };
+  std::vector<Frame> stack_;
+
+  bool open(bool object) {
+    if (stack_.size() >= size_t(kMaxNesting))
+      throw RenderError("JSON nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    stack_.push_back(Frame{object, {}, {}, {}, {}});
+    return true;
+  }
+  bool put(Value v) {
+    if (stack_.empty()) {
+      root = std::move(v);
+      return true;
+    }
+    Frame& f = stack_.back();
+    if (!f.object) {
+      f.list.push_back(std::move(v));
+      return true;
+    }
+    auto [it, fresh] = f.index.try_emplace(f.key, f.dict.size());
+    if (fresh) {
+      f.dict.emplace_back(std::move(f.key), std::move(v));
+    } else {
+      f.dict[it->second].second = std::move(v);  // Python: the first place, the last value
+    }
+    return true;
+  }
+};
+
+}  // namespace
+
+Value Value::parse_json(const std::string& text) {
+  ValueBuilder b;
+  nlohmann::json::sax_parse(text, &b);
+  return std::move(b.root);
+}
+
 bool Value::truthy() const {
   switch (kind) {
     case Undefined:
@@ -46,6 +192,8 @@ bool Value::truthy() const {
       return b;
     case Int:
       return i != 0;
+    case BigInt:
+      return true;  // beyond 64 bits: never zero
     case Float:
       return f != 0;
     case Str:
@@ -160,6 +308,9 @@ void json_dump(std::string& out, const Value& v, int indent, bool sort_keys, int
     case Value::Int:
       out += std::to_string(v.i);
       return;
+    case Value::BigInt:
+      out += v.s;
+      return;
     case Value::Float:
       out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
       return;
@@ -183,8 +334,9 @@ void json_dump(std::string& out, const Value& v, int indent, bool sort_keys, int
       out += ']';
       return;
     }
-    case Value::DictK:
-    case Value::Namespace: {
+    case Value::Namespace:
+      throw RenderError("Object of type Namespace is not JSON serializable");
+    case Value::DictK: {
       if (v.dict->empty()) {
         out += "{}";
         return;
@@ -245,6 +397,8 @@ std::string to_str(const Value& v) {
       return v.b ? "True" : "False";
     case Value::Int:
       return std::to_string(v.i);
+    case Value::BigInt:
+      return v.s;
     case Value::Float:
       return float_repr(v.f);
     case Value::Str:
@@ -293,6 +447,7 @@ bool equal(const Value& a, const Value& b) {
       return true;
     case Value::Bool:
       return a.b == b.b;
+    case Value::BigInt:
     case Value::Str:
       return a.s == b.s;
     case Value::ListK:
@@ -323,6 +478,7 @@ const char* kind_name(const Value& v) {
     case Value::Bool:
       return "bool";
     case Value::Int:
+    case Value::BigInt:
       return "int";
     case Value::Float:
       return "float";

@@ -1,6 +1,6 @@
 // Code points for the tokenizer: UTF-8 decoding and the Unicode classes its pre-tokenizers test.
 // Letters, numbers and marks are those of Oniguruma (Unicode 16.0), the regex engine of Hugging
-// Face tokenizers; see src/data/unicode_tables.inc and tools/gen_unicode_tables.py.
+// Face tokenizers; see src/data/tokenizer/unicode_tables.inc and tools/gen_unicode_tables.py.
 #pragma once
 #include <array>
 #include <cstdint>

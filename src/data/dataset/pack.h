@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/dataset.h"
+#include "data/dataset/dataset.h"
 
 namespace sf {
 

@@ -4,8 +4,8 @@
 // comment (not after `{%+`).
 #include <cctype>
 
-#include "data/jinja_ast.h"
-#include "data/unicode.h"
+#include "data/template/jinja_ast.h"
+#include "data/tokenizer/unicode.h"
 
 namespace sf::jinja {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "data/tokenizer_json.h"
+#include "data/tokenizer/tokenizer_json.h"
 
 namespace sf {
 
@@ -15,8 +15,12 @@ class Normalizer {
   static Normalizer from_json(const tokjson::Ctx& c, const nlohmann::json& j, const std::string& path);
   bool empty() const { return steps_.empty(); }
   // Normalizes s in place. `at_start`: whether s's first character is the text's first (cleared
-  // when a Strip removes leading characters, as the offsets of tokenizers then say).
+  // when a Strip removes leading characters, as the offsets of tokenizers then say). InputError
+  // naming the file when the text would grow past kGrowthFactor x its size + kGrowthSlack bytes.
   void apply(std::string& s, bool& at_start) const;
+  // NFKD of one character writes up to 18 (U+FDFA); Prepend adds its content once.
+  static constexpr size_t kGrowthFactor = 32;
+  static constexpr size_t kGrowthSlack = 4096;
 
  private:
   enum class Kind { NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace, Prepend };
@@ -26,6 +30,7 @@ class Normalizer {
     std::string pattern, content;      // Replace (pattern -> content), Prepend (content)
   };
   std::vector<Step> steps_;
+  std::string file_;  // the tokenizer.json (errors)
   void add(const tokjson::Ctx& c, const nlohmann::json& j, const std::string& path, int depth);
 };
 

@@ -1,4 +1,4 @@
-#include "data/normalizer.h"
+#include "data/tokenizer/normalizer.h"
 
 #include <utf8proc.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <iterator>
 
-#include "data/unicode.h"
+#include "data/tokenizer/unicode.h"
 
 namespace sf {
 namespace {
@@ -111,6 +111,7 @@ std::string unicode_normalize(const std::string& s, const char* form) {
 
 Normalizer Normalizer::from_json(const tokjson::Ctx& c, const nlohmann::json& j, const std::string& path) {
   Normalizer n;
+  n.file_ = c.file;
   if (!j.is_null()) n.add(c, j, path, 0);
   return n;
 }
@@ -163,8 +164,18 @@ void Normalizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std::
 }
 
 void Normalizer::apply(std::string& s, bool& at_start) const {
+  // A file's normalizers may grow text without bound (40 x Replace a -> aa is 2^40 times): the
+  // output is held to kGrowthFactor x the input + kGrowthSlack bytes, checked before each step's
+  // output is built where a step can multiply it (Replace) and after every step.
+  const size_t limit = kGrowthFactor * s.size() + kGrowthSlack;
+  auto too_long = [&](size_t bytes) {
+    input_error(file_, "normalizer: the text of " + std::to_string(bytes) + " bytes grows past " +
+                           std::to_string(kGrowthFactor) + " x its size + " + std::to_string(kGrowthSlack) + " bytes");
+  };
+  const size_t input = s.size();
   for (const Step& st : steps_) {
     if (s.empty()) return;  // no normalizer changes an empty string
+    if (s.size() > limit) too_long(input);
     switch (st.kind) {
       case Kind::NFC:
         s = unicode_normalize(s, "NFC");
@@ -219,6 +230,11 @@ void Normalizer::apply(std::string& s, bool& at_start) const {
         s.insert(0, st.content);
         break;
       case Kind::Replace: {
+        if (st.content.size() > st.pattern.size()) {
+          size_t n = 0;
+          for (size_t k = s.find(st.pattern); k != std::string::npos; k = s.find(st.pattern, k + st.pattern.size())) ++n;
+          if (s.size() + n * (st.content.size() - st.pattern.size()) > limit) too_long(input);
+        }
         std::string out;
         size_t i = 0;
         for (size_t k; (k = s.find(st.pattern, i)) != std::string::npos; i = k + st.pattern.size()) {
@@ -231,6 +247,7 @@ void Normalizer::apply(std::string& s, bool& at_start) const {
       }
     }
   }
+  if (s.size() > limit) too_long(input);
 }
 
 }  // namespace sf

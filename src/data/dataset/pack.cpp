@@ -1,4 +1,4 @@
-#include "data/pack.h"
+#include "data/dataset/pack.h"
 
 #include <algorithm>
 #include <functional>
