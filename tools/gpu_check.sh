@@ -254,6 +254,23 @@ for s in ('3b', '1b'):
     # speed: the 3B step with every blob on the host, clip 1, fp32 then bf16 state in the same call
     # (target: bf16 >= 1.15x fp32, >= 16,000 tok/s); plan: 8B at 24 GiB with bf16 state, host bytes
     # a parameter without the checkpoints (target <= 9)
+    # issue 17 §1, the NVMe tier on this machine's disk (the offload file in /tmp/sf_off, removed
+    # with the process): 8B at 24 GiB of GPU and 64 GiB of host memory with fp32 state, clip 1.0 (and
+    # the plans for --grad-accum 8, fp32 and bf16 state); each bench line carries the disk's bytes
+    # a step, its busy time and the plan's disk time
+    nvme8)
+      mkdir -p /tmp/sf_off
+      for st in fp32 bf16; do
+        run nvme_plan_8b_k8_$st "$BIN/slideformer" plan --preset llama-8b --batch-size 8 --seq-len 2048 --grad-accum 8 \
+          --device cuda --gpu-memory 24GiB --cpu-memory 64GiB --offload-dir /tmp/sf_off --optimizer-state $st
+      done
+      run nvme_8b_64g "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 --steps 2 --warmup 1 \
+        --device cuda --gpu-memory 24GiB --cpu-memory 64GiB --offload-dir /tmp/sf_off --max-grad-norm 1 ;;
+    # 13B (Llama 2) with bf16 state at 24 GiB and the default host budget, state spilling to the disk
+    nvme13)
+      mkdir -p /tmp/sf_off
+      run nvme_13b_bf16 "$BIN/slideformer" bench --preset llama-13b --batch-size 8 --seq-len 2048 --steps 2 --warmup 1 \
+        --device cuda --gpu-memory 24GiB --offload-dir /tmp/sf_off --max-grad-norm 1 --optimizer-state bf16 ;;
     state_bench)
       for st in fp32 bf16; do
         run sf_3b_host_clip1_state_$st "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
