@@ -117,7 +117,7 @@ struct BackendInfo {
 // which GPU (cudaSetDevice's number).
 BackendInfo backend_info(const std::string& which, int ordinal = 0);
 // The cuda backend's sizes without asking a GPU (device memory 0), in every build: for planning
-// another machine (`plan --hardware`); cuda_backend_info adds this machine's device memory.
+// another machine (`plan --hardware`); backend_info("cuda") adds this machine's device memory.
 BackendInfo cuda_backend_sizes();
 
 // Backends. make_cuda_device throws InputError when no GPU is usable or CUDA is not built in.

@@ -11,12 +11,12 @@ std::unique_ptr<Device> make_cuda_device(size_t, int) {
   setting_error(Setting::Device, {Setting::Device, " cuda"},
                 "this slideformer was built without CUDA (rebuild with -DSF_CUDA=ON)");
 }
-BackendInfo cuda_backend_info(int) {
+void cuda_device_memory(int, size_t&, size_t&) {
   setting_error(Setting::Device, {Setting::Device, " cuda"},
                 "this slideformer was built without CUDA (rebuild with -DSF_CUDA=ON)");
 }
 #else
-BackendInfo cuda_backend_info(int ordinal);  // backend/cuda/cuda_device.cpp
+void cuda_device_memory(int ordinal, size_t& free_bytes, size_t& total_bytes);  // backend/cuda/cuda_device.cpp
 #endif
 
 BackendInfo cuda_backend_sizes() {
@@ -30,7 +30,11 @@ BackendInfo cuda_backend_sizes() {
 }
 
 BackendInfo backend_info(const std::string& which, int ordinal) {
-  if (which == "cuda" || ((which == "auto" || which.empty()) && cuda_available())) return cuda_backend_info(ordinal);
+  if (which == "cuda" || ((which == "auto" || which.empty()) && cuda_available())) {
+    BackendInfo b = cuda_backend_sizes();
+    cuda_device_memory(ordinal, b.device_free, b.device_total);
+    return b;
+  }
   if (which == "cpu" || which == "auto" || which.empty()) {
     BackendInfo b;
     b.kind = DeviceKind::Cpu;

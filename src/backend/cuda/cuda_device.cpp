@@ -398,17 +398,18 @@ bool cuda_available() {
   return ok;
 }
 
-BackendInfo cuda_backend_info(int ordinal) {
-  BackendInfo b = cuda_backend_sizes();
+// This machine's memory of GPU `ordinal` (0 and 0 without one); the backend's sizes are
+// cuda_backend_sizes (backend/device_factory.cpp, in every build), which backend_info adds them to.
+void cuda_device_memory(int ordinal, size_t& free_bytes, size_t& total_bytes) {
+  free_bytes = total_bytes = 0;
   int n = 0;
   if (cudaGetDeviceCount(&n) == cudaSuccess && n > ordinal && ordinal >= 0) {
     set_sync_flags();  // before the first call that creates the context
     (void)cudaSetDevice(ordinal);
     size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) b.device_free = free_b, b.device_total = total_b;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) free_bytes = free_b, total_bytes = total_b;
   }
   cudaGetLastError();  // no GPU is not an error here
-  return b;
 }
 
 std::unique_ptr<Device> make_cuda_device(size_t arena_bytes, int ordinal) {
