@@ -68,8 +68,11 @@ nlohmann::json run_bench(const BenchOptions& o) {
     sp.max_grad_norm = o.max_grad_norm;
     return engine.step(mbs, sp).loss;  // the update may still run when the next step starts
   };
-  double loss = 0;
-  for (int64_t s = 0; s < o.warmup; ++s) loss = step(s);
+  double loss = 0, first_loss = NAN;
+  for (int64_t s = 0; s < o.warmup; ++s) {
+    loss = step(s);
+    if (s == 0) first_loss = loss;
+  }
   engine.synchronize();
   const Engine::Stats st0 = engine.stats();
   // Two figures. Steady state: a step's time is the interval between the returns of consecutive
@@ -83,6 +86,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
   std::vector<clock::time_point> returned;
   for (int64_t s = 0; s < o.steps; ++s) {
     loss = step(o.warmup + s);
+    if (std::isnan(first_loss)) first_loss = loss;
     returned.push_back(clock::now());
   }
   engine.synchronize();
@@ -152,6 +156,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"hardware_tflops_per_second", hw_tflops},
           {"mfu", hopper ? nlohmann::json(mfu_tflops / 989.0) : nlohmann::json(nullptr)},
           {"active_parameters", active},
+          {"first_loss", first_loss},  // the same batch every step: the loss falls as it trains
           {"loss", loss}};
 }
 

@@ -101,7 +101,9 @@ double rel_err(const std::vector<float>& x, const std::vector<float>& ref) {
     num += d * d;
     den += double(ref[i]) * double(ref[i]);
   }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  // An all-zero reference (a gradient that is exactly 0): the root mean square of the difference, so
+  // that the floor is per element, whatever the tensor's size.
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num / double(std::max<size_t>(x.size(), 1)));
 }
 bool all_finite(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
@@ -557,9 +559,10 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
   lse_ref = ref[1];
   Backend b0(false), b1(false), b2(true);
   const Outs bref = bwd(b0, F32), bcpu = bwd(b1, BF16), bcuda = bwd(b2, BF16);
-  // At T = 1 the softmax has one key, so dq = dk = 0 exactly: the CPU paths give 0 and the CUDA
-  // path leaves fp32 rounding (~5e-6 absolute; rel_err is absolute for an all-zero reference).
-  // The 1e-5 floor covers that and is far below any bf16 rounding elsewhere.
+  // Where each query sees one key (T = 1, a window of 1) the softmax has one key, so dq = dk = 0
+  // exactly: the CPU paths give 0 and the CUDA path leaves fp32 rounding (rel_err is then the
+  // per-element RMS: ~6e-7 at head dim 256, H200 run of session 7). The 1e-5 floor covers that and
+  // is far below any bf16 rounding elsewhere.
   check_bf16("attention dq", bcuda[0], bcpu[0], bref[0], kF32Floor);
   check_bf16("attention dk", bcuda[1], bcpu[1], bref[1], kF32Floor);
   check_bf16("attention dv", bcuda[2], bcpu[2], bref[2], kF32Floor);
