@@ -64,8 +64,11 @@ void parse_moe(const JsonRef& c, ModelSpec& s) {
   MoeSpec& m = s.moe;
   const bool qwen = s.arch == Arch::Qwen3Moe, mixtral = s.arch == Arch::Mixtral, olmoe = s.arch == Arch::Olmoe;
   if (!qwen && !mixtral && !olmoe) return;
-  m.n_expert = int(mixtral ? c.int_or("num_local_experts", 8, 1, L::kMaxExperts)
-                           : c.int_or("num_experts", qwen ? 128 : 64, 0, L::kMaxExperts));
+  // transformers 5 may write the expert count of every family as num_local_experts (Mixtral's
+  // name): either key is read, num_experts first.
+  const int64_t dflt = mixtral ? 8 : qwen ? 128 : 64;
+  m.n_expert = int(c.has("num_experts") ? c.int_or("num_experts", dflt, mixtral ? 1 : 0, L::kMaxExperts)
+                                        : c.int_or("num_local_experts", dflt, mixtral ? 1 : 0, L::kMaxExperts));
   m.top_k = int(c.int_or("num_experts_per_tok", mixtral ? 2 : 8, 1, L::kMaxExperts));
   m.intermediate = qwen ? c.int_or("moe_intermediate_size", 768, 1, L::kMaxIntermediate) : s.intermediate;
   m.norm_topk = mixtral ? true : c.bool_or("norm_topk_prob", false);
