@@ -3,6 +3,7 @@
 // gradient accumulation against one large batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -10,6 +11,7 @@
 #include "backend/device.h"
 #include "data/dataset/dataset.h"
 #include "engine/resident_engine.h"
+#include "engine/sliding_engine.h"
 #include "engine_state.h"
 #include "model/spec.h"
 #include "model_fixtures.h"
@@ -134,7 +136,128 @@ TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
   }
 }
 
+// Several micro-batches in one step (Engine::compute_grads, as `slideformer grad` runs a file):
+// every parameter's gradient is the sum of the micro-batches' gradients taken one at a time, in
+// both engines. Tied models defer the embedding backwards to the end of the step (resident) or run
+// them layer-major (sliding); Gemma's sqrt(hidden) embedding scale must enter each micro-batch's
+// contribution exactly once.
+TEST_P(ModelGrad, SeveralMicroBatchesSumTheirGradients) {
+  const ModelSpec spec = parse_model_spec(test::tiny_config(GetParam()), "tiny");
+  auto recs = tiny_records(int(spec.vocab), 19);
+  const std::vector<Batch> mbs = {make_batch({&recs[0]}, 11), make_batch({&recs[1], &recs[2]}, 11),
+                                  make_batch({&recs[3]}, 11)};
+  int64_t trained = 0;
+  for (const Batch& b : mbs) trained += b.trained;
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_seq = 11;
+  eo.max_micro = int(mbs.size());
+  eo.optimizer = false;
+
+  auto dev = make_cpu_device();
+  ResidentEngine r(*dev, spec, eo);
+  r.init_random(3);
+  // Reference: one micro-batch at a time (no deferral), summed into the gradients.
+  r.zero_grads();
+  for (const Batch& b : mbs) r.forward_backward(b, float(1.0 / double(trained)), true);
+  const double ref_loss = r.take_loss_sum() / double(trained);
+  const HostParams ref = test::export_grads(r);
+
+  EXPECT_NEAR(r.compute_grads(mbs), ref_loss, 1e-6 * ref_loss);
+  const HostParams gr = test::export_grads(r);
+
+  auto dev_s = make_cpu_device();
+  SlidingOptions so;
+  so.base = eo;
+  so.slots = 2;
+  so.keep_grads = true;
+  SlidingEngine s(*dev_s, spec, so);
+  s.init_random(3);
+  EXPECT_NEAR(s.compute_grads(mbs), ref_loss, 1e-6 * ref_loss);
+  const HostParams gs = test::export_grads(s);
+
+  ASSERT_EQ(ref.size(), gr.size());
+  ASSERT_EQ(ref.size(), gs.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_LT(test::rel_err(gr[i].data, ref[i].data), 1e-5) << GetParam() << " resident " << ref[i].name;
+    EXPECT_LT(test::rel_err(gs[i].data, ref[i].data), 1e-5) << GetParam() << " sliding " << ref[i].name;
+    EXPECT_EQ(gr[i].data, gs[i].data) << GetParam() << " resident vs sliding " << ref[i].name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad, ::testing::ValuesIn(test::families()));
+
+// transformers builds the embedding as nn.Embedding(padding_idx=pad_token_id) (Gemma3TextConfig's
+// default 0), initialised to a zero row that the lookup gives no gradient. A zero embedding stays
+// zero through every Gemma layer, and the gradient it receives is multiplied by 1/sqrt(eps) at each
+// (1 + w) RMSNorm: without padding_idx that row's gradient was ~1e20 in the parity models. Tied:
+// the pad row gets only the head's gradient, so the tied gradient is the untied model's embedding
+// gradient (pad row 0) plus its head's. Three micro-batches, the pad id first in two records,
+// through both engines.
+TEST(Gemma3Embedding, PadRowGetsNoLookupGradient) {
+  nlohmann::json tied_cfg = test::tiny_config("gemma3"), untied_cfg = tied_cfg;
+  untied_cfg["tie_word_embeddings"] = false;
+  const ModelSpec tied = parse_model_spec(tied_cfg, "tiny"), untied = parse_model_spec(untied_cfg, "tiny");
+  ASSERT_EQ(tied.pad_token_id, 0);  // Gemma3TextConfig's default
+  nlohmann::json none_cfg = tied_cfg;
+  none_cfg["pad_token_id"] = nullptr;
+  EXPECT_EQ(parse_model_spec(none_cfg, "tiny").pad_token_id, -1);
+  auto recs = tiny_records(int(tied.vocab), 23);
+  recs[0].ids[0] = 0;
+  recs[2].ids[0] = 0;
+  recs[2].ids[2] = 0;
+  const std::vector<Batch> mbs = {make_batch({&recs[0]}, 11), make_batch({&recs[1], &recs[2]}, 11),
+                                  make_batch({&recs[3]}, 11)};
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_seq = 11;
+  eo.max_micro = int(mbs.size());
+  eo.optimizer = false;
+  const int64_t H = tied.hidden;
+
+  auto dev = make_cpu_device();
+  ResidentEngine t(*dev, tied, eo);
+  t.init_random(4);
+  HostParams p = test::export_params(t);
+  ASSERT_EQ(p[0].name, "model.embed_tokens.weight");
+  std::fill(p[0].data.begin(), p[0].data.begin() + H, 0.f);  // HF's padding_idx row
+  test::import_params(t, p);
+  t.compute_grads(mbs);
+  const HostParams gt = test::export_grads(t);
+
+  ResidentEngine u(*dev, untied, eo);
+  HostParams pu = p;
+  pu.push_back({"lm_head.weight", p[0].shape, p[0].data});
+  test::import_params(u, pu);
+  u.compute_grads(mbs);
+  const HostParams gu = test::export_grads(u);
+  const auto head = std::find_if(gu.begin(), gu.end(), [](const auto& x) { return x.name == "lm_head.weight"; });
+  ASSERT_NE(head, gu.end());
+  ASSERT_EQ(gu[0].name, "model.embed_tokens.weight");
+  for (int64_t c = 0; c < H; ++c) EXPECT_EQ(gu[0].data[size_t(c)], 0.f) << "untied pad row, column " << c;
+  std::vector<float> sum(gu[0].data.size());
+  for (size_t k = 0; k < sum.size(); ++k) sum[k] = gu[0].data[k] + head->data[k];
+  EXPECT_LT(test::rel_err(gt[0].data, sum), 1e-5);
+  double pad_row = 0, rest = 0;
+  for (size_t k = 0; k < sum.size(); ++k) (k < size_t(H) ? pad_row : rest) += double(gt[0].data[k]) * gt[0].data[k];
+  EXPECT_LT(pad_row, rest);  // the head's share only
+
+  // The sliding engine: the same bits as the resident one.
+  for (const ModelSpec* spec : {&tied, &untied}) {
+    auto dev_s = make_cpu_device();
+    SlidingOptions so;
+    so.base = eo;
+    so.slots = 2;
+    so.keep_grads = true;
+    SlidingEngine s(*dev_s, *spec, so);
+    test::import_params(s, spec == &tied ? p : pu);
+    s.compute_grads(mbs);
+    const HostParams gs = test::export_grads(s), &gr = spec == &tied ? gt : gu;
+    ASSERT_EQ(gs.size(), gr.size());
+    for (size_t i = 0; i < gs.size(); ++i) EXPECT_EQ(gs[i].data, gr[i].data) << "sliding " << gs[i].name;
+  }
+}
+
 
 // The fused chunked linear-cross-entropy loss equals the loss from explicit logits.
 TEST(Model, FusedHeadLossMatchesExplicitLogits) {

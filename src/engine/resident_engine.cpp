@@ -88,6 +88,9 @@ struct ResidentEngine::Impl {
     return Tensor(p, act, {N, spec.hidden});
   }
   size_t stride_nh = 0;  // bytes of one [max N, H] activation
+  Tensor dscratch() const {  // the recompute scratch (dbuf's third) as raw F32: free once the layers are done
+    return Tensor(static_cast<char*>(dbuf.data()) + 2 * stride_nh, DType::F32, {int64_t(stride_nh / 4)});
+  }
   void upload_blob(int blob, const std::vector<float>& host);
   DType dtype(State which) const { return which == State::AdamM || which == State::AdamV ? sd : DType::F32; }
   const DeviceBuffer& state(State which) const {
@@ -350,7 +353,7 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
     m.deferred.push_back({N, ids, tok.slot});
     return;
   }
-  m.program.embed_backward(g_emb, dy, ids, st);
+  m.program.embed_backward(g_emb, dy, ids, m.dscratch(), st);
 }
 
 double ResidentEngine::take_loss_sum() {
@@ -403,7 +406,7 @@ void ResidentEngine::accumulate(const std::vector<Batch>& mbs, float scale) {
   for (size_t k = 0; k < m.deferred.size(); ++k) {
     const Impl::Deferred& d = m.deferred[k];
     const Tensor dy(static_cast<char*>(m.dy0.data()) + k * m.stride_nh, m.act, {d.N, spec_.hidden});
-    m.program.embed_backward(g_emb, dy, d.ids, *m.stream);
+    m.program.embed_backward(g_emb, dy, d.ids, m.dscratch(), *m.stream);
     m.tokens->done(d.token_slot, *m.stream);  // the ids were read until here
   }
   m.deferred.clear();

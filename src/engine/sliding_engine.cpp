@@ -625,7 +625,8 @@ void SlidingEngine::Impl::backward_layer(Pass& ps, int l, int& k, const AdamWPar
 void SlidingEngine::Impl::embedding_backward(Pass& ps, const GradientPath::Grad& g_emb, const AdamWParams* overlap) {
   const Tensor g_table = entry_view(layout.embedding().entries[0], g_emb.g.data, DType::F32);
   for (int j = 0; j < ps.K(); ++j)
-    program.embed_backward(g_table, act_at(acts, ps.cur[size_t(j)], ps.N(j)), ps.tok[size_t(j)].ids, *compute);
+    program.embed_backward(g_table, act_at(acts, ps.cur[size_t(j)], ps.N(j)), ps.tok[size_t(j)].ids,
+                           Tensor(scratch.data(), DType::F32, {int64_t(scratch.size() / 4)}), *compute);
   for (const auto& t : ps.tok) tokens->done(t.slot, *compute);
   mark(*compute, "compute", "backward", 0);
   send_grads(0, g_emb, overlap);

@@ -171,9 +171,22 @@ void Program::embed_forward(Tensor x0, Tensor ids, Tensor table, Stream& st) con
   if (s_.embed_scale) ops_.scale(x0, embed_scale_of(s_, act_), st);
 }
 
-void Program::embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Stream& st) const {
+void Program::embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Tensor scratch, Stream& st) const {
   if (s_.embed_scale) ops_.scale(dx0, embed_scale_of(s_, act_), st);
+  if (s_.pad_token_id < 0) {
+    ops_.embedding_backward(dtable, dx0, ids, st);
+    return;
+  }
+  // padding_idx: the row is saved and put back around the scatter (exact, whatever it held: a tied
+  // head's gradient, earlier micro-batches'). Gemma's pad row is all zeros, and the gradient that a
+  // zero embedding receives through each (1 + w) RMSNorm is multiplied by 1/sqrt(eps) per norm.
+  SF_CHECK(dtable.dtype == DType::F32, "embed_backward: the embedding gradient is F32");
+  SF_CHECK(scratch.bytes() >= size_t(s_.hidden) * 4, "embed_backward: scratch smaller than one F32 row");
+  const Tensor row(static_cast<float*>(dtable.data) + s_.pad_token_id * s_.hidden, DType::F32, {s_.hidden});
+  const Tensor saved(scratch.data, DType::F32, {s_.hidden});
+  ops_.cast(saved, row, st);  // same dtype: a copy
   ops_.embedding_backward(dtable, dx0, ids, st);
+  ops_.cast(row, saved, st);
 }
 
 void Program::norm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, Stream& st) const {

@@ -108,9 +108,11 @@ class Program {
   Program(const ModelSpec& s, Ops& ops, DType act) : s_(s), ops_(ops), act_(act) {}
 
   // x0 [N, H] = embedding rows of ids [N] (times sqrt(H) in the compute dtype when embed_scale).
-  // embed_backward scales dx0 in place when embed_scale.
+  // embed_backward scales dx0 in place when embed_scale; dtable [V, H] F32 += the rows of dx0, except
+  // that row pad_token_id keeps its value (torch's padding_idx: no gradient from the lookup).
+  // scratch: at least 4 * H bytes of device memory, free on st (holds that row meanwhile).
   void embed_forward(Tensor x0, Tensor ids, Tensor table, Stream& st) const;
-  void embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Stream& st) const;
+  void embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Tensor scratch, Stream& st) const;
 
   // y [N, H] = layer(x). Fills w with what backward needs (this is also the recompute).
   // A layer whose params have a Router is a MoE layer (layout.h), else its MLP is dense.

@@ -246,6 +246,15 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
   s.max_position = c.int_or("max_position_embeddings", 0, 0, L::kMaxPositions);
   s.initializer_range = c.number_or("initializer_range", 0.02, 0, 100);
   s.tie_embeddings = c.bool_or("tie_word_embeddings", false);
+  // Gemma3TextConfig's default is 0, every other family's none. As torch takes padding_idx: a
+  // negative id counts from the end (LLaMA-1 configs' -1); outside the vocabulary (or null) none.
+  if (cfg.contains("pad_token_id") && cfg["pad_token_id"].is_number_integer()) {
+    int64_t pad = cfg["pad_token_id"].get<int64_t>();
+    if (pad < 0 && pad >= -s.vocab) pad += s.vocab;
+    s.pad_token_id = pad >= 0 && pad < s.vocab ? pad : -1;
+  } else if (!cfg.contains("pad_token_id") && s.arch == Arch::Gemma3) {
+    s.pad_token_id = 0;
+  }
   std::string act = c.string_or("hidden_act", "silu");
   if (s.arch != Arch::Gemma3 && act != "silu" && act != "swish")
     input_error(path, "hidden_act '" + act + "' is not supported (only silu)");

@@ -63,6 +63,9 @@ struct ModelSpec {
   int n_layer = 0, n_head = 0, n_kv_head = 0, head_dim = 0;
   double rms_eps = 1e-6;
   bool tie_embeddings = false;
+  // pad_token_id: transformers builds the embedding as nn.Embedding(padding_idx=pad_token_id), whose
+  // lookup gives that row no gradient (a tied head's gradient still reaches it). -1: none.
+  int64_t pad_token_id = -1;
   bool qkv_bias = false;      // Qwen2 always; Llama/Qwen3/Mistral attention_bias
   bool o_bias = false;        // Llama/Qwen3 attention_bias
   bool mlp_bias = false;      // Llama mlp_bias
