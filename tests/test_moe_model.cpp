@@ -182,7 +182,7 @@ TEST_P(MoeLayerGrad, ProgramBackwardMatchesFiniteDifferences) {
       for (int64_t i = 0; i < e.numel; ++i) params[size_t(e.offset + i)] = 1.f + 0.3f * nd(rng);
   std::vector<float> cos, sin;
   rope_tables(s, T, cos, sin);
-  const RopeTables rope{test::view_of(cos, {T, s.head_dim / 2}), test::view_of(sin, {T, s.head_dim / 2})};
+  const RopeTables rope{test::view_of(cos, {T, s.head_dim / 2}), test::view_of(sin, {T, s.head_dim / 2}), {}, {}};
   auto x = test::randn(size_t(N * H), 5), R = test::randn(size_t(N * H), 6);
   std::vector<float> y(size_t(N * H)), dx(size_t(N * H)), stats(size_t(2 * E), 0.f);
   const float aux_w = 0.8f;  // large, so that the loss's gradient is a visible part of the total
