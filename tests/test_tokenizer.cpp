@@ -327,7 +327,7 @@ TEST(Tokenizer, NormalizerGrowthIsBounded) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);  // a hang guard (sanitizer builds are slow), not a speed target
   // A single Replace that would multiply a long text is refused before its output is built.
   j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", std::string(100, 'b')}};
   std::ofstream(d.file("wide.json")) << j.dump();
