@@ -1230,7 +1230,7 @@ TEST_F(Cli, EveryLoadVerifiesChecksumsValuesAndManifest) {
 TEST_F(Cli, ParsersRefuseNulAndOutOfRangeNumbers) {
   const std::string model = make_model("llama", "m");
   const std::string opts = " --seq-len 16 --device cpu";
-  const std::string nul = write("nul.jsonl", std::string("{\"input_ids\": [1, 2, 3]}\0{\"input_ids\": [", 42) + "\n");
+  const std::string nul = write("nul.jsonl", std::string("{\"input_ids\": [1, 2, 3]}") + std::string(1, '\0') + "{\"input_ids\": [" + "\n");
   expect_input_error(run(eval_cmd(model, nul) + opts), "a NUL byte");
   const std::string tiny = write("tiny.jsonl", "{\"input_ids\": [1, 2, 3], \"x\": 1e-400}\n");
   expect_input_error(run(eval_cmd(model, tiny) + opts), "number underflow");
