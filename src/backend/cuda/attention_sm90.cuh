@@ -1,0 +1,16 @@
+// Causal GQA attention forward for Hopper (sm_90a): FlashAttention-3 style (attention.cuh says
+// when it runs). Compiled for sm_90a alone (CMake target sf_cuda_sm90); the caller checks the
+// device's compute capability before calling.
+#pragma once
+#include "backend/cuda/launch.h"
+#include "backend/ops.h"
+
+namespace sf::cuda {
+
+// What the sm_90 forward takes: head_dim 64 or 128, no packed rows, no sliding window (BF16,
+// 16-byte aligned tensors: the caller's check).
+bool attention_sm90_supported(const AttnDims& d);
+// out, q [B*T, n_head*hd]; k, v [B*T, n_kv_head*hd]; lse [B, n_head, T] F32 (may be empty).
+void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L);
+
+}  // namespace sf::cuda
