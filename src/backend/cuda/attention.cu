@@ -667,9 +667,10 @@ __global__ void f32_to_bf16_kernel(bf16_t* __restrict__ out, const float* __rest
 
 const int32_t* pos_ptr(const AttnDims& d) { return d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(); }
 
-// Raises a kernel's dynamic shared-memory limit once per instantiation (the device is fixed per
-// process).
-template <class Kernel>
+// Raises a kernel's dynamic shared-memory limit once per tile traits Tr (the device is fixed per
+// process). Keyed by Tr, not by the kernel's type: every instantiation of one kernel template has
+// the same function-pointer type, and one flag for all of them left the later ones unraised.
+template <class Tr, class Kernel>
 void raise_smem_once(Kernel kernel, size_t bytes) {
   static bool done = false;
   if (!done) {
@@ -682,7 +683,7 @@ template <int HD>
 void flash_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   using Tr = FwdTraits<HD>;
   auto kernel = flash_fwd_kernel<Tr>;
-  raise_smem_once(kernel, Tr::smem);
+  raise_smem_once<Tr>(kernel, Tr::smem);
   const unsigned grid = unsigned((d.T + Tr::BR - 1) / Tr::BR) * unsigned(d.n_head * d.B);
   kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
                                                q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), pos_ptr(d), d.T,
@@ -697,7 +698,7 @@ void flash_backward(float* dq_acc, const float* D, Tensor dq, Tensor dk, Tensor 
   const int64_t nq = int64_t(d.B) * d.T * d.n_head * HD;
   CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
   auto kernel = flash_bwd_kernel<Tr>;
-  raise_smem_once(kernel, Tr::smem);
+  raise_smem_once<Tr>(kernel, Tr::smem);
   const dim3 grid(unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B), Tr::CS);
   kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(),
                                                k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(), lse.ptr<float>(),
@@ -912,8 +913,16 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
                                                                          d.head_dim);
     CUDA_CHECK_LAUNCH();
   }
-  const bool flash = g_path.load() != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
+  const AttnPath path = g_path.load();
+  const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
                      all_bf16({&dq, &dk, &dv, &dout, &q, &k, &v});
+  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
+    CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
+    attention_backward_sm90(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (flash) {
     if (d.head_dim == 64)
       flash_backward<64>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);

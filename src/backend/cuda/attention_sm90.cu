@@ -143,6 +143,37 @@ __device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
+// D[64 x N] (+)= A[64 x 16] B[16 x N]: A M-major and B N-major in shared memory (acc = 0: D = A B).
+template <int N>
+__device__ __forceinline__ void wgmma_ss_t(float (&d)[N / 2], uint64_t da, uint64_t db, int acc);
+
+template <>
+__device__ __forceinline__ void wgmma_ss<64>(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(acc));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss_t<64>(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(acc));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss_t<32>(float (&d)[16], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(acc));
+}
+
 #endif  // SF_SM90_DEVICE
 
 // Online softmax of one S tile (64 x BC a warpgroup; this thread: rows g and g + 8 of its warp's
@@ -358,6 +389,239 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 #endif  // SF_SM90_DEVICE
 }
 
+
+// ---- backward ------------------------------------------------------------------------------------
+// Block: BC = 128 key rows of one (kv head, sequence); it walks the causal query tiles (BQ = 64
+// rows) of every query head of the GQA group. Warpgroup 0 is the producer: its first warp waits
+// for a free stage, one lane issues the TMA copies of the tile's Q and dO, and the 32 lanes stage
+// lse * log2 e and D (+inf / 0 past T) beside them, all completing on the stage's `full` barrier
+// (32 arrivals + the copies' bytes). Warpgroups 1 and 2 own 64 key rows each, with their dK and
+// dV accumulators (64 x HD fp32) in registers for the whole block (no atomics; the GQA reduction
+// is the loop). Per tile and consumer:
+//   S^T = K_w Q^T, dP^T = V_w dO^T               (wgmma, both operands from shared memory)
+//   P^T = exp2(S^T scale log2 e - lse log2 e), causal mask; dS^T = P^T (dP^T - D) scale
+//   dS^T -> shared memory (bf16, the M-major A operand of dQ; two buffers, alternating)
+//   dV += P^T dO, dK += dS^T Q                    (wgmma, P^T / dS^T from registers)
+//   dQ[:, half w] = dS K[:, half w]               (wgmma from shared memory, after a barrier of the
+//                                                 two consumers), fp32 float2 atomics into the
+//                                                 workspace (the caller casts it to bf16)
+template <int HD_>
+struct Sm90BwdTile {
+  static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
+  static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
+  static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
+  // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
+  // dS^T [2][BC][BQ] (swizzled rows of 64) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 | barriers
+  static constexpr size_t k_off = 0, v_off = k_off + kv_bytes, q_off = v_off + kv_bytes;
+  static constexpr size_t do_off = q_off + size_t(STAGES) * qt_bytes, ds_off = do_off + size_t(STAGES) * qt_bytes;
+  static constexpr size_t l_off = ds_off + size_t(2) * ds_bytes, d_off = l_off + size_t(STAGES) * BQ * 4;
+  static constexpr size_t bar_off = d_off + size_t(STAGES) * BQ * 4;
+  // barriers: kv_full, full[STAGES], empty[STAGES]
+  static constexpr size_t smem = bar_off + 8 * (1 + 2 * STAGES) + 1024;
+  static_assert(HD % 64 == 0 && BC == 64 * CONSUMERS && BQ == 64, "tile shape");
+};
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::NT, 1)
+    flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                          const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                          float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
+                          const float* __restrict__ lse, const float* __restrict__ Dd, int T, int H, int KVH,
+                          float scale, float scale_log2) {
+#ifdef SF_SM90_DEVICE
+  constexpr int HD = Tr::HD, BC = Tr::BC, BQ = Tr::BQ, ST = Tr::STAGES, CH = Tr::CH;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  bf16_t* Ks = reinterpret_cast<bf16_t*>(sm + Tr::k_off);
+  bf16_t* Vs = reinterpret_cast<bf16_t*>(sm + Tr::v_off);
+  bf16_t* Qs = reinterpret_cast<bf16_t*>(sm + Tr::q_off);
+  bf16_t* dOs = reinterpret_cast<bf16_t*>(sm + Tr::do_off);
+  bf16_t* dSs = reinterpret_cast<bf16_t*>(sm + Tr::ds_off);
+  float* Ls = reinterpret_cast<float*>(sm + Tr::l_off);
+  float* Ds = reinterpret_cast<float*>(sm + Tr::d_off);
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(sm + Tr::bar_off);
+  uint64_t* full = kv_full + 1;
+  uint64_t* empty = full + ST;
+
+  // Longest-first: the first key tiles (they see every query tile) of all kv heads start first.
+  const int n_jt = (T + BC - 1) / BC, n_hb = int(gridDim.x) / n_jt, bid = int(blockIdx.x);
+  const int jt = bid / n_hb, hb = bid % n_hb;
+  const int kvh = hb % KVH, b = hb / KVH, G = H / KVH;
+  const int kv0 = jt * BC;
+  const int n_q = (T + BQ - 1) / BQ, i_start = kv0 / BQ, per_head = n_q - i_start, total = G * per_head;
+
+  const int wg = int(threadIdx.x) / 128;
+  if (threadIdx.x == 0) {
+    bar_init(kv_full, 1);
+    for (int s = 0; s < ST; ++s) {
+      bar_init(full + s, 32);                  // the producer warp's lanes (+ the copies' bytes)
+      bar_init(empty + s, Tr::CONSUMERS * 4);  // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    const int lane = int(threadIdx.x);
+    if (lane < 32) {
+      if (lane == 0) {
+        bar_expect_tx(kv_full, 2 * Tr::kv_bytes);
+        for (int c = 0; c < CH; ++c) {
+          tma_load(Ks + c * BC * 64, &tk, kv_full, kvh * HD + c * 64, kv0, b);
+          tma_load(Vs + c * BC * 64, &tv, kv_full, kvh * HD + c * 64, kv0, b);
+        }
+      }
+      for (int it = 0; it < total; ++it) {
+        const int s = it % ST, h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+        bar_wait(empty + s, ((it / ST) & 1) ^ 1);
+        for (int r = lane; r < BQ; r += 32) {
+          const int qr = q0 + r;
+          const int64_t li = (int64_t(b) * H + h) * T + qr;
+          Ls[s * BQ + r] = qr < T ? lse[li] * kLog2e : INFINITY;
+          Ds[s * BQ + r] = qr < T ? Dd[li] : 0.f;
+        }
+        // Each lane's arrive (release) follows its own L, D stores; lane 0's carries the bytes.
+        if (lane == 0) {
+          bar_expect_tx(full + s, 2 * Tr::qt_bytes);
+          for (int c = 0; c < CH; ++c) {
+            tma_load(Qs + (s * CH + c) * BQ * 64, &tq, full + s, h * HD + c * 64, q0, b);
+            tma_load(dOs + (s * CH + c) * BQ * 64, &tdo, full + s, h * HD + c * 64, q0, b);
+          }
+        } else {
+          bar_arrive(full + s);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int kw0 = kv0 + cw * 64;          // the warpgroup's first key
+  const int key0 = kw0 + warp * 16 + g;   // this thread's keys: key0, key0 + 8
+  const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs), q_addr = smem_u32(Qs), do_addr = smem_u32(dOs);
+  const uint32_t ds_addr = smem_u32(dSs);
+  // K-major operands, k-step kk over HD: box kk / 4, 32 bytes kk % 4 into the 128-byte rows.
+  auto kw_desc = [&](uint32_t base, int kk) {  // K or V rows of this warpgroup (A)
+    return sdesc(base + cw * 64 * 128 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024);
+  };
+  auto qt_desc = [&](uint32_t base, int s, int kk) {  // Q or dO of stage s (B, K-major)
+    return sdesc(base + (s * CH + (kk >> 2)) * BQ * 128 + (kk & 3) * 32, 16, 1024);
+  };
+  // N-major B operands, k-step kk = 16 rows (2048 bytes), N over the CH boxes (LBO apart).
+  auto qt_ndesc = [&](uint32_t base, int s, int kk) {
+    return sdesc(base + s * CH * BQ * 128 + kk * 2048, BQ * 128, 1024);
+  };
+  // dQ: A = dS (M-major: queries along the 128-byte rows, keys down them), B = this warpgroup's
+  // half of K's columns (N-major).
+  constexpr int HQ = HD / 2;  // dQ columns of one consumer
+  auto ds_desc = [&](int buf, int kk) { return sdesc(ds_addr + buf * Tr::ds_bytes + kk * 2048, 8192, 1024); };
+  auto kn_desc = [&](int kk) {
+    const int col = cw * HQ;  // first column: a box (hd 128) or 64 bytes into the rows (hd 64)
+    return sdesc(k_addr + (col >> 6) * BC * 128 + (col & 63) * 2 + kk * 2048, BC * 128, 1024);
+  };
+
+  float dka[HD / 2], dva[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) dka[i] = dva[i] = 0.f;
+  const int64_t qstr = int64_t(H) * HD;
+
+  bar_wait(kv_full, 0);
+  for (int it = 0; it < total; ++it) {
+    const int s = it % ST, buf = it & 1;
+    const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+    bar_wait(full + s, (it / ST) & 1);
+    float st[BQ / 2], dp[BQ / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<BQ>(st, kw_desc(k_addr, kk), qt_desc(q_addr, s, kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<BQ>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(st);
+    reg_fence(dp);
+    // P^T, dS^T (this thread: keys key0 + 8 (e >> 1), queries q0 + 8 j + 2 t4 + (e & 1))
+    const bool mask = q0 < kw0 + 63;
+    uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
+    bf16_t* dsb = dSs + buf * (BC * BQ);
+#pragma unroll
+    for (int j = 0; j < BQ / 8; ++j) {
+      const int qc = j * 8 + 2 * t4;
+      const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
+      const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
+      float pv[4], dv4[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+        if (mask && q0 + qc + (e & 1) < key0 + (e >> 1) * 8) pe = 0.f;
+        pv[e] = pe;
+        dv4[e] = pe * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
+      }
+      pa[j >> 1][(j & 1) * 2] = pack_bf16(pv[0], pv[1]);
+      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pv[2], pv[3]);
+      const uint32_t lo = pack_bf16(dv4[0], dv4[1]), hi = pack_bf16(dv4[2], dv4[3]);
+      dsa[j >> 1][(j & 1) * 2] = lo;
+      dsa[j >> 1][(j & 1) * 2 + 1] = hi;
+      // dS^T row = key within the block, 128-byte rows of 64 queries, 16-byte chunks swizzled by row & 7
+      const int r0 = cw * 64 + warp * 16 + g, r1 = r0 + 8;
+      *reinterpret_cast<uint32_t*>(dsb + r0 * 64 + (((qc >> 3) ^ (r0 & 7)) << 3) + (qc & 7)) = lo;
+      *reinterpret_cast<uint32_t*>(dsb + r1 * 64 + (((qc >> 3) ^ (r1 & 7)) << 3) + (qc & 7)) = hi;
+    }
+    // dV += P^T dO, dK += dS^T Q (registers A, N-major B)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<HD>(dva, pa[kk], qt_ndesc(do_addr, s, kk));
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
+    wgmma_commit();
+    // dS^T of both consumers in shared memory, visible to the tensor cores (async proxy)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    float dqa[HQ / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wgmma_ss_t<HQ>(dqa, ds_desc(buf, kk), kn_desc(kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dqa);
+    reg_fence(dva);
+    reg_fence(dka);
+    reg_fence(pa);
+    reg_fence(dsa);
+    if (lane == 0) bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
+    // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + warp * 16 + g + r * 8;
+      if (row >= T) continue;
+      float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HQ + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < HQ / 8; ++j)
+        atomicAdd(reinterpret_cast<float2*>(base + j * 8), make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]));
+    }
+  }
+
+  // dK, dV rows key0, key0 + 8
+  const int64_t kstr = int64_t(KVH) * HD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = key0 + r * 8;
+    if (row >= T) continue;
+    const int64_t off = (int64_t(b) * T + row) * kstr + int64_t(kvh) * HD + 2 * t4;
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; ++dn) {
+      *reinterpret_cast<uint32_t*>(dk + off + dn * 8) = pack_bf16(dka[dn * 4 + 2 * r], dka[dn * 4 + 2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv + off + dn * 8) = pack_bf16(dva[dn * 4 + 2 * r], dva[dn * 4 + 2 * r + 1]);
+    }
+  }
+#endif  // SF_SM90_DEVICE
+}
+
 // ---- host -------------------------------------------------------------------------------------
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link), once.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -404,6 +668,28 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   CUDA_CHECK_LAUNCH();
 }
 
+
+template <int HD>
+void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
+              Tensor lse, const AttnDims& d, const Launch& L) {
+  using Tr = Sm90BwdTile<HD>;
+  auto kernel = flash_bwd_sm90_kernel<Tr>;
+  static bool attr_set = false;  // once per instantiation
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::smem)));
+    attr_set = true;
+  }
+  const CUtensorMap tq = make_map(q.data, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ);
+  const CUtensorMap tdo = make_map(dout.data, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ);
+  const CUtensorMap tk = make_map(k.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
+  const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
+  const unsigned grid = unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B);
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
+                                               lse.ptr<float>(), D, d.T, d.n_head, d.n_kv_head, d.scale,
+                                               d.scale * kLog2e);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 bool attention_sm90_supported(const AttnDims& d) {
@@ -415,6 +701,18 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
     forward<64>(out, lse, q, k, v, d, L);
   else
     forward<128>(out, lse, q, k, v, d, L);
+}
+
+}  // namespace sf::cuda
+
+namespace sf::cuda {
+
+void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
+                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
+  if (d.head_dim == 64)
+    backward<64>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+  else
+    backward<128>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
 }
 
 }  // namespace sf::cuda
