@@ -8,7 +8,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -130,22 +129,7 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    auto time_ms = [&](const std::function<void()>& f) {
-      for (int i = 0; i < 5; ++i) f();
-      CK(cudaStreamSynchronize(s));
-      std::vector<float> ts;
-      for (int i = 0; i < 30; ++i) {
-        CK(cudaEventRecord(e0, s));
-        f();
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ts.push_back(ms);
-      }
-      std::sort(ts.begin(), ts.end());
-      return double(ts[ts.size() / 2]);
-    };
+    auto time_ms = [&](const std::function<void()>& f) { return median_event_ms(s, e0, e1, f, 5, 30); };
     const double tf = time_ms(fwd), tb = time_ms(bwd), tfb = time_ms([&] {
       fwd();
       bwd();

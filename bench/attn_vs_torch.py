@@ -22,22 +22,7 @@ import tempfile
 import torch
 import torch.nn.functional as F
 
-
-def median_ms(fn, warm=5, iters=30):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
+from torch_kernels import median_ms  # bench/torch_kernels.py: CUDA events, warm-up, median
 
 
 def sdpa(q, k, v, backend, gqa):
@@ -82,7 +67,7 @@ def time_backend(name, backend, B, T, H, KVH, hd):
         o = sdpa(*args, backend, gqa)
         torch.autograd.grad(o, args, dout)
 
-    r = (median_ms(fwd), median_ms(bwd), median_ms(fwdbwd))
+    r = (median_ms(fwd, 5, 30), median_ms(bwd, 5, 30), median_ms(fwdbwd, 5, 30))
     print(f"RESULT torch_{name}_hd{hd} mode={mode} fwd_ms={r[0]:.3f} bwd_ms={r[1]:.3f} fwdbwd_ms={r[2]:.3f}")
     return r
 

@@ -86,20 +86,7 @@ struct Ctx {
   }
   // Median milliseconds of f() over `iters` runs after `warm` warm-up runs.
   double time_ms(const std::function<void()>& f, int warm = 3, int iters = 20) {
-    for (int i = 0; i < warm; ++i) f();
-    CK(cudaStreamSynchronize(s));
-    std::vector<float> ts;
-    for (int i = 0; i < iters; ++i) {
-      CK(cudaEventRecord(e0, s));
-      f();
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
+    return median_event_ms(s, e0, e1, f, warm, iters);
   }
 };
 
