@@ -643,8 +643,8 @@ TEST(CudaOps, AttentionPackedRows) {
   attention_case({2, 33, 4, 2, 32}, false, packed_positions(2, 33, 9, 4));  // simple kernels on BF16
 }
 
-// The packed cases through each flash kernel family (packed rows take the sm_80 kernels today:
-// this keeps the Auto choice honest when the sm_90 path learns them).
+// The packed cases through each flash kernel family (on Hopper: the sm_90 kernels and the sm_80
+// ones forced).
 TEST(CudaOps, AttentionPackedRowsKernelFamilies) {
   REQUIRE_GPU();
   each_flash_path([] {

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/attention_mask.cuh"
 #include "backend/cuda/attention_sm90.cuh"
 #include "backend/cuda/kernel_utils.cuh"
 #include "core/align.h"
@@ -31,13 +32,6 @@ int device_cc_major() {
     cache[dev] = cc;
   }
   return cc;
-}
-
-// First key that query `row` of a sequence may see: its record's start (packed rows, pb = that
-// sequence's pos, or null) and, with a sliding window, row - window + 1. Never decreases with row.
-__device__ __forceinline__ int first_key(const int32_t* pb, int window, int row) {
-  const int lo = pb != nullptr ? row - pb[row] : 0;
-  return window > 0 ? max(lo, row - window + 1) : lo;
 }
 
 // ============================================================================================

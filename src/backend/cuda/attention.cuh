@@ -2,12 +2,12 @@
 //
 // Two kernel families, chosen by the device's compute capability (and the shapes), never by the
 // environment:
-// - sm_90 (Hopper; attention_sm90.cu, forward only so far): FlashAttention-3 style, wgmma + TMA,
-//   one producer warp and two consumer warpgroups, the softmax of tile j overlapping the QK^T of
-//   tile j+1 and the PV of tile j-1. Head dim 64 / 128, any T, GQA; BF16, 16-byte aligned.
-//   Packed rows and sliding windows take the sm_80 kernels.
-// - sm_80 (every other case of BF16 with head_dim 64 / 128 / 256, 16-byte aligned, and the whole
-//   backward): FlashAttention-2 with mma.sync m16n8k16 (bf16 in, fp32 accumulate), ldmatrix from
+// - sm_90 (Hopper; attention_sm90.cu): FlashAttention-3 style, wgmma + TMA, a producer warp and
+//   two consumer warpgroups; forward with the softmax of one tile overlapping the GEMMs of its
+//   neighbours, backward with dK, dV in registers and dQ by wgmma + fp32 atomics. Head dim 64 /
+//   128, any T, GQA, packed rows, sliding windows; BF16, 16-byte aligned.
+// - sm_80 (every other case of BF16 with head_dim 64 / 128 / 256, 16-byte aligned, and every GPU
+//   but Hopper): FlashAttention-2 with mma.sync m16n8k16 (bf16 in, fp32 accumulate), ldmatrix from
 //   XOR-swizzled shared memory, cp.async double buffering, online softmax in the exp2 domain, fp32
 //   lse saved. One tile shape per head dim (FwdTraits / BwdTraits in attention.cu, the fastest
 //   measured):

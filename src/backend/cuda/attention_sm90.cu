@@ -17,6 +17,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "backend/cuda/attention_mask.cuh"
 #include "backend/cuda/attention_sm90.cuh"
 #include "backend/cuda/kernel_utils.cuh"
 #include "core/error.h"
@@ -169,21 +170,22 @@ __device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const uint32_t (&a
 
 #endif  // SF_SM90_DEVICE
 
-// Online softmax of one S tile (64 x BC a warpgroup; this thread: rows g and g + 8 of its warp's
-// 16, columns 8 j + 2 t4 + {0, 1}): causal mask (key > row: -inf) where `mask`, the running max m
-// (raw scores) and partial row sums l (key0 = the tile's first key + 2 t4) updated, P = exp2(S scale_log2 - m scale_log2) packed to
-// bf16 A fragments, corr = the factor O must be scaled by.
+// Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8,
+// columns key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the
+// row or before its first key fk (packed rows, window) are -inf; the running max m (raw scores)
+// and partial row sums l updated, P = exp2(S scale_log2 - m scale_log2) packed to bf16 A
+// fragments, corr = the factor O must be scaled by.
 template <int BC>
 __device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[BC / 16][4], float (&m)[2],
                                              float (&l)[2], float (&corr)[2], bool mask, int key0, int row0,
-                                             float scale_log2) {
+                                             const int (&fk)[2], float scale_log2) {
   if (mask) {
 #pragma unroll
     for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = key0 + j * 8 + (e & 1);  // key0: the tile's first key + 2 t4
-        if (key > row0 + (e >> 1) * 8) s[j * 4 + e] = -INFINITY;
+        const int key = key0 + j * 8 + (e & 1);
+        if (key > row0 + (e >> 1) * 8 || key < fk[e >> 1]) s[j * 4 + e] = -INFINITY;
       }
   }
   float mx[2] = {m[0], m[1]};
@@ -222,7 +224,7 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out, float* __restrict__ lse,
-                          int T, int H, int KVH, float scale_log2) {
+                          const int32_t* __restrict__ pos, int T, int H, int KVH, float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, ST = Tr::STAGES, CH = Tr::CH;
   unsigned char* sm = smem_base();
@@ -241,7 +243,13 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int h = hb % H, b = hb / H;
   const int kvh = h / (H / KVH);
   const int q0 = qt * BR;
-  const int n_kv = (min(q0 + BR, T) + BC - 1) / BC;  // key tiles 0 .. n_kv - 1, walked downwards
+  const int n_kv = (min(q0 + BR, T) + BC - 1) / BC;  // key tiles j0 .. n_kv - 1, walked downwards
+  // Packed rows / window (as the sm_80 kernel): key tiles wholly before the first key of the
+  // block's first row (the lowest: first keys never decrease) are skipped.
+  const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
+  const bool lower = pb != nullptr || window > 0;
+  const int j0 = lower ? first_key(pb, window, q0) / BC : 0;
+  const int n_it = n_kv - j0;  // tiles this block walks
 
   const int wg = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
@@ -261,7 +269,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     if (threadIdx.x == 0) {
       bar_expect_tx(q_full, Tr::q_bytes);
       for (int c = 0; c < CH; ++c) tma_load(Qs + c * BR * 64, &tq, q_full, h * HD + c * 64, q0, b);
-      for (int it = 0; it < n_kv; ++it) {
+      for (int it = 0; it < n_it; ++it) {
         const int s = it % ST, j = n_kv - 1 - it;
         bar_wait(empty + s, ((it / ST) & 1) ^ 1);  // the consumers freed this stage (round 0: at once)
         bar_expect_tx(k_full + s, Tr::kv_bytes);
@@ -281,6 +289,13 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int g = lane >> 2, t4 = lane & 3;
   const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
   const int wg_row0 = q0 + cw * 64;                // the warpgroup's first row
+  // The rows' first keys (0 without packed rows or a window; rows past T see every key).
+  int fk[2] = {0, 0};
+  if (lower) {
+    fk[0] = row0 < T ? first_key(pb, window, row0) : 0;
+    fk[1] = row0 + 8 < T ? first_key(pb, window, row0 + 8) : 0;
+  }
+  const int fk_max = max(fk[0], fk[1]);
   const uint32_t q_addr = smem_u32(Qs) + cw * 64 * 128;
   const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs);
   // k-step kk (16 columns of HD): box kk / 4, 32 bytes kk % 4 into its 128-byte swizzled rows.
@@ -310,15 +325,16 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<HD>(o, pp[kk], v_desc(s, kk));
     wgmma_commit();
   };
-  // Tile j needs the causal mask when its last key is past the warpgroup's first row.
-  auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0; };
+  // Tile j needs the mask when its last key is past the warpgroup's first row (causal) or its
+  // first key before one of this thread's rows' first keys.
+  auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || j * BC < fk_max; };
 
   bar_wait(q_full, 0);
   bar_wait(k_full, 0);
   issue_s(0);
   wgmma_wait<0>();
   reg_fence(sacc);
-  softmax_tile<BC>(sacc, p, m, l, corr, needs_mask(n_kv - 1), (n_kv - 1) * BC + 2 * t4, row0, scale_log2);
+  softmax_tile<BC>(sacc, p, m, l, corr, needs_mask(n_kv - 1), (n_kv - 1) * BC + 2 * t4, row0, fk, scale_log2);
   // One pipelined step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in flight while the softmax of S_j
   // runs; pc is the P being multiplied, pnx receives the next. The two P buffers alternate (the
   // loop is unrolled by two): a register copy between them would define a wgmma input inside the
@@ -331,7 +347,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     issue_pv(sp, pc);
     wgmma_wait<1>();  // S_j done
     reg_fence(sacc);
-    softmax_tile<BC>(sacc, pnx, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, scale_log2);
+    softmax_tile<BC>(sacc, pnx, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
     wgmma_wait<0>();  // PV done: O, pc and stage sp free
     reg_fence(o);
     reg_fence(pc);
@@ -343,18 +359,18 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     }
   };
   auto last_pv = [&](uint32_t (&pc)[BC / 16][4]) {
-    const int sl = (n_kv - 1) % ST;
-    bar_wait(v_full + sl, ((n_kv - 1) / ST) & 1);
+    const int sl = (n_it - 1) % ST;
+    bar_wait(v_full + sl, ((n_it - 1) / ST) & 1);
     issue_pv(sl, pc);
     wgmma_wait<0>();
     reg_fence(o);
   };
   int it = 1;
-  for (; it + 1 < n_kv; it += 2) {
+  for (; it + 1 < n_it; it += 2) {
     step(it, p, pn);
     step(it + 1, pn, p);
   }
-  if (it < n_kv) {
+  if (it < n_it) {
     step(it, p, pn);
     last_pv(pn);
   } else {
@@ -402,11 +418,12 @@ struct Sm90BwdTile {
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
-  // dS^T [2][BC][BQ] (swizzled rows of 64) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 | barriers
+  // dS^T [2][BC][BQ] (swizzled rows of 64) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
+  // F [STAGES][BQ] int (first key of each query: packed rows, window) | barriers
   static constexpr size_t k_off = 0, v_off = k_off + kv_bytes, q_off = v_off + kv_bytes;
   static constexpr size_t do_off = q_off + size_t(STAGES) * qt_bytes, ds_off = do_off + size_t(STAGES) * qt_bytes;
   static constexpr size_t l_off = ds_off + size_t(2) * ds_bytes, d_off = l_off + size_t(STAGES) * BQ * 4;
-  static constexpr size_t bar_off = d_off + size_t(STAGES) * BQ * 4;
+  static constexpr size_t f_off = d_off + size_t(STAGES) * BQ * 4, bar_off = f_off + size_t(STAGES) * BQ * 4;
   // barriers: kv_full, full[STAGES], empty[STAGES]
   static constexpr size_t smem = bar_off + 8 * (1 + 2 * STAGES) + 1024;
   static_assert(HD % 64 == 0 && BC == 64 * CONSUMERS && BQ == 64, "tile shape");
@@ -417,8 +434,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                           float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
-                          const float* __restrict__ lse, const float* __restrict__ Dd, int T, int H, int KVH,
-                          float scale, float scale_log2) {
+                          const float* __restrict__ lse, const float* __restrict__ Dd,
+                          const int32_t* __restrict__ pos, int T, int H, int KVH, float scale, float scale_log2,
+                          int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BC = Tr::BC, BQ = Tr::BQ, ST = Tr::STAGES, CH = Tr::CH;
   unsigned char* sm = smem_base();
@@ -429,6 +447,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   bf16_t* dSs = reinterpret_cast<bf16_t*>(sm + Tr::ds_off);
   float* Ls = reinterpret_cast<float*>(sm + Tr::l_off);
   float* Ds = reinterpret_cast<float*>(sm + Tr::d_off);
+  int* Fs = reinterpret_cast<int*>(sm + Tr::f_off);
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(sm + Tr::bar_off);
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + ST;
@@ -438,7 +457,21 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int jt = bid / n_hb, hb = bid % n_hb;
   const int kvh = hb % KVH, b = hb / KVH, G = H / KVH;
   const int kv0 = jt * BC;
-  const int n_q = (T + BQ - 1) / BQ, i_start = kv0 / BQ, per_head = n_q - i_start, total = G * per_head;
+  const int n_q = (T + BQ - 1) / BQ, i_start = kv0 / BQ;
+  // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
+  // this block's last key (and so every later tile: first keys never decrease) are skipped.
+  const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
+  const bool lower = pb != nullptr || window > 0;
+  int i_end = n_q;
+  if (lower) {
+    const int kv_last = min(kv0 + BC, T) - 1;
+    for (int i = i_start + 1; i < n_q; ++i)
+      if (first_key(pb, window, i * BQ) > kv_last) {
+        i_end = i;
+        break;
+      }
+  }
+  const int per_head = i_end - i_start, total = G * per_head;
 
   const int wg = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
@@ -471,8 +504,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           const int64_t li = (int64_t(b) * H + h) * T + qr;
           Ls[s * BQ + r] = qr < T ? lse[li] * kLog2e : INFINITY;
           Ds[s * BQ + r] = qr < T ? Dd[li] : 0.f;
+          Fs[s * BQ + r] = (lower && qr < T) ? first_key(pb, window, qr) : 0;
         }
-        // Each lane's arrive (release) follows its own L, D stores; lane 0's carries the bytes.
+        // Each lane's arrive (release) follows its own L, D, F stores; lane 0's carries the bytes.
         if (lane == 0) {
           bar_expect_tx(full + s, 2 * Tr::qt_bytes);
           for (int c = 0; c < CH; ++c) {
@@ -537,6 +571,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     reg_fence(dp);
     // P^T, dS^T (this thread: keys key0 + 8 (e >> 1), queries q0 + 8 j + 2 t4 + (e & 1))
     const bool mask = q0 < kw0 + 63;
+    // Some query of the tile sees its first key after this warpgroup's first key (the last
+    // valid query has the largest): mask by first key too.
+    const bool seg = lower && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
     uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
     bf16_t* dsb = dSs + buf * (BC * BQ);
 #pragma unroll
@@ -544,11 +581,14 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       const int qc = j * 8 + 2 * t4;
       const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
       const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
+      const int2 f2 = seg ? *reinterpret_cast<const int2*>(Fs + s * BQ + qc) : make_int2(0, 0);
       float pv[4], dv4[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-        if (mask && q0 + qc + (e & 1) < key0 + (e >> 1) * 8) pe = 0.f;
+        const int key = key0 + (e >> 1) * 8;
+        const bool masked = (mask && q0 + qc + (e & 1) < key) || (seg && ((e & 1) ? f2.y : f2.x) > key);
+        if (masked) pe = 0.f;
         pv[e] = pe;
         dv4[e] = pe * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
       }
@@ -654,7 +694,8 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
   const unsigned grid = unsigned((d.T + Tr::BR - 1) / Tr::BR) * unsigned(d.n_head * d.B);
   kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
-                                               d.T, d.n_head, d.n_kv_head, d.scale * kLog2e);
+                                               d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T, d.n_head,
+                                               d.n_kv_head, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -675,16 +716,14 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
   const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
   const unsigned grid = unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B);
   kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
-                                               lse.ptr<float>(), D, d.T, d.n_head, d.n_kv_head, d.scale,
-                                               d.scale * kLog2e);
+                                               lse.ptr<float>(), D, d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T,
+                                               d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-bool attention_sm90_supported(const AttnDims& d) {
-  return (d.head_dim == 64 || d.head_dim == 128) && d.pos.empty() && d.window <= 0;
-}
+bool attention_sm90_supported(const AttnDims& d) { return d.head_dim == 64 || d.head_dim == 128; }
 
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   if (d.head_dim == 64)

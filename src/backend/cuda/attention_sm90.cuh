@@ -7,8 +7,8 @@
 
 namespace sf::cuda {
 
-// What the sm_90 kernels take: head_dim 64 or 128, no packed rows, no sliding window (BF16,
-// 16-byte aligned tensors: the caller's check).
+// What the sm_90 kernels take: head_dim 64 or 128, with or without packed rows and a sliding
+// window (BF16, 16-byte aligned tensors: the caller's check).
 bool attention_sm90_supported(const AttnDims& d);
 // out, q [B*T, n_head*hd]; k, v [B*T, n_kv_head*hd]; lse [B, n_head, T] F32 (may be empty).
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L);
