@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
     return t;
   };
   Tensor q = make(DType::BF16, {N, QW}), k = make(DType::BF16, {N, KW}), v = make(DType::BF16, {N, KW});
-  Tensor o = make(DType::BF16, {N, QW}), dout = make(DType::BF16, {N, QW}), lse = make(DType::F32, {d.B, d.n_head, d.T});
+  Tensor o = make(DType::BF16, {N, QW}), dout = make(DType::BF16, {N, QW}),
+         lse = make(DType::F32, {d.B, d.n_head, d.T});
   Tensor dq = make(DType::BF16, {N, QW}), dk = make(DType::BF16, {N, KW}), dv = make(DType::BF16, {N, KW});
   const size_t wsb = dev->ops().attention_workspace_bytes(d);
   Tensor ws(dev->alloc(wsb), DType::F32, {int64_t(wsb / 4)});
@@ -131,9 +132,9 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&e1));
     auto time_ms = [&](const std::function<void()>& f) { return median_event_ms(s, e0, e1, f, 5, 30); };
     const double tf = time_ms(fwd), tb = time_ms(bwd), tfb = time_ms([&] {
-      fwd();
-      bwd();
-    });
+                                                         fwd();
+                                                         bwd();
+                                                       });
     std::printf("RESULT sf_attn path=%s B=%d T=%d H=%d KVH=%d hd=%d fwd_ms=%.3f bwd_ms=%.3f fwdbwd_ms=%.3f\n",
                 path.c_str(), d.B, d.T, d.n_head, d.n_kv_head, d.head_dim, tf, tb, tfb);
   } catch (const std::exception& e) {

@@ -83,8 +83,9 @@ struct FwdTile {
 // 8 warps x 1 m-tile (the O accumulator is HD/2 fp32 registers a thread; two m-tiles would spill;
 // Q 64 KiB + double-buffered K, V 128 KiB of shared memory).
 template <int HD>
-using FwdTraits = std::conditional_t<HD == 64, FwdTile<64, 128, 64, 4, 2>,
-                                     std::conditional_t<HD == 128, FwdTile<128, 128, 32, 4, 2>, FwdTile<256, 128, 64, 8, 1>>>;
+using FwdTraits =
+    std::conditional_t<HD == 64, FwdTile<64, 128, 64, 4, 2>,
+                       std::conditional_t<HD == 128, FwdTile<128, 128, 32, 4, 2>, FwdTile<256, 128, 64, 8, 1>>>;
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, Tr::MINB)
@@ -694,10 +695,9 @@ void flash_backward(float* dq_acc, const float* D, Tensor dq, Tensor dk, Tensor 
   auto kernel = flash_bwd_kernel<Tr>;
   raise_smem_once<Tr>(kernel, Tr::smem);
   const dim3 grid(unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B), Tr::CS);
-  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(),
-                                               k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(), lse.ptr<float>(),
-                                               D, pos_ptr(d), d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e,
-                                               d.window);
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(
+      dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(),
+      lse.ptr<float>(), D, pos_ptr(d), d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
   if constexpr (Tr::DQV == 1)
     dq_unpermute_bf16_kernel<<<grid_for(nq / 16, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
