@@ -2,12 +2,12 @@
 # Every GPU-machine check and benchmark of the repository in one call (device time is scarce).
 # Usage there:  BIN=gpubin bash tools/gpu_check.sh [steps...]
 #   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench
-#   (also: moe = issue 18's mixture-of-experts checks, bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
+#   (also: attn = issue 19's attention parity and speed against torch SDPA's backends, moe = issue 18's mixture-of-experts checks, bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
 #    state_quality state_bench = bf16 optimizer state: quality, 3B speed, 8B plan,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
 #    gemma3 = issue 18's Gemma 3 checks)
-# BIN holds slideformer, sf_gpu_tests, bench_kernels and bench_host built here with -DSF_PORTABLE=ON.
+# BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
 BIN=${BIN:-gpubin}
@@ -38,6 +38,7 @@ run() {
 for s in "${steps[@]}"; do
   case $s in
     gpu_tests) run gpu_tests "$BIN/sf_gpu_tests" --gtest_brief=1 ;;
+    attn) run attn python3 bench/attn_vs_torch.py "$BIN" ;;  # issue 19: parity + our kernels vs torch SDPA backends (needs $BIN/attn_bench)
     parity_cpu) run parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu --work /tmp/parity_cpu ;;
     train_cpu) run train_cpu python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cpu --skip-curve --work /tmp/train_cpu ;;
     parity_cuda) run parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --work /tmp/parity_cuda ;;
