@@ -169,6 +169,7 @@ def main(argv=None):
     if moe:
         model, experts_used = build_moe_model(a, torch, transformers)
         a.layers, a.hidden, a.vocab = model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size
+        a.untied = not model.config.tie_word_embeddings
         log(f"experts implementation: asked {a.experts_impl}, in effect {experts_used}")
     else:
         model = build_model(a, torch, transformers)
