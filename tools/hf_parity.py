@@ -31,8 +31,9 @@ ragged, partly masked JSONL file:
               with bf16 autocast (fp32 weights); per tensor, slideformer's gradient error against the fp32
               reference must be <= LOWP_FACTOR (2) x the larger of the two, and at least the floor
               LOWP_GRAD_FLOOR (1e-2 relative, ~2.5 bf16 ulps) is allowed where torch happens to land
-              closer; the loss likewise (floor LOWP_LOSS_FLOOR, 4e-3, one bf16 ulp). Models with the
-              load-balancing loss measure torch with the same one-batch labels= call as their reference.
+              closer; the loss likewise (floor LOWP_LOSS_FLOOR, 1e-3: measured losses land within 8e-5).
+              Models with the load-balancing loss measure torch with the same one-batch labels= call as
+              their reference.
               --grad-tol / --loss-tol (or --no-baseline: 1e-2 / 3e-2) replace the rule by fixed values.
               On cuda the models use initializer_range 0.02 (cpu: 0.1), see CUDA_INIT_RANGE.
               k_proj.bias is measured on the q_proj.bias gradient's scale on cuda (grad_errors()).
@@ -69,7 +70,7 @@ TOL = {
 # cuda: at most LOWP_FACTOR x PyTorch's own bf16 error on the same inputs, per tensor, with floors.
 LOWP_FACTOR = 2.0
 LOWP_GRAD_FLOOR = 1e-2
-LOWP_LOSS_FLOOR = 4e-3
+LOWP_LOSS_FLOOR = 1e-3  # losses average over tokens: measured <= 8e-5 (torch bf16), 4.5e-5 (ours), H200
 # Weight scale of the tiny models with --device cuda. The CPU check uses make_tiny_models' 0.1 (a "hot"
 # network: peaked softmaxes, large activations, so any math slip shows). On such a network bf16 itself
 # is off by 3-8 % in the gradients (transformers in bf16 on an H200, measured), above the 3e-2 gate; at
