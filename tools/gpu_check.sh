@@ -274,7 +274,8 @@ for s in ('3b', '1b'):
       mkdir -p /tmp/sf_gds
       ls -l /usr/local/cuda/lib64/libcufile.so* /proc/driver/nvidia-fs 2>&1 | tee -a "$OUT/all.log" | head -5
       run gds_tests "$BIN/sf_gpu_tests" --gtest_filter='Gds.*'
-      GDS_ARGS="--preset llama-1b --batch-size 8 --seq-len 2048 --device cuda --gpu-memory 24GiB --cpu-memory ${GDS_CPU_MEMORY:-10GiB} --offload-dir /tmp/sf_gds --max-grad-norm 1"
+      # 11 GiB of host memory: every layer's AdamW state and 10 layers' checkpoints on the disk (planned here)
+      GDS_ARGS="--preset llama-1b --batch-size 8 --seq-len 2048 --device cuda --gpu-memory 24GiB --offload --gpu-blobs 0 --cpu-memory ${GDS_CPU_MEMORY:-11GiB} --offload-dir /tmp/sf_gds --max-grad-norm 1"
       "$BIN/slideformer" plan $GDS_ARGS >"$OUT/gds_plan.json" 2>>"$OUT/all.log"
       run gds_plan python3 -c "
 import json, sys
