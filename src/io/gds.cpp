@@ -74,7 +74,8 @@ std::unique_ptr<CuFile> CuFile::open(const std::string& library, std::string& wh
   auto api = std::make_unique<Api>();
   std::string name = library;
   std::string errors;
-  for (const char* cand : {"libcufile.so.0", "libcufile.so"}) {
+  // The loader's path first, then the CUDA toolkit's default place (not always in ld.so.conf).
+  for (const char* cand : {"libcufile.so.0", "libcufile.so", "/usr/local/cuda/lib64/libcufile.so.0"}) {
     const std::string n = library.empty() ? cand : library;
     api->lib = ::dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (api->lib) {

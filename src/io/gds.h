@@ -19,7 +19,7 @@ class CuFile {
  public:
   // nullptr, with `why` ("libcufile not found (...)", "cuFileDriverOpen failed: ..."), when the
   // library does not load or its driver does not open. `library`: a name for dlopen; empty: the
-  // CUDA toolkit's libcufile.so.0, then libcufile.so.
+  // CUDA toolkit's libcufile.so.0, then libcufile.so, then /usr/local/cuda/lib64/libcufile.so.0.
   static std::unique_ptr<CuFile> open(const std::string& library, std::string& why);
   ~CuFile();
   CuFile(const CuFile&) = delete;
