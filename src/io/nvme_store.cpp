@@ -115,6 +115,9 @@ struct NvmeStore::Impl {
   int inflight = 0;                    // pieces issued, not completed
   int64_t open_requests = 0;           // requests not yet done
   bool stopping = false;
+  // Registration (change_fixed): new pieces are held back, and the reaper waits outside the kernel
+  // (some kernels' io_uring_register waits for every thread inside io_uring_enter to leave it).
+  bool registering = false, reaper_paused = false;
   std::vector<std::thread> threads;    // the reaper (io_uring) or the workers
   Clock::time_point busy_since{};
   std::atomic<uint64_t> busy_ns{0}, rd{0}, wr{0};
@@ -161,10 +164,7 @@ struct NvmeStore::Impl {
     {
       std::lock_guard<std::mutex> lk(mu);
       ++open_requests;
-      for (Piece& p : ps) {
-        p.fixed = fixed_index_locked(p.buf, p.len);
-        queue.push_back(std::move(p));
-      }
+      for (Piece& p : ps) queue.push_back(std::move(p));
       issue_locked();
     }
     cv.notify_all();
@@ -273,38 +273,66 @@ struct NvmeStore::Impl {
 #endif
   }
 
-  // The table without `drop`'s entries and with [add, add + bytes) (under mu; waits for the
-  // requests in flight). False when the kernel refuses: said once, and no more attempts.
+  // The table without `drop`'s entries and with [add, add + bytes): once nothing is in flight and
+  // the reaper has left the kernel (new pieces wait in the queue meanwhile). False when the kernel
+  // refuses: said once, and no more attempts.
   bool change_fixed(const void* add, size_t bytes, const void* drop) {
     std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return !registering; });
     if (!uring || fixed_refused) return false;
-    cv.wait(lk, [&] { return open_requests == 0; });
     std::vector<Fixed> table;
     for (const Fixed& f : fixed)
       if (f.owner != drop) table.push_back(f);
     for (size_t at = 0; add && at < bytes; at += kFixedMax)
       table.push_back({static_cast<const char*>(add) + at, std::min(kFixedMax, bytes - at), add});
     if (table.size() == fixed.size() && !add) return true;  // nothing of `drop` was registered
-    const int r = set_fixed_locked(table);
+    registering = true;
+    cv.wait(lk, [&] { return inflight == 0; });
+    const int r = pause_reaper_locked(lk) ? set_fixed_locked(table) : -EBUSY;
+    if (r != 0) {
+      fixed_refused = true;
+      fixed.clear();
+    }
+    registering = reaper_paused = false;
+    issue_locked();
+    lk.unlock();
+    cv.notify_all();
     if (r == 0) return true;
-    fixed_refused = true;
-    fixed.clear();
     log_info("offload dir %s: io_uring did not register the store's buffers (%s; locked-memory limit %s, "
              "`ulimit -l`): plain reads and writes from here on",
              o.dir.c_str(), std::strerror(-r), memlock_limit().c_str());
     return false;
   }
 
-  // io_uring: the pieces the depth allows go to the ring (under mu). The workers take theirs.
+  // The reaper out of io_uring_enter, waiting on cv until registering ends (under mu, nothing in
+  // flight): a marker NOP wakes it. False when the NOP cannot be submitted.
+  bool pause_reaper_locked(std::unique_lock<std::mutex>& lk) {
+#ifdef SF_HAVE_LIBURING
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    if (!sqe) return false;
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data(sqe, &reaper_paused);
+    if (io_uring_submit(&ring) < 1) return false;
+    cv.wait(lk, [&] { return reaper_paused; });
+    return true;
+#else
+    (void)lk;
+    return false;
+#endif
+  }
+
+  // io_uring: the pieces the depth allows go to the ring (under mu), on registered buffers where
+  // they lie in one. The workers take theirs.
   void issue_locked() {
 #ifdef SF_HAVE_LIBURING
-    if (!uring) return;
+    if (!uring || registering) return;
     int n = 0;
     while (!queue.empty() && inflight < o.depth) {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring);
       if (!sqe) break;
       Piece* p = new Piece(std::move(queue.front()));
       queue.pop_front();
+      p->fixed = fixed_index_locked(p->buf, p->len);
       if (p->fixed >= 0) {
         if (p->req->write)
           io_uring_prep_write_fixed(sqe, fd, p->buf, unsigned(p->len), p->off, p->fixed);
@@ -334,10 +362,18 @@ struct NvmeStore::Impl {
       const int r = io_uring_wait_cqe(&ring, &cqe);
       if (r == -EINTR) continue;
       SF_CHECK(r == 0, std::string("io_uring_wait_cqe: ") + std::strerror(-r));
-      Piece* p = static_cast<Piece*>(io_uring_cqe_get_data(cqe));
+      void* data = io_uring_cqe_get_data(cqe);
       const int res = cqe->res;
       io_uring_cqe_seen(&ring, cqe);
-      if (!p) return;  // the stop marker (a NOP)
+      if (!data) return;  // the stop marker (a NOP)
+      if (data == &reaper_paused) {  // change_fixed's marker: wait here until it is done
+        std::unique_lock<std::mutex> lk(mu);
+        reaper_paused = true;
+        cv.notify_all();
+        cv.wait(lk, [&] { return !reaper_paused; });
+        continue;
+      }
+      Piece* p = static_cast<Piece*>(data);
       Piece piece;
       {
         // The submitter wrote *p under mu: taking it here orders the two for the thread sanitizer,
