@@ -10,13 +10,16 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_device.h"
 #include "engine/sliding_engine.h"
 #include "engine_state.h"
+#include "io/gds.h"
 #include "io/nvme_store.h"
 #include "model_fixtures.h"
 #include "test_util.h"
@@ -60,6 +63,7 @@ struct StoreCase {
   bool uring, direct;
   StoreFaults faults;
   const char* name;
+  bool fixed = false;  // the buffers registered with io_uring (READ_FIXED / WRITE_FIXED)
 };
 
 class StoreTransfers : public ::testing::TestWithParam<StoreCase> {};
@@ -82,6 +86,14 @@ TEST_P(StoreTransfers, EveryByteComesBack) {
   const size_t region = 10 * NvmeStore::kAlign * 4;  // 4 regions
   Aligned src(4 * region), dst(4 * region);
   for (size_t i = 0; i < 4 * region; ++i) src.p[i] = char(rng());
+  // Registered: the source whole; the destination's first half only (the rest goes plain).
+  RegisteredBuffer rs, rd;
+  if (c.fixed) {
+    rs = RegisteredBuffer(&s, src.p, 4 * region);
+    rd = RegisteredBuffer(&s, dst.p, 2 * region);
+    EXPECT_EQ(rs.registered(), s.how().rfind("io_uring", 0) == 0) << s.how();
+    EXPECT_EQ(rd.registered(), rs.registered());
+  }
   Waiter w;
   for (int r = 0; r < 4; ++r) s.write(uint64_t(r) * region, src.p + size_t(r) * region, region, w.done());
   w.wait();
@@ -92,6 +104,12 @@ TEST_P(StoreTransfers, EveryByteComesBack) {
   EXPECT_EQ(s.bytes_written(), 4 * region);
   EXPECT_EQ(s.bytes_read(), 4 * region);
   EXPECT_GT(s.busy_seconds(), 0.0);
+  if (c.fixed && rs.registered()) {
+    // 4 regions of 3.33 pieces written, 2 regions read into the registered half (+ resubmissions).
+    EXPECT_GE(s.fixed_pieces(), uint64_t(4 * 4 + 2 * 4));
+  } else {
+    EXPECT_EQ(s.fixed_pieces(), 0u);
+  }
   // Unaligned synchronous transfers (read-modify-write at the edges) leave the rest as it was.
   std::vector<char> small(10001);
   for (char& ch : small) ch = char(rng());
@@ -120,15 +138,21 @@ INSTANTIATE_TEST_SUITE_P(Store, StoreTransfers,
                                            StoreCase{true, false, {}, "uring_cached"},
                                            StoreCase{false, false, {}, "threads_cached"},
                                            StoreCase{true, true, disorder(), "uring_disorder"},
-                                           StoreCase{false, true, disorder(), "threads_disorder"}),
+                                           StoreCase{false, true, disorder(), "threads_disorder"},
+                                           StoreCase{true, true, {}, "uring_direct_fixed", true},
+                                           StoreCase{true, false, disorder(), "uring_disorder_fixed", true},
+                                           StoreCase{false, true, {}, "threads_fixed", true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Store, InjectedErrorsReachDone) {
   test::TempDir dir;
   for (const bool uring : {true, false})
+   for (const bool fixed : {false, true})
     for (const int err : {EIO, ENOSPC})
       for (const bool reads : {false, true}) {
-        SCOPED_TRACE(std::string(uring ? "uring " : "threads ") + std::strerror(err) + (reads ? " reads" : " writes"));
+        if (fixed && !uring) continue;
+        SCOPED_TRACE(std::string(uring ? "uring " : "threads ") + (fixed ? "registered " : "") + std::strerror(err) +
+                     (reads ? " reads" : " writes"));
         StoreOptions o;
         o.dir = dir.path.string();
         o.bytes = 64 * NvmeStore::kAlign;
@@ -137,8 +161,12 @@ TEST(Store, InjectedErrorsReachDone) {
         o.faults.fail_errno = err;
         o.faults.fail_reads = reads;
         o.faults.fail_after_bytes = 5 * NvmeStore::kAlign;
+        o.faults.short_transfers = fixed;  // a registered piece cut short resumes inside its buffer
+        if (fixed) o.piece = 2 * NvmeStore::kAlign;
         NvmeStore s(o);
         Aligned b(16 * NvmeStore::kAlign);
+        const RegisteredBuffer reg(fixed ? &s : nullptr, b.p, 16 * NvmeStore::kAlign);
+        EXPECT_EQ(reg.registered(), fixed && s.how().rfind("io_uring", 0) == 0);
         Waiter w;
         s.write(0, b.p, 16 * NvmeStore::kAlign, w.done());
         w.wait();
@@ -158,6 +186,198 @@ TEST(Store, InjectedErrorsReachDone) {
           }
         }
       }
+}
+
+// A store of 64 blocks in `dir`, moved in pieces of `piece_blocks` blocks.
+StoreOptions small_store(const test::TempDir& dir, size_t piece_blocks) {
+  StoreOptions o;
+  o.dir = dir.path.string();
+  o.bytes = 64 * NvmeStore::kAlign;
+  o.piece = piece_blocks * NvmeStore::kAlign;
+  return o;
+}
+
+// The kernel refuses to register (past RLIMIT_MEMLOCK): said once in the log, no more attempts,
+// and the transfers go on as plain reads and writes with every byte and every fault as before.
+TEST(Store, RefusedRegistrationFallsBackOnce) {
+  test::TempDir dir;
+  StoreOptions o = small_store(dir, 2);
+  o.faults.refuse_registration = true;
+  o.faults.short_transfers = true;
+  o.faults.max_delay_us = 100;
+  NvmeStore s(o);
+  if (s.how().rfind("io_uring", 0) != 0) GTEST_SKIP() << "no io_uring here: " << s.how();
+  Aligned a(32 * NvmeStore::kAlign), b(32 * NvmeStore::kAlign);
+  std::mt19937 rng(5);
+  for (size_t i = 0; i < 32 * NvmeStore::kAlign; ++i) a.p[i] = char(rng());
+  ::testing::internal::CaptureStderr();
+  const RegisteredBuffer ra(&s, a.p, 32 * NvmeStore::kAlign), rb(&s, b.p, 32 * NvmeStore::kAlign);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(ra.registered());
+  EXPECT_FALSE(rb.registered());
+  size_t said = 0;
+  for (size_t at = log.find("did not register"); at != std::string::npos; at = log.find("did not register", at + 1))
+    ++said;
+  EXPECT_EQ(said, 1u) << log;
+  EXPECT_NE(log.find(o.dir), std::string::npos) << log;
+  EXPECT_NE(log.find("locked-memory limit"), std::string::npos) << log;
+  s.write_wait(0, a.p, 32 * NvmeStore::kAlign);
+  s.read_wait(0, b.p, 32 * NvmeStore::kAlign);
+  EXPECT_EQ(std::memcmp(a.p, b.p, 32 * NvmeStore::kAlign), 0);
+  EXPECT_EQ(s.fixed_pieces(), 0u);
+}
+
+// Buffers registered and unregistered in any order (parts of an engine come and go): the table
+// keeps the others, and a piece straddling a registered buffer's end goes plain.
+TEST(Store, RegisteredBuffersComeAndGo) {
+  test::TempDir dir;
+  NvmeStore s(small_store(dir, 4));
+  if (s.how().rfind("io_uring", 0) != 0) GTEST_SKIP() << "no io_uring here: " << s.how();
+  Aligned a(16 * NvmeStore::kAlign), b(16 * NvmeStore::kAlign), c(16 * NvmeStore::kAlign);
+  for (size_t i = 0; i < 16 * NvmeStore::kAlign; ++i) a.p[i] = char(i * 7 + 1);
+  auto ra = std::make_unique<RegisteredBuffer>(&s, a.p, 16 * NvmeStore::kAlign);
+  const RegisteredBuffer rb(&s, b.p, 6 * NvmeStore::kAlign);  // pieces of 4 blocks: [0, 4) fixed, [4, 8) plain
+  ASSERT_TRUE(ra->registered() && rb.registered());
+  s.write_wait(0, a.p, 16 * NvmeStore::kAlign);
+  EXPECT_EQ(s.fixed_pieces(), 4u);
+  ra.reset();  // a's entries leave the table; b's stay
+  s.write_wait(16 * NvmeStore::kAlign, a.p, 16 * NvmeStore::kAlign);
+  EXPECT_EQ(s.fixed_pieces(), 4u);
+  s.read_wait(0, b.p, 8 * NvmeStore::kAlign);
+  EXPECT_EQ(s.fixed_pieces(), 5u);
+  EXPECT_EQ(std::memcmp(a.p, b.p, 8 * NvmeStore::kAlign), 0);
+  const RegisteredBuffer rc(&s, c.p, 16 * NvmeStore::kAlign);
+  ASSERT_TRUE(rc.registered());
+  s.read_wait(16 * NvmeStore::kAlign, c.p, 16 * NvmeStore::kAlign);
+  EXPECT_EQ(s.fixed_pieces(), 9u);
+  EXPECT_NE(s.how().find(", 2 registered buffers"), std::string::npos) << s.how();
+  EXPECT_EQ(std::memcmp(a.p, c.p, 16 * NvmeStore::kAlign), 0);
+}
+
+// Buffers registered and unregistered while another thread's transfers run (pieces held back
+// while the table changes, the reaper out of the kernel): every byte comes back, nothing hangs.
+TEST(Store, RegistrationWhileTransfersRun) {
+  test::TempDir dir;
+  StoreOptions o = small_store(dir, 1);
+  o.faults.max_delay_us = 200;
+  NvmeStore s(o);
+  if (s.how().rfind("io_uring", 0) != 0) GTEST_SKIP() << "no io_uring here: " << s.how();
+  Aligned a(16 * NvmeStore::kAlign), b(16 * NvmeStore::kAlign), c(8 * NvmeStore::kAlign);
+  for (size_t i = 0; i < 16 * NvmeStore::kAlign; ++i) a.p[i] = char(i * 13 + 5);
+  std::atomic<bool> done{false};
+  int rounds = 0;
+  std::thread io([&] {
+    for (; rounds < 30; ++rounds) {
+      s.write_wait(uint64_t(rounds % 4) * 16 * NvmeStore::kAlign, a.p, 16 * NvmeStore::kAlign);
+      s.read_wait(uint64_t(rounds % 4) * 16 * NvmeStore::kAlign, b.p, 16 * NvmeStore::kAlign);
+      if (std::memcmp(a.p, b.p, 16 * NvmeStore::kAlign) != 0) break;
+      std::memset(b.p, 0, 16 * NvmeStore::kAlign);
+    }
+    done = true;
+  });
+  int changes = 0;
+  while (!done) {
+    const RegisteredBuffer ra(&s, a.p, 16 * NvmeStore::kAlign), rc(&s, c.p, 8 * NvmeStore::kAlign);
+    EXPECT_TRUE(ra.registered() && rc.registered());
+    ++changes;
+  }
+  io.join();
+  EXPECT_EQ(rounds, 30) << "a transfer came back wrong";
+  EXPECT_GT(changes, 1);
+  EXPECT_GT(s.fixed_pieces(), 0u);
+}
+
+// ---- GPUDirect Storage (cuFile), through the test stand-in for libcufile (tests/fake_cufile/);
+// tests/gpu/test_gds.cpp runs the real library on a GPU.
+
+// The start-up choice says which path and why, in each case.
+TEST(Gds, TheChoiceSaysWhichPathAndWhy) {
+  test::TempDir dir;
+  const std::string d = dir.path.string();
+  CheckpointIo c = choose_checkpoint_io(true, d, "0");
+  EXPECT_FALSE(c.cufile);
+  EXPECT_NE(c.text.find("pinned bounce: SF_CUFILE=0"), std::string::npos) << c.text;
+  c = choose_checkpoint_io(false, d, "");
+  EXPECT_FALSE(c.cufile);
+  EXPECT_NE(c.text.find("cpu backend"), std::string::npos) << c.text;
+  c = choose_checkpoint_io(true, d, (dir.path / "libcufile.so.0").string());
+  EXPECT_FALSE(c.cufile);
+  EXPECT_NE(c.text.find("pinned bounce: libcufile not found"), std::string::npos) << c.text;
+  c = choose_checkpoint_io(true, d, "auto");  // this machine: libcufile absent, or present and chosen
+  EXPECT_TRUE(c.cufile ? c.text.rfind("cuFile (libcufile.so", 0) == 0
+                       : c.text.find("pinned bounce: ") != std::string::npos)
+      << c.text;
+  c = choose_checkpoint_io(false, d, SF_FAKE_CUFILE);  // a path: loaded whatever the backend
+  EXPECT_TRUE(c.cufile) << c.text;
+  EXPECT_EQ(c.library, SF_FAKE_CUFILE);
+  EXPECT_EQ(c.text.rfind("cuFile (" + std::string(SF_FAKE_CUFILE) + " loaded, ", 0), 0u) << c.text;
+  ::setenv("FAKE_CUFILE_REFUSE_HANDLE", "1", 1);
+  c = choose_checkpoint_io(true, d, SF_FAKE_CUFILE);
+  ::unsetenv("FAKE_CUFILE_REFUSE_HANDLE");
+  EXPECT_FALSE(c.cufile);
+  EXPECT_NE(c.text.find("cuFileHandleRegister failed: cuFile error 5018"), std::string::npos) << c.text;
+  EXPECT_NE(c.text.find(d), std::string::npos) << c.text;
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path)) << "the probe leaves nothing";
+  // A library that lacks the calls: named.
+  c = choose_checkpoint_io(true, d, "libc.so.6");
+  EXPECT_FALSE(c.cufile);
+  EXPECT_NE(c.text.find("lacks cuFileDriverOpen"), std::string::npos) << c.text;
+}
+
+// Transfers through cuFile land in the same file as the store's own (read back either way), odd
+// sizes included, with short transfers and delays; a failure names the directory and the errno,
+// and check() reports it after.
+TEST(Gds, StoreTransfersThroughCuFile) {
+  test::TempDir dir;
+  StoreOptions o = small_store(dir, 8);
+  o.direct = false;
+  o.cufile = SF_FAKE_CUFILE;
+  o.faults = disorder();
+  NvmeStore s(o);
+  ASSERT_TRUE(s.gpu_direct());
+  EXPECT_NE(s.gpu_how().find("cuFile ("), std::string::npos) << s.gpu_how();
+  std::mt19937 rng(11);
+  std::vector<char> a(5 * NvmeStore::kAlign + 123), b(a.size()), c(a.size());
+  for (char& x : a) x = char(rng());
+  EXPECT_TRUE(s.gpu_register(b.data(), b.size()));
+  s.gpu_write_wait(3 * NvmeStore::kAlign, a.data(), a.size());
+  s.read_sync(3 * NvmeStore::kAlign, c.data(), c.size());  // the store's own path sees cuFile's bytes
+  EXPECT_EQ(c, a);
+  s.gpu_read_wait(3 * NvmeStore::kAlign, b.data(), b.size());
+  EXPECT_EQ(b, a);
+  s.gpu_unregister(b.data());
+  EXPECT_EQ(s.gpu_bytes(), 2 * a.size());
+  EXPECT_GE(s.bytes_written(), a.size());
+  s.check();
+  for (const bool reads : {false, true}) {
+    StoreOptions f = o;
+    f.faults = {};
+    f.faults.fail_errno = reads ? EIO : ENOSPC;
+    f.faults.fail_reads = reads;
+    NvmeStore t(f);
+    std::string what;
+    try {
+      t.gpu_write_wait(0, a.data(), a.size());
+      t.gpu_read_wait(0, b.data(), b.size());
+    } catch (const std::runtime_error& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find(o.dir), std::string::npos) << what;
+    EXPECT_NE(what.find(std::strerror(f.faults.fail_errno)), std::string::npos) << what;
+    EXPECT_NE(what.find(reads ? "reading" : "writing"), std::string::npos) << what;
+    EXPECT_THROW(t.check(), std::runtime_error);
+  }
+  // Chosen at start-up, but the file is refused at the store: a loud error, not a silent fallback.
+  ::setenv("FAKE_CUFILE_REFUSE_HANDLE", "1", 1);
+  std::string what;
+  try {
+    NvmeStore t(o);
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  ::unsetenv("FAKE_CUFILE_REFUSE_HANDLE");
+  EXPECT_NE(what.find("GPUDirect Storage was chosen at start-up"), std::string::npos) << what;
+  EXPECT_NE(what.find("SF_CUFILE=0"), std::string::npos) << what;
 }
 
 TEST(Store, BadDirectoriesAndTooLargeFilesAreInputErrors) {

@@ -83,6 +83,7 @@ struct Case {
   int disk = 0;
   bool uring = true;  // the store's io_uring backend (else worker threads)
   int ckpt_disk = 0;  // the first layers whose checkpoints are in the store (the I/O stream: bit 5)
+  bool cufile = false;  // ... moved by cuFile (the test stand-in, tests/fake_cufile/), no pinned ring
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -161,6 +162,10 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
     so.store.faults.max_delay_us = c.delay_us * 4;
     so.store.faults.short_transfers = true;
     so.disk_ring = 2;
+    if (c.cufile) {
+      so.store.cufile = SF_FAKE_CUFILE;
+      so.store.direct = false;  // the stand-in's pread/pwrite take any buffer
+    }
   }
   SlidingEngine s(*dev_s, spec, so);
   s.init_random(5);
@@ -174,6 +179,12 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   for (auto which : {Engine::State::AdamM, Engine::State::AdamV}) {  // the moments too (bf16 state: rounded alike)
     const HostParams mr = test::export_state(r, which), ms = test::export_state(s, which);
     for (size_t i = 0; i < mr.size(); ++i) EXPECT_EQ(mr[i].data, ms[i].data) << mr[i].name;
+  }
+  if (c.cufile) {
+    EXPECT_GT(s.stats().disk_gpu_direct, 0u) << "checkpoints through cuFile";
+  }
+  if (c.ckpt_disk && !c.cufile && c.uring) {  // the checkpoints' pinned ring registered with io_uring
+    EXPECT_NE(s.stats().disk_io.find("registered buffer"), std::string::npos) << s.stats().disk_io;
   }
   if (c.gpu == 3)
     EXPECT_EQ(s.uploads(), 0);  // every blob on the GPU: nothing slides
@@ -244,7 +255,13 @@ INSTANTIATE_TEST_SUITE_P(
         // bf16 optimizer state in the store: the ring carries 2-byte moments
         Case{"qwen2", 2, 50, 16, true, false, 0, false, 2, 0, false, true, 2, false, 1},
         Case{"llama", 3, 50, 4, false, true, 1, true, 1, 0, false, true, 1, true, 2},
-        Case{"gemma3", 2, 50, 16, true, false, 0, false, 2, 0, false, false, 2, true, 2}),
+        Case{"gemma3", 2, 50, 16, true, false, 0, false, 2, 0, false, false, 2, true, 2},
+        // checkpoints through cuFile (GPUDirect Storage): GPU copies into the fetch buffers, no
+        // pinned ring; stalls on the I/O stream (32), d2h (4), h2d (2) and compute (1)
+        Case{"qwen2", 3, 50, 32, false, false, 0, false, 1, 0, false, false, 0, true, 1, true},
+        Case{"llama", 2, 50, 4, true, true, 0, false, 3, 0, false, false, 2, true, 4, true},
+        Case{"mistral", 3, 50, 2, false, false, 1, true, 2, 0, false, false, 1, false, 2, true},
+        Case{"qwen3", 2, 50, 1, true, false, 0, false, 2, 0, false, true, 0, true, 4, true}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +
@@ -254,7 +271,7 @@ INSTANTIATE_TEST_SUITE_P(
              (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "") +
              (c.bf16_state ? "_bf16state" : "") +
              (c.disk ? "_disk" + std::to_string(c.disk) : "") + (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
-             ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "");
+             ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.cufile ? "_cufile" : "");
     });
 
 }  // namespace

@@ -7,7 +7,7 @@
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
 #    gemma3 = issue 18's Gemma 3 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
-#    the two halves of moe and gemma3)
+#    the two halves of moe and gemma3, gds = issue 17's GPUDirect Storage checks)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -279,6 +279,24 @@ for s in ('3b', '1b'):
       done
       run nvme_8b_64g "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 --steps 2 --warmup 1 \
         --device cuda --gpu-memory 24GiB --cpu-memory 64GiB --offload-dir /tmp/sf_off --max-grad-norm 1 ;;
+    # issue 17 §1, GPUDirect Storage: the cuFile tests (bytes disk <-> GPU; a sliding engine with its
+    # checkpoints through cuFile against the io_uring + pinned bounce path), then 1B with a host budget
+    # that puts checkpoints on the disk (the plan must say so and name the path), benched through
+    # cuFile and with SF_CUFILE=0 (each bench line: disk_io, disk_cufile_bytes_per_step, disk_busy_ms)
+    gds)
+      mkdir -p /tmp/sf_gds
+      ls -l /usr/local/cuda/lib64/libcufile.so* /proc/driver/nvidia-fs 2>&1 | tee -a "$OUT/all.log" | head -5
+      run gds_tests "$BIN/sf_gpu_tests" --gtest_filter='Gds.*'
+      # 11 GiB of host memory: every layer's AdamW state and 10 layers' checkpoints on the disk (planned here)
+      GDS_ARGS="--preset llama-1b --batch-size 8 --seq-len 2048 --device cuda --gpu-memory 24GiB --offload --gpu-blobs 0 --cpu-memory ${GDS_CPU_MEMORY:-11GiB} --offload-dir /tmp/sf_gds --max-grad-norm 1"
+      "$BIN/slideformer" plan $GDS_ARGS >"$OUT/gds_plan.json" 2>>"$OUT/all.log"
+      run gds_plan python3 -c "
+import json, sys
+p = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]
+print(json.dumps({k: p[k] for k in ('fits', 'ckpt_disk_layers', 'disk_blobs', 'checkpoint_io', 'predicted_tokens_per_second')}))
+sys.exit(0 if p['fits'] and p['ckpt_disk_layers'] > 0 and p['checkpoint_io'].startswith('cuFile') else 1)" "$OUT/gds_plan.json"
+      run gds_bench_cufile "$BIN/slideformer" bench $GDS_ARGS --steps 3 --warmup 1
+      run gds_bench_bounce env SF_CUFILE=0 "$BIN/slideformer" bench $GDS_ARGS --steps 3 --warmup 1 ;;
     # 13B (Llama 2) with bf16 state at 24 GiB and the default host budget, state spilling to the disk
     nvme13)
       mkdir -p /tmp/sf_off

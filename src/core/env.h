@@ -15,6 +15,7 @@ enum class Env {
   HoldGrads,  // SF_HOLD_GRADS
   AdamwIsa,   // SF_ADAMW_ISA
   MoeSimt,    // SF_MOE_SIMT
+  Cufile,     // SF_CUFILE
 };
 
 struct EnvVar {
@@ -40,6 +41,9 @@ inline constexpr EnvVar kEnvVars[] = {
      "on every path: tests run each, benchmarks compare them)"},
     {Env::MoeSimt, "SF_MOE_SIMT", "switch", "0",
      "CUDA MoE grouped GEMMs on the SIMT kernels also for bf16 (1: the fallback to the tensor-core ones)"},
+    {Env::Cufile, "SF_CUFILE", "text", "auto",
+     "checkpoints in the offload dir through GPUDirect Storage (cuFile) where libcufile loads: auto, 0 (never: "
+     "io_uring + pinned bounce), or the library's path"},
 };
 
 inline const EnvVar& env_var(Env e) { return kEnvVars[static_cast<int>(e)]; }

@@ -17,14 +17,15 @@ MemoryItems CheckpointStore::buffers(const CheckpointOptions& o) {
   MemoryItems m = {{"checkpoints fetched for the backward", 2 * o.stride, Place::Device, "ckpt.fetch"},
                    {"layer-input checkpoints (" + std::to_string(o.micro) + " micro-batches)",
                     size_t(o.micro) * size_t(layers - disk) * o.stride, Place::Pinned, "ckpt.host"}};
-  if (disk > 0) {
+  if (disk > 0 && !o.gpu_direct) {
     const size_t ring = size_t(o.write_ring + o.read_ahead) * disk_stride(o) + NvmeStore::kAlign;
     m.push_back({"checkpoints to and from the offload dir (" + std::to_string(o.write_ring + o.read_ahead) +
                      " buffers)",
                  ring, Place::Pinned, "ckpt.ring"});
+  }
+  if (disk > 0)
     m.push_back({"layer-input checkpoints of " + std::to_string(disk) + " layers",
                  size_t(o.micro) * size_t(disk) * disk_stride(o), Place::Disk, "ckpt.disk"});
-  }
   return m;
 }
 
@@ -43,18 +44,30 @@ CheckpointStore::CheckpointStore(Device& dev, const CheckpointOptions& o, NvmeSt
   offloaded_ = dev.create_event();
   if (o_.disk_layers == 0) return;
   SF_CHECK(store && io && o.write_ring >= 1 && o.read_ahead >= 1, "checkpoints on disk need the store and a stream");
-  ring_ = src.buffer("ckpt.ring");
   src.take("ckpt.disk");
-  for (int i = 0; i < o.write_ring; ++i) {
+  if (o_.gpu_direct) {
+    SF_CHECK(store->gpu_direct(), "checkpoints through cuFile, but the store has no GPUDirect Storage");
+    o_.write_ring = 2;  // the two fetch buffers
+    gpu_reg_ = store->gpu_register(gpu_.data(), gpu_.size());
+    written_ = dev.create_event();
+  } else {
+    ring_ = src.buffer("ckpt.ring");
+    ring_reg_ = RegisteredBuffer(store, ring_.data(), ring_.size());
+  }
+  for (int i = 0; i < o_.write_ring; ++i) {
     w_free_.push_back(dev.create_event());
     w_copied_.push_back(dev.create_event());
   }
-  for (int i = 0; i < o.read_ahead; ++i) {
+  for (int i = 0; i < o.read_ahead && !o_.gpu_direct; ++i) {
     r_ready_.push_back(dev.create_event());
     r_free_.push_back(dev.create_event());
   }
   for (int l = o_.disk_layers - 1; l >= 0; --l)
     for (int j = 0; j < o_.micro; ++j) disk_order_.emplace_back(j, l);
+}
+
+CheckpointStore::~CheckpointStore() {
+  if (gpu_reg_) store_->gpu_unregister(gpu_.data());
 }
 
 char* CheckpointStore::at(int j, int l) const {
@@ -77,6 +90,7 @@ void CheckpointStore::offload(int j, int l, const void* src, size_t bytes, Strea
     dev_.copy(at(j, l), src, bytes, CopyKind::DeviceToHost, d2h);
     return;
   }
+  if (o_.gpu_direct) return offload_direct(j, l, src, bytes, d2h);
   const int w = next_w_;
   next_w_ = (next_w_ + 1) % o_.write_ring;
   char* slot = ring_slot(w);
@@ -91,9 +105,44 @@ void CheckpointStore::offload(int j, int l, const void* src, size_t bytes, Strea
   dev_.record(*w_free_[size_t(w)], *io_);
 }
 
+// Down without a bounce: a copy on the GPU into fetch buffer w (free in the forward once cuFile
+// wrote what it held), then cuFile writes it out on the io stream.
+void CheckpointStore::offload_direct(int j, int l, const void* src, size_t bytes, Stream& d2h) {
+  const int w = next_w_;
+  next_w_ = (next_w_ + 1) % 2;
+  char* buf = static_cast<char*>(gpu_.data()) + size_t(w) * o_.stride;
+  dev_.wait(d2h, *w_free_[size_t(w)]);
+  dev_.wait(d2h, *free_[w]);  // the last backward's compute is done with it
+  dev_.copy(buf, src, bytes, CopyKind::DeviceToDevice, d2h);
+  dev_.record(*w_copied_[size_t(w)], d2h);
+  dev_.wait(*io_, *w_copied_[size_t(w)]);
+  NvmeStore* store = store_;
+  const uint64_t at = disk_at(j, l);
+  dev_.host_fn(*io_, [store, at, buf, bytes] { store->gpu_write_wait(at, buf, bytes); });
+  dev_.record(*w_free_[size_t(w)], *io_);
+}
+
+// Up without a bounce: cuFile reads into fetch buffer i on the io stream, once the compute stream
+// is done with what it held and the forward's writes from it are done.
+void CheckpointStore::fetch_direct(int i, int j, int l, size_t bytes) {
+  const size_t u = reads_used_++;
+  SF_CHECK(u < disk_order_.size() && disk_order_[u] == std::make_pair(j, l), "checkpoint fetched out of order");
+  dev_.wait(*io_, *free_[i]);
+  char* buf = static_cast<char*>(gpu_.data()) + size_t(i) * o_.stride;
+  NvmeStore* store = store_;
+  const uint64_t at = disk_at(j, l);
+  dev_.host_fn(*io_, [store, at, buf, bytes] { store->gpu_read_wait(at, buf, bytes); });
+  dev_.record(*ready_[i], *io_);
+}
+
 void CheckpointStore::forward_done(Stream& d2h) {
   dev_.record(*offloaded_, d2h);
   reads_queued_ = reads_used_ = 0;
+  if (o_.gpu_direct) {
+    dev_.wait(*io_, *offloaded_);
+    dev_.record(*written_, *io_);  // every write of this forward from the fetch buffers is done
+    return;
+  }
   // The backward's first disk fetches read ahead from now on (the io stream runs the forward's
   // writes first, in its order).
   while (reads_queued_ < disk_order_.size() && reads_queued_ < size_t(o_.read_ahead)) queue_read();
@@ -114,9 +163,11 @@ void CheckpointStore::queue_read() {
 
 void CheckpointStore::fetch(int k, int j, int l, size_t bytes, Stream& h2d) {
   const int i = k % 2;
+  char* gpu = static_cast<char*>(gpu_.data()) + size_t(i) * o_.stride;
+  if (o_.gpu_direct && on_disk(l)) return fetch_direct(i, j, l, bytes);
   dev_.wait(h2d, *free_[i]);
   dev_.wait(h2d, *offloaded_);
-  char* gpu = static_cast<char*>(gpu_.data()) + size_t(i) * o_.stride;
+  if (written_) dev_.wait(h2d, *written_);
   if (!on_disk(l)) {
     dev_.copy(gpu, at(j, l), bytes, CopyKind::HostToDevice, h2d);
   } else {

@@ -7,7 +7,13 @@
 // read last in the backward: the most time between) go to the offload file instead, through a
 // small pinned ring, on an I/O stream whose host functions do the transfers: down, d2h into a
 // ring buffer then written out; up, read into a ring buffer `read_ahead` fetches ahead (from the
-// end of the forward on), then h2d into the GPU buffer.
+// end of the forward on), then h2d into the GPU buffer. The ring is registered with the store's
+// io_uring where the kernel allows.
+//
+// With GPUDirect Storage (`gpu_direct`: cuFile, io/gds.h) there is no pinned ring: down, the
+// layer input is copied on the GPU into one of the two fetch buffers (idle during the forward)
+// and written from there by cuFile; up, cuFile reads into the fetch buffer itself once the
+// compute stream is done with it (one fetch ahead, as for the checkpoints in host memory).
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -27,6 +33,7 @@ struct CheckpointOptions {
   int disk_layers = 0;  // the first layers whose checkpoints are in the offload file
   int write_ring = 2;   // pinned buffers of the writes
   int read_ahead = 4;   // pinned buffers of the reads (fetches read ahead)
+  bool gpu_direct = false;  // disk layers through cuFile (the store's gpu_* calls), no pinned ring
 };
 
 class CheckpointStore {
@@ -54,6 +61,10 @@ class CheckpointStore {
   // The compute stream's work queued so far is the last that reads fetch k's buffer.
   void done(int k, Stream& compute);
 
+  ~CheckpointStore();
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
+
   size_t host_bytes() const { return host_.size() + ring_.size(); }
   size_t device_bytes() const { return gpu_.size(); }
 
@@ -63,6 +74,8 @@ class CheckpointStore {
   uint64_t disk_at(int j, int l) const;
   char* ring_slot(int i) const;  // write ring 0..write_ring-1, then the read ring
   void queue_read();  // the next disk checkpoint of the backward into the read ring (io stream)
+  void offload_direct(int j, int l, const void* src, size_t bytes, Stream& d2h);  // gpu_direct
+  void fetch_direct(int i, int j, int l, size_t bytes);                           // gpu_direct
   Device& dev_;
   CheckpointOptions o_;
   size_t dstride_ = 0;  // stride rounded to the store's block
@@ -81,6 +94,9 @@ class CheckpointStore {
   std::vector<std::unique_ptr<Event>> r_ready_, r_free_;
   std::vector<std::pair<int, int>> disk_order_;  // (j, l) of the disk checkpoints in fetch order
   size_t reads_queued_ = 0, reads_used_ = 0;
+  RegisteredBuffer ring_reg_;               // the pinned ring in the store's io_uring table
+  bool gpu_reg_ = false;                    // gpu_ registered with cuFile
+  std::unique_ptr<Event> written_;          // io: the forward's cuFile writes from gpu_ are done
 };
 
 }  // namespace sf

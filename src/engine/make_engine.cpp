@@ -8,6 +8,7 @@
 #include "core/units.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "io/gds.h"
 
 namespace sf {
 
@@ -24,6 +25,12 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.disk_blobs = p.disk_blobs;
   so.ckpt_disk_layers = p.ckpt_disk_layers;
   so.store.dir = req.offload_dir;
+  if (p.ckpt_disk_layers > 0) {  // how the checkpoints on disk move: chosen once, here
+    const CheckpointIo io =
+        choose_checkpoint_io(dev.name().rfind("cuda", 0) == 0, req.offload_dir, env_text(Env::Cufile));
+    if (io.cufile) so.store.cufile = io.library;
+    log_info("checkpoint I/O: %s", io.text.c_str());
+  }
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }
 

@@ -139,6 +139,7 @@ CheckpointOptions checkpoint_options(const ModelSpec& spec, const SlidingShape& 
   c.layers = spec.n_layer;
   c.stride = z.stride_nh;
   c.disk_layers = o.ckpt_disk_layers;
+  c.gpu_direct = !o.store.cufile.empty();  // GPUDirect Storage chosen at start-up (io/gds.h)
   const int on_disk = z.K * std::clamp(o.ckpt_disk_layers, 0, spec.n_layer);  // no more buffers than checkpoints there
   c.write_ring = std::clamp(on_disk, 1, c.write_ring);
   c.read_ahead = std::clamp(on_disk, 1, c.read_ahead);
@@ -806,12 +807,16 @@ int64_t SlidingEngine::uploads() const { return impl_->slots->uploads(); }
 
 Engine::Stats SlidingEngine::stats() const {
   const Impl& m = *impl_;
-  Stats st{m.host->update_seconds(), m.slots->uploads(),
-           m.host->pinned_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes()};
+  Stats st;
+  st.host_update_s = m.host->update_seconds();
+  st.uploads = m.slots->uploads();
+  st.pinned_bytes = m.host->pinned_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes();
   if (m.store) {
     st.disk_read = m.store->bytes_read();
     st.disk_written = m.store->bytes_written();
     st.disk_busy_s = m.store->busy_seconds();
+    st.disk_gpu_direct = m.store->gpu_bytes();
+    st.disk_io = m.store->how() + (m.store->gpu_direct() ? "; checkpoints: " + m.store->gpu_how() : "");
   }
   return st;
 }

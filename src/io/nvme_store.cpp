@@ -1,6 +1,7 @@
 #include "io/nvme_store.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -26,6 +28,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "io/atomic_file.h"
+#include "io/gds.h"
 
 namespace sf {
 
@@ -53,7 +56,23 @@ struct Piece {
   char* buf = nullptr;
   size_t len = 0;
   bool shortened = false;  // StoreFaults::short_transfers: each piece is cut once
+  int fixed = -1;          // the registered buffer holding [buf, buf + len), or -1
 };
+
+// One entry of io_uring's registered buffer table: the kernel takes at most 1 GiB an entry, so a
+// larger buffer is several entries (a piece that straddles two goes as a plain transfer).
+struct Fixed {
+  const char* base;
+  size_t len;
+  const void* owner;  // the buffer register_buffer was given
+};
+constexpr size_t kFixedMax = size_t(1) << 30;
+
+std::string memlock_limit() {
+  struct rlimit rl{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "unknown";
+  return rl.rlim_cur == RLIM_INFINITY ? "unlimited" : format_bytes(uint64_t(rl.rlim_cur));
+}
 
 // Opens the anonymous file: O_TMPFILE, else a marked name unlinked at once; with O_DIRECT unless
 // the filesystem refuses it (EINVAL: tmpfs and others), then through the page cache.
@@ -96,6 +115,9 @@ struct NvmeStore::Impl {
   int inflight = 0;                    // pieces issued, not completed
   int64_t open_requests = 0;           // requests not yet done
   bool stopping = false;
+  // Registration (change_fixed): new pieces are held back, and the reaper waits outside the kernel
+  // (some kernels' io_uring_register waits for every thread inside io_uring_enter to leave it).
+  bool registering = false, reaper_paused = false;
   std::vector<std::thread> threads;    // the reaper (io_uring) or the workers
   Clock::time_point busy_since{};
   std::atomic<uint64_t> busy_ns{0}, rd{0}, wr{0};
@@ -103,6 +125,27 @@ struct NvmeStore::Impl {
   std::atomic<int> first_err{0};  // 2 * errno + (1 for a write): the first failure
   std::mt19937_64 rng;
   std::mutex rng_mu;
+  std::vector<Fixed> fixed;             // the registered buffers (under mu; changed with nothing in flight)
+  bool fixed_refused = false;           // the kernel refused once: no more attempts
+  std::atomic<uint64_t> fixed_issued{0};
+  std::unique_ptr<CuFile> cufile;  // GPUDirect Storage (StoreOptions::cufile)
+  void* cufile_handle = nullptr;   // the file registered with it
+  std::atomic<uint64_t> gpu_moved{0};
+  // The cuFile transfers run on a thread of their own (bound to the CUDA context): the callers are
+  // stream host functions, which may make no CUDA call. One job at a time, the caller waiting.
+  struct GpuJob {
+    bool write;
+    uint64_t off;
+    char* dev;
+    size_t bytes;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  std::thread gpu_thread;
+  std::mutex gpu_mu;
+  std::condition_variable gpu_cv;
+  std::deque<GpuJob*> gpu_jobs;
+  bool gpu_stop = false;
 #ifdef SF_HAVE_LIBURING
   io_uring ring{};
 #endif
@@ -135,9 +178,9 @@ struct NvmeStore::Impl {
       busy_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - busy_since).count());
   }
 
-  // A piece's result (bytes moved or -errno) from either backend: faults applied, short transfers
-  // and interruptions resubmitted, the request done after its last piece.
-  void complete(Piece p, ssize_t res) {
+  // StoreFaults applied to a transfer's result (bytes moved or -errno) of `len` requested:
+  // a random delay, the first transfer cut short, a failure past the byte budget.
+  ssize_t inject(ssize_t res, size_t len, bool write, bool& shortened) {
     const StoreFaults& f = o.faults;
     if (f.max_delay_us > 0) {
       int us;
@@ -147,13 +190,20 @@ struct NvmeStore::Impl {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(us));
     }
-    if (res > 0 && f.short_transfers && !p.shortened && size_t(res) == p.len && p.len > kAlign) {
-      res = ssize_t(p.len / 2 / kAlign * kAlign);
-      p.shortened = true;
+    if (res > 0 && f.short_transfers && !shortened && size_t(res) == len && len > kAlign) {
+      res = ssize_t(len / 2 / kAlign * kAlign);
+      shortened = true;
     }
-    if (res > 0 && f.fail_errno != 0 && f.fail_reads != p.req->write) {
+    if (res > 0 && f.fail_errno != 0 && f.fail_reads != write) {
       if (fault_bytes.fetch_add(uint64_t(res)) + uint64_t(res) > f.fail_after_bytes) res = -f.fail_errno;
     }
+    return res;
+  }
+
+  // A piece's result (bytes moved or -errno) from either backend: faults applied, short transfers
+  // and interruptions resubmitted, the request done after its last piece.
+  void complete(Piece p, ssize_t res) {
+    res = inject(res, p.len, p.req->write, p.shortened);
     bool again = false;
     if (res == -EINTR || res == -EAGAIN) {
       again = true;
@@ -197,20 +247,103 @@ struct NvmeStore::Impl {
     cv.notify_all();
   }
 
-  // io_uring: the pieces the depth allows go to the ring (under mu). The workers take theirs.
+  int fixed_index_locked(const char* b, size_t n) const {
+    for (size_t i = 0; i < fixed.size(); ++i)
+      if (b >= fixed[i].base && b + n <= fixed[i].base + fixed[i].len) return int(i);
+    return -1;
+  }
+
+  // Replaces the registered table (under mu, nothing in flight): 0 or -errno.
+  int set_fixed_locked(const std::vector<Fixed>& table) {
+#ifdef SF_HAVE_LIBURING
+    if (!fixed.empty()) {
+      io_uring_unregister_buffers(&ring);
+      fixed.clear();
+    }
+    if (table.empty()) return 0;
+    if (o.faults.refuse_registration) return -ENOMEM;
+    std::vector<iovec> iov;
+    for (const Fixed& f : table) iov.push_back({const_cast<char*>(f.base), f.len});
+    const int r = io_uring_register_buffers(&ring, iov.data(), unsigned(iov.size()));
+    if (r == 0) fixed = table;
+    return r;
+#else
+    (void)table;
+    return -EOPNOTSUPP;
+#endif
+  }
+
+  // The table without `drop`'s entries and with [add, add + bytes): once nothing is in flight and
+  // the reaper has left the kernel (new pieces wait in the queue meanwhile). False when the kernel
+  // refuses: said once, and no more attempts.
+  bool change_fixed(const void* add, size_t bytes, const void* drop) {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return !registering; });
+    if (!uring || fixed_refused) return false;
+    std::vector<Fixed> table;
+    for (const Fixed& f : fixed)
+      if (f.owner != drop) table.push_back(f);
+    for (size_t at = 0; add && at < bytes; at += kFixedMax)
+      table.push_back({static_cast<const char*>(add) + at, std::min(kFixedMax, bytes - at), add});
+    if (table.size() == fixed.size() && !add) return true;  // nothing of `drop` was registered
+    registering = true;
+    cv.wait(lk, [&] { return inflight == 0; });
+    const int r = pause_reaper_locked(lk) ? set_fixed_locked(table) : -EBUSY;
+    if (r != 0) {
+      fixed_refused = true;
+      fixed.clear();
+    }
+    registering = reaper_paused = false;
+    issue_locked();
+    lk.unlock();
+    cv.notify_all();
+    if (r == 0) return true;
+    log_info("offload dir %s: io_uring did not register the store's buffers (%s; locked-memory limit %s, "
+             "`ulimit -l`): plain reads and writes from here on",
+             o.dir.c_str(), std::strerror(-r), memlock_limit().c_str());
+    return false;
+  }
+
+  // The reaper out of io_uring_enter, waiting on cv until registering ends (under mu, nothing in
+  // flight): a marker NOP wakes it. False when the NOP cannot be submitted.
+  bool pause_reaper_locked(std::unique_lock<std::mutex>& lk) {
+#ifdef SF_HAVE_LIBURING
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    if (!sqe) return false;
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data(sqe, &reaper_paused);
+    if (io_uring_submit(&ring) < 1) return false;
+    cv.wait(lk, [&] { return reaper_paused; });
+    return true;
+#else
+    (void)lk;
+    return false;
+#endif
+  }
+
+  // io_uring: the pieces the depth allows go to the ring (under mu), on registered buffers where
+  // they lie in one. The workers take theirs.
   void issue_locked() {
 #ifdef SF_HAVE_LIBURING
-    if (!uring) return;
+    if (!uring || registering) return;
     int n = 0;
     while (!queue.empty() && inflight < o.depth) {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring);
       if (!sqe) break;
       Piece* p = new Piece(std::move(queue.front()));
       queue.pop_front();
-      if (p->req->write)
+      p->fixed = fixed_index_locked(p->buf, p->len);
+      if (p->fixed >= 0) {
+        if (p->req->write)
+          io_uring_prep_write_fixed(sqe, fd, p->buf, unsigned(p->len), p->off, p->fixed);
+        else
+          io_uring_prep_read_fixed(sqe, fd, p->buf, unsigned(p->len), p->off, p->fixed);
+        ++fixed_issued;
+      } else if (p->req->write) {
         io_uring_prep_write(sqe, fd, p->buf, unsigned(p->len), p->off);
-      else
+      } else {
         io_uring_prep_read(sqe, fd, p->buf, unsigned(p->len), p->off);
+      }
       io_uring_sqe_set_data(sqe, p);
       started_locked();
       ++n;
@@ -229,10 +362,18 @@ struct NvmeStore::Impl {
       const int r = io_uring_wait_cqe(&ring, &cqe);
       if (r == -EINTR) continue;
       SF_CHECK(r == 0, std::string("io_uring_wait_cqe: ") + std::strerror(-r));
-      Piece* p = static_cast<Piece*>(io_uring_cqe_get_data(cqe));
+      void* data = io_uring_cqe_get_data(cqe);
       const int res = cqe->res;
       io_uring_cqe_seen(&ring, cqe);
-      if (!p) return;  // the stop marker (a NOP)
+      if (!data) return;  // the stop marker (a NOP)
+      if (data == &reaper_paused) {  // change_fixed's marker: wait here until it is done
+        std::unique_lock<std::mutex> lk(mu);
+        reaper_paused = true;
+        cv.notify_all();
+        cv.wait(lk, [&] { return !reaper_paused; });
+        continue;
+      }
+      Piece* p = static_cast<Piece*>(data);
       Piece piece;
       {
         // The submitter wrote *p under mu: taking it here orders the two for the thread sanitizer,
@@ -304,6 +445,86 @@ struct NvmeStore::Impl {
     for (std::thread& t : threads) t.join();
   }
 
+  // A cuFile transfer, blocking: short ones continued, faults injected, counted as the others.
+  void gpu_transfer(bool write, uint64_t off, char* dev, size_t bytes, const NvmeStore& s) {
+    SF_CHECK(cufile, "store: no GPUDirect Storage (StoreOptions::cufile)");
+    SF_CHECK(off % kAlign == 0 && off + bytes <= aligned(o.bytes), "store GPU transfer: unaligned or past the end");
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      started_locked();
+    }
+    bool shortened = false;
+    int err = 0;
+    std::string detail;
+    while (bytes > 0 && err == 0) {
+      ssize_t r = write ? cufile->write(cufile_handle, dev, bytes, off, detail)
+                        : cufile->read(cufile_handle, dev, bytes, off, detail);
+      r = inject(r, bytes, write, shortened);
+      if (r == -EINTR || r == -EAGAIN) continue;
+      if (r <= 0) {
+        err = r < 0 ? int(-r) : (write ? ENOSPC : EIO);
+        break;
+      }
+      (write ? wr : rd) += uint64_t(r);
+      gpu_moved += uint64_t(r);
+      off += uint64_t(r);
+      dev += r;
+      bytes -= size_t(r);
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      finished_locked();
+    }
+    if (err == 0) return;
+    int expected = 0;
+    first_err.compare_exchange_strong(expected, 2 * err + (write ? 1 : 0));
+    throw std::runtime_error(s.error_text(write, err) + (detail.empty() ? "" : " (" + detail + ")"));
+  }
+
+  void gpu_worker(const NvmeStore& s) {
+    cufile->bind_thread();
+    for (;;) {
+      GpuJob* j;
+      {
+        std::unique_lock<std::mutex> lk(gpu_mu);
+        gpu_cv.wait(lk, [&] { return gpu_stop || !gpu_jobs.empty(); });
+        if (gpu_jobs.empty()) return;
+        j = gpu_jobs.front();
+        gpu_jobs.pop_front();
+      }
+      try {
+        gpu_transfer(j->write, j->off, j->dev, j->bytes, s);
+      } catch (...) {
+        j->error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lk(gpu_mu);
+        j->done = true;
+      }
+      gpu_cv.notify_all();
+    }
+  }
+
+  // A cuFile transfer on the store's thread, the caller waiting; its error rethrown here.
+  void gpu_wait(bool write, uint64_t off, char* dev, size_t bytes) {
+    GpuJob j{write, off, dev, bytes, false, nullptr};
+    std::unique_lock<std::mutex> lk(gpu_mu);
+    gpu_jobs.push_back(&j);
+    gpu_cv.notify_all();
+    gpu_cv.wait(lk, [&] { return j.done; });
+    if (j.error) std::rethrow_exception(j.error);
+  }
+
+  void gpu_stop_thread() {
+    if (!gpu_thread.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lk(gpu_mu);
+      gpu_stop = true;
+    }
+    gpu_cv.notify_all();
+    gpu_thread.join();
+  }
+
   // A synchronous transfer of aligned ranges.
   int transfer_sync(bool write, uint64_t off, char* buf, size_t bytes) {
     std::mutex m;
@@ -346,14 +567,54 @@ NvmeStore::NvmeStore(const StoreOptions& o) : impl_(std::make_unique<Impl>(o)) {
                                  Setting::OffloadDir, ")"});
     }
   }
+  if (!o.cufile.empty()) {
+    std::string why;
+    s.cufile = CuFile::open(o.cufile, why);
+    if (s.cufile) s.cufile_handle = s.cufile->register_file(s.fd, why);
+    if (!s.cufile_handle) {
+      ::close(s.fd);
+      s.fd = -1;
+      throw std::runtime_error("offload dir " + o.dir + ": GPUDirect Storage was chosen at start-up but " + why +
+                               " (SF_CUFILE=0 turns it off)");
+    }
+  }
+  if (s.cufile_handle) s.gpu_thread = std::thread([this] { impl_->gpu_worker(*this); });
   s.start();
 }
 
 NvmeStore::~NvmeStore() {
   if (!impl_) return;
+  impl_->gpu_stop_thread();
   impl_->stop();
+  if (impl_->cufile) impl_->cufile->deregister_file(impl_->cufile_handle);
   if (impl_->fd >= 0) ::close(impl_->fd);
 }
+
+bool NvmeStore::gpu_direct() const { return impl_->cufile_handle != nullptr; }
+
+std::string NvmeStore::gpu_how() const {
+  return impl_->cufile ? "cuFile (" + impl_->cufile->library() + ", " + impl_->cufile->mode() + ")" : std::string();
+}
+
+void NvmeStore::gpu_read_wait(uint64_t offset, void* dev, size_t bytes) {
+  SF_CHECK(gpu_direct(), "store: no GPUDirect Storage (StoreOptions::cufile)");
+  impl_->gpu_wait(false, offset, static_cast<char*>(dev), bytes);
+}
+
+void NvmeStore::gpu_write_wait(uint64_t offset, const void* dev, size_t bytes) {
+  SF_CHECK(gpu_direct(), "store: no GPUDirect Storage (StoreOptions::cufile)");
+  impl_->gpu_wait(true, offset, const_cast<char*>(static_cast<const char*>(dev)), bytes);
+}
+
+bool NvmeStore::gpu_register(const void* dev, size_t bytes) {
+  return impl_->cufile && impl_->cufile->register_buffer(dev, bytes);
+}
+
+void NvmeStore::gpu_unregister(const void* dev) {
+  if (impl_->cufile) impl_->cufile->deregister_buffer(dev);
+}
+
+uint64_t NvmeStore::gpu_bytes() const { return impl_->gpu_moved.load(); }
 
 void NvmeStore::read(uint64_t offset, void* buf, size_t bytes, Done done) {
   SF_CHECK(offset % kAlign == 0 && bytes % kAlign == 0 && reinterpret_cast<uintptr_t>(buf) % kAlign == 0,
@@ -441,6 +702,16 @@ void NvmeStore::write_wait(uint64_t offset, const void* buf, size_t bytes) {
   if (err) throw std::runtime_error(error_text(true, err));
 }
 
+bool NvmeStore::register_buffer(const void* buf, size_t bytes) {
+  SF_CHECK(buf && bytes > 0, "store: registering an empty buffer");
+  return impl_->change_fixed(buf, bytes, nullptr);
+}
+
+void NvmeStore::unregister_buffer(const void* buf) { impl_->change_fixed(nullptr, 0, buf); }
+
+uint64_t NvmeStore::fixed_pieces() const { return impl_->fixed_issued.load(); }
+
+
 void NvmeStore::check() const {
   if (const int e = impl_->first_err.load()) throw std::runtime_error(error_text(e % 2 == 1, e / 2));
 }
@@ -453,7 +724,14 @@ void NvmeStore::drain() {
 uint64_t NvmeStore::capacity() const { return aligned(impl_->o.bytes); }
 const std::string& NvmeStore::dir() const { return impl_->o.dir; }
 std::string NvmeStore::how() const {
-  return std::string(impl_->uring ? "io_uring" : "worker threads") + (impl_->direct ? ", O_DIRECT" : ", page cache");
+  std::string t = std::string(impl_->uring ? "io_uring" : "worker threads") + (impl_->direct ? ", O_DIRECT" : ", page cache");
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::vector<const void*> owners;
+  for (const Fixed& f : impl_->fixed)
+    if (owners.empty() || owners.back() != f.owner) owners.push_back(f.owner);
+  if (!owners.empty()) t += ", " + std::to_string(owners.size()) + " registered buffer" + (owners.size() > 1 ? "s" : "");
+  if (impl_->fixed_refused) t += ", buffers not registered";
+  return t;
 }
 uint64_t NvmeStore::bytes_read() const { return impl_->rd.load(); }
 uint64_t NvmeStore::bytes_written() const { return impl_->wr.load(); }

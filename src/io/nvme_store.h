@@ -24,7 +24,8 @@ struct StoreFaults {
   bool short_transfers = false;            // every piece of more than one block first moves half
   int max_delay_us = 0;                    // each piece completes after a random delay up to this
   uint64_t seed = 1;                       // of the delays
-  bool any() const { return fail_errno != 0 || short_transfers || max_delay_us > 0; }
+  bool refuse_registration = false;        // register_buffer fails as the kernel does past RLIMIT_MEMLOCK
+  bool any() const { return fail_errno != 0 || short_transfers || max_delay_us > 0 || refuse_registration; }
 };
 
 struct StoreOptions {
@@ -34,6 +35,9 @@ struct StoreOptions {
   size_t piece = size_t(8) << 20;   // the largest transfer of one request (bytes)
   bool direct = true;               // O_DIRECT where the filesystem allows it
   bool uring = true;                // io_uring where the kernel allows it (and liburing is built in)
+  // GPUDirect Storage: the cuFile library to load (CheckpointIo::library, io/gds.h) for
+  // gpu_read_wait / gpu_write_wait; empty: none. Chosen at start-up; a failure here is an error.
+  std::string cufile;
   StoreFaults faults;
 };
 
@@ -65,6 +69,27 @@ class NvmeStore {
   void read_wait(uint64_t offset, void* buf, size_t bytes);
   void write_wait(uint64_t offset, const void* buf, size_t bytes);
   void drain();  // every request submitted so far has completed
+
+  // Registered ("fixed") buffers: io_uring maps [buf, buf + bytes) once instead of at every
+  // request; a piece that lies inside a registered buffer then goes as READ_FIXED / WRITE_FIXED.
+  // For the long-lived rings the store reads into and writes from, at start-up (it waits for the
+  // requests in flight). False when the store has no io_uring or the kernel refuses (the pages
+  // count against RLIMIT_MEMLOCK; the first refusal is logged once and the store stops trying):
+  // the transfers are then plain reads and writes, the same bytes.
+  bool register_buffer(const void* buf, size_t bytes);
+  void unregister_buffer(const void* buf);  // before the buffer is freed (RegisteredBuffer does it)
+  uint64_t fixed_pieces() const;            // pieces issued on registered buffers (tests, logs)
+
+  // GPUDirect Storage (StoreOptions::cufile): blocking transfers between the file and GPU memory
+  // (any size; offsets kAlign-aligned), with the same counters, fault hooks and errors as the
+  // others. gpu_register keeps GPU memory registered with cuFile until gpu_unregister.
+  bool gpu_direct() const;
+  std::string gpu_how() const;  // "cuFile (libcufile.so.0, compatibility mode)"
+  void gpu_read_wait(uint64_t offset, void* dev, size_t bytes);
+  void gpu_write_wait(uint64_t offset, const void* dev, size_t bytes);
+  bool gpu_register(const void* dev, size_t bytes);
+  void gpu_unregister(const void* dev);
+  uint64_t gpu_bytes() const;  // bytes moved by cuFile (tests, logs)
   // Throws the first failure any transfer ever had (a run stops at its next step, whichever part's
   // transfer it was).
   void check() const;
@@ -86,6 +111,35 @@ class NvmeStore {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// A buffer registered with a store for the holder's lifetime (NvmeStore::register_buffer); the
+// store must outlive it. `registered()` says whether the kernel took it.
+class RegisteredBuffer {
+ public:
+  RegisteredBuffer() = default;
+  RegisteredBuffer(NvmeStore* store, const void* buf, size_t bytes)
+      : store_(store), buf_(buf), ok_(store && bytes > 0 && store->register_buffer(buf, bytes)) {}
+  ~RegisteredBuffer() {
+    if (ok_) store_->unregister_buffer(buf_);
+  }
+  RegisteredBuffer(RegisteredBuffer&& o) noexcept : store_(o.store_), buf_(o.buf_), ok_(o.ok_) { o.ok_ = false; }
+  RegisteredBuffer& operator=(RegisteredBuffer&& o) noexcept {
+    if (this != &o) {
+      if (ok_) store_->unregister_buffer(buf_);
+      store_ = o.store_;
+      buf_ = o.buf_;
+      ok_ = o.ok_;
+      o.ok_ = false;
+    }
+    return *this;
+  }
+  bool registered() const { return ok_; }
+
+ private:
+  NvmeStore* store_ = nullptr;
+  const void* buf_ = nullptr;
+  bool ok_ = false;
 };
 
 // Free bytes of the filesystem holding `dir` (0 when it cannot be read).

@@ -151,6 +151,9 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"predicted_disk_ms", 1e3 * built.plan.disk_s},
           {"disk_blobs", built.plan.disk_blobs.size()},
           {"predicted_disk_bytes", built.plan.disk_bytes},
+          // which I/O path moved them (io_uring / threads, registered buffers, cuFile for checkpoints)
+          {"disk_io", st1.disk_io},
+          {"disk_cufile_bytes_per_step", double(st1.disk_gpu_direct - st0.disk_gpu_direct) * per},
           // model FLOPs on active parameters (MoE: router + top_k experts), MFU
           {"model_tflops_per_second", mfu_tflops},
           {"hardware_tflops_per_second", hw_tflops},

@@ -7,12 +7,14 @@
 #include <fstream>
 #include <optional>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "engine/disk_rate.h"
 #include "engine/make_engine.h"
 #include "engine/rates.h"
+#include "io/gds.h"
 #include "io/json_file.h"
 #include "train/hardware_profile.h"
 #include "train/presets.h"
@@ -195,6 +197,15 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
   }
   const Plan p = make_plan(spec, r, be, rs.rates);
   std::fputs(format_plan(spec, r, p, o.names).c_str(), stderr);
+  // How checkpoints on disk would move (the same choice a run makes at start-up, make_engine.cpp).
+  std::string ckpt_io;
+  if (!r.offload_dir.empty()) {
+    ckpt_io = rs.hardware ? "decided on that machine at start-up: cuFile where libcufile loads, else io_uring + "
+                            "pinned bounce"
+                          : choose_checkpoint_io(be.kind == DeviceKind::Cuda, r.offload_dir, env_text(Env::Cufile)).text;
+    std::fprintf(stderr, "checkpoint I/O: %s%s\n", ckpt_io.c_str(),
+                 p.ckpt_disk_layers > 0 ? "" : " (no checkpoint is on disk in this plan)");
+  }
   nlohmann::json table = nlohmann::json::array();
   if (p.step_s > 0) {
     std::string text;
@@ -222,6 +233,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"disk_bytes", p.disk_bytes},
           {"disk_budget", p.disk_budget},
           {"predicted_disk_s", p.disk_s},
+          {"checkpoint_io", ckpt_io},
           {"backend", device_kind_name(be.kind)},
           {"optimizer_state", r.state_dtype == DType::BF16 ? "bf16" : "fp32"},
           {"parameters", spec.total_params()},
