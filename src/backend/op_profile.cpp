@@ -125,7 +125,7 @@ class ProfilingOps final : public Ops {
     run(s, "scale " + dims(x), {0, 2 * nb(x)}, [&] { in_.scale(x, alpha, s); });
   }
   void cast(Tensor out, Tensor in, Stream& s) override {
-    run(s, std::string("cast ") + dt_name(in.dtype) + "->" + dt_name(out.dtype), {0, nb(out) + nb(in)},
+    run(s, std::string("cast ") + dtype_name(in.dtype) + "->" + dtype_name(out.dtype), {0, nb(out) + nb(in)},
         [&] { in_.cast(out, in, s); });
   }
   void zero(Tensor x, Stream& s) override {

@@ -254,8 +254,16 @@ void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const Laye
   linear(w.gate, w.h2, p[P::Wgate], p[P::Bgate], st);
   linear(w.up, w.h2, p[P::Wup], p[P::Bup], st);
   ops_.swiglu_forward(w.act, w.gate, w.up, st);
+  if (y.empty()) return;  // layer_recompute: the backward needs act, not y
   linear(y, w.act, p[P::Wdown], p[P::Bdown], st);
   ops_.add(y, y, w.x2, st);  // residual
+}
+
+void Program::layer_recompute(const LayerParams& p, Tensor x, Tensor scratch, const LayerBuffers& w,
+                              const BatchDims& d, const RopeTables& rope, Stream& st) const {
+  using P = LayerParam;
+  const bool dense_llama = !s_.sandwich_norm && p[P::Router].empty();
+  layer_forward(p, x, dense_llama ? Tensor() : scratch, w, d, rope, st);
 }
 
 void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
