@@ -42,22 +42,18 @@ class ProfilingOps final : public Ops {
     run(s, "bias_backward " + dims(dout), {0, nb(dout) + 2 * nb(dbias)}, [&] { in_.bias_backward(dbias, dout, s); });
   }
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) override {
-    run(s, "rmsnorm_forward " + dims(x), {0, nb(out) + nb(rstd) + nb(x) + nb(w)},
-        [&] { in_.rmsnorm_forward(out, rstd, x, w, eps, s); });
+    norm_fwd("rmsnorm_forward ", &Ops::rmsnorm_forward, out, rstd, x, w, eps, s);
   }
   void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool acc,
                         Stream& s) override {
-    run(s, "rmsnorm_backward " + dims(x), norm_bwd(dx, dw, dout, x, w, rstd, acc),
-        [&] { in_.rmsnorm_backward(dx, dw, dout, x, w, rstd, acc, s); });
+    norm_bwd("rmsnorm_backward ", &Ops::rmsnorm_backward, dx, dw, dout, x, w, rstd, acc, s);
   }
   void rmsnorm_1p_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) override {
-    run(s, "rmsnorm_1p_forward " + dims(x), {0, nb(out) + nb(rstd) + nb(x) + nb(w)},
-        [&] { in_.rmsnorm_1p_forward(out, rstd, x, w, eps, s); });
+    norm_fwd("rmsnorm_1p_forward ", &Ops::rmsnorm_1p_forward, out, rstd, x, w, eps, s);
   }
   void rmsnorm_1p_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, bool acc,
                            Stream& s) override {
-    run(s, "rmsnorm_1p_backward " + dims(x), norm_bwd(dx, dw, dout, x, w, rstd, acc),
-        [&] { in_.rmsnorm_1p_backward(dx, dw, dout, x, w, rstd, acc, s); });
+    norm_bwd("rmsnorm_1p_backward ", &Ops::rmsnorm_1p_backward, dx, dw, dout, x, w, rstd, acc, s);
   }
   void rope_forward(Tensor x, Tensor cos, Tensor sin, int T, int nh, int hd, Tensor pos, Stream& s) override {
     run(s, "rope_forward " + dims(x), {0, 2 * nb(x) + nb(pos)},
@@ -68,20 +64,16 @@ class ProfilingOps final : public Ops {
         [&] { in_.rope_backward(dx, cos, sin, T, nh, hd, pos, s); });
   }
   void swiglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) override {
-    run(s, "swiglu_forward " + dims(out), {0, nb(out) + nb(gate) + nb(up)},
-        [&] { in_.swiglu_forward(out, gate, up, s); });
+    glu_fwd("swiglu_forward ", &Ops::swiglu_forward, out, gate, up, s);
   }
   void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
-    run(s, "swiglu_backward " + dims(dout), {0, nb(dgate) + nb(dup) + nb(dout) + nb(gate) + nb(up)},
-        [&] { in_.swiglu_backward(dgate, dup, dout, gate, up, s); });
+    glu_bwd("swiglu_backward ", &Ops::swiglu_backward, dgate, dup, dout, gate, up, s);
   }
   void geglu_forward(Tensor out, Tensor gate, Tensor up, Stream& s) override {
-    run(s, "geglu_forward " + dims(out), {0, nb(out) + nb(gate) + nb(up)},
-        [&] { in_.geglu_forward(out, gate, up, s); });
+    glu_fwd("geglu_forward ", &Ops::geglu_forward, out, gate, up, s);
   }
   void geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) override {
-    run(s, "geglu_backward " + dims(dout), {0, nb(dgate) + nb(dup) + nb(dout) + nb(gate) + nb(up)},
-        [&] { in_.geglu_backward(dgate, dup, dout, gate, up, s); });
+    glu_bwd("geglu_backward ", &Ops::geglu_backward, dgate, dup, dout, gate, up, s);
   }
   void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, Stream& s) override {
     run(s, "attention_forward " + dims(q) + " hd" + std::to_string(d.head_dim),
@@ -188,9 +180,27 @@ class ProfilingOps final : public Ops {
   }
 
  private:
-  static OpCount norm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w,
-                          const Tensor& rstd, bool acc) {
-    return {0, nb(dx) * (acc ? 2 : 1) + 2 * nb(dw) + nb(dout) + nb(x) + nb(w) + nb(rstd)};
+  // The two RMSNorm flavours count alike: x, w read, out and rstd written; backward: dout, x, w,
+  // rstd read, dx written (read too when accumulating), dw read and written.
+  using NormFwd = void (Ops::*)(Tensor, Tensor, Tensor, Tensor, float, Stream&);
+  using NormBwd = void (Ops::*)(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, Stream&);
+  void norm_fwd(const char* name, NormFwd f, Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) {
+    run(s, name + dims(x), {0, nb(out) + nb(rstd) + nb(x) + nb(w)}, [&] { (in_.*f)(out, rstd, x, w, eps, s); });
+  }
+  void norm_bwd(const char* name, NormBwd f, Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd,
+                bool acc, Stream& s) {
+    run(s, name + dims(x), {0, nb(dx) * (acc ? 2 : 1) + 2 * nb(dw) + nb(dout) + nb(x) + nb(w) + nb(rstd)},
+        [&] { (in_.*f)(dx, dw, dout, x, w, rstd, acc, s); });
+  }
+  // The gated units (SwiGLU, GeGLU): every tensor read or written once.
+  using GluFwd = void (Ops::*)(Tensor, Tensor, Tensor, Stream&);
+  using GluBwd = void (Ops::*)(Tensor, Tensor, Tensor, Tensor, Tensor, Stream&);
+  void glu_fwd(const char* name, GluFwd f, Tensor out, Tensor gate, Tensor up, Stream& s) {
+    run(s, name + dims(out), {0, nb(out) + nb(gate) + nb(up)}, [&] { (in_.*f)(out, gate, up, s); });
+  }
+  void glu_bwd(const char* name, GluBwd f, Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, Stream& s) {
+    run(s, name + dims(dout), {0, nb(dgate) + nb(dup) + nb(dout) + nb(gate) + nb(up)},
+        [&] { (in_.*f)(dgate, dup, dout, gate, up, s); });
   }
   template <class F>
   void run(Stream& s, std::string key, OpCount n, F&& f) {
