@@ -35,6 +35,13 @@ class ProfilingOps final : public Ops {
     run(s, key, {2.0 * double(out.rows()) * out.cols() * K, nb(a) + nb(b) + nb(out) * (beta != 0.f ? 2 : 1)},
         [&] { in_.matmul(out, a, b, ta, tb, alpha, beta, s); });
   }
+  void matmul_add(Tensor out, Tensor a, Tensor b, bool ta, bool tb, Tensor c, Stream& s) override {
+    const int64_t K = ta ? a.rows() : a.cols();
+    const std::string key = std::string("matmul_add ") + dims(out) + " K" + std::to_string(K) + (ta ? " T" : " N") +
+                            (tb ? "T" : "N") + (out.dtype == DType::F32 ? " f32" : "");
+    run(s, key, {2.0 * double(out.rows()) * out.cols() * K, nb(a) + nb(b) + nb(out) + nb(c)},
+        [&] { in_.matmul_add(out, a, b, ta, tb, c, s); });
+  }
   void add_bias(Tensor out, Tensor bias, Stream& s) override {
     run(s, "add_bias " + dims(out), {0, 2 * nb(out) + nb(bias)}, [&] { in_.add_bias(out, bias, s); });
   }

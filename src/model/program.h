@@ -164,6 +164,8 @@ class Program {
   // d(aux loss)/d(probs[n, e]) = this * counts[e] (0 when the loss is off for this batch).
   float moe_aux_grad_scale(const BatchDims& d) const;
   void linear(Tensor out, Tensor x, Tensor W, Tensor b, Stream& st) const;
+  // out = linear(x) + r: the residual in the GEMM's epilogue when there is no bias (Ops::matmul_add).
+  void linear_residual(Tensor out, Tensor x, Tensor W, Tensor b, Tensor r, Stream& st) const;
   void linear_backward(Tensor dx, Tensor dW, Tensor db, Tensor dy, Tensor x, Tensor W, bool accumulate_dx,
                        Stream& st) const;
   const ModelSpec& s_;
