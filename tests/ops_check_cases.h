@@ -51,6 +51,22 @@ inline std::vector<BadCall> bad_calls(char* base, Ops& ops) {
   add("matmul alias", "matmul: out overlaps b", [=](Ops& o, Stream& s) {
     o.matmul(at(0, F32, {2, 2}), at(1, F32, {2, 3}), at(0, F32, {2, 3}), false, true, 1, 0, s);
   });
+  add("matmul_add shapes", "matmul_add: shapes do not match", [=](Ops& o, Stream& s) {
+    o.matmul_add(at(0, F32, {2, 2}), at(1, F32, {2, 3}), at(2, F32, {2, 3}), false, false, at(3, F32, {2, 2}), s);
+  });
+  add("matmul_add c dtype", "matmul_add: c [2, 2] BF16", [=](Ops& o, Stream& s) {
+    o.matmul_add(at(0, F32, {2, 2}), at(1, F32, {2, 3}), at(2, F32, {2, 3}), false, true, at(3, BF16, {2, 2}), s);
+  });
+  add("matmul_add c numel", "matmul_add: c", [=](Ops& o, Stream& s) {
+    o.matmul_add(at(0, F32, {2, 2}), at(1, F32, {2, 3}), at(2, F32, {2, 3}), false, true, at(3, F32, {2, 3}), s);
+  });
+  add("matmul_add c overlaps out", "matmul_add: out overlaps c", [=](Ops& o, Stream& s) {
+    o.matmul_add(at(0, F32, {2, 2}), at(1, F32, {2, 3}), at(2, F32, {2, 3}), false, true,
+                 Tensor(static_cast<char*>(at(0, F32, {1}).data) + 4, F32, {2, 2}), s);
+  });
+  add("matmul_add c overlaps a", "matmul_add: c overlaps a", [=](Ops& o, Stream& s) {
+    o.matmul_add(at(0, F32, {2, 2}), at(1, F32, {2, 3}), at(2, F32, {2, 3}), false, true, at(1, F32, {2, 2}), s);
+  });
   // bias
   add("add_bias numel", "add_bias: bias [3] F32 has 3 elements, expected N (columns of out) = 2",
       [=](Ops& o, Stream& s) {

@@ -210,8 +210,9 @@ TEST(Planner, PredictionIsConsistent) {
   r.gpu_budget = size_t(80) << 30;
   r.host_budget = size_t(200) << 30;
   const Plan res = make_plan(spec, r, be);
-  // 8 x 9.73e8 decoder + 6 x 2.63e8 head + 9 x 2048 x 2048 x 16 attention = ~9.96e9 a token
-  EXPECT_NEAR(res.flops / (8.0 * 2048), 9.96e9, 0.02e9);
+  // 8 x 9.73e8 decoder + 6 x 2.63e8 head + 9 x 2048 x 2048 x 16 attention = ~9.96e9 a token, less
+  // the down projections the recompute skips (2 x 2048 x 8192 x 16 = 5.37e8): ~9.42e9
+  EXPECT_NEAR(res.flops / (8.0 * 2048), 9.42e9, 0.02e9);
   r.offload = OffloadChoice::On;
   EXPECT_NEAR(make_plan(spec, r, be).step_s, res.step_s, 1e-9);  // every blob fits on the GPU
   r.gpu_blobs = 0;

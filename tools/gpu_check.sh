@@ -7,7 +7,8 @@
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
 #    gemma3 = issue 18's Gemma 3 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
-#    the two halves of moe and gemma3, gds = issue 17's GPUDirect Storage checks)
+#    the two halves of moe and gemma3, gds = issue 17's GPUDirect Storage checks, profile3b = issue
+#    19's op profile of the 3B step)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -332,6 +333,9 @@ sys.exit(0 if p['fits'] and (p['optimizer_state'] == 'fp32' or per <= 9) else 1)
     tokenizer_parity) run tokenizer_parity python3 tools/tokenizer_parity.py --bin "$BIN/slideformer" ;;
     # host memory bandwidth, CPU AdamW rate, PCIe: the rates that bound the offload engine
     bench_host) run bench_host "$BIN/bench_host" 2048 ;;
+    # issue 19: where the 3B step's GPU time goes, op by op (resident and all-host), beside PyTorch
+    # with compiled layers; the tables land in $OUT/profile/*.log (tools/gpu_profile.sh)
+    profile3b) run profile3b env OUT="$OUT/profile" bash tools/gpu_profile.sh "$BIN" ;;
     bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;
     # hardware counters of the RMSNorm backward (Firecracker machines only)
     ncu_rmsnorm) run ncu_rmsnorm ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \

@@ -61,6 +61,10 @@ class Ops {
   // (b stored [N,K]). Linear layer y = x W^T: matmul(y, x, W, false, true, 1, 0).
   virtual void matmul(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta,
                       Stream& s) = 0;
+  // out[M,N] = op(a) @ op(b) + c: a linear layer and the residual added to it, in one pass (the
+  // cuda backend adds c in the GEMM's epilogue: one rounding). c [M,N] has out's dtype; it is out
+  // itself or does not overlap it.
+  virtual void matmul_add(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, Tensor c, Stream& s) = 0;
   // out[M,N] += bias[N] (broadcast over rows).
   virtual void add_bias(Tensor out, Tensor bias, Stream& s) = 0;
   // dbias[N] += sum over rows of dout[M,N].

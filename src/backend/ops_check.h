@@ -73,8 +73,9 @@ namespace sf::opcheck {
 // One function per operation of ops.h, in its order: the preconditions of that operation. They are
 // also callable on their own (the engine calls some cpu kernels directly).
 
-inline void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
-  constexpr const char* op = "matmul";
+// op: the name in messages (matmul_add shares these checks).
+inline void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                   const char* op = "matmul") {
   SF_CHECK_REAL(op, out);
   SF_CHECK_REAL(op, a);
   SF_CHECK_REAL(op, b);
@@ -87,6 +88,17 @@ inline void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool tra
                                               (trans_b ? "^T" : ""));
   SF_CHECK_NO_ALIAS(op, out, a);
   SF_CHECK_NO_ALIAS(op, out, b);
+}
+
+inline void matmul_add(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                       const Tensor& c) {
+  constexpr const char* op = "matmul_add";
+  matmul(out, a, b, trans_a, trans_b, op);
+  SF_CHECK_DTYPE(op, c, out.dtype);
+  SF_CHECK_NUMEL(op, c, out.numel(), "numel(out)");
+  SF_CHECK(c.data == out.data || !overlaps(out, c), aliases(op, "out", "c") + " (other than being out itself)");
+  SF_CHECK_NO_ALIAS(op, c, a);
+  SF_CHECK_NO_ALIAS(op, c, b);
 }
 
 inline void add_bias(const Tensor& out, const Tensor& bias) {
@@ -502,6 +514,10 @@ class CheckedOps final : public Ops {
   void matmul(Tensor out, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Stream& s) override {
     opcheck::matmul(out, a, b, ta, tb);
     in_.matmul(out, a, b, ta, tb, alpha, beta, s);
+  }
+  void matmul_add(Tensor out, Tensor a, Tensor b, bool ta, bool tb, Tensor c, Stream& s) override {
+    opcheck::matmul_add(out, a, b, ta, tb, c);
+    in_.matmul_add(out, a, b, ta, tb, c, s);
   }
   void add_bias(Tensor out, Tensor bias, Stream& s) override {
     opcheck::add_bias(out, bias);

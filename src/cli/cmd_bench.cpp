@@ -32,6 +32,8 @@ void add_bench_options(CLI::App* c, BenchCli& o) {
   o.flags.add_optimizer_state(c);
   c->add_option("--max-grad-norm", bo.max_grad_norm, "gradient clipping (0 = off: overlapped update)")
       ->capture_default_str();
+  c->add_flag("--profile-ops", bo.profile_ops,
+              "time every op of the timed steps (CUDA events around each) and print the table against the step");
 }
 
 }  // namespace

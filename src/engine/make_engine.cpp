@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/op_profile.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -72,6 +73,7 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
     input_error_naming("plan", std::move(why));
   }
   b.dev = make_device(req.device, req.gpu_memory, req.device_ordinal);
+  if (req.profile_ops) b.dev = std::make_unique<ProfiledDevice>(std::move(b.dev));
   EngineOptions eo = opt;
   eo.max_batch = p.micro_batch;  // the micro-batches the plan counted (maybe split)
   eo.max_micro = p.micro_batches;

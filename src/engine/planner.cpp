@@ -53,16 +53,19 @@ double attention_keys_per_token(const ModelSpec& s, int T) {
 Flops flops_per_token(const ModelSpec& s, int T) {
   const double H = double(s.hidden), Q = double(s.q_dim()), KV = double(s.kv_dim()), I = double(s.intermediate);
   double Pd = 0;  // the decoder layers' matrix parameters a token multiplies
+  double Pr = 0;  // of which the recompute multiplies (a dense Llama layer skips its down projection)
   for (int l = 0; l < s.n_layer; ++l) {
     const double Ie = double(s.moe.intermediate);
     const double mlp = s.moe_layer(l) ? double(s.moe.n_expert) * H + double(s.moe.top_k) * 3 * H * Ie : 3 * H * I;
     Pd += H * Q + 2 * H * KV + Q * H + mlp;
+    Pr += H * Q + 2 * H * KV + Q * H + mlp - (s.moe_layer(l) || s.sandwich_norm ? 0.0 : H * I);
   }
   const double Ph = double(s.vocab) * H;
   const double attn_fwd = 4.0 * Q * attention_keys_per_token(s, T);  // QK^T and PV over the keys seen
   Flops f;
   f.forward = 2 * Pd + 2 * Ph + attn_fwd;
-  f.total = 8 * Pd + 6 * Ph + 4.5 * attn_fwd;  // + recompute (2 Pd, 1x attention) + backward (4 Pd + 4 Ph, 2.5x)
+  // + recompute (2 Pr, 1x attention; Program::layer_recompute) + backward (4 Pd + 4 Ph, 2.5x attention)
+  f.total = 6 * Pd + 2 * Pr + 6 * Ph + 4.5 * attn_fwd;
   f.head = 6 * Ph;
   return f;
 }

@@ -341,7 +341,7 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
     LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
     LayerParams g = layer_views(layout_.layer(l), m.at(m.grads, 1 + l, DType::F32), DType::F32);
     LayerBuffers w = m.ws->layer(d);
-    m.program.layer_forward(p, m.ckpt_at(l, N), scratch, w, d, m.rope, st);
+    m.program.layer_recompute(p, m.ckpt_at(l, N), scratch, w, d, m.rope, st);
     m.program.layer_backward(p, g, m.ckpt_at(l, N), dy, dx, w, d, m.rope, st);
     std::swap(dy, dx);
   }

@@ -610,7 +610,7 @@ void SlidingEngine::Impl::backward_layer(Pass& ps, int l, int& k, const AdamWPar
     const BatchDims& d = ps.dims[size_t(j)];
     const Tensor x(ckpts->use(k, c), act, {ps.N(j), spec.hidden});
     const LayerBuffers w = ws->layer(d);
-    program.layer_forward(layer_params(p, 1 + l), x, act_at(scratch, 0, ps.N(j)), w, d, rope->tables, c);
+    program.layer_recompute(layer_params(p, 1 + l), x, act_at(scratch, 0, ps.N(j)), w, d, rope->tables, c);
     Tensor dx = act_at(acts, ps.spare, ps.N(j));
     program.layer_backward(layer_params(p, 1 + l), gv, x, act_at(acts, ps.cur[size_t(j)], ps.N(j)), dx, w, d,
                            rope->tables, c);

@@ -153,6 +153,12 @@ void Program::linear(Tensor out, Tensor x, Tensor W, Tensor b, Stream& st) const
   if (!b.empty()) ops_.add_bias(out, b, st);
 }
 
+void Program::linear_residual(Tensor out, Tensor x, Tensor W, Tensor b, Tensor r, Stream& st) const {
+  if (b.empty()) return ops_.matmul_add(out, x, W, false, true, r, st);
+  linear(out, x, W, b, st);  // the bias first, as the unfused order rounds
+  ops_.add(out, out, r, st);
+}
+
 void Program::linear_backward(Tensor dx, Tensor dW, Tensor db, Tensor dy, Tensor x, Tensor W, bool accumulate_dx,
                               Stream& st) const {
   if (!dx.empty()) ops_.matmul(dx, dy, W, false, false, 1.f, accumulate_dx ? 1.f : 0.f, st);
@@ -243,8 +249,7 @@ void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const Laye
   const float eps = float(s_.rms_eps);
   ops_.rmsnorm_forward(w.h1, w.rstd1, x, p[P::InputNorm], eps, st);
   attention_block_forward(p, w.h1, w, d, rope, st);
-  linear(w.x2, w.att, p[P::Wo], p[P::Bo], st);
-  ops_.add(w.x2, w.x2, x, st);  // residual
+  linear_residual(w.x2, w.att, p[P::Wo], p[P::Bo], x, st);
   ops_.rmsnorm_forward(w.h2, w.rstd2, w.x2, p[P::PostNorm], eps, st);
   if (!p[P::Router].empty()) {
     moe_forward(p, w.h2, y, w, d, st);
@@ -254,8 +259,15 @@ void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const Laye
   linear(w.gate, w.h2, p[P::Wgate], p[P::Bgate], st);
   linear(w.up, w.h2, p[P::Wup], p[P::Bup], st);
   ops_.swiglu_forward(w.act, w.gate, w.up, st);
-  linear(y, w.act, p[P::Wdown], p[P::Bdown], st);
-  ops_.add(y, y, w.x2, st);  // residual
+  if (y.empty()) return;  // layer_recompute: the backward needs act, not y
+  linear_residual(y, w.act, p[P::Wdown], p[P::Bdown], w.x2, st);
+}
+
+void Program::layer_recompute(const LayerParams& p, Tensor x, Tensor scratch, const LayerBuffers& w,
+                              const BatchDims& d, const RopeTables& rope, Stream& st) const {
+  using P = LayerParam;
+  const bool dense_llama = !s_.sandwich_norm && p[P::Router].empty();
+  layer_forward(p, x, dense_llama ? Tensor() : scratch, w, d, rope, st);
 }
 
 void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,

@@ -114,10 +114,15 @@ class Program {
   void embed_forward(Tensor x0, Tensor ids, Tensor table, Stream& st) const;
   void embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Tensor scratch, Stream& st) const;
 
-  // y [N, H] = layer(x). Fills w with what backward needs (this is also the recompute).
+  // y [N, H] = layer(x). Fills w with what backward needs.
   // A layer whose params have a Router is a MoE layer (layout.h), else its MLP is dense.
   void layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
                      const RopeTables& rope, Stream& st) const;
+  // The backward's recompute: fills w as layer_forward(x) does. The output itself is not needed:
+  // a dense Llama layer skips its down projection and residual (a ninth of the layer's FLOPs);
+  // other layers write it into scratch [N, H].
+  void layer_recompute(const LayerParams& p, Tensor x, Tensor scratch, const LayerBuffers& w, const BatchDims& d,
+                       const RopeTables& rope, Stream& st) const;
   // After layer_forward(x) into the same w: dx [N, H] from dy [N, H]; parameter grads g += .
   // dx may not alias dy.
   void layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx, const LayerBuffers& w,
@@ -159,6 +164,8 @@ class Program {
   // d(aux loss)/d(probs[n, e]) = this * counts[e] (0 when the loss is off for this batch).
   float moe_aux_grad_scale(const BatchDims& d) const;
   void linear(Tensor out, Tensor x, Tensor W, Tensor b, Stream& st) const;
+  // out = linear(x) + r: the residual in the GEMM's epilogue when there is no bias (Ops::matmul_add).
+  void linear_residual(Tensor out, Tensor x, Tensor W, Tensor b, Tensor r, Stream& st) const;
   void linear_backward(Tensor dx, Tensor dW, Tensor db, Tensor dy, Tensor x, Tensor W, bool accumulate_dx,
                        Stream& st) const;
   const ModelSpec& s_;

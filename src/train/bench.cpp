@@ -7,6 +7,7 @@
 #include <random>
 
 #include "backend/device.h"
+#include "backend/op_profile.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -32,6 +33,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
   er.device = o.device;
   er.clip = o.max_grad_norm > 0;
   er.grad_accum = o.grad_accum;
+  er.profile_ops = o.profile_ops;
   check_step_fits(spec, eo, er);  // the step's size against what the plan can hold
   BuiltEngine built = build_engine(spec, eo, er);
   const std::unique_ptr<Device>& dev = built.dev;
@@ -74,6 +76,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
     if (s == 0) first_loss = loss;
   }
   engine.synchronize();
+  auto* prof = dynamic_cast<ProfiledDevice*>(dev.get());
+  if (prof) prof->reset();  // the warm-up steps' ops are not counted
   const Engine::Stats st0 = engine.stats();
   // Two figures. Steady state: a step's time is the interval between the returns of consecutive
   // steps (step() returns once the loss and norm are known; the update may still run and the next
@@ -115,6 +119,13 @@ nlohmann::json run_bench(const BenchOptions& o) {
   for (int l = 0; l < spec.n_layer; ++l) active += spec.layer_active_params(l);
   log_info("bench: %.1f model TFLOP/s (%.1f with the recompute)%s, %.2fB active parameters", mfu_tflops, hw_tflops,
            hopper ? (", MFU " + std::to_string(mfu_tflops / 989.0)).c_str() : "", double(active) / 1e9);
+  nlohmann::json profile;
+  if (prof) {
+    prof->collect();
+    const OpCeilings ceil;
+    log_info("%s", prof->table(ceil, o.steps, steady_s).c_str());
+    profile = prof->json(ceil, o.steps, steady_s);
+  }
   return {{"tokens_per_second", tps},
           {"step_ms", 1e3 * steady_s},
           {"end_to_end_step_ms", 1e3 * secs * per},
@@ -160,7 +171,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"mfu", hopper ? nlohmann::json(mfu_tflops / 989.0) : nlohmann::json(nullptr)},
           {"active_parameters", active},
           {"first_loss", first_loss},  // the same batch every step: the loss falls as it trains
-          {"loss", loss}};
+          {"loss", loss},
+          {"op_profile", profile}};
 }
 
 }  // namespace sf

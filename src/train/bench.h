@@ -21,6 +21,8 @@ struct BenchOptions {
   // engine run each blob's AdamW during the backward. The norm is computed either way (the
   // trainer logs it), as in `train`.
   double max_grad_norm = 1.0;
+  // Time every op of the timed steps and print the table (backend/op_profile.h) against the step.
+  bool profile_ops = false;
 };
 
 // Runs warmup + timed steps of the full training step (forward, loss, backward, AdamW) and

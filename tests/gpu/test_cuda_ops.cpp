@@ -310,6 +310,48 @@ TEST(CudaOps, MatmulOffsetViews) {
   check_f32("matmul offset f32", four.cuda_f32[0], four.ref[0]);
 }
 
+// A linear layer with its residual in the GEMM's epilogue: out = op(a) @ op(b) + c, with c a separate
+// tensor and c == out, odd shapes, offset views. The CUDA path rounds once (the CPU bf16 twin
+// rounds the product, then the sum), so it may only be closer to the reference.
+TEST(CudaOps, MatmulAdd) {
+  REQUIRE_GPU();
+  struct Shape {
+    int64_t M, N, K;
+  };
+  const Shape shapes[] = {{1, 1, 1}, {7, 13, 5}, {127, 65, 300}, {1000, 96, 33}, {333, 257, 129}};
+  uint64_t seed = 500;
+  for (const Shape& s : shapes)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (int in_place = 0; in_place < 2; ++in_place) {
+          SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K << " ta=" << ta << " tb=" << tb
+                                          << " in_place=" << in_place);
+          const auto av = rnd(size_t(s.M * s.K), ++seed), bv = rnd(size_t(s.K * s.N), ++seed);
+          const auto cv = rnd(size_t(s.M * s.N), ++seed, 2.f);
+          auto f = [&](Backend& r, DType dt, DType out_dt) -> Outs {
+            Tensor a = ta ? r.in(av, dt, {s.K, s.M}) : r.in(av, dt, {s.M, s.K}, 16);
+            Tensor b = tb ? r.in(bv, dt, {s.N, s.K}) : r.in(bv, dt, {s.K, s.N});
+            Tensor c = r.in(cv, out_dt, {s.M, s.N}, in_place ? 0 : 32);
+            Tensor o = in_place ? c : r.out(out_dt, {s.M, s.N});
+            CALL(r, matmul_add, o, a, b, ta != 0, tb != 0, c);
+            Outs res{r.get(o)};
+            if (!in_place) res.push_back(r.get(c));  // c is read, never written
+            return res;
+          };
+          auto four = run4([&](Backend& r, DType dt) { return f(r, dt, dt); });
+          check_bf16("matmul_add bf16", four.cuda_bf[0], four.cpu_bf[0], four.ref[0]);
+          check_f32("matmul_add f32", four.cuda_f32[0], four.ref[0]);
+          if (!in_place) {
+            EXPECT_EQ(four.cuda_bf[1], four.cpu_bf[1]) << "c changed";
+            EXPECT_EQ(four.cuda_f32[1], four.ref[1]) << "c changed";
+          }
+          Backend rc(false), rg(true);
+          auto c = f(rc, BF16, F32);
+          auto g = f(rg, BF16, F32);
+          check_f32("matmul_add bf16->f32", g[0], c[0]);
+        }
+}
+
 // ================================================================================================
 // bias
 // ================================================================================================

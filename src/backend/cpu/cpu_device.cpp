@@ -218,6 +218,9 @@ class CpuOps final : public Ops {
   size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const override {
     return cpu::linear_ce_workspace_bytes(N, H, V);
   }
+  void matmul_add(Tensor out, Tensor a, Tensor b, bool ta, bool tb, Tensor c, Stream& s) override {
+    cs(s).push([=] { cpu::matmul_add(out, a, b, ta, tb, c); });
+  }
   void embedding_forward(Tensor out, Tensor ids, Tensor table, Stream& s) override {
     cs(s).push([=] { cpu::embedding_forward(out, ids, table); });
   }

@@ -11,6 +11,8 @@
 namespace sf::cpu {
 
 void matmul(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta);
+// out = op(a) @ op(b) + c (ops.h): the product rounded to out's dtype, then the add, as the two ops.
+void matmul_add(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, Tensor c);
 void add_bias(Tensor out, Tensor bias);
 void bias_backward(Tensor dbias, Tensor dout);
 // w_offset: the weight is w + w_offset in fp32 (1 for Gemma's rmsnorm_1p_*).

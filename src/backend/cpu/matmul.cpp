@@ -87,4 +87,10 @@ void matmul(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, float al
   store(out, 0, M * N, of);
 }
 
+void matmul_add(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, Tensor c) {
+  if (c.data == out.data) return matmul(out, a, b, trans_a, trans_b, 1.f, 1.f);
+  matmul(out, a, b, trans_a, trans_b, 1.f, 0.f);
+  add(out, out, c);
+}
+
 }  // namespace sf::cpu

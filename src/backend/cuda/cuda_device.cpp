@@ -177,6 +177,9 @@ class CudaOps final : public Ops {
   void matmul(Tensor out, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Stream& s) override {
     cuda::matmul(out, a, b, ta, tb, alpha, beta, L(s));
   }
+  void matmul_add(Tensor out, Tensor a, Tensor b, bool ta, bool tb, Tensor c, Stream& s) override {
+    cuda::matmul_add(out, a, b, ta, tb, c, L(s));
+  }
   void add_bias(Tensor out, Tensor bias, Stream& s) override { cuda::add_bias(out, bias, L(s)); }
   void bias_backward(Tensor dbias, Tensor dout, Stream& s) override { cuda::bias_backward(dbias, dout, L(s)); }
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, Stream& s) override {

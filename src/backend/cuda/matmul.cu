@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/kernel_utils.cuh"
 #include "backend/cuda/matmul.cuh"
@@ -104,9 +106,15 @@ void gemm(const Gemm& g, const Launch& L) {
   SF_CHECK(bf_in || f32, std::string("matmul: the cuda backend does not support the dtypes a=") + dt_name(g.at) +
                              " b=" + dt_name(g.bt) + " out=" + dt_name(g.ot) +
                              " (supported: BF16,BF16->BF16|F32 and F32,F32->F32)");
-  if (g.K == 0) {  // out = beta * out
+  const void* c = g.c ? g.c : g.out;
+  if (g.K == 0) {  // out = beta * C
     Tensor o(g.out, g.ot, {g.M, g.ldo});
     SF_CHECK(g.ldo == g.N, "cuda gemm: K == 0 with a padded out is not supported");
+    if (c != g.out) {
+      SF_CHECK(g.beta == 1.f, "cuda gemm: K == 0 with a separate C needs beta 1");
+      cast(o, Tensor(const_cast<void*>(c), g.ot, {g.M, g.ldo}), L);  // same dtype: a copy
+      return;
+    }
     if (g.beta == 0.f)
       zero(o, L);
     else if (g.beta != 1.f)
@@ -126,11 +134,11 @@ void gemm(const Gemm& g, const Launch& L) {
                    int64_t(g.ot),
                    ptr_align(g.a),
                    ptr_align(g.b),
-                   ptr_align(g.out),
+                   std::min(ptr_align(g.out), ptr_align(c)),  // C and D share one layout and alignment
                    0,
                    0};
   const LtCache::Plan& p = L.lt->plan(key, L.scratch->lt_bytes);
-  CUBLAS_CHECK(cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, p.la, g.a, p.lb, &g.beta, g.out, p.lc, g.out, p.lc,
+  CUBLAS_CHECK(cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, p.la, g.a, p.lb, &g.beta, c, p.lc, g.out, p.lc,
                               &p.algo, L.scratch->lt_ws, L.scratch->lt_bytes, L.stream));
 }
 
@@ -139,6 +147,14 @@ void matmul(Tensor out, Tensor a, Tensor b, bool ta, bool tb, float alpha, float
   const int64_t K = ta ? a.rows() : a.cols();  // shapes agree (ops_check.h)
   gemm(Gemm{out.data, out.dtype, N, a.data, a.dtype, a.cols(), b.data, b.dtype, b.cols(), M, N, K, ta, tb, alpha, beta},
        L);
+}
+
+void matmul_add(Tensor out, Tensor a, Tensor b, bool ta, bool tb, Tensor c, const Launch& L) {
+  const int64_t M = out.rows(), N = out.cols();
+  const int64_t K = ta ? a.rows() : a.cols();
+  Gemm g{out.data, out.dtype, N, a.data, a.dtype, a.cols(), b.data, b.dtype, b.cols(), M, N, K, ta, tb, 1.f, 1.f};
+  g.c = c.data;
+  gemm(g, L);
 }
 
 }  // namespace sf::cuda

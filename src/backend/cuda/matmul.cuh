@@ -55,10 +55,13 @@ struct Gemm {
   int64_t M, N, K;
   bool ta, tb;
   float alpha, beta;
+  const void* c = nullptr;  // C of alpha * op(a) @ op(b) + beta * C, out's dtype and ldo; nullptr: out
 };
 void gemm(const Gemm& g, const Launch& L);
 
 // ops.h matmul on tensors (shapes checked).
 void matmul(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta, const Launch& L);
+// ops.h matmul_add: c enters cuBLASLt's epilogue as C (beta 1), out is D.
+void matmul_add(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, Tensor c, const Launch& L);
 
 }  // namespace sf::cuda
