@@ -250,15 +250,7 @@ void Normalizer::apply(std::string& s, bool& at_start) const {
   if (s.size() > limit) too_long(input);
 }
 
-namespace {
-
-size_t utf8_length(const std::string& s, size_t i) {
-  const unsigned char b = static_cast<unsigned char>(s[i]);
-  const size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
-  return std::min(len, s.size() - i);
-}
-
-}  // namespace
+using uni::utf8_length;
 
 std::vector<std::pair<size_t, size_t>> Normalizer::align(const std::string& input, bool at_start) const {
   using Span = std::pair<size_t, size_t>;
@@ -320,9 +312,21 @@ std::vector<std::pair<size_t, size_t>> Normalizer::align(const std::string& inpu
         };
         size_t run = 0;
         std::string run_out;
+        // Within a run, output character j stands for input character min(j, last), as tokenizers
+        // aligns a composition (the composed character: the first input character; the marks it
+        // absorbed: none) and a decomposition (every part: the character it came from).
         auto flush = [&](size_t e) {
+          std::vector<size_t> in_chars;  // byte starts of the run's input characters
+          for (size_t k = run; k < e; k += utf8_length(s, k)) in_chars.push_back(k);
+          in_chars.push_back(e);
+          size_t j = 0;
+          for (size_t k = 0; k < run_out.size(); ++j) {
+            const size_t len = utf8_length(run_out, k);
+            const size_t c = std::min(j, in_chars.size() - 2);
+            o.insert(o.end(), len, span_of(in_chars[c], in_chars[c + 1]));
+            k += len;
+          }
           out += run_out;
-          o.insert(o.end(), run_out.size(), span_of(run, e));
         };
         for (size_t i = 0; i < s.size();) {
           const size_t len = utf8_length(s, i);

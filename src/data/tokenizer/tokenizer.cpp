@@ -1008,8 +1008,8 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
         size_t x = in_norm[k].first, y = in_norm[k].second;
         x = x > shift ? x - shift : 0;
         y = y > shift ? y - shift : 0;
-        if (y <= x) {  // the prepended space alone: before the first character
-          offsets.emplace_back(a, a);
+        if (y <= x) {  // the prepended space alone stands for the first character (tokenizers)
+          offsets.emplace_back(a, a + (b > a ? uni::utf8_length(text, a) : 0));
           continue;
         }
         if (unchanged) {

@@ -32,6 +32,13 @@ inline uint16_t classes(uint32_t cp) { return cp < 128 ? kAsciiClasses[cp] : cla
 inline bool is_letter(uint32_t cp) { return classes(cp) & kL; }
 inline bool is_number(uint32_t cp) { return classes(cp) & kN; }
 inline bool is_space(uint32_t cp) { return classes(cp) & kSpace; }
+// Bytes of the UTF-8 character starting at s[i] by its lead byte (an invalid lead byte: 1; never
+// past the end).
+inline size_t utf8_length(std::string_view s, size_t i) {
+  const unsigned char b = static_cast<unsigned char>(s[i]);
+  const size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
+  return len < s.size() - i ? len : s.size() - i;
+}
 
 // Code points of UTF-8 text with the byte offset of each (and one past the end). An invalid byte
 // stands for itself as U+DC80..U+DCFF (a lone surrogate: no class), as Python's surrogateescape.
