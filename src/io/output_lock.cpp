@@ -32,8 +32,9 @@ std::string holder_pid(int fd) {
 
 }  // namespace
 
-OutputLock::OutputLock(const std::string& output) {
-  check_output_dir(output);  // "/", ".", a file, a foreign directory: refused before any lock file
+OutputLock::OutputLock(const std::string& output, Kind kind) {
+  // "/", ".", a file, a foreign directory: refused before any lock file
+  if (kind == Kind::Directory) check_output_dir(output);
   const std::string out = resolved_path(output);
   path_ = out + ".sf-lock";
   std::error_code ec;
