@@ -1321,5 +1321,30 @@ TEST_F(Cli, ConcurrentRunsLockEverythingTheyWrite) {
   EXPECT_FALSE(fs::exists(p("g.safetensors.sf-lock")));
 }
 
+// A --metrics file inside the output: a new or empty output becomes a marked one first (the file and
+// its lock do not make it look foreign); the file is kept by every later run; no lock is left. A
+// metrics or grad file in a directory that does not exist is refused before anything runs.
+TEST_F(Cli, MetricsInsideTheOutput) {
+  const std::string model = make_model("llama", "m");
+  const std::string data = make_data("d.jsonl", 4);
+  const std::string opts = " --seq-len 16 --lr 1e-3 --device cpu --steps 2";
+  fs::create_directory(p("empty"));
+  for (const std::string& out : {p("new"), p("empty"), p("new")}) {
+    SCOPED_TRACE(out);
+    CmdResult r = run(train_cmd(model, data, out) + opts + " --metrics " + out + "/m.jsonl");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string lines = slurp(out + "/m.jsonl");
+    EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 2);
+    EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+    EXPECT_FALSE(fs::exists(out + "/m.jsonl.sf-lock"));
+  }
+  expect_input_error(run(train_cmd(model, data, p("o")) + opts + " --metrics " + p("nodir/m.jsonl")),
+                     "its directory " + p("nodir") + " does not exist");
+  expect_input_error(run("grad --model " + model + " --data " + data + " --seq-len 16 --device cpu --output " +
+                         p("nodir/g.safetensors")),
+                     "does not exist");
+  EXPECT_FALSE(fs::exists(p("nodir")));
+}
+
 }  // namespace
 }  // namespace sf

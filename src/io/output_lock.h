@@ -11,9 +11,9 @@ namespace sf {
 class OutputLock {
  public:
   enum class Kind { Directory, File };
-  // Directory: check_output_dir(output) first. Then takes the lock of `output` (its parent
-  // directories are created). Held by a live process -> InputError naming the output, the holder's
-  // pid and the lock file.
+  // Directory: check_output_dir(output) first, and its parent directories are created. File: its
+  // directory must exist (InputError naming the file otherwise). Then takes the lock of `output`.
+  // Held by a live process -> InputError naming the output, the holder's pid and the lock file.
   explicit OutputLock(const std::string& output, Kind kind = Kind::Directory);
   ~OutputLock();  // removes the lock file and releases the lock
   OutputLock(const OutputLock&) = delete;

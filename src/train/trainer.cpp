@@ -430,13 +430,17 @@ TrainResult run_train(const TrainOptions& o) {
   check_train_options(o);  // the one validation of the options, before anything is read
   check_written_paths(o);  // nothing written may be an input; an existing --metrics must be ours
   const OutputLock lock(o.output);  // one run per output, held to the end
-  // And one run per metrics file (two runs on other outputs would truncate and interleave it).
+  claim_output_dir(o.output);       // refuses a directory that is not ours before anything runs
+  // And one run per metrics file (two runs on other outputs would truncate and interleave it);
+  // after the claim: a metrics file inside an empty output directory must not fill it first.
   std::optional<OutputLock> metrics_lock;
   if (!o.metrics.empty()) {
+    // A metrics file inside the output: the output becomes a (marked) output first, so that the
+    // file and its lock are kept like a user's files and do not make the output look foreign.
+    if (path_within(resolved_path(o.metrics), resolved_path(o.output))) ensure_output_dir(o.output);
     metrics_lock.emplace(o.metrics, OutputLock::Kind::File);
     check_metrics_file(o.metrics);  // again under the lock
   }
-  claim_output_dir(o.output);       // refuses a directory that is not ours before anything runs
   const LrSchedule sched = parse_lr_schedule(o.lr_schedule);
   Session s = open_session(o.data, true, true, o.grad_accum, o.max_grad_norm > 0, o.eval_data);
   check_some_label(s.data, s.seq_len, o.data.data);
