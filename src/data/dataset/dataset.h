@@ -71,7 +71,8 @@ struct LoadedRecord {
 // Each chunk's records are parsed, rendered, encoded and labelled on the thread pool, `format` (when
 // given) runs there on each record too, and `sink` gets the chunk in file order. Problems are
 // InputErrors naming "path:line"; the first in file order is thrown after the records before it have
-// gone to `sink`, as a record-by-record loop would. Empty tokenizations are not refused here.
+// gone to `sink`, as a record-by-record loop would. Empty tokenizations are not refused here, and
+// the cache (LoadOptions::cache) is load_jsonl's: the stream neither reads nor writes it.
 void stream_jsonl(const std::string& path, int64_t vocab, const LoadOptions& opt,
                   const std::function<void(LoadedRecord&)>& format,
                   const std::function<void(std::vector<LoadedRecord>&)>& sink);
