@@ -32,7 +32,7 @@ std::string holder_pid(int fd) {
 
 }  // namespace
 
-OutputLock::OutputLock(const std::string& output, Kind kind) {
+OutputLock::OutputLock(const std::string& output, Kind kind, const std::string& option) {
   // "/", ".", a file, a foreign directory: refused before any lock file
   if (kind == Kind::Directory) check_output_dir(output);
   const std::string out = resolved_path(output);
@@ -43,7 +43,9 @@ OutputLock::OutputLock(const std::string& output, Kind kind) {
     // A file's directory is not made here (nor by the run: it would fail later, having computed
     // everything); and no lock file goes into a directory that does not exist yet.
     if (!fs::is_directory(parent, ec))
-      input_error(output, "cannot create the file: its directory " + parent.string() + " does not exist");
+      input_error(option.empty() ? output : option, (option.empty() ? "" : output + ": ") +
+                                                       "cannot create the file: its directory " + parent.string() +
+                                                       " does not exist");
   } else {
     fs::create_directories(parent, ec);
     if (ec) input_error(parent.string(), "cannot create directory: " + ec.message());

@@ -14,7 +14,8 @@ class OutputLock {
   // Directory: check_output_dir(output) first, and its parent directories are created. File: its
   // directory must exist (InputError naming the file otherwise). Then takes the lock of `output`.
   // Held by a live process -> InputError naming the output, the holder's pid and the lock file.
-  explicit OutputLock(const std::string& output, Kind kind = Kind::Directory);
+  // `option` (e.g. "--metrics") names the file in a File's errors.
+  explicit OutputLock(const std::string& output, Kind kind = Kind::Directory, const std::string& option = "");
   ~OutputLock();  // removes the lock file and releases the lock
   OutputLock(const OutputLock&) = delete;
   OutputLock& operator=(const OutputLock&) = delete;

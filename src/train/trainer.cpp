@@ -262,7 +262,7 @@ EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
   check_grad_output(out_path);
   // One run per gradient file: a second grad on it waits for nothing and is refused with our pid;
   // checked again under the lock (a run that ended meanwhile may have written it).
-  const OutputLock lock(out_path, OutputLock::Kind::File);
+  const OutputLock lock(out_path, OutputLock::Kind::File, "--output");
   check_grad_output(out_path);
   Session s = open_session(o, true, false, -1);
   auto batches = file_batches(s, s.max_batch);
@@ -438,7 +438,7 @@ TrainResult run_train(const TrainOptions& o) {
     // A metrics file inside the output: the output becomes a (marked) output first, so that the
     // file and its lock are kept like a user's files and do not make the output look foreign.
     if (path_within(resolved_path(o.metrics), resolved_path(o.output))) ensure_output_dir(o.output);
-    metrics_lock.emplace(o.metrics, OutputLock::Kind::File);
+    metrics_lock.emplace(o.metrics, OutputLock::Kind::File, "--metrics");
     check_metrics_file(o.metrics);  // again under the lock
   }
   const LrSchedule sched = parse_lr_schedule(o.lr_schedule);
