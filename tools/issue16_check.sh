@@ -157,6 +157,31 @@ json.dump(tok, open("grow.json", "w"))
 open("chat.jsonl", "w").write(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}) + "\n")
 EOF
 expect 2 "a 10,000-term template expression" "$BIN" tokenize --model tmpl --jsonl chat.jsonl
+bomb() {  # a chat template (the Python expression $2) through tokenize: exit 2 (one line) within 60 s
+  python3 -c "import json, sys; json.dump({'chat_template': eval(sys.argv[1])}, open('tmpl/tokenizer_config.json', 'w'))" "$2"
+  expect 2 "$1" "$BIN" tokenize --model tmpl --jsonl chat.jsonl
+}
+bomb "a self-referential namespace printed with tojson" "'{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns | tojson }}'"
+bomb "[('a'*16000000)]*300" "\"{{ [('a'*16000000)]*300 }}\""
+bomb "for c in 'a'*16000000" "\"{% for c in 'a'*16000000 %}{{ c }}{% endfor %}\""
+bomb "range(16000000)|list|unique" "'{{ range(16000000)|list|unique|list|length }}'"
+bomb "a 100,000-long filter chain inside if false" "'{% if false %}{{ x' + '|trim' * 100000 + ' }}{% endif %}'"
+python3 -c "import json; json.dump({'chat_template': '{{ 1e999 }}|{{ 1e-400 }}'}, open('tmpl/tokenizer_config.json', 'w'))"
+expect 0 "{{ 1e999 }}, {{ 1e-400 }} render as Python's (no stod error)" "$BIN" tokenize --model tmpl --jsonl chat.jsonl
+grep -q '"text":"inf|0.0"' out.txt || fail "{{ 1e999 }}" "rendered $(head -c 200 out.txt)"
+# NaN in an input model's weights (--no-verify skips this check on purpose).
+python3 - <<'EOF'
+import json, shutil, struct
+b = bytearray(open("model/model.safetensors", "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+h.pop("__metadata__", None)
+o = 8 + n + h[sorted(h)[0]]["data_offsets"][0]
+b[o:o + 4] = struct.pack("<f", float("nan"))
+shutil.copytree("model", "nanmodel")
+open("nanmodel/model.safetensors", "wb").write(b)
+EOF
+expect 2 "NaN in an input model's weights (eval)" "$BIN" eval --model nanmodel --data data.jsonl --seq-len 16 --device cpu
 expect 2 "a normalizer of 40 x Replace a->aa" "$BIN" tokenize --tokenizer grow.json --text aaaa
 
 echo "$fails failed"

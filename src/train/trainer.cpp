@@ -260,7 +260,7 @@ EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
   check_path_option("--output", out_path);
   check_written_apart({"--output", out_path}, {{"--model", o.model_dir}, {"--data", o.data}});
   check_grad_output(out_path);
-  // One run per gradient file: a second grad on it waits for nothing and is refused with our pid;
+  // One run per gradient file: a second grad on it is refused with the holder's pid (no waiting);
   // checked again under the lock (a run that ended meanwhile may have written it).
   const OutputLock lock(out_path, OutputLock::Kind::File, "--output");
   check_grad_output(out_path);
