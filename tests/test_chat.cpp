@@ -187,6 +187,13 @@ TEST(Jinja, StringMethods) {
   EXPECT_EQ(render("[{{ '\\n x \\n'.strip() }}][{{ 'xxaxx'.strip('x') }}][{{ '\\nab'.lstrip('\\n') }}][{{ "
                    "'ab\\n\\n'.rstrip('\\n') }}]"),
             "[x][a][ab][ab]");
+  // Unicode whitespace (Python's str.isspace), multi-byte characters kept whole, `chars` of several
+  // bytes, a truncated sequence at the end as one character, strip of nothing but whitespace.
+  EXPECT_EQ(render("[{{ '\u3000 \u00e9 x\u00a0\u2028'.strip() }}][{{ '\u2028a\u2028' | trim }}][{{ "
+                   "'\u00e9\u00e9a\u00e9'.strip('\u00e9') }}][{{ ' \n\t '.strip() }}][{{ '  x '.rstrip() }}|"
+                   "{{ ' x  '.lstrip() }}]"),
+            "[\u00e9 x][a][a][][  x|x  ]");
+  EXPECT_EQ(render("[{{ s.strip() }}]", json{{"s", " a \xE2\x80"}}), "[a \xE2\x80]");
   EXPECT_EQ(render("{{ 'a</think>b</think>c'.split('</think>') }}{{ ' a  b '.split() }}{{ 'a,b,c'.split(',', 1) }}"),
             "['a', 'b', 'c']['a', 'b']['a', 'b,c']");
   EXPECT_EQ(render("{{ 'a,b,c'.rsplit(',', 1) }}{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}{{ "

@@ -20,6 +20,7 @@
 #include "data/tokenizer/tokenizer.h"
 #include "io/checkpoint.h"
 #include "io/output_dir.h"
+#include "io/output_lock.h"
 #include "io/safetensors.h"
 #include "model_fixtures.h"
 #include "test_util.h"
@@ -968,7 +969,7 @@ TEST_F(Cli, TokenizeJsonlPrintsRecordsInOrder) {
   for (size_t i = 0; i < 2000; ++i) head += json{{"text", texts[i]}}.dump() + "\n";
   const std::string bad = write("bad.jsonl", head + "{\"text\": 5}\nnot json\n" + std::string(3000, 'a') + "\n");
   CmdResult r = run(tokenize + " --jsonl " + bad + " --max-record-bytes 1KiB");
-  expect_input_error(r, "bad.jsonl:2001: no \"text\" or \"messages\"");
+  expect_input_error(r, "bad.jsonl:2001: 'text' must be a string");
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2000);
   EXPECT_EQ(json::parse(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1))["ids"].get<std::vector<int32_t>>(),
             tok.encode(texts[1999]));
@@ -1254,6 +1255,106 @@ TEST_F(Cli, ParsersRefuseNulAndOutOfRangeNumbers) {
   CmdResult slots = run(eval_cmd(model, data) + opts + " --offload --slots 4194305");
   expect_input_error(slots, "--slots");
   EXPECT_NE(slots.err.find("blobs"), std::string::npos) << slots.err;
+}
+
+// One run per output, also for what else a run writes: three trains started together on one output
+// (one runs, two are refused naming the lock); a run resuming from the first one's checkpoint into
+// another output runs beside it, into the same output is refused; a second --metrics writer and a
+// second grad on one gradient file are refused with the holder's pid.
+TEST_F(Cli, ConcurrentRunsLockEverythingTheyWrite) {
+  const std::string model = make_model("llama", "m");
+  const std::string data = make_data("d.jsonl", 6);
+  const std::string opts = " --seq-len 16 --lr 1e-3 --device cpu";
+  std::vector<pid_t> pids;
+  for (int k = 0; k < 3; ++k)
+    pids.push_back(spawn(train_cmd(model, data, p("o")) + opts + " --steps 1000000 --save-every 1 --metrics " +
+                             p("m.jsonl"),
+                         p("out" + std::to_string(k)), p("err" + std::to_string(k))));
+  int running = -1, refused = 0;
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_GE(pids[size_t(k)], 0);
+    int status = 0;
+    for (int i = 0; i < 600 && waitpid(pids[size_t(k)], &status, WNOHANG) == 0; ++i) {
+      if (slurp(p("err" + std::to_string(k))).find("saved " + p("o") + "/checkpoint-2") != std::string::npos) break;
+      usleep(100000);
+    }
+    if (waitpid(pids[size_t(k)], &status, WNOHANG) == 0) {
+      EXPECT_EQ(running, -1) << "two runs hold one output";
+      running = k;
+    } else {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << slurp(p("err" + std::to_string(k)));
+      EXPECT_NE(slurp(p("err" + std::to_string(k))).find("in use by another slideformer run (pid "), std::string::npos);
+      ++refused;
+    }
+  }
+  ASSERT_GE(running, 0);
+  EXPECT_EQ(refused, 2);
+  const pid_t pid = pids[size_t(running)];
+  const std::string holder = "(pid " + std::to_string(pid);
+  // Resuming from its (complete, published) checkpoint into another output runs beside it.
+  CmdResult other = run(train_cmd(model, data, p("o2")) + opts + " --steps 3 --resume " + p("o") + "/checkpoint-1");
+  EXPECT_EQ(other.code, 0) << other.err;
+  // Into its own output: refused, the output in use.
+  expect_input_error(run(train_cmd(model, data, p("o")) + opts + " --steps 3 --resume " + p("o") + "/checkpoint-1"),
+                     holder);
+  // Its metrics file from another output: refused, nothing appended or truncated.
+  const std::string metrics_before = slurp(p("m.jsonl"));
+  expect_input_error(run(train_cmd(model, data, p("o3")) + opts + " --steps 1 --metrics " + p("m.jsonl")), holder);
+  EXPECT_EQ(slurp(p("m.jsonl")).substr(0, metrics_before.size()), metrics_before);
+  EXPECT_FALSE(fs::exists(p("o3")));
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGINT) << slurp(p("err" + std::to_string(running)));
+  EXPECT_FALSE(fs::exists(p("o.sf-lock")));
+  EXPECT_FALSE(fs::exists(p("m.jsonl.sf-lock")));
+
+  // grad --output: a holder of the file's lock (this process) refuses two grads at once; released,
+  // the next one writes it.
+  const std::string grad = "grad --model " + model + " --data " + data + " --seq-len 16 --device cpu --output ";
+  {
+    OutputLock held(p("g.safetensors"), OutputLock::Kind::File);
+    const pid_t a = spawn(grad + p("g.safetensors"), p("ga.out"), p("ga.err"));
+    const pid_t b = spawn(grad + p("g.safetensors"), p("gb.out"), p("gb.err"));
+    for (pid_t x : {a, b}) {
+      ASSERT_EQ(waitpid(x, &status, 0), x);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2);
+    }
+    for (const char* e : {"ga.err", "gb.err"})
+      EXPECT_NE(slurp(p(e)).find("in use by another slideformer run (pid " + std::to_string(::getpid())),
+                std::string::npos)
+          << slurp(p(e));
+    EXPECT_FALSE(fs::exists(p("g.safetensors")));
+  }
+  CmdResult g = run(grad + p("g.safetensors"));
+  EXPECT_EQ(g.code, 0) << g.err;
+  EXPECT_TRUE(fs::exists(p("g.safetensors")));
+  EXPECT_FALSE(fs::exists(p("g.safetensors.sf-lock")));
+}
+
+// A --metrics file inside the output: a new or empty output becomes a marked one first (the file and
+// its lock do not make it look foreign); the file is kept by every later run; no lock is left. A
+// metrics or grad file in a directory that does not exist is refused before anything runs.
+TEST_F(Cli, MetricsInsideTheOutput) {
+  const std::string model = make_model("llama", "m");
+  const std::string data = make_data("d.jsonl", 4);
+  const std::string opts = " --seq-len 16 --lr 1e-3 --device cpu --steps 2";
+  fs::create_directory(p("empty"));
+  for (const std::string& out : {p("new"), p("empty"), p("new")}) {
+    SCOPED_TRACE(out);
+    CmdResult r = run(train_cmd(model, data, out) + opts + " --metrics " + out + "/m.jsonl");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string lines = slurp(out + "/m.jsonl");
+    EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 2);
+    EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+    EXPECT_FALSE(fs::exists(out + "/m.jsonl.sf-lock"));
+  }
+  expect_input_error(run(train_cmd(model, data, p("o")) + opts + " --metrics " + p("nodir/m.jsonl")),
+                     "its directory " + p("nodir") + " does not exist");
+  expect_input_error(run("grad --model " + model + " --data " + data + " --seq-len 16 --device cpu --output " +
+                         p("nodir/g.safetensors")),
+                     "does not exist");
+  EXPECT_FALSE(fs::exists(p("nodir")));
 }
 
 }  // namespace

@@ -179,6 +179,58 @@ TEST(DatasetChat, ParallelEqualsSerial) {
   }
 }
 
+// stream_jsonl (what tokenize --jsonl and load_jsonl run on): chunks in file order whatever the
+// threads, the records load_jsonl gives, chats with their rendered text; the first bad line in file
+// order (in the third chunk, a worse one after it) is thrown after every record before it was handed on.
+TEST(DatasetChat, StreamKeepsFileOrderAndStopsAtTheFirstError) {
+  test::TempDir d;
+  Fixture f;
+  const fs::path p = d.path / "mixed.jsonl";
+  const int n = 2600;  // three chunks of at most 1,024 lines
+  write(p, mixed_data(n));
+  const Dataset want = load_jsonl(p.string(), f.tok.vocab_size(), f.opts(false));
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(threads);
+    LoadOptions o = f.opts(false);
+    o.threads = threads;
+    o.keep_chat_text = true;
+    Dataset got;
+    size_t chunks = 0, formatted = 0;
+    std::vector<std::string> texts;
+    stream_jsonl(
+        p.string(), f.tok.vocab_size(), o, [&](LoadedRecord& r) { r.out = std::to_string(r.line); },
+        [&](std::vector<LoadedRecord>& chunk) {
+          ++chunks;
+          for (LoadedRecord& r : chunk) {
+            EXPECT_EQ(r.line, got.records.size() + 1);
+            formatted += r.out == std::to_string(r.line);
+            if (r.kind == LoadedRecord::Chat) texts.push_back(r.text);
+            got.records.push_back(std::move(r.record));
+          }
+        });
+    EXPECT_EQ(chunks, 3u);
+    EXPECT_EQ(formatted, size_t(n));
+    expect_same(got, want);
+    ASSERT_EQ(texts.size(), size_t(n / 4));
+    const json messages = json::parse(mixed_data(3).substr(mixed_data(2).size()))["messages"];
+    EXPECT_EQ(texts[0], render_chat(f.chat, messages, kNow, "x").text);
+  }
+  std::string lines = mixed_data(2100);
+  lines += "{\"text\": 5}\n{\"input_ids\": [1, 2, 3]}\nnot json\n";
+  write(p, lines);
+  size_t handed = 0;
+  try {
+    LoadOptions o = f.opts(false);
+    o.threads = 3;
+    stream_jsonl(p.string(), f.tok.vocab_size(), o, nullptr,
+                 [&](std::vector<LoadedRecord>& chunk) { handed += chunk.size(); });
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), p.string() + ":2101: 'text' must be a string");
+  }
+  EXPECT_EQ(handed, 2100u);
+}
+
 TEST(DatasetChat, CacheHitMissAndCorruption) {
   test::TempDir d;
   Fixture f;

@@ -8,7 +8,7 @@
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
 #    gemma3 = issue 18's Gemma 3 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
 #    the two halves of moe and gemma3, gds = issue 17's GPUDirect Storage checks, profile3b = issue
-#    19's op profile of the 3B step)
+#    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -238,6 +238,14 @@ for s in ('3b', '1b'):
     # the tokenizers next to Hugging Face's encode_batch (BIN holds a portable CPU-only sf_tests;
     # the real files in tmp/tokenizers, carried)
     tokenizer_speed) run tokenizer_speed bash tools/tokenizer_speed.sh "${SF_CPU_BIN:-$BIN/cpu}" ;;
+    # issue 16: data throughput beside tokenizers' encode_batch on the same ~20 MB (text,
+    # prompt/completion, chat): `tokenize --jsonl` and train's data loading, all cores; the
+    # tokenizers from tmp/tokenizers (tools/tokenizer_parity.py fetch --gzip, carried)
+    data_throughput)
+      run data_throughput_llama3 python3 tools/data_throughput.py --bin "$BIN/slideformer" \
+        --tokenizer tmp/tokenizers/llama3.json.gz --template tests/data/chat_templates/llama3.1.jinja --work /tmp/data_tp_llama3
+      run data_throughput_qwen3 python3 tools/data_throughput.py --bin "$BIN/slideformer" \
+        --tokenizer tmp/tokenizers/qwen3.json.gz --template tests/data/chat_templates/qwen3.jinja --work /tmp/data_tp_qwen3 ;;
     offload7_8b)
       for clip in 1 0; do
         run sf_8b_24g_clip$clip "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 \

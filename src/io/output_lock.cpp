@@ -32,14 +32,24 @@ std::string holder_pid(int fd) {
 
 }  // namespace
 
-OutputLock::OutputLock(const std::string& output) {
-  check_output_dir(output);  // "/", ".", a file, a foreign directory: refused before any lock file
+OutputLock::OutputLock(const std::string& output, Kind kind, const std::string& option) {
+  // "/", ".", a file, a foreign directory: refused before any lock file
+  if (kind == Kind::Directory) check_output_dir(output);
   const std::string out = resolved_path(output);
   path_ = out + ".sf-lock";
   std::error_code ec;
   const fs::path parent = fs::path(out).parent_path();
-  fs::create_directories(parent, ec);
-  if (ec) input_error(parent.string(), "cannot create directory: " + ec.message());
+  if (kind == Kind::File) {
+    // A file's directory is not made here (nor by the run: it would fail later, having computed
+    // everything); and no lock file goes into a directory that does not exist yet.
+    if (!fs::is_directory(parent, ec))
+      input_error(option.empty() ? output : option, (option.empty() ? "" : output + ": ") +
+                                                       "cannot create the file: its directory " + parent.string() +
+                                                       " does not exist");
+  } else {
+    fs::create_directories(parent, ec);
+    if (ec) input_error(parent.string(), "cannot create directory: " + ec.message());
+  }
   for (int attempt = 0; attempt < 100; ++attempt) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd_ < 0) input_error(path_, std::string("cannot create the output's lock file: ") + std::strerror(errno));

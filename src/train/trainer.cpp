@@ -118,6 +118,18 @@ void check_grad_output(const std::string& path) {
   if (!ours) input_error("--output", path + ": exists and is not a gradient file slideformer wrote" + refuse);
 }
 
+// load_jsonl with its time in the log (reading, parsing, rendering, encoding: the data throughput
+// tools/data_throughput.py compares with tokenizers').
+Dataset load_data(const std::string& path, int64_t vocab, const LoadOptions& lo) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Dataset d = load_jsonl(path, vocab, lo);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  size_t tokens = 0;
+  for (const Record& r : d.records) tokens += r.ids.size();
+  log_debug("data: %zu records, %zu tokens from %s in %.3f s", d.records.size(), tokens, path.c_str(), s);
+  return d;
+}
+
 Session open_session(const DataOptions& o, bool training, bool optimizer, int grad_accum = 1, bool clip = false,
                      const std::string& eval_path = "") {
   Session s;
@@ -144,8 +156,8 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
   };
   lo.train_on_all = o.train_on == "all";
   lo.cache = o.data_cache;
-  s.data = load_jsonl(o.data, s.model.spec.vocab, lo);
-  if (!eval_path.empty()) s.eval = load_jsonl(eval_path, s.model.spec.vocab, lo);
+  s.data = load_data(o.data, s.model.spec.vocab, lo);
+  if (!eval_path.empty()) s.eval = load_data(eval_path, s.model.spec.vocab, lo);
   size_t longest = 0;
   for (const Dataset* d : {&s.data, &s.eval})
     for (const Record& r : d->records) longest = std::max(longest, r.ids.size());
@@ -247,6 +259,10 @@ EvalResult run_eval(const DataOptions& o) {
 EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
   check_path_option("--output", out_path);
   check_written_apart({"--output", out_path}, {{"--model", o.model_dir}, {"--data", o.data}});
+  check_grad_output(out_path);
+  // One run per gradient file: a second grad on it is refused with the holder's pid (no waiting);
+  // checked again under the lock (a run that ended meanwhile may have written it).
+  const OutputLock lock(out_path, OutputLock::Kind::File, "--output");
   check_grad_output(out_path);
   Session s = open_session(o, true, false, -1);
   auto batches = file_batches(s, s.max_batch);
@@ -415,6 +431,16 @@ TrainResult run_train(const TrainOptions& o) {
   check_written_paths(o);  // nothing written may be an input; an existing --metrics must be ours
   const OutputLock lock(o.output);  // one run per output, held to the end
   claim_output_dir(o.output);       // refuses a directory that is not ours before anything runs
+  // And one run per metrics file (two runs on other outputs would truncate and interleave it);
+  // after the claim: a metrics file inside an empty output directory must not fill it first.
+  std::optional<OutputLock> metrics_lock;
+  if (!o.metrics.empty()) {
+    // A metrics file inside the output: the output becomes a (marked) output first, so that the
+    // file and its lock are kept like a user's files and do not make the output look foreign.
+    if (path_within(resolved_path(o.metrics), resolved_path(o.output))) ensure_output_dir(o.output);
+    metrics_lock.emplace(o.metrics, OutputLock::Kind::File, "--metrics");
+    check_metrics_file(o.metrics);  // again under the lock
+  }
   const LrSchedule sched = parse_lr_schedule(o.lr_schedule);
   Session s = open_session(o.data, true, true, o.grad_accum, o.max_grad_norm > 0, o.eval_data);
   check_some_label(s.data, s.seq_len, o.data.data);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
@@ -382,42 +383,192 @@ void write_cache(const CacheKey& k, const Dataset& ds) {
   }
 }
 
-// A record waiting for its tokens.
-struct Pending {
-  enum Kind { Ids, Text, PromptCompletion, Chat } kind;
-  size_t line;
-  size_t a = 0, b = 0;    // indices into the text groups (Text/prompt: special; completion/chat: plain)
-  Record ids;             // Ids
-  ChatRendering chat;     // Chat
-  std::string line_text;  // Chat: the record, rendered after the first pass
+// The tokenizer and chat template for all the pool's threads: each loaded once, under a lock (the
+// callers' loaders are not thread-safe); a load that failed fails the same way for every record.
+class SharedModelFiles {
+ public:
+  SharedModelFiles(const LoadOptions& opt, const Tokenizer* tok, const ChatTemplate* chat, bool chat_loaded)
+      : opt_(opt), tok_(tok), chat_(chat), chat_loaded_(chat_loaded) {}
+
+  const Tokenizer& tokenizer(const char* field, const std::string& where) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (tok_) return *tok_;
+    if (tok_error_) std::rethrow_exception(tok_error_);
+    if (!opt_.tokenizer) input_error(where, std::string("'") + field + "' needs a tokenizer (the model has none)");
+    try {
+      tok_ = &opt_.tokenizer();
+    } catch (...) {
+      tok_error_ = std::current_exception();
+      throw;
+    }
+    return *tok_;
+  }
+
+  const ChatTemplate& chat(const std::string& where) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (chat_error_) std::rethrow_exception(chat_error_);
+    if (!chat_loaded_) {
+      try {
+        chat_ = opt_.chat_template ? opt_.chat_template() : nullptr;
+      } catch (...) {
+        chat_error_ = std::current_exception();
+        throw;
+      }
+      chat_loaded_ = true;
+    }
+    if (!chat_)
+      input_error(
+          where, "chat records need the model's chat template (tokenizer_config.json or chat_template.jinja has none)");
+    return *chat_;
+  }
+
+ private:
+  const LoadOptions& opt_;
+  std::mutex mu_;
+  const Tokenizer* tok_;
+  const ChatTemplate* chat_;
+  bool chat_loaded_;
+  std::exception_ptr tok_error_, chat_error_;
 };
 
-// Runs fn(i) for i in [0, n) on the pool; an InputError is rethrown for the lowest i that failed,
-// so errors are the same as in a serial run.
-void parallel_records(ThreadPool& pool, size_t n, const std::function<void(size_t)>& fn) {
-  std::vector<std::exception_ptr> errors(n);  // the InputErrors whole: they may name settings as data
-  std::atomic<bool> failed{false};
-  pool.parallel_for(
-      int64_t(n),
-      [&](int64_t a, int64_t b) {
-        for (int64_t i = a; i < b; ++i) {
-          try {
-            fn(size_t(i));
-          } catch (const InputError&) {
-            errors[size_t(i)] = std::current_exception();
-            failed = true;
-            return;
-          }
-        }
-      },
-      16);
-  if (!failed) return;
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
-}
+// stream_jsonl in its steps: a chunk of lines read in file order, each line made a LoadedRecord on
+// the pool (parse, render, encode, label, format), the chunk handed on in order.
+class JsonlStream {
+ public:
+  static constexpr size_t kChunkLines = 1024;
+  static constexpr size_t kChunkBytes = size_t(4) << 20;
 
-// load_jsonl in its steps: each line parsed into a Pending (token ids checked, texts collected),
-// the chats rendered and all texts encoded in parallel, then the records assembled in file order.
+  JsonlStream(const std::string& path, int64_t vocab, const LoadOptions& opt, const Tokenizer* tok = nullptr,
+              const ChatTemplate* chat = nullptr, bool chat_loaded = false)
+      : path_(path),
+        vocab_(vocab),
+        opt_(opt),
+        now_(opt.now ? opt.now : std::time(nullptr)),
+        files_(opt, tok, chat, chat_loaded) {}
+
+  void run(const std::function<void(LoadedRecord&)>& format, const std::function<void(std::vector<LoadedRecord>&)>& sink) {
+    std::unique_ptr<ThreadPool> own_pool;
+    if (opt_.threads > 0) own_pool = std::make_unique<ThreadPool>(opt_.threads);
+    ThreadPool& pool = own_pool ? *own_pool : cpu_pool();
+    LineReader in(path_ == "-" ? "/dev/stdin" : path_, g_max_record_bytes, Setting::MaxRecordBytes);
+    std::vector<std::string> lines;
+    std::vector<size_t> line_nos;
+    for (bool more = true; more;) {
+      lines.clear();
+      line_nos.clear();
+      std::exception_ptr read_error;
+      for (size_t bytes = 0; lines.size() < kChunkLines && bytes < kChunkBytes;) {
+        std::string line;
+        try {
+          if (!in.next(line)) {
+            more = false;
+            break;
+          }
+        } catch (...) {
+          read_error = std::current_exception();
+          more = false;
+          break;
+        }
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed
+        bytes += line.size();
+        lines.push_back(std::move(line));
+        line_nos.push_back(size_t(in.line_number()));
+      }
+      std::vector<LoadedRecord> recs(lines.size());
+      std::vector<std::exception_ptr> errors(lines.size());
+      // Records differ in length: one at a time to whichever thread is free.
+      pool.parallel_pieces(
+          int64_t(lines.size()),
+          [&](int64_t a, int64_t b) {
+            for (int64_t i = a; i < b; ++i) {
+              try {
+                recs[size_t(i)] = record(lines[size_t(i)], line_nos[size_t(i)]);
+                if (format) format(recs[size_t(i)]);
+              } catch (...) {
+                errors[size_t(i)] = std::current_exception();
+              }
+              std::string().swap(lines[size_t(i)]);
+            }
+          },
+          1);
+      const size_t first_error = size_t(std::find_if(errors.begin(), errors.end(), [](const auto& e) { return bool(e); }) -
+                                        errors.begin());
+      recs.resize(first_error);
+      if (!recs.empty()) sink(recs);
+      if (first_error < errors.size()) std::rethrow_exception(errors[first_error]);
+      if (read_error) std::rethrow_exception(read_error);
+    }
+  }
+
+ private:
+  const std::string& path_;
+  const int64_t vocab_;
+  const LoadOptions& opt_;
+  const std::time_t now_;
+  SharedModelFiles files_;
+
+  LoadedRecord record(const std::string& line, size_t line_no) {
+    const std::string where = path_ + ":" + std::to_string(line_no);
+    check_json_text(where, line.data(), line.data() + line.size());  // NUL, 1e999 (io/json_file.h)
+    RecordParser rp(where, vocab_);
+    nlohmann::json::sax_parse(line.begin(), line.end(), &rp);
+    rp.finish();
+    LoadedRecord r;
+    r.line = line_no;
+    Record& rec = r.record;
+    if (rp.has_ids) {
+      r.kind = LoadedRecord::Ids;
+      rec.ids = std::move(rp.ids);
+      if (rec.ids.empty()) input_error(where, "'input_ids' is empty");
+      if (rp.has_labels) {
+        rec.labels = std::move(rp.labels);
+        if (rec.labels.size() != rec.ids.size()) {
+          input_error(where, "'labels' has " + std::to_string(rec.labels.size()) + " entries but 'input_ids' has " +
+                                 std::to_string(rec.ids.size()));
+        }
+      } else {
+        rec.labels = rec.ids;
+      }
+      return r;
+    }
+    if (rp.text) {
+      const Tokenizer& tok = files_.tokenizer("text", where);
+      r.kind = LoadedRecord::Text;
+      rec.ids = tok.encode(*rp.text, opt_.add_special);
+      rec.labels = rec.ids;
+    } else if (rp.prompt && rp.completion) {
+      const Tokenizer& tok = files_.tokenizer("prompt", where);
+      r.kind = LoadedRecord::PromptCompletion;
+      rec.ids = tok.encode(*rp.prompt, opt_.add_special);
+      rec.labels.assign(rec.ids.size(), kIgnoreIndex);
+      const std::vector<int32_t> c = tok.encode(*rp.completion, false);
+      rec.ids.insert(rec.ids.end(), c.begin(), c.end());
+      rec.labels.insert(rec.labels.end(), c.begin(), c.end());
+    } else if (rp.has_messages) {
+      const Tokenizer& tok = files_.tokenizer("messages", where);
+      const ChatTemplate& chat = files_.chat(where);
+      r.kind = LoadedRecord::Chat;
+      // The SAX pass checked the record; the messages are read in the text's key order.
+      ChatRendering rendering = render_chat(chat, chat_messages(line, where), now_, where);
+      if (opt_.train_on_all) {
+        rec.ids = tok.encode(rendering.text, false);
+        rec.labels = rec.ids;
+      } else {
+        rec = chat_tokens(tok, rendering);  // one encoding: ids and the assistant turns' labels
+      }
+      if (opt_.keep_chat_text) r.text = std::move(rendering.text);
+    } else {
+      input_error(where, "needs 'input_ids', 'text', 'prompt' and 'completion', or 'messages'");
+    }
+    for (int32_t id : rec.ids)
+      if (id < 0 || id >= vocab_)
+        input_error(where, "token " + std::to_string(id) + " of the tokenizer is outside the model's vocabulary of " +
+                               std::to_string(vocab_));
+    return r;
+  }
+};
+
+// load_jsonl: the cache when valid, else the stream's records collected (and cached).
 class JsonlLoader {
  public:
   JsonlLoader(const std::string& path, int64_t vocab, const LoadOptions& opt)
@@ -427,13 +578,19 @@ class JsonlLoader {
     Dataset ds;
     ds.path = path_;
     if (opt_.cache && path_ != "-" && read_cached(ds)) return ds;
-    parse_lines();
-    if (pending_.empty()) input_error(path_, "no records");
-    tokenize();
-    ds.records.reserve(pending_.size());
-    for (Pending& p : pending_) ds.records.push_back(assemble(p));
+    bool tokenized = false;
+    LoadOptions opt = opt_;
+    opt.now = now_;
+    JsonlStream(path_, vocab_, opt, tok_, chat_, chat_loaded_).run(nullptr, [&](std::vector<LoadedRecord>& chunk) {
+      for (LoadedRecord& r : chunk) {
+        if (r.record.ids.empty()) input_error(path_ + ":" + std::to_string(r.line), "the text has no tokens");
+        tokenized |= r.kind != LoadedRecord::Ids;
+        ds.records.push_back(std::move(r.record));
+      }
+    });
+    if (ds.records.empty()) input_error(path_, "no records");
     // Only tokenized data is cached: token-id records parse as fast as the cache would read.
-    if (!ck_.path.empty() && (!special_ids_.empty() || !plain_ids_.empty())) write_cache(ck_, ds);
+    if (!ck_.path.empty() && tokenized) write_cache(ck_, ds);
     return ds;
   }
 
@@ -446,9 +603,6 @@ class JsonlLoader {
   const ChatTemplate* chat_ = nullptr;
   bool chat_loaded_ = false;
   CacheKey ck_;
-  std::vector<Pending> pending_;
-  std::vector<std::string> special_texts_, plain_texts_;  // encoded with / without the special tokens
-  std::vector<std::vector<int32_t>> special_ids_, plain_ids_;
 
   // The cache key needs the tokenizer and template; a model without them can still have a cache
   // of token-id records (a missing tokenizer is reported at the first text record).
@@ -469,144 +623,6 @@ class JsonlLoader {
     if (ck_.path.empty() || !read_cache(ck_, vocab_, ds)) return false;
     log_debug("read %zu tokenized records from the cache %s", ds.records.size(), ck_.path.c_str());
     return true;
-  }
-
-  void need_tok(const char* field, const std::string& where) {
-    if (tok_) return;
-    if (!opt_.tokenizer) input_error(where, std::string("'") + field + "' needs a tokenizer (the model has none)");
-    tok_ = &opt_.tokenizer();
-  }
-
-  void need_chat(const std::string& where) {
-    if (!chat_loaded_) {
-      chat_ = opt_.chat_template ? opt_.chat_template() : nullptr;
-      chat_loaded_ = true;
-    }
-    if (!chat_)
-      input_error(
-          where, "chat records need the model's chat template (tokenizer_config.json or chat_template.jinja has none)");
-  }
-
-  void parse_lines() {
-    LineReader in(path_, g_max_record_bytes, Setting::MaxRecordBytes);
-    std::string line;
-    while (in.next(line)) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed
-      pending_.push_back(parse_record(line, size_t(in.line_number())));
-    }
-  }
-
-  Pending parse_record(const std::string& line, size_t line_no) {
-    const std::string where = path_ + ":" + std::to_string(line_no);
-    check_json_text(where, line.data(), line.data() + line.size());  // NUL, 1e999 (io/json_file.h)
-    RecordParser rp(where, vocab_);
-    nlohmann::json::sax_parse(line.begin(), line.end(), &rp);
-    rp.finish();
-    Pending p;
-    p.line = line_no;
-    if (rp.has_ids) {
-      p.kind = Pending::Ids;
-      p.ids.ids = std::move(rp.ids);
-      if (p.ids.ids.empty()) input_error(where, "'input_ids' is empty");
-      if (rp.has_labels) {
-        p.ids.labels = std::move(rp.labels);
-        if (p.ids.labels.size() != p.ids.ids.size()) {
-          input_error(where, "'labels' has " + std::to_string(p.ids.labels.size()) + " entries but 'input_ids' has " +
-                                 std::to_string(p.ids.ids.size()));
-        }
-      } else {
-        p.ids.labels = p.ids.ids;
-      }
-    } else if (rp.text) {
-      need_tok("text", where);
-      p.kind = Pending::Text;
-      p.a = special_texts_.size();
-      special_texts_.push_back(std::move(*rp.text));
-    } else if (rp.prompt && rp.completion) {
-      need_tok("prompt", where);
-      p.kind = Pending::PromptCompletion;
-      p.a = special_texts_.size();
-      special_texts_.push_back(std::move(*rp.prompt));
-      p.b = plain_texts_.size();
-      plain_texts_.push_back(std::move(*rp.completion));
-    } else if (rp.has_messages) {
-      need_tok("messages", where);
-      need_chat(where);
-      p.kind = Pending::Chat;
-      p.line_text = line;  // rendered in tokenize(), in parallel
-      p.a = plain_texts_.size();
-      plain_texts_.emplace_back();
-    } else {
-      input_error(where, "needs 'input_ids', 'text', 'prompt' and 'completion', or 'messages'");
-    }
-    return p;
-  }
-
-  // Renders the chats, encodes every text, and labels the chats' assistant tokens.
-  void tokenize() {
-    std::unique_ptr<ThreadPool> own_pool;
-    if (opt_.threads > 0) own_pool = std::make_unique<ThreadPool>(opt_.threads);
-    ThreadPool& pool = own_pool ? *own_pool : cpu_pool();
-    std::vector<Pending*> chats;
-    for (Pending& p : pending_)
-      if (p.kind == Pending::Chat) chats.push_back(&p);
-    parallel_records(pool, chats.size(), [&](size_t i) {
-      Pending& p = *chats[i];
-      // The SAX pass checked the record; the messages are read in the text's key order.
-      const std::string where = path_ + ":" + std::to_string(p.line);
-      const jinja::Value messages = chat_messages(p.line_text, where);
-      p.line_text = std::string();
-      p.chat = render_chat(*chat_, messages, now_, where);
-      plain_texts_[p.a] = p.chat.text;
-    });
-    if (!special_texts_.empty()) special_ids_ = tok_->encode_batch(special_texts_, true, opt_.threads);
-    if (!plain_texts_.empty()) plain_ids_ = tok_->encode_batch(plain_texts_, false, opt_.threads);
-    special_texts_.clear();
-    if (!opt_.train_on_all) {
-      parallel_records(pool, chats.size(), [&](size_t i) {
-        Pending& p = *chats[i];
-        p.ids.labels = assistant_labels(*tok_, p.chat, plain_ids_[p.a]);
-        p.chat = {};
-      });
-    }
-  }
-
-  Record assemble(Pending& p) {
-    const std::string where = path_ + ":" + std::to_string(p.line);
-    auto check = [&](const std::vector<int32_t>& ids) {
-      for (int32_t id : ids)
-        if (id < 0 || id >= vocab_)
-          input_error(where, "token " + std::to_string(id) + " of the tokenizer is outside the model's vocabulary of " +
-                                 std::to_string(vocab_));
-    };
-    Record r;
-    switch (p.kind) {
-      case Pending::Ids:
-        r = std::move(p.ids);
-        break;
-      case Pending::Text:
-        r.ids = std::move(special_ids_[p.a]);
-        check(r.ids);
-        r.labels = r.ids;
-        break;
-      case Pending::PromptCompletion: {
-        r.ids = std::move(special_ids_[p.a]);
-        r.labels.assign(r.ids.size(), kIgnoreIndex);
-        const std::vector<int32_t>& c = plain_ids_[p.b];
-        r.ids.insert(r.ids.end(), c.begin(), c.end());
-        r.labels.insert(r.labels.end(), c.begin(), c.end());
-        check(r.ids);
-        break;
-      }
-      case Pending::Chat:
-        r.ids = std::move(plain_ids_[p.a]);
-        check(r.ids);
-        r.labels = opt_.train_on_all ? r.ids : std::move(p.ids.labels);
-        plain_texts_[p.a].clear();
-        break;
-    }
-    if (r.ids.empty()) input_error(where, "the text has no tokens");
-    return r;
   }
 };
 
@@ -632,6 +648,12 @@ Dataset load_jsonl(const std::string& path, int64_t vocab, const std::function<c
 
 Dataset load_jsonl(const std::string& path, int64_t vocab, const LoadOptions& opt) {
   return JsonlLoader(path, vocab, opt).load();
+}
+
+void stream_jsonl(const std::string& path, int64_t vocab, const LoadOptions& opt,
+                  const std::function<void(LoadedRecord&)>& format,
+                  const std::function<void(std::vector<LoadedRecord>&)>& sink) {
+  JsonlStream(path, vocab, opt).run(format, sink);
 }
 
 int64_t trained_targets(const Record& r, int seq_len) {

@@ -52,7 +52,30 @@ struct LoadOptions {
   bool cache = true;
   std::time_t now = 0;  // what strftime_now formats in chat templates (0: the current time)
   int threads = 0;      // tokenization threads (0: usable_cpus())
+  bool add_special = true;      // text and prompt records get the post-processor's tokens (a BOS)
+  bool keep_chat_text = false;  // stream_jsonl: chat records keep their rendered text
 };
+
+// A record of a JSONL file as stream_jsonl hands it on.
+struct LoadedRecord {
+  enum Kind { Ids, Text, PromptCompletion, Chat };
+  Kind kind = Ids;
+  size_t line = 0;   // in the file (1-based)
+  Record record;     // ids and labels (text: labels = ids; chat: -100 outside the assistant turns)
+  std::string text;  // chat records with keep_chat_text: the rendered conversation
+  std::string out;   // what stream_jsonl's `format` made of it
+};
+
+// Reads a JSONL file ("-": stdin) a chunk of records at a time (at most 1,024 lines or 4 MiB of
+// them, plus one line of up to max_record_bytes(): memory stays bounded however long the file).
+// Each chunk's records are parsed, rendered, encoded and labelled on the thread pool, `format` (when
+// given) runs there on each record too, and `sink` gets the chunk in file order. Problems are
+// InputErrors naming "path:line"; the first in file order is thrown after the records before it have
+// gone to `sink`, as a record-by-record loop would. Empty tokenizations are not refused here, and
+// the cache (LoadOptions::cache) is load_jsonl's: the stream neither reads nor writes it.
+void stream_jsonl(const std::string& path, int64_t vocab, const LoadOptions& opt,
+                  const std::function<void(LoadedRecord&)>& format,
+                  const std::function<void(std::vector<LoadedRecord>&)>& sink);
 
 // Reads a JSONL file. Every problem is an InputError naming "path:line". Token ids must be in
 // [0, vocab); labels in [0, vocab) or -100. `tokenizer` is called (once) at the first text record.

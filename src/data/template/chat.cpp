@@ -322,14 +322,18 @@ ChatRendering render_chat(const ChatTemplate& t, const jinja::Value& all, std::t
   return out;
 }
 
-std::vector<int32_t> assistant_labels(const Tokenizer& tok, const ChatRendering& r, const std::vector<int32_t>& ids) {
-  std::vector<int32_t> labels(ids.size(), kIgnoreIndex);
-  if (r.assistant.empty() || ids.empty()) return labels;
+Record chat_tokens(const Tokenizer& tok, const ChatRendering& r) {
+  Record rec;
+  if (r.assistant.empty()) {  // nothing to locate: no offsets needed
+    rec.ids = tok.encode(r.text, false);
+    rec.labels.assign(rec.ids.size(), kIgnoreIndex);
+    return rec;
+  }
   // As transformers: a turn labels every token from the one holding its first character to the one
-  // holding its last, by the tokens' character offsets.
+  // holding its last, by the tokens' character offsets (one encoding gives ids and offsets).
   std::vector<std::pair<size_t, size_t>> off;
-  const std::vector<int32_t> again = tok.encode_offsets(r.text, off, false);
-  if (again != ids) throw std::logic_error("assistant_labels: ids are not the encoding of the rendered text");
+  rec.ids = tok.encode_offsets(r.text, off, false);
+  rec.labels.assign(rec.ids.size(), kIgnoreIndex);
   for (const auto& turn : r.assistant) {
     const size_t s = turn.first, e = turn.second;  // (lambdas below capture them: no structured binding)
     if (s >= e || s >= r.text.size()) continue;
@@ -341,9 +345,15 @@ std::vector<int32_t> assistant_labels(const Tokenizer& tok, const ChatRendering&
                             off.begin());
     const size_t b = size_t(std::partition_point(off.begin(), off.end(), [&](const auto& o) { return o.first <= last; }) -
                             off.begin());
-    for (size_t k = a; k < b; ++k) labels[k] = ids[k];
+    for (size_t k = a; k < b; ++k) rec.labels[k] = rec.ids[k];
   }
-  return labels;
+  return rec;
+}
+
+std::vector<int32_t> assistant_labels(const Tokenizer& tok, const ChatRendering& r, const std::vector<int32_t>& ids) {
+  Record rec = chat_tokens(tok, r);
+  if (rec.ids != ids) throw std::logic_error("assistant_labels: ids are not the encoding of the rendered text");
+  return std::move(rec.labels);
 }
 
 }  // namespace sf

@@ -71,7 +71,10 @@ ChatRendering render_chat(const ChatTemplate& t, const nlohmann::json& messages,
 // `where` when malformed or absent.
 jinja::Value chat_messages(const std::string& record, const std::string& where);
 
-// Labels of `ids` (the tokens of r.text): ids inside an assistant turn, -100 elsewhere.
+// The tokens of r.text (without added special tokens: the template writes them), encoded once with
+// their offsets, and their labels: ids inside an assistant turn, -100 elsewhere.
+Record chat_tokens(const Tokenizer& tok, const ChatRendering& r);
+// chat_tokens(tok, r).labels, for `ids` that must be the tokens of r.text (logic_error otherwise).
 std::vector<int32_t> assistant_labels(const Tokenizer& tok, const ChatRendering& r, const std::vector<int32_t>& ids);
 
 }  // namespace sf

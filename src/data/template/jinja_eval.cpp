@@ -48,21 +48,30 @@ bool py_space(uint32_t cp) {
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 // str.strip / lstrip / rstrip: whitespace, or the code points of `chars`.
+// One pass over the code points, no copy of each (templates trim every message: `| trim`).
 std::string py_strip(const std::string& s, bool left, bool right, const Value* chars) {
-  const std::vector<std::string> cps = code_points(s);
   std::set<std::string> set;
   const bool by_chars = chars && chars->kind == Value::Str;
   if (by_chars)
     for (auto& c : code_points(chars->s)) set.insert(c);
-  auto strip_it = [&](const std::string& c) { return by_chars ? set.count(c) > 0 : py_space(decode_cp(c)); };
-  size_t a = 0, b = cps.size();
+  auto length = [&](size_t i) {  // bytes of the code point at i, as code_points() cuts them
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+    return i + n > s.size() ? size_t(1) : n;
+  };
+  auto strip_it = [&](size_t i, size_t n) {
+    if (by_chars) return set.count(s.substr(i, n)) > 0;
+    return py_space(n == 1 ? static_cast<unsigned char>(s[i]) : decode_cp(s.substr(i, n)));
+  };
+  size_t a = 0, b = s.size();
   if (left)
-    while (a < b && strip_it(cps[a])) ++a;
-  if (right)
-    while (b > a && strip_it(cps[b - 1])) --b;
-  std::string out;
-  for (size_t k = a; k < b; ++k) out += cps[k];
-  return out;
+    for (size_t n; a < s.size() && strip_it(a, n = length(a));) a += n;
+  if (right) {
+    b = a;  // the end of the last code point kept
+    for (size_t i = a, n; i < s.size(); i += n)
+      if (!strip_it(i, n = length(i))) b = i + n;
+  }
+  return s.substr(a, b - a);
 }
 // Python's float(s): surrounding whitespace, inf/nan words, out-of-range exponents to inf or 0.0;
 // nullopt where Python raises (hexadecimal, junk).

@@ -228,7 +228,9 @@ void read_vocab(const Ctx& c, const json& vocab, int64_t bound, std::unordered_m
   ids.reserve(vocab.size());
   id_to_token.assign(size_t(bound), std::string());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int64_t id = c.integer(it.value(), key_path("model.vocab", it.key()), 0, INT64_MAX);
+    // The JSON path is built only for a value that is not a plain id (its error names it).
+    const int64_t id = it.value().is_number_unsigned() ? int64_t(std::min<uint64_t>(it.value().get<uint64_t>(), INT64_MAX))
+                                                       : c.integer(it.value(), key_path("model.vocab", it.key()), 0, INT64_MAX);
     if (id >= bound)
       c.fail(key_path("model.vocab", it.key()), "id " + std::to_string(id) + " is not below " + std::to_string(bound) +
                                                     ", the number of tokens (vocab and added tokens)");
@@ -240,21 +242,26 @@ void read_vocab(const Ctx& c, const json& vocab, int64_t bound, std::unordered_m
 }
 
 // One merge entry ("a b" or ["a", "b"]) as its two parts; false for a "#version" line.
-bool merge_parts(const Ctx& c, const json& e, const std::string& p, bool strings, std::string& a, std::string& b) {
-  if (e.is_string() != strings) c.fail(p, "merges must be all strings \"a b\" or all pairs [\"a\", \"b\"]");
+// `i` is the entry's index (its JSON path is built only for an error: loading 10^5 merges).
+bool merge_parts(const Ctx& c, const json& e, size_t i, bool strings, std::string& a, std::string& b) {
+  const auto p = [i] { return idx_path("model.merges", i); };
+  if (e.is_string() != strings) c.fail(p(), "merges must be all strings \"a b\" or all pairs [\"a\", \"b\"]");
   if (e.is_string()) {
-    const std::string s = e.get<std::string>();
+    const std::string& s = e.get_ref<const std::string&>();
     if (s.rfind("#version", 0) == 0) return false;
     const size_t sp = s.find(' ');
     if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-      c.fail(p, "a merge must be two symbols separated by one space");
-    a = s.substr(0, sp);
-    b = s.substr(sp + 1);
+      c.fail(p(), "a merge must be two symbols separated by one space");
+    a.assign(s, 0, sp);
+    b.assign(s, sp + 1);
+  } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+    a = e[0].get_ref<const std::string&>();
+    b = e[1].get_ref<const std::string&>();
   } else if (e.is_array() && e.size() == 2) {
-    a = c.str(e[0], idx_path(p, 0));
-    b = c.str(e[1], idx_path(p, 1));
+    a = c.str(e[0], idx_path(p(), 0));
+    b = c.str(e[1], idx_path(p(), 1));
   } else {
-    c.fail(p, "a merge must be \"a b\" or [\"a\", \"b\"]");
+    c.fail(p(), "a merge must be \"a b\" or [\"a\", \"b\"]");
   }
   return true;
 }
@@ -271,19 +278,51 @@ void read_merges(const Ctx& c, const json& m, const std::unordered_map<std::stri
   while (cap < ms.size() * 2) cap *= 2;
   merges.assign(cap, Slot{0, 0, 0});
   const bool strings = !ms.empty() && ms[0].is_string();
+  // The vocabulary look-ups (three a merge, 10^5 merges) on a few threads, each entry's (key, id) in
+  // place (key 0: a "#version" line); the first error by index is the one a serial loop would meet.
+  struct Found {
+    uint64_t key;
+    int32_t id;
+  };
+  std::vector<Found> found(ms.size(), Found{0, 0});
+  auto look_up = [&](size_t begin, size_t end) {
+    std::string a, b, ab;
+    for (size_t i = begin; i < end; ++i) {
+      if (!merge_parts(c, ms[i], i, strings, a, b)) continue;
+      ab.assign(a).append(b);
+      auto ia = vocab.find(a), ib = vocab.find(b), ir = vocab.find(ab);
+      for (auto [it, s] : {std::pair{ia, &a}, std::pair{ib, &b}, std::pair{ir, &ab}})
+        if (it == vocab.end())
+          c.fail(idx_path("model.merges", i), "'" + s->substr(0, 60) + "' is not in the vocabulary");
+      found[i] = Found{((uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second)) + 1, ir->second};
+    }
+  };
+  const size_t threads = std::min<size_t>(size_t(std::max(1, usable_cpus())), std::max<size_t>(1, ms.size() / 8192));
+  if (threads <= 1) {
+    look_up(0, ms.size());
+  } else {  // own threads: a load may run inside a task of the process's pool
+    std::vector<std::exception_ptr> errors(threads);
+    std::vector<std::thread> pool;
+    const size_t per = (ms.size() + threads - 1) / threads;
+    for (size_t t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        try {
+          look_up(std::min(ms.size(), t * per), std::min(ms.size(), (t + 1) * per));
+        } catch (...) {
+          errors[t] = std::current_exception();
+        }
+      });
+    for (std::thread& th : pool) th.join();
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
   int32_t rank = 0;
-  for (size_t i = 0; i < ms.size(); ++i) {
-    const std::string p = idx_path("model.merges", i);
-    std::string a, b;
-    if (!merge_parts(c, ms[i], p, strings, a, b)) continue;
-    auto ia = vocab.find(a), ib = vocab.find(b), ir = vocab.find(a + b);
-    for (auto [it, s] : {std::pair{ia, &a}, std::pair{ib, &b}, std::pair{ir, (std::string*)nullptr}})
-      if (it == vocab.end()) c.fail(p, "'" + (s ? *s : a + b).substr(0, 60) + "' is not in the vocabulary");
-    const uint64_t key = ((uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second)) + 1;
-    for (size_t h = mix(key) & (cap - 1);; h = (h + 1) & (cap - 1)) {
+  for (const Found& f : found) {
+    if (f.key == 0) continue;
+    for (size_t h = mix(f.key) & (cap - 1);; h = (h + 1) & (cap - 1)) {
       Slot& slot = merges[h];
-      if (slot.key == 0 || slot.key == key) {
-        slot = Slot{key, rank, ir->second};
+      if (slot.key == 0 || slot.key == f.key) {
+        slot = Slot{f.key, rank, f.id};
         break;
       }
     }
@@ -425,10 +464,9 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   const Ctx c{path};
   Tokenizer t;
   t.serial_ = g_serial.fetch_add(1);
-  constexpr uint64_t kRevision = 3;                 // bump when the ids of some file change
-  uint64_t h = 1469598103934665603ULL ^ kRevision;  // FNV-1a
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
-  t.fingerprint_ = h;
+  constexpr uint64_t kRevision = 3;  // bump when the ids of some file change
+  const uint64_t h = 1469598103934665603ULL ^ kRevision;
+  t.fingerprint_ = mix(h ^ hash_bytes(text));  // 8 bytes a step: a 10 MB file in milliseconds
   check_top_level(c, j);
 
   const json& m = bpe_model(c, j);
@@ -493,6 +531,7 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   for (size_t k = 0; k < t.id_to_token_.size(); ++k)
     if (!t.id_to_token_[k].empty() || (k < seen.size() && seen[k])) used = k + 1;
   t.id_to_token_.resize(used);
+  if (t.pre_.byte_level()) t.token_bytes_ = t.byte_lengths();
   read_post_processor(c, j.value("post_processor", json()), "post_processor", 0, t.vocab_size(), t.prefix_, t.suffix_);
   if (const json* d = c.opt(j, "", "decoder")) c.obj(*d, "decoder");
   return t;
@@ -875,6 +914,27 @@ std::string Tokenizer::token_piece(int32_t id) const {
   return id_to_token_.at(size_t(id));
 }
 
+// Byte-level: the bytes token_text({id}) gives for each id, without building the texts: encode_offsets
+// adds them up along the tokens.
+std::vector<uint32_t> Tokenizer::byte_lengths() const {
+  std::vector<uint8_t> added_only(id_to_token_.size(), 0);
+  for (const Added& a : added_)
+    if (size_t(a.id) < added_only.size() && vocab_.count(a.content) == 0) added_only[size_t(a.id)] = 1;
+  std::vector<uint32_t> len(id_to_token_.size(), 0);
+  std::vector<uint32_t> cps;
+  std::vector<size_t> off;
+  for (size_t id = 0; id < id_to_token_.size(); ++id) {
+    const std::string& tok = id_to_token_[id];
+    if (added_only[id]) {
+      len[id] = uint32_t(tok.size());
+      continue;
+    }
+    uni::decode_utf8(tok, cps, off);
+    for (size_t k = 0; k < cps.size(); ++k) len[id] += gpt2_byte(cps[k]) >= 0 ? 1 : uint32_t(off[k + 1] - off[k]);
+  }
+  return len;
+}
+
 std::string Tokenizer::token_text(const std::vector<int32_t>& ids) const {
   std::string out;
   auto token_of = [&](int32_t id) -> const std::string& {
@@ -944,7 +1004,6 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
   std::vector<int32_t> ids;
   split_added(text, false, segs, ids);
   std::vector<int32_t> seg_ids;
-  std::unordered_map<int32_t, size_t> length_of;  // bytes of each id met (byte-level)
   for (size_t s = 0; s < segs.size(); ++s) {
     const auto [a, b] = segs[s];
     if (b > a) {
@@ -968,9 +1027,7 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
       for (size_t k = 0; k < seg_ids.size(); ++k) {
         size_t len;
         if (lossless) {
-          auto [it, fresh] = length_of.try_emplace(seg_ids[k], 0);
-          if (fresh) it->second = token_text({seg_ids[k]}).size();
-          len = it->second;
+          len = token_bytes_[size_t(seg_ids[k])];
         } else {
           const std::string t = token_text({seg_ids[k]});
           len = t.size();

@@ -81,6 +81,7 @@ class Tokenizer {
   std::vector<uint32_t> added_by_byte_[2][256];  // [normalized][first byte] -> indices in added_
   std::vector<int32_t> prefix_, suffix_;
   std::string word_break_;  // SentencePiece-style: where long pieces may be cut (empty: never)
+  std::vector<uint32_t> token_bytes_;  // byte-level: bytes of each id's text (encode_offsets)
   uint64_t serial_ = 0;
   uint64_t fingerprint_ = 0;  // identifies the loaded file for the per-thread caches
 
@@ -94,6 +95,7 @@ class Tokenizer {
   void segment(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   std::string token_text(const std::vector<int32_t>& ids) const;  // decode() keeping a leading space
   std::string token_piece(int32_t id) const;  // a token as the model's pieces spell it (<0xXX>: the byte)
+  std::vector<uint32_t> byte_lengths() const;                      // token_bytes_
   size_t added_text_size(int32_t id) const;
   void encode_between_added(std::string_view raw, bool at_start, std::string& part, std::vector<int32_t>& out) const;
   void split_added(const std::string& text, bool normalized, std::vector<std::pair<size_t, size_t>>& segs,
