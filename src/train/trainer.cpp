@@ -266,7 +266,7 @@ EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
   r.loss = s.engine->compute_grads(batches);  // every batch of the file is one step's micro-batch
   const ModelLayout layout = make_layout(s.model.spec);
   std::vector<TensorWrite> tw;
-  append_engine_tensors(tw, *s.engine, layout, Engine::State::Grads);
+  append_checkpoint_tensors(tw, *s.engine, layout, Engine::State::Grads);  // named as the model's file
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", r.loss);
   write_safetensors(out_path, tw,
