@@ -541,6 +541,11 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     schedules.push_back(make_step_schedule(schedule_config(spec, z, o, UpdateMode::Clipped, true)));
     schedules.push_back(make_step_schedule(schedule_config(spec, z, o, UpdateMode::None, true)));
   }
+  for (const StepSchedule& sc : schedules)  // the schedule's roles are the parts' (where gradients land)
+    for (int b = 0; b < nb; ++b)
+      SF_CHECK(sc.config.roles[size_t(b)].kept == gpu.has(b) &&
+                   (gpu.has(b) || sc.config.roles[size_t(b)].held == host->held(b)),
+               "schedule: blob " + std::to_string(b) + "'s role is not the engine's");
   for (auto& per_blob : events)
     for (int b = 0; b < nb; ++b) per_blob.push_back(dev.create_event());
   dev.synchronize(*compute);
