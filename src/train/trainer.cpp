@@ -130,8 +130,19 @@ Dataset load_data(const std::string& path, int64_t vocab, const LoadOptions& lo)
   return d;
 }
 
-Session open_session(const DataOptions& o, bool training, bool optimizer, int grad_accum = 1, bool clip = false,
-                     const std::string& eval_path = "") {
+// What a command's session is for.
+struct SessionKind {
+  bool training = false;   // gradients (grad, train)
+  bool optimizer = false;  // AdamW state (train)
+  int grad_accum = 1;      // micro-batches a step; -1: every batch of the data file in one step (grad)
+  bool clip = false;       // --max-grad-norm > 0
+  std::string eval_data{};  // train --eval-data (empty: none)
+};
+
+Session open_session(const DataOptions& o, const SessionKind& k) {
+  const bool training = k.training, optimizer = k.optimizer;
+  const int grad_accum = k.grad_accum;
+  const std::string& eval_path = k.eval_data;
   Session s;
   check_step_ranges(o.batch_size, o.seq_len, 1);  // the CLI checked already; library callers too
   s.model = open_model_dir(o.model_dir);
@@ -194,7 +205,7 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
       grad_accum >= 0
           ? grad_accum
           : int(std::max<size_t>(1, (s.data.records.size() + size_t(eo.max_batch) - 1) / size_t(eo.max_batch)));
-  er.clip = clip;
+  er.clip = k.clip;
   // A training step's size is bounded by what the plan can hold (grad-accum x batch x seq-len):
   // refused here, naming the option, before the engine or any step is allocated.
   if (optimizer) check_step_fits(s.model.spec, eo, er);
@@ -248,7 +259,7 @@ int64_t total_trained(const std::vector<Batch>& batches, const std::string& path
 }  // namespace
 
 EvalResult run_eval(const DataOptions& o) {
-  Session s = open_session(o, false, false);
+  Session s = open_session(o, {});
   auto batches = file_batches(s, s.max_batch);
   EvalResult r;
   r.tokens = total_trained(batches, o.data);
@@ -264,7 +275,7 @@ EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
   // checked again under the lock (a run that ended meanwhile may have written it).
   const OutputLock lock(out_path, OutputLock::Kind::File, "--output");
   check_grad_output(out_path);
-  Session s = open_session(o, true, false, -1);
+  Session s = open_session(o, {.training = true, .grad_accum = -1});
   auto batches = file_batches(s, s.max_batch);
   EvalResult r;
   r.tokens = total_trained(batches, o.data);
@@ -442,7 +453,11 @@ TrainResult run_train(const TrainOptions& o) {
     check_metrics_file(o.metrics);  // again under the lock
   }
   const LrSchedule sched = parse_lr_schedule(o.lr_schedule);
-  Session s = open_session(o.data, true, true, o.grad_accum, o.max_grad_norm > 0, o.eval_data);
+  Session s = open_session(o.data, {.training = true,
+                                    .optimizer = true,
+                                    .grad_accum = o.grad_accum,
+                                    .clip = o.max_grad_norm > 0,
+                                    .eval_data = o.eval_data});
   check_some_label(s.data, s.seq_len, o.data.data);
   // Held-out loss: the eval file's records in order, as `slideformer eval` computes it.
   std::vector<Batch> eval_batches;
