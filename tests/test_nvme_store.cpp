@@ -294,7 +294,6 @@ TEST_P(NvmeTierLevels, StateWrittenAndReadThroughTheStore) {
   }
   EXPECT_GT(a.stats().disk_read, 0u);
   EXPECT_GT(a.stats().disk_written, 0u);
-  if (level >= 3) EXPECT_LT(a.host_bytes(), c.host_bytes());  // no fp32 master in host memory
 }
 INSTANTIATE_TEST_SUITE_P(NvmeTier, NvmeTierLevels, ::testing::Values(2, 3, 4));
 
