@@ -1006,7 +1006,7 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
       // Less and less host memory: state of some layers, of all, then checkpoints, masters and
       // working copies go to the file; a run at the first plan of each level and at the last.
       size_t budget = size_t(pl.last()["host_bytes"]) - 1;
-      bool state = false, ckpts = false, masters = false, weights = false, level3 = false;
+      bool states = false, grads = false, ckpts = false, masters = false, weights = false, level3 = false;
       std::string last_mem, trained_at;
       for (int i = 0; i < 40; ++i) {
         const std::string mem = " --cpu-memory " + std::to_string(budget) + " --offload-dir " + p("off");
@@ -1014,9 +1014,11 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
         if (pl.code != 0 || !pl.last()["fits"].get<bool>()) break;
         const json& j = pl.last();
         ASSERT_GT(size_t(j["disk_bytes"]), 0u) << pl.err;
-        const std::string level = std::to_string(!j["disk_blobs"].empty()) + std::to_string(int(j["ckpt_disk_layers"]) > 0) +
+        const std::string level = std::to_string(!j["disk_blobs"].empty()) + std::to_string(!j["disk_grads"].empty()) +
+                                  std::to_string(int(j["ckpt_disk_layers"]) > 0) +
                                   std::to_string(!j["disk_masters"].empty()) + std::to_string(!j["disk_weights"].empty());
-        state |= !j["disk_blobs"].empty();
+        states |= !j["disk_blobs"].empty();
+        grads |= !j["disk_grads"].empty();
         ckpts |= int(j["ckpt_disk_layers"]) > 0;
         masters |= !j["disk_masters"].empty();
         weights |= !j["disk_weights"].empty();
@@ -1039,11 +1041,14 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
       CmdResult t = run(tr + p("tb") + last_mem);  // the least host memory that fits
       ASSERT_EQ(t.code, 0) << t.err;
       EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << last_mem;
-      EXPECT_TRUE(state);
+      EXPECT_TRUE(states);
+      EXPECT_EQ(grads, *clip != 0);  // held gradients only with clipping
       EXPECT_TRUE(ckpts);
       EXPECT_TRUE(masters);
       EXPECT_TRUE(weights);
-      if (*state) EXPECT_TRUE(level3);
+      if (*state) {
+        EXPECT_TRUE(level3);
+      }
       if (*clip && !*state) {  // resumed through the store: a save after step 1 continues exactly
         fs::remove_all(p("tr"));
         fs::remove_all(p("ts"));
