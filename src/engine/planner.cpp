@@ -356,7 +356,10 @@ class Planner {
 
 // Short of GPU memory with the sliding engine: smaller micro-batches, more of them (layer-major
 // accumulation keeps the PCIe and host traffic of a step the same). The first that fits, if any.
+// (When none fits and the smallest one fits the GPU, `p` becomes that one: its shortfall, e.g. of
+// the offload directory, is the one to report.)
 bool split_micro_batches(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
+  Plan last;
   for (int m = r.batch / 2; m >= 1; --m) {
     if (r.batch % m != 0) continue;
     PlanRequest q = r;
@@ -368,7 +371,9 @@ bool split_micro_batches(const ModelSpec& s, const PlanRequest& r, const Backend
       p = std::move(sub);
       return true;
     }
+    last = std::move(sub);
   }
+  if (last.micro_batch > 0 && last.short_of.memory != Shortfall::Memory::Gpu) p = std::move(last);
   return false;
 }
 
@@ -490,6 +495,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   if (p.engine == EngineKind::Sliding && p.short_of.memory == Shortfall::Memory::Gpu && r.split_micro) {
     Plan sub;
     if (split_micro_batches(s, r, be, rates, sub)) return sub;
+    if (sub.micro_batch > 0) return sub;  // short of something else than the GPU even so (predicted)
   }
   predict(s, r, be, rates, p);
   return p;
