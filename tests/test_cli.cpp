@@ -1005,7 +1005,7 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
       // Less and less host memory: state of some layers, of all, then checkpoints, masters and
       // working copies go to the file; a run at the first plan of each level and at the last.
       size_t budget = size_t(pl.last()["host_bytes"]) - 1;
-      bool states = false, ckpts = false, masters = false, weights = false;
+      bool states = false, grads = false, ckpts = false, masters = false, weights = false;
       std::string last_mem, trained_at;
       for (int i = 0; i < 80; ++i) {
         const std::string mem = " --cpu-memory " + std::to_string(budget) + " --offload-dir " + p("off");
@@ -1013,9 +1013,11 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
         if (pl.code != 0 || !pl.last()["fits"].get<bool>()) break;
         const json& j = pl.last();
         ASSERT_GT(size_t(j["disk_bytes"]), 0u) << pl.err;
-        const std::string level = std::to_string(!j["disk_blobs"].empty()) + std::to_string(int(j["ckpt_disk_layers"]) > 0) +
+        const std::string level = std::to_string(!j["disk_blobs"].empty()) + std::to_string(!j["disk_grads"].empty()) +
+                                  std::to_string(int(j["ckpt_disk_layers"]) > 0) +
                                   std::to_string(!j["disk_masters"].empty()) + std::to_string(!j["disk_weights"].empty());
         states |= !j["disk_blobs"].empty();
+        grads |= !j["disk_grads"].empty();
         ckpts |= int(j["ckpt_disk_layers"]) > 0;
         masters |= !j["disk_masters"].empty();
         weights |= !j["disk_weights"].empty();
@@ -1038,6 +1040,7 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
       ASSERT_EQ(t.code, 0) << t.err;
       EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << last_mem;
       EXPECT_TRUE(states);
+      EXPECT_EQ(grads, *clip != 0);  // held gradients only with clipping
       EXPECT_TRUE(ckpts);
       EXPECT_TRUE(masters);
       EXPECT_TRUE(weights);
