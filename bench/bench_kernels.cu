@@ -86,20 +86,7 @@ struct Ctx {
   }
   // Median milliseconds of f() over `iters` runs after `warm` warm-up runs.
   double time_ms(const std::function<void()>& f, int warm = 3, int iters = 20) {
-    for (int i = 0; i < warm; ++i) f();
-    CK(cudaStreamSynchronize(s));
-    std::vector<float> ts;
-    for (int i = 0; i < iters; ++i) {
-      CK(cudaEventRecord(e0, s));
-      f();
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
+    return median_event_ms(s, e0, e1, f, warm, iters);
   }
 };
 
@@ -174,34 +161,14 @@ void bench_attn_one(Ctx& c, int B, int T, int H, int KVH, int hd) {
   // FlashAttention's convention: causal fwd = 4*B*H*T^2*hd/2, bwd = 2.5x fwd.
   const double f_flops = 4.0 * B * H * double(T) * T * hd / 2.0;
   std::printf("B=%d T=%d H=%d KVH=%d hd=%d\n", B, T, H, KVH, hd);
-  for (int fv = 0; fv < sf::cuda::attention_fwd_variants(); ++fv) {
-    sf::cuda::attention_set_variant(fv, -1);
-    const double t = c.time_ms(fwd, 3, 20);
-    std::printf("  fwd variant %d: %.3f ms (%.1f TF/s)\n", fv, t, f_flops / t * 1e-9);
-  }
-  for (int bv = 0; bv < sf::cuda::attention_bwd_variants(); ++bv) {
-    sf::cuda::attention_set_variant(-1, bv);
-    const double t = c.time_ms(bwd, 3, 20);
-    std::printf("  bwd variant %d: %.3f ms (%.1f TF/s)\n", bv, t, 2.5 * f_flops / t * 1e-9);
-  }
-  for (int bv = 0; bv < sf::cuda::attention_bwd_variants(); ++bv) {
-    sf::cuda::attention_set_variant(-1, bv);
-    const double t = c.time_ms(
-        [&] {
-          fwd();
-          bwd();
-        },
-        3, 20);
-    std::printf("  fwd+bwd (default fwd, bwd variant %d): %.3f ms (%.1f TF/s)\n", bv, t, 3.5 * f_flops / t * 1e-9);
-  }
-  sf::cuda::attention_set_variant(-1, -1);  // the defaults
-  sf::cuda::attention_set_longest_first(false);
+  // The sm_80 kernels on any device (on Hopper the fallback's speed, against the sm_90 default below).
+  sf::cuda::attention_force_path(sf::cuda::AttnPath::Sm80);
   {
     const double tf = c.time_ms(fwd, 3, 20), tb = c.time_ms(bwd, 3, 20);
-    std::printf("  default variants, blocks head by head (not longest-first): fwd %.3f ms, bwd %.3f ms\n", tf, tb);
-    std::printf("RESULT attn_hd%d_headorder_fwd_ms=%.3f attn_hd%d_headorder_bwd_ms=%.3f\n", hd, tf, hd, tb);
+    std::printf("  sm80 kernels: fwd %.3f ms (%.1f TF/s), bwd %.3f ms\n", tf, f_flops / tf * 1e-9, tb);
+    std::printf("RESULT attn_hd%d_sm80_fwd_ms=%.3f attn_hd%d_sm80_bwd_ms=%.3f\n", hd, tf, hd, tb);
   }
-  sf::cuda::attention_set_longest_first(true);
+  sf::cuda::attention_force_path(sf::cuda::AttnPath::Auto);
   const double t_f = c.time_ms(fwd, 3, 20);
   const double t_b = c.time_ms(bwd, 3, 20);
   const double t_fb = c.time_ms(

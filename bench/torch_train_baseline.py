@@ -3,6 +3,7 @@
 
     python3 bench/torch_train_baseline.py                       # Llama-3-style 1B, batch 8 x 2048
     python3 bench/torch_train_baseline.py --layers 2 --steps 3  # shrunk smoke run
+    python3 bench/torch_train_baseline.py --preset olmoe-1b-7b  # mixture of experts, grouped_mm experts
 
 The model is transformers' LlamaForCausalLM with the Llama-3.2-1B shape (hidden 2048, intermediate 8192,
 16 layers, 32 heads, 8 KV heads, head_dim 64, vocab 128256, tied embeddings, rope_theta 500000), random
@@ -14,6 +15,14 @@ backend issue defines it: slideformer's in-memory step must reach >= 1.2x these 
 Warm-up steps are run and discarded, then --steps steps are timed between torch.cuda.synchronize()
 calls (CUDA events give the per-step median). Peak memory is torch.cuda.max_memory_allocated over
 the timed steps. Progress goes to stderr; the result is ONE JSON line on stdout (the last line).
+
+Mixture-of-experts presets (olmoe-1b-7b, qwen3-30b-a3b: the shapes of slideformer's bench presets
+of those names, train/presets.cpp) build transformers' OlmoeForCausalLM / Qwen3MoeForCausalLM with
+--experts-impl (default grouped_mm: tokens sorted by expert, torch._grouped_mm, transformers 5's
+fastest experts backend for training-size inputs; eager loops over experts, batched_mm duplicates
+expert weights per token). The implementation in effect is reported ("experts_implementation"), and
+the model FLOPs counted as slideformer counts them: 6 x active parameters per token (router +
+top_k experts per MoE layer, embedding lookup excluded) + causal attention.
 """
 from __future__ import annotations
 
@@ -27,6 +36,63 @@ import time
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
+
+
+# transformers config keys of the mixture-of-experts presets (the values of train/presets.cpp).
+MOE_PRESETS = {
+    "olmoe-1b-7b": ("olmoe", dict(
+        vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_hidden_layers=16, num_attention_heads=16,
+        num_key_value_heads=16, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
+        output_router_logits=False, router_aux_loss_coef=0.01, rms_norm_eps=1e-5, max_position_embeddings=4096,
+        hidden_act="silu", tie_word_embeddings=False, clip_qkv=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "qwen3-30b-a3b": ("qwen3_moe", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        output_router_logits=False, router_aux_loss_coef=0.001, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, hidden_act="silu", tie_word_embeddings=False, attention_bias=False,
+        use_sliding_window=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+}
+
+
+def build_moe_model(a, torch, transformers):
+    """A MoE preset's model with the experts backend a.experts_impl; returns (model, backend in effect)."""
+    model_type, kw = MOE_PRESETS[a.preset]
+    kw = dict(kw, use_cache=False, initializer_range=0.02)
+    if a.layers_given:
+        kw["num_hidden_layers"] = a.layers
+    cfg = transformers.AutoConfig.for_model(model_type, **kw)
+    with torch.device("cuda"):
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(
+                cfg, attn_implementation=a.attn, dtype=torch.float32, experts_implementation=a.experts_impl)
+        except TypeError:  # an older 5.x without the keyword: set it afterwards
+            model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=a.attn,
+                                                                  dtype=torch.float32)
+            if hasattr(model, "set_experts_implementation"):
+                model.set_experts_implementation(a.experts_impl)
+    model = model.float().cuda()
+    model.config.use_cache = False
+    used = getattr(model.config, "_experts_implementation", None)
+    if not a.no_grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model, used
+
+
+def moe_active_flops_per_token(cfg, T: int) -> float:
+    """6 x active parameters (attention, norms, router, top_k experts; LM head; not the embedding
+    lookup) + causal attention 6 * L * T * q_dim (fwd 2 T q_dim x2 halved by causality, x3 for bwd)."""
+    H = cfg.hidden_size
+    hd = getattr(cfg, "head_dim", None) or H // cfg.num_attention_heads
+    Q, KV = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    E = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+    k = cfg.num_experts_per_tok
+    Ie = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    per_layer = 2 * H * Q + 2 * H * KV + E * H + k * 3 * H * Ie
+    active = cfg.num_hidden_layers * per_layer + cfg.vocab_size * H
+    return 6.0 * active + 6.0 * cfg.num_hidden_layers * T * Q
 
 
 def build_model(a, torch, transformers):
@@ -74,13 +140,18 @@ def main(argv=None):
     ap.add_argument("--no-fused", action="store_true", help="AdamW without fused=True")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--preset", choices=["1b", "3b", "8b"], help="Llama-3.2-1B / 3.2-3B / 3.1-8B shapes")
+    ap.add_argument("--preset", choices=["1b", "3b", "8b", *MOE_PRESETS],
+                    help="Llama-3.2-1B / 3.2-3B / 3.1-8B shapes, or a mixture-of-experts shape")
+    ap.add_argument("--experts-impl", default="grouped_mm", choices=["grouped_mm", "eager", "batched_mm"],
+                    help="MoE presets: transformers' experts backend (default grouped_mm)")
     ap.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm_ to this (0: off)")
     ap.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
     a = ap.parse_args(argv)
+    a.layers_given = any(x == "--layers" or x.startswith("--layers=") for x in (argv if argv is not None else sys.argv[1:]))
+    moe = a.preset in MOE_PRESETS
     shapes = {"1b": (16, 2048, 8192, 32, 8, False), "3b": (28, 3072, 8192, 24, 8, False),
               "8b": (32, 4096, 14336, 32, 8, True)}
-    if a.preset:
+    if a.preset and not moe:
         a.layers, a.hidden, a.intermediate, a.heads, a.kv_heads, a.untied = shapes[a.preset]
 
     import torch
@@ -94,7 +165,14 @@ def main(argv=None):
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, {dev_name}")
 
     t0 = time.time()
-    model = build_model(a, torch, transformers)
+    experts_used = None
+    if moe:
+        model, experts_used = build_moe_model(a, torch, transformers)
+        a.layers, a.hidden, a.vocab = model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size
+        a.untied = not model.config.tie_word_embeddings
+        log(f"experts implementation: asked {a.experts_impl}, in effect {experts_used}")
+    else:
+        model = build_model(a, torch, transformers)
     if a.compile:
         for layer in model.model.layers:
             layer.compile()
@@ -140,7 +218,8 @@ def main(argv=None):
     tokens = a.batch * a.seq * a.steps
     res = {
         "bench": "torch_eager_train_step",
-        "model": "llama3-1b-like" if (a.layers, a.hidden) == (16, 2048) else "llama-custom",
+        "model": a.preset if moe else ("llama3-1b-like" if (a.layers, a.hidden) == (16, 2048) else "llama-custom"),
+        "experts_implementation": experts_used,
         "params": n_params, "layers": a.layers, "hidden": a.hidden, "vocab": a.vocab,
         "tied": not a.untied, "batch": a.batch, "seq": a.seq, "steps": a.steps, "warmup": a.warmup,
         "grad_ckpt": not a.no_grad_ckpt, "attn": a.attn, "fused_adamw": not a.no_fused,
@@ -153,6 +232,10 @@ def main(argv=None):
         "loss_first": losses[0], "loss_last": losses[-1],
         "gpu": dev_name, "torch": torch.__version__, "transformers": transformers.__version__,
     }
+    if moe:
+        fpt = moe_active_flops_per_token(model.config, a.seq)
+        res["model_tflops_per_second"] = fpt * tokens / elapsed * 1e-12
+        res["mfu_h100_h200_dense_bf16"] = res["model_tflops_per_second"] / 989.0
     if not all(math.isfinite(l) for l in losses):
         log("non-finite loss")
         print(json.dumps(res), flush=True)

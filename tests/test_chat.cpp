@@ -8,10 +8,12 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include "chat_fixtures.h"
 #include "core/error.h"
+#include "data/tokenizer/unicode.h"
 #include "data/template/chat.h"
 #include "data/template/jinja_eval.h"
 #include "data/tokenizer/tokenizer.h"
@@ -737,14 +739,22 @@ TEST(ChatCorpus, MatchesTransformers) {
       if (rec["eos"].is_string()) special.emplace_back("eos_token", Value::str(rec["eos"]));
       const ChatTemplate t = ChatTemplate::parse(read_file(kDir + name), kDir + name, special);
       const std::string where = name + " " + rec["messages"].dump();
-      const jinja::Value msgs = chat_messages(json{{"messages", rec["messages"]}}.dump(), where);
+      const jinja::Value msgs = chat_messages(line, where);  // the line itself: key order, exact integers
       ++checked;
       if (rec.contains("error")) {
         EXPECT_THROW(render_chat(t, msgs, kNow, where), InputError) << where;
         continue;
       }
-      const ChatRendering r = render_chat(t, msgs, kNow, where);
-      ASSERT_EQ(r.text, rec["text"].get<std::string>()) << where;
+      // Templates that print today's date (Llama 3.1/3.2) were recorded on their day: render at it.
+      std::time_t now = kNow;
+      const std::string want = rec["text"];
+      if (const size_t at = want.find("Today Date: "); at != std::string::npos) {
+        std::tm tm{};
+        std::istringstream(want.substr(at + 12, 11)) >> std::get_time(&tm, "%d %b %Y");
+        now = timegm(&tm);
+      }
+      const ChatRendering r = render_chat(t, msgs, now, where);
+      ASSERT_EQ(r.text, want) << where;
       // Character offsets (Python's) to bytes.
       std::vector<size_t> byte_of{0};
       for (size_t k = 0; k < r.text.size(); ++k)
@@ -754,6 +764,21 @@ TEST(ChatCorpus, MatchesTransformers) {
       for (const auto& m : rec["mask_chars"])
         masked.emplace_back(byte_of[std::min(m[0].get<size_t>(), byte_of.size() - 1)],
                             byte_of[std::min(m[1].get<size_t>(), byte_of.size() - 1)]);
+      // tokenizers' offsets skip a combining mark that NFC composed into the character before it
+      // (Qwen's normalizer): join masked ranges that only such marks separate.
+      std::sort(masked.begin(), masked.end());
+      for (size_t k = 1; k < masked.size();) {
+        std::vector<uint32_t> cps;
+        std::vector<size_t> offs;
+        uni::decode_utf8(r.text.substr(masked[k - 1].second, masked[k].first - masked[k - 1].second), cps, offs);
+        const bool marks = std::all_of(cps.begin(), cps.end(), [](uint32_t cp) { return uni::classes(cp) & uni::kM; });
+        if (masked[k].first >= masked[k - 1].second && marks) {
+          masked[k - 1].second = masked[k].second;
+          masked.erase(masked.begin() + ptrdiff_t(k));
+        } else {
+          ++k;
+        }
+      }
       for (const auto& [a, b] : r.assistant) {
         const bool inside = std::any_of(masked.begin(), masked.end(), [&](auto m) { return m.first <= a && b <= m.second; });
         EXPECT_TRUE(inside) << where << ": turn [" << r.text.substr(a, b - a) << "] is not masked";

@@ -111,6 +111,18 @@ TEST(Gemma3Spec, RefusesWhatIsNotSupported) {
   expect_refused(mm, "text_config");
 }
 
+// Gemma 4 (transformers >= 5.5) is recognised and refused with what is missing, by architecture
+// or model_type alone.
+TEST(Gemma3Spec, Gemma4IsRefusedSayingWhy) {
+  for (const json& c : {json{{"architectures", {"Gemma4ForConditionalGeneration"}}, {"model_type", "gemma4"}},
+                        json{{"architectures", {"Gemma4ForCausalLM"}}, {"model_type", "gemma4_text"}},
+                        json{{"model_type", "gemma4_text"}}}) {
+    SCOPED_TRACE(c.dump());
+    test::expect_input_error([&] { parse_model_spec(c, "cfg.json"); },
+                             {"cfg.json", "Gemma 4", "not supported yet", "per-layer input embeddings"});
+  }
+}
+
 // google/gemma-3-4b-it's config.json as published: text_config carries only what differs from
 // Gemma3TextConfig's defaults.
 TEST(Gemma3Spec, PublishedMultimodalConfigUsesTheTextDefaults) {

@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <map>
+#include <tuple>
 #include <random>
 
 #include "backend/cpu/cpu_device.h"
@@ -271,6 +274,27 @@ INSTANTIATE_TEST_SUITE_P(Moe, MoeLayerGrad, ::testing::ValuesIn(test::moe_famili
 
 // ---------------------------------------------------------------- checkpoints
 
+// bf16 bits of normal(0, 0.5) values for every entry of `lay`, by name (a seed an entry).
+std::map<std::string, std::vector<uint16_t>> random_bf16_entries(const ModelLayout& lay) {
+  std::map<std::string, std::vector<uint16_t>> out;
+  uint64_t seed = 0;
+  for (const auto& b : lay.blobs)
+    for (const auto& e : b.entries) {
+      std::vector<uint16_t>& v = out[e.name];
+      for (float f : test::randn(size_t(e.numel), ++seed, 0.5f)) v.push_back(float_to_bf16(f).bits);
+    }
+  return out;
+}
+
+// An engine that only loads and saves (no training buffers).
+EngineOptions load_only() {
+  EngineOptions eo;
+  eo.max_batch = 1;
+  eo.max_seq = 4;
+  eo.training = false;
+  return eo;
+}
+
 // A checkpoint under transformers' names (bf16, shuffled order) loads and saves back with the same
 // names, shapes and bytes.
 TEST(MoeCheckpoint, LoadAndSaveBackByteForByte) {
@@ -280,24 +304,15 @@ TEST(MoeCheckpoint, LoadAndSaveBackByteForByte) {
     const json cfg = test::tiny_config(fam);
     const ModelSpec s = parse_model_spec(cfg, "tiny");
     const ModelLayout lay = make_layout(s);
-    std::vector<std::vector<uint16_t>> bits;  // bf16 on disk
+    const auto bits = random_bf16_entries(lay);  // bf16 on disk
     std::vector<TensorWrite> tw;
-    int i = 0;
     for (const auto& b : lay.blobs)
-      for (const auto& e : b.entries) {
-        std::vector<uint16_t> v;
-        for (float f : test::randn(size_t(e.numel), uint64_t(++i), 0.5f)) v.push_back(float_to_bf16(f).bits);
-        bits.push_back(std::move(v));
-        tw.push_back({e.name, DType::BF16, e.shape, bits.back().data()});
-      }
+      for (const auto& e : b.entries) tw.push_back({e.name, DType::BF16, e.shape, bits.at(e.name).data()});
     std::mt19937_64 rng(9);
     std::shuffle(tw.begin(), tw.end(), rng);
     const std::string in = dir.file("in"), out = dir.file("out");
     write_checkpoint_tensors(in, tw);
-    EngineOptions eo;
-    eo.max_batch = 1;
-    eo.max_seq = 4;
-    eo.training = false;
+    const EngineOptions eo = load_only();
     auto dev = make_cpu_device();
     ResidentEngine e(*dev, s, eo);
     e.load(CheckpointReader::open(in));
@@ -321,6 +336,159 @@ TEST(MoeCheckpoint, LoadAndSaveBackByteForByte) {
       b.read_f32(name, tb->shape, vb.data());
       EXPECT_EQ(va, vb) << name;
     }
+  }
+}
+
+// transformers v5's fused experts (save_pretrained(save_original_format=False)), made by hand from
+// the per-expert tensors as transformers' conversion does it (stack the E matrices, then
+// concatenate gate and up along dim 1): mlp.gate.weight [E, H] (Mixtral's block renamed mlp),
+// mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]. Both layouts load to the
+// same weights, each saves back in its own layout byte for byte, gradients are named as the file.
+TEST(MoeCheckpoint, FusedExpertsLoadAndSaveBackInTheirLayout) {
+  for (const auto& fam : test::moe_families()) {
+    SCOPED_TRACE(fam);
+    test::TempDir dir;
+    const json cfg = test::tiny_config(fam);
+    const ModelSpec s = parse_model_spec(cfg, "tiny");
+    const ModelLayout lay = make_layout(s);
+    const int64_t E = s.moe.n_expert, I = s.moe.intermediate, H = s.hidden;
+    const std::string block = fam == "mixtral" ? "block_sparse_moe." : "mlp.";
+    const char* kind[3] = {fam == "mixtral" ? "w1" : "gate_proj", fam == "mixtral" ? "w3" : "up_proj",
+                           fam == "mixtral" ? "w2" : "down_proj"};
+    const std::map<std::string, std::vector<uint16_t>> per = random_bf16_entries(lay);  // per-expert checkpoint
+    std::map<std::string, std::vector<int64_t>> shape;
+    for (const auto& b : lay.blobs)
+      for (const auto& e : b.entries) shape[e.name] = e.shape;
+    std::map<std::string, std::vector<uint16_t>> fused;
+    std::map<std::string, std::vector<int64_t>> fshape;
+    for (const auto& [name, v] : per) {
+      if (name.find(".experts.") != std::string::npos) continue;
+      std::string n = name;
+      if (size_t at = n.find("block_sparse_moe.gate."); at != std::string::npos) n.replace(at, 16, "mlp");
+      fused[n] = v;
+      fshape[n] = shape[name];
+    }
+    int sparse_layers = 0;
+    for (int l = 0; l < s.n_layer; ++l) {
+      if (!s.moe_layer(l)) continue;
+      ++sparse_layers;
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      auto expert = [&](int64_t e, int k) { return per.at(p + block + "experts." + std::to_string(e) + "." + kind[k] + ".weight"); };
+      std::vector<uint16_t> gu, dn;
+      for (int64_t e = 0; e < E; ++e) {
+        for (int k : {0, 1}) {
+          const auto& m = expert(e, k);
+          gu.insert(gu.end(), m.begin(), m.end());
+        }
+        const auto& d = expert(e, 2);
+        dn.insert(dn.end(), d.begin(), d.end());
+      }
+      fused[p + "mlp.experts.gate_up_proj"] = gu;
+      fshape[p + "mlp.experts.gate_up_proj"] = {E, 2 * I, H};
+      fused[p + "mlp.experts.down_proj"] = dn;
+      fshape[p + "mlp.experts.down_proj"] = {E, H, I};
+    }
+    ASSERT_GT(sparse_layers, 0);
+    auto write = [&](const std::string& d, const std::map<std::string, std::vector<uint16_t>>& t,
+                     const std::map<std::string, std::vector<int64_t>>& sh) {
+      std::vector<TensorWrite> tw;
+      for (const auto& [name, v] : t) tw.push_back({name, DType::BF16, sh.at(name), v.data()});
+      write_checkpoint_tensors(d, tw);
+    };
+    const std::string in_per = dir.file("per"), in_fused = dir.file("fused");
+    write(in_per, per, shape);
+    write(in_fused, fused, fshape);
+
+    ModelSpec sp = s, sf = s;
+    adopt_checkpoint_names(sp, in_per);
+    adopt_checkpoint_names(sf, in_fused);
+    EXPECT_FALSE(sp.moe.fused_experts);
+    ASSERT_TRUE(sf.moe.fused_experts);
+
+    const EngineOptions eo = load_only();
+    auto dev = make_cpu_device();
+    ResidentEngine ep(*dev, sp, eo), ef(*dev, sf, eo);
+    ep.load(CheckpointReader::open(in_per));
+    ef.load(CheckpointReader::open(in_fused));
+    for (size_t b = 0; b < lay.blobs.size(); ++b)
+      for (size_t i = 0; i < lay.blobs[b].entries.size(); ++i) {
+        std::vector<float> a(size_t(lay.blobs[b].entries[i].numel)), c(a.size());
+        ep.read_state(Engine::State::Params, int(b), int(i), a.data());
+        ef.read_state(Engine::State::Params, int(b), int(i), c.data());
+        ASSERT_EQ(a, c) << lay.blobs[b].entries[i].name;
+      }
+
+    // Saved back: each in its own layout, the same names, shapes and bytes as its input.
+    using Saved = std::tuple<ResidentEngine*, std::string, const std::map<std::string, std::vector<uint16_t>>*>;
+    for (auto [engine, in, want] : {Saved{&ep, in_per, &per}, Saved{&ef, in_fused, &fused}}) {
+      const std::string out = in + "_out";
+      save_hf_model(*engine, cfg, "", out, DType::BF16, size_t(1) << 30);
+      const CheckpointReader r = CheckpointReader::open(out);
+      EXPECT_EQ(r.names().size(), want->size());
+      for (const auto& [name, v] : *want) {
+        const TensorInfo* t = r.find(name);
+        ASSERT_NE(t, nullptr) << name;
+        EXPECT_EQ(t->dtype, DType::BF16) << name;
+        ASSERT_EQ(t->bytes, v.size() * 2) << name;
+        EXPECT_EQ(std::memcmp(t->data, v.data(), t->bytes), 0) << name;
+      }
+    }
+
+    // Gradient files are named as the model's file.
+    const ModelLayout lf = make_layout(sf);
+    std::vector<TensorWrite> tw;
+    append_checkpoint_tensors(tw, ef, lf, Engine::State::Params);
+    std::vector<std::string> names;
+    for (const auto& w : tw) names.push_back(w.name);
+    std::sort(names.begin(), names.end());
+    std::vector<std::string> want;
+    for (const auto& kv : fused) want.push_back(kv.first);
+    EXPECT_EQ(names, want);
+  }
+}
+
+// A fused checkpoint whose fused tensor has another shape (detected all the same), or one whose other layers keep the
+// per-expert tensors, is refused naming the file and tensor.
+TEST(MoeCheckpoint, FusedExpertsWithWrongShapesAreRefused) {
+  test::TempDir dir;
+  const json cfg = test::tiny_config("olmoe");
+  ModelSpec s = parse_model_spec(cfg, "tiny");
+  s.moe.fused_experts = true;
+  const ModelLayout lay = make_layout(s);
+  std::vector<std::vector<float>> vals;
+  std::vector<TensorWrite> good;
+  for (const auto& b : lay.blobs)
+    for (const auto& t : b.stored) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      vals.push_back(std::vector<float>(size_t(n), 0.25f));
+      good.push_back({t.name, DType::F32, t.shape, vals.back().data()});
+    }
+  const EngineOptions eo = load_only();
+  auto dev = make_cpu_device();
+  {  // gate_up holding the gate rows only ([E, I, H])
+    std::vector<TensorWrite> tw = good;
+    for (auto& w : tw)
+      if (w.name == "model.layers.0.mlp.experts.gate_up_proj") w.shape[1] /= 2;
+    const std::string d = dir.file("half");
+    write_checkpoint_tensors(d, tw);
+    ModelSpec sp = parse_model_spec(cfg, "tiny");
+    adopt_checkpoint_names(sp, d);
+    ResidentEngine e(*dev, sp, eo);
+    test::expect_input_error([&] { e.load(CheckpointReader::open(d)); },
+                             {"model.safetensors", "model.layers.0.mlp.experts.gate_up_proj", "has shape"});
+  }
+  {  // layer 1 keeps per-expert tensors: reported missing under the fused name
+    std::vector<TensorWrite> tw;
+    for (const auto& w : good)
+      if (w.name.rfind("model.layers.1.mlp.experts.", 0) != 0) tw.push_back(w);
+    const std::string d = dir.file("mixed");
+    write_checkpoint_tensors(d, tw);
+    ModelSpec sp = parse_model_spec(cfg, "tiny");
+    adopt_checkpoint_names(sp, d);
+    ResidentEngine e(*dev, sp, eo);
+    test::expect_input_error([&] { e.load(CheckpointReader::open(d)); },
+                             {"model.layers.1.mlp.experts.", "missing"});
   }
 }
 

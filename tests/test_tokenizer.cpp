@@ -433,6 +433,55 @@ TEST(Tokenizer, OtherPreTokenizers) {
             (std::vector<std::string>{"a", "-", "b", "--", "c"}));
 }
 
+// DeepSeek-V3's pre-tokenizer: digits in threes, CJK runs, then its word pattern, each Isolated; what
+// lies between matches is a piece of its own (the pieces worked out by the regular expressions'
+// leftmost-first rules; the ids against tokenizers: rec_deepseek_v3 and the GPU machine's check).
+TEST(Tokenizer, DeepseekPreTokenizer) {
+  nlohmann::json j = base_tokenizer();
+  auto split = [](const std::string& re) {
+    return nlohmann::json{{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", "Isolated"}, {"invert", false}};
+  };
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {split("\\p{N}{1,3}"), split("[\xE4\xB8\x80-\xE9\xBE\xA5\xE3\x81\x80-\xE3\x82\x9F\xE3\x82\xA0-\xE3\x83\xBF]+"),
+        split("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+              "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")}}};
+  test::TempDir d;
+  std::ofstream(d.file("t.json")) << j.dump();
+  const Tokenizer tok = Tokenizer::load(d.file("t.json"));
+  using V = std::vector<std::string>;
+  EXPECT_EQ(tok.pre_tokenize("Hello, world!\n\n  x"), (V{"Hello", ",", " world", "!\n\n", " ", " x"}));
+  EXPECT_EQ(tok.pre_tokenize("a12345b"), (V{"a", "123", "45", "b"}));
+  EXPECT_EQ(tok.pre_tokenize("$abc \xE4\xBD\xA0\xE5\xA5\xBD" "cd"), (V{"$abc", " ", "\xE4\xBD\xA0\xE5\xA5\xBD", "cd"}));
+  EXPECT_EQ(tok.pre_tokenize(".5x"), (V{".", "5", "x"}));
+  EXPECT_EQ(tok.pre_tokenize("a \xF0\x9F\x98\x80\xF0\x9F\x98\x80\n"), (V{"a", " \xF0\x9F\x98\x80\xF0\x9F\x98\x80\n"}));
+  EXPECT_EQ(tok.pre_tokenize("x\x01y"), (V{"x", "\x01y"}));
+  // The same expression with its line breaks written as \r \n escapes is the same pattern.
+  std::string escaped = j["pre_tokenizer"]["pretokenizers"][2]["pattern"]["Regex"];
+  for (size_t k; (k = escaped.find_first_of("\r\n")) != std::string::npos;) escaped.replace(k, 1, escaped[k] == '\r' ? "\\r" : "\\n");
+  j["pre_tokenizer"]["pretokenizers"][2]["pattern"]["Regex"] = escaped;
+  std::ofstream(d.file("t.json")) << j.dump();
+  EXPECT_EQ(Tokenizer::load(d.file("t.json")).pre_tokenize("Hello, world!"), (V{"Hello", ",", " world", "!"}));
+}
+
+// SentencePiece-style tokenizers whose normalizer prepends and replaces (Mistral v0.1's '▁'): each
+// token's offsets are the characters it stands for, the prepended '▁' standing for the first.
+TEST(Tokenizer, EncodeOffsetsThroughPrependAndReplace) {
+  const Tokenizer sp = Tokenizer::load(data_dir() + "rec_sp_legacy.json");
+  const std::string text = "Hello world, caf\xC3\xA9 ok";
+  std::vector<std::pair<size_t, size_t>> off;
+  const std::vector<int32_t> ids = sp.encode_offsets(text, off, false);
+  ASSERT_EQ(ids, sp.encode(text, false));
+  std::string spelled;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    ASSERT_LT(off[k].first, off[k].second) << k;  // no token spans the whole text or nothing
+    if (k > 0) EXPECT_GE(off[k].first, off[k - 1].second) << k;
+    spelled += text.substr(off[k].first, off[k].second - off[k].first);
+  }
+  EXPECT_EQ(spelled, text);  // the pieces in order spell the text: no token claims another's characters
+}
+
 TEST(Tokenizer, EncodeBatchEqualsEncode) {
   const Tokenizer tok = Tokenizer::load(data_dir() + "qwen2.json");
   std::vector<std::string> texts;

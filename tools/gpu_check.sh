@@ -2,12 +2,13 @@
 # Every GPU-machine check and benchmark of the repository in one call (device time is scarce).
 # Usage there:  BIN=gpubin bash tools/gpu_check.sh [steps...]
 #   steps (default all): gpu_tests parity_cpu train_cpu parity_cuda train_cuda demo_cuda bench
-#   (also: moe = issue 18's mixture-of-experts checks, bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
+#   (also: attn = issue 19's attention parity and speed against torch SDPA's backends, moe = issue 18's mixture-of-experts checks, bench_sf = slideformer's 1B step alone, ncu_rmsnorm = counters of the RMSNorm backward,
 #    state_quality state_bench = bf16 optimizer state: quality, 3B speed, 8B plan,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
-#    gemma3 = issue 18's Gemma 3 checks)
-# BIN holds slideformer, sf_gpu_tests, bench_kernels and bench_host built here with -DSF_PORTABLE=ON.
+#    gemma3 = issue 18's Gemma 3 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
+#    the two halves of moe and gemma3)
+# BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
 BIN=${BIN:-gpubin}
@@ -38,29 +39,41 @@ run() {
 for s in "${steps[@]}"; do
   case $s in
     gpu_tests) run gpu_tests "$BIN/sf_gpu_tests" --gtest_brief=1 ;;
+    attn) run attn python3 bench/attn_vs_torch.py "$BIN" ;;  # issue 19: parity + our kernels vs torch SDPA backends (needs $BIN/attn_bench)
     parity_cpu) run parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu --work /tmp/parity_cpu ;;
     train_cpu) run train_cpu python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cpu --skip-curve --work /tmp/train_cpu ;;
     parity_cuda) run parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --work /tmp/parity_cuda ;;
     train_cuda) run train_cuda python3 tools/hf_train_compare.py --bin "$BIN/slideformer" --device cuda --work /tmp/train_cuda ;;
     # issue 18, mixture of experts: the kernels, the tiny models against transformers through both
-    # engines (cpu and cuda), OLMoE-1B-7B at 8 x 2048 beside PyTorch, a 4-layer Qwen3-30B-A3B cut
-    # at 24 GiB beside its plan, and the plan of the whole model on a 24 GB / 256 GB desktop
-    moe)
-      MOE_MODELS=qwen3moe_aux,qwen3moe_noaux,mixtral_aux,olmoe_noaux,olmoe_aux
+    # engines (cpu and cuda; cuda judged by 2x transformers' own bf16 error, aux loss on and off,
+    # per-expert and v5 fused checkpoints), then the speeds: OLMoE-1B-7B at 8 x 2048 beside PyTorch
+    # (grouped_mm experts), a 4-layer Qwen3-30B-A3B cut at 24 GiB beside its plan, and the plan of
+    # the whole model on a 24 GB / 256 GB desktop. moe = moe_parity + moe_speed.
+    moe|moe_parity|moe_speed)
+      MOE_MODELS=qwen3moe_aux,qwen3moe_noaux,mixtral_aux,olmoe_noaux,olmoe_aux,qwen3moe_fused,mixtral_fused_aux
+      if [ "$s" != moe_speed ]; then
       run moe_gpu_tests "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Moe*' --gtest_brief=1
       run moe_parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu --models $MOE_MODELS \
         --work /tmp/moe_parity_cpu
+      run moe_parity_cpu_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu \
+        --models $MOE_MODELS --cli-args "--offload --slots 2" --work /tmp/moe_parity_cpu_off
       run moe_parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --models $MOE_MODELS \
         --work /tmp/moe_parity_cuda
       run moe_parity_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --models $MOE_MODELS \
-        --cli-args "--offload --slots 2 --gpu-blobs 0" --no-baseline --work /tmp/moe_parity_offload
+        --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/moe_parity_offload
+      fi
+      if [ "$s" != moe_parity ]; then
+      run moe_torch_olmoe python3 bench/torch_train_baseline.py --preset olmoe-1b-7b --batch 8 --seq 2048 \
+        --steps 3 --warmup 1 --experts-impl grouped_mm
       run moe_bench_olmoe "$BIN/slideformer" bench --preset olmoe-1b-7b --batch-size 8 --seq-len 2048 --steps 3 \
         --warmup 1 --device cuda --gpu-memory 24GiB
       run moe_bench_qwen3_4layers "$BIN/slideformer" bench --preset qwen3-30b-a3b --layers 4 --batch-size 8 \
         --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB
       mkdir -p /tmp/sf_moe_offload
       run moe_plan_qwen3_desktop "$BIN/slideformer" plan --preset qwen3-30b-a3b --batch-size 8 --seq-len 2048 \
-        --gpu-memory 24GiB --cpu-memory 256GiB --offload-dir /tmp/sf_moe_offload --disk-memory 1TiB ;;
+        --hardware rtx4090 --gpu-memory 24GiB --cpu-memory 256GiB --offload-dir /tmp/sf_moe_offload \
+        --disk-memory 1TiB
+      fi ;;
     # the sliding (offload) engine: the same parity checks, and the 1B / 3B steps
     parity_offload) run parity_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
       --cli-args "--offload --slots 2 --gpu-blobs 0" --no-baseline --work /tmp/parity_offload
@@ -325,7 +338,11 @@ sys.exit(0 if p['fits'] and (p['optimizer_state'] == 'fp32' or per <= 9) else 1)
     # issue 18, Gemma 3: its kernels (GeGLU, (1 + w) RMSNorm, sliding-window attention, head dim 256),
     # the two tiny Gemma models against transformers through the resident and the sliding engine (cpu
     # and cuda), and the 4B shape resident and offloaded at 24 GiB
-    gemma3)
+    # issue 18, Gemma 3: kernels, the tiny models (head dim 256 and 64, windows 16 and 7 < the
+    # sequence 45) against transformers through both engines (cuda judged by 2x transformers' own
+    # bf16 error), then the 4B shape resident and offloaded. gemma3 = gemma3_parity + gemma3_speed.
+    gemma3|gemma3_parity|gemma3_speed)
+      if [ "$s" != gemma3_speed ]; then
       run gemma3_gpu_tests "$BIN/sf_gpu_tests" --gtest_brief=1 \
         --gtest_filter='CudaOps.Attention*:CudaOps.GeGlu:CudaOps.SwiGlu:CudaOps.RmsNorm*'
       g3=gemma3_hd256,gemma3_small
@@ -336,11 +353,14 @@ sys.exit(0 if p['fits'] and (p['optimizer_state'] == 'fp32' or per <= 9) else 1)
       run gemma3_parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --models $g3 \
         --work /tmp/g3_parity_cuda
       run gemma3_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --models $g3 \
-        --cli-args "--offload --slots 2 --gpu-blobs 0" --no-baseline --work /tmp/g3_parity_cuda_off
+        --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g3_parity_cuda_off
+      fi
+      if [ "$s" != gemma3_parity ]; then
       run gemma3_4b_resident "$BIN/slideformer" bench --preset gemma3-4b --batch-size 4 --seq-len 2048 \
         --steps 3 --warmup 1 --device cuda
       run gemma3_4b_offload "$BIN/slideformer" bench --preset gemma3-4b --batch-size 4 --seq-len 2048 \
-        --steps 3 --warmup 1 --device cuda --offload --gpu-memory 24GiB ;;
+        --steps 3 --warmup 1 --device cuda --offload --gpu-memory 24GiB
+      fi ;;
     *) echo "unknown step $s" ;;
   esac
 done

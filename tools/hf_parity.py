@@ -25,12 +25,24 @@ ragged, partly masked JSONL file:
               as one micro-batch; `eval` is compared with the cross-entropy part (it reports CE only).
   round trip  every model: `train --steps 1 --lr 0` saves tensors equal to the input checkpoint's
               byte for byte, and the output loads in transformers.
-  tolerances  cpu: loss 1e-5, grad 1e-4 (fp32 math both sides);
-              cuda: loss 1e-2, grad 3e-2 (slideformer computes in bf16 with fp32 accumulation).
-              On cuda the models use initializer_range 0.02 (cpu: 0.1), see CUDA_INIT_RANGE, and
-              "(info)" rows show how far transformers itself lands in bf16 (all-bf16, and fp32 weights
-              with bf16 autocast): the bf16 noise floor on the same models, for judging a miss.
+  tolerances  cpu: loss 1e-5, grad 1e-4 (fp32 math both sides).
+              cuda: PyTorch's own low-precision error is the yardstick (the project's rule): on the same
+              models and inputs transformers runs on the GPU in bf16 (all-bf16 weights and activations) and
+              with bf16 autocast (fp32 weights); per tensor, slideformer's gradient error against the fp32
+              reference must be <= LOWP_FACTOR (2) x the larger of the two, and at least the floor
+              LOWP_GRAD_FLOOR (1e-2 relative, ~2.5 bf16 ulps) is allowed where torch happens to land
+              closer; the loss likewise (floor LOWP_LOSS_FLOOR, 1e-3: measured losses land within 8e-5).
+              Models with the load-balancing loss measure torch with the same one-batch labels= call as
+              their reference.
+              --grad-tol / --loss-tol (or --no-baseline: 1e-2 / 3e-2) replace the rule by fixed values.
+              On cuda the models use initializer_range 0.02 (cpu: 0.1), see CUDA_INIT_RANGE.
               k_proj.bias is measured on the q_proj.bias gradient's scale on cuda (grad_errors()).
+  aux loss    transformers' load-balancing loss is checked against its definition, computed here from
+              the router inputs captured by hooks (not from what transformers records):
+              aux = E * sum_e f_e P_e over all MoE layers' tokens of the call (f_e: share of top-k picks of
+              expert e, P_e: mean softmax probability), and loss = CE + router_aux_loss_coef * aux.
+              A transformers whose router hands its probabilities to the loss (softmax twice,
+              transformers issue 45120) fails that model's row with that reason; anything else: exit 3.
 
 Prints a table; exit status 0 when every check passes, 1 when any misses, 3 when the reference
 itself is inconsistent (a bug of this script). Needs torch, transformers, safetensors, numpy.
@@ -53,8 +65,12 @@ import make_tiny_models as tiny  # noqa: E402
 
 TOL = {
     "cpu": {"loss": 1e-5, "grad": 1e-4},
-    "cuda": {"loss": 1e-2, "grad": 3e-2},
+    "cuda": {"loss": 1e-2, "grad": 3e-2},  # only with --no-baseline / --grad-tol / --loss-tol
 }
+# cuda: at most LOWP_FACTOR x PyTorch's own bf16 error on the same inputs, per tensor, with floors.
+LOWP_FACTOR = 2.0
+LOWP_GRAD_FLOOR = 1e-2
+LOWP_LOSS_FLOOR = 1e-3  # losses average over tokens: measured <= 8e-5 (torch bf16), 4.5e-5 (ours), H200
 # Weight scale of the tiny models with --device cuda. The CPU check uses make_tiny_models' 0.1 (a "hot"
 # network: peaked softmaxes, large activations, so any math slip shows). On such a network bf16 itself
 # is off by 3-8 % in the gradients (transformers in bf16 on an H200, measured), above the 3e-2 gate; at
@@ -268,12 +284,14 @@ def reference(model_dir, arch, recs, seq_len, device):
             continue
         (ce / n_total).backward()
         total += float(ce.detach().double())
-        # Self-check against transformers' own shifted loss for this record (mean over its targets).
+        # Self-check against transformers' own shifted loss for this record (mean over its targets);
+        # with output_router_logits in the config transformers would add coef x aux to it: not here.
         with torch.no_grad():
             ids = rec["input_ids"][:seq_len]
             labels = rec.get("labels", rec["input_ids"])[:seq_len]
+            kw = {"output_router_logits": False} if getattr(model.config, "output_router_logits", False) else {}
             out = model(input_ids=torch.tensor([ids], device=device),
-                        labels=torch.tensor([labels], device=device))
+                        labels=torch.tensor([labels], device=device), **kw)
             self_check.append(rel_err(float(out.loss) * n, float(ce.detach())))
     grads = {}
     for name, p in model.named_parameters():
@@ -283,11 +301,61 @@ def reference(model_dir, arch, recs, seq_len, device):
     return total / n_total, n_total, grads, shapes, max(self_check or [0.0])
 
 
+def router_modules(model):
+    """The MoE routers: transformers v5's TopKRouter at mlp.gate, v4's nn.Linear at mlp.gate or
+    block_sparse_moe.gate (each has weight [E, H])."""
+    out = []
+    for name, mod in model.named_modules():
+        if name.endswith(("mlp.gate", "block_sparse_moe.gate")) and getattr(mod, "weight", None) is not None \
+                and mod.weight.dim() == 2:
+            out.append((name, mod))
+    return out
+
+
+def aux_by_definition(logits: list, top_k: int, double_softmax: bool = False) -> float:
+    """E * sum_e f_e P_e over the concatenated router logits [L*N, E] (float64): f_e = top-k picks of e
+    / (L N), P_e = mean softmax probability of e. double_softmax: the same on softmax(probabilities),
+    what transformers computes when its router hands probabilities to load_balancing_loss_func."""
+    import torch
+    z = torch.cat(logits, dim=0).double()
+    p = torch.softmax(z, dim=-1)
+    if double_softmax:
+        p = torch.softmax(p, dim=-1)
+    E = z.shape[-1]
+    picks = torch.topk(p, top_k, dim=-1).indices
+    f = torch.zeros(E, dtype=torch.float64).index_add_(0, picks.reshape(-1).cpu(),
+                                                       torch.ones(picks.numel(), dtype=torch.float64))
+    f = f / z.shape[0]
+    return float(E * (f * p.mean(dim=0).cpu()).sum())
+
+
+def aux_call(model, x, lab):
+    """One forward with labels= and output_router_logits=True; returns (out, router logits per layer as
+    float64 [N, E], captured from each router's input and weight by forward pre-hooks)."""
+    import torch
+    captured = []
+    hooks = []
+    for _, mod in router_modules(model):
+        def pre(m, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            with torch.no_grad():
+                captured.append(h.detach().double().reshape(-1, m.weight.shape[1]) @ m.weight.detach().double().t())
+        hooks.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        out = model(input_ids=x, labels=lab, output_router_logits=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, captured
+
+
 def reference_aux(model_dir, arch, recs, seq_len, device):
     """Models with the load-balancing loss (output_router_logits): transformers computes it over all
     tokens of one forward call, so the reference is one batch of every record (equal lengths, no
     padding: make_aux_records) with labels=, and its loss is CE mean + router_aux_loss_coef * aux.
-    Returns what reference() does; the self-check compares the CE part with per-record sums."""
+    Returns what reference() does; the self-check is the largest of: the CE part against per-record
+    sums, transformers' aux against its definition (aux_by_definition on the captured router logits),
+    and its total against CE + coef x that aux. Raises SystemExit(3) with the reason on a mismatch."""
     import torch
     model = tiny.load_hf_model(model_dir, arch, device=device, attn="eager")
     model.eval()
@@ -298,18 +366,44 @@ def reference_aux(model_dir, arch, recs, seq_len, device):
     x = torch.tensor([r[0] for r in rows], dtype=torch.long, device=device)
     lab = torch.tensor([list(rec.get("labels", rec["input_ids"])[:seq_len]) for rec in recs], dtype=torch.long,
                        device=device)
-    out = model(input_ids=x, labels=lab, output_router_logits=True)
+    out, logits = aux_call(model, x, lab)
     out.loss.backward()
     n_total = count_trained(recs, seq_len)
+    cfg = model.config
+    coef = float(cfg.router_aux_loss_coef)
+    top_k = int(cfg.num_experts_per_tok)
+    n_moe = len(router_modules(model))
     with torch.no_grad():
         ce = sum(float(record_ce_sum(model, rec, seq_len, device)[0] or 0.0) for rec in recs) / n_total
-        coef = float(model.config.router_aux_loss_coef)
-        sc = rel_err(float(out.loss) - coef * float(out.aux_loss), ce)
+    if out.aux_loss is None or len(logits) != n_moe or n_moe == 0:
+        log(f"REFERENCE SELF-CHECK FAILED: aux_loss {out.aux_loss}, {len(logits)} router calls for {n_moe} routers")
+        raise SystemExit(3)
+    aux_tf = float(out.aux_loss)
+    aux_def = aux_by_definition(logits, top_k)
+    checks = {
+        "CE part vs per-record sums": rel_err(float(out.loss) - coef * aux_tf, ce),
+        "transformers aux vs definition": rel_err(aux_tf, aux_def),
+        "transformers loss vs CE + coef x aux": rel_err(float(out.loss), ce + coef * aux_def),
+    }
+    for k, v in checks.items():
+        log(f"  aux self-check: {k}: {v:.2e}")
+    if checks["transformers aux vs definition"] > 1e-5:
+        aux_dbl = aux_by_definition(logits, top_k, double_softmax=True)
+        what = f"transformers aux {aux_tf:.8f}, definition {aux_def:.8f}, double softmax {aux_dbl:.8f}"
+        if rel_err(aux_tf, aux_dbl) <= 1e-5:
+            # transformers issue 45120: a router that returns its softmax as router_logits, softmaxed
+            # again by load_balancing_loss_func. Not ours to copy: this model's row fails, the rest run.
+            raise RuntimeError(f"{what}: this transformers applies the softmax twice (its router records "
+                               "probabilities as router_logits, transformers issue 45120); slideformer "
+                               "computes the documented single softmax")
+        log(f"REFERENCE SELF-CHECK FAILED: {what}: neither the definition nor a double softmax")
+        raise SystemExit(3)
     grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().cpu()
              for name, p in model.named_parameters()}
     shapes = {name: list(p.shape) for name, p in model.named_parameters()}
-    log(f"  reference with the load-balancing loss: CE {ce:.8f} + {coef} x aux {float(out.aux_loss):.6f}")
-    return float(out.loss), n_total, grads, shapes, sc
+    log(f"  reference with the load-balancing loss: CE {ce:.8f} + {coef} x aux {aux_tf:.6f} "
+        f"({n_moe} MoE layers, top-{top_k} of {logits[0].shape[-1]})")
+    return float(out.loss), n_total, grads, shapes, max(checks.values()), ce
 
 
 def to_file_names(grads: dict, file_shapes: dict) -> dict:
@@ -398,7 +492,6 @@ def check_model(entry, a, table: Table, work: Path):
     import torch
     from safetensors import safe_open
     name = entry["name"]
-    tol = TOL[a.device]
     recs = tiny.read_jsonl(entry["data"])
     log(f"\n== {name}: {entry['arch']} {entry['dtype']} {'sharded' if entry['sharded'] else 'single-file'} "
         f"{'tied' if entry['tied'] else 'untied'} heads {entry['num_heads']}/{entry['num_kv_heads']} "
@@ -415,8 +508,8 @@ def check_model(entry, a, table: Table, work: Path):
     grad_batch = a.batch_size
     ce_loss = ref_loss  # what `eval` reports: cross-entropy only
     if entry.get("aux"):
-        ref_loss, ref_n, ref_g, ref_shapes, sc = reference_aux(entry["path"], entry["arch"], recs, a.seq_len,
-                                                                a.ref_device)
+        ref_loss, ref_n, ref_g, ref_shapes, sc, ce_loss = reference_aux(entry["path"], entry["arch"], recs,
+                                                                         a.seq_len, a.ref_device)
         if sc > 1e-5:
             log(f"REFERENCE SELF-CHECK FAILED for {name}: {sc:.3e} (aux reference, bug in hf_parity.py)")
             raise SystemExit(3)
@@ -424,6 +517,7 @@ def check_model(entry, a, table: Table, work: Path):
     file_shapes = entry.get("file_shapes") or {}
     ref_g = to_file_names(ref_g, file_shapes)
     ref_shapes = {k: list(v.shape) for k, v in ref_g.items()}
+    bound = tolerances(entry, a, recs, ref_g, ref_loss, ce_loss, table)
 
     common = ["--model", entry["path"], "--data", entry["data"], "--seq-len", str(a.seq_len),
               "--device", a.device]
@@ -441,8 +535,8 @@ def check_model(entry, a, table: Table, work: Path):
             loss = float(res["loss"])
         except (TypeError, ValueError):
             loss = math.nan
-        table.add(name, f"eval loss rel {suffix}", rel_err(loss, ce_loss), tol["loss"],
-                  rel_err(loss, ce_loss) <= tol["loss"], f"sf {loss:.7f} ref {ce_loss:.7f}")
+        table.add(name, f"eval loss rel {suffix}", rel_err(loss, ce_loss), bound.ce,
+                  rel_err(loss, ce_loss) <= bound.ce, f"sf {loss:.7f} ref {ce_loss:.7f}")
         toks = res.get("tokens")
         table.add(name, f"eval tokens {suffix}", toks, ref_n, toks == ref_n, "must equal")
 
@@ -481,33 +575,67 @@ def check_model(entry, a, table: Table, work: Path):
         ml = float(ml)
     except (TypeError, ValueError):
         ml = None
-    table.add(name, "grad metadata loss rel", rel_err(ml, ref_loss) if ml is not None else None, tol["loss"],
-              ml is not None and rel_err(ml, ref_loss) <= tol["loss"],
+    table.add(name, "grad metadata loss rel", rel_err(ml, ref_loss) if ml is not None else None, bound.loss,
+              ml is not None and rel_err(ml, ref_loss) <= bound.loss,
               "" if ml is not None else f"metadata {meta}")
 
     per = grad_errors(got, ref_g, a.device)
-    n_bad = sum(1 for r, *_ in per if not r <= tol["grad"])
+    # Worst by margin: the error as a fraction of the tensor's own bound.
+    per.sort(key=lambda t: -(t[0] / bound.grad(t[1])) if math.isfinite(t[0]) else -math.inf)
+    n_bad = sum(1 for r, k, *_ in per if not r <= bound.grad(k))
     worst = per[0] if per else (math.inf, "-", 0.0, "")
-    table.add(name, "grad max rel (per tensor)", worst[0], tol["grad"], n_bad == 0 and bool(per),
-              f"worst {worst[1]}; {n_bad}/{len(per)} tensors over")
+    table.add(name, "grad max rel (per tensor)", worst[0], bound.grad(worst[1]), n_bad == 0 and bool(per),
+              f"worst (by margin) {worst[1]}; {n_bad}/{len(per)} tensors over their bound; {bound.how}")
     show = per if (a.verbose or n_bad) else per[:3]
     for r, k, nrm, how in show:
-        log(f"      {'OVER ' if not r <= tol['grad'] else '     '}{r:.3e}  {k}  |g_ref|={nrm:.3e}"
-            f"{'  (' + how + ')' if how else ''}")
+        log(f"      {'OVER ' if not r <= bound.grad(k) else '     '}{r:.3e} (bound {bound.grad(k):.3e})  {k}  "
+            f"|g_ref|={nrm:.3e}{'  (' + how + ')' if how else ''}")
 
     check_save_round_trip(entry, a, table, work)
 
-    if a.device == "cuda" and not a.no_baseline and not entry.get("aux"):
-        # For information: how far transformers itself lands from its fp32 gradients when run in bf16
-        # on this GPU (all-bf16 weights/activations, and fp32 weights + bf16 autocast).
-        for mode in ("bf16", "autocast"):
-            try:
-                bl_loss, bl_g = hf_lowp(entry, recs, a.seq_len, mode)
-                bper = grad_errors(to_file_names(bl_g, file_shapes), ref_g, "cuda")
-                table.add(name, f"(info) transformers {mode}: grad max rel", bper[0][0], None, True,
-                          f"loss rel {rel_err(bl_loss, ref_loss):.2e}; worst {bper[0][1]}")
-            except Exception as e:  # information only
-                log(f"    (baseline {mode} failed: {type(e).__name__}: {e})")
+
+class Bounds:
+    """Tolerances of one model: loss (what grad's metadata reports: CE, plus coef x aux where on), ce
+    (eval's cross-entropy), and grad(name) per tensor; `how` says where they come from."""
+
+    def __init__(self, loss, ce, grad_default, per_tensor=None, how=""):
+        self.loss, self.ce, self._g, self._per, self.how = loss, ce, grad_default, per_tensor or {}, how
+
+    def grad(self, name):
+        return self._per.get(name, self._g)
+
+
+def tolerances(entry, a, recs, ref_g, ref_loss, ce_loss, table) -> Bounds:
+    """cpu, or cuda with a fixed tolerance asked for: TOL. cuda otherwise: LOWP_FACTOR x PyTorch's own
+    error in bf16 (all-bf16 and autocast, the larger) against the same fp32 reference, per tensor, at
+    least the floors. The measurements are shown as (info) rows."""
+    tol = TOL[a.device]
+    if a.device != "cuda" or a.fixed_tol:
+        return Bounds(tol["loss"], tol["loss"], tol["grad"], how=f"fixed tolerances {tol}")
+    name = entry["name"]
+    file_shapes = entry.get("file_shapes") or {}
+    worst_g: dict = {}
+    loss_err = ce_err = 0.0
+    for mode in ("bf16", "autocast"):
+        if entry.get("aux"):
+            bl_loss, bl_ce, bl_g = hf_lowp_aux(entry, recs, a.seq_len, mode)
+        else:
+            bl_loss, bl_g = hf_lowp(entry, recs, a.seq_len, mode)
+            bl_ce = bl_loss
+        bper = grad_errors(to_file_names(bl_g, file_shapes), ref_g, "cuda")
+        for r, k, *_ in bper:
+            worst_g[k] = max(worst_g.get(k, 0.0), r)
+        loss_err = max(loss_err, rel_err(bl_loss, ref_loss))
+        ce_err = max(ce_err, rel_err(bl_ce, ce_loss))
+        table.add(name, f"(info) transformers {mode}: grad max rel", bper[0][0], None, True,
+                  f"loss rel {rel_err(bl_loss, ref_loss):.2e}; worst {bper[0][1]}")
+    missing = sorted(set(ref_g) - set(worst_g))
+    if missing:  # every tensor needs its own measurement: a name torch did not give is a harness bug
+        raise RuntimeError(f"low-precision baseline lacks gradients of {missing[:3]}")
+    per = {k: max(LOWP_FACTOR * v, LOWP_GRAD_FLOOR) for k, v in worst_g.items()}
+    return Bounds(max(LOWP_FACTOR * loss_err, LOWP_LOSS_FLOOR), max(LOWP_FACTOR * ce_err, LOWP_LOSS_FLOOR),
+                  LOWP_GRAD_FLOOR, per,
+                  how=f"bound {LOWP_FACTOR:g} x torch bf16/autocast error, floor {LOWP_GRAD_FLOOR:g}")
 
 
 def grad_errors(got: dict, ref_g: dict, device: str) -> list[tuple[float, str, float, str]]:
@@ -561,6 +689,33 @@ def hf_lowp(entry, recs, seq_len, mode):
     return total / n_total, g
 
 
+def hf_lowp_aux(entry, recs, seq_len, mode):
+    """hf_lowp for models with the load-balancing loss: the reference's one labels= call (all records
+    one batch, output_router_logits) in low precision. Returns (loss, its CE part, fp32 gradients)."""
+    import torch
+    model = tiny.load_hf_model(entry["path"], entry["arch"], device="cuda", attn="sdpa")
+    if mode == "bf16":
+        model = model.to(torch.bfloat16)
+    model.eval()
+    rows = [record_inputs(r, seq_len) for r in recs]
+    x = torch.tensor([r[0] for r in rows], dtype=torch.long, device="cuda")
+    lab = torch.tensor([list(rec.get("labels", rec["input_ids"])[:seq_len]) for rec in recs], dtype=torch.long,
+                       device="cuda")
+    if mode == "autocast":
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            out = model(input_ids=x, labels=lab, output_router_logits=True)
+    else:
+        out = model(input_ids=x, labels=lab, output_router_logits=True)
+    out.loss.backward()
+    loss = float(out.loss.detach().float())
+    ce = loss - float(model.config.router_aux_loss_coef) * float(out.aux_loss.detach().float())
+    g = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().cpu()
+         for k, p in model.named_parameters()}
+    del model
+    torch.cuda.empty_cache()
+    return loss, ce, g
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="path of the slideformer binary")
@@ -581,7 +736,7 @@ def main(argv=None):
                     help="initializer_range of the tiny models (default: 0.1 with --device cpu, 0.02 with "
                          "--device cuda, where at 0.1 transformers' own bf16 gradients miss 3e-2)")
     ap.add_argument("--no-baseline", action="store_true",
-                    help="cuda: skip the informational transformers-in-bf16 rows")
+                    help="cuda: do not measure transformers in bf16; use the fixed tolerances (TOL) instead")
     a = ap.parse_args(argv)
     CLI_EXTRA[:] = shlex.split(a.cli_args)
 
@@ -595,12 +750,15 @@ def main(argv=None):
         TOL[a.device]["loss"] = a.loss_tol
     if a.grad_tol is not None:
         TOL[a.device]["grad"] = a.grad_tol
+    # cuda: the low-precision rule unless a fixed tolerance is asked for (both loss and grad then fixed).
+    a.fixed_tol = a.no_baseline or a.loss_tol is not None or a.grad_tol is not None
     setup_torch(a.ref_device)
     import torch
     import transformers
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, device {a.device}, "
         f"reference on {a.ref_device} fp32 (TF32 off), seq-len {a.seq_len}, batch {a.batch_size}, "
-        f"tolerances {TOL[a.device]}, init range {a.init_range or 0.1}")
+        f"tolerances {TOL[a.device] if a.device == 'cpu' or a.fixed_tol else f'{LOWP_FACTOR:g} x torch bf16 error (floors grad {LOWP_GRAD_FLOOR:g}, loss {LOWP_LOSS_FLOOR:g})'}, "
+        f"init range {a.init_range or 0.1}")
     if a.device == "cuda" and torch.cuda.is_available():
         log(f"GPU: {torch.cuda.get_device_name(0)}")
 

@@ -155,6 +155,14 @@ MODELS: dict[str, dict] = {
                 max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
 }
+# transformers v5's fused experts on disk (save_pretrained(save_original_format=False)):
+# mlp.experts.gate_up_proj [E, 2I, H] and down_proj [E, H, I], loaded and saved back in that layout.
+# Qwen3-MoE renormalised top-2 of 6, fp32 single file; Mixtral (its block then named mlp) with the
+# load-balancing loss, bf16 sharded.
+MODELS["qwen3moe_fused"] = dict(MODELS["qwen3moe_noaux"], dtype="fp32", shard=False, fused=True,
+                                kw=dict(MODELS["qwen3moe_noaux"]["kw"], num_experts_per_tok=2, norm_topk_prob=True))
+MODELS["mixtral_fused_aux"] = dict(MODELS["mixtral_aux"], dtype="bf16", shard=True, fused=True,
+                                   kw=dict(MODELS["mixtral_aux"]["kw"], intermediate_size=96))
 
 # Models hf_train_compare.py trains (fp32 checkpoints only; built by build_train_models()).
 TRAIN_MODELS: dict[str, dict] = {
@@ -317,7 +325,11 @@ def build_model(name: str, spec: dict, out_dir: Path, seed: int) -> dict:
         # A few tensors per shard: exercises model.safetensors.index.json.
         nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
         save_kw["max_shard_size"] = max(nbytes // 4, 64 * 1024)
+    if spec.get("fused"):
+        save_kw["save_original_format"] = False  # transformers >= 5: keep the fused runtime layout
     model.save_pretrained(str(model_dir), **save_kw)
+    if spec.get("fused") and not any(k.endswith("mlp.experts.gate_up_proj") for k in _safetensors_names(model_dir)):
+        raise RuntimeError(f"{name}: save_original_format=False wrote no fused experts (transformers < 5?)")
     if spec.get("legacy_rope"):
         _to_legacy_rope(model_dir)
 

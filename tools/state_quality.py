@@ -8,7 +8,7 @@
 Data: real text that Debian ships: the Python standard library's sources (/usr/lib/python3*/) and
 the text files of /usr/share/doc (README*, *.txt, *.md, copyright, changelogs, .gz unpacked),
 files in sorted order, about 3 % of them (chosen by a hash of the path) held out for evaluation.
-Tokenized by `slideformer tokenize` with a real tokenizer.json: --tokenizer, else the first of
+Tokenized by `slideformer tokenize` with a real tokenizer.json: --tokenizer, else Llama 3's (or the first) of
 tmp/tokenizers/*.json.gz (tools/tokenizer_parity.py fetch --gzip), else the byte-level BPE fixture
 tests/data/tokenizer/llama3.json (small vocabulary: more tokens a byte, the same comparison).
 The token stream is cut into rows of --seq-len tokens (every token trained).
@@ -74,7 +74,9 @@ def held_out(path: str) -> bool:
 def pick_tokenizer(arg: str | None, work: Path) -> Path:
     if arg:
         return Path(arg)
-    for gz in sorted(glob.glob(str(ROOT / "tmp/tokenizers/*.json.gz"))):
+    # Llama 3's first: its 128,256 ids fit the Llama 3.2 1B config (DeepSeek-V3's 129,280 do not).
+    found = sorted(glob.glob(str(ROOT / "tmp/tokenizers/*.json.gz")), key=lambda g: (not Path(g).name.startswith("llama3"), g))
+    for gz in found:
         out = work / Path(gz).name[:-3]
         out.write_bytes(gzip.open(gz).read())
         return out

@@ -141,6 +141,11 @@ class HF:
     def saved(self, tok_json):
         return self.load_str(tok_json).to_str(pretty=True)
 
+    def offsets(self, tok_json, texts):
+        """Each token's [start, end) in characters of its text (tokenizers' offsets)."""
+        tok = self.load_str(tok_json)
+        return [[list(o) for o in e.offsets] for e in tok.encode_batch(texts, add_special_tokens=True)]
+
 
 JS_MAIN = r"""
 import { Tokenizer } from "@huggingface/tokenizers";
@@ -267,6 +272,16 @@ def components():
                                                       "invert": False},
                                                      {"type": "Split", "pattern": {"String": "o"}, "behavior": "Removed",
                                                       "invert": False}, byte_level)),
+        # DeepSeek-V3's pre-tokenizer: three Isolated splits (digits in threes, CJK runs, its word
+        # pattern), then ByteLevel without a regex
+        "deepseek_v3": var(bl, pre_tokenizer=seq(
+            {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": False},
+            {"type": "Split", "pattern": {"Regex": "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"}, "behavior": "Isolated",
+             "invert": False},
+            {"type": "Split", "pattern": {"Regex": "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|"
+                                                   "[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|"
+                                                   "\\s*[\r\n]+|\\s+(?!\\S)|\\s+"},
+             "behavior": "Isolated", "invert": False}, byte_level)),
         "sp_legacy": var(ref.make_sp_tokenizer("legacy", 200), decoder=sp["decoder"]),
         "sp_first": var(sp, pre_tokenizer=meta("first", False)),
         "sp_always_split": var(sp, pre_tokenizer=meta("always", True)),
@@ -382,8 +397,10 @@ def cmd_record(a):
         # One case a line: small diffs when re-recorded.
         with open(os.path.join(a.out, f"rec_{name}_cases.json"), "w", encoding="utf-8") as f:
             f.write(json.dumps(head, ensure_ascii=False)[:-1] + ', "cases": [\n')
-            f.write(",\n".join(json.dumps({"text": x, "ids": w}, ensure_ascii=False, separators=(",", ":"))
-                               for x, w in zip(texts, ids)))
+            offs = eng.offsets(saved, texts) if hasattr(eng, "offsets") else [None] * len(texts)
+            f.write(",\n".join(json.dumps(dict({"text": x, "ids": w}, **({"offsets": o} if o is not None else {})),
+                                           ensure_ascii=False, separators=(",", ":"))
+                               for x, w, o in zip(texts, ids, offs)))
             f.write("\n]}\n")
         print(f"{name}: {len(texts)} texts")
     return 0

@@ -13,9 +13,6 @@ enum class Env {
   Threads,    // SF_THREADS
   Trace,      // SF_TRACE
   HoldGrads,  // SF_HOLD_GRADS
-  AttnFwd,    // SF_ATTN_FWD
-  AttnBwd,    // SF_ATTN_BWD
-  AttnLpt,    // SF_ATTN_LPT
   AdamwIsa,   // SF_ADAMW_ISA
   MoeSimt,    // SF_MOE_SIMT
 };
@@ -38,9 +35,6 @@ inline constexpr EnvVar kEnvVars[] = {
      "without clipping, hold the first blobs' gradients and update them in the next forward: 1 = "
      "as many parameters as the planner's rates say, N > 1 = N parameters (changes the plan; +2 B "
      "of pinned memory a held parameter)"},
-    {Env::AttnFwd, "SF_ATTN_FWD", "int", "-1 (per head dim)", "CUDA attention forward variant"},
-    {Env::AttnBwd, "SF_ATTN_BWD", "int", "-1 (per head dim)", "CUDA attention backward variant"},
-    {Env::AttnLpt, "SF_ATTN_LPT", "switch", "1", "CUDA attention blocks longest-first (0: head by head)"},
     {Env::AdamwIsa, "SF_ADAMW_ISA", "text", "the widest the CPU has",
      "the host AdamW's element loop: avx2, sse2 or scalar (never wider than the CPU has; the same bits "
      "on every path: tests run each, benchmarks compare them)"},

@@ -11,7 +11,12 @@ namespace sf {
 
 void read_blob(const CheckpointReader& ckpt, const BlobLayout& blob, float* host) {
   std::fill(host, host + blob.numel, 0.f);
-  for (const BlobEntry& e : blob.entries) ckpt.read_f32(e.name, e.shape, host + e.offset);
+  // As the checkpoint stores them: a tensor an entry, or fused experts read slice by slice.
+  for (const StoredTensor& t : blob.stored)
+    for (const StoredPart& part : t.parts) {
+      const BlobEntry& e = blob.entries[size_t(part.entry)];
+      ckpt.read_f32(t.name, t.shape, part.offset, e.numel, host + e.offset);
+    }
 }
 
 void random_blob(const BlobLayout& blob, int blob_index, uint64_t seed, double std, float* host) {

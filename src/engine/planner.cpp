@@ -399,8 +399,20 @@ PassBytes pass_bytes(double act, double state) { return {8 + 4 * state + act, 8 
 // beside the step's DMA), times 1.2: the CPU passes (with software prefetch) and the DMA together
 // reach more (session 5, H200 machine: the 3B clipped forward moved 73.5 GB in ~0.47 s, ~156 GB/s,
 // against 138 for the fused pass alone); 1.2 keeps the bound below. Sets p.host_s; the path.
-double split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f, double P,
-                         double act, double ckpt, double up_fwd_s, double up_bwd_s, bool emb_on_host, Plan& p) {
+// What the sliding step moves, as predict_sliding derives it.
+struct SlidingTraffic {
+  double P = 0;         // parameters updated on the host
+  double act = 0;       // bytes of a compute-dtype element
+  double ckpt = 0;      // bytes of one micro-batch's checkpoints (every layer's input)
+  double up_fwd_s = 0;  // the forward's uploads at the PCIe rate
+  double up_bwd_s = 0;  // the backward's uploads and checkpoint fetches
+  bool emb_on_host = true;
+};
+
+double split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f,
+                         const SlidingTraffic& t, Plan& p) {
+  const double P = t.P, act = t.act, ckpt = t.ckpt, up_fwd_s = t.up_fwd_s, up_bwd_s = t.up_bwd_s;
+  const bool emb_on_host = t.emb_on_host;
   const double pcie = rates.pcie_gbs * 1e9;
   const PassBytes pb = pass_bytes(act, double(dtype_size(r.state_dtype)));
   const double bus = rates.host_bus_gbs > 0 ? rates.host_bus_gbs * 1e9 : rates.host_adamw_params_s * (24 + act) * 1.2;
@@ -453,7 +465,7 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   const double emb_update_s = emb_on_host ? update_s * double(lay.embedding().numel) / P : 0.0;
   double path = fwd_s + std::max(bwd_s, p.host_s) + emb_update_s;
   if (r.clip && r.split_update)
-    path = split_update_path(s, r, rates, f, P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host, p);
+    path = split_update_path(s, r, rates, f, {P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host}, p);
   else if (r.clip)
     path = fwd_s + bwd_s + std::max(0.0, update_s - fwd_s);
   // The NVMe store: each blob's m and v read before its update and written after, once a step

@@ -166,16 +166,24 @@ const TensorInfo& CheckpointReader::require(const std::string& name, const std::
 
 void CheckpointReader::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const {
   const TensorInfo& t = require(name, expected_shape);
-  const int64_t n = t.numel();
+  read_f32(name, expected_shape, 0, t.numel(), dst);
+}
+
+void CheckpointReader::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, int64_t begin,
+                                int64_t count, float* dst) const {
+  const TensorInfo& t = require(name, expected_shape);
+  SF_CHECK(begin >= 0 && count >= 0 && count <= t.numel() - begin, "element range outside tensor " + name);
+  const size_t es = dtype_size(t.dtype);
+  const uint8_t* src = t.data + size_t(begin) * es;
   switch (t.dtype) {
     case DType::F32:
-      parallel_copy(t.data, t.bytes, dst);
+      parallel_copy(src, size_t(count) * es, dst);
       break;
     case DType::BF16:
-      convert(t.data, 2, n, dst, [](const uint8_t* p) { return bf16_to_float(bf16{load_u16(p)}); });
+      convert(src, 2, count, dst, [](const uint8_t* p) { return bf16_to_float(bf16{load_u16(p)}); });
       break;
     case DType::F16:
-      convert(t.data, 2, n, dst, [](const uint8_t* p) { return f16_to_float(load_u16(p)); });
+      convert(src, 2, count, dst, [](const uint8_t* p) { return f16_to_float(load_u16(p)); });
       break;
     default:
       SF_CHECK(false, "unsupported dtype passed safetensors validation");

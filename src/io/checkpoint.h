@@ -35,6 +35,10 @@ class CheckpointReader {
   const TensorInfo& require(const std::string& name, const std::vector<int64_t>& expected_shape) const;
   // require() + convert F32/BF16/F16 -> fp32 into dst (numel floats).
   void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const;
+  // The same for elements [begin, begin + count) of the tensor in storage order (a slice of a
+  // fused tensor, e.g. one expert's matrix); the range must lie inside the tensor.
+  void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, int64_t begin, int64_t count,
+                float* dst) const;
   // require() + convert to bf16 (F32 and F16 round to nearest even) into dst (numel values).
   void read_bf16(const std::string& name, const std::vector<int64_t>& expected_shape, bf16* dst) const;
 

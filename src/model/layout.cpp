@@ -35,15 +35,17 @@ void add_linear(const ModelSpec& s, BlobLayout& b, const std::string& name, int6
   if (bias) add(s, b, name + ".bias", {out}, int(bias_param));
 }
 
-// A MoE layer's router and experts under transformers' checkpoint names (the per-expert format
+// A MoE layer's router and experts under transformers' per-expert checkpoint names (what
 // transformers writes by default, v4 and v5 alike): qwen3_moe / olmoe "mlp.gate",
 // "mlp.experts.N.{gate,up,down}_proj"; mixtral "block_sparse_moe.gate", "...experts.N.{w1,w3,w2}".
 // All experts of one matrix kind are consecutive, so that one view [E, stride] covers them.
-void add_experts(const ModelSpec& s, BlobLayout& b, const std::string& p) {
+// Returns the router's entry index (the E gate, E up and E down entries follow it).
+int add_experts(const ModelSpec& s, BlobLayout& b, const std::string& p) {
   using P = LayerParam;
   const int64_t H = s.hidden, I = s.moe.intermediate;
   const bool mx = s.moe.mixtral_names;
   const std::string block = p + (mx ? "block_sparse_moe." : "mlp.");
+  const int router = int(b.entries.size());
   add(s, b, block + "gate.weight", {s.moe.n_expert, H}, int(P::Router));
   struct Kind {
     const char* hf;
@@ -59,6 +61,36 @@ void add_experts(const ModelSpec& s, BlobLayout& b, const std::string& p) {
       if (e == 0) b.entries.back().group = s.moe.n_expert;
     }
   }
+  return router;
+}
+
+// transformers v5's fused experts (save_original_format=False; its runtime parameters): every family's
+// block is "mlp." (Mixtral's renamed), the router "mlp.gate.weight" [E, H],
+// "mlp.experts.gate_up_proj" [E, 2I, H] (expert e's gate rows, then its up rows) and
+// "mlp.experts.down_proj" [E, H, I]: expert e's matrices are contiguous slices.
+void store_fused_experts(const ModelSpec& s, BlobLayout& b, const std::string& p, int router) {
+  const int64_t H = s.hidden, I = s.moe.intermediate, E = s.moe.n_expert;
+  const std::string block = p + "mlp.";
+  b.stored.push_back({block + "gate.weight", {E, H}, {{router, 0}}});
+  StoredTensor gate_up{block + "experts.gate_up_proj", {E, 2 * I, H}, {}};
+  StoredTensor down{block + "experts.down_proj", {E, H, I}, {}};
+  for (int64_t e = 0; e < E; ++e) {
+    gate_up.parts.push_back({router + 1 + int(e), 2 * e * I * H});
+    gate_up.parts.push_back({router + 1 + int(E + e), (2 * e + 1) * I * H});
+    down.parts.push_back({router + 1 + int(2 * E + e), e * H * I});
+  }
+  b.stored.push_back(std::move(gate_up));
+  b.stored.push_back(std::move(down));
+}
+
+// Every entry not yet stored is a tensor of its own, in entry order (after the fused ones: the
+// order of tensors in a file is free).
+void store_entries(BlobLayout& b) {
+  std::vector<char> done(b.entries.size(), 0);
+  for (const StoredTensor& t : b.stored)
+    for (const StoredPart& part : t.parts) done[size_t(part.entry)] = 1;
+  for (size_t i = 0; i < b.entries.size(); ++i)
+    if (!done[i]) b.stored.push_back({b.entries[i].name, b.entries[i].shape, {{int(i), 0}}});
 }
 
 }  // namespace
@@ -117,7 +149,8 @@ ModelLayout make_layout(const ModelSpec& s) {
       add(s, b, p + "post_attention_layernorm.weight", {H}, int(P::PostNorm));
     }
     if (s.moe_layer(l)) {
-      add_experts(s, b, p);
+      const int router = add_experts(s, b, p);
+      if (s.moe.fused_experts) store_fused_experts(s, b, p, router);
     } else {
       add_linear(s, b, p + "mlp.gate_proj", I, H, P::Wgate, s.mlp_bias, P::Bgate);
       add_linear(s, b, p + "mlp.up_proj", I, H, P::Wup, s.mlp_bias, P::Bup);
@@ -131,7 +164,10 @@ ModelLayout make_layout(const ModelSpec& s) {
   add(s, head, s.tensor_prefix + "norm.weight", {H});
   if (!s.tie_embeddings) add(s, head, s.lm_head_name, {s.vocab, H});
   m.blobs.push_back(std::move(head));
-  for (BlobLayout& b : m.blobs) b.norm_init = s.gemma_norm ? 0.f : 1.f;
+  for (BlobLayout& b : m.blobs) {
+    b.norm_init = s.gemma_norm ? 0.f : 1.f;
+    store_entries(b);
+  }
   return m;
 }
 

@@ -56,10 +56,25 @@ struct BlobEntry {
 
 enum class BlobKind { Embedding, Layer, Head };
 
+// How a blob's entries are stored in an HF checkpoint: usually one tensor an entry; transformers v5's
+// fused experts (MoeSpec::fused_experts) store all experts of a layer in two 3-D tensors, each
+// expert's matrix a contiguous slice of one. Loading and saving go through this list, the engines
+// through the entries.
+struct StoredPart {
+  int entry = 0;       // index into BlobLayout::entries
+  int64_t offset = 0;  // element offset of that entry's values inside the stored tensor
+};
+struct StoredTensor {
+  std::string name;            // checkpoint tensor name
+  std::vector<int64_t> shape;  // checkpoint shape
+  std::vector<StoredPart> parts;  // together they cover the tensor exactly, in increasing offset
+};
+
 struct BlobLayout {
   BlobKind kind = BlobKind::Layer;
   int layer = -1;  // for BlobKind::Layer
   std::vector<BlobEntry> entries;
+  std::vector<StoredTensor> stored;  // the same values as the checkpoint names and shapes them
   int64_t numel = 0;      // padded size in elements
   float norm_init = 1.f;  // a fresh model's norm weights (0 for Gemma's (1 + w) norms)
   // Entry for a LayerParam, or nullptr when the architecture has no such tensor.

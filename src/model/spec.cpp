@@ -206,6 +206,12 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
     s.arch = Arch::Mixtral;
   } else if (arch == "OlmoeForCausalLM") {
     s.arch = Arch::Olmoe;
+  } else if (arch.rfind("Gemma4", 0) == 0 || mt == "gemma4" || mt == "gemma4_text") {
+    // Recognised, so that the refusal says what is missing (docs/MOE.md, "Not yet").
+    input_error(path, "Gemma 4 ('" + (arch.empty() ? mt : arch) +
+                          "') is not supported yet: its per-layer input embeddings, 512-wide global attention heads "
+                          "with partial rotary embeddings, value norms, shared key/value layers and mixture-of-experts "
+                          "block differ from Gemma 3 (supported: Gemma3ForCausalLM, Gemma3ForConditionalGeneration)");
   } else {
     input_error(path, "unsupported architecture '" + (arch.empty() ? mt : arch) +
                           "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "

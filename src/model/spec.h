@@ -48,6 +48,11 @@ struct MoeSpec {
   int64_t intermediate = 0;    // each expert's intermediate size
   bool norm_topk = false;      // renormalise the top-k probabilities to sum 1 (mixtral: always)
   bool mixtral_names = false;  // block_sparse_moe.{gate, experts.N.w1/w2/w3} instead of mlp.{gate, experts.N.*_proj}
+  // The checkpoint keeps transformers v5's fused experts (save_original_format=False): mlp.gate,
+  // mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I] in every family. Not a
+  // config.json field: set from the checkpoint's names (adopt_checkpoint_names); loaded and saved
+  // back in that layout (model/layout.h StoredTensor).
+  bool fused_experts = false;
   std::vector<char> is_moe;    // [n_layer]: 1 where the layer's MLP is the MoE block (qwen3_moe has dense ones)
   bool aux_loss = false;       // output_router_logits: add router_aux_coef * load-balancing loss to the loss
   double aux_coef = 0.0;       // router_aux_loss_coef

@@ -29,15 +29,26 @@ ModelDir open_model_dir(const std::string& dir) {
 }
 
 void adopt_checkpoint_names(ModelSpec& spec, const std::string& dir) {
-  // Only gemma3 multimodal checkpoints have two spellings: the published one (language_model.model.*,
-  // spec's default) and transformers >= 4.52's own (model.language_model.*, lm_head.weight).
-  if (spec.tensor_prefix != "language_model.model.") return;
+  // Two spellings exist for gemma3 multimodal checkpoints (the published language_model.model.*,
+  // spec's default, and transformers >= 4.52's model.language_model.* with lm_head.weight) and for
+  // MoE experts (per expert, or transformers v5's fused tensors: model/layout.h StoredTensor).
+  const bool gemma_mm = spec.tensor_prefix == "language_model.model.";
+  if (!gemma_mm && !spec.is_moe()) return;
   if (!fs::exists(fs::path(dir) / kSingleFileName) && !fs::exists(fs::path(dir) / kIndexFileName)) return;
   const CheckpointReader ckpt = CheckpointReader::open(dir);
-  if (ckpt.find(spec.tensor_prefix + "embed_tokens.weight") == nullptr &&
+  if (gemma_mm && ckpt.find(spec.tensor_prefix + "embed_tokens.weight") == nullptr &&
       ckpt.find("model.language_model.embed_tokens.weight") != nullptr) {
     spec.tensor_prefix = "model.language_model.";
     spec.lm_head_name = "lm_head.weight";
+  }
+  if (spec.is_moe()) {
+    // Decided by the first sparse layer; a checkpoint mixing the layouts then reports the other
+    // layers' tensors missing under the names of this one.
+    int l = 0;
+    while (l < spec.n_layer && !spec.moe_layer(l)) ++l;
+    spec.moe.fused_experts =
+        l < spec.n_layer &&
+        ckpt.find(spec.tensor_prefix + "layers." + std::to_string(l) + ".mlp.experts.gate_up_proj") != nullptr;
   }
 }
 
@@ -59,6 +70,18 @@ std::string torch_dtype_name(DType t) {
   }
 }
 
+// Entry i of blob b of `state`, rounded to `dtype` (nearest-even for bf16) when that is not F32.
+void fill_entry(Engine& engine, Engine::State state, size_t b, size_t i, int64_t n, DType dtype, void* dst) {
+  if (dtype == DType::F32) {
+    engine.read_state(state, int(b), int(i), static_cast<float*>(dst));
+    return;
+  }
+  std::vector<float> f(static_cast<size_t>(n));
+  engine.read_state(state, int(b), int(i), f.data());
+  uint16_t* h = static_cast<uint16_t*>(dst);
+  for (size_t k = 0; k < f.size(); ++k) h[k] = dtype == DType::BF16 ? float_to_bf16(f[k]).bits : float_to_f16(f[k]);
+}
+
 }  // namespace
 
 void append_engine_tensors(std::vector<TensorWrite>& out, Engine& engine, const ModelLayout& layout,
@@ -67,16 +90,28 @@ void append_engine_tensors(std::vector<TensorWrite>& out, Engine& engine, const 
     for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i) {
       const BlobEntry& e = layout.blobs[b].entries[i];
       TensorWrite w{prefix + e.name, dtype, e.shape, nullptr};
-      w.fill = [&engine, state, b, i, n = e.numel, dtype](void* dst) {
-        if (dtype == DType::F32) {
-          engine.read_state(state, int(b), int(i), static_cast<float*>(dst));
-          return;
-        }
-        std::vector<float> f(static_cast<size_t>(n));
-        engine.read_state(state, int(b), int(i), f.data());
-        uint16_t* h = static_cast<uint16_t*>(dst);
-        for (size_t k = 0; k < f.size(); ++k)
-          h[k] = dtype == DType::BF16 ? float_to_bf16(f[k]).bits : float_to_f16(f[k]);
+      w.fill = [&engine, state, b, i, n = e.numel, dtype](void* dst) { fill_entry(engine, state, b, i, n, dtype, dst); };
+      out.push_back(std::move(w));
+    }
+  }
+}
+
+void append_checkpoint_tensors(std::vector<TensorWrite>& out, Engine& engine, const ModelLayout& layout,
+                               Engine::State state, DType dtype) {
+  for (size_t b = 0; b < layout.blobs.size(); ++b) {
+    for (const StoredTensor& t : layout.blobs[b].stored) {
+      struct Part {
+        size_t entry;
+        int64_t numel, offset;
+      };
+      std::vector<Part> parts;  // by value: the writer may run after `layout` is gone
+      for (const StoredPart& p : t.parts)
+        parts.push_back({size_t(p.entry), layout.blobs[b].entries[size_t(p.entry)].numel, p.offset});
+      TensorWrite w{t.name, dtype, t.shape, nullptr};
+      w.fill = [&engine, parts = std::move(parts), state, b, dtype](void* dst) {
+        for (const Part& p : parts)
+          fill_entry(engine, state, b, p.entry, p.numel, dtype,
+                     static_cast<char*>(dst) + size_t(p.offset) * dtype_size(dtype));
       };
       out.push_back(std::move(w));
     }
@@ -89,7 +124,7 @@ void save_hf_model(Engine& engine, nlohmann::json cfg, const std::string& src_di
   // (nearest-even for bf16): no copy of the whole model in host memory.
   std::vector<TensorWrite> tw;
   const ModelLayout layout = make_layout(engine.spec());
-  append_engine_tensors(tw, engine, layout, Engine::State::Params, dtype);
+  append_checkpoint_tensors(tw, engine, layout, Engine::State::Params, dtype);
   // A gemma3 multimodal checkpoint's other tensors (vision tower, projector; not trained) are
   // copied from the source byte for byte: the output loads as the same Gemma3ForConditionalGeneration.
   std::shared_ptr<const CheckpointReader> src;  // kept open (mmap) until the writer is done
@@ -97,7 +132,7 @@ void save_hf_model(Engine& engine, nlohmann::json cfg, const std::string& src_di
     src = std::make_shared<const CheckpointReader>(CheckpointReader::open(src_dir));
     std::unordered_set<std::string> ours;
     for (const BlobLayout& b : layout.blobs)
-      for (const BlobEntry& e : b.entries) ours.insert(e.name);
+      for (const StoredTensor& t : b.stored) ours.insert(t.name);
     for (const std::string& name : src->names()) {
       if (ours.count(name)) continue;
       const TensorInfo* t = src->find(name);

@@ -19,19 +19,26 @@ struct ModelDir {
 
 // Reads and validates DIR/config.json (InputError naming the file on any problem).
 ModelDir open_model_dir(const std::string& dir);
-// A gemma3 multimodal spec's tensor names as the checkpoint in `dir` spells them (when it has
-// one): the published language_model.model.* or transformers >= 4.52's model.language_model.*.
+// Tensor names as the checkpoint in `dir` spells them (when it has one): a gemma3 multimodal
+// spec's published language_model.model.* or transformers >= 4.52's model.language_model.*; a
+// MoE spec's per-expert tensors or transformers v5's fused ones (MoeSpec::fused_experts).
 void adopt_checkpoint_names(ModelSpec& spec, const std::string& dir);
 
 // Checkpoint dtype to save in: the checkpoint's own (F32/BF16/F16 as stored) — see model_io.cpp.
 DType checkpoint_dtype(const std::string& dir);
 
-// Appends one TensorWrite per tensor of `layout` (blob by blob, entry by entry), named `prefix` +
+// Appends one TensorWrite per tensor of `layout` (blob by blob, entry by entry: slideformer's own
+// files, e.g. the training state), named `prefix` +
 // the tensor's name, whose fill reads `state` from the engine when the writer gets to it (one tensor
 // at a time, no copy of the whole state in host memory); fp32 rounded to `dtype` (nearest-even for
 // bf16) when that is not F32.
 void append_engine_tensors(std::vector<TensorWrite>& out, Engine& engine, const ModelLayout& layout,
                            Engine::State state, DType dtype = DType::F32, const std::string& prefix = "");
+
+// The same, one TensorWrite per tensor as the checkpoint stores it (BlobLayout::stored: names,
+// shapes and fused experts as read): model and gradient files.
+void append_checkpoint_tensors(std::vector<TensorWrite>& out, Engine& engine, const ModelLayout& layout,
+                               Engine::State state, DType dtype = DType::F32);
 
 // Writes an HF checkpoint into `out_dir`, a fresh (staging) directory: safetensors in `dtype`,
 // config.json (`config` with its dtype updated), and tokenizer files copied from `src_dir`

@@ -118,8 +118,19 @@ void check_grad_output(const std::string& path) {
   if (!ours) input_error("--output", path + ": exists and is not a gradient file slideformer wrote" + refuse);
 }
 
-Session open_session(const DataOptions& o, bool training, bool optimizer, int grad_accum = 1, bool clip = false,
-                     const std::string& eval_path = "") {
+// What a command's session is for.
+struct SessionKind {
+  bool training = false;   // gradients (grad, train)
+  bool optimizer = false;  // AdamW state (train)
+  int grad_accum = 1;      // micro-batches a step; -1: every batch of the data file in one step (grad)
+  bool clip = false;       // --max-grad-norm > 0
+  std::string eval_data{};  // train --eval-data (empty: none)
+};
+
+Session open_session(const DataOptions& o, const SessionKind& k) {
+  const bool training = k.training, optimizer = k.optimizer;
+  const int grad_accum = k.grad_accum;
+  const std::string& eval_path = k.eval_data;
   Session s;
   check_step_ranges(o.batch_size, o.seq_len, 1);  // the CLI checked already; library callers too
   s.model = open_model_dir(o.model_dir);
@@ -182,7 +193,7 @@ Session open_session(const DataOptions& o, bool training, bool optimizer, int gr
       grad_accum >= 0
           ? grad_accum
           : int(std::max<size_t>(1, (s.data.records.size() + size_t(eo.max_batch) - 1) / size_t(eo.max_batch)));
-  er.clip = clip;
+  er.clip = k.clip;
   // A training step's size is bounded by what the plan can hold (grad-accum x batch x seq-len):
   // refused here, naming the option, before the engine or any step is allocated.
   if (optimizer) check_step_fits(s.model.spec, eo, er);
@@ -236,7 +247,7 @@ int64_t total_trained(const std::vector<Batch>& batches, const std::string& path
 }  // namespace
 
 EvalResult run_eval(const DataOptions& o) {
-  Session s = open_session(o, false, false);
+  Session s = open_session(o, {});
   auto batches = file_batches(s, s.max_batch);
   EvalResult r;
   r.tokens = total_trained(batches, o.data);
@@ -248,14 +259,14 @@ EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
   check_path_option("--output", out_path);
   check_written_apart({"--output", out_path}, {{"--model", o.model_dir}, {"--data", o.data}});
   check_grad_output(out_path);
-  Session s = open_session(o, true, false, -1);
+  Session s = open_session(o, {.training = true, .grad_accum = -1});
   auto batches = file_batches(s, s.max_batch);
   EvalResult r;
   r.tokens = total_trained(batches, o.data);
   r.loss = s.engine->compute_grads(batches);  // every batch of the file is one step's micro-batch
   const ModelLayout layout = make_layout(s.model.spec);
   std::vector<TensorWrite> tw;
-  append_engine_tensors(tw, *s.engine, layout, Engine::State::Grads);
+  append_checkpoint_tensors(tw, *s.engine, layout, Engine::State::Grads);  // named as the model's file
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", r.loss);
   write_safetensors(out_path, tw,
@@ -416,7 +427,11 @@ TrainResult run_train(const TrainOptions& o) {
   const OutputLock lock(o.output);  // one run per output, held to the end
   claim_output_dir(o.output);       // refuses a directory that is not ours before anything runs
   const LrSchedule sched = parse_lr_schedule(o.lr_schedule);
-  Session s = open_session(o.data, true, true, o.grad_accum, o.max_grad_norm > 0, o.eval_data);
+  Session s = open_session(o.data, {.training = true,
+                                    .optimizer = true,
+                                    .grad_accum = o.grad_accum,
+                                    .clip = o.max_grad_norm > 0,
+                                    .eval_data = o.eval_data});
   check_some_label(s.data, s.seq_len, o.data.data);
   // Held-out loss: the eval file's records in order, as `slideformer eval` computes it.
   std::vector<Batch> eval_batches;

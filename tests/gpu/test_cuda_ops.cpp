@@ -593,29 +593,28 @@ TEST(CudaOps, AttentionLongSequences) {
   attention_case({1, 2049, 2, 2, 128}, false);
 }
 
-// cases() under every flash kernel variant, in both block orders; the defaults restored after.
-void each_flash_variant(const std::function<void()>& cases) {
-  for (bool lpt : {true, false}) {
-    cuda::attention_set_longest_first(lpt);
-    for (int fv = 0; fv < cuda::attention_fwd_variants(); ++fv)
-      for (int bv = 0; bv < cuda::attention_bwd_variants(); ++bv) {
-        SCOPED_TRACE(testing::Message() << "fwd variant " << fv << ", bwd variant " << bv << ", longest-first " << lpt);
-        cuda::attention_set_variant(fv, bv);
-        cases();
-      }
+// cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 forward
+// where it applies) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
+void each_flash_path(const std::function<void()>& cases) {
+  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm80}) {
+    SCOPED_TRACE(testing::Message() << "path " << (p == cuda::AttnPath::Auto ? "auto" : "sm80"));
+    cuda::attention_force_path(p);
+    cases();
   }
-  cuda::attention_set_longest_first(true);
-  cuda::attention_set_variant(-1, -1);
+  cuda::attention_force_path(cuda::AttnPath::Auto);
 }
 
-// Every flash kernel variant (the default is picked per head dim by speed), in both block orders
-// (the order changes which block computes which tile: a wrong index map fails here).
-TEST(CudaOps, AttentionKernelVariants) {
+// Both kernel families on odd shapes: T not a multiple of any tile (the sm_90 tiles are 128 rows,
+// the sm_80 ones 32 to 128), T = 1, GQA 1 / 4 / 8, sequences spanning many tiles.
+TEST(CudaOps, AttentionKernelFamilies) {
   REQUIRE_GPU();
-  each_flash_variant([] {
+  each_flash_path([] {
     attention_case({2, 300, 8, 2, 128}, false);
     attention_case({3, 257, 4, 1, 64}, false);
     attention_case({1, 1, 2, 1, 128}, false);
+    attention_case({2, 129, 8, 1, 64}, false);
+    attention_case({1, 383, 4, 4, 128}, false);
+    attention_case({1, 1000, 4, 1, 128}, false);
   });
 }
 
@@ -623,9 +622,9 @@ TEST(CudaOps, AttentionKernelVariants) {
 TEST(CudaOps, AttentionSimpleKernels) {
   REQUIRE_GPU();
   attention_case({2, 33, 4, 2, 32}, false);
-  cuda::attention_force_simple(true);
+  cuda::attention_force_path(cuda::AttnPath::Simple);
   attention_case({2, 65, 4, 1, 128}, false);
-  cuda::attention_force_simple(false);
+  cuda::attention_force_path(cuda::AttnPath::Auto);
 }
 
 // Packed rows (block-diagonal causal mask, FlashAttention varlen-style): records that start and
@@ -644,10 +643,11 @@ TEST(CudaOps, AttentionPackedRows) {
   attention_case({2, 33, 4, 2, 32}, false, packed_positions(2, 33, 9, 4));  // simple kernels on BF16
 }
 
-// The packed cases through every flash variant and block order.
-TEST(CudaOps, AttentionPackedRowsKernelVariants) {
+// The packed cases through each flash kernel family (on Hopper: the sm_90 kernels and the sm_80
+// ones forced).
+TEST(CudaOps, AttentionPackedRowsKernelFamilies) {
   REQUIRE_GPU();
-  each_flash_variant([] {
+  each_flash_path([] {
     attention_case({2, 300, 8, 2, 128}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
     attention_case({3, 257, 4, 1, 64}, false, packed_positions(3, 257, 90, 5));
   });
@@ -668,27 +668,23 @@ TEST(CudaOps, AttentionSlidingWindow) {
   attention_case({1, 127, 2, 2, 128, 500}, false);  // window longer than T: the causal result
   attention_case({2, 300, 8, 2, 128, 50}, true, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
   attention_case({2, 2049, 8, 2, 64, 333}, false, packed_positions(2, 2049, 700, 3));
-  each_flash_variant([] {
+  each_flash_path([] {
     attention_case({2, 300, 8, 2, 128, 70}, false);
     attention_case({3, 257, 4, 1, 64, 31}, false, packed_positions(3, 257, 90, 5));
   });
 }
 
 // Head dim 256 (Gemma 3) in the flash kernels: T = 1, tails of every tile size, GQA 1/2/4, long
-// rows, windows and packed rows, both block orders; f32 runs check the simple kernels at 256.
+// rows, windows and packed rows; f32 runs check the simple kernels at 256.
 TEST(CudaOps, AttentionHeadDim256) {
   REQUIRE_GPU();
-  for (bool lpt : {true, false}) {
-    cuda::attention_set_longest_first(lpt);
-    attention_case({2, 1, 2, 2, 256}, !lpt);
-    attention_case({2, 7, 8, 4, 256}, !lpt);
-    attention_case({2, 127, 4, 1, 256}, !lpt);
-    attention_case({1, 300, 8, 2, 256, 64}, !lpt);
-    attention_case({1, 1000, 8, 4, 256, 100}, false);
-    attention_case({1, 2049, 4, 2, 256}, false);
-    attention_case({2, 300, 4, 2, 256, 40}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
-  }
-  cuda::attention_set_longest_first(true);
+  attention_case({2, 1, 2, 2, 256}, true);
+  attention_case({2, 7, 8, 4, 256}, true);
+  attention_case({2, 127, 4, 1, 256}, true);
+  attention_case({1, 300, 8, 2, 256, 64}, true);
+  attention_case({1, 1000, 8, 4, 256, 100}, false);
+  attention_case({1, 2049, 4, 2, 256}, false);
+  attention_case({2, 300, 4, 2, 256, 40}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
 }
 
 // ================================================================================================

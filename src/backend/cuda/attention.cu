@@ -2,11 +2,13 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/attention_mask.cuh"
+#include "backend/cuda/attention_sm90.cuh"
 #include "backend/cuda/kernel_utils.cuh"
 #include "core/align.h"
-#include "core/env.h"
 
 namespace sf::cuda {
 namespace {
@@ -14,13 +16,22 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-std::atomic<bool> g_force_simple{false};
+// Tests and benchmarks only (attention_force_path); Auto in the program.
+std::atomic<AttnPath> g_path{AttnPath::Auto};
 
-// First key that query `row` of a sequence may see: its record's start (packed rows, pb = that
-// sequence's pos, or null) and, with a sliding window, row - window + 1. Never decreases with row.
-__device__ __forceinline__ int first_key(const int32_t* pb, int window, int row) {
-  const int lo = pb != nullptr ? row - pb[row] : 0;
-  return window > 0 ? max(lo, row - window + 1) : lo;
+// Compute capability major of the current device, read once per device (the start-up choice of
+// the kernel family: sm_90 kernels on Hopper, the sm_80 ones elsewhere).
+int device_cc_major() {
+  static std::atomic<int> cache[16] = {};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 16) dev = 0;
+  int cc = cache[dev].load();
+  if (cc == 0) {
+    CUDA_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
+    cache[dev] = cc;
+  }
+  return cc;
 }
 
 // ============================================================================================
@@ -52,31 +63,49 @@ __device__ __forceinline__ void load_tile(bf16_t* s, const bf16_t* g, int64_t st
 }
 
 // ---- forward --------------------------------------------------------------------------------
-// Block: BR query rows of one (head, sequence); NW warps, each owning MT = BR / (16 NW) m16 tiles
-// (consecutive rows). MT = 2 reuses every K / V fragment loaded from shared memory for two MMAs,
-// halving shared-memory traffic per FLOP (what limits mma.sync attention on Hopper).
-template <int HD, int BR, int BC, int NW, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB)
+// One tile shape: BR query rows of one (head, sequence) a block, NW warps, each owning MT =
+// BR / (16 NW) m16 tiles (consecutive rows; MT = 2 reuses every K / V fragment loaded from shared
+// memory for two MMAs, halving shared-memory traffic per FLOP, what limits mma.sync attention on
+// Hopper); K / V tiles of BC rows, double-buffered. The shared-memory layout is defined here only.
+template <int HD_, int BR_, int BC_, int NW_, int MINB_>
+struct FwdTile {
+  static constexpr int HD = HD_, BR = BR_, BC = BC_, NW = NW_, MINB = MINB_, NT = NW * 32;
+  static constexpr int MT = BR / (NW * 16);
+  static_assert(MT * NW * 16 == BR && MT >= 1, "BR must be a multiple of 16 * warps");
+  // Q [BR][HD] | K [2][BC][HD] | V [2][BC][HD], bf16, 16-byte chunks swizzled (swz)
+  static constexpr size_t q_off = 0, k_off = q_off + size_t(BR) * HD * 2, v_off = k_off + size_t(2) * BC * HD * 2;
+  static constexpr size_t smem = v_off + size_t(2) * BC * HD * 2;
+};
+
+// The tile per head dim, the fastest measured (bench_kernels, H200, session 2 and later; issue 19
+// removed the run-time variants): hd 64 BC 64 x 4 warps of 2 m-tiles; hd 128 BC 32 (fits 255
+// registers without spills; BC 64 x 8 warps of 1 m-tile and BC 64 x 4 x 2 were slower); hd 256
+// 8 warps x 1 m-tile (the O accumulator is HD/2 fp32 registers a thread; two m-tiles would spill;
+// Q 64 KiB + double-buffered K, V 128 KiB of shared memory).
+template <int HD>
+using FwdTraits =
+    std::conditional_t<HD == 64, FwdTile<64, 128, 64, 4, 2>,
+                       std::conditional_t<HD == 128, FwdTile<128, 128, 32, 4, 2>, FwdTile<256, 128, 64, 8, 1>>>;
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::NT, Tr::MINB)
     flash_fwd_kernel(bf16_t* __restrict__ out, float* __restrict__ lse, const bf16_t* __restrict__ q,
                      const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, const int32_t* __restrict__ pos, int T,
-                     int H, int KVH, float scale_log2, bool lpt, int window) {
-  constexpr int MT = BR / (NW * 16);
-  static_assert(MT * NW * 16 == BR && MT >= 1, "BR must be a multiple of 16 * warps");
-  constexpr int NT = NW * 32;
+                     int H, int KVH, float scale_log2, int window) {
+  constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, NT = Tr::NT, MT = Tr::MT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16_t* Qs = reinterpret_cast<bf16_t*>(smem_raw);  // [BR][HD]
-  bf16_t* Ks = Qs + BR * HD;                         // [2][BC][HD]
-  bf16_t* Vs = Ks + 2 * BC * HD;                     // [2][BC][HD]
-
+  bf16_t* Qs = reinterpret_cast<bf16_t*>(smem_raw + Tr::q_off);
+  bf16_t* Ks = reinterpret_cast<bf16_t*>(smem_raw + Tr::k_off);
+  bf16_t* Vs = reinterpret_cast<bf16_t*>(smem_raw + Tr::v_off);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  // Blocks start in blockIdx order. Longest-first (lpt): the last query tiles (heaviest: they see
-  // the most keys) of every head and sequence start first and the light ones fill the tail (7%
-  // less time than heavy-first within each head, by simulation); else head by head.
+  // Blocks start in blockIdx order, longest-first: the last query tiles (heaviest: they see the
+  // most keys) of every head and sequence start first and the light ones fill the tail (7% less
+  // time than heavy-first within each head, by simulation; measured 1.067 -> 0.990 ms).
   const int n_qt = (T + BR - 1) / BR;
   const int n_hb = int(gridDim.x) / n_qt, bid = int(blockIdx.x);
-  const int qt = n_qt - 1 - (lpt ? bid / n_hb : bid % n_qt);
-  const int hb = lpt ? bid % n_hb : bid / n_qt;
+  const int qt = n_qt - 1 - bid / n_hb;
+  const int hb = bid % n_hb;
   const int h = hb % H, b = hb / H;
   const int kvh = h / (H / KVH);
   const int q0 = qt * BR;
@@ -328,49 +357,74 @@ __device__ __forceinline__ void flash_bwd_dq_32(float* __restrict__ dq_acc, cons
   }
 }
 
-// Block: BC = 16 * NW key rows of one (kv head, sequence); walks the query tiles (BR rows) of
-// every query head of the GQA group. dS^T goes through shared memory for the dQ product.
+// One tile shape: BC = 16 * NW key rows of one (kv head, sequence) a block; it walks the query
+// tiles (BR rows) of every query head of the GQA group. dS^T goes through shared memory for the
+// dQ product.
 // DQV 0: the warps split dQ as (BR / 16 query groups) x (NW * 16 / BR column groups), float2
 //        atomics into the natural [B*T, H*HD] layout.
 // DQV 1: 32-row warp tiles (two m16 tiles share every K fragment: fewer ldmatrix per MMA) and
 //        float4 atomics (half the atomic instructions) into a layout permuted within each group
 //        of 16 columns (dq_permuted_pos); the cast kernel undoes the permutation.
+// SPLIT: steps 1-6 over SPLIT sub-tiles of BR / SPLIT query columns (fewer live registers).
 // CS > 1 (head_dim 256: 2): the dK / dV accumulators of HD fp32 columns do not fit in registers;
 //        block (.., y) accumulates only columns [y HD/CS, (y+1) HD/CS) of dK, dV and dQ, recomputing
 //        S and dP in full (1.4x the MMA work of CS 1 at CS 2, no fallback kernel).
-template <int HD, int NW, int BR, int MINB, int SPLIT, int DQV, int CS = 1>
-__global__ void __launch_bounds__(NW * 32, MINB)
+// The shared-memory layout is defined here only.
+template <int HD_, int NW_, int BR_, int MINB_, int SPLIT_, int DQV_, int CS_>
+struct BwdTile {
+  static constexpr int HD = HD_, NW = NW_, BR = BR_, MINB = MINB_, SPLIT = SPLIT_, DQV = DQV_, CS = CS_;
+  static constexpr int BC = NW * 16;   // key rows per block (16 per warp)
+  static constexpr int HDA = HD / CS;  // accumulated columns of dK, dV, dQ per block
+  static constexpr int NT = NW * 32;
+  static_assert(CS == 1 || DQV == 0, "column splits use the DQV 0 dQ step");
+  // K [BC][HD] | V [BC][HD] | Q [2][BR][HD] | dO [2][BR][HD] (bf16, swizzled) | dS^T [BC][BR] (bf16,
+  // swizzled rows of BR) | L [2][BR] (lse * log2 e, +inf past T) | D [2][BR] (f32) | S [2][BR] (int:
+  // first key of each query, packed rows / window)
+  static constexpr size_t k_off = 0, v_off = k_off + size_t(BC) * HD * 2, q_off = v_off + size_t(BC) * HD * 2;
+  static constexpr size_t do_off = q_off + size_t(2) * BR * HD * 2, ds_off = do_off + size_t(2) * BR * HD * 2;
+  static constexpr size_t l_off = ds_off + size_t(BC) * BR * 2, d_off = l_off + size_t(2) * BR * 4;
+  static constexpr size_t s_off = d_off + size_t(2) * BR * 4, smem = s_off + size_t(2) * BR * 4;
+};
+
+// The tile per head dim, the fastest measured (bench_kernels, H200; issue 19 removed the run-time
+// variants): hd 64 / 128: 128 key rows (8 warps), query tiles of 64, the DQV 1 dQ step (3.329 ->
+// 3.086 ms at hd 128, 1.864 -> 1.760 ms at hd 64 against DQV 0; 64 key rows with 4 warps and the
+// split query tile were slower); hd 256: 64 key rows (4 warps), query tiles of 64 in two halves,
+// dK / dV / dQ columns split over two blocks (K, V 64 KiB + double-buffered Q, dO 128 KiB + dS 8 KiB).
+template <int HD>
+using BwdTraits = std::conditional_t<HD == 256, BwdTile<256, 4, 64, 1, 2, 0, 2>, BwdTile<HD, 8, 64, 1, 1, 1, 1>>;
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::NT, Tr::MINB)
     flash_bwd_kernel(float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
                      const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                      const bf16_t* __restrict__ dO, const float* __restrict__ lse, const float* __restrict__ Dd,
-                     const int32_t* __restrict__ pos, int T, int H, int KVH, float scale, float scale_log2, bool lpt,
+                     const int32_t* __restrict__ pos, int T, int H, int KVH, float scale, float scale_log2,
                      int window) {
-  constexpr int BC = NW * 16;   // key rows per block (16 per warp)
-  constexpr int HDA = HD / CS;  // accumulated columns of dK, dV, dQ per block
-  static_assert(CS == 1 || DQV == 0, "column splits use the DQV 0 dQ step");
-  constexpr int NT = NW * 32;
+  constexpr int HD = Tr::HD, NW = Tr::NW, BR = Tr::BR, BC = Tr::BC, HDA = Tr::HDA, NT = Tr::NT;
+  constexpr int DQV = Tr::DQV;
   constexpr int QG = BR / 16, DG = NW / QG;  // dQ split: query groups x column groups
-  constexpr int BS = BR / SPLIT;
+  constexpr int BS = BR / Tr::SPLIT;
   static_assert(BS % 16 == 0, "sub-tile must be a multiple of 16");
   static_assert(QG * DG == NW && (HDA / DG) % 32 == 0, "bad dQ split");
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16_t* Ks = reinterpret_cast<bf16_t*>(smem_raw);     // [BC][HD]
-  bf16_t* Vs = Ks + BC * HD;                            // [BC][HD]
-  bf16_t* Qs = Vs + BC * HD;                            // [2][BR][HD]
-  bf16_t* dOs = Qs + 2 * BR * HD;                       // [2][BR][HD]
-  bf16_t* dSs = dOs + 2 * BR * HD;                      // [BC][BR]  (dS^T, swizzled rows of BR)
-  float* Ls = reinterpret_cast<float*>(dSs + BC * BR);  // [2][BR]  lse * log2(e), +inf past T
-  float* Ds = Ls + 2 * BR;                              // [2][BR]
-  int* Ss = reinterpret_cast<int*>(Ds + 2 * BR);        // [2][BR]  segment start of each query (packed rows)
+  bf16_t* Ks = reinterpret_cast<bf16_t*>(smem_raw + Tr::k_off);
+  bf16_t* Vs = reinterpret_cast<bf16_t*>(smem_raw + Tr::v_off);
+  bf16_t* Qs = reinterpret_cast<bf16_t*>(smem_raw + Tr::q_off);
+  bf16_t* dOs = reinterpret_cast<bf16_t*>(smem_raw + Tr::do_off);
+  bf16_t* dSs = reinterpret_cast<bf16_t*>(smem_raw + Tr::ds_off);
+  float* Ls = reinterpret_cast<float*>(smem_raw + Tr::l_off);
+  float* Ds = reinterpret_cast<float*>(smem_raw + Tr::d_off);
+  int* Ss = reinterpret_cast<int*>(smem_raw + Tr::s_off);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  // Longest-first (lpt): the first key tiles (they see every query tile) of all kv heads and
-  // sequences start first; the light last ones fill the tail (11% less time than heavy-first
-  // within each head, by simulation). Else head by head.
+  // Longest-first: the first key tiles (they see every query tile) of all kv heads and sequences
+  // start first; the light last ones fill the tail (11% less time than heavy-first within each
+  // head, by simulation; measured 3.673 -> 3.305 ms).
   const int n_jt = (T + BC - 1) / BC, n_hb = int(gridDim.x) / n_jt, bid = int(blockIdx.x);
-  const int jt = lpt ? bid / n_hb : bid % n_jt;
-  const int hb = lpt ? bid % n_hb : bid / n_jt;
+  const int jt = bid / n_hb;
+  const int hb = bid % n_hb;
   const int kvh = hb % KVH, b = hb / KVH;
   const int G = H / KVH;
   const int kv0 = jt * BC;
@@ -606,119 +660,50 @@ __global__ void f32_to_bf16_kernel(bf16_t* __restrict__ out, const float* __rest
   }
 }
 
-// Kernel variants (benchmarked in bench/bench_kernels.cu; the default is the fastest measured).
-//   forward : 0 = BR 128, BC 64, 8 warps x 1 m-tile; 1 = BR 128, BC 64, 4 warps x 2 m-tiles;
-//             2 = BR 128, BC 32, 4 warps x 2 m-tiles
-//   backward: 0 = 64 key rows (4 warps); 1 = 128 key rows (8 warps); 2 = as 1 and 3 = as 0, with
-//             steps 1-6 in two halves of 32 query columns (fewer live registers); query tiles of 64;
-//             4 = as 1 with the DQV 1 dQ step (32-row warp tiles, float4 atomics, permuted)
-// -1: the per-head-dim default below.
-// Head dim 256 has one variant each way (its own, below), whatever is selected.
-template <int HD>
-constexpr int kDefaultFwdVariant = HD == 128 ? 2 : 1;
-template <int HD>
-constexpr int kDefaultBwdVariant = 4;
-
-std::atomic<int> g_fwd_variant{int(env_int(Env::AttnFwd, -1))};
-std::atomic<int> g_bwd_variant{int(env_int(Env::AttnBwd, -1))};
-std::atomic<bool> g_longest_first{env_switch(Env::AttnLpt, true)};
-
 const int32_t* pos_ptr(const AttnDims& d) { return d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(); }
 
-template <int HD, int BR, int BC, int NW, int MINB>
-void launch_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
-  constexpr size_t smem = size_t(BR + 4 * BC) * HD * 2;
-  auto kernel = flash_fwd_kernel<HD, BR, BC, NW, MINB>;
-  static bool attr_set = false;  // first call per instantiation (the device is fixed per process)
-  if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    attr_set = true;
+// Raises a kernel's dynamic shared-memory limit once per tile traits Tr (the device is fixed per
+// process). Keyed by Tr, not by the kernel's type: every instantiation of one kernel template has
+// the same function-pointer type, and one flag for all of them left the later ones unraised.
+template <class Tr, class Kernel>
+void raise_smem_once(Kernel kernel, size_t bytes) {
+  static bool done = false;
+  if (!done) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    done = true;
   }
-  const unsigned grid = unsigned((d.T + BR - 1) / BR) * unsigned(d.n_head * d.B);
-  kernel<<<grid, NW * 32, smem, L.stream>>>(out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
-                                            q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), pos_ptr(d), d.T,
-                                            d.n_head, d.n_kv_head, d.scale * kLog2e, g_longest_first.load(), d.window);
-  CUDA_CHECK_LAUNCH();
 }
 
 template <int HD>
 void flash_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
-  if constexpr (HD == 256) {
-    // 8 warps x 1 m-tile: the O accumulator is HD/2 fp32 registers a thread (2 m-tiles would
-    // spill); Q 64 KiB + double-buffered K, V 128 KiB of shared memory (sm_90: 227 KiB).
-    launch_fwd<HD, 128, 64, 8, 1>(out, lse, q, k, v, d, L);
-  } else {
-    const int var = g_fwd_variant.load();
-    switch (var < 0 ? kDefaultFwdVariant<HD> : var) {
-      case 0:
-        launch_fwd<HD, 128, 64, 8, 1>(out, lse, q, k, v, d, L);
-        break;
-      case 2:
-        launch_fwd<HD, 128, 32, 4, 2>(out, lse, q, k, v, d, L);
-        break;
-      default:
-        launch_fwd<HD, 128, 64, 4, 2>(out, lse, q, k, v, d, L);
-        break;
-    }
-  }
-}
-
-template <int HD, int NW, int BR, int MINB, int SPLIT, int DQV, int CS = 1>
-void launch_bwd(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
-                Tensor lse, const AttnDims& d, const Launch& L) {
-  constexpr int BC = NW * 16;
-  constexpr size_t smem = size_t(2 * BC + 4 * BR) * HD * 2 + size_t(BC) * BR * 2 + 6 * BR * 4;  // + Ls, Ds, Ss
-  auto kernel = flash_bwd_kernel<HD, NW, BR, MINB, SPLIT, DQV, CS>;
-  static bool attr_set = false;
-  if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    attr_set = true;
-  }
-  const dim3 grid(unsigned((d.T + BC - 1) / BC) * unsigned(d.n_kv_head * d.B), CS);
-  kernel<<<grid, NW * 32, smem, L.stream>>>(dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(),
-                                            k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(), lse.ptr<float>(), D,
-                                            pos_ptr(d), d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e,
-                                            g_longest_first.load(), d.window);
+  using Tr = FwdTraits<HD>;
+  auto kernel = flash_fwd_kernel<Tr>;
+  raise_smem_once<Tr>(kernel, Tr::smem);
+  const unsigned grid = unsigned((d.T + Tr::BR - 1) / Tr::BR) * unsigned(d.n_head * d.B);
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
+                                               q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), pos_ptr(d), d.T,
+                                               d.n_head, d.n_kv_head, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int HD>
 void flash_backward(float* dq_acc, const float* D, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
                     Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
+  using Tr = BwdTraits<HD>;
   const int64_t nq = int64_t(d.B) * d.T * d.n_head * HD;
   CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
-  if constexpr (HD == 256) {
-    // 64 key rows (4 warps), query tiles of 64 in two halves, dK / dV / dQ columns split over two
-    // blocks (CS 2): K, V 64 KiB + double-buffered Q, dO 128 KiB + dS 8 KiB of shared memory.
-    launch_bwd<HD, 4, 64, 1, 2, 0, 2>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+  auto kernel = flash_bwd_kernel<Tr>;
+  raise_smem_once<Tr>(kernel, Tr::smem);
+  const dim3 grid(unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B), Tr::CS);
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(
+      dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(),
+      lse.ptr<float>(), D, pos_ptr(d), d.T, d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, d.window);
+  CUDA_CHECK_LAUNCH();
+  if constexpr (Tr::DQV == 1)
+    dq_unpermute_bf16_kernel<<<grid_for(nq / 16, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
+  else
     f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
-    CUDA_CHECK_LAUNCH();
-  } else {
-    const int var = g_bwd_variant.load();
-    const int sel = var < 0 ? kDefaultBwdVariant<HD> : var;
-    switch (sel) {
-      case 0:
-        launch_bwd<HD, 4, 64, 2, 1, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-        break;
-      case 2:
-        launch_bwd<HD, 8, 64, 1, 2, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-        break;
-      case 3:
-        launch_bwd<HD, 4, 64, 2, 2, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-        break;
-      case 4:
-        launch_bwd<HD, 8, 64, 1, 1, 1>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-        break;
-      default:
-        launch_bwd<HD, 8, 64, 1, 1, 0>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-        break;
-    }
-    if (sel == 4)
-      dq_unpermute_bf16_kernel<<<grid_for(nq / 16, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
-    else
-      f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
-    CUDA_CHECK_LAUNCH();
-  }
+  CUDA_CHECK_LAUNCH();
 }
 
 // ============================================================================================
@@ -881,20 +866,18 @@ bool all_bf16(std::initializer_list<const Tensor*> ts) {
 
 }  // namespace
 
-void attention_force_simple(bool on) { g_force_simple = on; }
-void attention_set_variant(int fwd, int bwd) {
-  g_fwd_variant = fwd;
-  g_bwd_variant = bwd;
-}
-void attention_set_longest_first(bool on) { g_longest_first = on; }
-int attention_fwd_variants() { return 3; }
-int attention_bwd_variants() { return 5; }
+void attention_force_path(AttnPath p) { g_path = p; }
 
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   check_head_dim("attention_forward", d);
   const int64_t rows = int64_t(d.B) * d.T;
-  const bool flash =
-      !g_force_simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) && all_bf16({&out, &q, &k, &v});
+  const AttnPath path = g_path.load();
+  const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
+                     all_bf16({&out, &q, &k, &v});
+  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
+    attention_forward_sm90(out, lse, q, k, v, d, L);
+    return;
+  }
   if (flash) {
     if (d.head_dim == 64)
       flash_forward<64>(out, lse, q, k, v, d, L);
@@ -924,8 +907,16 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
                                                                          d.head_dim);
     CUDA_CHECK_LAUNCH();
   }
-  const bool flash = !g_force_simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
+  const AttnPath path = g_path.load();
+  const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
                      all_bf16({&dq, &dk, &dv, &dout, &q, &k, &v});
+  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
+    CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
+    attention_backward_sm90(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (flash) {
     if (d.head_dim == 64)
       flash_backward<64>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);

@@ -250,4 +250,110 @@ void Normalizer::apply(std::string& s, bool& at_start) const {
   if (s.size() > limit) too_long(input);
 }
 
+namespace {
+
+size_t utf8_length(const std::string& s, size_t i) {
+  const unsigned char b = static_cast<unsigned char>(s[i]);
+  const size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
+  return std::min(len, s.size() - i);
+}
+
+}  // namespace
+
+std::vector<std::pair<size_t, size_t>> Normalizer::align(const std::string& input, bool at_start) const {
+  using Span = std::pair<size_t, size_t>;
+  const bool start0 = at_start;
+  std::string s = input;
+  std::vector<Span> origin(s.size());  // per byte of s: its bytes in `input`
+  for (size_t k = 0; k < s.size(); ++k) origin[k] = {k, k + 1};
+  auto span_of = [&](size_t b, size_t e) {  // the input bytes of s[b, e)
+    Span r = origin[b];
+    for (size_t k = b + 1; k < e; ++k) r = {std::min(r.first, origin[k].first), std::max(r.second, origin[k].second)};
+    return r;
+  };
+  for (const Step& st : steps_) {
+    if (s.empty()) break;
+    std::string out;
+    std::vector<Span> o;
+    switch (st.kind) {
+      case Kind::Strip: {
+        std::string t = s;
+        Normalizer one;
+        one.steps_.push_back(st);
+        one.apply(t, at_start);
+        // Only leading and trailing white space goes: t starts at the first byte that is not.
+        const size_t a = st.left && !t.empty() ? s.find(t) : 0;
+        out = t;
+        o.assign(origin.begin() + ptrdiff_t(a), origin.begin() + ptrdiff_t(a + t.size()));
+        break;
+      }
+      case Kind::Prepend: {
+        // The prepended text stands for the first character (tokenizers' transform of its range).
+        const Span first = span_of(0, utf8_length(s, 0));
+        out = st.content + s;
+        o.assign(st.content.size(), first);
+        o.insert(o.end(), origin.begin(), origin.end());
+        break;
+      }
+      case Kind::Replace: {
+        size_t i = 0;
+        for (size_t k; (k = s.find(st.pattern, i)) != std::string::npos; i = k + st.pattern.size()) {
+          out.append(s, i, k - i);
+          o.insert(o.end(), origin.begin() + ptrdiff_t(i), origin.begin() + ptrdiff_t(k));
+          out += st.content;
+          o.insert(o.end(), st.content.size(), span_of(k, k + st.pattern.size()));
+        }
+        out.append(s, i, std::string::npos);
+        o.insert(o.end(), origin.begin() + ptrdiff_t(i), origin.end());
+        break;
+      }
+      default: {
+        // Unicode forms and Lowercase: the shortest runs of characters that normalize apart
+        // (step(run + next) == step(run) + step(next) at each cut); a run's bytes map to it whole.
+        Normalizer one;
+        one.steps_.push_back(st);
+        auto step = [&](size_t b, size_t e) {
+          std::string t = s.substr(b, e - b);
+          bool st_start = false;
+          one.apply(t, st_start);
+          return t;
+        };
+        size_t run = 0;
+        std::string run_out;
+        auto flush = [&](size_t e) {
+          out += run_out;
+          o.insert(o.end(), run_out.size(), span_of(run, e));
+        };
+        for (size_t i = 0; i < s.size();) {
+          const size_t len = utf8_length(s, i);
+          if (i == 0) {
+            run_out = step(0, len);
+          } else {
+            const std::string alone = step(i, i + len);
+            std::string together = step(run, i + len);
+            if (together == run_out + alone) {
+              flush(i);
+              run = i;
+              run_out = alone;
+            } else {
+              if (i + len - run > kMaxRun) return {};
+              run_out = std::move(together);
+            }
+          }
+          i += len;
+        }
+        flush(s.size());
+        break;
+      }
+    }
+    s = std::move(out);
+    origin = std::move(o);
+  }
+  std::string whole = input;  // the runs must add up to what apply() gives
+  bool st = start0;
+  apply(whole, st);
+  if (whole != s) return {};
+  return origin;
+}
+
 }  // namespace sf

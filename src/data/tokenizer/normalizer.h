@@ -21,6 +21,12 @@ class Normalizer {
   // NFKD of one character writes up to 18 (U+FDFA); Prepend adds its content once.
   static constexpr size_t kGrowthFactor = 32;
   static constexpr size_t kGrowthSlack = 4096;
+  // Where each byte of apply()'s output comes from: per output byte, the byte range [first, second)
+  // of `s` (as tokenizers' alignments: a replaced or prepended piece maps to the character(s) it
+  // stands for; a Unicode form maps each independently normalizing run to the whole run). Empty
+  // when the alignment is unknown (a run of more than kMaxRun bytes that do not normalize apart).
+  std::vector<std::pair<size_t, size_t>> align(const std::string& s, bool at_start) const;
+  static constexpr size_t kMaxRun = 256;
 
  private:
   enum class Kind { NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace, Prepend };

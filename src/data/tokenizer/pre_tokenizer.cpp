@@ -1,5 +1,7 @@
 #include "data/tokenizer/pre_tokenizer.h"
 
+#include <utf8proc.h>
+
 #include <algorithm>
 #include <cctype>
 
@@ -160,6 +162,64 @@ const char* kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+// DeepSeek-V3's three Split patterns, applied in turn (each Isolated). Their matches do not cover
+// the text: what lies between matches is a piece of its own.
+//   \p{N}{1,3}
+//   [一-龥぀-ゟ゠-ヿ]+     (CJK ideographs U+4E00-9FA5, hiragana, katakana)
+//   [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
+//   ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// Each next_* returns the end of the match starting at i, or i when none starts there.
+const char* kDigits3Pattern = R"(\p{N}{1,3})";
+const char* kCjkPattern = "[\xE4\xB8\x80-\xE9\xBE\xA5\xE3\x81\x80-\xE3\x82\x9F\xE3\x82\xA0-\xE3\x83\xBF]+";
+const char* kDeepseekPattern =
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+    "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
+
+bool is_symbol(uint32_t cp) {
+  const auto cat = utf8proc_category(utf8proc_int32_t(cp));
+  return cat == UTF8PROC_CATEGORY_SM || cat == UTF8PROC_CATEGORY_SC || cat == UTF8PROC_CATEGORY_SK ||
+         cat == UTF8PROC_CATEGORY_SO;
+}
+bool is_punct_or_symbol(uint32_t cp) { return (uni::classes(cp) & uni::kP) || is_symbol(cp); }
+bool is_ascii_letter(uint32_t cp) { return (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z'); }
+
+size_t next_digits3(const std::vector<uint32_t>& c, size_t i) {
+  size_t j = i;
+  while (j < c.size() && j - i < 3 && is_number(c[j])) ++j;
+  return j;
+}
+
+size_t next_cjk(const std::vector<uint32_t>& c, size_t i) {
+  auto cjk = [](uint32_t cp) { return (cp >= 0x4E00 && cp <= 0x9FA5) || (cp >= 0x3040 && cp <= 0x30FF); };
+  size_t j = i;
+  while (j < c.size() && cjk(c[j])) ++j;
+  return j;
+}
+
+size_t next_deepseek(const std::vector<uint32_t>& c, size_t i) {
+  const size_t n = c.size();
+  auto letter_or_mark = [](uint32_t cp) { return uni::classes(cp) & (uni::kL | uni::kM); };
+  auto run = [&](size_t j, auto pred) {
+    while (j < n && pred(c[j])) ++j;
+    return j;
+  };
+  if (c[i] < 0x80 && std::ispunct(int(c[i])) && i + 1 < n && is_ascii_letter(c[i + 1]))
+    return run(i + 1, is_ascii_letter);
+  if (!is_crlf(c[i]) && !is_letter(c[i]) && !is_punct_or_symbol(c[i]) && i + 1 < n && letter_or_mark(c[i + 1]))
+    return run(i + 1, letter_or_mark);
+  if (letter_or_mark(c[i])) return run(i, letter_or_mark);
+  {
+    const size_t k = c[i] == ' ' && i + 1 < n && is_punct_or_symbol(c[i + 1]) ? i + 1 : i;
+    if (is_punct_or_symbol(c[k])) return run(run(k, is_punct_or_symbol), is_crlf);
+  }
+  if (!is_space(c[i])) return i;
+  const size_t j = run(i, is_space);
+  for (size_t k = j; k > i; --k)
+    if (is_crlf(c[k - 1])) return k;  // \s*[\r\n]+ ends at the last line break of the run
+  if (j == n || j - i < 2) return j;  // \s+(?!\S) at the end, else \s+
+  return j - 1;
+}
+
 struct Span {
   size_t a, b;
   bool match;
@@ -182,7 +242,35 @@ void regex_matches(PreTokenizer::Regex r, std::string_view s, Emit&& emit) {
   }
 }
 
+// The patterns whose matches leave gaps: a gap (the code points where no match starts) is a span
+// that is not a match.
+bool has_gaps(PreTokenizer::Regex r) {
+  using R = PreTokenizer::Regex;
+  return r == R::Digits3 || r == R::Cjk || r == R::Deepseek;
+}
+
+void gap_spans(PreTokenizer::Regex r, std::string_view s, std::vector<Span>& out) {
+  std::vector<uint32_t> cps;
+  std::vector<size_t> off;
+  uni::decode_utf8(s, cps, off);
+  size_t gap = 0;
+  for (size_t i = 0; i < cps.size();) {
+    const size_t j = r == PreTokenizer::Regex::Digits3 ? next_digits3(cps, i)
+                     : r == PreTokenizer::Regex::Cjk   ? next_cjk(cps, i)
+                                                       : next_deepseek(cps, i);
+    if (j == i) {
+      ++i;
+      continue;
+    }
+    if (gap < i) out.push_back({off[gap], off[i], false});
+    out.push_back({off[i], off[j], true});
+    i = gap = j;
+  }
+  if (gap < cps.size()) out.push_back({off[gap], off[cps.size()], false});
+}
+
 void regex_spans(PreTokenizer::Regex r, std::string_view s, std::vector<Span>& out) {
+  if (has_gaps(r)) return gap_spans(r, s, out);
   regex_matches(r, s, [&](size_t a, size_t b) { out.push_back({a, b, true}); });
 }
 
@@ -295,7 +383,7 @@ PreTokenizer PreTokenizer::from_json(const tokjson::Ctx& c, const nlohmann::json
   // its own regex, or a ByteLevel with its regex alone; neither adding a prefix space.
   const auto& st = p.steps_;
   if (st.size() == 2 && st[0].kind == Kind::Split && st[0].regex != Regex::None &&
-      st[0].behavior == Behavior::Isolated && st[1].kind == Kind::ByteLevel && !st[1].flag && !st[1].flag2)
+      st[0].behavior == Behavior::Isolated && !has_gaps(st[0].regex) && st[1].kind == Kind::ByteLevel && !st[1].flag && !st[1].flag2)
     p.span_regex_ = st[0].regex;
   if (st.size() == 1 && st[0].kind == Kind::ByteLevel && !st[0].flag && st[0].flag2) p.span_regex_ = Regex::Gpt2;
   return p;
@@ -321,11 +409,19 @@ void PreTokenizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std
     const auto& pat = c.obj(c.at(j, path, "pattern"), path + ".pattern");
     if (const auto* re = c.opt(pat, path + ".pattern", "Regex")) {
       const std::string r = c.str(*re, path + ".pattern.Regex");
-      s.regex = r == kLlama3Pattern   ? Regex::Llama3
-                : r == kQwen2Pattern  ? Regex::Qwen2
-                : r == kGpt2Pattern   ? Regex::Gpt2
-                : r == kTekkenPattern ? Regex::Tekken
-                                      : Regex::None;
+      // Line breaks in a class may be written as characters or as \r \n: the same expression.
+      std::string rx = r;
+      for (const auto& [esc, ch] : {std::pair<const char*, const char*>{"\\r", "\r"}, {"\\n", "\n"}})
+        for (size_t k; (k = rx.find(esc)) != std::string::npos;) rx.replace(k, 2, ch);
+      auto is = [&](const char* pat) { return r == pat || rx == pat; };
+      s.regex = is(kLlama3Pattern)     ? Regex::Llama3
+                : is(kQwen2Pattern)    ? Regex::Qwen2
+                : is(kGpt2Pattern)     ? Regex::Gpt2
+                : is(kTekkenPattern)   ? Regex::Tekken
+                : is(kDigits3Pattern)  ? Regex::Digits3
+                : is(kCjkPattern)      ? Regex::Cjk
+                : is(kDeepseekPattern) ? Regex::Deepseek
+                                       : Regex::None;
       if (s.regex == Regex::None) c.fail(path + ".pattern", "Split pattern not supported: " + r.substr(0, 200));
     } else if (const auto* lit = c.opt(pat, path + ".pattern", "String")) {
       s.literal = c.str(*lit, path + ".pattern.String");

@@ -1,5 +1,5 @@
 // The pre-tokenizers of a tokenizer.json (Hugging Face tokenizers' semantics), in any Sequence:
-// Split (the Llama 3, Qwen2, GPT-2 and Mistral Nemo (tekken) regular expressions, matched by hand over code points, or
+// Split (the Llama 3, Qwen2, GPT-2, Mistral Nemo (tekken) and DeepSeek-V3 regular expressions, matched by hand over code points, or
 // a literal string; every split behavior), ByteLevel, Metaspace, Digits, Punctuation, WhitespaceSplit. Anything else is
 // refused at load.
 #pragma once
@@ -34,7 +34,7 @@ class PreTokenizer {
   bool byte_spans(std::string_view text, std::vector<std::pair<uint32_t, uint32_t>>& spans) const;
 
   enum class Behavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
-  enum class Regex { None, Llama3, Qwen2, Gpt2, Tekken };
+  enum class Regex { None, Llama3, Qwen2, Gpt2, Tekken, Digits3, Cjk, Deepseek };
 
  private:
   enum class Kind { Split, ByteLevel, Metaspace, Digits, Punctuation, WhitespaceSplit, Whitespace };

@@ -869,6 +869,12 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+std::string Tokenizer::token_piece(int32_t id) const {
+  const int32_t* b = std::find(byte_token_, byte_token_ + 256, id);
+  if (byte_fallback_ && b != byte_token_ + 256) return std::string(1, char(b - byte_token_));
+  return id_to_token_.at(size_t(id));
+}
+
 std::string Tokenizer::token_text(const std::vector<int32_t>& ids) const {
   std::string out;
   auto token_of = [&](int32_t id) -> const std::string& {
@@ -926,56 +932,6 @@ std::string Tokenizer::token_text(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-namespace {
-
-// Where the bytes of a normalized segment come from: the segment is cut into the shortest runs of
-// code points that normalize independently (normalize(run + next) == normalize(run) + normalize(next)
-// at each cut), and every normalized byte of a run maps to the whole run. Exact for the Unicode
-// forms and Lowercase (a run is one character with its combining marks); nullopt when the pieces
-// do not add up to the normalized text (Strip, Prepend, Replace across characters).
-std::optional<std::vector<std::pair<size_t, size_t>>> normalized_origin(const Normalizer& norm, std::string_view raw,
-                                                                         bool at_start, const std::string& normalized) {
-  std::vector<std::pair<size_t, size_t>> origin;  // per normalized byte: [begin, end) in raw
-  origin.reserve(normalized.size());
-  std::string joined, run_norm;
-  size_t run_begin = 0;
-  auto norm_of = [&](size_t a, size_t b) {
-    std::string t(raw.substr(a, b - a));
-    bool st = at_start && a == 0;
-    norm.apply(t, st);
-    return t;
-  };
-  auto flush = [&](size_t end) {
-    for (size_t k = 0; k < run_norm.size(); ++k) origin.emplace_back(run_begin, end);
-    joined += run_norm;
-  };
-  size_t i = 0;
-  while (i < raw.size()) {
-    const unsigned char b = static_cast<unsigned char>(raw[i]);
-    size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
-    len = std::min(len, raw.size() - i);
-    if (i == 0) {
-      run_norm = norm_of(0, len);
-    } else {
-      const std::string alone = norm_of(i, i + len);
-      const std::string together = norm_of(run_begin, i + len);
-      if (together == run_norm + alone) {
-        flush(i);
-        run_begin = i;
-        run_norm = alone;
-      } else {
-        run_norm = together;
-      }
-    }
-    i += len;
-  }
-  if (!raw.empty()) flush(raw.size());
-  if (joined != normalized) return std::nullopt;
-  return origin;
-}
-
-}  // namespace
-
 std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vector<std::pair<size_t, size_t>>& offsets,
                                                bool add_special) const {
   std::vector<int32_t> out;
@@ -1003,10 +959,12 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
       // Token k's bytes in the normalized segment: consecutive when the tokens spell it (a prepended
       // SentencePiece space stands before the first character).
       // Byte-level tokens are the text's bytes: their lengths suffice (each distinct id's once).
+      // SentencePiece-style tokens spell the normalized text with their pieces as written (a
+      // normalizer's '▁' stays '▁'), or, decoded, the text itself with a space put in front.
       const bool lossless = pre_.byte_level();
       std::vector<std::pair<size_t, size_t>> in_norm(seg_ids.size());
       size_t pos = 0;
-      std::string spelled;
+      std::string spelled, pieces;
       for (size_t k = 0; k < seg_ids.size(); ++k) {
         size_t len;
         if (lossless) {
@@ -1017,19 +975,30 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
           const std::string t = token_text({seg_ids[k]});
           len = t.size();
           spelled += t;
+          pieces += token_piece(seg_ids[k]);
         }
         in_norm[k] = {pos, pos + len};
         pos += len;
       }
       size_t shift = 0;
-      if (!lossless && spelled != norm && spelled.size() == norm.size() + 1 && spelled[0] == ' ' &&
-          spelled.compare(1, std::string::npos, norm) == 0)
+      bool spells = lossless ? pos == norm.size() : spelled == norm;
+      if (!lossless && !spells && pieces == norm) {
+        pos = 0;
+        for (size_t k = 0; k < seg_ids.size(); ++k) {
+          const size_t len = token_piece(seg_ids[k]).size();
+          in_norm[k] = {pos, pos + len};
+          pos += len;
+        }
+        spells = true;
+      } else if (!lossless && !spells && spelled.size() == norm.size() + 1 && spelled[0] == ' ' &&
+                 spelled.compare(1, std::string::npos, norm) == 0) {
         shift = 1;
+        spells = true;
+      }
       const bool unchanged = norm == raw;
-      const bool spells = lossless ? pos == norm.size() : spelled.size() == norm.size() + shift && (shift || spelled == norm);
-      std::optional<std::vector<std::pair<size_t, size_t>>> origin;
-      if (spells && !unchanged) origin = normalized_origin(normalizer_, raw, a == 0, norm);
-      const bool exact = spells && (unchanged || origin);
+      std::vector<std::pair<size_t, size_t>> origin;
+      if (spells && !unchanged) origin = normalizer_.align(raw, a == 0);
+      const bool exact = spells && (unchanged || origin.size() == norm.size());
       for (size_t k = 0; k < seg_ids.size(); ++k) {
         out.push_back(seg_ids[k]);
         if (!exact) {  // unknown alignment: every token of the segment spans it
@@ -1046,7 +1015,7 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
         if (unchanged) {
           offsets.emplace_back(a + x, a + y);
         } else {
-          offsets.emplace_back(a + (*origin)[x].first, a + (*origin)[y - 1].second);
+          offsets.emplace_back(a + origin[x].first, a + origin[y - 1].second);
         }
       }
     }

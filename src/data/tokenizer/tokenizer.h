@@ -93,6 +93,7 @@ class Tokenizer {
   void merge(std::vector<int32_t>& sym) const;
   void segment(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   std::string token_text(const std::vector<int32_t>& ids) const;  // decode() keeping a leading space
+  std::string token_piece(int32_t id) const;  // a token as the model's pieces spell it (<0xXX>: the byte)
   size_t added_text_size(int32_t id) const;
   void encode_between_added(std::string_view raw, bool at_start, std::string& part, std::vector<int32_t>& out) const;
   void split_added(const std::string& text, bool normalized, std::vector<std::pair<size_t, size_t>>& segs,

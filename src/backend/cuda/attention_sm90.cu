@@ -1,0 +1,774 @@
+// Causal GQA attention forward on Hopper: wgmma + TMA, warp-specialised (FlashAttention-3's
+// algorithm, written for this engine; attention_sm90.cuh).
+//
+// Block: BR = 128 query rows of one (head, sequence); 3 warpgroups. Warpgroup 0 is the producer:
+// one thread issues the TMA copies (Q once, then the K and V tiles from the diagonal tile down to
+// tile 0) into a ring of STAGES shared-memory stages, each completing on its own mbarrier; the
+// other 127 threads give their registers back (setmaxnreg) and leave. Warpgroups 1 and 2 are the
+// consumers, 64 query rows each: S = Q K^T by wgmma from shared memory, online softmax in
+// registers (exp2 domain), O += P V by wgmma with P as the register operand. Pipelining inside a
+// consumer: the QK^T of tile j+1 and the PV of tile j are in flight while the softmax of tile j+1
+// runs; a consumer frees a stage (one arrive a warp on its `empty` barrier) once its PV is done.
+// Shared memory: 128-byte-swizzled 64-column boxes, the layout TMA writes and wgmma reads.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <atomic>
+#include <cmath>
+#include <type_traits>
+
+#include "backend/cuda/attention_mask.cuh"
+#include "backend/cuda/attention_sm90.cuh"
+#include "backend/cuda/kernel_utils.cuh"
+#include "core/error.h"
+
+namespace sf::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Tile shape and shared-memory layout, defined once. Each operand tile is CH boxes of [rows][64]
+// bf16 (128-byte rows, swizzled in 1024-byte atoms of 8 rows); every box starts 1024-aligned.
+template <int HD_>
+struct Sm90FwdTile {
+  static constexpr int HD = HD_, BR = 128, BC = 128, STAGES = 2;
+  static constexpr int CONSUMERS = 2;               // warpgroups of 64 query rows
+  static constexpr int NT = 128 * (1 + CONSUMERS);  // + the producer warpgroup
+  static constexpr int CH = HD / 64;                // 64-column boxes per row
+  static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
+  // Q [CH][BR][64] | K [STAGES][CH][BC][64] | V [STAGES][CH][BC][64] | barriers
+  static constexpr size_t q_off = 0, k_off = q_off + q_bytes, v_off = k_off + size_t(STAGES) * kv_bytes;
+  static constexpr size_t bar_off = v_off + size_t(STAGES) * kv_bytes;
+  // barriers (8 bytes each): q_full, k_full[STAGES], v_full[STAGES], empty[STAGES]
+  static constexpr size_t smem = bar_off + 8 * (1 + 3 * STAGES) + 1024;  // + alignment slack
+  static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SF_SM90_DEVICE 1
+#endif
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+#ifdef SF_SM90_DEVICE
+// The dynamic shared memory, 1024-aligned: 128-byte swizzle atoms are 1024 bytes, and the tiles
+// offsets (multiples of 1024) keep every box on an atom (the Tr::smem sizes include the slack).
+__device__ __forceinline__ unsigned char* smem_base() {
+  extern __shared__ unsigned char smem_raw[];
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+}
+
+// ---- mbarrier and TMA ------------------------------------------------------------------------
+__device__ __forceinline__ void bar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+// One [rows][64] box at (col, row, batch) of a 3-D tensor map into shared memory; completes on bar.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int col, int row, int b) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(b), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// ---- wgmma -------------------------------------------------------------------------------------
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
+// offsets (K-major: LBO unused, SBO = 1024 between 8-row groups; MN-major (V): LBO = the next
+// 64-column box, SBO = 1024 between groups of 8 rows of K).
+__device__ __forceinline__ uint64_t sdesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
+         (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads or writes of async-MMA registers across a wait.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+// D[64 x N] (+)= A[64 x 16] B[16 x N], both from shared memory (acc = 0: D = A B): TR 0: A, B
+// K-major; TR 1: A M-major, B N-major. One overload per N (d holds N / 2 floats a thread).
+template <int TR>
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
+      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+      "%57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %67;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(acc), "n"(TR));
+}
+
+template <int TR>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, "
+      "1, %35, %35;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(acc), "n"(TR));
+}
+
+template <int TR>
+__device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, %16, %17, p, 1, 1, %19, %19;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(acc), "n"(TR));
+}
+
+// D[64 x N] += A[64 x 16] B[16 x N]: A in registers (the m16n8k16 A fragment of each warp's 16
+// rows), B N-major in shared memory.
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db);
+
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, "
+      "%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
+      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+      "%57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+#endif  // SF_SM90_DEVICE
+
+// Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8,
+// columns key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the
+// row or before its first key fk (packed rows, window) are -inf; the running max m (raw scores)
+// and partial row sums l updated, P = exp2(S scale_log2 - m scale_log2) packed to bf16 A
+// fragments, corr = the factor O must be scaled by.
+template <int BC>
+__device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[BC / 16][4], float (&m)[2],
+                                             float (&l)[2], float (&corr)[2], bool mask, int key0, int row0,
+                                             const int (&fk)[2], float scale_log2) {
+  if (mask) {
+#pragma unroll
+    for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + j * 8 + (e & 1);
+        if (key > row0 + (e >> 1) * 8 || key < fk[e >> 1]) s[j * 4 + e] = -INFINITY;
+      }
+  }
+  float mx[2] = {m[0], m[1]};
+#pragma unroll
+  for (int j = 0; j < BC / 8; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[j * 4], s[j * 4 + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
+  }
+  float off[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    off[r] = mx[r] == -INFINITY ? 0.f : mx[r] * scale_log2;  // a row with no key yet: P = 0
+    corr[r] = fast_exp2(m[r] * scale_log2 - off[r]);         // m = -inf the first time: 0
+    m[r] = mx[r];
+  }
+  float rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < BC / 8; ++j) {
+    const float p0 = fast_exp2(fmaf(s[j * 4], scale_log2, -off[0]));
+    const float p1 = fast_exp2(fmaf(s[j * 4 + 1], scale_log2, -off[0]));
+    const float p2 = fast_exp2(fmaf(s[j * 4 + 2], scale_log2, -off[1]));
+    const float p3 = fast_exp2(fmaf(s[j * 4 + 3], scale_log2, -off[1]));
+    rs[0] += p0 + p1;
+    rs[1] += p2 + p3;
+    // Two n8 C fragments (columns 16 kk .. 16 kk + 15) form the A fragment of k-step kk.
+    p[j >> 1][(j & 1) * 2] = pack_bf16(p0, p1);
+    p[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
+  }
+  l[0] = l[0] * corr[0] + rs[0];  // thread-partial row sums; quad-reduced at the end
+  l[1] = l[1] * corr[1] + rs[1];
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::NT, 1)
+    flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                          const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out, float* __restrict__ lse,
+                          const int32_t* __restrict__ pos, int T, int H, int KVH, float scale_log2, int window) {
+#ifdef SF_SM90_DEVICE
+  constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, ST = Tr::STAGES, CH = Tr::CH;
+  unsigned char* sm = smem_base();
+  bf16_t* Qs = reinterpret_cast<bf16_t*>(sm + Tr::q_off);
+  bf16_t* Ks = reinterpret_cast<bf16_t*>(sm + Tr::k_off);
+  bf16_t* Vs = reinterpret_cast<bf16_t*>(sm + Tr::v_off);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sm + Tr::bar_off);
+  uint64_t* k_full = q_full + 1;
+  uint64_t* v_full = k_full + ST;
+  uint64_t* empty = v_full + ST;
+
+  // Longest-first block order (as the sm_80 kernel): the last query tiles of every head start first.
+  const int n_qt = (T + BR - 1) / BR;
+  const int n_hb = int(gridDim.x) / n_qt, bid = int(blockIdx.x);
+  const int qt = n_qt - 1 - bid / n_hb, hb = bid % n_hb;
+  const int h = hb % H, b = hb / H;
+  const int kvh = h / (H / KVH);
+  const int q0 = qt * BR;
+  const int n_kv = (min(q0 + BR, T) + BC - 1) / BC;  // key tiles j0 .. n_kv - 1, walked downwards
+  // Packed rows / window (as the sm_80 kernel): key tiles wholly before the first key of the
+  // block's first row (the lowest: first keys never decrease) are skipped.
+  const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
+  const bool lower = pb != nullptr || window > 0;
+  const int j0 = lower ? first_key(pb, window, q0) / BC : 0;
+  const int n_it = n_kv - j0;  // tiles this block walks
+
+  const int wg = int(threadIdx.x) / 128;
+  if (threadIdx.x == 0) {
+    bar_init(q_full, 1);
+    for (int s = 0; s < ST; ++s) {
+      bar_init(k_full + s, 1);
+      bar_init(v_full + s, 1);
+      bar_init(empty + s, Tr::CONSUMERS * 4);  // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+      bar_expect_tx(q_full, Tr::q_bytes);
+      for (int c = 0; c < CH; ++c) tma_load(Qs + c * BR * 64, &tq, q_full, h * HD + c * 64, q0, b);
+      for (int it = 0; it < n_it; ++it) {
+        const int s = it % ST, j = n_kv - 1 - it;
+        bar_wait(empty + s, ((it / ST) & 1) ^ 1);  // the consumers freed this stage (round 0: at once)
+        bar_expect_tx(k_full + s, Tr::kv_bytes);
+        for (int c = 0; c < CH; ++c)
+          tma_load(Ks + (s * CH + c) * BC * 64, &tk, k_full + s, kvh * HD + c * 64, j * BC, b);
+        bar_expect_tx(v_full + s, Tr::kv_bytes);
+        for (int c = 0; c < CH; ++c)
+          tma_load(Vs + (s * CH + c) * BC * 64, &tv, v_full + s, kvh * HD + c * 64, j * BC, b);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
+  const int wg_row0 = q0 + cw * 64;               // the warpgroup's first row
+  // The rows' first keys (0 without packed rows or a window; rows past T see every key).
+  int fk[2] = {0, 0};
+  if (lower) {
+    fk[0] = row0 < T ? first_key(pb, window, row0) : 0;
+    fk[1] = row0 + 8 < T ? first_key(pb, window, row0 + 8) : 0;
+  }
+  const int fk_max = max(fk[0], fk[1]);
+  const uint32_t q_addr = smem_u32(Qs) + cw * 64 * 128;
+  const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs);
+  // k-step kk (16 columns of HD): box kk / 4, 32 bytes kk % 4 into its 128-byte swizzled rows.
+  auto q_desc = [&](int kk) { return sdesc(q_addr + (kk >> 2) * BR * 128 + (kk & 3) * 32, 16, 1024); };
+  auto k_desc = [&](int s, int kk) {
+    return sdesc(k_addr + (s * CH + (kk >> 2)) * BC * 128 + (kk & 3) * 32, 16, 1024);
+  };
+  // V tile as the N-major B operand: k-step kk = key rows 16 kk .. 16 kk + 15 (2048 bytes on).
+  auto v_desc = [&](int s, int kk) { return sdesc(v_addr + s * CH * BC * 128 + kk * 2048, BC * 128, 1024); };
+
+  float o[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+  float sacc[BC / 2];
+  uint32_t p[BC / 16][4], pn[BC / 16][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
+
+  auto issue_s = [&](int s) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(sacc, q_desc(kk), k_desc(s, kk), kk > 0);
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int s, uint32_t(&pp)[BC / 16][4]) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<HD>(o, pp[kk], v_desc(s, kk));
+    wgmma_commit();
+  };
+  // Tile j needs the mask when its last key is past the warpgroup's first row (causal) or its
+  // first key before one of this thread's rows' first keys.
+  auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || j * BC < fk_max; };
+
+  bar_wait(q_full, 0);
+  bar_wait(k_full, 0);
+  issue_s(0);
+  wgmma_wait<0>();
+  reg_fence(sacc);
+  softmax_tile<BC>(sacc, p, m, l, corr, needs_mask(n_kv - 1), (n_kv - 1) * BC + 2 * t4, row0, fk, scale_log2);
+  // One pipelined step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in flight while the softmax of S_j
+  // runs; pc is the P being multiplied, pnx receives the next. The two P buffers alternate (the
+  // loop is unrolled by two): a register copy between them would define a wgmma input inside the
+  // pipeline and ptxas would serialise the wgmmas (C7513).
+  auto step = [&](int it, uint32_t(&pc)[BC / 16][4], uint32_t(&pnx)[BC / 16][4]) {
+    const int s = it % ST, sp = (it - 1) % ST, j = n_kv - 1 - it;
+    bar_wait(k_full + s, (it / ST) & 1);
+    issue_s(s);
+    bar_wait(v_full + sp, ((it - 1) / ST) & 1);
+    issue_pv(sp, pc);
+    wgmma_wait<1>();  // S_j done
+    reg_fence(sacc);
+    softmax_tile<BC>(sacc, pnx, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
+    wgmma_wait<0>();  // PV done: O, pc and stage sp free
+    reg_fence(o);
+    reg_fence(pc);
+    if (lane == 0) bar_arrive(empty + sp);
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; ++dn) {
+      o[dn * 4] *= corr[0], o[dn * 4 + 1] *= corr[0];
+      o[dn * 4 + 2] *= corr[1], o[dn * 4 + 3] *= corr[1];
+    }
+  };
+  auto last_pv = [&](uint32_t(&pc)[BC / 16][4]) {
+    const int sl = (n_it - 1) % ST;
+    bar_wait(v_full + sl, ((n_it - 1) / ST) & 1);
+    issue_pv(sl, pc);
+    wgmma_wait<0>();
+    reg_fence(o);
+  };
+  int it = 1;
+  for (; it + 1 < n_it; it += 2) {
+    step(it, p, pn);
+    step(it + 1, pn, p);
+  }
+  if (it < n_it) {
+    step(it, p, pn);
+    last_pv(pn);
+  } else {
+    last_pv(p);
+  }
+
+  // O / l, lse = m scale + ln l
+  const int64_t qstr = int64_t(H) * HD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float lr = l[r];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const int row = row0 + r * 8;
+    if (row >= T) continue;
+    const float inv = lr > 0.f ? 1.f / lr : 0.f;
+    bf16_t* orow = out + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + 2 * t4;
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; ++dn)
+      *reinterpret_cast<uint32_t*>(orow + dn * 8) = pack_bf16(o[dn * 4 + 2 * r] * inv, o[dn * 4 + 2 * r + 1] * inv);
+    if (lse != nullptr && t4 == 0) lse[(int64_t(b) * H + h) * T + row] = (m[r] * scale_log2 + log2f(lr)) * kLn2;
+  }
+#endif  // SF_SM90_DEVICE
+}
+
+// ---- backward ------------------------------------------------------------------------------------
+// Block: BC = 128 key rows of one (kv head, sequence); it walks the causal query tiles (BQ = 64
+// rows) of every query head of the GQA group. Warpgroup 0 is the producer: its first warp waits
+// for a free stage, one lane issues the TMA copies of the tile's Q and dO, and the 32 lanes stage
+// lse * log2 e and D (+inf / 0 past T) beside them, all completing on the stage's `full` barrier
+// (32 arrivals + the copies' bytes). Warpgroups 1 and 2 own 64 key rows each, with their dK and
+// dV accumulators (64 x HD fp32) in registers for the whole block (no atomics; the GQA reduction
+// is the loop). Per tile and consumer:
+//   S^T = K_w Q^T, dP^T = V_w dO^T               (wgmma, both operands from shared memory)
+//   P^T = exp2(S^T scale log2 e - lse log2 e), causal mask; dS^T = P^T (dP^T - D) scale
+//   dS^T -> shared memory (bf16, the M-major A operand of dQ; two buffers, alternating)
+//   dV += P^T dO, dK += dS^T Q                    (wgmma, P^T / dS^T from registers)
+//   dQ[:, half w] = dS K[:, half w]               (wgmma from shared memory, after a barrier of the
+//                                                 two consumers), fp32 float2 atomics into the
+//                                                 workspace (the caller casts it to bf16)
+template <int HD_>
+struct Sm90BwdTile {
+  static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
+  static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
+  static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
+  // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
+  // dS^T [2][BC][BQ] (swizzled rows of 64) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
+  // F [STAGES][BQ] int (first key of each query: packed rows, window) | barriers
+  static constexpr size_t k_off = 0, v_off = k_off + kv_bytes, q_off = v_off + kv_bytes;
+  static constexpr size_t do_off = q_off + size_t(STAGES) * qt_bytes, ds_off = do_off + size_t(STAGES) * qt_bytes;
+  static constexpr size_t l_off = ds_off + size_t(2) * ds_bytes, d_off = l_off + size_t(STAGES) * BQ * 4;
+  static constexpr size_t f_off = d_off + size_t(STAGES) * BQ * 4, bar_off = f_off + size_t(STAGES) * BQ * 4;
+  // barriers: kv_full, full[STAGES], empty[STAGES]
+  static constexpr size_t smem = bar_off + 8 * (1 + 2 * STAGES) + 1024;
+  static_assert(HD % 64 == 0 && BC == 64 * CONSUMERS && BQ == 64, "tile shape");
+};
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::NT, 1)
+    flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                          const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                          float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
+                          const float* __restrict__ lse, const float* __restrict__ Dd, const int32_t* __restrict__ pos,
+                          int T, int H, int KVH, float scale, float scale_log2, int window) {
+#ifdef SF_SM90_DEVICE
+  constexpr int HD = Tr::HD, BC = Tr::BC, BQ = Tr::BQ, ST = Tr::STAGES, CH = Tr::CH;
+  unsigned char* sm = smem_base();
+  bf16_t* Ks = reinterpret_cast<bf16_t*>(sm + Tr::k_off);
+  bf16_t* Vs = reinterpret_cast<bf16_t*>(sm + Tr::v_off);
+  bf16_t* Qs = reinterpret_cast<bf16_t*>(sm + Tr::q_off);
+  bf16_t* dOs = reinterpret_cast<bf16_t*>(sm + Tr::do_off);
+  bf16_t* dSs = reinterpret_cast<bf16_t*>(sm + Tr::ds_off);
+  float* Ls = reinterpret_cast<float*>(sm + Tr::l_off);
+  float* Ds = reinterpret_cast<float*>(sm + Tr::d_off);
+  int* Fs = reinterpret_cast<int*>(sm + Tr::f_off);
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(sm + Tr::bar_off);
+  uint64_t* full = kv_full + 1;
+  uint64_t* empty = full + ST;
+
+  // Longest-first: the first key tiles (they see every query tile) of all kv heads start first.
+  const int n_jt = (T + BC - 1) / BC, n_hb = int(gridDim.x) / n_jt, bid = int(blockIdx.x);
+  const int jt = bid / n_hb, hb = bid % n_hb;
+  const int kvh = hb % KVH, b = hb / KVH, G = H / KVH;
+  const int kv0 = jt * BC;
+  const int n_q = (T + BQ - 1) / BQ, i_start = kv0 / BQ;
+  // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
+  // this block's last key (and so every later tile: first keys never decrease) are skipped.
+  const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
+  const bool lower = pb != nullptr || window > 0;
+  int i_end = n_q;
+  if (lower) {
+    const int kv_last = min(kv0 + BC, T) - 1;
+    for (int i = i_start + 1; i < n_q; ++i)
+      if (first_key(pb, window, i * BQ) > kv_last) {
+        i_end = i;
+        break;
+      }
+  }
+  const int per_head = i_end - i_start, total = G * per_head;
+
+  const int wg = int(threadIdx.x) / 128;
+  if (threadIdx.x == 0) {
+    bar_init(kv_full, 1);
+    for (int s = 0; s < ST; ++s) {
+      bar_init(full + s, 32);                  // the producer warp's lanes (+ the copies' bytes)
+      bar_init(empty + s, Tr::CONSUMERS * 4);  // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    const int lane = int(threadIdx.x);
+    if (lane < 32) {
+      if (lane == 0) {
+        bar_expect_tx(kv_full, 2 * Tr::kv_bytes);
+        for (int c = 0; c < CH; ++c) {
+          tma_load(Ks + c * BC * 64, &tk, kv_full, kvh * HD + c * 64, kv0, b);
+          tma_load(Vs + c * BC * 64, &tv, kv_full, kvh * HD + c * 64, kv0, b);
+        }
+      }
+      for (int it = 0; it < total; ++it) {
+        const int s = it % ST, h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+        bar_wait(empty + s, ((it / ST) & 1) ^ 1);
+        for (int r = lane; r < BQ; r += 32) {
+          const int qr = q0 + r;
+          const int64_t li = (int64_t(b) * H + h) * T + qr;
+          Ls[s * BQ + r] = qr < T ? lse[li] * kLog2e : INFINITY;
+          Ds[s * BQ + r] = qr < T ? Dd[li] : 0.f;
+          Fs[s * BQ + r] = (lower && qr < T) ? first_key(pb, window, qr) : 0;
+        }
+        // Each lane's arrive (release) follows its own L, D, F stores; lane 0's carries the bytes.
+        if (lane == 0) {
+          bar_expect_tx(full + s, 2 * Tr::qt_bytes);
+          for (int c = 0; c < CH; ++c) {
+            tma_load(Qs + (s * CH + c) * BQ * 64, &tq, full + s, h * HD + c * 64, q0, b);
+            tma_load(dOs + (s * CH + c) * BQ * 64, &tdo, full + s, h * HD + c * 64, q0, b);
+          }
+        } else {
+          bar_arrive(full + s);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int kw0 = kv0 + cw * 64;         // the warpgroup's first key
+  const int key0 = kw0 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
+  const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs), q_addr = smem_u32(Qs), do_addr = smem_u32(dOs);
+  const uint32_t ds_addr = smem_u32(dSs);
+  // K-major operands, k-step kk over HD: box kk / 4, 32 bytes kk % 4 into the 128-byte rows.
+  auto kw_desc = [&](uint32_t base, int kk) {  // K or V rows of this warpgroup (A)
+    return sdesc(base + cw * 64 * 128 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024);
+  };
+  auto qt_desc = [&](uint32_t base, int s, int kk) {  // Q or dO of stage s (B, K-major)
+    return sdesc(base + (s * CH + (kk >> 2)) * BQ * 128 + (kk & 3) * 32, 16, 1024);
+  };
+  // N-major B operands, k-step kk = 16 rows (2048 bytes), N over the CH boxes (LBO apart).
+  auto qt_ndesc = [&](uint32_t base, int s, int kk) {
+    return sdesc(base + s * CH * BQ * 128 + kk * 2048, BQ * 128, 1024);
+  };
+  // dQ: A = dS (M-major: queries along the 128-byte rows, keys down them), B = this warpgroup's
+  // half of K's columns (N-major).
+  constexpr int HQ = HD / 2;  // dQ columns of one consumer
+  auto ds_desc = [&](int buf, int kk) { return sdesc(ds_addr + buf * Tr::ds_bytes + kk * 2048, 8192, 1024); };
+  auto kn_desc = [&](int kk) {
+    const int col = cw * HQ;  // first column: a box (hd 128) or 64 bytes into the rows (hd 64)
+    return sdesc(k_addr + (col >> 6) * BC * 128 + (col & 63) * 2 + kk * 2048, BC * 128, 1024);
+  };
+
+  float dka[HD / 2], dva[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) dka[i] = dva[i] = 0.f;
+  const int64_t qstr = int64_t(H) * HD;
+
+  bar_wait(kv_full, 0);
+  for (int it = 0; it < total; ++it) {
+    const int s = it % ST, buf = it & 1;
+    const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+    bar_wait(full + s, (it / ST) & 1);
+    float st[BQ / 2], dp[BQ / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(st, kw_desc(k_addr, kk), qt_desc(q_addr, s, kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(st);
+    reg_fence(dp);
+    // P^T, dS^T (this thread: keys key0 + 8 (e >> 1), queries q0 + 8 j + 2 t4 + (e & 1))
+    const bool mask = q0 < kw0 + 63;
+    // Some query of the tile sees its first key after this warpgroup's first key (the last
+    // valid query has the largest): mask by first key too.
+    const bool seg = lower && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
+    uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
+    bf16_t* dsb = dSs + buf * (BC * BQ);
+#pragma unroll
+    for (int j = 0; j < BQ / 8; ++j) {
+      const int qc = j * 8 + 2 * t4;
+      const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
+      const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
+      const int2 f2 = seg ? *reinterpret_cast<const int2*>(Fs + s * BQ + qc) : make_int2(0, 0);
+      float pv[4], dv4[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+        const int key = key0 + (e >> 1) * 8;
+        const bool masked = (mask && q0 + qc + (e & 1) < key) || (seg && ((e & 1) ? f2.y : f2.x) > key);
+        if (masked) pe = 0.f;
+        pv[e] = pe;
+        dv4[e] = pe * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
+      }
+      pa[j >> 1][(j & 1) * 2] = pack_bf16(pv[0], pv[1]);
+      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pv[2], pv[3]);
+      const uint32_t lo = pack_bf16(dv4[0], dv4[1]), hi = pack_bf16(dv4[2], dv4[3]);
+      dsa[j >> 1][(j & 1) * 2] = lo;
+      dsa[j >> 1][(j & 1) * 2 + 1] = hi;
+      // dS^T row = key within the block, 128-byte rows of 64 queries, 16-byte chunks swizzled by row & 7
+      const int r0 = cw * 64 + warp * 16 + g, r1 = r0 + 8;
+      *reinterpret_cast<uint32_t*>(dsb + r0 * 64 + (((qc >> 3) ^ (r0 & 7)) << 3) + (qc & 7)) = lo;
+      *reinterpret_cast<uint32_t*>(dsb + r1 * 64 + (((qc >> 3) ^ (r1 & 7)) << 3) + (qc & 7)) = hi;
+    }
+    // dV += P^T dO, dK += dS^T Q (registers A, N-major B)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<HD>(dva, pa[kk], qt_ndesc(do_addr, s, kk));
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
+    wgmma_commit();
+    // dS^T of both consumers in shared memory, visible to the tensor cores (async proxy)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    float dqa[HQ / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wgmma_ss<1>(dqa, ds_desc(buf, kk), kn_desc(kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dqa);
+    reg_fence(dva);
+    reg_fence(dka);
+    reg_fence(pa);
+    reg_fence(dsa);
+    if (lane == 0) bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
+                                           // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + warp * 16 + g + r * 8;
+      if (row >= T) continue;
+      float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HQ + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < HQ / 8; ++j)
+        atomicAdd(reinterpret_cast<float2*>(base + j * 8), make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]));
+    }
+  }
+
+  // dK, dV rows key0, key0 + 8
+  const int64_t kstr = int64_t(KVH) * HD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = key0 + r * 8;
+    if (row >= T) continue;
+    const int64_t off = (int64_t(b) * T + row) * kstr + int64_t(kvh) * HD + 2 * t4;
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; ++dn) {
+      *reinterpret_cast<uint32_t*>(dk + off + dn * 8) = pack_bf16(dka[dn * 4 + 2 * r], dka[dn * 4 + 2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv + off + dn * 8) = pack_bf16(dva[dn * 4 + 2 * r], dva[dn * 4 + 2 * r + 1]);
+    }
+  }
+#endif  // SF_SM90_DEVICE
+}
+
+// ---- host -------------------------------------------------------------------------------------
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link), once.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    SF_CHECK(q == cudaDriverEntryPointSuccess && p != nullptr, "attention (sm_90): cuTensorMapEncodeTiled not found");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A [B, T, cols] bf16 tensor read in [rows][64] boxes, 128-byte swizzle; rows past T read as zeros.
+CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(T), cuuint64_t(B)};
+  const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, cuuint64_t(cols) * 2 * cuuint64_t(T)};
+  const cuuint32_t box[3] = {64, cuuint32_t(rows), 1};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
+                                          strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  SF_CHECK(r == CUDA_SUCCESS, "attention (sm_90): cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+  return map;
+}
+
+template <int HD>
+void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
+  using Tr = Sm90FwdTile<HD>;
+  auto kernel = flash_fwd_sm90_kernel<Tr>;
+  static bool attr_set = false;  // once per instantiation (the device is fixed per process)
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::smem)));
+    attr_set = true;
+  }
+  const CUtensorMap tq = make_map(q.data, d.B, d.T, int64_t(d.n_head) * HD, Tr::BR);
+  const CUtensorMap tk = make_map(k.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
+  const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
+  const unsigned grid = unsigned((d.T + Tr::BR - 1) / Tr::BR) * unsigned(d.n_head * d.B);
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
+                                               d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T, d.n_head,
+                                               d.n_kv_head, d.scale * kLog2e, d.window);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int HD>
+void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
+              Tensor lse, const AttnDims& d, const Launch& L) {
+  using Tr = Sm90BwdTile<HD>;
+  auto kernel = flash_bwd_sm90_kernel<Tr>;
+  static bool attr_set = false;  // once per instantiation
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::smem)));
+    attr_set = true;
+  }
+  const CUtensorMap tq = make_map(q.data, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ);
+  const CUtensorMap tdo = make_map(dout.data, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ);
+  const CUtensorMap tk = make_map(k.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
+  const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
+  const unsigned grid = unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B);
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
+                                               lse.ptr<float>(), D, d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T,
+                                               d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, d.window);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool attention_sm90_supported(const AttnDims& d) { return d.head_dim == 64 || d.head_dim == 128; }
+
+void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
+  if (d.head_dim == 64)
+    forward<64>(out, lse, q, k, v, d, L);
+  else
+    forward<128>(out, lse, q, k, v, d, L);
+}
+
+}  // namespace sf::cuda
+
+namespace sf::cuda {
+
+void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
+                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
+  if (d.head_dim == 64)
+    backward<64>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+  else
+    backward<128>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+}
+
+}  // namespace sf::cuda
