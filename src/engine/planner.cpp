@@ -470,7 +470,8 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
     path = fwd_s + bwd_s + std::max(0.0, update_s - fwd_s);
   // The NVMe store: each blob's m and v read before its update and written after, once a step
   // whatever grad_accum is; the ring keeps the disk busy through the whole step.
-  // Levels 3-4 (masters, working copies): Plan::disk_read_bytes / disk_write_bytes count them.
+  // Every level of the tier (Planner::to_disk): Plan::disk_read_bytes / disk_write_bytes count
+  // them (the working copies read twice a step).
   if (p.disk_bytes > 0) p.disk_s = p.disk_read_bytes / (rates.disk_read_gbs * 1e9) +
                                    p.disk_write_bytes / (rates.disk_write_gbs * 1e9);
   p.step_s = std::max({path, p.host_s, p.pcie_s, p.disk_s});
