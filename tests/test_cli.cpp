@@ -984,14 +984,17 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
   json c = test::tiny_config("llama");
   c["hidden_size"] = 128;
   c["intermediate_size"] = 256;
-  c["num_hidden_layers"] = 6;
+  c["num_hidden_layers"] = 12;  // the state ring's 3 blobs cost less than the masters moved
   ASSERT_EQ(init(c, "m", " --seed 3").code, 0);
   const std::string model = p("m"), data = make_data("d.jsonl", 8);
   fs::create_directory(p("off"));
   write("off/keep.txt", "a user's file");
+  // (fp32 compute: a working copy is a master's size, so the masters go to the store with their
+  // working copies; level 3 alone is tested with bf16 compute in test_sliding_engine, tier3.)
   for (const char* state : {"", " --optimizer-state bf16"})
-    for (const char* clip : {" --max-grad-norm 1", ""}) {
-      SCOPED_TRACE(std::string(*clip ? "clipping" : "no clipping") + state);
+    for (const char* clip : {" --max-grad-norm 1", " --max-grad-norm 0"}) {  // (plan's default clips, train's not)
+      const bool clipping = std::string(clip) == " --max-grad-norm 1";
+      SCOPED_TRACE(std::string(clipping ? "clipping" : "no clipping") + state);
       const std::string engine =
           " --seq-len 16 --batch-size 2 --grad-accum 4 --device cpu --offload --slots 2 --gpu-blobs 0" +
           std::string(state);
@@ -1001,25 +1004,40 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
       ASSERT_EQ(run(tr + p("ta")).code, 0);
       CmdResult pl = run("plan --model " + model + engine + clip);
       ASSERT_EQ(pl.code, 0) << pl.err;
-      // Less and less host memory: state of some layers, of all, then checkpoints go to the file.
+      // Less and less host memory: state of some layers, of all, then checkpoints, masters and
+      // working copies go to the file; a run at the first plan of each level and at the last.
       size_t budget = size_t(pl.last()["host_bytes"]) - 1;
-      bool state = false, ckpts = false;
-      for (int i = 0; i < 12 && !(state && ckpts); ++i) {
+      bool states = false, grads = false, ckpts = false, masters = false, weights = false;
+      std::string last_mem, trained_at;
+      bool cufile_checked = false;
+      for (int i = 0; i < 80; ++i) {
         const std::string mem = " --cpu-memory " + std::to_string(budget) + " --offload-dir " + p("off");
         pl = run("plan --model " + model + engine + clip + mem);
         if (pl.code != 0 || !pl.last()["fits"].get<bool>()) break;
-        ASSERT_GT(size_t(pl.last()["disk_bytes"]), 0u) << pl.err;
-        const bool has_ckpts = int(pl.last()["ckpt_disk_layers"]) > 0;
-        state |= !pl.last()["disk_blobs"].empty();
-        ckpts |= has_ckpts;
-        fs::remove_all(p("tb"));
-        CmdResult t = run(tr + p("tb") + mem);
-        ASSERT_EQ(t.code, 0) << t.err;
-        EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << mem;
-        // The path is named; through cuFile (its test stand-in) the same weights. (With clipping only:
-        // `plan`'s --max-grad-norm defaults to 1, train's to 0, so without `clip` the plan above is
-        // not the training's.)
-        if (has_ckpts && *clip) {
+        const json& j = pl.last();
+        ASSERT_GT(size_t(j["disk_bytes"]), 0u) << pl.err;
+        const std::string level = std::to_string(!j["disk_blobs"].empty()) + std::to_string(!j["disk_grads"].empty()) +
+                                  std::to_string(int(j["ckpt_disk_layers"]) > 0) +
+                                  std::to_string(!j["disk_masters"].empty()) + std::to_string(!j["disk_weights"].empty());
+        states |= !j["disk_blobs"].empty();
+        grads |= !j["disk_grads"].empty();
+        ckpts |= int(j["ckpt_disk_layers"]) > 0;
+        masters |= !j["disk_masters"].empty();
+        weights |= !j["disk_weights"].empty();
+        // Reads of the working copies: twice a step (forward and backward), written once.
+        EXPECT_EQ(double(j["disk_read_bytes_per_step"]) > double(j["disk_write_bytes_per_step"]),
+                  !j["disk_weights"].empty());
+        if (level != trained_at) {
+          trained_at = level;
+          fs::remove_all(p("tb"));
+          CmdResult t = run(tr + p("tb") + mem);
+          ASSERT_EQ(t.code, 0) << t.err;
+          EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << mem;
+        }
+        // The path is named; through cuFile (its test stand-in) the same weights, once per run of
+        // the loop where checkpoints are in the store (with clipping: plan and train then agree).
+        if (int(j["ckpt_disk_layers"]) > 0 && clipping && !cufile_checked) {
+          cufile_checked = true;
           EXPECT_NE(pl.err.find("checkpoint I/O: io_uring + pinned bounce: the cpu backend"), std::string::npos) << pl.err;
           fs::remove_all(p("tg"));
           CmdResult g = run_with_env(std::string("SF_CUFILE=") + SF_FAKE_CUFILE, tr + p("tg") + mem);
@@ -1027,10 +1045,28 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
           EXPECT_NE(g.err.find("checkpoint I/O: cuFile ("), std::string::npos) << g.err;
           EXPECT_TRUE(same_weights(p("ta"), p("tg"))) << mem;
         }
-        budget = size_t(pl.last()["host_bytes"]) - 1;
+        last_mem = mem;
+        budget = size_t(j["host_bytes"]) - 1;
       }
-      EXPECT_TRUE(state);
+      ASSERT_FALSE(last_mem.empty());
+      fs::remove_all(p("tb"));
+      CmdResult t = run(tr + p("tb") + last_mem);  // the least host memory that fits
+      ASSERT_EQ(t.code, 0) << t.err;
+      EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << last_mem;
+      EXPECT_TRUE(states);
+      EXPECT_EQ(grads, clipping);  // held gradients only with clipping
       EXPECT_TRUE(ckpts);
+      EXPECT_TRUE(masters);
+      EXPECT_TRUE(weights);
+      EXPECT_EQ(cufile_checked, clipping);
+      if (clipping && !*state) {  // resumed through the store: a save after step 1 continues exactly
+        fs::remove_all(p("tr"));
+        fs::remove_all(p("ts"));
+        ASSERT_EQ(run(tr + p("tr") + last_mem + " --save-every 1").code, 0);
+        CmdResult rs = run(tr + p("ts") + last_mem + " --resume " + p("tr") + "/checkpoint-1");
+        ASSERT_EQ(rs.code, 0) << rs.err;
+        EXPECT_TRUE(same_weights(p("ta"), p("ts")));
+      }
       EXPECT_EQ(fs::directory_iterator(p("off"))->path().filename(), "keep.txt");
       EXPECT_EQ(std::distance(fs::directory_iterator(p("off")), fs::directory_iterator()), 1);
     }

@@ -451,8 +451,12 @@ TEST(NvmeTier, AFailedTransferStopsTheRun) {
 }
 
 // State written and read tensor by tensor (save / resume) goes to and from the store, and an
-// engine resumed so continues exactly as the one it was saved from.
-TEST(NvmeTier, StateWrittenAndReadThroughTheStore) {
+// engine resumed so continues exactly as the one it was saved from; with AdamW state there (level
+// 2), the fp32 masters too (3: the working copy written with them), the working copies too (4) and
+// the held gradients too (5).
+class NvmeTierLevels : public ::testing::TestWithParam<int> {};
+TEST_P(NvmeTierLevels, StateWrittenAndReadThroughTheStore) {
+  const int level = GetParam();
   ModelSpec spec = parse_model_spec(test::tiny_config("qwen3"), "tiny");
   const ModelLayout layout = make_layout(spec);
   test::TempDir dir;
@@ -460,10 +464,17 @@ TEST(NvmeTier, StateWrittenAndReadThroughTheStore) {
   SlidingOptions so;
   so.base.max_batch = 2;
   so.base.max_seq = 9;
+  so.base.compute_dtype = "bf16";  // a working copy half a master
   for (int b = 0; b <= spec.n_layer + 1; ++b) so.disk_blobs.push_back(b);
+  if (level >= 3) so.disk_masters = so.disk_blobs;
+  if (level >= 4) so.disk_weights = so.disk_blobs;
+  if (level >= 5) so.disk_grads = so.disk_blobs;  // the held gradients too (clipping)
   so.store.dir = dir.path.string();
   SlidingOptions ram = so;
   ram.disk_blobs.clear();
+  ram.disk_masters.clear();
+  ram.disk_weights.clear();
+  ram.disk_grads.clear();
   std::vector<Record> recs;
   const std::vector<Batch> mbs = some_batches(spec, recs);
   Engine::StepParams p;
@@ -507,6 +518,7 @@ TEST(NvmeTier, StateWrittenAndReadThroughTheStore) {
   EXPECT_GT(a.stats().disk_read, 0u);
   EXPECT_GT(a.stats().disk_written, 0u);
 }
+INSTANTIATE_TEST_SUITE_P(NvmeTier, NvmeTierLevels, ::testing::Values(2, 3, 4, 5));
 
 }  // namespace
 }  // namespace sf

@@ -83,6 +83,16 @@ struct Case {
   int disk = 0;
   bool uring = true;  // the store's io_uring backend (else worker threads)
   int ckpt_disk = 0;  // the first layers whose checkpoints are in the store (the I/O stream: bit 5)
+  // Levels 3-4 of the tier over the `disk` blobs: 3 their fp32 masters in the store too (the uploads
+  // read a working copy in host memory), 4 their working copies too (read ahead of each upload on
+  // an I/O stream of the host optimizer's, created before the token uploader's: stall bits then
+  // 3 weight reads, 4 tokens, 5 opt, 6 checkpoint I/O), 5 masters of all, working copies of every
+  // other one (both kinds side by side).
+  int tier = 0;
+  // With clipping: the `disk` blobs' held gradients in the store too (written as they land on
+  // the host optimizer's gradient I/O stream, read with the state by the update; that stream is
+  // created before the weight reads' and the token uploader's: stall bit 3).
+  bool grads_disk = false;
   bool cufile = false;  // ... moved by cuFile (the test stand-in, tests/fake_cufile/), no pinned ring
 };
 
@@ -123,7 +133,9 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "") + (c.hold ? "_hold" + std::to_string(c.hold) : "") +
          (c.fused ? "_fused" : "") + (c.bf16_state ? "_bf16state" : "") + (c.disk ? "_disk" + std::to_string(c.disk) : "") +
          (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
-         ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.cufile ? "_cufile" : "");
+         ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "") +
+         (c.grads_disk ? "_gradsdisk" : "") +
+         (c.cufile ? "_cufile" : "");
 }
 
 TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
@@ -165,6 +177,10 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   test::TempDir store_dir;
   so.disk_blobs = disk_blobs(c.disk, spec.n_layer, so.gpu_blobs);
   so.ckpt_disk_layers = c.ckpt_disk;
+  if (c.tier >= 3) so.disk_masters = so.disk_blobs;
+  if (c.grads_disk) so.disk_grads = so.disk_blobs;
+  for (size_t i = 0; c.tier >= 4 && i < so.disk_masters.size(); ++i)
+    if (c.tier == 4 || i % 2 == 0) so.disk_weights.push_back(so.disk_masters[i]);
   if (!so.disk_blobs.empty() || c.ckpt_disk > 0) {
     so.store.dir = store_dir.path.string();
     so.store.piece = 4096;  // every blob's state in several pieces
@@ -267,12 +283,31 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen2", 2, 50, 16, true, false, 0, false, 2, 0, false, true, 2, false, 1},
         Case{"llama", 3, 50, 4, false, true, 1, true, 1, 0, false, true, 1, true, 2},
         Case{"gemma3", 2, 50, 16, true, false, 0, false, 2, 0, false, false, 2, true, 2},
+        // levels 3-4: fp32 masters in the store (working copies in host memory), then the working
+        // copies too (read into a pinned ring ahead of each upload); clipping and updates during
+        // the backward, bf16 compute and state, micro-batches, checkpoints there too, stalls on
+        // each stream of the tier (8: the weight reads, 32: the host updates, 64: checkpoint I/O)
+        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, false, 2, true, 0, 3},
+        Case{"qwen3", 2, 50, 4, true, false, 0, true, 2, 0, false, false, 2, true, 0, 3},
+        Case{"llama", 2, 0, 0, false, false, 0, false, 1, 0, false, false, 2, true, 0, 4},
+        Case{"mistral", 2, 50, 8, false, true, 0, true, 2, 0, false, true, 2, false, 0, 4},
+        Case{"qwen2", 3, 50, 2, true, false, 1, false, 3, 0, false, false, 1, true, 2, 4},
+        Case{"llama", 2, 50, 32, true, true, 0, true, 1, 3000, false, false, 2, true, 0, 5},
+        Case{"qwen3", 2, 50, 64, false, false, 0, false, 2, 0, true, true, 2, true, 3, 5},
+        Case{"gemma3", 2, 50, 16, false, false, 0, true, 2, 0, false, false, 2, true, 1, 4},
+        // the held gradients (clipping) in the store: alone, with every level, odd chunks, split
+        // and fused updates, stalls on the tier's first I/O stream (8) and on the host updates' (64)
+        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, false, 2, true, 0, 0, true},
+        Case{"qwen3", 2, 50, 8, false, true, 0, true, 2, 0, false, false, 1, true, 0, 0, true},
+        Case{"mistral", 2, 50, 8, false, true, 0, true, 3, 0, true, true, 2, false, 2, 4, true},
+        Case{"qwen2", 3, 50, 64, false, false, 1, false, 2, 0, false, false, 2, true, 1, 5, true},
+        Case{"gemma3", 2, 50, 4, false, true, 0, true, 2, 0, false, false, 2, true, 0, 3, true},
         // checkpoints through cuFile (GPUDirect Storage): GPU copies into the fetch buffers, no
         // pinned ring; stalls on the I/O stream (32), d2h (4), h2d (2) and compute (1)
-        Case{"qwen2", 3, 50, 32, false, false, 0, false, 1, 0, false, false, 0, true, 1, true},
-        Case{"llama", 2, 50, 4, true, true, 0, false, 3, 0, false, false, 2, true, 4, true},
-        Case{"mistral", 3, 50, 2, false, false, 1, true, 2, 0, false, false, 1, false, 2, true},
-        Case{"qwen3", 2, 50, 1, true, false, 0, false, 2, 0, false, true, 0, true, 4, true}),
+        Case{"qwen2", 3, 50, 32, false, false, 0, false, 1, 0, false, false, 0, true, 1, 0, false, true},
+        Case{"llama", 2, 50, 4, true, true, 0, false, 3, 0, false, false, 2, true, 4, 0, false, true},
+        Case{"mistral", 3, 50, 2, false, false, 1, true, 2, 0, false, false, 1, false, 2, 0, false, true},
+        Case{"qwen3", 2, 50, 1, true, false, 0, false, 2, 0, false, true, 0, true, 4, 0, false, true}),
     case_name);
 
 // Every path of the schedule (engine/step_schedule.h; tests/test_step_schedule.cpp checks each

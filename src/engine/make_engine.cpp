@@ -25,6 +25,9 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.hold_grads = p.hold_grads;
   so.disk_blobs = p.disk_blobs;
   so.ckpt_disk_layers = p.ckpt_disk_layers;
+  so.disk_masters = p.disk_masters;
+  so.disk_weights = p.disk_weights;
+  so.disk_grads = p.disk_grads;
   so.store.dir = req.offload_dir;
   if (p.ckpt_disk_layers > 0) {  // how the checkpoints on disk move: chosen once, here
     const CheckpointIo io =

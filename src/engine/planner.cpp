@@ -103,7 +103,8 @@ SettingText Shortfall::phrase() const {
                   format_bytes(available) + " available (",
               Setting::HostMemory, ")"};
     case Memory::Disk:
-      return {"needs " + format_bytes(needs) + " in the offload directory for AdamW state, " + format_bytes(available) +
+      return {"needs " + format_bytes(needs) + " in the offload directory (AdamW state, masters, weights, checkpoints), " +
+                  format_bytes(available) +
                   " available (",
               Setting::DiskMemory, ")"};
     case Memory::None:
@@ -146,7 +147,8 @@ std::vector<int> gpu_blob_order(const ModelSpec& s) {
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs, int micro, bool keep_grads,
                                        int64_t hold_grads, const std::vector<int>& disk_blobs,
-                                       int ckpt_disk_layers, DType state) {
+                                       int ckpt_disk_layers, DType state, const std::vector<int>& disk_masters,
+                                       const std::vector<int>& disk_weights, const std::vector<int>& disk_grads) {
   SlidingOptions o;  // the default chunk and gradient ring
   o.base.state_dtype = state;
   o.base.max_batch = B;
@@ -158,6 +160,9 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
   o.hold_grads = hold_grads;
   o.disk_blobs = disk_blobs;
   o.ckpt_disk_layers = ckpt_disk_layers;
+  o.disk_masters = disk_masters;
+  o.disk_weights = disk_weights;
+  o.disk_grads = disk_grads;
   return merge_by_name(SlidingEngine::buffers(s, o, backend_sizes(s, B, T, be)));
 }
 
@@ -220,18 +225,29 @@ class Planner {
 
   // The plan of one placement: its buffers, their totals by place, whether they fit the budgets.
   void fill(EngineKind engine, int slots, const std::vector<int>& gpu_blobs = {},
-            const std::vector<int>& disk_blobs = {}, int ckpt_disk_layers = 0) {
+            const std::vector<int>& disk_blobs = {}, int ckpt_disk_layers = 0,
+            const std::vector<int>& disk_masters = {}, const std::vector<int>& disk_weights = {},
+            const std::vector<int>& disk_grads = {}) {
     p_.engine = engine;
     p_.slots = slots;
     p_.gpu_blobs = gpu_blobs;
     p_.disk_blobs = disk_blobs;
     p_.ckpt_disk_layers = ckpt_disk_layers;
+    p_.disk_masters = disk_masters;
+    p_.disk_weights = disk_weights;
+    p_.disk_grads = disk_grads;
     p_.items =
         engine == EngineKind::Resident
             ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum, r_.state_dtype)
             : sliding_memory(s_, r_.batch, r_.seq, slots, be_, gpu_blobs, r_.grad_accum, r_.clip || !r_.optimizer,
-                             hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers, r_.state_dtype);
+                             hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers, r_.state_dtype, disk_masters,
+                             disk_weights, disk_grads);
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
+    p_.disk_write_bytes = double(p_.disk_bytes);
+    p_.disk_read_bytes = double(p_.disk_bytes);
+    for (int b : disk_weights)  // the working copy's second read (StateStream's "disk.work" regions)
+      p_.disk_read_bytes +=
+          double(NvmeStore::aligned(uint64_t(lay_.blobs[size_t(b)].numel) * dtype_size(be_.compute_dtype)));
     p_.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
     p_.gpu_bytes = total_bytes(p_.items, Place::Device);
     p_.pinned_bytes = total_bytes(p_.items, Place::Pinned);
@@ -273,11 +289,22 @@ class Planner {
     to_disk(slots);
   }
 
-  // Short of host memory with an offload directory: the NVMe tier, cheapest traffic first. Whole
-  // blobs' AdamW m and v (with the optimizer) move to the store (8 bytes a parameter each, read and
-  // written once a step), in disk_blob_order; if the host is still short with all of them there,
-  // the checkpoints of the first layers too (written in the forward, read in the backward). Each
-  // time the fewest that fit (a binary search: the host bytes fall with each one moved).
+  // Short of host memory with an offload directory: the NVMe tier (docs/ENGINE.md), in levels
+  // by the disk traffic a step costs per byte of host memory freed, cheapest first:
+  //   1. whole blobs' AdamW m and v (with the optimizer; disk_blob_order): read and written once a
+  //      step, 2 bytes of traffic a byte freed;
+  //   2. with clipping, the step's held gradients of those blobs (written as they land, read by the
+  //      update): 2 bytes a byte freed, and they do not grow with the micro-batches;
+  //   3. the checkpoints of the first layers (training): written in the forward, read in the
+  //      backward, 2 bytes a byte freed (their traffic grows with the micro-batches);
+  //   4. the fp32 masters of those blobs (with their state in the store): read and written with m
+  //      and v, the uploads reading a working copy in the compute dtype kept in host memory: 8
+  //      bytes a parameter for 2 freed (bf16), 4 a byte;
+  //   5. their working copies too: written by the update, read for each of the two uploads a
+  //      step: 6 bytes a parameter for 2 freed, 3 a byte (after 4, which it needs).
+  // Each level takes the fewest blobs (layers) that fit, a binary search over the planner's own
+  // buffer lists (host bytes fall with each one moved); the next level only when all of this
+  // one do not.
   void to_disk(int slots) {
     if (r_.offload_dir.empty() || p_.short_of.memory != Shortfall::Memory::Host) return;
     // (On the cpu backend the "GPU" is host memory: keeping blobs there saves nothing.)
@@ -286,24 +313,39 @@ class Planner {
     if (r_.optimizer)
       for (int b : disk_blob_order(s_))
         if (std::find(keep.begin(), keep.end(), b) == keep.end()) cand.push_back(b);
-    auto with = [&](size_t n, int ckpt) {
-      fill(EngineKind::Sliding, slots, keep, std::vector<int>(cand.begin(), cand.begin() + std::ptrdiff_t(n)), ckpt);
+    const int nc = int(cand.size());
+    // How many of each level: state blobs, held gradients, checkpoint layers, masters, working copies.
+    enum { State, Grads, Ckpts, Masters, Weights, Levels };
+    int level[Levels] = {0, 0, 0, 0, 0};
+    const bool held = r_.clip || !r_.optimizer;  // the engine's keep_grads
+    const int most[Levels] = {nc, held ? nc : 0, r_.training ? s_.n_layer : 0, nc, nc};
+    auto first = [&](int n) { return std::vector<int>(cand.begin(), cand.begin() + std::ptrdiff_t(n)); };
+    auto with = [&] {  // a working copy in the store needs its master there
+      fill(EngineKind::Sliding, slots, keep, first(level[State]), level[Ckpts],
+           first(std::max(level[Masters], level[Weights])), first(level[Weights]), first(level[Grads]));
       return p_.short_of.memory != Shortfall::Memory::Host;
     };
-    auto fewest = [](int hi, const std::function<bool(int)>& fits) {  // fits(hi) holds
-      int lo = 0;
-      while (lo + 1 < hi) {
-        const int mid = (lo + hi) / 2;
-        (fits(mid) ? hi : lo) = mid;
+    for (int k = 0; k < Levels; ++k) {
+      if (most[k] == 0) continue;
+      const size_t before = p_.host_bytes;
+      level[k] = most[k];
+      if (with()) {
+      } else if (k == Masters && p_.host_bytes >= before) {  // fp32 compute: a working copy is a master's size,
+        level[k] = 0;                                  // so masters go only with their working copies
+        continue;
+      } else {
+        continue;  // still short with all of this level: the next one too
       }
-      return hi;
-    };
-    if (with(cand.size(), 0)) {
-      with(size_t(fewest(int(cand.size()), [&](int n) { return with(size_t(n), 0); })), 0);
+      int lo = 0, hi = most[k];  // with(hi) fits
+      while (lo + 1 < hi) {
+        level[k] = (lo + hi) / 2;
+        (with() ? hi : lo) = level[k];
+      }
+      level[k] = hi;
+      with();
       return;
     }
-    if (!r_.training || !with(cand.size(), s_.n_layer)) return;  // still short: refused as that
-    with(cand.size(), fewest(s_.n_layer, [&](int c) { return with(cand.size(), c); }));
+    // Short with everything in the store: refused as that (the last fill's numbers).
   }
 
   const ModelSpec& s_;
@@ -317,7 +359,10 @@ class Planner {
 
 // Short of GPU memory with the sliding engine: smaller micro-batches, more of them (layer-major
 // accumulation keeps the PCIe and host traffic of a step the same). The first that fits, if any.
+// (When none fits and the smallest one fits the GPU, `p` becomes that one: its shortfall, e.g. of
+// the offload directory, is the one to report.)
 bool split_micro_batches(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
+  Plan last;
   for (int m = r.batch / 2; m >= 1; --m) {
     if (r.batch % m != 0) continue;
     PlanRequest q = r;
@@ -329,7 +374,9 @@ bool split_micro_batches(const ModelSpec& s, const PlanRequest& r, const Backend
       p = std::move(sub);
       return true;
     }
+    last = std::move(sub);
   }
+  if (last.micro_batch > 0 && last.short_of.memory != Shortfall::Memory::Gpu) p = std::move(last);
   return false;
 }
 
@@ -426,8 +473,10 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
     path = fwd_s + bwd_s + std::max(0.0, update_s - fwd_s);
   // The NVMe store: each blob's m and v read before its update and written after, once a step
   // whatever grad_accum is; the ring keeps the disk busy through the whole step.
-  if (p.disk_bytes > 0) p.disk_s = double(p.disk_bytes) / (rates.disk_read_gbs * 1e9) +
-                                   double(p.disk_bytes) / (rates.disk_write_gbs * 1e9);
+  // Every level of the tier (Planner::to_disk): Plan::disk_read_bytes / disk_write_bytes count
+  // them (the working copies read twice a step).
+  if (p.disk_bytes > 0) p.disk_s = p.disk_read_bytes / (rates.disk_read_gbs * 1e9) +
+                                   p.disk_write_bytes / (rates.disk_write_gbs * 1e9);
   p.step_s = std::max({path, p.host_s, p.pcie_s, p.disk_s});
 }
 
@@ -462,6 +511,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   if (p.engine == EngineKind::Sliding && p.short_of.memory == Shortfall::Memory::Gpu && r.split_micro) {
     Plan sub;
     if (split_micro_batches(s, r, be, rates, sub)) return sub;
+    if (sub.micro_batch > 0) return sub;  // short of something else than the GPU even so (predicted)
   }
   predict(s, r, be, rates, p);
   return p;
@@ -510,6 +560,15 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
   o << "budgets: GPU " << (p.gpu_budget ? format_bytes(p.gpu_budget) : std::string("unknown")) << ", host "
     << (p.host_budget ? format_bytes(p.host_budget) : std::string("unknown"))
     << (r.offload_dir.empty() ? std::string() : ", offload dir " + format_bytes(p.disk_budget)) << "\n";
+  if (p.disk_bytes > 0) {  // the NVMe tier's levels (docs/ENGINE.md), and its traffic a step
+    std::snprintf(line, sizeof line,
+                  "offload dir holds: AdamW state of %zu blobs, held gradients of %zu, checkpoints of %d layers, "
+                  "fp32 masters of %zu, working copies of %zu; a step reads %s and writes %s there\n",
+                  p.disk_blobs.size(), p.disk_grads.size(), p.ckpt_disk_layers, p.disk_masters.size(),
+                  p.disk_weights.size(),
+                  format_bytes(size_t(p.disk_read_bytes)).c_str(), format_bytes(size_t(p.disk_write_bytes)).c_str());
+    o << line;
+  }
   o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why(names)) << "\n";
   if (p.step_s > 0) {
     char disk[48] = "";

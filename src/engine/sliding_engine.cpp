@@ -89,6 +89,8 @@ struct SlidingShape {
   std::vector<bool> is_layer;                // [blobs]
   std::vector<bool> held;                    // [blobs] SlidingOptions::hold_grads' blobs
   std::vector<bool> disk;                    // [blobs] m and v in the NVMe store
+  std::vector<bool> disk_master, disk_work;  // [blobs] the master too; the working copy too
+  std::vector<bool> disk_grad;               // [blobs] the step's gradient too
   int64_t max_layer = 0, emb = 0, head = 0;  // the gradient accumulators' elements (host blobs)
   int64_t chunk = 0;                         // elements a transfer chunk
   int64_t max_tokens = 0;
@@ -126,6 +128,22 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
     SF_CHECK(b >= 0 && b < nb && z.host_numel[size_t(b)] > 0, "disk_blobs: no host blob " + std::to_string(b));
     z.disk[size_t(b)] = true;
   }
+  z.disk_master.assign(size_t(nb), false);
+  z.disk_work.assign(size_t(nb), false);
+  for (int b : o.disk_masters) {
+    SF_CHECK(b >= 0 && b < nb && z.disk[size_t(b)], "disk_masters: blob " + std::to_string(b) + " has no state on disk");
+    z.disk_master[size_t(b)] = true;
+  }
+  for (int b : o.disk_weights) {
+    SF_CHECK(b >= 0 && b < nb && z.disk_master[size_t(b)],
+             "disk_weights: blob " + std::to_string(b) + " has no master on disk");
+    z.disk_work[size_t(b)] = true;
+  }
+  z.disk_grad.assign(size_t(nb), false);
+  for (int b : o.disk_grads) {
+    SF_CHECK(b >= 0 && b < nb && z.disk[size_t(b)], "disk_grads: blob " + std::to_string(b) + " has no state on disk");
+    z.disk_grad[size_t(b)] = o.keep_grads;
+  }
   z.chunk = std::max<int64_t>(1, std::min(o.chunk, std::max(max_blob, z.gpu_total)));
   z.max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   z.stride_nh = activation_stride(spec, z.max_tokens, act);
@@ -158,6 +176,11 @@ PartOptions part_options(const ModelSpec& spec, const SlidingShape& z, const Sli
   h.disk = z.disk;
   h.disk_ring = std::clamp(int(std::count(z.disk.begin(), z.disk.end(), true)), 1, o.disk_ring);
   h.state_dtype = o.base.state_dtype;
+  h.disk_master = z.disk_master;
+  h.disk_work = z.disk_work;
+  h.work_dtype = act;
+  h.disk_grads = z.disk_grad;
+  h.weight_ring = std::clamp(int(std::count(z.disk_work.begin(), z.disk_work.end(), true)), 1, o.weight_ring);
 
   p.grads = {z.max_layer, z.emb, z.head, act, z.chunk};
 
@@ -332,8 +355,9 @@ struct SlidingEngine::Impl {
   ParamsRef acquire(int blob, bool use, int keep = -1) {
     if (gpu.has(blob)) return {act == DType::F32 ? gpu.at(gpu.master, blob) : gpu_params(blob), -1};
     const int64_t before = slots->uploads();
-    const int k = slots->acquire(blob, host->master(blob), layout.blobs[size_t(blob)].numel,
-                                 event({upload_gate, blob}), use, keep);
+    Event& gate = event({upload_gate, blob});
+    const int k = slots->acquire(blob, host->upload_source(blob, gate), layout.blobs[size_t(blob)].numel, gate, use,
+                                 keep);
     if (slots->uploads() != before) mark(*h2d, "h2d", "uploaded", blob);
     return k >= 0 ? ParamsRef{slots->data(k), k} : ParamsRef{};  // (-1: a prefetch that was skipped)
   }
@@ -806,8 +830,12 @@ void SlidingEngine::load(const CheckpointReader& ckpt) {
       dev_.copy(m.gpu.at(m.gpu.master, b), tmp.data(), tmp.size() * 4, CopyKind::HostToDevice, *m.compute);
       m.gpu_refresh(b);
       dev_.synchronize(*m.compute);
-    } else {
+    } else if (!m.host->master_on_disk(b)) {
       read_blob(ckpt, bl, m.host->master(b));
+    } else {  // NVMe tier: through the store (the master and its working copy)
+      tmp.assign(size_t(bl.numel), 0.f);
+      read_blob(ckpt, bl, tmp.data());
+      m.host->write_state(0, b, 0, bl.numel, tmp.data());
     }
     progress.add(double(bl.numel) * 4);
   }
@@ -826,8 +854,12 @@ void SlidingEngine::init_random(uint64_t seed) {
       dev_.copy(m.gpu.at(m.gpu.master, b), tmp.data(), tmp.size() * 4, CopyKind::HostToDevice, *m.compute);
       m.gpu_refresh(b);
       dev_.synchronize(*m.compute);
-    } else {
+    } else if (!m.host->master_on_disk(b)) {
       random_blob(bl, b, seed, spec_.initializer_range, m.host->master(b));
+    } else {  // NVMe tier: through the store (the master and its working copy)
+      tmp.assign(size_t(bl.numel), 0.f);
+      random_blob(bl, b, seed, spec_.initializer_range, tmp.data());
+      m.host->write_state(0, b, 0, bl.numel, tmp.data());
     }
   }
   m.slots->invalidate();
@@ -896,6 +928,7 @@ void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
     return;
   }
   if (which == State::Grads) {
+    SF_CHECK(m.host->grads(blob) != nullptr, "the gradients of blob " + std::to_string(blob) + " are in the offload file");
     const char* g = static_cast<const char*>(m.host->grads(blob)) + size_t(e.offset) * dtype_size(m.act);
     cpu::cast(out, Tensor(const_cast<char*>(g), m.act, {e.numel}));
     return;

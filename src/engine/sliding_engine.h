@@ -66,6 +66,16 @@ struct SlidingOptions {
   // The layer-input checkpoints of the first this many layers live in the offload file too
   // (engine/checkpoint_store.h), moved by an I/O stream of their own.
   int ckpt_disk_layers = 0;
+  // Levels 3 and 4 of the tier (docs/ENGINE.md "NVMe tier"; subsets of disk_blobs): blobs whose
+  // fp32 master lives in the offload file too, the uploads reading a working copy in the compute
+  // dtype that the update writes (in page-locked memory); of those, blobs whose working copy
+  // lives in the file as well, read into `weight_ring` pinned buffers ahead of each upload.
+  std::vector<int> disk_masters;
+  std::vector<int> disk_weights;
+  int weight_ring = 2;
+  // With keep_grads: of disk_blobs, those whose gradient of the step waits for the update in the
+  // offload file instead of page-locked memory (clipping holds it until the norm is known).
+  std::vector<int> disk_grads;
   StoreOptions store;
 };
 
