@@ -10,9 +10,11 @@
 #include "core/align.h"
 #include "core/error.h"
 #include "core/units.h"
+#include "engine/checkpoint_store.h"
 #include "engine/engine.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "engine/state_stream.h"
 #include "io/nvme_store.h"
 #include "model/layout.h"
 #include "model/program.h"
@@ -352,7 +354,13 @@ PassBytes pass_bytes(double act, double state) { return {8 + 4 * state + act, 8 
 // beside the step's DMA), times 1.2: the CPU passes (with software prefetch) and the DMA together
 // reach more (session 5, H200 machine: the 3B clipped forward moved 73.5 GB in ~0.47 s, ~156 GB/s,
 // against 138 for the fused pass alone); 1.2 keeps the bound below. Sets p.host_s; the path.
-double split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f, double P,
+// The step as three phases run one after the other: the forward (with the updates that overlap it),
+// the head, and the backward (with what overlaps it); each its own bound.
+struct Phases {
+  double fwd = 0, head = 0, bwd = 0;
+};
+
+Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f, double P,
                          double act, double ckpt, double up_fwd_s, double up_bwd_s, bool emb_on_host, Plan& p) {
   const double pcie = rates.pcie_gbs * 1e9;
   const PassBytes pb = pass_bytes(act, double(dtype_size(r.state_dtype)));
@@ -368,8 +376,57 @@ double split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
   const double emb = double(make_layout(s).embedding().numel);
   const double head_upload_s = p.slots <= 2 && s.tie_embeddings && emb_on_host ? emb * 4 / pcie : 0.0;
   p.host_s = P / rates.host_adamw_params_s * ((pb.params + pb.moments) / (24 + act));
-  return std::max({layers_fwd_gpu, fwd_host, fwd_pcie}) + head_s + head_upload_s +
-         std::max({layers_bwd_gpu, bwd_host, up_bwd_s});
+  return {std::max({layers_fwd_gpu, fwd_host, fwd_pcie}), head_s + head_upload_s,
+          std::max({layers_bwd_gpu, bwd_host, up_bwd_s})};
+}
+
+// The NVMe tier's disk in the step's phases (docs/ENGINE.md "NVMe tier"). The disk's work is not
+// free to fall anywhere in the step: the state of a disk blob is read and written around its
+// update, so in the phase the updates run in (the forward with clipping, the backward without);
+// checkpoints are written in the forward and read in the backward. Only the state ring's
+// read-ahead and write-behind (`disk_ring` blobs, each read and written once) can cross into the
+// other phase, and only while the disk has nothing else to do there. So the disk's total time is
+// a bound (the old prediction), and so is each phase's share: with --grad-accum 8 the 8B backward
+// is ~12 s of GPU work in which the disk reads only the checkpoints of 11 layers, and the forward
+// cannot absorb that idle time (session 7: disk busy 40.4 s of a 49.6 s step, planned 38.7 s).
+// `ph` the phases without the disk; the result: the phases at least as long as their disk work.
+Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double layers_bwd_gpu, Phases ph,
+                 Plan& p) {
+  const double rd = rates.disk_read_gbs * 1e9, wr = rates.disk_write_gbs * 1e9;
+  // The file holds the state of p.disk_blobs (StateStream's regions) and the disk checkpoints.
+  StateStream::Config sc;
+  const ModelLayout lay = make_layout(s);
+  sc.numel.assign(lay.blobs.size(), 0);
+  for (int b : p.disk_blobs) sc.numel[size_t(b)] = lay.blobs[size_t(b)].numel;
+  sc.elem_bytes = dtype_size(r.state_dtype);
+  sc.order = p.disk_blobs;
+  const double state = p.disk_blobs.empty() ? 0.0 : double(StateStream::store_bytes(sc));
+  const double ckpt = std::max(0.0, double(p.disk_bytes) - state);
+  if (state + ckpt <= 0) return ph;
+  const double S = state / rd + state / wr;  // the state: read and written once a step
+  const double Cw = ckpt / wr, Cr = ckpt / rd;
+  // What the ring may move into the other phase: `disk_ring` blobs' read and write (an average blob).
+  const double blobs = double(std::max<size_t>(1, p.disk_blobs.size()));
+  const double M = std::min(S, S / blobs * double(SlidingOptions{}.disk_ring));
+  // The backward cannot finish its disk layers before their checkpoints are read: those reads start
+  // with the backward (the store reads 4 fetches ahead, CheckpointStore::read_ahead), and the
+  // layers whose checkpoints are in RAM come first.
+  const double L = double(s.n_layer), c = double(p.ckpt_disk_layers), fetches = c * r.grad_accum;
+  if (c > 0) {
+    const double ahead = std::min(1.0, double(CheckpointOptions{}.read_ahead) / fetches);
+    ph.bwd = std::max(ph.bwd, layers_bwd_gpu * (L - c) / L + std::max(layers_bwd_gpu * c / L, Cr * (1 - ahead)));
+  }
+  if (r.clip) {
+    // Updates in the forward: the state's traffic and the checkpoint writes there, less what the
+    // ring moves into the backward's time beside the checkpoint reads.
+    ph.fwd = std::max(ph.fwd, S + Cw - std::min(M, std::max(0.0, ph.bwd - Cr)));
+  } else {
+    // Updates in the backward as the gradients land: the state there, less the read-ahead the
+    // forward's spare disk time takes.
+    ph.fwd = std::max(ph.fwd, Cw);
+    ph.bwd = std::max(ph.bwd, S + Cr - std::min(M, std::max(0.0, ph.fwd - Cw)));
+  }
+  return ph;
 }
 
 // The sliding engine's step time: a lower bound from the rates, assuming the schedule overlaps
@@ -404,16 +461,19 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   const double fwd_s = std::max(p.gpu_s * (f.forward / f.total), up_fwd_s),
                bwd_s = std::max(p.gpu_s * (1.0 - f.forward / f.total), up_bwd_s);
   const double emb_update_s = emb_on_host ? update_s * double(lay.embedding().numel) / P : 0.0;
-  double path = fwd_s + std::max(bwd_s, p.host_s) + emb_update_s;
+  Phases ph{fwd_s, 0.0, std::max(bwd_s, p.host_s) + emb_update_s};
   if (r.clip && r.split_update)
-    path = split_update_path(s, r, rates, f, P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host, p);
+    ph = split_update_path(s, r, rates, f, P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host, p);
   else if (r.clip)
-    path = fwd_s + bwd_s + std::max(0.0, update_s - fwd_s);
-  // The NVMe store: each blob's m and v read before its update and written after, once a step
-  // whatever grad_accum is; the ring keeps the disk busy through the whole step.
+    ph = {std::max(fwd_s, update_s), 0.0, bwd_s};
+  // The NVMe store: every byte of the offload file is read once and written once a step (the
+  // state around its update, whatever grad_accum is; the checkpoints, which grow with it); the
+  // phases bound where that traffic can fall (with_disk).
   if (p.disk_bytes > 0) p.disk_s = double(p.disk_bytes) / (rates.disk_read_gbs * 1e9) +
                                    double(p.disk_bytes) / (rates.disk_write_gbs * 1e9);
-  p.step_s = std::max({path, p.host_s, p.pcie_s, p.disk_s});
+  const double layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
+  ph = with_disk(s, r, rates, layers_bwd_gpu, ph, p);
+  p.step_s = std::max({ph.fwd + ph.head + ph.bwd, p.host_s, p.pcie_s, p.disk_s});
 }
 
 void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
