@@ -6,8 +6,9 @@
 #    state_quality state_bench = bf16 optimizer state: quality, 3B speed, 8B plan,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
+#    nvme8 nvme8_k8 nvme13 = the NVMe tier, bench_adamw = the host AdamW kernel alone,
 #    gemma3 = issue 18's Gemma 3 checks)
-# BIN holds slideformer, sf_gpu_tests, bench_kernels and bench_host built here with -DSF_PORTABLE=ON.
+# BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host and bench_adamw built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
 BIN=${BIN:-gpubin}
@@ -266,6 +267,18 @@ for s in ('3b', '1b'):
       done
       run nvme_8b_64g "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 --steps 2 --warmup 1 \
         --device cuda --gpu-memory 24GiB --cpu-memory 64GiB --offload-dir /tmp/sf_off --max-grad-norm 1 ;;
+    # the same 8B with --grad-accum 8 and bf16 state (state of every layer and 11 layers' checkpoints
+    # on the disk): the plan's phase-bound prediction against the step (issue 17: within 15 %)
+    nvme8_k8)
+      mkdir -p /tmp/sf_off
+      run nvme_8b_64g_k8_bf16 "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 --steps 2 \
+        --warmup 1 --device cuda --gpu-memory 24GiB --cpu-memory 64GiB --offload-dir /tmp/sf_off --max-grad-norm 1 \
+        --grad-accum 8 --optimizer-state bf16 ;;
+    # the host AdamW kernel alone on this machine's cores: fp32 vs bf16 state, fused and split passes,
+    # 1 Mi (cache) and 64 Mi (memory) elements, all cores and one
+    bench_adamw)
+      run bench_adamw_all "$BIN/bench_adamw" 1 64
+      SF_THREADS=1 run bench_adamw_1 "$BIN/bench_adamw" 1 64 ;;
     # 13B (Llama 2) with bf16 state at 24 GiB and the default host budget, state spilling to the disk
     nvme13)
       mkdir -p /tmp/sf_off
