@@ -988,7 +988,10 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
   const std::string model = p("m"), data = make_data("d.jsonl", 8);
   fs::create_directory(p("off"));
   write("off/keep.txt", "a user's file");
-  for (const char* state : {"", " --optimizer-state bf16"})
+  // bf16 state with bf16 compute: the working copies are half a master, so level 3 (masters in the
+  // store, working copies in host memory) frees memory alone; with fp32 compute it does not, and
+  // the masters go with their working copies (level 4).
+  for (const char* state : {"", " --optimizer-state bf16 --compute-dtype bf16"})
     for (const char* clip : {" --max-grad-norm 1", ""}) {
       SCOPED_TRACE(std::string(*clip ? "clipping" : "no clipping") + state);
       const std::string engine =
@@ -1000,25 +1003,55 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
       ASSERT_EQ(run(tr + p("ta")).code, 0);
       CmdResult pl = run("plan --model " + model + engine + clip);
       ASSERT_EQ(pl.code, 0) << pl.err;
-      // Less and less host memory: state of some layers, of all, then checkpoints go to the file.
+      // Less and less host memory: state of some layers, of all, then checkpoints, masters and
+      // working copies go to the file; a run at the first plan of each level and at the last.
       size_t budget = size_t(pl.last()["host_bytes"]) - 1;
-      bool state = false, ckpts = false;
-      for (int i = 0; i < 12 && !(state && ckpts); ++i) {
+      bool state = false, ckpts = false, masters = false, weights = false, level3 = false;
+      std::string last_mem, trained_at;
+      for (int i = 0; i < 40; ++i) {
         const std::string mem = " --cpu-memory " + std::to_string(budget) + " --offload-dir " + p("off");
         pl = run("plan --model " + model + engine + clip + mem);
         if (pl.code != 0 || !pl.last()["fits"].get<bool>()) break;
-        ASSERT_GT(size_t(pl.last()["disk_bytes"]), 0u) << pl.err;
-        const bool has_ckpts = int(pl.last()["ckpt_disk_layers"]) > 0;
-        state |= !pl.last()["disk_blobs"].empty();
-        ckpts |= has_ckpts;
-        fs::remove_all(p("tb"));
-        CmdResult t = run(tr + p("tb") + mem);
-        ASSERT_EQ(t.code, 0) << t.err;
-        EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << mem;
-        budget = size_t(pl.last()["host_bytes"]) - 1;
+        const json& j = pl.last();
+        ASSERT_GT(size_t(j["disk_bytes"]), 0u) << pl.err;
+        const std::string level = std::to_string(!j["disk_blobs"].empty()) + std::to_string(int(j["ckpt_disk_layers"]) > 0) +
+                                  std::to_string(!j["disk_masters"].empty()) + std::to_string(!j["disk_weights"].empty());
+        state |= !j["disk_blobs"].empty();
+        ckpts |= int(j["ckpt_disk_layers"]) > 0;
+        masters |= !j["disk_masters"].empty();
+        weights |= !j["disk_weights"].empty();
+        level3 |= j["disk_masters"].size() > j["disk_weights"].size();
+        // Reads of the working copies: twice a step (forward and backward), written once.
+        EXPECT_EQ(double(j["disk_read_bytes_per_step"]) > double(j["disk_write_bytes_per_step"]),
+                  !j["disk_weights"].empty());
+        if (level != trained_at) {
+          trained_at = level;
+          fs::remove_all(p("tb"));
+          CmdResult t = run(tr + p("tb") + mem);
+          ASSERT_EQ(t.code, 0) << t.err;
+          EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << mem;
+        }
+        last_mem = mem;
+        budget = size_t(j["host_bytes"]) - 1;
       }
+      ASSERT_FALSE(last_mem.empty());
+      fs::remove_all(p("tb"));
+      CmdResult t = run(tr + p("tb") + last_mem);  // the least host memory that fits
+      ASSERT_EQ(t.code, 0) << t.err;
+      EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << last_mem;
       EXPECT_TRUE(state);
       EXPECT_TRUE(ckpts);
+      EXPECT_TRUE(masters);
+      EXPECT_TRUE(weights);
+      if (*state) EXPECT_TRUE(level3);
+      if (*clip && !*state) {  // resumed through the store: a save after step 1 continues exactly
+        fs::remove_all(p("tr"));
+        fs::remove_all(p("ts"));
+        ASSERT_EQ(run(tr + p("tr") + last_mem + " --save-every 1").code, 0);
+        CmdResult rs = run(tr + p("ts") + last_mem + " --resume " + p("tr") + "/checkpoint-1");
+        ASSERT_EQ(rs.code, 0) << rs.err;
+        EXPECT_TRUE(same_weights(p("ta"), p("ts")));
+      }
       EXPECT_EQ(fs::directory_iterator(p("off"))->path().filename(), "keep.txt");
       EXPECT_EQ(std::distance(fs::directory_iterator(p("off")), fs::directory_iterator()), 1);
     }

@@ -231,8 +231,11 @@ TEST(NvmeTier, AFailedTransferStopsTheRun) {
 }
 
 // State written and read tensor by tensor (save / resume) goes to and from the store, and an
-// engine resumed so continues exactly as the one it was saved from.
-TEST(NvmeTier, StateWrittenAndReadThroughTheStore) {
+// engine resumed so continues exactly as the one it was saved from; with AdamW state there (level
+// 2), the fp32 masters too (3: the working copy written with them) and the working copies too (4).
+class NvmeTierLevels : public ::testing::TestWithParam<int> {};
+TEST_P(NvmeTierLevels, StateWrittenAndReadThroughTheStore) {
+  const int level = GetParam();
   ModelSpec spec = parse_model_spec(test::tiny_config("qwen3"), "tiny");
   const ModelLayout layout = make_layout(spec);
   test::TempDir dir;
@@ -240,10 +243,15 @@ TEST(NvmeTier, StateWrittenAndReadThroughTheStore) {
   SlidingOptions so;
   so.base.max_batch = 2;
   so.base.max_seq = 9;
+  so.base.compute_dtype = "bf16";  // a working copy half a master
   for (int b = 0; b <= spec.n_layer + 1; ++b) so.disk_blobs.push_back(b);
+  if (level >= 3) so.disk_masters = so.disk_blobs;
+  if (level >= 4) so.disk_weights = so.disk_blobs;
   so.store.dir = dir.path.string();
   SlidingOptions ram = so;
   ram.disk_blobs.clear();
+  ram.disk_masters.clear();
+  ram.disk_weights.clear();
   std::vector<Record> recs;
   const std::vector<Batch> mbs = some_batches(spec, recs);
   Engine::StepParams p;
@@ -286,7 +294,9 @@ TEST(NvmeTier, StateWrittenAndReadThroughTheStore) {
   }
   EXPECT_GT(a.stats().disk_read, 0u);
   EXPECT_GT(a.stats().disk_written, 0u);
+  if (level >= 3) EXPECT_LT(a.host_bytes(), c.host_bytes());  // no fp32 master in host memory
 }
+INSTANTIATE_TEST_SUITE_P(NvmeTier, NvmeTierLevels, ::testing::Values(2, 3, 4));
 
 }  // namespace
 }  // namespace sf

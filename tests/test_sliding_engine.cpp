@@ -83,6 +83,12 @@ struct Case {
   int disk = 0;
   bool uring = true;  // the store's io_uring backend (else worker threads)
   int ckpt_disk = 0;  // the first layers whose checkpoints are in the store (the I/O stream: bit 5)
+  // Levels 3-4 of the tier over the `disk` blobs: 3 their fp32 masters in the store too (the uploads
+  // read a working copy in host memory), 4 their working copies too (read ahead of each upload on
+  // an I/O stream of the host optimizer's, created before the token uploader's: stall bits then
+  // 3 weight reads, 4 tokens, 5 opt, 6 checkpoint I/O), 5 masters of all, working copies of every
+  // other one (both kinds side by side).
+  int tier = 0;
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -153,6 +159,9 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   test::TempDir store_dir;
   so.disk_blobs = disk_blobs(c.disk, spec.n_layer, so.gpu_blobs);
   so.ckpt_disk_layers = c.ckpt_disk;
+  if (c.tier >= 3) so.disk_masters = so.disk_blobs;
+  for (size_t i = 0; c.tier >= 4 && i < so.disk_masters.size(); ++i)
+    if (c.tier == 4 || i % 2 == 0) so.disk_weights.push_back(so.disk_masters[i]);
   if (!so.disk_blobs.empty() || c.ckpt_disk > 0) {
     so.store.dir = store_dir.path.string();
     so.store.piece = 4096;  // every blob's state in several pieces
@@ -244,7 +253,19 @@ INSTANTIATE_TEST_SUITE_P(
         // bf16 optimizer state in the store: the ring carries 2-byte moments
         Case{"qwen2", 2, 50, 16, true, false, 0, false, 2, 0, false, true, 2, false, 1},
         Case{"llama", 3, 50, 4, false, true, 1, true, 1, 0, false, true, 1, true, 2},
-        Case{"gemma3", 2, 50, 16, true, false, 0, false, 2, 0, false, false, 2, true, 2}),
+        Case{"gemma3", 2, 50, 16, true, false, 0, false, 2, 0, false, false, 2, true, 2},
+        // levels 3-4: fp32 masters in the store (working copies in host memory), then the working
+        // copies too (read into a pinned ring ahead of each upload); clipping and updates during
+        // the backward, bf16 compute and state, micro-batches, checkpoints there too, stalls on
+        // each stream of the tier (8: the weight reads, 32: the host updates, 64: checkpoint I/O)
+        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, false, 2, true, 0, 3},
+        Case{"qwen3", 2, 50, 4, true, false, 0, true, 2, 0, false, false, 2, true, 0, 3},
+        Case{"llama", 2, 0, 0, false, false, 0, false, 1, 0, false, false, 2, true, 0, 4},
+        Case{"mistral", 2, 50, 8, false, true, 0, true, 2, 0, false, true, 2, false, 0, 4},
+        Case{"qwen2", 3, 50, 2, true, false, 1, false, 3, 0, false, false, 1, true, 2, 4},
+        Case{"llama", 2, 50, 32, true, true, 0, true, 1, 3000, false, false, 2, true, 0, 5},
+        Case{"qwen3", 2, 50, 64, false, false, 0, false, 2, 0, true, true, 2, true, 3, 5},
+        Case{"gemma3", 2, 50, 16, false, false, 0, true, 2, 0, false, false, 2, true, 1, 4}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +
@@ -254,7 +275,7 @@ INSTANTIATE_TEST_SUITE_P(
              (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "") +
              (c.bf16_state ? "_bf16state" : "") +
              (c.disk ? "_disk" + std::to_string(c.disk) : "") + (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
-             ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "");
+             ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "");
     });
 
 }  // namespace

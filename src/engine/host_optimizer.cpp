@@ -21,6 +21,25 @@ bool holds(const HostOptimizerOptions& o, size_t b) {
   return !o.keep_grads && b < o.held.size() && o.held[b] && o.blob_numel[b] > 0;
 }
 bool in_store(const HostOptimizerOptions& o, size_t b) { return b < o.disk.size() && o.disk[b] && o.blob_numel[b] > 0; }
+bool master_in_store(const HostOptimizerOptions& o, size_t b) {
+  return in_store(o, b) && b < o.disk_master.size() && o.disk_master[b];
+}
+bool work_in_store(const HostOptimizerOptions& o, size_t b) {
+  return master_in_store(o, b) && b < o.disk_work.size() && o.disk_work[b];
+}
+// Elements of the masters in host memory, of the working copies there, the largest one in the store.
+struct MasterSplit {
+  int64_t ram = 0, work = 0, max_disk_work = 0;
+};
+MasterSplit master_split(const HostOptimizerOptions& o) {
+  MasterSplit m;
+  for (size_t b = 0; b < o.blob_numel.size(); ++b) {
+    if (!master_in_store(o, b)) m.ram += o.blob_numel[b];
+    else if (!work_in_store(o, b)) m.work += o.blob_numel[b];
+    else m.max_disk_work = std::max(m.max_disk_work, o.blob_numel[b]);
+  }
+  return m;
+}
 
 StateStream::Config stream_config(const HostOptimizerOptions& o) {
   StateStream::Config c;
@@ -28,6 +47,11 @@ StateStream::Config stream_config(const HostOptimizerOptions& o) {
   c.elem_bytes = dtype_size(o.state_dtype);
   c.order = HostOptimizer::update_order(o);
   c.ring = o.disk_ring;
+  for (size_t b = 0; b < o.blob_numel.size(); ++b) {
+    c.master.push_back(master_in_store(o, b));
+    c.work.push_back(work_in_store(o, b));
+  }
+  c.work_bytes = dtype_size(o.work_dtype);
   return c;
 }
 }  // namespace
@@ -54,7 +78,11 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
                                 : (size_t(o.ring) * size_t(std::min(o.chunk, std::max<int64_t>(total, 1))) +
                                    size_t(held_total)) *
                                       dtype_size(o.grad_dtype);
-  MemoryItems m = {{"fp32 master weights", size_t(total) * 4, Place::Pinned, "host.master"}};
+  const MasterSplit ms = master_split(o);
+  MemoryItems m = {{"fp32 master weights", size_t(ms.ram) * 4, Place::Pinned, "host.master"}};
+  if (ms.work > 0)
+    m.push_back({"working copies of the masters in the offload dir (the upload source)",
+                 size_t(ms.work) * dtype_size(o.work_dtype), Place::Pinned, "host.work"});
   if (total > 0 && g > 0)
     m.push_back({o.keep_grads ? "gradients of the step (held for the norm)"
                               : "gradient ring (" + std::to_string(o.ring) + " chunks)",
@@ -63,15 +91,20 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
   m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.m"});
   m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.v"});
   append(m, StateStream::buffers(stream_config(o)));
+  append(m, WeightStream::buffers(o.weight_ring, size_t(ms.max_disk_work) * dtype_size(o.work_dtype)));
   return m;
 }
 
 HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeStore* store)
-    : dev_(dev), gd_(o.grad_dtype), sd_(o.state_dtype), keep_(o.keep_grads) {
-  int64_t ram_state = 0;
+    : dev_(dev), gd_(o.grad_dtype), sd_(o.state_dtype), keep_(o.keep_grads), wd_(o.work_dtype) {
+  int64_t ram_state = 0, ram_master = 0, ram_work = 0;
   for (size_t b = 0; b < o.blob_numel.size(); ++b) {
     const int64_t n = o.blob_numel[b];
     off_.push_back(n > 0 ? total_ : -1);
+    poff_.push_back(n > 0 && !master_in_store(o, b) ? ram_master : -1);
+    woff_.push_back(n > 0 && master_in_store(o, b) && !work_in_store(o, b) ? ram_work : -1);
+    if (poff_.back() >= 0) ram_master += n;
+    if (woff_.back() >= 0) ram_work += n;
     moff_.push_back(n > 0 && !in_store(o, b) ? ram_state : -1);
     numel_.push_back(n);
     total_ += n;
@@ -88,6 +121,7 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
     }
   BufferSource src(dev, buffers(o));
   master_ = src.buffer("host.master");
+  work_ = src.buffer_if("host.work");
   m_ = HostBuffer(src.take("host.m").bytes);
   v_ = HostBuffer(src.take("host.v").bytes);
   // The AdamW pass streams through m and v every step: transparent huge pages spare the TLB
@@ -98,7 +132,8 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
         const uintptr_t hi = (reinterpret_cast<uintptr_t>(b->data()) + b->size()) / 4096 * 4096;
         ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
       }
-  if (total_ > 0) std::memset(master_.data(), 0, master_.size());  // padding between tensors stays 0
+  if (master_.size() > 0) std::memset(master_.data(), 0, master_.size());  // padding between tensors stays 0
+  if (work_.size() > 0) std::memset(work_.data(), 0, work_.size());
   if (ram_state > 0) {
     std::memset(m_.data(), 0, size_t(ram_state) * dtype_size(sd_));
     std::memset(v_.data(), 0, size_t(ram_state) * dtype_size(sd_));
@@ -108,6 +143,12 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
   if (!sc.order.empty()) {
     SF_CHECK(store != nullptr, "blobs in the NVMe store, but no store");
     disk_ = std::make_unique<StateStream>(*store, sc, src);
+    const MasterSplit ms = master_split(o);
+    if (ms.max_disk_work > 0) {
+      weights_ = std::make_unique<WeightStream>(dev, *store, *disk_, o.weight_ring,
+                                                size_t(ms.max_disk_work) * dtype_size(wd_), src);
+      wring_bytes_ = weights_->pinned_bytes();
+    }
   }
   if (!o.keep_grads)
     for (int r = 0; r < o.ring; ++r) ring_free_.push_back(dev.create_event());
@@ -127,6 +168,10 @@ void to_f32(float* dst, const void* src, DType t, int64_t n) {
 
 void HostOptimizer::read_state(int which, int blob, int64_t off, int64_t n, float* dst) {
   SF_CHECK(off_[size_t(blob)] >= 0 && off >= 0 && off + n <= numel_[size_t(blob)], "read_state: bad range");
+  if (which == 0 && master_on_disk(blob)) {
+    disk_->read(StateStream::Master, blob, off, n, dst);
+    return;
+  }
   if (which == 0) {
     std::memcpy(dst, master(blob) + off, size_t(n) * 4);
     return;
@@ -143,6 +188,17 @@ void HostOptimizer::read_state(int which, int blob, int64_t off, int64_t n, floa
 
 void HostOptimizer::write_state(int which, int blob, int64_t off, int64_t n, const float* src) {
   SF_CHECK(off_[size_t(blob)] >= 0 && off >= 0 && off + n <= numel_[size_t(blob)], "write_state: bad range");
+  if (which == 0 && master_on_disk(blob)) {  // the master, and the working copy the uploads read
+    disk_->write(StateStream::Master, blob, off, n, src);
+    std::vector<char> w(size_t(n) * dtype_size(wd_));
+    cpu::cast(Tensor(w.data(), wd_, {n}), Tensor(const_cast<float*>(src), DType::F32, {n}));
+    if (disk_->has_work(blob))
+      disk_->write(StateStream::Work, blob, off, n, w.data());
+    else
+      std::memcpy(static_cast<char*>(work_.data()) + size_t(woff_[size_t(blob)] + off) * dtype_size(wd_), w.data(),
+                  w.size());
+    return;
+  }
   if (which == 0) {
     std::memcpy(master(blob) + off, src, size_t(n) * 4);
     return;
@@ -157,6 +213,22 @@ void HostOptimizer::write_state(int which, int blob, int64_t off, int64_t n, con
   }
   cpu::cast(Tensor(dst, sd_, {n}), Tensor(const_cast<float*>(src), DType::F32, {n}));
   if (on_disk(blob)) disk_->write(which, blob, off, n, tmp.data());
+}
+
+float* HostOptimizer::master(int blob) {
+  SF_CHECK(poff_[size_t(blob)] >= 0, "blob " + std::to_string(blob) + " has no master in host memory");
+  return static_cast<float*>(master_.data()) + poff_[size_t(blob)];
+}
+
+UploadSource HostOptimizer::upload_source(int blob, Event& updated) {
+  if (!master_on_disk(blob)) return UploadSource{master(blob), DType::F32, {}, {}};
+  if (!disk_->has_work(blob))
+    return UploadSource{static_cast<const char*>(work_.data()) + size_t(woff_[size_t(blob)]) * dtype_size(wd_), wd_, {},
+                        {}};
+  WeightStream* w = weights_.get();
+  Event* upd = &updated;
+  return UploadSource{nullptr, wd_, [w, blob, upd](Stream& h2d) { return w->begin(blob, *upd, h2d); },
+                      [w](Stream& h2d) { w->end(h2d); }};
 }
 
 const void* HostOptimizer::grads(int blob) const {
@@ -179,7 +251,7 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
   const bool disk = on_disk(blob);
   if (disk && part == cpu::AdamWPart::Moments) return;  // the fused pass ran with the parameters
   if (disk) part = cpu::AdamWPart::All;
-  const int64_t off = off_[size_t(blob)] + i0;
+  const int64_t off = poff_[size_t(blob)] + i0;  // (a master in the store: unused)
   const int64_t moff = moff_[size_t(blob)] + i0;
   const bool first = i0 == 0, last = i0 + n == numel_[size_t(blob)];
   // p by value: the next step's parameters may differ by the time this runs.
@@ -198,8 +270,14 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
       m = static_cast<char*>(m_.data()) + size_t(moff) * es;
       v = static_cast<char*>(v_.data()) + size_t(moff) * es;
     }
-    cpu::adamw(Tensor(static_cast<float*>(master_.data()) + off, DType::F32, {n}), Tensor(g, gd_, {n}),
-               Tensor(m, sd_, {n}), Tensor(v, sd_, {n}), Tensor(), q, part);
+    float* pm = disk && disk_view_.master ? disk_view_.master + i0 : static_cast<float*>(master_.data()) + off;
+    cpu::adamw(Tensor(pm, DType::F32, {n}), Tensor(g, gd_, {n}), Tensor(m, sd_, {n}), Tensor(v, sd_, {n}), Tensor(), q,
+               part);
+    if (disk && disk_view_.master) {  // the working copy from the new master (the GPU's upload cast)
+      char* w = disk_view_.work ? static_cast<char*>(disk_view_.work) + size_t(i0) * dtype_size(wd_)
+                                : static_cast<char*>(work_.data()) + size_t(woff_[size_t(blob)] + i0) * dtype_size(wd_);
+      cpu::cast(Tensor(w, wd_, {n}), Tensor(pm, DType::F32, {n}));
+    }
     if (disk && last) disk_->release(blob);
     update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });

@@ -13,6 +13,13 @@
 // The m and v of the blobs marked `disk` live in the NVMe store instead (engine/state_stream.h):
 // read into a small ring ahead of their update and written back after it; their update is always
 // the fused pass (a split would read them twice), which gives the same bits.
+// Levels 3 and 4 of the tier: a disk blob marked `disk_master` has its fp32 master in the store
+// too (read with m and v before the update, written back after), and the update writes the
+// blob's working copy, the new parameters in the compute dtype, from which its uploads read: in
+// page-locked host memory (2 bytes a parameter instead of the master's 4), or, marked
+// `disk_work`, in the store as well, read into a pinned ring ahead of each upload
+// (engine/weight_stream.h). The cast is the one the GPU does on an upload of a master, so the
+// slots hold the same bits either way.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -24,6 +31,8 @@
 #include "core/host_memory.h"
 #include "engine/buffers.h"
 #include "engine/state_stream.h"
+#include "engine/upload_source.h"
+#include "engine/weight_stream.h"
 #include "io/nvme_store.h"
 
 namespace sf {
@@ -38,6 +47,10 @@ struct HostOptimizerOptions {
   std::vector<bool> disk;           // [blobs] the blob's m and v live in the NVMe store
   int disk_ring = 3;                // blobs' m and v in host memory at once (StateStream)
   DType state_dtype = DType::F32;   // m and v (EngineOptions::state_dtype)
+  std::vector<bool> disk_master;    // [blobs] (disk blobs) the fp32 master lives in the store too
+  std::vector<bool> disk_work;      // [blobs] (disk masters) and the working copy the uploads read
+  DType work_dtype = DType::BF16;   // the working copy's dtype: the compute dtype
+  int weight_ring = 2;              // pinned buffers of the working copies read for uploads
 };
 
 class HostOptimizer {
@@ -46,10 +59,16 @@ class HostOptimizer {
   HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeStore* store = nullptr);
 
   int64_t total() const { return total_; }
-  float* master(int blob) { return static_cast<float*>(master_.data()) + off_[size_t(blob)]; }
+  // The fp32 master of a blob whose master is in host memory (not in the store).
+  float* master(int blob);
+  bool master_on_disk(int blob) const { return disk_ && disk_->has_master(blob); }
+  // What an upload of the blob reads (the master, the working copy in host memory, or the
+  // working copy read from the store after `updated`, the blob's last update).
+  UploadSource upload_source(int blob, Event& updated);
   DType state_dtype() const { return sd_; }
   // Elements [off, off + n) of the master (0), m (1) or v (2) of a host blob, outside a step, as fp32
-  // (m and v converted from the state dtype; written back rounded to nearest).
+  // (m and v converted from the state dtype; written back rounded to nearest). Writing a master
+  // also writes its working copy, if the blob has one.
   void read_state(int which, int blob, int64_t off, int64_t n, float* dst);
   void write_state(int which, int blob, int64_t off, int64_t n, const float* src);
   bool on_disk(int blob) const { return disk_ && disk_->has(blob); }
@@ -79,7 +98,7 @@ class HostOptimizer {
   bool held(int blob) const { return keep_ || held_off_[size_t(blob)] >= 0; }
 
   double update_seconds() const { return double(update_ns_.load()) * 1e-9; }
-  size_t pinned_bytes() const { return master_.size() + store_.size(); }
+  size_t pinned_bytes() const { return master_.size() + work_.size() + store_.size() + wring_bytes_; }
   size_t host_bytes() const { return pinned_bytes() + m_.size() + v_.size() + (disk_ ? disk_->host_bytes() : 0); }
   // What the constructor allocates, from the same options: "host.master" and "host.grads" (the
   // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v"
@@ -95,14 +114,20 @@ class HostOptimizer {
   DType gd_, sd_;
   bool keep_;
   int64_t chunk_;
-  std::vector<int64_t> off_;   // [blobs] element offset in the flat master (-1: not on the host)
+  std::vector<int64_t> off_;   // [blobs] element offset among the host blobs (gradient store; -1: not on the host)
+  std::vector<int64_t> poff_;  // [blobs] element offset in master_ (-1: not there: on the GPU or in the store)
+  std::vector<int64_t> woff_;  // [blobs] element offset in work_ (-1: no working copy in host memory)
   std::vector<int64_t> moff_;  // [blobs] element offset in m_ and v_ (-1: not on the host, or on disk)
   std::vector<int64_t> numel_;
   int64_t total_ = 0;
-  DeviceBuffer master_;                            // [total] F32 pinned
+  DeviceBuffer master_;                            // [masters in host memory] F32 pinned
+  DeviceBuffer work_;                              // [working copies in host memory] work dtype, pinned
+  DType wd_ = DType::BF16;
+  size_t wring_bytes_ = 0;
   HostBuffer m_, v_;                               // [total of the blobs not on disk] sd_
   std::unique_ptr<StateStream> disk_;              // m and v of the blobs in the NVMe store
   StateStream::View disk_view_;                    // the blob being updated (opt stream only)
+  std::unique_ptr<WeightStream> weights_;          // working copies read from the store for uploads (after disk_)
   DeviceBuffer store_;                             // keep_grads: [total] gd; else [ring, chunk] + [held] gd; pinned
   std::vector<int64_t> held_off_;                  // [blobs] element offset of a held blob in store_ (-1: not held)
   std::vector<std::unique_ptr<Event>> ring_free_;  // [ring] opt: the buffer's update is done

@@ -23,6 +23,8 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.hold_grads = p.hold_grads;
   so.disk_blobs = p.disk_blobs;
   so.ckpt_disk_layers = p.ckpt_disk_layers;
+  so.disk_masters = p.disk_masters;
+  so.disk_weights = p.disk_weights;
   so.store.dir = req.offload_dir;
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }

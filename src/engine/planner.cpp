@@ -102,7 +102,8 @@ SettingText Shortfall::phrase() const {
                   format_bytes(available) + " available (",
               Setting::HostMemory, ")"};
     case Memory::Disk:
-      return {"needs " + format_bytes(needs) + " in the offload directory for AdamW state, " + format_bytes(available) +
+      return {"needs " + format_bytes(needs) + " in the offload directory (AdamW state, masters, weights, checkpoints), " +
+                  format_bytes(available) +
                   " available (",
               Setting::DiskMemory, ")"};
     case Memory::None:
@@ -145,7 +146,8 @@ std::vector<int> gpu_blob_order(const ModelSpec& s) {
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs, int micro, bool keep_grads,
                                        int64_t hold_grads, const std::vector<int>& disk_blobs,
-                                       int ckpt_disk_layers, DType state) {
+                                       int ckpt_disk_layers, DType state, const std::vector<int>& disk_masters,
+                                       const std::vector<int>& disk_weights) {
   SlidingOptions o;  // the default chunk and gradient ring
   o.base.state_dtype = state;
   o.base.max_batch = B;
@@ -157,6 +159,8 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
   o.hold_grads = hold_grads;
   o.disk_blobs = disk_blobs;
   o.ckpt_disk_layers = ckpt_disk_layers;
+  o.disk_masters = disk_masters;
+  o.disk_weights = disk_weights;
   return merge_by_name(SlidingEngine::buffers(s, o, backend_sizes(s, B, T, be)));
 }
 
@@ -219,18 +223,27 @@ class Planner {
 
   // The plan of one placement: its buffers, their totals by place, whether they fit the budgets.
   void fill(EngineKind engine, int slots, const std::vector<int>& gpu_blobs = {},
-            const std::vector<int>& disk_blobs = {}, int ckpt_disk_layers = 0) {
+            const std::vector<int>& disk_blobs = {}, int ckpt_disk_layers = 0,
+            const std::vector<int>& disk_masters = {}, const std::vector<int>& disk_weights = {}) {
     p_.engine = engine;
     p_.slots = slots;
     p_.gpu_blobs = gpu_blobs;
     p_.disk_blobs = disk_blobs;
     p_.ckpt_disk_layers = ckpt_disk_layers;
+    p_.disk_masters = disk_masters;
+    p_.disk_weights = disk_weights;
     p_.items =
         engine == EngineKind::Resident
             ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum, r_.state_dtype)
             : sliding_memory(s_, r_.batch, r_.seq, slots, be_, gpu_blobs, r_.grad_accum, r_.clip || !r_.optimizer,
-                             hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers, r_.state_dtype);
+                             hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers, r_.state_dtype, disk_masters,
+                             disk_weights);
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
+    p_.disk_write_bytes = double(p_.disk_bytes);
+    p_.disk_read_bytes = double(p_.disk_bytes);
+    for (int b : disk_weights)  // the working copy's second read (StateStream's "disk.work" regions)
+      p_.disk_read_bytes +=
+          double(NvmeStore::aligned(uint64_t(lay_.blobs[size_t(b)].numel) * dtype_size(be_.compute_dtype)));
     p_.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
     p_.gpu_bytes = total_bytes(p_.items, Place::Device);
     p_.pinned_bytes = total_bytes(p_.items, Place::Pinned);
@@ -272,11 +285,20 @@ class Planner {
     to_disk(slots);
   }
 
-  // Short of host memory with an offload directory: the NVMe tier, cheapest traffic first. Whole
-  // blobs' AdamW m and v (with the optimizer) move to the store (8 bytes a parameter each, read and
-  // written once a step), in disk_blob_order; if the host is still short with all of them there,
-  // the checkpoints of the first layers too (written in the forward, read in the backward). Each
-  // time the fewest that fit (a binary search: the host bytes fall with each one moved).
+  // Short of host memory with an offload directory: the NVMe tier (docs/ENGINE.md), in levels
+  // by the disk traffic a step costs per byte of host memory freed, cheapest first:
+  //   1. whole blobs' AdamW m and v (with the optimizer; disk_blob_order): read and written once a
+  //      step, 2 bytes of traffic a byte freed;
+  //   2. the checkpoints of the first layers (training): written in the forward, read in the
+  //      backward, 2 bytes a byte freed (their traffic grows with the micro-batches);
+  //   3. the fp32 masters of those blobs (with their state in the store): read and written with m
+  //      and v, the uploads reading a working copy in the compute dtype kept in host memory: 8
+  //      bytes a parameter for 2 freed (bf16), 4 a byte;
+  //   4. their working copies too: written by the update, read for each of the two uploads a
+  //      step: 6 bytes a parameter for 2 freed, 3 a byte (after 3, which it needs).
+  // Each level takes the fewest blobs (layers) that fit, a binary search over the planner's own
+  // buffer lists (host bytes fall with each one moved); the next level only when all of this
+  // one do not.
   void to_disk(int slots) {
     if (r_.offload_dir.empty() || p_.short_of.memory != Shortfall::Memory::Host) return;
     // (On the cpu backend the "GPU" is host memory: keeping blobs there saves nothing.)
@@ -285,24 +307,37 @@ class Planner {
     if (r_.optimizer)
       for (int b : disk_blob_order(s_))
         if (std::find(keep.begin(), keep.end(), b) == keep.end()) cand.push_back(b);
-    auto with = [&](size_t n, int ckpt) {
-      fill(EngineKind::Sliding, slots, keep, std::vector<int>(cand.begin(), cand.begin() + std::ptrdiff_t(n)), ckpt);
+    const int nc = int(cand.size());
+    // How many of each level: state blobs, checkpoint layers, masters, working copies.
+    int level[4] = {0, 0, 0, 0};
+    const int most[4] = {nc, r_.training ? s_.n_layer : 0, nc, nc};
+    auto first = [&](int n) { return std::vector<int>(cand.begin(), cand.begin() + std::ptrdiff_t(n)); };
+    auto with = [&] {  // a working copy in the store needs its master there
+      fill(EngineKind::Sliding, slots, keep, first(level[0]), level[1], first(std::max(level[2], level[3])),
+           first(level[3]));
       return p_.short_of.memory != Shortfall::Memory::Host;
     };
-    auto fewest = [](int hi, const std::function<bool(int)>& fits) {  // fits(hi) holds
-      int lo = 0;
-      while (lo + 1 < hi) {
-        const int mid = (lo + hi) / 2;
-        (fits(mid) ? hi : lo) = mid;
+    for (int k = 0; k < 4; ++k) {
+      if (most[k] == 0) continue;
+      const size_t before = p_.host_bytes;
+      level[k] = most[k];
+      if (with()) {
+      } else if (k == 2 && p_.host_bytes >= before) {  // fp32 compute: a working copy is a master's size,
+        level[k] = 0;                                  // so masters go only with their working copies
+        continue;
+      } else {
+        continue;  // still short with all of this level: the next one too
       }
-      return hi;
-    };
-    if (with(cand.size(), 0)) {
-      with(size_t(fewest(int(cand.size()), [&](int n) { return with(size_t(n), 0); })), 0);
+      int lo = 0, hi = most[k];  // with(hi) fits
+      while (lo + 1 < hi) {
+        level[k] = (lo + hi) / 2;
+        (with() ? hi : lo) = level[k];
+      }
+      level[k] = hi;
+      with();
       return;
     }
-    if (!r_.training || !with(cand.size(), s_.n_layer)) return;  // still short: refused as that
-    with(cand.size(), fewest(s_.n_layer, [&](int c) { return with(cand.size(), c); }));
+    // Short with everything in the store: refused as that (the last fill's numbers).
   }
 
   const ModelSpec& s_;
@@ -381,33 +416,43 @@ Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
 }
 
 // The NVMe tier's disk in the step's phases (docs/ENGINE.md "NVMe tier"). The disk's work is not
-// free to fall anywhere in the step: the state of a disk blob is read and written around its
-// update, so in the phase the updates run in (the forward with clipping, the backward without);
-// checkpoints are written in the forward and read in the backward. Only the state ring's
-// read-ahead and write-behind (`disk_ring` blobs, each read and written once) can cross into the
-// other phase, and only while the disk has nothing else to do there. So the disk's total time is
-// a bound (the old prediction), and so is each phase's share: with --grad-accum 8 the 8B backward
-// is ~12 s of GPU work in which the disk reads only the checkpoints of 11 layers, and the forward
-// cannot absorb that idle time (session 7: disk busy 40.4 s of a 49.6 s step, planned 38.7 s).
-// `ph` the phases without the disk; the result: the phases at least as long as their disk work.
-Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double layers_bwd_gpu, Phases ph,
-                 Plan& p) {
+// free to fall anywhere in the step: a disk blob's region (m, v, and at levels 3-4 its master and
+// working copy) is read and written around its update, so in the phase the updates run in (the
+// forward with clipping, the backward without); a working copy is read again for each upload (one
+// in each phase); checkpoints are written in the forward and read in the backward. Only the state
+// ring's read-ahead and write-behind (`disk_ring` blobs) can cross into the other phase, and only
+// while the disk has nothing else to do there. So the disk's total time is a bound (the prediction
+// before), and so is each phase's share: with --grad-accum 8 the 8B backward is ~12 s of GPU work
+// in which the disk reads only the checkpoints of 11 layers, and the forward cannot absorb that
+// idle time (session 7: disk busy 40.4 s of a 49.6 s step, the disk's total planned 38.7 s).
+// `ph`: the phases without the disk; `act`: bytes of a working copy's element. The result: the
+// phases at least as long as their disk work.
+Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double act, double layers_bwd_gpu,
+                 Phases ph, Plan& p) {
+  if (p.disk_bytes == 0) return ph;
   const double rd = rates.disk_read_gbs * 1e9, wr = rates.disk_write_gbs * 1e9;
-  // The file holds the state of p.disk_blobs (StateStream's regions) and the disk checkpoints.
+  // The file: the regions of p.disk_blobs (StateStream's layout) and the disk checkpoints.
   StateStream::Config sc;
   const ModelLayout lay = make_layout(s);
   sc.numel.assign(lay.blobs.size(), 0);
+  sc.master.assign(lay.blobs.size(), false);
+  sc.work.assign(lay.blobs.size(), false);
   for (int b : p.disk_blobs) sc.numel[size_t(b)] = lay.blobs[size_t(b)].numel;
+  for (int b : p.disk_masters) sc.master[size_t(b)] = true;
+  for (int b : p.disk_weights) sc.work[size_t(b)] = true;
   sc.elem_bytes = dtype_size(r.state_dtype);
+  sc.work_bytes = size_t(act);
   sc.order = p.disk_blobs;
-  const double state = p.disk_blobs.empty() ? 0.0 : double(StateStream::store_bytes(sc));
-  const double ckpt = std::max(0.0, double(p.disk_bytes) - state);
-  if (state + ckpt <= 0) return ph;
-  const double S = state / rd + state / wr;  // the state: read and written once a step
+  const double region = p.disk_blobs.empty() ? 0.0 : double(StateStream::store_bytes(sc));
+  const double work = std::max(0.0, p.disk_read_bytes - p.disk_write_bytes);  // working copies' second read
+  const double ckpt = std::max(0.0, double(p.disk_bytes) - region);
+  // Around the updates: the regions read (less the working copies, which the update only writes)
+  // and written; one working-copy read in each phase; the checkpoints.
+  const double U = (region - work) / rd + region / wr, W = work / rd;
   const double Cw = ckpt / wr, Cr = ckpt / rd;
-  // What the ring may move into the other phase: `disk_ring` blobs' read and write (an average blob).
+  // What the ring may move into the other phase: `disk_ring` blobs' reads and writes (an average blob).
   const double blobs = double(std::max<size_t>(1, p.disk_blobs.size()));
-  const double M = std::min(S, S / blobs * double(SlidingOptions{}.disk_ring));
+  const double M = std::min(U, U / blobs * double(SlidingOptions{}.disk_ring));
   // The backward cannot finish its disk layers before their checkpoints are read: those reads start
   // with the backward (the store reads 4 fetches ahead, CheckpointStore::read_ahead), and the
   // layers whose checkpoints are in RAM come first.
@@ -417,14 +462,15 @@ Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, d
     ph.bwd = std::max(ph.bwd, layers_bwd_gpu * (L - c) / L + std::max(layers_bwd_gpu * c / L, Cr * (1 - ahead)));
   }
   if (r.clip) {
-    // Updates in the forward: the state's traffic and the checkpoint writes there, less what the
-    // ring moves into the backward's time beside the checkpoint reads.
-    ph.fwd = std::max(ph.fwd, S + Cw - std::min(M, std::max(0.0, ph.bwd - Cr)));
+    // Updates in the forward: the regions' traffic, the checkpoint writes and the working copies'
+    // reads there, less what the ring moves into the backward's spare disk time.
+    ph.bwd = std::max(ph.bwd, Cr + W);
+    ph.fwd = std::max(ph.fwd, U + Cw + W - std::min(M, std::max(0.0, ph.bwd - Cr - W)));
   } else {
-    // Updates in the backward as the gradients land: the state there, less the read-ahead the
+    // Updates in the backward as the gradients land: the regions there, less the read-ahead the
     // forward's spare disk time takes.
-    ph.fwd = std::max(ph.fwd, Cw);
-    ph.bwd = std::max(ph.bwd, S + Cr - std::min(M, std::max(0.0, ph.fwd - Cw)));
+    ph.fwd = std::max(ph.fwd, Cw + W);
+    ph.bwd = std::max(ph.bwd, U + Cr + W - std::min(M, std::max(0.0, ph.fwd - Cw - W)));
   }
   return ph;
 }
@@ -466,13 +512,14 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
     ph = split_update_path(s, r, rates, f, P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host, p);
   else if (r.clip)
     ph = {std::max(fwd_s, update_s), 0.0, bwd_s};
-  // The NVMe store: every byte of the offload file is read once and written once a step (the
-  // state around its update, whatever grad_accum is; the checkpoints, which grow with it); the
-  // phases bound where that traffic can fall (with_disk).
-  if (p.disk_bytes > 0) p.disk_s = double(p.disk_bytes) / (rates.disk_read_gbs * 1e9) +
-                                   double(p.disk_bytes) / (rates.disk_write_gbs * 1e9);
+  // The NVMe store: every byte of the offload file is written once and read once a step (the state
+  // around its update, whatever grad_accum is; the checkpoints, which grow with it), working copies
+  // read once more (Plan::disk_read_bytes, disk_write_bytes); the phases bound where that traffic
+  // can fall (with_disk).
+  if (p.disk_bytes > 0) p.disk_s = p.disk_read_bytes / (rates.disk_read_gbs * 1e9) +
+                                   p.disk_write_bytes / (rates.disk_write_gbs * 1e9);
   const double layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
-  ph = with_disk(s, r, rates, layers_bwd_gpu, ph, p);
+  ph = with_disk(s, r, rates, act, layers_bwd_gpu, ph, p);
   p.step_s = std::max({ph.fwd + ph.head + ph.bwd, p.host_s, p.pcie_s, p.disk_s});
 }
 
@@ -555,6 +602,14 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
   o << "budgets: GPU " << (p.gpu_budget ? format_bytes(p.gpu_budget) : std::string("unknown")) << ", host "
     << (p.host_budget ? format_bytes(p.host_budget) : std::string("unknown"))
     << (r.offload_dir.empty() ? std::string() : ", offload dir " + format_bytes(p.disk_budget)) << "\n";
+  if (p.disk_bytes > 0) {  // the NVMe tier's levels (docs/ENGINE.md), and its traffic a step
+    std::snprintf(line, sizeof line,
+                  "offload dir holds: AdamW state of %zu blobs, checkpoints of %d layers, fp32 masters of %zu, "
+                  "working copies of %zu; a step reads %s and writes %s there\n",
+                  p.disk_blobs.size(), p.ckpt_disk_layers, p.disk_masters.size(), p.disk_weights.size(),
+                  format_bytes(size_t(p.disk_read_bytes)).c_str(), format_bytes(size_t(p.disk_write_bytes)).c_str());
+    o << line;
+  }
   o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why(names)) << "\n";
   if (p.step_s > 0) {
     char disk[48] = "";

@@ -25,11 +25,14 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int m
 // micro: micro-batches a step (layer-major: checkpoints and activations per micro-batch);
 // keep_grads: the step's gradients held in host memory (clipping, or gradients read back).
 // hold_grads: SlidingOptions::hold_grads (without keep_grads).
-// disk_blobs: host blobs whose AdamW m and v live in the NVMe store (SlidingOptions::disk_blobs).
+// disk_blobs: host blobs whose AdamW m and v live in the NVMe store (SlidingOptions::disk_blobs);
+// disk_masters, disk_weights: of those, the ones whose fp32 master, and also working copy, live there.
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs = {}, int micro = 1, bool keep_grads = true,
                                        int64_t hold_grads = 0, const std::vector<int>& disk_blobs = {},
-                                       int ckpt_disk_layers = 0, DType state = DType::F32);
+                                       int ckpt_disk_layers = 0, DType state = DType::F32,
+                                       const std::vector<int>& disk_masters = {},
+                                       const std::vector<int>& disk_weights = {});
 // The order in which the planner moves blobs' AdamW state to the NVMe store: the layers, last
 // first (the embedding's and the head's updates stay in host memory: without clipping the
 // embedding's is the last of a backward and the next forward needs it first).
@@ -103,6 +106,8 @@ struct Plan {
   int64_t hold_grads = 0;      // sliding without clipping: SlidingOptions::hold_grads
   std::vector<int> disk_blobs; // sliding: blobs whose AdamW state is in the NVMe store
   int ckpt_disk_layers = 0;    // sliding: the first layers whose checkpoints are in the NVMe store
+  std::vector<int> disk_masters;  // sliding: of disk_blobs, those whose fp32 master is in the store too
+  std::vector<int> disk_weights;  // sliding: of disk_masters, those whose working copy is too (read per upload)
   // The micro-batches the engine runs: micro_batches of micro_batch sequences a step. The request's
   // batch x grad_accum, unless the sliding engine only fits the GPU with smaller micro-batches
   // (smaller workspace and activations; the same step, as the loss is normalised per step).
@@ -110,6 +115,9 @@ struct Plan {
   std::vector<MemoryItem> items;
   size_t gpu_bytes = 0, pinned_bytes = 0, host_bytes = 0;  // host_bytes counts pinned too
   size_t disk_bytes = 0;                                   // the offload file
+  // The store's traffic a step: everything in it is written once and read once (state around the
+  // update, checkpoints), and the working copies are read once more (two uploads a step).
+  double disk_read_bytes = 0, disk_write_bytes = 0;
   size_t gpu_budget = 0, host_budget = 0, disk_budget = 0;
   bool fits = false;
   Shortfall short_of;  // when it does not fit

@@ -88,6 +88,7 @@ struct SlidingShape {
   std::vector<bool> is_layer;                // [blobs]
   std::vector<bool> held;                    // [blobs] SlidingOptions::hold_grads' blobs
   std::vector<bool> disk;                    // [blobs] m and v in the NVMe store
+  std::vector<bool> disk_master, disk_work;  // [blobs] the master too; the working copy too
   int64_t max_layer = 0, emb = 0, head = 0;  // the gradient accumulators' elements (host blobs)
   int64_t chunk = 0;                         // elements a transfer chunk
   int64_t max_tokens = 0;
@@ -125,6 +126,17 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
     SF_CHECK(b >= 0 && b < nb && z.host_numel[size_t(b)] > 0, "disk_blobs: no host blob " + std::to_string(b));
     z.disk[size_t(b)] = true;
   }
+  z.disk_master.assign(size_t(nb), false);
+  z.disk_work.assign(size_t(nb), false);
+  for (int b : o.disk_masters) {
+    SF_CHECK(b >= 0 && b < nb && z.disk[size_t(b)], "disk_masters: blob " + std::to_string(b) + " has no state on disk");
+    z.disk_master[size_t(b)] = true;
+  }
+  for (int b : o.disk_weights) {
+    SF_CHECK(b >= 0 && b < nb && z.disk_master[size_t(b)],
+             "disk_weights: blob " + std::to_string(b) + " has no master on disk");
+    z.disk_work[size_t(b)] = true;
+  }
   z.chunk = std::max<int64_t>(1, std::min(o.chunk, std::max(max_blob, z.gpu_total)));
   z.max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   z.stride_nh = activation_stride(spec, z.max_tokens, act);
@@ -156,6 +168,10 @@ HostOptimizerOptions host_options(const SlidingShape& z, const SlidingOptions& o
   h.disk = z.disk;
   h.disk_ring = std::clamp(int(std::count(z.disk.begin(), z.disk.end(), true)), 1, o.disk_ring);
   h.state_dtype = o.base.state_dtype;
+  h.disk_master = z.disk_master;
+  h.disk_work = z.disk_work;
+  h.work_dtype = act;
+  h.weight_ring = std::clamp(int(std::count(z.disk_work.begin(), z.disk_work.end(), true)), 1, o.weight_ring);
   return h;
 }
 
@@ -258,7 +274,8 @@ struct SlidingEngine::Impl {
     if (gpu.has(blob)) return {act == DType::F32 ? gpu.at(gpu.master, blob) : gpu_params(blob), -1};
     const int64_t before = slots->uploads();
     const int k =
-        slots->acquire(blob, host->master(blob), layout.blobs[size_t(blob)].numel, grads->updated(blob), use, keep);
+        slots->acquire(blob, host->upload_source(blob, grads->updated(blob)), layout.blobs[size_t(blob)].numel,
+                       grads->updated(blob), use, keep);
     if (slots->uploads() != before) mark(*h2d, "h2d", "uploaded", blob);
     return k >= 0 ? ParamsRef{slots->data(k), k} : ParamsRef{};  // (-1: a prefetch that was skipped)
   }
@@ -654,8 +671,12 @@ void SlidingEngine::load(const CheckpointReader& ckpt) {
       dev_.copy(m.gpu.at(m.gpu.master, b), tmp.data(), tmp.size() * 4, CopyKind::HostToDevice, *m.compute);
       m.gpu_refresh(b);
       dev_.synchronize(*m.compute);
-    } else {
+    } else if (!m.host->master_on_disk(b)) {
       read_blob(ckpt, bl, m.host->master(b));
+    } else {  // NVMe tier: through the store (the master and its working copy)
+      tmp.assign(size_t(bl.numel), 0.f);
+      read_blob(ckpt, bl, tmp.data());
+      m.host->write_state(0, b, 0, bl.numel, tmp.data());
     }
     progress.add(double(bl.numel) * 4);
   }
@@ -674,8 +695,12 @@ void SlidingEngine::init_random(uint64_t seed) {
       dev_.copy(m.gpu.at(m.gpu.master, b), tmp.data(), tmp.size() * 4, CopyKind::HostToDevice, *m.compute);
       m.gpu_refresh(b);
       dev_.synchronize(*m.compute);
-    } else {
+    } else if (!m.host->master_on_disk(b)) {
       random_blob(bl, b, seed, spec_.initializer_range, m.host->master(b));
+    } else {  // NVMe tier: through the store (the master and its working copy)
+      tmp.assign(size_t(bl.numel), 0.f);
+      random_blob(bl, b, seed, spec_.initializer_range, tmp.data());
+      m.host->write_state(0, b, 0, bl.numel, tmp.data());
     }
   }
   m.slots->invalidate();

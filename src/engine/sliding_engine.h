@@ -64,6 +64,13 @@ struct SlidingOptions {
   // The layer-input checkpoints of the first this many layers live in the offload file too
   // (engine/checkpoint_store.h), moved by an I/O stream of their own.
   int ckpt_disk_layers = 0;
+  // Levels 3 and 4 of the tier (docs/ENGINE.md "NVMe tier"; subsets of disk_blobs): blobs whose
+  // fp32 master lives in the offload file too, the uploads reading a working copy in the compute
+  // dtype that the update writes (in page-locked memory); of those, blobs whose working copy
+  // lives in the file as well, read into `weight_ring` pinned buffers ahead of each upload.
+  std::vector<int> disk_masters;
+  std::vector<int> disk_weights;
+  int weight_ring = 2;
   StoreOptions store;
 };
 

@@ -66,7 +66,7 @@ size_t SlotCache::device_bytes() const {
 
 void* SlotCache::data(int slot) const { return slots_[size_t(slot)].mem.data(); }
 
-int SlotCache::acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep) {
+int SlotCache::acquire(int blob, const UploadSource& from, int64_t numel, Event& updated, bool use, int keep) {
   for (int k = 0; k < int(slots_.size()); ++k) {
     if (slots_[size_t(k)].blob != blob) continue;
     slots_[size_t(k)].last_use = ++clock_;
@@ -87,9 +87,12 @@ int SlotCache::acquire(int blob, const float* master, int64_t numel, Event& upda
   Slot& s = slots_[size_t(v)];
   dev_.wait(h2d_, *s.released);
   dev_.wait(h2d_, updated);  // the master is final (an update may still run on the host)
-  if (act_ == DType::F32) {
-    dev_.copy(data(v), master, size_t(numel) * 4, CopyKind::HostToDevice, h2d_);
+  const void* src = from.begin ? from.begin(h2d_) : from.data;
+  const float* master = static_cast<const float*>(src);
+  if (from.dtype == act_) {  // the master in fp32, or a working copy in the compute dtype
+    dev_.copy(data(v), src, size_t(numel) * dtype_size(act_), CopyKind::HostToDevice, h2d_);
   } else {
+    SF_CHECK(from.dtype == DType::F32, "an upload source is fp32 or the compute dtype");
     // Chunks through the staging buffer; the cast runs on the upload stream, so the next chunk's
     // copy is ordered after it (one staging buffer suffices).
     char* dst = static_cast<char*>(data(v));
@@ -100,6 +103,7 @@ int SlotCache::acquire(int blob, const float* master, int64_t numel, Event& upda
                       h2d_);
     }
   }
+  if (from.end) from.end(h2d_);
   dev_.record(*s.ready, h2d_);
   ++uploads_;
   s.blob = blob;

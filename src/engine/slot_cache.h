@@ -14,6 +14,7 @@
 
 #include "backend/device.h"
 #include "engine/buffers.h"
+#include "engine/upload_source.h"
 
 namespace sf {
 
@@ -29,7 +30,12 @@ class SlotCache {
   // `updated` — the blob's last host update — is done). The least recently used slot other than
   // `keep` is replaced once the compute stream has released it. With `use`, the compute stream
   // waits for the upload (without: a prefetch, skipped (-1) when no slot but `keep` could hold it).
-  int acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep = -1);
+  int acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep = -1) {
+    return acquire(blob, UploadSource{master, DType::F32, {}, {}}, numel, updated, use, keep);
+  }
+  // The same from any source (engine/upload_source.h: a working copy in the compute dtype goes up
+  // as is; the NVMe tier's `begin` and `end` are called around the copy).
+  int acquire(int blob, const UploadSource& src, int64_t numel, Event& updated, bool use, int keep = -1);
   void* data(int slot) const;
   // The compute stream's work queued so far is the last that reads the slot.
   void release(int slot);

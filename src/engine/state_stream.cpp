@@ -1,6 +1,7 @@
 #include "engine/state_stream.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -9,25 +10,72 @@
 namespace sf {
 
 namespace {
+bool flag(const std::vector<bool>& f, size_t b) { return b < f.size() && f[b]; }
+// Bytes of part `which` (StateStream::Part) of blob b's region, 0 when it is not in the store.
+uint64_t part_of(const StateStream::Config& c, size_t b, int which) {
+  if (c.numel[b] == 0) return 0;
+  const uint64_t n = uint64_t(c.numel[b]);
+  switch (which) {
+    case StateStream::M:
+    case StateStream::V:
+      return NvmeStore::aligned(n * c.elem_bytes);
+    case StateStream::Master:
+      return flag(c.master, b) ? NvmeStore::aligned(n * 4) : 0;
+    default:
+      return flag(c.master, b) && flag(c.work, b) ? NvmeStore::aligned(n * c.work_bytes) : 0;
+  }
+}
 uint64_t region_bytes(const StateStream::Config& c, size_t b) {
-  return NvmeStore::aligned(uint64_t(c.numel[b]) * c.elem_bytes);
+  uint64_t n = 0;
+  for (int w : {StateStream::M, StateStream::V, StateStream::Master, StateStream::Work}) n += part_of(c, b, w);
+  return n;
+}
+uint64_t sum_of(const StateStream::Config& c, std::initializer_list<int> parts) {
+  uint64_t n = 0;
+  for (size_t b = 0; b < c.numel.size(); ++b)
+    for (int w : parts) n += part_of(c, b, w);
+  return n;
 }
 }  // namespace
 
 uint64_t StateStream::store_bytes(const Config& c) {
   uint64_t n = 0;
-  for (size_t b = 0; b < c.numel.size(); ++b) n += 2 * region_bytes(c, b);
+  for (size_t b = 0; b < c.numel.size(); ++b) n += region_bytes(c, b);
   return n;
 }
 
 MemoryItems StateStream::buffers(const Config& c) {
   uint64_t slot = 0;
-  for (size_t b = 0; b < c.numel.size(); ++b) slot = std::max(slot, 2 * region_bytes(c, b));
+  int masters = 0, works = 0;
+  for (size_t b = 0; b < c.numel.size(); ++b) {
+    slot = std::max(slot, region_bytes(c, b));
+    masters += part_of(c, b, Master) > 0;
+    works += part_of(c, b, Work) > 0;
+  }
   if (slot == 0) return {};
-  const std::string ring = "AdamW state read from the offload dir (" + std::to_string(c.ring) + " blobs)";
-  return {{ring, size_t(slot) * size_t(c.ring) + NvmeStore::kAlign, Place::Host, "disk.ring"},
-          {"AdamW m and v of " + std::to_string(c.order.size()) + " blobs", size_t(store_bytes(c)), Place::Disk,
-           "disk.state"}};
+  const std::string what = masters > 0 ? "AdamW state and masters" : "AdamW state";
+  const std::string ring = what + " read from the offload dir (" + std::to_string(c.ring) + " blobs)";
+  MemoryItems m = {{ring, size_t(slot) * size_t(c.ring) + NvmeStore::kAlign, Place::Host, "disk.ring"},
+                   {"AdamW m and v of " + std::to_string(c.order.size()) + " blobs", size_t(sum_of(c, {M, V})),
+                    Place::Disk, "disk.state"}};
+  if (masters > 0)
+    m.push_back({"fp32 masters of " + std::to_string(masters) + " blobs", size_t(sum_of(c, {Master})), Place::Disk,
+                 "disk.master"});
+  if (works > 0)
+    m.push_back({"working copies (read for each upload) of " + std::to_string(works) + " blobs",
+                 size_t(sum_of(c, {Work})), Place::Disk, "disk.work"});
+  return m;
+}
+
+uint64_t StateStream::part_bytes(int blob, int which) const { return part_of(cfg_, size_t(blob), which); }
+
+uint64_t StateStream::part_at(int blob, int which) const {
+  uint64_t at = 0;
+  for (int w : {M, V, Master, Work}) {
+    if (w == which) return at;
+    at += part_bytes(blob, w);
+  }
+  return at;
 }
 
 StateStream::StateStream(NvmeStore& store, const Config& c, BufferSource& src) : store_(store), cfg_(c) {
@@ -35,8 +83,8 @@ StateStream::StateStream(NvmeStore& store, const Config& c, BufferSource& src) :
   uint64_t at = 0;
   for (size_t b = 0; b < c.numel.size(); ++b) {
     off_.push_back(at);
-    at += 2 * region_bytes(c, b);
-    slot_bytes_ = std::max(slot_bytes_, size_t(2 * region_bytes(c, b)));
+    at += region_bytes(c, b);
+    slot_bytes_ = std::max(slot_bytes_, size_t(region_bytes(c, b)));
   }
   size_t on_disk = 0;
   for (int b : c.order) {
@@ -51,6 +99,8 @@ StateStream::StateStream(NvmeStore& store, const Config& c, BufferSource& src) :
   SF_CHECK(at <= store.capacity(), "the offload file is smaller than the state");
   ring_mem_ = HostBuffer(src.take("disk.ring").bytes);
   src.take("disk.state");
+  if (sum_of(c, {Master}) > 0) src.take("disk.master");
+  if (sum_of(c, {Work}) > 0) src.take("disk.work");
   char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(ring_mem_.data()) + NvmeStore::kAlign - 1) /
                                        NvmeStore::kAlign * NvmeStore::kAlign);
   slots_.resize(size_t(c.ring));
@@ -88,7 +138,7 @@ void StateStream::pump_locked() {
     if (!s) return;
     s->st = St::Reading;
     s->pos = next_read_++;
-    store_.read(off_[size_t(b)], s->mem, size_t(2 * region(b)), [this, s](int err) {
+    store_.read(off_[size_t(b)], s->mem, size_t(read_bytes(b)), [this, s](int err) {
       std::lock_guard<std::mutex> lk(mu_);
       if (err && !err_) {
         err_ = err;
@@ -118,7 +168,10 @@ StateStream::View StateStream::acquire(int blob) {
   });
   if (err_) throw std::runtime_error(store_.error_text(err_write_, err_));
   s->st = St::InUse;
-  return View{s->mem, s->mem + region(blob)};
+  View v{s->mem, s->mem + part_at(blob, V), nullptr, nullptr};
+  if (has_master(blob)) v.master = reinterpret_cast<float*>(s->mem + part_at(blob, Master));
+  if (has_work(blob)) v.work = s->mem + part_at(blob, Work);
+  return v;
 }
 
 void StateStream::release(int blob) {
@@ -129,7 +182,7 @@ void StateStream::release(int blob) {
   s->st = St::Writing;
   ++writing_[size_t(blob)];
   ++next_use_;
-  store_.write(off_[size_t(blob)], s->mem, size_t(2 * region(blob)), [this, s, blob](int err) {
+  store_.write(off_[size_t(blob)], s->mem, size_t(write_bytes(blob)), [this, s, blob](int err) {
     std::lock_guard<std::mutex> lk2(mu_);
     if (err && !err_) {
       err_ = err;
@@ -160,18 +213,30 @@ void StateStream::quiesce() {
   if (err_) throw std::runtime_error(store_.error_text(err_write_, err_));
 }
 
+void StateStream::wait_written(int blob) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return err_ != 0 || writing_[size_t(blob)] == 0; });
+  if (err_) throw std::runtime_error(store_.error_text(err_write_, err_));
+}
+
+namespace {
+bool valid_part(int which) { return which >= StateStream::Master && which <= StateStream::Work; }
+}  // namespace
+
 void StateStream::read(int which, int blob, int64_t off, int64_t n, void* dst) {
-  SF_CHECK(has(blob) && (which == 1 || which == 2) && off >= 0 && off + n <= cfg_.numel[size_t(blob)],
+  SF_CHECK(has(blob) && valid_part(which) && part_bytes(blob, which) > 0 && off >= 0 &&
+               off + n <= cfg_.numel[size_t(blob)],
            "state stream: bad read");
-  const uint64_t at = off_[size_t(blob)] + (which == 2 ? region(blob) : 0) + uint64_t(off) * cfg_.elem_bytes;
-  store_.read_sync(at, dst, size_t(n) * cfg_.elem_bytes);
+  const uint64_t at = off_[size_t(blob)] + part_at(blob, which) + uint64_t(off) * part_elem(which);
+  store_.read_sync(at, dst, size_t(n) * part_elem(which));
 }
 
 void StateStream::write(int which, int blob, int64_t off, int64_t n, const void* src) {
-  SF_CHECK(has(blob) && (which == 1 || which == 2) && off >= 0 && off + n <= cfg_.numel[size_t(blob)],
+  SF_CHECK(has(blob) && valid_part(which) && part_bytes(blob, which) > 0 && off >= 0 &&
+               off + n <= cfg_.numel[size_t(blob)],
            "state stream: bad write");
-  const uint64_t at = off_[size_t(blob)] + (which == 2 ? region(blob) : 0) + uint64_t(off) * cfg_.elem_bytes;
-  store_.write_sync(at, src, size_t(n) * cfg_.elem_bytes);
+  const uint64_t at = off_[size_t(blob)] + part_at(blob, which) + uint64_t(off) * part_elem(which);
+  store_.write_sync(at, src, size_t(n) * part_elem(which));
 }
 
 }  // namespace sf

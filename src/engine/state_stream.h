@@ -8,6 +8,12 @@
 // Reads of a blob never pass the write-back of its previous update (a read waits until that write
 // is done), and never run a whole cycle ahead. Errors of the store are kept and thrown by the next
 // acquire() or check(), with the offload directory and the errno in the message.
+//
+// Levels 3 and 4 of the tier (docs/ENGINE.md "NVMe tier"): a blob's fp32 master can live in its
+// region too (`master`), and then also its working copy, the parameters in the compute dtype that
+// the uploads read (`work`). A blob's region is [m | v | master | work] (each part 4 KiB aligned);
+// the update reads [m | v | master] and writes the whole region back, the working copy computed
+// from the new master in the same pass (WeightStream reads it for the uploads).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -27,9 +33,14 @@ class StateStream {
     size_t elem_bytes = 4;       // bytes of one element of m (and of v)
     std::vector<int> order;      // the store's blobs in the order of their updates within a step
     int ring = 3;                // blobs' state in host memory at once (>= 1)
+    std::vector<bool> master;    // [blobs] the fp32 master is in the region too (level 3)
+    std::vector<bool> work;      // [blobs] and the working copy, work_bytes an element (level 4)
+    size_t work_bytes = 2;       // bytes of an element of the working copy (the compute dtype)
   };
-  // "disk.ring" (the host buffers, pageable, aligned for O_DIRECT) and "disk.state" (the bytes in
-  // the store).
+  // Which part of a blob's region.
+  enum Part { M = 1, V = 2, Master = 0, Work = 3 };
+  // "disk.ring" (the host buffers, pageable, aligned for O_DIRECT) and the bytes in the store:
+  // "disk.state" (m and v), "disk.master", "disk.work" (in that order in the file).
   static MemoryItems buffers(const Config& c);
   static uint64_t store_bytes(const Config& c);  // the "disk.state" item's bytes
 
@@ -40,9 +51,13 @@ class StateStream {
   StateStream& operator=(const StateStream&) = delete;
 
   bool has(int blob) const { return blob >= 0 && size_t(blob) < cfg_.numel.size() && cfg_.numel[size_t(blob)] > 0; }
+  bool has_master(int blob) const { return has(blob) && blob < int(cfg_.master.size()) && cfg_.master[size_t(blob)]; }
+  bool has_work(int blob) const { return has_master(blob) && blob < int(cfg_.work.size()) && cfg_.work[size_t(blob)]; }
   struct View {
     void* m = nullptr;  // [numel] elements
     void* v = nullptr;
+    float* master = nullptr;  // [numel] fp32, when the master is in the store
+    void* work = nullptr;     // [numel] work_bytes each, when the working copy is: written by the update
   };
   // The next blob of the cycle, once it is in host memory (blocks). `blob` must be that blob.
   View acquire(int blob);
@@ -53,7 +68,14 @@ class StateStream {
   void quiesce();
   void check() const;  // throws a kept error
 
-  // Outside a step (after quiesce): elements [off, off + n) of m (which 1) or v (which 2).
+  // Where the blob's working copy is in the store (level 4), and its bytes (aligned).
+  uint64_t work_offset(int blob) const { return off_[size_t(blob)] + part_at(blob, Work); }
+  uint64_t work_span(int blob) const { return part_bytes(blob, Work); }
+  // Blocks until no write-back of the blob is in flight (a read of its working copy follows the
+  // update that wrote it). Throws a kept error.
+  void wait_written(int blob);
+
+  // Outside a step (after quiesce): elements [off, off + n) of a part (which: Part).
   void read(int which, int blob, int64_t off, int64_t n, void* dst);
   void write(int which, int blob, int64_t off, int64_t n, const void* src);
 
@@ -68,11 +90,15 @@ class StateStream {
   };
   void pump_locked();
   Slot* slot_at(int64_t pos);
-  uint64_t region(int blob) const { return uint64_t(NvmeStore::aligned(uint64_t(cfg_.numel[size_t(blob)]) * cfg_.elem_bytes)); }
+  uint64_t part_bytes(int blob, int which) const;  // of the part in this blob's region (0: not there)
+  uint64_t part_at(int blob, int which) const;     // its offset within the region
+  size_t part_elem(int which) const { return which == Master ? 4 : which == Work ? cfg_.work_bytes : cfg_.elem_bytes; }
+  uint64_t read_bytes(int blob) const { return part_at(blob, Work); }  // [m | v | master]
+  uint64_t write_bytes(int blob) const { return part_at(blob, Work) + part_bytes(blob, Work); }
 
   NvmeStore& store_;
   Config cfg_;
-  std::vector<uint64_t> off_;  // [blobs] byte offset of the blob's m in the store (v follows its m region)
+  std::vector<uint64_t> off_;  // [blobs] byte offset of the blob's region [m | v | master | work] in the store
   HostBuffer ring_mem_;        // [ring, slot_bytes_] (+ alignment)
   size_t slot_bytes_ = 0;
   std::vector<Slot> slots_;
