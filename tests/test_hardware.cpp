@@ -242,10 +242,7 @@ TEST_F(PlanHardware, LargestModelsFitWithTheStore) {
   const std::string off = " --offload-dir " + p("off");
   for (const char* preset : {"mistral-123b", "llama-70b"}) {
     SCOPED_TRACE(preset);
-    // 123B with clipping holds the step's bf16 gradients in host memory (228 GiB): not yet in the
-    // store, so without clipping (SlideFormer's own setting).
-    const std::string plan = std::string("plan --preset ") + preset + " --hardware rtx4090" +
-                             (std::string(preset) == "mistral-123b" ? " --max-grad-norm 0" : "");
+    const std::string plan = std::string("plan --preset ") + preset + " --hardware rtx4090";
     test::CmdResult r = run(plan);  // without the store: host memory is short
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_FALSE(r.last()["fits"].get<bool>());
@@ -261,6 +258,11 @@ TEST_F(PlanHardware, LargestModelsFitWithTheStore) {
     if (std::string(preset) == "mistral-123b") {
       EXPECT_FALSE(a["disk_weights"].empty());
       EXPECT_GT(a["disk_read_bytes_per_step"].get<double>(), a["disk_write_bytes_per_step"].get<double>());
+      EXPECT_FALSE(a["disk_grads"].empty());  // clipping's held gradients (228 GiB in bf16) too
+      r = run(plan + off + " --max-grad-norm 0");  // without clipping (SlideFormer's setting): none held
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_TRUE(r.last()["fits"].get<bool>()) << r.err;
+      EXPECT_TRUE(r.last()["disk_grads"].empty());
     }
     r = run(plan + off + " --disk-memory 100GiB");  // refused with the numbers (train: exit 2)
     ASSERT_EQ(r.code, 0) << r.err;

@@ -89,6 +89,10 @@ struct Case {
   // 3 weight reads, 4 tokens, 5 opt, 6 checkpoint I/O), 5 masters of all, working copies of every
   // other one (both kinds side by side).
   int tier = 0;
+  // With clipping: the `disk` blobs' held gradients in the store too (written as they land on
+  // the host optimizer's gradient I/O stream, read with the state by the update; that stream is
+  // created before the weight reads' and the token uploader's: stall bit 3).
+  bool grads_disk = false;
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -160,6 +164,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   so.disk_blobs = disk_blobs(c.disk, spec.n_layer, so.gpu_blobs);
   so.ckpt_disk_layers = c.ckpt_disk;
   if (c.tier >= 3) so.disk_masters = so.disk_blobs;
+  if (c.grads_disk) so.disk_grads = so.disk_blobs;
   for (size_t i = 0; c.tier >= 4 && i < so.disk_masters.size(); ++i)
     if (c.tier == 4 || i % 2 == 0) so.disk_weights.push_back(so.disk_masters[i]);
   if (!so.disk_blobs.empty() || c.ckpt_disk > 0) {
@@ -265,7 +270,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen2", 3, 50, 2, true, false, 1, false, 3, 0, false, false, 1, true, 2, 4},
         Case{"llama", 2, 50, 32, true, true, 0, true, 1, 3000, false, false, 2, true, 0, 5},
         Case{"qwen3", 2, 50, 64, false, false, 0, false, 2, 0, true, true, 2, true, 3, 5},
-        Case{"gemma3", 2, 50, 16, false, false, 0, true, 2, 0, false, false, 2, true, 1, 4}),
+        Case{"gemma3", 2, 50, 16, false, false, 0, true, 2, 0, false, false, 2, true, 1, 4},
+        // the held gradients (clipping) in the store: alone, with every level, odd chunks, split
+        // and fused updates, stalls on the tier's first I/O stream (8) and on the host updates' (64)
+        Case{"llama", 3, 0, 0, false, false, 0, false, 1, 0, false, false, 2, true, 0, 0, true},
+        Case{"qwen3", 2, 50, 8, false, true, 0, true, 2, 0, false, false, 1, true, 0, 0, true},
+        Case{"mistral", 2, 50, 8, false, true, 0, true, 3, 0, true, true, 2, false, 2, 4, true},
+        Case{"qwen2", 3, 50, 64, false, false, 1, false, 2, 0, false, false, 2, true, 1, 5, true},
+        Case{"gemma3", 2, 50, 4, false, true, 0, true, 2, 0, false, false, 2, true, 0, 3, true}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.family + "_slots" + std::to_string(c.slots) +
@@ -275,7 +287,8 @@ INSTANTIATE_TEST_SUITE_P(
              (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "") +
              (c.bf16_state ? "_bf16state" : "") +
              (c.disk ? "_disk" + std::to_string(c.disk) : "") + (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
-             ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "");
+             ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "") +
+             (c.grads_disk ? "_gradsdisk" : "");
     });
 
 }  // namespace

@@ -125,6 +125,7 @@ void GradientPath::send(int blob, const Grad& grad, const AdamWParams* overlap) 
       dev_.copy(at.ptr, st.data, size_t(c) * dtype_size(act_), CopyKind::DeviceToHost, s_.d2h);
       dev_.record(*stg_free_[s], s_.d2h);
     }
+    host_.landed(blob, i, c, at, s_.d2h);  // (NVMe tier: a held gradient in the store is written out)
     if (overlap) {
       dev_.record(*chunk_landed_, s_.d2h);
       dev_.wait(s_.opt, *chunk_landed_);

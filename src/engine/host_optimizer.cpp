@@ -24,6 +24,9 @@ bool in_store(const HostOptimizerOptions& o, size_t b) { return b < o.disk.size(
 bool master_in_store(const HostOptimizerOptions& o, size_t b) {
   return in_store(o, b) && b < o.disk_master.size() && o.disk_master[b];
 }
+bool grad_in_store(const HostOptimizerOptions& o, size_t b) {
+  return o.keep_grads && in_store(o, b) && b < o.disk_grads.size() && o.disk_grads[b];
+}
 bool work_in_store(const HostOptimizerOptions& o, size_t b) {
   return master_in_store(o, b) && b < o.disk_work.size() && o.disk_work[b];
 }
@@ -34,9 +37,12 @@ struct MasterSplit {
 MasterSplit master_split(const HostOptimizerOptions& o) {
   MasterSplit m;
   for (size_t b = 0; b < o.blob_numel.size(); ++b) {
-    if (!master_in_store(o, b)) m.ram += o.blob_numel[b];
-    else if (!work_in_store(o, b)) m.work += o.blob_numel[b];
-    else m.max_disk_work = std::max(m.max_disk_work, o.blob_numel[b]);
+    if (!master_in_store(o, b))
+      m.ram += o.blob_numel[b];
+    else if (!work_in_store(o, b))
+      m.work += o.blob_numel[b];
+    else
+      m.max_disk_work = std::max(m.max_disk_work, o.blob_numel[b]);
   }
   return m;
 }
@@ -52,6 +58,8 @@ StateStream::Config stream_config(const HostOptimizerOptions& o) {
     c.work.push_back(work_in_store(o, b));
   }
   c.work_bytes = dtype_size(o.work_dtype);
+  for (size_t b = 0; b < o.blob_numel.size(); ++b) c.grads.push_back(grad_in_store(o, b));
+  c.grad_bytes = dtype_size(o.grad_dtype);
   return c;
 }
 }  // namespace
@@ -68,16 +76,17 @@ std::vector<int> HostOptimizer::update_order(const HostOptimizerOptions& o) {
 }
 
 MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
-  int64_t total = 0, held_total = 0, ram_state = 0;
+  int64_t total = 0, held_total = 0, ram_state = 0, disk_grads = 0;
   for (size_t b = 0; b < o.blob_numel.size(); ++b) {
     total += o.blob_numel[b];
+    if (grad_in_store(o, b)) disk_grads += o.blob_numel[b];
     if (holds(o, b)) held_total += o.blob_numel[b];
     if (!in_store(o, b)) ram_state += o.blob_numel[b];
   }
-  const size_t g = o.keep_grads ? size_t(total) * dtype_size(o.grad_dtype)
-                                : (size_t(o.ring) * size_t(std::min(o.chunk, std::max<int64_t>(total, 1))) +
-                                   size_t(held_total)) *
-                                      dtype_size(o.grad_dtype);
+  const size_t g =
+      o.keep_grads ? size_t(total - disk_grads) * dtype_size(o.grad_dtype)
+                   : (size_t(o.ring) * size_t(std::min(o.chunk, std::max<int64_t>(total, 1))) + size_t(held_total)) *
+                         dtype_size(o.grad_dtype);
   const MasterSplit ms = master_split(o);
   MemoryItems m = {{"fp32 master weights", size_t(ms.ram) * 4, Place::Pinned, "host.master"}};
   if (ms.work > 0)
@@ -91,13 +100,18 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
   m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.m"});
   m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.v"});
   append(m, StateStream::buffers(stream_config(o)));
+  if (disk_grads > 0)
+    m.push_back({"gradients to the offload dir (2 chunks)",
+                 2 * size_t(NvmeStore::aligned(size_t(std::min(o.chunk, std::max<int64_t>(total, 1))) *
+                                               dtype_size(o.grad_dtype))),
+                 Place::Pinned, "disk.gring"});
   append(m, WeightStream::buffers(o.weight_ring, size_t(ms.max_disk_work) * dtype_size(o.work_dtype)));
   return m;
 }
 
 HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeStore* store)
     : dev_(dev), gd_(o.grad_dtype), sd_(o.state_dtype), keep_(o.keep_grads), wd_(o.work_dtype) {
-  int64_t ram_state = 0, ram_master = 0, ram_work = 0;
+  int64_t ram_state = 0, ram_master = 0, ram_work = 0, kept_grads = 0;
   for (size_t b = 0; b < o.blob_numel.size(); ++b) {
     const int64_t n = o.blob_numel[b];
     off_.push_back(n > 0 ? total_ : -1);
@@ -107,6 +121,8 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
     if (woff_.back() >= 0) ram_work += n;
     moff_.push_back(n > 0 && !in_store(o, b) ? ram_state : -1);
     numel_.push_back(n);
+    goff_.push_back(n > 0 && o.keep_grads && !grad_in_store(o, b) ? kept_grads : -1);
+    if (goff_.back() >= 0) kept_grads += n;
     total_ += n;
     if (!in_store(o, b)) ram_state += n;
   }
@@ -127,11 +143,11 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
   // The AdamW pass streams through m and v every step: transparent huge pages spare the TLB
   // (measured within the spread, kept: docs/DECISIONS.md, "Transparent huge pages").
   for (const HostBuffer* b : {&m_, &v_})
-      if (b->size() >= (size_t(4) << 20)) {  // page-aligned inside the buffer; a hint, failure is harmless
-        const uintptr_t lo = (reinterpret_cast<uintptr_t>(b->data()) + 4095) / 4096 * 4096;
-        const uintptr_t hi = (reinterpret_cast<uintptr_t>(b->data()) + b->size()) / 4096 * 4096;
-        ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-      }
+    if (b->size() >= (size_t(4) << 20)) {  // page-aligned inside the buffer; a hint, failure is harmless
+      const uintptr_t lo = (reinterpret_cast<uintptr_t>(b->data()) + 4095) / 4096 * 4096;
+      const uintptr_t hi = (reinterpret_cast<uintptr_t>(b->data()) + b->size()) / 4096 * 4096;
+      ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+    }
   if (master_.size() > 0) std::memset(master_.data(), 0, master_.size());  // padding between tensors stays 0
   if (work_.size() > 0) std::memset(work_.data(), 0, work_.size());
   if (ram_state > 0) {
@@ -149,12 +165,21 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
                                                 size_t(ms.max_disk_work) * dtype_size(wd_), src);
       wring_bytes_ = weights_->pinned_bytes();
     }
+    if (src.has("disk.gring")) {
+      gring_ = src.buffer("disk.gring");
+      gio_ = dev.create_stream();
+      for (int i = 0; i < 2; ++i) {
+        g_copied_.push_back(dev.create_event());
+        g_free_.push_back(dev.create_event());
+      }
+    }
   }
   if (!o.keep_grads)
     for (int r = 0; r < o.ring; ++r) ring_free_.push_back(dev.create_event());
 }
 
 void HostOptimizer::quiesce() {
+  if (gio_) dev_.synchronize(*gio_);
   if (disk_) disk_->quiesce();
 }
 
@@ -182,7 +207,8 @@ void HostOptimizer::read_state(int which, int blob, int64_t off, int64_t n, floa
     to_f32(dst, tmp.data(), sd_, n);
     return;
   }
-  to_f32(dst, static_cast<const char*>((which == 1 ? m_ : v_).data()) + size_t(moff_[size_t(blob)] + off) * dtype_size(sd_),
+  to_f32(dst,
+         static_cast<const char*>((which == 1 ? m_ : v_).data()) + size_t(moff_[size_t(blob)] + off) * dtype_size(sd_),
          sd_, n);
 }
 
@@ -223,8 +249,8 @@ float* HostOptimizer::master(int blob) {
 UploadSource HostOptimizer::upload_source(int blob, Event& updated) {
   if (!master_on_disk(blob)) return UploadSource{master(blob), DType::F32, {}, {}};
   if (!disk_->has_work(blob))
-    return UploadSource{static_cast<const char*>(work_.data()) + size_t(woff_[size_t(blob)]) * dtype_size(wd_), wd_, {},
-                        {}};
+    return UploadSource{
+        static_cast<const char*>(work_.data()) + size_t(woff_[size_t(blob)]) * dtype_size(wd_), wd_, {}, {}};
   WeightStream* w = weights_.get();
   Event* upd = &updated;
   return UploadSource{nullptr, wd_, [w, blob, upd](Stream& h2d) { return w->begin(blob, *upd, h2d); },
@@ -233,17 +259,36 @@ UploadSource HostOptimizer::upload_source(int blob, Event& updated) {
 
 const void* HostOptimizer::grads(int blob) const {
   SF_CHECK(held(blob), "gradients are not kept (the engine was built for updates during the backward)");
-  const int64_t at = keep_ ? off_[size_t(blob)] : held_off_[size_t(blob)];
+  const int64_t at = keep_ ? goff_[size_t(blob)] : held_off_[size_t(blob)];
+  if (at < 0) return nullptr;  // in the NVMe store
   return static_cast<const char*>(store_.data()) + size_t(at) * dtype_size(gd_);
 }
 
 HostOptimizer::Landing HostOptimizer::land(int blob, int64_t i0, Stream& stream) {
+  if (disk_ && disk_->has_grad(blob)) {  // into the ring, then to the store (landed)
+    const int r = gnext_;
+    gnext_ ^= 1;
+    dev_.wait(stream, *g_free_[size_t(r)]);
+    const size_t stride = gring_.size() / 2;
+    return Landing{static_cast<char*>(gring_.data()) + size_t(r) * stride, -1, r};
+  }
   if (held(blob))
     return Landing{const_cast<char*>(static_cast<const char*>(grads(blob))) + size_t(i0) * dtype_size(gd_), -1};
   const int r = ring_next_;
   ring_next_ = (ring_next_ + 1) % int(ring_free_.size());
   dev_.wait(stream, *ring_free_[size_t(r)]);
   return Landing{static_cast<char*>(store_.data()) + size_t(r) * size_t(chunk_) * dtype_size(gd_), r};
+}
+
+void HostOptimizer::landed(int blob, int64_t i0, int64_t n, const Landing& at, Stream& d2h) {
+  if (at.gring < 0) return;
+  const int r = at.gring;
+  dev_.record(*g_copied_[size_t(r)], d2h);
+  dev_.wait(*gio_, *g_copied_[size_t(r)]);
+  StateStream* st = disk_.get();
+  const bool last = i0 + n == numel_[size_t(blob)];
+  dev_.host_fn(*gio_, [st, blob, i0, n, p = at.ptr, last] { st->write_grad(blob, i0, n, p, last); });
+  dev_.record(*g_free_[size_t(r)], *gio_);
 }
 
 void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p, Stream& opt,
@@ -258,21 +303,23 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
   AdamWParams q = p;  // the rounding stream's coordinates: blob, and i0 within it
   q.blob = blob;
   q.first = i0;
-  dev_.host_fn(opt, [this, blob, i0, off, moff, n, g = at.ptr, q, part, disk, first, last] {
+  dev_.host_fn(opt, [this, blob, i0, off, moff, n, g = static_cast<const void*>(at.ptr), q, part, disk, first,
+                     last]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t es = dtype_size(sd_);
     char *m, *v;
     if (disk) {
       if (first) disk_view_ = disk_->acquire(blob);
       m = static_cast<char*>(disk_view_.m) + size_t(i0) * es;
+      if (disk_view_.grad) g = static_cast<const char*>(disk_view_.grad) + size_t(i0) * dtype_size(gd_);
       v = static_cast<char*>(disk_view_.v) + size_t(i0) * es;
     } else {
       m = static_cast<char*>(m_.data()) + size_t(moff) * es;
       v = static_cast<char*>(v_.data()) + size_t(moff) * es;
     }
     float* pm = disk && disk_view_.master ? disk_view_.master + i0 : static_cast<float*>(master_.data()) + off;
-    cpu::adamw(Tensor(pm, DType::F32, {n}), Tensor(g, gd_, {n}), Tensor(m, sd_, {n}), Tensor(v, sd_, {n}), Tensor(), q,
-               part);
+    cpu::adamw(Tensor(pm, DType::F32, {n}), Tensor(const_cast<void*>(g), gd_, {n}), Tensor(m, sd_, {n}),
+               Tensor(v, sd_, {n}), Tensor(), q, part);
     if (disk && disk_view_.master) {  // the working copy from the new master (the GPU's upload cast)
       char* w = disk_view_.work ? static_cast<char*>(disk_view_.work) + size_t(i0) * dtype_size(wd_)
                                 : static_cast<char*>(work_.data()) + size_t(woff_[size_t(blob)] + i0) * dtype_size(wd_);

@@ -51,6 +51,9 @@ struct HostOptimizerOptions {
   std::vector<bool> disk_work;      // [blobs] (disk masters) and the working copy the uploads read
   DType work_dtype = DType::BF16;   // the working copy's dtype: the compute dtype
   int weight_ring = 2;              // pinned buffers of the working copies read for uploads
+  // (keep_grads, disk blobs) the step's gradient waits for the update in the store, not in host
+  // memory: it lands in a ring of 2 pinned chunks and is written out on an I/O stream.
+  std::vector<bool> disk_grads;
 };
 
 class HostOptimizer {
@@ -86,19 +89,24 @@ class HostOptimizer {
   // update done).
   struct Landing {
     void* ptr = nullptr;
-    int ring = -1;  // the ring buffer, or -1
+    int ring = -1;   // the ring buffer, or -1
+    int gring = -1;  // the ring of gradients on their way to the store, or -1
   };
   Landing land(int blob, int64_t i0, Stream& stream);
+  // The chunk's copy into `at` is queued on `d2h`: a gradient held in the store is written out
+  // from there (a no-op for the others).
+  void landed(int blob, int64_t i0, int64_t n, const Landing& at, Stream& d2h);
   // The chunk's AdamW on `opt` (after the work queued there so far); a ring buffer is free after.
   // `part`: both passes (All) or one of the two of a split update (cpu::AdamWPart).
   void queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p, Stream& opt,
                     cpu::AdamWPart part = cpu::AdamWPart::All);
-  // The gradient store of a blob (keep_grads, or held), [numel] in grad_dtype().
+  // The gradient store of a blob (keep_grads, or held), [numel] in grad_dtype(); nullptr when it
+  // is in the NVMe store (read by the update only).
   const void* grads(int blob) const;
   bool held(int blob) const { return keep_ || held_off_[size_t(blob)] >= 0; }
 
   double update_seconds() const { return double(update_ns_.load()) * 1e-9; }
-  size_t pinned_bytes() const { return master_.size() + work_.size() + store_.size() + wring_bytes_; }
+  size_t pinned_bytes() const { return master_.size() + work_.size() + store_.size() + wring_bytes_ + gring_.size(); }
   size_t host_bytes() const { return pinned_bytes() + m_.size() + v_.size() + (disk_ ? disk_->host_bytes() : 0); }
   // What the constructor allocates, from the same options: "host.master" and "host.grads" (the
   // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v"
@@ -116,18 +124,24 @@ class HostOptimizer {
   int64_t chunk_;
   std::vector<int64_t> off_;   // [blobs] element offset among the host blobs (gradient store; -1: not on the host)
   std::vector<int64_t> poff_;  // [blobs] element offset in master_ (-1: not there: on the GPU or in the store)
+  std::vector<int64_t> goff_;  // [blobs] (keep_grads) element offset in store_ (-1: the gradient is in the NVMe store)
   std::vector<int64_t> woff_;  // [blobs] element offset in work_ (-1: no working copy in host memory)
   std::vector<int64_t> moff_;  // [blobs] element offset in m_ and v_ (-1: not on the host, or on disk)
   std::vector<int64_t> numel_;
   int64_t total_ = 0;
-  DeviceBuffer master_;                            // [masters in host memory] F32 pinned
-  DeviceBuffer work_;                              // [working copies in host memory] work dtype, pinned
+  DeviceBuffer master_;  // [masters in host memory] F32 pinned
+  DeviceBuffer work_;    // [working copies in host memory] work dtype, pinned
   DType wd_ = DType::BF16;
   size_t wring_bytes_ = 0;
-  HostBuffer m_, v_;                               // [total of the blobs not on disk] sd_
-  std::unique_ptr<StateStream> disk_;              // m and v of the blobs in the NVMe store
-  StateStream::View disk_view_;                    // the blob being updated (opt stream only)
-  std::unique_ptr<WeightStream> weights_;          // working copies read from the store for uploads (after disk_)
+  HostBuffer m_, v_;                       // [total of the blobs not on disk] sd_
+  std::unique_ptr<StateStream> disk_;      // m and v of the blobs in the NVMe store
+  StateStream::View disk_view_;            // the blob being updated (opt stream only)
+  std::unique_ptr<WeightStream> weights_;  // working copies read from the store for uploads (after disk_)
+  // Gradients on their way to the store: [2, chunk] pinned, written out on gio_.
+  DeviceBuffer gring_;
+  std::unique_ptr<Stream> gio_;
+  std::vector<std::unique_ptr<Event>> g_copied_, g_free_;
+  int gnext_ = 0;
   DeviceBuffer store_;                             // keep_grads: [total] gd; else [ring, chunk] + [held] gd; pinned
   std::vector<int64_t> held_off_;                  // [blobs] element offset of a held blob in store_ (-1: not held)
   std::vector<std::unique_ptr<Event>> ring_free_;  // [ring] opt: the buffer's update is done

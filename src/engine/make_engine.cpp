@@ -25,6 +25,7 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.ckpt_disk_layers = p.ckpt_disk_layers;
   so.disk_masters = p.disk_masters;
   so.disk_weights = p.disk_weights;
+  so.disk_grads = p.disk_grads;
   so.store.dir = req.offload_dir;
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }

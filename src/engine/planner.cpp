@@ -147,7 +147,7 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
                                        const std::vector<int>& gpu_blobs, int micro, bool keep_grads,
                                        int64_t hold_grads, const std::vector<int>& disk_blobs,
                                        int ckpt_disk_layers, DType state, const std::vector<int>& disk_masters,
-                                       const std::vector<int>& disk_weights) {
+                                       const std::vector<int>& disk_weights, const std::vector<int>& disk_grads) {
   SlidingOptions o;  // the default chunk and gradient ring
   o.base.state_dtype = state;
   o.base.max_batch = B;
@@ -161,6 +161,7 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
   o.ckpt_disk_layers = ckpt_disk_layers;
   o.disk_masters = disk_masters;
   o.disk_weights = disk_weights;
+  o.disk_grads = disk_grads;
   return merge_by_name(SlidingEngine::buffers(s, o, backend_sizes(s, B, T, be)));
 }
 
@@ -224,7 +225,8 @@ class Planner {
   // The plan of one placement: its buffers, their totals by place, whether they fit the budgets.
   void fill(EngineKind engine, int slots, const std::vector<int>& gpu_blobs = {},
             const std::vector<int>& disk_blobs = {}, int ckpt_disk_layers = 0,
-            const std::vector<int>& disk_masters = {}, const std::vector<int>& disk_weights = {}) {
+            const std::vector<int>& disk_masters = {}, const std::vector<int>& disk_weights = {},
+            const std::vector<int>& disk_grads = {}) {
     p_.engine = engine;
     p_.slots = slots;
     p_.gpu_blobs = gpu_blobs;
@@ -232,12 +234,13 @@ class Planner {
     p_.ckpt_disk_layers = ckpt_disk_layers;
     p_.disk_masters = disk_masters;
     p_.disk_weights = disk_weights;
+    p_.disk_grads = disk_grads;
     p_.items =
         engine == EngineKind::Resident
             ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum, r_.state_dtype)
             : sliding_memory(s_, r_.batch, r_.seq, slots, be_, gpu_blobs, r_.grad_accum, r_.clip || !r_.optimizer,
                              hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers, r_.state_dtype, disk_masters,
-                             disk_weights);
+                             disk_weights, disk_grads);
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
     p_.disk_write_bytes = double(p_.disk_bytes);
     p_.disk_read_bytes = double(p_.disk_bytes);
@@ -289,13 +292,15 @@ class Planner {
   // by the disk traffic a step costs per byte of host memory freed, cheapest first:
   //   1. whole blobs' AdamW m and v (with the optimizer; disk_blob_order): read and written once a
   //      step, 2 bytes of traffic a byte freed;
-  //   2. the checkpoints of the first layers (training): written in the forward, read in the
+  //   2. with clipping, the step's held gradients of those blobs (written as they land, read by the
+  //      update): 2 bytes a byte freed, and they do not grow with the micro-batches;
+  //   3. the checkpoints of the first layers (training): written in the forward, read in the
   //      backward, 2 bytes a byte freed (their traffic grows with the micro-batches);
-  //   3. the fp32 masters of those blobs (with their state in the store): read and written with m
+  //   4. the fp32 masters of those blobs (with their state in the store): read and written with m
   //      and v, the uploads reading a working copy in the compute dtype kept in host memory: 8
   //      bytes a parameter for 2 freed (bf16), 4 a byte;
-  //   4. their working copies too: written by the update, read for each of the two uploads a
-  //      step: 6 bytes a parameter for 2 freed, 3 a byte (after 3, which it needs).
+  //   5. their working copies too: written by the update, read for each of the two uploads a
+  //      step: 6 bytes a parameter for 2 freed, 3 a byte (after 4, which it needs).
   // Each level takes the fewest blobs (layers) that fit, a binary search over the planner's own
   // buffer lists (host bytes fall with each one moved); the next level only when all of this
   // one do not.
@@ -308,21 +313,23 @@ class Planner {
       for (int b : disk_blob_order(s_))
         if (std::find(keep.begin(), keep.end(), b) == keep.end()) cand.push_back(b);
     const int nc = int(cand.size());
-    // How many of each level: state blobs, checkpoint layers, masters, working copies.
-    int level[4] = {0, 0, 0, 0};
-    const int most[4] = {nc, r_.training ? s_.n_layer : 0, nc, nc};
+    // How many of each level: state blobs, held gradients, checkpoint layers, masters, working copies.
+    enum { State, Grads, Ckpts, Masters, Weights, Levels };
+    int level[Levels] = {0, 0, 0, 0, 0};
+    const bool held = r_.clip || !r_.optimizer;  // the engine's keep_grads
+    const int most[Levels] = {nc, held ? nc : 0, r_.training ? s_.n_layer : 0, nc, nc};
     auto first = [&](int n) { return std::vector<int>(cand.begin(), cand.begin() + std::ptrdiff_t(n)); };
     auto with = [&] {  // a working copy in the store needs its master there
-      fill(EngineKind::Sliding, slots, keep, first(level[0]), level[1], first(std::max(level[2], level[3])),
-           first(level[3]));
+      fill(EngineKind::Sliding, slots, keep, first(level[State]), level[Ckpts],
+           first(std::max(level[Masters], level[Weights])), first(level[Weights]), first(level[Grads]));
       return p_.short_of.memory != Shortfall::Memory::Host;
     };
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < Levels; ++k) {
       if (most[k] == 0) continue;
       const size_t before = p_.host_bytes;
       level[k] = most[k];
       if (with()) {
-      } else if (k == 2 && p_.host_bytes >= before) {  // fp32 compute: a working copy is a master's size,
+      } else if (k == Masters && p_.host_bytes >= before) {  // fp32 compute: a working copy is a master's size,
         level[k] = 0;                                  // so masters go only with their working copies
         continue;
       } else {
@@ -351,7 +358,10 @@ class Planner {
 
 // Short of GPU memory with the sliding engine: smaller micro-batches, more of them (layer-major
 // accumulation keeps the PCIe and host traffic of a step the same). The first that fits, if any.
+// (When none fits and the smallest one fits the GPU, `p` becomes that one: its shortfall, e.g. of
+// the offload directory, is the one to report.)
 bool split_micro_batches(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
+  Plan last;
   for (int m = r.batch / 2; m >= 1; --m) {
     if (r.batch % m != 0) continue;
     PlanRequest q = r;
@@ -363,7 +373,9 @@ bool split_micro_batches(const ModelSpec& s, const PlanRequest& r, const Backend
       p = std::move(sub);
       return true;
     }
+    last = std::move(sub);
   }
+  if (last.micro_batch > 0 && last.short_of.memory != Shortfall::Memory::Gpu) p = std::move(last);
   return false;
 }
 
@@ -554,6 +566,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
   if (p.engine == EngineKind::Sliding && p.short_of.memory == Shortfall::Memory::Gpu && r.split_micro) {
     Plan sub;
     if (split_micro_batches(s, r, be, rates, sub)) return sub;
+    if (sub.micro_batch > 0) return sub;  // short of something else than the GPU even so (predicted)
   }
   predict(s, r, be, rates, p);
   return p;
@@ -604,9 +617,10 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
     << (r.offload_dir.empty() ? std::string() : ", offload dir " + format_bytes(p.disk_budget)) << "\n";
   if (p.disk_bytes > 0) {  // the NVMe tier's levels (docs/ENGINE.md), and its traffic a step
     std::snprintf(line, sizeof line,
-                  "offload dir holds: AdamW state of %zu blobs, checkpoints of %d layers, fp32 masters of %zu, "
-                  "working copies of %zu; a step reads %s and writes %s there\n",
-                  p.disk_blobs.size(), p.ckpt_disk_layers, p.disk_masters.size(), p.disk_weights.size(),
+                  "offload dir holds: AdamW state of %zu blobs, held gradients of %zu, checkpoints of %d layers, "
+                  "fp32 masters of %zu, working copies of %zu; a step reads %s and writes %s there\n",
+                  p.disk_blobs.size(), p.disk_grads.size(), p.ckpt_disk_layers, p.disk_masters.size(),
+                  p.disk_weights.size(),
                   format_bytes(size_t(p.disk_read_bytes)).c_str(), format_bytes(size_t(p.disk_write_bytes)).c_str());
     o << line;
   }

@@ -26,13 +26,15 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int m
 // keep_grads: the step's gradients held in host memory (clipping, or gradients read back).
 // hold_grads: SlidingOptions::hold_grads (without keep_grads).
 // disk_blobs: host blobs whose AdamW m and v live in the NVMe store (SlidingOptions::disk_blobs);
-// disk_masters, disk_weights: of those, the ones whose fp32 master, and also working copy, live there.
+// disk_masters, disk_weights: of those, the ones whose fp32 master, and also working copy, live there;
+// disk_grads: (keep_grads) of those, the ones whose held gradient of the step waits there.
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs = {}, int micro = 1, bool keep_grads = true,
                                        int64_t hold_grads = 0, const std::vector<int>& disk_blobs = {},
                                        int ckpt_disk_layers = 0, DType state = DType::F32,
                                        const std::vector<int>& disk_masters = {},
-                                       const std::vector<int>& disk_weights = {});
+                                       const std::vector<int>& disk_weights = {},
+                                       const std::vector<int>& disk_grads = {});
 // The order in which the planner moves blobs' AdamW state to the NVMe store: the layers, last
 // first (the embedding's and the head's updates stay in host memory: without clipping the
 // embedding's is the last of a backward and the next forward needs it first).
@@ -108,6 +110,7 @@ struct Plan {
   int ckpt_disk_layers = 0;    // sliding: the first layers whose checkpoints are in the NVMe store
   std::vector<int> disk_masters;  // sliding: of disk_blobs, those whose fp32 master is in the store too
   std::vector<int> disk_weights;  // sliding: of disk_masters, those whose working copy is too (read per upload)
+  std::vector<int> disk_grads;    // sliding, clipping: of disk_blobs, those whose held gradient waits there
   // The micro-batches the engine runs: micro_batches of micro_batch sequences a step. The request's
   // batch x grad_accum, unless the sliding engine only fits the GPU with smaller micro-batches
   // (smaller workspace and activations; the same step, as the loss is normalised per step).

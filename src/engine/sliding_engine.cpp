@@ -89,6 +89,7 @@ struct SlidingShape {
   std::vector<bool> held;                    // [blobs] SlidingOptions::hold_grads' blobs
   std::vector<bool> disk;                    // [blobs] m and v in the NVMe store
   std::vector<bool> disk_master, disk_work;  // [blobs] the master too; the working copy too
+  std::vector<bool> disk_grad;               // [blobs] the step's gradient too
   int64_t max_layer = 0, emb = 0, head = 0;  // the gradient accumulators' elements (host blobs)
   int64_t chunk = 0;                         // elements a transfer chunk
   int64_t max_tokens = 0;
@@ -137,6 +138,11 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
              "disk_weights: blob " + std::to_string(b) + " has no master on disk");
     z.disk_work[size_t(b)] = true;
   }
+  z.disk_grad.assign(size_t(nb), false);
+  for (int b : o.disk_grads) {
+    SF_CHECK(b >= 0 && b < nb && z.disk[size_t(b)], "disk_grads: blob " + std::to_string(b) + " has no state on disk");
+    z.disk_grad[size_t(b)] = o.keep_grads;
+  }
   z.chunk = std::max<int64_t>(1, std::min(o.chunk, std::max(max_blob, z.gpu_total)));
   z.max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   z.stride_nh = activation_stride(spec, z.max_tokens, act);
@@ -171,6 +177,7 @@ HostOptimizerOptions host_options(const SlidingShape& z, const SlidingOptions& o
   h.disk_master = z.disk_master;
   h.disk_work = z.disk_work;
   h.work_dtype = act;
+  h.disk_grads = z.disk_grad;
   h.weight_ring = std::clamp(int(std::count(z.disk_work.begin(), z.disk_work.end(), true)), 1, o.weight_ring);
   return h;
 }
@@ -791,6 +798,7 @@ void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
     return;
   }
   if (which == State::Grads) {
+    SF_CHECK(m.host->grads(blob) != nullptr, "the gradients of blob " + std::to_string(blob) + " are in the offload file");
     const char* g = static_cast<const char*>(m.host->grads(blob)) + size_t(e.offset) * dtype_size(m.act);
     cpu::cast(out, Tensor(const_cast<char*>(g), m.act, {e.numel}));
     return;

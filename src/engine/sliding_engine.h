@@ -71,6 +71,9 @@ struct SlidingOptions {
   std::vector<int> disk_masters;
   std::vector<int> disk_weights;
   int weight_ring = 2;
+  // With keep_grads: of disk_blobs, those whose gradient of the step waits for the update in the
+  // offload file instead of page-locked memory (clipping holds it until the norm is known).
+  std::vector<int> disk_grads;
   StoreOptions store;
 };
 

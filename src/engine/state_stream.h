@@ -14,6 +14,10 @@
 // the uploads read (`work`). A blob's region is [m | v | master | work] (each part 4 KiB aligned);
 // the update reads [m | v | master] and writes the whole region back, the working copy computed
 // from the new master in the same pass (WeightStream reads it for the uploads).
+// With clipping, a blob's gradient can wait for the update in the store too (`grads`): the region is
+// then [grad | m | v | master | work], the gradient written chunk by chunk as it lands
+// (write_grad, on the host optimizer's I/O stream) and read with the state; a blob's read waits
+// until its gradient of the step is complete, and the write-back skips it.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -36,9 +40,11 @@ class StateStream {
     std::vector<bool> master;    // [blobs] the fp32 master is in the region too (level 3)
     std::vector<bool> work;      // [blobs] and the working copy, work_bytes an element (level 4)
     size_t work_bytes = 2;       // bytes of an element of the working copy (the compute dtype)
+    std::vector<bool> grads;     // [blobs] the step's gradient waits for the update here (clipping)
+    size_t grad_bytes = 2;       // bytes of an element of a gradient
   };
   // Which part of a blob's region.
-  enum Part { M = 1, V = 2, Master = 0, Work = 3 };
+  enum Part { M = 1, V = 2, Master = 0, Work = 3, Grad = 4 };
   // "disk.ring" (the host buffers, pageable, aligned for O_DIRECT) and the bytes in the store:
   // "disk.state" (m and v), "disk.master", "disk.work" (in that order in the file).
   static MemoryItems buffers(const Config& c);
@@ -53,11 +59,13 @@ class StateStream {
   bool has(int blob) const { return blob >= 0 && size_t(blob) < cfg_.numel.size() && cfg_.numel[size_t(blob)] > 0; }
   bool has_master(int blob) const { return has(blob) && blob < int(cfg_.master.size()) && cfg_.master[size_t(blob)]; }
   bool has_work(int blob) const { return has_master(blob) && blob < int(cfg_.work.size()) && cfg_.work[size_t(blob)]; }
+  bool has_grad(int blob) const { return has(blob) && blob < int(cfg_.grads.size()) && cfg_.grads[size_t(blob)]; }
   struct View {
     void* m = nullptr;  // [numel] elements
     void* v = nullptr;
-    float* master = nullptr;  // [numel] fp32, when the master is in the store
-    void* work = nullptr;     // [numel] work_bytes each, when the working copy is: written by the update
+    float* master = nullptr;     // [numel] fp32, when the master is in the store
+    void* work = nullptr;        // [numel] work_bytes each, when the working copy is: written by the update
+    const void* grad = nullptr;  // [numel] grad_bytes each, when the gradient is in the store
   };
   // The next blob of the cycle, once it is in host memory (blocks). `blob` must be that blob.
   View acquire(int blob);
@@ -74,6 +82,9 @@ class StateStream {
   // Blocks until no write-back of the blob is in flight (a read of its working copy follows the
   // update that wrote it). Throws a kept error.
   void wait_written(int blob);
+  // Elements [i0, i0 + n) of the blob's gradient of this step, written now (blocks; `last`: the
+  // gradient is complete, and the blob's state may be read ahead).
+  void write_grad(int blob, int64_t i0, int64_t n, const void* src, bool last);
 
   // Outside a step (after quiesce): elements [off, off + n) of a part (which: Part).
   void read(int which, int blob, int64_t off, int64_t n, void* dst);
@@ -92,9 +103,11 @@ class StateStream {
   Slot* slot_at(int64_t pos);
   uint64_t part_bytes(int blob, int which) const;  // of the part in this blob's region (0: not there)
   uint64_t part_at(int blob, int which) const;     // its offset within the region
-  size_t part_elem(int which) const { return which == Master ? 4 : which == Work ? cfg_.work_bytes : cfg_.elem_bytes; }
-  uint64_t read_bytes(int blob) const { return part_at(blob, Work); }  // [m | v | master]
-  uint64_t write_bytes(int blob) const { return part_at(blob, Work) + part_bytes(blob, Work); }
+  size_t part_elem(int which) const {
+    return which == Master ? 4 : which == Work ? cfg_.work_bytes : which == Grad ? cfg_.grad_bytes : cfg_.elem_bytes;
+  }
+  uint64_t read_bytes(int blob) const { return part_at(blob, Work); }  // [grad | m | v | master]
+  uint64_t write_bytes(int blob) const { return part_at(blob, Work) + part_bytes(blob, Work) - part_at(blob, M); }
 
   NvmeStore& store_;
   Config cfg_;
@@ -105,7 +118,8 @@ class StateStream {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int64_t next_use_ = 0, next_read_ = 0;
-  std::vector<int> writing_;  // [blobs] write-backs in flight
+  std::vector<int> writing_;      // [blobs] write-backs in flight
+  std::vector<char> grad_ready_;  // [blobs] the step's gradient is in the store, not yet read
   int err_ = 0;
   bool err_write_ = false;
 };

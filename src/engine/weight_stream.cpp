@@ -30,8 +30,8 @@ WeightStream::~WeightStream() {
 }
 
 char* WeightStream::slot(int i) const {
-  const uintptr_t base = (reinterpret_cast<uintptr_t>(mem_.data()) + NvmeStore::kAlign - 1) / NvmeStore::kAlign *
-                         NvmeStore::kAlign;
+  const uintptr_t base =
+      (reinterpret_cast<uintptr_t>(mem_.data()) + NvmeStore::kAlign - 1) / NvmeStore::kAlign * NvmeStore::kAlign;
   return reinterpret_cast<char*>(base) + size_t(i) * stride_;
 }
 

@@ -42,7 +42,7 @@ class WeightStream {
   int ring_;
   size_t stride_;  // bytes of a ring buffer (aligned)
   std::unique_ptr<Stream> io_;
-  DeviceBuffer mem_;  // [ring, stride_] pinned (+ alignment)
+  DeviceBuffer mem_;                                  // [ring, stride_] pinned (+ alignment)
   std::vector<std::unique_ptr<Event>> ready_, free_;  // io: read; h2d: copied out
   int next_ = 0, cur_ = -1;
 };

@@ -221,6 +221,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"ckpt_disk_layers", p.ckpt_disk_layers},
           {"disk_masters", p.disk_masters},
           {"disk_weights", p.disk_weights},
+          {"disk_grads", p.disk_grads},
           {"disk_bytes", p.disk_bytes},
           {"disk_read_bytes_per_step", p.disk_read_bytes},
           {"disk_write_bytes_per_step", p.disk_write_bytes},
