@@ -332,8 +332,9 @@ namespace {
 // GPU and 64 GiB of host memory, with the planner's default rates (what bench predicted with):
 // K = 1, fp32 state: the disk alone bounds the step (the short backward is covered by the ring),
 // measured 388 tokens/s against this 384; K = 8, bf16 state with 11 layers' checkpoints on the
-// disk: ~12 s of backward in which the disk has only those reads and the ring's crossing, so the
-// step is longer than the disk's total (measured 2,644 tokens/s; the total alone said 3,384).
+// disk (or now the held gradients of most layers): ~12 s of backward in which the disk has only
+// those reads (writes) and the ring's crossing, so the step is longer than the disk's total
+// (measured 2,644 tokens/s with the checkpoints there; the total alone said 3,384, this 2,975).
 TEST(Planner, DiskTrafficIsBoundToItsPhases) {
   const ModelSpec spec = llama_shape(4096, 14336, 32, 32, false);  // Llama-3.1-8B
   const BackendInfo be = gpu_like();
@@ -355,11 +356,10 @@ TEST(Planner, DiskTrafficIsBoundToItsPhases) {
   r.state_dtype = DType::BF16;
   const Plan k8 = make_plan(spec, r, be);
   ASSERT_TRUE(k8.fits) << k8.why();
-  ASSERT_GT(k8.ckpt_disk_layers, 0);
-  // Longer than the disk's total by most of the backward's GPU time of the layers whose
-  // checkpoints are in RAM (~3/4 of the step's GPU time, times (L - c) / L), less the ring's crossing.
-  const double L = spec.n_layer, c = k8.ckpt_disk_layers;
-  EXPECT_GT(k8.step_s, k8.disk_s + 0.3 * 0.75 * k8.gpu_s * (L - c) / L);
+  ASSERT_TRUE(k8.ckpt_disk_layers > 0 || !k8.disk_grads.empty());
+  // Longer than the disk's total by part of the backward (~3/4 of the step's GPU time) that the
+  // disk spends idle; shorter than the disk's total and the whole GPU time.
+  EXPECT_GT(k8.step_s, k8.disk_s + 0.2 * 0.75 * k8.gpu_s);
   EXPECT_LT(k8.step_s, k8.disk_s + k8.gpu_s);
   // A disk without cost leaves the rest of the prediction as it was: no faster than the GPU path.
   Rates fast;

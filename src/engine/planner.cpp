@@ -428,15 +428,17 @@ Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
 }
 
 // The NVMe tier's disk in the step's phases (docs/ENGINE.md "NVMe tier"). The disk's work is not
-// free to fall anywhere in the step: a disk blob's region (m, v, and at levels 3-4 its master and
-// working copy) is read and written around its update, so in the phase the updates run in (the
-// forward with clipping, the backward without); a working copy is read again for each upload (one
-// in each phase); checkpoints are written in the forward and read in the backward. Only the state
-// ring's read-ahead and write-behind (`disk_ring` blobs) can cross into the other phase, and only
-// while the disk has nothing else to do there. So the disk's total time is a bound (the prediction
-// before), and so is each phase's share: with --grad-accum 8 the 8B backward is ~12 s of GPU work
-// in which the disk reads only the checkpoints of 11 layers, and the forward cannot absorb that
-// idle time (session 7: disk busy 40.4 s of a 49.6 s step, the disk's total planned 38.7 s).
+// free to fall anywhere in the step: a disk blob's region (m, v, and at the further levels its held
+// gradient, master and working copy) is read and written around its update, so in the phase the
+// updates run in (the forward with clipping, the backward without), except that a held gradient
+// is written in the backward as it lands (and not written back) and a working copy is not read by
+// the update but for each upload (one in each phase); checkpoints are written in the forward and
+// read in the backward. Only the state ring's read-ahead and write-behind (`disk_ring` blobs) can
+// cross into the other phase, and only while the disk has nothing else to do there. So the disk's
+// total time is a bound (the prediction before), and so is each phase's share: with --grad-accum 8
+// the 8B backward is ~12 s of GPU work in which the disk reads only the checkpoints of 11 layers,
+// and the forward cannot absorb that idle time (session 7: disk busy 40.4 s of a 49.6 s step, the
+// disk's total planned 38.7 s).
 // `ph`: the phases without the disk; `act`: bytes of a working copy's element. The result: the
 // phases at least as long as their disk work.
 Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double act, double layers_bwd_gpu,
@@ -452,15 +454,20 @@ Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, d
   for (int b : p.disk_blobs) sc.numel[size_t(b)] = lay.blobs[size_t(b)].numel;
   for (int b : p.disk_masters) sc.master[size_t(b)] = true;
   for (int b : p.disk_weights) sc.work[size_t(b)] = true;
+  sc.grads.assign(lay.blobs.size(), false);
+  for (int b : p.disk_grads) sc.grads[size_t(b)] = true;
   sc.elem_bytes = dtype_size(r.state_dtype);
-  sc.work_bytes = size_t(act);
+  sc.work_bytes = sc.grad_bytes = size_t(act);
   sc.order = p.disk_blobs;
   const double region = p.disk_blobs.empty() ? 0.0 : double(StateStream::store_bytes(sc));
-  const double work = std::max(0.0, p.disk_read_bytes - p.disk_write_bytes);  // working copies' second read
+  double work = 0, grads = 0;
+  for (int b : p.disk_weights) work += double(NvmeStore::aligned(uint64_t(lay.blobs[size_t(b)].numel) * size_t(act)));
+  for (int b : p.disk_grads) grads += double(NvmeStore::aligned(uint64_t(lay.blobs[size_t(b)].numel) * size_t(act)));
   const double ckpt = std::max(0.0, double(p.disk_bytes) - region);
-  // Around the updates: the regions read (less the working copies, which the update only writes)
-  // and written; one working-copy read in each phase; the checkpoints.
-  const double U = (region - work) / rd + region / wr, W = work / rd;
+  // Around the updates: the regions read (less the working copies) and written (less the held
+  // gradients); a held gradient written in the backward; one working-copy read in each phase; the
+  // checkpoints.
+  const double U = (region - work) / rd + (region - grads) / wr, W = work / rd, Gw = grads / wr;
   const double Cw = ckpt / wr, Cr = ckpt / rd;
   // What the ring may move into the other phase: `disk_ring` blobs' reads and writes (an average blob).
   const double blobs = double(std::max<size_t>(1, p.disk_blobs.size()));
@@ -476,13 +483,14 @@ Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, d
   if (r.clip) {
     // Updates in the forward: the regions' traffic, the checkpoint writes and the working copies'
     // reads there, less what the ring moves into the backward's spare disk time.
-    ph.bwd = std::max(ph.bwd, Cr + W);
-    ph.fwd = std::max(ph.fwd, U + Cw + W - std::min(M, std::max(0.0, ph.bwd - Cr - W)));
+    // (Held gradients in the store come with clipping only: written in the backward.)
+    ph.bwd = std::max(ph.bwd, Cr + Gw + W);
+    ph.fwd = std::max(ph.fwd, U + Cw + W - std::min(M, std::max(0.0, ph.bwd - Cr - Gw - W)));
   } else {
     // Updates in the backward as the gradients land: the regions there, less the read-ahead the
     // forward's spare disk time takes.
     ph.fwd = std::max(ph.fwd, Cw + W);
-    ph.bwd = std::max(ph.bwd, U + Cr + W - std::min(M, std::max(0.0, ph.fwd - Cw - W)));
+    ph.bwd = std::max(ph.bwd, U + Cr + Gw + W - std::min(M, std::max(0.0, ph.fwd - Cw - W)));
   }
   return ph;
 }
