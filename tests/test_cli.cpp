@@ -991,8 +991,9 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
   // (fp32 compute: a working copy is a master's size, so the masters go to the store with their
   // working copies; level 3 alone is tested with bf16 compute in test_sliding_engine, tier3.)
   for (const char* state : {"", " --optimizer-state bf16"})
-    for (const char* clip : {" --max-grad-norm 1", ""}) {
-      SCOPED_TRACE(std::string(*clip ? "clipping" : "no clipping") + state);
+    for (const char* clip : {" --max-grad-norm 1", " --max-grad-norm 0"}) {  // (plan's default clips, train's not)
+      const bool clipping = std::string(clip) == " --max-grad-norm 1";
+      SCOPED_TRACE(std::string(clipping ? "clipping" : "no clipping") + state);
       const std::string engine =
           " --seq-len 16 --batch-size 2 --grad-accum 4 --device cpu --offload --slots 2 --gpu-blobs 0" +
           std::string(state);
@@ -1040,11 +1041,11 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
       ASSERT_EQ(t.code, 0) << t.err;
       EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << last_mem;
       EXPECT_TRUE(states);
-      EXPECT_EQ(grads, *clip != 0);  // held gradients only with clipping
+      EXPECT_EQ(grads, clipping);  // held gradients only with clipping
       EXPECT_TRUE(ckpts);
       EXPECT_TRUE(masters);
       EXPECT_TRUE(weights);
-      if (*clip && !*state) {  // resumed through the store: a save after step 1 continues exactly
+      if (clipping && !*state) {  // resumed through the store: a save after step 1 continues exactly
         fs::remove_all(p("tr"));
         fs::remove_all(p("ts"));
         ASSERT_EQ(run(tr + p("tr") + last_mem + " --save-every 1").code, 0);

@@ -224,7 +224,7 @@ TEST(EngineBuffers, SourceChecksTheList) {
 // asks for 100,000,000): the token buffers, 2 a micro-batch, are one item with a count, so the list
 // stays short and its bytes exact (a list of 2e8 items took 110 s and 2.5 GB to build).
 TEST(EngineBuffers, ManyMicroBatchesAreOneItemWithACount) {
-  const MemoryItems m = TokenUploader::buffers(16, 200000000);
+  const MemoryItems m = TokenUploader::buffers({16, 200000000});
   ASSERT_EQ(m.size(), 2u);
   EXPECT_EQ(total_bytes(m, Place::Device), size_t(200000000) * 16 * TokenUploader::kBytesPerToken);
   EXPECT_EQ(total_bytes(m, Place::Pinned), size_t(200000000) * 16 * TokenUploader::kBytesPerToken);

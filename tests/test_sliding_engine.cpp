@@ -124,6 +124,18 @@ std::vector<int> gpu_blobs(int which, int n_layer) {
 
 class SlidingVsResident : public ::testing::TestWithParam<Case> {};
 
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return c.family + "_slots" + std::to_string(c.slots) +
+         (c.stall_streams ? "_stalls" + std::to_string(c.stall_streams) : "") + (c.overlap ? "_overlap" : "") +
+         (c.small_chunks ? "_chunks" : "") + (c.gpu ? "_gpu" + std::to_string(c.gpu) : "") + (c.bf16 ? "_bf16" : "") +
+         (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "") + (c.hold ? "_hold" + std::to_string(c.hold) : "") +
+         (c.fused ? "_fused" : "") + (c.bf16_state ? "_bf16state" : "") + (c.disk ? "_disk" + std::to_string(c.disk) : "") +
+         (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
+         ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "") +
+         (c.grads_disk ? "_gradsdisk" : "");
+}
+
 TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   const Case c = GetParam();
   nlohmann::json cfg = test::tiny_config(c.family);
@@ -278,18 +290,31 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"mistral", 2, 50, 8, false, true, 0, true, 3, 0, true, true, 2, false, 2, 4, true},
         Case{"qwen2", 3, 50, 64, false, false, 1, false, 2, 0, false, false, 2, true, 1, 5, true},
         Case{"gemma3", 2, 50, 4, false, true, 0, true, 2, 0, false, false, 2, true, 0, 3, true}),
-    [](const auto& info) {
-      const Case& c = info.param;
-      return c.family + "_slots" + std::to_string(c.slots) +
-             (c.stall_streams ? "_stalls" + std::to_string(c.stall_streams) : "") + (c.overlap ? "_overlap" : "") +
-             (c.small_chunks ? "_chunks" : "") + (c.gpu ? "_gpu" + std::to_string(c.gpu) : "") +
-             (c.bf16 ? "_bf16" : "") + (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "") +
-             (c.hold ? "_hold" + std::to_string(c.hold) : "") + (c.fused ? "_fused" : "") +
-             (c.bf16_state ? "_bf16state" : "") +
-             (c.disk ? "_disk" + std::to_string(c.disk) : "") + (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
-             ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "") +
-             (c.grads_disk ? "_gradsdisk" : "");
-    });
+    case_name);
+
+// Every path of the schedule (engine/step_schedule.h; tests/test_step_schedule.cpp checks each
+// one's description): clipping x split update x held gradients x blobs kept on the GPU, 16 cases,
+// each with a different stalled stream, 2 micro-batches and odd chunks in every other case, bf16
+// compute in a quarter of them.
+std::vector<Case> every_mode() {
+  std::vector<Case> v;
+  const char* const family[] = {"llama", "qwen3", "mistral", "qwen2"};
+  const uint64_t stall[] = {1, 2, 4, 8, 16};
+  for (int i = 0; i < 16; ++i) {
+    const bool clip = i & 1, split = i & 2, held = i & 4, kept = i & 8;
+    Case c{family[i % 4], 2 + i % 2, 50, stall[i % 5]};
+    c.overlap = !clip;
+    c.fused = !split;
+    c.hold = held ? 3000 : 0;
+    c.gpu = kept ? 2 : 0;
+    c.small_chunks = i % 2 == 0;
+    c.micro = 1 + (i / 2) % 2;
+    c.bf16 = i % 4 == 3;
+    v.push_back(c);
+  }
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Modes, SlidingVsResident, ::testing::ValuesIn(every_mode()), case_name);
 
 }  // namespace
 }  // namespace sf

@@ -284,6 +284,20 @@ for s in ('3b', '1b'):
       mkdir -p /tmp/sf_off
       run nvme_13b_bf16 "$BIN/slideformer" bench --preset llama-13b --batch-size 8 --seq-len 2048 --steps 2 --warmup 1 \
         --device cuda --gpu-memory 24GiB --offload-dir /tmp/sf_off --max-grad-norm 1 --optimizer-state bf16 ;;
+    # issue 17 §1, levels 2-5 of the NVMe tier (held gradients, fp32 masters, working copies in the
+    # offload file): 3B, bf16 state, every blob on the host, 12 GiB of host memory (all five levels:
+    # the working copies of 8 layers read for each upload) and 16 GiB (masters of 9 layers, their
+    # working copies in RAM); the step's disk bytes and time against the plan's disk line
+    nvme_levels)
+      mkdir -p /tmp/sf_off
+      for m in 12 16; do
+        run nvme_levels_plan_3b_${m}g "$BIN/slideformer" plan --preset llama-3b --batch-size 8 --seq-len 2048 \
+          --device cuda --offload --gpu-blobs 0 --gpu-memory 24GiB --cpu-memory ${m}GiB --offload-dir /tmp/sf_off \
+          --disk-memory 60GiB --optimizer-state bf16 --max-grad-norm 1
+        run nvme_levels_3b_${m}g "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 --steps 2 \
+          --warmup 1 --device cuda --offload --gpu-blobs 0 --gpu-memory 24GiB --cpu-memory ${m}GiB \
+          --offload-dir /tmp/sf_off --disk-memory 60GiB --optimizer-state bf16 --max-grad-norm 1
+      done ;;
     state_bench)
       for st in fp32 bf16; do
         run sf_3b_host_clip1_state_$st "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \

@@ -12,28 +12,28 @@ namespace {
 const char* const kAccKey[4] = {"acc.layer", "acc.layer", "acc.emb", "acc.head"};
 }  // namespace
 
-MemoryItems GradientPath::buffers(int64_t max_layer, int64_t emb, int64_t head, DType act, int64_t chunk) {
+MemoryItems GradientPath::buffers(const GradientPathOptions& o) {
   const std::string acc = "fp32 gradient accumulators (2 layers, embedding, head)";
-  const int64_t numel[4] = {max_layer, max_layer, emb, head};
+  const int64_t numel[4] = {o.max_layer, o.max_layer, o.emb, o.head};
   MemoryItems m;
   for (int i = 0; i < 4; ++i) m.push_back({acc, round256(size_t(numel[i]) * 4), Place::Device, kAccKey[i]});
-  if (act != DType::F32)
-    m.push_back(
-        {"gradient staging (2 chunks)", 2 * round256(size_t(chunk) * dtype_size(act)), Place::Device, "grad.staging"});
+  if (o.act != DType::F32)
+    m.push_back({"gradient staging (2 chunks)", 2 * round256(size_t(o.chunk) * dtype_size(o.act)), Place::Device,
+                 "grad.staging"});
   return m;
 }
 
-GradientPath::GradientPath(Device& dev, int blobs, int64_t max_layer, int64_t emb, int64_t head, DType act,
-                           int64_t chunk, Streams streams, HostOptimizer& host, float* norms, StepTrace* trace)
+GradientPath::GradientPath(Device& dev, const GradientPathOptions& o, Streams streams, HostOptimizer& host,
+                           float* norms, StepTrace* trace)
     : dev_(dev),
-      act_(act),
-      chunk_(chunk),
+      act_(o.act),
+      chunk_(o.chunk),
       s_(streams),
       host_(host),
       norms_(norms),
       trace_(trace),
-      staging_stride_(round256(size_t(chunk) * dtype_size(act))) {
-  BufferSource src(dev, buffers(max_layer, emb, head, act, chunk));
+      staging_stride_(round256(size_t(o.chunk) * dtype_size(o.act))) {
+  BufferSource src(dev, buffers(o));
   for (int i = 0; i < 4; ++i) {
     acc_[i].buf = src.buffer(kAccKey[i]);
     acc_[i].sent = dev.create_event();
@@ -45,11 +45,6 @@ GradientPath::GradientPath(Device& dev, int blobs, int64_t max_layer, int64_t em
   }
   grads_ready_ = dev.create_event();
   chunk_landed_ = dev.create_event();
-  for (int b = 0; b < blobs; ++b) {
-    landed_.push_back(dev.create_event());
-    updated_.push_back(dev.create_event());
-    moved_.push_back(dev.create_event());
-  }
 }
 
 size_t GradientPath::device_bytes() const {
@@ -90,7 +85,7 @@ void GradientPath::round_kept(Tensor g) {
   }
 }
 
-void GradientPath::send(int blob, const Grad& grad, const AdamWParams* overlap) {
+void GradientPath::send(int blob, const Grad& grad, bool update_chunks, const AdamWParams& p) {
   const Tensor& g = grad.g;
   const int64_t n = g.numel();
   float* gp = g.ptr<float>();
@@ -100,10 +95,7 @@ void GradientPath::send(int blob, const Grad& grad, const AdamWParams* overlap) 
     dev_.ops().sq_norm(norm, g, s_.compute);
     return;
   }
-  const bool held = host_.held(blob);
-  if (held) dev_.wait(s_.d2h, *moved_[size_t(blob)]);  // the last update has read the store
-  if (held) overlap = nullptr;                         // updated after the backward (SlidingEngine::step)
-  if (act_ == DType::F32) {                            // copied down as it is
+  if (act_ == DType::F32) {  // copied down as it is
     dev_.record(*grads_ready_, s_.compute);
     dev_.wait(s_.d2h, *grads_ready_);
   }
@@ -126,35 +118,25 @@ void GradientPath::send(int blob, const Grad& grad, const AdamWParams* overlap) 
       dev_.record(*stg_free_[s], s_.d2h);
     }
     host_.landed(blob, i, c, at, s_.d2h);  // (NVMe tier: a held gradient in the store is written out)
-    if (overlap) {
+    if (update_chunks) {
       dev_.record(*chunk_landed_, s_.d2h);
       dev_.wait(s_.opt, *chunk_landed_);
       if (i == 0) mark(s_.opt, "opt", "update", blob);
-      host_.queue_update(blob, i, c, at, *overlap, s_.opt);
+      host_.queue_update(blob, i, c, at, p, s_.opt);
     }
   }
   mark(s_.d2h, "d2h", "landed", blob);
-  if (overlap) mark(s_.opt, "opt", "updated", blob);
+  if (update_chunks) mark(s_.opt, "opt", "updated", blob);
   dev_.record(*acc_[grad.acc].sent, s_.d2h);
-  dev_.record(*landed_[size_t(blob)], s_.d2h);
-  if (overlap) {
-    dev_.record(*updated_[size_t(blob)], s_.opt);
-    dev_.record(*moved_[size_t(blob)], s_.opt);
-  }
   dev_.ops().sq_norm(norm, g, s_.compute);
 }
 
-// (A moment pass follows its blob's parameter pass on the same stream: no second wait. Fewer
-// operations queued: CUDA blocks the queuing thread once a stream holds too many.)
 void GradientPath::queue_update(int blob, int64_t numel, const AdamWParams& p, cpu::AdamWPart part) {
-  if (part != cpu::AdamWPart::Moments) dev_.wait(s_.opt, *landed_[size_t(blob)]);
   const HostOptimizer::Landing at{const_cast<void*>(host_.grads(blob)), -1};
   static const char* const kPart[] = {"", " params", " moments"};
   mark(s_.opt, "opt", "update", blob, kPart[int(part)]);
   host_.queue_update(blob, 0, numel, at, p, s_.opt, part);
   mark(s_.opt, "opt", "updated", blob, kPart[int(part)]);
-  if (part != cpu::AdamWPart::Moments) dev_.record(*updated_[size_t(blob)], s_.opt);
-  if (part != cpu::AdamWPart::Params) dev_.record(*moved_[size_t(blob)], s_.opt);
 }
 
 }  // namespace sf

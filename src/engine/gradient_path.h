@@ -8,10 +8,11 @@
 // (HostOptimizer::land); without clipping each chunk's AdamW is queued on the opt stream as it
 // lands, else the whole blob's (or one pass of it) after the backward (queue_update).
 //
-// Owns: the accumulators and the staging (its buffers(), which the engine lists), the events
-// between compute, d2h and opt for them, and every blob's `landed` (its gradient is in host
-// memory), `updated` (its master is written: uploads wait) and `moved` (its last update has read
-// the gradient store: the next landing waits). Queues nothing but on the streams it is given.
+// Owns: the accumulators and the staging (its buffers(), which the engine lists) and the events
+// between compute, d2h and opt for them. The events other parts wait for — a blob's `landed`,
+// `updated`, `moved` — are the schedule's (engine/step_schedule.h): the engine waits for and
+// records them around these calls, as the schedule says. Queues nothing but on the streams it is
+// given.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -26,20 +27,26 @@ namespace sf {
 
 class StepTrace;
 
+struct GradientPathOptions {
+  int64_t max_layer = 0;  // elements of the largest host layer (the two layer accumulators)
+  int64_t emb = 0;        // elements of the embedding's accumulator (0: kept on the GPU)
+  int64_t head = 0;       // elements of the head's accumulator (0: kept on the GPU)
+  DType act = DType::F32;  // the gradients on their way down (staging when below fp32)
+  int64_t chunk = 1;       // elements a staging / transfer chunk
+};
+
 class GradientPath {
  public:
   enum class Acc { Layer, Embedding, Head };  // which accumulator a blob's gradient uses
   struct Streams {
     Stream &compute, &d2h, &opt;
   };
-  // `blobs` of the model; accumulators of the largest host layer, the embedding and the head
-  // (0 when kept on the GPU); `chunk` elements a staging / transfer chunk; `norms` [blobs] F32 on
-  // the device: each blob's squared norm; `trace` may be null.
-  GradientPath(Device& dev, int blobs, int64_t max_layer, int64_t emb, int64_t head, DType act, int64_t chunk,
-               Streams streams, HostOptimizer& host, float* norms, StepTrace* trace);
+  // `norms` [blobs] F32 on the device: each blob's squared norm; `trace` may be null.
+  GradientPath(Device& dev, const GradientPathOptions& o, Streams streams, HostOptimizer& host, float* norms,
+               StepTrace* trace);
   // What the constructor allocates: "acc.layer" x 2, "acc.emb", "acc.head" (fp32, 256-aligned),
   // "grad.staging" (2 chunks in the compute dtype, when it is below fp32).
-  static MemoryItems buffers(int64_t max_layer, int64_t emb, int64_t head, DType act, int64_t chunk);
+  static MemoryItems buffers(const GradientPathOptions& o);
 
   // A blob's gradient for this step, zeroed on the compute stream once the accumulator's last
   // contents have left (`kept`: the blob's own gradient on the GPU, already zeroed by the step).
@@ -48,14 +55,14 @@ class GradientPath {
     int acc = -1;  // the accumulator (-1: kept on the GPU)
   };
   Grad fresh(Acc which, int64_t numel, float* kept);
-  // `g` is complete on the compute stream: rounded, normed and (host blobs) sent down, with
-  // `overlap` (no clipping, the blob not held) its AdamW queued chunk by chunk as the chunks land.
+  // `g` is complete on the compute stream: rounded, normed and (host blobs) sent down on d2h,
+  // with `update_chunks` each chunk's fused AdamW (parameters `p`) queued on opt as it lands.
   // For a kept blob the caller queues its GPU AdamW after this.
-  void send(int blob, const Grad& g, const AdamWParams* overlap);
-  // A held blob's AdamW (or one pass of it) on the opt stream, once its whole gradient has landed.
+  void send(int blob, const Grad& g, bool update_chunks, const AdamWParams& p);
+  // A held blob's AdamW (or one pass of it) on the opt stream, queued after the caller made opt
+  // wait for the blob's landing.
   void queue_update(int blob, int64_t numel, const AdamWParams& p, cpu::AdamWPart part = cpu::AdamWPart::All);
 
-  Event& updated(int blob) { return *updated_[size_t(blob)]; }
   size_t device_bytes() const;
 
  private:
@@ -79,10 +86,7 @@ class GradientPath {
   std::unique_ptr<Event> stg_ready_[2], stg_free_[2];
   int next_stg_ = 0;
   std::unique_ptr<Event> grads_ready_;           // compute: a gradient is complete (re-recorded)
-  std::unique_ptr<Event> chunk_landed_;          // d2h, re-recorded per chunk (waited at once)
-  std::vector<std::unique_ptr<Event>> landed_;   // [blobs] d2h: the step's gradient is in host memory
-  std::vector<std::unique_ptr<Event>> updated_;  // [blobs] opt: the master is updated (uploads wait)
-  std::vector<std::unique_ptr<Event>> moved_;    // [blobs] opt: the last update has read the store
+  std::unique_ptr<Event> chunk_landed_;  // d2h, re-recorded per chunk (waited at once)
 };
 
 }  // namespace sf

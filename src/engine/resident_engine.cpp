@@ -126,7 +126,7 @@ MemoryItems ResidentEngine::buffers(const ModelSpec& spec, const EngineOptions& 
   m.push_back({"layer-input checkpoints", stride * size_t(spec.n_layer + 1), Place::Device, "ckpt"});
   m.push_back({"backward activations (dy, dx, recompute)", stride * 3, Place::Device, "dbuf"});
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", be.workspace, Place::Device, "workspace"});
-  append(m, TokenUploader::buffers(maxN, 2 * micro));
+  append(m, TokenUploader::buffers({maxN, 2 * micro}));
   if (opt.training && micro > 1)
     m.push_back(
         {"embedding-output gradients of the step's micro-batches", size_t(micro) * stride, Place::Device, "dy0"});
@@ -166,8 +166,9 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   ckpt = src.buffer("ckpt");
   dbuf = src.buffer("dbuf");
   const int micro = std::max(opt.max_micro, 1);
-  tokens = std::make_unique<TokenUploader>(dev, maxN, 2 * micro);
-  src.allocated(TokenUploader::buffers(maxN, 2 * micro));
+  const TokenUploaderOptions to{maxN, 2 * micro};
+  tokens = std::make_unique<TokenUploader>(dev, to);
+  src.allocated(TokenUploader::buffers(to));
   dy0 = src.buffer_if("dy0");
   scalars = src.buffer("scalars");
   moe_stats = src.buffer_if("moe.stats");
@@ -326,15 +327,20 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
     return;
   }
   if (!backward) {
-    m.program.head_forward_backward(m.ckpt_at(L, N), norm_w, w_head, targets, loss_sum, Tensor(), Tensor(), Tensor(),
-                                    grad_scale, hb, d, st);
+    m.program.head_forward_backward({.x = m.ckpt_at(L, N),
+                                     .norm_w = norm_w,
+                                     .w_head = w_head,
+                                     .targets = targets,
+                                     .loss_sum = loss_sum,
+                                     .grad_scale = grad_scale},
+                                    hb, d, st);
     return;
   }
   Tensor dy = m.dtensor(0, N), dx = m.dtensor(1, N), scratch = m.dtensor(2, N);
   Tensor g_emb = m.entry(m.grads, 0, 0, DType::F32);
   Tensor g_norm = m.entry(m.grads, head_blob, 0, DType::F32);
   Tensor g_head = spec_.tie_embeddings ? g_emb : m.entry(m.grads, head_blob, 1, DType::F32);
-  m.program.head_forward_backward(m.ckpt_at(L, N), norm_w, w_head, targets, loss_sum, dy, g_norm, g_head, grad_scale,
+  m.program.head_forward_backward({m.ckpt_at(L, N), norm_w, w_head, targets, loss_sum, grad_scale, dy, g_norm, g_head},
                                   hb, d, st);
   // Backward: recompute each layer from its checkpoint, then its backward.
   for (int l = L - 1; l >= 0; --l) {

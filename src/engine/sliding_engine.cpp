@@ -17,6 +17,7 @@
 #include "engine/moe_stats.h"
 #include "engine/slot_cache.h"
 #include "engine/state_copy.h"
+#include "engine/step_schedule.h"
 #include "engine/step_trace.h"
 #include "engine/token_uploader.h"
 #include "io/checkpoint.h"
@@ -151,20 +152,21 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
 
 const char* const kFetchedName = "checkpoints fetched for the backward + recompute output";
 
-CheckpointOptions checkpoint_options(const ModelSpec& spec, const SlidingShape& z, const SlidingOptions& o) {
-  CheckpointOptions c;
-  c.micro = z.K;
-  c.layers = spec.n_layer;
-  c.stride = z.stride_nh;
-  c.disk_layers = o.ckpt_disk_layers;
-  const int on_disk = z.K * std::clamp(o.ckpt_disk_layers, 0, spec.n_layer);  // no more buffers than checkpoints there
-  c.write_ring = std::clamp(on_disk, 1, c.write_ring);
-  c.read_ahead = std::clamp(on_disk, 1, c.read_ahead);
-  return c;
-}
+// Every part's options, made once from the engine's: buffers() lists the parts' buffers from them
+// and the constructor builds the parts from the same.
+struct PartOptions {
+  SlotCacheOptions slots;
+  HostOptimizerOptions host;
+  GradientPathOptions grads;
+  CheckpointOptions ckpt;
+  TokenUploaderOptions tokens;
+};
 
-HostOptimizerOptions host_options(const SlidingShape& z, const SlidingOptions& o, DType act) {
-  HostOptimizerOptions h;
+PartOptions part_options(const ModelSpec& spec, const SlidingShape& z, const SlidingOptions& o, DType act) {
+  PartOptions p;
+  p.slots = {SlotCache::capacities(o.slots, z.host_numel, z.is_layer), act, z.chunk};
+
+  HostOptimizerOptions& h = p.host;
   h.blob_numel = z.host_numel;
   h.grad_dtype = act;
   h.keep_grads = o.keep_grads;
@@ -179,30 +181,68 @@ HostOptimizerOptions host_options(const SlidingShape& z, const SlidingOptions& o
   h.work_dtype = act;
   h.disk_grads = z.disk_grad;
   h.weight_ring = std::clamp(int(std::count(z.disk_work.begin(), z.disk_work.end(), true)), 1, o.weight_ring);
-  return h;
+
+  p.grads = {z.max_layer, z.emb, z.head, act, z.chunk};
+
+  CheckpointOptions& c = p.ckpt;
+  c.micro = z.K;
+  c.layers = spec.n_layer;
+  c.stride = z.stride_nh;
+  c.disk_layers = o.ckpt_disk_layers;
+  const int on_disk = z.K * std::clamp(o.ckpt_disk_layers, 0, spec.n_layer);  // no more buffers than checkpoints there
+  c.write_ring = std::clamp(on_disk, 1, c.write_ring);
+  c.read_ahead = std::clamp(on_disk, 1, c.read_ahead);
+
+  p.tokens = {z.max_tokens, 2 * z.K};
+  return p;
+}
+
+// What each blob is to the schedule (engine/step_schedule.h).
+ScheduleConfig schedule_config(const ModelSpec& spec, const SlidingShape& z, const SlidingOptions& o, UpdateMode mode,
+                               bool backward) {
+  ScheduleConfig c;
+  c.layers = spec.n_layer;
+  c.tied = spec.tie_embeddings;
+  for (size_t b = 0; b < z.gpu_off.size(); ++b) {
+    BlobRole r;
+    r.kept = z.gpu_off[b] >= 0;
+    r.held = !r.kept && (o.keep_grads || z.held[b]);  // HostOptimizer::held
+    r.disk = z.disk[b];
+    c.roles.push_back(r);
+  }
+  c.split_update = o.split_update;
+  c.backward = backward;
+  c.mode = mode;
+  return c;
 }
 
 }  // namespace
+
+StepSchedule SlidingEngine::schedule(const ModelSpec& spec, const SlidingOptions& o, UpdateMode mode, bool backward) {
+  const ModelLayout layout = make_layout(spec);
+  return make_step_schedule(schedule_config(spec, sliding_shape(spec, layout, o, DType::F32), o, mode, backward));
+}
 
 MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& o, const BackendSizes& be) {
   const ModelLayout layout = make_layout(spec);
   const DType act = be.act;
   const SlidingShape z = sliding_shape(spec, layout, o, act);
+  const PartOptions po = part_options(spec, z, o, act);
   const size_t K = size_t(z.K);
   // In the order `slideformer plan` prints them (by place, an item's first appearance).
-  MemoryItems m = SlotCache::buffers(SlotCache::capacities(o.slots, z.host_numel, z.is_layer), act, z.chunk);
-  append(m, HostOptimizer::buffers(host_options(z, o, act)));
-  const MemoryItems grads = GradientPath::buffers(z.max_layer, z.emb, z.head, act, z.chunk);
+  MemoryItems m = SlotCache::buffers(po.slots);
+  append(m, HostOptimizer::buffers(po.host));
+  const MemoryItems grads = GradientPath::buffers(po.grads);
   append(m, items_with(grads, "acc."));
   m.push_back({"activations (" + std::to_string(K + 1) + " buffers: one per micro-batch + 1)", (K + 1) * z.stride_nh,
                Place::Device, "acts"});
-  for (MemoryItem& c : CheckpointStore::buffers(checkpoint_options(spec, z, o))) {
+  for (MemoryItem& c : CheckpointStore::buffers(po.ckpt)) {
     if (c.key == "ckpt.fetch") c.name = kFetchedName;  // one line with the recompute output
     m.push_back(c);
   }
   m.push_back({kFetchedName, z.stride_nh, Place::Device, "scratch"});
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", be.workspace, Place::Device, "workspace"});
-  append(m, TokenUploader::buffers(z.max_tokens, 2 * z.K));
+  append(m, TokenUploader::buffers(po.tokens));
   append(m, DeviceRope::buffers(spec, o.base.max_seq));
   m.push_back({"scalars", engine_scalar_bytes(layout.blobs.size()), Place::Device, "scalars"});
   append(m, moe_stats_buffers(spec, z.K));
@@ -264,8 +304,42 @@ struct SlidingEngine::Impl {
   Program program;
   std::unique_ptr<StepTrace> trace;  // SF_TRACE: a timeline of the streams
   // Gradients from the backward to the host optimizer (engine/gradient_path.*): accumulators,
-  // rounding, norms, the copies down, the host updates' queuing and their events.
+  // rounding, norms, the copies down, the host updates' queuing.
   std::unique_ptr<GradientPath> grads;
+
+  // ---- the schedule (engine/step_schedule.h): the passes this engine runs, made at start-up, and
+  // the events between the parts that they name, [EventId][blob].
+  std::vector<StepSchedule> schedules;
+  std::vector<std::unique_ptr<Event>> events[3];
+  EventId upload_gate = EventId::Updated;
+  // The deferred operations of the last pass that had any (the split update's moment passes) and
+  // their parameters, queued at the next pass's FlushMoments or before a synchronisation: CUDA
+  // blocks the queuing thread when a stream holds too many operations, and at the norm 60 passes
+  // would (measured: the next forward was queued ~110 ms late, docs/PERFORMANCE.md session 4).
+  const std::vector<ScheduleOp>* deferred = nullptr;
+  AdamWParams deferred_p;
+
+  const StepSchedule& schedule(UpdateMode mode, bool backward) const {
+    for (const StepSchedule& s : schedules)
+      if (s.config.mode == mode && s.config.backward == backward) return s;
+    internal_error(__FILE__, __LINE__, "the sliding engine was not built for this pass (clipping and kept gradients need keep_grads)");
+  }
+  Event& event(const EventRef& e) { return *events[int(e.id)][size_t(e.blob)]; }
+  Stream& stream(StreamId s) {
+    switch (s) {
+      case StreamId::Compute:
+        return *compute;
+      case StreamId::H2D:
+        return *h2d;
+      case StreamId::D2H:
+        return *d2h;
+      case StreamId::Opt:
+        return *opt_stream;
+      case StreamId::Host:
+        break;
+    }
+    internal_error(__FILE__, __LINE__, "the host is not a stream");
+  }
 
   // "what index suffix"; the text is built only when tracing (the step allocates nothing else).
   void mark(Stream& s, const char* name, const char* what, int index = -1, const char* suffix = "") {
@@ -280,9 +354,9 @@ struct SlidingEngine::Impl {
   ParamsRef acquire(int blob, bool use, int keep = -1) {
     if (gpu.has(blob)) return {act == DType::F32 ? gpu.at(gpu.master, blob) : gpu_params(blob), -1};
     const int64_t before = slots->uploads();
-    const int k =
-        slots->acquire(blob, host->upload_source(blob, grads->updated(blob)), layout.blobs[size_t(blob)].numel,
-                       grads->updated(blob), use, keep);
+    Event& gate = event({upload_gate, blob});
+    const int k = slots->acquire(blob, host->upload_source(blob, gate), layout.blobs[size_t(blob)].numel, gate, use,
+                                 keep);
     if (slots->uploads() != before) mark(*h2d, "h2d", "uploaded", blob);
     return k >= 0 ? ParamsRef{slots->data(k), k} : ParamsRef{};  // (-1: a prefetch that was skipped)
   }
@@ -319,72 +393,76 @@ struct SlidingEngine::Impl {
   GradientPath::Grad fresh_grads(GradientPath::Acc which, int blob) {
     return grads->fresh(which, layout.blobs[size_t(blob)].numel, gpu.has(blob) ? gpu.at(gpu.grads, blob) : nullptr);
   }
-  // Blob's gradient is complete on the compute stream: rounded, normed, sent down, and (with
-  // `overlap`, no clipping) its AdamW queued chunk by chunk as the chunks land (on the GPU for a
-  // kept blob).
-  void send_grads(int blob, const GradientPath::Grad& g, const AdamWParams* overlap) {
-    grads->send(blob, g, overlap);
-    if (gpu.has(blob) && overlap) gpu_update(blob, *overlap);
-  }
-  void queue_blob_update(int blob, const AdamWParams& p, cpu::AdamWPart part = cpu::AdamWPart::All) {
-    grads->queue_update(blob, layout.blobs[size_t(blob)].numel, p, part);
-  }
 
   // ---- checkpoints: the k-th fetch of a backward goes to buffer k % 2.
   void fetch(int k, int j, int l, int64_t N) { ckpts->fetch(k, j, l, size_t(N * spec.hidden) * dtype_size(act), *h2d); }
 
-  // ---- one pass over the micro-batches (run), in named steps
-  // The pass's micro-batches: their tokens and shapes, and the activation ring (cur[j] holds
-  // micro-batch j's current activation, `spare` is free).
+  // ---- one pass: the schedule's operations, executed in order (execute)
+  // The pass's micro-batches: their tokens and shapes, the activation ring (cur[j] holds
+  // micro-batch j's current activation, `spare` is free), each blob's gradient between its
+  // backward and its SendGrad, and the checkpoint fetches queued so far.
   struct Pass {
     std::vector<TokenUploader::Tokens> tok;
     std::vector<BatchDims> dims;
     std::vector<int> cur;
     int spare = 0;
+    std::vector<GradientPath::Grad> grad;  // [blobs]
+    int k = 0;  // the k-th checkpoint fetch (layer l, micro-batch j in this order) is queued while k-1 is in use
     int K() const { return int(dims.size()); }
     int64_t N(int j) const { return dims[size_t(j)].N(); }
+  };
+  // What a pass is given, and what its ReadNorms finds.
+  struct Run {
+    const std::vector<Batch>* mbs = nullptr;
+    float scale = 0.f;          // the loss's 1 / trained tokens
+    AdamWParams p;              // the updates' parameters (grad_scale: the clip factor once known)
+    double max_grad_norm = 0;   // clipping
   };
   // The head's parameters (with a tied embedding, the embedding's table as its weight).
   struct HeadParams {
     ParamsRef head, emb;
     Tensor norm_w, w;
   };
-  void run(const std::vector<Batch>& mbs, float scale, bool backward, const AdamWParams* overlap);
+  bool execute(const StepSchedule& s, Run& r);
+  void begin_op(const ScheduleOp& op) {
+    for (const StreamEvent& w : op.waits) dev.wait(stream(w.stream), event(w.ev));
+  }
+  void end_op(const ScheduleOp& op) {
+    for (const StreamEvent& e : op.records) dev.record(event(e.ev), stream(e.stream));
+  }
   Pass begin_pass(const std::vector<Batch>& mbs, bool backward);
-  void forward(Pass& ps, bool backward);
-  void forward_layer(Pass& ps, int l, bool backward);
-  HeadParams acquire_head();
+  void embed_forward(Pass& ps, const ScheduleOp& op);
+  void forward_layer(Pass& ps, const ScheduleOp& op, bool backward);
+  HeadParams acquire_head(const ScheduleOp& op);
   void release_head(const HeadParams& h) {
     release(h.head);
     release(h.emb);
   }
-  void head_loss(Pass& ps, float scale);
-  GradientPath::Grad head_backward(Pass& ps, float scale, const AdamWParams* overlap);
-  void backward_layer(Pass& ps, int l, int& k, const AdamWParams* overlap);
-  void embedding_backward(Pass& ps, const GradientPath::Grad& g_emb, const AdamWParams* overlap);
+  void head_loss(Pass& ps, const ScheduleOp& op, float scale);
+  void head_backward(Pass& ps, const ScheduleOp& op, float scale);
+  void backward_layer(Pass& ps, const ScheduleOp& op);
+  void embedding_backward(Pass& ps);
+  void update(const ScheduleOp& op, const AdamWParams& p);
   Tensor out_buf(const Pass& ps, int j) {  // the spare buffer, once its checkpoint offload is done
     dev.wait(*compute, *act_free[size_t(ps.spare)]);
     return act_at(acts, ps.spare, ps.N(j));
   }
   static void advance(Pass& ps, int j) { std::swap(ps.spare, ps.cur[size_t(j)]); }  // the output becomes current
 
-  // The split update's moment passes, queued on the opt stream only once the next forward is
-  // queued (run()) or before anything waits for the streams: CUDA blocks the queuing thread when a
-  // stream holds too many operations, and at the norm 60 passes would (measured: the next forward
-  // was queued ~110 ms late, docs/PERFORMANCE.md session 4). Their order is unchanged: after every
-  // parameter pass, before the next gradients land (d2h waits for `moved`).
-  struct PendingMoments {
-    bool any = false;
-    AdamWParams p;
-  } moments;
-  void flush_moments() {
-    if (!moments.any) return;
-    moments.any = false;
-    for (int b = nb - 1; b >= 0; --b)
-      if (!gpu.has(b)) queue_blob_update(b, moments.p, cpu::AdamWPart::Moments);
+  // The deferred operations (their order is the schedule's: after every parameter pass, before the
+  // next gradients land, which wait for `moved`).
+  void flush_deferred() {
+    if (!deferred) return;
+    const std::vector<ScheduleOp>& ops = *deferred;
+    deferred = nullptr;
+    for (const ScheduleOp& op : ops) {
+      begin_op(op);
+      update(op, deferred_p);
+      end_op(op);
+    }
   }
   void sync_all() {
-    flush_moments();
+    flush_deferred();
     tokens->synchronize();
     dev.synchronize(*h2d);
     dev.synchronize(*compute);
@@ -419,6 +497,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   SF_CHECK(o.base.max_micro >= 1, "max_micro must be positive");
   SF_CHECK(o.base.state_dtype == DType::F32 || o.base.state_dtype == DType::BF16, "the optimizer state is F32 or BF16");
   const SlidingShape z = sliding_shape(spec, layout, o, act);
+  const PartOptions po = part_options(spec, z, o, act);
   const int K = z.K;
   gpu.off = z.gpu_off;
   gpu.total = z.gpu_total;
@@ -432,10 +511,8 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   BufferSource src(dev, SlidingEngine::buffers(spec, o, BackendSizes{act, ws->bytes(), 0}));
   src.allocated({{"", ws->bytes(), Place::Device, "workspace"}});
 
-  const HostOptimizerOptions ho = host_options(z, o, act);
-  const MemoryItems host_items = HostOptimizer::buffers(ho);
-  const CheckpointOptions co = checkpoint_options(spec, z, o);
-  const MemoryItems ckpt_items = CheckpointStore::buffers(co);
+  const MemoryItems host_items = HostOptimizer::buffers(po.host);
+  const MemoryItems ckpt_items = CheckpointStore::buffers(po.ckpt);
   // The offload file: the AdamW state of the blobs there, then the checkpoints of the disk layers.
   const uint64_t state_bytes = total_bytes(host_items, Place::Disk);
   if (state_bytes + total_bytes(ckpt_items, Place::Disk) > 0) {
@@ -444,11 +521,10 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     SF_CHECK(!so.dir.empty(), "state in the NVMe store, but no offload directory");
     store = std::make_unique<NvmeStore>(so);
   }
-  host = std::make_unique<HostOptimizer>(dev, ho, store.get());
+  host = std::make_unique<HostOptimizer>(dev, po.host, store.get());
   src.allocated(host_items);
-  const std::vector<int64_t> caps = SlotCache::capacities(o.slots, z.host_numel, z.is_layer);
-  slots = std::make_unique<SlotCache>(dev, caps, act, chunk, *h2d, *compute);
-  src.allocated(SlotCache::buffers(caps, act, chunk));
+  slots = std::make_unique<SlotCache>(dev, po.slots, *h2d, *compute);
+  src.allocated(SlotCache::buffers(po.slots));
   gpu.params = src.buffer_if("gpu.params");
   gpu.master = src.buffer_if("gpu.master");
   gpu.m = src.buffer_if("gpu.m");
@@ -470,45 +546,99 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   zero_scalars();
   rope = std::make_unique<DeviceRope>(dev, spec, o.base.max_seq, *compute);
   src.allocated(DeviceRope::buffers(spec, o.base.max_seq));
-  tokens = std::make_unique<TokenUploader>(dev, max_tokens, 2 * K);
-  src.allocated(TokenUploader::buffers(max_tokens, 2 * K));
+  tokens = std::make_unique<TokenUploader>(dev, po.tokens);
+  src.allocated(TokenUploader::buffers(po.tokens));
   opt_stream = d.create_stream();
-  if (co.disk_layers > 0) io = d.create_stream();
-  ckpts = std::make_unique<CheckpointStore>(dev, co, store.get(), state_bytes, io.get());
+  if (po.ckpt.disk_layers > 0) io = d.create_stream();
+  ckpts = std::make_unique<CheckpointStore>(dev, po.ckpt, store.get(), state_bytes, io.get());
   src.allocated(ckpt_items);
   trace = StepTrace::from_env(dev, *compute);
-  grads = std::make_unique<GradientPath>(dev, nb, z.max_layer, z.emb, z.head, act, chunk,
-                                         GradientPath::Streams{*compute, *d2h, *opt_stream}, *host,
+  grads = std::make_unique<GradientPath>(dev, po.grads, GradientPath::Streams{*compute, *d2h, *opt_stream}, *host,
                                          static_cast<float*>(scalars.data()) + 2, trace.get());
-  src.allocated(GradientPath::buffers(z.max_layer, z.emb, z.head, act, chunk));
+  src.allocated(GradientPath::buffers(po.grads));
+
+  // The passes this engine can run: the loss alone, a step without clipping, and (gradients kept)
+  // a step with clipping and the gradients alone.
+  schedules.push_back(make_step_schedule(schedule_config(spec, z, o, UpdateMode::None, false)));
+  schedules.push_back(make_step_schedule(schedule_config(spec, z, o, UpdateMode::AsLanded, true)));
+  if (o.keep_grads) {
+    schedules.push_back(make_step_schedule(schedule_config(spec, z, o, UpdateMode::Clipped, true)));
+    schedules.push_back(make_step_schedule(schedule_config(spec, z, o, UpdateMode::None, true)));
+  }
+  for (auto& per_blob : events)
+    for (int b = 0; b < nb; ++b) per_blob.push_back(dev.create_event());
   dev.synchronize(*compute);
 }
 
-// One pass over the micro-batches, layer-major (docs/ARCHITECTURE.md §3). Forward: the embedding, then each
-// layer for every micro-batch while its parameters sit in the slot, each layer input offloaded as
-// that micro-batch's checkpoint; the head (loss, and with `backward` the first gradients); then
-// the backward in reverse, each layer recomputed from its fetched checkpoints, its gradient
-// accumulated over the micro-batches on the GPU and sent down once.
-void SlidingEngine::Impl::run(const std::vector<Batch>& mbs, float scale, bool backward, const AdamWParams* overlap) {
-  Pass ps = begin_pass(mbs, backward);
-  forward(ps, backward);
-  if (!backward) {
-    head_loss(ps, scale);
-    return;
+// One pass (docs/ARCHITECTURE.md §3): the schedule's operations in order, each with its waits before and its
+// records after (engine/step_schedule.h). Returns false when a ReadNorms stopped it (a non-finite
+// loss or norm with clipping: no update).
+bool SlidingEngine::Impl::execute(const StepSchedule& s, Run& r) {
+  upload_gate = s.upload_gate;
+  Pass ps;
+  for (const ScheduleOp& op : s.ops) {
+    begin_op(op);
+    switch (op.kind) {
+      case OpKind::BeginPass:
+        ps = begin_pass(*r.mbs, s.config.backward);
+        break;
+      case OpKind::EmbedForward:
+        embed_forward(ps, op);
+        break;
+      case OpKind::LayerForward:
+        forward_layer(ps, op, s.config.backward);
+        break;
+      case OpKind::ForwardDone:
+        ckpts->forward_done(*d2h);
+        break;
+      case OpKind::FlushMoments:
+        flush_deferred();
+        break;
+      case OpKind::HeadLoss:
+        head_loss(ps, op, r.scale);
+        break;
+      case OpKind::HeadBackward:
+        head_backward(ps, op, r.scale);
+        break;
+      case OpKind::LayerBackward:
+        backward_layer(ps, op);
+        break;
+      case OpKind::EmbedBackward:
+        embedding_backward(ps);
+        break;
+      case OpKind::SendGrad:
+        grads->send(op.blob, ps.grad[size_t(op.blob)], op.chunk_updates, r.p);
+        if (op.chunk_updates) slots_stale = true;
+        break;
+      case OpKind::Update:
+        update(op, r.p);
+        break;
+      case OpKind::ReadNorms: {
+        read_scalars();
+        if (s.config.backward && trace) trace->now("host", "norm known");
+        if (!op.stop_if_not_finite) break;
+        const double norm = std::sqrt(grad_sq_norm());
+        if (!std::isfinite(host_scalars[0]) || !std::isfinite(norm)) return false;
+        r.p.grad_scale = clip_factor(norm, r.max_grad_norm);
+        break;
+      }
+    }
+    end_op(op);
   }
-  const GradientPath::Grad g_emb = head_backward(ps, scale, overlap);
-  // The k-th checkpoint fetch (layer l, micro-batch j in this order) is queued while the (k-1)-th
-  // is in use.
-  int k = 0;
-  for (int l = L - 1; l >= 0; --l) backward_layer(ps, l, k, overlap);
-  embedding_backward(ps, g_emb, overlap);
+  if (!s.deferred.empty()) {
+    deferred = &s.deferred;
+    deferred_p = r.p;
+  }
+  return true;
 }
 
-// The micro-batches' tokens go up (their own stream); a parameter update since the last pass
-// makes every slot stale.
+// The kept blobs' gradients (with the backward) and the scalars zeroed; the micro-batches' tokens
+// go up (their own stream); a parameter update since the last pass makes every slot stale.
 SlidingEngine::Impl::Pass SlidingEngine::Impl::begin_pass(const std::vector<Batch>& mbs, bool backward) {
   const int K = int(mbs.size());
   SF_CHECK(K >= 1 && K <= opt.base.max_micro, "more micro-batches than the engine was built for");
+  if (backward && gpu.total > 0) dev.ops().zero(Tensor(gpu.grads.data(), DType::F32, {gpu.total}), *compute);
+  zero_scalars();
   if (slots_stale) {
     slots->invalidate();
     slots_stale = false;
@@ -523,13 +653,14 @@ SlidingEngine::Impl::Pass SlidingEngine::Impl::begin_pass(const std::vector<Batc
   }
   ps.cur.assign(size_t(K), 0);
   ps.spare = K;
+  ps.grad.resize(size_t(nb));
   return ps;
 }
 
-// The embedding and every layer, each for all micro-batches; then the last step's moment passes.
-void SlidingEngine::Impl::forward(Pass& ps, bool backward) {
+// The embedding for every micro-batch; then the next blob's upload starts.
+void SlidingEngine::Impl::embed_forward(Pass& ps, const ScheduleOp& op) {
   Stream& c = *compute;
-  const ParamsRef p = acquire(0, true);
+  const ParamsRef p = acquire(op.uses[0], true);
   for (int j = 0; j < ps.K(); ++j) {
     ps.cur[size_t(j)] = j;
     dev.wait(c, *act_free[size_t(j)]);
@@ -537,24 +668,22 @@ void SlidingEngine::Impl::forward(Pass& ps, bool backward) {
   }
   release(p);
   mark(c, "compute", "forward", 0);
-  if (L > 0) acquire(1, false);
-  for (int l = 0; l < L; ++l) forward_layer(ps, l, backward);
-  if (backward) ckpts->forward_done(*d2h);
-  flush_moments();  // the last step's moment passes: after its parameter passes, before this backward's landings
+  if (op.prefetch >= 0) acquire(op.prefetch, false);
 }
 
 // Layer l for every micro-batch while its parameters sit in the slot (the next blob prefetched);
 // with the backward to come, each micro-batch's input goes down as its checkpoint.
-void SlidingEngine::Impl::forward_layer(Pass& ps, int l, bool backward) {
+void SlidingEngine::Impl::forward_layer(Pass& ps, const ScheduleOp& op, bool backward) {
   Stream& c = *compute;
-  const ParamsRef p = acquire(1 + l, true);
-  acquire(std::min(2 + l, L + 1), false, p.slot);  // prefetch the next blob
+  const int blob = op.blob, l = blob - 1;
+  const ParamsRef p = acquire(op.uses[0], true);
+  if (op.prefetch >= 0) acquire(op.prefetch, false, p.slot);
   for (int j = 0; j < ps.K(); ++j) {
     const int in = ps.cur[size_t(j)];
     BatchDims d = ps.dims[size_t(j)];
     d.moe_collect = true;  // the router statistics of this forward (not of the backward's recompute)
     Tensor y = out_buf(ps, j);
-    program.layer_forward(layer_params(p, 1 + l), act_at(acts, in, ps.N(j)), y, ws->layer(d), d, rope->tables, c);
+    program.layer_forward(layer_params(p, blob), act_at(acts, in, ps.N(j)), y, ws->layer(d), d, rope->tables, c);
     if (backward) {  // the layer's input is micro-batch j's checkpoint of layer l
       dev.record(*act_read[size_t(in)], c);
       dev.wait(*d2h, *act_read[size_t(in)]);
@@ -564,41 +693,48 @@ void SlidingEngine::Impl::forward_layer(Pass& ps, int l, bool backward) {
     advance(ps, j);
   }
   release(p);
-  mark(c, "compute", "forward", 1 + l);
+  mark(c, "compute", "forward", blob);
 }
 
-SlidingEngine::Impl::HeadParams SlidingEngine::Impl::acquire_head() {
-  const int head_blob = L + 1;
+SlidingEngine::Impl::HeadParams SlidingEngine::Impl::acquire_head(const ScheduleOp& op) {
+  const int head_blob = op.blob;
   HeadParams h;
-  h.head = acquire(head_blob, true);
-  h.emb = spec.tie_embeddings ? acquire(0, true, h.head.slot) : ParamsRef{};
+  h.head = acquire(op.uses[0], true);
+  h.emb = op.uses.size() > 1 ? acquire(op.uses[1], true, h.head.slot) : ParamsRef{};
   h.norm_w = entry(h.head, head_blob, 0);
   h.w = spec.tie_embeddings ? entry(h.emb, 0, 0) : entry(h.head, head_blob, 1);
   return h;
 }
 
 // Without the backward: the loss of every micro-batch, and the pass is over.
-void SlidingEngine::Impl::head_loss(Pass& ps, float scale) {
-  const HeadParams h = acquire_head();
+void SlidingEngine::Impl::head_loss(Pass& ps, const ScheduleOp& op, float scale) {
+  const HeadParams h = acquire_head(op);
   Tensor loss(scalars.data(), DType::F32, {1});
   for (int j = 0; j < ps.K(); ++j) {
     const BatchDims& d = ps.dims[size_t(j)];
-    program.head_forward_backward(act_at(acts, ps.cur[size_t(j)], ps.N(j)), h.norm_w, h.w, ps.tok[size_t(j)].targets,
-                                  loss, Tensor(), Tensor(), Tensor(), scale, ws->head(d), d, *compute);
+    program.head_forward_backward({.x = act_at(acts, ps.cur[size_t(j)], ps.N(j)),
+                                   .norm_w = h.norm_w,
+                                   .w_head = h.w,
+                                   .targets = ps.tok[size_t(j)].targets,
+                                   .loss_sum = loss,
+                                   .grad_scale = scale},
+                                  ws->head(d), d, *compute);
   }
   release_head(h);
   for (const auto& t : ps.tok) tokens->done(t.slot, *compute);
 }
 
-// The loss of every micro-batch and its gradients: dy into the ring, the head's gradient (sent
-// down at once) and the embedding's first part with a tied head (its accumulator is returned).
-GradientPath::Grad SlidingEngine::Impl::head_backward(Pass& ps, float scale, const AdamWParams* overlap) {
-  const int head_blob = L + 1;
-  const HeadParams h = acquire_head();
+// The loss of every micro-batch and its gradients: dy into the ring, the head's gradient and the
+// embedding's first part with a tied head (its accumulator kept for EmbedBackward).
+void SlidingEngine::Impl::head_backward(Pass& ps, const ScheduleOp& op, float scale) {
+  const int head_blob = op.blob;
+  const HeadParams h = acquire_head(op);
   Tensor loss(scalars.data(), DType::F32, {1});
   if (L > 0) fetch(0, 0, L - 1, ps.N(0));
-  const GradientPath::Grad g_emb = fresh_grads(GradientPath::Acc::Embedding, 0);
-  const GradientPath::Grad g_head = fresh_grads(GradientPath::Acc::Head, head_blob);
+  GradientPath::Grad& g_emb = ps.grad[0];
+  GradientPath::Grad& g_head = ps.grad[size_t(head_blob)];
+  g_emb = fresh_grads(GradientPath::Acc::Embedding, 0);
+  g_head = fresh_grads(GradientPath::Acc::Head, head_blob);
   const BlobLayout& hl = layout.head();
   const Tensor g_norm = entry_view(hl.entries[0], g_head.g.data, DType::F32);
   const Tensor g_table = entry_view(layout.embedding().entries[0], g_emb.g.data, DType::F32);
@@ -606,24 +742,25 @@ GradientPath::Grad SlidingEngine::Impl::head_backward(Pass& ps, float scale, con
   for (int j = 0; j < ps.K(); ++j) {
     const BatchDims& d = ps.dims[size_t(j)];
     Tensor dy = out_buf(ps, j);
-    program.head_forward_backward(act_at(acts, ps.cur[size_t(j)], ps.N(j)), h.norm_w, h.w, ps.tok[size_t(j)].targets,
-                                  loss, dy, g_norm, g_w_head, scale, ws->head(d), d, *compute);
+    program.head_forward_backward({act_at(acts, ps.cur[size_t(j)], ps.N(j)), h.norm_w, h.w,
+                                   ps.tok[size_t(j)].targets, loss, scale, dy, g_norm, g_w_head},
+                                  ws->head(d), d, *compute);
     advance(ps, j);
   }
   release_head(h);
   mark(*compute, "compute", "head");
-  send_grads(head_blob, g_head, overlap);
-  return g_emb;
 }
 
 // Layer l's backward for every micro-batch: each recomputed from its fetched checkpoint (fetch k
-// + 1 queued while k is in use), its gradient accumulated over the micro-batches and sent down.
-void SlidingEngine::Impl::backward_layer(Pass& ps, int l, int& k, const AdamWParams* overlap) {
+// + 1 queued while k is in use), its gradient accumulated over the micro-batches.
+void SlidingEngine::Impl::backward_layer(Pass& ps, const ScheduleOp& op) {
   Stream& c = *compute;
-  const int K = ps.K();
-  const ParamsRef p = acquire(1 + l, true);
-  if (l > 0) acquire(l, false, p.slot);  // prefetch layer l-1's parameters
-  const GradientPath::Grad g = fresh_grads(GradientPath::Acc::Layer, 1 + l);
+  const int K = ps.K(), blob = op.blob, l = blob - 1;
+  int& k = ps.k;
+  const ParamsRef p = acquire(op.uses[0], true);
+  if (op.prefetch >= 0) acquire(op.prefetch, false, p.slot);  // layer l-1's parameters
+  GradientPath::Grad& g = ps.grad[size_t(blob)];
+  g = fresh_grads(GradientPath::Acc::Layer, blob);
   const LayerParams gv = layer_views(layout.layer(l), g.g.data, DType::F32);
   for (int j = 0; j < K; ++j, ++k) {
     if (j + 1 < K)
@@ -633,27 +770,36 @@ void SlidingEngine::Impl::backward_layer(Pass& ps, int l, int& k, const AdamWPar
     const BatchDims& d = ps.dims[size_t(j)];
     const Tensor x(ckpts->use(k, c), act, {ps.N(j), spec.hidden});
     const LayerBuffers w = ws->layer(d);
-    program.layer_forward(layer_params(p, 1 + l), x, act_at(scratch, 0, ps.N(j)), w, d, rope->tables, c);
+    program.layer_forward(layer_params(p, blob), x, act_at(scratch, 0, ps.N(j)), w, d, rope->tables, c);
     Tensor dx = act_at(acts, ps.spare, ps.N(j));
-    program.layer_backward(layer_params(p, 1 + l), gv, x, act_at(acts, ps.cur[size_t(j)], ps.N(j)), dx, w, d,
+    program.layer_backward(layer_params(p, blob), gv, x, act_at(acts, ps.cur[size_t(j)], ps.N(j)), dx, w, d,
                            rope->tables, c);
     ckpts->done(k, c);
     advance(ps, j);
   }
   release(p);
-  mark(c, "compute", "backward", 1 + l);
-  send_grads(1 + l, g, overlap);
+  mark(c, "compute", "backward", blob);
 }
 
-// The embedding's gradient of every micro-batch (after the tied head's part), sent down last.
-void SlidingEngine::Impl::embedding_backward(Pass& ps, const GradientPath::Grad& g_emb, const AdamWParams* overlap) {
-  const Tensor g_table = entry_view(layout.embedding().entries[0], g_emb.g.data, DType::F32);
+// The embedding's gradient of every micro-batch (after the tied head's part).
+void SlidingEngine::Impl::embedding_backward(Pass& ps) {
+  const Tensor g_table = entry_view(layout.embedding().entries[0], ps.grad[0].g.data, DType::F32);
   for (int j = 0; j < ps.K(); ++j)
     program.embed_backward(g_table, act_at(acts, ps.cur[size_t(j)], ps.N(j)), ps.tok[size_t(j)].ids,
                            Tensor(scratch.data(), DType::F32, {int64_t(scratch.size() / 4)}), *compute);
   for (const auto& t : ps.tok) tokens->done(t.slot, *compute);
   mark(*compute, "compute", "backward", 0);
-  send_grads(0, g_emb, overlap);
+}
+
+// A blob's AdamW as the operation says: a kept blob's on the compute stream, a host blob's (or one
+// pass of it) on opt from its gradient store.
+void SlidingEngine::Impl::update(const ScheduleOp& op, const AdamWParams& p) {
+  SF_CHECK(gpu.has(op.blob) == (op.stream == StreamId::Compute), "schedule: a kept blob updates on compute, a host blob on opt");
+  slots_stale = true;
+  if (gpu.has(op.blob))
+    gpu_update(op.blob, p);
+  else
+    grads->queue_update(op.blob, layout.blobs[size_t(op.blob)].numel, p, op.part);
 }
 
 SlidingEngine::SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOptions& opt)
@@ -713,61 +859,39 @@ void SlidingEngine::init_random(uint64_t seed) {
   m.slots->invalidate();
 }
 
+// The step protocol: the schedule of a step with or without clipping (engine/step_schedule.h) —
+// without clipping each blob is updated as soon as its gradient lands, overlapped with the rest of
+// the backward (SlideFormer's schedule); with clipping after the norm, overlapped with the next
+// forward. Nothing waits here but the schedule's ReadNorms.
 Engine::StepResult SlidingEngine::step(const std::vector<Batch>& mbs, const StepParams& sp) {
   Impl& m = *impl_;
   StepResult r;
   for (const Batch& b : mbs) r.trained += b.trained;
-  const float scale = r.trained > 0 ? float(1.0 / double(r.trained)) : 0.f;
   const bool clip = sp.max_grad_norm > 0;
   SF_CHECK(!clip || opt_.keep_grads, "clipping needs an engine built with keep_grads");
   if (m.store) m.store->check();  // a failed transfer of the NVMe store stops the run at the next step
-  // Without clipping the update is known before the gradients: each blob is updated as soon as
-  // its gradient lands, overlapped with the rest of the backward (SlideFormer's schedule).
-  AdamWParams p = sp.adamw;
-  p.grad_scale = 1.f;
-  if (m.gpu.total > 0) dev_.ops().zero(Tensor(m.gpu.grads.data(), DType::F32, {m.gpu.total}), *m.compute);
-  m.zero_scalars();
-  m.run(mbs, scale, true, clip ? nullptr : &p);
-  if (!clip)  // the held gradients' updates, in forward order, overlapping the next forward
-    for (int b = 0; b < m.nb; ++b)
-      if (!m.gpu.has(b) && m.host->held(b)) m.queue_blob_update(b, p);
-  m.read_scalars();  // the step's one host synchronisation: loss and norms
-  if (m.trace) m.trace->now("host", "norm known");
+  Impl::Run run;
+  run.mbs = &mbs;
+  run.scale = r.trained > 0 ? float(1.0 / double(r.trained)) : 0.f;
+  run.p = sp.adamw;
+  run.p.grad_scale = 1.f;
+  run.max_grad_norm = sp.max_grad_norm;
+  r.updated = m.execute(m.schedule(clip ? UpdateMode::Clipped : UpdateMode::AsLanded, true), run);
   r.loss = r.trained > 0 ? double(m.host_scalars[0]) / double(r.trained) : 0.0;
   r.grad_norm = std::sqrt(m.grad_sq_norm());
-  if (!clip) {
-    m.slots_stale = true;
-    r.updated = true;
-    return r;
-  }
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return r;
-  // The clip factor is known: every blob's AdamW in forward order, the host ones on the opt
-  // stream after their gradient has landed. The next forward uploads blob b as soon as its own
-  // update is done, so the updates overlap that forward; nothing waits here. Split: the
-  // parameter passes first (what that forward waits for), then the moment passes in backward
-  // order (the order in which the next backward's gradients land on their stores).
-  p.grad_scale = clip_factor(r.grad_norm, sp.max_grad_norm);
-  const bool split = opt_.split_update;
-  for (int b = 0; b < m.nb; ++b) {
-    if (m.gpu.has(b)) {
-      m.gpu_update(b, p);  // compute stream: before the next forward reads the blob
-      continue;
-    }
-    m.queue_blob_update(b, p, split ? cpu::AdamWPart::Params : cpu::AdamWPart::All);
-  }
-  if (split) m.moments = {true, p};  // queued by the next run() or synchronisation (flush_moments)
-  m.slots_stale = true;
-  r.updated = true;
   return r;
 }
 
 double SlidingEngine::loss_sum(const std::vector<Batch>& batches) {
   Impl& m = *impl_;
+  const StepSchedule& s = m.schedule(UpdateMode::None, false);
   double sum = 0;
   for (const Batch& b : batches) {
-    m.zero_scalars();
-    m.run({b}, 1.f, false, nullptr);
-    m.read_scalars();
+    const std::vector<Batch> one{b};
+    Impl::Run run;
+    run.mbs = &one;
+    run.scale = 1.f;
+    m.execute(s, run);
     sum += m.host_scalars[0];
   }
   return sum;
@@ -778,10 +902,10 @@ double SlidingEngine::compute_grads(const std::vector<Batch>& batches) {
   SF_CHECK(opt_.keep_grads, "compute_grads needs an engine built with keep_grads");
   int64_t trained = 0;
   for (const Batch& b : batches) trained += b.trained;
-  if (m.gpu.total > 0) dev_.ops().zero(Tensor(m.gpu.grads.data(), DType::F32, {m.gpu.total}), *m.compute);
-  m.zero_scalars();
-  m.run(batches, trained > 0 ? float(1.0 / double(trained)) : 0.f, true, nullptr);
-  m.read_scalars();
+  Impl::Run run;
+  run.mbs = &batches;
+  run.scale = trained > 0 ? float(1.0 / double(trained)) : 0.f;
+  m.execute(m.schedule(UpdateMode::None, true), run);
   m.sync_all();
   return trained > 0 ? double(m.host_scalars[0]) / double(trained) : 0.0;
 }

@@ -15,7 +15,8 @@
 // gradient store, host AdamW), engine/gradient_path.* (gradients from the backward to the host
 // AdamW), engine/checkpoint_store.* (layer inputs down and back), engine/token_uploader.*; every
 // buffer of them all is listed by SlidingEngine::buffers (engine/buffers.h). The schedule of one
-// step is SlidingEngine::Impl::run, top-down, and the step protocol SlidingEngine::step.
+// pass is data (engine/step_schedule.h, SlidingEngine::schedule), which SlidingEngine::Impl::execute
+// runs operation by operation; the step protocol is SlidingEngine::step.
 // SF_TRACE=FILE writes a timeline (engine/step_trace.h).
 // On the cpu backend it is bit for bit the resident engine (tests/test_sliding_engine.cpp).
 #pragma once
@@ -27,6 +28,7 @@
 #include "data/dataset/dataset.h"
 #include "engine/buffers.h"
 #include "engine/engine.h"
+#include "engine/step_schedule.h"
 #include "io/nvme_store.h"
 #include "model/layout.h"
 #include "model/spec.h"
@@ -89,6 +91,10 @@ class SlidingEngine final : public Engine {
   // workspace), plus the backend's per-stream scratch. The constructor allocates from this list
   // and the planner sums it (engine/buffers.h). `be.act` stands for the options' compute dtype.
   static MemoryItems buffers(const ModelSpec& spec, const SlidingOptions& opt, const BackendSizes& be);
+  // The schedule of one pass that the engine built for these options executes (engine/step_schedule.h):
+  // a step without clipping (AsLanded) or with it (Clipped, needs keep_grads), the gradients alone
+  // (None with the backward, needs keep_grads), the loss alone (None without).
+  static StepSchedule schedule(const ModelSpec& spec, const SlidingOptions& opt, UpdateMode mode, bool backward);
 
   const ModelSpec& spec() const override { return spec_; }
   void load(const CheckpointReader& ckpt) override;

@@ -30,7 +30,9 @@ int64_t largest_of(const std::vector<int64_t>& capacity) {
 }
 }  // namespace
 
-MemoryItems SlotCache::buffers(const std::vector<int64_t>& capacity, DType act, int64_t chunk) {
+MemoryItems SlotCache::buffers(const SlotCacheOptions& o) {
+  const std::vector<int64_t>& capacity = o.capacity;
+  const DType act = o.act;
   const bool staging = act != DType::F32 && largest_of(capacity) > 0;
   const std::string name = "parameter slots (" + std::to_string(capacity.size()) +
                            ": one of the largest blob, the others of a layer)" +
@@ -38,17 +40,16 @@ MemoryItems SlotCache::buffers(const std::vector<int64_t>& capacity, DType act, 
   MemoryItems m;
   for (int64_t c : capacity) m.push_back({name, round256(size_t(c) * dtype_size(act)), Place::Device, "slot"});
   if (staging)
-    m.push_back({name, round256(size_t(std::min(chunk, largest_of(capacity))) * 4), Place::Device, "slot.staging"});
+    m.push_back({name, round256(size_t(std::min(o.chunk, largest_of(capacity))) * 4), Place::Device, "slot.staging"});
   return m;
 }
 
-SlotCache::SlotCache(Device& dev, const std::vector<int64_t>& capacity, DType act, int64_t chunk, Stream& h2d,
-                     Stream& compute)
-    : dev_(dev), act_(act), h2d_(h2d), compute_(compute) {
-  chunk_ = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(largest_of(capacity), 1)));
-  BufferSource src(dev, buffers(capacity, act, chunk));
+SlotCache::SlotCache(Device& dev, const SlotCacheOptions& o, Stream& h2d, Stream& compute)
+    : dev_(dev), act_(o.act), h2d_(h2d), compute_(compute) {
+  chunk_ = std::max<int64_t>(1, std::min(o.chunk, std::max<int64_t>(largest_of(o.capacity), 1)));
+  BufferSource src(dev, buffers(o));
   staging_ = src.buffer_if("slot.staging");
-  for (int64_t c : capacity) {
+  for (int64_t c : o.capacity) {
     Slot s;
     s.mem = src.buffer("slot");
     s.capacity = c;
@@ -66,7 +67,7 @@ size_t SlotCache::device_bytes() const {
 
 void* SlotCache::data(int slot) const { return slots_[size_t(slot)].mem.data(); }
 
-int SlotCache::acquire(int blob, const UploadSource& from, int64_t numel, Event& updated, bool use, int keep) {
+int SlotCache::acquire(int blob, const UploadSource& from, int64_t numel, Event& gate, bool use, int keep) {
   for (int k = 0; k < int(slots_.size()); ++k) {
     if (slots_[size_t(k)].blob != blob) continue;
     slots_[size_t(k)].last_use = ++clock_;
@@ -86,7 +87,7 @@ int SlotCache::acquire(int blob, const UploadSource& from, int64_t numel, Event&
   SF_CHECK(v >= 0, "no parameter slot can hold blob " + std::to_string(blob));
   Slot& s = slots_[size_t(v)];
   dev_.wait(h2d_, *s.released);
-  dev_.wait(h2d_, updated);  // the master is final (an update may still run on the host)
+  dev_.wait(h2d_, gate);  // the master is final (an update may still run on the host)
   const void* src = from.begin ? from.begin(h2d_) : from.data;
   const float* master = static_cast<const float*>(src);
   if (from.dtype == act_) {  // the master in fp32, or a working copy in the compute dtype

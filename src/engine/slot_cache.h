@@ -18,24 +18,30 @@
 
 namespace sf {
 
+struct SlotCacheOptions {
+  std::vector<int64_t> capacity;  // [slots] elements a slot (SlotCache::capacities)
+  DType act = DType::F32;         // the slots' dtype (the compute copy)
+  int64_t chunk = 1;              // elements an upload chunk (the fp32 staging below fp32)
+};
+
 class SlotCache {
  public:
-  // Slots of `capacity[i]` elements in `act`; uploads on `h2d`, kernels read on `compute`.
-  SlotCache(Device& dev, const std::vector<int64_t>& capacity, DType act, int64_t chunk, Stream& h2d, Stream& compute);
+  // Uploads on `h2d`, kernels read on `compute`.
+  SlotCache(Device& dev, const SlotCacheOptions& o, Stream& h2d, Stream& compute);
   // The capacities for `slots` slots over host blobs of these sizes (0: not on the host).
   static std::vector<int64_t> capacities(int slots, const std::vector<int64_t>& blob_numel,
                                          const std::vector<bool>& is_layer);
 
   // The slot holding `blob` (uploaded from `master` [numel] F32 if it is not there yet, once
-  // `updated` — the blob's last host update — is done). The least recently used slot other than
+  // `gate` — the blob's last host update, the schedule's upload_gate — is done). The least recently used slot other than
   // `keep` is replaced once the compute stream has released it. With `use`, the compute stream
   // waits for the upload (without: a prefetch, skipped (-1) when no slot but `keep` could hold it).
-  int acquire(int blob, const float* master, int64_t numel, Event& updated, bool use, int keep = -1) {
-    return acquire(blob, UploadSource{master, DType::F32, {}, {}}, numel, updated, use, keep);
+  int acquire(int blob, const float* master, int64_t numel, Event& gate, bool use, int keep = -1) {
+    return acquire(blob, UploadSource{master, DType::F32, {}, {}}, numel, gate, use, keep);
   }
   // The same from any source (engine/upload_source.h: a working copy in the compute dtype goes up
   // as is; the NVMe tier's `begin` and `end` are called around the copy).
-  int acquire(int blob, const UploadSource& src, int64_t numel, Event& updated, bool use, int keep = -1);
+  int acquire(int blob, const UploadSource& src, int64_t numel, Event& gate, bool use, int keep = -1);
   void* data(int slot) const;
   // The compute stream's work queued so far is the last that reads the slot.
   void release(int slot);
@@ -46,7 +52,7 @@ class SlotCache {
   size_t device_bytes() const;
   // What the constructor allocates: a "slot" per capacity, and the fp32 upload staging
   // ("slot.staging") when `act` is below fp32.
-  static MemoryItems buffers(const std::vector<int64_t>& capacity, DType act, int64_t chunk);
+  static MemoryItems buffers(const SlotCacheOptions& o);
 
  private:
   struct Slot {

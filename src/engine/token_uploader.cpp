@@ -7,9 +7,9 @@
 
 namespace sf {
 
-TokenUploader::TokenUploader(Device& dev, int64_t max_tokens, int slots)
-    : dev_(dev), max_tokens_(max_tokens), h2d_(dev.create_stream()), slots_(size_t(std::max(slots, 1))) {
-  BufferSource src(dev, buffers(max_tokens, slots));
+TokenUploader::TokenUploader(Device& dev, const TokenUploaderOptions& o)
+    : dev_(dev), max_tokens_(o.max_tokens), h2d_(dev.create_stream()), slots_(size_t(std::max(o.slots, 1))) {
+  BufferSource src(dev, buffers(o));
   for (Slot& s : slots_) {
     s.host = src.buffer("tokens.staging");
     s.dev = src.buffer("tokens.device");
@@ -18,8 +18,8 @@ TokenUploader::TokenUploader(Device& dev, int64_t max_tokens, int slots)
   }
 }
 
-MemoryItems TokenUploader::buffers(int64_t max_tokens, int slots) {
-  const size_t bytes = size_t(max_tokens) * kBytesPerToken, n = size_t(std::max(slots, 1));
+MemoryItems TokenUploader::buffers(const TokenUploaderOptions& o) {
+  const size_t bytes = size_t(o.max_tokens) * kBytesPerToken, n = size_t(std::max(o.slots, 1));
   return {{"token ids / targets / positions", bytes, Place::Device, "tokens.device", n},
           {"token staging", bytes, Place::Pinned, "tokens.staging", n}};
 }

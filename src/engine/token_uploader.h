@@ -11,11 +11,16 @@
 
 namespace sf {
 
+struct TokenUploaderOptions {
+  int64_t max_tokens = 0;  // tokens of the largest batch
+  // Staging/device buffer pairs used in turn (2: double buffering; the sliding engine keeps every
+  // micro-batch of a step on the device, so it takes 2 x micro-batches).
+  int slots = 2;
+};
+
 class TokenUploader {
  public:
-  // `slots` staging/device buffer pairs used in turn (2: double buffering; the sliding engine keeps
-  // every micro-batch of a step on the device, so it takes 2 x micro-batches).
-  TokenUploader(Device& dev, int64_t max_tokens, int slots = 2);
+  TokenUploader(Device& dev, const TokenUploaderOptions& o);
   struct Tokens {
     Tensor ids;      // [N] I32 on the device
     Tensor targets;  // [N] I32 on the device
@@ -30,7 +35,7 @@ class TokenUploader {
   void synchronize();                           // the upload stream is idle
   static constexpr size_t kBytesPerToken = 12;  // ids, targets, pos: I32 each
   // Its buffers (what the constructor allocates): per slot a device buffer and its pinned staging.
-  static MemoryItems buffers(int64_t max_tokens, int slots);
+  static MemoryItems buffers(const TokenUploaderOptions& o);
   size_t device_bytes() const { return slots_.size() * size_t(max_tokens_) * kBytesPerToken; }
   size_t host_bytes() const { return slots_.size() * size_t(max_tokens_) * kBytesPerToken; }  // pinned staging
 

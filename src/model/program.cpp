@@ -311,20 +311,19 @@ void Program::attention_block_backward(const LayerParams& p, const LayerParams& 
   linear_backward(w.dh, g[P::Wv], g[P::Bv], w.dv, h1, p[P::Wv], true, st);
 }
 
-void Program::head_forward_backward(Tensor x, Tensor norm_w, Tensor w_head, Tensor targets, Tensor loss_sum, Tensor dx,
-                                    Tensor dnorm, Tensor dw_head, float grad_scale, const HeadBuffers& w,
-                                    const BatchDims& d, Stream& st) const {
-  norm_forward(w.hf, w.rstd, x, norm_w, st);
-  if (dx.empty()) {
-    ops_.linear_cross_entropy(loss_sum, Tensor(), Tensor(), w.hf, w_head, targets, grad_scale, w.lce_ws, st);
+void Program::head_forward_backward(const HeadArgs& a, const HeadBuffers& w, const BatchDims& d, Stream& st) const {
+  const float grad_scale = a.grad_scale;
+  norm_forward(w.hf, w.rstd, a.x, a.norm_w, st);
+  if (a.dx.empty()) {
+    ops_.linear_cross_entropy(a.loss_sum, Tensor(), Tensor(), w.hf, a.w_head, a.targets, grad_scale, w.lce_ws, st);
     return;
   }
-  ops_.linear_cross_entropy(loss_sum, w.dhf, dw_head, w.hf, w_head, targets, grad_scale, w.lce_ws, st);
-  norm_backward(dx, dnorm, w.dhf, x, norm_w, w.rstd, false, st);
+  ops_.linear_cross_entropy(a.loss_sum, w.dhf, a.dw_head, w.hf, a.w_head, a.targets, grad_scale, w.lce_ws, st);
+  norm_backward(a.dx, a.dnorm, w.dhf, a.x, a.norm_w, w.rstd, false, st);
   // The load-balancing loss joins the step loss (loss_sum * grad_scale), as transformers adds
   // coef * aux to its mean cross-entropy. Its gradient enters at each router (moe_backward).
   if (moe_aux_grad_scale(d) != 0.f && grad_scale > 0.f)
-    ops_.moe_aux_loss(loss_sum, d.moe_stats, moe_aux_grad_scale(d) / grad_scale, st);
+    ops_.moe_aux_loss(a.loss_sum, d.moe_stats, moe_aux_grad_scale(d) / grad_scale, st);
 }
 
 void Program::head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w,

@@ -123,12 +123,21 @@ class Program {
   void layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx, const LayerBuffers& w,
                       const BatchDims& d, const RopeTables& rope, Stream& st) const;
 
-  // Final norm + fused linear cross-entropy. targets [N] I32 (already shifted; -100 ignored).
-  // loss_sum [1] F32 += summed CE. If dx is given: dx [N, H] = grad_scale * dloss/dx_L and
-  // dnorm += , dw_head += (the embedding's grad when tied).
-  void head_forward_backward(Tensor x, Tensor norm_w, Tensor w_head, Tensor targets, Tensor loss_sum, Tensor dx,
-                             Tensor dnorm, Tensor dw_head, float grad_scale, const HeadBuffers& w, const BatchDims& d,
-                             Stream& st) const;
+  // The head's tensors: its input and weights, the targets, the loss it adds to, and (with the
+  // backward) where its gradients go.
+  struct HeadArgs {
+    Tensor x;                // [N, H] the last layer's output
+    Tensor norm_w;           // [H] the final norm's weight
+    Tensor w_head;           // [V, H] (the embedding's table when tied)
+    Tensor targets;          // [N] I32, already shifted; -100 ignored
+    Tensor loss_sum;         // [1] F32 += summed CE
+    float grad_scale = 0.f;  // the loss's scale in the gradients (1 / the step's trained tokens)
+    // If dx is given: dx [N, H] = grad_scale * dloss/dx_L, dnorm [H] += , dw_head [V, H] += (the
+    // embedding's gradient when tied).
+    Tensor dx{}, dnorm{}, dw_head{};
+  };
+  // Final norm + fused linear cross-entropy.
+  void head_forward_backward(const HeadArgs& a, const HeadBuffers& w, const BatchDims& d, Stream& st) const;
   // logits [N, V] = final_norm(x) @ w_head^T (evaluation and tests only: the training path never
   // materialises logits).
   void head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w, Stream& st) const;
