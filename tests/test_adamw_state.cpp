@@ -117,6 +117,78 @@ TEST(AdamWBf16State, EveryPathEqualsTheScalarReference) {
   }
 }
 
+// Non-finite values through every path: a NaN moment stays a NaN (the vector paths test NaN lanes
+// apart from the draw, core/stochastic_round.h adds none), infinities stay infinite; the bits are
+// the scalar reference's in every lane position (NaN and inf gradients at lanes 0..15 of a vector).
+TEST(AdamWBf16State, NonFiniteValuesRoundAsTheScalarFunction) {
+  const int n = 101;
+  const auto p0 = test::randn(size_t(n), 321);
+  auto g = test::randn(size_t(n), 322, 1e-2f);
+  // NaNs with every payload bit set (0x7fffffff, 0xffffffff): the payload survives the arithmetic,
+  // and adding a draw to it would carry into the sign (or out of 32 bits) and give a zero.
+  const auto nan_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  for (int i = 0; i < n; i += 7)
+    g[size_t(i)] = i % 2 ? nan_bits(i % 3 ? 0x7fffffffu : 0xffffffffu) : (i % 3 ? INFINITY : -INFINITY);
+  auto m0 = test::randn(size_t(n), 323, 1e-3f);
+  std::vector<float> v0(size_t(n), 1e-6f);
+  m0[3] = NAN, v0[5] = NAN;  // NaN already in the state
+  AdamWParams a;
+  a.lr = 1e-3f, a.beta2 = 0.95f, a.step = 2, a.round_seed = 4, a.blob = 1;
+  Ref ref{p0, {}, {}};
+  for (int i = 0; i < n; ++i) {
+    ref.m.push_back(float_to_bf16(m0[size_t(i)]).bits);
+    ref.v.push_back(float_to_bf16(v0[size_t(i)]).bits);
+  }
+  ref.step(g, a);
+  for (const char* isa : kIsas) {
+    SCOPED_TRACE(isa ? isa : "best");
+    IsaScope scope(isa);
+    State f(p0, m0, v0);
+    cpu::adamw(f.pt(), test::view_of(g, {n}), f.m.t(), f.v.t(), Tensor(), a);
+    EXPECT_EQ(std::memcmp(f.p.data(), ref.p.data(), size_t(n) * 4), 0);
+    int nan_m = 0;
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(bits_of(f.m, i), ref.m[size_t(i)]) << "m " << i;
+      ASSERT_EQ(bits_of(f.v, i), ref.v[size_t(i)]) << "v " << i;
+      nan_m += std::isnan(bf16_to_float(bf16{bits_of(f.m, i)}));
+    }
+    EXPECT_GE(nan_m, 8);  // the NaN gradients' and m0[3]'s
+  }
+}
+
+// The kernel's rounding is unbiased where it matters, in the vector loops: one value between two
+// bf16 neighbours in every element of a long moment pass; the mean of the stored m and v is that
+// value within the sampling error (round-to-nearest would be off by 20 sigma).
+TEST(AdamWBf16State, TheKernelsRoundingIsUnbiased) {
+  const int n = 1 << 17;
+  const float ulp = 1.f / 128;  // bf16 spacing in [1, 2)
+  for (float frac : {0.2f, 0.7f})
+    for (const char* isa : kIsas) {
+      SCOPED_TRACE(std::string(isa ? isa : "best") + " frac " + std::to_string(frac));
+      IsaScope scope(isa);
+      // beta1 = beta2 = 0 and g = x: the new m is x and the new v is x * x exactly in fp32.
+      const float x = 1.25f + frac * ulp;
+      std::vector<float> p(size_t(n), 0.f), g(size_t(n), x);
+      State s(p, std::vector<float>(size_t(n), 0.f), std::vector<float>(size_t(n), 0.f));
+      AdamWParams a;
+      a.beta1 = 0.f, a.beta2 = 0.f, a.step = 1, a.round_seed = 17, a.blob = 2;
+      cpu::adamw(s.pt(), test::view_of(g, {n}), s.m.t(), s.v.t(), Tensor(), a, cpu::AdamWPart::Moments);
+      double sm = 0, sv = 0;
+      for (int i = 0; i < n; ++i) sm += s.m.get(i), sv += s.v.get(i);
+      const double xv = double(x) * double(x);  // in [1.5625, 1.583): exact in fp32, same spacing as x
+      const double fv = std::fmod(xv, ulp) / ulp;
+      const double sigma_m = ulp * std::sqrt(frac * (1 - frac) / n);
+      const double sigma_v = ulp * std::sqrt(std::max(fv * (1 - fv), 1e-4) / n);
+      EXPECT_NEAR(sm / n, x, 5 * sigma_m);
+      EXPECT_NEAR(sv / n, xv, 5 * sigma_v);
+      EXPECT_GT(std::fabs(test::round_bf16(x) - x), 20 * sigma_m);
+    }
+}
+
 // The stream is keyed by (seed, step, blob, index within the blob): the same call gives the same
 // bytes; a blob updated in chunks (AdamWParams::first) gives the bytes of one call; another seed,
 // step or blob draws other bits.

@@ -8,8 +8,9 @@
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
 #    gemma3 = issue 18's Gemma 3 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
 #    the two halves of moe and gemma3, gds = issue 17's GPUDirect Storage checks, profile3b = issue
-#    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers)
-# BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host and attn_bench built here with -DSF_PORTABLE=ON.
+#    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers,
+#    nvme8 nvme8_k8 nvme13 nvme_levels = the NVMe tier, bench_adamw = the host AdamW kernel alone)
+# BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
 BIN=${BIN:-gpubin}
@@ -306,6 +307,18 @@ print(json.dumps({k: p[k] for k in ('fits', 'ckpt_disk_layers', 'disk_blobs', 'c
 sys.exit(0 if p['fits'] and p['ckpt_disk_layers'] > 0 and p['checkpoint_io'].startswith('cuFile') else 1)" "$OUT/gds_plan.json"
       run gds_bench_cufile "$BIN/slideformer" bench $GDS_ARGS --steps 3 --warmup 1
       run gds_bench_bounce env SF_CUFILE=0 "$BIN/slideformer" bench $GDS_ARGS --steps 3 --warmup 1 ;;
+    # the same 8B with --grad-accum 8 and bf16 state (state of every layer and 11 layers' checkpoints
+    # on the disk): the plan's phase-bound prediction against the step (issue 17: within 15 %)
+    nvme8_k8)
+      mkdir -p /tmp/sf_off
+      run nvme_8b_64g_k8_bf16 "$BIN/slideformer" bench --preset llama-8b --batch-size 8 --seq-len 2048 --steps 2 \
+        --warmup 1 --device cuda --gpu-memory 24GiB --cpu-memory 64GiB --offload-dir /tmp/sf_off --max-grad-norm 1 \
+        --grad-accum 8 --optimizer-state bf16 ;;
+    # the host AdamW kernel alone on this machine's cores: fp32 vs bf16 state, fused and split passes,
+    # 1 Mi (cache) and 64 Mi (memory) elements, all cores and one
+    bench_adamw)
+      run bench_adamw_all "$BIN/bench_adamw" 1 64
+      SF_THREADS=1 run bench_adamw_1 "$BIN/bench_adamw" 1 64 ;;
     # 13B (Llama 2) with bf16 state at 24 GiB and the default host budget, state spilling to the disk
     nvme13)
       mkdir -p /tmp/sf_off

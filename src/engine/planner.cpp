@@ -10,9 +10,11 @@
 #include "core/align.h"
 #include "core/error.h"
 #include "core/units.h"
+#include "engine/checkpoint_store.h"
 #include "engine/engine.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "engine/state_stream.h"
 #include "io/nvme_store.h"
 #include "model/layout.h"
 #include "model/program.h"
@@ -412,7 +414,13 @@ struct SlidingTraffic {
   bool emb_on_host = true;
 };
 
-double split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f,
+// The step as three phases run one after the other: the forward (with the updates that overlap it),
+// the head, and the backward (with what overlaps it); each its own bound.
+struct Phases {
+  double fwd = 0, head = 0, bwd = 0;
+};
+
+Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f,
                          const SlidingTraffic& t, Plan& p) {
   const double P = t.P, act = t.act, ckpt = t.ckpt, up_fwd_s = t.up_fwd_s, up_bwd_s = t.up_bwd_s;
   const bool emb_on_host = t.emb_on_host;
@@ -430,8 +438,76 @@ double split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
   const double emb = double(make_layout(s).embedding().numel);
   const double head_upload_s = p.slots <= 2 && s.tie_embeddings && emb_on_host ? emb * 4 / pcie : 0.0;
   p.host_s = P / rates.host_adamw_params_s * ((pb.params + pb.moments) / (24 + act));
-  return std::max({layers_fwd_gpu, fwd_host, fwd_pcie}) + head_s + head_upload_s +
-         std::max({layers_bwd_gpu, bwd_host, up_bwd_s});
+  return {std::max({layers_fwd_gpu, fwd_host, fwd_pcie}), head_s + head_upload_s,
+          std::max({layers_bwd_gpu, bwd_host, up_bwd_s})};
+}
+
+// The NVMe tier's disk in the step's phases (docs/ENGINE.md "NVMe tier"). The disk's work is not
+// free to fall anywhere in the step: a disk blob's region (m, v, and at the further levels its held
+// gradient, master and working copy) is read and written around its update, so in the phase the
+// updates run in (the forward with clipping, the backward without), except that a held gradient
+// is written in the backward as it lands (and not written back) and a working copy is not read by
+// the update but for each upload (one in each phase); checkpoints are written in the forward and
+// read in the backward. Only the state ring's read-ahead and write-behind (`disk_ring` blobs) can
+// cross into the other phase, and only while the disk has nothing else to do there. So the disk's
+// total time is a bound (the prediction before), and so is each phase's share: with --grad-accum 8
+// the 8B backward is ~12 s of GPU work in which the disk reads only the checkpoints of 11 layers,
+// and the forward cannot absorb that idle time (session 7: disk busy 40.4 s of a 49.6 s step, the
+// disk's total planned 38.7 s).
+// `ph`: the phases without the disk; `act`: bytes of a working copy's element. The result: the
+// phases at least as long as their disk work.
+Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double act, double layers_bwd_gpu,
+                 Phases ph, Plan& p) {
+  if (p.disk_bytes == 0) return ph;
+  const double rd = rates.disk_read_gbs * 1e9, wr = rates.disk_write_gbs * 1e9;
+  // The file: the regions of p.disk_blobs (StateStream's layout) and the disk checkpoints.
+  StateStream::Config sc;
+  const ModelLayout lay = make_layout(s);
+  sc.numel.assign(lay.blobs.size(), 0);
+  sc.master.assign(lay.blobs.size(), false);
+  sc.work.assign(lay.blobs.size(), false);
+  for (int b : p.disk_blobs) sc.numel[size_t(b)] = lay.blobs[size_t(b)].numel;
+  for (int b : p.disk_masters) sc.master[size_t(b)] = true;
+  for (int b : p.disk_weights) sc.work[size_t(b)] = true;
+  sc.grads.assign(lay.blobs.size(), false);
+  for (int b : p.disk_grads) sc.grads[size_t(b)] = true;
+  sc.elem_bytes = dtype_size(r.state_dtype);
+  sc.work_bytes = sc.grad_bytes = size_t(act);
+  sc.order = p.disk_blobs;
+  const double region = p.disk_blobs.empty() ? 0.0 : double(StateStream::store_bytes(sc));
+  double work = 0, grads = 0;
+  for (int b : p.disk_weights) work += double(NvmeStore::aligned(uint64_t(lay.blobs[size_t(b)].numel) * size_t(act)));
+  for (int b : p.disk_grads) grads += double(NvmeStore::aligned(uint64_t(lay.blobs[size_t(b)].numel) * size_t(act)));
+  const double ckpt = std::max(0.0, double(p.disk_bytes) - region);
+  // Around the updates: the regions read (less the working copies) and written (less the held
+  // gradients); a held gradient written in the backward; one working-copy read in each phase; the
+  // checkpoints.
+  const double U = (region - work) / rd + (region - grads) / wr, W = work / rd, Gw = grads / wr;
+  const double Cw = ckpt / wr, Cr = ckpt / rd;
+  // What the ring may move into the other phase: `disk_ring` blobs' reads and writes (an average blob).
+  const double blobs = double(std::max<size_t>(1, p.disk_blobs.size()));
+  const double M = std::min(U, U / blobs * double(SlidingOptions{}.disk_ring));
+  // The backward cannot finish its disk layers before their checkpoints are read: those reads start
+  // with the backward (the store reads 4 fetches ahead, CheckpointStore::read_ahead), and the
+  // layers whose checkpoints are in RAM come first.
+  const double L = double(s.n_layer), c = double(p.ckpt_disk_layers), fetches = c * r.grad_accum;
+  if (c > 0) {
+    const double ahead = std::min(1.0, double(CheckpointOptions{}.read_ahead) / fetches);
+    ph.bwd = std::max(ph.bwd, layers_bwd_gpu * (L - c) / L + std::max(layers_bwd_gpu * c / L, Cr * (1 - ahead)));
+  }
+  if (r.clip) {
+    // Updates in the forward: the regions' traffic, the checkpoint writes and the working copies'
+    // reads there, less what the ring moves into the backward's spare disk time.
+    // (Held gradients in the store come with clipping only: written in the backward.)
+    ph.bwd = std::max(ph.bwd, Cr + Gw + W);
+    ph.fwd = std::max(ph.fwd, U + Cw + W - std::min(M, std::max(0.0, ph.bwd - Cr - Gw - W)));
+  } else {
+    // Updates in the backward as the gradients land: the regions there, less the read-ahead the
+    // forward's spare disk time takes.
+    ph.fwd = std::max(ph.fwd, Cw + W);
+    ph.bwd = std::max(ph.bwd, U + Cr + Gw + W - std::min(M, std::max(0.0, ph.fwd - Cw - W)));
+  }
+  return ph;
 }
 
 // The sliding engine's step time: a lower bound from the rates, assuming the schedule overlaps
@@ -466,18 +542,20 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   const double fwd_s = std::max(p.gpu_s * (f.forward / f.total), up_fwd_s),
                bwd_s = std::max(p.gpu_s * (1.0 - f.forward / f.total), up_bwd_s);
   const double emb_update_s = emb_on_host ? update_s * double(lay.embedding().numel) / P : 0.0;
-  double path = fwd_s + std::max(bwd_s, p.host_s) + emb_update_s;
+  Phases ph{fwd_s, 0.0, std::max(bwd_s, p.host_s) + emb_update_s};
   if (r.clip && r.split_update)
-    path = split_update_path(s, r, rates, f, {P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host}, p);
+    ph = split_update_path(s, r, rates, f, {P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host}, p);
   else if (r.clip)
-    path = fwd_s + bwd_s + std::max(0.0, update_s - fwd_s);
-  // The NVMe store: each blob's m and v read before its update and written after, once a step
-  // whatever grad_accum is; the ring keeps the disk busy through the whole step.
-  // Every level of the tier (Planner::to_disk): Plan::disk_read_bytes / disk_write_bytes count
-  // them (the working copies read twice a step).
+    ph = {std::max(fwd_s, update_s), 0.0, bwd_s};
+  // The NVMe store: every byte of the offload file is written once and read once a step (the state
+  // around its update, whatever grad_accum is; the checkpoints, which grow with it), working copies
+  // read once more (Plan::disk_read_bytes, disk_write_bytes); the phases bound where that traffic
+  // can fall (with_disk).
   if (p.disk_bytes > 0) p.disk_s = p.disk_read_bytes / (rates.disk_read_gbs * 1e9) +
                                    p.disk_write_bytes / (rates.disk_write_gbs * 1e9);
-  p.step_s = std::max({path, p.host_s, p.pcie_s, p.disk_s});
+  const double layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
+  ph = with_disk(s, r, rates, act, layers_bwd_gpu, ph, p);
+  p.step_s = std::max({ph.fwd + ph.head + ph.bwd, p.host_s, p.pcie_s, p.disk_s});
 }
 
 void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {

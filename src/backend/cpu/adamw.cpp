@@ -12,6 +12,13 @@
 // parameter uses the unrounded m and v), then m and v written back with stochastic rounding
 // (core/stochastic_round.h; AdamWParams says whose random bits): 4 instead of 8 bytes read and
 // written a parameter for each moment. The split passes round alike, so they equal the fused one.
+// The rounding is instructions the fp32 path has not (a hash, NaN guards, narrowing): written
+// lean (adamw_simd.inc: one widening load, one pack for m and v, a running index, the NaN guard
+// only for a vector that has a NaN), the AVX2 moment pass runs 47 instructions for 8 elements
+// instead of 82 (fp32 state: 29), the fused pass at most 63 instead of 91 (39). One thread, 1 Mi
+// elements (in cache): fused 0.57 instead of 0.94 ns an element (fp32 state 0.57), parameter pass
+// 0.49 (0.57), moment pass 0.43 instead of 0.80 (0.34); out of cache the bf16 state is the faster
+// one per element, where it was slower (bench_adamw).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
