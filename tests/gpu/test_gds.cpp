@@ -23,14 +23,18 @@
 namespace sf {
 namespace {
 
-// The library the start-up choice would load, or why none: the tests skip with that line.
+// The library the start-up choice would load for an offload dir in the temporary directory, or why
+// none (libcufile absent, its driver or a file of that file system refused: the product then uses
+// the pinned bounce and says so): the tests skip with that line.
 std::string cufile_or_skip(std::string& why) {
   if (!cuda_available()) {
     why = "no GPU";
     return {};
   }
-  const std::unique_ptr<CuFile> f = CuFile::open("", why);
-  return f ? f->library() : std::string();
+  test::TempDir probe;
+  const CheckpointIo io = choose_checkpoint_io(true, probe.path.string(), "");
+  why = io.text;
+  return io.cufile ? io.library : std::string();
 }
 
 TEST(Gds, CuFileMovesTheBytesBetweenDiskAndGpu) {
