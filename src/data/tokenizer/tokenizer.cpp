@@ -1024,6 +1024,7 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
       std::vector<std::pair<size_t, size_t>> in_norm(seg_ids.size());
       size_t pos = 0;
       std::string spelled, pieces;
+      std::vector<size_t> piece_len;  // (not byte-level) each token's piece, as written
       for (size_t k = 0; k < seg_ids.size(); ++k) {
         size_t len;
         if (lossless) {
@@ -1032,7 +1033,9 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
           const std::string t = token_text({seg_ids[k]});
           len = t.size();
           spelled += t;
+          piece_len.push_back(pieces.size());
           pieces += token_piece(seg_ids[k]);
+          piece_len.back() = pieces.size() - piece_len.back();
         }
         in_norm[k] = {pos, pos + len};
         pos += len;
@@ -1042,9 +1045,8 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
       if (!lossless && !spells && pieces == norm) {
         pos = 0;
         for (size_t k = 0; k < seg_ids.size(); ++k) {
-          const size_t len = token_piece(seg_ids[k]).size();
-          in_norm[k] = {pos, pos + len};
-          pos += len;
+          in_norm[k] = {pos, pos + piece_len[k]};
+          pos += piece_len[k];
         }
         spells = true;
       } else if (!lossless && !spells && spelled.size() == norm.size() + 1 && spelled[0] == ' ' &&
