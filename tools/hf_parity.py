@@ -62,6 +62,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_tiny_models as tiny  # noqa: E402
+import moe_routing  # noqa: E402
+from moe_routing import router_modules  # noqa: E402
 
 TOL = {
     "cpu": {"loss": 1e-5, "grad": 1e-4},
@@ -301,17 +303,6 @@ def reference(model_dir, arch, recs, seq_len, device):
     return total / n_total, n_total, grads, shapes, max(self_check or [0.0])
 
 
-def router_modules(model):
-    """The MoE routers: transformers v5's TopKRouter at mlp.gate, v4's nn.Linear at mlp.gate or
-    block_sparse_moe.gate (each has weight [E, H])."""
-    out = []
-    for name, mod in model.named_modules():
-        if name.endswith(("mlp.gate", "block_sparse_moe.gate")) and getattr(mod, "weight", None) is not None \
-                and mod.weight.dim() == 2:
-            out.append((name, mod))
-    return out
-
-
 def aux_by_definition(logits: list, top_k: int, double_softmax: bool = False) -> float:
     """E * sum_e f_e P_e over the concatenated router logits [L*N, E] (float64): f_e = top-k picks of e
     / (L N), P_e = mean softmax probability of e. double_softmax: the same on softmax(probabilities),
@@ -404,6 +395,78 @@ def reference_aux(model_dir, arch, recs, seq_len, device):
     log(f"  reference with the load-balancing loss: CE {ce:.8f} + {coef} x aux {aux_tf:.6f} "
         f"({n_moe} MoE layers, top-{top_k} of {logits[0].shape[-1]})")
     return float(out.loss), n_total, grads, shapes, max(checks.values()), ce
+
+
+def is_moe_entry(entry) -> bool:
+    return entry["arch"] in ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
+
+
+def moe_forward_inputs(recs, seq_len, aux: bool):
+    """The forward calls whose routing is compared, as lists of rows of token ids: aux models one
+    call of all records (reference_aux, hf_lowp_aux), others one call per record with a trained
+    target (reference, hf_lowp), each cut to seq_len."""
+    rows = [record_inputs(r, seq_len) for r in recs]
+    if aux:
+        return [[r[0] for r in rows]]
+    return [[r[0]] for r in rows if r[2] > 0]
+
+
+def reference_routing(entry, recs, seq_len, device) -> dict:
+    """fp32 routing of the reference's forward calls: {router name: (logits [tokens, E] float64, picked
+    [tokens, k])}, tokens in record order (moe_forward_inputs)."""
+    import torch
+    model = tiny.load_hf_model(entry["path"], entry["arch"], device=device, attn="eager")
+    model.eval()
+    k = int(model.config.num_experts_per_tok)
+    with moe_routing.RouterTap(model, k) as tap, torch.no_grad():
+        for rows in moe_forward_inputs(recs, seq_len, bool(entry.get("aux"))):
+            model(input_ids=torch.tensor(rows, dtype=torch.long, device=device))
+    del model
+    return tap.per_layer()
+
+
+def report_reference_margins(entry, routes: dict, top_k: int, table):
+    """(info) row: the fp32 reference's smallest top-k margins (x logit RMS), the tokens nearest a tie
+    named by layer and the two experts at the boundary (k-th picked, first not picked): a routing flip
+    in a low-precision run moves a token between exactly those two experts' gradients."""
+    import torch
+    near = []
+    for name, (z, _) in routes.items():
+        m = moe_routing.topk_margin(z, top_k)
+        order = torch.sort(z, dim=-1, descending=True).indices
+        for n in range(z.shape[0]):
+            near.append((float(m[n]), name.replace("model.", "").replace(".mlp.gate", "").replace(
+                ".block_sparse_moe.gate", ""), n, int(order[n, top_k - 1]), int(order[n, top_k])))
+    near.sort()
+    if not near:
+        return
+    want = moe_routing.MOE_MIN_MARGIN
+    below = sum(1 for t in near if t[0] < want)
+    table.add(entry["name"], "(info) fp32 routing: smallest top-k margin", near[0][0], None, True,
+              f"x logit rms; {below}/{len(near)} token-layers below {want:g}; nearest ties: " +
+              ", ".join(f"{l} tok {n} e{a}|e{b} {m:.3f}" for m, l, n, a, b in near[:8]))
+
+
+def check_lowp_routing(entry, mode, ref_routes: dict, low_routes: dict, top_k: int, table):
+    """Row: PyTorch's own low-precision run routes every token as the fp32 reference does. Should it
+    not (data with near-ties), the 2x rule compares gradients that differ by whole tokens moved
+    between experts, in torch's run and, on other tokens, in slideformer's: the row fails and names
+    the tokens. Also shows the largest router-logit error relative to the token's margin (the
+    distance to a flip: below 0.5 no flip is possible)."""
+    flips = moe_routing.routing_flips(ref_routes, low_routes)
+    n_flip = sum(len(v) for v in flips.values())
+    worst = 0.0
+    for name in ref_routes.keys() & low_routes.keys():
+        zr, zl = ref_routes[name][0], low_routes[name][0]
+        s = zr.sort(dim=-1, descending=True).values
+        gap = (s[:, top_k - 1] - s[:, top_k]).clamp_min(1e-30) if top_k < zr.shape[1] else None
+        if gap is not None:
+            worst = max(worst, float(((zl - zr).abs().max(dim=-1).values / gap).max()))
+    shown = [f"{name.replace('model.', '').replace('.mlp.gate', '').replace('.block_sparse_moe.gate', '')} "
+             f"tok {n} e{','.join(map(str, a))}->e{','.join(map(str, b))}"
+             for name, rows in flips.items() for n, a, b in rows][:6]
+    table.add(entry["name"], f"torch {mode}: routing = fp32 reference", n_flip, 0, n_flip == 0,
+              f"max router-logit error / margin {worst:.3f}" + (f"; flipped: {', '.join(shown)}" if shown else ""))
 
 
 def to_file_names(grads: dict, file_shapes: dict) -> dict:
@@ -616,12 +679,19 @@ def tolerances(entry, a, recs, ref_g, ref_loss, ce_loss, table) -> Bounds:
     file_shapes = entry.get("file_shapes") or {}
     worst_g: dict = {}
     loss_err = ce_err = 0.0
+    ref_routes = None
+    if is_moe_entry(entry):
+        ref_routes = reference_routing(entry, recs, a.seq_len, a.ref_device)
+        top_k = int(json.loads((Path(entry["path"]) / "config.json").read_text())["num_experts_per_tok"])
+        report_reference_margins(entry, ref_routes, top_k, table)
     for mode in ("bf16", "autocast"):
         if entry.get("aux"):
-            bl_loss, bl_ce, bl_g = hf_lowp_aux(entry, recs, a.seq_len, mode)
+            bl_loss, bl_ce, bl_g, routes = hf_lowp_aux(entry, recs, a.seq_len, mode)
         else:
-            bl_loss, bl_g = hf_lowp(entry, recs, a.seq_len, mode)
+            bl_loss, bl_g, routes = hf_lowp(entry, recs, a.seq_len, mode)
             bl_ce = bl_loss
+        if ref_routes is not None:
+            check_lowp_routing(entry, mode, ref_routes, routes, top_k, table)
         bper = grad_errors(to_file_names(bl_g, file_shapes), ref_g, "cuda")
         for r, k, *_ in bper:
             worst_g[k] = max(worst_g.get(k, 0.0), r)
@@ -668,7 +738,8 @@ def grad_errors(got: dict, ref_g: dict, device: str) -> list[tuple[float, str, f
 
 
 def hf_lowp(entry, recs, seq_len, mode):
-    """transformers on the GPU in low precision: loss and fp32 gradients (mode 'bf16' or 'autocast')."""
+    """transformers on the GPU in low precision: loss, fp32 gradients (mode 'bf16' or 'autocast') and
+    the MoE routing of its forward calls (RouterTap.per_layer(); {} for dense models)."""
     import torch
     model = tiny.load_hf_model(entry["path"], entry["arch"], device="cuda", attn="sdpa")
     if mode == "bf16":
@@ -676,22 +747,24 @@ def hf_lowp(entry, recs, seq_len, mode):
     model.eval()
     n_total = count_trained(recs, seq_len)
     total = 0.0
-    for rec in recs:
-        ce, n = batch_ce_sum(model, [rec], seq_len, "cuda", autocast_bf16=(mode == "autocast"))
-        if ce is None:
-            continue
-        (ce / n_total).backward()
-        total += float(ce.detach())
+    with moe_routing.RouterTap(model, int(getattr(model.config, "num_experts_per_tok", 1))) as tap:
+        for rec in recs:
+            ce, n = batch_ce_sum(model, [rec], seq_len, "cuda", autocast_bf16=(mode == "autocast"))
+            if ce is None:
+                continue
+            (ce / n_total).backward()
+            total += float(ce.detach())
     g = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().cpu()
          for k, p in model.named_parameters()}
     del model
     torch.cuda.empty_cache()
-    return total / n_total, g
+    return total / n_total, g, tap.per_layer()
 
 
 def hf_lowp_aux(entry, recs, seq_len, mode):
     """hf_lowp for models with the load-balancing loss: the reference's one labels= call (all records
-    one batch, output_router_logits) in low precision. Returns (loss, its CE part, fp32 gradients)."""
+    one batch, output_router_logits) in low precision. Returns (loss, its CE part, fp32 gradients,
+    routing as RouterTap.per_layer())."""
     import torch
     model = tiny.load_hf_model(entry["path"], entry["arch"], device="cuda", attn="sdpa")
     if mode == "bf16":
@@ -701,11 +774,12 @@ def hf_lowp_aux(entry, recs, seq_len, mode):
     x = torch.tensor([r[0] for r in rows], dtype=torch.long, device="cuda")
     lab = torch.tensor([list(rec.get("labels", rec["input_ids"])[:seq_len]) for rec in recs], dtype=torch.long,
                        device="cuda")
-    if mode == "autocast":
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+    with moe_routing.RouterTap(model, int(model.config.num_experts_per_tok)) as tap:
+        if mode == "autocast":
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                out = model(input_ids=x, labels=lab, output_router_logits=True)
+        else:
             out = model(input_ids=x, labels=lab, output_router_logits=True)
-    else:
-        out = model(input_ids=x, labels=lab, output_router_logits=True)
     out.loss.backward()
     loss = float(out.loss.detach().float())
     ce = loss - float(model.config.router_aux_loss_coef) * float(out.aux_loss.detach().float())
@@ -713,7 +787,7 @@ def hf_lowp_aux(entry, recs, seq_len, mode):
          for k, p in model.named_parameters()}
     del model
     torch.cuda.empty_cache()
-    return loss, ce, g
+    return loss, ce, g, tap.per_layer()
 
 
 def main(argv=None):
@@ -735,6 +809,10 @@ def main(argv=None):
     ap.add_argument("--init-range", type=float, default=None,
                     help="initializer_range of the tiny models (default: 0.1 with --device cpu, 0.02 with "
                          "--device cuda, where at 0.1 transformers' own bf16 gradients miss 3e-2)")
+    ap.add_argument("--route-margin", type=float, default=moe_routing.MOE_MIN_MARGIN,
+                    help="MoE data: every token's top-k router-logit margin at least this x the logit RMS "
+                         "in the fp32 model (default %(default)s); 0 keeps the random tokens, near-ties "
+                         "included (to see what near-ties do)")
     ap.add_argument("--no-baseline", action="store_true",
                     help="cuda: do not measure transformers in bf16; use the fixed tolerances (TOL) instead")
     a = ap.parse_args(argv)
@@ -771,7 +849,8 @@ def main(argv=None):
             log(f"unknown model(s) {unknown}; known: {list(tiny.MODELS)}")
             return 2
     log(f"building tiny models in {work}")
-    manifest = tiny.build_all(work, seed=a.seed, only=only, init_range=a.init_range)
+    manifest = tiny.build_all(work, seed=a.seed, only=only, init_range=a.init_range,
+                              route_margin=a.route_margin or None)
 
     table = Table()
     for name, entry in manifest["models"].items():

@@ -14,7 +14,8 @@ features that differ between them: GQA / MQA / MHA, tied and untied embeddings, 
 scaling, Llama `attention_bias=True`, Qwen2 q/k/v biases, Qwen3 per-head q_norm / k_norm with
 head_dim != hidden / heads, the mixture-of-experts families (Qwen3-MoE with a dense layer, Mixtral,
 OLMoE with its whole-projection q/k norm; renormalised top-k or not; load-balancing loss on or off:
-"aux" models get data of equal-length records, one batch, see make_aux_records), configs in transformers-v5 form (`rope_parameters`) and in the legacy
+"aux" models get data of equal-length records, one batch, see make_aux_records; the tokens of every
+MoE model's data are chosen so that no token is near a routing tie, see moe_routing.py), configs in transformers-v5 form (`rope_parameters`) and in the legacy
 form (`rope_theta` / `rope_scaling` at the top level). All head_dims are 64 or 128 so the same models
 also serve the CUDA check. Weights use initializer_range 0.1 and every RMSNorm weight and bias is
 randomised, so no parameter is trivial.
@@ -32,6 +33,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import moe_routing  # noqa: E402
 
 PARITY_SEQ_LEN = 45  # records below are designed around this cut length (odd on purpose)
 
@@ -485,12 +489,21 @@ def read_jsonl(path) -> list[dict]:
     return out
 
 
+def is_moe(spec: dict) -> bool:
+    return spec["arch"] in ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
+
+
 def build_all(out_dir, seed: int = 1234, only: list[str] | None = None, models: dict | None = None,
-              with_data: bool = True, init_range: float | None = None) -> dict:
+              with_data: bool = True, init_range: float | None = None,
+              route_margin: float | None = moe_routing.MOE_MIN_MARGIN) -> dict:
+    """Builds the models (and their data). route_margin: the data of mixture-of-experts models is
+    made with every token's top-k margin at least this (moe_routing.fix_routing_margins); None keeps
+    the random tokens as drawn (near-ties included)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     models = MODELS if models is None else models
-    manifest = {"seed": seed, "parity_seq_len": PARITY_SEQ_LEN, "init_range": init_range, "models": {}}
+    manifest = {"seed": seed, "parity_seq_len": PARITY_SEQ_LEN, "init_range": init_range,
+                "route_margin": route_margin, "models": {}}
     for i, (name, spec) in enumerate(models.items()):
         if only and name not in only:
             continue
@@ -500,9 +513,19 @@ def build_all(out_dir, seed: int = 1234, only: list[str] | None = None, models: 
         if with_data:
             dpath = out_dir / "data" / f"{name}.jsonl"
             if spec.get("aux"):
-                write_jsonl(dpath, make_aux_records(entry["vocab_size"], seed + 7 * i))
+                recs = make_aux_records(entry["vocab_size"], seed + 7 * i)
             else:
-                write_jsonl(dpath, make_parity_records(entry["vocab_size"], seed + 7 * i))
+                recs = make_parity_records(entry["vocab_size"], seed + 7 * i)
+            if is_moe(spec) and route_margin is not None:
+                ref = load_hf_model(entry["path"], spec["arch"], device="cpu")
+                ref.eval()
+                recs, st = moe_routing.fix_routing_margins(ref, recs, PARITY_SEQ_LEN, entry["vocab_size"],
+                                                           seed + 7 * i + 3, route_margin)
+                del ref
+                entry["route_margin"] = dict(st, want=route_margin)
+                _log(f"  {name}: routing margins >= {route_margin:g} x logit rms: {st['replaced']} of "
+                     f"{st['positions']} tokens replaced, {st['unfixed']} left below, smallest {st['min']:.3f}")
+            write_jsonl(dpath, recs)
             entry["data"] = str(dpath)
         manifest["models"][name] = entry
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -517,6 +540,9 @@ def main(argv=None):
     ap.add_argument("--init-range", type=float, default=None,
                     help="initializer_range of the weights (default 0.1)")
     ap.add_argument("--list", action="store_true", help="list the model names and exit")
+    ap.add_argument("--route-margin", type=float, default=moe_routing.MOE_MIN_MARGIN,
+                    help="MoE data: smallest top-k router-logit margin per token, x the logit RMS "
+                         "(default %(default)s; 0 keeps random tokens, near-ties included)")
     a = ap.parse_args(argv)
     if a.list:
         for n, s in MODELS.items():
@@ -529,7 +555,7 @@ def main(argv=None):
             print(f"unknown model(s): {bad}; known: {list(MODELS)}", file=sys.stderr)
             return 2
     quiet_transformers()
-    m = build_all(a.out, a.seed, only, init_range=a.init_range)
+    m = build_all(a.out, a.seed, only, init_range=a.init_range, route_margin=a.route_margin or None)
     print(f"wrote {len(m['models'])} models to {a.out}")
     return 0
 
