@@ -43,6 +43,17 @@ ragged, partly masked JSONL file:
               expert e, P_e: mean softmax probability), and loss = CE + router_aux_loss_coef * aux.
               A transformers whose router hands its probabilities to the loss (softmax twice,
               transformers issue 45120) fails that model's row with that reason; anything else: exit 3.
+  MoE routing a token whose k-th and (k+1)-th router logits are within bf16 rounding is routed differently
+              by any bf16 run (torch's or ours) than by the fp32 reference: its whole contribution moves
+              between two experts' gradients (10-30 % of a tiny model's expert gradient), and the two
+              runs flip different tokens, so the 2x rule would judge luck. The MoE models' data is
+              therefore made with every token's top-k margin >= --route-margin (0.15) x the row's logit
+              RMS in the fp32 model (tools/moe_routing.py replaces tokens from the left; the count is
+              logged). On cuda an (info) row names the reference's nearest ties (layer, token, the two
+              experts at the boundary), and a row per torch mode checks that torch's own bf16 / autocast
+              routing equals the reference's (0 flips), showing the largest router-logit error over the
+              token's margin (a flip needs 0.5). --route-margin 0 keeps the random tokens (near-ties
+              and all) to show what they do.
 
 Prints a table; exit status 0 when every check passes, 1 when any misses, 3 when the reference
 itself is inconsistent (a bug of this script). Needs torch, transformers, safetensors, numpy.

@@ -189,3 +189,93 @@ def fix_routing_margins(model, recs: list[dict], seq_len: int, vocab: int, seed:
             new["labels"] = labels
         out.append(new)
     return out, {"replaced": replaced, "positions": positions, "unfixed": unfixed, "min": smallest}
+
+
+def self_test() -> int:
+    """Checks fix_routing_margins, RouterTap and routing_flips on a small causal stand-in with two
+    routers (torch only, no transformers): python3 tools/moe_routing.py --self-test."""
+    import types
+    import torch
+    torch.manual_seed(0)
+    V, H, E, K, S = 50, 16, 6, 2, 25
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = torch.nn.Module()
+            self.mlp.gate = torch.nn.Linear(H, E, bias=False)  # named like transformers' routers
+            self.out = torch.nn.Parameter(torch.randn(E, H) * 0.3)
+
+        def forward(self, h):  # causal: a running mean of earlier positions, then the routed update
+            h = h + torch.cumsum(h, dim=1) / torch.arange(1, h.shape[1] + 1).view(1, -1, 1)
+            return h + torch.tanh(self.mlp.gate(h)) @ self.out
+
+    class StandIn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = types.SimpleNamespace(num_experts_per_tok=K)
+            self.model = torch.nn.Module()
+            self.model.embed = torch.nn.Embedding(V, H)
+            self.model.layers = torch.nn.ModuleList([Block(), Block()])
+
+        def forward(self, input_ids):
+            h = self.model.embed(input_ids)
+            for b in self.model.layers:
+                h = b(h)
+            return h
+
+    m = StandIn().eval()
+    rnd = lambda n: [int(x) for x in torch.randint(0, V, (n,))]  # noqa: E731
+    recs = [{"input_ids": rnd(20)}, {"input_ids": rnd(30)}, {"input_ids": rnd(12)}]
+    recs[1]["labels"] = list(recs[1]["input_ids"])
+    recs[1]["labels"][:5] = [-100] * 5
+    recs[2]["labels"] = [(x + 1) % V for x in recs[2]["input_ids"]]  # labels unlike the inputs
+    fails = []
+
+    def check(cond, what):
+        if not cond:
+            fails.append(what)
+
+    before = sum(int((_min_margin_per_position(m, [r["input_ids"][:S]], K) < MOE_MIN_MARGIN).sum()) for r in recs)
+    new, st = fix_routing_margins(m, recs, S, V, seed=7)
+    check(before > 0 and st["replaced"] > 0, f"the stand-in had {before} near-ties, {st['replaced']} replaced")
+    check(st["unfixed"] == 0 and st["positions"] == 20 + S + 12, f"stats {st}")
+    for r, n in zip(recs, new):
+        T = min(len(r["input_ids"]), S)
+        check(len(n["input_ids"]) == len(r["input_ids"]), "length changed")
+        check(n["input_ids"][S:] == r["input_ids"][S:], "tokens past seq_len changed")
+        mm = _min_margin_per_position(m, [n["input_ids"][:T]], K)
+        check(float(mm.min()) >= MOE_MIN_MARGIN, f"margin {float(mm.min()):.4f} left below {MOE_MIN_MARGIN}")
+        if "labels" in r:
+            for i, (a, b, la, lb) in enumerate(zip(r["input_ids"], n["input_ids"], r["labels"], n["labels"])):
+                want = -100 if la == -100 else (b if la == a else la)
+                check(lb == want, f"label {i}: {lb}, want {want}")
+    with RouterTap(m, K) as tap, torch.no_grad():
+        m(torch.tensor([new[0]["input_ids"]]))
+        m(torch.tensor([new[2]["input_ids"]]))
+    ref = tap.per_layer()
+    check(sorted(ref) == ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"], f"routers {sorted(ref)}")
+    for z, picked in ref.values():
+        check(z.shape == (32, E) and torch.equal(picked, torch.topk(z, K, dim=-1).indices), "picked != top-k")
+    check(all(not v for v in routing_flips(ref, ref).values()), "flips of a routing against itself")
+    other = {k: (z, p.clone()) for k, (z, p) in ref.items()}
+    z1, p1 = other["model.layers.1.mlp.gate"]
+    spare = [e for e in range(E) if e not in p1[3].tolist()][0]
+    gone = int(p1[3, 1])
+    p1[3, 1] = spare
+    fl = routing_flips(ref, other)
+    check(fl["model.layers.1.mlp.gate"] == [(3, [gone], [spare])] and not fl["model.layers.0.mlp.gate"],
+          f"forced flip reported as {fl}")
+    for f in fails:
+        print("FAIL", f)
+    print(f"moe_routing self-test: {st['replaced']} of {st['positions']} tokens replaced; "
+          f"{'ok' if not fails else f'{len(fails)} failed'}")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] != ["--self-test"]:
+        print("usage: python3 tools/moe_routing.py --self-test  (the module is imported by hf_parity.py)")
+        sys.exit(2)
+    sys.exit(self_test())
