@@ -602,6 +602,29 @@ TEST(ChatMasks, AssistantFirstAndConsecutiveTurns) {
   }
 }
 
+// The first Llama 3 template writes the generation prompt whatever add_generation_prompt says:
+// the next turn's header is not trained (found against TRL's tagged Llama 3 template: every turn
+// ended with the following "<|start_header_id|>" or the whole trailing prompt).
+TEST(ChatMasks, AlwaysAppendedGenerationPromptIsNotTrained) {
+  const ChatTemplate l3 = real("llama3.jinja", "<|begin_of_text|>", "<|end_of_text|>");
+  EXPECT_EQ(spans_text(render_chat(l3, kMultiTurn, kNow, "t")), "[4<|eot_id|>][6<|eot_id|>]");
+  EXPECT_EQ(spans_text(render_chat(l3, kSystemChat, kNow, "t")), "[Hello! How can I help?<|eot_id|>]");
+  const json asst_first = json::array({{{"role", "assistant"}, {"content", "Hi! Ask me."}},
+                                       {{"role", "user"}, {"content", "2+2?"}},
+                                       {{"role", "assistant"}, {"content", "4"}}});
+  EXPECT_EQ(spans_text(render_chat(l3, asst_first, kNow, "t")), "[Hi! Ask me.<|eot_id|>][4<|eot_id|>]");
+  const json consecutive = json::array({{{"role", "user"}, {"content", "q"}},
+                                        {{"role", "assistant"}, {"content", "A"}},
+                                        {{"role", "assistant"}, {"content", "B"}}});
+  EXPECT_EQ(spans_text(render_chat(l3, consecutive, kNow, "t")), "[A<|eot_id|>][B<|eot_id|>]");
+  // A template that honours the flag keeps the whole turn (nothing is cut from its end).
+  const ChatTemplate honours = ChatTemplate::parse(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}</>{% endfor %}{% if add_generation_prompt %}<assistant>"
+      "{% endif %}",
+      "honours.jinja");
+  EXPECT_EQ(spans_text(render_chat(honours, kMultiTurn, kNow, "t")), "[4</>][6</>]");
+}
+
 TEST(ChatMasks, ToolCallsKeepTheirKeyOrder) {
   const ChatTemplate t = ChatTemplate::parse(
       "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function|tojson }}{% endfor %}"

