@@ -13,8 +13,10 @@
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
 #include "engine/token_uploader.h"
+#include "io/nvme_store.h"
 #include "model/program.h"
 #include "model_fixtures.h"
+#include "test_util.h"
 
 namespace sf {
 namespace {
@@ -183,6 +185,43 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
               EXPECT_EQ(dev.device + dev.pinned, 0u);
             }
     }
+}
+
+// Checkpoints in the offload file through cuFile (GPUDirect Storage, chosen at start-up) need no
+// pinned ring: the planner, told the choice (PlanRequest::ckpt_cufile), counts what the engine
+// allocates, with the bounce path (the ring counted) and with cuFile (the test stand-in).
+TEST(EngineBuffers, PlannedCheckpointIoIsWhatTheEngineAllocates) {
+  auto cpu = make_cpu_device();
+  const ModelSpec spec = spec_of("llama");
+  size_t pinned_bounce = 0, pinned_cufile = 0;
+  for (const std::string cufile : {std::string(), std::string(SF_FAKE_CUFILE)}) {
+    SCOPED_TRACE(cufile.empty() ? "pinned bounce" : "cuFile");
+    test::TempDir dir;
+    SlidingOptions so;
+    so.base.max_batch = 2;
+    so.base.max_seq = 11;
+    so.base.max_micro = 2;
+    so.slots = 2;
+    so.ckpt_disk_layers = 2;
+    so.store.dir = dir.path.string();
+    so.store.cufile = cufile;
+    so.store.direct = cufile.empty();  // the stand-in's pread/pwrite take any buffer
+    CountingDevice dev(*cpu);
+    {
+      SlidingEngine e(dev, spec, so);
+      const MemoryItems plan = sliding_memory(spec, 2, 11, 2, cpu_info(false), {}, 2, true, 0, {}, 2, DType::F32, {},
+                                              {}, {}, cufile);
+      EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
+      EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
+      (cufile.empty() ? pinned_bounce : pinned_cufile) = dev.pinned;
+    }
+    EXPECT_EQ(dev.device + dev.pinned, 0u);
+  }
+  // The ring: 2 write buffers and 4 reads ahead, each one checkpoint (a block-aligned [2 x 11, H]
+  // fp32), and its alignment.
+  EXPECT_GT(pinned_bounce, pinned_cufile);
+  const size_t ckpt = size_t(NvmeStore::aligned(size_t(2 * 11 * spec.hidden) * 4));
+  EXPECT_GE(pinned_bounce - pinned_cufile, 6 * ckpt);
 }
 
 // A list's item that nobody allocates, or an allocation that is not listed, stops the constructor.
