@@ -12,6 +12,7 @@
 #include "engine/planner.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "engine/state_stream.h"
 #include "engine/token_uploader.h"
 #include "io/nvme_store.h"
 #include "model/program.h"
@@ -222,6 +223,54 @@ TEST(EngineBuffers, PlannedCheckpointIoIsWhatTheEngineAllocates) {
   EXPECT_GT(pinned_bounce, pinned_cufile);
   const size_t ckpt = size_t(NvmeStore::aligned(size_t(2 * 11 * spec.hidden) * 4));
   EXPECT_GE(pinned_bounce - pinned_cufile, 6 * ckpt);
+}
+
+// The AdamW state ring of the NVMe tier holds `disk_ring` pieces, not whole blobs: what the engine
+// allocates is its list, which the planner sums (the default piece, the chunk), at every level of
+// the tier; with pieces smaller than a blob the ring is smaller than one blob's region.
+TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
+  auto cpu = make_cpu_device();
+  const ModelSpec spec = spec_of("llama");
+  const int64_t layer = make_layout(spec).blobs[1].numel;
+  for (int level : {2, 4, 5})
+    for (int64_t piece : {int64_t(0), StateStream::kPieceAlign}) {
+      SCOPED_TRACE("level " + std::to_string(level) + ", piece " + std::to_string(piece));
+      test::TempDir dir;
+      SlidingOptions so;
+      so.base.max_batch = 2;
+      so.base.max_seq = 11;
+      so.slots = 2;
+      so.base.compute_dtype = "bf16";
+      for (int b = 1; b <= spec.n_layer; ++b) so.disk_blobs.push_back(b);
+      if (level >= 4) so.disk_masters = so.disk_blobs;
+      if (level >= 5) so.disk_weights = so.disk_grads = so.disk_blobs;
+      so.disk_piece = piece;
+      so.disk_ring = 2;
+      so.store.dir = dir.path.string();
+      CountingDevice dev(*cpu);
+      {
+        SlidingEngine e(dev, spec, so);
+        const MemoryItems list = SlidingEngine::buffers(spec, so, cpu_sizes(spec, 2, 11, true));
+        EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
+        EXPECT_EQ(e.host_bytes() - e.stats().pinned_bytes, total_bytes(list, Place::Host));
+        size_t ring = 0;
+        for (const MemoryItem& m : list)
+          if (m.key == "disk.ring") ring = m.bytes;
+        // grad 2 + m 4 + v 4 + master 4 + working copy 2 bytes an element at most
+        if (piece > 0) {
+          ASSERT_LT(piece, layer);  // several pieces a layer
+          EXPECT_LE(ring, size_t(so.disk_ring) * size_t(piece) * 16 + NvmeStore::kAlign);
+          EXPECT_LT(ring, size_t(so.disk_ring) * size_t(layer) * 8);  // less than the layers' m and v alone
+        } else {  // the planner's lines: the default piece
+          const MemoryItems plan = sliding_memory(spec, 2, 11, 2, cpu_info(true), {}, 1, true, 0, so.disk_blobs, 0,
+                                                  DType::F32, so.disk_masters, so.disk_weights, so.disk_grads);
+          EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));
+          EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
+          EXPECT_EQ(total_bytes(plan, Place::Disk), total_bytes(list, Place::Disk));
+        }
+      }
+      EXPECT_EQ(dev.device + dev.pinned, 0u);
+    }
 }
 
 // A list's item that nobody allocates, or an allocation that is not listed, stops the constructor.
