@@ -195,7 +195,7 @@ TEST(EngineBuffers, PlannedCheckpointIoIsWhatTheEngineAllocates) {
   auto cpu = make_cpu_device();
   const ModelSpec spec = spec_of("llama");
   size_t pinned_bounce = 0, pinned_cufile = 0;
-  for (const std::string cufile : {std::string(), std::string(SF_FAKE_CUFILE)}) {
+  for (const std::string& cufile : {std::string(), std::string(SF_FAKE_CUFILE)}) {
     SCOPED_TRACE(cufile.empty() ? "pinned bounce" : "cuFile");
     test::TempDir dir;
     SlidingOptions so;
