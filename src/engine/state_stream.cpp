@@ -86,7 +86,8 @@ MemoryItems StateStream::buffers(const Config& c) {
   const std::string what = masters > 0 ? "AdamW state and masters" : "AdamW state";
   // No more buffers than pieces: a deeper ring would only hold a piece twice.
   const int ring = int(std::clamp<int64_t>(pieces, 1, c.ring));
-  const std::string name = what + " read from the offload dir (" + std::to_string(ring) + " pieces)";
+  const std::string name = what + " read from the offload dir (" + std::to_string(ring) +
+                           (c.piece > 0 ? " pieces of " + std::to_string(c.piece) + " elements)" : " blobs)");
   MemoryItems m = {{name, size_t(slot) * size_t(ring) + NvmeStore::kAlign, Place::Host, "disk.ring"},
                    {"AdamW m and v of " + std::to_string(c.order.size()) + " blobs", size_t(sum_of(c, {M, V})),
                     Place::Disk, "disk.state"}};
