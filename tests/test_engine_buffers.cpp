@@ -12,9 +12,12 @@
 #include "engine/planner.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "engine/state_stream.h"
 #include "engine/token_uploader.h"
+#include "io/nvme_store.h"
 #include "model/program.h"
 #include "model_fixtures.h"
+#include "test_util.h"
 
 namespace sf {
 namespace {
@@ -182,6 +185,91 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
               }
               EXPECT_EQ(dev.device + dev.pinned, 0u);
             }
+    }
+}
+
+// Checkpoints in the offload file through cuFile (GPUDirect Storage, chosen at start-up) need no
+// pinned ring: the planner, told the choice (PlanRequest::ckpt_cufile), counts what the engine
+// allocates, with the bounce path (the ring counted) and with cuFile (the test stand-in).
+TEST(EngineBuffers, PlannedCheckpointIoIsWhatTheEngineAllocates) {
+  auto cpu = make_cpu_device();
+  const ModelSpec spec = spec_of("llama");
+  size_t pinned_bounce = 0, pinned_cufile = 0;
+  for (const std::string& cufile : {std::string(), std::string(SF_FAKE_CUFILE)}) {
+    SCOPED_TRACE(cufile.empty() ? "pinned bounce" : "cuFile");
+    test::TempDir dir;
+    SlidingOptions so;
+    so.base.max_batch = 2;
+    so.base.max_seq = 11;
+    so.base.max_micro = 2;
+    so.slots = 2;
+    so.ckpt_disk_layers = 2;
+    so.store.dir = dir.path.string();
+    so.store.cufile = cufile;
+    so.store.direct = cufile.empty();  // the stand-in's pread/pwrite take any buffer
+    CountingDevice dev(*cpu);
+    {
+      SlidingEngine e(dev, spec, so);
+      const MemoryItems plan = sliding_memory(spec, 2, 11, 2, cpu_info(false), {}, 2, true, 0, {}, 2, DType::F32, {},
+                                              {}, {}, cufile);
+      EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
+      EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
+      (cufile.empty() ? pinned_bounce : pinned_cufile) = dev.pinned;
+    }
+    EXPECT_EQ(dev.device + dev.pinned, 0u);
+  }
+  // The ring: 2 write buffers and 4 reads ahead, each one checkpoint (a block-aligned [2 x 11, H]
+  // fp32), and its alignment.
+  EXPECT_GT(pinned_bounce, pinned_cufile);
+  const size_t ckpt = size_t(NvmeStore::aligned(size_t(2 * 11 * spec.hidden) * 4));
+  EXPECT_GE(pinned_bounce - pinned_cufile, 6 * ckpt);
+}
+
+// The AdamW state ring of the NVMe tier holds `disk_ring` pieces, not whole blobs: what the engine
+// allocates is its list, which the planner sums (the default piece, the chunk), at every level of
+// the tier; with pieces smaller than a blob the ring is smaller than one blob's region.
+TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
+  auto cpu = make_cpu_device();
+  const ModelSpec spec = spec_of("llama");
+  const int64_t layer = make_layout(spec).blobs[1].numel;
+  for (int level : {2, 4, 5})
+    for (int64_t piece : {int64_t(0), StateStream::kPieceAlign}) {
+      SCOPED_TRACE("level " + std::to_string(level) + ", piece " + std::to_string(piece));
+      test::TempDir dir;
+      SlidingOptions so;
+      so.base.max_batch = 2;
+      so.base.max_seq = 11;
+      so.slots = 2;
+      so.base.compute_dtype = "bf16";
+      for (int b = 1; b <= spec.n_layer; ++b) so.disk_blobs.push_back(b);
+      if (level >= 4) so.disk_masters = so.disk_blobs;
+      if (level >= 5) so.disk_weights = so.disk_grads = so.disk_blobs;
+      so.disk_piece = piece;
+      so.disk_ring = 2;
+      so.store.dir = dir.path.string();
+      CountingDevice dev(*cpu);
+      {
+        SlidingEngine e(dev, spec, so);
+        const MemoryItems list = SlidingEngine::buffers(spec, so, cpu_sizes(spec, 2, 11, true));
+        EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
+        EXPECT_EQ(e.host_bytes() - e.stats().pinned_bytes, total_bytes(list, Place::Host));
+        size_t ring = 0;
+        for (const MemoryItem& m : list)
+          if (m.key == "disk.ring") ring = m.bytes;
+        // grad 2 + m 4 + v 4 + master 4 + working copy 2 bytes an element at most
+        if (piece > 0) {
+          ASSERT_LT(piece, layer);  // several pieces a layer
+          EXPECT_LE(ring, size_t(so.disk_ring) * size_t(piece) * 16 + NvmeStore::kAlign);
+          EXPECT_LT(ring, size_t(so.disk_ring) * size_t(layer) * 8);  // less than the layers' m and v alone
+        } else {  // the planner's lines: the default piece
+          const MemoryItems plan = sliding_memory(spec, 2, 11, 2, cpu_info(true), {}, 1, true, 0, so.disk_blobs, 0,
+                                                  DType::F32, so.disk_masters, so.disk_weights, so.disk_grads);
+          EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));
+          EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
+          EXPECT_EQ(total_bytes(plan, Place::Disk), total_bytes(list, Place::Disk));
+        }
+      }
+      EXPECT_EQ(dev.device + dev.pinned, 0u);
     }
 }
 

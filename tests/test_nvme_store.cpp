@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_device.h"
+#include "engine/planner.h"
 #include "engine/sliding_engine.h"
+#include "engine/state_stream.h"
 #include "engine_state.h"
 #include "io/gds.h"
 #include "io/nvme_store.h"
@@ -411,12 +413,17 @@ std::vector<Batch> some_batches(const ModelSpec& spec, std::vector<Record>& keep
 }
 
 // A read or a write of the store that fails stops the run at the next step (or at the
-// synchronisation of a save) with the directory and the errno, never silently.
+// synchronisation of a save) with the directory and the errno, never silently: the state ring's
+// pieces on registered buffers (READ_FIXED / WRITE_FIXED) and, the kernel refusing to register
+// them, on plain requests.
 TEST(NvmeTier, AFailedTransferStopsTheRun) {
   ModelSpec spec = parse_model_spec(test::tiny_config("llama"), "tiny");
   for (const bool reads : {false, true})
-    for (const bool clip : {false, true}) {
-      SCOPED_TRACE(std::string(reads ? "reads" : "writes") + (clip ? ", clipping" : ""));
+    for (const bool clip : {false, true})
+      for (const bool refuse : {false, true}) {
+      const int err = reads ? EIO : ENOSPC;
+      SCOPED_TRACE(std::string(reads ? "reads" : "writes") + (clip ? ", clipping" : "") +
+                   (refuse ? ", registration refused" : ""));
       test::TempDir dir;
       auto dev = make_cpu_device();
       SlidingOptions so;
@@ -424,13 +431,19 @@ TEST(NvmeTier, AFailedTransferStopsTheRun) {
       so.base.max_seq = 9;
       so.keep_grads = clip;
       for (int b = 1; b <= spec.n_layer; ++b) so.disk_blobs.push_back(b);
+      so.disk_piece = StateStream::kPieceAlign;  // several pieces a blob
       so.store.dir = dir.path.string();
-      so.store.faults.fail_errno = EIO;
+      so.store.faults.fail_errno = err;
       so.store.faults.fail_reads = reads;
       so.store.faults.fail_after_bytes = 1;
+      so.store.faults.refuse_registration = refuse;
       std::vector<Record> recs;
       const std::vector<Batch> mbs = some_batches(spec, recs);
       SlidingEngine e(*dev, spec, so);
+      const std::string how = e.stats().disk_io;
+      if (how.rfind("io_uring", 0) == 0) {
+        EXPECT_NE(how.find(refuse ? "buffers not registered" : "1 registered buffer"), std::string::npos) << how;
+      }
       e.init_random(1);
       Engine::StepParams p;
       p.adamw.lr = 1e-3f;
@@ -446,8 +459,55 @@ TEST(NvmeTier, AFailedTransferStopsTheRun) {
         what = err.what();
       }
       EXPECT_NE(what.find(dir.path.string()), std::string::npos) << what;
-      EXPECT_NE(what.find(std::strerror(EIO)), std::string::npos) << what;
+      EXPECT_NE(what.find(std::strerror(err)), std::string::npos) << what;
     }
+}
+
+// The planner's PCIe figure is what the engine's uploads copy: 4 bytes a parameter from an fp32
+// master, the compute dtype's 2 from the working copy of a master in the store (level 4, in host
+// memory; level 5, read from the store first). Only layers slide (the embedding and the head stay
+// on the GPU), so every upload is of one layer's size and the bytes of one pass divide evenly.
+TEST(NvmeTier, PlannedUploadBytesAreWhatTheEngineCopies) {
+  ModelSpec spec = parse_model_spec(test::tiny_config("llama"), "tiny");
+  const ModelLayout layout = make_layout(spec);
+  for (int level : {0, 4, 5}) {
+    SCOPED_TRACE("level " + std::to_string(level));
+    test::TempDir dir;
+    auto dev = make_cpu_device();
+    SlidingOptions so;
+    so.base.max_batch = 2;
+    so.base.max_seq = 9;
+    so.base.compute_dtype = "bf16";  // a working copy is half a master
+    so.gpu_blobs = {0, spec.n_layer + 1};
+    for (int b = 1; b <= spec.n_layer && level > 0; ++b) so.disk_blobs.push_back(b);
+    if (level >= 4) so.disk_masters = so.disk_blobs;
+    if (level >= 5) so.disk_weights = so.disk_blobs;
+    so.store.dir = dir.path.string();
+    Plan p;
+    p.engine = EngineKind::Sliding;
+    p.gpu_blobs = so.gpu_blobs;
+    p.disk_blobs = so.disk_blobs;
+    p.disk_masters = so.disk_masters;
+    p.disk_weights = so.disk_weights;
+    const uint64_t planned = upload_bytes_per_pass(spec, p, DType::BF16);
+    const int64_t layer_numel = layout.blobs[1].numel;
+    EXPECT_EQ(planned, uint64_t(spec.n_layer) * uint64_t(layer_numel) * (level >= 4 ? 2 : 4));
+    std::vector<Record> recs;
+    const std::vector<Batch> mbs = some_batches(spec, recs);
+    SlidingEngine e(*dev, spec, so);
+    e.init_random(2);
+    Engine::StepParams sp;
+    sp.adamw.lr = 1e-3f;
+    sp.max_grad_norm = 1.0;
+    for (int s = 1; s <= 2; ++s) {
+      sp.adamw.step = s;
+      e.step({mbs[size_t(s % 2)]}, sp);
+    }
+    e.synchronize();
+    const Engine::Stats st = e.stats();
+    ASSERT_GT(st.uploads, 0);
+    EXPECT_EQ(st.uploaded_bytes * uint64_t(spec.n_layer), planned * uint64_t(st.uploads));
+  }
 }
 
 // State written and read tensor by tensor (save / resume) goes to and from the store, and an

@@ -12,6 +12,7 @@
 #include "data/dataset/dataset.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "engine/state_stream.h"
 #include "engine_state.h"
 #include "model_fixtures.h"
 #include "test_util.h"
@@ -94,6 +95,7 @@ struct Case {
   // created before the weight reads' and the token uploader's: stall bit 3).
   bool grads_disk = false;
   bool cufile = false;  // ... moved by cuFile (the test stand-in, tests/fake_cufile/), no pinned ring
+  bool refuse_registration = false;  // the kernel refuses to register the rings: plain reads and writes
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -135,7 +137,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
          ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "") +
          (c.grads_disk ? "_gradsdisk" : "") +
-         (c.cufile ? "_cufile" : "");
+         (c.cufile ? "_cufile" : "") + (c.refuse_registration ? "_unregistered" : "");
 }
 
 TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
@@ -188,7 +190,9 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
     so.store.uring = c.uring;
     so.store.faults.max_delay_us = c.delay_us * 4;
     so.store.faults.short_transfers = true;
+    so.store.faults.refuse_registration = c.refuse_registration;
     so.disk_ring = 2;
+    so.disk_piece = StateStream::kPieceAlign;  // every blob's state read and written in several pieces
     if (c.cufile) {
       so.store.cufile = SF_FAKE_CUFILE;
       so.store.direct = false;  // the stand-in's pread/pwrite take any buffer
@@ -210,8 +214,14 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   if (c.cufile) {
     EXPECT_GT(s.stats().disk_gpu_direct, 0u) << "checkpoints through cuFile";
   }
-  if (c.ckpt_disk && !c.cufile && c.uring) {  // the checkpoints' pinned ring registered with io_uring
-    EXPECT_NE(s.stats().disk_io.find("registered buffer"), std::string::npos) << s.stats().disk_io;
+  if (c.uring && (c.disk || c.ckpt_disk)) {  // the checkpoints', the state's and the weights' rings registered with io_uring
+    const int rings = (c.disk > 0) + (c.ckpt_disk > 0 && !c.cufile) + (c.disk > 0 && c.tier >= 4);
+    const std::string want = std::to_string(rings) + " registered buffer" + (rings > 1 ? "s" : "");
+    if (c.refuse_registration) {
+      EXPECT_NE(s.stats().disk_io.find("buffers not registered"), std::string::npos) << s.stats().disk_io;
+    } else if (rings > 0) {
+      EXPECT_NE(s.stats().disk_io.find(want), std::string::npos) << s.stats().disk_io;
+    }
   }
   if (c.gpu == 3)
     EXPECT_EQ(s.uploads(), 0);  // every blob on the GPU: nothing slides
@@ -307,7 +317,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen2", 3, 50, 32, false, false, 0, false, 1, 0, false, false, 0, true, 1, 0, false, true},
         Case{"llama", 2, 50, 4, true, true, 0, false, 3, 0, false, false, 2, true, 4, 0, false, true},
         Case{"mistral", 3, 50, 2, false, false, 1, true, 2, 0, false, false, 1, false, 2, 0, false, true},
-        Case{"qwen3", 2, 50, 1, true, false, 0, false, 2, 0, false, true, 0, true, 4, 0, false, true}),
+        Case{"qwen3", 2, 50, 1, true, false, 0, false, 2, 0, false, true, 0, true, 4, 0, false, true},
+        // the rings not registered (the kernel refuses, past RLIMIT_MEMLOCK): the same bytes through
+        // plain reads and writes, with and without clipping, every level, stalls on the host updates
+        Case{"llama", 2, 50, 32, false, true, 0, true, 2, 0, false, false, 2, true, 2, 5, true, false, true},
+        Case{"qwen2", 3, 50, 16, true, false, 0, false, 1, 0, false, true, 1, true, 1, 4, false, false, true}),
     case_name);
 
 // Every path of the schedule (engine/step_schedule.h; tests/test_step_schedule.cpp checks each

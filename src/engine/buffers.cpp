@@ -25,7 +25,7 @@ MemoryItems merge_by_name(const MemoryItems& items) {
           merged = true;
           break;
         }
-      if (!merged) out.push_back({m.name, m.bytes * m.count, m.place});
+      if (!merged) out.push_back({m.name, m.bytes * m.count, m.place, m.key});  // (the first item's key)
     }
   return out;
 }

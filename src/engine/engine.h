@@ -106,6 +106,7 @@ class Engine {
   struct Stats {
     double host_update_s = 0;  // wall time of the host AdamW (sum over calls)
     int64_t uploads = 0;       // parameter blobs copied to the device
+    uint64_t uploaded_bytes = 0;  // what those uploads carried up (fp32 masters or compute-dtype working copies)
     size_t pinned_bytes = 0;   // page-locked host memory held
     // The NVMe store (sums since the engine was built): bytes read and written, seconds with a
     // transfer in flight.

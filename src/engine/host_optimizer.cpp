@@ -53,6 +53,7 @@ StateStream::Config stream_config(const HostOptimizerOptions& o) {
   c.elem_bytes = dtype_size(o.state_dtype);
   c.order = HostOptimizer::update_order(o);
   c.ring = o.disk_ring;
+  c.piece = o.disk_piece;
   for (size_t b = 0; b < o.blob_numel.size(); ++b) {
     c.master.push_back(master_in_store(o, b));
     c.work.push_back(work_in_store(o, b));
@@ -264,6 +265,39 @@ const void* HostOptimizer::grads(int blob) const {
   return static_cast<const char*>(store_.data()) + size_t(at) * dtype_size(gd_);
 }
 
+// Elements [i0, i0 + n) of a disk blob, piece by piece as the state stream brings them in (a
+// chunk may start or end inside a piece: the piece stays acquired until its last element is
+// updated). `g`: the landed chunk, unless the gradient waits in the store (the piece has it).
+void HostOptimizer::update_disk(int blob, int64_t i0, int64_t n, const void* g, AdamWParams q) {
+  const size_t es = dtype_size(sd_), gs = dtype_size(gd_), ws = dtype_size(wd_);
+  for (int64_t e = i0; e < i0 + n;) {
+    if (!disk_open_) {
+      disk_view_ = disk_->acquire(blob);
+      disk_open_ = true;
+    }
+    const StateStream::View& d = disk_view_;
+    SF_CHECK(e >= d.first && e < d.first + d.n, "state stream: a piece out of the update's order");
+    const int64_t k = e - d.first, c = std::min(i0 + n, d.first + d.n) - e;
+    const void* gp = d.grad ? static_cast<const char*>(d.grad) + size_t(k) * gs
+                            : static_cast<const char*>(g) + size_t(e - i0) * gs;
+    float* pm = d.master ? d.master + k : static_cast<float*>(master_.data()) + poff_[size_t(blob)] + e;
+    q.first = e;  // the rounding stream's element index within the blob
+    cpu::adamw(Tensor(pm, DType::F32, {c}), Tensor(const_cast<void*>(gp), gd_, {c}),
+               Tensor(static_cast<char*>(d.m) + size_t(k) * es, sd_, {c}),
+               Tensor(static_cast<char*>(d.v) + size_t(k) * es, sd_, {c}), Tensor(), q, cpu::AdamWPart::All);
+    if (d.master) {  // the working copy from the new master (the GPU's upload cast)
+      char* w = d.work ? static_cast<char*>(d.work) + size_t(k) * ws
+                       : static_cast<char*>(work_.data()) + size_t(woff_[size_t(blob)] + e) * ws;
+      cpu::cast(Tensor(w, wd_, {c}), Tensor(pm, DType::F32, {c}));
+    }
+    e += c;
+    if (e == d.first + d.n) {
+      disk_->release(blob);
+      disk_open_ = false;
+    }
+  }
+}
+
 HostOptimizer::Landing HostOptimizer::land(int blob, int64_t i0, Stream& stream) {
   if (disk_ && disk_->has_grad(blob)) {  // into the ring, then to the store (landed)
     const int r = gnext_;
@@ -307,25 +341,17 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
                      last]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t es = dtype_size(sd_);
-    char *m, *v;
     if (disk) {
-      if (first) disk_view_ = disk_->acquire(blob);
-      m = static_cast<char*>(disk_view_.m) + size_t(i0) * es;
-      if (disk_view_.grad) g = static_cast<const char*>(disk_view_.grad) + size_t(i0) * dtype_size(gd_);
-      v = static_cast<char*>(disk_view_.v) + size_t(i0) * es;
+      SF_CHECK(!first || !disk_open_, "state stream: a blob's update began inside another's piece");
+      update_disk(blob, i0, n, g, q);
+      SF_CHECK(!last || !disk_open_, "state stream: a blob's update ended inside a piece");
     } else {
-      m = static_cast<char*>(m_.data()) + size_t(moff) * es;
-      v = static_cast<char*>(v_.data()) + size_t(moff) * es;
+      char* m = static_cast<char*>(m_.data()) + size_t(moff) * es;
+      char* v = static_cast<char*>(v_.data()) + size_t(moff) * es;
+      float* pm = static_cast<float*>(master_.data()) + off;
+      cpu::adamw(Tensor(pm, DType::F32, {n}), Tensor(const_cast<void*>(g), gd_, {n}), Tensor(m, sd_, {n}),
+                 Tensor(v, sd_, {n}), Tensor(), q, part);
     }
-    float* pm = disk && disk_view_.master ? disk_view_.master + i0 : static_cast<float*>(master_.data()) + off;
-    cpu::adamw(Tensor(pm, DType::F32, {n}), Tensor(const_cast<void*>(g), gd_, {n}), Tensor(m, sd_, {n}),
-               Tensor(v, sd_, {n}), Tensor(), q, part);
-    if (disk && disk_view_.master) {  // the working copy from the new master (the GPU's upload cast)
-      char* w = disk_view_.work ? static_cast<char*>(disk_view_.work) + size_t(i0) * dtype_size(wd_)
-                                : static_cast<char*>(work_.data()) + size_t(woff_[size_t(blob)] + i0) * dtype_size(wd_);
-      cpu::cast(Tensor(w, wd_, {n}), Tensor(pm, DType::F32, {n}));
-    }
-    if (disk && last) disk_->release(blob);
     update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });
   if (at.ring >= 0) dev_.record(*ring_free_[size_t(at.ring)], opt);

@@ -11,8 +11,9 @@
 // One fused pass per chunk (cpu::adamw): reads the gradient, p, m, v; writes p, m, v; or, split,
 // a parameter pass (reads g, p, m, v; writes p) and later a moment pass (reads g, m, v; writes m, v).
 // The m and v of the blobs marked `disk` live in the NVMe store instead (engine/state_stream.h):
-// read into a small ring ahead of their update and written back after it; their update is always
-// the fused pass (a split would read them twice), which gives the same bits.
+// read a piece at a time into a small ring ahead of their update and written back after it; their
+// update is always the fused pass (a split would read them twice), run piece by piece, which
+// gives the same bits (AdamW is elementwise; the rounding stream is keyed by element).
 // Levels 3 and 4 of the tier: a disk blob marked `disk_master` has its fp32 master in the store
 // too (read with m and v before the update, written back after), and the update writes the
 // blob's working copy, the new parameters in the compute dtype, from which its uploads read: in
@@ -45,7 +46,8 @@ struct HostOptimizerOptions {
   int ring = 4;                     // gradient buffers when not keep_grads
   std::vector<bool> held;           // [blobs] (without keep_grads) the blob's gradient waits in place
   std::vector<bool> disk;           // [blobs] the blob's m and v live in the NVMe store
-  int disk_ring = 3;                // blobs' m and v in host memory at once (StateStream)
+  int disk_ring = 4;                // pieces of the disk blobs' state in host memory at once (StateStream)
+  int64_t disk_piece = 0;           // elements a piece (StateStream::Config::piece; 0: the largest blob)
   DType state_dtype = DType::F32;   // m and v (EngineOptions::state_dtype)
   std::vector<bool> disk_master;    // [blobs] (disk blobs) the fp32 master lives in the store too
   std::vector<bool> disk_work;      // [blobs] (disk masters) and the working copy the uploads read
@@ -118,6 +120,8 @@ class HostOptimizer {
   static std::vector<int> update_order(const HostOptimizerOptions& o);
 
  private:
+  void update_disk(int blob, int64_t i0, int64_t n, const void* g, AdamWParams q);  // on the opt stream
+
   Device& dev_;
   DType gd_, sd_;
   bool keep_;
@@ -135,7 +139,8 @@ class HostOptimizer {
   size_t wring_bytes_ = 0;
   HostBuffer m_, v_;                       // [total of the blobs not on disk] sd_
   std::unique_ptr<StateStream> disk_;      // m and v of the blobs in the NVMe store
-  StateStream::View disk_view_;            // the blob being updated (opt stream only)
+  StateStream::View disk_view_;            // the piece being updated (opt stream only)
+  bool disk_open_ = false;                 // disk_view_ is acquired (a chunk may end inside a piece)
   std::unique_ptr<WeightStream> weights_;  // working copies read from the store for uploads (after disk_)
   // Gradients on their way to the store: [2, chunk] pinned, written out on gio_.
   DeviceBuffer gring_;

@@ -29,12 +29,9 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.disk_weights = p.disk_weights;
   so.disk_grads = p.disk_grads;
   so.store.dir = req.offload_dir;
-  if (p.ckpt_disk_layers > 0) {  // how the checkpoints on disk move: chosen once, here
-    const CheckpointIo io =
-        choose_checkpoint_io(dev.name().rfind("cuda", 0) == 0, req.offload_dir, env_text(Env::Cufile));
-    if (io.cufile) so.store.cufile = io.library;
-    log_info("checkpoint I/O: %s", io.text.c_str());
-  }
+  // How the checkpoints on disk move: chosen once, before the plan (build_engine), which counted
+  // the buffers of that path.
+  if (p.ckpt_disk_layers > 0) so.store.cufile = p.ckpt_cufile;
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }
 
@@ -66,7 +63,17 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
 
 BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const EngineRequest& req) {
   BuiltEngine b;
-  b.plan = make_plan(spec, plan_request(opt, req), plan_backend(opt, req));
+  PlanRequest r = plan_request(opt, req);
+  const BackendInfo be = plan_backend(opt, req);
+  // How checkpoints on disk would move, chosen once, here (io/gds.h): the plan counts that path's
+  // buffers (cuFile: no pinned ring) and the engine takes it from the plan.
+  CheckpointIo io;
+  if (!r.offload_dir.empty()) {
+    io = choose_checkpoint_io(be.kind == DeviceKind::Cuda, r.offload_dir, env_text(Env::Cufile));
+    if (io.cufile) r.ckpt_cufile = io.library;
+  }
+  b.plan = make_plan(spec, r, be);
+  if (b.plan.ckpt_disk_layers > 0) log_info("checkpoint I/O: %s", io.text.c_str());
   const Plan& p = b.plan;
   if (!p.fits) {
     SettingText why = std::string("the ") + engine_name(p.engine) + " engine ";

@@ -150,7 +150,8 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
                                        const std::vector<int>& gpu_blobs, int micro, bool keep_grads,
                                        int64_t hold_grads, const std::vector<int>& disk_blobs,
                                        int ckpt_disk_layers, DType state, const std::vector<int>& disk_masters,
-                                       const std::vector<int>& disk_weights, const std::vector<int>& disk_grads) {
+                                       const std::vector<int>& disk_weights, const std::vector<int>& disk_grads,
+                                       const std::string& ckpt_cufile) {
   SlidingOptions o;  // the default chunk and gradient ring
   o.base.state_dtype = state;
   o.base.max_batch = B;
@@ -165,6 +166,7 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slo
   o.disk_masters = disk_masters;
   o.disk_weights = disk_weights;
   o.disk_grads = disk_grads;
+  o.store.cufile = ckpt_cufile;
   return merge_by_name(SlidingEngine::buffers(s, o, backend_sizes(s, B, T, be)));
 }
 
@@ -243,7 +245,8 @@ class Planner {
             ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum, r_.state_dtype)
             : sliding_memory(s_, r_.batch, r_.seq, slots, be_, gpu_blobs, r_.grad_accum, r_.clip || !r_.optimizer,
                              hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers, r_.state_dtype, disk_masters,
-                             disk_weights, disk_grads);
+                             disk_weights, disk_grads, r_.ckpt_cufile);
+    p_.ckpt_cufile = r_.ckpt_cufile;
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
     p_.disk_write_bytes = double(p_.disk_bytes);
     p_.disk_read_bytes = double(p_.disk_bytes);
@@ -409,6 +412,7 @@ struct SlidingTraffic {
   double P = 0;         // parameters updated on the host
   double act = 0;       // bytes of a compute-dtype element
   double ckpt = 0;      // bytes of one micro-batch's checkpoints (every layer's input)
+  double up = 0;        // bytes one pass's uploads read from host memory (upload_bytes_per_pass)
   double up_fwd_s = 0;  // the forward's uploads at the PCIe rate
   double up_bwd_s = 0;  // the backward's uploads and checkpoint fetches
   bool emb_on_host = true;
@@ -431,9 +435,9 @@ Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
   const double head_s = p.gpu_s * (f.head / f.total);
   const double layers_fwd_gpu = p.gpu_s * ((f.forward - f.head / 3) / f.total),
                layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
-  const double fwd_host = (P * pb.params + P * 4 + K * ckpt) / bus;
+  const double fwd_host = (P * pb.params + t.up + K * ckpt) / bus;
   const double fwd_pcie = std::max(up_fwd_s, K * ckpt / pcie);  // checkpoints go down
-  const double bwd_host = (P * pb.moments + P * 4 + P * act + K * ckpt) / bus;
+  const double bwd_host = (P * pb.moments + t.up + P * act + K * ckpt) / bus;
   // Two slots and a tied embedding on the host: the layers evict it, the head uploads it again.
   const double emb = double(make_layout(s).embedding().numel);
   const double head_upload_s = p.slots <= 2 && s.tie_embeddings && emb_on_host ? emb * 4 / pcie : 0.0;
@@ -484,9 +488,12 @@ Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, d
   // checkpoints.
   const double U = (region - work) / rd + (region - grads) / wr, W = work / rd, Gw = grads / wr;
   const double Cw = ckpt / wr, Cr = ckpt / rd;
-  // What the ring may move into the other phase: `disk_ring` blobs' reads and writes (an average blob).
-  const double blobs = double(std::max<size_t>(1, p.disk_blobs.size()));
-  const double M = std::min(U, U / blobs * double(SlidingOptions{}.disk_ring));
+  // What the ring may move into the other phase: the reads and writes of as much of the regions as
+  // its buffers hold (StateStream's "disk.ring": a few pieces, not whole blobs).
+  double ring = 0;
+  for (const MemoryItem& m : p.items)
+    if (m.key == "disk.ring") ring += double(m.bytes);
+  const double M = region > 0 ? std::min(U, U * ring / region) : 0.0;
   // The backward cannot finish its disk layers before their checkpoints are read: those reads start
   // with the backward (the store reads 4 fetches ahead, CheckpointStore::read_ahead), and the
   // layers whose checkpoints are in RAM come first.
@@ -510,6 +517,21 @@ Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, d
   return ph;
 }
 
+}  // namespace
+
+uint64_t upload_bytes_per_pass(const ModelSpec& s, const Plan& p, DType act) {
+  const ModelLayout lay = make_layout(s);
+  uint64_t n = 0;
+  for (size_t b = 0; b < lay.blobs.size(); ++b) {
+    if (std::find(p.gpu_blobs.begin(), p.gpu_blobs.end(), int(b)) != p.gpu_blobs.end()) continue;  // kept: no upload
+    const bool work = std::find(p.disk_masters.begin(), p.disk_masters.end(), int(b)) != p.disk_masters.end();
+    n += uint64_t(lay.blobs[b].numel) * (work ? dtype_size(act) : 4);
+  }
+  return n;
+}
+
+namespace {
+
 // The sliding engine's step time: a lower bound from the rates, assuming the schedule overlaps
 // what it can.
 void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates,
@@ -524,13 +546,17 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   const double pcie = rates.pcie_gbs * 1e9;
   const double act = double(dtype_size(be.compute_dtype));
   const double ckpt = double(s.n_layer) * double(r.batch) * r.seq * double(s.hidden) * act;
+  // What one pass's uploads carry (fp32 masters, or the working copies of masters in the store).
+  const double up_pass = double(upload_bytes_per_pass(s, p, be.compute_dtype));
+  p.upload_bytes = up_pass;
   // One fused pass (bf16 gradient in), bound by the bus: bf16 state moves fewer bytes.
   const double update_s =
       P / rates.host_adamw_params_s * (pass_bytes(act, double(dtype_size(r.state_dtype))).fused / (24 + act));
   p.host_s = update_s;
-  // Layer-major micro-batches: weights cross PCIe once a step (fp32 up, cast on the GPU; twice,
-  // forward and backward) and gradients once (compute dtype down), whatever grad_accum is.
-  const double up = 2 * P * 4 + r.grad_accum * ckpt, down = P * act + r.grad_accum * ckpt;
+  // Layer-major micro-batches: weights cross PCIe once a step each pass (fp32 up, cast on the GPU,
+  // or a working copy in the compute dtype; twice, forward and backward) and gradients once
+  // (compute dtype down), whatever grad_accum is.
+  const double up = 2 * up_pass + r.grad_accum * ckpt, down = P * act + r.grad_accum * ckpt;
   p.pcie_s = std::max(up, down) / pcie;
   // With clipping the update waits for the backward and overlaps only the next forward (in
   // forward order). Without, each blob's update runs during the backward, but the embedding's
@@ -538,13 +564,13 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   // Each phase is at least as long as its own uploads (a layer's fp32 weights can outlast its
   // compute: 8B's forward is PCIe-bound at 24 GiB); checkpoints go down in the forward and come
   // back up in the backward.
-  const double up_fwd_s = P * 4 / pcie, up_bwd_s = up_fwd_s + r.grad_accum * ckpt / pcie;
+  const double up_fwd_s = up_pass / pcie, up_bwd_s = up_fwd_s + r.grad_accum * ckpt / pcie;
   const double fwd_s = std::max(p.gpu_s * (f.forward / f.total), up_fwd_s),
                bwd_s = std::max(p.gpu_s * (1.0 - f.forward / f.total), up_bwd_s);
   const double emb_update_s = emb_on_host ? update_s * double(lay.embedding().numel) / P : 0.0;
   Phases ph{fwd_s, 0.0, std::max(bwd_s, p.host_s) + emb_update_s};
   if (r.clip && r.split_update)
-    ph = split_update_path(s, r, rates, f, {P, act, ckpt, up_fwd_s, up_bwd_s, emb_on_host}, p);
+    ph = split_update_path(s, r, rates, f, {P, act, ckpt, up_pass, up_fwd_s, up_bwd_s, emb_on_host}, p);
   else if (r.clip)
     ph = {std::max(fwd_s, update_s), 0.0, bwd_s};
   // The NVMe store: every byte of the offload file is written once and read once a step (the state

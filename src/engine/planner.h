@@ -28,13 +28,15 @@ std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int m
 // disk_blobs: host blobs whose AdamW m and v live in the NVMe store (SlidingOptions::disk_blobs);
 // disk_masters, disk_weights: of those, the ones whose fp32 master, and also working copy, live there;
 // disk_grads: (keep_grads) of those, the ones whose held gradient of the step waits there.
+// ckpt_cufile: PlanRequest::ckpt_cufile (checkpoints on disk through cuFile: no pinned ring).
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots, const BackendInfo& be,
                                        const std::vector<int>& gpu_blobs = {}, int micro = 1, bool keep_grads = true,
                                        int64_t hold_grads = 0, const std::vector<int>& disk_blobs = {},
                                        int ckpt_disk_layers = 0, DType state = DType::F32,
                                        const std::vector<int>& disk_masters = {},
                                        const std::vector<int>& disk_weights = {},
-                                       const std::vector<int>& disk_grads = {});
+                                       const std::vector<int>& disk_grads = {},
+                                       const std::string& ckpt_cufile = {});
 // The order in which the planner moves blobs' AdamW state to the NVMe store: the layers, last
 // first (the embedding's and the head's updates stay in host memory: without clipping the
 // embedding's is the last of a backward and the next forward needs it first).
@@ -84,6 +86,10 @@ struct PlanRequest {
   // many parameters as the rates say, N > 1 that many. Off by default (docs/DECISIONS.md, "Held gradients").
   int64_t hold_grads = 0;
   DType state_dtype = DType::F32;  // AdamW m and v (EngineOptions::state_dtype): 4 or 2 bytes each
+  // How checkpoints in the offload file move, as choose_checkpoint_io (io/gds.h) decided at
+  // start-up: the cuFile library (GPUDirect Storage: no pinned ring), or empty (io_uring + pinned
+  // bounce buffers). The engine is built with the plan's (Plan::ckpt_cufile).
+  std::string ckpt_cufile;
 };
 
 enum class EngineKind { Resident, Sliding };
@@ -111,6 +117,7 @@ struct Plan {
   std::vector<int> disk_masters;  // sliding: of disk_blobs, those whose fp32 master is in the store too
   std::vector<int> disk_weights;  // sliding: of disk_masters, those whose working copy is too (read per upload)
   std::vector<int> disk_grads;    // sliding, clipping: of disk_blobs, those whose held gradient waits there
+  std::string ckpt_cufile;        // PlanRequest::ckpt_cufile: checkpoints on disk through cuFile (no pinned ring)
   // The micro-batches the engine runs: micro_batches of micro_batch sequences a step. The request's
   // batch x grad_accum, unless the sliding engine only fits the GPU with smaller micro-batches
   // (smaller workspace and activations; the same step, as the loss is normalised per step).
@@ -129,6 +136,7 @@ struct Plan {
   double flops = 0;  // per optimizer step
   double gpu_s = 0, host_s = 0, pcie_s = 0, step_s = 0;
   double disk_s = 0;  // the NVMe store's reads and writes of a step at the disk's rates
+  double upload_bytes = 0;  // sliding: what one pass's uploads carry up PCIe (upload_bytes_per_pass)
   double tokens_per_s = 0;
 };
 
@@ -137,6 +145,12 @@ struct Plan {
 // backward (3x the forward), plus the decoder layers' recomputed forward when with_recompute
 // (what the GPU executes; the planner's compute model). MFU uses it without the recompute.
 double train_flops_per_token(const ModelSpec& s, int T, bool with_recompute);
+
+// Bytes the uploads of one pass (every host blob once) carry up PCIe in a sliding plan: a blob's
+// fp32 master (4 bytes a parameter, cast on the GPU), or, when its master is in the NVMe store
+// (Plan::disk_masters, levels 4-5), its working copy in the compute dtype `act`, which the slot
+// cache copies as it is. Blobs kept on the GPU upload nothing.
+uint64_t upload_bytes_per_pass(const ModelSpec& s, const Plan& p, DType act);
 
 // The plan for a CUDA (or CPU) backend. Throws InputError for impossible requests (slots < 2).
 Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates = {});

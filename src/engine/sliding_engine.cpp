@@ -174,7 +174,8 @@ PartOptions part_options(const ModelSpec& spec, const SlidingShape& z, const Sli
   h.ring = o.grad_ring;
   h.held = z.held;
   h.disk = z.disk;
-  h.disk_ring = std::clamp(int(std::count(z.disk.begin(), z.disk.end(), true)), 1, o.disk_ring);
+  h.disk_ring = std::max(1, o.disk_ring);  // (no more buffers than pieces: StateStream::buffers)
+  h.disk_piece = StateStream::piece_for(o.disk_piece > 0 ? o.disk_piece : z.chunk);
   h.state_dtype = o.base.state_dtype;
   h.disk_master = z.disk_master;
   h.disk_work = z.disk_work;
@@ -972,6 +973,7 @@ Engine::Stats SlidingEngine::stats() const {
   Stats st;
   st.host_update_s = m.host->update_seconds();
   st.uploads = m.slots->uploads();
+  st.uploaded_bytes = m.slots->uploaded_bytes();
   st.pinned_bytes = m.host->pinned_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes();
   if (m.store) {
     st.disk_read = m.store->bytes_read();

@@ -59,10 +59,13 @@ struct SlidingOptions {
   int64_t chunk = int64_t(1) << 25;  // elements per upload / gradient transfer chunk
   int grad_ring = 4;                 // host buffers of a chunk each, without keep_grads
   // The NVMe tier (docs/ENGINE.md): host blobs whose AdamW m and v live in the offload file,
-  // read into `disk_ring` host buffers ahead of their update and written back after it
-  // (engine/state_stream.h). `store.dir` is the offload directory; the engine sizes the file.
+  // read a piece at a time into `disk_ring` host buffers ahead of their update and written back
+  // after it (engine/state_stream.h). `store.dir` is the offload directory; the engine sizes the file.
   std::vector<int> disk_blobs;
-  int disk_ring = 3;
+  int disk_ring = 4;
+  // Elements a piece of that ring: 0, the transfer chunk (an update without clipping consumes a
+  // piece a chunk); rounded up to StateStream::kPieceAlign.
+  int64_t disk_piece = 0;
   // The layer-input checkpoints of the first this many layers live in the offload file too
   // (engine/checkpoint_store.h), moved by an I/O stream of their own.
   int ckpt_disk_layers = 0;

@@ -92,6 +92,7 @@ int SlotCache::acquire(int blob, const UploadSource& from, int64_t numel, Event&
   const float* master = static_cast<const float*>(src);
   if (from.dtype == act_) {  // the master in fp32, or a working copy in the compute dtype
     dev_.copy(data(v), src, size_t(numel) * dtype_size(act_), CopyKind::HostToDevice, h2d_);
+    uploaded_bytes_ += uint64_t(numel) * dtype_size(act_);
   } else {
     SF_CHECK(from.dtype == DType::F32, "an upload source is fp32 or the compute dtype");
     // Chunks through the staging buffer; the cast runs on the upload stream, so the next chunk's
@@ -100,6 +101,7 @@ int SlotCache::acquire(int blob, const UploadSource& from, int64_t numel, Event&
     for (int64_t i = 0; i < numel; i += chunk_) {
       const int64_t n = std::min(chunk_, numel - i);
       dev_.copy(staging_.data(), master + i, size_t(n) * 4, CopyKind::HostToDevice, h2d_);
+      uploaded_bytes_ += uint64_t(n) * 4;
       dev_.ops().cast(Tensor(dst + size_t(i) * dtype_size(act_), act_, {n}), Tensor(staging_.data(), DType::F32, {n}),
                       h2d_);
     }

@@ -49,6 +49,7 @@ class SlotCache {
   void invalidate();
 
   int64_t uploads() const { return uploads_; }
+  uint64_t uploaded_bytes() const { return uploaded_bytes_; }  // what the uploads copied from host memory
   size_t device_bytes() const;
   // What the constructor allocates: a "slot" per capacity, and the fp32 upload staging
   // ("slot.staging") when `act` is below fp32.
@@ -72,6 +73,7 @@ class SlotCache {
   std::vector<Slot> slots_;
   uint64_t clock_ = 0;
   int64_t uploads_ = 0;
+  uint64_t uploaded_bytes_ = 0;
 };
 
 }  // namespace sf

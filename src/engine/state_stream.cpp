@@ -48,19 +48,47 @@ uint64_t StateStream::store_bytes(const Config& c) {
   return n;
 }
 
+namespace {
+// Elements of a full piece of blob b, and the bytes of a ring buffer holding one of its pieces.
+int64_t piece_len(const StateStream::Config& c, size_t b) {
+  return c.piece > 0 ? std::min(c.piece, c.numel[b]) : c.numel[b];
+}
+size_t elem_of(const StateStream::Config& c, int which) {
+  return which == StateStream::Master ? 4
+         : which == StateStream::Work ? c.work_bytes
+         : which == StateStream::Grad ? c.grad_bytes
+                                      : c.elem_bytes;
+}
+// A piece's part `which` in a ring buffer (0: the blob has no such part).
+uint64_t slot_part(const StateStream::Config& c, size_t b, int which) {
+  return part_of(c, b, which) > 0 ? NvmeStore::aligned(uint64_t(piece_len(c, b)) * elem_of(c, which)) : 0;
+}
+uint64_t slot_region(const StateStream::Config& c, size_t b) {
+  uint64_t n = 0;
+  for (int w : {StateStream::Grad, StateStream::M, StateStream::V, StateStream::Master, StateStream::Work})
+    n += slot_part(c, b, w);
+  return n;
+}
+}  // namespace
+
 MemoryItems StateStream::buffers(const Config& c) {
   uint64_t slot = 0;
   int masters = 0, works = 0, grads = 0;
+  int64_t pieces = 0;  // in a cycle
   for (size_t b = 0; b < c.numel.size(); ++b) {
-    slot = std::max(slot, region_bytes(c, b));
+    slot = std::max(slot, slot_region(c, b));
     masters += part_of(c, b, Master) > 0;
     works += part_of(c, b, Work) > 0;
     grads += part_of(c, b, Grad) > 0;
+    if (c.numel[b] > 0) pieces += (c.numel[b] + piece_len(c, b) - 1) / piece_len(c, b);
   }
   if (slot == 0) return {};
   const std::string what = masters > 0 ? "AdamW state and masters" : "AdamW state";
-  const std::string ring = what + " read from the offload dir (" + std::to_string(c.ring) + " blobs)";
-  MemoryItems m = {{ring, size_t(slot) * size_t(c.ring) + NvmeStore::kAlign, Place::Host, "disk.ring"},
+  // No more buffers than pieces: a deeper ring would only hold a piece twice.
+  const int ring = int(std::clamp<int64_t>(pieces, 1, c.ring));
+  const std::string name = what + " read from the offload dir (" + std::to_string(ring) +
+                           (c.piece > 0 ? " pieces of " + std::to_string(c.piece) + " elements)" : " blobs)");
+  MemoryItems m = {{name, size_t(slot) * size_t(ring) + NvmeStore::kAlign, Place::Host, "disk.ring"},
                    {"AdamW m and v of " + std::to_string(c.order.size()) + " blobs", size_t(sum_of(c, {M, V})),
                     Place::Disk, "disk.state"}};
   if (masters > 0)
@@ -86,23 +114,38 @@ uint64_t StateStream::part_at(int blob, int which) const {
   return at;
 }
 
+int64_t StateStream::piece_of(int blob) const { return piece_len(cfg_, size_t(blob)); }
+size_t StateStream::part_elem(int which) const { return elem_of(cfg_, which); }
+
+uint64_t StateStream::slot_part_at(int blob, int which) const {
+  uint64_t at = 0;
+  for (int w : {Grad, M, V, Master, Work}) {
+    if (w == which) return at;
+    at += slot_part(cfg_, size_t(blob), w);
+  }
+  return at;
+}
+
 StateStream::StateStream(NvmeStore& store, const Config& c, BufferSource& src) : store_(store), cfg_(c) {
   SF_CHECK(c.ring >= 1, "the state ring needs a buffer");
+  SF_CHECK(c.piece >= 0 && c.piece % kPieceAlign == 0,
+           "state stream: a piece is a multiple of " + std::to_string(kPieceAlign) + " elements");
   uint64_t at = 0;
   for (size_t b = 0; b < c.numel.size(); ++b) {
     off_.push_back(at);
     at += region_bytes(c, b);
-    slot_bytes_ = std::max(slot_bytes_, size_t(region_bytes(c, b)));
+    slot_bytes_ = std::max(slot_bytes_, size_t(slot_region(c, b)));
   }
-  size_t on_disk = 0;
   for (int b : c.order) {
     SF_CHECK(has(b), "state stream: blob " + std::to_string(b) + " of the order has no state in the store");
-    ++on_disk;
+    const int64_t p = piece_of(b);
+    for (int64_t e = 0; e < c.numel[size_t(b)]; e += p) seq_.push_back({b, e, std::min(p, c.numel[size_t(b)] - e)});
   }
   for (size_t b = 0; b < c.numel.size(); ++b)
     SF_CHECK(c.numel[b] == 0 || std::count(c.order.begin(), c.order.end(), int(b)) == 1,
              "state stream: every blob in the store is updated once a cycle");
   writing_.assign(c.numel.size(), 0);
+  piece_writing_.assign(seq_.size(), 0);
   grad_ready_.assign(c.numel.size(), 0);
   if (slot_bytes_ == 0) return;
   SF_CHECK(at <= store.capacity(), "the offload file is smaller than the state");
@@ -111,10 +154,14 @@ StateStream::StateStream(NvmeStore& store, const Config& c, BufferSource& src) :
   if (sum_of(c, {Master}) > 0) src.take("disk.master");
   if (sum_of(c, {Grad}) > 0) src.take("disk.grads");
   if (sum_of(c, {Work}) > 0) src.take("disk.work");
+  const size_t ring = (ring_mem_.size() - NvmeStore::kAlign) / slot_bytes_;  // the list's (no more than pieces)
   char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(ring_mem_.data()) + NvmeStore::kAlign - 1) /
                                        NvmeStore::kAlign * NvmeStore::kAlign);
-  slots_.resize(size_t(c.ring));
-  for (int i = 0; i < c.ring; ++i) slots_[size_t(i)].mem = base + size_t(i) * slot_bytes_;
+  slots_.resize(ring);
+  for (size_t i = 0; i < ring; ++i) slots_[i].mem = base + i * slot_bytes_;
+  // Every transfer of the stream is to or from the ring: registered, its pieces go as
+  // READ_FIXED / WRITE_FIXED (or plainly, logged once, where the kernel refuses).
+  ring_reg_ = RegisteredBuffer(&store, base, ring * slot_bytes_);
 }
 
 StateStream::~StateStream() {
@@ -132,14 +179,56 @@ StateStream::Slot* StateStream::slot_at(int64_t pos) {
   return nullptr;
 }
 
-// Reads ahead in the cycle while a buffer is free, never a whole cycle ahead, never past a blob
+void StateStream::transfer(Slot* s, const PieceRef& p, bool write) {
+  // The parts this direction moves: reads [grad | m | v | master] (the working copy is only
+  // written), writes [m | v | master | work] (the gradient is not written back).
+  std::vector<int> parts;
+  for (int w : {Grad, M, V, Master, Work})
+    if (part_bytes(p.blob, w) > 0 && (write ? w != Grad : w != Work)) parts.push_back(w);
+  s->pending = int(parts.size());
+  for (int w : parts) {
+    // Piece k of a part starts at k full pieces of it: block-aligned (a full piece is a multiple of
+    // kPieceAlign elements, or the whole blob); the last piece's bytes round up inside the part.
+    const uint64_t at = off_[size_t(p.blob)] + part_at(p.blob, w) + uint64_t(p.first) * part_elem(w);
+    char* mem = s->mem + slot_part_at(p.blob, w);
+    const size_t bytes = size_t(NvmeStore::aligned(uint64_t(p.n) * part_elem(w)));
+    auto done = [this, s, write](int err) { finished(s, err, write); };
+    if (write)
+      store_.write(at, mem, bytes, done);
+    else
+      store_.read(at, mem, bytes, done);
+  }
+}
+
+void StateStream::finished(Slot* s, int err, bool write) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (err && !err_) {
+    err_ = err;
+    err_write_ = write;
+  }
+  if (--s->pending > 0) return;
+  if (write) {
+    const size_t i = size_t(s->pos % int64_t(seq_.size()));
+    --writing_[size_t(seq_[i].blob)];
+    piece_writing_[i] = 0;
+    s->st = St::Free;
+    s->pos = -1;
+    pump_locked();
+  } else {
+    s->st = St::Ready;
+  }
+  cv_.notify_all();
+}
+
+// Reads ahead in the cycle while a buffer is free, never a whole cycle ahead, never past a piece
 // whose last write-back is still in flight.
 void StateStream::pump_locked() {
-  const int64_t n = int64_t(cfg_.order.size());
+  const int64_t n = int64_t(seq_.size());
   while (err_ == 0 && next_read_ < next_use_ + n) {
-    const int b = cfg_.order[size_t(next_read_ % n)];
-    if (writing_[size_t(b)] > 0) return;
-    if (has_grad(b) && !grad_ready_[size_t(b)]) return;  // its gradient of the step is not all there yet
+    const size_t i = size_t(next_read_ % n);
+    const PieceRef& p = seq_[i];
+    if (piece_writing_[i]) return;
+    if (has_grad(p.blob) && !grad_ready_[size_t(p.blob)]) return;  // its gradient of the step is not all there yet
     Slot* s = nullptr;
     for (Slot& c : slots_)
       if (c.st == St::Free) {
@@ -149,16 +238,8 @@ void StateStream::pump_locked() {
     if (!s) return;
     s->st = St::Reading;
     s->pos = next_read_++;
-    grad_ready_[size_t(b)] = 0;
-    store_.read(off_[size_t(b)], s->mem, size_t(read_bytes(b)), [this, s](int err) {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (err && !err_) {
-        err_ = err;
-        err_write_ = false;
-      }
-      s->st = St::Ready;
-      cv_.notify_all();
-    });
+    if (p.first + p.n == cfg_.numel[size_t(p.blob)]) grad_ready_[size_t(p.blob)] = 0;  // the blob's last piece
+    transfer(s, p, false);
   }
 }
 
@@ -169,8 +250,8 @@ void StateStream::check() const {
 
 StateStream::View StateStream::acquire(int blob) {
   std::unique_lock<std::mutex> lk(mu_);
-  const int64_t n = int64_t(cfg_.order.size());
-  SF_CHECK(n > 0 && cfg_.order[size_t(next_use_ % n)] == blob,
+  const int64_t n = int64_t(seq_.size());
+  SF_CHECK(n > 0 && seq_[size_t(next_use_ % n)].blob == blob,
            "state stream: blob " + std::to_string(blob) + " updated out of its order");
   pump_locked();
   Slot* s = nullptr;
@@ -180,34 +261,24 @@ StateStream::View StateStream::acquire(int blob) {
   });
   if (err_) throw std::runtime_error(store_.error_text(err_write_, err_));
   s->st = St::InUse;
-  View v{s->mem + part_at(blob, M), s->mem + part_at(blob, V), nullptr, nullptr, nullptr};
-  if (has_grad(blob)) v.grad = s->mem + part_at(blob, Grad);
-  if (has_master(blob)) v.master = reinterpret_cast<float*>(s->mem + part_at(blob, Master));
-  if (has_work(blob)) v.work = s->mem + part_at(blob, Work);
+  const PieceRef& p = seq_[size_t(next_use_ % n)];
+  View v{p.first, p.n, s->mem + slot_part_at(blob, M), s->mem + slot_part_at(blob, V), nullptr, nullptr, nullptr};
+  if (has_grad(blob)) v.grad = s->mem + slot_part_at(blob, Grad);
+  if (has_master(blob)) v.master = reinterpret_cast<float*>(s->mem + slot_part_at(blob, Master));
+  if (has_work(blob)) v.work = s->mem + slot_part_at(blob, Work);
   return v;
 }
 
 void StateStream::release(int blob) {
   std::lock_guard<std::mutex> lk(mu_);
   Slot* s = slot_at(next_use_);
-  SF_CHECK(s && s->st == St::InUse && cfg_.order[size_t(next_use_ % int64_t(cfg_.order.size()))] == blob,
-           "state stream: release of a blob not acquired");
+  const size_t i = size_t(next_use_ % int64_t(seq_.size()));
+  SF_CHECK(s && s->st == St::InUse && seq_[i].blob == blob, "state stream: release of a blob not acquired");
   s->st = St::Writing;
   ++writing_[size_t(blob)];
+  piece_writing_[i] = 1;
   ++next_use_;
-  const uint64_t skip = part_at(blob, M);  // the gradient is not written back
-  store_.write(off_[size_t(blob)] + skip, s->mem + skip, size_t(write_bytes(blob)), [this, s, blob](int err) {
-    std::lock_guard<std::mutex> lk2(mu_);
-    if (err && !err_) {
-      err_ = err;
-      err_write_ = true;
-    }
-    s->st = St::Free;
-    s->pos = -1;
-    --writing_[size_t(blob)];
-    pump_locked();
-    cv_.notify_all();
-  });
+  transfer(s, seq_[i], true);
   pump_locked();
 }
 
@@ -221,7 +292,7 @@ void StateStream::quiesce() {
   for (Slot& s : slots_) {
     SF_CHECK(s.st != St::InUse, "state stream: quiesced during an update");
     if (s.st == St::Ready) {  // read ahead and dropped: its gradient is still in the store, to be read again
-      const int b = cfg_.order[size_t(s.pos % int64_t(cfg_.order.size()))];
+      const int b = seq_[size_t(s.pos % int64_t(seq_.size()))].blob;
       if (has_grad(b)) grad_ready_[size_t(b)] = 1;
     }
     s.st = St::Free;

@@ -1,13 +1,17 @@
 // AdamW state of whole blobs in the NVMe store (docs/ENGINE.md "NVMe tier"): each such blob's m and
-// v live in the offload file and pass through a small ring of host buffers around its update. The
-// blobs are updated in the same order every step (`order`, one cycle a step), so the ring reads
-// ahead in that order as buffers come free, and a buffer is free again once the blob's updated
-// state is written back: reads, writes, the host AdamW, PCIe and the GPU all overlap, several
-// transfers in flight.
+// v live in the offload file and pass through a small ring of host buffers around its update, a
+// piece at a time (`piece` elements: the gradient chunk, so that an update without clipping
+// consumes one piece a chunk). The blobs are updated in the same order every step (`order`, one
+// cycle a step, each blob's pieces in element order), so the ring reads ahead in that order as
+// buffers come free, and a buffer is free again once the piece's updated state is written back:
+// reads, writes, the host AdamW, PCIe and the GPU all overlap, several transfers in flight. The
+// ring holds `ring` pieces, not blobs: at 123B a layer's region is ~20 GB, a piece of 32 Mi
+// elements 512 MiB at most.
 //
-// Reads of a blob never pass the write-back of its previous update (a read waits until that write
-// is done), and never run a whole cycle ahead. Errors of the store are kept and thrown by the next
-// acquire() or check(), with the offload directory and the errno in the message.
+// Reads of a piece never pass the write-back of its previous update (a read waits until that
+// write is done), and never run a whole cycle ahead. Errors of the store are kept and thrown by
+// the next acquire() or check(), with the offload directory and the errno in the message. The
+// ring is registered with the store's io_uring (registered buffers) where the kernel allows.
 //
 // Levels 3 and 4 of the tier (docs/ENGINE.md "NVMe tier"): a blob's fp32 master can live in its
 // region too (`master`), and then also its working copy, the parameters in the compute dtype that
@@ -36,7 +40,10 @@ class StateStream {
     std::vector<int64_t> numel;  // [blobs] elements whose m and v are in the store (0: not there)
     size_t elem_bytes = 4;       // bytes of one element of m (and of v)
     std::vector<int> order;      // the store's blobs in the order of their updates within a step
-    int ring = 3;                // blobs' state in host memory at once (>= 1)
+    int ring = 4;                // pieces in host memory at once (>= 1)
+    // Elements a piece: a multiple of kPieceAlign (every part's pieces start block-aligned in the
+    // file); 0: the largest blob (one piece a blob).
+    int64_t piece = 0;
     std::vector<bool> master;    // [blobs] the fp32 master is in the region too (level 3)
     std::vector<bool> work;      // [blobs] and the working copy, work_bytes an element (level 4)
     size_t work_bytes = 2;       // bytes of an element of the working copy (the compute dtype)
@@ -45,6 +52,10 @@ class StateStream {
   };
   // Which part of a blob's region.
   enum Part { M = 1, V = 2, Master = 0, Work = 3, Grad = 4 };
+  // A piece's elements are a multiple of this: 4 KiB of 2-byte elements.
+  static constexpr int64_t kPieceAlign = int64_t(NvmeStore::kAlign / 2);
+  // The piece size of a ring that gives updates of `chunk` elements one piece each.
+  static int64_t piece_for(int64_t chunk) { return (chunk + kPieceAlign - 1) / kPieceAlign * kPieceAlign; }
   // "disk.ring" (the host buffers, pageable, aligned for O_DIRECT) and the bytes in the store:
   // "disk.state" (m and v), "disk.master", "disk.work" (in that order in the file).
   static MemoryItems buffers(const Config& c);
@@ -60,16 +71,18 @@ class StateStream {
   bool has_master(int blob) const { return has(blob) && blob < int(cfg_.master.size()) && cfg_.master[size_t(blob)]; }
   bool has_work(int blob) const { return has_master(blob) && blob < int(cfg_.work.size()) && cfg_.work[size_t(blob)]; }
   bool has_grad(int blob) const { return has(blob) && blob < int(cfg_.grads.size()) && cfg_.grads[size_t(blob)]; }
+  // One piece of a blob: elements [first, first + n).
   struct View {
-    void* m = nullptr;  // [numel] elements
+    int64_t first = 0, n = 0;
+    void* m = nullptr;  // [n] elements
     void* v = nullptr;
-    float* master = nullptr;     // [numel] fp32, when the master is in the store
-    void* work = nullptr;        // [numel] work_bytes each, when the working copy is: written by the update
-    const void* grad = nullptr;  // [numel] grad_bytes each, when the gradient is in the store
+    float* master = nullptr;     // [n] fp32, when the master is in the store
+    void* work = nullptr;        // [n] work_bytes each, when the working copy is: written by the update
+    const void* grad = nullptr;  // [n] grad_bytes each, when the gradient is in the store
   };
-  // The next blob of the cycle, once it is in host memory (blocks). `blob` must be that blob.
+  // The next piece of the cycle, once it is in host memory (blocks). `blob` must be its blob.
   View acquire(int blob);
-  // The blob's update is done: its state goes back to the store and the buffer is reused after.
+  // The piece's update is done: its state goes back to the store and the buffer is reused after.
   void release(int blob);
   // Waits for every transfer, drops what was read ahead (state read or written outside a step
   // goes straight to the store), throws a kept error.
@@ -91,35 +104,46 @@ class StateStream {
   void write(int which, int blob, int64_t off, int64_t n, const void* src);
 
   size_t host_bytes() const { return ring_mem_.size(); }
+  bool registered() const { return ring_reg_.registered(); }  // the ring is in io_uring's table
 
  private:
   enum class St { Free, Reading, Ready, InUse, Writing };
   struct Slot {
     St st = St::Free;
-    int64_t pos = -1;  // position in the cycle sequence (order[pos % n])
+    int64_t pos = -1;  // position in the cycle sequence (seq_[pos % seq_.size()])
+    int pending = 0;   // the piece's transfers (one a part) not yet complete
     char* mem = nullptr;
+  };
+  struct PieceRef {
+    int blob;
+    int64_t first, n;  // elements
   };
   void pump_locked();
   Slot* slot_at(int64_t pos);
+  // The piece's parts between the file and the slot (reads: [grad | m | v | master]; writes:
+  // [m | v | master | work]), `done` once all have completed.
+  void transfer(Slot* s, const PieceRef& p, bool write);
+  void finished(Slot* s, int err, bool write);  // one part's transfer completed
   uint64_t part_bytes(int blob, int which) const;  // of the part in this blob's region (0: not there)
   uint64_t part_at(int blob, int which) const;     // its offset within the region
-  size_t part_elem(int which) const {
-    return which == Master ? 4 : which == Work ? cfg_.work_bytes : which == Grad ? cfg_.grad_bytes : cfg_.elem_bytes;
-  }
-  uint64_t read_bytes(int blob) const { return part_at(blob, Work); }  // [grad | m | v | master]
-  uint64_t write_bytes(int blob) const { return part_at(blob, Work) + part_bytes(blob, Work) - part_at(blob, M); }
+  uint64_t slot_part_at(int blob, int which) const;  // its offset within a ring buffer
+  size_t part_elem(int which) const;  // bytes of an element of the part
+  int64_t piece_of(int blob) const;  // elements of a (full) piece of the blob
 
   NvmeStore& store_;
   Config cfg_;
-  std::vector<uint64_t> off_;  // [blobs] byte offset of the blob's region [m | v | master | work] in the store
+  std::vector<uint64_t> off_;  // [blobs] byte offset of the blob's region [grad | m | v | master | work] in the store
+  std::vector<PieceRef> seq_;  // one cycle: the pieces of `order`'s blobs, in the order of their updates
   HostBuffer ring_mem_;        // [ring, slot_bytes_] (+ alignment)
   size_t slot_bytes_ = 0;
+  RegisteredBuffer ring_reg_;  // the ring in the store's io_uring table (released before ring_mem_)
   std::vector<Slot> slots_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int64_t next_use_ = 0, next_read_ = 0;
-  std::vector<int> writing_;      // [blobs] write-backs in flight
-  std::vector<char> grad_ready_;  // [blobs] the step's gradient is in the store, not yet read
+  std::vector<int> writing_;        // [blobs] pieces' write-backs in flight
+  std::vector<char> piece_writing_;  // [seq_] the piece's write-back is in flight
+  std::vector<char> grad_ready_;    // [blobs] the step's gradient is in the store, not yet all read
   int err_ = 0;
   bool err_write_ = false;
 };

@@ -18,6 +18,7 @@ WeightStream::WeightStream(Device& dev, NvmeStore& store, StateStream& state, in
     : dev_(dev), store_(store), state_(state), ring_(ring), stride_(size_t(NvmeStore::aligned(max_bytes))) {
   SF_CHECK(ring >= 1 && max_bytes > 0, "the weight ring needs a buffer");
   mem_ = src.buffer("disk.wring");
+  reg_ = RegisteredBuffer(&store, slot(0), size_t(ring) * stride_);
   io_ = dev.create_stream();
   for (int i = 0; i < ring; ++i) {
     ready_.push_back(dev.create_event());

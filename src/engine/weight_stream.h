@@ -5,7 +5,8 @@
 // for the read and copies the buffer into the slot, which frees it for the read after next. The
 // read is queued when the upload is (the slot cache prefetches one blob ahead), so it overlaps
 // the compute of the blob before. Disk traffic: the copy is read for every upload, twice a step
-// (forward and backward; layer-major micro-batches share them).
+// (forward and backward; layer-major micro-batches share them). The ring is registered with the
+// store's io_uring where the kernel allows.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -43,6 +44,7 @@ class WeightStream {
   size_t stride_;  // bytes of a ring buffer (aligned)
   std::unique_ptr<Stream> io_;
   DeviceBuffer mem_;                                  // [ring, stride_] pinned (+ alignment)
+  RegisteredBuffer reg_;                              // the ring in the store's io_uring table (before mem_ goes)
   std::vector<std::unique_ptr<Event>> ready_, free_;  // io: read; h2d: copied out
   int next_ = 0, cur_ = -1;
 };

@@ -195,14 +195,23 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
     if (r.host_budget == 0) r.host_budget = rs.hardware->host_budget_bytes();
     if (r.disk_budget == 0 && !r.offload_dir.empty()) r.disk_budget = rs.hardware->disk_budget_bytes();
   }
-  const Plan p = make_plan(spec, r, be, rs.rates);
-  std::fputs(format_plan(spec, r, p, o.names).c_str(), stderr);
-  // How checkpoints on disk would move (the same choice a run makes at start-up, make_engine.cpp).
+  // How checkpoints on disk would move (the same choice a run makes at start-up, make_engine.cpp
+  // build_engine), before the plan, which counts that path's buffers. For another machine's
+  // profile the pinned bounce is counted (cuFile needs none: the larger figure).
   std::string ckpt_io;
   if (!r.offload_dir.empty()) {
-    ckpt_io = rs.hardware ? "decided on that machine at start-up: cuFile where libcufile loads, else io_uring + "
-                            "pinned bounce"
-                          : choose_checkpoint_io(be.kind == DeviceKind::Cuda, r.offload_dir, env_text(Env::Cufile)).text;
+    if (rs.hardware) {
+      ckpt_io = "decided on that machine at start-up: cuFile where libcufile loads (no pinned ring), else io_uring + "
+                "pinned bounce (counted here)";
+    } else {
+      const CheckpointIo io = choose_checkpoint_io(be.kind == DeviceKind::Cuda, r.offload_dir, env_text(Env::Cufile));
+      if (io.cufile) r.ckpt_cufile = io.library;
+      ckpt_io = io.text;
+    }
+  }
+  const Plan p = make_plan(spec, r, be, rs.rates);
+  std::fputs(format_plan(spec, r, p, o.names).c_str(), stderr);
+  if (!r.offload_dir.empty()) {
     std::fprintf(stderr, "checkpoint I/O: %s%s\n", ckpt_io.c_str(),
                  p.ckpt_disk_layers > 0 ? "" : " (no checkpoint is on disk in this plan)");
   }
@@ -236,6 +245,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"disk_bytes", p.disk_bytes},
           {"disk_read_bytes_per_step", p.disk_read_bytes},
           {"disk_write_bytes_per_step", p.disk_write_bytes},
+          {"upload_bytes_per_pass", p.upload_bytes},
           {"disk_budget", p.disk_budget},
           {"predicted_disk_s", p.disk_s},
           {"checkpoint_io", ckpt_io},
