@@ -30,12 +30,17 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // Tile shape and shared-memory layout, defined once. Each operand tile is CH boxes of [rows][64]
 // bf16 (128-byte rows, swizzled in 1024-byte atoms of 8 rows); every box starts 1024-aligned.
-template <int HD_>
+// BOUNDED: the mask kind, fixed at compile time. false: plain causal (no first-key bound, nothing
+// of packed rows or windows in the code); true: each query also has a first key (packed rows,
+// sliding window; attention_mask.cuh). The plain causal path pays nothing for the generality.
+template <int HD_, bool BOUNDED_>
 struct Sm90FwdTile {
   static constexpr int HD = HD_, BR = 128, BC = 128, STAGES = 2;
-  static constexpr int CONSUMERS = 2;               // warpgroups of 64 query rows
-  static constexpr int NT = 128 * (1 + CONSUMERS);  // + the producer warpgroup
-  static constexpr int CH = HD / 64;                // 64-column boxes per row
+  static constexpr bool BOUNDED = BOUNDED_;
+  static constexpr int CONSUMERS = 2;                            // warpgroups of 64 query rows
+  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // setmaxnreg, a thread
+  static constexpr int NT = 128 * (1 + CONSUMERS);               // + the producer warpgroup
+  static constexpr int CH = HD / 64;                             // 64-column boxes per row
   static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
   // Q [CH][BR][64] | K [STAGES][CH][BC][64] | V [STAGES][CH][BC][64] | barriers
   static constexpr size_t q_off = 0, k_off = q_off + q_bytes, v_off = k_off + size_t(STAGES) * kv_bytes;
@@ -43,6 +48,7 @@ struct Sm90FwdTile {
   // barriers (8 bytes each): q_full, k_full[STAGES], v_full[STAGES], empty[STAGES]
   static constexpr size_t smem = bar_off + 8 * (1 + 3 * STAGES) + 1024;  // + alignment slack
   static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
+  static_assert(128 * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536, "register file");
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -125,10 +131,10 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
 #define SF_WG_ACC64(d) SF_WG_ACC32(d), SF_WG_ACC16_AT(d, 32), SF_WG_ACC16_AT(d, 48)
 #define SF_WG_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define SF_WG_REGS32 SF_WG_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define SF_WG_REGS64                                                                                                \
-  SF_WG_REGS32                                                                                                      \
-      ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
-      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SF_WG_REGS64                                                                                            \
+  SF_WG_REGS32                                                                                                  \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define SF_WG_STR(x) #x
 #define SF_WG_OP(i) "%" SF_WG_STR(i)
 
@@ -169,10 +175,10 @@ SF_WGMMA_RS(128, 64, 65, 66, 67, 68)
 
 // Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8,
 // columns key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the
-// row or before its first key fk (packed rows, window) are -inf; the running max m (raw scores)
+// row or (BOUNDED) before its first key fk (packed rows, window) are -inf; the running max m (raw scores)
 // and partial row sums l updated, P = exp2(S scale_log2 - m scale_log2) packed to bf16 A
 // fragments, corr = the factor O must be scaled by.
-template <int BC>
+template <int BC, bool BOUNDED>
 __device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[BC / 16][4], float (&m)[2],
                                              float (&l)[2], float (&corr)[2], bool mask, int key0, int row0,
                                              const int (&fk)[2], float scale_log2) {
@@ -182,7 +188,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[B
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + j * 8 + (e & 1);
-        if (key > row0 + (e >> 1) * 8 || key < fk[e >> 1]) s[j * 4 + e] = -INFINITY;
+        if (key > row0 + (e >> 1) * 8 || (BOUNDED && key < fk[e >> 1])) s[j * 4 + e] = -INFINITY;
       }
   }
   float mx[2] = {m[0], m[1]};
@@ -224,6 +230,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
                           const int32_t* __restrict__ pos, int T, int H, int KVH, float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, ST = Tr::STAGES, CH = Tr::CH;
+  constexpr bool LB = Tr::BOUNDED;
   unsigned char* sm = smem_base();
   bf16_t* Qs = reinterpret_cast<bf16_t*>(sm + Tr::q_off);
   bf16_t* Ks = reinterpret_cast<bf16_t*>(sm + Tr::k_off);
@@ -243,9 +250,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int n_kv = (min(q0 + BR, T) + BC - 1) / BC;  // key tiles j0 .. n_kv - 1, walked downwards
   // Packed rows / window (as the sm_80 kernel): key tiles wholly before the first key of the
   // block's first row (the lowest: first keys never decrease) are skipped.
-  const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
-  const bool lower = pb != nullptr || window > 0;
-  const int j0 = lower ? first_key(pb, window, q0) / BC : 0;
+  const int32_t* pb = LB && pos != nullptr ? pos + int64_t(b) * T : nullptr;
+  const int j0 = LB ? first_key(pb, window, q0) / BC : 0;
   const int n_it = n_kv - j0;  // tiles this block walks
 
   const int wg = int(threadIdx.x) / 128;
@@ -262,7 +268,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 
   if (wg == 0) {
     // ---- producer ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::PRODUCER_REGS) : "memory");
     if (threadIdx.x == 0) {
       bar_expect_tx(q_full, Tr::q_bytes);
       for (int c = 0; c < CH; ++c) tma_load(Qs + c * BR * 64, &tq, q_full, h * HD + c * 64, q0, b);
@@ -281,14 +287,14 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   }
 
   // ---- consumers ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
   const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
   const int g = lane >> 2, t4 = lane & 3;
   const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
   const int wg_row0 = q0 + cw * 64;               // the warpgroup's first row
   // The rows' first keys (0 without packed rows or a window; rows past T see every key).
   int fk[2] = {0, 0};
-  if (lower) {
+  if constexpr (LB) {
     fk[0] = row0 < T ? first_key(pb, window, row0) : 0;
     fk[1] = row0 + 8 < T ? first_key(pb, window, row0 + 8) : 0;
   }
@@ -322,16 +328,16 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<HD>(o, pp[kk], v_desc(s, kk));
     wgmma_commit();
   };
-  // Tile j needs the mask when its last key is past the warpgroup's first row (causal) or its
-  // first key before one of this thread's rows' first keys.
-  auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || j * BC < fk_max; };
+  // Tile j needs the mask when its last key is past the warpgroup's first row (causal) or (LB) its
+  // first key before one of this thread's rows' first keys; every other tile skips it.
+  auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || (LB && j * BC < fk_max); };
 
   bar_wait(q_full, 0);
   bar_wait(k_full, 0);
   issue_s(0);
   wgmma_wait<0>();
   reg_fence(sacc);
-  softmax_tile<BC>(sacc, p, m, l, corr, needs_mask(n_kv - 1), (n_kv - 1) * BC + 2 * t4, row0, fk, scale_log2);
+  softmax_tile<BC, LB>(sacc, p, m, l, corr, needs_mask(n_kv - 1), (n_kv - 1) * BC + 2 * t4, row0, fk, scale_log2);
   // One pipelined step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in flight while the softmax of S_j
   // runs; pc is the P being multiplied, pnx receives the next. The two P buffers alternate (the
   // loop is unrolled by two): a register copy between them would define a wgmma input inside the
@@ -344,7 +350,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     issue_pv(sp, pc);
     wgmma_wait<1>();  // S_j done
     reg_fence(sacc);
-    softmax_tile<BC>(sacc, pnx, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
+    softmax_tile<BC, LB>(sacc, pnx, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
     wgmma_wait<0>();  // PV done: O, pc and stage sp free
     reg_fence(o);
     reg_fence(pc);
@@ -408,9 +414,13 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 //   dQ[:, half w] = dS K[:, half w]               (wgmma from shared memory, after a barrier of the
 //                                                 two consumers), fp32 float2 atomics into the
 //                                                 workspace (the caller casts it to bf16)
-template <int HD_>
+template <int HD_, bool BOUNDED_>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
+  static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
+  // The producer warp also stages lse, D and first keys: 24 registers spilled there (32 * 128 +
+  // 240 * 256 = the whole register file).
+  static constexpr int PRODUCER_REGS = 32, CONSUMER_REGS = 240;
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
@@ -423,6 +433,7 @@ struct Sm90BwdTile {
   // barriers: kv_full, full[STAGES], empty[STAGES]
   static constexpr size_t smem = bar_off + 8 * (1 + 2 * STAGES) + 1024;
   static_assert(HD % 64 == 0 && BC == 64 * CONSUMERS && BQ == 64, "tile shape");
+  static_assert(128 * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536, "register file");
 };
 
 template <class Tr>
@@ -434,6 +445,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
                           int T, int H, int KVH, float scale, float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BC = Tr::BC, BQ = Tr::BQ, ST = Tr::STAGES, CH = Tr::CH;
+  constexpr bool LB = Tr::BOUNDED;
   unsigned char* sm = smem_base();
   bf16_t* Ks = reinterpret_cast<bf16_t*>(sm + Tr::k_off);
   bf16_t* Vs = reinterpret_cast<bf16_t*>(sm + Tr::v_off);
@@ -454,17 +466,20 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int kv0 = jt * BC;
   const int n_q = (T + BQ - 1) / BQ, i_start = kv0 / BQ;
   // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
-  // this block's last key (and so every later tile: first keys never decrease) are skipped.
-  const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
-  const bool lower = pb != nullptr || window > 0;
+  // this block's last key (and so every later tile: first keys never decrease) are skipped; the
+  // first such tile found by bisection (a handful of loads, not one per tile).
+  const int32_t* pb = LB && pos != nullptr ? pos + int64_t(b) * T : nullptr;
   int i_end = n_q;
-  if (lower) {
+  if constexpr (LB) {
     const int kv_last = min(kv0 + BC, T) - 1;
-    for (int i = i_start + 1; i < n_q; ++i)
-      if (first_key(pb, window, i * BQ) > kv_last) {
-        i_end = i;
-        break;
-      }
+    int lo = i_start + 1;
+    while (lo < i_end) {
+      const int mid = (lo + i_end) / 2;
+      if (first_key(pb, window, mid * BQ) > kv_last)
+        i_end = mid;
+      else
+        lo = mid + 1;
+    }
   }
   const int per_head = i_end - i_start, total = G * per_head;
 
@@ -481,7 +496,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 
   if (wg == 0) {
     // ---- producer ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::PRODUCER_REGS) : "memory");
     const int lane = int(threadIdx.x);
     if (lane < 32) {
       if (lane == 0) {
@@ -499,7 +514,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           const int64_t li = (int64_t(b) * H + h) * T + qr;
           Ls[s * BQ + r] = qr < T ? lse[li] * kLog2e : INFINITY;
           Ds[s * BQ + r] = qr < T ? Dd[li] : 0.f;
-          Fs[s * BQ + r] = (lower && qr < T) ? first_key(pb, window, qr) : 0;
+          if constexpr (LB) Fs[s * BQ + r] = qr < T ? first_key(pb, window, qr) : 0;
         }
         // Each lane's arrive (release) follows its own L, D, F stores; lane 0's carries the bytes.
         if (lane == 0) {
@@ -517,7 +532,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   }
 
   // ---- consumers ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
   const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
   const int g = lane >> 2, t4 = lane & 3;
   const int kw0 = kv0 + cw * 64;         // the warpgroup's first key
@@ -568,7 +583,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     const bool mask = q0 < kw0 + 63;
     // Some query of the tile sees its first key after this warpgroup's first key (the last
     // valid query has the largest): mask by first key too.
-    const bool seg = lower && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
+    // (LB only: the plain causal kernel has no such test.)
+    const bool seg = LB && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
     uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
     bf16_t* dsb = dSs + buf * (BC * BQ);
 #pragma unroll
@@ -582,7 +598,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       for (int e = 0; e < 4; ++e) {
         float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
         const int key = key0 + (e >> 1) * 8;
-        const bool masked = (mask && q0 + qc + (e & 1) < key) || (seg && ((e & 1) ? f2.y : f2.x) > key);
+        const bool masked = (mask && q0 + qc + (e & 1) < key) || (LB && seg && ((e & 1) ? f2.y : f2.x) > key);
         if (masked) pe = 0.f;
         pv[e] = pe;
         dv4[e] = pe * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
@@ -675,9 +691,12 @@ CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows) {
   return map;
 }
 
-template <int HD>
+// Packed rows or a window: the kernels with the first-key bound (BOUNDED); else plain causal.
+bool bounded(const AttnDims& d) { return !d.pos.empty() || d.window > 0; }
+
+template <int HD, bool BOUNDED>
 void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90FwdTile<HD>;
+  using Tr = Sm90FwdTile<HD, BOUNDED>;
   auto kernel = flash_fwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation (the device is fixed per process)
   if (!attr_set) {
@@ -694,10 +713,10 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   CUDA_CHECK_LAUNCH();
 }
 
-template <int HD>
+template <int HD, bool BOUNDED>
 void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
               Tensor lse, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90BwdTile<HD>;
+  using Tr = Sm90BwdTile<HD, BOUNDED>;
   auto kernel = flash_bwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation
   if (!attr_set) {
@@ -720,10 +739,11 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
 bool attention_sm90_supported(const AttnDims& d) { return d.head_dim == 64 || d.head_dim == 128; }
 
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
+  const bool b = bounded(d);
   if (d.head_dim == 64)
-    forward<64>(out, lse, q, k, v, d, L);
+    b ? forward<64, true>(out, lse, q, k, v, d, L) : forward<64, false>(out, lse, q, k, v, d, L);
   else
-    forward<128>(out, lse, q, k, v, d, L);
+    b ? forward<128, true>(out, lse, q, k, v, d, L) : forward<128, false>(out, lse, q, k, v, d, L);
 }
 
 }  // namespace sf::cuda
@@ -732,10 +752,13 @@ namespace sf::cuda {
 
 void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
+  const bool b = bounded(d);
   if (d.head_dim == 64)
-    backward<64>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<64, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<64, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
   else
-    backward<128>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<128, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<128, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
 }
 
 }  // namespace sf::cuda
