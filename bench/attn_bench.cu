@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
          lse = make(DType::F32, {d.B, d.n_head, d.T});
   Tensor dq = make(DType::BF16, {N, QW}), dk = make(DType::BF16, {N, KW}), dv = make(DType::BF16, {N, KW});
   if (pack > 0) {  // pos [B*T] I32: position inside records of `pack` tokens
-    std::vector<int32_t> pos(size_t(N));
+    std::vector<int32_t> pos(static_cast<size_t>(N));
     for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t((i % d.T) % pack);
     d.pos = make(DType::I32, {N});
     CK(cudaMemcpy(d.pos.data, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
