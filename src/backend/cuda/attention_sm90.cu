@@ -38,7 +38,10 @@ struct Sm90FwdTile {
   static constexpr int HD = HD_, BR = 128, BC = 128, STAGES = 2;
   static constexpr bool BOUNDED = BOUNDED_;
   static constexpr int CONSUMERS = 2;                            // warpgroups of 64 query rows
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // setmaxnreg, a thread
+  // setmaxnreg, a thread: the consumers' increase is granted from what the producer gives back
+  // out of the block's launch allocation (ptxas: 168 a thread at NT 384), never more; asking for
+  // more waits forever.
+  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
   static constexpr int NT = 128 * (1 + CONSUMERS);               // + the producer warpgroup
   static constexpr int CH = HD / 64;                             // 64-column boxes per row
   static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
@@ -48,7 +51,7 @@ struct Sm90FwdTile {
   // barriers (8 bytes each): q_full, k_full[STAGES], v_full[STAGES], empty[STAGES]
   static constexpr size_t smem = bar_off + 8 * (1 + 3 * STAGES) + 1024;  // + alignment slack
   static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
-  static_assert(128 * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536, "register file");
+  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -418,9 +421,7 @@ template <int HD_, bool BOUNDED_>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
-  // The producer warp also stages lse, D and first keys: 24 registers spilled there (32 * 128 +
-  // 240 * 256 = the whole register file).
-  static constexpr int PRODUCER_REGS = 32, CONSUMER_REGS = 240;
+  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
@@ -433,7 +434,7 @@ struct Sm90BwdTile {
   // barriers: kv_full, full[STAGES], empty[STAGES]
   static constexpr size_t smem = bar_off + 8 * (1 + 2 * STAGES) + 1024;
   static_assert(HD % 64 == 0 && BC == 64 * CONSUMERS && BQ == 64, "tile shape");
-  static_assert(128 * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536, "register file");
+  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
 
 template <class Tr>
