@@ -9,6 +9,8 @@
 // registers (exp2 domain), O += P V by wgmma with P as the register operand. Pipelining inside a
 // consumer: the QK^T of tile j+1 and the PV of tile j are in flight while the softmax of tile j+1
 // runs; a consumer frees a stage (one arrive a warp on its `empty` barrier) once its PV is done.
+// Between the consumers: ping-pong (each issues its matrix products after the other's), so the
+// softmax of one overlaps the other's products (hd 64 forward 0.532 -> 0.511 ms, hd 128 even).
 // Shared memory: 128-byte-swizzled 64-column boxes, the layout TMA writes and wgmma reads.
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -37,13 +39,13 @@ template <int HD_, bool BOUNDED_>
 struct Sm90FwdTile {
   static constexpr int HD = HD_, BR = 128, BC = 128, STAGES = 2;
   static constexpr bool BOUNDED = BOUNDED_;
-  static constexpr int CONSUMERS = 2;                            // warpgroups of 64 query rows
+  static constexpr int CONSUMERS = 2;  // warpgroups of 64 query rows
   // setmaxnreg, a thread: the consumers' increase is granted from what the producer gives back
   // out of the block's launch allocation (ptxas: 168 a thread at NT 384), never more; asking for
   // more waits forever.
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
-  static constexpr int NT = 128 * (1 + CONSUMERS);               // + the producer warpgroup
-  static constexpr int CH = HD / 64;                             // 64-column boxes per row
+  static constexpr int NT = 128 * (1 + CONSUMERS);  // + the producer warpgroup
+  static constexpr int CH = HD / 64;                // 64-column boxes per row
   static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
   // Q [CH][BR][64] | K [STAGES][CH][BC][64] | V [STAGES][CH][BC][64] | barriers
   static constexpr size_t q_off = 0, k_off = q_off + q_bytes, v_off = k_off + size_t(STAGES) * kv_bytes;
@@ -335,9 +337,18 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   // first key before one of this thread's rows' first keys; every other tile skips it.
   auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || (LB && j * BC < fk_max); };
 
+  // Ping-pong of the two consumers (named barriers 1 and 2, 256 threads): each issues its wgmmas
+  // only after the other issued its previous batch, so one warpgroup's softmax runs while the
+  // other's matrix products have the tensor cores. Consumer 1 opens; each consumer has n_it + 1
+  // batches, and consumer 1 does not pass after its last, so every barrier completes.
+  auto sched_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
+  auto sched_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
+  if (cw == 1) sched_pass();
   bar_wait(q_full, 0);
   bar_wait(k_full, 0);
+  sched_wait();
   issue_s(0);
+  sched_pass();
   wgmma_wait<0>();
   reg_fence(sacc);
   softmax_tile<BC, LB>(sacc, p, m, l, corr, needs_mask(n_kv - 1), (n_kv - 1) * BC + 2 * t4, row0, fk, scale_log2);
@@ -348,9 +359,11 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   auto step = [&](int it, uint32_t(&pc)[BC / 16][4], uint32_t(&pnx)[BC / 16][4]) {
     const int s = it % ST, sp = (it - 1) % ST, j = n_kv - 1 - it;
     bar_wait(k_full + s, (it / ST) & 1);
+    sched_wait();
     issue_s(s);
     bar_wait(v_full + sp, ((it - 1) / ST) & 1);
     issue_pv(sp, pc);
+    sched_pass();
     wgmma_wait<1>();  // S_j done
     reg_fence(sacc);
     softmax_tile<BC, LB>(sacc, pnx, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
@@ -367,7 +380,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   auto last_pv = [&](uint32_t(&pc)[BC / 16][4]) {
     const int sl = (n_it - 1) % ST;
     bar_wait(v_full + sl, ((n_it - 1) / ST) & 1);
+    sched_wait();
     issue_pv(sl, pc);
+    if (cw == 0) sched_pass();
     wgmma_wait<0>();
     reg_fence(o);
   };
@@ -420,7 +435,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 template <int HD_, bool BOUNDED_>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
-  static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
+  static constexpr bool BOUNDED = BOUNDED_;                      // as Sm90FwdTile's
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
