@@ -1,10 +1,12 @@
 // Causal GQA attention through the backend, for bench/attn_vs_torch.py (same call, same GPU):
-//   attn_bench B T H KVH HD [--path auto|sm80] [--io DIR]
+//   attn_bench B T H KVH HD [--path auto|sm80] [--pack L] [--window W] [--io DIR]
 // Times forward, backward and forward+backward (CUDA events on the backend's stream, 5 warm-up
 // runs, median of 30) on random bf16 inputs and prints one RESULT line. With --io DIR it instead
 // reads q, k, v, dout (raw bf16, the backend's [B*T, heads*hd] layout) from DIR/{q,k,v,do}.bin,
 // runs one forward and backward and writes DIR/{o,dq,dk,dv}.bin for the script's comparison
-// with PyTorch.
+// with PyTorch. --pack L: packed rows, each row records of L tokens (the last one shorter), so
+// that B rows of T cost what B T / L unpacked rows of L should (issue 19: packed batches at the
+// same speed per real token); --window W: a sliding window of W keys.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -50,7 +52,7 @@ bool write_file(const std::string& path, const void* src, size_t bytes) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: attn_bench B T H KVH HD [--path auto|sm80] [--io DIR]\n");
+  std::fprintf(stderr, "usage: attn_bench B T H KVH HD [--path auto|sm80] [--pack L] [--window W] [--io DIR]\n");
   return 2;
 }
 
@@ -66,15 +68,20 @@ int main(int argc, char** argv) {
     return usage();
   d.scale = 1.f / std::sqrt(float(d.head_dim));
   std::string path = "auto", io;
+  int pack = 0;
   for (int i = 6; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--path") == 0)
       path = argv[i + 1];
     else if (std::strcmp(argv[i], "--io") == 0)
       io = argv[i + 1];
+    else if (std::strcmp(argv[i], "--pack") == 0)
+      pack = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--window") == 0)
+      d.window = std::atoi(argv[i + 1]);
     else
       return usage();
   }
-  if (path != "auto" && path != "sm80") return usage();
+  if ((path != "auto" && path != "sm80") || pack < 0 || d.window < 0) return usage();
   if (!sf::cuda_available()) {
     std::printf("attn_bench: no GPU\n");
     return 1;
@@ -94,6 +101,12 @@ int main(int argc, char** argv) {
   Tensor o = make(DType::BF16, {N, QW}), dout = make(DType::BF16, {N, QW}),
          lse = make(DType::F32, {d.B, d.n_head, d.T});
   Tensor dq = make(DType::BF16, {N, QW}), dk = make(DType::BF16, {N, KW}), dv = make(DType::BF16, {N, KW});
+  if (pack > 0) {  // pos [B*T] I32: position inside records of `pack` tokens
+    std::vector<int32_t> pos(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t((i % d.T) % pack);
+    d.pos = make(DType::I32, {N});
+    CK(cudaMemcpy(d.pos.data, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+  }
   const size_t wsb = dev->ops().attention_workspace_bytes(d);
   Tensor ws(dev->alloc(wsb), DType::F32, {int64_t(wsb / 4)});
   auto fwd = [&] { dev->ops().attention_forward(o, lse, q, k, v, d, *stream); };
@@ -135,8 +148,9 @@ int main(int argc, char** argv) {
                                                          fwd();
                                                          bwd();
                                                        });
-    std::printf("RESULT sf_attn path=%s B=%d T=%d H=%d KVH=%d hd=%d fwd_ms=%.3f bwd_ms=%.3f fwdbwd_ms=%.3f\n",
-                path.c_str(), d.B, d.T, d.n_head, d.n_kv_head, d.head_dim, tf, tb, tfb);
+    std::printf(
+        "RESULT sf_attn path=%s B=%d T=%d H=%d KVH=%d hd=%d pack=%d window=%d fwd_ms=%.3f bwd_ms=%.3f fwdbwd_ms=%.3f\n",
+        path.c_str(), d.B, d.T, d.n_head, d.n_kv_head, d.head_dim, pack, d.window, tf, tb, tfb);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attn_bench: %s\n", e.what());
     return 1;

@@ -8,7 +8,10 @@ GPU machine (issue 19's target: fwd+bwd >= 1.3x the FlashAttention-2 backend at 
 For each head dim (128, 64) at B, T, H, KVH (default 8, 2048, 32, 8): torch's FLASH_ATTENTION,
 CUDNN_ATTENTION and EFFICIENT_ATTENTION backends (enable_gqa where the backend takes it, else K/V
 expanded outside the timing), fwd / bwd / fwd+bwd, CUDA events, median; then BUILD_DIR/attn_bench
-(the same shapes, our kernels: the default path and the sm_80 kernels forced). Parity first (unless
+(the same shapes, our kernels: the default path and the sm_80 kernels forced); then packed rows
+against unpacked ones with the same real tokens (B rows of T packed with records of 512 against
+B T / 512 rows of 512: the same attention work, so equal times mean the same speed per real
+token; issue 19). Parity first (unless
 --no-parity): odd shapes through attn_bench --io against an fp32 PyTorch reference on the same
 bf16 inputs, our error within 2x of torch's bf16 flash error (the GPU tests' rule).
 Prints RESULT lines and a table last.
@@ -72,8 +75,8 @@ def time_backend(name, backend, B, T, H, KVH, hd):
     return r
 
 
-def run_ours(build, B, T, H, KVH, hd, path):
-    cmd = [os.path.join(build, "attn_bench"), str(B), str(T), str(H), str(KVH), str(hd), "--path", path]
+def run_ours(build, B, T, H, KVH, hd, path, extra=()):
+    cmd = [os.path.join(build, "attn_bench"), str(B), str(T), str(H), str(KVH), str(hd), "--path", path, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     sys.stdout.write(p.stdout)
     if p.returncode != 0:
@@ -170,6 +173,17 @@ def main():
             print(f"  hd {hd:3d} {name:10s} {r[0]:7.3f} {r[1]:7.3f} {r[2]:7.3f}  {ratio}")
             if ours and not name.startswith("sf_"):
                 print(f"RESULT attn_hd{hd}_ratio_vs_{name}={r[2] / ours[2]:.3f}")
+    rec = 512
+    if T % rec == 0 and T > rec:
+        print(f"\npacked rows (records of {rec}) against unpacked rows of {rec} with the same tokens, ms; "
+              f"ratio = unpacked / packed fwd+bwd (1.0 = the same speed per real token)")
+        for hd in (128, 64):
+            packed = run_ours(build, B, T, H, KVH, hd, "auto", ("--pack", str(rec)))
+            plain = run_ours(build, B * T // rec, rec, H, KVH, hd, "auto")
+            if packed and plain:
+                print(f"  hd {hd:3d} packed {packed[0]:7.3f} {packed[1]:7.3f} {packed[2]:7.3f}   "
+                      f"unpacked {plain[0]:7.3f} {plain[1]:7.3f} {plain[2]:7.3f}  {plain[2] / packed[2]:.3f}x")
+                print(f"RESULT attn_hd{hd}_packed_per_token={plain[2] / packed[2]:.3f}")
     return 0 if ok else 1
 
 

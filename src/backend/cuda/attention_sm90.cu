@@ -9,6 +9,8 @@
 // registers (exp2 domain), O += P V by wgmma with P as the register operand. Pipelining inside a
 // consumer: the QK^T of tile j+1 and the PV of tile j are in flight while the softmax of tile j+1
 // runs; a consumer frees a stage (one arrive a warp on its `empty` barrier) once its PV is done.
+// Between the consumers: ping-pong (each issues its matrix products after the other's), so the
+// softmax of one overlaps the other's products (hd 64 forward 0.532 -> 0.511 ms, hd 128 even).
 // Shared memory: 128-byte-swizzled 64-column boxes, the layout TMA writes and wgmma reads.
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -30,10 +32,18 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // Tile shape and shared-memory layout, defined once. Each operand tile is CH boxes of [rows][64]
 // bf16 (128-byte rows, swizzled in 1024-byte atoms of 8 rows); every box starts 1024-aligned.
-template <int HD_>
+// BOUNDED: the mask kind, fixed at compile time. false: plain causal (no first-key bound, nothing
+// of packed rows or windows in the code); true: each query also has a first key (packed rows,
+// sliding window; attention_mask.cuh). The plain causal path pays nothing for the generality.
+template <int HD_, bool BOUNDED_>
 struct Sm90FwdTile {
   static constexpr int HD = HD_, BR = 128, BC = 128, STAGES = 2;
-  static constexpr int CONSUMERS = 2;               // warpgroups of 64 query rows
+  static constexpr bool BOUNDED = BOUNDED_;
+  static constexpr int CONSUMERS = 2;  // warpgroups of 64 query rows
+  // setmaxnreg, a thread: the consumers' increase is granted from what the producer gives back
+  // out of the block's launch allocation (ptxas: 168 a thread at NT 384), never more; asking for
+  // more waits forever.
+  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
   static constexpr int NT = 128 * (1 + CONSUMERS);  // + the producer warpgroup
   static constexpr int CH = HD / 64;                // 64-column boxes per row
   static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
@@ -43,6 +53,7 @@ struct Sm90FwdTile {
   // barriers (8 bytes each): q_full, k_full[STAGES], v_full[STAGES], empty[STAGES]
   static constexpr size_t smem = bar_off + 8 * (1 + 3 * STAGES) + 1024;  // + alignment slack
   static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
+  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -115,98 +126,64 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
+// The wgmma variants differ only in N (the accumulator holds N / 2 floats a thread), so their
+// operand lists and register names are generated once: SF_WG_ACC<n>(d) = "+f"(d[0]) .. "+f"(d[n - 1]),
+// SF_WG_REGS<n> = "%0, .. %<n - 1>"; the operands after the accumulator are numbered from n.
+#define SF_WG_ACC4(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define SF_WG_ACC16_AT(d, i) SF_WG_ACC4(d, i), SF_WG_ACC4(d, i + 4), SF_WG_ACC4(d, i + 8), SF_WG_ACC4(d, i + 12)
+#define SF_WG_ACC16(d) SF_WG_ACC16_AT(d, 0)
+#define SF_WG_ACC32(d) SF_WG_ACC16_AT(d, 0), SF_WG_ACC16_AT(d, 16)
+#define SF_WG_ACC64(d) SF_WG_ACC32(d), SF_WG_ACC16_AT(d, 32), SF_WG_ACC16_AT(d, 48)
+#define SF_WG_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define SF_WG_REGS32 SF_WG_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define SF_WG_REGS64                                                                                            \
+  SF_WG_REGS32                                                                                                  \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SF_WG_STR(x) #x
+#define SF_WG_OP(i) "%" SF_WG_STR(i)
+
 // D[64 x N] (+)= A[64 x 16] B[16 x N], both from shared memory (acc = 0: D = A B): TR 0: A, B
-// K-major; TR 1: A M-major, B N-major. One overload per N (d holds N / 2 floats a thread).
-template <int TR>
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
-      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
-      "%57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %67;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "r"(acc), "n"(TR));
-}
-
-template <int TR>
-__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, "
-      "1, %35, %35;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(acc), "n"(TR));
-}
-
-template <int TR>
-__device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t da, uint64_t db, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15}, %16, %17, p, 1, 1, %19, %19;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(da), "l"(db), "r"(acc), "n"(TR));
-}
+// K-major; TR 1: A M-major, B N-major. One overload per N; A, B, acc, TR are operands F .. F + 3.
+#define SF_WGMMA_SS(N, F, FB, FACC, FTR)                                                                              \
+  template <int TR>                                                                                                   \
+  __device__ __forceinline__ void wgmma_ss(float(&d)[N / 2], uint64_t da, uint64_t db, int acc) {                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SF_WG_OP(FACC) ", 0;\n"                                        \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" SF_WG_REGS##F "}, " SF_WG_OP(F) ", "     \
+                 SF_WG_OP(FB) ", p, 1, 1, " SF_WG_OP(FTR) ", " SF_WG_OP(FTR) ";\n}\n"                                \
+                 : SF_WG_ACC##F(d)                                                                                   \
+                 : "l"(da), "l"(db), "r"(acc), "n"(TR)); \
+  }
+SF_WGMMA_SS(128, 64, 65, 66, 67)
+SF_WGMMA_SS(64, 32, 33, 34, 35)
+SF_WGMMA_SS(32, 16, 17, 18, 19)
 
 // D[64 x N] += A[64 x 16] B[16 x N]: A in registers (the m16n8k16 A fragment of each warp's 16
-// rows), B N-major in shared memory.
+// rows, operands F .. F + 3), B N-major in shared memory (operand F + 4).
 template <int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db);
 
-template <>
-__device__ __forceinline__ void wgmma_rs<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, "
-      "%35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
-      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
-      "%57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
+#define SF_WGMMA_RS(N, F, F1, F2, F3, FB)                                                                            \
+  template <>                                                                                                        \
+  __device__ __forceinline__ void wgmma_rs<N>(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t db) {                \
+    asm volatile(                                                                                                    \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                                   \
+        "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" SF_WG_REGS##F "}, {" SF_WG_OP(F) ", " SF_WG_OP( \
+            F1) ", " SF_WG_OP(F2) ", " SF_WG_OP(F3) "}, " SF_WG_OP(FB) ", p, 1, 1, 1;\n}\n"                          \
+        : SF_WG_ACC##F(d)                                                                                            \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                                      \
+  }
+SF_WGMMA_RS(64, 32, 33, 34, 35, 36)
+SF_WGMMA_RS(128, 64, 65, 66, 67, 68)
 
 #endif  // SF_SM90_DEVICE
 
 // Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8,
 // columns key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the
-// row or before its first key fk (packed rows, window) are -inf; the running max m (raw scores)
+// row or (BOUNDED) before its first key fk (packed rows, window) are -inf; the running max m (raw scores)
 // and partial row sums l updated, P = exp2(S scale_log2 - m scale_log2) packed to bf16 A
 // fragments, corr = the factor O must be scaled by.
-template <int BC>
+template <int BC, bool BOUNDED>
 __device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[BC / 16][4], float (&m)[2],
                                              float (&l)[2], float (&corr)[2], bool mask, int key0, int row0,
                                              const int (&fk)[2], float scale_log2) {
@@ -216,7 +193,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[B
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + j * 8 + (e & 1);
-        if (key > row0 + (e >> 1) * 8 || key < fk[e >> 1]) s[j * 4 + e] = -INFINITY;
+        if (key > row0 + (e >> 1) * 8 || (BOUNDED && key < fk[e >> 1])) s[j * 4 + e] = -INFINITY;
       }
   }
   float mx[2] = {m[0], m[1]};
@@ -258,6 +235,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
                           const int32_t* __restrict__ pos, int T, int H, int KVH, float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, ST = Tr::STAGES, CH = Tr::CH;
+  constexpr bool LB = Tr::BOUNDED;
   unsigned char* sm = smem_base();
   bf16_t* Qs = reinterpret_cast<bf16_t*>(sm + Tr::q_off);
   bf16_t* Ks = reinterpret_cast<bf16_t*>(sm + Tr::k_off);
@@ -277,9 +255,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int n_kv = (min(q0 + BR, T) + BC - 1) / BC;  // key tiles j0 .. n_kv - 1, walked downwards
   // Packed rows / window (as the sm_80 kernel): key tiles wholly before the first key of the
   // block's first row (the lowest: first keys never decrease) are skipped.
-  const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
-  const bool lower = pb != nullptr || window > 0;
-  const int j0 = lower ? first_key(pb, window, q0) / BC : 0;
+  const int32_t* pb = LB && pos != nullptr ? pos + int64_t(b) * T : nullptr;
+  const int j0 = LB ? first_key(pb, window, q0) / BC : 0;
   const int n_it = n_kv - j0;  // tiles this block walks
 
   const int wg = int(threadIdx.x) / 128;
@@ -296,7 +273,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 
   if (wg == 0) {
     // ---- producer ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::PRODUCER_REGS) : "memory");
     if (threadIdx.x == 0) {
       bar_expect_tx(q_full, Tr::q_bytes);
       for (int c = 0; c < CH; ++c) tma_load(Qs + c * BR * 64, &tq, q_full, h * HD + c * 64, q0, b);
@@ -315,14 +292,14 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   }
 
   // ---- consumers ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
   const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
   const int g = lane >> 2, t4 = lane & 3;
   const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
   const int wg_row0 = q0 + cw * 64;               // the warpgroup's first row
   // The rows' first keys (0 without packed rows or a window; rows past T see every key).
   int fk[2] = {0, 0};
-  if (lower) {
+  if constexpr (LB) {
     fk[0] = row0 < T ? first_key(pb, window, row0) : 0;
     fk[1] = row0 + 8 < T ? first_key(pb, window, row0 + 8) : 0;
   }
@@ -356,16 +333,25 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<HD>(o, pp[kk], v_desc(s, kk));
     wgmma_commit();
   };
-  // Tile j needs the mask when its last key is past the warpgroup's first row (causal) or its
-  // first key before one of this thread's rows' first keys.
-  auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || j * BC < fk_max; };
+  // Tile j needs the mask when its last key is past the warpgroup's first row (causal) or (LB) its
+  // first key before one of this thread's rows' first keys; every other tile skips it.
+  auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || (LB && j * BC < fk_max); };
 
+  // Ping-pong of the two consumers (named barriers 1 and 2, 256 threads): each issues its wgmmas
+  // only after the other issued its previous batch, so one warpgroup's softmax runs while the
+  // other's matrix products have the tensor cores. Consumer 1 opens; each consumer has n_it + 1
+  // batches, and consumer 1 does not pass after its last, so every barrier completes.
+  auto sched_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
+  auto sched_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
+  if (cw == 1) sched_pass();
   bar_wait(q_full, 0);
   bar_wait(k_full, 0);
+  sched_wait();
   issue_s(0);
+  sched_pass();
   wgmma_wait<0>();
   reg_fence(sacc);
-  softmax_tile<BC>(sacc, p, m, l, corr, needs_mask(n_kv - 1), (n_kv - 1) * BC + 2 * t4, row0, fk, scale_log2);
+  softmax_tile<BC, LB>(sacc, p, m, l, corr, needs_mask(n_kv - 1), (n_kv - 1) * BC + 2 * t4, row0, fk, scale_log2);
   // One pipelined step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in flight while the softmax of S_j
   // runs; pc is the P being multiplied, pnx receives the next. The two P buffers alternate (the
   // loop is unrolled by two): a register copy between them would define a wgmma input inside the
@@ -373,12 +359,14 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   auto step = [&](int it, uint32_t(&pc)[BC / 16][4], uint32_t(&pnx)[BC / 16][4]) {
     const int s = it % ST, sp = (it - 1) % ST, j = n_kv - 1 - it;
     bar_wait(k_full + s, (it / ST) & 1);
+    sched_wait();
     issue_s(s);
     bar_wait(v_full + sp, ((it - 1) / ST) & 1);
     issue_pv(sp, pc);
+    sched_pass();
     wgmma_wait<1>();  // S_j done
     reg_fence(sacc);
-    softmax_tile<BC>(sacc, pnx, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
+    softmax_tile<BC, LB>(sacc, pnx, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
     wgmma_wait<0>();  // PV done: O, pc and stage sp free
     reg_fence(o);
     reg_fence(pc);
@@ -392,7 +380,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   auto last_pv = [&](uint32_t(&pc)[BC / 16][4]) {
     const int sl = (n_it - 1) % ST;
     bar_wait(v_full + sl, ((n_it - 1) / ST) & 1);
+    sched_wait();
     issue_pv(sl, pc);
+    if (cw == 0) sched_pass();
     wgmma_wait<0>();
     reg_fence(o);
   };
@@ -442,9 +432,11 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 //   dQ[:, half w] = dS K[:, half w]               (wgmma from shared memory, after a barrier of the
 //                                                 two consumers), fp32 float2 atomics into the
 //                                                 workspace (the caller casts it to bf16)
-template <int HD_>
+template <int HD_, bool BOUNDED_>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
+  static constexpr bool BOUNDED = BOUNDED_;                      // as Sm90FwdTile's
+  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
@@ -457,6 +449,7 @@ struct Sm90BwdTile {
   // barriers: kv_full, full[STAGES], empty[STAGES]
   static constexpr size_t smem = bar_off + 8 * (1 + 2 * STAGES) + 1024;
   static_assert(HD % 64 == 0 && BC == 64 * CONSUMERS && BQ == 64, "tile shape");
+  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
 
 template <class Tr>
@@ -468,6 +461,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
                           int T, int H, int KVH, float scale, float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BC = Tr::BC, BQ = Tr::BQ, ST = Tr::STAGES, CH = Tr::CH;
+  constexpr bool LB = Tr::BOUNDED;
   unsigned char* sm = smem_base();
   bf16_t* Ks = reinterpret_cast<bf16_t*>(sm + Tr::k_off);
   bf16_t* Vs = reinterpret_cast<bf16_t*>(sm + Tr::v_off);
@@ -488,17 +482,20 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int kv0 = jt * BC;
   const int n_q = (T + BQ - 1) / BQ, i_start = kv0 / BQ;
   // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
-  // this block's last key (and so every later tile: first keys never decrease) are skipped.
-  const int32_t* pb = pos != nullptr ? pos + int64_t(b) * T : nullptr;
-  const bool lower = pb != nullptr || window > 0;
+  // this block's last key (and so every later tile: first keys never decrease) are skipped; the
+  // first such tile found by bisection (a handful of loads, not one per tile).
+  const int32_t* pb = LB && pos != nullptr ? pos + int64_t(b) * T : nullptr;
   int i_end = n_q;
-  if (lower) {
+  if constexpr (LB) {
     const int kv_last = min(kv0 + BC, T) - 1;
-    for (int i = i_start + 1; i < n_q; ++i)
-      if (first_key(pb, window, i * BQ) > kv_last) {
-        i_end = i;
-        break;
-      }
+    int lo = i_start + 1;
+    while (lo < i_end) {
+      const int mid = (lo + i_end) / 2;
+      if (first_key(pb, window, mid * BQ) > kv_last)
+        i_end = mid;
+      else
+        lo = mid + 1;
+    }
   }
   const int per_head = i_end - i_start, total = G * per_head;
 
@@ -515,7 +512,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 
   if (wg == 0) {
     // ---- producer ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::PRODUCER_REGS) : "memory");
     const int lane = int(threadIdx.x);
     if (lane < 32) {
       if (lane == 0) {
@@ -533,7 +530,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           const int64_t li = (int64_t(b) * H + h) * T + qr;
           Ls[s * BQ + r] = qr < T ? lse[li] * kLog2e : INFINITY;
           Ds[s * BQ + r] = qr < T ? Dd[li] : 0.f;
-          Fs[s * BQ + r] = (lower && qr < T) ? first_key(pb, window, qr) : 0;
+          if constexpr (LB) Fs[s * BQ + r] = qr < T ? first_key(pb, window, qr) : 0;
         }
         // Each lane's arrive (release) follows its own L, D, F stores; lane 0's carries the bytes.
         if (lane == 0) {
@@ -551,7 +548,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   }
 
   // ---- consumers ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
   const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
   const int g = lane >> 2, t4 = lane & 3;
   const int kw0 = kv0 + cw * 64;         // the warpgroup's first key
@@ -602,7 +599,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     const bool mask = q0 < kw0 + 63;
     // Some query of the tile sees its first key after this warpgroup's first key (the last
     // valid query has the largest): mask by first key too.
-    const bool seg = lower && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
+    // (LB only: the plain causal kernel has no such test.)
+    const bool seg = LB && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
     uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
     bf16_t* dsb = dSs + buf * (BC * BQ);
 #pragma unroll
@@ -616,7 +614,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       for (int e = 0; e < 4; ++e) {
         float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
         const int key = key0 + (e >> 1) * 8;
-        const bool masked = (mask && q0 + qc + (e & 1) < key) || (seg && ((e & 1) ? f2.y : f2.x) > key);
+        const bool masked = (mask && q0 + qc + (e & 1) < key) || (LB && seg && ((e & 1) ? f2.y : f2.x) > key);
         if (masked) pe = 0.f;
         pv[e] = pe;
         dv4[e] = pe * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
@@ -652,8 +650,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     reg_fence(dka);
     reg_fence(pa);
     reg_fence(dsa);
-    if (lane == 0) bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
-                                           // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4
+    if (lane == 0)
+      bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
+                              // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = q0 + warp * 16 + g + r * 8;
@@ -708,9 +707,12 @@ CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows) {
   return map;
 }
 
-template <int HD>
+// Packed rows or a window: the kernels with the first-key bound (BOUNDED); else plain causal.
+bool bounded(const AttnDims& d) { return !d.pos.empty() || d.window > 0; }
+
+template <int HD, bool BOUNDED>
 void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90FwdTile<HD>;
+  using Tr = Sm90FwdTile<HD, BOUNDED>;
   auto kernel = flash_fwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation (the device is fixed per process)
   if (!attr_set) {
@@ -727,10 +729,10 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   CUDA_CHECK_LAUNCH();
 }
 
-template <int HD>
+template <int HD, bool BOUNDED>
 void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
               Tensor lse, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90BwdTile<HD>;
+  using Tr = Sm90BwdTile<HD, BOUNDED>;
   auto kernel = flash_bwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation
   if (!attr_set) {
@@ -753,10 +755,11 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
 bool attention_sm90_supported(const AttnDims& d) { return d.head_dim == 64 || d.head_dim == 128; }
 
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
+  const bool b = bounded(d);
   if (d.head_dim == 64)
-    forward<64>(out, lse, q, k, v, d, L);
+    b ? forward<64, true>(out, lse, q, k, v, d, L) : forward<64, false>(out, lse, q, k, v, d, L);
   else
-    forward<128>(out, lse, q, k, v, d, L);
+    b ? forward<128, true>(out, lse, q, k, v, d, L) : forward<128, false>(out, lse, q, k, v, d, L);
 }
 
 }  // namespace sf::cuda
@@ -765,10 +768,13 @@ namespace sf::cuda {
 
 void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
+  const bool b = bounded(d);
   if (d.head_dim == 64)
-    backward<64>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<64, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<64, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
   else
-    backward<128>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<128, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<128, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
 }
 
 }  // namespace sf::cuda
