@@ -1,6 +1,8 @@
 #include "data/tokenizer/bpe_scan.h"
 
 #include <cstring>
+#include <exception>
+#include <thread>
 
 #include "data/tokenizer/unicode.h"
 
@@ -152,18 +154,30 @@ bool read_plain_key(Cursor& c, std::string_view& key) {
   return c.eat(':');
 }
 
+// Moves past the string at c.p ('"') without checking it; false when it does not end.
+bool skip_string(Cursor& c) {
+  for (const char* p = c.p + 1;;) {
+    const char* q = static_cast<const char*>(std::memchr(p, '"', size_t(c.end - p)));
+    if (!q) return false;
+    size_t backslashes = 0;  // an odd number before the quote escapes it
+    while (q - backslashes > p && q[-1 - std::ptrdiff_t(backslashes)] == '\\') ++backslashes;
+    p = q + 1;
+    if (backslashes % 2 == 0) {
+      c.p = p;
+      return true;
+    }
+  }
+}
+
 // Moves past the JSON value at c.p without checking it (the tree parser checks every value kept in
-// `rest`); false when it does not end.
+// `rest`, the scans below the two they read); false when it does not end.
 bool skip_value(Cursor& c) {
   c.ws();
   int depth = 0;
   while (c.p < c.end) {
     const char ch = *c.p;
     if (ch == '"') {
-      for (++c.p; c.p < c.end && *c.p != '"'; ++c.p)
-        if (*c.p == '\\') ++c.p;
-      if (c.p >= c.end) return false;
-      ++c.p;
+      if (!skip_string(c)) return false;
       if (depth == 0) return true;
       continue;
     }
@@ -211,6 +225,9 @@ bool read_id(Cursor& c, int32_t& id) {
 }
 
 bool scan_vocab(Cursor& c, VocabIndex& vocab) {
+  // Real vocabularies take 12-24 bytes of text a token ("token": id, indentation): room for those
+  // of 24 (a table that fits in a cache better), grown if more come.
+  vocab.reserve(size_t(c.end - c.p) / 24 + 16, size_t(c.end - c.p) / 2);
   std::string key;
   if (!c.eat('{')) return false;
   if (c.eat('}')) return true;
@@ -272,35 +289,48 @@ bool scan_merges(Cursor& c, ScannedBpe& out) {
 bool scan_bpe(std::string_view text, ScannedBpe& out) {
   if (text.size() >= UINT32_MAX) return false;
   Cursor c{text.data(), text.data() + text.size()};
-  bool model = false, vocab = false, merges = false;
-  const char *vocab_begin = nullptr, *vocab_end = nullptr, *merges_begin = nullptr, *merges_end = nullptr;
-  // Every top-level and model member is walked: a key given twice (the parser keeps the last) declines.
+  // Where the two values are: every top-level and model member is walked (a key given twice, which
+  // the parser would take the last of, declines), the two values skipped over.
+  bool model = false;
+  Cursor vocab{nullptr, nullptr}, merges{nullptr, nullptr};
   const bool ok = each_member(c, [&](std::string_view key, Cursor& v) {
     if (key != "model") return skip_value(v);
     if (model) return false;
     model = true;
     return each_member(v, [&](std::string_view mkey, Cursor& mv) {
-      if (mkey == "vocab") {
-        if (vocab) return false;
-        vocab = true;
-        vocab_begin = mv.p;
-        if (!scan_vocab(mv, out.vocab)) return false;
-        vocab_end = mv.p;
-        return true;
-      }
-      if (mkey == "merges") {
-        if (merges) return false;
-        merges = true;
-        merges_begin = mv.p;
-        out.merge_bytes.reserve(text.size() / 2);
-        if (!scan_merges(mv, out)) return false;
-        merges_end = mv.p;
-        return true;
-      }
-      return skip_value(mv);
+      Cursor* range = mkey == "vocab" ? &vocab : mkey == "merges" ? &merges : nullptr;
+      if (!range) return skip_value(mv);
+      if (range->p) return false;
+      range->p = mv.p;
+      if (!skip_value(mv)) return false;
+      range->end = mv.p;
+      return true;
     });
   });
-  if (!ok || !vocab || !merges) return false;
+  if (!ok || !vocab.p || !merges.p) return false;
+  // Each value scanned exactly (it must be read whole, to its end), the two at once.
+  const char *vocab_begin = vocab.p, *vocab_end = vocab.end;
+  const char *merges_begin = merges.p, *merges_end = merges.end;
+  bool merges_ok = false;
+  std::exception_ptr merges_error;  // bad_alloc
+  std::thread merges_thread([&] {
+    try {
+      out.merge_bytes.reserve(size_t(merges_end - merges_begin));
+      merges_ok = scan_merges(merges, out) && (merges.ws(), merges.p == merges_end);
+    } catch (...) {
+      merges_error = std::current_exception();
+    }
+  });
+  bool vocab_ok = false;
+  try {
+    vocab_ok = scan_vocab(vocab, out.vocab) && (vocab.ws(), vocab.p == vocab_end);
+  } catch (...) {
+    merges_thread.join();
+    throw;
+  }
+  merges_thread.join();
+  if (merges_error) std::rethrow_exception(merges_error);
+  if (!vocab_ok || !merges_ok) return false;
   // The rest: the text with the two values emptied, in file order.
   const bool vocab_first = vocab_begin < merges_begin;
   const char* first_begin = vocab_first ? vocab_begin : merges_begin;
