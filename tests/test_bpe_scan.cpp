@@ -71,9 +71,10 @@ TEST(BpeScan, GivesWhatTheParserGives) {
     nlohmann::json& ms = j["model"]["merges"];
     nlohmann::json other = nlohmann::json::array();
     for (const auto& m : ms)
-      other.push_back(m.is_string() ? nlohmann::json::array({m.get<std::string>().substr(0, m.get<std::string>().find(' ')),
-                                                             m.get<std::string>().substr(m.get<std::string>().find(' ') + 1)})
-                                    : nlohmann::json(m[0].get<std::string>() + " " + m[1].get<std::string>()));
+      other.push_back(m.is_string()
+                          ? nlohmann::json::array({m.get<std::string>().substr(0, m.get<std::string>().find(' ')),
+                                                   m.get<std::string>().substr(m.get<std::string>().find(' ') + 1)})
+                          : nlohmann::json(m[0].get<std::string>() + " " + m[1].get<std::string>()));
     nlohmann::json k = j;
     k["model"]["merges"] = other;
     expect_same_as_parser(k.dump(), f + " other merge form");
@@ -186,10 +187,10 @@ TEST(BpeScan, ErrorsAreTheTreePaths) {
   };
   EXPECT_EQ(message(base), "accepted");
   const std::pair<std::string, std::string> cases[] = {
-      {R"("ab": 2)", R"("ab": 7)"},   // id beyond the number of tokens
-      {R"("ab": 2)", R"("ab": 1)"},   // id used twice
-      {R"("a b")", R"("a c")"},       // part not in the vocabulary
-      {R"("ab": 2)", R"("ac": 2)"},   // result not in the vocabulary
+      {R"("ab": 2)", R"("ab": 7)"},  // id beyond the number of tokens
+      {R"("ab": 2)", R"("ab": 1)"},  // id used twice
+      {R"("a b")", R"("a c")"},      // part not in the vocabulary
+      {R"("ab": 2)", R"("ac": 2)"},  // result not in the vocabulary
   };
   for (const auto& [from, to] : cases) {
     std::string t = base;

@@ -59,7 +59,10 @@ bool hex4(Cursor& c, uint32_t& v) {
   v = 0;
   for (int k = 0; k < 4; ++k) {
     const char h = *c.p++;
-    const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+    const int d = h >= '0' && h <= '9'   ? h - '0'
+                  : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                  : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                         : -1;
     if (d < 0) return false;
     v = v * 16 + uint32_t(d);
   }
@@ -87,7 +90,8 @@ bool read_string(Cursor& c, std::string& out) {
     }
     if (b < 0x20) return false;  // control characters must be escaped
     if (b >= 0x80) {
-      const size_t n = utf8_sequence(reinterpret_cast<const unsigned char*>(c.p), reinterpret_cast<const unsigned char*>(c.end));
+      const size_t n =
+          utf8_sequence(reinterpret_cast<const unsigned char*>(c.p), reinterpret_cast<const unsigned char*>(c.end));
       if (n == 0) return false;
       out.append(c.p, n);
       c.p += n;
