@@ -1088,9 +1088,7 @@ std::vector<int32_t> Tokenizer::encode_offsets(const std::string& text, std::vec
       std::string part;
       seg_ids.clear();
       encode_between_added(raw, a == 0, part, seg_ids);
-      std::string norm = raw;
-      bool at_start = a == 0;
-      if (!normalizer_.empty()) normalizer_.apply(norm, at_start);
+      const std::string& norm = part;  // the segment normalized (encode_between_added's first step)
       // Token k's bytes in the normalized segment: consecutive when the tokens spell it (a prepended
       // SentencePiece space stands before the first character).
       // Byte-level tokens are the text's bytes: their lengths suffice (each distinct id's once).
