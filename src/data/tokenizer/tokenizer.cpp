@@ -170,7 +170,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
   constexpr size_t kMaxBytes = size_t(256) << 20;
   constexpr size_t kChunk = size_t(1) << 20;
   std::string text;
-  if (const auto size = std::filesystem::file_size(path, ec); !ec) text.reserve(std::min<size_t>(size, kMaxBytes) + kChunk);
+  if (const auto size = std::filesystem::file_size(path, ec); !ec)
+    text.reserve(std::min<size_t>(size, kMaxBytes) + kChunk);
   for (;;) {
     const size_t old = text.size();
     text.resize(old + kChunk);
@@ -337,9 +338,9 @@ void fill_merge_table(const std::vector<MergeFound>& found, std::vector<Slot>& m
   }
 }
 
-// model.merges from the tree, each merge's (key, id) in found. Parts and result must be in the vocabulary (as tokenizers checks at
-// load). tokenizers needs both vocab and merges, the merges all "a b" strings (lines "#version..."
-// skipped) or all pairs.
+// model.merges from the tree, each merge's (key, id) in `found`. Parts and result must be in the
+// vocabulary (as tokenizers checks at load). tokenizers needs both vocab and merges, the merges all
+// "a b" strings (lines "#version..." skipped) or all pairs.
 void read_merges(const Ctx& c, const json& m, const VocabIndex& vocab, std::vector<MergeFound>& found) {
   const json& ms = c.arr(c.at(m, "model", "merges"), "model.merges");
   const bool strings = !ms.empty() && ms[0].is_string();
@@ -403,8 +404,8 @@ int32_t hf_added_id(const VocabIndex& vocab, const std::unordered_map<std::strin
 // rather than silently renumbered), the content normalized where the token says so; the ids' texts go
 // to id_to_token (below its size, `bound`).
 template <class AddedT>
-void read_added_tokens(const Ctx& c, const json& added, const VocabIndex& vocab,
-                       const Normalizer& normalizer, std::vector<std::string>& id_to_token, std::vector<AddedT>& out) {
+void read_added_tokens(const Ctx& c, const json& added, const VocabIndex& vocab, const Normalizer& normalizer,
+                       std::vector<std::string>& id_to_token, std::vector<AddedT>& out) {
   const int64_t bound = int64_t(id_to_token.size());
   int32_t next_id = int32_t(vocab.size());
   std::unordered_map<std::string, int32_t> added_ids;
@@ -507,8 +508,8 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
       } catch (const InputError&) {
         checked = false;
       }
-      const json rest = checked ? json::parse(scanned.rest, nullptr, /*allow_exceptions=*/false)
-                                : json(json::value_t::discarded);
+      const json rest =
+          checked ? json::parse(scanned.rest, nullptr, /*allow_exceptions=*/false) : json(json::value_t::discarded);
       if (!rest.is_discarded())
         if (std::optional<Tokenizer> t = build(text, path, rest, &scanned)) return std::move(*t);
     }
