@@ -88,10 +88,11 @@ class Tokenizer {
   uint64_t serial_ = 0;
   uint64_t fingerprint_ = 0;  // identifies the loaded file for the per-thread caches
 
-  // parse() of the parsed tree j; with `scanned` (bpe_scan.h) model.vocab and model.merges come
-  // from it (j is the rest): nullopt when they do not pass the checks (the tree path reports why).
-  static std::optional<Tokenizer> build(const std::string& text, const std::string& path, const nlohmann::json& j,
-                                        ScannedBpe* scanned);
+  // parse() of the parsed tree j (text_hash: hash_text of the file's text); with `scanned`
+  // (bpe_scan.h) model.vocab and model.merges come from it (j is the rest): nullopt when they do
+  // not pass the checks (the tree path reports why).
+  static std::optional<Tokenizer> build(const std::string& path, const nlohmann::json& j, ScannedBpe* scanned,
+                                        uint64_t text_hash);
   const MergeSlot* find_merge(int32_t a, int32_t b) const;
   int32_t wide_char_id(uint32_t cp) const;
   void model(std::string_view piece, std::vector<int32_t>& out) const;
