@@ -10,9 +10,9 @@
 // InputError naming the file, the JSON path and the component.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
-#include <optional>
 #include <utility>
 #include <vector>
 
