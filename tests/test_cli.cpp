@@ -973,6 +973,15 @@ TEST_F(Cli, TokenizeJsonlPrintsRecordsInOrder) {
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2000);
   EXPECT_EQ(json::parse(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1))["ids"].get<std::vector<int32_t>>(),
             tok.encode(texts[1999]));
+  // A write that fails (a full disk) is exit 2 with one line, for a chunk smaller than the output's
+  // buffer too (it fails at the flush).
+  for (const std::string& input : {good, write("one.jsonl", json{{"text", "one"}}.dump() + "\n")}) {
+    const std::string err = p("full.err");
+    const int status =
+        std::system((std::string(SF_BINARY) + " " + tokenize + " --jsonl " + input + " >/dev/full 2>" + err).c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+    EXPECT_EQ(test::slurp(err), "slideformer: tokenize: cannot write the output: No space left on device\n");
+  }
 }
 
 // The NVMe tier through the command line: with --cpu-memory just short of what the sliding engine

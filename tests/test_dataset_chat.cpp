@@ -231,6 +231,32 @@ TEST(DatasetChat, StreamKeepsFileOrderAndStopsAtTheFirstError) {
   EXPECT_EQ(handed, 2100u);
 }
 
+// The sink runs beside the next chunk's encoding: an error it throws (tokenize's failed write) is
+// the one stream_jsonl throws, and no chunk after it is handed on.
+TEST(DatasetChat, StreamStopsAtTheSinksError) {
+  test::TempDir d;
+  Fixture f;
+  const fs::path p = d.path / "mixed.jsonl";
+  write(p, mixed_data(3500));  // four chunks
+  for (int threads : {1, 3}) {
+    LoadOptions o = f.opts(false);
+    o.threads = threads;
+    size_t calls = 0, first_line = 0;
+    try {
+      stream_jsonl(p.string(), f.tok.vocab_size(), o, nullptr, [&](std::vector<LoadedRecord>& chunk) {
+        ++calls;
+        first_line = chunk.front().line;
+        if (calls == 2) input_error("out", "cannot write the output");
+      });
+      ADD_FAILURE() << "no error";
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()), "out: cannot write the output");
+    }
+    EXPECT_EQ(calls, 2u);
+    EXPECT_EQ(first_line, 1025u);
+  }
+}
+
 TEST(DatasetChat, CacheHitMissAndCorruption) {
   test::TempDir d;
   Fixture f;

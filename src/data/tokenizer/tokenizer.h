@@ -10,16 +10,19 @@
 // InputError naming the file, the JSON path and the component.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "data/tokenizer/normalizer.h"
 #include "data/tokenizer/pre_tokenizer.h"
+#include "data/tokenizer/vocab_index.h"
 
 namespace sf {
+
+struct ScannedBpe;
 
 class Tokenizer {
  public:
@@ -60,7 +63,7 @@ class Tokenizer {
   Normalizer normalizer_;
   PreTokenizer pre_;
   // Model.
-  std::unordered_map<std::string, int32_t> vocab_;
+  VocabIndex vocab_;  // model.vocab
   std::vector<std::string> id_to_token_;  // id -> token text (added tokens: their content)
   struct MergeSlot {
     uint64_t key;  // (left id << 32 | right id) + 1; 0 = empty
@@ -85,6 +88,11 @@ class Tokenizer {
   uint64_t serial_ = 0;
   uint64_t fingerprint_ = 0;  // identifies the loaded file for the per-thread caches
 
+  // parse() of the parsed tree j (text_hash: hash_text of the file's text); with `scanned`
+  // (bpe_scan.h) model.vocab and model.merges come from it (j is the rest): nullopt when they do
+  // not pass the checks (the tree path reports why).
+  static std::optional<Tokenizer> build(const std::string& path, const nlohmann::json& j, ScannedBpe* scanned,
+                                        uint64_t text_hash);
   const MergeSlot* find_merge(int32_t a, int32_t b) const;
   int32_t wide_char_id(uint32_t cp) const;
   void model(std::string_view piece, std::vector<int32_t>& out) const;
