@@ -19,7 +19,13 @@ for r in recs: by.setdefault((r["template"], r.get("tokenizer"), r.get("bos"), r
 for (tpl, tok, bos, eos), rs in by.items():
     d = os.path.join(work, tpl + tok); os.makedirs(d, exist_ok=True)
     if tok: open(os.path.join(d, "tokenizer.json"), "wb").write(gzip.open(f"{root}/tmp/tokenizers/{tok}.json.gz").read())
-    cfg = {"chat_template": open(f"{root}/tests/data/chat_templates/{tpl}").read(), "eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast"}
+    template = open(f"{root}/tests/data/chat_templates/{tpl}").read()
+    # Templates that print today's date (Llama 3.1/3.2) were recorded on their day: the replay renders
+    # that day's date (the recorded one, put in place of strftime_now's call) instead of today's.
+    day = next((r["text"].split("Today Date: ", 1)[1][:11] for r in rs if "Today Date: " in r.get("text", "")), None)
+    if day:
+        template = template.replace('strftime_now("%d %b %Y")', json.dumps(day))
+    cfg = {"chat_template": template, "eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast"}
     if bos is not None: cfg["bos_token"] = bos
     json.dump(cfg, open(os.path.join(d, "tokenizer_config.json"), "w"))
     for r in rs:

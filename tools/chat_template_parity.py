@@ -192,6 +192,14 @@ def rule_spans(tok, messages, text):
     transformers' renderings (an independent implementation of the same rule)."""
     def render(msgs, gen):
         try:
+            if not msgs and not isinstance(tok, JinjaTok):
+                # transformers refuses an empty conversation; the rule (as slideformer) renders
+                # the template with none, as jinja2 set up as transformers does.
+                kw = {"messages": [], "add_generation_prompt": gen, "tools": None, "documents": None,
+                      "eos_token": tok.eos_token}
+                if tok.bos_token is not None:
+                    kw["bos_token"] = tok.bos_token
+                return jinja2_env().from_string(tok.chat_template).render(**kw)
             return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
         except Exception:
             return None
