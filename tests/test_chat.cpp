@@ -529,7 +529,7 @@ TEST(ChatMasks, AssistantSpansOfRealTemplates) {
   EXPECT_EQ(spans_text(render_chat(real("llama3.1.jinja", "<|begin_of_text|>", "<|eot_id|>"), kMultiTurn, kNow, "t")),
             "[4<|eot_id|>][6<|eot_id|>]");
   EXPECT_EQ(spans_text(render_chat(real("qwen2.5.jinja", "", "<|im_end|>"), kMultiTurn, kNow, "t")),
-            "[4<|im_end|>\n][6<|im_end|>\n]");
+            "[\n4<|im_end|>\n][\n6<|im_end|>\n]");
   // Qwen3: the think block only in the last turn; earlier turns are found in the full text.
   EXPECT_EQ(spans_text(render_chat(real("qwen3.jinja", "", "<|im_end|>"), kMultiTurn, kNow, "t")),
             "[4<|im_end|>\n][<think>\n\n</think>\n\n6<|im_end|>\n]");
@@ -567,7 +567,7 @@ TEST(ChatMasks, LabelsFollowTokens) {
     EXPECT_EQ(labels[k], ids[k]);
     trained += tok.decode({ids[k]});
   }
-  EXPECT_EQ(trained, "4<|im_end|>\n6<|im_end|>\n");
+  EXPECT_EQ(trained, "\n4<|im_end|>\n\n6<|im_end|>\n");
 }
 
 // Issue 16: chats transformers renders are rendered, with the turns after their headers.
@@ -582,7 +582,7 @@ TEST(ChatMasks, AssistantFirstAndConsecutiveTurns) {
       "first.jinja");
   EXPECT_EQ(spans_text(render_chat(reads_first, asst_first, kNow, "t")), "[Hi! Ask me.</>][4</>]");
   EXPECT_EQ(spans_text(render_chat(real("qwen2.5.jinja", "", "<|im_end|>"), asst_first, kNow, "t")),
-            "[Hi! Ask me.<|im_end|>\n][4<|im_end|>\n]");
+            "[\nHi! Ask me.<|im_end|>\n][\n4<|im_end|>\n]");
   EXPECT_EQ(spans_text(render_chat(real("llama3.1.jinja", "<|begin_of_text|>", "<|eot_id|>"), asst_first, kNow, "t")),
             "[Hi! Ask me.<|eot_id|>][4<|eot_id|>]");
   // Qwen3, two assistant messages in a row: the last one's <think> block is part of its turn.
@@ -623,6 +623,36 @@ TEST(ChatMasks, AlwaysAppendedGenerationPromptIsNotTrained) {
       "{% endif %}",
       "honours.jinja");
   EXPECT_EQ(spans_text(render_chat(honours, kMultiTurn, kNow, "t")), "[4</>][6</>]");
+}
+
+// Qwen2.5's and DeepSeek-V3's own templates: the turn starts where TRL's generation-tagged
+// training template of the family starts its block (Qwen2.5: the newline after the role;
+// DeepSeek-V3: the whole header); a copy of the
+// template with one byte changed is not the family's and keeps the plain rule.
+TEST(ChatMasks, TrlHeaderConventionsOfKnownTemplates) {
+  const std::string bos = "<\xEF\xBD\x9C" "begin\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
+  const std::string eos = "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
+  const std::string asst = "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>";
+  const ChatTemplate ds = real("deepseek-v3.jinja", bos, eos);
+  EXPECT_EQ(ds.turn_start, ChatTemplate::TurnStart::WithHeader);
+  EXPECT_EQ(spans_text(render_chat(ds, kMultiTurn, kNow, "t")), "[" + asst + "4" + eos + "][" + asst + "6" + eos + "]");
+  const json tool = json::array({{{"role", "user"}, {"content", "q"}},
+                                 {{"role", "assistant"}, {"content", nullptr},
+                                  {"tool_calls", json::array({{{"type", "function"},
+                                                               {"function", {{"name", "f"}, {"arguments", "{}"}}}}})}},
+                                 {{"role", "tool"}, {"content", "ok"}},
+                                 {{"role", "assistant"}, {"content", "Done."}}});
+  const ChatRendering r = render_chat(ds, tool, kNow, "t");
+  ASSERT_EQ(r.assistant.size(), 2u) << r.text;
+  const std::string after_tool = r.text.substr(r.assistant[1].first, r.assistant[1].second - r.assistant[1].first);
+  // After tool results the model's template writes the end-of-outputs marker where the conversation
+  // before the message ends (TRL's writes it inside the turn): not trained here.
+  EXPECT_EQ(after_tool, "Done." + eos);
+  EXPECT_EQ(real("qwen2.5.jinja", "", "<|im_end|>").turn_start, ChatTemplate::TurnStart::HeaderNewline);
+  EXPECT_EQ(real("qwen3.jinja", "", "<|im_end|>").turn_start, ChatTemplate::TurnStart::AfterHeader);
+  const ChatTemplate changed = ChatTemplate::parse(read_file(kDir + "qwen2.5.jinja") + "{#-#}", "changed.jinja");
+  EXPECT_EQ(changed.turn_start, ChatTemplate::TurnStart::AfterHeader);
+  EXPECT_EQ(spans_text(render_chat(changed, kMultiTurn, kNow, "t")), "[4<|im_end|>\n][6<|im_end|>\n]");
 }
 
 TEST(ChatMasks, ToolCallsKeepTheirKeyOrder) {

@@ -187,6 +187,17 @@ def ours(binary, model_dir, messages, work):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def turn_start_of(template):
+    """What a turn holds of its header (src/data/template/chat.h, ChatTemplate::TurnStart): the
+    families whose TRL training template trains part of it, identified by their exact text."""
+    own = lambda f: open(os.path.join(TEMPLATES, f), encoding="utf-8").read()  # noqa: E731
+    if template == own("qwen2.5.jinja"):
+        return "header_newline"
+    if template == own("deepseek-v3.jinja"):
+        return "with_header"
+    return "after_header"
+
+
 def rule_spans(tok, messages, text):
     """The assistant turns of `text` by the documented rule of src/data/template/chat.h, computed on
     transformers' renderings (an independent implementation of the same rule)."""
@@ -239,6 +250,7 @@ def rule_spans(tok, messages, text):
 
     # A template that writes the generation prompt whatever add_generation_prompt says ends every
     # rendering with it (the first Llama 3 template): not part of the turn before it.
+    start = turn_start_of(tok.chat_template)
     e0, e1 = render([], False), render([], True)
     trailer = e0 if e0 and e0 == e1 and text.endswith(e0) else ""
     spans = []
@@ -286,6 +298,12 @@ def rule_spans(tok, messages, text):
             elif tok.eos_token and text.startswith(tok.eos_token, e):
                 e += len(tok.eos_token)
         if e > s:
+            if start == "header_newline" and text[:s].endswith("<|im_start|>assistant\n"):
+                s -= 1
+            elif start == "with_header":
+                bare = render(messages[:i], False)
+                if bare is not None and len(bare) <= s and text.startswith(bare):
+                    s = len(bare)
             spans.append((s, e))
     return spans
 
@@ -391,6 +409,7 @@ class JinjaTok:
 
     def __init__(self, env, template, bos, eos):
         self.t, self.bos, self.eos_token = env.from_string(template), bos, eos
+        self.chat_template = template
 
     def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False):
         kw = {"messages": msgs, "add_generation_prompt": add_generation_prompt, "tools": None, "documents": None,

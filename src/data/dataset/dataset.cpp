@@ -226,7 +226,9 @@ namespace {
 // ---- the tokenized-dataset cache
 constexpr char kCacheMagic[8] = {'S', 'F', 'D', 'S', 'E', 'T', 'C', '1'};
 // 2: chat records in their key order, turns after their headers, masks by character offsets (issue 16).
-constexpr uint32_t kCacheVersion = 2;
+// 3: an always-appended generation prompt is not trained; Qwen2.5's and DeepSeek-V3's turns start
+//    where TRL's training templates start them.
+constexpr uint32_t kCacheVersion = 3;
 constexpr size_t kHashWindow = size_t(1) << 20;
 
 uint64_t mix(uint64_t h, uint64_t x) {

@@ -110,6 +110,10 @@ ChatTemplate ChatTemplate::parse(const std::string& source, const std::string& f
   t.special = std::move(special);
   t.uses_date = source.find("strftime_now") != std::string::npos;
   uint64_t h = fnv(0xcbf29ce484222325ull, source);
+  // The models' own templates (tests/data/chat_templates) whose TRL training template trains part
+  // of the header: Qwen2.5's and DeepSeek-V3's, by the hash and length of their text.
+  if (h == 0xf0d52aebabc74f7eull && source.size() == 2507) t.turn_start = ChatTemplate::TurnStart::HeaderNewline;
+  if (h == 0xafa32406984bef2full && source.size() == 2301) t.turn_start = ChatTemplate::TurnStart::WithHeader;
   for (const auto& [k, v] : t.special) h = fnv(fnv(h, k), jinja::to_str(v));
   t.hash = h;
   return t;
@@ -231,6 +235,26 @@ ChatRendering render_chat(const ChatTemplate& t, const nlohmann::json& messages,
   return render_chat(t, v, now, where);
 }
 
+// The start of turn i (at s, after its header) moved back over the part of the header the
+// template's family trains (ChatTemplate::TurnStart).
+size_t widen_to_header(const ChatTemplate& t, const jinja::Value& all, size_t i, const std::string& text, size_t s,
+                       std::time_t now, const std::string& where, uint64_t* budget) {
+  switch (t.turn_start) {
+    case ChatTemplate::TurnStart::AfterHeader:
+      return s;
+    case ChatTemplate::TurnStart::HeaderNewline: {
+      static const std::string head = "<|im_start|>assistant\n";
+      return s >= head.size() && text.compare(s - head.size(), head.size(), head) == 0 ? s - 1 : s;
+    }
+    case ChatTemplate::TurnStart::WithHeader: {
+      // from where the conversation before the message ends, rendered alone
+      const std::optional<std::string> bare = try_render(t, all, i, false, now, where, budget);
+      return bare && bare->size() <= s && starts_with(text, *bare) ? bare->size() : s;
+    }
+  }
+  return s;
+}
+
 ChatRendering render_chat(const ChatTemplate& t, const jinja::Value& all, std::time_t now, const std::string& where) {
   if (all.kind != jinja::Value::ListK || all.list->empty())
     input_error(where, "'messages' must be a non-empty array");
@@ -334,7 +358,7 @@ ChatRendering render_chat(const ChatTemplate& t, const jinja::Value& all, std::t
           e += eos->s.size();
       }
     }
-    if (e > s) out.assistant.emplace_back(s, e);
+    if (e > s) out.assistant.emplace_back(widen_to_header(t, all, i, text, s, now, where, &budget), e);
   }
   return out;
 }

@@ -41,6 +41,13 @@ struct ChatTemplate {
   jinja::Dict special;     // bos_token, eos_token, unk_token, pad_token (those the config gives)
   uint64_t hash = 0;       // of the source and the special tokens (cache keys)
   bool uses_date = false;  // calls strftime_now (renderings change with the date)
+  // What a turn holds of its header. Where TRL ships a generation-tagged training template for
+  // this exact template (identified by its text), that template's choice: Qwen2.5's trains the
+  // newline after "<|im_start|>assistant", DeepSeek-V3's the whole header ("<｜Assistant｜>"; not
+  // the "<｜tool▁outputs▁end｜>" TRL's also puts in a turn after tool results: the model's template
+  // writes it with the conversation before). Elsewhere none of it (docs/DECISIONS.md, "Assistant turns").
+  enum class TurnStart { AfterHeader, HeaderNewline, WithHeader };
+  TurnStart turn_start = TurnStart::AfterHeader;
   jinja::RenderLimits limits;            // of each rendering
   uint64_t record_steps = 50'000'000;  // of all the renderings of one record (finding the turns
                                        // renders the conversation once per assistant message)
