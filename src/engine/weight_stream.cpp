@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <string>
 
 #include "core/error.h"
@@ -87,8 +88,13 @@ const void* WeightStream::begin(int blob, int64_t first, int64_t n, Event& updat
   NvmeStore* store = &store_;
   StateStream* state = &state_;
   dev_.host_fn(*io_, [store, state, blob, at, buf, bytes] {
-    state->wait_written(blob);
-    store->read_wait(at, buf, bytes);
+    // A failure is the store's (NvmeStore::check, which stops the run at its next step): kept
+    // there, not in this stream, whose synchronisation in the destructor must not throw.
+    try {
+      state->wait_written(blob);
+      store->read_wait(at, buf, bytes);
+    } catch (const std::exception&) {
+    }
   });
   dev_.record(*ready_[size_t(r)], *io_);
   dev_.wait(h2d, *ready_[size_t(r)]);
