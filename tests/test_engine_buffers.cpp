@@ -259,11 +259,11 @@ TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
           if (m.key == "disk.ring") ring = m.bytes;
           if (m.key == "disk.wring") wring = m.bytes;
         }
-        // Level 5: the working copies' pinned ring, 4 pieces (bf16), fewer bytes than the two
+        // Level 5: the working copies' pinned ring, 2 pieces (bf16), fewer bytes than the two
         // whole working copies it held before.
         EXPECT_EQ(wring > 0, level >= 5);
         if (level >= 5 && piece > 0) {
-          EXPECT_EQ(wring, 4 * size_t(NvmeStore::aligned(uint64_t(piece) * 2)) + NvmeStore::kAlign);
+          EXPECT_EQ(wring, 2 * size_t(NvmeStore::aligned(uint64_t(piece) * 2)) + NvmeStore::kAlign);
           EXPECT_LT(wring, 2 * size_t(layer) * 2);
         }
         // grad 2 + m 4 + v 4 + master 4 + working copy 2 bytes an element at most

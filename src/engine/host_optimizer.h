@@ -52,7 +52,7 @@ struct HostOptimizerOptions {
   std::vector<bool> disk_master;    // [blobs] (disk blobs) the fp32 master lives in the store too
   std::vector<bool> disk_work;      // [blobs] (disk masters) and the working copy the uploads read
   DType work_dtype = DType::BF16;   // the working copy's dtype: the compute dtype
-  int weight_ring = 4;              // pieces (disk_piece) of the working copies read for uploads, pinned
+  int weight_ring = 2;              // pieces (disk_piece) of the working copies read for uploads, pinned
   // (keep_grads, disk blobs) the step's gradient waits for the update in the store, not in host
   // memory: it lands in a ring of 2 pinned chunks and is written out on an I/O stream.
   std::vector<bool> disk_grads;

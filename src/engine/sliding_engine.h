@@ -73,10 +73,11 @@ struct SlidingOptions {
   // fp32 master lives in the offload file too, the uploads reading a working copy in the compute
   // dtype that the update writes (in page-locked memory); of those, blobs whose working copy
   // lives in the file as well, read for each upload a piece at a time (`disk_piece`, as the state
-  // ring) through `weight_ring` pinned buffers.
+  // ring) through `weight_ring` pinned buffers (2: the disk reads one piece while PCIe, faster,
+  // copies the other; the state ring needs more, its buffers also wait for write-backs).
   std::vector<int> disk_masters;
   std::vector<int> disk_weights;
-  int weight_ring = 4;
+  int weight_ring = 2;
   // With keep_grads: of disk_blobs, those whose gradient of the step waits for the update in the
   // offload file instead of page-locked memory (clipping holds it until the norm is known).
   std::vector<int> disk_grads;

@@ -31,7 +31,7 @@ class WeightStream {
     // Elements a piece: a multiple of StateStream::kPieceAlign (every piece starts block-aligned
     // in the file); 0 or more than a blob: the largest working copy (one piece a blob).
     int64_t piece = 0;
-    int ring = 4;  // pieces in pinned memory at once (no more than the pieces of all the blobs)
+    int ring = 2;  // pieces in pinned memory at once (no more than the pieces of all the blobs)
   };
   // "disk.wring": the ring's pinned buffers (+ alignment); nothing when no working copy is there.
   static MemoryItems buffers(const Config& c);
