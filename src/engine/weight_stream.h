@@ -4,7 +4,7 @@
 // small ring of pinned buffers, on an I/O stream of its own, after the blob's last update has
 // written it; the upload is one host-to-device copy a piece, each waiting on h2d for its piece's
 // read, and the read of a buffer's next piece waits for the copy that empties it. So the ring holds
-// `ring` pieces, not blobs (at 123B a layer's working copy is 2.6 GB, a piece of 32 Mi elements
+// `ring` pieces, not blobs (at 123B a layer's working copy is 2.8 GB, a piece of 32 Mi elements
 // 64 MiB), and the disk, PCIe and the GPU overlap within one upload. The reads are queued when
 // the upload is (the slot cache prefetches one blob ahead), so they overlap the compute of the
 // blob before. Disk traffic: the copy is read for every upload, twice a step (forward and
