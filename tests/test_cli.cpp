@@ -998,6 +998,9 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
   const std::string model = p("m"), data = make_data("d.jsonl", 8);
   fs::create_directory(p("off"));
   write("off/keep.txt", "a user's file");
+  // The runs with the store move the state and the working copies in pieces of 8192 elements, a
+  // layer's (~164k) in many (the default piece, the transfer chunk, holds any layer here whole).
+  const std::string pieces = "SF_TEST_DISK_PIECE=8192";
   // (fp32 compute: a working copy is a master's size, so the masters go to the store with their
   // working copies; level 3 alone is tested with bf16 compute in test_sliding_engine, tier3.)
   for (const char* state : {"", " --optimizer-state bf16"})
@@ -1039,8 +1042,9 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
         if (level != trained_at) {
           trained_at = level;
           fs::remove_all(p("tb"));
-          CmdResult t = run(tr + p("tb") + mem);
+          CmdResult t = run_with_env(pieces, tr + p("tb") + mem);
           ASSERT_EQ(t.code, 0) << t.err;
+          EXPECT_NE(t.err.find("rings move pieces of 8192 elements"), std::string::npos) << t.err;
           EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << mem;
         }
         // The path is named; through cuFile (its test stand-in) the same weights, once per run of
@@ -1049,7 +1053,7 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
           cufile_checked = true;
           EXPECT_NE(pl.err.find("checkpoint I/O: io_uring + pinned bounce: the cpu backend"), std::string::npos) << pl.err;
           fs::remove_all(p("tg"));
-          CmdResult g = run_with_env(std::string("SF_CUFILE=") + SF_FAKE_CUFILE, tr + p("tg") + mem);
+          CmdResult g = run_with_env(std::string("SF_CUFILE=") + SF_FAKE_CUFILE + " " + pieces, tr + p("tg") + mem);
           ASSERT_EQ(g.code, 0) << g.err;
           EXPECT_NE(g.err.find("checkpoint I/O: cuFile ("), std::string::npos) << g.err;
           EXPECT_TRUE(same_weights(p("ta"), p("tg"))) << mem;
@@ -1059,7 +1063,7 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
       }
       ASSERT_FALSE(last_mem.empty());
       fs::remove_all(p("tb"));
-      CmdResult t = run(tr + p("tb") + last_mem);  // the least host memory that fits
+      CmdResult t = run_with_env(pieces, tr + p("tb") + last_mem);  // the least host memory that fits
       ASSERT_EQ(t.code, 0) << t.err;
       EXPECT_TRUE(same_weights(p("ta"), p("tb"))) << last_mem;
       EXPECT_TRUE(states);
@@ -1071,8 +1075,8 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
       if (clipping && !*state) {  // resumed through the store: a save after step 1 continues exactly
         fs::remove_all(p("tr"));
         fs::remove_all(p("ts"));
-        ASSERT_EQ(run(tr + p("tr") + last_mem + " --save-every 1").code, 0);
-        CmdResult rs = run(tr + p("ts") + last_mem + " --resume " + p("tr") + "/checkpoint-1");
+        ASSERT_EQ(run_with_env(pieces, tr + p("tr") + last_mem + " --save-every 1").code, 0);
+        CmdResult rs = run_with_env(pieces, tr + p("ts") + last_mem + " --resume " + p("tr") + "/checkpoint-1");
         ASSERT_EQ(rs.code, 0) << rs.err;
         EXPECT_TRUE(same_weights(p("ta"), p("ts")));
       }

@@ -227,7 +227,8 @@ TEST(EngineBuffers, PlannedCheckpointIoIsWhatTheEngineAllocates) {
 
 // The AdamW state ring of the NVMe tier holds `disk_ring` pieces, not whole blobs: what the engine
 // allocates is its list, which the planner sums (the default piece, the chunk), at every level of
-// the tier; with pieces smaller than a blob the ring is smaller than one blob's region.
+// the tier; with pieces smaller than a blob the ring is smaller than one blob's region. So does
+// the ring of working copies read for the uploads at level 5 (pieces of the same size).
 TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
   auto cpu = make_cpu_device();
   const ModelSpec spec = spec_of("llama");
@@ -253,9 +254,18 @@ TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
         const MemoryItems list = SlidingEngine::buffers(spec, so, cpu_sizes(spec, 2, 11, true));
         EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
         EXPECT_EQ(e.host_bytes() - e.stats().pinned_bytes, total_bytes(list, Place::Host));
-        size_t ring = 0;
-        for (const MemoryItem& m : list)
+        size_t ring = 0, wring = 0;
+        for (const MemoryItem& m : list) {
           if (m.key == "disk.ring") ring = m.bytes;
+          if (m.key == "disk.wring") wring = m.bytes;
+        }
+        // Level 5: the working copies' pinned ring, 2 pieces (bf16), fewer bytes than the two
+        // whole working copies it held before.
+        EXPECT_EQ(wring > 0, level >= 5);
+        if (level >= 5 && piece > 0) {
+          EXPECT_EQ(wring, 2 * size_t(NvmeStore::aligned(uint64_t(piece) * 2)) + NvmeStore::kAlign);
+          EXPECT_LT(wring, 2 * size_t(layer) * 2);
+        }
         // grad 2 + m 4 + v 4 + master 4 + working copy 2 bytes an element at most
         if (piece > 0) {
           ASSERT_LT(piece, layer);  // several pieces a layer

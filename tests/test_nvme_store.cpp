@@ -5,6 +5,7 @@
 // bit for bit: tests/test_sliding_engine.cpp, the `_disk` cases.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -19,7 +20,9 @@
 #include "backend/cpu/cpu_device.h"
 #include "engine/planner.h"
 #include "engine/sliding_engine.h"
+#include "engine/slot_cache.h"
 #include "engine/state_stream.h"
+#include "engine/weight_stream.h"
 #include "engine_state.h"
 #include "io/gds.h"
 #include "io/nvme_store.h"
@@ -398,6 +401,152 @@ TEST(Store, BadDirectoriesAndTooLargeFilesAreInputErrors) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path) || std::filesystem::exists(file));
 }
 
+// ---- the working copies' ring (level 5)
+
+// Uploads of working copies in the store, a piece at a time through a ring of fewer pieces than a
+// blob has, give the slot the bytes the last update wrote, whatever the order in which the streams
+// and the store complete: each round an update (a host function on its own stream, after the
+// previous round's uploads were consumed) writes new working copies, and each blob is uploaded
+// after its update. Random delays on every stream, one stream at a time stalled (h2d: a missing
+// wait for the copy that frees a buffer lets the next read overwrite it; the update's: a read not
+// waiting for the update reads the old copy; the reads' own), delayed and short transfers in the
+// store, ring of 2 and 3 pieces, last pieces shorter than the others, a blob smaller than a piece.
+// `fail_after`: reads fail with EIO past this many bytes (0: never); the store's error text, or "".
+std::string upload_rounds(const std::vector<int64_t>& numel, int ring, uint64_t stall, uint64_t fail_after) {
+  const int64_t P = StateStream::kPieceAlign;
+  const int blobs = int(numel.size());
+  {
+    {
+      CpuDeviceOptions co;
+      co.max_delay_us = 30;
+      co.stall_us = 2000;
+      co.stall_every = 3;
+      co.stall_streams = stall;  // created in order: h2d, compute, update, the ring's reads
+      co.delay_seed = uint64_t(ring) * 7 + stall;
+      auto dev = make_cpu_device(co);
+      auto h2d = dev->create_stream(), compute = dev->create_stream(), upd = dev->create_stream();
+      StateStream::Config sc;
+      sc.numel = numel;
+      for (int b = 0; b < blobs; ++b) sc.order.push_back(b);
+      sc.piece = P;
+      sc.master.assign(size_t(blobs), true);
+      sc.work.assign(size_t(blobs), true);
+      sc.work_bytes = 2;
+      WeightStream::Config wc;
+      wc.numel = numel;
+      wc.elem_bytes = 2;
+      wc.piece = P;
+      wc.ring = ring;
+      test::TempDir dir;
+      StoreOptions so;
+      so.dir = dir.path.string();
+      so.bytes = StateStream::store_bytes(sc);
+      so.depth = 3;
+      so.piece = 4096;  // a ring piece in several requests
+      so.faults.max_delay_us = 200;
+      so.faults.short_transfers = true;
+      if (fail_after > 0) {
+        so.faults.fail_errno = EIO;
+        so.faults.fail_reads = true;
+        so.faults.fail_after_bytes = fail_after;
+      }
+      NvmeStore store(so);
+      MemoryItems items = StateStream::buffers(sc);
+      for (const MemoryItem& m : WeightStream::buffers(wc)) items.push_back(m);
+      BufferSource src(*dev, items);
+      StateStream state(store, sc, src);
+      WeightStream w(*dev, store, state, wc, src);
+      EXPECT_EQ(w.ring(), ring);
+      EXPECT_LT(w.pinned_bytes(), size_t(*std::max_element(numel.begin(), numel.end())) * 2);  // less than the largest copy
+      std::vector<bool> layer(size_t(blobs), true);
+      SlotCache slots(*dev, {SlotCache::capacities(3, numel, layer), DType::BF16, P}, *h2d, *compute);
+      const int rounds = 3;
+      // The working copy of blob b written in round r: 16-bit words that name both.
+      auto word = [](int r, int b, int64_t i) { return uint16_t((r * 7919 + b * 104729 + i * 31) & 0xffff); };
+      std::vector<std::vector<uint16_t>> seen(size_t(rounds * blobs));
+      std::vector<std::unique_ptr<Event>> updated;
+      for (int b = 0; b < blobs; ++b) updated.push_back(dev->create_event());
+      auto consumed = dev->create_event();
+      for (int r = 0; r < rounds; ++r) {
+        dev->wait(*upd, *consumed);  // the last round's slots are read (so are its working copies)
+        for (int b = 0; b < blobs; ++b) {
+          StateStream* st = &state;
+          const int64_t n = numel[size_t(b)];
+          dev->host_fn(*upd, [st, r, b, n, &word] {
+            std::vector<uint16_t> v(static_cast<size_t>(n));
+            for (int64_t i = 0; i < n; ++i) v[size_t(i)] = word(r, b, i);
+            st->write(StateStream::Work, b, 0, n, v.data());
+          });
+          dev->record(*updated[size_t(b)], *upd);
+          WeightStream* ws = &w;
+          Event* u = updated[size_t(b)].get();
+          const UploadSource from{nullptr, DType::BF16, w.piece(),
+                                  [ws, b, u](Stream& s, int64_t first, int64_t k) { return ws->begin(b, first, k, *u, s); },
+                                  [ws](Stream& s) { ws->end(s); }};
+          const int k = slots.acquire(b, from, n, *updated[size_t(b)], true);
+          std::vector<uint16_t>* out = &seen[size_t(r * blobs + b)];
+          const void* slot = slots.data(k);
+          dev->host_fn(*compute, [out, slot, n] {
+            const uint16_t* p = static_cast<const uint16_t*>(slot);
+            out->assign(p, p + n);
+          });
+          slots.release(k);
+        }
+        slots.invalidate();  // the next round's update changes every blob
+        dev->record(*consumed, *compute);
+      }
+      dev->synchronize(*compute);
+      if (fail_after > 0) {
+        try {
+          store.check();
+        } catch (const std::runtime_error& e) {
+          return e.what();
+        }
+        return "";
+      }
+      state.check();
+      for (int r = 0; r < rounds; ++r)
+        for (int b = 0; b < blobs; ++b) {
+          const std::vector<uint16_t>& got = seen[size_t(r * blobs + b)];
+          EXPECT_EQ(got.size(), size_t(numel[size_t(b)]));
+          if (got.size() != size_t(numel[size_t(b)])) continue;
+          int64_t wrong = 0;
+          for (int64_t i = 0; i < numel[size_t(b)]; ++i) wrong += got[size_t(i)] != word(r, b, i);
+          EXPECT_EQ(wrong, 0) << "round " << r << ", blob " << b;
+        }
+      EXPECT_EQ(slots.uploads(), rounds * blobs);
+      uint64_t copy_bytes = 0;
+      for (int64_t n : numel) copy_bytes += uint64_t(n) * 2;
+      EXPECT_EQ(slots.uploaded_bytes(), copy_bytes * rounds);
+      EXPECT_GE(store.bytes_read(), copy_bytes * rounds);
+    }
+  }
+  return "";
+}
+
+TEST(WeightStream, UploadsInPiecesGiveTheBytesOfTheLastUpdate) {
+  const int64_t P = StateStream::kPieceAlign;
+  for (const int ring : {2, 3})
+    for (const uint64_t stall : {uint64_t(1), uint64_t(4), uint64_t(8), ~uint64_t(0)}) {
+      SCOPED_TRACE("ring " + std::to_string(ring) + ", stalled streams " + std::to_string(stall));
+      EXPECT_EQ(upload_rounds({5 * P + 100, 2 * P, 700, 3 * P}, ring, stall, 0), "");
+    }
+}
+
+// A read of a piece that fails (EIO in the middle of the second blob's pieces) is the store's
+// error at the next check, with the directory and the errno; the streams run on (no hang waiting
+// for the failed piece, no exception out of the ring's destructor). (Blobs of whole blocks: the
+// updates' writes read nothing, so the reads counted are the ring's.)
+TEST(WeightStream, AFailedReadIsTheStoresError) {
+  const int64_t P = StateStream::kPieceAlign;
+  const std::vector<int64_t> numel = {3 * P, 4 * P, 2 * P};
+  for (const uint64_t stall : {uint64_t(1), uint64_t(8)}) {
+    const std::string what = upload_rounds(numel, 2, stall, uint64_t(numel[0] + 2 * P) * 2 + 1);
+    EXPECT_NE(what.find("offload dir"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::strerror(EIO)), std::string::npos) << what;
+  }
+}
+
 // ---- the engine with state in the store
 
 std::vector<Batch> some_batches(const ModelSpec& spec, std::vector<Record>& keep) {
@@ -418,12 +567,13 @@ std::vector<Batch> some_batches(const ModelSpec& spec, std::vector<Record>& keep
 // them, on plain requests.
 TEST(NvmeTier, AFailedTransferStopsTheRun) {
   ModelSpec spec = parse_model_spec(test::tiny_config("llama"), "tiny");
+  for (const int level : {2, 5})
   for (const bool reads : {false, true})
     for (const bool clip : {false, true})
       for (const bool refuse : {false, true}) {
       const int err = reads ? EIO : ENOSPC;
       SCOPED_TRACE(std::string(reads ? "reads" : "writes") + (clip ? ", clipping" : "") +
-                   (refuse ? ", registration refused" : ""));
+                   (refuse ? ", registration refused" : "") + ", level " + std::to_string(level));
       test::TempDir dir;
       auto dev = make_cpu_device();
       SlidingOptions so;
@@ -432,6 +582,9 @@ TEST(NvmeTier, AFailedTransferStopsTheRun) {
       so.keep_grads = clip;
       for (int b = 1; b <= spec.n_layer; ++b) so.disk_blobs.push_back(b);
       so.disk_piece = StateStream::kPieceAlign;  // several pieces a blob
+      // Level 5: the masters and the working copies there too; the first read of a run is then a
+      // piece of a working copy, read by the weight ring for the first upload.
+      if (level >= 5) so.disk_masters = so.disk_weights = so.disk_blobs;
       so.store.dir = dir.path.string();
       so.store.faults.fail_errno = err;
       so.store.faults.fail_reads = reads;
@@ -442,14 +595,16 @@ TEST(NvmeTier, AFailedTransferStopsTheRun) {
       SlidingEngine e(*dev, spec, so);
       const std::string how = e.stats().disk_io;
       if (how.rfind("io_uring", 0) == 0) {
-        EXPECT_NE(how.find(refuse ? "buffers not registered" : "1 registered buffer"), std::string::npos) << how;
+        EXPECT_NE(how.find(refuse ? "buffers not registered" : level >= 5 ? "2 registered buffers" : "1 registered buffer"),
+                  std::string::npos)
+            << how;
       }
-      e.init_random(1);
       Engine::StepParams p;
       p.adamw.lr = 1e-3f;
       p.max_grad_norm = clip ? 1.0 : 0.0;
       std::string what;
       try {
+        e.init_random(1);  // (level 5: writes the masters and working copies to the store)
         for (int s = 1; s <= 3; ++s) {
           p.adamw.step = s;
           e.step({mbs[0]}, p);
@@ -529,6 +684,7 @@ TEST_P(NvmeTierLevels, StateWrittenAndReadThroughTheStore) {
   if (level >= 3) so.disk_masters = so.disk_blobs;
   if (level >= 4) so.disk_weights = so.disk_blobs;
   if (level >= 5) so.disk_grads = so.disk_blobs;  // the held gradients too (clipping)
+  so.disk_piece = StateStream::kPieceAlign;       // the layers' state and working copies in several pieces
   so.store.dir = dir.path.string();
   SlidingOptions ram = so;
   ram.disk_blobs.clear();

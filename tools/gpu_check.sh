@@ -9,7 +9,7 @@
 #    gemma3 = issue 18's Gemma 3 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
 #    the two halves of moe and gemma3, gds = issue 17's GPUDirect Storage checks, profile3b = issue
 #    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers,
-#    nvme8 nvme8_k8 nvme13 nvme_levels = the NVMe tier, bench_adamw = the host AdamW kernel alone)
+#    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, bench_adamw = the host AdamW kernel alone)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -338,6 +338,20 @@ sys.exit(0 if p['fits'] and p['ckpt_disk_layers'] > 0 and p['checkpoint_io'].sta
           --warmup 1 --device cuda --offload --gpu-blobs 0 --gpu-memory 24GiB --cpu-memory ${m}GiB \
           --offload-dir /tmp/sf_off --disk-memory 60GiB --optimizer-state bf16 --max-grad-norm 1
       done ;;
+    # the working copies' ring in pieces (level 5 read 2 x 64 MiB at a time, each piece's H2D copy
+    # after its read): 3B at 10 GiB of host memory, where the plan puts working copies in the file
+    # (checked), then the bench (its disk bytes and time against the plan's)
+    nvme_wring)
+      mkdir -p /tmp/sf_off
+      WRING_ARGS="--preset llama-3b --batch-size 8 --seq-len 2048 --device cuda --offload --gpu-blobs 0 --gpu-memory 24GiB --cpu-memory ${WRING_CPU_MEMORY:-10GiB} --offload-dir /tmp/sf_off --disk-memory 60GiB --optimizer-state bf16 --max-grad-norm 1"
+      "$BIN/slideformer" plan $WRING_ARGS >"$OUT/wring_plan.json" 2>>"$OUT/all.log"
+      run nvme_wring_plan python3 -c "
+import json, sys
+p = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]
+ring = [i for i in p['items'] if i['name'].startswith('working copies read from the offload dir')]
+print(json.dumps({'fits': p['fits'], 'disk_weights': len(p['disk_weights']), 'ring': ring, 'tok_s': p['predicted_tokens_per_second']}))
+sys.exit(0 if p['fits'] and p['disk_weights'] and ring and 'pieces' in ring[0]['name'] else 1)" "$OUT/wring_plan.json"
+      run nvme_wring_3b "$BIN/slideformer" bench $WRING_ARGS --steps 2 --warmup 1 ;;
     state_bench)
       for st in fp32 bf16; do
         run sf_3b_host_clip1_state_$st "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \

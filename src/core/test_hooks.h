@@ -27,4 +27,9 @@ inline bool no_exchange() { return std::getenv("SF_TEST_NO_EXCHANGE") != nullptr
 // SF_DISK_PROBE_MIB=N: `plan --measure --offload-dir` probes the disk with N MiB each way (tests: a
 // quick probe); 0: the full probe.
 inline long long disk_probe_mib() { return detail::read_int("SF_DISK_PROBE_MIB"); }
+// SF_TEST_DISK_PIECE=N: the engine's NVMe-tier rings (AdamW state, working copies read for the
+// uploads) move pieces of N elements (rounded up to whole blocks) instead of the transfer chunk,
+// so that a test model's blobs take several pieces; the plan still counts the default (larger)
+// rings. 0: the default.
+inline long long disk_piece() { return detail::read_int("SF_TEST_DISK_PIECE"); }
 }  // namespace sf::test_hooks

@@ -30,9 +30,9 @@ bool grad_in_store(const HostOptimizerOptions& o, size_t b) {
 bool work_in_store(const HostOptimizerOptions& o, size_t b) {
   return master_in_store(o, b) && b < o.disk_work.size() && o.disk_work[b];
 }
-// Elements of the masters in host memory, of the working copies there, the largest one in the store.
+// Elements of the masters in host memory and of the working copies there.
 struct MasterSplit {
-  int64_t ram = 0, work = 0, max_disk_work = 0;
+  int64_t ram = 0, work = 0;
 };
 MasterSplit master_split(const HostOptimizerOptions& o) {
   MasterSplit m;
@@ -41,10 +41,18 @@ MasterSplit master_split(const HostOptimizerOptions& o) {
       m.ram += o.blob_numel[b];
     else if (!work_in_store(o, b))
       m.work += o.blob_numel[b];
-    else
-      m.max_disk_work = std::max(m.max_disk_work, o.blob_numel[b]);
   }
   return m;
+}
+
+// The working copies in the store, read for the uploads in pieces of the state ring's size.
+WeightStream::Config weight_config(const HostOptimizerOptions& o) {
+  WeightStream::Config c;
+  for (size_t b = 0; b < o.blob_numel.size(); ++b) c.numel.push_back(work_in_store(o, b) ? o.blob_numel[b] : 0);
+  c.elem_bytes = dtype_size(o.work_dtype);
+  c.piece = o.disk_piece;
+  c.ring = o.weight_ring;
+  return c;
 }
 
 StateStream::Config stream_config(const HostOptimizerOptions& o) {
@@ -106,7 +114,7 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
                  2 * size_t(NvmeStore::aligned(size_t(std::min(o.chunk, std::max<int64_t>(total, 1))) *
                                                dtype_size(o.grad_dtype))),
                  Place::Pinned, "disk.gring"});
-  append(m, WeightStream::buffers(o.weight_ring, size_t(ms.max_disk_work) * dtype_size(o.work_dtype)));
+  append(m, WeightStream::buffers(weight_config(o)));
   return m;
 }
 
@@ -160,10 +168,9 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
   if (!sc.order.empty()) {
     SF_CHECK(store != nullptr, "blobs in the NVMe store, but no store");
     disk_ = std::make_unique<StateStream>(*store, sc, src);
-    const MasterSplit ms = master_split(o);
-    if (ms.max_disk_work > 0) {
-      weights_ = std::make_unique<WeightStream>(dev, *store, *disk_, o.weight_ring,
-                                                size_t(ms.max_disk_work) * dtype_size(wd_), src);
+    const WeightStream::Config wc = weight_config(o);
+    if (WeightStream::piece_of(wc) > 0) {
+      weights_ = std::make_unique<WeightStream>(dev, *store, *disk_, wc, src);
       wring_bytes_ = weights_->pinned_bytes();
     }
     if (src.has("disk.gring")) {
@@ -248,13 +255,14 @@ float* HostOptimizer::master(int blob) {
 }
 
 UploadSource HostOptimizer::upload_source(int blob, Event& updated) {
-  if (!master_on_disk(blob)) return UploadSource{master(blob), DType::F32, {}, {}};
+  if (!master_on_disk(blob)) return UploadSource{master(blob), DType::F32, 0, {}, {}};
   if (!disk_->has_work(blob))
     return UploadSource{
-        static_cast<const char*>(work_.data()) + size_t(woff_[size_t(blob)]) * dtype_size(wd_), wd_, {}, {}};
+        static_cast<const char*>(work_.data()) + size_t(woff_[size_t(blob)]) * dtype_size(wd_), wd_, 0, {}, {}};
   WeightStream* w = weights_.get();
   Event* upd = &updated;
-  return UploadSource{nullptr, wd_, [w, blob, upd](Stream& h2d) { return w->begin(blob, *upd, h2d); },
+  return UploadSource{nullptr, wd_, w->piece(),
+                      [w, blob, upd](Stream& h2d, int64_t first, int64_t n) { return w->begin(blob, first, n, *upd, h2d); },
                       [w](Stream& h2d) { w->end(h2d); }};
 }
 

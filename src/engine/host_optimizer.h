@@ -18,8 +18,8 @@
 // too (read with m and v before the update, written back after), and the update writes the
 // blob's working copy, the new parameters in the compute dtype, from which its uploads read: in
 // page-locked host memory (2 bytes a parameter instead of the master's 4), or, marked
-// `disk_work`, in the store as well, read into a pinned ring ahead of each upload
-// (engine/weight_stream.h). The cast is the one the GPU does on an upload of a master, so the
+// `disk_work`, in the store as well, read a piece at a time into a small pinned ring for each
+// upload (engine/weight_stream.h). The cast is the one the GPU does on an upload of a master, so the
 // slots hold the same bits either way.
 #pragma once
 #include <atomic>
@@ -52,7 +52,7 @@ struct HostOptimizerOptions {
   std::vector<bool> disk_master;    // [blobs] (disk blobs) the fp32 master lives in the store too
   std::vector<bool> disk_work;      // [blobs] (disk masters) and the working copy the uploads read
   DType work_dtype = DType::BF16;   // the working copy's dtype: the compute dtype
-  int weight_ring = 2;              // pinned buffers of the working copies read for uploads
+  int weight_ring = 2;              // pieces (disk_piece) of the working copies read for uploads, pinned
   // (keep_grads, disk blobs) the step's gradient waits for the update in the store, not in host
   // memory: it lands in a ring of 2 pinned chunks and is written out on an I/O stream.
   std::vector<bool> disk_grads;

@@ -6,6 +6,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/test_hooks.h"
 #include "core/units.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
@@ -29,6 +30,10 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
   so.disk_weights = p.disk_weights;
   so.disk_grads = p.disk_grads;
   so.store.dir = req.offload_dir;
+  if (const long long piece = test_hooks::disk_piece(); piece > 0 && !so.disk_blobs.empty()) {
+    so.disk_piece = piece;
+    log_info("test hook SF_TEST_DISK_PIECE: the offload dir's rings move pieces of %lld elements", piece);
+  }
   // How the checkpoints on disk move: chosen once, before the plan (build_engine), which counted
   // the buffers of that path.
   if (p.ckpt_disk_layers > 0) so.store.cufile = p.ckpt_cufile;

@@ -181,7 +181,7 @@ PartOptions part_options(const ModelSpec& spec, const SlidingShape& z, const Sli
   h.disk_work = z.disk_work;
   h.work_dtype = act;
   h.disk_grads = z.disk_grad;
-  h.weight_ring = std::clamp(int(std::count(z.disk_work.begin(), z.disk_work.end(), true)), 1, o.weight_ring);
+  h.weight_ring = std::max(1, o.weight_ring);  // (pieces of disk_piece; no more than pieces: WeightStream::buffers)
 
   p.grads = {z.max_layer, z.emb, z.head, act, z.chunk};
 

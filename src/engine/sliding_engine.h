@@ -72,7 +72,9 @@ struct SlidingOptions {
   // Levels 3 and 4 of the tier (docs/ENGINE.md "NVMe tier"; subsets of disk_blobs): blobs whose
   // fp32 master lives in the offload file too, the uploads reading a working copy in the compute
   // dtype that the update writes (in page-locked memory); of those, blobs whose working copy
-  // lives in the file as well, read into `weight_ring` pinned buffers ahead of each upload.
+  // lives in the file as well, read for each upload a piece at a time (`disk_piece`, as the state
+  // ring) through `weight_ring` pinned buffers (2: the disk reads one piece while PCIe, faster,
+  // copies the other; the state ring needs more, its buffers also wait for write-backs).
   std::vector<int> disk_masters;
   std::vector<int> disk_weights;
   int weight_ring = 2;

@@ -88,16 +88,25 @@ int SlotCache::acquire(int blob, const UploadSource& from, int64_t numel, Event&
   Slot& s = slots_[size_t(v)];
   dev_.wait(h2d_, *s.released);
   dev_.wait(h2d_, gate);  // the master is final (an update may still run on the host)
-  const void* src = from.begin ? from.begin(h2d_) : from.data;
-  const float* master = static_cast<const float*>(src);
-  if (from.dtype == act_) {  // the master in fp32, or a working copy in the compute dtype
-    dev_.copy(data(v), src, size_t(numel) * dtype_size(act_), CopyKind::HostToDevice, h2d_);
+  char* dst = static_cast<char*>(data(v));
+  if (from.begin) {  // a working copy read in pieces: one copy a piece, as each lands in its buffer
+    SF_CHECK(from.dtype == act_ && from.piece > 0 && from.end, "a source read in pieces is in the compute dtype");
+    const size_t es = dtype_size(act_);
+    for (int64_t i = 0; i < numel; i += from.piece) {
+      const int64_t n = std::min(from.piece, numel - i);
+      const void* piece = from.begin(h2d_, i, n);
+      dev_.copy(dst + size_t(i) * es, piece, size_t(n) * es, CopyKind::HostToDevice, h2d_);
+      uploaded_bytes_ += uint64_t(n) * es;
+      from.end(h2d_);
+    }
+  } else if (from.dtype == act_) {  // the master in fp32, or a working copy in the compute dtype
+    dev_.copy(dst, from.data, size_t(numel) * dtype_size(act_), CopyKind::HostToDevice, h2d_);
     uploaded_bytes_ += uint64_t(numel) * dtype_size(act_);
   } else {
     SF_CHECK(from.dtype == DType::F32, "an upload source is fp32 or the compute dtype");
     // Chunks through the staging buffer; the cast runs on the upload stream, so the next chunk's
     // copy is ordered after it (one staging buffer suffices).
-    char* dst = static_cast<char*>(data(v));
+    const float* master = static_cast<const float*>(from.data);
     for (int64_t i = 0; i < numel; i += chunk_) {
       const int64_t n = std::min(chunk_, numel - i);
       dev_.copy(staging_.data(), master + i, size_t(n) * 4, CopyKind::HostToDevice, h2d_);
@@ -106,7 +115,6 @@ int SlotCache::acquire(int blob, const UploadSource& from, int64_t numel, Event&
                       h2d_);
     }
   }
-  if (from.end) from.end(h2d_);
   dev_.record(*s.ready, h2d_);
   ++uploads_;
   s.blob = blob;

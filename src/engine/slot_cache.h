@@ -37,10 +37,11 @@ class SlotCache {
   // `keep` is replaced once the compute stream has released it. With `use`, the compute stream
   // waits for the upload (without: a prefetch, skipped (-1) when no slot but `keep` could hold it).
   int acquire(int blob, const float* master, int64_t numel, Event& gate, bool use, int keep = -1) {
-    return acquire(blob, UploadSource{master, DType::F32, {}, {}}, numel, gate, use, keep);
+    return acquire(blob, UploadSource{master, DType::F32, 0, {}, {}}, numel, gate, use, keep);
   }
   // The same from any source (engine/upload_source.h: a working copy in the compute dtype goes up
-  // as is; the NVMe tier's `begin` and `end` are called around the copy).
+  // as is; the NVMe tier's working copy in the store goes up a piece at a time, `begin` and `end`
+  // around each piece's copy).
   int acquire(int blob, const UploadSource& src, int64_t numel, Event& gate, bool use, int keep = -1);
   void* data(int slot) const;
   // The compute stream's work queued so far is the last that reads the slot.
