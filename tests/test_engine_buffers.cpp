@@ -22,6 +22,31 @@
 namespace sf {
 namespace {
 
+// The planner's options for a placement (planner.cpp's fill): defaults but the shape, the
+// micro-batches and the state dtype; the placement of `so` (slots given) as a Plan holds it.
+EngineOptions planner_base(int B, int T, int micro, DType state) {
+  EngineOptions o;
+  o.max_batch = B;
+  o.max_seq = T;
+  o.max_micro = micro;
+  o.state_dtype = state;
+  return o;
+}
+Plan placement(int slots, const SlidingOptions& so) {
+  Plan p;
+  p.engine = EngineKind::Sliding;
+  p.slots = slots;
+  p.gpu_blobs = so.gpu_blobs;
+  p.hold_grads = so.hold_grads;
+  p.disk_blobs = so.disk_blobs;
+  p.ckpt_disk_layers = so.ckpt_disk_layers;
+  p.disk_masters = so.disk_masters;
+  p.disk_weights = so.disk_weights;
+  p.disk_grads = so.disk_grads;
+  return p;
+}
+
+
 // The cpu device, counting the bytes of device memory and of page-locked memory now allocated.
 class CountingDevice final : public Device {
  public:
@@ -176,8 +201,8 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
                 EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
                 EXPECT_EQ(e.host_bytes() - e.stats().pinned_bytes, total_bytes(list, Place::Host));  // AdamW m, v
                 if (!chunk) {  // the planner plans the default chunk and ring
-                  const MemoryItems plan =
-                      sliding_memory(spec, B, T, slots, cpu_info(bf16), so.gpu_blobs, micro, keep, hold, {}, 0, state);
+                  const MemoryItems plan = sliding_memory(
+                      spec, sliding_options(placement(slots, so), planner_base(B, T, micro, state), keep), cpu_info(bf16));
                   EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
                   EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
                   EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));
@@ -210,8 +235,10 @@ TEST(EngineBuffers, PlannedCheckpointIoIsWhatTheEngineAllocates) {
     CountingDevice dev(*cpu);
     {
       SlidingEngine e(dev, spec, so);
-      const MemoryItems plan = sliding_memory(spec, 2, 11, 2, cpu_info(false), {}, 2, true, 0, {}, 2, DType::F32, {},
-                                              {}, {}, cufile);
+      Plan pl = placement(2, so);
+      pl.ckpt_cufile = cufile;
+      const MemoryItems plan =
+          sliding_memory(spec, sliding_options(pl, planner_base(2, 11, 2, DType::F32), true), cpu_info(false));
       EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
       EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
       (cufile.empty() ? pinned_bounce : pinned_cufile) = dev.pinned;
@@ -272,8 +299,8 @@ TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
           EXPECT_LE(ring, size_t(so.disk_ring) * size_t(piece) * 16 + NvmeStore::kAlign);
           EXPECT_LT(ring, size_t(so.disk_ring) * size_t(layer) * 8);  // less than the layers' m and v alone
         } else {  // the planner's lines: the default piece
-          const MemoryItems plan = sliding_memory(spec, 2, 11, 2, cpu_info(true), {}, 1, true, 0, so.disk_blobs, 0,
-                                                  DType::F32, so.disk_masters, so.disk_weights, so.disk_grads);
+          const MemoryItems plan = sliding_memory(
+              spec, sliding_options(placement(2, so), planner_base(2, 11, 1, DType::F32), true), cpu_info(true));
           EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));
           EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
           EXPECT_EQ(total_bytes(plan, Place::Disk), total_bytes(list, Place::Disk));

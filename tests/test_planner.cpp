@@ -83,7 +83,15 @@ TEST(Planner, MemoryMatchesTheEngines) {
               so.hold_grads = hold;
               so.gpu_blobs.assign(order.begin(), order.begin() + kept);
               SlidingEngine e(*dev, spec, so);
-              const auto items = sliding_memory(spec, B, T, slots, be, so.gpu_blobs, micro, keep, hold);
+              Plan pl;
+              pl.slots = slots;
+              pl.gpu_blobs = so.gpu_blobs;
+              pl.hold_grads = hold;
+              EngineOptions base;  // the planner's: defaults but the shape and the micro-batches
+              base.max_batch = B;
+              base.max_seq = T;
+              base.max_micro = micro;
+              const auto items = sliding_memory(spec, sliding_options(pl, base, keep), be);
               const std::string what = std::to_string(slots) + " slots, " + std::to_string(kept) + " kept, " +
                                        std::to_string(micro) + " micro-batches, keep_grads " + std::to_string(keep);
               EXPECT_EQ(total_bytes(items, Place::Device), e.device_bytes()) << what;
@@ -375,5 +383,47 @@ TEST(Planner, DiskTrafficIsBoundToItsPhases) {
   EXPECT_GE(noclip.step_s, noclip.disk_s);
 }
 
+}  // namespace
+}  // namespace sf
+
+namespace sf {
+namespace {
+// The one copy of a plan's placement into the sliding engine's options (make_engine and the
+// planner's sums both use it): every field arrives.
+TEST(Planner, SlidingOptionsCarryTheWholePlacement) {
+  Plan p;
+  p.engine = EngineKind::Sliding;
+  p.slots = 3;
+  p.gpu_blobs = {0, 5};
+  p.hold_grads = 1234;
+  p.disk_blobs = {1, 2, 3};
+  p.ckpt_disk_layers = 2;
+  p.disk_masters = {1, 2};
+  p.disk_weights = {1};
+  p.disk_grads = {3};
+  p.ckpt_cufile = "libcufile.so.0";
+  EngineOptions base;
+  base.max_batch = 4;
+  base.max_seq = 17;
+  base.max_micro = 0;  // taken as 1
+  base.state_dtype = DType::BF16;
+  const SlidingOptions o = sliding_options(p, base, false);
+  EXPECT_EQ(o.slots, 3);
+  EXPECT_EQ(o.gpu_blobs, p.gpu_blobs);
+  EXPECT_FALSE(o.keep_grads);
+  EXPECT_EQ(o.hold_grads, 1234);
+  EXPECT_EQ(o.disk_blobs, p.disk_blobs);
+  EXPECT_EQ(o.ckpt_disk_layers, 2);
+  EXPECT_EQ(o.disk_masters, p.disk_masters);
+  EXPECT_EQ(o.disk_weights, p.disk_weights);
+  EXPECT_EQ(o.disk_grads, p.disk_grads);
+  EXPECT_EQ(o.store.cufile, "libcufile.so.0");
+  EXPECT_EQ(o.base.max_batch, 4);
+  EXPECT_EQ(o.base.max_seq, 17);
+  EXPECT_EQ(o.base.max_micro, 1);
+  EXPECT_EQ(o.base.state_dtype, DType::BF16);
+  p.ckpt_disk_layers = 0;  // no checkpoints on disk: no cuFile path to take
+  EXPECT_EQ(sliding_options(p, base, true).store.cufile, "");
+}
 }  // namespace
 }  // namespace sf

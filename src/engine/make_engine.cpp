@@ -18,25 +18,14 @@ std::unique_ptr<Engine> make_engine(Device& dev, const ModelSpec& spec, const En
                                     const EngineRequest& req) {
   if (p.engine == EngineKind::Resident) return std::make_unique<ResidentEngine>(dev, spec, opt);
   if (p.slots < 2) setting_error(Setting::Slots, "the sliding engine needs at least 2 GPU parameter slots");
-  SlidingOptions so;
-  so.base = opt;
-  so.slots = p.slots;
-  so.gpu_blobs = p.gpu_blobs;
-  so.keep_grads = req.clip || !opt.optimizer;
-  so.hold_grads = p.hold_grads;
-  so.disk_blobs = p.disk_blobs;
-  so.ckpt_disk_layers = p.ckpt_disk_layers;
-  so.disk_masters = p.disk_masters;
-  so.disk_weights = p.disk_weights;
-  so.disk_grads = p.disk_grads;
+  // The placement as planned (the checkpoints' I/O path included: chosen once, before the plan,
+  // by build_engine, which counted that path's buffers).
+  SlidingOptions so = sliding_options(p, opt, req.clip || !opt.optimizer);
   so.store.dir = req.offload_dir;
   if (const long long piece = test_hooks::disk_piece(); piece > 0 && !so.disk_blobs.empty()) {
     so.disk_piece = piece;
     log_info("test hook SF_TEST_DISK_PIECE: the offload dir's rings move pieces of %lld elements", piece);
   }
-  // How the checkpoints on disk move: chosen once, before the plan (build_engine), which counted
-  // the buffers of that path.
-  if (p.ckpt_disk_layers > 0) so.store.cufile = p.ckpt_cufile;
   return std::make_unique<SlidingEngine>(dev, spec, so);
 }
 

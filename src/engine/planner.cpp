@@ -146,28 +146,25 @@ std::vector<int> gpu_blob_order(const ModelSpec& s) {
   return order;
 }
 
-std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int B, int T, int slots, const BackendInfo& be,
-                                       const std::vector<int>& gpu_blobs, int micro, bool keep_grads,
-                                       int64_t hold_grads, const std::vector<int>& disk_blobs,
-                                       int ckpt_disk_layers, DType state, const std::vector<int>& disk_masters,
-                                       const std::vector<int>& disk_weights, const std::vector<int>& disk_grads,
-                                       const std::string& ckpt_cufile) {
-  SlidingOptions o;  // the default chunk and gradient ring
-  o.base.state_dtype = state;
-  o.base.max_batch = B;
-  o.base.max_seq = T;
-  o.base.max_micro = std::max(micro, 1);
-  o.slots = slots;
-  o.gpu_blobs = gpu_blobs;
+SlidingOptions sliding_options(const Plan& p, const EngineOptions& base, bool keep_grads) {
+  SlidingOptions o;  // the default chunk, gradient ring and pieces
+  o.base = base;
+  o.base.max_micro = std::max(base.max_micro, 1);
+  o.slots = p.slots;
+  o.gpu_blobs = p.gpu_blobs;
   o.keep_grads = keep_grads;
-  o.hold_grads = hold_grads;
-  o.disk_blobs = disk_blobs;
-  o.ckpt_disk_layers = ckpt_disk_layers;
-  o.disk_masters = disk_masters;
-  o.disk_weights = disk_weights;
-  o.disk_grads = disk_grads;
-  o.store.cufile = ckpt_cufile;
-  return merge_by_name(SlidingEngine::buffers(s, o, backend_sizes(s, B, T, be)));
+  o.hold_grads = p.hold_grads;
+  o.disk_blobs = p.disk_blobs;
+  o.ckpt_disk_layers = p.ckpt_disk_layers;
+  o.disk_masters = p.disk_masters;
+  o.disk_weights = p.disk_weights;
+  o.disk_grads = p.disk_grads;
+  if (p.ckpt_disk_layers > 0) o.store.cufile = p.ckpt_cufile;  // how the checkpoints on disk move
+  return o;
+}
+
+std::vector<MemoryItem> sliding_memory(const ModelSpec& s, const SlidingOptions& o, const BackendInfo& be) {
+  return merge_by_name(SlidingEngine::buffers(s, o, backend_sizes(s, o.base.max_batch, o.base.max_seq, be)));
 }
 
 std::vector<int> disk_blob_order(const ModelSpec& s) {
@@ -240,20 +237,23 @@ class Planner {
     p_.disk_masters = disk_masters;
     p_.disk_weights = disk_weights;
     p_.disk_grads = disk_grads;
-    p_.items =
-        engine == EngineKind::Resident
-            ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum, r_.state_dtype)
-            : sliding_memory(s_, r_.batch, r_.seq, slots, be_, gpu_blobs, r_.grad_accum, r_.clip || !r_.optimizer,
-                             hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers, r_.state_dtype, disk_masters,
-                             disk_weights, disk_grads, r_.ckpt_cufile);
     p_.ckpt_cufile = r_.ckpt_cufile;
+    p_.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
+    EngineOptions base;
+    base.max_batch = r_.batch;
+    base.max_seq = r_.seq;
+    base.max_micro = r_.grad_accum;
+    base.state_dtype = r_.state_dtype;
+    p_.items = engine == EngineKind::Resident
+                   ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum,
+                                     r_.state_dtype)
+                   : sliding_memory(s_, sliding_options(p_, base, r_.clip || !r_.optimizer), be_);
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
     p_.disk_write_bytes = double(p_.disk_bytes);
     p_.disk_read_bytes = double(p_.disk_bytes);
     for (int b : disk_weights)  // the working copy's second read (StateStream's "disk.work" regions)
       p_.disk_read_bytes +=
           double(NvmeStore::aligned(uint64_t(lay_.blobs[size_t(b)].numel) * dtype_size(be_.compute_dtype)));
-    p_.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
     p_.gpu_bytes = total_bytes(p_.items, Place::Device);
     p_.pinned_bytes = total_bytes(p_.items, Place::Pinned);
     p_.host_bytes = p_.pinned_bytes + total_bytes(p_.items, Place::Host) + (on_host_ ? p_.gpu_bytes : 0);

@@ -11,6 +11,7 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "engine/buffers.h"
+#include "engine/sliding_engine.h"
 #include "model/spec.h"
 
 namespace sf {
@@ -18,25 +19,10 @@ namespace sf {
 // Buffers of each engine, one item a line of `slideformer plan` (the engine's list,
 // ResidentEngine::buffers / SlidingEngine::buffers, with the items of one name summed) for max_batch x max_seq
 // micro-batches (the resident engine holds gradients only when training, AdamW state only with the optimizer; the
-// sliding one always both). `state`: the dtype of AdamW m and v (EngineOptions::state_dtype).
+// sliding one always both: sliding_memory, after Plan). `state`: the dtype of AdamW m and v (EngineOptions::state_dtype).
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int max_seq, const BackendInfo& be,
                                         bool training = true, bool optimizer = true, int micro = 1,
                                         DType state = DType::F32);
-// micro: micro-batches a step (layer-major: checkpoints and activations per micro-batch);
-// keep_grads: the step's gradients held in host memory (clipping, or gradients read back).
-// hold_grads: SlidingOptions::hold_grads (without keep_grads).
-// disk_blobs: host blobs whose AdamW m and v live in the NVMe store (SlidingOptions::disk_blobs);
-// disk_masters, disk_weights: of those, the ones whose fp32 master, and also working copy, live there;
-// disk_grads: (keep_grads) of those, the ones whose held gradient of the step waits there.
-// ckpt_cufile: PlanRequest::ckpt_cufile (checkpoints on disk through cuFile: no pinned ring).
-std::vector<MemoryItem> sliding_memory(const ModelSpec& s, int max_batch, int max_seq, int slots, const BackendInfo& be,
-                                       const std::vector<int>& gpu_blobs = {}, int micro = 1, bool keep_grads = true,
-                                       int64_t hold_grads = 0, const std::vector<int>& disk_blobs = {},
-                                       int ckpt_disk_layers = 0, DType state = DType::F32,
-                                       const std::vector<int>& disk_masters = {},
-                                       const std::vector<int>& disk_weights = {},
-                                       const std::vector<int>& disk_grads = {},
-                                       const std::string& ckpt_cufile = {});
 // The order in which the planner moves blobs' AdamW state to the NVMe store: the layers, last
 // first (the embedding's and the head's updates stay in host memory: without clipping the
 // embedding's is the last of a backward and the next forward needs it first).
@@ -139,6 +125,15 @@ struct Plan {
   double upload_bytes = 0;  // sliding: what one pass's uploads carry up PCIe (upload_bytes_per_pass)
   double tokens_per_s = 0;
 };
+
+// The sliding engine's options for a plan's placement (slots, blobs kept on the GPU, held
+// gradients, the NVMe levels, the checkpoints' I/O path) over `base` (batch, sequence,
+// micro-batches, state dtype); keep_grads: the step's gradients held in host memory (clipping,
+// or gradients read back). The one copy from a Plan: the planner sums the buffers of these options
+// and make_engine builds the engine with them.
+SlidingOptions sliding_options(const Plan& p, const EngineOptions& base, bool keep_grads);
+// The sliding engine's buffers with options o at the backend's sizes (what the planner sums).
+std::vector<MemoryItem> sliding_memory(const ModelSpec& s, const SlidingOptions& o, const BackendInfo& be);
 
 // Model FLOPs per trained token of one training step (matrix products, 2 per multiply-add, and
 // causal attention; MoE layers on their active parameters: router + top_k experts): forward +
