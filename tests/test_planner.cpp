@@ -133,6 +133,7 @@ TEST(Planner, ChoosesTheEngineByTheBudgets) {
   r.batch = 8;
   r.seq = 2048;
   r.host_budget = size_t(200) << 30;
+  r.whole_layers = r.kept_layers = 0;  // without selective recompute (tests/test_selective_recompute.cpp)
 
   r.gpu_budget = size_t(80) << 30;
   Plan p = make_plan(spec, r, be);
@@ -209,6 +210,7 @@ TEST(Planner, PredictionIsConsistent) {
   r.seq = 2048;
   r.gpu_budget = size_t(80) << 30;
   r.host_budget = size_t(200) << 30;
+  r.whole_layers = r.kept_layers = 0;  // every layer recomputed, as in the sliding engine
   const Plan res = make_plan(spec, r, be);
   // 8 x 9.73e8 decoder + 6 x 2.63e8 head + 9 x 2048 x 2048 x 16 attention = ~9.96e9 a token, less
   // the down projections the recompute skips (2 x 2048 x 8192 x 16 = 5.37e8): ~9.42e9
