@@ -378,8 +378,10 @@ sys.exit(0 if p['fits'] and (p['optimizer_state'] == 'fp32' or per <= 9) else 1)
     # attention kept in every layer (saves 28 attention forwards, 5.8 TFLOP a step), the planner's
     # choice (on the H200: every layer kept whole, no recompute: 75.0 of the step's 411 TFLOP); then the
     # planner's choice op-profiled (attention forward calls 28 instead of 56, the GEMMs' share), and
-    # the 1B step without and with. Each log's plan line says how many layers kept what.
+    # the 1B step without and with. Each log's plan line says how many layers kept what. First the
+    # GPU test (tests/gpu/test_cuda_selective_recompute.cpp: gradients against the recompute path).
     recompute)
+      run recompute_gpu_test "$BIN/sf_gpu_tests" --gtest_filter='CudaSelectiveRecompute*'
       for k in "none:--keep-layers 0 --keep-attention 0" "attention:--keep-layers 0" "planner:"; do
         run sf_3b_keep_${k%%:*} "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
           --steps 4 --warmup 1 --device cuda --no-offload ${k#*:}
