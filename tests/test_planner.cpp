@@ -452,8 +452,7 @@ TEST(Planner, SelectiveRecomputeKeepsWhatTheGpuBudgetAllows) {
   EXPECT_EQ(device_bytes_named(full, kWholeName), 28 * F);
   EXPECT_EQ(full.gpu_bytes, none.gpu_bytes + 28 * F);
   const double recompute_params = 3072.0 * 3072 * 2 + 2 * 3072.0 * 1024 + 2 * 3072.0 * 8192;  // q, o; k, v; gate, up
-  EXPECT_DOUBLE_EQ(recompute_flops_saved_per_token(s, 2048, 28, 0),
-                   28 * (2 * recompute_params + 2.0 * 2048 * 3072));
+  EXPECT_DOUBLE_EQ(recompute_flops_saved_per_token(s, 2048, 28, 0), 28 * (2 * recompute_params + 2.0 * 2048 * 3072));
   EXPECT_DOUBLE_EQ(none.flops - full.flops, recompute_flops_saved_per_token(s, 2048, 28, 0) * tokens);
   // h1, x2, h2, q, att [N, 3072]; k, v [N, 1024]; gate, up, act [N, 8192] bf16; rstd1, rstd2 [N], lse F32.
   EXPECT_EQ(F, size_t(8 * 2048) * (2 * (5 * 3072 + 2 * 1024 + 3 * 8192) + 4 * (2 + 24)));

@@ -104,7 +104,8 @@ TEST_P(SelectiveRecompute, LayerBackwardBitsUnchanged) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, SelectiveRecompute, ::testing::ValuesIn(kFamilies), [](const auto& i) { return i.param; });
+INSTANTIATE_TEST_SUITE_P(Families, SelectiveRecompute, ::testing::ValuesIn(kFamilies),
+                         [](const auto& i) { return i.param; });
 
 struct Trained {
   double grad_loss = 0;
@@ -162,7 +163,8 @@ TEST_P(SelectiveRecompute, ResidentEngineBitsUnchanged) {
     SCOPED_TRACE(GetParam() + (bf16 ? " bf16" : " f32"));
     const Trained base = run(spec, bf16, 0, 0);
     const int L = spec.n_layer;
-    for (auto [whole, kept] : {std::pair{0, 1}, std::pair{0, L}, std::pair{1, 0}, std::pair{L, 0}, std::pair{1, L - 1}}) {
+    for (auto [whole, kept] :
+         {std::pair{0, 1}, std::pair{0, L}, std::pair{1, 0}, std::pair{L, 0}, std::pair{1, L - 1}}) {
       SCOPED_TRACE("whole " + std::to_string(whole) + " kept " + std::to_string(kept));
       const Trained k = run(spec, bf16, whole, kept);
       EXPECT_EQ(base.grad_loss, k.grad_loss);

@@ -49,10 +49,10 @@ enum class Setting {
   KeepLayers,      // layers the resident engine keeps whole: no recompute (selective recompute)
 };
 inline constexpr Setting kAllSettings[] = {
-    Setting::Device,         Setting::GpuMemory, Setting::HostMemory, Setting::BatchSize, Setting::SeqLen,
-    Setting::GradAccum,      Setting::Offload,   Setting::Slots,      Setting::GpuBlobs,  Setting::ComputeDtype,
+    Setting::Device,         Setting::GpuMemory, Setting::HostMemory, Setting::BatchSize,  Setting::SeqLen,
+    Setting::GradAccum,      Setting::Offload,   Setting::Slots,      Setting::GpuBlobs,   Setting::ComputeDtype,
     Setting::MaxRecordBytes, Setting::Resume,    Setting::Output,     Setting::OffloadDir, Setting::DiskMemory,
-    Setting::KeepAttention, Setting::KeepLayers};
+    Setting::KeepAttention,  Setting::KeepLayers};
 static_assert(std::size(kAllSettings) == size_t(Setting::KeepLayers) + 1, "kAllSettings lists every Setting");
 
 // The neutral name of a setting ("sequence length"), for library users and tests.

@@ -301,13 +301,12 @@ class Planner {
     p_.disk_masters = disk_masters;
     p_.disk_weights = disk_weights;
     p_.disk_grads = disk_grads;
-    p_.items =
-        engine == EngineKind::Resident
-            ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum, r_.state_dtype,
-                              whole_layers, kept_layers)
-            : sliding_memory(s_, r_.batch, r_.seq, slots, be_, gpu_blobs, r_.grad_accum, r_.clip || !r_.optimizer,
-                             hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers, r_.state_dtype, disk_masters,
-                             disk_weights, disk_grads, r_.ckpt_cufile);
+    p_.items = engine == EngineKind::Resident
+                   ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum,
+                                     r_.state_dtype, whole_layers, kept_layers)
+                   : sliding_memory(s_, r_.batch, r_.seq, slots, be_, gpu_blobs, r_.grad_accum,
+                                    r_.clip || !r_.optimizer, hold_for(gpu_blobs), disk_blobs, ckpt_disk_layers,
+                                    r_.state_dtype, disk_masters, disk_weights, disk_grads, r_.ckpt_cufile);
     p_.ckpt_cufile = r_.ckpt_cufile;
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
     p_.disk_write_bytes = double(p_.disk_bytes);
@@ -676,7 +675,8 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     setting_error(Setting::KeepLayers, std::to_string(r.whole_layers) + " is not a layer count from 0 to the model's " +
                                            std::to_string(s.n_layer) + " layers");
   if (r.kept_layers < -1 || r.kept_layers > s.n_layer - std::max(r.whole_layers, 0))
-    setting_error(Setting::KeepAttention, std::to_string(r.kept_layers) + " is not a layer count from 0 to the model's " +
+    setting_error(Setting::KeepAttention, std::to_string(r.kept_layers) +
+                                              " is not a layer count from 0 to the model's " +
                                               std::to_string(s.n_layer) + " layers less those kept whole");
   Plan p = Planner(s, r, be, rates).choose();
   if (p.engine == EngineKind::Sliding && p.short_of.memory == Shortfall::Memory::Gpu && r.split_micro) {
@@ -689,19 +689,18 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
 }
 
 std::string plan_summary(const Plan& p) {
-  std::string s = std::string("plan: ") + engine_name(p.engine) + " engine" +
-                  (p.engine == EngineKind::Sliding ? ", " + std::to_string(p.slots) + " GPU slots, " +
-                                                         std::to_string(p.gpu_blobs.size()) + " blobs kept on the GPU"
-                                                   : std::string()) +
-                  (p.micro_batch > 0 ? "; micro-batches of " + std::to_string(p.micro_batch) + " x " +
-                                           std::to_string(p.micro_batches) + " a step"
-                                     : std::string()) +
-                  (p.whole_layers > 0 ? "; " + std::to_string(p.whole_layers) + " layers kept whole"
-                                      : std::string()) +
-                  (p.kept_layers > 0 ? "; attention kept in " + std::to_string(p.kept_layers) + " layers"
-                                     : std::string()) +
-                  "; device " + format_bytes(p.gpu_bytes) + ", host " + format_bytes(p.host_bytes) + " (" +
-                  format_bytes(p.pinned_bytes) + " pinned)";
+  std::string s =
+      std::string("plan: ") + engine_name(p.engine) + " engine" +
+      (p.engine == EngineKind::Sliding ? ", " + std::to_string(p.slots) + " GPU slots, " +
+                                             std::to_string(p.gpu_blobs.size()) + " blobs kept on the GPU"
+                                       : std::string()) +
+      (p.micro_batch > 0
+           ? "; micro-batches of " + std::to_string(p.micro_batch) + " x " + std::to_string(p.micro_batches) + " a step"
+           : std::string()) +
+      (p.whole_layers > 0 ? "; " + std::to_string(p.whole_layers) + " layers kept whole" : std::string()) +
+      (p.kept_layers > 0 ? "; attention kept in " + std::to_string(p.kept_layers) + " layers" : std::string()) +
+      "; device " + format_bytes(p.gpu_bytes) + ", host " + format_bytes(p.host_bytes) + " (" +
+      format_bytes(p.pinned_bytes) + " pinned)";
   if (p.tokens_per_s > 0) s += "; predicted at best " + std::to_string(int64_t(p.tokens_per_s)) + " tokens/s";
   return s;
 }
@@ -716,12 +715,11 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
   o << "engine: " << engine_name(p.engine)
     << (p.engine == EngineKind::Sliding ? " (" + std::to_string(p.slots) + " GPU slots, " +
                                               std::to_string(p.gpu_blobs.size()) + " blobs kept whole on the GPU)"
-                                        : p.whole_layers + p.kept_layers > 0
-                                            ? " (of " + std::to_string(s.n_layer) + " layers, " +
-                                                  std::to_string(p.whole_layers) + " kept whole: no recompute; " +
-                                                  std::to_string(p.kept_layers) +
-                                                  " keep attention's output: their recompute skips attention)"
-                                            : "")
+        : p.whole_layers + p.kept_layers > 0
+            ? " (of " + std::to_string(s.n_layer) + " layers, " + std::to_string(p.whole_layers) +
+                  " kept whole: no recompute; " + std::to_string(p.kept_layers) +
+                  " keep attention's output: their recompute skips attention)"
+            : "")
     << "\n";
   for (Place where : {Place::Device, Place::Pinned, Place::Host, Place::Disk}) {
     const size_t n = total_bytes(p.items, where);

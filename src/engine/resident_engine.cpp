@@ -291,8 +291,8 @@ void ResidentEngine::init_random(uint64_t seed) {
 size_t ResidentEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
-         m.round_buf.size() + m.dbuf.size() + m.whole.size() + m.kept.size() + m.dy0.size() + m.tokens->device_bytes() + m.scalars.size() +
-         m.moe_stats.size() + m.rope_dev->buf.size() + m.ws->bytes();
+         m.round_buf.size() + m.dbuf.size() + m.whole.size() + m.kept.size() + m.dy0.size() + m.tokens->device_bytes() +
+         m.scalars.size() + m.moe_stats.size() + m.rope_dev->buf.size() + m.ws->bytes();
 }
 
 size_t ResidentEngine::host_bytes() const { return impl_->tokens->host_bytes(); }
@@ -361,8 +361,9 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   const DeviceBuffer& pbuf = act == DType::F32 ? m.master : m.compute;  // parameters in compute dtype
   Tensor emb_table = m.entry(pbuf, 0, 0, act);
 
-  // Forward: keep every layer's input (the checkpoints), and the kept layers' attention outputs
-  // when a backward follows (selective recompute).
+  // Forward: keep every layer's input (the checkpoints) and, when a backward follows, the
+  // activations of the layers kept whole and the attention outputs of the kept layers (selective
+  // recompute).
   m.program.embed_forward(m.ckpt_at(0, N), ids, emb_table, st);
   d.moe_collect = true;  // the router statistics of this forward (not of the recompute below)
   for (int l = 0; l < L; ++l) {

@@ -321,8 +321,8 @@ void Program::layer_forward_into(const LayerParams& p, Tensor x, Tensor y, const
   linear_residual(y, w.act, p[P::Wdown], p[P::Bdown], w.x2, st);
 }
 
-void Program::layer_recompute(const LayerParams& p, Tensor x, Tensor scratch, const LayerBuffers& w,
-                              const BatchDims& d, const RopeTables& rope, Stream& st, const KeptActs& kept) const {
+void Program::layer_recompute(const LayerParams& p, Tensor x, Tensor scratch, const LayerBuffers& w, const BatchDims& d,
+                              const RopeTables& rope, Stream& st, const KeptActs& kept) const {
   using P = LayerParam;
   const bool dense_llama = !s_.sandwich_norm && p[P::Router].empty();
   layer_forward_into(p, x, dense_llama ? Tensor() : scratch, with_kept(w, kept), d, rope, st, !kept.empty());
