@@ -128,38 +128,60 @@ TEST(EngineBuffers, ResidentAllocatesItsList) {
     for (const std::string family : {"llama", "mistral", "qwen3"})
       for (auto [B, T] : {std::pair{1, 1}, std::pair{3, 40}})
         for (auto [training, optimizer, micro] : {std::tuple{true, true, 1}, std::tuple{true, false, 1},
-                                                  std::tuple{false, false, 1}, std::tuple{true, true, 3}}) {
-          const ModelSpec spec = spec_of(family);
-          EngineOptions o;
-          o.max_batch = B;
-          o.max_seq = T;
-          o.max_micro = micro;
-          o.training = training;
-          o.optimizer = optimizer;
-          if (bf16) o.compute_dtype = "bf16";
-          // bf16 optimizer state (m and v 2 bytes each) in the larger shape, with either compute dtype
-          const DType state = B == 3 ? DType::BF16 : DType::F32;
-          o.state_dtype = state;
-          SCOPED_TRACE(family + " " + std::to_string(B) + "x" + std::to_string(T) + (bf16 ? " bf16" : " f32") +
-                       " state " + dtype_name(state) + " training " + std::to_string(training) + " optimizer " +
-                       std::to_string(optimizer) + " micro " + std::to_string(micro));
-          CountingDevice dev(*cpu);
-          {
-            ResidentEngine e(dev, spec, o);
-            const MemoryItems list = ResidentEngine::buffers(spec, o, cpu_sizes(spec, B, T, bf16));
-            EXPECT_EQ(dev.device, total_bytes(list, Place::Device));
-            EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
-            EXPECT_EQ(total_bytes(list, Place::Host), 0u);
-            // The planner's lines are the same list, merged by name.
-            const MemoryItems plan = resident_memory(spec, B, T, cpu_info(bf16), training, optimizer, micro, state);
-            if (optimizer && training) {  // the moments: 2 x 4 or 2 x 2 bytes a parameter
-              EXPECT_EQ(moment_bytes(list), size_t(make_layout(spec).total_numel()) * 2 * dtype_size(state));
+                                                  std::tuple{false, false, 1}, std::tuple{true, true, 3}})
+          for (auto [whole_of, kept_of] :
+               {std::pair{0, 0}, std::pair{0, 1}, std::pair{0, 2}, std::pair{1, 0}, std::pair{2, 0}, std::pair{1, 1}}) {
+            // selective recompute: layers kept whole, layers keeping attention (none, one, all)
+            const ModelSpec spec = spec_of(family);
+            const int kept = kept_of == 2 ? spec.n_layer : kept_of, whole = whole_of == 2 ? spec.n_layer : whole_of;
+            EngineOptions o;
+            o.whole_layers = whole;
+            o.kept_layers = kept;
+            o.max_batch = B;
+            o.max_seq = T;
+            o.max_micro = micro;
+            o.training = training;
+            o.optimizer = optimizer;
+            if (bf16) o.compute_dtype = "bf16";
+            // bf16 optimizer state (m and v 2 bytes each) in the larger shape, with either compute dtype
+            const DType state = B == 3 ? DType::BF16 : DType::F32;
+            o.state_dtype = state;
+            SCOPED_TRACE(family + " " + std::to_string(B) + "x" + std::to_string(T) + (bf16 ? " bf16" : " f32") +
+                         " state " + dtype_name(state) + " training " + std::to_string(training) + " optimizer " +
+                         std::to_string(optimizer) + " micro " + std::to_string(micro) + " kept " +
+                         std::to_string(kept) + " whole " + std::to_string(whole));
+            CountingDevice dev(*cpu);
+            {
+              ResidentEngine e(dev, spec, o);
+              const MemoryItems list = ResidentEngine::buffers(spec, o, cpu_sizes(spec, B, T, bf16));
+              EXPECT_EQ(dev.device, total_bytes(list, Place::Device));
+              EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
+              EXPECT_EQ(total_bytes(list, Place::Host), 0u);
+              // The planner's lines are the same list, merged by name.
+              const MemoryItems plan =
+                  resident_memory(spec, B, T, cpu_info(bf16), training, optimizer, micro, state, whole, kept);
+              // The kept attention outputs: kept layers' [N, Q] act + [N * n_head] F32, only when training.
+              const MemoryItems kept_items = items_with(list, "kept");
+              const size_t kept_bytes = training ? size_t(kept) * ResidentEngine::kept_layer_bytes(
+                                                                      spec, B, T, bf16 ? DType::BF16 : DType::F32)
+                                                 : 0;
+              EXPECT_EQ(total_bytes(kept_items, Place::Device), kept_bytes);
+              const size_t whole_bytes =
+                  training ? size_t(whole) * Workspace::forward_bytes_for(spec, B, T, bf16 ? DType::BF16 : DType::F32)
+                           : 0;
+              EXPECT_EQ(total_bytes(items_with(list, "whole"), Place::Device), whole_bytes);
+              if (kept > 0 && training) {
+                EXPECT_GE(kept_bytes, size_t(kept) * size_t(B * T) *
+                                          (size_t(spec.q_dim()) * (bf16 ? 2 : 4) + size_t(spec.n_head) * 4));
+              }
+              if (optimizer && training) {  // the moments: 2 x 4 or 2 x 2 bytes a parameter
+                EXPECT_EQ(moment_bytes(list), size_t(make_layout(spec).total_numel()) * 2 * dtype_size(state));
+              }
+              EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
+              EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
             }
-            EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
-            EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
+            EXPECT_EQ(dev.device + dev.pinned, 0u);  // everything freed
           }
-          EXPECT_EQ(dev.device + dev.pinned, 0u);  // everything freed
-        }
 }
 
 TEST(EngineBuffers, SlidingAllocatesItsList) {

@@ -15,6 +15,7 @@
 #include "model/rope.h"
 #include "model/spec.h"
 #include "model_fixtures.h"
+#include "rope_fixture.h"
 #include "test_util.h"
 
 namespace sf {
@@ -36,14 +37,8 @@ TEST_P(LayerRecompute, BackwardAfterRecomputeEqualsBackwardAfterForward) {
 
   std::vector<float> params(size_t(blob.numel));
   random_blob(blob, 1 + layer, 23, 0.3, params.data());
-  std::vector<float> cos, sin, cos_l, sin_l;
-  rope_tables(s, T, cos, sin);
-  RopeTables rope{test::view_of(cos, {T, s.head_dim / 2}), test::view_of(sin, {T, s.head_dim / 2}), {}, {}};
-  if (s.has_local_rope()) {
-    rope_tables_local(s, T, cos_l, sin_l);
-    rope.cos_local = test::view_of(cos_l, {T, s.head_dim / 2});
-    rope.sin_local = test::view_of(sin_l, {T, s.head_dim / 2});
-  }
+  const test::HostRope host_rope(s, T);
+  const RopeTables& rope = host_rope.views;
   const auto x = test::randn(size_t(N * H), 5), dy = test::randn(size_t(N * H), 6);
   BatchDims d{B, T, {}};
   const LayerBuffers w = ws.layer(d);

@@ -10,6 +10,7 @@
 #include "engine/planner.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "model/program.h"
 #include "model_fixtures.h"
 #include "test_util.h"
 
@@ -141,6 +142,7 @@ TEST(Planner, ChoosesTheEngineByTheBudgets) {
   r.batch = 8;
   r.seq = 2048;
   r.host_budget = size_t(200) << 30;
+  r.whole_layers = r.kept_layers = 0;  // without selective recompute (tests/test_selective_recompute.cpp)
 
   r.gpu_budget = size_t(80) << 30;
   Plan p = make_plan(spec, r, be);
@@ -217,6 +219,7 @@ TEST(Planner, PredictionIsConsistent) {
   r.seq = 2048;
   r.gpu_budget = size_t(80) << 30;
   r.host_budget = size_t(200) << 30;
+  r.whole_layers = r.kept_layers = 0;  // every layer recomputed, as in the sliding engine
   const Plan res = make_plan(spec, r, be);
   // 8 x 9.73e8 decoder + 6 x 2.63e8 head + 9 x 2048 x 2048 x 16 attention = ~9.96e9 a token, less
   // the down projections the recompute skips (2 x 2048 x 8192 x 16 = 5.37e8): ~9.42e9
@@ -381,6 +384,145 @@ TEST(Planner, DiskTrafficIsBoundToItsPhases) {
   r.clip = false;
   const Plan noclip = make_plan(spec, r, be);
   EXPECT_GE(noclip.step_s, noclip.disk_s);
+}
+
+// Llama-3.2-3B's shapes.
+ModelSpec llama_3b() { return llama_shape(3072, 8192, 28, 24, true); }
+
+size_t device_bytes_named(const Plan& p, const std::string& name) {
+  size_t n = 0;
+  for (const MemoryItem& m : p.items)
+    if (m.place == Place::Device && m.name == name) n += m.bytes * m.count;
+  return n;
+}
+
+const char* const kKeptName = "kept attention outputs (selective recompute)";
+const char* const kWholeName = "layer activations kept whole (selective recompute)";
+
+// The planner keeps as many layers as the budget has room for beside the margin, counts them in the
+// engine's list, and takes their attention forward off the predicted FLOPs.
+TEST(Planner, SelectiveRecomputeKeepsWhatTheGpuBudgetAllows) {
+  const ModelSpec s = llama_3b();
+  const BackendInfo be = gpu_like();
+  PlanRequest r;
+  r.batch = 8;
+  r.seq = 2048;
+  r.offload = OffloadChoice::Off;
+  r.host_budget = size_t(64) << 30;
+  const size_t per = ResidentEngine::kept_layer_bytes(s, 8, 2048, DType::BF16);
+  // [8 x 2048, 3072] bf16 + [8 x 2048 x 24] F32: 96 MiB + 1.5 MiB a layer.
+  EXPECT_EQ(per, size_t(8 * 2048) * 3072 * 2 + size_t(8 * 2048) * 24 * 4);
+
+  r.whole_layers = 0;
+  r.kept_layers = 0;
+  r.gpu_budget = size_t(140) << 30;
+  const Plan none = make_plan(s, r, be);
+  ASSERT_TRUE(none.fits);
+  EXPECT_EQ(none.kept_layers, 0);
+  EXPECT_EQ(device_bytes_named(none, kKeptName), 0u);
+
+  r.whole_layers = 0;
+  r.kept_layers = -1;  // the planner's choice: all 28 on 140 GiB
+  const Plan all = make_plan(s, r, be);
+  ASSERT_TRUE(all.fits);
+  EXPECT_EQ(all.kept_layers, 28);
+  EXPECT_EQ(device_bytes_named(all, kKeptName), 28 * per);
+  EXPECT_EQ(all.gpu_bytes, none.gpu_bytes + 28 * per);
+  const double tokens = 8.0 * 2048;
+  // 2 x T x q_dim a token a causal layer (T/2 keys a query, as the planner counts them): 28 x 2 x 2048 x 3072.
+  EXPECT_DOUBLE_EQ(recompute_flops_saved_per_token(s, 2048, 0, 28), 28 * 2.0 * 2048 * 3072);
+  EXPECT_DOUBLE_EQ(none.flops - all.flops, recompute_flops_saved_per_token(s, 2048, 0, 28) * tokens);
+  EXPECT_LT(all.step_s, none.step_s);
+
+  // A budget with room for some layers beside the margin (max(256 MiB, 1 % of the budget)).
+  const size_t budget = none.gpu_bytes + none.gpu_bytes / 50 + 5 * per + per / 2;
+  r.gpu_budget = budget;
+  const Plan some = make_plan(s, r, be);
+  ASSERT_TRUE(some.fits);
+  const size_t margin = std::max(size_t(256) << 20, budget / 100);
+  EXPECT_EQ(size_t(some.kept_layers), (budget - none.gpu_bytes - margin) / per);
+  EXPECT_GE(some.kept_layers, 5);
+  EXPECT_LT(some.kept_layers, 28);
+  EXPECT_LE(some.gpu_bytes + margin, budget);
+  EXPECT_GT(some.gpu_bytes + margin + per, budget);  // one more would not fit
+  EXPECT_EQ(device_bytes_named(some, kKeptName), size_t(some.kept_layers) * per);
+
+  // Both the planner's: on 140 GiB every layer kept whole (no recompute at all): the recompute's
+  // matrix products (without the down projection) and attention.
+  r.whole_layers = -1;
+  r.kept_layers = -1;
+  r.gpu_budget = size_t(140) << 30;
+  const Plan full = make_plan(s, r, be);
+  ASSERT_TRUE(full.fits);
+  const size_t F = Workspace::forward_bytes_for(s, 8, 2048, DType::BF16);
+  EXPECT_EQ(full.whole_layers, 28);
+  EXPECT_EQ(full.kept_layers, 0);
+  EXPECT_EQ(device_bytes_named(full, kWholeName), 28 * F);
+  EXPECT_EQ(full.gpu_bytes, none.gpu_bytes + 28 * F);
+  const double recompute_params = 3072.0 * 3072 * 2 + 2 * 3072.0 * 1024 + 2 * 3072.0 * 8192;  // q, o; k, v; gate, up
+  EXPECT_DOUBLE_EQ(recompute_flops_saved_per_token(s, 2048, 28, 0), 28 * (2 * recompute_params + 2.0 * 2048 * 3072));
+  EXPECT_DOUBLE_EQ(none.flops - full.flops, recompute_flops_saved_per_token(s, 2048, 28, 0) * tokens);
+  // h1, x2, h2, q, att [N, 3072]; k, v [N, 1024]; gate, up, act [N, 8192] bf16; rstd1, rstd2 [N], lse F32.
+  EXPECT_EQ(F, size_t(8 * 2048) * (2 * (5 * 3072 + 2 * 1024 + 3 * 8192) + 4 * (2 + 24)));
+  // Room for attention in every layer and a few layers whole: attention first, then upgrades.
+  const size_t mid_budget = none.gpu_bytes + none.gpu_bytes / 50 + 28 * per + 3 * F;
+  r.gpu_budget = mid_budget;
+  const Plan mid = make_plan(s, r, be);
+  ASSERT_TRUE(mid.fits);
+  const size_t mid_margin = std::max(size_t(256) << 20, mid_budget / 100);
+  EXPECT_EQ(mid.whole_layers + mid.kept_layers, 28);
+  EXPECT_GE(mid.whole_layers, 3);
+  EXPECT_LE(mid.gpu_bytes + mid_margin, mid_budget);
+  EXPECT_GT(mid.gpu_bytes + mid_margin + (F - per), mid_budget);  // one more upgrade would not fit
+  EXPECT_EQ(mid.gpu_bytes, none.gpu_bytes + size_t(mid.whole_layers) * F + size_t(mid.kept_layers) * per);
+
+  // Forced: that many, and refused when it does not fit.
+  r.gpu_budget = budget;
+  r.whole_layers = 0;
+  r.kept_layers = 28;
+  const Plan forced = make_plan(s, r, be);
+  EXPECT_EQ(forced.kept_layers, 28);
+  EXPECT_FALSE(forced.fits);
+  EXPECT_EQ(forced.short_of.memory, Shortfall::Memory::Gpu);
+
+  // Nothing kept without training, on the cpu backend by default, or in the sliding engine.
+  r.kept_layers = -1;
+  r.whole_layers = -1;
+  r.gpu_budget = size_t(140) << 30;
+  r.training = false;
+  r.optimizer = false;
+  EXPECT_EQ(make_plan(s, r, be).kept_layers + make_plan(s, r, be).whole_layers, 0);
+  r.training = r.optimizer = true;
+  r.offload = OffloadChoice::On;
+  EXPECT_EQ(make_plan(s, r, be).kept_layers + make_plan(s, r, be).whole_layers, 0);
+  const ModelSpec tiny = spec_of("llama");
+  PlanRequest c;
+  c.batch = 2;
+  c.seq = 8;
+  c.host_budget = size_t(8) << 30;
+  EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).kept_layers, 0);
+  EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).whole_layers, 0);
+  c.kept_layers = 1;
+  c.whole_layers = 1;
+  EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).kept_layers, 1);
+  EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).whole_layers, 1);
+}
+
+TEST(Planner, SelectiveRecomputeRefusesLayerCountsOutOfRange) {
+  const ModelSpec s = spec_of("llama");
+  PlanRequest r;
+  r.batch = 1;
+  r.seq = 4;
+  r.kept_layers = s.n_layer + 1;
+  test::expect_setting_error([&] { make_plan(s, r, backend_info("cpu")); }, Setting::KeepAttention);
+  r.kept_layers = -2;
+  test::expect_setting_error([&] { make_plan(s, r, backend_info("cpu")); }, Setting::KeepAttention);
+  r.kept_layers = s.n_layer;  // every layer, and one also whole
+  r.whole_layers = 1;
+  test::expect_setting_error([&] { make_plan(s, r, backend_info("cpu")); }, Setting::KeepAttention);
+  r.kept_layers = -1;
+  r.whole_layers = s.n_layer + 1;
+  test::expect_setting_error([&] { make_plan(s, r, backend_info("cpu")); }, Setting::KeepLayers);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "engine/state_stream.h"
 #include "engine_state.h"
 #include "model_fixtures.h"
+#include "record_fixtures.h"
 #include "test_util.h"
 
 namespace sf {
@@ -22,19 +23,7 @@ namespace {
 
 using HostParams = test::NamedTensors;
 
-std::vector<Record> records(int vocab, uint64_t seed, int n) {
-  std::mt19937_64 rng(seed);
-  std::vector<Record> recs;
-  for (int i = 0; i < n; ++i) {
-    Record r;
-    const int len = 3 + int(rng() % 9);
-    for (int t = 0; t < len; ++t) r.ids.push_back(int32_t(rng() % uint64_t(vocab)));
-    r.labels = r.ids;
-    if (i % 3 == 1) r.labels[1] = kIgnoreIndex;
-    recs.push_back(r);
-  }
-  return recs;
-}
+using test::random_records;
 
 // Runs `steps` optimizer steps of `micro` micro-batches (2 records each) through Engine::step and
 // returns the losses and final parameters. Without clipping the sliding engine updates each blob
@@ -145,7 +134,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   nlohmann::json cfg = test::tiny_config(c.family);
   if (c.stall_streams) cfg["num_hidden_layers"] = 4;  // buffers alternate: reuse within one pass
   ModelSpec spec = parse_model_spec(cfg, "tiny");
-  auto recs = records(int(spec.vocab), 21, 7);
+  auto recs = random_records(int(spec.vocab), 21, 7);
   EngineOptions eo;
   eo.max_batch = 2;
   eo.max_seq = 11;
@@ -361,7 +350,7 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
   nlohmann::json cfg = test::tiny_config("llama");
   ModelSpec spec = parse_model_spec(cfg, "tiny");
   const ModelLayout layout = make_layout(spec);
-  auto recs = records(int(spec.vocab), 23, 6);
+  auto recs = random_records(int(spec.vocab), 23, 6);
   for (DType state : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(std::string("optimizer state ") + dtype_name(state));
     EngineOptions eo;
@@ -435,7 +424,7 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
 TEST(SlidingEngine, TraceRecordsTheTimelineOfEachStep) {
   nlohmann::json cfg = test::tiny_config("llama");
   ModelSpec spec = parse_model_spec(cfg, "tiny");
-  auto recs = records(int(spec.vocab), 29, 6);
+  auto recs = random_records(int(spec.vocab), 29, 6);
   EngineOptions eo;
   eo.max_batch = 2;
   eo.max_seq = 11;

@@ -9,7 +9,9 @@
 #    gemma3 = issue 18's Gemma 3 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
 #    the two halves of moe and gemma3, gds = issue 17's GPUDirect Storage checks, profile3b = issue
 #    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers,
-#    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, bench_adamw = the host AdamW kernel alone)
+#    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, bench_adamw = the host AdamW kernel alone,
+#    recompute = issue 19's selective recompute: the 3B and 1B resident steps with every layer
+#    recomputed, attention kept, and the planner's choice, the op profile of the last)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -385,6 +387,25 @@ sys.exit(0 if p['fits'] and (p['optimizer_state'] == 'fp32' or per <= 9) else 1)
     # issue 19: where the 3B step's GPU time goes, op by op (resident and all-host), beside PyTorch
     # with compiled layers; the tables land in $OUT/profile/*.log (tools/gpu_profile.sh)
     profile3b) run profile3b env OUT="$OUT/profile" bash tools/gpu_profile.sh "$BIN" ;;
+    # issue 19: selective recompute (docs/ENGINE.md "Selective recompute"). The 3B resident step
+    # with every layer recomputed (--keep-layers 0 --keep-attention 0: the path before it),
+    # attention kept in every layer (saves 28 attention forwards, 5.8 TFLOP a step), the planner's
+    # choice (on the H200: every layer kept whole, no recompute: 75.0 of the step's 411 TFLOP); then the
+    # planner's choice op-profiled (attention forward calls 28 instead of 56, the GEMMs' share), and
+    # the 1B step without and with. Each log's plan line says how many layers kept what. First the
+    # GPU test (tests/gpu/test_cuda_selective_recompute.cpp: gradients against the recompute path).
+    recompute)
+      run recompute_gpu_test "$BIN/sf_gpu_tests" --gtest_filter='CudaSelectiveRecompute*'
+      for k in "none:--keep-layers 0 --keep-attention 0" "attention:--keep-layers 0 --keep-attention -1" "planner:--keep-layers -1 --keep-attention -1"; do
+        run sf_3b_keep_${k%%:*} "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+          --steps 4 --warmup 1 --device cuda --no-offload ${k#*:}
+      done
+      run sf_3b_keep_planner_profile "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+        --steps 3 --warmup 1 --device cuda --no-offload --profile-ops --keep-layers -1 --keep-attention -1
+      for k in "none:--keep-layers 0 --keep-attention 0" "planner:--keep-layers -1 --keep-attention -1"; do
+        run sf_1b_keep_${k%%:*} "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 \
+          --steps 6 --warmup 2 --device cuda --no-offload ${k#*:}
+      done ;;
     bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;
     # hardware counters of the RMSNorm backward (Firecracker machines only)
     ncu_rmsnorm) run ncu_rmsnorm ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \

@@ -32,6 +32,13 @@ void EngineFlags::add(CLI::App* c) {
   c->add_option("--gpu-blobs", gpu_blobs,
                 "blobs (embedding, head, then layers) the sliding engine keeps whole on the GPU, with their "
                 "optimizer state (default: as many as fit)");
+  c->add_option("--keep-attention", keep_attention,
+                "layers whose attention output the in-memory engine keeps from the forward, so that their backward's "
+                "recompute skips attention (default 0: none; -1: as many as the GPU memory has room for)");
+  c->add_option("--keep-layers", keep_layers,
+                "layers whose activations the in-memory engine keeps whole from the forward, so that their backward "
+                "runs without a recompute (default 0: none; -1: as many as the GPU memory has room for after "
+                "--keep-attention)");
   c->add_option("--gpu-memory", gpu_memory, "GPU memory to use, e.g. 40GiB (default: 90% of the free memory)");
   c->add_option("--cpu-memory", cpu_memory, "host memory to plan with (default: what the system reports available)");
   c->add_option("--offload-dir", offload_dir,
@@ -64,6 +71,8 @@ void EngineFlags::apply(EngineRequest& e) const {
   e.offload = offload ? OffloadChoice::On : no_offload ? OffloadChoice::Off : OffloadChoice::Auto;
   e.slots = slots;
   e.gpu_blobs = gpu_blobs;
+  e.kept_layers = keep_attention;
+  e.whole_layers = keep_layers;
   e.gpu_memory = gpu_memory.empty() ? 0 : size_t(parse_size(gpu_memory, "--gpu-memory"));
   e.cpu_memory = cpu_memory.empty() ? 0 : size_t(parse_size(cpu_memory, "--cpu-memory"));
   if (!disk_memory.empty() && offload_dir.empty()) input_error("--disk-memory", "needs --offload-dir");

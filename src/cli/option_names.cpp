@@ -34,6 +34,10 @@ const char* option_name(Setting s) {
       return "--offload-dir";
     case Setting::DiskMemory:
       return "--disk-memory";
+    case Setting::KeepAttention:
+      return "--keep-attention";
+    case Setting::KeepLayers:
+      return "--keep-layers";
   }
   return "";  // not reached: -Wswitch names a Setting without an option
 }

@@ -86,6 +86,10 @@ const char* setting_name(Setting s) {
       return "offload directory";
     case Setting::DiskMemory:
       return "disk budget";
+    case Setting::KeepAttention:
+      return "layers keeping attention's output";
+    case Setting::KeepLayers:
+      return "layers kept whole";
   }
   return "setting";
 }

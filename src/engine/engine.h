@@ -28,6 +28,12 @@ struct EngineOptions {
   // AdamW m and v: F32 (exact), or BF16 written back with unbiased stochastic rounding (8 instead of
   // 12 bytes of state a parameter with the fp32 master; AdamWParams::round_seed seeds the rounding).
   DType state_dtype = DType::F32;
+  // Selective recompute (resident engine, training; the planner sets both from the spare GPU
+  // memory): the first whole_layers decoder layers keep every activation their backward reads
+  // (Workspace::layer_kept: no recompute); the next kept_layers keep their attention output and
+  // softmax statistics (KeptActs, model/program.h: their recompute skips attention).
+  int whole_layers = 0;
+  int kept_layers = 0;
 };
 
 // Bytes of one [tokens, hidden] activation in `act`, 256-aligned (both engines' activation stride).

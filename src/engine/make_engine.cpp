@@ -46,6 +46,8 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   r.offload = req.offload;
   r.slots = req.slots;
   r.gpu_blobs = req.gpu_blobs;
+  r.whole_layers = req.whole_layers;
+  r.kept_layers = req.kept_layers;
   r.gpu_budget = req.gpu_memory;
   r.host_budget = req.cpu_memory;
   r.offload_dir = req.offload_dir;
@@ -82,6 +84,8 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
   eo.max_batch = p.micro_batch;  // the micro-batches the plan counted (maybe split)
   eo.max_micro = p.micro_batches;
   eo.state_dtype = req.state_dtype;
+  eo.whole_layers = p.whole_layers;
+  eo.kept_layers = p.kept_layers;
   b.engine = make_engine(*b.dev, spec, eo, p, req);
   return b;
 }

@@ -41,26 +41,38 @@ struct Flops {
 };
 // Keys a query sees, summed over the decoder layers, averaged over a row of T tokens: T/2 for causal
 // attention ((T + 1) / 2 exactly), W - W(W - 1) / 2T for a local layer's window W < T (Gemma 3).
+double layer_attention_keys(const ModelSpec& s, int T, int l) {
+  const double W = double(s.local_window);
+  return s.is_local(l) && W < T ? W - W * (W - 1) / (2.0 * T) : 0.5 * T;
+}
 double attention_keys_per_token(const ModelSpec& s, int T) {
   double keys = 0;
-  for (int l = 0; l < s.n_layer; ++l) {
-    const double W = double(s.local_window);
-    keys += s.is_local(l) && W < T ? W - W * (W - 1) / (2.0 * T) : 0.5 * T;
-  }
+  for (int l = 0; l < s.n_layer; ++l) keys += layer_attention_keys(s, T, l);
   return keys;
+}
+
+// The matrix parameters a token multiplies in layer l's forward, and in its recompute (a dense
+// Llama layer skips its down projection there; Program::layer_recompute).
+struct LayerMatrixParams {
+  double forward = 0, recompute = 0;
+};
+LayerMatrixParams layer_matrix_params(const ModelSpec& s, int l) {
+  const double H = double(s.hidden), Q = double(s.q_dim()), KV = double(s.kv_dim()), I = double(s.intermediate);
+  const double Ie = double(s.moe.intermediate);
+  const double mlp = s.moe_layer(l) ? double(s.moe.n_expert) * H + double(s.moe.top_k) * 3 * H * Ie : 3 * H * I;
+  const double fwd = H * Q + 2 * H * KV + Q * H + mlp;
+  return {fwd, fwd - (s.moe_layer(l) || s.sandwich_norm ? 0.0 : H * I)};
 }
 
 // Mixture-of-experts layers count their active parameters: the router and top_k experts (the
 // FLOPs a token costs; MFU on active parameters).
 Flops flops_per_token(const ModelSpec& s, int T) {
-  const double H = double(s.hidden), Q = double(s.q_dim()), KV = double(s.kv_dim()), I = double(s.intermediate);
+  const double H = double(s.hidden), Q = double(s.q_dim());
   double Pd = 0;  // the decoder layers' matrix parameters a token multiplies
   double Pr = 0;  // of which the recompute multiplies (a dense Llama layer skips its down projection)
   for (int l = 0; l < s.n_layer; ++l) {
-    const double Ie = double(s.moe.intermediate);
-    const double mlp = s.moe_layer(l) ? double(s.moe.n_expert) * H + double(s.moe.top_k) * 3 * H * Ie : 3 * H * I;
-    Pd += H * Q + 2 * H * KV + Q * H + mlp;
-    Pr += H * Q + 2 * H * KV + Q * H + mlp - (s.moe_layer(l) || s.sandwich_norm ? 0.0 : H * I);
+    Pd += layer_matrix_params(s, l).forward;
+    Pr += layer_matrix_params(s, l).recompute;
   }
   const double Ph = double(s.vocab) * H;
   const double attn_fwd = 4.0 * Q * attention_keys_per_token(s, T);  // QK^T and PV over the keys seen
@@ -77,6 +89,14 @@ Flops flops_per_token(const ModelSpec& s, int T) {
 double train_flops_per_token(const ModelSpec& s, int T, bool with_recompute) {
   const Flops f = flops_per_token(s, T);
   return with_recompute ? f.total : 3 * f.forward;
+}
+
+double recompute_flops_saved_per_token(const ModelSpec& s, int T, int whole_layers, int kept_layers) {
+  const double Q = double(s.q_dim());
+  double saved = 0;
+  for (int l = 0; l < std::min(whole_layers + kept_layers, s.n_layer); ++l)
+    saved += 4 * Q * layer_attention_keys(s, T, l) + (l < whole_layers ? 2 * layer_matrix_params(s, l).recompute : 0.0);
+  return saved;
 }
 
 const char* engine_name(EngineKind k) { return k == EngineKind::Sliding ? "sliding" : "resident"; }
@@ -129,8 +149,10 @@ BackendSizes backend_sizes(const ModelSpec& s, int B, int T, const BackendInfo& 
 }  // namespace
 
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const BackendInfo& be, bool training,
-                                        bool optimizer, int micro, DType state) {
+                                        bool optimizer, int micro, DType state, int whole_layers, int kept_layers) {
   EngineOptions o;
+  o.whole_layers = whole_layers;
+  o.kept_layers = kept_layers;
   o.state_dtype = state;
   o.max_batch = B;
   o.max_seq = T;
@@ -192,11 +214,13 @@ class Planner {
   Plan choose() {
     if (r_.offload == OffloadChoice::Off) {
       fill(EngineKind::Resident, 0);
+      keep_activations();
     } else if (r_.offload == OffloadChoice::On || r_.slots > 0) {
       sliding(r_.slots > 0 ? r_.slots : 3);
       if (!p_.fits && r_.slots == 0) sliding(2);
     } else {
       fill(EngineKind::Resident, 0);
+      keep_activations();
       if (!p_.fits) {
         sliding(3);
         if (!p_.fits) sliding(2);
@@ -208,6 +232,41 @@ class Planner {
   }
 
  private:
+  // Selective recompute: a resident training plan that fits spends the GPU budget's spare room on
+  // kept activations — first attention's output in every layer it has room for (A bytes a layer,
+  // ResidentEngine::kept_layer_bytes: attention is the costliest op to recompute per byte kept),
+  // then layers kept whole (F bytes, Workspace::forward_bytes_for: no recompute), each upgraded
+  // from an attention-kept one for F - A more. A requested count (PlanRequest) is taken as it is
+  // (the plan may then not fit) and the other fills what is left. None on the cpu backend unless
+  // asked: its "GPU" is host memory, and it is the reference path.
+  void keep_activations() {
+    if (p_.engine != EngineKind::Resident || !r_.training || !p_.fits) return;
+    const bool auto_whole = r_.whole_layers < 0, auto_kept = r_.kept_layers < 0;
+    const int L = s_.n_layer;
+    int whole = auto_whole ? 0 : r_.whole_layers, kept = auto_kept ? 0 : r_.kept_layers;
+    if ((auto_whole || auto_kept) && !on_host_ && p_.gpu_budget > 0) {
+      const size_t A = ResidentEngine::kept_layer_bytes(s_, r_.batch, r_.seq, be_.compute_dtype);
+      const size_t F = Workspace::forward_bytes_for(s_, r_.batch, r_.seq, be_.compute_dtype);
+      const size_t used = p_.gpu_bytes + gpu_margin() + size_t(whole) * F + size_t(kept) * A;
+      size_t spare = used < p_.gpu_budget ? p_.gpu_budget - used : 0;
+      if (auto_kept) {
+        const int n = int(std::min(spare / A, size_t(std::max(L - whole, 0))));
+        kept += n;
+        spare -= size_t(n) * A;
+      }
+      if (auto_whole) {
+        const int up = auto_kept && F > A ? int(std::min(spare / (F - A), size_t(kept))) : 0;
+        kept -= up;
+        whole += up;
+        spare -= size_t(up) * (F - A);
+        whole += int(std::min(spare / F, size_t(std::max(L - whole - kept, 0))));
+      }
+    }
+    if (whole > 0 || kept > 0) fill(EngineKind::Resident, 0, {}, {}, 0, {}, {}, {}, whole, kept);
+  }
+  // Headroom in the arena: 256-byte rounding of each buffer, the CUDA libraries' own needs.
+  size_t gpu_margin() const { return std::max(size_t(256) << 20, p_.gpu_budget / 100); }
+
   // Without clipping the host updates each blob as its gradient lands, but the first blobs of the
   // forward land last: the part of the host's work that does not fit into the backward is held and
   // runs during the next forward (SlidingOptions::hold_grads). Sized from the rates when the
@@ -228,8 +287,10 @@ class Planner {
   void fill(EngineKind engine, int slots, const std::vector<int>& gpu_blobs = {},
             const std::vector<int>& disk_blobs = {}, int ckpt_disk_layers = 0,
             const std::vector<int>& disk_masters = {}, const std::vector<int>& disk_weights = {},
-            const std::vector<int>& disk_grads = {}) {
+            const std::vector<int>& disk_grads = {}, int whole_layers = 0, int kept_layers = 0) {
     p_.engine = engine;
+    p_.whole_layers = whole_layers;
+    p_.kept_layers = kept_layers;
     p_.slots = slots;
     p_.gpu_blobs = gpu_blobs;
     p_.disk_blobs = disk_blobs;
@@ -246,7 +307,7 @@ class Planner {
     base.state_dtype = r_.state_dtype;
     p_.items = engine == EngineKind::Resident
                    ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum,
-                                     r_.state_dtype)
+                                     r_.state_dtype, whole_layers, kept_layers)
                    : sliding_memory(s_, sliding_options(p_, base, r_.clip || !r_.optimizer), be_);
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
     p_.disk_write_bytes = double(p_.disk_bytes);
@@ -259,8 +320,7 @@ class Planner {
     p_.host_bytes = p_.pinned_bytes + total_bytes(p_.items, Place::Host) + (on_host_ ? p_.gpu_bytes : 0);
     p_.short_of = Shortfall{};
     const bool gpu_known = p_.gpu_budget > 0;
-    // Headroom in the arena: 256-byte rounding of each buffer, the CUDA libraries' own needs.
-    const size_t margin = std::max(size_t(256) << 20, p_.gpu_budget / 100);
+    const size_t margin = gpu_margin();
     if (!on_host_ && gpu_known && p_.gpu_bytes + margin > p_.gpu_budget)
       p_.short_of = {Shortfall::Memory::Gpu, p_.gpu_bytes, p_.gpu_budget, 0};
     else if (p_.host_budget > 0 && p_.host_bytes > p_.host_budget)
@@ -587,7 +647,7 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
 void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
   const double tokens = double(r.batch) * r.seq * r.grad_accum;
   const Flops f = flops_per_token(s, r.seq);
-  p.flops = f.total * tokens;
+  p.flops = (f.total - recompute_flops_saved_per_token(s, r.seq, p.whole_layers, p.kept_layers)) * tokens;
   p.gpu_s = p.flops / (rates.model_tflops * 1e12);
   if (p.engine == EngineKind::Resident)
     p.step_s = p.gpu_s;
@@ -611,6 +671,13 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
                                       std::to_string(gpu_blob_order(s).size()) + " blobs");
   if (r.gpu_blobs > int(gpu_blob_order(s).size()))
     setting_error(Setting::GpuBlobs, "the model has " + std::to_string(gpu_blob_order(s).size()) + " blobs");
+  if (r.whole_layers < -1 || r.whole_layers > s.n_layer)
+    setting_error(Setting::KeepLayers, std::to_string(r.whole_layers) + " is not a layer count from 0 to the model's " +
+                                           std::to_string(s.n_layer) + " layers");
+  if (r.kept_layers < -1 || r.kept_layers > s.n_layer - std::max(r.whole_layers, 0))
+    setting_error(Setting::KeepAttention, std::to_string(r.kept_layers) +
+                                              " is not a layer count from 0 to the model's " +
+                                              std::to_string(s.n_layer) + " layers less those kept whole");
   Plan p = Planner(s, r, be, rates).choose();
   if (p.engine == EngineKind::Sliding && p.short_of.memory == Shortfall::Memory::Gpu && r.split_micro) {
     Plan sub;
@@ -622,15 +689,18 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
 }
 
 std::string plan_summary(const Plan& p) {
-  std::string s = std::string("plan: ") + engine_name(p.engine) + " engine" +
-                  (p.engine == EngineKind::Sliding ? ", " + std::to_string(p.slots) + " GPU slots, " +
-                                                         std::to_string(p.gpu_blobs.size()) + " blobs kept on the GPU"
-                                                   : std::string()) +
-                  (p.micro_batch > 0 ? "; micro-batches of " + std::to_string(p.micro_batch) + " x " +
-                                           std::to_string(p.micro_batches) + " a step"
-                                     : std::string()) +
-                  "; device " + format_bytes(p.gpu_bytes) + ", host " + format_bytes(p.host_bytes) + " (" +
-                  format_bytes(p.pinned_bytes) + " pinned)";
+  std::string s =
+      std::string("plan: ") + engine_name(p.engine) + " engine" +
+      (p.engine == EngineKind::Sliding ? ", " + std::to_string(p.slots) + " GPU slots, " +
+                                             std::to_string(p.gpu_blobs.size()) + " blobs kept on the GPU"
+                                       : std::string()) +
+      (p.micro_batch > 0
+           ? "; micro-batches of " + std::to_string(p.micro_batch) + " x " + std::to_string(p.micro_batches) + " a step"
+           : std::string()) +
+      (p.whole_layers > 0 ? "; " + std::to_string(p.whole_layers) + " layers kept whole" : std::string()) +
+      (p.kept_layers > 0 ? "; attention kept in " + std::to_string(p.kept_layers) + " layers" : std::string()) +
+      "; device " + format_bytes(p.gpu_bytes) + ", host " + format_bytes(p.host_bytes) + " (" +
+      format_bytes(p.pinned_bytes) + " pinned)";
   if (p.tokens_per_s > 0) s += "; predicted at best " + std::to_string(int64_t(p.tokens_per_s)) + " tokens/s";
   return s;
 }
@@ -645,7 +715,11 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
   o << "engine: " << engine_name(p.engine)
     << (p.engine == EngineKind::Sliding ? " (" + std::to_string(p.slots) + " GPU slots, " +
                                               std::to_string(p.gpu_blobs.size()) + " blobs kept whole on the GPU)"
-                                        : "")
+        : p.whole_layers + p.kept_layers > 0
+            ? " (of " + std::to_string(s.n_layer) + " layers, " + std::to_string(p.whole_layers) +
+                  " kept whole: no recompute; " + std::to_string(p.kept_layers) +
+                  " keep attention's output: their recompute skips attention)"
+            : "")
     << "\n";
   for (Place where : {Place::Device, Place::Pinned, Place::Host, Place::Disk}) {
     const size_t n = total_bytes(p.items, where);

@@ -20,9 +20,10 @@ namespace sf {
 // ResidentEngine::buffers / SlidingEngine::buffers, with the items of one name summed) for max_batch x max_seq
 // micro-batches (the resident engine holds gradients only when training, AdamW state only with the optimizer; the
 // sliding one always both: sliding_memory, after Plan). `state`: the dtype of AdamW m and v (EngineOptions::state_dtype).
+// whole_layers, kept_layers: EngineOptions::whole_layers, kept_layers (selective recompute).
 std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int max_seq, const BackendInfo& be,
                                         bool training = true, bool optimizer = true, int micro = 1,
-                                        DType state = DType::F32);
+                                        DType state = DType::F32, int whole_layers = 0, int kept_layers = 0);
 // The order in which the planner moves blobs' AdamW state to the NVMe store: the layers, last
 // first (the embedding's and the head's updates stay in host memory: without clipping the
 // embedding's is the last of a backward and the next forward needs it first).
@@ -76,6 +77,12 @@ struct PlanRequest {
   // start-up: the cuFile library (GPUDirect Storage: no pinned ring), or empty (io_uring + pinned
   // bounce buffers). The engine is built with the plan's (Plan::ckpt_cufile).
   std::string ckpt_cufile;
+  // Selective recompute in the resident engine (EngineOptions::whole_layers, kept_layers): layers
+  // kept whole (no recompute) and layers keeping attention's output. -1: the planner's choice (on
+  // a GPU: attention kept in every layer the budget has room for, then as many of them kept whole
+  // as the rest allows; none on the cpu backend), N: that many.
+  int whole_layers = -1;
+  int kept_layers = -1;
 };
 
 enum class EngineKind { Resident, Sliding };
@@ -104,6 +111,8 @@ struct Plan {
   std::vector<int> disk_weights;  // sliding: of disk_masters, those whose working copy is too (read per upload)
   std::vector<int> disk_grads;    // sliding, clipping: of disk_blobs, those whose held gradient waits there
   std::string ckpt_cufile;        // PlanRequest::ckpt_cufile: checkpoints on disk through cuFile (no pinned ring)
+  int whole_layers = 0;           // resident, training: layers kept whole (EngineOptions::whole_layers)
+  int kept_layers = 0;            // resident, training: layers keeping attention's output (EngineOptions::kept_layers)
   // The micro-batches the engine runs: micro_batches of micro_batch sequences a step. The request's
   // batch x grad_accum, unless the sliding engine only fits the GPU with smaller micro-batches
   // (smaller workspace and activations; the same step, as the loss is normalised per step).
@@ -140,6 +149,11 @@ std::vector<MemoryItem> sliding_memory(const ModelSpec& s, const SlidingOptions&
 // backward (3x the forward), plus the decoder layers' recomputed forward when with_recompute
 // (what the GPU executes; the planner's compute model). MFU uses it without the recompute.
 double train_flops_per_token(const ModelSpec& s, int T, bool with_recompute);
+// FLOPs a trained token saves by selective recompute (EngineOptions::whole_layers, kept_layers):
+// a layer kept whole skips its recompute (its matrix products, 2 x the parameters it multiplies
+// there, and attention); a layer keeping attention's output skips attention's forward, QK^T and PV
+// over the keys each query sees (4 x q_dim x keys: 2 x T x q_dim for a causal layer of T tokens).
+double recompute_flops_saved_per_token(const ModelSpec& s, int T, int whole_layers, int kept_layers);
 
 // Bytes the uploads of one pass (every host blob once) carry up PCIe in a sliding plan: a blob's
 // fp32 master (4 bytes a parameter, cast on the GPU), or, when its master is in the NVMe store

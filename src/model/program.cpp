@@ -27,29 +27,16 @@ struct Carver {
   }
 };
 
-void carve_moe(Carver& c, const ModelSpec& s, DType a, int64_t N, LayerBuffers& w) {
-  const int64_t E = s.moe.n_expert, k = s.moe.top_k, S = N * k, H = s.hidden, Ie = s.moe.intermediate;
-  w.logits = c.take(a, {N, E});
-  w.probs = c.take(DType::F32, {N, E});
-  w.topk_idx = c.take(DType::I32, {N, k});
-  w.topk_w = c.take(DType::F32, {N, k});
-  w.dtopk_w = c.take(DType::F32, {N, k});
-  w.offsets = c.take(DType::I32, {E + 1});
-  w.sorted_slot = c.take(DType::I32, {S});
-  w.slot_pos = c.take(DType::I32, {S});
-  w.xs = c.take(a, {S, H});
-  w.egate = c.take(a, {S, Ie});
-  w.eup = c.take(a, {S, Ie});
-  w.eact = c.take(a, {S, Ie});
-  w.ys = c.take(a, {S, H});
-  w.dys = c.take(a, {S, H});
-  w.degate = c.take(a, {S, Ie});
-  w.deup = c.take(a, {S, Ie});
+bool has_dense_mlp(const ModelSpec& s) {
+  for (int l = 0; l < s.n_layer; ++l)
+    if (!s.moe_layer(l)) return true;
+  return false;
 }
 
-LayerBuffers carve_layer(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t attn_ws) {
+// What a layer's forward writes and its backward reads (a layer kept whole holds these of its own;
+// the backward may reuse some of them as scratch, e.g. act as d(act)).
+void carve_forward(Carver& c, const ModelSpec& s, DType a, int B, int T, LayerBuffers& w) {
   const int64_t N = int64_t(B) * T, H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate;
-  LayerBuffers w;
   w.h1 = c.take(a, {N, H});
   w.rstd1 = c.take(DType::F32, {N});
   if (s.qk_norm) {
@@ -57,8 +44,6 @@ LayerBuffers carve_layer(Carver& c, const ModelSpec& s, DType a, int B, int T, s
     w.k_raw = c.take(a, {N, KV});
     w.q_rstd = c.take(DType::F32, {N * s.n_head});
     w.k_rstd = c.take(DType::F32, {N * s.n_kv_head});
-    w.dq_raw = c.take(a, {N, Q});
-    w.dk_raw = c.take(a, {N, KV});
   }
   w.q = c.take(a, {N, Q});
   w.k = c.take(a, {N, KV});
@@ -68,28 +53,64 @@ LayerBuffers carve_layer(Carver& c, const ModelSpec& s, DType a, int B, int T, s
   w.x2 = c.take(a, {N, H});
   w.h2 = c.take(a, {N, H});
   w.rstd2 = c.take(DType::F32, {N});
-  bool dense = false;  // the model has a dense-MLP layer
-  for (int l = 0; l < s.n_layer; ++l) dense = dense || !s.moe_layer(l);
-  if (dense) {
+  if (has_dense_mlp(s)) {
     w.gate = c.take(a, {N, I});
     w.up = c.take(a, {N, I});
     w.act = c.take(a, {N, I});
-    w.dgate = c.take(a, {N, I});
-    w.dup = c.take(a, {N, I});
   }
-  if (s.is_moe()) carve_moe(c, s, a, N, w);
-  w.dh = c.take(a, {N, H});
-  w.dq = c.take(a, {N, Q});
-  w.dk = c.take(a, {N, KV});
-  w.dv = c.take(a, {N, KV});
-  w.datt = c.take(a, {N, Q});
-  w.attn_ws = c.take_bytes(attn_ws);
+  if (s.is_moe()) {
+    const int64_t E = s.moe.n_expert, k = s.moe.top_k, S = N * k, Ie = s.moe.intermediate;
+    w.logits = c.take(a, {N, E});
+    w.probs = c.take(DType::F32, {N, E});
+    w.topk_idx = c.take(DType::I32, {N, k});
+    w.topk_w = c.take(DType::F32, {N, k});
+    w.offsets = c.take(DType::I32, {E + 1});
+    w.sorted_slot = c.take(DType::I32, {S});
+    w.slot_pos = c.take(DType::I32, {S});
+    w.xs = c.take(a, {S, H});
+    w.egate = c.take(a, {S, Ie});
+    w.eup = c.take(a, {S, Ie});
+    w.eact = c.take(a, {S, Ie});
+    w.ys = c.take(a, {S, H});
+  }
   if (s.sandwich_norm) {
     w.attn_o = c.take(a, {N, H});
     w.mlp_o = c.take(a, {N, H});
     w.rstd_ao = c.take(DType::F32, {N});
     w.rstd_mo = c.take(DType::F32, {N});
   }
+}
+
+// The backward's own scratch.
+void carve_scratch(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t attn_ws, LayerBuffers& w) {
+  const int64_t N = int64_t(B) * T, H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate;
+  if (s.qk_norm) {
+    w.dq_raw = c.take(a, {N, Q});
+    w.dk_raw = c.take(a, {N, KV});
+  }
+  if (has_dense_mlp(s)) {
+    w.dgate = c.take(a, {N, I});
+    w.dup = c.take(a, {N, I});
+  }
+  if (s.is_moe()) {
+    const int64_t k = s.moe.top_k, S = N * k, Ie = s.moe.intermediate;
+    w.dtopk_w = c.take(DType::F32, {N, k});
+    w.dys = c.take(a, {S, H});
+    w.degate = c.take(a, {S, Ie});
+    w.deup = c.take(a, {S, Ie});
+  }
+  w.dh = c.take(a, {N, H});
+  w.dq = c.take(a, {N, Q});
+  w.dk = c.take(a, {N, KV});
+  w.dv = c.take(a, {N, KV});
+  w.datt = c.take(a, {N, Q});
+  w.attn_ws = c.take_bytes(attn_ws);
+}
+
+LayerBuffers carve_layer(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t attn_ws) {
+  LayerBuffers w;
+  carve_forward(c, s, a, B, T, w);
+  carve_scratch(c, s, a, B, T, attn_ws, w);
   return w;
 }
 
@@ -140,6 +161,25 @@ LayerBuffers Workspace::layer(const BatchDims& d) const {
   SF_CHECK(d.B <= max_B_ && d.T <= max_T_, "batch larger than the workspace");
   Carver c{static_cast<char*>(buf_.data())};
   return carve_layer(c, s_, act_, d.B, d.T, attn_ws_);
+}
+
+size_t Workspace::forward_bytes_for(const ModelSpec& s, int max_B, int max_T, DType act) {
+  Carver c{nullptr};
+  LayerBuffers w;
+  carve_forward(c, s, act, max_B, max_T, w);
+  return c.off;
+}
+
+// The forward's outputs from the layer's own block; the scratch from the workspace, where
+// layer(d) has it too (the forward's part comes first there and is as large as this block).
+LayerBuffers Workspace::layer_kept(const BatchDims& d, void* block) const {
+  SF_CHECK(d.B <= max_B_ && d.T <= max_T_, "batch larger than the workspace");
+  LayerBuffers w;
+  Carver f{static_cast<char*>(block)};
+  carve_forward(f, s_, act_, d.B, d.T, w);
+  Carver c{static_cast<char*>(buf_.data()) + forward_bytes_for(s_, max_B_, max_T_, act_)};
+  carve_scratch(c, s_, act_, d.B, d.T, attn_ws_, w);
+  return w;
 }
 
 HeadBuffers Workspace::head(const BatchDims& d) const {
@@ -219,7 +259,7 @@ static const Tensor& rope_sin(const ModelSpec& s, const RopeTables& r, int layer
 }
 
 void Program::attention_block_forward(const LayerParams& p, Tensor h1, const LayerBuffers& w, const BatchDims& d,
-                                      const RopeTables& rope, Stream& st) const {
+                                      const RopeTables& rope, Stream& st, bool attention_kept) const {
   using P = LayerParam;
   const int64_t N = d.N();
   if (s_.qk_norm) {
@@ -239,16 +279,34 @@ void Program::attention_block_forward(const LayerParams& p, Tensor h1, const Lay
   const Tensor &cos = rope_cos(s_, rope, p.layer), &sin = rope_sin(s_, rope, p.layer);
   ops_.rope_forward(w.q, cos, sin, d.T, s_.n_head, s_.head_dim, d.pos, st);
   ops_.rope_forward(w.k, cos, sin, d.T, s_.n_kv_head, s_.head_dim, d.pos, st);
-  ops_.attention_forward(w.att, w.lse, w.q, w.k, w.v, attn_dims(s_, d, p.layer), st);
+  if (!attention_kept) ops_.attention_forward(w.att, w.lse, w.q, w.k, w.v, attn_dims(s_, d, p.layer), st);
 }
 
+namespace {
+// w with attention's output and statistics in the kept buffers (KeptActs), viewed at this batch.
+LayerBuffers with_kept(LayerBuffers w, const KeptActs& k) {
+  if (k.empty()) return w;
+  SF_CHECK(k.att.bytes() >= w.att.bytes() && k.lse.bytes() >= w.lse.bytes() && k.att.dtype == w.att.dtype &&
+               k.lse.dtype == w.lse.dtype,
+           "kept activations smaller than the batch");
+  w.att.data = k.att.data;
+  w.lse.data = k.lse.data;
+  return w;
+}
+}  // namespace
+
 void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
-                            const RopeTables& rope, Stream& st) const {
+                            const RopeTables& rope, Stream& st, const KeptActs& kept) const {
+  layer_forward_into(p, x, y, with_kept(w, kept), d, rope, st, false);
+}
+
+void Program::layer_forward_into(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
+                                 const RopeTables& rope, Stream& st, bool attention_kept) const {
   using P = LayerParam;
-  if (s_.sandwich_norm) return gemma_layer_forward(p, x, y, w, d, rope, st);
+  if (s_.sandwich_norm) return gemma_layer_forward(p, x, y, w, d, rope, st, attention_kept);
   const float eps = float(s_.rms_eps);
   ops_.rmsnorm_forward(w.h1, w.rstd1, x, p[P::InputNorm], eps, st);
-  attention_block_forward(p, w.h1, w, d, rope, st);
+  attention_block_forward(p, w.h1, w, d, rope, st, attention_kept);
   linear_residual(w.x2, w.att, p[P::Wo], p[P::Bo], x, st);
   ops_.rmsnorm_forward(w.h2, w.rstd2, w.x2, p[P::PostNorm], eps, st);
   if (!p[P::Router].empty()) {
@@ -263,16 +321,18 @@ void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const Laye
   linear_residual(y, w.act, p[P::Wdown], p[P::Bdown], w.x2, st);
 }
 
-void Program::layer_recompute(const LayerParams& p, Tensor x, Tensor scratch, const LayerBuffers& w,
-                              const BatchDims& d, const RopeTables& rope, Stream& st) const {
+void Program::layer_recompute(const LayerParams& p, Tensor x, Tensor scratch, const LayerBuffers& w, const BatchDims& d,
+                              const RopeTables& rope, Stream& st, const KeptActs& kept) const {
   using P = LayerParam;
   const bool dense_llama = !s_.sandwich_norm && p[P::Router].empty();
-  layer_forward(p, x, dense_llama ? Tensor() : scratch, w, d, rope, st);
+  layer_forward_into(p, x, dense_llama ? Tensor() : scratch, with_kept(w, kept), d, rope, st, !kept.empty());
 }
 
 void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
-                             const LayerBuffers& w, const BatchDims& d, const RopeTables& rope, Stream& st) const {
+                             const LayerBuffers& w_ws, const BatchDims& d, const RopeTables& rope, Stream& st,
+                             const KeptActs& kept) const {
   using P = LayerParam;
+  const LayerBuffers w = with_kept(w_ws, kept);
   if (s_.sandwich_norm) return gemma_layer_backward(p, g, x, dy, dx, w, d, rope, st);
   // y = x2 + down(act): d(x2) starts as dy; dx holds d(x2) until the attention block's
   // contribution and the input norm's are added to it.

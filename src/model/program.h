@@ -65,6 +65,17 @@ struct LayerBuffers {
   Tensor degate, deup;           // [S, Ie]
 };
 
+// Selective recompute: what a layer keeps of its forward for its backward besides its input. With
+// att and lse given, the forward writes attention's output and softmax statistics there instead of
+// into the workspace, the recompute skips attention (the layer's costliest op to redo; q, k and v
+// are still recomputed: the attention backward needs them) and the backward reads them there.
+// Empty: the whole layer is recomputed from its input. The same bits either way (deterministic ops).
+struct KeptActs {
+  Tensor att;  // [N, Q]           attention output
+  Tensor lse;  // [B * n_head * T] F32 its log-sum-exp per query row
+  bool empty() const { return att.empty(); }
+};
+
 struct HeadBuffers {
   Tensor hf;      // [N, H] final norm output
   Tensor rstd;    // [N] F32
@@ -80,6 +91,11 @@ class Workspace {
   Workspace(Device& dev, const ModelSpec& s, int max_B, int max_T, DType act);
   // Views for a batch of B x T tokens (B <= max_B, T <= max_T).
   LayerBuffers layer(const BatchDims& d) const;
+  // Selective recompute, a layer kept whole (its backward without a recompute): the views of
+  // layer(d), but what the forward writes and the backward reads in `block` (forward_bytes_for
+  // bytes of device memory, the layer's own).
+  LayerBuffers layer_kept(const BatchDims& d, void* block) const;
+  static size_t forward_bytes_for(const ModelSpec& s, int max_B, int max_T, DType act);
   HeadBuffers head(const BatchDims& d) const;
   size_t bytes() const { return buf_.size(); }
   // What the constructor allocates (the planner sizes engines without allocating).
@@ -114,19 +130,20 @@ class Program {
   void embed_forward(Tensor x0, Tensor ids, Tensor table, Stream& st) const;
   void embed_backward(Tensor dtable, Tensor dx0, Tensor ids, Tensor scratch, Stream& st) const;
 
-  // y [N, H] = layer(x). Fills w with what backward needs.
+  // y [N, H] = layer(x). Fills w (and kept, when given) with what backward needs.
   // A layer whose params have a Router is a MoE layer (layout.h), else its MLP is dense.
   void layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
-                     const RopeTables& rope, Stream& st) const;
+                     const RopeTables& rope, Stream& st, const KeptActs& kept = {}) const;
   // The backward's recompute: fills w as layer_forward(x) does. The output itself is not needed:
   // a dense Llama layer skips its down projection and residual (a ninth of the layer's FLOPs);
-  // other layers write it into scratch [N, H].
+  // other layers write it into scratch [N, H]. With kept (as the forward had it) attention is
+  // skipped: its output is still in kept.
   void layer_recompute(const LayerParams& p, Tensor x, Tensor scratch, const LayerBuffers& w, const BatchDims& d,
-                       const RopeTables& rope, Stream& st) const;
-  // After layer_forward(x) into the same w: dx [N, H] from dy [N, H]; parameter grads g += .
-  // dx may not alias dy.
+                       const RopeTables& rope, Stream& st, const KeptActs& kept = {}) const;
+  // After layer_forward(x) into the same w (and kept): dx [N, H] from dy [N, H]; parameter grads
+  // g += . dx may not alias dy.
   void layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx, const LayerBuffers& w,
-                      const BatchDims& d, const RopeTables& rope, Stream& st) const;
+                      const BatchDims& d, const RopeTables& rope, Stream& st, const KeptActs& kept = {}) const;
 
   // The head's tensors: its input and weights, the targets, the loss it adds to, and (with the
   // backward) where its gradients go.
@@ -148,16 +165,21 @@ class Program {
   void head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w, Stream& st) const;
 
  private:
+  // layer_forward into w; attention_kept: w.att and w.lse already hold attention's output (the
+  // recompute of a layer with KeptActs), attention is not run again.
+  void layer_forward_into(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
+                          const RopeTables& rope, Stream& st, bool attention_kept) const;
   // Gemma 3's layer (sandwich norms, GeGLU; program_gemma3.cpp), called by layer_forward /
   // layer_backward when s_.sandwich_norm.
   void gemma_layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
-                           const RopeTables& rope, Stream& st) const;
+                           const RopeTables& rope, Stream& st, bool attention_kept) const;
   void gemma_layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
                             const LayerBuffers& w, const BatchDims& d, const RopeTables& rope, Stream& st) const;
   // The attention block shared by every family: h1 [N, H] -> w.att (q/k/v projections, q/k norms,
-  // RoPE, attention), and its backward from w.datt (= d att) to w.dh (= d h1, overwritten).
+  // RoPE, attention; attention itself not when attention_kept), and its backward from w.datt
+  // (= d att) to w.dh (= d h1, overwritten).
   void attention_block_forward(const LayerParams& p, Tensor h1, const LayerBuffers& w, const BatchDims& d,
-                               const RopeTables& rope, Stream& st) const;
+                               const RopeTables& rope, Stream& st, bool attention_kept) const;
   void attention_block_backward(const LayerParams& p, const LayerParams& g, Tensor h1, const LayerBuffers& w,
                                 const BatchDims& d, const RopeTables& rope, Stream& st) const;
   // RMSNorm of the family: Gemma's (1 + w) one when s_.gemma_norm.

@@ -8,10 +8,10 @@
 namespace sf {
 
 void Program::gemma_layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
-                                  const RopeTables& rope, Stream& st) const {
+                                  const RopeTables& rope, Stream& st, bool attention_kept) const {
   using P = LayerParam;
   norm_forward(w.h1, w.rstd1, x, p[P::InputNorm], st);
-  attention_block_forward(p, w.h1, w, d, rope, st);
+  attention_block_forward(p, w.h1, w, d, rope, st, attention_kept);
   linear(w.attn_o, w.att, p[P::Wo], p[P::Bo], st);
   norm_forward(w.x2, w.rstd_ao, w.attn_o, p[P::AttnOutNorm], st);
   ops_.add(w.x2, w.x2, x, st);  // residual

@@ -142,6 +142,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"engine", engine_name(built.plan.engine)},
           {"slots", built.plan.slots},
           {"gpu_blobs", built.plan.gpu_blobs.size()},
+          {"whole_layers", built.plan.whole_layers},
+          {"kept_layers", built.plan.kept_layers},
           {"predicted_tokens_per_second", built.plan.tokens_per_s},
           {"max_grad_norm", o.max_grad_norm},
           {"optimizer_state", o.engine.state_dtype == DType::BF16 ? "bf16" : "fp32"},

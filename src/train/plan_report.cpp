@@ -237,6 +237,8 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"micro_batches", p.micro_batches},
           {"hold_grads", p.hold_grads},
           {"gpu_blobs", p.gpu_blobs},
+          {"whole_layers", p.whole_layers},
+          {"kept_layers", p.kept_layers},
           {"disk_blobs", p.disk_blobs},
           {"ckpt_disk_layers", p.ckpt_disk_layers},
           {"disk_masters", p.disk_masters},
