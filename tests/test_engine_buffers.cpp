@@ -23,7 +23,8 @@ namespace sf {
 namespace {
 
 // The planner's options for a placement (planner.cpp's fill): defaults but the shape, the
-// micro-batches and the state dtype; the placement of `so` (slots given) as a Plan holds it.
+// micro-batches and the state dtype. The engines below are built from a Plan's placement through
+// sliding_options, as make_engine builds them.
 EngineOptions planner_base(int B, int T, int micro, DType state) {
   EngineOptions o;
   o.max_batch = B;
@@ -31,19 +32,6 @@ EngineOptions planner_base(int B, int T, int micro, DType state) {
   o.max_micro = micro;
   o.state_dtype = state;
   return o;
-}
-Plan placement(int slots, const SlidingOptions& so) {
-  Plan p;
-  p.engine = EngineKind::Sliding;
-  p.slots = slots;
-  p.gpu_blobs = so.gpu_blobs;
-  p.hold_grads = so.hold_grads;
-  p.disk_blobs = so.disk_blobs;
-  p.ckpt_disk_layers = so.ckpt_disk_layers;
-  p.disk_masters = so.disk_masters;
-  p.disk_weights = so.disk_weights;
-  p.disk_grads = so.disk_grads;
-  return p;
 }
 
 
@@ -196,21 +184,18 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
             for (auto [micro, keep, hold, chunk] :
                  {std::tuple{1, true, 0, 0}, std::tuple{3, false, 0, 0}, std::tuple{2, false, 5000, 0},
                   std::tuple{2, true, 0, 37}, std::tuple{1, false, 0, 37}}) {
-              SlidingOptions so;
-              so.base.max_batch = B;
-              so.base.max_seq = T;
-              so.base.max_micro = micro;
-              if (bf16) so.base.compute_dtype = "bf16";
               const DType state = B == 2 ? DType::BF16 : DType::F32;  // bf16 optimizer state in the larger shape
-              so.base.state_dtype = state;
-              so.slots = slots;
-              so.keep_grads = keep;
-              so.hold_grads = hold;
+              Plan pl;
+              pl.slots = slots;
+              pl.hold_grads = hold;
+              pl.gpu_blobs.assign(order.begin(), order.begin() + ptrdiff_t(kept));
+              EngineOptions base = planner_base(B, T, micro, state);
+              if (bf16) base.compute_dtype = "bf16";
+              SlidingOptions so = sliding_options(pl, base, keep);
               if (chunk) {  // odd chunks through a 2-buffer ring (the engine tests' small configuration)
                 so.chunk = chunk;
                 so.grad_ring = 2;
               }
-              so.gpu_blobs.assign(order.begin(), order.begin() + ptrdiff_t(kept));
               SCOPED_TRACE(family + " " + std::to_string(B) + "x" + std::to_string(T) + (bf16 ? " bf16 " : " f32 ") +
                            std::to_string(slots) + " slots, " + std::to_string(kept) + " kept, " +
                            std::to_string(micro) + " micro-batches, keep_grads " + std::to_string(keep) + ", hold " +
@@ -224,7 +209,7 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
                 EXPECT_EQ(e.host_bytes() - e.stats().pinned_bytes, total_bytes(list, Place::Host));  // AdamW m, v
                 if (!chunk) {  // the planner plans the default chunk and ring
                   const MemoryItems plan = sliding_memory(
-                      spec, sliding_options(placement(slots, so), planner_base(B, T, micro, state), keep), cpu_info(bf16));
+                      spec, sliding_options(pl, planner_base(B, T, micro, state), keep), cpu_info(bf16));
                   EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
                   EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
                   EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));
@@ -245,20 +230,16 @@ TEST(EngineBuffers, PlannedCheckpointIoIsWhatTheEngineAllocates) {
   for (const std::string& cufile : {std::string(), std::string(SF_FAKE_CUFILE)}) {
     SCOPED_TRACE(cufile.empty() ? "pinned bounce" : "cuFile");
     test::TempDir dir;
-    SlidingOptions so;
-    so.base.max_batch = 2;
-    so.base.max_seq = 11;
-    so.base.max_micro = 2;
-    so.slots = 2;
-    so.ckpt_disk_layers = 2;
+    Plan pl;
+    pl.slots = 2;
+    pl.ckpt_disk_layers = 2;
+    pl.ckpt_cufile = cufile;
+    SlidingOptions so = sliding_options(pl, planner_base(2, 11, 2, DType::F32), true);
     so.store.dir = dir.path.string();
-    so.store.cufile = cufile;
     so.store.direct = cufile.empty();  // the stand-in's pread/pwrite take any buffer
     CountingDevice dev(*cpu);
     {
       SlidingEngine e(dev, spec, so);
-      Plan pl = placement(2, so);
-      pl.ckpt_cufile = cufile;
       const MemoryItems plan =
           sliding_memory(spec, sliding_options(pl, planner_base(2, 11, 2, DType::F32), true), cpu_info(false));
       EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
@@ -286,14 +267,14 @@ TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
     for (int64_t piece : {int64_t(0), StateStream::kPieceAlign}) {
       SCOPED_TRACE("level " + std::to_string(level) + ", piece " + std::to_string(piece));
       test::TempDir dir;
-      SlidingOptions so;
-      so.base.max_batch = 2;
-      so.base.max_seq = 11;
-      so.slots = 2;
-      so.base.compute_dtype = "bf16";
-      for (int b = 1; b <= spec.n_layer; ++b) so.disk_blobs.push_back(b);
-      if (level >= 4) so.disk_masters = so.disk_blobs;
-      if (level >= 5) so.disk_weights = so.disk_grads = so.disk_blobs;
+      Plan pl;
+      pl.slots = 2;
+      for (int b = 1; b <= spec.n_layer; ++b) pl.disk_blobs.push_back(b);
+      if (level >= 4) pl.disk_masters = pl.disk_blobs;
+      if (level >= 5) pl.disk_weights = pl.disk_grads = pl.disk_blobs;
+      EngineOptions base = planner_base(2, 11, 1, DType::F32);
+      base.compute_dtype = "bf16";
+      SlidingOptions so = sliding_options(pl, base, true);
       so.disk_piece = piece;
       so.disk_ring = 2;
       so.store.dir = dir.path.string();
@@ -322,7 +303,7 @@ TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
           EXPECT_LT(ring, size_t(so.disk_ring) * size_t(layer) * 8);  // less than the layers' m and v alone
         } else {  // the planner's lines: the default piece
           const MemoryItems plan = sliding_memory(
-              spec, sliding_options(placement(2, so), planner_base(2, 11, 1, DType::F32), true), cpu_info(true));
+              spec, sliding_options(pl, planner_base(2, 11, 1, DType::F32), true), cpu_info(true));
           EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));
           EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
           EXPECT_EQ(total_bytes(plan, Place::Disk), total_bytes(list, Place::Disk));
