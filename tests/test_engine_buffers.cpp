@@ -146,8 +146,7 @@ TEST(EngineBuffers, ResidentAllocatesItsList) {
               EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
               EXPECT_EQ(total_bytes(list, Place::Host), 0u);
               // The planner's lines are the same list, merged by name.
-              const MemoryItems plan =
-                  resident_memory(spec, B, T, cpu_info(bf16), training, optimizer, micro, state, whole, kept);
+              const MemoryItems plan = resident_memory(spec, o, cpu_info(bf16));
               // The kept attention outputs: kept layers' [N, Q] act + [N * n_head] F32, only when training.
               const MemoryItems kept_items = items_with(list, "kept");
               const size_t kept_bytes = training ? size_t(kept) * ResidentEngine::kept_layer_bytes(

@@ -67,7 +67,7 @@ TEST(Planner, MemoryMatchesTheEngines) {
           ro.optimizer = optimizer;
           ro.max_micro = micro;
           ResidentEngine e(*dev, spec, ro);
-          const auto items = resident_memory(spec, B, T, be, training, optimizer, micro);
+          const auto items = resident_memory(spec, ro, be);
           EXPECT_EQ(total_bytes(items, Place::Device), e.device_bytes()) << training << optimizer;
           EXPECT_EQ(total_bytes(items, Place::Pinned) + total_bytes(items, Place::Host), e.host_bytes());
         }

@@ -148,18 +148,8 @@ BackendSizes backend_sizes(const ModelSpec& s, int B, int T, const BackendInfo& 
 
 }  // namespace
 
-std::vector<MemoryItem> resident_memory(const ModelSpec& s, int B, int T, const BackendInfo& be, bool training,
-                                        bool optimizer, int micro, DType state, int whole_layers, int kept_layers) {
-  EngineOptions o;
-  o.whole_layers = whole_layers;
-  o.kept_layers = kept_layers;
-  o.state_dtype = state;
-  o.max_batch = B;
-  o.max_seq = T;
-  o.max_micro = std::max(micro, 1);
-  o.training = training;
-  o.optimizer = optimizer;
-  return merge_by_name(ResidentEngine::buffers(s, o, backend_sizes(s, B, T, be)));
+std::vector<MemoryItem> resident_memory(const ModelSpec& s, const EngineOptions& o, const BackendInfo& be) {
+  return merge_by_name(ResidentEngine::buffers(s, o, backend_sizes(s, o.max_batch, o.max_seq, be)));
 }
 
 std::vector<int> gpu_blob_order(const ModelSpec& s) {
@@ -303,12 +293,18 @@ class Planner {
     EngineOptions base;
     base.max_batch = r_.batch;
     base.max_seq = r_.seq;
-    base.max_micro = r_.grad_accum;
+    base.max_micro = std::max(r_.grad_accum, 1);
     base.state_dtype = r_.state_dtype;
-    p_.items = engine == EngineKind::Resident
-                   ? resident_memory(s_, r_.batch, r_.seq, be_, r_.training, r_.optimizer, r_.grad_accum,
-                                     r_.state_dtype, whole_layers, kept_layers)
-                   : sliding_memory(s_, sliding_options(p_, base, r_.clip || !r_.optimizer), be_);
+    if (engine == EngineKind::Resident) {
+      EngineOptions o = base;
+      o.training = r_.training;
+      o.optimizer = r_.optimizer;
+      o.whole_layers = whole_layers;
+      o.kept_layers = kept_layers;
+      p_.items = resident_memory(s_, o, be_);
+    } else {
+      p_.items = sliding_memory(s_, sliding_options(p_, base, r_.clip || !r_.optimizer), be_);
+    }
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
     p_.disk_write_bytes = double(p_.disk_bytes);
     p_.disk_read_bytes = double(p_.disk_bytes);

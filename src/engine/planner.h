@@ -19,11 +19,10 @@ namespace sf {
 // Buffers of each engine, one item a line of `slideformer plan` (the engine's list,
 // ResidentEngine::buffers / SlidingEngine::buffers, with the items of one name summed) for max_batch x max_seq
 // micro-batches (the resident engine holds gradients only when training, AdamW state only with the optimizer; the
-// sliding one always both: sliding_memory, after Plan). `state`: the dtype of AdamW m and v (EngineOptions::state_dtype).
-// whole_layers, kept_layers: EngineOptions::whole_layers, kept_layers (selective recompute).
-std::vector<MemoryItem> resident_memory(const ModelSpec& s, int max_batch, int max_seq, const BackendInfo& be,
-                                        bool training = true, bool optimizer = true, int micro = 1,
-                                        DType state = DType::F32, int whole_layers = 0, int kept_layers = 0);
+// sliding one always both: sliding_memory, after Plan).
+// The resident engine's list for options o (shape, micro-batches, training, optimizer, state
+// dtype, selective recompute's whole_layers and kept_layers) at the backend's sizes.
+std::vector<MemoryItem> resident_memory(const ModelSpec& s, const EngineOptions& o, const BackendInfo& be);
 // The order in which the planner moves blobs' AdamW state to the NVMe store: the layers, last
 // first (the embedding's and the head's updates stay in host memory: without clipping the
 // embedding's is the last of a backward and the next forward needs it first).
