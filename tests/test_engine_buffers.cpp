@@ -9,6 +9,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/device.h"
 #include "engine/buffers.h"
+#include "engine/kept_activations.h"
 #include "engine/planner.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
@@ -149,7 +150,7 @@ TEST(EngineBuffers, ResidentAllocatesItsList) {
               const MemoryItems plan = resident_memory(spec, o, cpu_info(bf16));
               // The kept attention outputs: kept layers' [N, Q] act + [N * n_head] F32, only when training.
               const MemoryItems kept_items = items_with(list, "kept");
-              const size_t kept_bytes = training ? size_t(kept) * ResidentEngine::kept_layer_bytes(
+              const size_t kept_bytes = training ? size_t(kept) * KeptActivations::attention_bytes(
                                                                       spec, B, T, bf16 ? DType::BF16 : DType::F32)
                                                  : 0;
               EXPECT_EQ(total_bytes(kept_items, Place::Device), kept_bytes);

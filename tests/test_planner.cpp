@@ -7,6 +7,7 @@
 #include "backend/device.h"
 #include "cli/option_names.h"
 #include "core/error.h"
+#include "engine/kept_activations.h"
 #include "engine/planner.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
@@ -409,7 +410,7 @@ TEST(Planner, SelectiveRecomputeKeepsWhatTheGpuBudgetAllows) {
   r.seq = 2048;
   r.offload = OffloadChoice::Off;
   r.host_budget = size_t(64) << 30;
-  const size_t per = ResidentEngine::kept_layer_bytes(s, 8, 2048, DType::BF16);
+  const size_t per = KeptActivations::attention_bytes(s, 8, 2048, DType::BF16);
   // [8 x 2048, 3072] bf16 + [8 x 2048 x 24] F32: 96 MiB + 1.5 MiB a layer.
   EXPECT_EQ(per, size_t(8 * 2048) * 3072 * 2 + size_t(8 * 2048) * 24 * 4);
 

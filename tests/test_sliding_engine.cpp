@@ -85,6 +85,9 @@ struct Case {
   bool grads_disk = false;
   bool cufile = false;  // ... moved by cuFile (the test stand-in, tests/fake_cufile/), no pinned ring
   bool refuse_registration = false;  // the kernel refuses to register the rings: plain reads and writes
+  // Selective recompute in the sliding engine only (the resident engine recomputes every layer):
+  // the first `whole` layers kept whole, the next `attn` keeping attention's output, per micro-batch.
+  int whole = 0, attn = 0;
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -126,7 +129,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
          ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "") +
          (c.grads_disk ? "_gradsdisk" : "") +
-         (c.cufile ? "_cufile" : "") + (c.refuse_registration ? "_unregistered" : "");
+         (c.cufile ? "_cufile" : "") + (c.refuse_registration ? "_unregistered" : "") +
+         (c.whole || c.attn ? "_keep" + std::to_string(c.whole) + "w" + std::to_string(c.attn) + "a" : "");
 }
 
 TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
@@ -161,6 +165,8 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   so.keep_grads = !c.overlap;
   so.hold_grads = c.hold;
   so.split_update = !c.fused;
+  so.base.whole_layers = std::min(c.whole, spec.n_layer);
+  so.base.kept_layers = std::min(c.attn, spec.n_layer - so.base.whole_layers);
   if (c.small_chunks) {
     so.chunk = 37;
     so.grad_ring = 2;
@@ -336,6 +342,38 @@ std::vector<Case> every_mode() {
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Modes, SlidingVsResident, ::testing::ValuesIn(every_mode()), case_name);
+
+// Selective recompute in the sliding engine (EngineOptions::whole_layers, kept_layers): layers kept
+// whole skip their recompute, layers keeping attention's output skip attention in it, each
+// micro-batch with its own kept buffers; the resident engine (recomputing every layer) gives the
+// same bits. Dense, Gemma 3 and MoE families, clipping and updates during the backward, 1-3
+// micro-batches, no blob / some / every blob kept on the GPU, f32 and bf16 compute, stalled streams
+// (4 layers: some kept, some recomputed); a count above the model's layers means all of them.
+std::vector<Case> kept_activation_cases() {
+  auto c = [](const char* family, int slots, uint64_t stall, bool clip, int micro, int gpu, bool bf16, int whole,
+              int attn) {
+    Case k{family, slots, stall ? 50 : 0, stall};
+    k.overlap = !clip;
+    k.micro = micro;
+    k.gpu = gpu;
+    k.bf16 = bf16;
+    k.whole = whole;
+    k.attn = attn;
+    return k;
+  };
+  std::vector<Case> v = {
+      c("llama", 3, 0, true, 1, 0, false, 1, 1),     c("llama", 2, 1, false, 2, 1, false, 99, 0),
+      c("qwen3", 3, 4, true, 3, 0, true, 0, 99),     c("mistral", 2, 2, true, 2, 2, false, 1, 2),
+      c("qwen2", 3, 16, false, 2, 0, true, 2, 1),    c("gemma3", 2, 2, true, 2, 2, false, 1, 1),
+      c("gemma3", 3, 0, false, 1, 0, true, 0, 99),   c("gemma3", 2, 8, true, 3, 0, false, 2, 2),
+      c("qwen3_moe", 3, 0, true, 2, 0, false, 1, 1), c("mixtral", 2, 16, false, 1, 3, false, 99, 0),
+      c("olmoe", 3, 8, true, 3, 0, true, 0, 99),     c("qwen3_moe", 2, 4, false, 3, 1, true, 1, 2),
+  };
+  v[4].hold = 3000;          // held gradients without clipping
+  v[3].small_chunks = true;  // odd 37-element chunks and a 2-buffer ring
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(SelectiveRecompute, SlidingVsResident, ::testing::ValuesIn(kept_activation_cases()), case_name);
 
 }  // namespace
 }  // namespace sf

@@ -12,6 +12,7 @@
 #include "core/units.h"
 #include "engine/checkpoint_store.h"
 #include "engine/engine.h"
+#include "engine/kept_activations.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
 #include "engine/state_stream.h"
@@ -224,7 +225,7 @@ class Planner {
  private:
   // Selective recompute: a resident training plan that fits spends the GPU budget's spare room on
   // kept activations — first attention's output in every layer it has room for (A bytes a layer,
-  // ResidentEngine::kept_layer_bytes: attention is the costliest op to recompute per byte kept),
+  // KeptActivations::attention_bytes: attention is the costliest op to recompute per byte kept),
   // then layers kept whole (F bytes, Workspace::forward_bytes_for: no recompute), each upgraded
   // from an attention-kept one for F - A more. A requested count (PlanRequest) is taken as it is
   // (the plan may then not fit) and the other fills what is left. None on the cpu backend unless
@@ -235,7 +236,7 @@ class Planner {
     const int L = s_.n_layer;
     int whole = auto_whole ? 0 : r_.whole_layers, kept = auto_kept ? 0 : r_.kept_layers;
     if ((auto_whole || auto_kept) && !on_host_ && p_.gpu_budget > 0) {
-      const size_t A = ResidentEngine::kept_layer_bytes(s_, r_.batch, r_.seq, be_.compute_dtype);
+      const size_t A = KeptActivations::attention_bytes(s_, r_.batch, r_.seq, be_.compute_dtype);
       const size_t F = Workspace::forward_bytes_for(s_, r_.batch, r_.seq, be_.compute_dtype);
       const size_t used = p_.gpu_bytes + gpu_margin() + size_t(whole) * F + size_t(kept) * A;
       size_t spare = used < p_.gpu_budget ? p_.gpu_budget - used : 0;

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "engine/blob_init.h"
 #include "engine/device_rope.h"
+#include "engine/kept_activations.h"
 #include "engine/state_copy.h"
 #include "engine/moe_stats.h"
 #include "engine/token_uploader.h"
@@ -29,22 +30,7 @@ DType compute_dtype_for(const Device& d, const std::string& name) {
   setting_error(Setting::ComputeDtype, "unknown compute dtype '" + name + "' (expected fp32 or bf16)");
 }
 
-// Bytes of one layer's kept attention output [N, Q] in act and of its statistics [B * n_head * T]
-// F32, each 256-aligned (ResidentEngine's "kept" item, Impl::kept_at).
-struct KeptSizes {
-  size_t att = 0, lse = 0;
-};
-KeptSizes kept_sizes(const ModelSpec& s, int max_batch, int max_seq, DType act) {
-  const int64_t N = int64_t(max_batch) * max_seq;
-  return {round256(size_t(N * s.q_dim()) * dtype_size(act)), round256(size_t(N * s.n_head) * 4)};
-}
-
 }  // namespace
-
-size_t ResidentEngine::kept_layer_bytes(const ModelSpec& spec, int max_batch, int max_seq, DType act) {
-  const KeptSizes k = kept_sizes(spec, max_batch, max_seq, act);
-  return k.att + k.lse;
-}
 
 struct ResidentEngine::Impl {
   Impl(Device& dev, const ModelSpec& s, const ModelLayout& layout, const EngineOptions& opt);
@@ -64,13 +50,8 @@ struct ResidentEngine::Impl {
   DeviceBuffer round_buf;       // [min(total, kGradRoundChunk)] act: round_grads (act != F32)
   DeviceBuffer ckpt;            // [L+1, N, H] act: layer inputs (checkpoints) + final hidden state
   DeviceBuffer dbuf;            // [3, N, H] act: dy, dx, recompute output scratch
-  // Selective recompute (EngineOptions::whole_layers, kept_layers):
-  // [whole_layers] x Workspace::forward_bytes_for: layers kept whole (layer_at);
-  // [kept_layers] x {att [N, Q] act, lse [B * n_head * T] F32}: attention kept (kept_at).
-  DeviceBuffer whole, kept;
-  int whole_layers = 0, kept_layers = 0;
-  size_t whole_stride = 0;
-  size_t kept_att_bytes = 0, kept_stride = 0;  // one layer's att (256-aligned), one layer's both
+  // Selective recompute (EngineOptions::whole_layers, kept_layers): one micro-batch's at a time.
+  KeptActivations kept;
   // [max_micro, N, H] act (training with several micro-batches): each micro-batch's gradient at the
   // embedding output, kept so that every embedding backward of a step runs after every head's —
   // the order in which the sliding engine's layer-major micro-batches add into a tied embedding.
@@ -110,18 +91,6 @@ struct ResidentEngine::Impl {
     return Tensor(p, act, {N, spec.hidden});
   }
   size_t stride_nh = 0;  // bytes of one [max N, H] activation
-  bool kept_whole(int l) const { return l < whole_layers; }
-  // Layer l's activation buffers: its own block when kept whole, else the workspace's.
-  LayerBuffers layer_at(int l, const BatchDims& d) const {
-    return kept_whole(l) ? ws->layer_kept(d, static_cast<char*>(whole.data()) + size_t(l) * whole_stride)
-                         : ws->layer(d);
-  }
-  KeptActs kept_at(int l, const BatchDims& d) const {
-    if (l < whole_layers || l >= whole_layers + kept_layers) return {};
-    char* p = static_cast<char*>(kept.data()) + size_t(l - whole_layers) * kept_stride;
-    return {Tensor(p, act, {d.N(), spec.q_dim()}),
-            Tensor(p + kept_att_bytes, DType::F32, {int64_t(d.B) * spec.n_head * d.T})};
-  }
   Tensor dscratch() const {  // the recompute scratch (dbuf's third) as raw F32: free once the layers are done
     return Tensor(static_cast<char*>(dbuf.data()) + 2 * stride_nh, DType::F32, {int64_t(stride_nh / 4)});
   }
@@ -159,14 +128,7 @@ MemoryItems ResidentEngine::buffers(const ModelSpec& spec, const EngineOptions& 
   }
   m.push_back({"layer-input checkpoints", stride * size_t(spec.n_layer + 1), Place::Device, "ckpt"});
   m.push_back({"backward activations (dy, dx, recompute)", stride * 3, Place::Device, "dbuf"});
-  if (opt.training && opt.whole_layers > 0)
-    m.push_back({"layer activations kept whole (selective recompute)",
-                 size_t(opt.whole_layers) * Workspace::forward_bytes_for(spec, opt.max_batch, opt.max_seq, be.act),
-                 Place::Device, "whole"});
-  if (opt.training && opt.kept_layers > 0)
-    m.push_back({"kept attention outputs (selective recompute)",
-                 size_t(opt.kept_layers) * kept_layer_bytes(spec, opt.max_batch, opt.max_seq, be.act), Place::Device,
-                 "kept"});
+  append(m, KeptActivations::buffers(spec, opt, be.act, 1));
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", be.workspace, Place::Device, "workspace"});
   append(m, TokenUploader::buffers({maxN, 2 * micro}));
   if (opt.training && micro > 1)
@@ -207,20 +169,7 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   adam_v = src.buffer_if("v");
   ckpt = src.buffer("ckpt");
   dbuf = src.buffer("dbuf");
-  SF_CHECK(opt.whole_layers >= 0 && opt.kept_layers >= 0 && opt.whole_layers + opt.kept_layers <= spec.n_layer,
-           "more kept layers than the model has");
-  whole = src.buffer_if("whole");
-  if (whole.data()) {
-    whole_layers = opt.whole_layers;
-    whole_stride = Workspace::forward_bytes_for(spec, opt.max_batch, opt.max_seq, act);
-  }
-  kept = src.buffer_if("kept");
-  if (kept.data()) {
-    kept_layers = opt.kept_layers;
-    const KeptSizes k = kept_sizes(spec, opt.max_batch, opt.max_seq, act);
-    kept_att_bytes = k.att;
-    kept_stride = k.att + k.lse;
-  }
+  kept = KeptActivations(src, spec, opt, act, 1);
   const int micro = std::max(opt.max_micro, 1);
   const TokenUploaderOptions to{maxN, 2 * micro};
   tokens = std::make_unique<TokenUploader>(dev, to);
@@ -291,7 +240,7 @@ void ResidentEngine::init_random(uint64_t seed) {
 size_t ResidentEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.master.size() + m.compute.size() + m.grads.size() + m.adam_m.size() + m.adam_v.size() + m.ckpt.size() +
-         m.round_buf.size() + m.dbuf.size() + m.whole.size() + m.kept.size() + m.dy0.size() + m.tokens->device_bytes() +
+         m.round_buf.size() + m.dbuf.size() + m.kept.device_bytes() + m.dy0.size() + m.tokens->device_bytes() +
          m.scalars.size() + m.moe_stats.size() + m.rope_dev->buf.size() + m.ws->bytes();
 }
 
@@ -368,8 +317,8 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   d.moe_collect = true;  // the router statistics of this forward (not of the recompute below)
   for (int l = 0; l < L; ++l) {
     LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
-    const KeptActs kept = backward ? m.kept_at(l, d) : KeptActs{};
-    const LayerBuffers w = backward ? m.layer_at(l, d) : m.ws->layer(d);
+    const KeptActs kept = backward ? m.kept.attention(l, 0, d) : KeptActs{};
+    const LayerBuffers w = backward ? m.kept.layer(*m.ws, l, 0, d) : m.ws->layer(d);
     m.program.layer_forward(p, m.ckpt_at(l, N), m.ckpt_at(l + 1, N), w, d, m.rope, st, kept);
   }
   d.moe_collect = false;
@@ -406,9 +355,9 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   for (int l = L - 1; l >= 0; --l) {
     LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
     LayerParams g = layer_views(layout_.layer(l), m.at(m.grads, 1 + l, DType::F32), DType::F32);
-    const LayerBuffers w = m.layer_at(l, d);
-    const KeptActs kept = m.kept_at(l, d);
-    if (!m.kept_whole(l)) m.program.layer_recompute(p, m.ckpt_at(l, N), scratch, w, d, m.rope, st, kept);
+    const LayerBuffers w = m.kept.layer(*m.ws, l, 0, d);
+    const KeptActs kept = m.kept.attention(l, 0, d);
+    if (!m.kept.whole(l)) m.program.layer_recompute(p, m.ckpt_at(l, N), scratch, w, d, m.rope, st, kept);
     m.program.layer_backward(p, g, m.ckpt_at(l, N), dy, dx, w, d, m.rope, st, kept);
     std::swap(dy, dx);
   }

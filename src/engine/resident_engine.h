@@ -27,9 +27,6 @@ class ResidentEngine final : public Engine {
   // allocates from this list and the planner sums it (engine/buffers.h). `be.act` stands for the
   // options' compute dtype.
   static MemoryItems buffers(const ModelSpec& spec, const EngineOptions& opt, const BackendSizes& be);
-  // Device bytes one kept layer adds (EngineOptions::kept_layers: its attention output and
-  // statistics at max_batch x max_seq), as buffers() counts them.
-  static size_t kept_layer_bytes(const ModelSpec& spec, int max_batch, int max_seq, DType act);
 
   const ModelSpec& spec() const override { return spec_; }
   const ModelLayout& layout() const { return layout_; }

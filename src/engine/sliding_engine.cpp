@@ -14,6 +14,7 @@
 #include "engine/device_rope.h"
 #include "engine/gradient_path.h"
 #include "engine/host_optimizer.h"
+#include "engine/kept_activations.h"
 #include "engine/moe_stats.h"
 #include "engine/slot_cache.h"
 #include "engine/state_copy.h"
@@ -243,6 +244,8 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& 
     m.push_back(c);
   }
   m.push_back({kFetchedName, z.stride_nh, Place::Device, "scratch"});
+  // Selective recompute: the kept layers' activations of every micro-batch, from its forward to its backward.
+  append(m, KeptActivations::buffers(spec, o.base, act, z.K));
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", be.workspace, Place::Device, "workspace"});
   append(m, TokenUploader::buffers(po.tokens));
   append(m, DeviceRope::buffers(spec, o.base.max_seq));
@@ -292,6 +295,9 @@ struct SlidingEngine::Impl {
   std::vector<std::unique_ptr<Event>> act_free;  // [K + 1] d2h: its checkpoint offload is done
   DeviceBuffer scratch;                          // [N, H] act: the recompute's output
   std::unique_ptr<CheckpointStore> ckpts;        // each layer's input per micro-batch ([K, L, N, H] act)
+  // Selective recompute (EngineOptions::whole_layers, kept_layers): the first layers' activations
+  // (or attention outputs) of each micro-batch stay on the GPU from the forward to the backward.
+  KeptActivations kept;
 
   DeviceBuffer scalars;    // engine_scalar_bytes: loss sum, per-blob squared norms
   DeviceBuffer moe_stats;  // [K][2, E] F32 router statistics per micro-batch (engine/moe_stats.h)
@@ -542,6 +548,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     act_free.push_back(dev.create_event());
   }
   scratch = src.buffer("scratch");
+  kept = KeptActivations(src, spec, o.base, act, K);
   scalars = src.buffer("scalars");
   moe_stats = src.buffer_if("moe.stats");
   host_scalars.assign(size_t(2 + nb), 0.f);
@@ -690,7 +697,10 @@ void SlidingEngine::Impl::forward_layer(Pass& ps, const ScheduleOp& op, bool bac
     BatchDims d = ps.dims[size_t(j)];
     d.moe_collect = true;  // the router statistics of this forward (not of the backward's recompute)
     Tensor y = out_buf(ps, j);
-    program.layer_forward(layer_params(p, blob), act_at(acts, in, ps.N(j)), y, ws->layer(d), d, rope->tables, c);
+    // With the backward to come, a kept layer writes what its backward reads into its own buffers.
+    const LayerBuffers w = backward ? kept.layer(*ws, l, j, d) : ws->layer(d);
+    program.layer_forward(layer_params(p, blob), act_at(acts, in, ps.N(j)), y, w, d, rope->tables, c,
+                          backward ? kept.attention(l, j, d) : KeptActs{});
     if (backward) {  // the layer's input is micro-batch j's checkpoint of layer l
       dev.record(*act_read[size_t(in)], c);
       dev.wait(*d2h, *act_read[size_t(in)]);
@@ -776,11 +786,14 @@ void SlidingEngine::Impl::backward_layer(Pass& ps, const ScheduleOp& op) {
       fetch(k + 1, 0, l - 1, ps.N(0));
     const BatchDims& d = ps.dims[size_t(j)];
     const Tensor x(ckpts->use(k, c), act, {ps.N(j), spec.hidden});
-    const LayerBuffers w = ws->layer(d);
-    program.layer_recompute(layer_params(p, blob), x, act_at(scratch, 0, ps.N(j)), w, d, rope->tables, c);
+    // Selective recompute: a layer kept whole is not recomputed, one with its attention kept skips attention.
+    const LayerBuffers w = kept.layer(*ws, l, j, d);
+    const KeptActs ka = kept.attention(l, j, d);
+    if (!kept.whole(l))
+      program.layer_recompute(layer_params(p, blob), x, act_at(scratch, 0, ps.N(j)), w, d, rope->tables, c, ka);
     Tensor dx = act_at(acts, ps.spare, ps.N(j));
     program.layer_backward(layer_params(p, blob), gv, x, act_at(acts, ps.cur[size_t(j)], ps.N(j)), dx, w, d,
-                           rope->tables, c);
+                           rope->tables, c, ka);
     ckpts->done(k, c);
     advance(ps, j);
   }
@@ -957,7 +970,7 @@ void SlidingEngine::write_state(State which, int blob, int entry, const float* s
 size_t SlidingEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.slots->device_bytes() + m.grads->device_bytes() + m.acts.size() + m.ckpts->device_bytes() +
-         m.scratch.size() + m.scalars.size() + m.rope->buf.size() + m.ws->bytes() + m.tokens->device_bytes() +
+         m.scratch.size() + m.kept.device_bytes() + m.scalars.size() + m.rope->buf.size() + m.ws->bytes() + m.tokens->device_bytes() +
          m.gpu.params.size() + m.gpu.master.size() + m.gpu.m.size() + m.gpu.v.size() + m.gpu.grads.size();
 }
 
