@@ -189,6 +189,10 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
               pl.slots = slots;
               pl.hold_grads = hold;
               pl.gpu_blobs.assign(order.begin(), order.begin() + ptrdiff_t(kept));
+              // Selective recompute (per micro-batch): a layer kept whole in half the configurations,
+              // one keeping attention's output with 3 slots.
+              pl.whole_layers = kept % 2 == 1 ? 1 : 0;
+              pl.kept_layers = slots == 3 ? 1 : 0;
               EngineOptions base = planner_base(B, T, micro, state);
               if (bf16) base.compute_dtype = "bf16";
               SlidingOptions so = sliding_options(pl, base, keep);
@@ -207,6 +211,12 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
                 EXPECT_EQ(dev.device, total_bytes(list, Place::Device));
                 EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
                 EXPECT_EQ(e.host_bytes() - e.stats().pinned_bytes, total_bytes(list, Place::Host));  // AdamW m, v
+                EXPECT_EQ(e.device_bytes(), total_bytes(list, Place::Device) - cpu_sizes(spec, B, T, bf16).stream_scratch);
+                const DType act = bf16 ? DType::BF16 : DType::F32;
+                EXPECT_EQ(total_bytes(items_with(list, "whole"), Place::Device),
+                          size_t(micro * pl.whole_layers) * KeptActivations::whole_bytes(spec, B, T, act));
+                EXPECT_EQ(total_bytes(items_with(list, "kept"), Place::Device),
+                          size_t(micro * pl.kept_layers) * KeptActivations::attention_bytes(spec, B, T, act));
                 if (!chunk) {  // the planner plans the default chunk and ring
                   const MemoryItems plan = sliding_memory(
                       spec, sliding_options(pl, planner_base(B, T, micro, state), keep), cpu_info(bf16));

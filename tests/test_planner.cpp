@@ -265,6 +265,7 @@ TEST(Planner, SplitsMicroBatchesToFitTheGpu) {
   r.offload = OffloadChoice::On;
   r.slots = 2;
   r.gpu_blobs = 0;
+  r.whole_layers = r.kept_layers = 0;  // no selective recompute: the split alone
   r.gpu_budget = size_t(40) << 30;
   const Plan whole = make_plan(spec, r, be);
   ASSERT_TRUE(whole.fits) << whole.why();
@@ -486,16 +487,17 @@ TEST(Planner, SelectiveRecomputeKeepsWhatTheGpuBudgetAllows) {
   EXPECT_FALSE(forced.fits);
   EXPECT_EQ(forced.short_of.memory, Shortfall::Memory::Gpu);
 
-  // Nothing kept without training, on the cpu backend by default, or in the sliding engine.
+  // Nothing kept without training (either engine), or on the cpu backend by default.
   r.kept_layers = -1;
   r.whole_layers = -1;
   r.gpu_budget = size_t(140) << 30;
   r.training = false;
   r.optimizer = false;
   EXPECT_EQ(make_plan(s, r, be).kept_layers + make_plan(s, r, be).whole_layers, 0);
-  r.training = r.optimizer = true;
   r.offload = OffloadChoice::On;
   EXPECT_EQ(make_plan(s, r, be).kept_layers + make_plan(s, r, be).whole_layers, 0);
+  r.offload = OffloadChoice::Off;
+  r.training = r.optimizer = true;
   const ModelSpec tiny = spec_of("llama");
   PlanRequest c;
   c.batch = 2;
@@ -507,6 +509,91 @@ TEST(Planner, SelectiveRecomputeKeepsWhatTheGpuBudgetAllows) {
   c.whole_layers = 1;
   EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).kept_layers, 1);
   EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).whole_layers, 1);
+}
+
+// The sliding engine's kept activations compete with its blobs kept on the GPU: the planner's
+// choice (-1) is the fastest predicted of its candidates, a requested count is kept and the blobs
+// fill the rest, the bytes are per micro-batch, and what does not fit is refused naming them.
+TEST(Planner, SelectiveRecomputeInTheSlidingEngine) {
+  const ModelSpec s = llama_3b();
+  const BackendInfo be = gpu_like();
+  const size_t A = KeptActivations::attention_bytes(s, 8, 2048, DType::BF16);
+  const size_t F = Workspace::forward_bytes_for(s, 8, 2048, DType::BF16);
+  PlanRequest r;
+  r.batch = 8;
+  r.seq = 2048;
+  r.clip = true;
+  r.offload = OffloadChoice::On;
+  r.host_budget = size_t(200) << 30;
+  r.gpu_budget = size_t(24) << 30;
+  auto plan = [&](int whole, int kept) {
+    r.whole_layers = whole;
+    r.kept_layers = kept;
+    return make_plan(s, r, be);
+  };
+  for (const int K : {1, 4}) {
+    SCOPED_TRACE("micro-batches " + std::to_string(K));
+    r.grad_accum = K;
+    const Plan none = plan(0, 0);
+    ASSERT_TRUE(none.fits) << none.why();
+    // Requested: that many of each per micro-batch, counted on the GPU; the blobs kept on the GPU
+    // fill what is left (fewer of them than without), within the budget.
+    const Plan some = plan(1, 3);
+    ASSERT_TRUE(some.fits) << some.why();
+    EXPECT_EQ(some.engine, EngineKind::Sliding);
+    EXPECT_EQ(some.whole_layers, 1);
+    EXPECT_EQ(some.kept_layers, 3);
+    EXPECT_EQ(device_bytes_named(some, kWholeName), size_t(K) * F);
+    EXPECT_EQ(device_bytes_named(some, kKeptName), size_t(K) * 3 * A);
+    EXPECT_LT(some.gpu_blobs.size(), none.gpu_blobs.size());
+    EXPECT_LE(some.gpu_bytes + std::max(size_t(256) << 20, r.gpu_budget / 100), r.gpu_budget);
+    const double tokens = 8.0 * 2048 * K;
+    EXPECT_DOUBLE_EQ(none.flops - some.flops, recompute_flops_saved_per_token(s, 2048, 1, 3) * tokens);
+    // The planner's choice: no slower than any of the candidates it weighs (and than the request above).
+    const Plan chosen = plan(-1, -1);
+    ASSERT_TRUE(chosen.fits);
+    EXPECT_GT(chosen.step_s, 0.0);
+    for (auto [w, a] : {std::pair{0, 0}, std::pair{0, 28}, std::pair{2, 0}, std::pair{3, 25}, std::pair{1, 3}}) {
+      const Plan c = plan(w, a);
+      if (c.fits && c.micro_batch == 8) {
+        EXPECT_LE(chosen.step_s, c.step_s) << w << " whole, " << a << " attention";
+      }
+    }
+    EXPECT_EQ(device_bytes_named(chosen, kWholeName), size_t(K) * size_t(chosen.whole_layers) * F);
+    EXPECT_EQ(device_bytes_named(chosen, kKeptName), size_t(K) * size_t(chosen.kept_layers) * A);
+    // Too many to fit even with no blob on the GPU: refused, the kept activations named.
+    const Plan over = plan(20, 0);
+    EXPECT_FALSE(over.fits);
+    EXPECT_EQ(over.short_of.memory, Shortfall::Memory::Gpu);
+    EXPECT_GE(over.short_of.kept, size_t(20) * F * size_t(K) / 2);  // (maybe in smaller micro-batches)
+    EXPECT_NE(over.why().find("selective recompute"), std::string::npos) << over.why();
+  }
+  // With room for every blob the step is GPU-bound: the planner keeps layers whole (the recompute
+  // is the only work left to save), and predicts a faster step than without.
+  r.grad_accum = 1;
+  r.gpu_budget = size_t(140) << 30;
+  const Plan roomy = plan(-1, -1), bare = plan(0, 0);
+  ASSERT_TRUE(roomy.fits);
+  EXPECT_EQ(roomy.engine, EngineKind::Sliding);
+  EXPECT_GT(roomy.whole_layers, 0);
+  EXPECT_LT(roomy.step_s, bare.step_s);
+  // Nothing kept on the cpu backend unless asked, nor without a backward.
+  r.gpu_budget = size_t(24) << 30;
+  r.whole_layers = r.kept_layers = -1;
+  const ModelSpec tiny = spec_of("llama");
+  PlanRequest c;
+  c.batch = 2;
+  c.seq = 8;
+  c.offload = OffloadChoice::On;
+  c.host_budget = size_t(8) << 30;
+  EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).kept_layers + make_plan(tiny, c, backend_info("cpu")).whole_layers, 0);
+  c.whole_layers = 1;
+  c.kept_layers = 1;
+  const Plan asked = make_plan(tiny, c, backend_info("cpu"));
+  EXPECT_EQ(asked.engine, EngineKind::Sliding);
+  EXPECT_EQ(asked.whole_layers + asked.kept_layers, 2);
+  c.training = c.optimizer = false;
+  EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).whole_layers, 0);
 }
 
 TEST(Planner, SelectiveRecomputeRefusesLayerCountsOutOfRange) {
@@ -545,6 +632,8 @@ TEST(Planner, SlidingOptionsCarryTheWholePlacement) {
   p.disk_weights = {1};
   p.disk_grads = {3};
   p.ckpt_cufile = "libcufile.so.0";
+  p.whole_layers = 2;
+  p.kept_layers = 5;
   EngineOptions base;
   base.max_batch = 4;
   base.max_seq = 17;
@@ -565,6 +654,8 @@ TEST(Planner, SlidingOptionsCarryTheWholePlacement) {
   EXPECT_EQ(o.base.max_seq, 17);
   EXPECT_EQ(o.base.max_micro, 1);
   EXPECT_EQ(o.base.state_dtype, DType::BF16);
+  EXPECT_EQ(o.base.whole_layers, 2);
+  EXPECT_EQ(o.base.kept_layers, 5);
   p.ckpt_disk_layers = 0;  // no checkpoints on disk: no cuFile path to take
   EXPECT_EQ(sliding_options(p, base, true).store.cufile, "");
 }

@@ -118,9 +118,14 @@ std::optional<Setting> Shortfall::setting() const {
 
 SettingText Shortfall::phrase() const {
   switch (memory) {
-    case Memory::Gpu:
-      return {"needs " + format_bytes(needs) + " of GPU memory, " + format_bytes(available) + " available (",
-              Setting::GpuMemory, ")"};
+    case Memory::Gpu: {
+      SettingText t{"needs " + format_bytes(needs) + " of GPU memory, " + format_bytes(available) + " available (",
+                    Setting::GpuMemory, ")"};
+      if (kept > 0)
+        t += {", " + format_bytes(kept) + " of it selective recompute's kept activations (", Setting::KeepLayers, ", ",
+              Setting::KeepAttention, ")"};
+      return t;
+    }
     case Memory::Host:
       return {"needs " + format_bytes(needs) + " of host memory (" + format_bytes(pinned) + " pinned), " +
                   format_bytes(available) + " available (",
@@ -163,6 +168,8 @@ SlidingOptions sliding_options(const Plan& p, const EngineOptions& base, bool ke
   SlidingOptions o;  // the default chunk, gradient ring and pieces
   o.base = base;
   o.base.max_micro = std::max(base.max_micro, 1);
+  o.base.whole_layers = p.whole_layers;  // selective recompute, per micro-batch
+  o.base.kept_layers = p.kept_layers;
   o.slots = p.slots;
   o.gpu_blobs = p.gpu_blobs;
   o.keep_grads = keep_grads;
@@ -188,6 +195,9 @@ std::vector<int> disk_blob_order(const ModelSpec& s) {
 
 namespace {
 
+// The step time of a plan (below); the planner compares the sliding placements' by it.
+void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p);
+
 // make_plan's steps for one request: the budgets, each candidate placement's buffers and fit, the
 // choice among them.
 class Planner {
@@ -207,14 +217,14 @@ class Planner {
       fill(EngineKind::Resident, 0);
       keep_activations();
     } else if (r_.offload == OffloadChoice::On || r_.slots > 0) {
-      sliding(r_.slots > 0 ? r_.slots : 3);
-      if (!p_.fits && r_.slots == 0) sliding(2);
+      slide(r_.slots > 0 ? r_.slots : 3);
+      if (!p_.fits && r_.slots == 0) slide(2);
     } else {
       fill(EngineKind::Resident, 0);
       keep_activations();
       if (!p_.fits) {
-        sliding(3);
-        if (!p_.fits) sliding(2);
+        slide(3);
+        if (!p_.fits) slide(2);
       }
     }
     p_.micro_batch = r_.batch;
@@ -253,7 +263,61 @@ class Planner {
         whole += int(std::min(spare / F, size_t(std::max(L - whole - kept, 0))));
       }
     }
-    if (whole > 0 || kept > 0) fill(EngineKind::Resident, 0, {}, {}, 0, {}, {}, {}, whole, kept);
+    if (whole > 0 || kept > 0) {
+      whole_ = whole;
+      kept_ = kept;
+      fill(EngineKind::Resident, 0);
+    }
+  }
+
+  // Selective recompute in the sliding engine (training on a GPU): its kept activations compete
+  // with blobs kept on the GPU for the same memory — a layer kept whole saves its recompute's
+  // FLOPs (GPU time), a blob kept on the GPU saves its uploads, its gradient's download and its
+  // host AdamW (PCIe and host time). Which is worth more depends on which bound the step is at, so
+  // every candidate (layers kept whole 0..L, each with attention kept in none or all of the rest;
+  // a requested count as it is) gets the sliding placement that fills what it leaves (`sliding`:
+  // blobs kept on the GPU, the NVMe tier), and the fastest predicted plan that fits wins; on a tie
+  // the earlier candidate in that order (fewer layers kept whole, then attention kept in none). The kept buffers are per micro-batch (every micro-batch's
+  // forward of a layer runs before its backward): a step of K micro-batches keeps K times the bytes.
+  // None on the cpu backend unless asked (its "GPU" is host memory, and it is the reference path).
+  void slide(int slots) {
+    const bool auto_whole = r_.whole_layers < 0, auto_kept = r_.kept_layers < 0;
+    const int L = s_.n_layer;
+    whole_ = auto_whole ? 0 : r_.whole_layers;
+    kept_ = auto_kept ? 0 : r_.kept_layers;
+    const int w_first = whole_;
+    if (!r_.training || ((auto_whole || auto_kept) && (on_host_ || p_.gpu_budget == 0))) {
+      if (!r_.training) whole_ = kept_ = 0;
+      sliding(slots);
+      return;
+    }
+    Plan best;
+    bool have = false;
+    const int w_last = auto_whole ? L - kept_ : whole_;  // (a requested kept count leaves L - kept to keep whole)
+    for (int w = whole_; w <= w_last; ++w) {
+      std::vector<int> as = {auto_kept ? 0 : kept_};
+      if (auto_kept && L - w > 0) as.push_back(L - w);
+      bool more = true;  // the fewest activations of this w fit: more layers kept whole may too
+      for (int a : as) {
+        whole_ = w;
+        kept_ = a;
+        sliding(slots);
+        if (!p_.fits) {
+          if (!have && w == w_first && a == as.front()) best = p_;  // the refusal to report
+          if (a == as.front()) more = false;
+          continue;
+        }
+        predict(s_, r_, be_, rates_, p_);
+        if (!have || p_.step_s < best.step_s) {
+          best = p_;
+          have = true;
+        }
+      }
+      if (!more) break;
+    }
+    p_ = best;
+    whole_ = p_.whole_layers;
+    kept_ = p_.kept_layers;
   }
   // Headroom in the arena: 256-byte rounding of each buffer, the CUDA libraries' own needs.
   size_t gpu_margin() const { return std::max(size_t(256) << 20, p_.gpu_budget / 100); }
@@ -275,13 +339,14 @@ class Planner {
   }
 
   // The plan of one placement: its buffers, their totals by place, whether they fit the budgets.
+  // Selective recompute's layers kept whole and keeping attention (whole_, kept_) count in both engines.
   void fill(EngineKind engine, int slots, const std::vector<int>& gpu_blobs = {},
             const std::vector<int>& disk_blobs = {}, int ckpt_disk_layers = 0,
             const std::vector<int>& disk_masters = {}, const std::vector<int>& disk_weights = {},
-            const std::vector<int>& disk_grads = {}, int whole_layers = 0, int kept_layers = 0) {
+            const std::vector<int>& disk_grads = {}) {
     p_.engine = engine;
-    p_.whole_layers = whole_layers;
-    p_.kept_layers = kept_layers;
+    p_.whole_layers = r_.training ? whole_ : 0;
+    p_.kept_layers = r_.training ? kept_ : 0;
     p_.slots = slots;
     p_.gpu_blobs = gpu_blobs;
     p_.disk_blobs = disk_blobs;
@@ -296,12 +361,12 @@ class Planner {
     base.max_seq = r_.seq;
     base.max_micro = std::max(r_.grad_accum, 1);
     base.state_dtype = r_.state_dtype;
+    base.whole_layers = p_.whole_layers;
+    base.kept_layers = p_.kept_layers;
     if (engine == EngineKind::Resident) {
       EngineOptions o = base;
       o.training = r_.training;
       o.optimizer = r_.optimizer;
-      o.whole_layers = whole_layers;
-      o.kept_layers = kept_layers;
       p_.items = resident_memory(s_, o, be_);
     } else {
       p_.items = sliding_memory(s_, sliding_options(p_, base, r_.clip || !r_.optimizer), be_);
@@ -319,7 +384,9 @@ class Planner {
     const bool gpu_known = p_.gpu_budget > 0;
     const size_t margin = gpu_margin();
     if (!on_host_ && gpu_known && p_.gpu_bytes + margin > p_.gpu_budget)
-      p_.short_of = {Shortfall::Memory::Gpu, p_.gpu_bytes, p_.gpu_budget, 0};
+      p_.short_of = {Shortfall::Memory::Gpu, p_.gpu_bytes, p_.gpu_budget, 0,
+                     total_bytes(items_with(p_.items, "whole"), Place::Device) +
+                         total_bytes(items_with(p_.items, "kept"), Place::Device)};
     else if (p_.host_budget > 0 && p_.host_bytes > p_.host_budget)
       p_.short_of = {Shortfall::Memory::Host, p_.host_bytes, p_.host_budget, p_.pinned_bytes};
     else if (p_.disk_bytes > p_.disk_budget)
@@ -417,6 +484,7 @@ class Planner {
   const bool on_host_;  // the cpu backend's "device" memory is host memory
   const ModelLayout lay_;
   Plan p_;
+  int whole_ = 0, kept_ = 0;  // the placement's selective recompute (Plan::whole_layers, kept_layers)
 };
 
 // Short of GPU memory with the sliding engine: smaller micro-batches, more of them (layer-major
@@ -643,8 +711,11 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
 
 void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
   const double tokens = double(r.batch) * r.seq * r.grad_accum;
-  const Flops f = flops_per_token(s, r.seq);
-  p.flops = (f.total - recompute_flops_saved_per_token(s, r.seq, p.whole_layers, p.kept_layers)) * tokens;
+  Flops f = flops_per_token(s, r.seq);
+  // Selective recompute removes backward work only: the phases' shares of the GPU time are taken
+  // against the total without it (the forward and the head keep their FLOPs).
+  f.total -= recompute_flops_saved_per_token(s, r.seq, p.whole_layers, p.kept_layers);
+  p.flops = f.total * tokens;
   p.gpu_s = p.flops / (rates.model_tflops * 1e12);
   if (p.engine == EngineKind::Resident)
     p.step_s = p.gpu_s;
@@ -709,14 +780,17 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
                 s.architecture.c_str(), double(s.total_params()) / 1e9, p.micro_batch, r.seq, p.micro_batches,
                 p.micro_batch != r.batch ? " (batches split to fit the GPU)" : "");
   o << line;
+  const std::string recompute = p.whole_layers + p.kept_layers > 0
+                                    ? "of " + std::to_string(s.n_layer) + " layers, " + std::to_string(p.whole_layers) +
+                                          " kept whole: no recompute; " + std::to_string(p.kept_layers) +
+                                          " keep attention's output: their recompute skips attention"
+                                    : "";
   o << "engine: " << engine_name(p.engine)
-    << (p.engine == EngineKind::Sliding ? " (" + std::to_string(p.slots) + " GPU slots, " +
-                                              std::to_string(p.gpu_blobs.size()) + " blobs kept whole on the GPU)"
-        : p.whole_layers + p.kept_layers > 0
-            ? " (of " + std::to_string(s.n_layer) + " layers, " + std::to_string(p.whole_layers) +
-                  " kept whole: no recompute; " + std::to_string(p.kept_layers) +
-                  " keep attention's output: their recompute skips attention)"
-            : "")
+    << (p.engine == EngineKind::Sliding
+            ? " (" + std::to_string(p.slots) + " GPU slots, " + std::to_string(p.gpu_blobs.size()) +
+                  " blobs kept whole on the GPU" + (recompute.empty() ? "" : "; " + recompute) +
+                  (recompute.empty() || p.micro_batches <= 1 ? "" : ", kept for each micro-batch") + ")"
+        : recompute.empty() ? "" : " (" + recompute + ")")
     << "\n";
   for (Place where : {Place::Device, Place::Pinned, Place::Host, Place::Disk}) {
     const size_t n = total_bytes(p.items, where);

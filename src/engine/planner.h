@@ -76,10 +76,12 @@ struct PlanRequest {
   // start-up: the cuFile library (GPUDirect Storage: no pinned ring), or empty (io_uring + pinned
   // bounce buffers). The engine is built with the plan's (Plan::ckpt_cufile).
   std::string ckpt_cufile;
-  // Selective recompute in the resident engine (EngineOptions::whole_layers, kept_layers): layers
-  // kept whole (no recompute) and layers keeping attention's output. -1: the planner's choice (on
-  // a GPU: attention kept in every layer the budget has room for, then as many of them kept whole
-  // as the rest allows; none on the cpu backend), N: that many.
+  // Selective recompute (EngineOptions::whole_layers, kept_layers): layers kept whole (no
+  // recompute) and layers keeping attention's output. -1: the planner's choice (on a GPU, resident:
+  // attention kept in every layer the budget has room for, then as many of them kept whole as the
+  // rest allows; sliding: the count among 0..L whole, attention in none or all of the rest, whose
+  // placement — blobs kept on the GPU fill what it leaves — has the fastest predicted step; none
+  // on the cpu backend), N: that many (sliding: per micro-batch, blobs kept on the GPU after them).
   int whole_layers = -1;
   int kept_layers = -1;
 };
@@ -93,6 +95,7 @@ struct Shortfall {
   enum class Memory { None, Gpu, Host, Disk };
   Memory memory = Memory::None;
   size_t needs = 0, available = 0, pinned = 0;
+  size_t kept = 0;  // GPU: of `needs`, selective recompute's kept activations (named in the phrase)
   // "needs X of GPU memory, Y available (<the GPU memory setting>)"; empty when None.
   SettingText phrase() const;
   std::string text(SettingNamer names = setting_name) const { return phrase().render(names); }
@@ -110,8 +113,10 @@ struct Plan {
   std::vector<int> disk_weights;  // sliding: of disk_masters, those whose working copy is too (read per upload)
   std::vector<int> disk_grads;    // sliding, clipping: of disk_blobs, those whose held gradient waits there
   std::string ckpt_cufile;        // PlanRequest::ckpt_cufile: checkpoints on disk through cuFile (no pinned ring)
-  int whole_layers = 0;           // resident, training: layers kept whole (EngineOptions::whole_layers)
-  int kept_layers = 0;            // resident, training: layers keeping attention's output (EngineOptions::kept_layers)
+  // Selective recompute, training (both engines; the sliding engine's per micro-batch): layers kept
+  // whole (EngineOptions::whole_layers) and layers keeping attention's output (kept_layers).
+  int whole_layers = 0;
+  int kept_layers = 0;
   // The micro-batches the engine runs: micro_batches of micro_batch sequences a step. The request's
   // batch x grad_accum, unless the sliding engine only fits the GPU with smaller micro-batches
   // (smaller workspace and activations; the same step, as the loss is normalised per step).
