@@ -549,14 +549,15 @@ TEST(Planner, SelectiveRecomputeInTheSlidingEngine) {
     EXPECT_LE(some.gpu_bytes + std::max(size_t(256) << 20, r.gpu_budget / 100), r.gpu_budget);
     const double tokens = 8.0 * 2048 * K;
     EXPECT_DOUBLE_EQ(none.flops - some.flops, recompute_flops_saved_per_token(s, 2048, 1, 3) * tokens);
-    // The planner's choice: no slower than any of the candidates it weighs (and than the request above).
+    // The planner's choice: no slower than any of the candidates it weighs (and than the request
+    // above), but for the 1 % a candidate must gain to be taken over one with fewer activations.
     const Plan chosen = plan(-1, -1);
     ASSERT_TRUE(chosen.fits);
     EXPECT_GT(chosen.step_s, 0.0);
     for (auto [w, a] : {std::pair{0, 0}, std::pair{0, 28}, std::pair{2, 0}, std::pair{3, 25}, std::pair{1, 3}}) {
       const Plan c = plan(w, a);
       if (c.fits && c.micro_batch == 8) {
-        EXPECT_LE(chosen.step_s, c.step_s) << w << " whole, " << a << " attention";
+        EXPECT_LE(chosen.step_s * 0.99, c.step_s) << w << " whole, " << a << " attention";  // (1 %: its margin)
       }
     }
     EXPECT_EQ(device_bytes_named(chosen, kWholeName), size_t(K) * size_t(chosen.whole_layers) * F);

@@ -276,10 +276,12 @@ class Planner {
   // host AdamW (PCIe and host time). Which is worth more depends on which bound the step is at, so
   // every candidate (layers kept whole 0..L, each with attention kept in none or all of the rest;
   // a requested count as it is) gets the sliding placement that fills what it leaves (`sliding`:
-  // blobs kept on the GPU, the NVMe tier), and the fastest predicted plan that fits wins; on a tie
-  // the earlier candidate in that order (fewer layers kept whole, then attention kept in none). The kept buffers are per micro-batch (every micro-batch's
+  // blobs kept on the GPU, the NVMe tier), and the fastest predicted plan that fits wins — by at
+  // least kMinGain over the earlier candidates in that order (fewer layers kept whole, then
+  // attention kept in none): the prediction is a lower bound, and a smaller gain is within its error. The kept buffers are per micro-batch (every micro-batch's
   // forward of a layer runs before its backward): a step of K micro-batches keeps K times the bytes.
   // None on the cpu backend unless asked (its "GPU" is host memory, and it is the reference path).
+  static constexpr double kMinGain = 0.01;
   void slide(int slots) {
     const bool auto_whole = r_.whole_layers < 0, auto_kept = r_.kept_layers < 0;
     const int L = s_.n_layer;
@@ -308,7 +310,7 @@ class Planner {
           continue;
         }
         predict(s_, r_, be_, rates_, p_);
-        if (!have || p_.step_s < best.step_s) {
+        if (!have || p_.step_s < best.step_s * (1 - kMinGain)) {
           best = p_;
           have = true;
         }

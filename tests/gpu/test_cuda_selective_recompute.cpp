@@ -3,7 +3,8 @@
 // layer recomputed bit for bit (the forward is the same kernels on the same shapes), and the
 // gradients within twice the run-to-run difference of the recompute path itself (the attention
 // backward adds dQ with fp32 atomics: its last bits vary between runs), or 1e-2 of each tensor's
-// largest value when the two runs agree exactly; a wrong buffer would differ at O(1).
+// largest value when the two runs agree exactly; a wrong buffer would differ at O(1). The same for
+// the sliding engine (its kept activations per micro-batch, blobs on the GPU or sliding).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "backend/device.h"
 #include "data/dataset/dataset.h"
 #include "engine/resident_engine.h"
+#include "engine/sliding_engine.h"
 #include "model/spec.h"
 
 namespace sf {
@@ -76,6 +78,53 @@ TEST(CudaSelectiveRecompute, KeptLayersGiveTheRecomputedGradients) {
       EXPECT_LE(d, bound) << "run-to-run " << noise;
       std::printf("%s whole %d kept %d: gradients %.3g of the largest (run-to-run %.3g)\n", family.c_str(), whole, kept,
                   d, noise);
+    }
+  }
+}
+
+// The sliding engine's gradients of two micro-batches (layer-major: every micro-batch keeps its own
+// activations), with none or some blobs kept whole on the GPU.
+Grads run_sliding(Device& dev, const ModelSpec& spec, int whole, int kept, const std::vector<int>& gpu_blobs,
+                  const std::vector<Batch>& mbs) {
+  SlidingOptions so;
+  so.base.max_batch = 2;
+  so.base.max_seq = 12;
+  so.base.max_micro = 2;
+  so.base.whole_layers = whole;
+  so.base.kept_layers = kept;
+  so.slots = 2;
+  so.gpu_blobs = gpu_blobs;
+  so.keep_grads = true;
+  SlidingEngine e(dev, spec, so);
+  e.init_random(5);
+  Grads g;
+  g.loss = e.compute_grads(mbs);
+  g.grads = test::export_grads(e);
+  return g;
+}
+
+TEST(CudaSelectiveRecompute, SlidingKeptLayersGiveTheRecomputedGradients) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  auto dev = make_cuda_device(size_t(2) << 30);
+  for (const std::string family : {"llama", "qwen3", "gemma3", "qwen3_moe"}) {
+    const ModelSpec spec = parse_model_spec(test::tiny_config(family), "tiny");
+    const int L = spec.n_layer;
+    for (const std::vector<int>& on_gpu : {std::vector<int>{}, std::vector<int>{0, L + 1}}) {
+      SCOPED_TRACE(family + (on_gpu.empty() ? ", every blob sliding" : ", embedding and head on the GPU"));
+      const std::vector<Record> recs = test::random_records(int(spec.vocab), 7, 4);
+      const std::vector<Batch> mbs = {make_batch({&recs[0], &recs[1]}, 11), make_batch({&recs[2], &recs[3]}, 9)};
+      const Grads base = run_sliding(*dev, spec, 0, 0, on_gpu, mbs), again = run_sliding(*dev, spec, 0, 0, on_gpu, mbs);
+      const double noise = worst_relative(base.grads, again.grads);
+      const double bound = std::max(2 * noise, 1e-2);
+      for (auto [whole, kept] : {std::pair{L, 0}, std::pair{0, L}, std::pair{1, L - 1}}) {
+        SCOPED_TRACE("whole " + std::to_string(whole) + " kept " + std::to_string(kept));
+        const Grads k = run_sliding(*dev, spec, whole, kept, on_gpu, mbs);
+        EXPECT_EQ(k.loss, base.loss);
+        const double d = worst_relative(base.grads, k.grads);
+        EXPECT_LE(d, bound) << "run-to-run " << noise;
+        std::printf("sliding %s%s whole %d kept %d: gradients %.3g of the largest (run-to-run %.3g)\n", family.c_str(),
+                    on_gpu.empty() ? "" : " (blobs on the GPU)", whole, kept, d, noise);
+      }
     }
   }
 }
