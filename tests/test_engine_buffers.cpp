@@ -211,7 +211,8 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
                 EXPECT_EQ(dev.device, total_bytes(list, Place::Device));
                 EXPECT_EQ(dev.pinned, total_bytes(list, Place::Pinned));
                 EXPECT_EQ(e.host_bytes() - e.stats().pinned_bytes, total_bytes(list, Place::Host));  // AdamW m, v
-                EXPECT_EQ(e.device_bytes(), total_bytes(list, Place::Device) - cpu_sizes(spec, B, T, bf16).stream_scratch);
+                EXPECT_EQ(e.device_bytes(),
+                          total_bytes(list, Place::Device) - cpu_sizes(spec, B, T, bf16).stream_scratch);
                 const DType act = bf16 ? DType::BF16 : DType::F32;
                 EXPECT_EQ(total_bytes(items_with(list, "whole"), Place::Device),
                           size_t(micro * pl.whole_layers) * KeptActivations::whole_bytes(spec, B, T, act));

@@ -587,7 +587,8 @@ TEST(Planner, SelectiveRecomputeInTheSlidingEngine) {
   c.seq = 8;
   c.offload = OffloadChoice::On;
   c.host_budget = size_t(8) << 30;
-  EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).kept_layers + make_plan(tiny, c, backend_info("cpu")).whole_layers, 0);
+  EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).kept_layers + make_plan(tiny, c, backend_info("cpu")).whole_layers,
+            0);
   c.whole_layers = 1;
   c.kept_layers = 1;
   const Plan asked = make_plan(tiny, c, backend_info("cpu"));

@@ -125,11 +125,12 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (c.stall_streams ? "_stalls" + std::to_string(c.stall_streams) : "") + (c.overlap ? "_overlap" : "") +
          (c.small_chunks ? "_chunks" : "") + (c.gpu ? "_gpu" + std::to_string(c.gpu) : "") + (c.bf16 ? "_bf16" : "") +
          (c.micro > 1 ? "_micro" + std::to_string(c.micro) : "") + (c.hold ? "_hold" + std::to_string(c.hold) : "") +
-         (c.fused ? "_fused" : "") + (c.bf16_state ? "_bf16state" : "") + (c.disk ? "_disk" + std::to_string(c.disk) : "") +
+         (c.fused ? "_fused" : "") + (c.bf16_state ? "_bf16state" : "") +
+         (c.disk ? "_disk" + std::to_string(c.disk) : "") +
          (c.ckpt_disk ? "_ckptdisk" + std::to_string(c.ckpt_disk) : "") +
          ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "") +
-         (c.grads_disk ? "_gradsdisk" : "") +
-         (c.cufile ? "_cufile" : "") + (c.refuse_registration ? "_unregistered" : "") +
+         (c.grads_disk ? "_gradsdisk" : "") + (c.cufile ? "_cufile" : "") +
+         (c.refuse_registration ? "_unregistered" : "") +
          (c.whole || c.attn ? "_keep" + std::to_string(c.whole) + "w" + std::to_string(c.attn) + "a" : "");
 }
 
@@ -373,7 +374,8 @@ std::vector<Case> kept_activation_cases() {
   v[3].small_chunks = true;  // odd 37-element chunks and a 2-buffer ring
   return v;
 }
-INSTANTIATE_TEST_SUITE_P(SelectiveRecompute, SlidingVsResident, ::testing::ValuesIn(kept_activation_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(SelectiveRecompute, SlidingVsResident, ::testing::ValuesIn(kept_activation_cases()),
+                         case_name);
 
 }  // namespace
 }  // namespace sf

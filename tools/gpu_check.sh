@@ -11,7 +11,9 @@
 #    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers,
 #    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, bench_adamw = the host AdamW kernel alone,
 #    recompute = issue 19's selective recompute: the 3B and 1B resident steps with every layer
-#    recomputed, attention kept, and the planner's choice, the op profile of the last)
+#    recomputed, attention kept, and the planner's choice, the op profile of the last;
+#    recompute_sliding recompute_sliding_accum = the same in the sliding engine: 3B at 24 GiB with
+#    clipping, one micro-batch and four)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -405,6 +407,28 @@ sys.exit(0 if p['fits'] and (p['optimizer_state'] == 'fp32' or per <= 9) else 1)
       for k in "none:--keep-layers 0 --keep-attention 0" "planner:--keep-layers -1 --keep-attention -1"; do
         run sf_1b_keep_${k%%:*} "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 \
           --steps 6 --warmup 2 --device cuda --no-offload ${k#*:}
+      done ;;
+    # issue 19: selective recompute in the sliding engine. First its GPU test (the kept path's
+    # gradients against its recompute path, blobs sliding and on the GPU); then the 3B step at
+    # 24 GiB with clipping: every layer recomputed (0/0), the planner's choice (-1/-1: the plan
+    # line says what it kept; with the H200's default rates it predicts no gain at one micro-batch,
+    # the blobs on the GPU being worth more, so this run repeats 0/0), attention kept in all 28
+    # layers and 3 layers kept whole (blobs on the GPU fill the rest in both). ~2-3 min.
+    recompute_sliding)
+      run recompute_sliding_gpu_test "$BIN/sf_gpu_tests" --gtest_filter='CudaSelectiveRecompute.Sliding*'
+      for k in "none:0 0" "planner:-1 -1" "attention:0 28" "whole3:3 0"; do
+        set -- ${k#*:}
+        run sf_3b_24g_keep_${k%%:*} "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+          --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 1 --keep-layers $1 --keep-attention $2
+      done ;;
+    # ... with 4 micro-batches a step (GPU-bound in the prediction: the planner keeps 1 layer whole
+    # and attention in 27, each for every micro-batch, and only the head stays on the GPU). ~1.5 min.
+    recompute_sliding_accum)
+      for k in "none:0 0" "planner:-1 -1"; do
+        set -- ${k#*:}
+        run sf_3b_24g_k4_keep_${k%%:*} "$BIN/slideformer" bench --preset llama-3b --batch-size 8 --seq-len 2048 \
+          --grad-accum 4 --steps 2 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 1 \
+          --keep-layers $1 --keep-attention $2
       done ;;
     bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;
     # hardware counters of the RMSNorm backward (Firecracker machines only)

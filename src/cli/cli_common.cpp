@@ -33,11 +33,12 @@ void EngineFlags::add(CLI::App* c) {
                 "blobs (embedding, head, then layers) the sliding engine keeps whole on the GPU, with their "
                 "optimizer state (default: as many as fit)");
   c->add_option("--keep-attention", keep_attention,
-                "layers whose attention output the in-memory engine keeps from the forward, so that their backward's "
-                "recompute skips attention (default 0: none; -1: as many as the GPU memory has room for)");
+                "layers whose attention output the forward keeps on the GPU (per micro-batch when offloaded), so that "
+                "their backward's recompute skips attention (default 0: none; -1: the planner's choice, from the GPU "
+                "memory to spare and, offloaded, the predicted step against blobs kept on the GPU)");
   c->add_option("--keep-layers", keep_layers,
-                "layers whose activations the in-memory engine keeps whole from the forward, so that their backward "
-                "runs without a recompute (default 0: none; -1: as many as the GPU memory has room for after "
+                "layers whose activations the forward keeps whole on the GPU (per micro-batch when offloaded), so "
+                "that their backward runs without a recompute (default 0: none; -1: the planner's choice, as for "
                 "--keep-attention)");
   c->add_option("--gpu-memory", gpu_memory, "GPU memory to use, e.g. 40GiB (default: 90% of the free memory)");
   c->add_option("--cpu-memory", cpu_memory, "host memory to plan with (default: what the system reports available)");

@@ -28,8 +28,9 @@ struct EngineOptions {
   // AdamW m and v: F32 (exact), or BF16 written back with unbiased stochastic rounding (8 instead of
   // 12 bytes of state a parameter with the fp32 master; AdamWParams::round_seed seeds the rounding).
   DType state_dtype = DType::F32;
-  // Selective recompute (resident engine, training; the planner sets both from the spare GPU
-  // memory): the first whole_layers decoder layers keep every activation their backward reads
+  // Selective recompute (training, both engines — the sliding engine keeps them for each
+  // micro-batch; the planner sets both, engine/kept_activations.h): the first whole_layers decoder
+  // layers keep every activation their backward reads
   // (Workspace::layer_kept: no recompute); the next kept_layers keep their attention output and
   // softmax statistics (KeptActs, model/program.h: their recompute skips attention).
   int whole_layers = 0;

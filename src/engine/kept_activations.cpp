@@ -57,14 +57,15 @@ KeptActivations::KeptActivations(BufferSource& src, const ModelSpec& s, const En
 LayerBuffers KeptActivations::layer(const Workspace& ws, int l, int j, const BatchDims& d) const {
   if (!whole(l)) return ws.layer(d);
   SF_CHECK(j >= 0 && j < micro_, "kept activations: no micro-batch " + std::to_string(j));
-  return ws.layer_kept(d, static_cast<char*>(whole_buf_.data()) + (size_t(l) * size_t(micro_) + size_t(j)) * whole_stride_);
+  return ws.layer_kept(
+      d, static_cast<char*>(whole_buf_.data()) + (size_t(l) * size_t(micro_) + size_t(j)) * whole_stride_);
 }
 
 KeptActs KeptActivations::attention(int l, int j, const BatchDims& d) const {
   if (l < whole_layers_ || l >= whole_layers_ + kept_layers_) return {};
   SF_CHECK(j >= 0 && j < micro_, "kept activations: no micro-batch " + std::to_string(j));
-  char* p = static_cast<char*>(kept_buf_.data()) +
-            (size_t(l - whole_layers_) * size_t(micro_) + size_t(j)) * kept_stride_;
+  char* p =
+      static_cast<char*>(kept_buf_.data()) + (size_t(l - whole_layers_) * size_t(micro_) + size_t(j)) * kept_stride_;
   return {Tensor(p, act_, {d.N(), s_->q_dim()}), Tensor(p + kept_att_, DType::F32, {int64_t(d.B) * s_->n_head * d.T})};
 }
 

@@ -278,9 +278,10 @@ class Planner {
   // a requested count as it is) gets the sliding placement that fills what it leaves (`sliding`:
   // blobs kept on the GPU, the NVMe tier), and the fastest predicted plan that fits wins — by at
   // least kMinGain over the earlier candidates in that order (fewer layers kept whole, then
-  // attention kept in none): the prediction is a lower bound, and a smaller gain is within its error. The kept buffers are per micro-batch (every micro-batch's
-  // forward of a layer runs before its backward): a step of K micro-batches keeps K times the bytes.
-  // None on the cpu backend unless asked (its "GPU" is host memory, and it is the reference path).
+  // attention kept in none): the prediction is a lower bound, a smaller gain is within its error.
+  // The kept buffers are per micro-batch (every micro-batch's forward of a layer runs before its
+  // backward): a step of K micro-batches keeps K times the bytes. None on the cpu backend unless
+  // asked (its "GPU" is host memory, and it is the reference path).
   static constexpr double kMinGain = 0.01;
   void slide(int slots) {
     const bool auto_whole = r_.whole_layers < 0, auto_kept = r_.kept_layers < 0;
@@ -792,7 +793,8 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
             ? " (" + std::to_string(p.slots) + " GPU slots, " + std::to_string(p.gpu_blobs.size()) +
                   " blobs kept whole on the GPU" + (recompute.empty() ? "" : "; " + recompute) +
                   (recompute.empty() || p.micro_batches <= 1 ? "" : ", kept for each micro-batch") + ")"
-        : recompute.empty() ? "" : " (" + recompute + ")")
+        : recompute.empty() ? ""
+                            : " (" + recompute + ")")
     << "\n";
   for (Place where : {Place::Device, Place::Pinned, Place::Host, Place::Disk}) {
     const size_t n = total_bytes(p.items, where);

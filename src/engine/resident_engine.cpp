@@ -11,8 +11,8 @@
 #include "engine/blob_init.h"
 #include "engine/device_rope.h"
 #include "engine/kept_activations.h"
-#include "engine/state_copy.h"
 #include "engine/moe_stats.h"
+#include "engine/state_copy.h"
 #include "engine/token_uploader.h"
 #include "io/checkpoint.h"
 
@@ -90,7 +90,7 @@ struct ResidentEngine::Impl {
     char* p = static_cast<char*>(dbuf.data()) + size_t(i) * stride_nh;
     return Tensor(p, act, {N, spec.hidden});
   }
-  size_t stride_nh = 0;  // bytes of one [max N, H] activation
+  size_t stride_nh = 0;      // bytes of one [max N, H] activation
   Tensor dscratch() const {  // the recompute scratch (dbuf's third) as raw F32: free once the layers are done
     return Tensor(static_cast<char*>(dbuf.data()) + 2 * stride_nh, DType::F32, {int64_t(stride_nh / 4)});
   }

@@ -970,8 +970,9 @@ void SlidingEngine::write_state(State which, int blob, int entry, const float* s
 size_t SlidingEngine::device_bytes() const {
   const Impl& m = *impl_;
   return m.slots->device_bytes() + m.grads->device_bytes() + m.acts.size() + m.ckpts->device_bytes() +
-         m.scratch.size() + m.kept.device_bytes() + m.scalars.size() + m.rope->buf.size() + m.ws->bytes() + m.tokens->device_bytes() +
-         m.gpu.params.size() + m.gpu.master.size() + m.gpu.m.size() + m.gpu.v.size() + m.gpu.grads.size();
+         m.scratch.size() + m.kept.device_bytes() + m.scalars.size() + m.rope->buf.size() + m.ws->bytes() +
+         m.tokens->device_bytes() + m.gpu.params.size() + m.gpu.master.size() + m.gpu.m.size() + m.gpu.v.size() +
+         m.gpu.grads.size();
 }
 
 size_t SlidingEngine::host_bytes() const {

@@ -36,7 +36,9 @@
 namespace sf {
 
 struct SlidingOptions {
-  EngineOptions base;  // batch limits, micro-batches a step, compute dtype
+  // Batch limits, micro-batches a step, compute dtype; selective recompute (whole_layers,
+  // kept_layers: the first layers' activations stay on the GPU for each micro-batch, engine/kept_activations.h).
+  EngineOptions base;
   int slots = 3;       // GPU parameter slots (>= 2: a layer and the next; the tied head needs 2)
   // Blobs kept whole on the GPU: compute copy, fp32 master, AdamW state and gradients live there,
   // updated by the GPU's AdamW; they take no slot, no transfer and no host memory.

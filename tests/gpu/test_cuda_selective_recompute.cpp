@@ -28,7 +28,8 @@ struct Grads {
   test::NamedTensors grads;
 };
 
-Grads run(Device& dev, const ModelSpec& spec, int whole, int kept, const std::vector<Batch>& mbs) {
+// Two micro-batches of 2 x 12 at most, gradients only, these layers kept.
+EngineOptions kept_options(int whole, int kept) {
   EngineOptions eo;
   eo.max_batch = 2;
   eo.max_seq = 12;
@@ -36,12 +37,20 @@ Grads run(Device& dev, const ModelSpec& spec, int whole, int kept, const std::ve
   eo.optimizer = false;
   eo.whole_layers = whole;
   eo.kept_layers = kept;
-  ResidentEngine e(dev, spec, eo);
+  return eo;
+}
+
+Grads grads_of(Engine& e, const std::vector<Batch>& mbs) {
   e.init_random(5);
   Grads g;
   g.loss = e.compute_grads(mbs);
   g.grads = test::export_grads(e);
   return g;
+}
+
+Grads run(Device& dev, const ModelSpec& spec, int whole, int kept, const std::vector<Batch>& mbs) {
+  ResidentEngine e(dev, spec, kept_options(whole, kept));
+  return grads_of(e, mbs);
 }
 
 // The largest of each tensor's max |a - b| / max |a|.
@@ -58,6 +67,23 @@ double worst_relative(const test::NamedTensors& a, const test::NamedTensors& b) 
   return worst;
 }
 
+// `grads(whole, kept)` with layers kept against the recompute path (0, 0), run twice for its noise.
+template <class Run>
+void expect_recomputed_gradients(const Run& grads, int L, const std::string& what) {
+  const Grads base = grads(0, 0), again = grads(0, 0);
+  const double noise = worst_relative(base.grads, again.grads);
+  const double bound = std::max(2 * noise, 1e-2);
+  for (auto [whole, kept] : {std::pair{L, 0}, std::pair{0, L}, std::pair{1, L - 1}}) {
+    SCOPED_TRACE("whole " + std::to_string(whole) + " kept " + std::to_string(kept));
+    const Grads k = grads(whole, kept);
+    EXPECT_EQ(k.loss, base.loss);
+    const double d = worst_relative(base.grads, k.grads);
+    EXPECT_LE(d, bound) << "run-to-run " << noise;
+    std::printf("%s whole %d kept %d: gradients %.3g of the largest (run-to-run %.3g)\n", what.c_str(), whole, kept, d,
+                noise);
+  }
+}
+
 TEST(CudaSelectiveRecompute, KeptLayersGiveTheRecomputedGradients) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   auto dev = make_cuda_device(size_t(2) << 30);
@@ -66,19 +92,8 @@ TEST(CudaSelectiveRecompute, KeptLayersGiveTheRecomputedGradients) {
     const ModelSpec spec = parse_model_spec(test::tiny_config(family), "tiny");
     const std::vector<Record> recs = test::random_records(int(spec.vocab), 7, 4);
     const std::vector<Batch> mbs = {make_batch({&recs[0], &recs[1]}, 11), make_batch({&recs[2], &recs[3]}, 11)};
-    const Grads base = run(*dev, spec, 0, 0, mbs), again = run(*dev, spec, 0, 0, mbs);
-    const double noise = worst_relative(base.grads, again.grads);
-    const double bound = std::max(2 * noise, 1e-2);
-    const int L = spec.n_layer;
-    for (auto [whole, kept] : {std::pair{L, 0}, std::pair{0, L}, std::pair{1, L - 1}}) {
-      SCOPED_TRACE("whole " + std::to_string(whole) + " kept " + std::to_string(kept));
-      const Grads k = run(*dev, spec, whole, kept, mbs);
-      EXPECT_EQ(k.loss, base.loss);
-      const double d = worst_relative(base.grads, k.grads);
-      EXPECT_LE(d, bound) << "run-to-run " << noise;
-      std::printf("%s whole %d kept %d: gradients %.3g of the largest (run-to-run %.3g)\n", family.c_str(), whole, kept,
-                  d, noise);
-    }
+    expect_recomputed_gradients([&](int whole, int kept) { return run(*dev, spec, whole, kept, mbs); }, spec.n_layer,
+                                family);
   }
 }
 
@@ -87,20 +102,12 @@ TEST(CudaSelectiveRecompute, KeptLayersGiveTheRecomputedGradients) {
 Grads run_sliding(Device& dev, const ModelSpec& spec, int whole, int kept, const std::vector<int>& gpu_blobs,
                   const std::vector<Batch>& mbs) {
   SlidingOptions so;
-  so.base.max_batch = 2;
-  so.base.max_seq = 12;
-  so.base.max_micro = 2;
-  so.base.whole_layers = whole;
-  so.base.kept_layers = kept;
+  so.base = kept_options(whole, kept);
   so.slots = 2;
   so.gpu_blobs = gpu_blobs;
   so.keep_grads = true;
   SlidingEngine e(dev, spec, so);
-  e.init_random(5);
-  Grads g;
-  g.loss = e.compute_grads(mbs);
-  g.grads = test::export_grads(e);
-  return g;
+  return grads_of(e, mbs);
 }
 
 TEST(CudaSelectiveRecompute, SlidingKeptLayersGiveTheRecomputedGradients) {
@@ -110,21 +117,12 @@ TEST(CudaSelectiveRecompute, SlidingKeptLayersGiveTheRecomputedGradients) {
     const ModelSpec spec = parse_model_spec(test::tiny_config(family), "tiny");
     const int L = spec.n_layer;
     for (const std::vector<int>& on_gpu : {std::vector<int>{}, std::vector<int>{0, L + 1}}) {
-      SCOPED_TRACE(family + (on_gpu.empty() ? ", every blob sliding" : ", embedding and head on the GPU"));
+      const std::string what = "sliding " + family + (on_gpu.empty() ? "" : " (embedding and head on the GPU)");
+      SCOPED_TRACE(what);
       const std::vector<Record> recs = test::random_records(int(spec.vocab), 7, 4);
       const std::vector<Batch> mbs = {make_batch({&recs[0], &recs[1]}, 11), make_batch({&recs[2], &recs[3]}, 9)};
-      const Grads base = run_sliding(*dev, spec, 0, 0, on_gpu, mbs), again = run_sliding(*dev, spec, 0, 0, on_gpu, mbs);
-      const double noise = worst_relative(base.grads, again.grads);
-      const double bound = std::max(2 * noise, 1e-2);
-      for (auto [whole, kept] : {std::pair{L, 0}, std::pair{0, L}, std::pair{1, L - 1}}) {
-        SCOPED_TRACE("whole " + std::to_string(whole) + " kept " + std::to_string(kept));
-        const Grads k = run_sliding(*dev, spec, whole, kept, on_gpu, mbs);
-        EXPECT_EQ(k.loss, base.loss);
-        const double d = worst_relative(base.grads, k.grads);
-        EXPECT_LE(d, bound) << "run-to-run " << noise;
-        std::printf("sliding %s%s whole %d kept %d: gradients %.3g of the largest (run-to-run %.3g)\n", family.c_str(),
-                    on_gpu.empty() ? "" : " (blobs on the GPU)", whole, kept, d, noise);
-      }
+      expect_recomputed_gradients(
+          [&](int whole, int kept) { return run_sliding(*dev, spec, whole, kept, on_gpu, mbs); }, L, what);
     }
   }
 }
