@@ -296,8 +296,10 @@ class Planner {
     }
     Plan best;
     bool have = false;
-    const int w_last = auto_whole ? L - kept_ : whole_;  // (a requested kept count leaves L - kept to keep whole)
-    for (int w = whole_; w <= w_last; ++w) {
+    // Layers kept whole: each count up to 8, then steps of L/16 (a deep model plans in a second, not
+    // several) and the last; a requested kept count leaves L - kept to keep whole.
+    const int w_last = auto_whole ? L - kept_ : whole_, w_step = std::max(1, L / 16);
+    for (int w = whole_; w <= w_last; w = w < 8 || w == w_last ? w + 1 : std::min(w + w_step, w_last)) {
       std::vector<int> as = {auto_kept ? 0 : kept_};
       if (auto_kept && L - w > 0) as.push_back(L - w);
       bool more = true;  // the fewest activations of this w fit: more layers kept whole may too
