@@ -223,6 +223,17 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
     EXPECT_EQ(s.uploads(), 0);  // every blob on the GPU: nothing slides
   else
     EXPECT_GT(s.uploads(), 0);
+  if (c.whole || c.attn) {  // selective recompute: the same bits as the sliding engine recomputing every layer
+    SlidingOptions full = so;
+    full.base.whole_layers = full.base.kept_layers = 0;
+    auto dev_f = make_cpu_device(o);
+    SlidingEngine f(*dev_f, spec, full);
+    f.init_random(5);
+    auto [lf, pf] = train(f, recs, 3, c.micro, clip);
+    EXPECT_EQ(lf, ls);
+    for (size_t i = 0; i < pf.size(); ++i) EXPECT_EQ(pf[i].data, ps[i].data) << pf[i].name;
+    EXPECT_GT(s.device_bytes(), f.device_bytes());  // the kept buffers
+  }
 }
 
 // Fields: family, slots, delay_us, stall_streams, overlap, small_chunks, gpu, bf16, micro.
