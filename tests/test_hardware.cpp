@@ -294,6 +294,9 @@ TEST_F(PlanHardware, GradAccumTable) {
   }
   // K = 1 is the plan itself.
   EXPECT_DOUBLE_EQ(t[0]["predicted_step_s"].get<double>(), r.last()["predicted_step_s"].get<double>());
+  EXPECT_EQ(t[0]["predicted_phases"], r.last()["predicted_phases"]);
+  EXPECT_FALSE(r.last()["predicted_phases"].is_null());  // the sliding engine at the profile's memory
+  EXPECT_NE(r.err.find("phases: forward "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("by gradient accumulation"), std::string::npos) << r.err;
 }
 

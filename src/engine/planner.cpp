@@ -101,6 +101,22 @@ double recompute_flops_saved_per_token(const ModelSpec& s, int T, int whole_laye
 
 const char* engine_name(EngineKind k) { return k == EngineKind::Sliding ? "sliding" : "resident"; }
 
+const char* bound_name(Bound b) {
+  switch (b) {
+    case Bound::Gpu:
+      return "GPU";
+    case Bound::Pcie:
+      return "PCIe";
+    case Bound::Host:
+      return "host";
+    case Bound::Disk:
+      return "disk";
+    case Bound::Phases:
+      break;
+  }
+  return "phases";
+}
+
 std::optional<Setting> Shortfall::setting() const {
   switch (memory) {
     case Memory::Gpu:
@@ -477,7 +493,7 @@ struct SlidingTraffic {
 // The step as three phases run one after the other: the forward (with the updates that overlap it),
 // the head, and the backward (with what overlaps it); each its own bound.
 struct Phases {
-  double fwd = 0, head = 0, bwd = 0;
+  PhaseTime fwd, head, bwd;
 };
 
 Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f,
@@ -498,8 +514,15 @@ Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
   const double emb = double(make_layout(s).embedding().numel);
   const double head_upload_s = p.slots <= 2 && s.tie_embeddings && emb_on_host ? emb * 4 / pcie : 0.0;
   p.host_s = P / rates.host_adamw_params_s * ((pb.params + pb.moments) / (24 + act));
-  return {std::max({layers_fwd_gpu, fwd_host, fwd_pcie}), head_s + head_upload_s,
-          std::max({layers_bwd_gpu, bwd_host, up_bwd_s})};
+  Phases ph;
+  ph.fwd.at_least(layers_fwd_gpu, Bound::Gpu);
+  ph.fwd.at_least(fwd_host, Bound::Host);
+  ph.fwd.at_least(fwd_pcie, Bound::Pcie);
+  ph.head.at_least(head_s + head_upload_s, Bound::Gpu);
+  ph.bwd.at_least(layers_bwd_gpu, Bound::Gpu);
+  ph.bwd.at_least(bwd_host, Bound::Host);
+  ph.bwd.at_least(up_bwd_s, Bound::Pcie);
+  return ph;
 }
 
 // The NVMe tier's disk in the step's phases (docs/ENGINE.md "NVMe tier"). The disk's work is not
@@ -514,11 +537,23 @@ Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
 // the 8B backward is ~12 s of GPU work in which the disk reads only the checkpoints of 11 layers,
 // and the forward cannot absorb that idle time (session 7: disk busy 40.4 s of a 49.6 s step, the
 // disk's total planned 38.7 s).
+// And a phase bound by the disk ends with its last update, after which the schedule still has
+// work that waits for it (`Tails`).
 // `ph`: the phases without the disk; `act`: bytes of a working copy's element. The result: the
 // phases at least as long as their disk work.
-Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double act, double layers_bwd_gpu,
+struct Tails {
+  double layers_bwd_gpu = 0;  // the decoder layers' backward on the GPU (all micro-batches)
+  // With clipping: what follows the last disk blob's update in the forward — its upload and the
+  // forward of its layer and the layers above it (every micro-batch), which wait for that update.
+  double fwd = 0;
+  // Without clipping: what follows the last disk blob's update in the backward — the embedding's
+  // host update, whose gradient lands after it (the next forward needs it first).
+  double bwd = 0;
+};
+Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double act, const Tails& tails,
                  Phases ph, Plan& p) {
   if (p.disk_bytes == 0) return ph;
+  const double layers_bwd_gpu = tails.layers_bwd_gpu;
   const double rd = rates.disk_read_gbs * 1e9, wr = rates.disk_write_gbs * 1e9;
   // The file: the regions of p.disk_blobs (StateStream's layout) and the disk checkpoints.
   StateStream::Config sc;
@@ -556,19 +591,20 @@ Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, d
   const double L = double(s.n_layer), c = double(p.ckpt_disk_layers), fetches = c * r.grad_accum;
   if (c > 0) {
     const double ahead = std::min(1.0, double(CheckpointOptions{}.read_ahead) / fetches);
-    ph.bwd = std::max(ph.bwd, layers_bwd_gpu * (L - c) / L + std::max(layers_bwd_gpu * c / L, Cr * (1 - ahead)));
+    ph.bwd.at_least(layers_bwd_gpu * (L - c) / L + std::max(layers_bwd_gpu * c / L, Cr * (1 - ahead)), Bound::Disk);
   }
   if (r.clip) {
     // Updates in the forward: the regions' traffic, the checkpoint writes and the working copies'
-    // reads there, less what the ring moves into the backward's spare disk time.
+    // reads there, less what the ring moves into the backward's spare disk time (the first pieces
+    // read ahead, the last ones written behind), then the forward's layers after the last update.
     // (Held gradients in the store come with clipping only: written in the backward.)
-    ph.bwd = std::max(ph.bwd, Cr + Gw + W);
-    ph.fwd = std::max(ph.fwd, U + Cw + W - std::min(M, std::max(0.0, ph.bwd - Cr - Gw - W)));
+    ph.bwd.at_least(Cr + Gw + W, Bound::Disk);
+    ph.fwd.at_least(U + Cw + W - std::min(M, std::max(0.0, ph.bwd.s - Cr - Gw - W)) + tails.fwd, Bound::Disk);
   } else {
     // Updates in the backward as the gradients land: the regions there, less the read-ahead the
-    // forward's spare disk time takes.
-    ph.fwd = std::max(ph.fwd, Cw + W);
-    ph.bwd = std::max(ph.bwd, U + Cr + Gw + W - std::min(M, std::max(0.0, ph.fwd - Cw - W)));
+    // forward's spare disk time takes, then the embedding's update.
+    ph.fwd.at_least(Cw + W, Bound::Disk);
+    ph.bwd.at_least(U + Cr + Gw + W - std::min(M, std::max(0.0, ph.fwd.s - Cw - W)) + tails.bwd, Bound::Disk);
   }
   return ph;
 }
@@ -621,23 +657,52 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   // compute: 8B's forward is PCIe-bound at 24 GiB); checkpoints go down in the forward and come
   // back up in the backward.
   const double up_fwd_s = up_pass / pcie, up_bwd_s = up_fwd_s + r.grad_accum * ckpt / pcie;
-  const double fwd_s = std::max(p.gpu_s * (f.forward / f.total), up_fwd_s),
-               bwd_s = std::max(p.gpu_s * (1.0 - f.forward / f.total), up_bwd_s);
+  const double gpu_fwd = p.gpu_s * (f.forward / f.total), gpu_bwd = p.gpu_s * (1.0 - f.forward / f.total);
   const double emb_update_s = emb_on_host ? update_s * double(lay.embedding().numel) / P : 0.0;
-  Phases ph{fwd_s, 0.0, std::max(bwd_s, p.host_s) + emb_update_s};
-  if (r.clip && r.split_update)
+  Phases ph;  // the head is inside the forward and the backward here
+  ph.fwd.at_least(gpu_fwd, Bound::Gpu);
+  ph.fwd.at_least(up_fwd_s, Bound::Pcie);
+  ph.bwd.at_least(gpu_bwd + emb_update_s, Bound::Gpu);
+  ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
+  ph.bwd.at_least(p.host_s + emb_update_s, Bound::Host);
+  if (r.clip && r.split_update) {
     ph = split_update_path(s, r, rates, f, {P, act, ckpt, up_pass, up_fwd_s, up_bwd_s, emb_on_host}, p);
-  else if (r.clip)
-    ph = {std::max(fwd_s, update_s), 0.0, bwd_s};
+  } else if (r.clip) {
+    ph.fwd.at_least(update_s, Bound::Host);
+    ph.bwd = {};
+    ph.bwd.at_least(gpu_bwd, Bound::Gpu);
+    ph.bwd.at_least(up_bwd_s, Bound::Pcie);
+  }
   // The NVMe store: every byte of the offload file is written once and read once a step (the state
   // around its update, whatever grad_accum is; the checkpoints, which grow with it), working copies
   // read once more (Plan::disk_read_bytes, disk_write_bytes); the phases bound where that traffic
   // can fall (with_disk).
   if (p.disk_bytes > 0) p.disk_s = p.disk_read_bytes / (rates.disk_read_gbs * 1e9) +
                                    p.disk_write_bytes / (rates.disk_write_gbs * 1e9);
-  const double layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
-  ph = with_disk(s, r, rates, act, layers_bwd_gpu, ph, p);
-  p.step_s = std::max({ph.fwd + ph.head + ph.bwd, p.host_s, p.pcie_s, p.disk_s});
+  Tails tails;
+  tails.layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
+  if (!p.disk_blobs.empty()) {
+    // The disk blobs are layers; with clipping they are updated in forward order, so the highest
+    // is the last, and its layer and those above it run their forward after its update.
+    const int last = *std::max_element(p.disk_blobs.begin(), p.disk_blobs.end());
+    const bool work = std::find(p.disk_masters.begin(), p.disk_masters.end(), last) != p.disk_masters.end();
+    const double layers_fwd_gpu = p.gpu_s * ((f.forward - f.head / 3) / f.total);
+    tails.fwd = double(lay.blobs[size_t(last)].numel) * (work ? act : 4.0) / pcie +
+                layers_fwd_gpu * double(s.n_layer - (last - 1)) / double(s.n_layer);
+    tails.bwd = emb_update_s;
+  }
+  ph = with_disk(s, r, rates, act, tails, ph, p);
+  p.forward = ph.fwd;
+  p.head = ph.head;
+  p.backward = ph.bwd;
+  const double phases = ph.fwd.s + ph.head.s + ph.bwd.s;
+  p.step_s = phases;
+  p.step_by = Bound::Phases;
+  for (auto [t, by] : {std::pair{p.host_s, Bound::Host}, {p.pcie_s, Bound::Pcie}, {p.disk_s, Bound::Disk}})
+    if (t > p.step_s) {
+      p.step_s = t;
+      p.step_by = by;
+    }
 }
 
 void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
@@ -650,7 +715,10 @@ void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, co
   else
     predict_sliding(s, r, be, rates, f, p);
   p.tokens_per_s = tokens / p.step_s;
-  if (be.kind == DeviceKind::Cpu) p.step_s = p.gpu_s = p.host_s = p.pcie_s = p.tokens_per_s = 0;  // the rates are a GPU machine's
+  if (be.kind == DeviceKind::Cpu) {  // the rates are a GPU machine's
+    p.step_s = p.gpu_s = p.host_s = p.pcie_s = p.tokens_per_s = 0;
+    p.forward = p.head = p.backward = {};
+  }
 }
 
 }  // namespace
@@ -699,6 +767,15 @@ std::string plan_summary(const Plan& p) {
       format_bytes(p.pinned_bytes) + " pinned)";
   if (p.tokens_per_s > 0) s += "; predicted at best " + std::to_string(int64_t(p.tokens_per_s)) + " tokens/s";
   return s;
+}
+
+std::string format_phases(const Plan& p) {
+  char line[256];
+  std::snprintf(line, sizeof line, "phases: forward %.3f s (%s), head %.3f s (%s), backward %.3f s (%s); the step: %s",
+                p.forward.s, bound_name(p.forward.by), p.head.s, bound_name(p.head.by), p.backward.s,
+                bound_name(p.backward.by),
+                p.step_by == Bound::Phases ? "their sum" : (std::string(bound_name(p.step_by)) + "'s total").c_str());
+  return line;
 }
 
 std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p, SettingNamer names) {
@@ -753,6 +830,7 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
                   p.step_s, p.tokens_per_s, p.gpu_s, p.host_s, p.pcie_s,
                   disk);
     o << line;
+    if (p.engine == EngineKind::Sliding) o << format_phases(p) << "\n";
   }
   return o.str();
 }

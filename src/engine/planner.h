@@ -99,6 +99,22 @@ struct Shortfall {
   std::optional<Setting> setting() const;  // the budget that is short (GpuMemory, HostMemory, DiskMemory)
 };
 
+// What bounds a predicted time: the GPU's compute, PCIe, the host (AdamW passes, the host memory
+// bus), the NVMe store's disk, or (for the step) the sum of its phases.
+enum class Bound { Gpu, Pcie, Host, Disk, Phases };
+const char* bound_name(Bound b);  // "GPU" | "PCIe" | "host" | "disk" | "phases"
+struct PhaseTime {
+  double s = 0;
+  Bound by = Bound::Gpu;
+  // At least t seconds, which `r` needs.
+  void at_least(double t, Bound r) {
+    if (t > s) {
+      s = t;
+      by = r;
+    }
+  }
+};
+
 struct Plan {
   EngineKind engine = EngineKind::Resident;
   int slots = 0;
@@ -132,6 +148,13 @@ struct Plan {
   double disk_s = 0;  // the NVMe store's reads and writes of a step at the disk's rates
   double upload_bytes = 0;  // sliding: what one pass's uploads carry up PCIe (upload_bytes_per_pass)
   double tokens_per_s = 0;
+  // Sliding: the step's three phases one after the other as the engine schedules them (the
+  // forward with the updates that overlap it — with clipping every host update —, the head, the
+  // backward with the updates that overlap it — without clipping, those as gradients land), each
+  // at least what its busiest resource needs there (PhaseTime::by). step_s is their sum unless a
+  // resource's whole-step total is longer (step_by).
+  PhaseTime forward, head, backward;
+  Bound step_by = Bound::Gpu;  // Phases: the phases' sum; else the resource whose total sets the step
 };
 
 // The sliding engine's options for a plan's placement (slots, blobs kept on the GPU, held
@@ -164,6 +187,9 @@ uint64_t upload_bytes_per_pass(const ModelSpec& s, const Plan& p, DType act);
 Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates = {});
 // One line: engine, memory, predicted rate.
 std::string plan_summary(const Plan& p);
+// "phases: forward 29.845 s (disk), head 0.384 s (GPU), backward 10.061 s (GPU); the step: their sum"
+// (the sliding engine's Plan::forward, head, backward and step_by).
+std::string format_phases(const Plan& p);
 // Human-readable, one item a line.
 // `names`: how the shortfall names the budget that is short (the CLI: its options).
 std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p, SettingNamer names = setting_name);

@@ -14,6 +14,7 @@
 #include "engine/make_engine.h"
 #include "engine/planner.h"
 #include "io/json_file.h"
+#include "train/plan_report.h"
 #include "train/presets.h"
 #include "train/step_fit.h"
 
@@ -145,6 +146,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"whole_layers", built.plan.whole_layers},
           {"kept_layers", built.plan.kept_layers},
           {"predicted_tokens_per_second", built.plan.tokens_per_s},
+          {"predicted_step_ms", 1e3 * built.plan.step_s},
+          {"predicted_phases", phases_json(built.plan)},  // forward / head / backward and their bounds
           {"max_grad_norm", o.max_grad_norm},
           {"optimizer_state", o.engine.state_dtype == DType::BF16 ? "bf16" : "fp32"},
           {"device_bytes", engine.device_bytes()},

@@ -129,8 +129,8 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
   char line[256];
   std::snprintf(line, sizeof line, "by gradient accumulation (%d x %d tokens a micro-batch):\n", r.batch, r.seq);
   text = line;
-  std::snprintf(line, sizeof line, "  %4s %12s %9s %10s %12s %12s %7s\n", "K", "tokens/step", "step s", "tokens/s",
-                "host memory", "disk", "disk s");
+  std::snprintf(line, sizeof line, "  %4s %12s %9s %10s %12s %12s %7s  %s\n", "K", "tokens/step", "step s",
+                "tokens/s", "host memory", "disk", "disk s", "forward / backward s (bound)");
   text += line;
   for (int k : {1, 2, 4, 8, 16}) {
     PlanRequest q = r;
@@ -144,10 +144,16 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
                     {"predicted_tokens_per_second", p.tokens_per_s},
                     {"host_bytes", p.host_bytes},
                     {"disk_bytes", p.disk_bytes},
-                    {"predicted_disk_s", p.disk_s}});
+                    {"predicted_disk_s", p.disk_s},
+                    {"predicted_phases", phases_json(p)}});
+    char phases[96] = "";
+    if (p.engine == EngineKind::Sliding && p.step_s > 0)
+      std::snprintf(phases, sizeof phases, "  %.3f (%s) / %.3f (%s)", p.forward.s, bound_name(p.forward.by),
+                    p.backward.s, bound_name(p.backward.by));
     if (p.fits)
-      std::snprintf(line, sizeof line, "  %4d %12.0f %9.3f %10.0f %12s %12s %7.3f\n", k, tokens, p.step_s,
-                    p.tokens_per_s, format_bytes(p.host_bytes).c_str(), format_bytes(p.disk_bytes).c_str(), p.disk_s);
+      std::snprintf(line, sizeof line, "  %4d %12.0f %9.3f %10.0f %12s %12s %7.3f%s\n", k, tokens, p.step_s,
+                    p.tokens_per_s, format_bytes(p.host_bytes).c_str(), format_bytes(p.disk_bytes).c_str(), p.disk_s,
+                    phases);
     else
       std::snprintf(line, sizeof line, "  %4d %12.0f  does not fit: %s\n", k, tokens, p.why(names).c_str());
     text += line;
@@ -156,6 +162,14 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
 }
 
 }  // namespace
+
+nlohmann::json phases_json(const Plan& p) {
+  if (p.engine != EngineKind::Sliding || p.step_s <= 0) return nullptr;
+  return {{"forward_s", p.forward.s},   {"forward_bound", bound_name(p.forward.by)},
+          {"head_s", p.head.s},         {"head_bound", bound_name(p.head.by)},
+          {"backward_s", p.backward.s}, {"backward_bound", bound_name(p.backward.by)},
+          {"step_bound", bound_name(p.step_by)}};
+}
 
 nlohmann::json run_plan(const PlanCliOptions& o) {
   const int sources = int(!o.model_dir.empty()) + int(!o.preset.empty()) + int(!o.config.empty());
@@ -265,6 +279,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
           {"predicted_gpu_s", p.gpu_s},
           {"predicted_host_s", p.host_s},
           {"predicted_pcie_s", p.pcie_s},
+          {"predicted_phases", phases_json(p)},
           {"grad_accum_table", table},
           {"rates",
            {{"measured", o.measure},

@@ -20,6 +20,10 @@ struct PlanCliOptions {
   EngineRequest engine;
   SettingNamer names = setting_name;  // how the plan's shortfall names the budgets (the CLI: options)
 };
+// The sliding engine's predicted phases (Plan::forward, head, backward, step_by) as JSON:
+// {"forward_s", "forward_bound", "head_s", "head_bound", "backward_s", "backward_bound", "step_bound"};
+// null for the resident engine and where nothing is predicted (the cpu backend).
+nlohmann::json phases_json(const Plan& p);
 // Prints the plan on stderr; returns it as JSON (fits, engine, slots, bytes, prediction).
 nlohmann::json run_plan(const PlanCliOptions& o);
 
