@@ -338,6 +338,18 @@ TEST(Planner, Bf16OptimizerStateShrinksHostMemoryAndTraffic) {
 namespace sf {
 namespace {
 
+// Issue 17's 8B runs: 8 x 2048 tokens, 24 GiB of GPU and 64 GiB of host memory, 60 GiB in `dir`.
+PlanRequest nvme8_request(const std::string& dir) {
+  PlanRequest r;
+  r.batch = 8;
+  r.seq = 2048;
+  r.gpu_budget = size_t(24) << 30;
+  r.host_budget = size_t(64) << 30;
+  r.offload_dir = dir;
+  r.disk_budget = size_t(60) << 30;
+  return r;
+}
+
 // The NVMe tier's disk time is bound to the step's phases (planner.cpp with_disk): AdamW state
 // around the updates (the forward with clipping), checkpoints written in the forward and read in
 // the backward; only the state ring's few blobs cross over. Session 7's two 8B runs at 24 GiB of
@@ -351,13 +363,7 @@ TEST(Planner, DiskTrafficIsBoundToItsPhases) {
   const ModelSpec spec = llama_shape(4096, 14336, 32, 32, false);  // Llama-3.1-8B
   const BackendInfo be = gpu_like();
   test::TempDir dir;
-  PlanRequest r;
-  r.batch = 8;
-  r.seq = 2048;
-  r.gpu_budget = size_t(24) << 30;
-  r.host_budget = size_t(64) << 30;
-  r.offload_dir = dir.path.string();
-  r.disk_budget = size_t(60) << 30;
+  PlanRequest r = nvme8_request(dir.path.string());
   const Plan k1 = make_plan(spec, r, be);
   ASSERT_TRUE(k1.fits) << k1.why();
   ASSERT_FALSE(k1.disk_blobs.empty());
@@ -418,15 +424,9 @@ TEST(Planner, PhasesOfTheDiskTier) {
   const ModelSpec spec = llama_shape(4096, 14336, 32, 32, false);  // Llama-3.1-8B
   const BackendInfo be = gpu_like();
   test::TempDir dir;
-  PlanRequest r;
-  r.batch = 8;
-  r.seq = 2048;
+  PlanRequest r = nvme8_request(dir.path.string());
   r.grad_accum = 8;
   r.state_dtype = DType::BF16;
-  r.gpu_budget = size_t(24) << 30;
-  r.host_budget = size_t(64) << 30;
-  r.offload_dir = dir.path.string();
-  r.disk_budget = size_t(60) << 30;
   const Plan k8 = make_plan(spec, r, be);
   ASSERT_TRUE(k8.fits) << k8.why();
   expect_phases_make_the_step(k8);
