@@ -76,7 +76,8 @@ StateStream::Config stream_config(const HostOptimizerOptions& o) {
 size_t gring_stride(const HostOptimizerOptions& o) {
   int64_t total = 0;
   for (int64_t n : o.blob_numel) total += n;
-  return size_t(NvmeStore::aligned(uint64_t(std::min(o.chunk, std::max<int64_t>(total, 1))) * dtype_size(o.grad_dtype)));
+  return size_t(
+      NvmeStore::aligned(uint64_t(std::min(o.chunk, std::max<int64_t>(total, 1))) * dtype_size(o.grad_dtype)));
 }
 
 }  // namespace
@@ -118,8 +119,8 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
   m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.v"});
   append(m, StateStream::buffers(stream_config(o)));
   if (disk_grads > 0)  // (+ a block: each chunk starts block-aligned, so the store writes it in place)
-    m.push_back({"gradients to the offload dir (2 chunks)",
-                 2 * gring_stride(o) + NvmeStore::kAlign, Place::Pinned, "disk.gring"});
+    m.push_back({"gradients to the offload dir (2 chunks)", 2 * gring_stride(o) + NvmeStore::kAlign, Place::Pinned,
+                 "disk.gring"});
   append(m, WeightStream::buffers(weight_config(o)));
   return m;
 }

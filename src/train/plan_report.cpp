@@ -129,8 +129,8 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
   char line[256];
   std::snprintf(line, sizeof line, "by gradient accumulation (%d x %d tokens a micro-batch):\n", r.batch, r.seq);
   text = line;
-  std::snprintf(line, sizeof line, "  %4s %12s %9s %10s %12s %12s %7s  %s\n", "K", "tokens/step", "step s",
-                "tokens/s", "host memory", "disk", "disk s", "forward / backward s (bound)");
+  std::snprintf(line, sizeof line, "  %4s %12s %9s %10s %12s %12s %7s  %s\n", "K", "tokens/step", "step s", "tokens/s",
+                "host memory", "disk", "disk s", "forward / backward s (bound)");
   text += line;
   for (int k : {1, 2, 4, 8, 16}) {
     PlanRequest q = r;
@@ -165,9 +165,12 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
 
 nlohmann::json phases_json(const Plan& p) {
   if (p.engine != EngineKind::Sliding || p.step_s <= 0) return nullptr;
-  return {{"forward_s", p.forward.s},   {"forward_bound", bound_name(p.forward.by)},
-          {"head_s", p.head.s},         {"head_bound", bound_name(p.head.by)},
-          {"backward_s", p.backward.s}, {"backward_bound", bound_name(p.backward.by)},
+  return {{"forward_s", p.forward.s},
+          {"forward_bound", bound_name(p.forward.by)},
+          {"head_s", p.head.s},
+          {"head_bound", bound_name(p.head.by)},
+          {"backward_s", p.backward.s},
+          {"backward_bound", bound_name(p.backward.by)},
           {"step_bound", bound_name(p.step_by)}};
 }
 
