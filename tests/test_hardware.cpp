@@ -343,6 +343,28 @@ TEST_F(PlanHardware, LongestSequence) {
   EXPECT_NE(r.err.find("no sequence fits"), std::string::npos) << r.err;
 }
 
+// A hostile attention rate on the command line: exit 2, one line naming the file and the key; a
+// file without the attention keys (written before them) plans.
+TEST_F(PlanHardware, AttentionRatesFromTheFile) {
+  json bad = builtin_json("rtx4090");
+  bad["attention_fwd_tflops"] = 1400;  // TFLOP/s slipped by 10x: more than the GEMM
+  write_text(p("bad.json"), bad.dump());
+  test::CmdResult r = run(std::string(kPlan) + " --hardware " + p("bad.json"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(p("bad.json")), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("$.attention_fwd_tflops"), std::string::npos) << r.err;
+  json old = builtin_json("rtx4090");
+  old.erase("attention_fwd_tflops");
+  old.erase("attention_bwd_tflops");
+  old["sources"].erase("attention_fwd_tflops");
+  old["sources"].erase("attention_bwd_tflops");
+  write_text(p("old.json"), old.dump());
+  r = run(std::string(kPlan) + " --hardware " + p("old.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_DOUBLE_EQ(r.last()["rates"]["attn_fwd_tflops"].get<double>(), 150 * kAttnFwdPerGemm);
+  EXPECT_NE(r.err.find("not in the file: from the GEMM rate"), std::string::npos) << r.err;
+}
+
 TEST_F(PlanHardware, GradAccumTable) {
   test::CmdResult r = run(std::string(kPlan) + " --hardware rtx4090");
   ASSERT_EQ(r.code, 0) << r.err;
