@@ -238,7 +238,10 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
     if (longest < cap) {
       PlanRequest next = r;
       next.seq = longest + 1;
-      stop = "at " + std::to_string(longest + 1) + " the plan " + make_plan(spec, next, be, rs.rates).why(o.names);
+      const Plan over = make_plan(spec, next, be, rs.rates);
+      stop = "at " + std::to_string(longest + 1) + " the plan " + over.why(o.names) +
+             (over.short_of.memory == Shortfall::Memory::Gpu ? " with the planner's GPU headroom of max(256 MiB, 1 %) beside it"
+                                                             : "");
     }
     longest_text = longest > 0 ? "longest sequence that fits: " + std::to_string(longest) + " tokens a row (searched 1.." +
                                      std::to_string(cap) + "; " + stop + ")\n"
