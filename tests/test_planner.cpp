@@ -384,7 +384,7 @@ TEST(Planner, DiskTrafficIsBoundToItsPhases) {
   fast.disk_read_gbs = fast.disk_write_gbs = 1e6;
   const Plan free_disk = make_plan(spec, r, be, fast);
   EXPECT_LT(free_disk.step_s, k8.step_s);
-  EXPECT_GE(free_disk.step_s, free_disk.gpu_s);
+  EXPECT_GE(free_disk.step_s, free_disk.gpu_s * (1 - 1e-12));  // the phases' shares sum to 1 up to rounding
   // Without clipping the updates (and the state's traffic) fall in the backward: still at least the
   // disk's total.
   r.clip = false;

@@ -11,7 +11,8 @@
 #    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers,
 #    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, bench_adamw = the host AdamW kernel alone,
 #    recompute = issue 19's selective recompute: the 3B and 1B resident steps with every layer
-#    recomputed, attention kept, and the planner's choice, the op profile of the last)
+#    recomputed, attention kept, and the planner's choice, the op profile of the last,
+#    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -413,6 +414,27 @@ sys.exit(0 if p['fits'] and (p['optimizer_state'] == 'fp32' or per <= 9) else 1)
         run sf_1b_keep_${k%%:*} "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 \
           --steps 6 --warmup 2 --device cuda --no-offload ${k#*:}
       done ;;
+    # issue 19, long context (~4 min): 8B at 1 x 32768 tokens on 24 GiB beside its plans (built-in
+    # rates; this machine's measured ones, whose attention rate plan --measure times at 2 x 8192, saved
+    # to $OUT/h200_long.json), our attention kernel at that length, then the longest sequence that
+    # fits 24 GiB (plan --longest-seq: with fp32 state the host's 128 GiB decide, with bf16 state
+    # the GPU's 24 GiB) benched with bf16 state; each bench line carries its plan's prediction.
+    long_context)
+      L8="--preset llama-8b --batch-size 1 --device cuda --gpu-memory 24GiB --max-grad-norm 1"
+      rm -f "$OUT/h200_long.json"
+      run long_plan_measure "$BIN/slideformer" plan $L8 --seq-len 32768 --measure --save-hardware "$OUT/h200_long.json"
+      run long_attn_32k "$BIN/attn_bench" 1 32768 32 8 128
+      run long_bench_32k "$BIN/slideformer" bench $L8 --seq-len 32768 --steps 2 --warmup 1
+      for st in fp32 bf16; do
+        run long_plan_longest_$st "$BIN/slideformer" plan $L8 --longest-seq --optimizer-state $st
+        "$BIN/slideformer" plan $L8 --longest-seq --optimizer-state $st 2>/dev/null >"$OUT/longest_$st.json"
+      done
+      n=$(python3 -c "
+import json, sys
+print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longest_seq_len'])" "$OUT/longest_bf16.json")
+      echo "longest sequence that fits 24 GiB (bf16 state): $n" | tee -a "$OUT/summary.txt"
+      run long_bench_longest_bf16 "$BIN/slideformer" bench $L8 --seq-len "$n" --optimizer-state bf16 --steps 2 \
+        --warmup 0 ;;
     bench_sf) run bench_sf "$BIN/slideformer" bench --preset llama-1b --batch-size 8 --seq-len 2048 --steps 6 --warmup 2 --device cuda ;;
     # hardware counters of the RMSNorm backward (Firecracker machines only)
     ncu_rmsnorm) run ncu_rmsnorm ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \

@@ -34,11 +34,11 @@ void EngineFlags::add(CLI::App* c) {
                 "optimizer state (default: as many as fit)");
   c->add_option("--keep-attention", keep_attention,
                 "layers whose attention output the in-memory engine keeps from the forward, so that their backward's "
-                "recompute skips attention (default 0: none; -1: as many as the GPU memory has room for)");
+                "recompute skips attention (default -1: as many as the GPU memory has room for, cuda only; 0: none)");
   c->add_option("--keep-layers", keep_layers,
                 "layers whose activations the in-memory engine keeps whole from the forward, so that their backward "
-                "runs without a recompute (default 0: none; -1: as many as the GPU memory has room for after "
-                "--keep-attention)");
+                "runs without a recompute (default -1: as many as the GPU memory has room for, attention-kept layers "
+                "upgraded first, cuda only; 0: none)");
   c->add_option("--gpu-memory", gpu_memory, "GPU memory to use, e.g. 40GiB (default: 90% of the free memory)");
   c->add_option("--cpu-memory", cpu_memory, "host memory to plan with (default: what the system reports available)");
   c->add_option("--offload-dir", offload_dir,

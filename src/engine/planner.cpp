@@ -1,6 +1,7 @@
 #include "engine/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -35,6 +36,8 @@ double host_memory_available() {
 
 // FLOPs per trained token of one training step (forward, recompute of the decoder layers,
 // backward): matrix products (2 per multiply-add) and causal attention (FlashAttention's count).
+// The same fields also carry a step's GPU work (gpu_work_per_token: FLOPs weighted by their
+// kind's rate), whose shares split the sliding engine's phases.
 struct Flops {
   double total = 0, forward = 0;
   double head = 0;  // of total: the head's forward and backward (the lm-head products)
@@ -84,7 +87,62 @@ Flops flops_per_token(const ModelSpec& s, int T) {
   return f;
 }
 
+// What one FLOP of each kind is worth in FLOPs at the model rate (work / model rate = seconds).
+// The model rate is a whole step's at kRateSeqLen-token sequences, attention at that length
+// included; attention runs below it (the H200: 371 / 330 TFLOP/s forward / backward against 510), so
+// at long sequences, where attention is a large share, the model rate alone predicted too fast
+// (8B at 32768 tokens: 5,223 tokens/s planned, 3,925 measured). So attention is priced at the
+// kernel's own rates, and the rest of the step (matrix products and the memory-bound kernels
+// between them) at what the reference step leaves: its seconds at the model rate less its
+// attention's at the kernel's rates. At kRateSeqLen the step's time is unchanged.
+struct WorkWeights {
+  double matrix = 1, attn_fwd = 1, attn_bwd = 1;
+};
+WorkWeights work_weights(const ModelSpec& s, const Rates& r) {
+  // The rates are head dim 128's; a smaller head does less work a byte moved (the H200's kernels:
+  // 0.72-0.76x at 64, about sqrt(64 / 128)). Larger heads: not measured, taken as 128's.
+  const double hd = s.head_dim < 128 ? std::sqrt(double(std::max(s.head_dim, 1)) / 128.0) : 1.0;
+  const double model = r.model_tflops * 1e12, fwd = r.attn_fwd_tflops * 1e12 * hd, bwd = r.attn_bwd_tflops * 1e12 * hd;
+  const Flops ref = flops_per_token(s, kRateSeqLen);
+  const double af = 4.0 * double(s.q_dim()) * attention_keys_per_token(s, kRateSeqLen);
+  const double rest_s = ref.total / model - (2 * af / fwd + 2.5 * af / bwd);  // forward + recompute, backward
+  // Rates that leave the rest under a quarter of its time at the model rate are inconsistent (an
+  // attention rate far below the step's own): the rest is not priced below that.
+  const double matrix = std::max(rest_s * model / (ref.total - 4.5 * af), 0.25);
+  return {matrix, model / fwd, model / bwd};
+}
+
+// A token's GPU work in one training step, in FLOPs at the model rate, with every layer recomputed.
+Flops gpu_work_per_token(const ModelSpec& s, int T, const Rates& r) {
+  const Flops f = flops_per_token(s, T);
+  const WorkWeights w = work_weights(s, r);
+  const double af = 4.0 * double(s.q_dim()) * attention_keys_per_token(s, T);
+  Flops g;
+  g.forward = (f.forward - af) * w.matrix + af * w.attn_fwd;
+  g.total = (f.total - 4.5 * af) * w.matrix + 2 * af * w.attn_fwd + 2.5 * af * w.attn_bwd;
+  g.head = f.head * w.matrix;
+  return g;
+}
+
+// What selective recompute saves a token, weighted (w = {1, 1, 1}: FLOPs).
+double recompute_saved_per_token(const ModelSpec& s, int T, int whole_layers, int kept_layers, const WorkWeights& w) {
+  const double Q = double(s.q_dim());
+  double saved = 0;
+  for (int l = 0; l < std::min(whole_layers + kept_layers, s.n_layer); ++l)
+    saved += 4 * Q * layer_attention_keys(s, T, l) * w.attn_fwd +
+             (l < whole_layers ? 2 * layer_matrix_params(s, l).recompute * w.matrix : 0.0);
+  return saved;
+}
+
 }  // namespace
+
+double attention_forward_flops(int64_t B, int64_t T, int64_t n_head, int64_t head_dim) {
+  return 4.0 * double(B) * double(T) * (0.5 * double(T)) * double(n_head) * double(head_dim);
+}
+
+double gpu_seconds_per_token(const ModelSpec& s, int T, const Rates& rates) {
+  return gpu_work_per_token(s, T, rates).total / (rates.model_tflops * 1e12);
+}
 
 double train_flops_per_token(const ModelSpec& s, int T, bool with_recompute) {
   const Flops f = flops_per_token(s, T);
@@ -92,11 +150,7 @@ double train_flops_per_token(const ModelSpec& s, int T, bool with_recompute) {
 }
 
 double recompute_flops_saved_per_token(const ModelSpec& s, int T, int whole_layers, int kept_layers) {
-  const double Q = double(s.q_dim());
-  double saved = 0;
-  for (int l = 0; l < std::min(whole_layers + kept_layers, s.n_layer); ++l)
-    saved += 4 * Q * layer_attention_keys(s, T, l) + (l < whole_layers ? 2 * layer_matrix_params(s, l).recompute : 0.0);
-  return saved;
+  return recompute_saved_per_token(s, T, whole_layers, kept_layers, WorkWeights{});
 }
 
 const char* engine_name(EngineKind k) { return k == EngineKind::Sliding ? "sliding" : "resident"; }
@@ -282,7 +336,7 @@ class Planner {
     if (r_.hold_grads > 1) return r_.hold_grads;
     double P = double(lay_.total_numel());
     for (int b : gpu_blobs) P -= double(lay_.blobs[size_t(b)].numel);
-    const Flops f = flops_per_token(s_, r_.seq);
+    const Flops f = gpu_work_per_token(s_, r_.seq, rates_);
     const double gpu_s = f.total * double(r_.batch) * r_.seq * r_.grad_accum / (rates_.model_tflops * 1e12);
     const double backward_s = gpu_s * (1.0 - f.forward / f.total);
     const double spill_s = P / rates_.host_adamw_params_s - backward_s;
@@ -707,9 +761,13 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
 
 void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
   const double tokens = double(r.batch) * r.seq * r.grad_accum;
-  const Flops f = flops_per_token(s, r.seq);
-  p.flops = (f.total - recompute_flops_saved_per_token(s, r.seq, p.whole_layers, p.kept_layers)) * tokens;
-  p.gpu_s = p.flops / (rates.model_tflops * 1e12);
+  p.flops = (flops_per_token(s, r.seq).total - recompute_flops_saved_per_token(s, r.seq, p.whole_layers, p.kept_layers)) *
+            tokens;
+  // GPU time from the work (attention at its own rates); its forward / head / backward shares
+  // split the sliding engine's phases.
+  const Flops f = gpu_work_per_token(s, r.seq, rates);
+  const double saved = recompute_saved_per_token(s, r.seq, p.whole_layers, p.kept_layers, work_weights(s, rates));
+  p.gpu_s = (f.total - saved) * tokens / (rates.model_tflops * 1e12);
   if (p.engine == EngineKind::Resident)
     p.step_s = p.gpu_s;
   else
@@ -833,6 +891,22 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
     if (p.engine == EngineKind::Sliding) o << format_phases(p) << "\n";
   }
   return o.str();
+}
+
+int longest_seq_len(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, int max_seq) {
+  auto fits = [&](int T) {
+    PlanRequest q = r;
+    q.seq = T;
+    return make_plan(s, q, be, rates).fits;
+  };
+  if (max_seq < 1 || !fits(1)) return 0;
+  int lo = 1, hi = max_seq;  // lo fits; the answer is in [lo, hi]
+  if (fits(hi)) return hi;
+  while (hi - lo > 1) {  // lo fits, hi does not
+    const int mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
 }
 
 }  // namespace sf

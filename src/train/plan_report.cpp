@@ -18,6 +18,7 @@
 #include "io/json_file.h"
 #include "train/hardware_profile.h"
 #include "train/presets.h"
+#include "train/train_options_check.h"
 
 namespace sf {
 
@@ -59,6 +60,11 @@ HardwareProfile measured_profile(const MeasuredRates& m, const BackendInfo& be, 
   h.sources["gemm_tflops"] = gpu ? measured + " ([8192, 4096] x [4096, 4096]^T bf16, 10 in a row)" : no_gpu;
   h.model_efficiency = kStepEfficiency;
   h.sources["model_efficiency"] = "the H200 machine's 1B step over its layer GEMM rate (500 / 727)";
+  h.attention_fwd_tflops = gpu ? m.rates.attn_fwd_tflops : def.attn_fwd_tflops;
+  h.attention_bwd_tflops = gpu ? m.rates.attn_bwd_tflops : def.attn_bwd_tflops;
+  h.sources["attention_fwd_tflops"] = h.sources["attention_bwd_tflops"] =
+      gpu ? measured + " (our causal attention kernel, B 2 x T 8192, 32/8 heads of 128, FlashAttention's FLOP count)"
+          : no_gpu;
   h.pcie_gbs = gpu ? m.rates.pcie_gbs : def.pcie_gbs;
   h.sources["pcie_gbs"] = gpu ? measured + " (256 MiB pinned, both directions at once)" : no_gpu;
   h.ram_gib = mem_total_bytes() / kGiB;
@@ -90,11 +96,13 @@ RateSource rates_for(const PlanCliOptions& o, const BackendInfo& be) {
     rs.rates = h.rates();
     rs.source = "hardware " + o.hardware;
     const std::string named = h.name.empty() || h.name == o.hardware ? "" : " (" + h.name + ")";
-    log_info("hardware %s%s: GPU %.1f GiB, RAM %.0f GiB, GEMM %.0f TFLOP/s -> model %.0f TFLOP/s, PCIe %.1f GB/s, "
-             "host AdamW %.2f G params/s, host bus %.0f GB/s, disk read %.2f / write %.2f GB/s",
-             o.hardware.c_str(), named.c_str(), h.gpu_memory_gib, h.ram_gib,
-             h.gemm_tflops, rs.rates.model_tflops, h.pcie_gbs, h.host_adamw_gparams_s, h.host_bus_gbs,
-             h.disk_read_gbs, h.disk_write_gbs);
+    log_info("hardware %s%s: GPU %.1f GiB, RAM %.0f GiB, GEMM %.0f TFLOP/s -> model %.0f TFLOP/s, attention "
+             "forward %.0f / backward %.0f TFLOP/s%s, PCIe %.1f GB/s, host AdamW %.2f G params/s, host bus %.0f GB/s, "
+             "disk read %.2f / write %.2f GB/s",
+             o.hardware.c_str(), named.c_str(), h.gpu_memory_gib, h.ram_gib, h.gemm_tflops, rs.rates.model_tflops,
+             rs.rates.attn_fwd_tflops, rs.rates.attn_bwd_tflops,
+             h.attention_fwd_tflops > 0 && h.attention_bwd_tflops > 0 ? "" : " (not in the file: from the GEMM rate)",
+             h.pcie_gbs, h.host_adamw_gparams_s, h.host_bus_gbs, h.disk_read_gbs, h.disk_write_gbs);
     return rs;
   }
   if (!o.measure) return rs;
@@ -159,6 +167,16 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
     text += line;
   }
   return rows;
+}
+
+// The upper bound of --longest-seq's search: --seq-len when given, else the model's context
+// (max_position_embeddings; a sliding window bounds it too), within the step-size limits.
+int longest_seq_cap(const ModelSpec& spec, const PlanCliOptions& o) {
+  int64_t cap = o.seq_len > 0 ? o.seq_len : spec.max_position > 0 ? spec.max_position : StepLimits::kMaxSeqLen;
+  if (spec.sliding_window > 0) cap = std::min<int64_t>(cap, spec.sliding_window);
+  cap = std::min(cap, StepLimits::kMaxSeqLen);
+  cap = std::min(cap, StepLimits::kMaxStepTokens / (int64_t(o.batch_size) * std::max(o.grad_accum, 1)));
+  return int(std::max<int64_t>(cap, 1));
 }
 
 }  // namespace
@@ -226,7 +244,28 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
       ckpt_io = io.text;
     }
   }
+  // --longest-seq: the longest sequence that fits, then its plan.
+  std::string longest_text;
+  int longest = -1;
+  if (o.longest_seq) {
+    const int cap = longest_seq_cap(spec, o);
+    longest = longest_seq_len(spec, r, be, rs.rates, cap);
+    r.seq = std::max(longest, 1);
+    std::string stop = "the search's upper bound";
+    if (longest < cap) {
+      PlanRequest next = r;
+      next.seq = longest + 1;
+      const Plan over = make_plan(spec, next, be, rs.rates);
+      stop = "at " + std::to_string(longest + 1) + " the plan " + over.why(o.names) +
+             (over.short_of.memory == Shortfall::Memory::Gpu ? " with the planner's GPU headroom of max(256 MiB, 1 %) beside it"
+                                                             : "");
+    }
+    longest_text = longest > 0 ? "longest sequence that fits: " + std::to_string(longest) + " tokens a row (searched 1.." +
+                                     std::to_string(cap) + "; " + stop + ")\n"
+                               : "no sequence fits these budgets (not even 1 token a row): the plan for 1 follows\n";
+  }
   const Plan p = make_plan(spec, r, be, rs.rates);
+  std::fputs(longest_text.c_str(), stderr);
   std::fputs(format_plan(spec, r, p, o.names).c_str(), stderr);
   if (!r.offload_dir.empty()) {
     std::fprintf(stderr, "checkpoint I/O: %s%s\n", ckpt_io.c_str(),
@@ -246,7 +285,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
                                : m.place == Place::Pinned ? "pinned"
                                : m.place == Place::Host   ? "host"
                                                           : "disk"}});
-  return {{"fits", p.fits},
+  nlohmann::json out = {{"fits", p.fits},
           {"why", p.why(o.names)},
           {"engine", engine_name(p.engine)},
           {"slots", p.slots},
@@ -288,6 +327,8 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
            {{"measured", o.measure},
             {"source", rs.source},
             {"model_tflops", rs.rates.model_tflops},
+            {"attn_fwd_tflops", rs.rates.attn_fwd_tflops},
+            {"attn_bwd_tflops", rs.rates.attn_bwd_tflops},
             {"host_adamw_params_s", rs.rates.host_adamw_params_s},
             {"host_read_gbs", rs.rates.host_read_gbs},
             {"host_bus_gbs", rs.rates.host_bus_gbs},
@@ -295,6 +336,9 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
             {"disk_read_gbs", rs.rates.disk_read_gbs},
             {"disk_write_gbs", rs.rates.disk_write_gbs}}},
           {"items", items}};
+  out["seq_len"] = r.seq;
+  if (o.longest_seq) out["longest_seq_len"] = longest;
+  return out;
 }
 
 }  // namespace sf

@@ -17,6 +17,9 @@ struct PlanCliOptions {
   // its rates, and its GPU memory and RAM as the budgets where --gpu-memory / --cpu-memory are not given.
   std::string hardware;
   std::string save_hardware;  // with measure: write this machine's figures there (never overwrites)
+  // Plan the longest sequence that fits the budgets instead of seq_len (longest_seq_len; seq_len is
+  // then the search's upper bound when given, else the model's context or the step-size limit).
+  bool longest_seq = false;
   EngineRequest engine;
   SettingNamer names = setting_name;  // how the plan's shortfall names the budgets (the CLI: options)
 };
