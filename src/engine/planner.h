@@ -213,7 +213,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
 int longest_seq_len(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, int max_seq);
 // One line: engine, memory, predicted rate.
 std::string plan_summary(const Plan& p);
-// "phases: forward 29.845 s (disk), head 0.384 s (GPU), backward 10.061 s (GPU); the step: their sum"
+// "phases: forward 28.991 s (disk), head 0.769 s (GPU), backward 10.019 s (GPU); the step: their sum"
 // (the sliding engine's Plan::forward, head, backward and step_by).
 std::string format_phases(const Plan& p);
 // Human-readable, one item a line.
