@@ -48,6 +48,9 @@ TEST(Hardware, BuiltinProfilesLoadAndRoundTrip) {
     // The rates the planner gets.
     const Rates r = h.rates();
     EXPECT_DOUBLE_EQ(r.model_tflops, h.gemm_tflops * h.model_efficiency);
+    EXPECT_GT(h.attention_fwd_tflops, 0) << n << ": the shipped profiles state their attention rates";
+    EXPECT_DOUBLE_EQ(r.attn_fwd_tflops, h.attention_fwd_tflops);
+    EXPECT_DOUBLE_EQ(r.attn_bwd_tflops, h.attention_bwd_tflops);
     EXPECT_DOUBLE_EQ(r.host_adamw_params_s, h.host_adamw_gparams_s * 1e9);
     EXPECT_DOUBLE_EQ(r.pcie_gbs, h.pcie_gbs);
     EXPECT_DOUBLE_EQ(r.host_bus_gbs, h.host_bus_gbs);
@@ -87,11 +90,30 @@ TEST(Hardware, BadFilesNameTheFileAndTheKey) {
       {"unit slip", [](json& j) { j["host_adamw_gparams_s"] = 1.8e9; }, {"$.host_adamw_gparams_s", "out of range"}},
       {"efficiency > 1", [](json& j) { j["model_efficiency"] = 1.5; }, {"$.model_efficiency", "out of range"}},
       {"disk size negative", [](json& j) { j["disk_gib"] = -1; }, {"$.disk_gib", "out of range"}},
+      {"attention negative",
+       [](json& j) { j["attention_fwd_tflops"] = -140; },
+       {"$.attention_fwd_tflops", "out of range"}},
+      {"attention zero", [](json& j) { j["attention_bwd_tflops"] = 0; }, {"$.attention_bwd_tflops", "out of range"}},
+      {"attention string",
+       [](json& j) { j["attention_fwd_tflops"] = "140"; },
+       {"$.attention_fwd_tflops", "expected a number"}},
+      {"attention absurd",
+       [](json& j) { j["attention_bwd_tflops"] = 1e12; },
+       {"$.attention_bwd_tflops", "out of range"}},
+      {"attention above the GEMM",
+       [](json& j) { j["attention_bwd_tflops"] = 990; },
+       {"$.attention_bwd_tflops", "more than gemm_tflops"}},
       {"name not a string", [](json& j) { j["name"] = 4090; }, {"$.name", "expected a string"}},
       {"sources not an object", [](json& j) { j["sources"] = json::array(); }, {"$.sources", "expected an object"}},
       {"unknown source", [](json& j) { j["sources"]["gpu"] = "x"; }, {"$.sources.gpu", "unknown key"}},
-      {"source not a string", [](json& j) { j["sources"]["pcie_gbs"] = 3; }, {"$.sources.pcie_gbs", "expected a string"}},
-      {"not an object", [](json& j) { j = json::array({1, 2}); }, {"expected an object"}},
+      {"source not a string",
+       [](json& j) { j["sources"]["pcie_gbs"] = 3; },
+       {"$.sources.pcie_gbs", "expected a string"}},
+      {"not an object",
+       [](json& j) {
+         j = json::array({1, 2});
+       },
+       {"expected an object"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -104,14 +126,40 @@ TEST(Hardware, BadFilesNameTheFileAndTheKey) {
     test::expect_input_error([&] { load_hardware(path); }, parts);
   }
   // Not JSON: NaN and out-of-range literals, truncation; no file at all.
-  for (const std::string& text : {std::string("{\"pcie_gbs\": NaN}"), std::string("{\"pcie_gbs\": 1e400}"),
-                                  std::string("{\"pcie_gbs\": "), std::string("")}) {
+  // NaN for the new keys too (not JSON: refused by the parser, naming the file).
+  for (const std::string& text :
+       {std::string("{\"attention_fwd_tflops\": NaN}"), std::string("{\"pcie_gbs\": NaN}"),
+        std::string("{\"pcie_gbs\": 1e400}"), std::string("{\"pcie_gbs\": "), std::string("")}) {
     SCOPED_TRACE(text);
     const std::string path = d.file("bad.json");
     write_text(path, text);
     test::expect_input_error([&] { load_hardware(path); }, {path, "invalid JSON"});
   }
   test::expect_input_error([&] { load_hardware(d.file("none.json")); }, {d.file("none.json"), "not found"});
+}
+
+// Files written before the attention rates existed still load: the planner gets the GEMM rate x
+// the H200 machine's ratios, and writing the profile back keeps the keys absent.
+TEST(Hardware, AttentionRatesAreOptional) {
+  json old = builtin_json("rtx4090");
+  old.erase("attention_fwd_tflops");
+  old.erase("attention_bwd_tflops");
+  old["sources"].erase("attention_fwd_tflops");
+  old["sources"].erase("attention_bwd_tflops");
+  const HardwareProfile h = hardware_from_json(old, "old.json");
+  EXPECT_EQ(h.attention_fwd_tflops, 0);
+  const Rates r = h.rates();
+  EXPECT_DOUBLE_EQ(r.attn_fwd_tflops, h.gemm_tflops * kAttnFwdPerGemm);
+  EXPECT_DOUBLE_EQ(r.attn_bwd_tflops, h.gemm_tflops * kAttnBwdPerGemm);
+  EXPECT_FALSE(hardware_to_json(h).contains("attention_fwd_tflops"));
+  // The H200's own: its measured GEMM rate gives about its kernels' rates (Rates' defaults).
+  EXPECT_NEAR(764 * kAttnFwdPerGemm, Rates{}.attn_fwd_tflops, 1e-9);
+  EXPECT_NEAR(764 * kAttnBwdPerGemm, Rates{}.attn_bwd_tflops, 1e-9);
+  // One of the two given: that one from the file, the other derived.
+  old["attention_fwd_tflops"] = 77;
+  const Rates one = hardware_from_json(old, "old.json").rates();
+  EXPECT_DOUBLE_EQ(one.attn_fwd_tflops, 77);
+  EXPECT_DOUBLE_EQ(one.attn_bwd_tflops, h.gemm_tflops * kAttnBwdPerGemm);
 }
 
 // The published sizes: Llama 2 13B, Mistral Small 24B (2501), Llama 3 70B, Mistral Large 2 (2407),
@@ -204,8 +252,8 @@ TEST_F(PlanHardware, UsesTheFilesRatesAndMemory) {
 
   // Every rate doubled: the same placement, every phase half as long.
   json fast = builtin_json("rtx4090");
-  for (const char* k : {"gemm_tflops", "pcie_gbs", "host_bus_gbs", "host_adamw_gparams_s", "host_read_gbs",
-                        "disk_read_gbs", "disk_write_gbs"})
+  for (const char* k : {"gemm_tflops", "attention_fwd_tflops", "attention_bwd_tflops", "pcie_gbs", "host_bus_gbs",
+                        "host_adamw_gparams_s", "host_read_gbs", "disk_read_gbs", "disk_write_gbs"})
     fast[k] = fast[k].get<double>() * 2;
   write_text(p("fast.json"), fast.dump());
   r = run(std::string(kPlan) + " --hardware " + p("fast.json"));
@@ -217,7 +265,8 @@ TEST_F(PlanHardware, UsesTheFilesRatesAndMemory) {
               1e-9 * a["predicted_step_s"].get<double>());
   // Only the GPU faster: the GPU time halves.
   json gpu = builtin_json("rtx4090");
-  gpu["gemm_tflops"] = gpu["gemm_tflops"].get<double>() * 2;
+  for (const char* k : {"gemm_tflops", "attention_fwd_tflops", "attention_bwd_tflops"})
+    gpu[k] = gpu[k].get<double>() * 2;
   write_text(p("gpu.json"), gpu.dump());
   r = run(std::string(kPlan) + " --hardware " + p("gpu.json"));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -277,6 +326,60 @@ TEST_F(PlanHardware, LargestModelsFitWithTheStore) {
   EXPECT_FALSE(r.last()["disk_blobs"].empty());
 }
 
+// `plan --longest-seq`: the longest --seq-len that fits, planned; the line says what stops the next
+// token; --seq-len bounds the search; the attention rates are in the JSON.
+TEST_F(PlanHardware, LongestSequence) {
+  const std::string plan = "plan --preset llama-8b --batch-size 1 --hardware rtx4090 --longest-seq";
+  test::CmdResult r = run(plan);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json a = r.last();
+  const int n = a["longest_seq_len"].get<int>();
+  EXPECT_GT(n, 2048);
+  EXPECT_LT(n, 131072);  // the 4090's 24 GB stop it before the model's context
+  EXPECT_EQ(a["seq_len"].get<int>(), n);
+  EXPECT_TRUE(a["fits"].get<bool>()) << r.err;
+  EXPECT_NE(r.err.find("longest sequence that fits: " + std::to_string(n) + " tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("at " + std::to_string(n + 1) + " the plan needs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1 x " + std::to_string(n) + " tokens"), std::string::npos) << r.err;
+  EXPECT_DOUBLE_EQ(a["rates"]["attn_fwd_tflops"].get<double>(), load_hardware("rtx4090").attention_fwd_tflops);
+  // The same length planned directly fits; one more does not.
+  r = run("plan --preset llama-8b --batch-size 1 --hardware rtx4090 --seq-len " + std::to_string(n + 1));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(r.last()["fits"].get<bool>());
+  // --seq-len bounds the search.
+  r = run(plan + " --seq-len 3000");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.last()["longest_seq_len"].get<int>(), 3000);
+  // Nothing fits 1 GiB: 0, and the plan for 1 token says why.
+  r = run(plan + " --gpu-memory 1GiB");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.last()["longest_seq_len"].get<int>(), 0);
+  EXPECT_FALSE(r.last()["fits"].get<bool>());
+  EXPECT_NE(r.err.find("no sequence fits"), std::string::npos) << r.err;
+}
+
+// A hostile attention rate on the command line: exit 2, one line naming the file and the key; a
+// file without the attention keys (written before them) plans.
+TEST_F(PlanHardware, AttentionRatesFromTheFile) {
+  json bad = builtin_json("rtx4090");
+  bad["attention_fwd_tflops"] = 1400;  // TFLOP/s slipped by 10x: more than the GEMM
+  write_text(p("bad.json"), bad.dump());
+  test::CmdResult r = run(std::string(kPlan) + " --hardware " + p("bad.json"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(p("bad.json")), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("$.attention_fwd_tflops"), std::string::npos) << r.err;
+  json old = builtin_json("rtx4090");
+  old.erase("attention_fwd_tflops");
+  old.erase("attention_bwd_tflops");
+  old["sources"].erase("attention_fwd_tflops");
+  old["sources"].erase("attention_bwd_tflops");
+  write_text(p("old.json"), old.dump());
+  r = run(std::string(kPlan) + " --hardware " + p("old.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_DOUBLE_EQ(r.last()["rates"]["attn_fwd_tflops"].get<double>(), 150 * kAttnFwdPerGemm);
+  EXPECT_NE(r.err.find("not in the file: from the GEMM rate"), std::string::npos) << r.err;
+}
+
 TEST_F(PlanHardware, GradAccumTable) {
   test::CmdResult r = run(std::string(kPlan) + " --hardware rtx4090");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -294,6 +397,9 @@ TEST_F(PlanHardware, GradAccumTable) {
   }
   // K = 1 is the plan itself.
   EXPECT_DOUBLE_EQ(t[0]["predicted_step_s"].get<double>(), r.last()["predicted_step_s"].get<double>());
+  EXPECT_EQ(t[0]["predicted_phases"], r.last()["predicted_phases"]);
+  EXPECT_FALSE(r.last()["predicted_phases"].is_null());  // the sliding engine at the profile's memory
+  EXPECT_NE(r.err.find("phases: forward "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("by gradient accumulation"), std::string::npos) << r.err;
 }
 

@@ -35,7 +35,8 @@ void print_json(const nlohmann::json& j);
 // after the command line (a bad size is an input error: exit 2).
 struct EngineFlags {
   bool offload = false, no_offload = false;
-  int slots = 0, gpu_blobs = -1, keep_attention = 0, keep_layers = 0;  // keep: off until measured on a GPU
+  int slots = 0, gpu_blobs = -1, keep_attention = -1, keep_layers = -1;   // keep: the planner's choice
+  CLI::Option *keep_attention_opt = nullptr, *keep_layers_opt = nullptr;  // given: the sliding engine keeps too
   std::string gpu_memory, cpu_memory;
   std::string offload_dir, disk_memory;
   std::string optimizer_state = "fp32";

@@ -71,6 +71,15 @@ StateStream::Config stream_config(const HostOptimizerOptions& o) {
   c.grad_bytes = dtype_size(o.grad_dtype);
   return c;
 }
+// Bytes of one chunk of the ring of gradients on their way to the store: block-aligned, so that
+// each chunk starts on a block and the store writes it in place (StateStream::write_grad).
+size_t gring_stride(const HostOptimizerOptions& o) {
+  int64_t total = 0;
+  for (int64_t n : o.blob_numel) total += n;
+  return size_t(
+      NvmeStore::aligned(uint64_t(std::min(o.chunk, std::max<int64_t>(total, 1))) * dtype_size(o.grad_dtype)));
+}
+
 }  // namespace
 
 std::vector<int> HostOptimizer::update_order(const HostOptimizerOptions& o) {
@@ -109,11 +118,9 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
   m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.m"});
   m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.v"});
   append(m, StateStream::buffers(stream_config(o)));
-  if (disk_grads > 0)
-    m.push_back({"gradients to the offload dir (2 chunks)",
-                 2 * size_t(NvmeStore::aligned(size_t(std::min(o.chunk, std::max<int64_t>(total, 1))) *
-                                               dtype_size(o.grad_dtype))),
-                 Place::Pinned, "disk.gring"});
+  if (disk_grads > 0)  // (+ a block: each chunk starts block-aligned, so the store writes it in place)
+    m.push_back({"gradients to the offload dir (2 chunks)", 2 * gring_stride(o) + NvmeStore::kAlign, Place::Pinned,
+                 "disk.gring"});
   append(m, WeightStream::buffers(weight_config(o)));
   return m;
 }
@@ -175,6 +182,7 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
     }
     if (src.has("disk.gring")) {
       gring_ = src.buffer("disk.gring");
+      gstride_ = gring_stride(o);
       gio_ = dev.create_stream();
       for (int i = 0; i < 2; ++i) {
         g_copied_.push_back(dev.create_event());
@@ -306,13 +314,18 @@ void HostOptimizer::update_disk(int blob, int64_t i0, int64_t n, const void* g, 
   }
 }
 
+char* HostOptimizer::gring_at(int r) const {
+  const uintptr_t base =
+      (reinterpret_cast<uintptr_t>(gring_.data()) + NvmeStore::kAlign - 1) / NvmeStore::kAlign * NvmeStore::kAlign;
+  return reinterpret_cast<char*>(base) + size_t(r) * gstride_;
+}
+
 HostOptimizer::Landing HostOptimizer::land(int blob, int64_t i0, Stream& stream) {
   if (disk_ && disk_->has_grad(blob)) {  // into the ring, then to the store (landed)
     const int r = gnext_;
     gnext_ ^= 1;
     dev_.wait(stream, *g_free_[size_t(r)]);
-    const size_t stride = gring_.size() / 2;
-    return Landing{static_cast<char*>(gring_.data()) + size_t(r) * stride, -1, r};
+    return Landing{gring_at(r), -1, r};
   }
   if (held(blob))
     return Landing{const_cast<char*>(static_cast<const char*>(grads(blob))) + size_t(i0) * dtype_size(gd_), -1};

@@ -143,7 +143,9 @@ class HostOptimizer {
   bool disk_open_ = false;                 // disk_view_ is acquired (a chunk may end inside a piece)
   std::unique_ptr<WeightStream> weights_;  // working copies read from the store for uploads (after disk_)
   // Gradients on their way to the store: [2, chunk] pinned, written out on gio_.
-  DeviceBuffer gring_;
+  DeviceBuffer gring_;          // (+ a block: the chunks start block-aligned)
+  size_t gstride_ = 0;          // bytes of a chunk's buffer in it (a whole number of blocks)
+  char* gring_at(int r) const;  // chunk buffer r of gring_
   std::unique_ptr<Stream> gio_;
   std::vector<std::unique_ptr<Event>> g_copied_, g_free_;
   int gnext_ = 0;

@@ -1,6 +1,7 @@
 #include "engine/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -36,6 +37,8 @@ double host_memory_available() {
 
 // FLOPs per trained token of one training step (forward, recompute of the decoder layers,
 // backward): matrix products (2 per multiply-add) and causal attention (FlashAttention's count).
+// The same fields also carry a step's GPU work (gpu_work_per_token: FLOPs weighted by their
+// kind's rate), whose shares split the sliding engine's phases.
 struct Flops {
   double total = 0, forward = 0;
   double head = 0;  // of total: the head's forward and backward (the lm-head products)
@@ -85,7 +88,62 @@ Flops flops_per_token(const ModelSpec& s, int T) {
   return f;
 }
 
+// What one FLOP of each kind is worth in FLOPs at the model rate (work / model rate = seconds).
+// The model rate is a whole step's at kRateSeqLen-token sequences, attention at that length
+// included; attention runs below it (the H200: 371 / 330 TFLOP/s forward / backward against 510), so
+// at long sequences, where attention is a large share, the model rate alone predicted too fast
+// (8B at 32768 tokens: 5,223 tokens/s planned, 3,925 measured). So attention is priced at the
+// kernel's own rates, and the rest of the step (matrix products and the memory-bound kernels
+// between them) at what the reference step leaves: its seconds at the model rate less its
+// attention's at the kernel's rates. At kRateSeqLen the step's time is unchanged.
+struct WorkWeights {
+  double matrix = 1, attn_fwd = 1, attn_bwd = 1;
+};
+WorkWeights work_weights(const ModelSpec& s, const Rates& r) {
+  // The rates are head dim 128's; a smaller head does less work a byte moved (the H200's kernels:
+  // 0.72-0.76x at 64, about sqrt(64 / 128)). Larger heads: not measured, taken as 128's.
+  const double hd = s.head_dim < 128 ? std::sqrt(double(std::max(s.head_dim, 1)) / 128.0) : 1.0;
+  const double model = r.model_tflops * 1e12, fwd = r.attn_fwd_tflops * 1e12 * hd, bwd = r.attn_bwd_tflops * 1e12 * hd;
+  const Flops ref = flops_per_token(s, kRateSeqLen);
+  const double af = 4.0 * double(s.q_dim()) * attention_keys_per_token(s, kRateSeqLen);
+  const double rest_s = ref.total / model - (2 * af / fwd + 2.5 * af / bwd);  // forward + recompute, backward
+  // Rates that leave the rest under a quarter of its time at the model rate are inconsistent (an
+  // attention rate far below the step's own): the rest is not priced below that.
+  const double matrix = std::max(rest_s * model / (ref.total - 4.5 * af), 0.25);
+  return {matrix, model / fwd, model / bwd};
+}
+
+// A token's GPU work in one training step, in FLOPs at the model rate, with every layer recomputed.
+Flops gpu_work_per_token(const ModelSpec& s, int T, const Rates& r) {
+  const Flops f = flops_per_token(s, T);
+  const WorkWeights w = work_weights(s, r);
+  const double af = 4.0 * double(s.q_dim()) * attention_keys_per_token(s, T);
+  Flops g;
+  g.forward = (f.forward - af) * w.matrix + af * w.attn_fwd;
+  g.total = (f.total - 4.5 * af) * w.matrix + 2 * af * w.attn_fwd + 2.5 * af * w.attn_bwd;
+  g.head = f.head * w.matrix;
+  return g;
+}
+
+// What selective recompute saves a token, weighted (w = {1, 1, 1}: FLOPs).
+double recompute_saved_per_token(const ModelSpec& s, int T, int whole_layers, int kept_layers, const WorkWeights& w) {
+  const double Q = double(s.q_dim());
+  double saved = 0;
+  for (int l = 0; l < std::min(whole_layers + kept_layers, s.n_layer); ++l)
+    saved += 4 * Q * layer_attention_keys(s, T, l) * w.attn_fwd +
+             (l < whole_layers ? 2 * layer_matrix_params(s, l).recompute * w.matrix : 0.0);
+  return saved;
+}
+
 }  // namespace
+
+double attention_forward_flops(int64_t B, int64_t T, int64_t n_head, int64_t head_dim) {
+  return 4.0 * double(B) * double(T) * (0.5 * double(T)) * double(n_head) * double(head_dim);
+}
+
+double gpu_seconds_per_token(const ModelSpec& s, int T, const Rates& rates) {
+  return gpu_work_per_token(s, T, rates).total / (rates.model_tflops * 1e12);
+}
 
 double train_flops_per_token(const ModelSpec& s, int T, bool with_recompute) {
   const Flops f = flops_per_token(s, T);
@@ -93,14 +151,26 @@ double train_flops_per_token(const ModelSpec& s, int T, bool with_recompute) {
 }
 
 double recompute_flops_saved_per_token(const ModelSpec& s, int T, int whole_layers, int kept_layers) {
-  const double Q = double(s.q_dim());
-  double saved = 0;
-  for (int l = 0; l < std::min(whole_layers + kept_layers, s.n_layer); ++l)
-    saved += 4 * Q * layer_attention_keys(s, T, l) + (l < whole_layers ? 2 * layer_matrix_params(s, l).recompute : 0.0);
-  return saved;
+  return recompute_saved_per_token(s, T, whole_layers, kept_layers, WorkWeights{});
 }
 
 const char* engine_name(EngineKind k) { return k == EngineKind::Sliding ? "sliding" : "resident"; }
+
+const char* bound_name(Bound b) {
+  switch (b) {
+    case Bound::Gpu:
+      return "GPU";
+    case Bound::Pcie:
+      return "PCIe";
+    case Bound::Host:
+      return "host";
+    case Bound::Disk:
+      return "disk";
+    case Bound::Phases:
+      break;
+  }
+  return "phases";
+}
 
 std::optional<Setting> Shortfall::setting() const {
   switch (memory) {
@@ -289,8 +359,8 @@ class Planner {
     whole_ = auto_whole ? 0 : r_.whole_layers;
     kept_ = auto_kept ? 0 : r_.kept_layers;
     const int w_first = whole_;
-    if (!r_.training || ((auto_whole || auto_kept) && (on_host_ || p_.gpu_budget == 0))) {
-      if (!r_.training) whole_ = kept_ = 0;
+    if (!r_.training || !r_.offload_keep || ((auto_whole || auto_kept) && (on_host_ || p_.gpu_budget == 0))) {
+      if (!r_.training || !r_.offload_keep) whole_ = kept_ = 0;
       sliding(slots);
       return;
     }
@@ -336,7 +406,7 @@ class Planner {
     if (r_.hold_grads > 1) return r_.hold_grads;
     double P = double(lay_.total_numel());
     for (int b : gpu_blobs) P -= double(lay_.blobs[size_t(b)].numel);
-    const Flops f = flops_per_token(s_, r_.seq);
+    const Flops f = gpu_work_per_token(s_, r_.seq, rates_);
     const double gpu_s = f.total * double(r_.batch) * r_.seq * r_.grad_accum / (rates_.model_tflops * 1e12);
     const double backward_s = gpu_s * (1.0 - f.forward / f.total);
     const double spill_s = P / rates_.host_adamw_params_s - backward_s;
@@ -551,7 +621,7 @@ struct SlidingTraffic {
 // The step as three phases run one after the other: the forward (with the updates that overlap it),
 // the head, and the backward (with what overlaps it); each its own bound.
 struct Phases {
-  double fwd = 0, head = 0, bwd = 0;
+  PhaseTime fwd, head, bwd;
 };
 
 Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f,
@@ -572,8 +642,15 @@ Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
   const double emb = double(make_layout(s).embedding().numel);
   const double head_upload_s = p.slots <= 2 && s.tie_embeddings && emb_on_host ? emb * 4 / pcie : 0.0;
   p.host_s = P / rates.host_adamw_params_s * ((pb.params + pb.moments) / (24 + act));
-  return {std::max({layers_fwd_gpu, fwd_host, fwd_pcie}), head_s + head_upload_s,
-          std::max({layers_bwd_gpu, bwd_host, up_bwd_s})};
+  Phases ph;
+  ph.fwd.at_least(layers_fwd_gpu, Bound::Gpu);
+  ph.fwd.at_least(fwd_host, Bound::Host);
+  ph.fwd.at_least(fwd_pcie, Bound::Pcie);
+  ph.head.at_least(head_s + head_upload_s, Bound::Gpu);
+  ph.bwd.at_least(layers_bwd_gpu, Bound::Gpu);
+  ph.bwd.at_least(bwd_host, Bound::Host);
+  ph.bwd.at_least(up_bwd_s, Bound::Pcie);
+  return ph;
 }
 
 // The NVMe tier's disk in the step's phases (docs/ENGINE.md "NVMe tier"). The disk's work is not
@@ -588,11 +665,23 @@ Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
 // the 8B backward is ~12 s of GPU work in which the disk reads only the checkpoints of 11 layers,
 // and the forward cannot absorb that idle time (session 7: disk busy 40.4 s of a 49.6 s step, the
 // disk's total planned 38.7 s).
+// And a phase bound by the disk ends with its last update, after which the schedule still has
+// work that waits for it (`Tails`).
 // `ph`: the phases without the disk; `act`: bytes of a working copy's element. The result: the
 // phases at least as long as their disk work.
-Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double act, double layers_bwd_gpu,
+struct Tails {
+  double layers_bwd_gpu = 0;  // the decoder layers' backward on the GPU (all micro-batches)
+  // With clipping: what follows the last disk blob's update in the forward — its upload and the
+  // forward of its layer and the layers above it (every micro-batch), which wait for that update.
+  double fwd = 0;
+  // Without clipping: what follows the last disk blob's update in the backward — the embedding's
+  // host update, whose gradient lands after it (the next forward needs it first).
+  double bwd = 0;
+};
+Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double act, const Tails& tails,
                  Phases ph, Plan& p) {
   if (p.disk_bytes == 0) return ph;
+  const double layers_bwd_gpu = tails.layers_bwd_gpu;
   const double rd = rates.disk_read_gbs * 1e9, wr = rates.disk_write_gbs * 1e9;
   // The file: the regions of p.disk_blobs (StateStream's layout) and the disk checkpoints.
   StateStream::Config sc;
@@ -630,19 +719,20 @@ Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, d
   const double L = double(s.n_layer), c = double(p.ckpt_disk_layers), fetches = c * r.grad_accum;
   if (c > 0) {
     const double ahead = std::min(1.0, double(CheckpointOptions{}.read_ahead) / fetches);
-    ph.bwd = std::max(ph.bwd, layers_bwd_gpu * (L - c) / L + std::max(layers_bwd_gpu * c / L, Cr * (1 - ahead)));
+    ph.bwd.at_least(layers_bwd_gpu * (L - c) / L + std::max(layers_bwd_gpu * c / L, Cr * (1 - ahead)), Bound::Disk);
   }
   if (r.clip) {
     // Updates in the forward: the regions' traffic, the checkpoint writes and the working copies'
-    // reads there, less what the ring moves into the backward's spare disk time.
+    // reads there, less what the ring moves into the backward's spare disk time (the first pieces
+    // read ahead, the last ones written behind), then the forward's layers after the last update.
     // (Held gradients in the store come with clipping only: written in the backward.)
-    ph.bwd = std::max(ph.bwd, Cr + Gw + W);
-    ph.fwd = std::max(ph.fwd, U + Cw + W - std::min(M, std::max(0.0, ph.bwd - Cr - Gw - W)));
+    ph.bwd.at_least(Cr + Gw + W, Bound::Disk);
+    ph.fwd.at_least(U + Cw + W - std::min(M, std::max(0.0, ph.bwd.s - Cr - Gw - W)) + tails.fwd, Bound::Disk);
   } else {
     // Updates in the backward as the gradients land: the regions there, less the read-ahead the
-    // forward's spare disk time takes.
-    ph.fwd = std::max(ph.fwd, Cw + W);
-    ph.bwd = std::max(ph.bwd, U + Cr + Gw + W - std::min(M, std::max(0.0, ph.fwd - Cw - W)));
+    // forward's spare disk time takes, then the embedding's update.
+    ph.fwd.at_least(Cw + W, Bound::Disk);
+    ph.bwd.at_least(U + Cr + Gw + W - std::min(M, std::max(0.0, ph.fwd.s - Cw - W)) + tails.bwd, Bound::Disk);
   }
   return ph;
 }
@@ -695,39 +785,74 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   // compute: 8B's forward is PCIe-bound at 24 GiB); checkpoints go down in the forward and come
   // back up in the backward.
   const double up_fwd_s = up_pass / pcie, up_bwd_s = up_fwd_s + r.grad_accum * ckpt / pcie;
-  const double fwd_s = std::max(p.gpu_s * (f.forward / f.total), up_fwd_s),
-               bwd_s = std::max(p.gpu_s * (1.0 - f.forward / f.total), up_bwd_s);
+  const double gpu_fwd = p.gpu_s * (f.forward / f.total), gpu_bwd = p.gpu_s * (1.0 - f.forward / f.total);
   const double emb_update_s = emb_on_host ? update_s * double(lay.embedding().numel) / P : 0.0;
-  Phases ph{fwd_s, 0.0, std::max(bwd_s, p.host_s) + emb_update_s};
-  if (r.clip && r.split_update)
+  Phases ph;  // the head is inside the forward and the backward here
+  ph.fwd.at_least(gpu_fwd, Bound::Gpu);
+  ph.fwd.at_least(up_fwd_s, Bound::Pcie);
+  ph.bwd.at_least(gpu_bwd + emb_update_s, Bound::Gpu);
+  ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
+  ph.bwd.at_least(p.host_s + emb_update_s, Bound::Host);
+  if (r.clip && r.split_update) {
     ph = split_update_path(s, r, rates, f, {P, act, ckpt, up_pass, up_fwd_s, up_bwd_s, emb_on_host}, p);
-  else if (r.clip)
-    ph = {std::max(fwd_s, update_s), 0.0, bwd_s};
+  } else if (r.clip) {
+    ph.fwd.at_least(update_s, Bound::Host);
+    ph.bwd = {};
+    ph.bwd.at_least(gpu_bwd, Bound::Gpu);
+    ph.bwd.at_least(up_bwd_s, Bound::Pcie);
+  }
   // The NVMe store: every byte of the offload file is written once and read once a step (the state
   // around its update, whatever grad_accum is; the checkpoints, which grow with it), working copies
   // read once more (Plan::disk_read_bytes, disk_write_bytes); the phases bound where that traffic
   // can fall (with_disk).
   if (p.disk_bytes > 0) p.disk_s = p.disk_read_bytes / (rates.disk_read_gbs * 1e9) +
                                    p.disk_write_bytes / (rates.disk_write_gbs * 1e9);
-  const double layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
-  ph = with_disk(s, r, rates, act, layers_bwd_gpu, ph, p);
-  p.step_s = std::max({ph.fwd + ph.head + ph.bwd, p.host_s, p.pcie_s, p.disk_s});
+  Tails tails;
+  tails.layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
+  if (!p.disk_blobs.empty()) {
+    // The disk blobs are layers; with clipping they are updated in forward order, so the highest
+    // is the last, and its layer and those above it run their forward after its update.
+    const int last = *std::max_element(p.disk_blobs.begin(), p.disk_blobs.end());
+    const bool work = std::find(p.disk_masters.begin(), p.disk_masters.end(), last) != p.disk_masters.end();
+    const double layers_fwd_gpu = p.gpu_s * ((f.forward - f.head / 3) / f.total);
+    tails.fwd = double(lay.blobs[size_t(last)].numel) * (work ? act : 4.0) / pcie +
+                layers_fwd_gpu * double(s.n_layer - (last - 1)) / double(s.n_layer);
+    tails.bwd = emb_update_s;
+  }
+  ph = with_disk(s, r, rates, act, tails, ph, p);
+  p.forward = ph.fwd;
+  p.head = ph.head;
+  p.backward = ph.bwd;
+  const double phases = ph.fwd.s + ph.head.s + ph.bwd.s;
+  p.step_s = phases;
+  p.step_by = Bound::Phases;
+  for (auto [t, by] : {std::pair{p.host_s, Bound::Host}, {p.pcie_s, Bound::Pcie}, {p.disk_s, Bound::Disk}})
+    if (t > p.step_s) {
+      p.step_s = t;
+      p.step_by = by;
+    }
 }
 
 void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
   const double tokens = double(r.batch) * r.seq * r.grad_accum;
-  Flops f = flops_per_token(s, r.seq);
-  // Selective recompute removes backward work only: the phases' shares of the GPU time are taken
-  // against the total without it (the forward and the head keep their FLOPs).
-  f.total -= recompute_flops_saved_per_token(s, r.seq, p.whole_layers, p.kept_layers);
-  p.flops = f.total * tokens;
-  p.gpu_s = p.flops / (rates.model_tflops * 1e12);
+  p.flops =
+      (flops_per_token(s, r.seq).total - recompute_flops_saved_per_token(s, r.seq, p.whole_layers, p.kept_layers)) *
+      tokens;
+  // GPU time from the work (attention at its own rates); its forward / head / backward shares
+  // split the sliding engine's phases. Selective recompute removes backward work only: the shares
+  // are taken against the total without it (the forward and the head keep theirs).
+  Flops f = gpu_work_per_token(s, r.seq, rates);
+  f.total -= recompute_saved_per_token(s, r.seq, p.whole_layers, p.kept_layers, work_weights(s, rates));
+  p.gpu_s = f.total * tokens / (rates.model_tflops * 1e12);
   if (p.engine == EngineKind::Resident)
     p.step_s = p.gpu_s;
   else
     predict_sliding(s, r, be, rates, f, p);
   p.tokens_per_s = tokens / p.step_s;
-  if (be.kind == DeviceKind::Cpu) p.step_s = p.gpu_s = p.host_s = p.pcie_s = p.tokens_per_s = 0;  // the rates are a GPU machine's
+  if (be.kind == DeviceKind::Cpu) {  // the rates are a GPU machine's
+    p.step_s = p.gpu_s = p.host_s = p.pcie_s = p.tokens_per_s = 0;
+    p.forward = p.head = p.backward = {};
+  }
 }
 
 }  // namespace
@@ -776,6 +901,15 @@ std::string plan_summary(const Plan& p) {
       format_bytes(p.pinned_bytes) + " pinned)";
   if (p.tokens_per_s > 0) s += "; predicted at best " + std::to_string(int64_t(p.tokens_per_s)) + " tokens/s";
   return s;
+}
+
+std::string format_phases(const Plan& p) {
+  char line[256];
+  std::snprintf(line, sizeof line, "phases: forward %.3f s (%s), head %.3f s (%s), backward %.3f s (%s); the step: %s",
+                p.forward.s, bound_name(p.forward.by), p.head.s, bound_name(p.head.by), p.backward.s,
+                bound_name(p.backward.by),
+                p.step_by == Bound::Phases ? "their sum" : (std::string(bound_name(p.step_by)) + "'s total").c_str());
+  return line;
 }
 
 std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p, SettingNamer names) {
@@ -834,8 +968,25 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
                   p.step_s, p.tokens_per_s, p.gpu_s, p.host_s, p.pcie_s,
                   disk);
     o << line;
+    if (p.engine == EngineKind::Sliding) o << format_phases(p) << "\n";
   }
   return o.str();
+}
+
+int longest_seq_len(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, int max_seq) {
+  auto fits = [&](int T) {
+    PlanRequest q = r;
+    q.seq = T;
+    return make_plan(s, q, be, rates).fits;
+  };
+  if (max_seq < 1 || !fits(1)) return 0;
+  int lo = 1, hi = max_seq;  // lo fits; the answer is in [lo, hi]
+  if (fits(hi)) return hi;
+  while (hi - lo > 1) {  // lo fits, hi does not
+    const int mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
 }
 
 }  // namespace sf

@@ -35,7 +35,16 @@ std::vector<int> gpu_blob_order(const ModelSpec& s);
 // the 1B in-memory step's effective rate over the model's FLOPs, bench_host's CPU AdamW and host
 // read rate, PCIe with both directions busy.
 struct Rates {
-  double model_tflops = 510;  // GPU, bf16, over the step's matrix + attention FLOPs
+  // GPU, bf16: a whole step's rate over its matrix + attention FLOPs at sequences of
+  // kRateSeqLen tokens (where it was measured: the H200's 1B and 3B steps at 8 x 2048).
+  double model_tflops = 510;
+  // The causal attention kernel alone, forward and backward, on FLOPs counted FlashAttention's way
+  // (attention_forward_flops; the backward 2.5x the forward), at head dim 128 and long sequences.
+  // Attention's FLOPs beyond (or short of) those of kRateSeqLen-token sequences run at these rates
+  // (gpu_seconds_per_token). Defaults: the H200 machine's sm_90 kernels at B 8, T 2048, 32/8 heads
+  // (session 9: forward 0.740 ms, backward 2.082 ms, medians of bench/results/2026-12-01s9_h2_attn_call{2,3}.log).
+  double attn_fwd_tflops = 371;
+  double attn_bwd_tflops = 330;
   // CPU AdamW (fused pass, bf16 gradients), all cores in dynamic pieces, with the DMA of a step
   // running: the H200 machine's 3B step without clipping, 3.21 B parameters in 610 ms (session 4)
   double host_adamw_params_s = 5.3e9;
@@ -49,6 +58,13 @@ struct Rates {
   double disk_read_gbs = 1.77;
   double disk_write_gbs = 2.44;
 };
+
+// The sequence length at which Rates::model_tflops is measured (the step's attention at that length
+// is inside it).
+constexpr int kRateSeqLen = 2048;
+// Causal attention's forward FLOPs, FlashAttention's count: QK^T and PV over the T/2 keys a query
+// sees on average, 4 x B x T x (T/2) x n_head x head_dim (the backward: 2.5x this).
+double attention_forward_flops(int64_t B, int64_t T, int64_t n_head, int64_t head_dim);
 
 enum class OffloadChoice { Auto, On, Off };
 
@@ -84,6 +100,10 @@ struct PlanRequest {
   // on the cpu backend), N: that many (sliding: per micro-batch, blobs kept on the GPU after them).
   int whole_layers = -1;
   int kept_layers = -1;
+  // The sliding engine applies whole_layers and kept_layers only when this is set (the command
+  // line: --keep-layers or --keep-attention given); else it keeps nothing, until its speed with
+  // them is measured on a GPU.
+  bool offload_keep = false;
 };
 
 enum class EngineKind { Resident, Sliding };
@@ -100,6 +120,22 @@ struct Shortfall {
   SettingText phrase() const;
   std::string text(SettingNamer names = setting_name) const { return phrase().render(names); }
   std::optional<Setting> setting() const;  // the budget that is short (GpuMemory, HostMemory, DiskMemory)
+};
+
+// What bounds a predicted time: the GPU's compute, PCIe, the host (AdamW passes, the host memory
+// bus), the NVMe store's disk, or (for the step) the sum of its phases.
+enum class Bound { Gpu, Pcie, Host, Disk, Phases };
+const char* bound_name(Bound b);  // "GPU" | "PCIe" | "host" | "disk" | "phases"
+struct PhaseTime {
+  double s = 0;
+  Bound by = Bound::Gpu;
+  // At least t seconds, which `r` needs.
+  void at_least(double t, Bound r) {
+    if (t > s) {
+      s = t;
+      by = r;
+    }
+  }
 };
 
 struct Plan {
@@ -137,6 +173,13 @@ struct Plan {
   double disk_s = 0;  // the NVMe store's reads and writes of a step at the disk's rates
   double upload_bytes = 0;  // sliding: what one pass's uploads carry up PCIe (upload_bytes_per_pass)
   double tokens_per_s = 0;
+  // Sliding: the step's three phases one after the other as the engine schedules them (the
+  // forward with the updates that overlap it — with clipping every host update —, the head, the
+  // backward with the updates that overlap it — without clipping, those as gradients land), each
+  // at least what its busiest resource needs there (PhaseTime::by). step_s is their sum unless a
+  // resource's whole-step total is longer (step_by).
+  PhaseTime forward, head, backward;
+  Bound step_by = Bound::Gpu;  // Phases: the phases' sum; else the resource whose total sets the step
 };
 
 // The sliding engine's options for a plan's placement (slots, blobs kept on the GPU, held
@@ -159,6 +202,12 @@ double train_flops_per_token(const ModelSpec& s, int T, bool with_recompute);
 // over the keys each query sees (4 x q_dim x keys: 2 x T x q_dim for a causal layer of T tokens).
 double recompute_flops_saved_per_token(const ModelSpec& s, int T, int whole_layers, int kept_layers);
 
+// The GPU seconds a trained token costs in one training step (forward, recompute, backward; no
+// layer kept from the forward): the step's FLOPs at kRateSeqLen-token sequences at the model rate,
+// their attention taken out at the attention kernel's rates and attention at T put in at them
+// (docs/ENGINE.md, "Prediction"). At T = kRateSeqLen this is the step's FLOPs / model_tflops.
+double gpu_seconds_per_token(const ModelSpec& s, int T, const Rates& rates);
+
 // Bytes the uploads of one pass (every host blob once) carry up PCIe in a sliding plan: a blob's
 // fp32 master (4 bytes a parameter, cast on the GPU), or, when its master is in the NVMe store
 // (Plan::disk_masters, levels 4-5), its working copy in the compute dtype `act`, which the slot
@@ -167,8 +216,15 @@ uint64_t upload_bytes_per_pass(const ModelSpec& s, const Plan& p, DType act);
 
 // The plan for a CUDA (or CPU) backend. Throws InputError for impossible requests (slots < 2).
 Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates = {});
+// The longest sequence (tokens a row, 1..max_seq) whose plan fits the request's budgets with its
+// other settings (batch, micro-batches, engine choice, ...), by bisection: every placement's memory
+// grows with the sequence. 0 when not even 1 token fits. `plan --longest-seq`.
+int longest_seq_len(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, int max_seq);
 // One line: engine, memory, predicted rate.
 std::string plan_summary(const Plan& p);
+// "phases: forward 28.991 s (disk), head 0.769 s (GPU), backward 10.019 s (GPU); the step: their sum"
+// (the sliding engine's Plan::forward, head, backward and step_by).
+std::string format_phases(const Plan& p);
 // Human-readable, one item a line.
 // `names`: how the shortfall names the budget that is short (the CLI: its options).
 std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p, SettingNamer names = setting_name);

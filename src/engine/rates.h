@@ -1,7 +1,8 @@
 // The machine's rates the planner predicts with, measured in a few seconds (`plan --measure`):
-// host AdamW and memory read (all cores), and with a GPU: pinned PCIe both ways at once and the
+// host AdamW and memory read (all cores), and with a GPU: pinned PCIe both ways at once, the
 // GEMM rate of a layer-sized product (the model rate is that times the 1B step's measured
-// efficiency, docs/ENGINE.md).
+// efficiency, docs/ENGINE.md) and our causal attention kernel's forward and backward rates at a
+// long-sequence shape (2 x 8192 tokens, 32/8 heads of 128).
 #pragma once
 #include <string>
 

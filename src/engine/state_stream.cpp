@@ -311,8 +311,20 @@ void StateStream::wait_written(int blob) {
 void StateStream::write_grad(int blob, int64_t i0, int64_t n, const void* src, bool last) {
   SF_CHECK(has_grad(blob) && i0 >= 0 && i0 + n <= cfg_.numel[size_t(blob)], "state stream: bad gradient write");
   const uint64_t at = off_[size_t(blob)] + part_at(blob, Grad) + uint64_t(i0) * cfg_.grad_bytes;
+  const size_t bytes = size_t(n) * cfg_.grad_bytes;
+  // A chunk that starts on a block, from a block-aligned buffer (the host optimizer's ring), goes
+  // in place with the store's full depth of requests; the bounce of write_sync moves 16 MiB at a
+  // time (two requests, the queue drained between) after a copy. The last chunk of a blob may end
+  // inside a block: it is written to the block's end (the part's padding; the buffer holds a whole
+  // number of blocks), which no read of the gradient uses.
+  const bool last_piece = i0 + n == cfg_.numel[size_t(blob)];
+  const bool in_place = at % NvmeStore::kAlign == 0 && reinterpret_cast<uintptr_t>(src) % NvmeStore::kAlign == 0 &&
+                        (bytes % NvmeStore::kAlign == 0 || last_piece);
   try {
-    store_.write_sync(at, src, size_t(n) * cfg_.grad_bytes);
+    if (in_place)
+      store_.write_wait(at, src, size_t(NvmeStore::aligned(bytes)));
+    else
+      store_.write_sync(at, src, bytes);
   } catch (...) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!err_) {

@@ -96,7 +96,8 @@ class StateStream {
   // update that wrote it). Throws a kept error.
   void wait_written(int blob);
   // Elements [i0, i0 + n) of the blob's gradient of this step, written now (blocks; `last`: the
-  // gradient is complete, and the blob's state may be read ahead).
+  // gradient is complete, and the blob's state may be read ahead). From a block-aligned `src`
+  // holding a whole number of blocks at a block-aligned place in the file, the bytes go in place.
   void write_grad(int blob, int64_t i0, int64_t n, const void* src, bool last);
 
   // Outside a step (after quiesce): elements [off, off + n) of a part (which: Part).

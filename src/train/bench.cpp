@@ -14,6 +14,7 @@
 #include "engine/make_engine.h"
 #include "engine/planner.h"
 #include "io/json_file.h"
+#include "train/plan_report.h"
 #include "train/presets.h"
 #include "train/step_fit.h"
 
@@ -110,9 +111,13 @@ nlohmann::json run_bench(const BenchOptions& o) {
       1e3 * steady_s, tps, 1e3 * secs * per, 1e3 * drain_s, loss);
   // Model FLOPs (engine/planner.h train_flops_per_token: MoE layers on their active parameters)
   // over the steady step time; MFU against the bf16 dense peak of an H100/H200 (989 TFLOP/s), the
-  // GPUs the numbers are taken on, null elsewhere. With the recompute: what the GPU ran.
+  // GPUs the numbers are taken on, null elsewhere. With the recompute: what the GPU ran (less the
+  // recompute that layers kept whole or with attention's output skip).
   const double mfu_tflops = train_flops_per_token(spec, b.T, false) * step_tokens / steady_s * 1e-12;
-  const double hw_tflops = train_flops_per_token(spec, b.T, true) * step_tokens / steady_s * 1e-12;
+  const double hw_tflops =
+      (train_flops_per_token(spec, b.T, true) -
+       recompute_flops_saved_per_token(spec, b.T, built.plan.whole_layers, built.plan.kept_layers)) *
+      step_tokens / steady_s * 1e-12;
   const std::string dev_name = dev->name();
   const bool hopper = dev_name.find("H100") != std::string::npos || dev_name.find("H200") != std::string::npos;
   int64_t active = spec.vocab * spec.hidden * (spec.tie_embeddings ? 1 : 2) + spec.hidden;
@@ -145,6 +150,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"whole_layers", built.plan.whole_layers},
           {"kept_layers", built.plan.kept_layers},
           {"predicted_tokens_per_second", built.plan.tokens_per_s},
+          {"predicted_step_ms", 1e3 * built.plan.step_s},
+          {"predicted_phases", phases_json(built.plan)},  // forward / head / backward and their bounds
           {"max_grad_norm", o.max_grad_norm},
           {"optimizer_state", o.engine.state_dtype == DType::BF16 ? "bf16" : "fp32"},
           {"device_bytes", engine.device_bytes()},

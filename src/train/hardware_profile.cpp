@@ -36,6 +36,8 @@ constexpr NumberKey kNumbers[] = {
     {"ram_gib", &HardwareProfile::ram_gib, 0.25, 1 << 20},
     {"gemm_tflops", &HardwareProfile::gemm_tflops, 1e-3, 1e5},
     {"model_efficiency", &HardwareProfile::model_efficiency, 0.01, 1},
+    {"attention_fwd_tflops", &HardwareProfile::attention_fwd_tflops, 1e-3, 1e5, true},
+    {"attention_bwd_tflops", &HardwareProfile::attention_bwd_tflops, 1e-3, 1e5, true},
     {"pcie_gbs", &HardwareProfile::pcie_gbs, 1e-3, 1e4},
     {"host_bus_gbs", &HardwareProfile::host_bus_gbs, 1e-3, 1e5},
     {"host_adamw_gparams_s", &HardwareProfile::host_adamw_gparams_s, 1e-6, 1e4},
@@ -52,6 +54,8 @@ size_t gib_share(double gib, double share) { return size_t(gib * share * double(
 Rates HardwareProfile::rates() const {
   Rates r;
   r.model_tflops = gemm_tflops * model_efficiency;
+  r.attn_fwd_tflops = attention_fwd();
+  r.attn_bwd_tflops = attention_bwd();
   r.host_adamw_params_s = host_adamw_gparams_s * 1e9;
   r.host_read_gbs = host_read_gbs;
   r.pcie_gbs = pcie_gbs;
@@ -86,6 +90,12 @@ HardwareProfile hardware_from_json(const nlohmann::json& j, const std::string& f
   h.description = root.string_or("description", "");
   for (const NumberKey& n : kNumbers)
     h.*n.field = n.optional ? root.number_or(n.key, 0, n.lo, n.hi) : root.at(n.key).as_number(n.lo, n.hi);
+  // Attention is matrix products and a softmax between them: never faster than the GEMM.
+  for (const auto& [key, value] : {std::pair{"attention_fwd_tflops", h.attention_fwd_tflops},
+                                   std::pair{"attention_bwd_tflops", h.attention_bwd_tflops}})
+    if (value > h.gemm_tflops)
+      root.at(key).fail("is more than gemm_tflops (" + std::to_string(h.gemm_tflops) +
+                        "): attention is matrix products and more; a unit slip?");
   if (const auto src = root.get("sources")) {
     src->expect_object();
     for (const auto& [key, value] : src->json().items()) {

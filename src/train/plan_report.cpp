@@ -18,6 +18,7 @@
 #include "io/json_file.h"
 #include "train/hardware_profile.h"
 #include "train/presets.h"
+#include "train/train_options_check.h"
 
 namespace sf {
 
@@ -59,6 +60,11 @@ HardwareProfile measured_profile(const MeasuredRates& m, const BackendInfo& be, 
   h.sources["gemm_tflops"] = gpu ? measured + " ([8192, 4096] x [4096, 4096]^T bf16, 10 in a row)" : no_gpu;
   h.model_efficiency = kStepEfficiency;
   h.sources["model_efficiency"] = "the H200 machine's 1B step over its layer GEMM rate (500 / 727)";
+  h.attention_fwd_tflops = gpu ? m.rates.attn_fwd_tflops : def.attn_fwd_tflops;
+  h.attention_bwd_tflops = gpu ? m.rates.attn_bwd_tflops : def.attn_bwd_tflops;
+  h.sources["attention_fwd_tflops"] = h.sources["attention_bwd_tflops"] =
+      gpu ? measured + " (our causal attention kernel, B 2 x T 8192, 32/8 heads of 128, FlashAttention's FLOP count)"
+          : no_gpu;
   h.pcie_gbs = gpu ? m.rates.pcie_gbs : def.pcie_gbs;
   h.sources["pcie_gbs"] = gpu ? measured + " (256 MiB pinned, both directions at once)" : no_gpu;
   h.ram_gib = mem_total_bytes() / kGiB;
@@ -90,11 +96,14 @@ RateSource rates_for(const PlanCliOptions& o, const BackendInfo& be) {
     rs.rates = h.rates();
     rs.source = "hardware " + o.hardware;
     const std::string named = h.name.empty() || h.name == o.hardware ? "" : " (" + h.name + ")";
-    log_info("hardware %s%s: GPU %.1f GiB, RAM %.0f GiB, GEMM %.0f TFLOP/s -> model %.0f TFLOP/s, PCIe %.1f GB/s, "
-             "host AdamW %.2f G params/s, host bus %.0f GB/s, disk read %.2f / write %.2f GB/s",
-             o.hardware.c_str(), named.c_str(), h.gpu_memory_gib, h.ram_gib,
-             h.gemm_tflops, rs.rates.model_tflops, h.pcie_gbs, h.host_adamw_gparams_s, h.host_bus_gbs,
-             h.disk_read_gbs, h.disk_write_gbs);
+    log_info(
+        "hardware %s%s: GPU %.1f GiB, RAM %.0f GiB, GEMM %.0f TFLOP/s -> model %.0f TFLOP/s, attention "
+        "forward %.0f / backward %.0f TFLOP/s%s, PCIe %.1f GB/s, host AdamW %.2f G params/s, host bus %.0f GB/s, "
+        "disk read %.2f / write %.2f GB/s",
+        o.hardware.c_str(), named.c_str(), h.gpu_memory_gib, h.ram_gib, h.gemm_tflops, rs.rates.model_tflops,
+        rs.rates.attn_fwd_tflops, rs.rates.attn_bwd_tflops,
+        h.attention_fwd_tflops > 0 && h.attention_bwd_tflops > 0 ? "" : " (not in the file: from the GEMM rate)",
+        h.pcie_gbs, h.host_adamw_gparams_s, h.host_bus_gbs, h.disk_read_gbs, h.disk_write_gbs);
     return rs;
   }
   if (!o.measure) return rs;
@@ -129,8 +138,8 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
   char line[256];
   std::snprintf(line, sizeof line, "by gradient accumulation (%d x %d tokens a micro-batch):\n", r.batch, r.seq);
   text = line;
-  std::snprintf(line, sizeof line, "  %4s %12s %9s %10s %12s %12s %7s\n", "K", "tokens/step", "step s", "tokens/s",
-                "host memory", "disk", "disk s");
+  std::snprintf(line, sizeof line, "  %4s %12s %9s %10s %12s %12s %7s  %s\n", "K", "tokens/step", "step s", "tokens/s",
+                "host memory", "disk", "disk s", "forward / backward s (bound)");
   text += line;
   for (int k : {1, 2, 4, 8, 16}) {
     PlanRequest q = r;
@@ -144,10 +153,16 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
                     {"predicted_tokens_per_second", p.tokens_per_s},
                     {"host_bytes", p.host_bytes},
                     {"disk_bytes", p.disk_bytes},
-                    {"predicted_disk_s", p.disk_s}});
+                    {"predicted_disk_s", p.disk_s},
+                    {"predicted_phases", phases_json(p)}});
+    char phases[96] = "";
+    if (p.engine == EngineKind::Sliding && p.step_s > 0)
+      std::snprintf(phases, sizeof phases, "  %.3f (%s) / %.3f (%s)", p.forward.s, bound_name(p.forward.by),
+                    p.backward.s, bound_name(p.backward.by));
     if (p.fits)
-      std::snprintf(line, sizeof line, "  %4d %12.0f %9.3f %10.0f %12s %12s %7.3f\n", k, tokens, p.step_s,
-                    p.tokens_per_s, format_bytes(p.host_bytes).c_str(), format_bytes(p.disk_bytes).c_str(), p.disk_s);
+      std::snprintf(line, sizeof line, "  %4d %12.0f %9.3f %10.0f %12s %12s %7.3f%s\n", k, tokens, p.step_s,
+                    p.tokens_per_s, format_bytes(p.host_bytes).c_str(), format_bytes(p.disk_bytes).c_str(), p.disk_s,
+                    phases);
     else
       std::snprintf(line, sizeof line, "  %4d %12.0f  does not fit: %s\n", k, tokens, p.why(names).c_str());
     text += line;
@@ -155,7 +170,28 @@ nlohmann::json grad_accum_table(const ModelSpec& spec, const PlanRequest& r, con
   return rows;
 }
 
+// The upper bound of --longest-seq's search: --seq-len when given, else the model's context
+// (max_position_embeddings; a sliding window bounds it too), within the step-size limits.
+int longest_seq_cap(const ModelSpec& spec, const PlanCliOptions& o) {
+  int64_t cap = o.seq_len > 0 ? o.seq_len : spec.max_position > 0 ? spec.max_position : StepLimits::kMaxSeqLen;
+  if (spec.sliding_window > 0) cap = std::min<int64_t>(cap, spec.sliding_window);
+  cap = std::min(cap, StepLimits::kMaxSeqLen);
+  cap = std::min(cap, StepLimits::kMaxStepTokens / (int64_t(o.batch_size) * std::max(o.grad_accum, 1)));
+  return int(std::max<int64_t>(cap, 1));
+}
+
 }  // namespace
+
+nlohmann::json phases_json(const Plan& p) {
+  if (p.engine != EngineKind::Sliding || p.step_s <= 0) return nullptr;
+  return {{"forward_s", p.forward.s},
+          {"forward_bound", bound_name(p.forward.by)},
+          {"head_s", p.head.s},
+          {"head_bound", bound_name(p.head.by)},
+          {"backward_s", p.backward.s},
+          {"backward_bound", bound_name(p.backward.by)},
+          {"step_bound", bound_name(p.step_by)}};
+}
 
 nlohmann::json run_plan(const PlanCliOptions& o) {
   const int sources = int(!o.model_dir.empty()) + int(!o.preset.empty()) + int(!o.config.empty());
@@ -209,7 +245,29 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
       ckpt_io = io.text;
     }
   }
+  // --longest-seq: the longest sequence that fits, then its plan.
+  std::string longest_text;
+  int longest = -1;
+  if (o.longest_seq) {
+    const int cap = longest_seq_cap(spec, o);
+    longest = longest_seq_len(spec, r, be, rs.rates, cap);
+    r.seq = std::max(longest, 1);
+    std::string stop = "the search's upper bound";
+    if (longest < cap) {
+      PlanRequest next = r;
+      next.seq = longest + 1;
+      const Plan over = make_plan(spec, next, be, rs.rates);
+      stop = "at " + std::to_string(longest + 1) + " the plan " + over.why(o.names) +
+             (over.short_of.memory == Shortfall::Memory::Gpu
+                  ? " with the planner's GPU headroom of max(256 MiB, 1 %) beside it"
+                  : "");
+    }
+    longest_text = longest > 0 ? "longest sequence that fits: " + std::to_string(longest) +
+                                     " tokens a row (searched 1.." + std::to_string(cap) + "; " + stop + ")\n"
+                               : "no sequence fits these budgets (not even 1 token a row): the plan for 1 follows\n";
+  }
   const Plan p = make_plan(spec, r, be, rs.rates);
+  std::fputs(longest_text.c_str(), stderr);
   std::fputs(format_plan(spec, r, p, o.names).c_str(), stderr);
   if (!r.offload_dir.empty()) {
     std::fprintf(stderr, "checkpoint I/O: %s%s\n", ckpt_io.c_str(),
@@ -229,54 +287,60 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
                                : m.place == Place::Pinned ? "pinned"
                                : m.place == Place::Host   ? "host"
                                                           : "disk"}});
-  return {{"fits", p.fits},
-          {"why", p.why(o.names)},
-          {"engine", engine_name(p.engine)},
-          {"slots", p.slots},
-          {"micro_batch", p.micro_batch},
-          {"micro_batches", p.micro_batches},
-          {"hold_grads", p.hold_grads},
-          {"gpu_blobs", p.gpu_blobs},
-          {"whole_layers", p.whole_layers},
-          {"kept_layers", p.kept_layers},
-          {"disk_blobs", p.disk_blobs},
-          {"ckpt_disk_layers", p.ckpt_disk_layers},
-          {"disk_masters", p.disk_masters},
-          {"disk_weights", p.disk_weights},
-          {"disk_grads", p.disk_grads},
-          {"disk_bytes", p.disk_bytes},
-          {"disk_read_bytes_per_step", p.disk_read_bytes},
-          {"disk_write_bytes_per_step", p.disk_write_bytes},
-          {"upload_bytes_per_pass", p.upload_bytes},
-          {"disk_budget", p.disk_budget},
-          {"predicted_disk_s", p.disk_s},
-          {"checkpoint_io", ckpt_io},
-          {"backend", device_kind_name(be.kind)},
-          {"optimizer_state", r.state_dtype == DType::BF16 ? "bf16" : "fp32"},
-          {"parameters", spec.total_params()},
-          {"gpu_bytes", p.gpu_bytes},
-          {"host_bytes", p.host_bytes},
-          {"pinned_bytes", p.pinned_bytes},
-          {"gpu_budget", p.gpu_budget},
-          {"host_budget", p.host_budget},
-          {"flops_per_step", p.flops},
-          {"predicted_step_s", p.step_s},
-          {"predicted_tokens_per_second", p.tokens_per_s},
-          {"predicted_gpu_s", p.gpu_s},
-          {"predicted_host_s", p.host_s},
-          {"predicted_pcie_s", p.pcie_s},
-          {"grad_accum_table", table},
-          {"rates",
-           {{"measured", o.measure},
-            {"source", rs.source},
-            {"model_tflops", rs.rates.model_tflops},
-            {"host_adamw_params_s", rs.rates.host_adamw_params_s},
-            {"host_read_gbs", rs.rates.host_read_gbs},
-            {"host_bus_gbs", rs.rates.host_bus_gbs},
-            {"pcie_gbs", rs.rates.pcie_gbs},
-            {"disk_read_gbs", rs.rates.disk_read_gbs},
-            {"disk_write_gbs", rs.rates.disk_write_gbs}}},
-          {"items", items}};
+  nlohmann::json out = {{"fits", p.fits},
+                        {"why", p.why(o.names)},
+                        {"engine", engine_name(p.engine)},
+                        {"slots", p.slots},
+                        {"micro_batch", p.micro_batch},
+                        {"micro_batches", p.micro_batches},
+                        {"hold_grads", p.hold_grads},
+                        {"gpu_blobs", p.gpu_blobs},
+                        {"whole_layers", p.whole_layers},
+                        {"kept_layers", p.kept_layers},
+                        {"disk_blobs", p.disk_blobs},
+                        {"ckpt_disk_layers", p.ckpt_disk_layers},
+                        {"disk_masters", p.disk_masters},
+                        {"disk_weights", p.disk_weights},
+                        {"disk_grads", p.disk_grads},
+                        {"disk_bytes", p.disk_bytes},
+                        {"disk_read_bytes_per_step", p.disk_read_bytes},
+                        {"disk_write_bytes_per_step", p.disk_write_bytes},
+                        {"upload_bytes_per_pass", p.upload_bytes},
+                        {"disk_budget", p.disk_budget},
+                        {"predicted_disk_s", p.disk_s},
+                        {"checkpoint_io", ckpt_io},
+                        {"backend", device_kind_name(be.kind)},
+                        {"optimizer_state", r.state_dtype == DType::BF16 ? "bf16" : "fp32"},
+                        {"parameters", spec.total_params()},
+                        {"gpu_bytes", p.gpu_bytes},
+                        {"host_bytes", p.host_bytes},
+                        {"pinned_bytes", p.pinned_bytes},
+                        {"gpu_budget", p.gpu_budget},
+                        {"host_budget", p.host_budget},
+                        {"flops_per_step", p.flops},
+                        {"predicted_step_s", p.step_s},
+                        {"predicted_tokens_per_second", p.tokens_per_s},
+                        {"predicted_gpu_s", p.gpu_s},
+                        {"predicted_host_s", p.host_s},
+                        {"predicted_pcie_s", p.pcie_s},
+                        {"predicted_phases", phases_json(p)},
+                        {"grad_accum_table", table},
+                        {"rates",
+                         {{"measured", o.measure},
+                          {"source", rs.source},
+                          {"model_tflops", rs.rates.model_tflops},
+                          {"attn_fwd_tflops", rs.rates.attn_fwd_tflops},
+                          {"attn_bwd_tflops", rs.rates.attn_bwd_tflops},
+                          {"host_adamw_params_s", rs.rates.host_adamw_params_s},
+                          {"host_read_gbs", rs.rates.host_read_gbs},
+                          {"host_bus_gbs", rs.rates.host_bus_gbs},
+                          {"pcie_gbs", rs.rates.pcie_gbs},
+                          {"disk_read_gbs", rs.rates.disk_read_gbs},
+                          {"disk_write_gbs", rs.rates.disk_write_gbs}}},
+                        {"items", items}};
+  out["seq_len"] = r.seq;
+  if (o.longest_seq) out["longest_seq_len"] = longest;
+  return out;
 }
 
 }  // namespace sf

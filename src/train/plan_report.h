@@ -17,9 +17,16 @@ struct PlanCliOptions {
   // its rates, and its GPU memory and RAM as the budgets where --gpu-memory / --cpu-memory are not given.
   std::string hardware;
   std::string save_hardware;  // with measure: write this machine's figures there (never overwrites)
+  // Plan the longest sequence that fits the budgets instead of seq_len (longest_seq_len; seq_len is
+  // then the search's upper bound when given, else the model's context or the step-size limit).
+  bool longest_seq = false;
   EngineRequest engine;
   SettingNamer names = setting_name;  // how the plan's shortfall names the budgets (the CLI: options)
 };
+// The sliding engine's predicted phases (Plan::forward, head, backward, step_by) as JSON:
+// {"forward_s", "forward_bound", "head_s", "head_bound", "backward_s", "backward_bound", "step_bound"};
+// null for the resident engine and where nothing is predicted (the cpu backend).
+nlohmann::json phases_json(const Plan& p);
 // Prints the plan on stderr; returns it as JSON (fits, engine, slots, bytes, prediction).
 nlohmann::json run_plan(const PlanCliOptions& o);
 
