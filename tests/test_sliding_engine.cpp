@@ -88,6 +88,9 @@ struct Case {
   // Selective recompute in the sliding engine only (the resident engine recomputes every layer):
   // the first `whole` layers kept whole, the next `attn` keeping attention's output, per micro-batch.
   int whole = 0, attn = 0;
+  // The state ring reads ahead into the checkpoints the backward has consumed (StateStream::lend):
+  // checkpoint buffers made large enough to hold a piece (SlidingOptions::ckpt_stride_min).
+  bool lend = false;
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -131,7 +134,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "") +
          (c.grads_disk ? "_gradsdisk" : "") + (c.cufile ? "_cufile" : "") +
          (c.refuse_registration ? "_unregistered" : "") +
-         (c.whole || c.attn ? "_keep" + std::to_string(c.whole) + "w" + std::to_string(c.attn) + "a" : "");
+         (c.whole || c.attn ? "_keep" + std::to_string(c.whole) + "w" + std::to_string(c.attn) + "a" : "") +
+         (c.lend ? "_lend" : "");
 }
 
 TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
@@ -194,9 +198,13 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
       so.store.direct = false;  // the stand-in's pread/pwrite take any buffer
     }
   }
+  if (c.lend) so.ckpt_stride_min = 24 << 10;  // a piece's m and v (16 KiB) in one, more across two
   SlidingEngine s(*dev_s, spec, so);
   s.init_random(5);
   auto [ls, ps] = train(s, recs, 3, c.micro, clip);
+  if (c.lend && !c.overlap) {
+    EXPECT_GT(s.stats().disk_state_lent, 0u) << "no piece of state read into a lent checkpoint";
+  }
 
   // Layer-major micro-batches add every head's gradient into a tied embedding before the
   // embeddings' own; the resident engine's step defers its embedding backwards to do the same.
@@ -353,6 +361,41 @@ std::vector<Case> every_mode() {
   }
   return v;
 }
+// The state ring's read-ahead into lent checkpoints (docs/ENGINE.md "Read-ahead into freed
+// checkpoints"), 4 layers: clipping with several micro-batches, one stream stalled at a time (h2d:
+// the lends; d2h: the reclaims before each offload; opt: the updates that consume the pieces; the
+// gradients' I/O stream), disordered and short store transfers, held gradients, masters and working
+// copies in the store, bf16 state, checkpoints of the first layer on disk, and without clipping.
+std::vector<Case> lend_cases() {
+  std::vector<Case> out;
+  auto add = [&](const char* family, int slots, uint64_t stall, int micro, auto&& set) {
+    Case c{family, slots, 50, stall};
+    c.micro = micro;
+    c.disk = 2;
+    c.lend = true;
+    set(c);
+    out.push_back(c);
+  };
+  auto none = [](Case&) {};
+  add("llama", 3, 0, 2, none);
+  add("qwen2", 2, 2, 2, none);   // h2d stalled (the lends)
+  add("llama", 3, 4, 3, none);   // d2h stalled (the reclaims)
+  add("qwen3", 3, 16, 2, none);  // opt stalled (the updates)
+  add("mistral", 2, 8, 1, [](Case& c) { c.grads_disk = true; });  // the gradients' I/O stream stalled
+  add("llama", 2, 4, 2, [](Case& c) { c.grads_disk = true; });
+  add("qwen2", 3, 16, 2, [](Case& c) { c.tier = 3; });
+  add("llama", 3, 8, 2, [](Case& c) { c.tier = 4; });  // the weight reads' stream stalled
+  add("qwen3", 2, 2, 2, [](Case& c) { c.bf16_state = true; });
+  add("mistral", 3, 32, 2, [](Case& c) { c.ckpt_disk = 1; });  // the checkpoints' I/O stream stalled
+  add("llama", 3, 4, 2, [](Case& c) { c.overlap = true; });
+  add("qwen2", 2, 16, 1, [](Case& c) {
+    c.disk = 1;
+    c.gpu = 2;
+  });
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Lending, SlidingVsResident, ::testing::ValuesIn(lend_cases()), case_name);
+
 INSTANTIATE_TEST_SUITE_P(Modes, SlidingVsResident, ::testing::ValuesIn(every_mode()), case_name);
 
 // Selective recompute in the sliding engine (EngineOptions::whole_layers, kept_layers): layers kept

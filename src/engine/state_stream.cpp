@@ -228,7 +228,7 @@ void StateStream::finished(Slot* s, int err, bool write) {
 // whose last write-back is still in flight.
 void StateStream::pump_locked() {
   const int64_t n = int64_t(seq_.size());
-  while (err_ == 0 && next_read_ < next_use_ + n) {
+  while (err_ == 0 && !hold_reads_ && next_read_ < next_use_ + n) {
     const size_t i = size_t(next_read_ % n);
     const PieceRef& p = seq_[i];
     if (piece_writing_[i]) return;
@@ -433,6 +433,7 @@ void StateStream::drop_ready_from_locked(int64_t pos) {
     s.pos = -1;
   }
   next_read_ = std::min(next_read_, pos);
+  pump_locked();  // an update may be waiting for one of them already
 }
 
 void StateStream::reclaim(int key) {
@@ -458,20 +459,27 @@ void StateStream::reclaim(int key) {
       if (inside(s) && (s.st == St::Reading || s.st == St::Writing)) return false;
     return true;
   });
-  int64_t first_ready = -1;
-  for (const Slot& s : slots_) {
-    SF_CHECK(!(inside(s) && s.st == St::InUse), "state stream: lent memory taken back during its piece's update");
-    if (inside(s) && s.st == St::Ready && (first_ready < 0 || s.pos < first_ready)) first_ready = s.pos;
-  }
-  if (first_ready < 0) return;
-  // Read ahead but not updated (the step stopped before its updates): dropped with every piece read
-  // after it, once no read is in flight, and read again in order.
+  const auto first_ready = [&] {
+    int64_t first = -1;
+    for (const Slot& s : slots_) {
+      SF_CHECK(!(inside(s) && s.st == St::InUse), "state stream: lent memory taken back during its piece's update");
+      if (inside(s) && s.st == St::Ready && (first < 0 || s.pos < first)) first = s.pos;
+    }
+    return first;
+  };
+  if (first_ready() < 0) return;
+  // Read ahead but not updated (the step stopped before its updates): dropped with every piece
+  // read after it, and read again in order, once no read is in flight (none is started meanwhile).
+  hold_reads_ = true;
   cv_.wait(lk, [&] {
     for (const Slot& s : slots_)
       if (s.st == St::Reading) return false;
     return true;
   });
-  drop_ready_from_locked(first_ready);
+  hold_reads_ = false;
+  const int64_t first = first_ready();
+  if (first >= 0) drop_ready_from_locked(first);
+  pump_locked();
   cv_.notify_all();
 }
 

@@ -182,6 +182,7 @@ class StateStream {
   std::deque<Slot> slots_;  // the ring's, then carved from lent memory (stable addresses)
   std::vector<Lease> leases_;
   uint64_t lent_reads_ = 0;
+  bool hold_reads_ = false;  // reclaim drops pieces read ahead: no read starts meanwhile
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int64_t next_use_ = 0, next_read_ = 0;
