@@ -469,6 +469,11 @@ struct SlidingEngine::Impl {
       end_op(op);
     }
   }
+  // The state stream may still read into checkpoint memory lent to it (StateStream::lend) when a
+  // failed synchronisation skipped sync_all's quiesce: nothing in flight before the members go.
+  ~Impl() {
+    if (host) quietly([&] { host->quiesce(); });
+  }
   void sync_all() {
     flush_deferred();
     tokens->synchronize();
