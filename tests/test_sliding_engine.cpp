@@ -28,11 +28,12 @@ using test::random_records;
 // Runs `steps` optimizer steps of `micro` micro-batches (2 records each) through Engine::step and
 // returns the losses and final parameters. Without clipping the sliding engine updates each blob
 // as its gradient lands, during the backward.
+// `first`: the first step's number (continuing a run: the records from where it stopped).
 std::pair<std::vector<double>, HostParams> train(Engine& e, const std::vector<Record>& recs, int steps, int micro,
-                                                 double clip) {
+                                                 double clip, int first = 1) {
   std::vector<double> losses;
-  size_t next = 0;
-  for (int s = 1; s <= steps; ++s) {
+  size_t next = size_t(first - 1) * size_t(micro) * 2;
+  for (int s = first; s < first + steps; ++s) {
     std::vector<Batch> mbs;
     for (int j = 0; j < micro; ++j) {
       const Record* a = &recs[next++ % recs.size()];
@@ -395,6 +396,57 @@ std::vector<Case> lend_cases() {
   return out;
 }
 INSTANTIATE_TEST_SUITE_P(Lending, SlidingVsResident, ::testing::ValuesIn(lend_cases()), case_name);
+
+// The gradients alone between steps (compute_grads: a backward without updates) with the state ring
+// reading ahead into the checkpoints it frees: what was read there is dropped (its memory is the
+// next forward's) and read again for the next step's updates. Both engines run the same sequence.
+TEST(SlidingLending, GradientsAloneBetweenStepsKeepTheBits) {
+  nlohmann::json cfg = test::tiny_config("llama");
+  cfg["num_hidden_layers"] = 4;
+  const ModelSpec spec = parse_model_spec(cfg, "tiny");
+  const auto recs = random_records(int(spec.vocab), 21, 7);
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_seq = 11;
+  eo.max_micro = 2;
+  std::vector<Batch> grads_batches = {make_batch({&recs[3], &recs[4]}, 11), make_batch({&recs[5], &recs[6]}, 11)};
+  auto run = [&](Engine& e) {
+    e.init_random(5);
+    auto [l1, p1] = train(e, recs, 2, 2, 0.5);
+    const double g = e.compute_grads(grads_batches);
+    auto [l2, p2] = train(e, recs, 2, 2, 0.5, 3);
+    l1.push_back(g);
+    l1.insert(l1.end(), l2.begin(), l2.end());
+    return std::make_pair(l1, p2);
+  };
+  auto dev_r = make_cpu_device();
+  ResidentEngine r(*dev_r, spec, eo);
+  const auto [lr, pr] = run(r);
+  CpuDeviceOptions o;
+  o.max_delay_us = 50;
+  o.stall_us = 3000;
+  o.stall_every = 4;
+  o.stall_streams = 4;  // d2h: the reclaims
+  auto dev_s = make_cpu_device(o);
+  SlidingOptions so;
+  so.base = eo;
+  so.disk_blobs = disk_blobs(2, spec.n_layer, {});
+  test::TempDir store_dir;
+  so.store.dir = store_dir.path.string();
+  so.store.piece = 4096;
+  so.store.depth = 3;
+  so.store.faults.max_delay_us = 200;
+  so.store.faults.short_transfers = true;
+  so.disk_ring = 2;
+  so.disk_piece = StateStream::kPieceAlign;
+  so.ckpt_stride_min = 24 << 10;
+  SlidingEngine s(*dev_s, spec, so);
+  const auto [ls, ps] = run(s);
+  EXPECT_GT(s.stats().disk_state_lent, 0u);
+  EXPECT_EQ(lr, ls);
+  ASSERT_EQ(pr.size(), ps.size());
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_EQ(pr[i].data, ps[i].data) << pr[i].name;
+}
 
 INSTANTIATE_TEST_SUITE_P(Modes, SlidingVsResident, ::testing::ValuesIn(every_mode()), case_name);
 
