@@ -28,11 +28,12 @@ using test::random_records;
 // Runs `steps` optimizer steps of `micro` micro-batches (2 records each) through Engine::step and
 // returns the losses and final parameters. Without clipping the sliding engine updates each blob
 // as its gradient lands, during the backward.
+// `first`: the first step's number (continuing a run: the records from where it stopped).
 std::pair<std::vector<double>, HostParams> train(Engine& e, const std::vector<Record>& recs, int steps, int micro,
-                                                 double clip) {
+                                                 double clip, int first = 1) {
   std::vector<double> losses;
-  size_t next = 0;
-  for (int s = 1; s <= steps; ++s) {
+  size_t next = size_t(first - 1) * size_t(micro) * 2;
+  for (int s = first; s < first + steps; ++s) {
     std::vector<Batch> mbs;
     for (int j = 0; j < micro; ++j) {
       const Record* a = &recs[next++ % recs.size()];
@@ -88,6 +89,9 @@ struct Case {
   // Selective recompute in the sliding engine only (the resident engine recomputes every layer):
   // the first `whole` layers kept whole, the next `attn` keeping attention's output, per micro-batch.
   int whole = 0, attn = 0;
+  // The state ring reads ahead into the checkpoints the backward has consumed (StateStream::lend):
+  // checkpoint buffers made large enough to hold a piece (SlidingOptions::ckpt_stride_min).
+  bool lend = false;
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -131,7 +135,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          ((c.disk || c.ckpt_disk) && !c.uring ? "_threads" : "") + (c.tier ? "_tier" + std::to_string(c.tier) : "") +
          (c.grads_disk ? "_gradsdisk" : "") + (c.cufile ? "_cufile" : "") +
          (c.refuse_registration ? "_unregistered" : "") +
-         (c.whole || c.attn ? "_keep" + std::to_string(c.whole) + "w" + std::to_string(c.attn) + "a" : "");
+         (c.whole || c.attn ? "_keep" + std::to_string(c.whole) + "w" + std::to_string(c.attn) + "a" : "") +
+         (c.lend ? "_lend" : "");
 }
 
 TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
@@ -194,9 +199,13 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
       so.store.direct = false;  // the stand-in's pread/pwrite take any buffer
     }
   }
+  if (c.lend) so.ckpt_stride_min = 24 << 10;  // a piece's m and v (16 KiB) in one, more across two
   SlidingEngine s(*dev_s, spec, so);
   s.init_random(5);
   auto [ls, ps] = train(s, recs, 3, c.micro, clip);
+  if (c.lend && !c.overlap) {
+    EXPECT_GT(s.stats().disk_state_lent, 0u) << "no piece of state read into a lent checkpoint";
+  }
 
   // Layer-major micro-batches add every head's gradient into a tied embedding before the
   // embeddings' own; the resident engine's step defers its embedding backwards to do the same.
@@ -353,6 +362,92 @@ std::vector<Case> every_mode() {
   }
   return v;
 }
+// The state ring's read-ahead into lent checkpoints (docs/ENGINE.md "Read-ahead into freed
+// checkpoints"), 4 layers: clipping with several micro-batches, one stream stalled at a time (h2d:
+// the lends; d2h: the reclaims before each offload; opt: the updates that consume the pieces; the
+// gradients' I/O stream), disordered and short store transfers, held gradients, masters and working
+// copies in the store, bf16 state, checkpoints of the first layer on disk, and without clipping.
+std::vector<Case> lend_cases() {
+  std::vector<Case> out;
+  auto add = [&](const char* family, int slots, uint64_t stall, int micro, auto&& set) {
+    Case c{family, slots, 50, stall};
+    c.micro = micro;
+    c.disk = 2;
+    c.lend = true;
+    set(c);
+    out.push_back(c);
+  };
+  auto none = [](Case&) {};
+  add("llama", 3, 0, 2, none);
+  add("qwen2", 2, 2, 2, none);   // h2d stalled (the lends)
+  add("llama", 3, 4, 3, none);   // d2h stalled (the reclaims)
+  add("qwen3", 3, 16, 2, none);  // opt stalled (the updates)
+  add("mistral", 2, 8, 1, [](Case& c) { c.grads_disk = true; });  // the gradients' I/O stream stalled
+  add("llama", 2, 4, 2, [](Case& c) { c.grads_disk = true; });
+  add("qwen2", 3, 16, 2, [](Case& c) { c.tier = 3; });
+  add("llama", 3, 8, 2, [](Case& c) { c.tier = 4; });  // the weight reads' stream stalled
+  add("qwen3", 2, 2, 2, [](Case& c) { c.bf16_state = true; });
+  add("mistral", 3, 32, 2, [](Case& c) { c.ckpt_disk = 1; });  // the checkpoints' I/O stream stalled
+  add("llama", 3, 4, 2, [](Case& c) { c.overlap = true; });
+  add("qwen2", 2, 16, 1, [](Case& c) {
+    c.disk = 1;
+    c.gpu = 2;
+  });
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Lending, SlidingVsResident, ::testing::ValuesIn(lend_cases()), case_name);
+
+// The gradients alone between steps (compute_grads: a backward without updates) with the state ring
+// reading ahead into the checkpoints it frees: what was read there is dropped (its memory is the
+// next forward's) and read again for the next step's updates. Both engines run the same sequence.
+TEST(SlidingLending, GradientsAloneBetweenStepsKeepTheBits) {
+  nlohmann::json cfg = test::tiny_config("llama");
+  cfg["num_hidden_layers"] = 4;
+  const ModelSpec spec = parse_model_spec(cfg, "tiny");
+  const auto recs = random_records(int(spec.vocab), 21, 7);
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_seq = 11;
+  eo.max_micro = 2;
+  std::vector<Batch> grads_batches = {make_batch({&recs[3], &recs[4]}, 11), make_batch({&recs[5], &recs[6]}, 11)};
+  auto run = [&](Engine& e) {
+    e.init_random(5);
+    auto [l1, p1] = train(e, recs, 2, 2, 0.5);
+    const double g = e.compute_grads(grads_batches);
+    auto [l2, p2] = train(e, recs, 2, 2, 0.5, 3);
+    l1.push_back(g);
+    l1.insert(l1.end(), l2.begin(), l2.end());
+    return std::make_pair(l1, p2);
+  };
+  auto dev_r = make_cpu_device();
+  ResidentEngine r(*dev_r, spec, eo);
+  const auto [lr, pr] = run(r);
+  CpuDeviceOptions o;
+  o.max_delay_us = 50;
+  o.stall_us = 3000;
+  o.stall_every = 4;
+  o.stall_streams = 4;  // d2h: the reclaims
+  auto dev_s = make_cpu_device(o);
+  SlidingOptions so;
+  so.base = eo;
+  so.disk_blobs = disk_blobs(2, spec.n_layer, {});
+  test::TempDir store_dir;
+  so.store.dir = store_dir.path.string();
+  so.store.piece = 4096;
+  so.store.depth = 3;
+  so.store.faults.max_delay_us = 200;
+  so.store.faults.short_transfers = true;
+  so.disk_ring = 2;
+  so.disk_piece = StateStream::kPieceAlign;
+  so.ckpt_stride_min = 24 << 10;
+  SlidingEngine s(*dev_s, spec, so);
+  const auto [ls, ps] = run(s);
+  EXPECT_GT(s.stats().disk_state_lent, 0u);
+  EXPECT_EQ(lr, ls);
+  ASSERT_EQ(pr.size(), ps.size());
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_EQ(pr[i].data, ps[i].data) << pr[i].name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, SlidingVsResident, ::testing::ValuesIn(every_mode()), case_name);
 
 // Selective recompute in the sliding engine (EngineOptions::whole_layers, kept_layers): layers kept

@@ -9,7 +9,8 @@
 #    gemma3 = issue 18's Gemma 3 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
 #    the two halves of moe and gemma3, gds = issue 17's GPUDirect Storage checks, profile3b = issue
 #    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers,
-#    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, bench_adamw = the host AdamW kernel alone,
+#    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, nvme8_lend = its state read ahead into freed
+#    checkpoints (the plan's exact lines, then the 8B bench), bench_adamw = the host AdamW kernel alone,
 #    recompute = issue 19's selective recompute: the 3B and 1B resident steps with every layer
 #    recomputed, attention kept, and the planner's choice, the op profile of the last;
 #    recompute_sliding recompute_sliding_accum = the same in the sliding engine: 3B at 24 GiB with
@@ -326,6 +327,32 @@ sys.exit(0 if p['fits'] and p['ckpt_disk_layers'] > 0 and p['checkpoint_io'].sta
         --batch-size 8 --seq-len 2048 --steps 2 --warmup 1 --device cuda --gpu-memory 24GiB --cpu-memory 64GiB \
         --offload-dir /tmp/sf_off --max-grad-norm 1 --grad-accum 8 --optimizer-state bf16
       run nvme_8b_64g_k8_bf16_phases python3 tools/trace_summary.py "$OUT/traces/nvme8_k8.jsonl" ;;
+    # the state ring's read-ahead into the checkpoints the backward freed (docs/ENGINE.md "Read-ahead
+    # into freed checkpoints"): the 8B of nvme8_k8. The plan on the H200's measured profile must say
+    # exactly the three lines below (10.96 GiB moved out of the forward: 28.991 s -> 23.422 s, 3,295 ->
+    # 3,831 tokens/s); then one bench with SF_TRACE (~3 min): its JSON's disk_lent_pieces_per_step
+    # must be > 0, and its step and the trace's phases go beside the plan's (session 7's code: 2,644).
+    nvme8_lend)
+      mkdir -p /tmp/sf_off "$OUT/traces"
+      "$BIN/slideformer" plan --preset llama-8b --batch-size 8 --seq-len 2048 --grad-accum 8 --gpu-memory 24GiB \
+        --cpu-memory 64GiB --offload-dir /tmp/sf_off --max-grad-norm 1 --optimizer-state bf16 \
+        --hardware bench/results/2026-12-01s7_h200_profile.json >/dev/null 2>"$OUT/nvme8_lend_plan.txt"
+      cat "$OUT/nvme8_lend_plan.txt" >>"$OUT/all.log"
+      run nvme8_lend_plan_lines bash -c 'f=$1; rc=0; for l in \
+        "read ahead into the checkpoints the backward freed: 10.96 GiB of AdamW state (room for 15.09 GiB)" \
+        "predicted (lower bound from the rates): 34.210 s a step, 3831 tokens/s (GPU 14.382 s, host 1.462 s, PCIe 1.861 s, disk 33.311 s)" \
+        "phases: forward 23.422 s (disk), head 0.769 s (GPU), backward 10.019 s (GPU); the step: their sum"; do
+        grep -qxF "$l" "$f" && echo "ok: $l" || { echo "MISSING: $l"; rc=1; }; done; exit $rc' _ "$OUT/nvme8_lend_plan.txt"
+      run nvme8_lend_bench env SF_TRACE="$OUT/traces/nvme8_lend.jsonl" "$BIN/slideformer" bench --preset llama-8b \
+        --batch-size 8 --seq-len 2048 --steps 2 --warmup 1 --device cuda --gpu-memory 24GiB --cpu-memory 64GiB \
+        --offload-dir /tmp/sf_off --max-grad-norm 1 --grad-accum 8 --optimizer-state bf16
+      run nvme8_lend_pieces python3 -c "
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'disk_lent_pieces_per_step' in l]
+r = rows[-1]
+print(json.dumps({k: r.get(k) for k in ('tokens_per_second', 'step_ms', 'predicted_step_ms', 'disk_lent_pieces_per_step', 'predicted_lent_read_bytes', 'disk_busy_ms', 'predicted_phases')}))
+sys.exit(0 if r['disk_lent_pieces_per_step'] > 0 else 1)" "$OUT/all.log"
+      run nvme8_lend_phases python3 tools/trace_summary.py "$OUT/traces/nvme8_lend.jsonl" ;;
     # the host AdamW kernel alone on this machine's cores: fp32 vs bf16 state, fused and split passes,
     # 1 Mi (cache) and 64 Mi (memory) elements, all cores and one
     bench_adamw)

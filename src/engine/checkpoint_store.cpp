@@ -87,6 +87,7 @@ char* CheckpointStore::ring_slot(int i) const {
 
 void CheckpointStore::offload(int j, int l, const void* src, size_t bytes, Stream& d2h) {
   if (!on_disk(l)) {
+    if (reclaim_) dev_.host_fn(d2h, [r = reclaim_, key = j * o_.layers + l] { r(key); });  // lent: taken back
     dev_.copy(at(j, l), src, bytes, CopyKind::DeviceToHost, d2h);
     return;
   }
@@ -170,6 +171,9 @@ void CheckpointStore::fetch(int k, int j, int l, size_t bytes, Stream& h2d) {
   if (written_) dev_.wait(h2d, *written_);
   if (!on_disk(l)) {
     dev_.copy(gpu, at(j, l), bytes, CopyKind::HostToDevice, h2d);
+    // Read: its host memory is free until the next forward's offload of it, which follows this
+    // fetch's `ready` through the compute stream.
+    if (lend_) dev_.host_fn(h2d, [f = lend_, key = j * o_.layers + l, mem = at(j, l), n = o_.stride, l] { f(key, mem, n, l); });
   } else {
     const size_t u = reads_used_++;
     SF_CHECK(u < disk_order_.size() && disk_order_[u] == std::make_pair(j, l), "checkpoint fetched out of order");

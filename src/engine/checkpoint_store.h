@@ -16,6 +16,7 @@
 // compute stream is done with it (one fetch ahead, as for the checkpoints in host memory).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -61,6 +62,18 @@ class CheckpointStore {
   // The compute stream's work queued so far is the last that reads fetch k's buffer.
   void done(int k, Stream& compute);
 
+  // Lends each checkpoint buffer in host memory while the backward no longer needs it and the next
+  // forward has not written it (docs/ENGINE.md "Read-ahead into freed checkpoints"): `lend(key,
+  // mem, bytes, layer)` from a host function on h2d after its fetch, before the fetch's `ready`
+  // (so the compute, and through it the next forward's offload, comes after it); `reclaim(key)`
+  // from a host function on d2h before the offload that writes it again.
+  using Lend = std::function<void(int key, char* mem, size_t bytes, int layer)>;
+  using Reclaim = std::function<void(int key)>;
+  void lend_to(Lend lend, Reclaim reclaim) {
+    lend_ = std::move(lend);
+    reclaim_ = std::move(reclaim);
+  }
+
   ~CheckpointStore();
   CheckpointStore(const CheckpointStore&) = delete;
   CheckpointStore& operator=(const CheckpointStore&) = delete;
@@ -97,6 +110,8 @@ class CheckpointStore {
   RegisteredBuffer ring_reg_;               // the pinned ring in the store's io_uring table
   bool gpu_reg_ = false;                    // gpu_ registered with cuFile
   std::unique_ptr<Event> written_;          // io: the forward's cuFile writes from gpu_ are done
+  Lend lend_;        // the host memory of a fetched checkpoint, lent until its next offload
+  Reclaim reclaim_;
 };
 
 }  // namespace sf

@@ -120,6 +120,7 @@ class Engine {
     uint64_t disk_read = 0, disk_written = 0;
     double disk_busy_s = 0;
     uint64_t disk_gpu_direct = 0;  // of those bytes, moved between disk and GPU by cuFile
+    uint64_t disk_state_lent = 0;  // AdamW state pieces read ahead into lent checkpoint memory
     std::string disk_io;           // how: "io_uring, O_DIRECT, 2 registered buffers; checkpoints: cuFile (...)"
   };
   virtual Stats stats() const { return {}; }

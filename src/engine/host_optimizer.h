@@ -83,6 +83,16 @@ class HostOptimizer {
   void check_io() const {
     if (disk_) disk_->check();
   }
+  // The state ring's read-ahead into memory lent by the checkpoint store (StateStream::lend,
+  // reclaim; docs/ENGINE.md "Read-ahead into freed checkpoints"). No-ops without state on disk.
+  bool can_borrow() const { return disk_ && disk_->host_bytes() > 0; }
+  void lend(int key, char* mem, size_t bytes, int through) {
+    if (disk_) disk_->lend(key, mem, bytes, through);
+  }
+  void reclaim(int key) {
+    if (disk_) disk_->reclaim(key);
+  }
+  uint64_t lent_reads() const { return disk_ ? disk_->lent_reads() : 0; }
   bool keep_grads() const { return keep_; }
   DType grad_dtype() const { return gd_; }
 

@@ -250,6 +250,7 @@ SlidingOptions sliding_options(const Plan& p, const EngineOptions& base, bool ke
   o.disk_weights = p.disk_weights;
   o.disk_grads = p.disk_grads;
   if (p.ckpt_disk_layers > 0) o.store.cufile = p.ckpt_cufile;  // how the checkpoints on disk move
+  o.lend_checkpoints = p.lend_checkpoints;
   return o;
 }
 
@@ -430,6 +431,7 @@ class Planner {
     p_.disk_weights = disk_weights;
     p_.disk_grads = disk_grads;
     p_.ckpt_cufile = r_.ckpt_cufile;
+    p_.lend_checkpoints = r_.lend_checkpoints;
     p_.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
     EngineOptions base;
     base.max_batch = r_.batch;
@@ -680,6 +682,7 @@ struct Tails {
 };
 Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double act, const Tails& tails,
                  Phases ph, Plan& p) {
+  p.lent_read_bytes = p.lendable_bytes = 0;
   if (p.disk_bytes == 0) return ph;
   const double layers_bwd_gpu = tails.layers_bwd_gpu;
   const double rd = rates.disk_read_gbs * 1e9, wr = rates.disk_write_gbs * 1e9;
@@ -713,6 +716,38 @@ Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, d
   for (const MemoryItem& m : p.items)
     if (m.key == "disk.ring") ring += double(m.bytes);
   const double M = region > 0 ? std::min(U, U * ring / region) : 0.0;
+  // With clipping, the ring also reads ahead into the host checkpoints the backward has consumed
+  // (StateStream::lend): the next blobs in update order (forward order) after the ring's pieces,
+  // layer l's checkpoints holding only pieces of blobs up to its own (l + 1), so a blob b needs
+  // the checkpoints of layers b - 1 and above; the forward takes them back. Only reads move there
+  // (the write-backs follow the updates). Greedy from the first blob: as much as fits.
+  double lendable = 0;
+  if (r.clip && p.lend_checkpoints && region > 0) {
+    double host_ckpt = 0;  // K x (L - c) checkpoints in host memory
+    for (const MemoryItem& m : p.items)
+      if (m.key == "ckpt.host") host_ckpt += double(m.bytes);
+    const int n_layer = s.n_layer, c_layers = std::clamp(p.ckpt_disk_layers, 0, n_layer);
+    const double per_layer = n_layer > c_layers ? host_ckpt / double(n_layer - c_layers) : 0.0;
+    std::vector<int> order = p.disk_blobs;
+    std::sort(order.begin(), order.end());
+    double skip = ring;  // the ring's own pieces come first
+    for (int b : order) {
+      const uint64_t n = uint64_t(lay.blobs[size_t(b)].numel);
+      double read = 2.0 * double(NvmeStore::aligned(n * sc.elem_bytes));
+      if (sc.master[size_t(b)]) read += double(NvmeStore::aligned(n * 4));
+      if (sc.grads[size_t(b)]) read += double(NvmeStore::aligned(n * size_t(act)));
+      const double in_ring = std::min(skip, read);
+      skip -= in_ring;
+      read -= in_ring;
+      const double room = per_layer * double(n_layer - std::max(c_layers, b - 1));  // layers >= b - 1
+      if (lendable + read > room) {
+        lendable = std::max(lendable, room);
+        break;
+      }
+      lendable += read;
+    }
+  }
+  p.lendable_bytes = lendable;
   // The backward cannot finish its disk layers before their checkpoints are read: those reads start
   // with the backward (the store reads 4 fetches ahead, CheckpointStore::read_ahead), and the
   // layers whose checkpoints are in RAM come first.
@@ -727,7 +762,10 @@ Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, d
     // read ahead, the last ones written behind), then the forward's layers after the last update.
     // (Held gradients in the store come with clipping only: written in the backward.)
     ph.bwd.at_least(Cr + Gw + W, Bound::Disk);
-    ph.fwd.at_least(U + Cw + W - std::min(M, std::max(0.0, ph.bwd.s - Cr - Gw - W)) + tails.fwd, Bound::Disk);
+    const double spare = std::max(0.0, ph.bwd.s - Cr - Gw - W);
+    const double ring_moved = std::min(M, spare), lent_moved = std::min(lendable / rd, spare - ring_moved);
+    p.lent_read_bytes = lent_moved * rd;
+    ph.fwd.at_least(U + Cw + W - ring_moved - lent_moved + tails.fwd, Bound::Disk);
   } else {
     // Updates in the backward as the gradients land: the regions there, less the read-ahead the
     // forward's spare disk time takes, then the embedding's update.
@@ -957,6 +995,12 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
                   p.disk_weights.size(),
                   format_bytes(size_t(p.disk_read_bytes)).c_str(), format_bytes(size_t(p.disk_write_bytes)).c_str());
     o << line;
+    if (p.lendable_bytes > 0) {
+      std::snprintf(line, sizeof line,
+                    "read ahead into the checkpoints the backward freed: %s of AdamW state (room for %s)\n",
+                    format_bytes(size_t(p.lent_read_bytes)).c_str(), format_bytes(size_t(p.lendable_bytes)).c_str());
+      o << line;
+    }
   }
   o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why(names)) << "\n";
   if (p.step_s > 0) {

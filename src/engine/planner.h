@@ -84,6 +84,9 @@ struct PlanRequest {
   size_t disk_budget = 0;
   bool split_micro = true;  // the planner may split micro-batches to fit the GPU
   bool split_update = true;  // with clipping, the update in two passes (SlidingOptions::split_update)
+  // The state ring reads ahead into the host checkpoints the backward has consumed
+  // (SlidingOptions::lend_checkpoints; docs/ENGINE.md "Read-ahead into freed checkpoints").
+  bool lend_checkpoints = true;
   // Without clipping, gradients held for the next forward (SlidingOptions::hold_grads): 0 none, 1 as
   // many parameters as the rates say, N > 1 that many. Off by default (docs/DECISIONS.md, "Held gradients").
   int64_t hold_grads = 0;
@@ -149,6 +152,7 @@ struct Plan {
   std::vector<int> disk_weights;  // sliding: of disk_masters, those whose working copy is too (read per upload)
   std::vector<int> disk_grads;    // sliding, clipping: of disk_blobs, those whose held gradient waits there
   std::string ckpt_cufile;        // PlanRequest::ckpt_cufile: checkpoints on disk through cuFile (no pinned ring)
+  bool lend_checkpoints = true;   // PlanRequest::lend_checkpoints
   // Selective recompute, training (both engines; the sliding engine's per micro-batch): layers kept
   // whole (EngineOptions::whole_layers) and layers keeping attention's output (kept_layers).
   int whole_layers = 0;
@@ -163,6 +167,10 @@ struct Plan {
   // The store's traffic a step: everything in it is written once and read once (state around the
   // update, checkpoints), and the working copies are read once more (two uploads a step).
   double disk_read_bytes = 0, disk_write_bytes = 0;
+  // With clipping, of the reads before the updates: the bytes read ahead into host checkpoints the
+  // backward has consumed (lent_read_bytes, as many as the backward's idle disk time takes), and
+  // the most the freed checkpoints could hold (lendable_bytes): moved out of the forward.
+  double lent_read_bytes = 0, lendable_bytes = 0;
   size_t gpu_budget = 0, host_budget = 0, disk_budget = 0;
   bool fits = false;
   Shortfall short_of;  // when it does not fit

@@ -189,7 +189,7 @@ PartOptions part_options(const ModelSpec& spec, const SlidingShape& z, const Sli
   CheckpointOptions& c = p.ckpt;
   c.micro = z.K;
   c.layers = spec.n_layer;
-  c.stride = z.stride_nh;
+  c.stride = std::max(z.stride_nh, o.ckpt_stride_min);
   c.disk_layers = o.ckpt_disk_layers;
   c.gpu_direct = !o.store.cufile.empty();  // GPUDirect Storage chosen at start-up (io/gds.h)
   const int on_disk = z.K * std::clamp(o.ckpt_disk_layers, 0, spec.n_layer);  // no more buffers than checkpoints there
@@ -469,6 +469,11 @@ struct SlidingEngine::Impl {
       end_op(op);
     }
   }
+  // The state stream may still read into checkpoint memory lent to it (StateStream::lend) when a
+  // failed synchronisation skipped sync_all's quiesce: nothing in flight before the members go.
+  ~Impl() {
+    if (host) quietly([&] { host->quiesce(); });
+  }
   void sync_all() {
     flush_deferred();
     tokens->synchronize();
@@ -560,6 +565,14 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   opt_stream = d.create_stream();
   if (po.ckpt.disk_layers > 0) io = d.create_stream();
   ckpts = std::make_unique<CheckpointStore>(dev, po.ckpt, store.get(), state_bytes, io.get());
+  if (opt.lend_checkpoints && host->can_borrow()) {
+    // The forward writes layer l's checkpoint after its uploads of blobs 0 .. l + 1, each waiting
+    // for that blob's update: the pieces of those blobs may wait in it (StateStream::lend).
+    // (ModelLayout: layer l is blob l + 1.)
+    HostOptimizer* h = host.get();
+    ckpts->lend_to([h](int key, char* mem, size_t bytes, int l) { h->lend(key, mem, bytes, l + 1); },
+                   [h](int key) { h->reclaim(key); });
+  }
   src.allocated(ckpt_items);
   trace = StepTrace::from_env(dev, *compute);
   grads = std::make_unique<GradientPath>(dev, po.grads, GradientPath::Streams{*compute, *d2h, *opt_stream}, *host,
@@ -994,6 +1007,7 @@ Engine::Stats SlidingEngine::stats() const {
     st.disk_written = m.store->bytes_written();
     st.disk_busy_s = m.store->busy_seconds();
     st.disk_gpu_direct = m.store->gpu_bytes();
+    st.disk_state_lent = m.host->lent_reads();
     st.disk_io = m.store->how() + (m.store->gpu_direct() ? "; checkpoints: " + m.store->gpu_how() : "");
   }
   return st;

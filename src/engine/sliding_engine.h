@@ -83,6 +83,13 @@ struct SlidingOptions {
   // With keep_grads: of disk_blobs, those whose gradient of the step waits for the update in the
   // offload file instead of page-locked memory (clipping holds it until the norm is known).
   std::vector<int> disk_grads;
+  // The state ring reads ahead into the host checkpoints the backward has consumed, until the next
+  // forward writes them (docs/ENGINE.md "Read-ahead into freed checkpoints"; with AdamW state in
+  // the store and checkpoints in host memory).
+  bool lend_checkpoints = true;
+  // Tests: each checkpoint buffer at least this many bytes (a tiny model's layer input is smaller
+  // than a piece of the state ring, which could then never be read into one).
+  size_t ckpt_stride_min = 0;
   StoreOptions store;
 };
 

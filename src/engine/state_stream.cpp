@@ -213,6 +213,10 @@ void StateStream::finished(Slot* s, int err, bool write) {
     piece_writing_[i] = 0;
     s->st = St::Free;
     s->pos = -1;
+    if (!s->own) {  // a lent buffer serves a piece once
+      --leases_[size_t(s->lease)].live;
+      s->lease = -1;
+    }
     pump_locked();
   } else {
     s->st = St::Ready;
@@ -224,17 +228,18 @@ void StateStream::finished(Slot* s, int err, bool write) {
 // whose last write-back is still in flight.
 void StateStream::pump_locked() {
   const int64_t n = int64_t(seq_.size());
-  while (err_ == 0 && next_read_ < next_use_ + n) {
+  while (err_ == 0 && !hold_reads_ && next_read_ < next_use_ + n) {
     const size_t i = size_t(next_read_ % n);
     const PieceRef& p = seq_[i];
     if (piece_writing_[i]) return;
     if (has_grad(p.blob) && !grad_ready_[size_t(p.blob)]) return;  // its gradient of the step is not all there yet
     Slot* s = nullptr;
     for (Slot& c : slots_)
-      if (c.st == St::Free) {
+      if (c.own && c.st == St::Free) {
         s = &c;
         break;
       }
+    if (!s) s = carve_locked(p, next_read_);
     if (!s) return;
     s->st = St::Reading;
     s->pos = next_read_++;
@@ -295,6 +300,10 @@ void StateStream::quiesce() {
       const int b = seq_[size_t(s.pos % int64_t(seq_.size()))].blob;
       if (has_grad(b)) grad_ready_[size_t(b)] = 1;
     }
+    if (!s.own && s.lease >= 0) {
+      --leases_[size_t(s.lease)].live;
+      s.lease = -1;
+    }
     s.st = St::Free;
     s.pos = -1;
   }
@@ -339,6 +348,144 @@ void StateStream::write_grad(int blob, int64_t i0, int64_t n, const void* src, b
   grad_ready_[size_t(blob)] = 1;
   pump_locked();
   cv_.notify_all();
+}
+
+StateStream::Slot* StateStream::carve_locked(const PieceRef& p, int64_t pos) {
+  const size_t need = size_t(slot_region(cfg_, size_t(p.blob)));
+  for (size_t i = 0; i < leases_.size(); ++i) {
+    Lease& l = leases_[i];
+    if (!l.open || pos >= l.limit || l.cut < l.lo || size_t(l.cut - l.lo) < need) continue;
+    char* at = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(l.cut) - need) / NvmeStore::kAlign *
+                                       NvmeStore::kAlign);
+    if (at < l.lo) continue;
+    Slot* s = nullptr;
+    for (Slot& c : slots_)
+      if (!c.own && c.lease < 0 && c.st == St::Free) {
+        s = &c;
+        break;
+      }
+    if (!s) {
+      slots_.emplace_back();
+      s = &slots_.back();
+      s->own = false;
+    }
+    s->mem = at;
+    s->bytes = size_t(l.cut - at);
+    s->lease = int(i);
+    l.cut = at;
+    ++l.live;
+    ++lent_reads_;
+    return s;
+  }
+  return nullptr;
+}
+
+void StateStream::lend(int key, char* mem, size_t bytes, int through) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t n = int64_t(seq_.size());
+  if (n == 0 || slots_.empty()) return;
+  // The cycle's prefix of blobs updated no later than `through`: their updates come before the
+  // forward writes this checkpoint again (the uploads of blobs <= through wait for them).
+  int64_t k = 0;
+  while (k < n && seq_[size_t(k)].blob <= through) ++k;
+  if (k == 0) return;
+  const int64_t limit = next_use_ - next_use_ % n + k;
+  bool all_done = true;
+  for (const Lease& l : leases_) all_done &= !l.open && l.live == 0 && l.regions.empty();
+  if (all_done) leases_.clear();
+  for (const Lease& l : leases_)
+    for (const Region& r : l.regions)
+      SF_CHECK(mem + bytes <= r.lo || mem >= r.hi, "state stream: memory lent twice");
+  const auto up = [](char* p) {
+    return reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(p) + NvmeStore::kAlign - 1) / NvmeStore::kAlign *
+                                   NvmeStore::kAlign);
+  };
+  Lease* into = nullptr;
+  for (Lease& l : leases_)
+    if (l.open && l.raw_lo == mem + bytes) into = &l;
+  if (into) {  // just below an open lent buffer: one free range down from its cut
+    into->lo = up(mem);
+    into->raw_lo = mem;
+    into->limit = std::min(into->limit, limit);
+  } else {
+    Lease l;
+    l.lo = up(mem);
+    l.cut = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(mem + bytes) / NvmeStore::kAlign * NvmeStore::kAlign);
+    l.raw_lo = mem;
+    l.limit = limit;
+    leases_.push_back(l);
+    into = &leases_.back();
+  }
+  into->regions.push_back({key, mem, mem + bytes});
+  pump_locked();
+}
+
+void StateStream::drop_ready_from_locked(int64_t pos) {
+  for (Slot& s : slots_) {
+    if (s.st != St::Ready || s.pos < pos) continue;
+    const int b = seq_[size_t(s.pos % int64_t(seq_.size()))].blob;
+    if (has_grad(b)) grad_ready_[size_t(b)] = 1;  // its gradient is still in the store
+    if (!s.own) {
+      --leases_[size_t(s.lease)].live;
+      s.lease = -1;
+    }
+    s.st = St::Free;
+    s.pos = -1;
+  }
+  next_read_ = std::min(next_read_, pos);
+  pump_locked();  // an update may be waiting for one of them already
+}
+
+void StateStream::reclaim(int key) {
+  std::unique_lock<std::mutex> lk(mu_);
+  int li = -1;
+  Region reg{};
+  for (size_t i = 0; i < leases_.size() && li < 0; ++i)
+    for (size_t r = 0; r < leases_[i].regions.size(); ++r)
+      if (leases_[i].regions[r].key == key) {
+        li = int(i);
+        reg = leases_[i].regions[r];
+        leases_[i].regions.erase(leases_[i].regions.begin() + std::ptrdiff_t(r));
+        break;
+      }
+  if (li < 0) return;
+  leases_[size_t(li)].open = false;  // the forward takes its checkpoints back from here on
+  const auto inside = [&](const Slot& s) {
+    return !s.own && s.lease == li && s.mem < reg.hi && s.mem + s.bytes > reg.lo;
+  };
+  // The pieces there were updated before this (`through`); only their transfers can be in flight.
+  cv_.wait(lk, [&] {
+    for (const Slot& s : slots_)
+      if (inside(s) && (s.st == St::Reading || s.st == St::Writing)) return false;
+    return true;
+  });
+  const auto first_ready = [&] {
+    int64_t first = -1;
+    for (const Slot& s : slots_) {
+      SF_CHECK(!(inside(s) && s.st == St::InUse), "state stream: lent memory taken back during its piece's update");
+      if (inside(s) && s.st == St::Ready && (first < 0 || s.pos < first)) first = s.pos;
+    }
+    return first;
+  };
+  if (first_ready() < 0) return;
+  // Read ahead but not updated (the step stopped before its updates): dropped with every piece
+  // read after it, and read again in order, once no read is in flight (none is started meanwhile).
+  hold_reads_ = true;
+  cv_.wait(lk, [&] {
+    for (const Slot& s : slots_)
+      if (s.st == St::Reading) return false;
+    return true;
+  });
+  hold_reads_ = false;
+  const int64_t first = first_ready();
+  if (first >= 0) drop_ready_from_locked(first);
+  pump_locked();
+  cv_.notify_all();
+}
+
+uint64_t StateStream::lent_reads() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return lent_reads_;
 }
 
 namespace {

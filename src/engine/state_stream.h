@@ -22,9 +22,22 @@
 // then [grad | m | v | master | work], the gradient written chunk by chunk as it lands
 // (write_grad, on the host optimizer's I/O stream) and read with the state; a blob's read waits
 // until its gradient of the step is complete, and the write-back skips it.
+//
+// Lent memory (docs/ENGINE.md "Read-ahead into freed checkpoints"): the backward consumes the
+// layer-input checkpoints from the last layer down, and the next forward writes them again from
+// the first layer up. In between, a checkpoint's pinned buffer is lent to the stream (`lend`, from
+// a host function on the h2d stream after its fetch) as extra read-ahead space: the next pieces of
+// the cycle are read into it while the disk would be idle. Only pieces whose update the forward
+// waits for before it writes that checkpoint again may go there (`through`: the blobs updated no
+// later than the layer's own), so that at `reclaim` (a host function on d2h before the offload)
+// every such piece has been updated and only its write-back can be in flight: reclaim waits for
+// the store, never for a host update. A lent buffer serves each piece once (carved from the top
+// down, coalesced with the lent buffer just above it); a piece read ahead into it but not updated
+// by then (a step stopped at a non-finite norm) is dropped and read again later.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -104,6 +117,16 @@ class StateStream {
   void read(int which, int blob, int64_t off, int64_t n, void* dst);
   void write(int which, int blob, int64_t off, int64_t n, const void* src);
 
+  // Lends [mem, mem + bytes) (`key` names it for reclaim) for pieces of the blobs updated no later
+  // than `through` within the current cycle (the cycle's prefix of blobs <= through). Aligned
+  // inward to the store's block; coalesced with an open lent buffer that starts at mem + bytes.
+  void lend(int key, char* mem, size_t bytes, int through);
+  // Takes `key`'s memory back: no more pieces go into its lent buffer; waits for the transfers of
+  // the pieces in it; a piece not yet updated is dropped (read again from the store later). A
+  // piece being updated there is a broken contract (thrown). A key never lent: nothing.
+  void reclaim(int key);
+  uint64_t lent_reads() const;  // pieces read into lent memory so far
+
   size_t host_bytes() const { return ring_mem_.size(); }
   bool registered() const { return ring_reg_.registered(); }  // the ring is in io_uring's table
 
@@ -114,6 +137,22 @@ class StateStream {
     int64_t pos = -1;  // position in the cycle sequence (seq_[pos % seq_.size()])
     int pending = 0;   // the piece's transfers (one a part) not yet complete
     char* mem = nullptr;
+    bool own = true;   // one of the ring's; else carved from lent memory (one piece, then retired)
+    int lease = -1;    // (not own) index in leases_; -1: retired, reusable for another carve
+    size_t bytes = 0;  // (not own) carved bytes
+  };
+  // Lent memory: [lo, hi) block-aligned, carved downward from hi (free: [lo, cut)).
+  struct Region {
+    int key;
+    char *lo, *hi;  // as lent (unaligned)
+  };
+  struct Lease {
+    char *lo = nullptr, *cut = nullptr;
+    char* raw_lo = nullptr;  // the lowest region's start as lent (coalescing)
+    int64_t limit = 0;       // pieces at cycle positions below this only
+    bool open = true;
+    int live = 0;  // carved slots not yet retired
+    std::vector<Region> regions;
   };
   struct PieceRef {
     int blob;
@@ -121,6 +160,8 @@ class StateStream {
   };
   void pump_locked();
   Slot* slot_at(int64_t pos);
+  Slot* carve_locked(const PieceRef& p, int64_t pos);  // a lent buffer's slot for piece p, or null
+  void drop_ready_from_locked(int64_t pos);  // Ready pieces at pos and after: dropped, read again
   // The piece's parts between the file and the slot (reads: [grad | m | v | master]; writes:
   // [m | v | master | work]), `done` once all have completed.
   void transfer(Slot* s, const PieceRef& p, bool write);
@@ -138,7 +179,10 @@ class StateStream {
   HostBuffer ring_mem_;        // [ring, slot_bytes_] (+ alignment)
   size_t slot_bytes_ = 0;
   RegisteredBuffer ring_reg_;  // the ring in the store's io_uring table (released before ring_mem_)
-  std::vector<Slot> slots_;
+  std::deque<Slot> slots_;  // the ring's, then carved from lent memory (stable addresses)
+  std::vector<Lease> leases_;
+  uint64_t lent_reads_ = 0;
+  bool hold_reads_ = false;  // reclaim drops pieces read ahead: no read starts meanwhile
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int64_t next_use_ = 0, next_read_ = 0;

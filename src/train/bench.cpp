@@ -174,6 +174,9 @@ nlohmann::json run_bench(const BenchOptions& o) {
           // which I/O path moved them (io_uring / threads, registered buffers, cuFile for checkpoints)
           {"disk_io", st1.disk_io},
           {"disk_cufile_bytes_per_step", double(st1.disk_gpu_direct - st0.disk_gpu_direct) * per},
+          // pieces of AdamW state read ahead into checkpoints the backward freed, and the plan's bytes
+          {"disk_lent_pieces_per_step", double(st1.disk_state_lent - st0.disk_state_lent) * per},
+          {"predicted_lent_read_bytes", built.plan.lent_read_bytes},
           // model FLOPs on active parameters (MoE: router + top_k experts), MFU
           {"model_tflops_per_second", mfu_tflops},
           {"hardware_tflops_per_second", hw_tflops},

@@ -305,6 +305,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
                         {"disk_bytes", p.disk_bytes},
                         {"disk_read_bytes_per_step", p.disk_read_bytes},
                         {"disk_write_bytes_per_step", p.disk_write_bytes},
+                        {"disk_read_ahead_lent_bytes", p.lent_read_bytes},
                         {"upload_bytes_per_pass", p.upload_bytes},
                         {"disk_budget", p.disk_budget},
                         {"predicted_disk_s", p.disk_s},
