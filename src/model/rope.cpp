@@ -1,5 +1,6 @@
 #include "model/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace sf {
@@ -33,8 +34,11 @@ std::vector<float> rope_inv_freq(const ModelSpec& s) {
 }
 
 void rope_tables(const ModelSpec& s, int T, std::vector<float>& cos, std::vector<float>& sin) {
-  const int half = s.head_dim / 2;
-  std::vector<float> inv = rope_inv_freq(s);
+  rope_tables_from(rope_inv_freq(s), T, cos, sin);
+}
+
+void rope_tables_from(const std::vector<float>& inv, int T, std::vector<float>& cos, std::vector<float>& sin) {
+  const int half = int(inv.size());
   cos.resize(size_t(T) * half);
   sin.resize(size_t(T) * half);
   for (int t = 0; t < T; ++t) {
@@ -44,6 +48,20 @@ void rope_tables(const ModelSpec& s, int T, std::vector<float>& cos, std::vector
       sin[size_t(t) * half + i] = float(std::sin(double(angle)));
     }
   }
+}
+
+std::vector<float> rope_inv_freq_proportional(const RopeSpec& r, int head_dim, double fraction) {
+  const int half = head_dim / 2;
+  // transformers: rope_angles = int(fraction * head_dim // 2), in doubles.
+  const int angles = std::min(half, int(std::floor(fraction * double(head_dim) / 2.0)));
+  const float base = float(r.theta);
+  const float factor = r.type == "linear" ? float(r.factor) : 1.f;
+  std::vector<float> inv(size_t(half), 0.f);
+  for (int i = 0; i < angles; ++i) {
+    const float expo = float(2 * i) / float(head_dim);  // fp32, as torch does
+    inv[size_t(i)] = (1.0f / std::pow(base, expo)) / factor;
+  }
+  return inv;
 }
 
 void rope_tables_local(const ModelSpec& s, int T, std::vector<float>& cos, std::vector<float>& sin) {

@@ -1,0 +1,448 @@
+// Gemma 4 config reading (docs/GEMMA4.md): the published 31B and 26B-A4B shapes read into per-layer
+// head dims, KV heads and RoPE, their parameter counts against the published totals (30.7B;
+// 25.2B total, 3.8B active), K/V sharing, the multimodal spelling, every refusal of a hostile
+// config (file and key named), and parse_model_spec's refusal naming what is still missing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/kernels.h"
+#include "core/error.h"
+#include "model/rope.h"
+#include "model/spec.h"
+#include "model/spec_gemma4.h"
+#include "test_util.h"
+
+namespace sf {
+namespace {
+
+using nlohmann::json;
+
+// Five sliding layers, then a full one (Gemma 4's pattern); the last layer full.
+json layer_types(int n) {
+  json t = json::array();
+  for (int i = 0; i < n; ++i) t.push_back((i + 1) % 6 == 0 || i == n - 1 ? "full_attention" : "sliding_attention");
+  return t;
+}
+
+// google/gemma-4-31B's text shape as third-party readers of its config.json record it
+// (docs/GEMMA4.md; the next session checks it against the real file).
+json config_31b() {
+  return json{{"architectures", {"Gemma4ForCausalLM"}},
+              {"model_type", "gemma4_text"},
+              {"vocab_size", 262144},
+              {"hidden_size", 5376},
+              {"intermediate_size", 21504},
+              {"num_hidden_layers", 60},
+              {"num_attention_heads", 32},
+              {"num_key_value_heads", 16},
+              {"num_global_key_value_heads", 4},
+              {"head_dim", 256},
+              {"global_head_dim", 512},
+              {"attention_k_eq_v", true},
+              {"hidden_size_per_layer_input", 0},
+              {"num_kv_shared_layers", 0},
+              {"sliding_window", 1024},
+              {"final_logit_softcapping", 30.0},
+              {"layer_types", layer_types(60)},
+              {"rope_parameters",
+               {{"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1e6}}},
+                {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000}}},
+                {"rope_theta", nullptr},
+                {"rope_type", "default"}}},
+              {"tie_word_embeddings", true},
+              {"torch_dtype", "bfloat16"}};
+}
+
+json config_26b_a4b() {
+  json c = config_31b();
+  c["hidden_size"] = 2816;
+  c["intermediate_size"] = 2112;
+  c["num_hidden_layers"] = 30;
+  c["num_attention_heads"] = 16;
+  c["num_key_value_heads"] = 8;
+  c["num_global_key_value_heads"] = 2;
+  c["layer_types"] = layer_types(30);
+  c["enable_moe_block"] = true;
+  c["num_experts"] = 128;
+  c["top_k_experts"] = 8;
+  c["moe_intermediate_size"] = 704;
+  return c;
+}
+
+// A tiny dense config for the refusal tests.
+json config_tiny() {
+  return json{{"model_type", "gemma4_text"},
+              {"vocab_size", 64},
+              {"hidden_size", 32},
+              {"intermediate_size", 48},
+              {"num_hidden_layers", 6},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"num_global_key_value_heads", 1},
+              {"head_dim", 8},
+              {"global_head_dim", 16},
+              {"attention_k_eq_v", true},
+              {"hidden_size_per_layer_input", 0},
+              {"sliding_window", 4},
+              {"layer_types", layer_types(6)}};
+}
+
+TEST(Gemma4Spec, Published31BShape) {
+  const ModelSpec s = read_gemma4_spec(config_31b(), "g4.json");
+  EXPECT_EQ(s.arch, Arch::Gemma4);
+  EXPECT_EQ(s.model_type, "gemma4_text");
+  EXPECT_EQ(s.tensor_prefix, "model.");
+  const Gemma4Spec& g = s.gemma4;
+  ASSERT_EQ(g.head_dim.size(), 60u);
+  for (int l = 0; l < 60; ++l) {
+    const bool global = (l + 1) % 6 == 0;
+    EXPECT_EQ(s.is_local(l), !global) << l;
+    EXPECT_EQ(g.head_dim[size_t(l)], global ? 512 : 256) << l;
+    EXPECT_EQ(g.kv_heads[size_t(l)], global ? 4 : 16) << l;
+    EXPECT_FALSE(g.kv_shared(l)) << l;
+  }
+  EXPECT_TRUE(g.k_eq_v);
+  EXPECT_DOUBLE_EQ(g.global_rope_fraction, 0.25);
+  EXPECT_DOUBLE_EQ(s.rope.theta, 1e6);
+  EXPECT_EQ(s.rope.type, "default");
+  EXPECT_DOUBLE_EQ(s.rope_local.theta, 1e4);
+  EXPECT_EQ(s.local_window, 1024);
+  EXPECT_EQ(s.sliding_window, 0);
+  EXPECT_DOUBLE_EQ(g.final_softcap, 30.0);
+  EXPECT_DOUBLE_EQ(s.attn_scale, 1.0);
+  EXPECT_FALSE(s.gemma_norm);  // weight-scaled norms, weights start at 1
+  EXPECT_TRUE(s.sandwich_norm && s.gelu_mlp && s.embed_scale && s.qk_norm);
+  EXPECT_EQ(g.ple_dim, 0);
+  EXPECT_FALSE(g.moe_block);
+  EXPECT_EQ(s.pad_token_id, 0);
+  // Published: 30.7B parameters.
+  EXPECT_EQ(s.total_params(), 30697345280);
+}
+
+TEST(Gemma4Spec, Published26BA4BShape) {
+  const ModelSpec s = read_gemma4_spec(config_26b_a4b(), "g4.json");
+  const Gemma4Spec& g = s.gemma4;
+  EXPECT_TRUE(g.moe_block);
+  EXPECT_EQ(g.n_expert, 128);
+  EXPECT_EQ(g.top_k, 8);
+  EXPECT_EQ(g.moe_intermediate, 704);
+  EXPECT_EQ(g.kv_heads[5], 2);
+  EXPECT_EQ(g.kv_heads[4], 8);
+  // Published: 25.2B total, 3.8B active.
+  EXPECT_EQ(s.total_params(), 25233141760);
+  int64_t active = s.vocab * s.hidden + s.hidden;
+  for (int l = 0; l < s.n_layer; ++l) active += s.layer_active_params(l);
+  EXPECT_EQ(active, 3822530560);
+}
+
+TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
+  test::expect_input_error([&] { parse_model_spec(config_31b(), "g4.json"); },
+                           {"g4.json", "Gemma 4", "not supported yet", "docs/GEMMA4.md", "512-wide global heads",
+                            "per-layer KV heads", "proportional RoPE", "attention_k_eq_v", "final logit soft-capping"});
+  test::expect_input_error([&] { parse_model_spec(config_26b_a4b(), "g4.json"); },
+                           {"g4.json", "the MoE block (128 experts, top 8)"});
+  // The published E-models' per-layer input embeddings and shared K/V.
+  json e = config_tiny();
+  e["hidden_size_per_layer_input"] = 8;
+  e["num_kv_shared_layers"] = 2;
+  e["use_double_wide_mlp"] = true;
+  e["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"};
+  test::expect_input_error([&] { parse_model_spec(e, "g4.json"); },
+                           {"per-layer input embeddings (8)", "K/V shared by the last 2 layers", "double-wide MLPs"});
+}
+
+// Gemma4Config with a text_config: the language model's names under model.language_model.; the
+// outer model_type, architectures and tying win; without text_config, Gemma4TextConfig's defaults.
+TEST(Gemma4Spec, MultimodalConfig) {
+  json c = {{"architectures", {"Gemma4ForConditionalGeneration"}},
+            {"model_type", "gemma4"},
+            {"tie_word_embeddings", true},
+            {"text_config", config_tiny()},
+            {"vision_config", {{"model_type", "gemma4_vision"}}}};
+  c["text_config"]["tie_word_embeddings"] = false;
+  const ModelSpec s = read_gemma4_spec(c, "g4.json");
+  EXPECT_EQ(s.tensor_prefix, "model.language_model.");
+  EXPECT_EQ(s.model_type, "gemma4");
+  EXPECT_TRUE(s.tie_embeddings);
+  EXPECT_EQ(s.hidden, 32);
+  const ModelSpec d = read_gemma4_spec(json{{"model_type", "gemma4"}}, "g4.json");
+  EXPECT_EQ(d.hidden, 2304);
+  EXPECT_EQ(d.n_layer, 30);
+  EXPECT_EQ(d.gemma4.ple_dim, 256);  // Gemma4TextConfig's default
+  EXPECT_EQ(d.gemma4.head_dim[29], 512);
+  EXPECT_EQ(d.gemma4.kv_heads[29], 4);  // no k_eq_v: global layers keep num_key_value_heads
+}
+
+// Without layer_types every 6th layer is global, and transformers forces the last one global.
+TEST(Gemma4Spec, DefaultLayerTypesEndGlobal) {
+  json c = config_tiny();
+  c.erase("layer_types");
+  c["num_hidden_layers"] = 4;
+  const ModelSpec s = read_gemma4_spec(c, "g4.json");
+  EXPECT_EQ(s.local_layer, (std::vector<bool>{true, true, true, false}));
+  c["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "sliding_attention"};
+  const ModelSpec t = read_gemma4_spec(c, "g4.json");
+  EXPECT_EQ(t.local_layer, (std::vector<bool>{true, false, true, false}));
+  // Without rope_parameters: transformers' defaults (proportional over a quarter, 1e6; local 1e4).
+  EXPECT_DOUBLE_EQ(t.gemma4.global_rope_fraction, 0.25);
+  EXPECT_DOUBLE_EQ(t.rope.theta, 1e6);
+  EXPECT_DOUBLE_EQ(t.rope_local.theta, 1e4);
+}
+
+// The last num_kv_shared_layers reuse the K/V of the last earlier layer of their type; with
+// use_double_wide_mlp their MLP is twice as wide; they have no k/v projections or norms.
+TEST(Gemma4Spec, SharedKvLayers) {
+  json c = config_tiny();
+  c["num_kv_shared_layers"] = 2;  // layers 4 (sliding) and 5 (full)
+  c["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"};
+  c["use_double_wide_mlp"] = true;
+  const ModelSpec s = read_gemma4_spec(c, "g4.json");
+  EXPECT_EQ(s.gemma4.kv_source, (std::vector<int>{0, 1, 2, 3, 3, 1}));
+  EXPECT_TRUE(s.gemma4.kv_shared(4));
+  EXPECT_FALSE(s.gemma4.kv_shared(3));
+  EXPECT_EQ(s.gemma4.mlp_intermediate(4, 48), 96);
+  EXPECT_EQ(s.gemma4.mlp_intermediate(3, 48), 48);
+  // Layer 3 (sliding, own K/V, normal MLP) vs layer 4 (shared, double MLP): k_proj, v_proj and
+  // k_norm gone (head dim 8, 2 KV heads), 3 * 32 * 48 more MLP.
+  EXPECT_EQ(s.layer_params(4) - s.layer_params(3), 3 * 32 * 48 - (2 * 32 * 16 + 8));
+  // A shared full layer with no earlier full layer to take K/V from.
+  c["layer_types"] = {"sliding_attention", "sliding_attention", "sliding_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"};
+  c["num_kv_shared_layers"] = 1;
+  test::expect_input_error([&] { read_gemma4_spec(c, "g4.json"); }, {"g4.json", "layer 5", "no earlier layer"});
+  c["num_kv_shared_layers"] = 6;
+  test::expect_input_error([&] { read_gemma4_spec(c, "g4.json"); }, {"g4.json", "num_kv_shared_layers"});
+}
+
+// Newer transformers write the global layers' head dim and KV heads as per_layer_config.
+TEST(Gemma4Spec, PerLayerConfig) {
+  json c = config_tiny();
+  c.erase("global_head_dim");
+  c["per_layer_config"] = {{"5", {{"head_dim", 32}, {"num_key_value_heads", 1}}}};
+  c["rope_parameters"] = {{"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.5}}},
+                          {"sliding_attention", {{"rope_type", "default"}}}};
+  const ModelSpec s = read_gemma4_spec(c, "g4.json");
+  EXPECT_EQ(s.gemma4.head_dim[5], 32);
+  EXPECT_EQ(s.gemma4.kv_heads[5], 1);
+  EXPECT_EQ(s.gemma4.head_dim[4], 8);
+  EXPECT_DOUBLE_EQ(s.gemma4.global_rope_fraction, 0.5);
+}
+
+// Every hostile value is refused naming the file and the key.
+TEST(Gemma4Spec, HostileConfigsNameFileAndKey) {
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {"layer_types length", [](json& c) { c["layer_types"] = {"full_attention"}; }, {"layer_types", "has 1 entries"}},
+      {"layer type", [](json& c) { c["layer_types"][0] = "chunked_attention"; }, {"layer_types[0]", "chunked"}},
+      {"global head dim odd", [](json& c) { c["global_head_dim"] = 15; }, {"head dim 15 is odd"}},
+      {"global head dim huge", [](json& c) { c["global_head_dim"] = 1e9; }, {"global_head_dim", "out of range"}},
+      {"global head dim type", [](json& c) { c["global_head_dim"] = "512"; }, {"global_head_dim", "string"}},
+      {"global kv heads", [](json& c) { c["num_global_key_value_heads"] = 3; }, {"layer 5", "multiple"}},
+      {"global kv heads zero", [](json& c) { c["num_global_key_value_heads"] = 0; },
+       {"num_global_key_value_heads", "out of range"}},
+      {"rope type", [](json& c) { c["rope_parameters"] = {{"full_attention", {{"rope_type", "yarn"}}},
+                                                          {"sliding_attention", json::object()}}; },
+       {"full_attention", "yarn"}},
+      {"rope fraction", [](json& c) {
+         c["rope_parameters"] = {{"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 1.5}}},
+                                 {"sliding_attention", json::object()}};
+       },
+       {"partial_rotary_factor", "out of range"}},
+      {"rope fraction zero", [](json& c) {
+         c["rope_parameters"] = {{"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0}}},
+                                 {"sliding_attention", json::object()}};
+       },
+       {"partial_rotary_factor must be in (0, 1]"}},
+      {"default rope on wide heads", [](json& c) {
+         c["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}}, {"sliding_attention", json::object()}};
+       },
+       {"full_attention", "'default'", "proportional"}},
+      {"rope entry missing", [](json& c) {
+         c["rope_parameters"] = {{"sliding_attention", json::object()}};
+       },
+       {"rope_parameters", "full_attention"}},
+      {"rope theta", [](json& c) {
+         c["rope_parameters"] = {{"full_attention", {{"rope_type", "proportional"}, {"rope_theta", -1}}},
+                                 {"sliding_attention", json::object()}};
+       },
+       {"rope_theta", "out of range"}},
+      {"partial local rope", [](json& c) {
+         c["rope_parameters"] = {{"full_attention", {{"rope_type", "proportional"}}},
+                                 {"sliding_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.5}}}};
+       },
+       {"sliding_attention", "partial rotary"}},
+      {"softcap negative", [](json& c) { c["final_logit_softcapping"] = -1.0; },
+       {"final_logit_softcapping", "out of range"}},
+      {"softcap zero", [](json& c) { c["final_logit_softcapping"] = 0.0; }, {"final_logit_softcapping must be positive"}},
+      {"attn softcap", [](json& c) { c["attn_logit_softcapping"] = 50.0; }, {"attn_logit_softcapping"}},
+      {"moe without experts", [](json& c) { c["enable_moe_block"] = true; }, {"enable_moe_block needs 'num_experts'"}},
+      {"moe top k", [](json& c) {
+         c["enable_moe_block"] = true;
+         c["num_experts"] = 4;
+         c["top_k_experts"] = 5;
+         c["moe_intermediate_size"] = 8;
+       },
+       {"top_k_experts (5) exceeds num_experts (4)"}},
+      {"moe experts huge", [](json& c) {
+         c["enable_moe_block"] = true;
+         c["num_experts"] = 1e7;
+         c["top_k_experts"] = 1;
+         c["moe_intermediate_size"] = 8;
+       },
+       {"num_experts", "out of range"}},
+      {"bidirectional", [](json& c) { c["use_bidirectional_attention"] = "all"; }, {"use_bidirectional_attention"}},
+      {"bias", [](json& c) { c["attention_bias"] = true; }, {"attention_bias"}},
+      {"dropout", [](json& c) { c["attention_dropout"] = 0.1; }, {"attention_dropout"}},
+      {"activation", [](json& c) { c["hidden_activation"] = "relu"; }, {"hidden_activation 'relu'"}},
+      {"ple dim", [](json& c) { c["hidden_size_per_layer_input"] = -1; }, {"hidden_size_per_layer_input"}},
+      {"ple vocab", [](json& c) { c["vocab_size_per_layer_input"] = 0; }, {"vocab_size_per_layer_input"}},
+      {"per_layer_config index", [](json& c) { c["per_layer_config"] = {{"x", json::object()}}; },
+       {"per_layer_config", "not a layer index"}},
+      {"per_layer_config range", [](json& c) { c["per_layer_config"] = {{"6", json::object()}}; },
+       {"per_layer_config", "not a layer index"}},
+      {"per_layer_config mixed", [](json& c) {
+         c["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention",
+                             "sliding_attention", "sliding_attention", "full_attention"};
+         c["per_layer_config"] = {{"0", {{"head_dim", 16}}}, {"5", {{"head_dim", 32}}}};
+       },
+       {"layer 5", "differs from the other full attention layers' (16)"}},
+      {"text_config type", [](json& c) { c = json{{"model_type", "gemma4"}, {"text_config", "x"}}; },
+       {"text_config"}},
+      {"kv heads", [](json& c) { c["num_key_value_heads"] = 3; }, {"num_key_value_heads"}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    json c = config_tiny();
+    k.edit(c);
+    std::vector<std::string> needles = k.needles;
+    needles.push_back("g4.json");
+    test::expect_input_error([&] { read_gemma4_spec(c, "g4.json"); }, needles);
+    test::expect_input_error([&] { parse_model_spec(c, "g4.json"); }, needles);
+  }
+  // Not a Gemma 4 config.
+  test::expect_input_error([&] { read_gemma4_spec(json{{"model_type", "llama"}, {"vocab_size", 8}}, "l.json"); },
+                           {"l.json"});
+}
+
+// Proportional RoPE (Gemma 4's global layers): the first quarter of the frequency pairs rotate with
+// theta^(-2i / head_dim), the rest have frequency 0; through the ordinary RoPE kernel those dims
+// come out unchanged, the others as an fp64 rotation; the backward against finite differences.
+TEST(Gemma4Rope, ProportionalTableAndKernel) {
+  RopeSpec r;
+  r.theta = 1e6;
+  const int hd = 512, half = hd / 2;
+  const std::vector<float> inv = rope_inv_freq_proportional(r, hd, 0.25);
+  ASSERT_EQ(inv.size(), size_t(half));
+  for (int i = 0; i < half; ++i) {
+    const double want = i < 64 ? std::pow(1e6, -2.0 * i / hd) : 0.0;
+    EXPECT_NEAR(inv[size_t(i)], want, 1e-6 * want + 0.0) << i;
+  }
+  // With a factor (rope_type "linear" here): every rotated frequency divided by it.
+  RopeSpec lin = r;
+  lin.type = "linear";
+  lin.factor = 8.0;
+  const std::vector<float> inv8 = rope_inv_freq_proportional(lin, hd, 0.25);
+  for (int i = 0; i < half; ++i) EXPECT_FLOAT_EQ(inv8[size_t(i)], inv[size_t(i)] / 8.f) << i;
+  // fraction 1: the plain table of rope_inv_freq over the whole head.
+  ModelSpec plain;
+  plain.head_dim = hd;
+  plain.rope = r;
+  EXPECT_EQ(rope_inv_freq_proportional(r, hd, 1.0), rope_inv_freq(plain));
+  // A fraction that is not a multiple of the pairs: int(0.3 * 10 / 2) = 1 rotated pair of 5.
+  const std::vector<float> odd = rope_inv_freq_proportional(r, 10, 0.3);
+  EXPECT_GT(odd[0], 0.f);
+  for (size_t i = 1; i < odd.size(); ++i) EXPECT_EQ(odd[i], 0.f);
+
+  // The kernel with the table: T positions, 2 heads of a small head dim (16, a quarter rotated).
+  const int T = 7, H = 2, d = 16, dh = d / 2;
+  std::vector<float> cos, sin;
+  rope_tables_from(rope_inv_freq_proportional(r, d, 0.25), T, cos, sin);
+  auto x = test::randn(size_t(T) * H * d, 4401);
+  std::vector<float> y = x;
+  cpu::rope_forward(test::view_of(y, {T, H * d}), test::view_of(cos, {T, dh}), test::view_of(sin, {T, dh}), T, H, d);
+  const int rot = 2;  // int(0.25 * 16 / 2)
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < dh; ++i) {
+        const size_t a = size_t(t) * H * d + size_t(h) * d + size_t(i), b = a + size_t(dh);
+        if (i >= rot) {
+          EXPECT_EQ(y[a], x[a]);
+          EXPECT_EQ(y[b], x[b]);
+          continue;
+        }
+        const double ang = double(t) * std::pow(1e6, -2.0 * i / d);
+        EXPECT_NEAR(y[a], x[a] * std::cos(ang) - x[b] * std::sin(ang), 1e-5);
+        EXPECT_NEAR(y[b], x[b] * std::cos(ang) + x[a] * std::sin(ang), 1e-5);
+      }
+  // Backward: d/dx of L = sum(g * rope(x)) is rope_backward(g); central differences in fp32 on
+  // a linear map are exact up to rounding.
+  auto g = test::randn(x.size(), 4402);
+  std::vector<float> dx = g;
+  cpu::rope_backward(test::view_of(dx, {T, H * d}), test::view_of(cos, {T, dh}), test::view_of(sin, {T, dh}), T, H,
+                     d);
+  auto loss = [&](const std::vector<float>& xin) {
+    std::vector<float> yy = xin;
+    cpu::rope_forward(test::view_of(yy, {T, H * d}), test::view_of(cos, {T, dh}), test::view_of(sin, {T, dh}), T, H,
+                      d);
+    double l = 0;
+    for (size_t k = 0; k < yy.size(); ++k) l += double(g[k]) * yy[k];
+    return l;
+  };
+  const float step = 1e-2f;
+  for (size_t k = 0; k < x.size(); k += 5) {
+    std::vector<float> xp = x, xm = x;
+    xp[k] += step;
+    xm[k] -= step;
+    const double fd = (loss(xp) - loss(xm)) / (double(xp[k]) - double(xm[k]));
+    EXPECT_NEAR(dx[k], fd, 2e-4 * (1 + std::abs(fd))) << k;
+  }
+}
+
+// Gemma 4's value norm has no weight: the RMSNorm kernel with a weight of ones and no weight
+// gradient, forward against fp64 and backward against finite differences.
+TEST(Gemma4Norm, WeightlessValueNorm) {
+  const int R = 5, C = 16;
+  const float eps = 1e-6f;
+  auto x = test::randn(size_t(R) * C, 4501, 1.5f);
+  std::vector<float> ones(C, 1.f), out(x.size()), rstd(R);
+  cpu::rmsnorm_forward(test::view_of(out, {R, C}), test::view_of(rstd, {R}), test::view_of(x, {R, C}),
+                       test::view_of(ones, {C}), eps);
+  for (int r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += double(x[size_t(r) * C + c]) * x[size_t(r) * C + c];
+    const double rs = 1.0 / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c) EXPECT_NEAR(out[size_t(r) * C + c], x[size_t(r) * C + c] * rs, 1e-5);
+  }
+  auto g = test::randn(x.size(), 4502);
+  std::vector<float> dx(x.size());
+  cpu::rmsnorm_backward(test::view_of(dx, {R, C}), Tensor(), test::view_of(g, {R, C}), test::view_of(x, {R, C}),
+                        test::view_of(ones, {C}), test::view_of(rstd, {R}), false);
+  auto loss = [&](const std::vector<float>& xin) {
+    std::vector<float> o(xin.size());
+    std::vector<float> xx = xin;
+    cpu::rmsnorm_forward(test::view_of(o, {R, C}), Tensor(), test::view_of(xx, {R, C}), test::view_of(ones, {C}),
+                         eps);
+    double l = 0;
+    for (size_t k = 0; k < o.size(); ++k) l += double(g[k]) * o[k];
+    return l;
+  };
+  for (size_t k = 0; k < x.size(); k += 3) {
+    std::vector<float> xp = x, xm = x;
+    xp[k] += 1e-2f;
+    xm[k] -= 1e-2f;
+    const double fd = (loss(xp) - loss(xm)) / (double(xp[k]) - double(xm[k]));
+    EXPECT_NEAR(dx[k], fd, 2e-3 * (1 + std::abs(fd))) << k;
+  }
+}
+
+}  // namespace
+}  // namespace sf
