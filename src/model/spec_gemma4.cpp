@@ -5,6 +5,7 @@
 
 #include "core/checked_math.h"
 #include "core/error.h"
+#include "model/spec_gemma3.h"
 
 namespace sf {
 namespace detail {
@@ -13,17 +14,8 @@ namespace {
 using json = nlohmann::json;
 using L = SpecLimits;
 
-std::string str_of(const json& cfg, const char* key) {
-  auto it = cfg.find(key);
-  return it != cfg.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-std::string first_arch(const json& cfg) {
-  if (cfg.contains("architectures") && cfg["architectures"].is_array() && !cfg["architectures"].empty() &&
-      cfg["architectures"][0].is_string())
-    return cfg["architectures"][0].get<std::string>();
-  return {};
-}
+std::string str_of(const json& cfg, const char* key) { return config_string(cfg, key); }
+std::string first_arch(const json& cfg) { return config_first_architecture(cfg); }
 
 bool is_gemma4(const json& cfg) {
   const std::string mt = str_of(cfg, "model_type");
