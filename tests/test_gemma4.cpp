@@ -444,5 +444,76 @@ TEST(Gemma4Norm, WeightlessValueNorm) {
   }
 }
 
+// Gemma 4's head: cross-entropy on c * tanh(logits / c). The CPU kernel's loss against an fp64
+// formula, its dx and dw against finite differences of that formula; softcap 0 is the plain
+// kernel bit for bit; a large cap approaches the plain loss.
+double ref_capped_ce(const std::vector<double>& x, const std::vector<double>& w, const std::vector<int32_t>& y, int N,
+                     int H, int V, double cap) {
+  double total = 0;
+  std::vector<double> s(static_cast<size_t>(V));
+  for (int n = 0; n < N; ++n) {
+    if (y[size_t(n)] == -100) continue;
+    double mx = -1e300;
+    for (int j = 0; j < V; ++j) {
+      double z = 0;
+      for (int c = 0; c < H; ++c) z += x[size_t(n) * H + c] * w[size_t(j) * H + c];
+      s[size_t(j)] = cap > 0 ? cap * std::tanh(z / cap) : z;
+      mx = std::max(mx, s[size_t(j)]);
+    }
+    double sum = 0;
+    for (int j = 0; j < V; ++j) sum += std::exp(s[size_t(j)] - mx);
+    total += mx + std::log(sum) - s[size_t(y[size_t(n)])];
+  }
+  return total;
+}
+
+TEST(Gemma4Head, SoftcappedLinearCrossEntropy) {
+  const int N = 6, H = 5, V = 11;
+  const float gs = 0.6f, cap = 1.5f;  // logits of a few units: the cap bends them
+  auto x = test::randn(size_t(N) * H, 4601, 1.2f), w = test::randn(size_t(V) * H, 4602, 1.1f);
+  std::vector<int32_t> y = {4, -100, 0, 10, 7, 4};
+  auto run = [&](float c, std::vector<float>& dx, std::vector<float>& dw) {
+    test::HostTensor ws(DType::F32, {int64_t(cpu::linear_ce_workspace_bytes(N, H, V) / 4) + 1});
+    std::vector<float> loss = {0.f}, xv = x, wv = w;
+    std::vector<int32_t> yv = y;
+    dx.assign(x.size(), 0.f);
+    dw.assign(w.size(), 0.f);
+    cpu::linear_cross_entropy(test::view_of(loss, {1}), test::view_of(dx, {N, H}), test::view_of(dw, {V, H}),
+                              test::view_of(xv, {N, H}), test::view_of(wv, {V, H}), test::view_of(yv, {N}), gs,
+                              ws.view, c);
+    return loss[0];
+  };
+  std::vector<float> dx, dw;
+  const float loss = run(cap, dx, dw);
+  auto xd = test::to_double(x), wd = test::to_double(w);
+  const double want = ref_capped_ce(xd, wd, y, N, H, V, cap);
+  EXPECT_NEAR(loss, want, 1e-5 * want);
+  EXPECT_GT(std::abs(want - ref_capped_ce(xd, wd, y, N, H, V, 0)), 0.1);  // the cap matters here
+  auto L = [&] { return double(gs) * ref_capped_ce(xd, wd, y, N, H, V, cap); };
+  auto ix = test::sample_indices(xd.size(), xd.size(), 0), iw = test::sample_indices(wd.size(), wd.size(), 0);
+  EXPECT_LE(test::rel_err(test::gather(dx, ix), test::numeric_grad(xd, ix, 1e-5, L)), 1e-5);
+  EXPECT_LE(test::rel_err(test::gather(dw, iw), test::numeric_grad(wd, iw, 1e-5, L)), 1e-5);
+  for (int c = 0; c < H; ++c) EXPECT_EQ(dx[size_t(H) + c], 0.f);  // the ignored row
+  // softcap 0: the plain kernel (its default argument), bit for bit.
+  std::vector<float> dx0, dw0, dx1, dw1;
+  const float l0 = run(0.f, dx0, dw0);
+  {
+    test::HostTensor ws(DType::F32, {int64_t(cpu::linear_ce_workspace_bytes(N, H, V) / 4) + 1});
+    std::vector<float> lossv = {0.f}, xv = x, wv = w;
+    std::vector<int32_t> yv = y;
+    dx1.assign(x.size(), 0.f);
+    dw1.assign(w.size(), 0.f);
+    cpu::linear_cross_entropy(test::view_of(lossv, {1}), test::view_of(dx1, {N, H}), test::view_of(dw1, {V, H}),
+                              test::view_of(xv, {N, H}), test::view_of(wv, {V, H}), test::view_of(yv, {N}), gs,
+                              ws.view);
+    EXPECT_EQ(lossv[0], l0);
+  }
+  EXPECT_EQ(dx0, dx1);
+  EXPECT_EQ(dw0, dw1);
+  // A cap far above the logits: the plain loss within the cap's bend (z^3 / (3 c^2)).
+  std::vector<float> dxb, dwb;
+  EXPECT_NEAR(run(1e4f, dxb, dwb), l0, 1e-4 * l0);
+}
+
 }  // namespace
 }  // namespace sf
