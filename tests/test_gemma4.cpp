@@ -19,6 +19,7 @@
 #include "model/rope.h"
 #include "model/spec.h"
 #include "model/spec_gemma4.h"
+#include "rope_fixture.h"
 #include "test_util.h"
 
 namespace sf {
@@ -442,12 +443,12 @@ TEST_P(Gemma4LayerGrad, ProgramBackwardMatchesFiniteDifferences) {
     if (e.name.find("norm") != std::string::npos)
       for (int64_t i = 0; i < e.numel; ++i) params[size_t(e.offset + i)] = 1.f + 0.3f * nd(rng);
   // Global layers: proportional RoPE over their own head dim; local: the default table over head_dim.
-  const int gd = s.gemma4.head_dim[size_t(s.n_layer - 1)];
-  std::vector<float> gcos, gsin, lcos, lsin;
-  rope_tables_from(rope_inv_freq_proportional(s.rope, gd, s.gemma4.global_rope_fraction), T, gcos, gsin);
-  rope_tables_local(s, T, lcos, lsin);
-  const RopeTables rope{test::view_of(gcos, {T, gd / 2}), test::view_of(gsin, {T, gd / 2}),
-                        test::view_of(lcos, {T, s.head_dim / 2}), test::view_of(lsin, {T, s.head_dim / 2})};
+  const test::HostRope host_rope(s, T);
+  const RopeTables& rope = host_rope.views;
+  ASSERT_EQ(rope.cos.cols(), 8);        // global head dim 16
+  ASSERT_EQ(rope.cos_local.cols(), 4);  // head_dim 8
+  EXPECT_NE(host_rope.cos[size_t(3 * 8 + 1)], 1.f);  // position 3: pairs 0, 1 of 8 rotate (a quarter)
+  EXPECT_EQ(host_rope.cos[size_t(3 * 8 + 2)], 1.f);  // the rest do not
   auto x = test::randn(size_t(N * H), 5), R = test::randn(size_t(N * H), 6);
   std::vector<float> y(size_t(N * H)), dx(size_t(N * H));
   const BatchDims d{B, T, {}};

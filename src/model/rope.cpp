@@ -33,7 +33,15 @@ std::vector<float> rope_inv_freq(const ModelSpec& s) {
   return inv;
 }
 
+int rope_head_dim(const ModelSpec& s) {
+  // Gemma 4's last layer is always global (transformers forces it), and global layers share one head dim.
+  return s.arch == Arch::Gemma4 && !s.gemma4.head_dim.empty() ? s.gemma4.head_dim.back() : s.head_dim;
+}
+
 void rope_tables(const ModelSpec& s, int T, std::vector<float>& cos, std::vector<float>& sin) {
+  if (s.arch == Arch::Gemma4)
+    return rope_tables_from(rope_inv_freq_proportional(s.rope, rope_head_dim(s), s.gemma4.global_rope_fraction), T, cos,
+                            sin);
   rope_tables_from(rope_inv_freq(s), T, cos, sin);
 }
 

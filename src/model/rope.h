@@ -9,7 +9,11 @@ namespace sf {
 
 // inv_freq [head_dim/2], after scaling.
 std::vector<float> rope_inv_freq(const ModelSpec& s);
-// cos, sin: [T, head_dim/2] row-major, positions 0..T-1.
+// The head dim of the (global) tables rope_tables builds: head_dim, except Gemma 4's global
+// layers' own (its local layers' tables stay at head_dim).
+int rope_head_dim(const ModelSpec& s);
+// cos, sin: [T, rope_head_dim/2] row-major, positions 0..T-1 (Gemma 4: its global layers'
+// proportional RoPE).
 void rope_tables(const ModelSpec& s, int T, std::vector<float>& cos, std::vector<float>& sin);
 // The same for the local (sliding-window) layers' RoPE, s.rope_local (Gemma 3).
 void rope_tables_local(const ModelSpec& s, int T, std::vector<float>& cos, std::vector<float>& sin);
