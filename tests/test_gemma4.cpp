@@ -690,5 +690,70 @@ TEST(Gemma4Head, SoftcappedLinearCrossEntropy) {
   EXPECT_NEAR(run(1e4f, dxb, dwb), l0, 1e-4 * l0);
 }
 
+// The head through Program with Gemma 4's soft-cap: the loss equals the capped kernel's on the
+// final norm's output, and dx, d(norm) and d(head) match central differences of the program's own
+// loss; the device front refuses a cap <= 0.
+TEST(Gemma4Head, ProgramHeadWithSoftcap) {
+  json c = config_tiny();
+  c["final_logit_softcapping"] = 1.5;
+  const ModelSpec s = read_gemma4_spec(c, "tiny");
+  auto dev = make_cpu_device();
+  auto st = dev->create_stream();
+  const int B = 2, T = 5;
+  const int64_t N = B * T, H = s.hidden, V = s.vocab;
+  Workspace ws(*dev, s, B, T, DType::F32);
+  const Program prog(s, dev->ops(), DType::F32);
+  const BatchDims d{B, T, {}};
+  const HeadBuffers hb = ws.head(d);
+  auto x = test::randn(size_t(N * H), 71), nw = test::randn(size_t(H), 72, 0.2f, 1.f);
+  auto wh = test::randn(size_t(V * H), 73, 0.6f);
+  std::vector<int32_t> y = test::randint(size_t(N), 74, 0, int32_t(V));
+  y[3] = -100;
+  const float gs = 0.25f;
+  std::vector<float> loss(1), dx(static_cast<size_t>(N * H)), dn(static_cast<size_t>(H)), dw(static_cast<size_t>(V * H));
+  auto run = [&](bool grads) {
+    loss[0] = 0.f;
+    Program::HeadArgs a;
+    a.x = test::view_of(x, {N, H});
+    a.norm_w = test::view_of(nw, {H});
+    a.w_head = test::view_of(wh, {V, H});
+    a.targets = test::view_of(y, {N});
+    a.loss_sum = test::view_of(loss, {1});
+    a.grad_scale = gs;
+    if (grads) {
+      std::fill(dn.begin(), dn.end(), 0.f);
+      std::fill(dw.begin(), dw.end(), 0.f);
+      a.dx = test::view_of(dx, {N, H});
+      a.dnorm = test::view_of(dn, {H});
+      a.dw_head = test::view_of(dw, {V, H});
+    }
+    prog.head_forward_backward(a, hb, d, *st);
+    dev->synchronize(*st);
+    return double(loss[0]);
+  };
+  const double l = run(true);
+  // The loss: the capped formula on the normed rows.
+  std::vector<double> hn(size_t(N * H));
+  for (int64_t n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int64_t k = 0; k < H; ++k) ss += double(x[size_t(n * H + k)]) * x[size_t(n * H + k)];
+    const double rs = 1.0 / std::sqrt(ss / double(H) + s.rms_eps);
+    for (int64_t k = 0; k < H; ++k) hn[size_t(n * H + k)] = x[size_t(n * H + k)] * rs * nw[size_t(k)];
+  }
+  const double want = ref_capped_ce(hn, test::to_double(wh), y, int(N), int(H), int(V), 1.5);
+  EXPECT_NEAR(l, want, 1e-5 * want);
+  auto L = [&] { return double(gs) * run(false); };
+  auto ix = test::sample_indices(x.size(), 30, 3), in = test::sample_indices(nw.size(), nw.size(), 4),
+       iw = test::sample_indices(wh.size(), 30, 5);
+  EXPECT_LE(test::rel_err(test::gather(dx, ix), test::numeric_grad(x, ix, 1e-2, L)), 5e-3);
+  EXPECT_LE(test::rel_err(test::gather(dn, in), test::numeric_grad(nw, in, 1e-2, L)), 5e-3);
+  EXPECT_LE(test::rel_err(test::gather(dw, iw), test::numeric_grad(wh, iw, 1e-2, L)), 5e-3);
+  // The front checks the cap.
+  std::vector<float> l2(1);
+  EXPECT_THROW(dev->ops().linear_cross_entropy_capped(test::view_of(l2, {1}), Tensor(), Tensor(), hb.hf, test::view_of(wh, {V, H}),
+                                                      test::view_of(y, {N}), 1.f, 0.f, hb.lce_ws, *st),
+               std::runtime_error);
+}
+
 }  // namespace
 }  // namespace sf

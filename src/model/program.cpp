@@ -422,11 +422,19 @@ void Program::attention_block_backward(const LayerParams& p, const LayerParams& 
 void Program::head_forward_backward(const HeadArgs& a, const HeadBuffers& w, const BatchDims& d, Stream& st) const {
   const float grad_scale = a.grad_scale;
   norm_forward(w.hf, w.rstd, a.x, a.norm_w, st);
+  // Gemma 4's final_logit_softcapping: the capped variant of the fused head.
+  const float cap = s_.arch == Arch::Gemma4 ? float(s_.gemma4.final_softcap) : 0.f;
+  auto lce = [&](Tensor dx, Tensor dw) {
+    if (cap > 0)
+      ops_.linear_cross_entropy_capped(a.loss_sum, dx, dw, w.hf, a.w_head, a.targets, grad_scale, cap, w.lce_ws, st);
+    else
+      ops_.linear_cross_entropy(a.loss_sum, dx, dw, w.hf, a.w_head, a.targets, grad_scale, w.lce_ws, st);
+  };
   if (a.dx.empty()) {
-    ops_.linear_cross_entropy(a.loss_sum, Tensor(), Tensor(), w.hf, a.w_head, a.targets, grad_scale, w.lce_ws, st);
+    lce(Tensor(), Tensor());
     return;
   }
-  ops_.linear_cross_entropy(a.loss_sum, w.dhf, a.dw_head, w.hf, a.w_head, a.targets, grad_scale, w.lce_ws, st);
+  lce(w.dhf, a.dw_head);
   norm_backward(a.dx, a.dnorm, w.dhf, a.x, a.norm_w, w.rstd, false, st);
   // The load-balancing loss joins the step loss (loss_sum * grad_scale), as transformers adds
   // coef * aux to its mean cross-entropy. Its gradient enters at each router (moe_backward).
@@ -436,6 +444,8 @@ void Program::head_forward_backward(const HeadArgs& a, const HeadBuffers& w, con
 
 void Program::head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w,
                           Stream& st) const {
+  SF_CHECK(s_.arch != Arch::Gemma4 || s_.gemma4.final_softcap == 0,
+           "head_logits: soft-capped logits are not implemented (the training head is)");
   norm_forward(w.hf, w.rstd, x, norm_w, st);
   ops_.matmul(logits, w.hf, w_head, false, true, 1.f, 0.f, st);
 }
