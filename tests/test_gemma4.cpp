@@ -416,13 +416,16 @@ TEST(Gemma4Layout, DenseShapes) {
 struct LayerCase {
   int layer;
   bool k_eq_v;
+  float layer_scalar = 1.f;
 };
 class Gemma4LayerGrad : public ::testing::TestWithParam<LayerCase> {};
 
 TEST_P(Gemma4LayerGrad, ProgramBackwardMatchesFiniteDifferences) {
   json c = config_tiny();
   c["attention_k_eq_v"] = GetParam().k_eq_v;
-  const ModelSpec s = read_gemma4_spec(c, "tiny");
+  ModelSpec s = read_gemma4_spec(c, "tiny");
+  EXPECT_EQ(s.gemma4.layer_scalar, std::vector<float>(6, 1.f));
+  s.gemma4.layer_scalar[size_t(GetParam().layer)] = GetParam().layer_scalar;
   const ModelLayout lay = make_layout(s);
   const int l = GetParam().layer;
   const BlobLayout& blob = lay.layer(l);
@@ -459,6 +462,17 @@ TEST_P(Gemma4LayerGrad, ProgramBackwardMatchesFiniteDifferences) {
     dev->synchronize(*st);
     return test::dot(y, R);
   };
+  if (GetParam().layer_scalar != 1.f) {  // the output is the unscaled layer's times layer_scalar
+    ModelSpec s1 = s;
+    s1.gemma4.layer_scalar.assign(6, 1.f);
+    const Program prog1(s1, dev->ops(), DType::F32);
+    prog1.layer_forward(layer_views(blob, params.data(), DType::F32), test::view_of(x, {N, H}), test::view_of(y, {N, H}),
+                        w, d, rope, *st);
+    dev->synchronize(*st);
+    std::vector<float> y1 = y;
+    forward();
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], y1[i] * GetParam().layer_scalar) << i;
+  }
   forward();
   prog.layer_backward(layer_views(blob, params.data(), DType::F32), layer_views(blob, grads.data(), DType::F32),
                       test::view_of(x, {N, H}), test::view_of(R, {N, H}), test::view_of(dx, {N, H}), w, d, rope, *st);
@@ -502,10 +516,11 @@ TEST_P(Gemma4LayerGrad, ProgramBackwardMatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Layers, Gemma4LayerGrad,
                          ::testing::Values(LayerCase{4, true}, LayerCase{5, true}, LayerCase{4, false},
-                                           LayerCase{5, false}),
+                                           LayerCase{5, false}, LayerCase{5, true, 0.37f}),
                          [](const auto& info) {
                            return std::string(info.param.layer == 5 ? "Global" : "Local") +
-                                  (info.param.k_eq_v ? "KeqV" : "OwnV");
+                                  (info.param.k_eq_v ? "KeqV" : "OwnV") +
+                                  (info.param.layer_scalar != 1.f ? "Scaled" : "");
                          });
 
 // Proportional RoPE (Gemma 4's global layers): the first quarter of the frequency pairs rotate with

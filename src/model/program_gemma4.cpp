@@ -5,8 +5,8 @@
 // every norm x^ * w (weight from 1, fp32 multiply: rmsnorm_* with offset 0). Attention: q/k norms,
 // the weightless value norm (the (1 + w) kernel with a zero weight), on global layers with
 // attention_k_eq_v the keys' projection as the values' input, the layer's own head dim, KV heads
-// and RoPE table, softmax scale 1. Not here yet: KV-shared layers, per-layer inputs, the MoE
-// block, layer_scalar (parse_model_spec refuses the configs that need them).
+// and RoPE table, softmax scale 1; the output times the layer's layer_scalar. Not here yet:
+// KV-shared layers, per-layer inputs, the MoE block (parse_model_spec refuses configs with them).
 #include "core/error.h"
 #include "model/program.h"
 
@@ -115,6 +115,8 @@ void Program::gemma4_layer_forward(const LayerParams& p, Tensor x, Tensor y, con
   if (y.empty()) return;
   norm_forward(y, w.rstd_mo, w.mlp_o, p[P::FfnOutNorm], st);
   ops_.add(y, y, w.x2, st);  // residual
+  const float c = s_.gemma4.layer_scalar[size_t(p.layer)];
+  if (c != 1.f) ops_.scale(y, c, st);  // hidden_states *= layer_scalar
 }
 
 void Program::gemma4_layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
@@ -125,9 +127,12 @@ void Program::gemma4_layer_backward(const LayerParams& p, const LayerParams& g, 
   const int64_t N = d.N(), I = ld.intermediate;
   // As Gemma 3's (program_gemma3.cpp): dx holds d(x2) until the attention branch and the input
   // norm add theirs; w.dh carries d(mlp_o), d(h2), d(attn_o) and d(h1) in turn.
+  // y = c * (x2 + norm_ff(mlp_o)): dx starts as d(x2) = c * dy, which is also d(norm_ff's output).
   ops_.cast(dx, dy, st);
+  const float c = s_.gemma4.layer_scalar[size_t(p.layer)];
+  if (c != 1.f) ops_.scale(dx, c, st);
   const Tensor dmo = w.dh;
-  norm_backward(dmo, g[P::FfnOutNorm], dy, w.mlp_o, p[P::FfnOutNorm], w.rstd_mo, false, st);
+  norm_backward(dmo, g[P::FfnOutNorm], dx, w.mlp_o, p[P::FfnOutNorm], w.rstd_mo, false, st);
   const Tensor act = as(w.act, N, I), dgate = as(w.dgate, N, I), dup = as(w.dup, N, I);
   ops_.matmul(g[P::Wdown], dmo, act, true, false, 1.f, 1.f, st);
   const Tensor dact = act;  // act is no longer needed

@@ -82,6 +82,10 @@ struct Gemma4Spec {
   int64_t moe_intermediate = 0;
   bool kv_shared(int l) const { return l >= int(kv_source.size()) ? false : kv_source[size_t(l)] != l; }
   int64_t mlp_intermediate(int l, int64_t intermediate) const;  // 2x on KV-shared layers with double_wide_mlp
+  // [n_layer] each layer's layer_scalar (a checkpoint buffer, not a parameter: not trained; the
+  // layer's output is multiplied by it). Not a config.json field: 1 until a checkpoint's values
+  // are read (not yet: docs/GEMMA4.md).
+  std::vector<float> layer_scalar;
 };
 
 struct ModelSpec {

@@ -254,6 +254,7 @@ void apply_gemma4(const JsonRef& c, ModelSpec& s) {
     g.kv_source[size_t(l)] = src;
   }
   g.double_wide_mlp = c.bool_or("use_double_wide_mlp", false);
+  g.layer_scalar.assign(n, 1.f);
 
   // Per-layer input embeddings.
   g.ple_dim = c.int_or("hidden_size_per_layer_input", 256, 0, L::kMaxHidden);
