@@ -452,6 +452,8 @@ TEST_P(Gemma4LayerGrad, ProgramBackwardMatchesFiniteDifferences) {
   ASSERT_EQ(rope.cos_local.cols(), 4);  // head_dim 8
   EXPECT_NE(host_rope.cos[size_t(3 * 8 + 1)], 1.f);  // position 3: pairs 0, 1 of 8 rotate (a quarter)
   EXPECT_EQ(host_rope.cos[size_t(3 * 8 + 2)], 1.f);  // the rest do not
+  ASSERT_EQ(host_rope.cos_l.size(), size_t(T * 4));  // local: the default table over head_dim 8
+  EXPECT_FLOAT_EQ(host_rope.cos_l[size_t(3 * 4 + 3)], std::cos(3.f * std::pow(1e4f, -6.f / 8.f)));
   auto x = test::randn(size_t(N * H), 5), R = test::randn(size_t(N * H), 6);
   std::vector<float> y(size_t(N * H)), dx(size_t(N * H));
   const BatchDims d{B, T, {}};

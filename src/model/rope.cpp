@@ -75,7 +75,8 @@ std::vector<float> rope_inv_freq_proportional(const RopeSpec& r, int head_dim, d
 void rope_tables_local(const ModelSpec& s, int T, std::vector<float>& cos, std::vector<float>& sin) {
   ModelSpec local = s;
   local.rope = s.rope_local;
-  rope_tables(local, T, cos, sin);
+  // Over head_dim with the local RoPE, for every family (not rope_tables: Gemma 4's is the global one).
+  rope_tables_from(rope_inv_freq(local), T, cos, sin);
 }
 
 }  // namespace sf
