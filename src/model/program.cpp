@@ -154,6 +154,8 @@ HeadBuffers carve_head(Carver& c, const ModelSpec& s, DType a, int B, int T, siz
 
 }  // namespace
 
+int64_t max_q_dim(const ModelSpec& s) { return max_widths(s).q; }
+
 AttnDims attn_dims(const ModelSpec& s, const BatchDims& d, int layer) {
   AttnDims a;
   a.B = d.B;

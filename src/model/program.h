@@ -91,6 +91,9 @@ struct HeadBuffers {
 
 // The attention dims of a batch of this model (layer >= 0: with that layer's window, if local).
 AttnDims attn_dims(const ModelSpec& s, const BatchDims& d, int layer = -1);
+// Columns of the widest layer's attention output [N, n_head * head_dim]: q_dim(), except Gemma 4's
+// global layers' own head dim.
+int64_t max_q_dim(const ModelSpec& s);
 
 class Workspace {
  public:
