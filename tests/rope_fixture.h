@@ -12,7 +12,8 @@ namespace sf::test {
 struct HostRope {
   HostRope(const ModelSpec& s, int T) {
     rope_tables(s, T, cos, sin);
-    views = {view_of(cos, {T, s.head_dim / 2}), view_of(sin, {T, s.head_dim / 2}), {}, {}};
+    const int64_t half = rope_head_dim(s) / 2;  // Gemma 4: its global layers' head dim
+    views = {view_of(cos, {T, half}), view_of(sin, {T, half}), {}, {}};
     if (s.has_local_rope()) {
       rope_tables_local(s, T, cos_l, sin_l);
       views.cos_local = view_of(cos_l, {T, s.head_dim / 2});

@@ -104,6 +104,14 @@ class ProfilingOps final : public Ops {
         {one * passes, nb(x) + nb(w) + nb(labels) + nb(dx) + 2 * nb(dw)},
         [&] { in_.linear_cross_entropy(loss_sum, dx, dw, x, w, labels, gs, ws, s); });
   }
+  void linear_cross_entropy_capped(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float gs,
+                                   float cap, Tensor ws, Stream& s) override {
+    const double one = 2.0 * double(x.rows()) * x.cols() * w.rows();
+    const int passes = 1 + (dx.empty() ? 0 : 1) + (dw.empty() ? 0 : 1);
+    run(s, "linear_cross_entropy_capped " + dims(x) + " V" + std::to_string(w.rows()),
+        {one * passes, nb(x) + nb(w) + nb(labels) + nb(dx) + 2 * nb(dw)},
+        [&] { in_.linear_cross_entropy_capped(loss_sum, dx, dw, x, w, labels, gs, cap, ws, s); });
+  }
   size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const override {
     return in_.linear_ce_workspace_bytes(N, H, V);
   }

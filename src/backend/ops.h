@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <stdexcept>
+
 #include "core/tensor.h"
 
 namespace sf {
@@ -118,6 +120,14 @@ class Ops {
   virtual void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels,
                                     float grad_scale, Tensor ws, Stream& s) = 0;
   virtual size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const = 0;
+  // The same with Gemma 4's final soft-cap c > 0: the loss is taken on c * tanh(logits / c), the
+  // gradients through it (ds/dz = 1 - tanh^2), the same workspace. Not a pure virtual: a backend
+  // without it (cuda, until its kernel has the cap) refuses the call.
+  // Arguments: loss_sum, dx, dw, x, w, labels, grad_scale, softcap, ws, stream.
+  virtual void linear_cross_entropy_capped(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float, float, Tensor,
+                                           Stream&) {
+    throw std::runtime_error("linear_cross_entropy_capped: logit soft-capping is not implemented on this device");
+  }
 
   // out [N,H] = table[ids[n]]; dtable [V,H] += scatter of dout rows by ids.
   virtual void embedding_forward(Tensor out, Tensor ids, Tensor table, Stream& s) = 0;

@@ -586,6 +586,15 @@ class CheckedOps final : public Ops {
         opcheck::rows(x) > 0 ? in_.linear_ce_workspace_bytes(opcheck::rows(x), x.cols(), opcheck::rows(w)) : 0);
     in_.linear_cross_entropy(loss_sum, dx, dw, x, w, labels, gs, ws, s);
   }
+  void linear_cross_entropy_capped(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float gs,
+                                   float cap, Tensor ws, Stream& s) override {
+    opcheck::linear_cross_entropy(
+        loss_sum, dx, dw, x, w, labels, ws,
+        opcheck::rows(x) > 0 ? in_.linear_ce_workspace_bytes(opcheck::rows(x), x.cols(), opcheck::rows(w)) : 0);
+    SF_CHECK(cap > 0 && cap < 1e30f, "linear_cross_entropy_capped: softcap = " + std::to_string(cap) +
+                                         " must be positive and finite");
+    in_.linear_cross_entropy_capped(loss_sum, dx, dw, x, w, labels, gs, cap, ws, s);
+  }
   size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const override {
     return in_.linear_ce_workspace_bytes(N, H, V);
   }

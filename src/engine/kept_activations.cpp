@@ -10,7 +10,7 @@ namespace sf {
 
 namespace {
 size_t att_part(const ModelSpec& s, int max_batch, int max_seq, DType act) {
-  return round256(size_t(int64_t(max_batch) * max_seq * s.q_dim()) * dtype_size(act));
+  return round256(size_t(int64_t(max_batch) * max_seq * max_q_dim(s)) * dtype_size(act));
 }
 size_t lse_part(const ModelSpec& s, int max_batch, int max_seq) {
   return round256(size_t(int64_t(max_batch) * max_seq * s.n_head) * 4);
@@ -66,7 +66,7 @@ KeptActs KeptActivations::attention(int l, int j, const BatchDims& d) const {
   SF_CHECK(j >= 0 && j < micro_, "kept activations: no micro-batch " + std::to_string(j));
   char* p =
       static_cast<char*>(kept_buf_.data()) + (size_t(l - whole_layers_) * size_t(micro_) + size_t(j)) * kept_stride_;
-  return {Tensor(p, act_, {d.N(), s_->q_dim()}), Tensor(p + kept_att_, DType::F32, {int64_t(d.B) * s_->n_head * d.T})};
+  return {Tensor(p, act_, {d.N(), max_q_dim(*s_)}), Tensor(p + kept_att_, DType::F32, {int64_t(d.B) * s_->n_head * d.T})};
 }
 
 }  // namespace sf

@@ -93,6 +93,35 @@ void store_entries(BlobLayout& b) {
     if (!done[i]) b.stored.push_back({b.entries[i].name, b.entries[i].shape, {{int(i), 0}}});
 }
 
+// A Gemma 4 decoder layer (docs/GEMMA4.md section 3): its own head dim and KV heads; no v_proj on
+// global layers with attention_k_eq_v; no k/v projections or k_norm on KV-shared layers (and no
+// v_norm tensor anywhere: the value norm has no weight); the MLP per layer (double-wide ones).
+// layer_scalar is a buffer, not a parameter: not in the blob.
+void add_gemma4_layer(const ModelSpec& s, BlobLayout& b, const std::string& p, int l) {
+  using P = LayerParam;
+  const Gemma4Spec& g = s.gemma4;
+  if (g.ple_dim > 0 || g.moe_block)
+    input_error(s.source, "Gemma 4 per-layer input embeddings and MoE blocks have no parameter layout yet");
+  const int64_t H = s.hidden, d = g.head_dim[size_t(l)];
+  const int64_t Q = checked_mul(int64_t(s.n_head), d, s.source, "q_proj rows");
+  const int64_t KV = checked_mul(int64_t(g.kv_heads[size_t(l)]), d, s.source, "k_proj rows");
+  const int64_t I = g.mlp_intermediate(l, s.intermediate);
+  const bool shared = g.kv_shared(l), no_v = shared || (g.k_eq_v && !s.is_local(l));
+  add(s, b, p + "input_layernorm.weight", {H}, int(P::InputNorm));
+  add(s, b, p + "self_attn.q_proj.weight", {Q, H}, int(P::Wq));
+  if (!shared) add(s, b, p + "self_attn.k_proj.weight", {KV, H}, int(P::Wk));
+  if (!no_v) add(s, b, p + "self_attn.v_proj.weight", {KV, H}, int(P::Wv));
+  add(s, b, p + "self_attn.o_proj.weight", {H, Q}, int(P::Wo));
+  add(s, b, p + "self_attn.q_norm.weight", {d}, int(P::QNorm));
+  if (!shared) add(s, b, p + "self_attn.k_norm.weight", {d}, int(P::KNorm));
+  add(s, b, p + "post_attention_layernorm.weight", {H}, int(P::AttnOutNorm));
+  add(s, b, p + "pre_feedforward_layernorm.weight", {H}, int(P::PostNorm));
+  add(s, b, p + "post_feedforward_layernorm.weight", {H}, int(P::FfnOutNorm));
+  add(s, b, p + "mlp.gate_proj.weight", {I, H}, int(P::Wgate));
+  add(s, b, p + "mlp.up_proj.weight", {I, H}, int(P::Wup));
+  add(s, b, p + "mlp.down_proj.weight", {H, I}, int(P::Wdown));
+}
+
 }  // namespace
 
 const BlobEntry* BlobLayout::entry(LayerParam p) const {
@@ -131,6 +160,11 @@ ModelLayout make_layout(const ModelSpec& s) {
     b.kind = BlobKind::Layer;
     b.layer = l;
     std::string p = s.tensor_prefix + "layers." + std::to_string(l) + ".";
+    if (s.arch == Arch::Gemma4) {
+      add_gemma4_layer(s, b, p, l);
+      m.blobs.push_back(std::move(b));
+      continue;
+    }
     using P = LayerParam;
     add(s, b, p + "input_layernorm.weight", {H}, int(P::InputNorm));
     add_linear(s, b, p + "self_attn.q_proj", Q, H, P::Wq, s.qkv_bias, P::Bq);

@@ -1,5 +1,6 @@
 #include "model/program.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/align.h"
@@ -27,6 +28,25 @@ struct Carver {
   }
 };
 
+// The widest layer's attention sizes: Gemma 4's differ per layer (docs/GEMMA4.md), every other
+// family's are the model's.
+struct Widths {
+  int64_t q, kv, kv_heads, head_dim, intermediate;
+};
+Widths max_widths(const ModelSpec& s) {
+  Widths m{s.q_dim(), s.kv_dim(), s.n_kv_head, s.head_dim, s.intermediate};
+  if (s.arch != Arch::Gemma4) return m;
+  for (int l = 0; l < s.n_layer; ++l) {
+    const int64_t hd = s.gemma4.head_dim[size_t(l)], kvh = s.gemma4.kv_heads[size_t(l)];
+    m.q = std::max(m.q, int64_t(s.n_head) * hd);
+    m.kv = std::max(m.kv, kvh * hd);
+    m.kv_heads = std::max(m.kv_heads, kvh);
+    m.head_dim = std::max(m.head_dim, hd);
+    m.intermediate = std::max(m.intermediate, s.gemma4.mlp_intermediate(l, s.intermediate));
+  }
+  return m;
+}
+
 bool has_dense_mlp(const ModelSpec& s) {
   for (int l = 0; l < s.n_layer; ++l)
     if (!s.moe_layer(l)) return true;
@@ -36,14 +56,15 @@ bool has_dense_mlp(const ModelSpec& s) {
 // What a layer's forward writes and its backward reads (a layer kept whole holds these of its own;
 // the backward may reuse some of them as scratch, e.g. act as d(act)).
 void carve_forward(Carver& c, const ModelSpec& s, DType a, int B, int T, LayerBuffers& w) {
-  const int64_t N = int64_t(B) * T, H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate;
+  const Widths m = max_widths(s);
+  const int64_t N = int64_t(B) * T, H = s.hidden, Q = m.q, KV = m.kv, I = m.intermediate;
   w.h1 = c.take(a, {N, H});
   w.rstd1 = c.take(DType::F32, {N});
   if (s.qk_norm) {
     w.q_raw = c.take(a, {N, Q});
     w.k_raw = c.take(a, {N, KV});
     w.q_rstd = c.take(DType::F32, {N * s.n_head});
-    w.k_rstd = c.take(DType::F32, {N * s.n_kv_head});
+    w.k_rstd = c.take(DType::F32, {N * m.kv_heads});
   }
   w.q = c.take(a, {N, Q});
   w.k = c.take(a, {N, KV});
@@ -79,11 +100,18 @@ void carve_forward(Carver& c, const ModelSpec& s, DType a, int B, int T, LayerBu
     w.rstd_ao = c.take(DType::F32, {N});
     w.rstd_mo = c.take(DType::F32, {N});
   }
+  if (s.arch == Arch::Gemma4) {
+    w.v_raw = c.take(a, {N, KV});
+    w.v_rstd = c.take(DType::F32, {N * m.kv_heads});
+    w.v_zero = c.take(a, {m.head_dim});
+  }
 }
 
 // The backward's own scratch.
 void carve_scratch(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t attn_ws, LayerBuffers& w) {
-  const int64_t N = int64_t(B) * T, H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate;
+  const Widths m = max_widths(s);
+  const int64_t N = int64_t(B) * T, H = s.hidden, Q = m.q, KV = m.kv, I = m.intermediate;
+  if (s.arch == Arch::Gemma4) w.dv_raw = c.take(a, {N, KV});
   if (s.qk_norm) {
     w.dq_raw = c.take(a, {N, Q});
     w.dk_raw = c.take(a, {N, KV});
@@ -126,6 +154,8 @@ HeadBuffers carve_head(Carver& c, const ModelSpec& s, DType a, int B, int T, siz
 
 }  // namespace
 
+int64_t max_q_dim(const ModelSpec& s) { return max_widths(s).q; }
+
 AttnDims attn_dims(const ModelSpec& s, const BatchDims& d, int layer) {
   AttnDims a;
   a.B = d.B;
@@ -133,7 +163,11 @@ AttnDims attn_dims(const ModelSpec& s, const BatchDims& d, int layer) {
   a.n_head = s.n_head;
   a.n_kv_head = s.n_kv_head;
   a.head_dim = s.head_dim;
-  a.scale = s.attn_scale > 0 ? float(s.attn_scale) : 1.0f / std::sqrt(float(s.head_dim));
+  if (s.arch == Arch::Gemma4 && layer >= 0) {  // the layer's own head dim and KV heads
+    a.head_dim = s.gemma4.head_dim[size_t(layer)];
+    a.n_kv_head = s.gemma4.kv_heads[size_t(layer)];
+  }
+  a.scale = s.attn_scale > 0 ? float(s.attn_scale) : 1.0f / std::sqrt(float(a.head_dim));
   a.pos = d.pos;
   // A window that covers the whole row masks nothing: left out (the kernels' unwindowed path).
   if (s.is_local(layer) && s.local_window < d.T) a.window = int(s.local_window);
@@ -151,6 +185,8 @@ Workspace::Workspace(Device& dev, const ModelSpec& s, int max_B, int max_T, DTyp
     : s_(s), ops_(dev.ops()), act_(act), max_B_(max_B), max_T_(max_T) {
   BatchDims d{max_B, max_T, {}};
   attn_ws_ = ops_.attention_workspace_bytes(attn_dims(s, d));
+  if (s.arch == Arch::Gemma4)  // the widest layer's scratch
+    for (int l = 0; l < s.n_layer; ++l) attn_ws_ = std::max(attn_ws_, ops_.attention_workspace_bytes(attn_dims(s, d, l)));
   lce_ws_ = ops_.linear_ce_workspace_bytes(d.N(), s.hidden, s.vocab);
   buf_ = DeviceBuffer(dev, bytes_for(s, max_B, max_T, act, attn_ws_, lce_ws_));
 }
@@ -303,6 +339,7 @@ void Program::layer_forward(const LayerParams& p, Tensor x, Tensor y, const Laye
 void Program::layer_forward_into(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
                                  const RopeTables& rope, Stream& st, bool attention_kept) const {
   using P = LayerParam;
+  if (s_.arch == Arch::Gemma4) return gemma4_layer_forward(p, x, y, w, d, rope, st, attention_kept);
   if (s_.sandwich_norm) return gemma_layer_forward(p, x, y, w, d, rope, st, attention_kept);
   const float eps = float(s_.rms_eps);
   ops_.rmsnorm_forward(w.h1, w.rstd1, x, p[P::InputNorm], eps, st);
@@ -333,6 +370,7 @@ void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor 
                              const KeptActs& kept) const {
   using P = LayerParam;
   const LayerBuffers w = with_kept(w_ws, kept);
+  if (s_.arch == Arch::Gemma4) return gemma4_layer_backward(p, g, x, dy, dx, w, d, rope, st);
   if (s_.sandwich_norm) return gemma_layer_backward(p, g, x, dy, dx, w, d, rope, st);
   // y = x2 + down(act): d(x2) starts as dy; dx holds d(x2) until the attention block's
   // contribution and the input norm's are added to it.
@@ -386,11 +424,19 @@ void Program::attention_block_backward(const LayerParams& p, const LayerParams& 
 void Program::head_forward_backward(const HeadArgs& a, const HeadBuffers& w, const BatchDims& d, Stream& st) const {
   const float grad_scale = a.grad_scale;
   norm_forward(w.hf, w.rstd, a.x, a.norm_w, st);
+  // Gemma 4's final_logit_softcapping: the capped variant of the fused head.
+  const float cap = s_.arch == Arch::Gemma4 ? float(s_.gemma4.final_softcap) : 0.f;
+  auto lce = [&](Tensor dx, Tensor dw) {
+    if (cap > 0)
+      ops_.linear_cross_entropy_capped(a.loss_sum, dx, dw, w.hf, a.w_head, a.targets, grad_scale, cap, w.lce_ws, st);
+    else
+      ops_.linear_cross_entropy(a.loss_sum, dx, dw, w.hf, a.w_head, a.targets, grad_scale, w.lce_ws, st);
+  };
   if (a.dx.empty()) {
-    ops_.linear_cross_entropy(a.loss_sum, Tensor(), Tensor(), w.hf, a.w_head, a.targets, grad_scale, w.lce_ws, st);
+    lce(Tensor(), Tensor());
     return;
   }
-  ops_.linear_cross_entropy(a.loss_sum, w.dhf, a.dw_head, w.hf, a.w_head, a.targets, grad_scale, w.lce_ws, st);
+  lce(w.dhf, a.dw_head);
   norm_backward(a.dx, a.dnorm, w.dhf, a.x, a.norm_w, w.rstd, false, st);
   // The load-balancing loss joins the step loss (loss_sum * grad_scale), as transformers adds
   // coef * aux to its mean cross-entropy. Its gradient enters at each router (moe_backward).
@@ -400,6 +446,8 @@ void Program::head_forward_backward(const HeadArgs& a, const HeadBuffers& w, con
 
 void Program::head_logits(Tensor x, Tensor norm_w, Tensor w_head, Tensor logits, const HeadBuffers& w,
                           Stream& st) const {
+  SF_CHECK(s_.arch != Arch::Gemma4 || s_.gemma4.final_softcap == 0,
+           "head_logits: soft-capped logits are not implemented (the training head is)");
   norm_forward(w.hf, w.rstd, x, norm_w, st);
   ops_.matmul(logits, w.hf, w_head, false, true, 1.f, 0.f, st);
 }

@@ -49,6 +49,12 @@ struct LayerBuffers {
   // Gemma 3 (sandwich_norm only): the attention and MLP outputs before their output norms.
   Tensor attn_o, mlp_o;     // [N, H]
   Tensor rstd_ao, rstd_mo;  // [N] F32
+  // Gemma 4 (Arch::Gemma4): the value norm's input and statistics (its input is k_raw on global
+  // layers with attention_k_eq_v), its gradient, and a zero weight [max head dim] that turns the
+  // (1 + w) norm into the weightless one. The attention buffers above are sized for the widest layer.
+  Tensor v_raw, dv_raw;  // [N, KV]
+  Tensor v_rstd;         // [N * max KV heads] F32
+  Tensor v_zero;         // [max head dim]
   // MoE layers: S = N * top_k token slots, sorted by expert (ops.h). Whatever the routing, the
   // sorted rows number exactly S (each token picks top_k distinct experts), so these are sized
   // for the worst case (every token on one expert) by construction: no capacity, no drop.
@@ -85,6 +91,9 @@ struct HeadBuffers {
 
 // The attention dims of a batch of this model (layer >= 0: with that layer's window, if local).
 AttnDims attn_dims(const ModelSpec& s, const BatchDims& d, int layer = -1);
+// Columns of the widest layer's attention output [N, n_head * head_dim]: q_dim(), except Gemma 4's
+// global layers' own head dim.
+int64_t max_q_dim(const ModelSpec& s);
 
 class Workspace {
  public:
@@ -113,7 +122,8 @@ class Workspace {
 };
 
 // RoPE tables on the device: [max_T, head_dim/2] F32 each; *_local: the local (sliding-window)
-// layers' tables (ModelSpec::has_local_rope only).
+// layers' tables (ModelSpec::has_local_rope only). Gemma 4: cos/sin are the global layers' own
+// (their head dim, proportional RoPE: rope_inv_freq_proportional), the local ones over head_dim.
 struct RopeTables {
   Tensor cos, sin;
   Tensor cos_local, sin_local;
@@ -175,6 +185,16 @@ class Program {
                            const RopeTables& rope, Stream& st, bool attention_kept) const;
   void gemma_layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
                             const LayerBuffers& w, const BatchDims& d, const RopeTables& rope, Stream& st) const;
+  // Gemma 4's layer (program_gemma4.cpp; docs/GEMMA4.md section 2): per-layer head dim and KV
+  // heads, value norm, k = v on global layers, softmax scale 1. Dense layers with their own K/V.
+  void gemma4_layer_forward(const LayerParams& p, Tensor x, Tensor y, const LayerBuffers& w, const BatchDims& d,
+                            const RopeTables& rope, Stream& st, bool attention_kept) const;
+  void gemma4_layer_backward(const LayerParams& p, const LayerParams& g, Tensor x, Tensor dy, Tensor dx,
+                             const LayerBuffers& w, const BatchDims& d, const RopeTables& rope, Stream& st) const;
+  void gemma4_attention_forward(const LayerParams& p, Tensor h1, const LayerBuffers& w, const BatchDims& d,
+                                const RopeTables& rope, Stream& st, bool attention_kept) const;
+  void gemma4_attention_backward(const LayerParams& p, const LayerParams& g, Tensor h1, const LayerBuffers& w,
+                                 const BatchDims& d, const RopeTables& rope, Stream& st) const;
   // The attention block shared by every family: h1 [N, H] -> w.att (q/k/v projections, q/k norms,
   // RoPE, attention; attention itself not when attention_kept), and its backward from w.datt
   // (= d att) to w.dh (= d h1, overwritten).

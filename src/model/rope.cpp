@@ -1,5 +1,6 @@
 #include "model/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace sf {
@@ -32,9 +33,20 @@ std::vector<float> rope_inv_freq(const ModelSpec& s) {
   return inv;
 }
 
+int rope_head_dim(const ModelSpec& s) {
+  // Gemma 4's last layer is always global (transformers forces it), and global layers share one head dim.
+  return s.arch == Arch::Gemma4 && !s.gemma4.head_dim.empty() ? s.gemma4.head_dim.back() : s.head_dim;
+}
+
 void rope_tables(const ModelSpec& s, int T, std::vector<float>& cos, std::vector<float>& sin) {
-  const int half = s.head_dim / 2;
-  std::vector<float> inv = rope_inv_freq(s);
+  if (s.arch == Arch::Gemma4)
+    return rope_tables_from(rope_inv_freq_proportional(s.rope, rope_head_dim(s), s.gemma4.global_rope_fraction), T, cos,
+                            sin);
+  rope_tables_from(rope_inv_freq(s), T, cos, sin);
+}
+
+void rope_tables_from(const std::vector<float>& inv, int T, std::vector<float>& cos, std::vector<float>& sin) {
+  const int half = int(inv.size());
   cos.resize(size_t(T) * half);
   sin.resize(size_t(T) * half);
   for (int t = 0; t < T; ++t) {
@@ -46,10 +58,25 @@ void rope_tables(const ModelSpec& s, int T, std::vector<float>& cos, std::vector
   }
 }
 
+std::vector<float> rope_inv_freq_proportional(const RopeSpec& r, int head_dim, double fraction) {
+  const int half = head_dim / 2;
+  // transformers: rope_angles = int(fraction * head_dim // 2), in doubles.
+  const int angles = std::min(half, int(std::floor(fraction * double(head_dim) / 2.0)));
+  const float base = float(r.theta);
+  const float factor = r.type == "linear" ? float(r.factor) : 1.f;
+  std::vector<float> inv(size_t(half), 0.f);
+  for (int i = 0; i < angles; ++i) {
+    const float expo = float(2 * i) / float(head_dim);  // fp32, as torch does
+    inv[size_t(i)] = (1.0f / std::pow(base, expo)) / factor;
+  }
+  return inv;
+}
+
 void rope_tables_local(const ModelSpec& s, int T, std::vector<float>& cos, std::vector<float>& sin) {
   ModelSpec local = s;
   local.rope = s.rope_local;
-  rope_tables(local, T, cos, sin);
+  // Over head_dim with the local RoPE, for every family (not rope_tables: Gemma 4's is the global one).
+  rope_tables_from(rope_inv_freq(local), T, cos, sin);
 }
 
 }  // namespace sf

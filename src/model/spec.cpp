@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "model/spec_gemma3.h"
+#include "model/spec_gemma4.h"
 
 namespace sf {
 namespace {
@@ -138,9 +139,15 @@ int64_t count_layer_params(const ModelSpec& s, bool moe, bool active_only) {
 
 }  // namespace
 
-int64_t ModelSpec::layer_params(int l) const { return count_layer_params(*this, moe_layer(l), false); }
+int64_t ModelSpec::layer_params(int l) const {
+  if (arch == Arch::Gemma4) return detail::gemma4_layer_params(*this, l, false);
+  return count_layer_params(*this, moe_layer(l), false);
+}
 
-int64_t ModelSpec::layer_active_params(int l) const { return count_layer_params(*this, moe_layer(l), true); }
+int64_t ModelSpec::layer_active_params(int l) const {
+  if (arch == Arch::Gemma4) return detail::gemma4_layer_params(*this, l, true);
+  return count_layer_params(*this, moe_layer(l), true);
+}
 
 int64_t ModelSpec::layer_params() const {
   int64_t n = 0;
@@ -154,6 +161,7 @@ int64_t ModelSpec::total_params() const {
   int64_t n = checked_add(emb, hidden, source, what);
   for (int l = 0; l < n_layer; ++l) n = checked_add(n, layer_params(l), source, what);
   if (!tie_embeddings) n = checked_add(n, emb, source, what);
+  if (arch == Arch::Gemma4) n = checked_add(n, detail::gemma4_model_params(*this), source, what);
   return n;
 }
 
@@ -166,10 +174,14 @@ void ModelSpec::check_seq_len(int64_t seq_len, const std::string& where) const {
   }
 }
 
-ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
+namespace {
+
+// parse_model_spec without its refusal of Gemma 4 (read_gemma4_spec).
+ModelSpec parse_spec(const json& cfg_in, const std::string& path) {
   if (!cfg_in.is_object()) input_error(path, "config must be a JSON object");
-  // Gemma 3: the text model's config with Gemma3TextConfig's defaults filled in (spec_gemma3.cpp).
-  const json gemma = detail::gemma3_text_config(cfg_in, path);  // null unless a Gemma 3 config
+  // Gemma 3 / 4: the text model's config with the family's defaults filled in (spec_gemma{3,4}.cpp).
+  json gemma = detail::gemma3_text_config(cfg_in, path);  // null unless a Gemma 3 config
+  if (gemma.is_null()) gemma = detail::gemma4_text_config(cfg_in, path);  // null unless a Gemma 4 config
   const json& cfg = gemma.is_null() ? cfg_in : gemma;
   const JsonRef c(cfg, path);
   ModelSpec s;
@@ -189,6 +201,8 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
     if (mt == "qwen3_moe") arch = "Qwen3MoeForCausalLM";
     if (mt == "mixtral") arch = "MixtralForCausalLM";
     if (mt == "olmoe") arch = "OlmoeForCausalLM";
+    if (mt == "gemma4_text") arch = "Gemma4ForCausalLM";
+    if (mt == "gemma4") arch = "Gemma4ForConditionalGeneration";
   }
   if (arch == "LlamaForCausalLM") {
     s.arch = Arch::Llama;
@@ -206,12 +220,8 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
     s.arch = Arch::Mixtral;
   } else if (arch == "OlmoeForCausalLM") {
     s.arch = Arch::Olmoe;
-  } else if (arch.rfind("Gemma4", 0) == 0 || mt == "gemma4" || mt == "gemma4_text") {
-    // Recognised, so that the refusal says what is missing (docs/MOE.md, "Not yet").
-    input_error(path, "Gemma 4 ('" + (arch.empty() ? mt : arch) +
-                          "') is not supported yet: its per-layer input embeddings, 512-wide global attention heads "
-                          "with partial rotary embeddings, value norms, shared key/value layers and mixture-of-experts "
-                          "block differ from Gemma 3 (supported: Gemma3ForCausalLM, Gemma3ForConditionalGeneration)");
+  } else if (arch == "Gemma4ForCausalLM" || arch == "Gemma4ForConditionalGeneration") {
+    s.arch = Arch::Gemma4;  // read and checked; parse_model_spec refuses it after (docs/GEMMA4.md)
   } else {
     input_error(path, "unsupported architecture '" + (arch.empty() ? mt : arch) +
                           "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
@@ -226,6 +236,7 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
                                           : s.arch == Arch::Qwen3Moe ? "qwen3_moe"
                                           : s.arch == Arch::Mixtral  ? "mixtral"
                                           : s.arch == Arch::Olmoe    ? "olmoe"
+                                          : s.arch == Arch::Gemma4   ? "gemma4_text"
                                                                      : "gemma3_text")
                             : mt;
 
@@ -262,7 +273,7 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
     s.pad_token_id = 0;
   }
   std::string act = c.string_or("hidden_act", "silu");
-  if (s.arch != Arch::Gemma3 && act != "silu" && act != "swish")
+  if (s.arch != Arch::Gemma3 && s.arch != Arch::Gemma4 && act != "silu" && act != "swish")
     input_error(path, "hidden_act '" + act + "' is not supported (only silu)");
   if (c.has("torch_dtype") && cfg["torch_dtype"].is_string()) s.torch_dtype = cfg["torch_dtype"];
   if (c.has("dtype") && cfg["dtype"].is_string()) s.torch_dtype = cfg["dtype"];
@@ -292,6 +303,7 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
       break;
     case Arch::Mistral:
     case Arch::Gemma3:  // detail::apply_gemma3 below
+    case Arch::Gemma4:  // detail::apply_gemma4 below
       break;
   }
 
@@ -316,8 +328,28 @@ ModelSpec parse_model_spec(const json& cfg_in, const std::string& path) {
   }
   detail::parse_rope(c, s);
   if (s.arch == Arch::Gemma3) detail::apply_gemma3(c, s);
+  if (s.arch == Arch::Gemma4) detail::apply_gemma4(c, s);
   parse_moe(c, s);
   s.total_params();  // every size computed from the spec fits int64 (checked; throws naming the file)
+  return s;
+}
+
+}  // namespace
+
+ModelSpec parse_model_spec(const json& cfg, const std::string& path) {
+  ModelSpec s = parse_spec(cfg, path);
+  if (s.arch == Arch::Gemma4) {
+    // Read and checked in full, so that a bad config is named first; then refused with what this
+    // config needs that slideformer does not have (docs/GEMMA4.md, "Order of work").
+    input_error(path, "Gemma 4 ('" + s.architecture + "') is not supported yet (docs/GEMMA4.md); the config is read, " +
+                          "training it needs " + detail::gemma4_missing(s));
+  }
+  return s;
+}
+
+ModelSpec read_gemma4_spec(const json& cfg, const std::string& path) {
+  ModelSpec s = parse_spec(cfg, path);
+  if (s.arch != Arch::Gemma4) input_error(path, "not a Gemma 4 config ('" + s.architecture + "')");
   return s;
 }
 

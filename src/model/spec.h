@@ -16,6 +16,7 @@ enum class Arch {
   Qwen3Moe,
   Mixtral,
   Olmoe,
+  Gemma4,  // gemma4_text, and the language model of gemma4 checkpoints: read and checked, not yet trained
 };
 
 struct RopeSpec {
@@ -59,6 +60,34 @@ struct MoeSpec {
   int moe_layers() const;      // layers with is_moe
 };
 
+// Gemma 4 text models (Arch::Gemma4; docs/GEMMA4.md): what differs from Gemma 3 per layer and
+// per model. Global (full-attention) layers have their own head dim and KV-head count.
+struct Gemma4Spec {
+  std::vector<int> head_dim;  // [n_layer] global_head_dim on full-attention layers, head_dim on local ones
+  std::vector<int> kv_heads;  // [n_layer] num_global_key_value_heads on global layers with k_eq_v
+  bool k_eq_v = false;        // attention_k_eq_v: global layers have no v_proj, V = v_norm(k_proj(x))
+  // Global layers' RoPE ("proportional"): the first int(fraction * head_dim / 2) frequency pairs
+  // rotate with theta^(-2i / head_dim), the rest have frequency 0 (unrotated). rope_type "default"
+  // on global layers: fraction 1.
+  double global_rope_fraction = 1.0;
+  int n_kv_shared = 0;         // num_kv_shared_layers: the last layers reuse earlier layers' K/V
+  std::vector<int> kv_source;  // [n_layer] the layer whose K/V layer l attends to (l itself unless shared)
+  int64_t ple_dim = 0;         // hidden_size_per_layer_input: per-layer input embeddings (0: none)
+  int64_t ple_vocab = 0;       // vocab_size_per_layer_input
+  bool double_wide_mlp = false;  // use_double_wide_mlp: KV-shared layers' MLP is 2x intermediate
+  double final_softcap = 0;      // final_logit_softcapping: logits = c tanh(logits / c); 0: none
+  // enable_moe_block (26B-A4B): a routed GeGLU expert block beside the dense MLP in every layer.
+  bool moe_block = false;
+  int n_expert = 0, top_k = 0;
+  int64_t moe_intermediate = 0;
+  bool kv_shared(int l) const { return l >= int(kv_source.size()) ? false : kv_source[size_t(l)] != l; }
+  int64_t mlp_intermediate(int l, int64_t intermediate) const;  // 2x on KV-shared layers with double_wide_mlp
+  // [n_layer] each layer's layer_scalar (a checkpoint buffer, not a parameter: not trained; the
+  // layer's output is multiplied by it). Not a config.json field: 1 until a checkpoint's values
+  // are read (not yet: docs/GEMMA4.md).
+  std::vector<float> layer_scalar;
+};
+
 struct ModelSpec {
   std::string source;  // the config's path (or "preset ..."), named by errors of sizes computed from it
   Arch arch = Arch::Llama;
@@ -99,6 +128,7 @@ struct ModelSpec {
   bool is_local(int layer) const { return layer >= 0 && size_t(layer) < local_layer.size() && local_layer[layer]; }
   bool has_local_rope() const { return !local_layer.empty(); }
   MoeSpec moe;
+  Gemma4Spec gemma4;  // Arch::Gemma4 only
   bool is_moe() const { return moe.n_expert > 0; }
   bool moe_layer(int l) const { return is_moe() && moe.is_moe[size_t(l)] != 0; }
 

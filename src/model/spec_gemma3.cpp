@@ -10,18 +10,11 @@ namespace {
 using json = nlohmann::json;
 using L = SpecLimits;
 
-// cfg[key] when it is a string, else "" (the parser proper reports wrong types).
-std::string str_of(const json& cfg, const char* key) {
-  auto it = cfg.find(key);
-  return it != cfg.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
+std::string str_of(const json& cfg, const char* key) { return config_string(cfg, key); }
 
 bool is_gemma3(const json& cfg) {
   const std::string mt = str_of(cfg, "model_type");
-  std::string arch;
-  if (cfg.contains("architectures") && cfg["architectures"].is_array() && !cfg["architectures"].empty() &&
-      cfg["architectures"][0].is_string())
-    arch = cfg["architectures"][0].get<std::string>();
+  const std::string arch = config_first_architecture(cfg);
   return mt == "gemma3_text" || mt == "gemma3" || arch == "Gemma3ForCausalLM" ||
          arch == "Gemma3ForConditionalGeneration";
 }
@@ -58,6 +51,18 @@ RopeSpec rope_of(const JsonRef& c, const JsonRef& entry) {
 }
 
 }  // namespace
+
+std::string config_string(const json& cfg, const char* key) {
+  auto it = cfg.find(key);
+  return it != cfg.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+std::string config_first_architecture(const json& cfg) {
+  if (cfg.contains("architectures") && cfg["architectures"].is_array() && !cfg["architectures"].empty() &&
+      cfg["architectures"][0].is_string())
+    return cfg["architectures"][0].get<std::string>();
+  return {};
+}
 
 json gemma3_text_config(const json& cfg, const std::string& path) {
   if (!is_gemma3(cfg)) return json();

@@ -19,6 +19,11 @@ nlohmann::json gemma3_text_config(const nlohmann::json& cfg, const std::string& 
 // activations, bidirectional attention) with an InputError naming the file.
 void apply_gemma3(const JsonRef& c, ModelSpec& s);
 
+// cfg[key] when it is a string, else "" (the parsers proper report wrong types); the first entry
+// of cfg["architectures"] when it is a string, else "". Shared by the Gemma 3 and 4 readers.
+std::string config_string(const nlohmann::json& cfg, const char* key);
+std::string config_first_architecture(const nlohmann::json& cfg);
+
 // spec.cpp's RoPE parser (rope_theta + rope_scaling, or a flat rope_parameters) into s.rope.
 void parse_rope(const JsonRef& c, ModelSpec& s);
 

@@ -218,6 +218,10 @@ class CpuOps final : public Ops {
   size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const override {
     return cpu::linear_ce_workspace_bytes(N, H, V);
   }
+  void linear_cross_entropy_capped(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float gs,
+                                   float cap, Tensor ws, Stream& s) override {
+    cs(s).push([=] { cpu::linear_cross_entropy(loss_sum, dx, dw, x, w, labels, gs, ws, cap); });
+  }
   void matmul_add(Tensor out, Tensor a, Tensor b, bool ta, bool tb, Tensor c, Stream& s) override {
     cs(s).push([=] { cpu::matmul_add(out, a, b, ta, tb, c); });
   }

@@ -45,8 +45,10 @@ size_t attention_workspace_bytes(const AttnDims& d);
 // Checks the values of d.pos (the precondition of ops.h: 0 or previous + 1 within a row); its dtype
 // and size are the front's (ops_check.h).
 void check_positions(const AttnDims& d);
+// softcap > 0 (Gemma 4's final_logit_softcapping c): the loss is taken on c * tanh(logits / c), its
+// gradient through the cap (1 - tanh^2); 0: plain logits (every other model; the ops.h entry).
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
-                          Tensor ws);
+                          Tensor ws, float softcap = 0.f);
 size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V);
 void embedding_forward(Tensor out, Tensor ids, Tensor table);
 void embedding_backward(Tensor dtable, Tensor dout, Tensor ids);

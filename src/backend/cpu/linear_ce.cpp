@@ -1,6 +1,7 @@
 // Fused LM head + cross-entropy, chunked over tokens so that only [chunk, V] logits exist.
 // Per chunk: logits = x_c @ w^T; per row lse, loss = lse - logit[label], and in place the
-// gradient g = grad_scale * (softmax - onehot); then dw += g^T @ x_c and dx_c = g @ w.
+// gradient g = grad_scale * (softmax - onehot); then dw += g^T @ x_c and dx_c = g @ w. With a soft-cap
+// c the row's logits become s = c tanh(z / c) first and g is multiplied by ds/dz = 1 - (s / c)^2.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -30,7 +31,7 @@ size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) {
 }
 
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
-                          Tensor ws) {
+                          Tensor ws, float softcap) {
   // Shapes, dtypes, aliasing and the workspace size: ops_check.h. dx may be x itself: dx rows of a
   // chunk are written after that chunk's x rows were last read.
   const int64_t N = x.rows(), H = x.cols(), V = w.rows();  // x [N, H], w [V, H], labels [N]
@@ -78,6 +79,9 @@ void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tenso
               if (want_grad) std::fill(l, l + V, 0.f);  // ignored rows get no gradient
               continue;
             }
+            const double cap = softcap;
+            if (cap > 0)
+              for (int64_t j = 0; j < V; ++j) l[j] = float(cap * std::tanh(double(l[j]) / cap));
             float mx = l[0];
             for (int64_t j = 1; j < V; ++j) mx = std::max(mx, l[j]);
             double sum = 0.0;
@@ -87,7 +91,12 @@ void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tenso
             if (!want_grad) continue;
             for (int64_t j = 0; j < V; ++j) {
               const double p = std::exp(double(l[j]) - lse);
-              l[j] = float((j == y ? p - 1.0 : p) * double(grad_scale));
+              double g = (j == y ? p - 1.0 : p) * double(grad_scale);
+              if (cap > 0) {
+                const double t = double(l[j]) / cap;  // tanh(z / c), from the capped logit
+                g *= 1.0 - t * t;
+              }
+              l[j] = float(g);
             }
           }
         },

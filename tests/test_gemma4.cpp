@@ -1,0 +1,776 @@
+// Gemma 4 config reading (docs/GEMMA4.md): the published 31B and 26B-A4B shapes read into per-layer
+// head dims, KV heads and RoPE, their parameter counts against the published totals (30.7B;
+// 25.2B total, 3.8B active), K/V sharing, the multimodal spelling, every refusal of a hostile
+// config (file and key named), and parse_model_spec's refusal naming what is still missing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_device.h"
+#include "backend/cpu/kernels.h"
+#include "engine/blob_init.h"
+#include "core/error.h"
+#include "model/layout.h"
+#include "model/program.h"
+#include "model/rope.h"
+#include "model/spec.h"
+#include "model/spec_gemma4.h"
+#include "rope_fixture.h"
+#include "test_util.h"
+
+namespace sf {
+namespace {
+
+using nlohmann::json;
+
+// Five sliding layers, then a full one (Gemma 4's pattern); the last layer full.
+json layer_types(int n) {
+  json t = json::array();
+  for (int i = 0; i < n; ++i) t.push_back((i + 1) % 6 == 0 || i == n - 1 ? "full_attention" : "sliding_attention");
+  return t;
+}
+
+// google/gemma-4-31B's text shape as third-party readers of its config.json record it
+// (docs/GEMMA4.md; the next session checks it against the real file).
+json config_31b() {
+  return json{{"architectures", {"Gemma4ForCausalLM"}},
+              {"model_type", "gemma4_text"},
+              {"vocab_size", 262144},
+              {"hidden_size", 5376},
+              {"intermediate_size", 21504},
+              {"num_hidden_layers", 60},
+              {"num_attention_heads", 32},
+              {"num_key_value_heads", 16},
+              {"num_global_key_value_heads", 4},
+              {"head_dim", 256},
+              {"global_head_dim", 512},
+              {"attention_k_eq_v", true},
+              {"hidden_size_per_layer_input", 0},
+              {"num_kv_shared_layers", 0},
+              {"sliding_window", 1024},
+              {"final_logit_softcapping", 30.0},
+              {"layer_types", layer_types(60)},
+              {"rope_parameters",
+               {{"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1e6}}},
+                {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000}}},
+                {"rope_theta", nullptr},
+                {"rope_type", "default"}}},
+              {"tie_word_embeddings", true},
+              {"torch_dtype", "bfloat16"}};
+}
+
+json config_26b_a4b() {
+  json c = config_31b();
+  c["hidden_size"] = 2816;
+  c["intermediate_size"] = 2112;
+  c["num_hidden_layers"] = 30;
+  c["num_attention_heads"] = 16;
+  c["num_key_value_heads"] = 8;
+  c["num_global_key_value_heads"] = 2;
+  c["layer_types"] = layer_types(30);
+  c["enable_moe_block"] = true;
+  c["num_experts"] = 128;
+  c["top_k_experts"] = 8;
+  c["moe_intermediate_size"] = 704;
+  return c;
+}
+
+// A tiny dense config for the refusal tests.
+json config_tiny() {
+  return json{{"model_type", "gemma4_text"},
+              {"vocab_size", 64},
+              {"hidden_size", 32},
+              {"intermediate_size", 48},
+              {"num_hidden_layers", 6},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"num_global_key_value_heads", 1},
+              {"head_dim", 8},
+              {"global_head_dim", 16},
+              {"attention_k_eq_v", true},
+              {"hidden_size_per_layer_input", 0},
+              {"sliding_window", 4},
+              {"layer_types", layer_types(6)}};
+}
+
+TEST(Gemma4Spec, Published31BShape) {
+  const ModelSpec s = read_gemma4_spec(config_31b(), "g4.json");
+  EXPECT_EQ(s.arch, Arch::Gemma4);
+  EXPECT_EQ(s.model_type, "gemma4_text");
+  EXPECT_EQ(s.tensor_prefix, "model.");
+  const Gemma4Spec& g = s.gemma4;
+  ASSERT_EQ(g.head_dim.size(), 60u);
+  for (int l = 0; l < 60; ++l) {
+    const bool global = (l + 1) % 6 == 0;
+    EXPECT_EQ(s.is_local(l), !global) << l;
+    EXPECT_EQ(g.head_dim[size_t(l)], global ? 512 : 256) << l;
+    EXPECT_EQ(g.kv_heads[size_t(l)], global ? 4 : 16) << l;
+    EXPECT_FALSE(g.kv_shared(l)) << l;
+  }
+  EXPECT_TRUE(g.k_eq_v);
+  EXPECT_DOUBLE_EQ(g.global_rope_fraction, 0.25);
+  EXPECT_DOUBLE_EQ(s.rope.theta, 1e6);
+  EXPECT_EQ(s.rope.type, "default");
+  EXPECT_DOUBLE_EQ(s.rope_local.theta, 1e4);
+  EXPECT_EQ(s.local_window, 1024);
+  EXPECT_EQ(s.sliding_window, 0);
+  EXPECT_DOUBLE_EQ(g.final_softcap, 30.0);
+  EXPECT_DOUBLE_EQ(s.attn_scale, 1.0);
+  EXPECT_FALSE(s.gemma_norm);  // weight-scaled norms, weights start at 1
+  EXPECT_TRUE(s.sandwich_norm && s.gelu_mlp && s.embed_scale && s.qk_norm);
+  EXPECT_EQ(g.ple_dim, 0);
+  EXPECT_FALSE(g.moe_block);
+  EXPECT_EQ(s.pad_token_id, 0);
+  // Published: 30.7B parameters.
+  EXPECT_EQ(s.total_params(), 30697345280);
+}
+
+TEST(Gemma4Spec, Published26BA4BShape) {
+  const ModelSpec s = read_gemma4_spec(config_26b_a4b(), "g4.json");
+  const Gemma4Spec& g = s.gemma4;
+  EXPECT_TRUE(g.moe_block);
+  EXPECT_EQ(g.n_expert, 128);
+  EXPECT_EQ(g.top_k, 8);
+  EXPECT_EQ(g.moe_intermediate, 704);
+  EXPECT_EQ(g.kv_heads[5], 2);
+  EXPECT_EQ(g.kv_heads[4], 8);
+  // Published: 25.2B total, 3.8B active.
+  EXPECT_EQ(s.total_params(), 25233141760);
+  int64_t active = s.vocab * s.hidden + s.hidden;
+  for (int l = 0; l < s.n_layer; ++l) active += s.layer_active_params(l);
+  EXPECT_EQ(active, 3822530560);
+}
+
+TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
+  test::expect_input_error([&] { parse_model_spec(config_31b(), "g4.json"); },
+                           {"g4.json", "Gemma 4", "not supported yet", "docs/GEMMA4.md", "512-wide global heads",
+                            "per-layer KV heads", "proportional RoPE", "attention_k_eq_v", "final logit soft-capping"});
+  test::expect_input_error([&] { parse_model_spec(config_26b_a4b(), "g4.json"); },
+                           {"g4.json", "the MoE block (128 experts, top 8)"});
+  // The published E-models' per-layer input embeddings and shared K/V.
+  json e = config_tiny();
+  e["hidden_size_per_layer_input"] = 8;
+  e["num_kv_shared_layers"] = 2;
+  e["use_double_wide_mlp"] = true;
+  e["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"};
+  test::expect_input_error([&] { parse_model_spec(e, "g4.json"); },
+                           {"per-layer input embeddings (8)", "K/V shared by the last 2 layers", "double-wide MLPs"});
+}
+
+// Gemma4Config with a text_config: the language model's names under model.language_model.; the
+// outer model_type, architectures and tying win; without text_config, Gemma4TextConfig's defaults.
+TEST(Gemma4Spec, MultimodalConfig) {
+  json c = {{"architectures", {"Gemma4ForConditionalGeneration"}},
+            {"model_type", "gemma4"},
+            {"tie_word_embeddings", true},
+            {"text_config", config_tiny()},
+            {"vision_config", {{"model_type", "gemma4_vision"}}}};
+  c["text_config"]["tie_word_embeddings"] = false;
+  const ModelSpec s = read_gemma4_spec(c, "g4.json");
+  EXPECT_EQ(s.tensor_prefix, "model.language_model.");
+  EXPECT_EQ(s.model_type, "gemma4");
+  EXPECT_TRUE(s.tie_embeddings);
+  EXPECT_EQ(s.hidden, 32);
+  const ModelSpec d = read_gemma4_spec(json{{"model_type", "gemma4"}}, "g4.json");
+  EXPECT_EQ(d.hidden, 2304);
+  EXPECT_EQ(d.n_layer, 30);
+  EXPECT_EQ(d.gemma4.ple_dim, 256);  // Gemma4TextConfig's default
+  EXPECT_EQ(d.gemma4.head_dim[29], 512);
+  EXPECT_EQ(d.gemma4.kv_heads[29], 4);  // no k_eq_v: global layers keep num_key_value_heads
+}
+
+// Without layer_types every 6th layer is global, and transformers forces the last one global.
+TEST(Gemma4Spec, DefaultLayerTypesEndGlobal) {
+  json c = config_tiny();
+  c.erase("layer_types");
+  c["num_hidden_layers"] = 4;
+  const ModelSpec s = read_gemma4_spec(c, "g4.json");
+  EXPECT_EQ(s.local_layer, (std::vector<bool>{true, true, true, false}));
+  c["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "sliding_attention"};
+  const ModelSpec t = read_gemma4_spec(c, "g4.json");
+  EXPECT_EQ(t.local_layer, (std::vector<bool>{true, false, true, false}));
+  // Without rope_parameters: transformers' defaults (proportional over a quarter, 1e6; local 1e4).
+  EXPECT_DOUBLE_EQ(t.gemma4.global_rope_fraction, 0.25);
+  EXPECT_DOUBLE_EQ(t.rope.theta, 1e6);
+  EXPECT_DOUBLE_EQ(t.rope_local.theta, 1e4);
+}
+
+// The last num_kv_shared_layers reuse the K/V of the last earlier layer of their type; with
+// use_double_wide_mlp their MLP is twice as wide; they have no k/v projections or norms.
+TEST(Gemma4Spec, SharedKvLayers) {
+  json c = config_tiny();
+  c["num_kv_shared_layers"] = 2;  // layers 4 (sliding) and 5 (full)
+  c["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"};
+  c["use_double_wide_mlp"] = true;
+  const ModelSpec s = read_gemma4_spec(c, "g4.json");
+  EXPECT_EQ(s.gemma4.kv_source, (std::vector<int>{0, 1, 2, 3, 3, 1}));
+  EXPECT_TRUE(s.gemma4.kv_shared(4));
+  EXPECT_FALSE(s.gemma4.kv_shared(3));
+  EXPECT_EQ(s.gemma4.mlp_intermediate(4, 48), 96);
+  EXPECT_EQ(s.gemma4.mlp_intermediate(3, 48), 48);
+  // Layer 3 (sliding, own K/V, normal MLP) vs layer 4 (shared, double MLP): k_proj, v_proj and
+  // k_norm gone (head dim 8, 2 KV heads), 3 * 32 * 48 more MLP.
+  EXPECT_EQ(s.layer_params(4) - s.layer_params(3), 3 * 32 * 48 - (2 * 32 * 16 + 8));
+  // A shared full layer with no earlier full layer to take K/V from.
+  c["layer_types"] = {"sliding_attention", "sliding_attention", "sliding_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"};
+  c["num_kv_shared_layers"] = 1;
+  test::expect_input_error([&] { read_gemma4_spec(c, "g4.json"); }, {"g4.json", "layer 5", "no earlier layer"});
+  c["num_kv_shared_layers"] = 6;
+  test::expect_input_error([&] { read_gemma4_spec(c, "g4.json"); }, {"g4.json", "num_kv_shared_layers"});
+}
+
+// Newer transformers write the global layers' head dim and KV heads as per_layer_config.
+TEST(Gemma4Spec, PerLayerConfig) {
+  json c = config_tiny();
+  c.erase("global_head_dim");
+  c["per_layer_config"] = {{"5", {{"head_dim", 32}, {"num_key_value_heads", 1}}}};
+  c["rope_parameters"] = {{"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.5}}},
+                          {"sliding_attention", {{"rope_type", "default"}}}};
+  const ModelSpec s = read_gemma4_spec(c, "g4.json");
+  EXPECT_EQ(s.gemma4.head_dim[5], 32);
+  EXPECT_EQ(s.gemma4.kv_heads[5], 1);
+  EXPECT_EQ(s.gemma4.head_dim[4], 8);
+  EXPECT_DOUBLE_EQ(s.gemma4.global_rope_fraction, 0.5);
+}
+
+// Every hostile value is refused naming the file and the key.
+TEST(Gemma4Spec, HostileConfigsNameFileAndKey) {
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {"layer_types length", [](json& c) { c["layer_types"] = {"full_attention"}; }, {"layer_types", "has 1 entries"}},
+      {"layer type", [](json& c) { c["layer_types"][0] = "chunked_attention"; }, {"layer_types[0]", "chunked"}},
+      {"global head dim odd", [](json& c) { c["global_head_dim"] = 15; }, {"head dim 15 is odd"}},
+      {"global head dim huge", [](json& c) { c["global_head_dim"] = 1e9; }, {"global_head_dim", "out of range"}},
+      {"global head dim type", [](json& c) { c["global_head_dim"] = "512"; }, {"global_head_dim", "string"}},
+      {"global kv heads", [](json& c) { c["num_global_key_value_heads"] = 3; }, {"layer 5", "multiple"}},
+      {"global kv heads zero", [](json& c) { c["num_global_key_value_heads"] = 0; },
+       {"num_global_key_value_heads", "out of range"}},
+      {"rope type", [](json& c) { c["rope_parameters"] = {{"full_attention", {{"rope_type", "yarn"}}},
+                                                          {"sliding_attention", json::object()}}; },
+       {"full_attention", "yarn"}},
+      {"rope fraction", [](json& c) {
+         c["rope_parameters"] = {{"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 1.5}}},
+                                 {"sliding_attention", json::object()}};
+       },
+       {"partial_rotary_factor", "out of range"}},
+      {"rope fraction zero", [](json& c) {
+         c["rope_parameters"] = {{"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0}}},
+                                 {"sliding_attention", json::object()}};
+       },
+       {"partial_rotary_factor must be in (0, 1]"}},
+      {"default rope on wide heads", [](json& c) {
+         c["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}}, {"sliding_attention", json::object()}};
+       },
+       {"full_attention", "'default'", "proportional"}},
+      {"rope entry missing", [](json& c) {
+         c["rope_parameters"] = {{"sliding_attention", json::object()}};
+       },
+       {"rope_parameters", "full_attention"}},
+      {"rope theta", [](json& c) {
+         c["rope_parameters"] = {{"full_attention", {{"rope_type", "proportional"}, {"rope_theta", -1}}},
+                                 {"sliding_attention", json::object()}};
+       },
+       {"rope_theta", "out of range"}},
+      {"partial local rope", [](json& c) {
+         c["rope_parameters"] = {{"full_attention", {{"rope_type", "proportional"}}},
+                                 {"sliding_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.5}}}};
+       },
+       {"sliding_attention", "partial rotary"}},
+      {"softcap negative", [](json& c) { c["final_logit_softcapping"] = -1.0; },
+       {"final_logit_softcapping", "out of range"}},
+      {"softcap zero", [](json& c) { c["final_logit_softcapping"] = 0.0; }, {"final_logit_softcapping must be positive"}},
+      {"attn softcap", [](json& c) { c["attn_logit_softcapping"] = 50.0; }, {"attn_logit_softcapping"}},
+      {"moe without experts", [](json& c) { c["enable_moe_block"] = true; }, {"enable_moe_block needs 'num_experts'"}},
+      {"moe top k", [](json& c) {
+         c["enable_moe_block"] = true;
+         c["num_experts"] = 4;
+         c["top_k_experts"] = 5;
+         c["moe_intermediate_size"] = 8;
+       },
+       {"top_k_experts (5) exceeds num_experts (4)"}},
+      {"moe experts huge", [](json& c) {
+         c["enable_moe_block"] = true;
+         c["num_experts"] = 1e7;
+         c["top_k_experts"] = 1;
+         c["moe_intermediate_size"] = 8;
+       },
+       {"num_experts", "out of range"}},
+      {"bidirectional", [](json& c) { c["use_bidirectional_attention"] = "all"; }, {"use_bidirectional_attention"}},
+      {"bias", [](json& c) { c["attention_bias"] = true; }, {"attention_bias"}},
+      {"dropout", [](json& c) { c["attention_dropout"] = 0.1; }, {"attention_dropout"}},
+      {"activation", [](json& c) { c["hidden_activation"] = "relu"; }, {"hidden_activation 'relu'"}},
+      {"ple dim", [](json& c) { c["hidden_size_per_layer_input"] = -1; }, {"hidden_size_per_layer_input"}},
+      {"ple vocab", [](json& c) { c["vocab_size_per_layer_input"] = 0; }, {"vocab_size_per_layer_input"}},
+      {"per_layer_config index", [](json& c) { c["per_layer_config"] = {{"x", json::object()}}; },
+       {"per_layer_config", "not a layer index"}},
+      {"per_layer_config range", [](json& c) { c["per_layer_config"] = {{"6", json::object()}}; },
+       {"per_layer_config", "not a layer index"}},
+      {"per_layer_config mixed", [](json& c) {
+         c["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention",
+                             "sliding_attention", "sliding_attention", "full_attention"};
+         c["per_layer_config"] = {{"0", {{"head_dim", 16}}}, {"5", {{"head_dim", 32}}}};
+       },
+       {"layer 5", "differs from the other full attention layers' (16)"}},
+      {"text_config type", [](json& c) { c = json{{"model_type", "gemma4"}, {"text_config", "x"}}; },
+       {"text_config"}},
+      {"kv heads", [](json& c) { c["num_key_value_heads"] = 3; }, {"num_key_value_heads"}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    json c = config_tiny();
+    k.edit(c);
+    std::vector<std::string> needles = k.needles;
+    needles.push_back("g4.json");
+    test::expect_input_error([&] { read_gemma4_spec(c, "g4.json"); }, needles);
+    test::expect_input_error([&] { parse_model_spec(c, "g4.json"); }, needles);
+  }
+  // Not a Gemma 4 config.
+  test::expect_input_error([&] { read_gemma4_spec(json{{"model_type", "llama"}, {"vocab_size", 8}}, "l.json"); },
+                           {"l.json"});
+}
+
+// The parameter layout of the dense shapes: per-layer q/k/v/o shapes, no v_proj on k=v global
+// layers, no k/v on KV-shared layers, double-wide MLPs there, norms starting at 1; every parameter
+// counted once (the entries sum to total_params).
+int64_t entries_numel(const ModelLayout& m) {
+  int64_t n = 0;
+  for (const BlobLayout& b : m.blobs)
+    for (const BlobEntry& e : b.entries) n += e.numel;
+  return n;
+}
+
+std::vector<int64_t> shape_of(const BlobLayout& b, const std::string& suffix) {
+  for (const BlobEntry& e : b.entries)
+    if (e.name.size() >= suffix.size() && e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return e.shape;
+  return {};
+}
+
+TEST(Gemma4Layout, DenseShapes) {
+  const ModelSpec s = read_gemma4_spec(config_31b(), "g4.json");
+  const ModelLayout m = make_layout(s);
+  ASSERT_EQ(m.blobs.size(), 62u);
+  EXPECT_EQ(entries_numel(m), s.total_params());
+  const BlobLayout& local = m.layer(4);
+  const BlobLayout& global = m.layer(5);
+  EXPECT_EQ(shape_of(local, "layers.4.self_attn.q_proj.weight"), (std::vector<int64_t>{32 * 256, 5376}));
+  EXPECT_EQ(shape_of(local, "layers.4.self_attn.v_proj.weight"), (std::vector<int64_t>{16 * 256, 5376}));
+  EXPECT_EQ(shape_of(global, "layers.5.self_attn.q_proj.weight"), (std::vector<int64_t>{32 * 512, 5376}));
+  EXPECT_EQ(shape_of(global, "layers.5.self_attn.k_proj.weight"), (std::vector<int64_t>{4 * 512, 5376}));
+  EXPECT_EQ(shape_of(global, "layers.5.self_attn.o_proj.weight"), (std::vector<int64_t>{5376, 32 * 512}));
+  EXPECT_EQ(shape_of(global, "layers.5.self_attn.q_norm.weight"), (std::vector<int64_t>{512}));
+  EXPECT_TRUE(shape_of(global, "v_proj.weight").empty());
+  EXPECT_EQ(global.entry(LayerParam::Wv), nullptr);
+  EXPECT_TRUE(shape_of(global, "v_norm.weight").empty());
+  EXPECT_EQ(global.norm_init, 1.f);
+  int64_t largest_layer = 0;
+  for (int l = 0; l < s.n_layer; ++l) largest_layer = std::max(largest_layer, m.layer(l).numel);
+  EXPECT_EQ(largest_layer, global.numel);  // the 512-wide global layers are the largest
+  EXPECT_GT(global.numel, local.numel);
+  EXPECT_EQ(m.layer(0).entries.front().name, "model.layers.0.input_layernorm.weight");
+  // Views of a (tiny) global layer: q [n_head * 16, H], k [1 * 16, H], no v.
+  const ModelSpec tv = read_gemma4_spec(config_tiny(), "g4.json");
+  const ModelLayout mv = make_layout(tv);
+  std::vector<float> blob(size_t(mv.layer(5).numel));
+  const LayerParams v = layer_views(mv.layer(5), blob.data(), DType::F32);
+  EXPECT_EQ(v[LayerParam::Wq].rows(), 4 * 16);
+  EXPECT_EQ(v[LayerParam::Wk].rows(), 16);
+  EXPECT_EQ(v[LayerParam::QNorm].numel(), 16);
+  EXPECT_TRUE(v[LayerParam::Wv].empty());
+
+  json c = config_tiny();
+  c["num_kv_shared_layers"] = 2;
+  c["use_double_wide_mlp"] = true;
+  c["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"};
+  const ModelSpec t = read_gemma4_spec(c, "g4.json");
+  const ModelLayout mt = make_layout(t);
+  EXPECT_EQ(entries_numel(mt), t.total_params());
+  const BlobLayout& sh = mt.layer(4);
+  EXPECT_EQ(sh.entry(LayerParam::Wk), nullptr);
+  EXPECT_EQ(sh.entry(LayerParam::KNorm), nullptr);
+  EXPECT_EQ(sh.entry(LayerParam::Wv), nullptr);
+  EXPECT_EQ(shape_of(sh, "mlp.gate_proj.weight"), (std::vector<int64_t>{96, 32}));
+  EXPECT_EQ(shape_of(mt.layer(3), "mlp.gate_proj.weight"), (std::vector<int64_t>{48, 32}));
+  // Not laid out yet: refused, naming the file.
+  c["hidden_size_per_layer_input"] = 4;
+  test::expect_input_error([&] { make_layout(read_gemma4_spec(c, "g4.json")); },
+                           {"g4.json", "per-layer input embeddings"});
+}
+
+// One Gemma 4 decoder layer through Program on the cpu device (program_gemma4.cpp): L = <y, R>
+// against central differences of the program's own forward, for the input and a sample of every
+// parameter; a local layer (window 4 < T) and a global one (twice the head dim, one KV head,
+// proportional RoPE over a quarter), with and without keys reused as values.
+struct LayerCase {
+  int layer;
+  bool k_eq_v;
+  float layer_scalar = 1.f;
+};
+class Gemma4LayerGrad : public ::testing::TestWithParam<LayerCase> {};
+
+TEST_P(Gemma4LayerGrad, ProgramBackwardMatchesFiniteDifferences) {
+  json c = config_tiny();
+  c["attention_k_eq_v"] = GetParam().k_eq_v;
+  ModelSpec s = read_gemma4_spec(c, "tiny");
+  EXPECT_EQ(s.gemma4.layer_scalar, std::vector<float>(6, 1.f));
+  s.gemma4.layer_scalar[size_t(GetParam().layer)] = GetParam().layer_scalar;
+  const ModelLayout lay = make_layout(s);
+  const int l = GetParam().layer;
+  const BlobLayout& blob = lay.layer(l);
+  const bool global = !s.is_local(l);
+  EXPECT_EQ(blob.entry(LayerParam::Wv) == nullptr, global && GetParam().k_eq_v);
+  auto dev = make_cpu_device();
+  auto st = dev->create_stream();
+  const int B = 2, T = 7;
+  const int64_t N = B * T, H = s.hidden;
+  Workspace ws(*dev, s, B, T, DType::F32);
+  const Program prog(s, dev->ops(), DType::F32);
+
+  std::vector<float> params(size_t(blob.numel)), grads(size_t(blob.numel), 0.f);
+  random_blob(blob, 1 + l, 17, 0.3, params.data());
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const auto& e : blob.entries)  // norms around their start, 1
+    if (e.name.find("norm") != std::string::npos)
+      for (int64_t i = 0; i < e.numel; ++i) params[size_t(e.offset + i)] = 1.f + 0.3f * nd(rng);
+  // Global layers: proportional RoPE over their own head dim; local: the default table over head_dim.
+  const test::HostRope host_rope(s, T);
+  const RopeTables& rope = host_rope.views;
+  ASSERT_EQ(rope.cos.cols(), 8);        // global head dim 16
+  ASSERT_EQ(rope.cos_local.cols(), 4);  // head_dim 8
+  EXPECT_NE(host_rope.cos[size_t(3 * 8 + 1)], 1.f);  // position 3: pairs 0, 1 of 8 rotate (a quarter)
+  EXPECT_EQ(host_rope.cos[size_t(3 * 8 + 2)], 1.f);  // the rest do not
+  ASSERT_EQ(host_rope.cos_l.size(), size_t(T * 4));  // local: the default table over head_dim 8
+  EXPECT_FLOAT_EQ(host_rope.cos_l[size_t(3 * 4 + 3)], std::cos(3.f * std::pow(1e4f, -6.f / 8.f)));
+  auto x = test::randn(size_t(N * H), 5), R = test::randn(size_t(N * H), 6);
+  std::vector<float> y(size_t(N * H)), dx(size_t(N * H));
+  const BatchDims d{B, T, {}};
+  const LayerBuffers w = ws.layer(d);
+  auto forward = [&] {
+    prog.layer_forward(layer_views(blob, params.data(), DType::F32), test::view_of(x, {N, H}), test::view_of(y, {N, H}),
+                       w, d, rope, *st);
+    dev->synchronize(*st);
+    return test::dot(y, R);
+  };
+  if (GetParam().layer_scalar != 1.f) {  // the output is the unscaled layer's times layer_scalar
+    ModelSpec s1 = s;
+    s1.gemma4.layer_scalar.assign(6, 1.f);
+    const Program prog1(s1, dev->ops(), DType::F32);
+    prog1.layer_forward(layer_views(blob, params.data(), DType::F32), test::view_of(x, {N, H}), test::view_of(y, {N, H}),
+                        w, d, rope, *st);
+    dev->synchronize(*st);
+    std::vector<float> y1 = y;
+    forward();
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], y1[i] * GetParam().layer_scalar) << i;
+  }
+  forward();
+  prog.layer_backward(layer_views(blob, params.data(), DType::F32), layer_views(blob, grads.data(), DType::F32),
+                      test::view_of(x, {N, H}), test::view_of(R, {N, H}), test::view_of(dx, {N, H}), w, d, rope, *st);
+  dev->synchronize(*st);
+  // The backward's recompute (into fresh buffers' worth of garbage) gives the same gradients.
+  {
+    std::vector<float> g2(size_t(blob.numel), 0.f), dx2(size_t(N * H)), scratch(size_t(N * H));
+    std::fill(static_cast<float*>(w.h1.data), static_cast<float*>(w.h1.data) + N * H, 7.f);
+    prog.layer_recompute(layer_views(blob, params.data(), DType::F32), test::view_of(x, {N, H}),
+                         test::view_of(scratch, {N, H}), w, d, rope, *st);
+    prog.layer_backward(layer_views(blob, params.data(), DType::F32), layer_views(blob, g2.data(), DType::F32),
+                        test::view_of(x, {N, H}), test::view_of(R, {N, H}), test::view_of(dx2, {N, H}), w, d, rope,
+                        *st);
+    dev->synchronize(*st);
+    EXPECT_EQ(g2, grads);
+    EXPECT_EQ(dx2, dx);
+  }
+  const double eps = 1e-2;
+  auto fd_check = [&](std::vector<float>& v, const std::vector<size_t>& idx, const std::vector<float>& g,
+                      const std::string& what) {
+    std::vector<double> num, ana;
+    for (size_t i : idx) {
+      const float v0 = v[i];
+      v[i] = v0 + float(eps);
+      const double lp = forward();
+      v[i] = v0 - float(eps);
+      const double lm = forward();
+      v[i] = v0;
+      num.push_back((lp - lm) / (2 * eps));
+      ana.push_back(g[i]);
+    }
+    EXPECT_LE(test::rel_err(ana, num), 5e-3) << what;
+  };
+  fd_check(x, test::sample_indices(x.size(), 40, 1), dx, "dx");
+  for (const auto& e : blob.entries) {
+    std::vector<size_t> idx;
+    for (size_t i : test::sample_indices(size_t(e.numel), 8, uint64_t(e.offset))) idx.push_back(size_t(e.offset) + i);
+    fd_check(params, idx, grads, e.name);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, Gemma4LayerGrad,
+                         ::testing::Values(LayerCase{4, true}, LayerCase{5, true}, LayerCase{4, false},
+                                           LayerCase{5, false}, LayerCase{5, true, 0.37f}),
+                         [](const auto& info) {
+                           return std::string(info.param.layer == 5 ? "Global" : "Local") +
+                                  (info.param.k_eq_v ? "KeqV" : "OwnV") +
+                                  (info.param.layer_scalar != 1.f ? "Scaled" : "");
+                         });
+
+// Proportional RoPE (Gemma 4's global layers): the first quarter of the frequency pairs rotate with
+// theta^(-2i / head_dim), the rest have frequency 0; through the ordinary RoPE kernel those dims
+// come out unchanged, the others as an fp64 rotation; the backward against finite differences.
+TEST(Gemma4Rope, ProportionalTableAndKernel) {
+  RopeSpec r;
+  r.theta = 1e6;
+  const int hd = 512, half = hd / 2;
+  const std::vector<float> inv = rope_inv_freq_proportional(r, hd, 0.25);
+  ASSERT_EQ(inv.size(), size_t(half));
+  for (int i = 0; i < half; ++i) {
+    const double want = i < 64 ? std::pow(1e6, -2.0 * i / hd) : 0.0;
+    EXPECT_NEAR(inv[size_t(i)], want, 1e-6 * want + 0.0) << i;
+  }
+  // With a factor (rope_type "linear" here): every rotated frequency divided by it.
+  RopeSpec lin = r;
+  lin.type = "linear";
+  lin.factor = 8.0;
+  const std::vector<float> inv8 = rope_inv_freq_proportional(lin, hd, 0.25);
+  for (int i = 0; i < half; ++i) EXPECT_FLOAT_EQ(inv8[size_t(i)], inv[size_t(i)] / 8.f) << i;
+  // fraction 1: the plain table of rope_inv_freq over the whole head.
+  ModelSpec plain;
+  plain.head_dim = hd;
+  plain.rope = r;
+  EXPECT_EQ(rope_inv_freq_proportional(r, hd, 1.0), rope_inv_freq(plain));
+  // A fraction that is not a multiple of the pairs: int(0.3 * 10 / 2) = 1 rotated pair of 5.
+  const std::vector<float> odd = rope_inv_freq_proportional(r, 10, 0.3);
+  EXPECT_GT(odd[0], 0.f);
+  for (size_t i = 1; i < odd.size(); ++i) EXPECT_EQ(odd[i], 0.f);
+
+  // The kernel with the table: T positions, 2 heads of a small head dim (16, a quarter rotated).
+  const int T = 7, H = 2, d = 16, dh = d / 2;
+  std::vector<float> cos, sin;
+  rope_tables_from(rope_inv_freq_proportional(r, d, 0.25), T, cos, sin);
+  auto x = test::randn(size_t(T) * H * d, 4401);
+  std::vector<float> y = x;
+  cpu::rope_forward(test::view_of(y, {T, H * d}), test::view_of(cos, {T, dh}), test::view_of(sin, {T, dh}), T, H, d);
+  const int rot = 2;  // int(0.25 * 16 / 2)
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < dh; ++i) {
+        const size_t a = size_t(t) * H * d + size_t(h) * d + size_t(i), b = a + size_t(dh);
+        if (i >= rot) {
+          EXPECT_EQ(y[a], x[a]);
+          EXPECT_EQ(y[b], x[b]);
+          continue;
+        }
+        const double ang = double(t) * std::pow(1e6, -2.0 * i / d);
+        EXPECT_NEAR(y[a], x[a] * std::cos(ang) - x[b] * std::sin(ang), 1e-5);
+        EXPECT_NEAR(y[b], x[b] * std::cos(ang) + x[a] * std::sin(ang), 1e-5);
+      }
+  // Backward: d/dx of L = sum(g * rope(x)) is rope_backward(g); central differences in fp32 on
+  // a linear map are exact up to rounding.
+  auto g = test::randn(x.size(), 4402);
+  std::vector<float> dx = g;
+  cpu::rope_backward(test::view_of(dx, {T, H * d}), test::view_of(cos, {T, dh}), test::view_of(sin, {T, dh}), T, H,
+                     d);
+  auto loss = [&](const std::vector<float>& xin) {
+    std::vector<float> yy = xin;
+    cpu::rope_forward(test::view_of(yy, {T, H * d}), test::view_of(cos, {T, dh}), test::view_of(sin, {T, dh}), T, H,
+                      d);
+    double l = 0;
+    for (size_t k = 0; k < yy.size(); ++k) l += double(g[k]) * yy[k];
+    return l;
+  };
+  const float step = 1e-2f;
+  for (size_t k = 0; k < x.size(); k += 5) {
+    std::vector<float> xp = x, xm = x;
+    xp[k] += step;
+    xm[k] -= step;
+    const double fd = (loss(xp) - loss(xm)) / (double(xp[k]) - double(xm[k]));
+    EXPECT_NEAR(dx[k], fd, 2e-4 * (1 + std::abs(fd))) << k;
+  }
+}
+
+// Gemma 4's value norm has no weight: the RMSNorm kernel with a weight of ones and no weight
+// gradient, forward against fp64 and backward against finite differences.
+TEST(Gemma4Norm, WeightlessValueNorm) {
+  const int R = 5, C = 16;
+  const float eps = 1e-6f;
+  auto x = test::randn(size_t(R) * C, 4501, 1.5f);
+  std::vector<float> ones(C, 1.f), out(x.size()), rstd(R);
+  cpu::rmsnorm_forward(test::view_of(out, {R, C}), test::view_of(rstd, {R}), test::view_of(x, {R, C}),
+                       test::view_of(ones, {C}), eps);
+  for (int r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += double(x[size_t(r) * C + c]) * x[size_t(r) * C + c];
+    const double rs = 1.0 / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c) EXPECT_NEAR(out[size_t(r) * C + c], x[size_t(r) * C + c] * rs, 1e-5);
+  }
+  auto g = test::randn(x.size(), 4502);
+  std::vector<float> dx(x.size());
+  cpu::rmsnorm_backward(test::view_of(dx, {R, C}), Tensor(), test::view_of(g, {R, C}), test::view_of(x, {R, C}),
+                        test::view_of(ones, {C}), test::view_of(rstd, {R}), false);
+  auto loss = [&](const std::vector<float>& xin) {
+    std::vector<float> o(xin.size());
+    std::vector<float> xx = xin;
+    cpu::rmsnorm_forward(test::view_of(o, {R, C}), Tensor(), test::view_of(xx, {R, C}), test::view_of(ones, {C}),
+                         eps);
+    double l = 0;
+    for (size_t k = 0; k < o.size(); ++k) l += double(g[k]) * o[k];
+    return l;
+  };
+  for (size_t k = 0; k < x.size(); k += 3) {
+    std::vector<float> xp = x, xm = x;
+    xp[k] += 1e-2f;
+    xm[k] -= 1e-2f;
+    const double fd = (loss(xp) - loss(xm)) / (double(xp[k]) - double(xm[k]));
+    EXPECT_NEAR(dx[k], fd, 2e-3 * (1 + std::abs(fd))) << k;
+  }
+}
+
+// Gemma 4's head: cross-entropy on c * tanh(logits / c). The CPU kernel's loss against an fp64
+// formula, its dx and dw against finite differences of that formula; softcap 0 is the plain
+// kernel bit for bit; a large cap approaches the plain loss.
+double ref_capped_ce(const std::vector<double>& x, const std::vector<double>& w, const std::vector<int32_t>& y, int N,
+                     int H, int V, double cap) {
+  double total = 0;
+  std::vector<double> s(static_cast<size_t>(V));
+  for (int n = 0; n < N; ++n) {
+    if (y[size_t(n)] == -100) continue;
+    double mx = -1e300;
+    for (int j = 0; j < V; ++j) {
+      double z = 0;
+      for (int c = 0; c < H; ++c) z += x[size_t(n) * H + c] * w[size_t(j) * H + c];
+      s[size_t(j)] = cap > 0 ? cap * std::tanh(z / cap) : z;
+      mx = std::max(mx, s[size_t(j)]);
+    }
+    double sum = 0;
+    for (int j = 0; j < V; ++j) sum += std::exp(s[size_t(j)] - mx);
+    total += mx + std::log(sum) - s[size_t(y[size_t(n)])];
+  }
+  return total;
+}
+
+TEST(Gemma4Head, SoftcappedLinearCrossEntropy) {
+  const int N = 6, H = 5, V = 11;
+  const float gs = 0.6f, cap = 1.5f;  // logits of a few units: the cap bends them
+  auto x = test::randn(size_t(N) * H, 4601, 1.2f), w = test::randn(size_t(V) * H, 4602, 1.1f);
+  std::vector<int32_t> y = {4, -100, 0, 10, 7, 4};
+  auto run = [&](float c, std::vector<float>& dx, std::vector<float>& dw) {
+    test::HostTensor ws(DType::F32, {int64_t(cpu::linear_ce_workspace_bytes(N, H, V) / 4) + 1});
+    std::vector<float> loss = {0.f}, xv = x, wv = w;
+    std::vector<int32_t> yv = y;
+    dx.assign(x.size(), 0.f);
+    dw.assign(w.size(), 0.f);
+    cpu::linear_cross_entropy(test::view_of(loss, {1}), test::view_of(dx, {N, H}), test::view_of(dw, {V, H}),
+                              test::view_of(xv, {N, H}), test::view_of(wv, {V, H}), test::view_of(yv, {N}), gs,
+                              ws.view, c);
+    return loss[0];
+  };
+  std::vector<float> dx, dw;
+  const float loss = run(cap, dx, dw);
+  auto xd = test::to_double(x), wd = test::to_double(w);
+  const double want = ref_capped_ce(xd, wd, y, N, H, V, cap);
+  EXPECT_NEAR(loss, want, 1e-5 * want);
+  EXPECT_GT(std::abs(want - ref_capped_ce(xd, wd, y, N, H, V, 0)), 0.1);  // the cap matters here
+  auto L = [&] { return double(gs) * ref_capped_ce(xd, wd, y, N, H, V, cap); };
+  auto ix = test::sample_indices(xd.size(), xd.size(), 0), iw = test::sample_indices(wd.size(), wd.size(), 0);
+  EXPECT_LE(test::rel_err(test::gather(dx, ix), test::numeric_grad(xd, ix, 1e-5, L)), 1e-5);
+  EXPECT_LE(test::rel_err(test::gather(dw, iw), test::numeric_grad(wd, iw, 1e-5, L)), 1e-5);
+  for (int c = 0; c < H; ++c) EXPECT_EQ(dx[size_t(H) + c], 0.f);  // the ignored row
+  // softcap 0: the plain kernel (its default argument), bit for bit.
+  std::vector<float> dx0, dw0, dx1, dw1;
+  const float l0 = run(0.f, dx0, dw0);
+  {
+    test::HostTensor ws(DType::F32, {int64_t(cpu::linear_ce_workspace_bytes(N, H, V) / 4) + 1});
+    std::vector<float> lossv = {0.f}, xv = x, wv = w;
+    std::vector<int32_t> yv = y;
+    dx1.assign(x.size(), 0.f);
+    dw1.assign(w.size(), 0.f);
+    cpu::linear_cross_entropy(test::view_of(lossv, {1}), test::view_of(dx1, {N, H}), test::view_of(dw1, {V, H}),
+                              test::view_of(xv, {N, H}), test::view_of(wv, {V, H}), test::view_of(yv, {N}), gs,
+                              ws.view);
+    EXPECT_EQ(lossv[0], l0);
+  }
+  EXPECT_EQ(dx0, dx1);
+  EXPECT_EQ(dw0, dw1);
+  // A cap far above the logits: the plain loss within the cap's bend (z^3 / (3 c^2)).
+  std::vector<float> dxb, dwb;
+  EXPECT_NEAR(run(1e4f, dxb, dwb), l0, 1e-4 * l0);
+}
+
+// The head through Program with Gemma 4's soft-cap: the loss equals the capped kernel's on the
+// final norm's output, and dx, d(norm) and d(head) match central differences of the program's own
+// loss; the device front refuses a cap <= 0.
+TEST(Gemma4Head, ProgramHeadWithSoftcap) {
+  json c = config_tiny();
+  c["final_logit_softcapping"] = 1.5;
+  const ModelSpec s = read_gemma4_spec(c, "tiny");
+  auto dev = make_cpu_device();
+  auto st = dev->create_stream();
+  const int B = 2, T = 5;
+  const int64_t N = B * T, H = s.hidden, V = s.vocab;
+  Workspace ws(*dev, s, B, T, DType::F32);
+  const Program prog(s, dev->ops(), DType::F32);
+  const BatchDims d{B, T, {}};
+  const HeadBuffers hb = ws.head(d);
+  auto x = test::randn(size_t(N * H), 71), nw = test::randn(size_t(H), 72, 0.2f, 1.f);
+  auto wh = test::randn(size_t(V * H), 73, 0.6f);
+  std::vector<int32_t> y = test::randint(size_t(N), 74, 0, int32_t(V));
+  y[3] = -100;
+  const float gs = 0.25f;
+  std::vector<float> loss(1), dx(static_cast<size_t>(N * H)), dn(static_cast<size_t>(H)), dw(static_cast<size_t>(V * H));
+  auto run = [&](bool grads) {
+    loss[0] = 0.f;
+    Program::HeadArgs a;
+    a.x = test::view_of(x, {N, H});
+    a.norm_w = test::view_of(nw, {H});
+    a.w_head = test::view_of(wh, {V, H});
+    a.targets = test::view_of(y, {N});
+    a.loss_sum = test::view_of(loss, {1});
+    a.grad_scale = gs;
+    if (grads) {
+      std::fill(dn.begin(), dn.end(), 0.f);
+      std::fill(dw.begin(), dw.end(), 0.f);
+      a.dx = test::view_of(dx, {N, H});
+      a.dnorm = test::view_of(dn, {H});
+      a.dw_head = test::view_of(dw, {V, H});
+    }
+    prog.head_forward_backward(a, hb, d, *st);
+    dev->synchronize(*st);
+    return double(loss[0]);
+  };
+  const double l = run(true);
+  // The loss: the capped formula on the normed rows.
+  std::vector<double> hn(size_t(N * H));
+  for (int64_t n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int64_t k = 0; k < H; ++k) ss += double(x[size_t(n * H + k)]) * x[size_t(n * H + k)];
+    const double rs = 1.0 / std::sqrt(ss / double(H) + s.rms_eps);
+    for (int64_t k = 0; k < H; ++k) hn[size_t(n * H + k)] = x[size_t(n * H + k)] * rs * nw[size_t(k)];
+  }
+  const double want = ref_capped_ce(hn, test::to_double(wh), y, int(N), int(H), int(V), 1.5);
+  EXPECT_NEAR(l, want, 1e-5 * want);
+  auto L = [&] { return double(gs) * run(false); };
+  auto ix = test::sample_indices(x.size(), 30, 3), in = test::sample_indices(nw.size(), nw.size(), 4),
+       iw = test::sample_indices(wh.size(), 30, 5);
+  EXPECT_LE(test::rel_err(test::gather(dx, ix), test::numeric_grad(x, ix, 1e-2, L)), 5e-3);
+  EXPECT_LE(test::rel_err(test::gather(dn, in), test::numeric_grad(nw, in, 1e-2, L)), 5e-3);
+  EXPECT_LE(test::rel_err(test::gather(dw, iw), test::numeric_grad(wh, iw, 1e-2, L)), 5e-3);
+  // The front checks the cap.
+  std::vector<float> l2(1);
+  EXPECT_THROW(dev->ops().linear_cross_entropy_capped(test::view_of(l2, {1}), Tensor(), Tensor(), hb.hf, test::view_of(wh, {V, H}),
+                                                      test::view_of(y, {N}), 1.f, 0.f, hb.lce_ws, *st),
+               std::runtime_error);
+}
+
+}  // namespace
+}  // namespace sf
