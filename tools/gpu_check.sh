@@ -548,14 +548,15 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
     # run-to-run spread), then torch SDPA's backends beside our three paths (attn_vs_torch.py, no
     # parity: the gtests did it). RESULT lines into the summary.
     attn_v2)
-      run attn_v2_gtests "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Attention*:-CudaOps.AttentionHeadDim256' \
+      # timeouts: a kernel that hangs costs 5 minutes, not the call
+      run attn_v2_gtests timeout 300 "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Attention*:-CudaOps.AttentionHeadDim256' \
         --gtest_brief=1
       for hd in 128 64; do
         for p in auto sm90v2 auto sm90v2; do
-          "$BIN/attn_bench" 8 2048 32 8 $hd --path $p 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
+          timeout 60 "$BIN/attn_bench" 8 2048 32 8 $hd --path $p 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
         done
       done
-      run attn_v2_torch python3 bench/attn_vs_torch.py "$BIN" --no-parity
+      run attn_v2_torch timeout 400 python3 bench/attn_vs_torch.py "$BIN" --no-parity
       sed -n '/===== attn_v2_torch/,$p' "$OUT/all.log" | grep -E "^RESULT|^  hd" | tee -a "$OUT/summary.txt" ;;
     *) echo "unknown step $s" ;;
   esac
