@@ -487,31 +487,44 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 
 // ---- persistent forward (bench / test path `sm90v2` until measured against the kernel above;
 // issue 19 keeps one: the slower goes) ---------------------------------------------------------
-// The kernel above is one block per query tile: at B 8, T 2048 the average block walks 8.5 key
-// tiles, and every block pays, unhidden, the TMA latency of its Q and first K (~1 us), its first
-// QK^T and softmax with nothing to overlap, and its last PV and epilogue (estimated 3000 of
-// ~20000 cycles at hd 128, relatively twice that at hd 64). Here one CTA an SM stays resident and
-// takes query tiles, heaviest first, from an atomic counter (the order and greed of the hardware's
-// block scheduler): the producer loads the next tile's Q (double-buffered) and first K/V while
-// the consumers finish this one, and each consumer's epilogue runs under the other's products
-// (the ping-pong continues across tiles). The O rescale is skipped while no row's max grew by
-// more than 2^8 (softmax_tile_lazy): at hd 128 that is 64 of ~350 instructions a thread a tile.
+// What it changes against flash_fwd_sm90_kernel, by the count (hd 128, B 8, T 2048: 34816 tiles
+// of 128 x 128, 264 an SM; the tensor cores need 2048 cycles a tile, the softmax ~600 a
+// warpgroup, hidden by the ping-pong; measured 0.737 ms = ~4750 cycles a tile at ~1.7 GHz):
+// - K and V stages freed separately. There, one `empty` barrier frees a stage once its PV is done,
+//   and the PV of tile j runs with the QK^T of tile j + 1, so with 2 stages the load of tile j + 2
+//   starts only when tile j + 1's products end, just when tile j + 2's QK^T wants it: every tile
+//   waits for a TMA round trip (~1000-2000 cycles), about the gap measured. Here K stage frees
+//   after its QK^T, V after its PV, and V has 3 stages (hd 64: 4 and 4): loads start a tile or
+//   more ahead.
+// - Persistent: one CTA an SM takes query tiles, heaviest first, from an atomic counter (the
+//   order and greed of the hardware's block scheduler); the producer loads the next tile's Q
+//   (double-buffered) and first K/V while the consumers finish this one, and each consumer's
+//   epilogue runs under the other's products (the ping-pong continues across tiles). A block a
+//   tile paid the Q and K latency, the lone first QK^T and softmax and the last PV and epilogue
+//   at every tile (8.5 key tiles on average at T 2048).
+// - The O rescale skipped while no row's max grew by more than 2^8 (softmax_tile_lazy): at hd
+//   128, 64 of ~350 instructions a thread a tile.
 template <int HD_, bool BOUNDED_>
 struct Sm90FwdPersistentTile {
   static constexpr int HD = HD_, BR = 128, BC = 128;
-  static constexpr int STAGES = HD == 64 ? 3 : 2;  // K/V stages (hd 128: 192 KiB with two Q buffers)
-  static constexpr int QSTAGES = 2;                // Q buffers: the next tile's lands under this one
+  // Stages of K and of V, each with its own full / empty barriers: a K stage is free once both
+  // consumers' QK^T read it, a V stage once their PV did (a tile after: PV lags QK^T by one), so
+  // the load of tile j + KSTAGES starts under tile j + 1's products, not after them. hd 128: 2 K +
+  // 3 V + 2 Q buffers = 224 KiB (the most that fits); hd 64: 4 of each, 160 KiB.
+  static constexpr int KSTAGES = HD == 64 ? 4 : 2, VSTAGES = HD == 64 ? 4 : 3;
+  static constexpr int QSTAGES = 2;  // Q buffers: the next tile's lands under this one
   static constexpr bool BOUNDED = BOUNDED_;
   static constexpr int CONSUMERS = 2;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS);
   static constexpr int CH = HD / 64;
   static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
-  // Q [QSTAGES][CH][BR][64] | K [STAGES][CH][BC][64] | V [STAGES][CH][BC][64] | barriers | tile ids
+  // Q [QSTAGES][CH][BR][64] | K [KSTAGES][CH][BC][64] | V [VSTAGES][CH][BC][64] | barriers | tile ids
   static constexpr size_t q_off = 0, k_off = q_off + size_t(QSTAGES) * q_bytes;
-  static constexpr size_t v_off = k_off + size_t(STAGES) * kv_bytes, bar_off = v_off + size_t(STAGES) * kv_bytes;
-  // barriers (8 bytes each): q_full[QSTAGES], q_empty[QSTAGES], k_full[STAGES], v_full[STAGES], empty[STAGES]
-  static constexpr size_t tile_off = bar_off + 8 * (2 * QSTAGES + 3 * STAGES);
+  static constexpr size_t v_off = k_off + size_t(KSTAGES) * kv_bytes, bar_off = v_off + size_t(VSTAGES) * kv_bytes;
+  // barriers (8 bytes each): q_full[QSTAGES], q_empty[QSTAGES], k_full[KSTAGES], k_empty[KSTAGES],
+  // v_full[VSTAGES], v_empty[VSTAGES]
+  static constexpr size_t tile_off = bar_off + 8 * (2 * QSTAGES + 2 * KSTAGES + 2 * VSTAGES);
   static constexpr size_t smem = tile_off + 4 * QSTAGES + 1024;  // + alignment slack
   static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
   static_assert(smem <= 227 * 1024, "shared memory");
@@ -545,7 +558,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
                                      int* __restrict__ tile_counter, int B, int T, int H, int KVH,
                                      float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
-  constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, ST = Tr::STAGES, QS = Tr::QSTAGES, CH = Tr::CH;
+  constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, KS = Tr::KSTAGES, VS = Tr::VSTAGES, QS = Tr::QSTAGES;
+  constexpr int CH = Tr::CH;
   constexpr bool LB = Tr::BOUNDED;
   unsigned char* sm = smem_base();
   bf16_t* Qs = reinterpret_cast<bf16_t*>(sm + Tr::q_off);
@@ -554,8 +568,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   uint64_t* q_full = reinterpret_cast<uint64_t*>(sm + Tr::bar_off);
   uint64_t* q_empty = q_full + QS;
   uint64_t* k_full = q_empty + QS;
-  uint64_t* v_full = k_full + ST;
-  uint64_t* empty = v_full + ST;
+  uint64_t* k_empty = k_full + KS;
+  uint64_t* v_full = k_empty + KS;
+  uint64_t* v_empty = v_full + VS;
   volatile int* tile_ids = reinterpret_cast<volatile int*>(sm + Tr::tile_off);  // [QS]: -1 = no more
 
   const int n_qt = (T + BR - 1) / BR, n_hb = H * B;
@@ -567,10 +582,13 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       bar_init(q_full + s, 1);
       bar_init(q_empty + s, Tr::CONSUMERS * 4);  // one arrive per consumer warp
     }
-    for (int s = 0; s < ST; ++s) {
+    for (int s = 0; s < KS; ++s) {
       bar_init(k_full + s, 1);
+      bar_init(k_empty + s, Tr::CONSUMERS * 4);
+    }
+    for (int s = 0; s < VS; ++s) {
       bar_init(v_full + s, 1);
-      bar_init(empty + s, Tr::CONSUMERS * 4);
+      bar_init(v_empty + s, Tr::CONSUMERS * 4);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -580,7 +598,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     // ---- producer: the tile id and Q into Q buffer n % QS, then the tile's K/V into the ring ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::PRODUCER_REGS) : "memory");
     if (threadIdx.x == 0) {
-      int kv_it = 0;  // K/V loads so far (all tiles): stage kv_it % ST, round kv_it / ST
+      int kv_it = 0;  // K/V tiles loaded so far (all tiles): K stage kv_it % KS, V stage kv_it % VS
       for (int n = 0;; ++n) {
         const int qs = n % QS;
         bar_wait(q_empty + qs, ((n / QS) & 1) ^ 1);  // both consumers are done with tile n - QS's Q
@@ -596,14 +614,15 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         for (int ch = 0; ch < CH; ++ch)
           tma_load(Qs + (qs * CH + ch) * BR * 64, &tq, q_full + qs, c.h * HD + ch * 64, c.q0, c.b);
         for (int j = c.n_kv - 1; j >= c.j0; --j, ++kv_it) {
-          const int s = kv_it % ST;
-          bar_wait(empty + s, ((kv_it / ST) & 1) ^ 1);
-          bar_expect_tx(k_full + s, Tr::kv_bytes);
+          const int sk = kv_it % KS, sv = kv_it % VS;
+          bar_wait(k_empty + sk, ((kv_it / KS) & 1) ^ 1);  // K of kv_it - KS: its QK^T done
+          bar_expect_tx(k_full + sk, Tr::kv_bytes);
           for (int ch = 0; ch < CH; ++ch)
-            tma_load(Ks + (s * CH + ch) * BC * 64, &tk, k_full + s, c.kvh * HD + ch * 64, j * BC, c.b);
-          bar_expect_tx(v_full + s, Tr::kv_bytes);
+            tma_load(Ks + (sk * CH + ch) * BC * 64, &tk, k_full + sk, c.kvh * HD + ch * 64, j * BC, c.b);
+          bar_wait(v_empty + sv, ((kv_it / VS) & 1) ^ 1);  // V of kv_it - VS: its PV done
+          bar_expect_tx(v_full + sv, Tr::kv_bytes);
           for (int ch = 0; ch < CH; ++ch)
-            tma_load(Vs + (s * CH + ch) * BC * 64, &tv, v_full + s, c.kvh * HD + ch * 64, j * BC, c.b);
+            tma_load(Vs + (sv * CH + ch) * BC * 64, &tv, v_full + sv, c.kvh * HD + ch * 64, j * BC, c.b);
         }
       }
     }
@@ -675,13 +694,14 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     l[0] = l[1] = 0.f;
 
     {
-      const int s = kv_it % ST;
-      bar_wait(k_full + s, (kv_it / ST) & 1);
+      const int s = kv_it % KS;
+      bar_wait(k_full + s, (kv_it / KS) & 1);
       sched_wait();
       issue_s(qs, s);
       sched_pass();
       wgmma_wait<0>();
       reg_fence(sacc);
+      if (lane == 0) bar_arrive(k_empty + s);
       if (n_it == 1) release_q();
       softmax_tile_lazy<BC, LB>(sacc, m, l, corr, needs_mask(c.n_kv - 1), (c.n_kv - 1) * BC + 2 * t4, row0, fk,
                                 scale_log2);
@@ -691,22 +711,23 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     // flight while the softmax of S_j runs (in place, fp32); once the PV is done, P_j packed into
     // the one P buffer and O rescaled, only if a row of the warp moved its max.
     for (int it = 1; it < n_it; ++it) {
-      const int ki = kv_it + it, s = ki % ST, sp = (ki - 1) % ST, j = c.n_kv - 1 - it;
-      bar_wait(k_full + s, (ki / ST) & 1);
+      const int ki = kv_it + it, s = ki % KS, sp = (ki - 1) % VS, j = c.n_kv - 1 - it;
+      bar_wait(k_full + s, (ki / KS) & 1);
       sched_wait();
       issue_s(qs, s);
-      bar_wait(v_full + sp, ((ki - 1) / ST) & 1);
+      bar_wait(v_full + sp, ((ki - 1) / VS) & 1);
       issue_pv(sp);
       sched_pass();
-      wgmma_wait<1>();  // S_j done
+      wgmma_wait<1>();  // S_j done: K stage s free
       reg_fence(sacc);
+      if (lane == 0) bar_arrive(k_empty + s);
       if (it == n_it - 1) release_q();
       const bool grew =
           softmax_tile_lazy<BC, LB>(sacc, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
-      wgmma_wait<0>();  // PV done: O, P and stage sp free
+      wgmma_wait<0>();  // PV done: O, P and V stage sp free
       reg_fence(o);
       reg_fence(p);
-      if (lane == 0) bar_arrive(empty + sp);
+      if (lane == 0) bar_arrive(v_empty + sp);
       pack_p<BC>(sacc, p);
       if (grew) {
 #pragma unroll
@@ -717,15 +738,15 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       }
     }
     {  // the last PV
-      const int ki = kv_it + n_it - 1, sl = ki % ST;
-      bar_wait(v_full + sl, (ki / ST) & 1);
+      const int ki = kv_it + n_it - 1, sl = ki % VS;
+      bar_wait(v_full + sl, (ki / VS) & 1);
       sched_wait();
       issue_pv(sl);
       sched_pass();
       wgmma_wait<0>();
       reg_fence(o);
       reg_fence(p);
-      if (lane == 0) bar_arrive(empty + sl);
+      if (lane == 0) bar_arrive(v_empty + sl);
     }
     kv_it += n_it;
 
