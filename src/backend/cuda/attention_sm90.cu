@@ -599,10 +599,13 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::PRODUCER_REGS) : "memory");
     if (threadIdx.x == 0) {
       int kv_it = 0;  // K/V tiles loaded so far (all tiles): K stage kv_it % KS, V stage kv_it % VS
+      // The next tile's id is fetched a tile ahead: the atomic's round trip runs under this tile's loads.
+      int next = atomicAdd(tile_counter, 1);
       for (int n = 0;; ++n) {
         const int qs = n % QS;
         bar_wait(q_empty + qs, ((n / QS) & 1) ^ 1);  // both consumers are done with tile n - QS's Q
-        const int tile = atomicAdd(tile_counter, 1);
+        const int tile = next;
+        if (tile < n_tiles) next = atomicAdd(tile_counter, 1);
         if (tile >= n_tiles) {
           tile_ids[qs] = -1;
           bar_arrive(q_full + qs);  // release: the consumers read -1 after their wait
