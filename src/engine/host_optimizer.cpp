@@ -12,6 +12,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace sf {
 
@@ -164,11 +165,12 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
       const uintptr_t hi = (reinterpret_cast<uintptr_t>(b->data()) + b->size()) / 4096 * 4096;
       ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
     }
-  if (master_.size() > 0) std::memset(master_.data(), 0, master_.size());  // padding between tensors stays 0
-  if (work_.size() > 0) std::memset(work_.data(), 0, work_.size());
+  // (the first touch of tens of GB: on every core, core/thread_pool.h)
+  if (master_.size() > 0) zero_parallel(master_.data(), master_.size());  // padding between tensors stays 0
+  if (work_.size() > 0) zero_parallel(work_.data(), work_.size());
   if (ram_state > 0) {
-    std::memset(m_.data(), 0, size_t(ram_state) * dtype_size(sd_));
-    std::memset(v_.data(), 0, size_t(ram_state) * dtype_size(sd_));
+    zero_parallel(m_.data(), size_t(ram_state) * dtype_size(sd_));
+    zero_parallel(v_.data(), size_t(ram_state) * dtype_size(sd_));
   }
   store_ = src.buffer_if("host.grads");
   const StateStream::Config sc = stream_config(o);
