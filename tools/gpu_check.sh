@@ -98,7 +98,8 @@ for s in "${steps[@]}"; do
       # (~6 min in all: each run's limit covers its set-up, printed as setup_s, and 4 steps)
       run moe_torch_olmoe timeout 90 python3 bench/torch_train_baseline.py --preset olmoe-1b-7b --batch 8 --seq 2048 \
         --steps 3 --warmup 1 --experts-impl grouped_mm
-      O="--preset olmoe-1b-7b --batch-size 8 --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB"
+      # (no clipping: torch_train_baseline's default, the same update work in both)
+      O="--preset olmoe-1b-7b --batch-size 8 --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 0"
       bench_vs_plan moe_bench_olmoe 60 $O
       bench_vs_plan moe_bench_olmoe_bf16 60 $O --optimizer-state bf16
       bench_vs_plan moe_bench_olmoe_k2 70 $O --grad-accum 2

@@ -880,7 +880,6 @@ void SlidingEngine::init_random(uint64_t seed) {
   ProgressLog progress("random weights", double(layout_.total_numel()) * 4);
   std::vector<float> tmp;
   for (int b = 0; b < m.nb; ++b) {
-    progress.add(double(b > 0 ? layout_.blobs[size_t(b) - 1].numel : 0) * 4);
     const BlobLayout& bl = layout_.blobs[size_t(b)];
     if (m.gpu.has(b)) {
       tmp.resize(size_t(bl.numel));
@@ -895,8 +894,8 @@ void SlidingEngine::init_random(uint64_t seed) {
       random_blob(bl, b, seed, spec_.initializer_range, tmp.data());
       m.host->write_state(0, b, 0, bl.numel, tmp.data());
     }
+    progress.add(double(bl.numel) * 4);
   }
-  progress.add(double(layout_.blobs.back().numel) * 4);
   m.slots->invalidate();
 }
 
