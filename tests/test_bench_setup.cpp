@@ -37,8 +37,9 @@ TEST_F(BenchSetup, PhasesInTheJsonAndOnStderr) {
       sum += secs.get<double>();
     }
     EXPECT_NEAR(sum, j["setup_s"].get<double>(), 1e-9 + 1e-9 * sum);
-    for (const char* phase : {"plan", "device", "host state (masters, AdamW m and v: allocated, pinned, zeroed)",
-                              "device buffers, slots, checkpoint store", "random weights"})
+    for (const char* phase : {"plan", "device", "host masters allocated (page-locked)",
+                              "host masters and AdamW m, v zeroed (first touch)", "device buffers, slots, checkpoint store",
+                              "random weights"})
       EXPECT_TRUE(j["setup_phases"].contains(phase)) << phase << ": " << j["setup_phases"].dump();
     EXPECT_NE(slide.err.find("set-up: "), std::string::npos) << slide.err;
     EXPECT_NE(slide.err.find(" in all (plan "), std::string::npos) << slide.err;

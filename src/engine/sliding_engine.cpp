@@ -539,7 +539,8 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   clock.mark("workspace");
   host = std::make_unique<HostOptimizer>(dev, po.host, store.get());
   src.allocated(host_items);
-  clock.mark("host state (masters, AdamW m and v: allocated, pinned, zeroed)");
+  clock.lap();  // the host state's phases, as it timed them
+  setup.append(host->setup_times());
   slots = std::make_unique<SlotCache>(dev, po.slots, *h2d, *compute);
   src.allocated(SlotCache::buffers(po.slots));
   gpu.params = src.buffer_if("gpu.params");
