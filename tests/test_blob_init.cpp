@@ -1,7 +1,8 @@
 // engine/blob_init: random_blob draws its chunks on the pool's threads in any order, so its bytes
 // must equal those of the one-tensor-after-another loop it replaced (issue 18): a serial twin of
 // that generator, written out here, against random_blob on a MoE layer whose experts span several
-// chunks, a dense layer, an embedding and a head (norms, biases and padding included).
+// chunks, a dense layer, an embedding and a head (norms, biases and padding included). read_blob
+// writes only the padding besides the tensors: it reads back what random_blob drew, padding 0.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,10 +12,11 @@
 #include <vector>
 
 #include "engine/blob_init.h"
+#include "io/checkpoint.h"
 #include "model/layout.h"
 #include "model/spec.h"
 #include "model_fixtures.h"
-#include "train/presets.h"
+#include "test_util.h"
 
 namespace sf {
 namespace {
@@ -92,6 +94,32 @@ TEST(BlobInit, DenseModelMatchesTheSerialGenerator) {
     const ModelSpec s = parse_model_spec(c, "c.json");
     const ModelLayout lay = make_layout(s);
     for (size_t b = 0; b < lay.blobs.size(); ++b) expect_same_bytes(lay.blobs[b], int(b), 99, 0.5);
+  }
+}
+
+// Per-expert (olmoe) and llama checkpoints of random_blob's values (fp32) read back into buffers
+// full of garbage: the same bytes, padding 0.
+TEST(BlobInit, ReadBlobWritesEveryElement) {
+  for (const char* family : {"olmoe", "llama", "qwen2"}) {
+    SCOPED_TRACE(family);
+    const ModelSpec s = parse_model_spec(test::tiny_config(family), "c.json");
+    const ModelLayout lay = make_layout(s);
+    std::vector<std::vector<float>> want;  // [blobs][numel]
+    std::vector<TensorWrite> tw;
+    for (size_t b = 0; b < lay.blobs.size(); ++b) {
+      want.emplace_back(size_t(lay.blobs[b].numel));
+      random_blob(lay.blobs[b], int(b), 5, 0.1, want.back().data());
+    }
+    for (size_t b = 0; b < lay.blobs.size(); ++b)
+      for (const BlobEntry& e : lay.blobs[b].entries) tw.push_back({e.name, DType::F32, e.shape, want[b].data() + e.offset});
+    test::TempDir dir;
+    write_checkpoint_tensors(dir.file("m"), tw);
+    const CheckpointReader r = CheckpointReader::open(dir.file("m"));
+    for (size_t b = 0; b < lay.blobs.size(); ++b) {
+      std::vector<float> got(want[b].size(), -7.f);
+      read_blob(r, lay.blobs[b], got.data());
+      EXPECT_EQ(std::memcmp(got.data(), want[b].data(), got.size() * 4), 0) << "blob " << b;
+    }
   }
 }
 

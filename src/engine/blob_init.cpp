@@ -11,8 +11,42 @@
 
 namespace sf {
 
+namespace {
+bool is_norm_entry(const BlobEntry& e) { return e.name.find("norm.weight") != std::string::npos; }
+bool is_bias_entry(const BlobEntry& e) {
+  return e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
+}
+
+// host [blob.numel]: 0 between and after the entries (their alignment padding), and value on each
+// entry ei for which fill(ei, value) returns true (the entries nothing else writes). Touches only
+// those elements: a whole-blob fill first was a serial pass over every byte (a MoE layer: 1.7 GB).
+template <class Fill>
+void fill_around(const BlobLayout& blob, float* host, Fill fill) {
+  std::vector<size_t> order(blob.entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t x, size_t y) { return blob.entries[x].offset < blob.entries[y].offset; });
+  int64_t end = 0;  // first element after the entries seen so far
+  for (size_t ei : order) {
+    const BlobEntry& e = blob.entries[ei];
+    if (e.offset > end) std::fill(host + end, host + e.offset, 0.f);
+    end = std::max(end, e.offset + e.numel);
+    float value = 0.f;
+    if (fill(ei, value)) std::fill(host + e.offset, host + e.offset + e.numel, value);
+  }
+  if (blob.numel > end) std::fill(host + end, host + blob.numel, 0.f);
+}
+}  // namespace
+
 void read_blob(const CheckpointReader& ckpt, const BlobLayout& blob, float* host) {
-  std::fill(host, host + blob.numel, 0.f);
+  // Every entry a stored tensor (or a slice of one) covers is read whole; the rest is 0.
+  std::vector<char> read(blob.entries.size(), 0);  // [entries]
+  for (const StoredTensor& t : blob.stored)
+    for (const StoredPart& part : t.parts) read[size_t(part.entry)] = 1;
+  fill_around(blob, host, [&](size_t ei, float& value) {
+    value = 0.f;
+    return !read[ei];
+  });
   // As the checkpoint stores them: a tensor an entry, or fused experts read slice by slice.
   for (const StoredTensor& t : blob.stored)
     for (const StoredPart& part : t.parts) {
@@ -20,13 +54,6 @@ void read_blob(const CheckpointReader& ckpt, const BlobLayout& blob, float* host
       ckpt.read_f32(t.name, t.shape, part.offset, e.numel, host + e.offset);
     }
 }
-
-namespace {
-bool is_norm_entry(const BlobEntry& e) { return e.name.find("norm.weight") != std::string::npos; }
-bool is_bias_entry(const BlobEntry& e) {
-  return e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
-}
-}  // namespace
 
 void random_blob(const BlobLayout& blob, int blob_index, uint64_t seed, double std, float* host) {
   // Box-Muller on our own uniform draws: the same numbers on every platform and library. Each
@@ -37,19 +64,12 @@ void random_blob(const BlobLayout& blob, int blob_index, uint64_t seed, double s
   // tensor) ran on 2 threads at a time (issue 18: OLMoE's set-up took minutes on 16 cores).
   constexpr int64_t kChunk = int64_t(1) << 20;
   const uint64_t b = uint64_t(blob_index);
-  // Everything no draw writes, once: the padding between entries (0), norms and biases.
-  std::vector<size_t> order(blob.entries.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t x, size_t y) { return blob.entries[x].offset < blob.entries[y].offset; });
-  int64_t end = 0;  // first element after the entries seen so far
-  for (size_t ei : order) {
+  // Everything no draw writes: the padding between entries (0), norms and biases.
+  fill_around(blob, host, [&](size_t ei, float& value) {
     const BlobEntry& e = blob.entries[ei];
-    if (e.offset > end) std::fill(host + end, host + e.offset, 0.f);
-    end = std::max(end, e.offset + e.numel);
-    if (is_norm_entry(e) || is_bias_entry(e)) std::fill(host + e.offset, host + e.offset + e.numel, is_norm_entry(e) ? blob.norm_init : 0.f);
-  }
-  if (blob.numel > end) std::fill(host + end, host + blob.numel, 0.f);
+    value = is_norm_entry(e) ? blob.norm_init : 0.f;
+    return is_norm_entry(e) || is_bias_entry(e);
+  });
   struct Piece {
     uint32_t entry;
     int64_t chunk;
