@@ -256,8 +256,14 @@ TEST_F(Cli, OffloadMatchesInMemory) {
   ASSERT_EQ(a.code, 0) << a.err;
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_EQ(double(a.last()["loss"]), double(b.last()["loss"]));
-  ASSERT_EQ(run("grad " + common + " --output " + p("ga.safetensors")).code, 0);
-  ASSERT_EQ(run("grad " + common + " --offload --gpu-blobs 0 --output " + p("gb.safetensors")).code, 0);
+  EXPECT_EQ(a.last()["engine"], "resident");  // which engine ran (tools/hf_parity.py checks it)
+  EXPECT_EQ(b.last()["engine"], "sliding");
+  CmdResult g = run("grad " + common + " --output " + p("ga.safetensors"));
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(g.last()["engine"], "resident");
+  g = run("grad " + common + " --offload --gpu-blobs 0 --output " + p("gb.safetensors"));
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(g.last()["engine"], "sliding");
   expect_close_tensors(SafetensorsFile::open(p("ga.safetensors")), SafetensorsFile::open(p("gb.safetensors")), 1e-6);
   std::string tr = "train " + common + " --steps 3 --lr 1e-2 --weight-decay 0.1 --max-grad-norm 1 --output ";
   ASSERT_EQ(run(tr + p("ta")).code, 0);

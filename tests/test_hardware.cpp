@@ -441,6 +441,36 @@ TEST_F(PlanHardware, OffloadDirOnAProfile) {
   EXPECT_EQ(r.last()["disk_budget"].get<size_t>(), size_t(1) << 40);
 }
 
+// Issue 18: Qwen3-30B-A3B (30.5 B parameters, 3.3 B active) on the RTX 4090 desktop profile (24 GB
+// GPU, 256 GB RAM, NVMe): fp32 AdamW state with its 12 bytes a parameter does not fit the RAM; bf16
+// state without clipping fits it, the NVMe tier fits either, and each plan predicts a speed that
+// grows with --grad-accum (the weights cross PCIe once a step whatever the step's tokens).
+TEST_F(PlanHardware, Qwen3MoeOnTheDesktopFitsAndPredicts) {
+  ProbeDir d;
+  const std::string plan = "plan --preset qwen3-30b-a3b --batch-size 8 --seq-len 2048 --hardware rtx4090";
+  test::CmdResult r = run(plan);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(r.last()["fits"].get<bool>());
+  EXPECT_NE(r.err.find("DOES NOT FIT: needs"), std::string::npos) << r.err;
+  const HardwareProfile h = load_hardware("rtx4090");
+  for (const std::string& extra :
+       {std::string(" --optimizer-state bf16 --max-grad-norm 0"), " --offload-dir " + d.path.string()}) {
+    r = run(plan + extra);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = r.last();
+    ASSERT_TRUE(j["fits"].get<bool>()) << extra << ": " << r.err;
+    EXPECT_EQ(j["engine"], "sliding");
+    EXPECT_LE(j["host_bytes"].get<size_t>(), h.host_budget_bytes()) << extra;
+    EXPECT_LE(j["gpu_bytes"].get<size_t>(), j["gpu_budget"].get<size_t>()) << extra;
+    const double tps = j["predicted_tokens_per_second"].get<double>();
+    EXPECT_GT(tps, 0) << extra;
+    EXPECT_NEAR(tps * j["predicted_step_s"].get<double>(), 8.0 * 2048, 1e-6 * 8 * 2048) << extra;
+    const json t = j["grad_accum_table"];
+    ASSERT_GE(t.size(), 2u);
+    EXPECT_GT(t[1]["predicted_tokens_per_second"].get<double>(), tps) << extra;
+  }
+}
+
 TEST_F(PlanHardware, BadUseIsExitTwo) {
   json bad = builtin_json("a100-80gb");
   bad["pcie_gbs"] = -3;

@@ -7,7 +7,7 @@
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
 #    gemma3 = issue 18's Gemma 3 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
-#    the two halves of moe and gemma3, gds = issue 17's GPUDirect Storage checks, profile3b = issue
+#    the two halves of moe and gemma3, moe_parity_offload = the MoE parity through the sliding engine alone, gds = issue 17's GPUDirect Storage checks, profile3b = issue
 #    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers,
 #    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, nvme8_lend = its state read ahead into freed
 #    checkpoints (the plan's exact lines, then the 8B bench), bench_adamw = the host AdamW kernel alone,
@@ -45,6 +45,27 @@ run() {
   local rc=$?
   echo "$name rc=$rc $(($(date +%s) - t0))s" | tee -a "$OUT/summary.txt"
 }
+# One `bench` under a time limit: its JSON to $OUT/NAME.json, stderr to all.log, and a summary line
+# with the plan beside the measurement (predicted and measured tokens/s, their ratio, the set-up).
+bench_vs_plan() {
+  local name=$1 limit=$2
+  shift 2
+  echo "===== $name: bench $*" >>"$OUT/all.log"
+  local t0=$(date +%s)
+  timeout "$limit" "$BIN/slideformer" bench "$@" >"$OUT/$name.json" 2>>"$OUT/all.log"
+  local rc=$?
+  local vs=$(python3 -c "
+import json, sys
+try:
+    j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+except Exception:
+    print('no JSON'); sys.exit()
+p, m = j['predicted_tokens_per_second'], j['tokens_per_second']
+print(f\"plan {p:.0f} tok/s, measured {m:.0f} tok/s ({m / p if p else 0:.2f} of the plan), \"
+      f\"setup {j.get('setup_s', 0):.1f} s, host update {j['host_update_ms']:.0f} ms a step, mfu {j['mfu']}\")" "$OUT/$name.json")
+  echo "$name rc=$rc $(($(date +%s) - t0))s $vs" | tee -a "$OUT/summary.txt"
+}
+MOE_MODELS=qwen3moe_aux,qwen3moe_noaux,mixtral_aux,olmoe_noaux,olmoe_aux,qwen3moe_fused,mixtral_fused_aux
 for s in "${steps[@]}"; do
   case $s in
     gpu_tests) run gpu_tests "$BIN/sf_gpu_tests" --gtest_brief=1 ;;
@@ -58,8 +79,11 @@ for s in "${steps[@]}"; do
     # per-expert and v5 fused checkpoints), then the speeds: OLMoE-1B-7B at 8 x 2048 beside PyTorch
     # (grouped_mm experts), a 4-layer Qwen3-30B-A3B cut at 24 GiB beside its plan, and the plan of
     # the whole model on a 24 GB / 256 GB desktop. moe = moe_parity + moe_speed.
+    # moe_parity_offload alone: the MoE families through the sliding engine on cuda (every blob
+    # slides: --gpu-blobs 0), each eval / grad checked to have run on the sliding engine (~90 s).
+    moe_parity_offload) run moe_parity_offload timeout 90 python3 tools/hf_parity.py --bin "$BIN/slideformer" \
+      --device cuda --models $MOE_MODELS --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/moe_parity_offload ;;
     moe|moe_parity|moe_speed)
-      MOE_MODELS=qwen3moe_aux,qwen3moe_noaux,mixtral_aux,olmoe_noaux,olmoe_aux,qwen3moe_fused,mixtral_fused_aux
       if [ "$s" != moe_speed ]; then
       run moe_gpu_tests "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Moe*' --gtest_brief=1
       run moe_parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu --models $MOE_MODELS \
@@ -72,16 +96,23 @@ for s in "${steps[@]}"; do
         --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/moe_parity_offload
       fi
       if [ "$s" != moe_parity ]; then
-      run moe_torch_olmoe python3 bench/torch_train_baseline.py --preset olmoe-1b-7b --batch 8 --seq 2048 \
+      # (~6 min in all: each run's limit covers its set-up, printed as setup_s, and 4 steps)
+      run moe_torch_olmoe timeout 90 python3 bench/torch_train_baseline.py --preset olmoe-1b-7b --batch 8 --seq 2048 \
         --steps 3 --warmup 1 --experts-impl grouped_mm
-      run moe_bench_olmoe "$BIN/slideformer" bench --preset olmoe-1b-7b --batch-size 8 --seq-len 2048 --steps 3 \
-        --warmup 1 --device cuda --gpu-memory 24GiB
-      run moe_bench_qwen3_4layers "$BIN/slideformer" bench --preset qwen3-30b-a3b --layers 4 --batch-size 8 \
+      # (no clipping: torch_train_baseline's default, the same update work in both)
+      O="--preset olmoe-1b-7b --batch-size 8 --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 0"
+      bench_vs_plan moe_bench_olmoe 60 $O
+      bench_vs_plan moe_bench_olmoe_bf16 60 $O --optimizer-state bf16
+      bench_vs_plan moe_bench_olmoe_k2 70 $O --grad-accum 2
+      bench_vs_plan moe_bench_olmoe_k2_bf16 70 $O --grad-accum 2 --optimizer-state bf16
+      bench_vs_plan moe_bench_qwen3_4layers 60 --preset qwen3-30b-a3b --layers 4 --batch-size 8 \
         --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB
       mkdir -p /tmp/sf_moe_offload
       run moe_plan_qwen3_desktop "$BIN/slideformer" plan --preset qwen3-30b-a3b --batch-size 8 --seq-len 2048 \
         --hardware rtx4090 --gpu-memory 24GiB --cpu-memory 256GiB --offload-dir /tmp/sf_moe_offload \
         --disk-memory 1TiB
+      run moe_plan_qwen3_desktop_bf16 "$BIN/slideformer" plan --preset qwen3-30b-a3b --batch-size 8 --seq-len 2048 \
+        --hardware rtx4090 --gpu-memory 24GiB --cpu-memory 256GiB --optimizer-state bf16 --max-grad-norm 0
       fi ;;
     # the sliding (offload) engine: the same parity checks, and the 1B / 3B steps
     parity_offload) run parity_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \

@@ -173,6 +173,16 @@ def batch_ce_sum(model, recs, seq_len, device, autocast_bf16=False):
 CLI_EXTRA: list[str] = []
 
 
+def expected_engine() -> str | None:
+    """The engine --cli-args asks for ("sliding" with --offload, "resident" with --no-offload):
+    eval and grad report theirs, and a parity run meant for one engine must not pass on the other."""
+    if "--offload" in CLI_EXTRA:
+        return "sliding"
+    if "--no-offload" in CLI_EXTRA:
+        return "resident"
+    return None
+
+
 def run_cli(argv: list[str], timeout: float, env=None) -> tuple[int, str, str, float]:
     if len(argv) > 1 and argv[1] in ("eval", "grad", "train"):
         argv = [*argv, *CLI_EXTRA]
@@ -613,6 +623,9 @@ def check_model(entry, a, table: Table, work: Path):
                   rel_err(loss, ce_loss) <= bound.ce, f"sf {loss:.7f} ref {ce_loss:.7f}")
         toks = res.get("tokens")
         table.add(name, f"eval tokens {suffix}", toks, ref_n, toks == ref_n, "must equal")
+        if expected_engine() is not None:
+            table.add(name, f"eval engine {suffix}", res.get("engine"), expected_engine(),
+                      res.get("engine") == expected_engine(), "as --cli-args asks")
 
     # grad
     gpath = work / "grads" / f"{name}.safetensors"
@@ -624,6 +637,10 @@ def check_model(entry, a, table: Table, work: Path):
     if rc != 0 or not gpath.exists():
         table.add(name, "grad", None, None, False, f"exit {rc}" + ("" if gpath.exists() else ", no output file"))
         return
+    if expected_engine() is not None:
+        gres = last_json_line(out) or {}
+        table.add(name, "grad engine", gres.get("engine"), expected_engine(),
+                  gres.get("engine") == expected_engine(), "as --cli-args asks")
     try:
         with safe_open(str(gpath), framework="pt") as sf:
             meta = sf.metadata() or {}

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -113,6 +114,13 @@ int usable_cpus() {
 ThreadPool& cpu_pool() {
   static ThreadPool pool(usable_cpus());
   return pool;
+}
+
+void zero_parallel(void* p, size_t bytes) {
+  constexpr int64_t kPiece = int64_t(64) << 20;
+  char* c = static_cast<char*>(p);
+  cpu_pool().parallel_pieces(
+      int64_t(bytes), [c](int64_t b0, int64_t b1) { std::memset(c + b0, 0, size_t(b1 - b0)); }, kPiece);
 }
 
 }  // namespace sf

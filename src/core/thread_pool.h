@@ -2,6 +2,7 @@
 #pragma once
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -47,5 +48,9 @@ class ThreadPool {
 int usable_cpus();
 // The process's compute pool for CPU kernels (usable_cpus() threads).
 ThreadPool& cpu_pool();
+// memset(p, 0, bytes) by the pool's threads in 64 MiB pieces. Zeroing fresh host memory is its
+// first touch: the page faults (the kernel clearing each page) run on every core instead of one
+// (set-up of tens of GB of masters and AdamW state).
+void zero_parallel(void* p, size_t bytes);
 
 }  // namespace sf

@@ -9,6 +9,7 @@
 
 #include "backend/ops.h"
 #include "core/align.h"
+#include "core/phase_times.h"
 #include "data/dataset/dataset.h"
 #include "model/spec.h"
 
@@ -124,6 +125,9 @@ class Engine {
     std::string disk_io;           // how: "io_uring, O_DIRECT, 2 registered buffers; checkpoints: cuFile (...)"
   };
   virtual Stats stats() const { return {}; }
+  // Seconds of the constructor's phases (host state allocated and zeroed, device buffers), for
+  // `bench`'s set-up report; empty when the engine does not time them.
+  virtual PhaseTimes setup_times() const { return {}; }
 
   // One tensor of a state (entry `entry` of blob `blob` in make_layout(spec()) order) into dst
   // [numel] fp32: saving a large model this way holds one tensor at a time. Waits for the device.

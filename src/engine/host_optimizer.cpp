@@ -12,6 +12,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace sf {
 
@@ -151,11 +152,13 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
       held_off_[b] = ring_elems + held_total;
       held_total += o.blob_numel[b];
     }
+  PhaseClock clock(setup_);
   BufferSource src(dev, buffers(o));
   master_ = src.buffer("host.master");
   work_ = src.buffer_if("host.work");
   m_ = HostBuffer(src.take("host.m").bytes);
   v_ = HostBuffer(src.take("host.v").bytes);
+  clock.mark("host masters allocated (page-locked)");
   // The AdamW pass streams through m and v every step: transparent huge pages spare the TLB
   // (measured within the spread, kept: docs/DECISIONS.md, "Transparent huge pages").
   for (const HostBuffer* b : {&m_, &v_})
@@ -164,12 +167,14 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
       const uintptr_t hi = (reinterpret_cast<uintptr_t>(b->data()) + b->size()) / 4096 * 4096;
       ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
     }
-  if (master_.size() > 0) std::memset(master_.data(), 0, master_.size());  // padding between tensors stays 0
-  if (work_.size() > 0) std::memset(work_.data(), 0, work_.size());
+  // (the first touch of tens of GB: on every core, core/thread_pool.h)
+  if (master_.size() > 0) zero_parallel(master_.data(), master_.size());  // padding between tensors stays 0
+  if (work_.size() > 0) zero_parallel(work_.data(), work_.size());
   if (ram_state > 0) {
-    std::memset(m_.data(), 0, size_t(ram_state) * dtype_size(sd_));
-    std::memset(v_.data(), 0, size_t(ram_state) * dtype_size(sd_));
+    zero_parallel(m_.data(), size_t(ram_state) * dtype_size(sd_));
+    zero_parallel(v_.data(), size_t(ram_state) * dtype_size(sd_));
   }
+  clock.mark("host masters and AdamW m, v zeroed (first touch)");
   store_ = src.buffer_if("host.grads");
   const StateStream::Config sc = stream_config(o);
   if (!sc.order.empty()) {
@@ -192,6 +197,7 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
   }
   if (!o.keep_grads)
     for (int r = 0; r < o.ring; ++r) ring_free_.push_back(dev.create_event());
+  clock.mark("host gradient buffers, NVMe streams");
 }
 
 void HostOptimizer::quiesce() {

@@ -30,6 +30,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/device.h"
 #include "core/host_memory.h"
+#include "core/phase_times.h"
 #include "engine/buffers.h"
 #include "engine/state_stream.h"
 #include "engine/upload_source.h"
@@ -119,6 +120,9 @@ class HostOptimizer {
 
   double update_seconds() const { return double(update_ns_.load()) * 1e-9; }
   size_t pinned_bytes() const { return master_.size() + work_.size() + store_.size() + wring_bytes_ + gring_.size(); }
+  // Seconds of the constructor's phases: page-locked allocation, zeroing (the first touch), the
+  // NVMe streams (the engine's set-up report).
+  const PhaseTimes& setup_times() const { return setup_; }
   size_t host_bytes() const { return pinned_bytes() + m_.size() + v_.size() + (disk_ ? disk_->host_bytes() : 0); }
   // What the constructor allocates, from the same options: "host.master" and "host.grads" (the
   // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v"
@@ -148,6 +152,7 @@ class HostOptimizer {
   DType wd_ = DType::BF16;
   size_t wring_bytes_ = 0;
   HostBuffer m_, v_;                       // [total of the blobs not on disk] sd_
+  PhaseTimes setup_;
   std::unique_ptr<StateStream> disk_;      // m and v of the blobs in the NVMe store
   StateStream::View disk_view_;            // the piece being updated (opt stream only)
   bool disk_open_ = false;                 // disk_view_ is acquired (a chunk may end inside a piece)

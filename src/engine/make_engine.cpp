@@ -60,6 +60,7 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
 
 BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const EngineRequest& req) {
   BuiltEngine b;
+  PhaseClock clock(b.setup);
   PlanRequest r = plan_request(opt, req);
   const BackendInfo be = plan_backend(opt, req);
   // How checkpoints on disk would move, chosen once, here (io/gds.h): the plan counts that path's
@@ -79,8 +80,10 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
     why += "; `slideformer plan` lists every buffer";
     input_error_naming("plan", std::move(why));
   }
+  clock.mark("plan");
   b.dev = make_device(req.device, req.gpu_memory, req.device_ordinal);
   if (req.profile_ops) b.dev = std::make_unique<ProfiledDevice>(std::move(b.dev));
+  clock.mark("device");
   EngineOptions eo = opt;
   eo.max_batch = p.micro_batch;  // the micro-batches the plan counted (maybe split)
   eo.max_micro = p.micro_batches;
@@ -88,6 +91,14 @@ BuiltEngine build_engine(const ModelSpec& spec, const EngineOptions& opt, const 
   eo.whole_layers = p.whole_layers;
   eo.kept_layers = p.kept_layers;
   b.engine = make_engine(*b.dev, spec, eo, p, req);
+  const PhaseTimes inner = b.engine->setup_times();  // its phases (logged as they ran)
+  if (inner.phases.empty()) {
+    clock.mark("engine");
+  } else {
+    const double engine_s = clock.lap();
+    b.setup.append(inner);
+    b.setup.phases.emplace_back("engine, the rest", std::max(0.0, engine_s - inner.total()));
+  }
   return b;
 }
 

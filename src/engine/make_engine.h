@@ -42,6 +42,9 @@ struct BuiltEngine {
   std::unique_ptr<Device> dev;
   std::unique_ptr<Engine> engine;
   Plan plan;
+  // Seconds of the set-up so far: the plan, the device, the engine's constructor (its own phases
+  // when it times them, Engine::setup_times).
+  PhaseTimes setup;
 };
 
 // Plans first; a plan that does not fit is refused with its numbers (InputError) before anything

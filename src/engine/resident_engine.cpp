@@ -229,11 +229,13 @@ void ResidentEngine::load(const CheckpointReader& ckpt) {
 }
 
 void ResidentEngine::init_random(uint64_t seed) {
+  ProgressLog progress("random weights", double(layout_.total_numel()) * 4);
   std::vector<float> host;
   for (size_t b = 0; b < layout_.blobs.size(); ++b) {
     host.resize(size_t(layout_.blobs[b].numel));
     random_blob(layout_.blobs[b], int(b), seed, spec_.initializer_range, host.data());
     impl_->upload_blob(int(b), host);
+    progress.add(double(layout_.blobs[b].numel) * 4);
   }
 }
 

@@ -286,6 +286,7 @@ struct SlidingEngine::Impl {
   std::unique_ptr<NvmeStore> store;  // the offload file, when a blob's state is on disk
   std::unique_ptr<HostOptimizer> host;
   std::unique_ptr<SlotCache> slots;
+  PhaseTimes setup;  // the constructor's phases (SlidingEngine::setup_times)
   bool slots_stale = false;  // an update was queued: the next forward re-uploads every blob
 
   // Activations: a ring of K+1 [N, H] buffers holds each micro-batch's current hidden state (or
@@ -512,6 +513,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   const SlidingShape z = sliding_shape(spec, layout, o, act);
   const PartOptions po = part_options(spec, z, o, act);
   const int K = z.K;
+  PhaseClock clock(setup);
   gpu.off = z.gpu_off;
   gpu.total = z.gpu_total;
   gpu.sd = o.base.state_dtype;
@@ -534,8 +536,11 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     SF_CHECK(!so.dir.empty(), "state in the NVMe store, but no offload directory");
     store = std::make_unique<NvmeStore>(so);
   }
+  clock.mark("workspace");
   host = std::make_unique<HostOptimizer>(dev, po.host, store.get());
   src.allocated(host_items);
+  clock.lap();  // the host state's phases, as it timed them
+  setup.append(host->setup_times());
   slots = std::make_unique<SlotCache>(dev, po.slots, *h2d, *compute);
   src.allocated(SlotCache::buffers(po.slots));
   gpu.params = src.buffer_if("gpu.params");
@@ -595,6 +600,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   for (auto& per_blob : events)
     for (int b = 0; b < nb; ++b) per_blob.push_back(dev.create_event());
   dev.synchronize(*compute);
+  clock.mark("device buffers, slots, checkpoint store");
 }
 
 // One pass (docs/ARCHITECTURE.md §3): the schedule's operations in order, each with its waits before and its
@@ -872,6 +878,7 @@ void SlidingEngine::load(const CheckpointReader& ckpt) {
 void SlidingEngine::init_random(uint64_t seed) {
   Impl& m = *impl_;
   m.sync_all();
+  ProgressLog progress("random weights", double(layout_.total_numel()) * 4);
   std::vector<float> tmp;
   for (int b = 0; b < m.nb; ++b) {
     const BlobLayout& bl = layout_.blobs[size_t(b)];
@@ -888,6 +895,7 @@ void SlidingEngine::init_random(uint64_t seed) {
       random_blob(bl, b, seed, spec_.initializer_range, tmp.data());
       m.host->write_state(0, b, 0, bl.numel, tmp.data());
     }
+    progress.add(double(bl.numel) * 4);
   }
   m.slots->invalidate();
 }
@@ -994,6 +1002,8 @@ size_t SlidingEngine::host_bytes() const {
 }
 
 int64_t SlidingEngine::uploads() const { return impl_->slots->uploads(); }
+
+PhaseTimes SlidingEngine::setup_times() const { return impl_->setup; }
 
 Engine::Stats SlidingEngine::stats() const {
   const Impl& m = *impl_;

@@ -124,6 +124,7 @@ class SlidingEngine final : public Engine {
   // Uploads of parameter blobs since construction (for tests of the slot policy).
   int64_t uploads() const;
   Stats stats() const override;
+  PhaseTimes setup_times() const override;
 
  private:
   struct Impl;

@@ -40,7 +40,24 @@ nlohmann::json run_bench(const BenchOptions& o) {
   const std::unique_ptr<Device>& dev = built.dev;
   Engine& engine = *built.engine;
   log_info("%s", plan_summary(built.plan).c_str());
-  engine.init_random(1);
+  PhaseTimes& setup = built.setup;  // plan, device, engine; then the weights
+  {
+    PhaseClock clock(setup);
+    engine.init_random(1);
+    clock.mark("random weights");
+  }
+  auto format_seconds = [](double secs) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f s", secs);
+    return std::string(buf);
+  };
+  std::string setup_text;
+  nlohmann::json setup_json = nlohmann::json::object();
+  for (const auto& [name, secs] : setup.phases) {
+    setup_text += (setup_text.empty() ? "" : ", ") + name + " " + format_seconds(secs);
+    setup_json[name] = secs;
+  }
+  log_info("set-up: %s in all (%s)", format_seconds(setup.total()).c_str(), setup_text.c_str());
   log_info("bench: %s, %.2fB parameters, %d x %d tokens x %d micro-batches per step, %s, engine holds %s",
            spec.architecture.c_str(), double(spec.total_params()) / 1e9, o.batch_size, o.seq_len, o.grad_accum,
            dev->name().c_str(), format_bytes(engine.device_bytes()).c_str());
@@ -132,6 +149,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
     profile = prof->json(ceil, o.steps, steady_s);
   }
   return {{"tokens_per_second", tps},
+          {"setup_s", setup.total()},  // plan, device, engine buffers and random weights, before the first step
+          {"setup_phases", setup_json},
           {"step_ms", 1e3 * steady_s},
           {"end_to_end_step_ms", 1e3 * secs * per},
           {"end_to_end_tokens_per_second", step_tokens / (secs * per)},

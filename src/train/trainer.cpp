@@ -262,6 +262,7 @@ EvalResult run_eval(const DataOptions& o) {
   Session s = open_session(o, {});
   auto batches = file_batches(s, s.max_batch);
   EvalResult r;
+  r.engine = engine_name(s.plan.engine);
   r.tokens = total_trained(batches, o.data);
   r.loss = s.engine->loss_sum(batches) / double(r.tokens);
   return r;
@@ -278,6 +279,7 @@ EvalResult run_grad(const DataOptions& o, const std::string& out_path) {
   Session s = open_session(o, {.training = true, .grad_accum = -1});
   auto batches = file_batches(s, s.max_batch);
   EvalResult r;
+  r.engine = engine_name(s.plan.engine);
   r.tokens = total_trained(batches, o.data);
   r.loss = s.engine->compute_grads(batches);  // every batch of the file is one step's micro-batch
   const ModelLayout layout = make_layout(s.model.spec);

@@ -33,6 +33,7 @@ struct DataOptions {
 struct EvalResult {
   double loss = 0;
   int64_t tokens = 0;
+  std::string engine;  // the engine that ran: "resident" or "sliding" (the plan's; parity runs check it)
 };
 
 EvalResult run_eval(const DataOptions& o);
