@@ -145,12 +145,15 @@ TEST(Gemma4Spec, Published26BA4BShape) {
   EXPECT_EQ(active, 3822530560);
 }
 
+// Dense models (the 31B: k = v, 512-wide global heads, proportional RoPE, the soft cap) are
+// accepted; per-layer inputs, shared K/V and the MoE block are refused naming their keys.
 TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
-  test::expect_input_error([&] { parse_model_spec(config_31b(), "g4.json"); },
-                           {"g4.json", "Gemma 4", "not supported yet", "docs/GEMMA4.md", "512-wide global heads",
-                            "per-layer KV heads", "proportional RoPE", "attention_k_eq_v", "final logit soft-capping"});
+  const ModelSpec dense = parse_model_spec(config_31b(), "g4.json");
+  EXPECT_EQ(dense.arch, Arch::Gemma4);
+  EXPECT_EQ(detail::gemma4_missing(dense), "");
   test::expect_input_error([&] { parse_model_spec(config_26b_a4b(), "g4.json"); },
-                           {"g4.json", "the MoE block (128 experts, top 8)"});
+                           {"g4.json", "Gemma 4", "not supported yet", "docs/GEMMA4.md",
+                            "the MoE block of 128 experts, top 8 (enable_moe_block)"});
   // The published E-models' per-layer input embeddings and shared K/V.
   json e = config_tiny();
   e["hidden_size_per_layer_input"] = 8;
@@ -159,7 +162,13 @@ TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
   e["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
                       "sliding_attention", "sliding_attention", "full_attention"};
   test::expect_input_error([&] { parse_model_spec(e, "g4.json"); },
-                           {"per-layer input embeddings (8)", "K/V shared by the last 2 layers", "double-wide MLPs"});
+                           {"per-layer input embeddings of width 8 (hidden_size_per_layer_input",
+                            "K/V shared by the last 2 layers (num_kv_shared_layers)",
+                            "double-wide MLPs (use_double_wide_mlp)"});
+  // use_double_wide_mlp without shared layers changes nothing: accepted.
+  json w = config_tiny();
+  w["use_double_wide_mlp"] = true;
+  EXPECT_EQ(parse_model_spec(w, "g4.json").arch, Arch::Gemma4);
 }
 
 // Gemma4Config with a text_config: the language model's names under model.language_model.; the
