@@ -54,7 +54,8 @@ json tiny_dense_config() {
               {"sliding_window", 4},
               {"layer_types", {"sliding_attention", "full_attention", "sliding_attention", "full_attention"}},
               {"rope_parameters",
-               {{"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1e6}}},
+               {{"full_attention",
+                 {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1e6}}},
                 {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}}},
               {"max_position_embeddings", 64},
               {"rms_norm_eps", 1e-6},
@@ -96,8 +97,11 @@ class Gemma4Cli : public test::BinaryTest {
  protected:
   // Writes the checkpoint: bf16 weights drawn with `seed` (norm weights near 1, as trained ones
   // are), layer l's layer_scalar = scalars[l]. Returns the directory.
+  // `prefix` replaces "model." (a Gemma4ForConditionalGeneration's language model); `extra` are
+  // written beside.
   std::string write_model(const std::string& name, const std::vector<float>& scalars, json cfg = tiny_dense_config(),
-                          uint32_t seed = 7) {
+                          uint32_t seed = 7, const std::string& prefix = "model.",
+                          const std::vector<TensorWrite>& extra = {}) {
     const std::string dir = p(name);
     std::filesystem::create_directories(dir);
     std::mt19937 rng(seed);
@@ -113,8 +117,9 @@ class Gemma4Cli : public test::BinaryTest {
       for (auto& x : v) x = float_to_bf16(norm ? 1.f + 0.1f * nd(rng) : 0.3f * nd(rng)).bits;
       if (scalar) v[0] = float_to_bf16(scalars[size_t(std::stoi(tensor.substr(13)))]).bits;
       store.push_back(std::move(v));
-      tw.push_back(TensorWrite{tensor, DType::BF16, shape, store.back().data()});
+      tw.push_back(TensorWrite{prefix + tensor.substr(6), DType::BF16, shape, store.back().data()});
     }
+    tw.insert(tw.end(), extra.begin(), extra.end());
     write_checkpoint_tensors(dir, tw);
     std::ofstream(dir + "/config.json") << cfg.dump(2);
     return dir;
@@ -131,7 +136,9 @@ class Gemma4Cli : public test::BinaryTest {
     EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr: " << r.err;
   }
-  static std::string bytes_of(const TensorInfo& t) { return std::string(reinterpret_cast<const char*>(t.data), t.bytes); }
+  static std::string bytes_of(const TensorInfo& t) {
+    return std::string(reinterpret_cast<const char*>(t.data), t.bytes);
+  }
 };
 
 const std::vector<float> kScalars = {0.5f, 1.25f, 0.75f, 1.5f};
@@ -233,6 +240,54 @@ TEST_F(Gemma4Cli, LayerScalarIsReadFromTheCheckpoint) {
   expect_input_error(run("eval --model " + p("wide") + common), "model.layers.2.layer_scalar");
 }
 
+// A Gemma4ForConditionalGeneration checkpoint (transformers 5 names the language model
+// model.language_model.*): the language model trains, layer_scalar is read and saved under its
+// names, the vision tensors and the multimodal config come back unchanged.
+TEST_F(Gemma4Cli, MultimodalCheckpointKeepsTheOtherTowers) {
+  json text = tiny_dense_config();
+  text.erase("architectures");
+  const json cfg = {{"architectures", {"Gemma4ForConditionalGeneration"}},
+                    {"model_type", "gemma4"},
+                    {"dtype", "bfloat16"},
+                    {"tie_word_embeddings", true},
+                    {"text_config", text},
+                    {"vision_config", {{"model_type", "gemma4_vision"}, {"hidden_size", 8}}}};
+  std::vector<uint16_t> vis(6 * 8);
+  for (size_t i = 0; i < vis.size(); ++i) vis[i] = uint16_t(0x3f00 + i);
+  std::vector<float> proj = {0.5f, -1.f, 2.f};
+  const std::vector<TensorWrite> towers = {
+      TensorWrite{"model.vision_tower.patch_embedder.weight", DType::BF16, {6, 8}, vis.data()},
+      TensorWrite{"model.embed_vision.norm.weight", DType::F32, {3}, proj.data()}};
+  const std::string src = write_model("mm", kScalars, cfg, 9, "model.language_model.", towers);
+  const std::string d = data();
+  test::CmdResult r = run("train --model " + src + " --data " + d +
+                          " --seq-len 12 --batch-size 3 --device cpu --steps 2 --lr 1e-2 --output " + p("out"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const SafetensorsFile a = SafetensorsFile::open(src + "/model.safetensors");
+  const SafetensorsFile b = SafetensorsFile::open(p("out") + "/model.safetensors");
+  EXPECT_EQ(a.tensors().size(), b.tensors().size());
+  for (const TensorInfo& t : a.tensors()) {
+    const TensorInfo* u = b.find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(u->dtype, t.dtype) << t.name;
+    EXPECT_EQ(u->shape, t.shape) << t.name;
+    const bool kept =
+        t.name.find("language_model") == std::string::npos || t.name.find("layer_scalar") != std::string::npos;
+    EXPECT_EQ(bytes_of(*u) == bytes_of(t), kept) << t.name;
+  }
+  const json saved = json::parse(test::slurp(p("out") + "/config.json"));
+  EXPECT_EQ(saved["model_type"], "gemma4");
+  EXPECT_TRUE(saved.contains("vision_config"));
+  // layer_scalar is read under the multimodal names: other values, another loss.
+  const std::string ones = write_model("mm1", {1.f, 1.f, 1.f, 1.f}, cfg, 9, "model.language_model.");
+  const std::string common = " --data " + d + " --seq-len 12 --batch-size 3 --device cpu";
+  test::CmdResult e0 = run("eval --model " + src + common), e1 = run("eval --model " + ones + common);
+  ASSERT_EQ(e0.code, 0) << e0.err;
+  ASSERT_EQ(e1.code, 0) << e1.err;
+  EXPECT_NE(double(e0.last()["loss"]), double(e1.last()["loss"]));
+  EXPECT_EQ(e1.err.find("no layer_scalar"), std::string::npos) << e1.err;
+}
+
 // Per-layer inputs, shared K/V and the MoE block are refused at load, exit 2, naming the key.
 TEST_F(Gemma4Cli, UnsupportedPartsAreRefusedNamingTheKey) {
   const std::string d = data();
@@ -251,7 +306,8 @@ TEST_F(Gemma4Cli, UnsupportedPartsAreRefusedNamingTheKey) {
       cfg["moe_intermediate_size"] = 16;
     }
     const std::string dir = write_model(std::string("m_") + c.key, kScalars, cfg);
-    test::CmdResult r = run("train --model " + dir + " --data " + d + " --steps 1 --lr 1e-2 --device cpu --output " + p("o"));
+    test::CmdResult r =
+        run("train --model " + dir + " --data " + d + " --steps 1 --lr 1e-2 --device cpu --output " + p("o"));
     expect_input_error(r, dir + "/config.json");
     EXPECT_NE(r.err.find(c.key), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(p("o")));
