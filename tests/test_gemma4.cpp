@@ -146,8 +146,8 @@ TEST(Gemma4Spec, Published26BA4BShape) {
   EXPECT_EQ(active, 3822530560);
 }
 
-// Dense models (the 31B: k = v, 512-wide global heads, proportional RoPE, the soft cap) are
-// accepted; per-layer inputs, shared K/V and the MoE block are refused naming their keys.
+// Dense models (the 31B: k = v, 512-wide global heads, proportional RoPE, the soft cap; shared K/V)
+// are accepted; per-layer inputs and the MoE block are refused naming their keys.
 TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
   const ModelSpec dense = parse_model_spec(config_31b(), "g4.json");
   EXPECT_EQ(dense.arch, Arch::Gemma4);
@@ -162,14 +162,14 @@ TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
   e["use_double_wide_mlp"] = true;
   e["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
                       "sliding_attention", "sliding_attention", "full_attention"};
-  test::expect_input_error([&] { parse_model_spec(e, "g4.json"); },
-                           {"per-layer input embeddings of width 8 (hidden_size_per_layer_input",
-                            "K/V shared by the last 2 layers (num_kv_shared_layers)",
-                            "double-wide MLPs (use_double_wide_mlp)"});
-  // use_double_wide_mlp without shared layers changes nothing: accepted.
-  json w = config_tiny();
-  w["use_double_wide_mlp"] = true;
-  EXPECT_EQ(parse_model_spec(w, "g4.json").arch, Arch::Gemma4);
+  const std::string msg = test::expect_input_error([&] { parse_model_spec(e, "g4.json"); },
+                                                   {"per-layer input embeddings of width 8 (hidden_size_per_layer_input"});
+  EXPECT_EQ(msg.find("num_kv_shared_layers"), std::string::npos) << msg;  // K/V sharing trains
+  // Without the per-layer inputs: shared K/V and double-wide MLPs are accepted.
+  e["hidden_size_per_layer_input"] = 0;
+  const ModelSpec shared = parse_model_spec(e, "g4.json");
+  EXPECT_EQ(shared.gemma4.n_kv_shared, 2);
+  EXPECT_EQ(shared.gemma4.mlp_intermediate(5, shared.intermediate), 2 * shared.intermediate);
 }
 
 // Gemma4Config with a text_config: the language model's names under model.language_model.; the

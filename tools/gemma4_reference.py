@@ -42,6 +42,8 @@ VARIANTS = {
     # The 31B's features: k=v on global layers, wider global heads, fewer global KV heads, soft-cap.
     "dense": dict(),
     "dense_nokeqv": dict(attention_k_eq_v=False, final_logit_softcapping=None),
+    # K/V shared by the last two layers (one local, one global) with double-wide MLPs, no PLE.
+    "kvshared": dict(num_kv_shared_layers=2, use_double_wide_mlp=True, layer_types=layer_types(6, {1, 5})),
     # The E-models' features: per-layer input embeddings, K/V shared by the last two layers
     # (one local, one global), double-wide MLPs there.
     "ple_kvshared": dict(hidden_size_per_layer_input=8, num_kv_shared_layers=2, use_double_wide_mlp=True,

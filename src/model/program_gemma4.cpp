@@ -6,8 +6,8 @@
 // the weightless value norm (the (1 + w) kernel with a zero weight), on global layers with
 // attention_k_eq_v the keys' projection as the values' input, the layer's own head dim, KV heads
 // and RoPE table, softmax scale 1; the output times the layer's layer_scalar. K/V sharing
-// (num_kv_shared_layers) through LayerBuffers::kv_* (the engines do not set them yet: parse_model_spec
-// refuses such configs). Not here yet: per-layer inputs, the MoE block.
+// (num_kv_shared_layers) through LayerBuffers::kv_*, which the engines set (engine/kv_share_store.h).
+// Not here yet: per-layer inputs, the MoE block (parse_model_spec refuses configs with them).
 #include "core/error.h"
 #include "model/program.h"
 

@@ -344,7 +344,7 @@ ModelSpec parse_model_spec(const json& cfg, const std::string& path) {
     const std::string missing = detail::gemma4_missing(s);
     if (!missing.empty())
       input_error(path, "Gemma 4 ('" + s.architecture + "') with " + missing +
-                            " is not supported yet (docs/GEMMA4.md): only dense Gemma 4 models train");
+                            " is not supported yet (docs/GEMMA4.md)");
   }
   return s;
 }

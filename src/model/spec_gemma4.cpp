@@ -311,16 +311,13 @@ int64_t gemma4_model_params(const ModelSpec& s) {
 
 std::string gemma4_missing(const ModelSpec& s) {
   // Each item names the config key that asks for it (the dense model, k = v, proportional RoPE,
-  // per-layer head dims and the soft-capped head train: docs/GEMMA4.md).
+  // per-layer head dims, the soft-capped head, K/V sharing and double-wide MLPs train: docs/GEMMA4.md).
   const Gemma4Spec& g = s.gemma4;
   std::string out;
   auto item = [&](const std::string& x) { out += (out.empty() ? "" : ", ") + x; };
-  if (g.n_kv_shared > 0)
-    item("K/V shared by the last " + std::to_string(g.n_kv_shared) + " layers (num_kv_shared_layers)");
   if (g.ple_dim > 0)
     item("per-layer input embeddings of width " + std::to_string(g.ple_dim) +
          " (hidden_size_per_layer_input; 0 turns them off)");
-  if (g.double_wide_mlp && g.n_kv_shared > 0) item("double-wide MLPs (use_double_wide_mlp)");
   if (g.moe_block)
     item("the MoE block of " + std::to_string(g.n_expert) + " experts, top " + std::to_string(g.top_k) +
          " (enable_moe_block)");

@@ -1,7 +1,7 @@
 // Gemma 4 parts of parse_model_spec (spec.cpp): reading and checking a gemma4_text config (or a
-// gemma4 checkpoint's text_config) into ModelSpec::gemma4. Dense models train; parse_model_spec
-// refuses configs with per-layer inputs, shared K/V or the MoE block after this, naming the keys;
-// read_gemma4_spec is the same reading without that refusal.
+// gemma4 checkpoint's text_config) into ModelSpec::gemma4. Dense models train (K/V sharing
+// included); parse_model_spec refuses configs with per-layer inputs or the MoE block after this,
+// naming the keys; read_gemma4_spec is the same reading without that refusal.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
