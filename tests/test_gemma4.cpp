@@ -419,6 +419,26 @@ TEST(Gemma4Layout, DenseShapes) {
                            {"g4.json", "per-layer input embeddings"});
 }
 
+// Central differences (step 1e-2) of forward() along v[i] for each i of idx against the analytic
+// gradient g[i]: relative error at most 5e-3 over the sample.
+void expect_matches_central_differences(const std::function<double()>& forward, std::vector<float>& v,
+                                        const std::vector<size_t>& idx, const std::vector<float>& g,
+                                        const std::string& what) {
+  const double eps = 1e-2;
+  std::vector<double> num, ana;
+  for (size_t i : idx) {
+    const float v0 = v[i];
+    v[i] = v0 + float(eps);
+    const double lp = forward();
+    v[i] = v0 - float(eps);
+    const double lm = forward();
+    v[i] = v0;
+    num.push_back((lp - lm) / (2 * eps));
+    ana.push_back(g[i]);
+  }
+  EXPECT_LE(test::rel_err(ana, num), 5e-3) << what;
+}
+
 // One Gemma 4 decoder layer through Program on the cpu device (program_gemma4.cpp): L = <y, R>
 // against central differences of the program's own forward, for the input and a sample of every
 // parameter; a local layer (window 4 < T) and a global one (twice the head dim, one KV head,
@@ -502,22 +522,8 @@ TEST_P(Gemma4LayerGrad, ProgramBackwardMatchesFiniteDifferences) {
     EXPECT_EQ(g2, grads);
     EXPECT_EQ(dx2, dx);
   }
-  const double eps = 1e-2;
   auto fd_check = [&](std::vector<float>& v, const std::vector<size_t>& idx, const std::vector<float>& g,
-                      const std::string& what) {
-    std::vector<double> num, ana;
-    for (size_t i : idx) {
-      const float v0 = v[i];
-      v[i] = v0 + float(eps);
-      const double lp = forward();
-      v[i] = v0 - float(eps);
-      const double lm = forward();
-      v[i] = v0;
-      num.push_back((lp - lm) / (2 * eps));
-      ana.push_back(g[i]);
-    }
-    EXPECT_LE(test::rel_err(ana, num), 5e-3) << what;
-  };
+                      const std::string& what) { expect_matches_central_differences(forward, v, idx, g, what); };
   fd_check(x, test::sample_indices(x.size(), 40, 1), dx, "dx");
   for (const auto& e : blob.entries) {
     std::vector<size_t> idx;
@@ -627,22 +633,8 @@ TEST_P(Gemma4KvShareGrad, SourceAndSharingLayerMatchFiniteDifferences) {
     EXPECT_EQ(dx1, dx1a);
     EXPECT_EQ(dx2, dx2a);
   }
-  const double eps = 1e-2;
   auto fd_check = [&](std::vector<float>& v, const std::vector<size_t>& idx, const std::vector<float>& g,
-                      const std::string& what) {
-    std::vector<double> num, ana;
-    for (size_t i : idx) {
-      const float v0 = v[i];
-      v[i] = v0 + float(eps);
-      const double lp = forward();
-      v[i] = v0 - float(eps);
-      const double lm = forward();
-      v[i] = v0;
-      num.push_back((lp - lm) / (2 * eps));
-      ana.push_back(g[i]);
-    }
-    EXPECT_LE(test::rel_err(ana, num), 5e-3) << what;
-  };
+                      const std::string& what) { expect_matches_central_differences(forward, v, idx, g, what); };
   fd_check(x1, test::sample_indices(x1.size(), 30, 1), dx1, "dx of the source");
   fd_check(x2, test::sample_indices(x2.size(), 30, 2), dx2, "dx of the sharing layer");
   for (auto [b, v, g] : {std::tuple{&bs, &ps, &gs}, std::tuple{&bl, &pl, &gl}})

@@ -141,6 +141,30 @@ class Gemma4Cli : public test::BinaryTest {
     EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr: " << r.err;
   }
+  // `train` (a command ending in --output) by the resident engine into a, the sliding one into b:
+  // the same bytes.
+  void expect_engines_agree(const std::string& train) {
+    test::CmdResult a = run(train + p("a"));
+    ASSERT_EQ(a.code, 0) << a.err;
+    test::CmdResult b = run(train + p("b") + " --offload --slots 2 --gpu-blobs 0");
+    ASSERT_EQ(b.code, 0) << b.err;
+    EXPECT_TRUE(test::slurp(p("a") + "/model.safetensors") == test::slurp(p("b") + "/model.safetensors"))
+        << "the sliding engine trained other bytes than the resident one";
+  }
+  // One step at lr 0 without decay from `src` saves every tensor back byte for byte (dtype too).
+  void expect_lr0_round_trip(const std::string& src, const std::string& common) {
+    test::CmdResult z =
+        run("train --model " + src + common + " --steps 1 --lr 0 --weight-decay 0 --output " + p("z"));
+    ASSERT_EQ(z.code, 0) << z.err;
+    const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
+    const SafetensorsFile back = SafetensorsFile::open(p("z") + "/model.safetensors");
+    EXPECT_EQ(back.tensors().size(), in.tensors().size());
+    for (const TensorInfo& t : in.tensors()) {
+      const TensorInfo* u = back.find(t.name);
+      ASSERT_NE(u, nullptr) << t.name;
+      EXPECT_TRUE(u->dtype == t.dtype && bytes_of(*u) == bytes_of(t)) << t.name << " changed at lr 0";
+    }
+  }
   static std::string bytes_of(const TensorInfo& t) {
     return std::string(reinterpret_cast<const char*>(t.data), t.bytes);
   }
@@ -161,12 +185,7 @@ TEST_F(Gemma4Cli, DenseModelTrainsOnBothEnginesAndRoundTrips) {
   EXPECT_TRUE(std::isfinite(loss0));
   EXPECT_LT(loss0, 3.0 + std::log(64.0));  // the soft cap bounds every logit by 3
 
-  test::CmdResult a = run(train + p("a"));
-  ASSERT_EQ(a.code, 0) << a.err;
-  test::CmdResult b = run(train + p("b") + " --offload --slots 2 --gpu-blobs 0");
-  ASSERT_EQ(b.code, 0) << b.err;
-  EXPECT_TRUE(test::slurp(p("a") + "/model.safetensors") == test::slurp(p("b") + "/model.safetensors"))
-      << "the sliding engine trained other bytes than the resident one";
+  ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
 
   const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
   const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
@@ -198,15 +217,7 @@ TEST_F(Gemma4Cli, DenseModelTrainsOnBothEnginesAndRoundTrips) {
   ASSERT_EQ(c.code, 0) << c.err;
 
   // Nothing learnt (lr 0, no decay): the checkpoint comes back byte for byte.
-  test::CmdResult z = run("train --model " + src + common + " --steps 1 --lr 0 --weight-decay 0 --output " + p("z"));
-  ASSERT_EQ(z.code, 0) << z.err;
-  const SafetensorsFile back = SafetensorsFile::open(p("z") + "/model.safetensors");
-  for (const TensorInfo& t : in.tensors()) {
-    const TensorInfo* u = back.find(t.name);
-    ASSERT_NE(u, nullptr) << t.name;
-    EXPECT_EQ(u->dtype, t.dtype) << t.name;
-    EXPECT_EQ(bytes_of(*u), bytes_of(t)) << t.name;
-  }
+  expect_lr0_round_trip(src, common);
 }
 
 // layer_scalar is read from the checkpoint: other values give another loss, 1 everywhere the same
@@ -313,12 +324,7 @@ TEST_F(Gemma4Cli, SharedKvModelTrainsOnBothEngines) {
   const std::string common = " --data " + d + " --seq-len 12 --batch-size 2 --device cpu";
   const std::string train =
       "train --model " + src + common + " --grad-accum 2 --steps 3 --lr 1e-2 --max-grad-norm 1 --output ";
-  test::CmdResult a = run(train + p("a"));
-  ASSERT_EQ(a.code, 0) << a.err;
-  test::CmdResult b = run(train + p("b") + " --offload --slots 2 --gpu-blobs 0");
-  ASSERT_EQ(b.code, 0) << b.err;
-  EXPECT_TRUE(test::slurp(p("a") + "/model.safetensors") == test::slurp(p("b") + "/model.safetensors"))
-      << "the sliding engine trained other bytes than the resident one";
+  ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
   const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
   const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
   EXPECT_EQ(out.tensors().size(), in.tensors().size());
@@ -328,15 +334,7 @@ TEST_F(Gemma4Cli, SharedKvModelTrainsOnBothEngines) {
     EXPECT_EQ(u->shape, t.shape) << t.name;
     EXPECT_EQ(bytes_of(*u) == bytes_of(t), t.name.find("layer_scalar") != std::string::npos) << t.name;
   }
-  test::CmdResult z =
-      run("train --model " + src + common + " --steps 1 --lr 0 --weight-decay 0 --output " + p("z"));
-  ASSERT_EQ(z.code, 0) << z.err;
-  const SafetensorsFile back = SafetensorsFile::open(p("z") + "/model.safetensors");
-  for (const TensorInfo& t : in.tensors()) {
-    const TensorInfo* u = back.find(t.name);
-    ASSERT_NE(u, nullptr) << t.name;
-    EXPECT_TRUE(u->dtype == t.dtype && bytes_of(*u) == bytes_of(t)) << t.name << " changed at lr 0";
-  }
+  expect_lr0_round_trip(src, common);
 
   // One batch (the first two records) every step, nothing learnt: the same gradient norm each step.
   std::ofstream(p("one.jsonl")) << "{\"input_ids\": [2, 5, 9, 3, 7, 12, 11, 4, 8, 6, 40, 63]}\n"
