@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_device.h"
 #include "backend/cpu/kernels.h"
 #include "engine/blob_init.h"
+#include "engine/planner.h"
 #include "core/error.h"
 #include "model/layout.h"
 #include "model/program.h"
@@ -128,6 +129,37 @@ TEST(Gemma4Spec, Published31BShape) {
   EXPECT_EQ(s.pad_token_id, 0);
   // Published: 30.7B parameters.
   EXPECT_EQ(s.total_params(), 30697345280);
+}
+
+// The planner's FLOPs per token (MFU, the compute model) on the 31B's own per-layer widths: the
+// matrix parameters from the spec's parameter count less its norms, attention over each layer's
+// width (512-wide global heads) and the keys its queries see (window 1024 on local layers); with
+// the last 10 layers sharing K/V (and double-wide), their k projections drop out.
+TEST(Gemma4Spec, PlannerFlopsUseEachLayersWidths) {
+  for (const int shared : {0, 10}) {
+    SCOPED_TRACE(shared);
+    json c = config_31b();
+    c["num_kv_shared_layers"] = shared;
+    c["use_double_wide_mlp"] = shared > 0;
+    const ModelSpec s = parse_model_spec(c, "g4.json");
+    const int T = 4096;
+    double Pd = 0, attn = 0;
+    for (int l = 0; l < s.n_layer; ++l) {
+      const int hd = s.gemma4.head_dim[size_t(l)];
+      const bool own_kv = !s.gemma4.kv_shared(l);
+      Pd += double(s.layer_params(l) - 4 * s.hidden - hd - (own_kv ? hd : 0));  // less the norms
+      double keys = 0.5 * T;
+      if (s.is_local(l)) {
+        keys = 0;
+        for (int i = 0; i < T; ++i) keys += std::min(i + 1, 1024);
+        keys /= T;
+      }
+      attn += 4.0 * s.n_head * hd * keys;
+    }
+    const double head = double(s.vocab) * double(s.hidden);  // tied
+    EXPECT_NEAR(train_flops_per_token(s, T, false) / (3 * (2 * Pd + 2 * head + attn)), 1.0, 1e-12);
+    EXPECT_NEAR(train_flops_per_token(s, T, true) / (8 * Pd + 6 * head + 4.5 * attn), 1.0, 1e-12);
+  }
 }
 
 TEST(Gemma4Spec, Published26BA4BShape) {
