@@ -544,21 +544,23 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
     # issue 18, dense Gemma 4 (docs/GEMMA4.md): the capped head and head dim 512 attention kernels
     # against their CPU twins; tools/gemma4_reference.py (its torch math vs transformers'
     # Gemma4ForCausalLM, loss / logits / every gradient; slideformer loads the dense saved configs
-    # and refuses the PLE / MoE ones naming the key); the three tiny dense models (one with K/V sharing) against
-    # transformers through the resident and the sliding engine, cpu and cuda.
+    # and refuses the PLE / MoE ones naming the key); three tiny dense models (one with K/V sharing)
+    # against transformers through the resident and the sliding engine, cpu and cuda.
     gemma4)
       run gemma4_gpu_tests "$BIN/sf_gpu_tests" --gtest_brief=1 \
         --gtest_filter='CudaOps.AttentionHeadDim512:CudaOps.LinearCrossEntropy*'
       run gemma4_reference python3 tools/gemma4_reference.py --binary "$BIN/slideformer"
-      g4=gemma4_dense,gemma4_dense_fp32,gemma4_kvshared
-      run gemma4_parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu --models $g4 \
-        --work /tmp/g4_parity_cpu
-      run gemma4_parity_cpu_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu --models $g4 \
-        --cli-args "--offload --slots 2" --work /tmp/g4_parity_cpu_off
-      run gemma4_parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --models $g4 \
-        --work /tmp/g4_parity_cuda
-      run gemma4_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda --models $g4 \
-        --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g4_parity_cuda_off ;;
+      # Each model through each engine and device once where it tells something new (run time):
+      # fp32 models on the cpu (tight tolerances), the 512-wide bf16 one and K/V sharing on cuda,
+      # the sliding engine with K/V sharing on the cpu and with the 512-wide heads on cuda.
+      run gemma4_parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu \
+        --models gemma4_dense_fp32,gemma4_kvshared --work /tmp/g4_parity_cpu
+      run gemma4_parity_cpu_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu \
+        --models gemma4_kvshared --cli-args "--offload --slots 2" --work /tmp/g4_parity_cpu_off
+      run gemma4_parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
+        --models gemma4_dense,gemma4_kvshared --work /tmp/g4_parity_cuda
+      run gemma4_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
+        --models gemma4_dense --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g4_parity_cuda_off ;;
     *) echo "unknown step $s" ;;
   esac
 done
