@@ -1,7 +1,10 @@
 // Causal GQA attention through the backend, for bench/attn_vs_torch.py (same call, same GPU):
-//   attn_bench B T H KVH HD [--path auto|sm80] [--pack L] [--window W] [--io DIR]
+//   attn_bench B T H KVH HD [--path auto|sm80|sm90v2] [--pack L] [--window W] [--io DIR]
 // Times forward, backward and forward+backward (CUDA events on the backend's stream, 5 warm-up
-// runs, median of 30) on random bf16 inputs and prints one RESULT line. With --io DIR it instead
+// runs, median of 30 each) on random bf16 inputs and prints one RESULT line. The three are timed
+// interleaved (each round: fwd, bwd, fwd+bwd), so that clock and temperature drift over the run
+// (hd 128 heats the GPU) weigh on them alike; timed one after the other, fwd+bwd came last and read
+// up to 0.2 ms above fwd + bwd. --path sm90v2: the persistent sm_90 forward (AttnPath::Sm90v2). With --io DIR it instead
 // reads q, k, v, dout (raw bf16, the backend's [B*T, heads*hd] layout) from DIR/{q,k,v,do}.bin,
 // runs one forward and backward and writes DIR/{o,dq,dk,dv}.bin for the script's comparison
 // with PyTorch. --pack L: packed rows, each row records of L tokens (the last one shorter), so
@@ -10,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -52,7 +56,7 @@ bool write_file(const std::string& path, const void* src, size_t bytes) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: attn_bench B T H KVH HD [--path auto|sm80] [--pack L] [--window W] [--io DIR]\n");
+  std::fprintf(stderr, "usage: attn_bench B T H KVH HD [--path auto|sm80|sm90v2] [--pack L] [--window W] [--io DIR]\n");
   return 2;
 }
 
@@ -81,12 +85,14 @@ int main(int argc, char** argv) {
     else
       return usage();
   }
-  if ((path != "auto" && path != "sm80") || pack < 0 || d.window < 0) return usage();
+  if ((path != "auto" && path != "sm80" && path != "sm90v2") || pack < 0 || d.window < 0) return usage();
   if (!sf::cuda_available()) {
     std::printf("attn_bench: no GPU\n");
     return 1;
   }
-  cuda::attention_force_path(path == "sm80" ? cuda::AttnPath::Sm80 : cuda::AttnPath::Auto);
+  cuda::attention_force_path(path == "sm80"     ? cuda::AttnPath::Sm80
+                             : path == "sm90v2" ? cuda::AttnPath::Sm90v2
+                                                : cuda::AttnPath::Auto);
   auto dev = sf::make_cuda_device(size_t(16) << 30);
   auto stream = dev->create_stream();
   cudaStream_t s = static_cast<cudaStream_t>(sf::cuda::native_stream(*stream));
@@ -143,11 +149,24 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    auto time_ms = [&](const std::function<void()>& f) { return median_event_ms(s, e0, e1, f, 5, 30); };
-    const double tf = time_ms(fwd), tb = time_ms(bwd), tfb = time_ms([&] {
-                                                         fwd();
-                                                         bwd();
-                                                       });
+    auto fwdbwd = [&] {
+      fwd();
+      bwd();
+    };
+    // One timed run of f (events around it) after `warm` untimed ones.
+    auto time_ms = [&](const std::function<void()>& f, int warm) { return median_event_ms(s, e0, e1, f, warm, 1); };
+    std::vector<double> vf, vb, vfb;  // 30 rounds, each timing fwd, bwd and fwd+bwd once
+    for (int round = 0; round < 30; ++round) {
+      const int warm = round == 0 ? 5 : 0;
+      vf.push_back(time_ms(fwd, warm));
+      vb.push_back(time_ms(bwd, warm));
+      vfb.push_back(time_ms(fwdbwd, warm));
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double tf = median(vf), tb = median(vb), tfb = median(vfb);
     std::printf(
         "RESULT sf_attn path=%s B=%d T=%d H=%d KVH=%d hd=%d pack=%d window=%d fwd_ms=%.3f bwd_ms=%.3f fwdbwd_ms=%.3f\n",
         path.c_str(), d.B, d.T, d.n_head, d.n_kv_head, d.head_dim, pack, d.window, tf, tb, tfb);

@@ -8,7 +8,8 @@ GPU machine (issue 19's target: fwd+bwd >= 1.3x the FlashAttention-2 backend at 
 For each head dim (128, 64) at B, T, H, KVH (default 8, 2048, 32, 8): torch's FLASH_ATTENTION,
 CUDNN_ATTENTION and EFFICIENT_ATTENTION backends (enable_gqa where the backend takes it, else K/V
 expanded outside the timing), fwd / bwd / fwd+bwd, CUDA events, median; then BUILD_DIR/attn_bench
-(the same shapes, our kernels: the default path and the sm_80 kernels forced); then packed rows
+(the same shapes, our kernels: the default path, the persistent sm_90 forward (sm90v2, measured
+against the default until one is kept) and the sm_80 kernels forced); then packed rows
 against unpacked ones with the same real tokens (B rows of T packed with records of 512 against
 B T / 512 rows of 512: the same attention work, so equal times mean the same speed per real
 token; issue 19). Parity first (unless
@@ -26,6 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from torch_kernels import median_ms  # bench/torch_kernels.py: CUDA events, warm-up, median
+
+
+# Our kernel paths (attn_bench --path): the default, the persistent sm_90 forward, the sm_80 kernels.
+PATHS = ("auto", "sm90v2", "sm80")
 
 
 def sdpa(q, k, v, backend, gqa):
@@ -150,7 +155,7 @@ def main():
     ok = True
     if "--no-parity" not in sys.argv:
         for shape in ((2, 1000, 8, 2, 128), (1, 777, 8, 1, 64), (3, 129, 4, 4, 128), (1, 1, 2, 1, 64)):
-            for path in ("auto", "sm80"):
+            for path in PATHS:
                 ok &= parity(build, *shape, path)
         print(f"RESULT attn_parity={'ok' if ok else 'FAIL'}")
     rows = []
@@ -159,7 +164,7 @@ def main():
         for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
             res[name] = time_backend(name, be, B, T, H, KVH, hd)
-        for path in ("auto", "sm80"):
+        for path in PATHS:
             res["sf_" + path] = run_ours(build, B, T, H, KVH, hd, path)
         rows.append((hd, res))
     print(f"\nB={B} T={T} H={H} KVH={KVH} causal, ms (fwd / bwd / fwd+bwd); ratio = torch time / ours (auto), fwd+bwd")
@@ -173,6 +178,13 @@ def main():
             print(f"  hd {hd:3d} {name:10s} {r[0]:7.3f} {r[1]:7.3f} {r[2]:7.3f}  {ratio}")
             if ours and not name.startswith("sf_"):
                 print(f"RESULT attn_hd{hd}_ratio_vs_{name}={r[2] / ours[2]:.3f}")
+        v2 = res.get("sf_sm90v2")
+        if v2 and ours:  # the persistent forward against the default (same backward), and against torch
+            print(f"RESULT attn_hd{hd}_sm90v2_fwd_speedup={ours[0] / v2[0]:.3f}")
+            for name in ("flash", "cudnn"):
+                if res.get(name):
+                    print(f"RESULT attn_hd{hd}_sm90v2_ratio_vs_{name}={res[name][2] / v2[2]:.3f} "
+                          f"fwd_vs_{name}={res[name][0] / v2[0]:.3f}")
     rec = 512
     if T % rec == 0 and T > rec:
         print(f"\npacked rows (records of {rec}) against unpacked rows of {rec} with the same tokens, ms; "

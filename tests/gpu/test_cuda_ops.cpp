@@ -555,7 +555,8 @@ TEST(CudaOps, GeGlu) {
 // ================================================================================================
 struct AttnCfg {
   int B, T, H, KVH, hd;
-  int window = 0;  // sliding window (AttnDims::window), 0 = none
+  int window = 0;        // sliding window (AttnDims::window), 0 = none
+  float q_scale = 1.f;   // q's standard deviation: large values make rows change their max mid-row
 };
 
 // Forward and backward of one configuration. The backward of every run gets the same inputs:
@@ -563,7 +564,7 @@ struct AttnCfg {
 // gets its own copy of it) or empty.
 void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int32_t>& pos = {}) {
   SCOPED_TRACE(testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " KVH=" << c.KVH << " hd=" << c.hd
-                                  << (pos.empty() ? "" : " packed") << " window=" << c.window);
+                                  << (pos.empty() ? "" : " packed") << " window=" << c.window << " q_scale=" << c.q_scale);
   ASSERT_TRUE(pos.empty() || int64_t(pos.size()) == int64_t(c.B) * c.T);
   AttnDims d0;
   d0.B = c.B, d0.T = c.T, d0.n_head = c.H, d0.n_kv_head = c.KVH, d0.head_dim = c.hd;
@@ -571,7 +572,7 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
   d0.window = c.window;
   const int64_t N = int64_t(c.B) * c.T, QW = int64_t(c.H) * c.hd, KW = int64_t(c.KVH) * c.hd;
   const uint64_t s = uint64_t(c.T * 1000 + c.H * 10 + c.hd);
-  const auto qv = rnd(size_t(N * QW), s), kv = rnd(size_t(N * KW), s + 1), vv = rnd(size_t(N * KW), s + 2);
+  const auto qv = rnd(size_t(N * QW), s, c.q_scale), kv = rnd(size_t(N * KW), s + 1), vv = rnd(size_t(N * KW), s + 2);
   const auto gv = rnd(size_t(N * QW), s + 3);
   std::vector<float> out_ref, lse_ref;
   auto fwd = [&](Backend& r, DType dt) -> Outs {
@@ -636,10 +637,14 @@ TEST(CudaOps, AttentionLongSequences) {
 }
 
 // cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 forward
-// where it applies) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
+// where it applies), the persistent sm_90 forward (Sm90v2; elsewhere the same as Auto) and the
+// sm_80 kernels forced, so the fallback stays tested on Hopper too.
 void each_flash_path(const std::function<void()>& cases) {
-  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm80}) {
-    SCOPED_TRACE(testing::Message() << "path " << (p == cuda::AttnPath::Auto ? "auto" : "sm80"));
+  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm90v2, cuda::AttnPath::Sm80}) {
+    SCOPED_TRACE(testing::Message() << "path "
+                                    << (p == cuda::AttnPath::Auto     ? "auto"
+                                        : p == cuda::AttnPath::Sm90v2 ? "sm90v2"
+                                                                      : "sm80"));
     cuda::attention_force_path(p);
     cases();
   }
@@ -657,6 +662,23 @@ TEST(CudaOps, AttentionKernelFamilies) {
     attention_case({2, 129, 8, 1, 64}, false);
     attention_case({1, 383, 4, 4, 128}, false);
     attention_case({1, 1000, 4, 1, 128}, false);
+  });
+}
+
+// The persistent sm_90 forward (Sm90v2) where its CTAs take many tiles each (more query tiles than
+// the H200's 132 SMs): Q buffers, K/V stages and the ping-pong carried across tiles, tiles of
+// every length; T not a multiple of 128; GQA 4 / 8; and q scaled up so that rows raise their max
+// past the lazy-rescale threshold (2^8) mid-row, which the plain inputs rarely do; packed rows and
+// a window with it.
+TEST(CudaOps, AttentionPersistentForward) {
+  REQUIRE_GPU();
+  each_flash_path([] {
+    attention_case({4, 520, 16, 4, 128}, false);  // 5 query tiles x 64 heads = 320 tiles, ~2.4 a CTA
+    attention_case({8, 300, 32, 8, 64}, false);   // 3 x 256 = 768 tiles, ~6 a CTA
+    // q_scale 4: scores of sd 4, a row's max over its whole span ~2 sd above its first keys' (> 8 in log2)
+    attention_case({2, 700, 8, 1, 128, 0, 4.f}, false);
+    attention_case({2, 700, 8, 2, 64, 0, 4.f}, false, packed_positions(2, 700, 250, 7));
+    attention_case({1, 900, 8, 2, 128, 200, 4.f}, false);
   });
 }
 

@@ -298,6 +298,37 @@ __global__ void attn_bwd_dot_kernel(float* __restrict__ D, DIn dout, DIn out, in
   }
 }
 
+// D as attn_bwd_dot_kernel, for BF16 dO and O (16-byte aligned, HD 64 / 128 / 256): HD / 8 lanes a
+// (row, head), one 16-byte load of each tensor a lane (a warp moves 512 bytes of each a load where
+// the general kernel's 2-byte loads move 64: the pass reads 2 B T H HD bytes, 268 MB at B 8,
+// T 2048, H 32, hd 128). Groups run over t fastest, so that D [B, H, T] is written contiguously.
+template <int HD>
+__global__ void attn_bwd_dot_bf16_kernel(float* __restrict__ D, const bf16_t* __restrict__ dout,
+                                         const bf16_t* __restrict__ out, int B, int T, int H) {
+  constexpr int L = HD / 8;  // lanes a row; divides 32
+  static_assert(HD % 8 == 0 && 32 % L == 0, "head dim");
+  const int64_t gid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t w = gid / L;  // (b * H + h) * T + t: D's index
+  const int sub = int(gid % L);
+  const bool live = w < int64_t(B) * H * T;
+  float acc = 0.f;
+  if (live) {
+    const int t = int(w % T), h = int((w / T) % H);
+    const int64_t b = w / (int64_t(T) * H);
+    const int64_t off = ((b * T + t) * H + h) * HD + sub * 8;
+    const uint4 a = *reinterpret_cast<const uint4*>(dout + off), c = *reinterpret_cast<const uint4*>(out + off);
+    const uint32_t av[4] = {a.x, a.y, a.z, a.w}, cv[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = unpack_bf16(av[i]), y = unpack_bf16(cv[i]);
+      acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+    }
+  }
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (live && sub == 0) D[w] = acc;
+}
+
 // Position of column c inside its group of 16 in the permuted dQ accumulator: the four values a
 // thread holds for one row of two adjacent n8 MMA tiles (columns 2t, 2t+1, 8+2t, 8+2t+1) are
 // contiguous, so they go out as one float4 atomic.
@@ -881,8 +912,12 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
   const AttnPath path = g_path.load();
   const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
                      all_bf16({&out, &q, &k, &v});
-  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
-    attention_forward_sm90(out, lse, q, k, v, d, L);
+  const bool sm90 = path == AttnPath::Auto || path == AttnPath::Sm90v2;
+  if (flash && sm90 && device_cc_major() == 9 && attention_sm90_supported(d)) {
+    if (path == AttnPath::Sm90v2)
+      attention_forward_sm90_persistent(out, lse, q, k, v, d, L);
+    else
+      attention_forward_sm90(out, lse, q, k, v, d, L);
     return;
   }
   if (flash) {
@@ -911,7 +946,20 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
   const int64_t nq = rows * d.n_head * d.head_dim;  // ws holds attention_workspace_bytes(d) (ops_check.h)
   float* dq_acc = static_cast<float*>(ws.data);
   float* D = reinterpret_cast<float*>(static_cast<char*>(ws.data) + round256(size_t(nq) * 4));
-  {
+  const bool dot_vec = dout.dtype == DType::BF16 && out.dtype == DType::BF16 && aligned16(dout.data) &&
+                       aligned16(out.data) && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256);
+  if (dot_vec) {
+    const int64_t threads = rows * d.n_head * (d.head_dim / 8);
+    const unsigned grid = unsigned((threads + 255) / 256);
+    const bf16_t *g = dout.ptr<bf16_t>(), *o = out.ptr<bf16_t>();
+    if (d.head_dim == 64)
+      attn_bwd_dot_bf16_kernel<64><<<grid, 256, 0, L.stream>>>(D, g, o, d.B, d.T, d.n_head);
+    else if (d.head_dim == 128)
+      attn_bwd_dot_bf16_kernel<128><<<grid, 256, 0, L.stream>>>(D, g, o, d.B, d.T, d.n_head);
+    else
+      attn_bwd_dot_bf16_kernel<256><<<grid, 256, 0, L.stream>>>(D, g, o, d.B, d.T, d.n_head);
+    CUDA_CHECK_LAUNCH();
+  } else {
     const int64_t warps = rows * d.n_head;
     attn_bwd_dot_kernel<<<unsigned((warps + 7) / 8), 256, 0, L.stream>>>(D, din(dout), din(out), d.B, d.T, d.n_head,
                                                                          d.head_dim);
@@ -920,7 +968,8 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
   const AttnPath path = g_path.load();
   const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
                      all_bf16({&dq, &dk, &dv, &dout, &q, &k, &v});
-  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
+  const bool sm90 = path == AttnPath::Auto || path == AttnPath::Sm90v2;  // Sm90v2: the same backward
+  if (flash && sm90 && device_cc_major() == 9 && attention_sm90_supported(d)) {
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
     attention_backward_sm90(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
     f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);

@@ -15,6 +15,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <type_traits>
@@ -178,15 +179,11 @@ SF_WGMMA_RS(128, 64, 65, 66, 67, 68)
 
 #endif  // SF_SM90_DEVICE
 
-// Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8,
-// columns key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the
-// row or (BOUNDED) before its first key fk (packed rows, window) are -inf; the running max m (raw scores)
-// and partial row sums l updated, P = exp2(S scale_log2 - m scale_log2) packed to bf16 A
-// fragments, corr = the factor O must be scaled by.
+// The softmaxes' first half: where `mask`, keys after the row or (BOUNDED) before its first key
+// set to -inf; mx = the rows' running max m raised by this thread's elements (not yet quad-reduced).
 template <int BC, bool BOUNDED>
-__device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[BC / 16][4], float (&m)[2],
-                                             float (&l)[2], float (&corr)[2], bool mask, int key0, int row0,
-                                             const int (&fk)[2], float scale_log2) {
+__device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], const float (&m)[2], bool mask,
+                                            int key0, int row0, const int (&fk)[2]) {
   if (mask) {
 #pragma unroll
     for (int j = 0; j < BC / 8; ++j)
@@ -196,12 +193,25 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[B
         if (key > row0 + (e >> 1) * 8 || (BOUNDED && key < fk[e >> 1])) s[j * 4 + e] = -INFINITY;
       }
   }
-  float mx[2] = {m[0], m[1]};
+  mx[0] = m[0], mx[1] = m[1];
 #pragma unroll
   for (int j = 0; j < BC / 8; ++j) {
     mx[0] = fmaxf(mx[0], fmaxf(s[j * 4], s[j * 4 + 1]));
     mx[1] = fmaxf(mx[1], fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
   }
+}
+
+// Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8,
+// columns key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the
+// row or (BOUNDED) before its first key fk (packed rows, window) are -inf; the running max m (raw scores)
+// and partial row sums l updated, P = exp2(S scale_log2 - m scale_log2) packed to bf16 A
+// fragments, corr = the factor O must be scaled by.
+template <int BC, bool BOUNDED>
+__device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[BC / 16][4], float (&m)[2],
+                                             float (&l)[2], float (&corr)[2], bool mask, int key0, int row0,
+                                             const int (&fk)[2], float scale_log2) {
+  float mx[2];
+  mask_rowmax<BC, BOUNDED>(s, mx, m, mask, key0, row0, fk);
   float off[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -226,6 +236,79 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[B
   }
   l[0] = l[0] * corr[0] + rs[0];  // thread-partial row sums; quad-reduced at the end
   l[1] = l[1] * corr[1] + rs[1];
+}
+
+// The persistent forward's softmax (flash_fwd_sm90_persistent_kernel): softmax_tile's, with P left
+// in s as fp32 (packed to bf16 by pack_p only once the previous PV is done, so one P buffer
+// suffices: 32 registers fewer than softmax_tile's two, which the lazy rescale below needs) and
+// the running max lazy: a row keeps its max until a tile raises it by more than kLazyRescaleLog2
+// in the exp2 domain (meanwhile P <= 2^8: in range for bf16 and the fp32 sums; l and O share the
+// stale max, so O / l and lse are unchanged), corr = 1 then. Returns whether a row of the warp
+// moved its max (the warp-uniform test for rescaling O).
+constexpr float kLazyRescaleLog2 = 8.f;
+template <int BC, bool BOUNDED>
+__device__ __forceinline__ bool softmax_tile_lazy(float (&s)[BC / 2], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                                  bool mask, int key0, int row0, const int (&fk)[2],
+                                                  float scale_log2) {
+  float mx[2];
+  mask_rowmax<BC, BOUNDED>(s, mx, m, mask, key0, row0, fk);
+  float off[2];
+  bool grew = false;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    // m = -inf the first time: +inf > the threshold; a row with no key yet (both -inf): NaN, false
+    const bool g = (mx[r] - m[r]) * scale_log2 > kLazyRescaleLog2;
+    corr[r] = g ? fast_exp2((m[r] - mx[r]) * scale_log2) : 1.f;  // m = -inf: 0
+    if (g) m[r] = mx[r];
+    off[r] = m[r] == -INFINITY ? 0.f : m[r] * scale_log2;  // a row with no key yet: P = 0
+    grew |= g;
+  }
+  float rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < BC / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j * 4 + e] = fast_exp2(fmaf(s[j * 4 + e], scale_log2, -off[e >> 1]));
+    rs[0] += s[j * 4] + s[j * 4 + 1];
+    rs[1] += s[j * 4 + 2] + s[j * 4 + 3];
+  }
+  l[0] = l[0] * corr[0] + rs[0];  // thread-partial row sums; quad-reduced at the end
+  l[1] = l[1] * corr[1] + rs[1];
+  return __any_sync(0xffffffffu, grew);
+}
+// P (fp32, the C fragments of S) as the bf16 A fragments of P V: two n8 C fragments (columns
+// 16 kk .. 16 kk + 15) form the A fragment of k-step kk.
+template <int BC>
+__device__ __forceinline__ void pack_p(const float (&s)[BC / 2], uint32_t (&p)[BC / 16][4]) {
+#pragma unroll
+  for (int j = 0; j < BC / 8; ++j) {
+    p[j >> 1][(j & 1) * 2] = pack_bf16(s[j * 4], s[j * 4 + 1]);
+    p[j >> 1][(j & 1) * 2 + 1] = pack_bf16(s[j * 4 + 2], s[j * 4 + 3]);
+  }
+}
+
+// The forwards' epilogue: O / l (bf16) and lse = m scale + ln l of this thread's rows row0 and
+// row0 + 8 of head h, sequence b (columns col0 + 8 dn + {0, 1}); rows past T not written.
+template <int HD>
+__device__ __forceinline__ void store_o_lse(const float (&o)[HD / 2], const float (&m)[2], const float (&l)[2],
+                                            bf16_t* __restrict__ out, float* __restrict__ lse, int b, int h, int row0,
+                                            int col0, int T, int H, float scale_log2) {
+  const int64_t qstr = int64_t(H) * HD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float lr = l[r];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const int row = row0 + r * 8;
+    if (row >= T) continue;
+    const float inv = lr > 0.f ? 1.f / lr : 0.f;
+    bf16_t* orow = out + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + col0;
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; ++dn)
+      *reinterpret_cast<uint32_t*>(orow + dn * 8) = pack_bf16(o[dn * 4 + 2 * r] * inv, o[dn * 4 + 2 * r + 1] * inv);
+    if (lse != nullptr && col0 == 0) lse[(int64_t(b) * H + h) * T + row] = (m[r] * scale_log2 + log2f(lr)) * kLn2;
+  }
 }
 
 template <class Tr>
@@ -398,22 +481,282 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     last_pv(p);
   }
 
-  // O / l, lse = m scale + ln l
-  const int64_t qstr = int64_t(H) * HD;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float lr = l[r];
-    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-    const int row = row0 + r * 8;
-    if (row >= T) continue;
-    const float inv = lr > 0.f ? 1.f / lr : 0.f;
-    bf16_t* orow = out + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + 2 * t4;
-#pragma unroll
-    for (int dn = 0; dn < HD / 8; ++dn)
-      *reinterpret_cast<uint32_t*>(orow + dn * 8) = pack_bf16(o[dn * 4 + 2 * r] * inv, o[dn * 4 + 2 * r + 1] * inv);
-    if (lse != nullptr && t4 == 0) lse[(int64_t(b) * H + h) * T + row] = (m[r] * scale_log2 + log2f(lr)) * kLn2;
+  store_o_lse<HD>(o, m, l, out, lse, b, h, row0, 2 * t4, T, H, scale_log2);
+#endif  // SF_SM90_DEVICE
+}
+
+// ---- persistent forward (bench / test path `sm90v2` until measured against the kernel above;
+// issue 19 keeps one: the slower goes) ---------------------------------------------------------
+// What it changes against flash_fwd_sm90_kernel, by the count (hd 128, B 8, T 2048: 34816 tiles
+// of 128 x 128, 264 an SM; the tensor cores need 2048 cycles a tile, the softmax ~600 a
+// warpgroup, hidden by the ping-pong; measured 0.737 ms = ~4750 cycles a tile at ~1.7 GHz):
+// - K and V stages freed separately. There, one `empty` barrier frees a stage once its PV is done,
+//   and the PV of tile j runs with the QK^T of tile j + 1, so with 2 stages the load of tile j + 2
+//   starts only when tile j + 1's products end, just when tile j + 2's QK^T wants it: every tile
+//   waits for a TMA round trip (~1000-2000 cycles), about the gap measured. Here K stage frees
+//   after its QK^T, V after its PV, and V has 3 stages (hd 64: 4 and 4): loads start a tile or
+//   more ahead.
+// - Persistent: one CTA an SM takes query tiles, heaviest first, from an atomic counter (the
+//   order and greed of the hardware's block scheduler); the producer loads the next tile's Q
+//   (double-buffered) and first K/V while the consumers finish this one, and each consumer's
+//   epilogue runs under the other's products (the ping-pong continues across tiles). A block a
+//   tile paid the Q and K latency, the lone first QK^T and softmax and the last PV and epilogue
+//   at every tile (8.5 key tiles on average at T 2048).
+// - The O rescale skipped while no row's max grew by more than 2^8 (softmax_tile_lazy): at hd
+//   128, 64 of ~350 instructions a thread a tile.
+template <int HD_, bool BOUNDED_>
+struct Sm90FwdPersistentTile {
+  static constexpr int HD = HD_, BR = 128, BC = 128;
+  // Stages of K and of V, each with its own full / empty barriers: a K stage is free once both
+  // consumers' QK^T read it, a V stage once their PV did (a tile after: PV lags QK^T by one), so
+  // the load of tile j + KSTAGES starts under tile j + 1's products, not after them. hd 128: 2 K +
+  // 3 V + 2 Q buffers = 224 KiB (the most that fits); hd 64: 4 of each, 160 KiB.
+  static constexpr int KSTAGES = HD == 64 ? 4 : 2, VSTAGES = HD == 64 ? 4 : 3;
+  static constexpr int QSTAGES = 2;  // Q buffers: the next tile's lands under this one
+  static constexpr bool BOUNDED = BOUNDED_;
+  static constexpr int CONSUMERS = 2;
+  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
+  static constexpr int NT = 128 * (1 + CONSUMERS);
+  static constexpr int CH = HD / 64;
+  static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
+  // Q [QSTAGES][CH][BR][64] | K [KSTAGES][CH][BC][64] | V [VSTAGES][CH][BC][64] | barriers | tile ids
+  static constexpr size_t q_off = 0, k_off = q_off + size_t(QSTAGES) * q_bytes;
+  static constexpr size_t v_off = k_off + size_t(KSTAGES) * kv_bytes, bar_off = v_off + size_t(VSTAGES) * kv_bytes;
+  // barriers (8 bytes each): q_full[QSTAGES], q_empty[QSTAGES], k_full[KSTAGES], k_empty[KSTAGES],
+  // v_full[VSTAGES], v_empty[VSTAGES]
+  static constexpr size_t tile_off = bar_off + 8 * (2 * QSTAGES + 2 * KSTAGES + 2 * VSTAGES);
+  static constexpr size_t smem = tile_off + 4 * QSTAGES + 1024;  // + alignment slack
+  static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
+  static_assert(smem <= 227 * 1024, "shared memory");
+  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
+};
+
+// Query tile `tile` (longest first, as flash_fwd_sm90_kernel's block index): its head, sequence,
+// first row and the key tiles j0 .. n_kv - 1 it walks (downwards).
+struct FwdTileCoord {
+  int h, b, kvh, q0, n_kv, j0;
+};
+template <class Tr>
+__device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n_hb, int T, int H, int KVH,
+                                                       const int32_t* pos, int window) {
+  FwdTileCoord c;
+  const int qt = n_qt - 1 - tile / n_hb, hb = tile % n_hb;
+  c.h = hb % H, c.b = hb / H;
+  c.kvh = c.h / (H / KVH);
+  c.q0 = qt * Tr::BR;
+  c.n_kv = (min(c.q0 + Tr::BR, T) + Tr::BC - 1) / Tr::BC;
+  const int32_t* pb = Tr::BOUNDED && pos != nullptr ? pos + int64_t(c.b) * T : nullptr;
+  c.j0 = Tr::BOUNDED ? first_key(pb, window, c.q0) / Tr::BC : 0;
+  return c;
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::NT, 1)
+    flash_fwd_sm90_persistent_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                                     const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out,
+                                     float* __restrict__ lse, const int32_t* __restrict__ pos,
+                                     int* __restrict__ tile_counter, int B, int T, int H, int KVH,
+                                     float scale_log2, int window) {
+#ifdef SF_SM90_DEVICE
+  constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, KS = Tr::KSTAGES, VS = Tr::VSTAGES, QS = Tr::QSTAGES;
+  constexpr int CH = Tr::CH;
+  constexpr bool LB = Tr::BOUNDED;
+  unsigned char* sm = smem_base();
+  bf16_t* Qs = reinterpret_cast<bf16_t*>(sm + Tr::q_off);
+  bf16_t* Ks = reinterpret_cast<bf16_t*>(sm + Tr::k_off);
+  bf16_t* Vs = reinterpret_cast<bf16_t*>(sm + Tr::v_off);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sm + Tr::bar_off);
+  uint64_t* q_empty = q_full + QS;
+  uint64_t* k_full = q_empty + QS;
+  uint64_t* k_empty = k_full + KS;
+  uint64_t* v_full = k_empty + KS;
+  uint64_t* v_empty = v_full + VS;
+  volatile int* tile_ids = reinterpret_cast<volatile int*>(sm + Tr::tile_off);  // [QS]: -1 = no more
+
+  const int n_qt = (T + BR - 1) / BR, n_hb = H * B;
+  const int n_tiles = n_qt * n_hb;
+
+  const int wg = int(threadIdx.x) / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < QS; ++s) {
+      bar_init(q_full + s, 1);
+      bar_init(q_empty + s, Tr::CONSUMERS * 4);  // one arrive per consumer warp
+    }
+    for (int s = 0; s < KS; ++s) {
+      bar_init(k_full + s, 1);
+      bar_init(k_empty + s, Tr::CONSUMERS * 4);
+    }
+    for (int s = 0; s < VS; ++s) {
+      bar_init(v_full + s, 1);
+      bar_init(v_empty + s, Tr::CONSUMERS * 4);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer: the tile id and Q into Q buffer n % QS, then the tile's K/V into the ring ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::PRODUCER_REGS) : "memory");
+    if (threadIdx.x == 0) {
+      int kv_it = 0;  // K/V tiles loaded so far (all tiles): K stage kv_it % KS, V stage kv_it % VS
+      // The next tile's id is fetched a tile ahead: the atomic's round trip runs under this tile's loads.
+      int next = atomicAdd(tile_counter, 1);
+      for (int n = 0;; ++n) {
+        const int qs = n % QS;
+        bar_wait(q_empty + qs, ((n / QS) & 1) ^ 1);  // both consumers are done with tile n - QS's Q
+        const int tile = next;
+        if (tile < n_tiles) next = atomicAdd(tile_counter, 1);
+        if (tile >= n_tiles) {
+          tile_ids[qs] = -1;
+          bar_arrive(q_full + qs);  // release: the consumers read -1 after their wait
+          break;
+        }
+        tile_ids[qs] = tile;  // published by the arrive below (release), read after q_full (acquire)
+        const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, pos, window);
+        bar_expect_tx(q_full + qs, Tr::q_bytes);
+        for (int ch = 0; ch < CH; ++ch)
+          tma_load(Qs + (qs * CH + ch) * BR * 64, &tq, q_full + qs, c.h * HD + ch * 64, c.q0, c.b);
+        for (int j = c.n_kv - 1; j >= c.j0; --j, ++kv_it) {
+          const int sk = kv_it % KS, sv = kv_it % VS;
+          bar_wait(k_empty + sk, ((kv_it / KS) & 1) ^ 1);  // K of kv_it - KS: its QK^T done
+          bar_expect_tx(k_full + sk, Tr::kv_bytes);
+          for (int ch = 0; ch < CH; ++ch)
+            tma_load(Ks + (sk * CH + ch) * BC * 64, &tk, k_full + sk, c.kvh * HD + ch * 64, j * BC, c.b);
+          bar_wait(v_empty + sv, ((kv_it / VS) & 1) ^ 1);  // V of kv_it - VS: its PV done
+          bar_expect_tx(v_full + sv, Tr::kv_bytes);
+          for (int ch = 0; ch < CH; ++ch)
+            tma_load(Vs + (sv * CH + ch) * BC * 64, &tv, v_full + sv, c.kvh * HD + ch * 64, j * BC, c.b);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
+  const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
+  const int g = lane >> 2, t4 = lane & 3;
+  const uint32_t q_base = smem_u32(Qs) + cw * 64 * 128;
+  const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs);
+  // As flash_fwd_sm90_kernel's descriptors, with the Q buffer qs.
+  auto q_desc = [&](int qs, int kk) {
+    return sdesc(q_base + qs * Tr::q_bytes + (kk >> 2) * BR * 128 + (kk & 3) * 32, 16, 1024);
+  };
+  auto k_desc = [&](int s, int kk) {
+    return sdesc(k_addr + (s * CH + (kk >> 2)) * BC * 128 + (kk & 3) * 32, 16, 1024);
+  };
+  auto v_desc = [&](int s, int kk) { return sdesc(v_addr + s * CH * BC * 128 + kk * 2048, BC * 128, 1024); };
+
+  float o[HD / 2];
+  float sacc[BC / 2];
+  uint32_t p[BC / 16][4];  // P of the tile whose PV is next
+  float m[2], l[2], corr[2];
+  auto issue_s = [&](int qs, int s) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(sacc, q_desc(qs, kk), k_desc(s, kk), kk > 0);
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int s) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<HD>(o, p[kk], v_desc(s, kk));
+    wgmma_commit();
+  };
+  // Ping-pong as flash_fwd_sm90_kernel's, continued across tiles: consumer 1 opens, both pass
+  // after every batch, and consumer 0 takes consumer 1's last pass when the tiles run out, so
+  // every barrier completes.
+  auto sched_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
+  auto sched_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
+  if (cw == 1) sched_pass();
+
+  int kv_it = 0;  // K/V tiles consumed so far (all tiles), as the producer counts them
+  for (int n = 0;; ++n) {
+    const int qs = n % QS;
+    bar_wait(q_full + qs, (n / QS) & 1);
+    const int tile = tile_ids[qs];
+    if (tile < 0) break;
+    const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, pos, window);
+    const int n_it = c.n_kv - c.j0;
+    const int row0 = c.q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
+    const int wg_row0 = c.q0 + cw * 64;
+    int fk[2] = {0, 0};
+    if constexpr (LB) {
+      const int32_t* pb = pos != nullptr ? pos + int64_t(c.b) * T : nullptr;
+      fk[0] = row0 < T ? first_key(pb, window, row0) : 0;
+      fk[1] = row0 + 8 < T ? first_key(pb, window, row0 + 8) : 0;
+    }
+    const int fk_max = max(fk[0], fk[1]);
+    auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || (LB && j * BC < fk_max); };
+    auto release_q = [&] {
+      if (lane == 0) bar_arrive(q_empty + qs);  // this tile's last QK^T is done: Q buffer qs free
+    };
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+
+    {
+      const int s = kv_it % KS;
+      bar_wait(k_full + s, (kv_it / KS) & 1);
+      sched_wait();
+      issue_s(qs, s);
+      sched_pass();
+      wgmma_wait<0>();
+      reg_fence(sacc);
+      if (lane == 0) bar_arrive(k_empty + s);
+      if (n_it == 1) release_q();
+      softmax_tile_lazy<BC, LB>(sacc, m, l, corr, needs_mask(c.n_kv - 1), (c.n_kv - 1) * BC + 2 * t4, row0, fk,
+                                scale_log2);
+      pack_p<BC>(sacc, p);  // O = 0: nothing to rescale
+    }
+    // One pipelined step, as flash_fwd_sm90_kernel's: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in
+    // flight while the softmax of S_j runs (in place, fp32); once the PV is done, P_j packed into
+    // the one P buffer and O rescaled, only if a row of the warp moved its max.
+    for (int it = 1; it < n_it; ++it) {
+      const int ki = kv_it + it, s = ki % KS, sp = (ki - 1) % VS, j = c.n_kv - 1 - it;
+      bar_wait(k_full + s, (ki / KS) & 1);
+      sched_wait();
+      issue_s(qs, s);
+      bar_wait(v_full + sp, ((ki - 1) / VS) & 1);
+      issue_pv(sp);
+      sched_pass();
+      wgmma_wait<1>();  // S_j done: K stage s free
+      reg_fence(sacc);
+      if (lane == 0) bar_arrive(k_empty + s);
+      if (it == n_it - 1) release_q();
+      const bool grew =
+          softmax_tile_lazy<BC, LB>(sacc, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
+      wgmma_wait<0>();  // PV done: O, P and V stage sp free
+      reg_fence(o);
+      reg_fence(p);
+      if (lane == 0) bar_arrive(v_empty + sp);
+      pack_p<BC>(sacc, p);
+      if (grew) {
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; ++dn) {
+          o[dn * 4] *= corr[0], o[dn * 4 + 1] *= corr[0];
+          o[dn * 4 + 2] *= corr[1], o[dn * 4 + 3] *= corr[1];
+        }
+      }
+    }
+    {  // the last PV
+      const int ki = kv_it + n_it - 1, sl = ki % VS;
+      bar_wait(v_full + sl, (ki / VS) & 1);
+      sched_wait();
+      issue_pv(sl);
+      sched_pass();
+      wgmma_wait<0>();
+      reg_fence(o);
+      reg_fence(p);
+      if (lane == 0) bar_arrive(v_empty + sl);
+    }
+    kv_it += n_it;
+
+    // the next tile's first QK^T is the other consumer's to overlap
+    store_o_lse<HD>(o, m, l, out, lse, c.b, c.h, row0, 2 * t4, T, H, scale_log2);
+  }
+  if (cw == 0) sched_wait();
 #endif  // SF_SM90_DEVICE
 }
 
@@ -710,22 +1053,58 @@ CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows) {
 // Packed rows or a window: the kernels with the first-key bound (BOUNDED); else plain causal.
 bool bounded(const AttnDims& d) { return !d.pos.empty() || d.window > 0; }
 
+// A forward kernel's launch setup: its shared memory allowed (once per kernel: the device is fixed
+// per process) and the tensor maps of Q (BR-row boxes), K and V (BC-row boxes).
+template <class Tr, class Kernel>
+void allow_smem(Kernel kernel) {
+  static bool done = false;
+  if (!done) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::smem)));
+    done = true;
+  }
+}
+struct QkvMaps {
+  CUtensorMap q, k, v;
+};
+template <class Tr>
+QkvMaps qkv_maps(Tensor q, Tensor k, Tensor v, const AttnDims& d) {
+  return {make_map(q.data, d.B, d.T, int64_t(d.n_head) * Tr::HD, Tr::BR),
+          make_map(k.data, d.B, d.T, int64_t(d.n_kv_head) * Tr::HD, Tr::BC),
+          make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * Tr::HD, Tr::BC)};
+}
+
 template <int HD, bool BOUNDED>
 void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   using Tr = Sm90FwdTile<HD, BOUNDED>;
   auto kernel = flash_fwd_sm90_kernel<Tr>;
-  static bool attr_set = false;  // once per instantiation (the device is fixed per process)
-  if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::smem)));
-    attr_set = true;
-  }
-  const CUtensorMap tq = make_map(q.data, d.B, d.T, int64_t(d.n_head) * HD, Tr::BR);
-  const CUtensorMap tk = make_map(k.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
-  const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
+  allow_smem<Tr>(kernel);
+  const QkvMaps mp = qkv_maps<Tr>(q, k, v, d);
+  const CUtensorMap &tq = mp.q, &tk = mp.k, &tv = mp.v;
   const unsigned grid = unsigned((d.T + Tr::BR - 1) / Tr::BR) * unsigned(d.n_head * d.B);
   kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
                                                d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T, d.n_head,
                                                d.n_kv_head, d.scale * kLog2e, d.window);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The persistent forward: one CTA an SM (at most one a tile); the tile counter (4 bytes of the
+// stream's scratch, zeroed here) hands out the tiles.
+template <int HD, bool BOUNDED>
+void forward_persistent(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
+  using Tr = Sm90FwdPersistentTile<HD, BOUNDED>;
+  auto kernel = flash_fwd_sm90_persistent_kernel<Tr>;
+  allow_smem<Tr>(kernel);
+  SF_CHECK(L.scratch != nullptr && L.scratch->buf != nullptr && L.scratch->buf_bytes >= sizeof(int),
+           "attention (sm_90, persistent): no stream scratch for the tile counter");
+  int* counter = static_cast<int*>(L.scratch->buf);
+  CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), L.stream));
+  const QkvMaps mp = qkv_maps<Tr>(q, k, v, d);
+  const CUtensorMap &tq = mp.q, &tk = mp.k, &tv = mp.v;
+  const int64_t tiles = int64_t((d.T + Tr::BR - 1) / Tr::BR) * d.n_head * d.B;
+  const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(L.num_sms, 1)));
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
+                                               d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), counter, d.B, d.T,
+                                               d.n_head, d.n_kv_head, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -760,6 +1139,16 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
     b ? forward<64, true>(out, lse, q, k, v, d, L) : forward<64, false>(out, lse, q, k, v, d, L);
   else
     b ? forward<128, true>(out, lse, q, k, v, d, L) : forward<128, false>(out, lse, q, k, v, d, L);
+}
+
+void attention_forward_sm90_persistent(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d,
+                                       const Launch& L) {
+  const bool b = bounded(d);
+  if (d.head_dim == 64)
+    b ? forward_persistent<64, true>(out, lse, q, k, v, d, L) : forward_persistent<64, false>(out, lse, q, k, v, d, L);
+  else
+    b ? forward_persistent<128, true>(out, lse, q, k, v, d, L)
+      : forward_persistent<128, false>(out, lse, q, k, v, d, L);
 }
 
 }  // namespace sf::cuda
