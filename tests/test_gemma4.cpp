@@ -8,11 +8,13 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_device.h"
 #include "backend/cpu/kernels.h"
 #include "engine/blob_init.h"
+#include "engine/planner.h"
 #include "core/error.h"
 #include "model/layout.h"
 #include "model/program.h"
@@ -129,6 +131,37 @@ TEST(Gemma4Spec, Published31BShape) {
   EXPECT_EQ(s.total_params(), 30697345280);
 }
 
+// The planner's FLOPs per token (MFU, the compute model) on the 31B's own per-layer widths: the
+// matrix parameters from the spec's parameter count less its norms, attention over each layer's
+// width (512-wide global heads) and the keys its queries see (window 1024 on local layers); with
+// the last 10 layers sharing K/V (and double-wide), their k projections drop out.
+TEST(Gemma4Spec, PlannerFlopsUseEachLayersWidths) {
+  for (const int shared : {0, 10}) {
+    SCOPED_TRACE(shared);
+    json c = config_31b();
+    c["num_kv_shared_layers"] = shared;
+    c["use_double_wide_mlp"] = shared > 0;
+    const ModelSpec s = parse_model_spec(c, "g4.json");
+    const int T = 4096;
+    double Pd = 0, attn = 0;
+    for (int l = 0; l < s.n_layer; ++l) {
+      const int hd = s.gemma4.head_dim[size_t(l)];
+      const bool own_kv = !s.gemma4.kv_shared(l);
+      Pd += double(s.layer_params(l) - 4 * s.hidden - hd - (own_kv ? hd : 0));  // less the norms
+      double keys = 0.5 * T;
+      if (s.is_local(l)) {
+        keys = 0;
+        for (int i = 0; i < T; ++i) keys += std::min(i + 1, 1024);
+        keys /= T;
+      }
+      attn += 4.0 * s.n_head * hd * keys;
+    }
+    const double head = double(s.vocab) * double(s.hidden);  // tied
+    EXPECT_NEAR(train_flops_per_token(s, T, false) / (3 * (2 * Pd + 2 * head + attn)), 1.0, 1e-12);
+    EXPECT_NEAR(train_flops_per_token(s, T, true) / (8 * Pd + 6 * head + 4.5 * attn), 1.0, 1e-12);
+  }
+}
+
 TEST(Gemma4Spec, Published26BA4BShape) {
   const ModelSpec s = read_gemma4_spec(config_26b_a4b(), "g4.json");
   const Gemma4Spec& g = s.gemma4;
@@ -145,12 +178,15 @@ TEST(Gemma4Spec, Published26BA4BShape) {
   EXPECT_EQ(active, 3822530560);
 }
 
+// Dense models (the 31B: k = v, 512-wide global heads, proportional RoPE, the soft cap; shared K/V)
+// are accepted; per-layer inputs and the MoE block are refused naming their keys.
 TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
-  test::expect_input_error([&] { parse_model_spec(config_31b(), "g4.json"); },
-                           {"g4.json", "Gemma 4", "not supported yet", "docs/GEMMA4.md", "512-wide global heads",
-                            "per-layer KV heads", "proportional RoPE", "attention_k_eq_v", "final logit soft-capping"});
+  const ModelSpec dense = parse_model_spec(config_31b(), "g4.json");
+  EXPECT_EQ(dense.arch, Arch::Gemma4);
+  EXPECT_EQ(detail::gemma4_missing(dense), "");
   test::expect_input_error([&] { parse_model_spec(config_26b_a4b(), "g4.json"); },
-                           {"g4.json", "the MoE block (128 experts, top 8)"});
+                           {"g4.json", "Gemma 4", "not supported yet", "docs/GEMMA4.md",
+                            "the MoE block of 128 experts, top 8 (enable_moe_block)"});
   // The published E-models' per-layer input embeddings and shared K/V.
   json e = config_tiny();
   e["hidden_size_per_layer_input"] = 8;
@@ -158,8 +194,14 @@ TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
   e["use_double_wide_mlp"] = true;
   e["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
                       "sliding_attention", "sliding_attention", "full_attention"};
-  test::expect_input_error([&] { parse_model_spec(e, "g4.json"); },
-                           {"per-layer input embeddings (8)", "K/V shared by the last 2 layers", "double-wide MLPs"});
+  const std::string msg = test::expect_input_error([&] { parse_model_spec(e, "g4.json"); },
+                                                   {"per-layer input embeddings of width 8 (hidden_size_per_layer_input"});
+  EXPECT_EQ(msg.find("num_kv_shared_layers"), std::string::npos) << msg;  // K/V sharing trains
+  // Without the per-layer inputs: shared K/V and double-wide MLPs are accepted.
+  e["hidden_size_per_layer_input"] = 0;
+  const ModelSpec shared = parse_model_spec(e, "g4.json");
+  EXPECT_EQ(shared.gemma4.n_kv_shared, 2);
+  EXPECT_EQ(shared.gemma4.mlp_intermediate(5, shared.intermediate), 2 * shared.intermediate);
 }
 
 // Gemma4Config with a text_config: the language model's names under model.language_model.; the
@@ -409,6 +451,26 @@ TEST(Gemma4Layout, DenseShapes) {
                            {"g4.json", "per-layer input embeddings"});
 }
 
+// Central differences (step 1e-2) of forward() along v[i] for each i of idx against the analytic
+// gradient g[i]: relative error at most 5e-3 over the sample.
+void expect_matches_central_differences(const std::function<double()>& forward, std::vector<float>& v,
+                                        const std::vector<size_t>& idx, const std::vector<float>& g,
+                                        const std::string& what) {
+  const double eps = 1e-2;
+  std::vector<double> num, ana;
+  for (size_t i : idx) {
+    const float v0 = v[i];
+    v[i] = v0 + float(eps);
+    const double lp = forward();
+    v[i] = v0 - float(eps);
+    const double lm = forward();
+    v[i] = v0;
+    num.push_back((lp - lm) / (2 * eps));
+    ana.push_back(g[i]);
+  }
+  EXPECT_LE(test::rel_err(ana, num), 5e-3) << what;
+}
+
 // One Gemma 4 decoder layer through Program on the cpu device (program_gemma4.cpp): L = <y, R>
 // against central differences of the program's own forward, for the input and a sample of every
 // parameter; a local layer (window 4 < T) and a global one (twice the head dim, one KV head,
@@ -492,22 +554,8 @@ TEST_P(Gemma4LayerGrad, ProgramBackwardMatchesFiniteDifferences) {
     EXPECT_EQ(g2, grads);
     EXPECT_EQ(dx2, dx);
   }
-  const double eps = 1e-2;
   auto fd_check = [&](std::vector<float>& v, const std::vector<size_t>& idx, const std::vector<float>& g,
-                      const std::string& what) {
-    std::vector<double> num, ana;
-    for (size_t i : idx) {
-      const float v0 = v[i];
-      v[i] = v0 + float(eps);
-      const double lp = forward();
-      v[i] = v0 - float(eps);
-      const double lm = forward();
-      v[i] = v0;
-      num.push_back((lp - lm) / (2 * eps));
-      ana.push_back(g[i]);
-    }
-    EXPECT_LE(test::rel_err(ana, num), 5e-3) << what;
-  };
+                      const std::string& what) { expect_matches_central_differences(forward, v, idx, g, what); };
   fd_check(x, test::sample_indices(x.size(), 40, 1), dx, "dx");
   for (const auto& e : blob.entries) {
     std::vector<size_t> idx;
@@ -524,6 +572,113 @@ INSTANTIATE_TEST_SUITE_P(Layers, Gemma4LayerGrad,
                                   (info.param.k_eq_v ? "KeqV" : "OwnV") +
                                   (info.param.layer_scalar != 1.f ? "Scaled" : "");
                          });
+
+// K/V sharing (num_kv_shared_layers): a source layer and a layer attending to its K/V through
+// Program, L = <y_src, R1> + <y_sharing, R2> against central differences for both inputs and a
+// sample of both layers' parameters (the sharing layer's d(k), d(v) reach the source's projections
+// through LayerBuffers::kv_dk / kv_dv); a local pair and a global one (k = v); the recompute
+// (sharing layer first, as the backward runs) gives the same gradients bit for bit.
+class Gemma4KvShareGrad : public ::testing::TestWithParam<int> {};
+
+TEST_P(Gemma4KvShareGrad, SourceAndSharingLayerMatchFiniteDifferences) {
+  json c = config_tiny();
+  c["num_kv_shared_layers"] = 2;
+  c["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"};
+  const ModelSpec s = read_gemma4_spec(c, "tiny");
+  const int sl = GetParam(), src = s.gemma4.kv_source[size_t(sl)];
+  ASSERT_EQ(src, sl == 4 ? 3 : 1);
+  const ModelLayout lay = make_layout(s);
+  const BlobLayout &bs = lay.layer(src), &bl = lay.layer(sl);
+  EXPECT_EQ(bl.entry(LayerParam::Wk), nullptr);
+  EXPECT_EQ(bl.entry(LayerParam::KNorm), nullptr);
+  auto dev = make_cpu_device();
+  auto st = dev->create_stream();
+  const int B = 2, T = 7;
+  const int64_t N = B * T, H = s.hidden;
+  const int64_t KV = int64_t(s.gemma4.kv_heads[size_t(src)]) * s.gemma4.head_dim[size_t(src)];
+  Workspace ws1(*dev, s, B, T, DType::F32), ws2(*dev, s, B, T, DType::F32);
+  const Program prog(s, dev->ops(), DType::F32);
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto params_of = [&](const BlobLayout& b, int seed) {
+    std::vector<float> v(size_t(b.numel));
+    random_blob(b, seed, 17, 0.3, v.data());
+    for (const auto& e : b.entries)
+      if (e.name.find("norm") != std::string::npos)
+        for (int64_t i = 0; i < e.numel; ++i) v[size_t(e.offset + i)] = 1.f + 0.3f * nd(rng);
+    return v;
+  };
+  std::vector<float> ps = params_of(bs, 1), pl = params_of(bl, 2);
+  std::vector<float> gs(ps.size(), 0.f), gl(pl.size(), 0.f);
+  const test::HostRope host_rope(s, T);
+  const RopeTables& rope = host_rope.views;
+  auto x1 = test::randn(size_t(N * H), 5), x2 = test::randn(size_t(N * H), 7);
+  auto R1 = test::randn(size_t(N * H), 6), R2 = test::randn(size_t(N * H), 8);
+  std::vector<float> y1(size_t(N * H)), y2(size_t(N * H)), dx1(size_t(N * H)), dx2(size_t(N * H));
+  std::vector<float> kst(size_t(N * KV)), vst(size_t(N * KV)), dkst(size_t(N * KV)), dvst(size_t(N * KV));
+  const BatchDims d{B, T, {}};
+  LayerBuffers w1 = ws1.layer(d), w2 = ws2.layer(d);
+  for (LayerBuffers* w : {&w1, &w2}) {
+    w->kv_k = test::view_of(kst, {N, KV});
+    w->kv_v = test::view_of(vst, {N, KV});
+    w->kv_dk = test::view_of(dkst, {N, KV});
+    w->kv_dv = test::view_of(dvst, {N, KV});
+  }
+  auto forward = [&] {
+    prog.layer_forward(layer_views(bs, ps.data(), DType::F32), test::view_of(x1, {N, H}), test::view_of(y1, {N, H}),
+                       w1, d, rope, *st);
+    prog.layer_forward(layer_views(bl, pl.data(), DType::F32), test::view_of(x2, {N, H}), test::view_of(y2, {N, H}),
+                       w2, d, rope, *st);
+    dev->synchronize(*st);
+    return test::dot(y1, R1) + test::dot(y2, R2);
+  };
+  auto backward = [&](std::vector<float>& g_src, std::vector<float>& g_sh, bool recompute) {
+    std::fill(dkst.begin(), dkst.end(), 0.f);
+    std::fill(dvst.begin(), dvst.end(), 0.f);
+    std::vector<float> scratch(size_t(N * H));
+    if (recompute)
+      prog.layer_recompute(layer_views(bl, pl.data(), DType::F32), test::view_of(x2, {N, H}),
+                           test::view_of(scratch, {N, H}), w2, d, rope, *st);
+    prog.layer_backward(layer_views(bl, pl.data(), DType::F32), layer_views(bl, g_sh.data(), DType::F32),
+                        test::view_of(x2, {N, H}), test::view_of(R2, {N, H}), test::view_of(dx2, {N, H}), w2, d, rope,
+                        *st);
+    if (recompute)
+      prog.layer_recompute(layer_views(bs, ps.data(), DType::F32), test::view_of(x1, {N, H}),
+                           test::view_of(scratch, {N, H}), w1, d, rope, *st);
+    prog.layer_backward(layer_views(bs, ps.data(), DType::F32), layer_views(bs, g_src.data(), DType::F32),
+                        test::view_of(x1, {N, H}), test::view_of(R1, {N, H}), test::view_of(dx1, {N, H}), w1, d, rope,
+                        *st);
+    dev->synchronize(*st);
+  };
+  forward();
+  backward(gs, gl, false);
+  EXPECT_GT(test::dot(dkst, dkst), 0.0);  // the sharing layer's gradient reached the store
+  {
+    std::vector<float> gs2(gs.size(), 0.f), gl2(gl.size(), 0.f);
+    const std::vector<float> dx1a = dx1, dx2a = dx2;
+    std::fill(static_cast<float*>(w1.h1.data), static_cast<float*>(w1.h1.data) + N * H, 7.f);
+    std::fill(static_cast<float*>(w2.q.data), static_cast<float*>(w2.q.data) + N * 8, 7.f);
+    backward(gs2, gl2, true);
+    EXPECT_EQ(gs2, gs);
+    EXPECT_EQ(gl2, gl);
+    EXPECT_EQ(dx1, dx1a);
+    EXPECT_EQ(dx2, dx2a);
+  }
+  auto fd_check = [&](std::vector<float>& v, const std::vector<size_t>& idx, const std::vector<float>& g,
+                      const std::string& what) { expect_matches_central_differences(forward, v, idx, g, what); };
+  fd_check(x1, test::sample_indices(x1.size(), 30, 1), dx1, "dx of the source");
+  fd_check(x2, test::sample_indices(x2.size(), 30, 2), dx2, "dx of the sharing layer");
+  for (auto [b, v, g] : {std::tuple{&bs, &ps, &gs}, std::tuple{&bl, &pl, &gl}})
+    for (const auto& e : b->entries) {
+      std::vector<size_t> idx;
+      for (size_t i : test::sample_indices(size_t(e.numel), 8, uint64_t(e.offset))) idx.push_back(size_t(e.offset) + i);
+      fd_check(*v, idx, *g, e.name);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Pairs, Gemma4KvShareGrad, ::testing::Values(4, 5),
+                         [](const auto& info) { return std::string(info.param == 4 ? "Local" : "Global"); });
 
 // Proportional RoPE (Gemma 4's global layers): the first quarter of the frequency pairs rotate with
 // theta^(-2i / head_dim), the rest have frequency 0; through the ordinary RoPE kernel those dims

@@ -9,15 +9,16 @@ Writes, under DIR:
     manifest.json             one entry per model: arch, dtype, sharded, tied, vocab, parameter names, ...
 
 The models cover the architectures slideformer supports (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text,
-Qwen3-MoE, Mixtral, OLMoE) and the
+dense Gemma 4 text, Qwen3-MoE, Mixtral, OLMoE) and the
 features that differ between them: GQA / MQA / MHA, tied and untied embeddings, `llama3` RoPE
 scaling, Llama `attention_bias=True`, Qwen2 q/k/v biases, Qwen3 per-head q_norm / k_norm with
 head_dim != hidden / heads, the mixture-of-experts families (Qwen3-MoE with a dense layer, Mixtral,
 OLMoE with its whole-projection q/k norm; renormalised top-k or not; load-balancing loss on or off:
 "aux" models get data of equal-length records, one batch, see make_aux_records; the tokens of every
 MoE model's data are chosen so that no token is near a routing tie, see moe_routing.py), configs in transformers-v5 form (`rope_parameters`) and in the legacy
-form (`rope_theta` / `rope_scaling` at the top level). All head_dims are 64 or 128 so the same models
-also serve the CUDA check. Weights use initializer_range 0.1 and every RMSNorm weight and bias is
+form (`rope_theta` / `rope_scaling` at the top level). Head dims are 64 or 128 (Gemma 3 also 256,
+Gemma 4 also 512, the real models' widths) so the same models also serve the CUDA check. Weights use
+initializer_range 0.1 and every RMSNorm weight and bias (and Gemma 4's layer_scalar buffers) is
 randomised, so no parameter is trivial.
 
 Everything is deterministic for a given --seed (torch and numpy generators are seeded per model).
@@ -113,6 +114,54 @@ MODELS: dict[str, dict] = {
                 layer_types=["sliding_attention", "sliding_attention", "full_attention"],
                 rope_theta=1000000.0, rope_local_base_freq=100.0,
                 final_logit_softcapping=None, attn_logit_softcapping=None)),
+    # Gemma 4 dense (the 31B's features, transformers >= 5.5): local (window 16 < 45) and global
+    # layers, global heads of the real width 512 with k = v (no v_proj) and one KV head, local head
+    # dim 128 with two, proportional RoPE over a quarter of the global head, softmax scale 1, the
+    # final logit soft-cap binding (5), weight-scaled norms and layer_scalar (randomised around 1),
+    # tied; bf16 single file. No per-layer inputs (hidden_size_per_layer_input 0), no KV sharing.
+    "gemma4_dense": dict(
+        arch="Gemma4ForCausalLM", dtype="bf16", shard=False, legacy_rope=False,
+        kw=dict(vocab_size=509, hidden_size=128, intermediate_size=192, num_hidden_layers=4,
+                num_attention_heads=2, num_key_value_heads=2, num_global_key_value_heads=1, head_dim=128,
+                global_head_dim=512, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+                num_kv_shared_layers=0, max_position_embeddings=256, rms_norm_eps=1e-6,
+                tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh", sliding_window=16,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                final_logit_softcapping=5.0, pad_token_id=0,
+                rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                    "rope_theta": 1000000.0},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    # Gemma 4 dense without k = v (global layers keep v_proj and num_key_value_heads), head dims 64 /
+    # 128, the published soft-cap 30, untied lm_head, window 7; fp32 sharded.
+    "gemma4_dense_fp32": dict(
+        arch="Gemma4ForCausalLM", dtype="fp32", shard=True, legacy_rope=False,
+        kw=dict(vocab_size=384, hidden_size=128, intermediate_size=160, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=64, global_head_dim=128,
+                attention_k_eq_v=False, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                hidden_activation="gelu_pytorch_tanh", sliding_window=7,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                final_logit_softcapping=30.0, pad_token_id=0,
+                rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                    "rope_theta": 1000000.0},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
+    # Gemma 4 with K/V sharing (the E-models' num_kv_shared_layers, without their per-layer inputs):
+    # the last two layers (one local, one global) attend to the K/V of layers 2 and 3 and have no
+    # k/v projections; their MLPs double-wide; k = v, cap 10; fp32 single file.
+    "gemma4_kvshared": dict(
+        arch="Gemma4ForCausalLM", dtype="fp32", shard=False, legacy_rope=False,
+        kw=dict(vocab_size=448, hidden_size=128, intermediate_size=128, num_hidden_layers=6,
+                num_attention_heads=2, num_key_value_heads=2, num_global_key_value_heads=1, head_dim=64,
+                global_head_dim=128, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+                num_kv_shared_layers=2, use_double_wide_mlp=True, max_position_embeddings=256,
+                rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+                sliding_window=11,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                             "sliding_attention", "full_attention"],
+                final_logit_softcapping=10.0, pad_token_id=0,
+                rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                    "rope_theta": 1000000.0},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
     # ---- mixture of experts (all head_dims 64: the CUDA attention kernels serve them too) ----
     # Qwen3-MoE: per-head q/k-norm, renormalised top-2 of 8, a dense layer among MoE ones
     # (mlp_only_layers), load-balancing loss on with a coefficient large enough to show in gradients.
@@ -213,6 +262,7 @@ def _config_class(arch: str):
         "Qwen2ForCausalLM": transformers.Qwen2Config,
         "Qwen3ForCausalLM": transformers.Qwen3Config,
         "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
+        "Gemma4ForCausalLM": getattr(transformers, "Gemma4TextConfig", None),  # transformers >= 5.5
         "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
         "MixtralForCausalLM": transformers.MixtralConfig,
         "OlmoeForCausalLM": transformers.OlmoeConfig,
@@ -276,6 +326,10 @@ def _randomize_small_params(model, gen, norm_center: float = 1.0):
                 p.copy_(norm_center + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float32))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float32))
+        # Gemma 4's per-layer output scale: a checkpoint buffer (1 in a fresh model), read at load.
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(1.0 + 0.2 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
 
 
 def _safetensors_names(model_dir: Path) -> dict[str, tuple[str, list[int]]]:

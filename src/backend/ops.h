@@ -122,7 +122,7 @@ class Ops {
   virtual size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const = 0;
   // The same with Gemma 4's final soft-cap c > 0: the loss is taken on c * tanh(logits / c), the
   // gradients through it (ds/dz = 1 - tanh^2), the same workspace. Not a pure virtual: a backend
-  // without it (cuda, until its kernel has the cap) refuses the call.
+  // without it refuses the call (cpu and cuda have it).
   // Arguments: loss_sum, dx, dw, x, w, labels, grad_scale, softcap, ws, stream.
   virtual void linear_cross_entropy_capped(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float, float, Tensor,
                                            Stream&) {

@@ -49,10 +49,15 @@ double layer_attention_keys(const ModelSpec& s, int T, int l) {
   const double W = double(s.local_window);
   return s.is_local(l) && W < T ? W - W * (W - 1) / (2.0 * T) : 0.5 * T;
 }
-double attention_keys_per_token(const ModelSpec& s, int T) {
-  double keys = 0;
-  for (int l = 0; l < s.n_layer; ++l) keys += layer_attention_keys(s, T, l);
-  return keys;
+// Layer l's attention width n_head x head dim (Gemma 4's global layers: their own head dim).
+double layer_q_dim(const ModelSpec& s, int l) {
+  return s.arch == Arch::Gemma4 ? double(s.n_head) * s.gemma4.head_dim[size_t(l)] : double(s.q_dim());
+}
+// QK^T and PV over the keys each query sees, summed over the decoder layers (4 x width x keys).
+double attention_flops_per_token(const ModelSpec& s, int T) {
+  double f = 0;
+  for (int l = 0; l < s.n_layer; ++l) f += 4.0 * layer_q_dim(s, l) * layer_attention_keys(s, T, l);
+  return f;
 }
 
 // The matrix parameters a token multiplies in layer l's forward, and in its recompute (a dense
@@ -61,6 +66,14 @@ struct LayerMatrixParams {
   double forward = 0, recompute = 0;
 };
 LayerMatrixParams layer_matrix_params(const ModelSpec& s, int l) {
+  if (s.arch == Arch::Gemma4) {  // per-layer widths; no k/v projections on K/V-sharing layers, no v where k = v
+    const Gemma4Spec& g = s.gemma4;
+    const double H = double(s.hidden), Q = layer_q_dim(s, l);
+    const double KV = double(g.kv_heads[size_t(l)]) * g.head_dim[size_t(l)];
+    const double kv = g.kv_shared(l) ? 0.0 : (g.k_eq_v && !s.is_local(l) ? 1.0 : 2.0) * H * KV;
+    const double fwd = 2 * H * Q + kv + 3 * H * double(g.mlp_intermediate(l, s.intermediate));
+    return {fwd, fwd};  // sandwich norms: the recompute runs the whole layer
+  }
   const double H = double(s.hidden), Q = double(s.q_dim()), KV = double(s.kv_dim()), I = double(s.intermediate);
   const double Ie = double(s.moe.intermediate);
   const double mlp = s.moe_layer(l) ? double(s.moe.n_expert) * H + double(s.moe.top_k) * 3 * H * Ie : 3 * H * I;
@@ -71,7 +84,7 @@ LayerMatrixParams layer_matrix_params(const ModelSpec& s, int l) {
 // Mixture-of-experts layers count their active parameters: the router and top_k experts (the
 // FLOPs a token costs; MFU on active parameters).
 Flops flops_per_token(const ModelSpec& s, int T) {
-  const double H = double(s.hidden), Q = double(s.q_dim());
+  const double H = double(s.hidden);
   double Pd = 0;  // the decoder layers' matrix parameters a token multiplies
   double Pr = 0;  // of which the recompute multiplies (a dense Llama layer skips its down projection)
   for (int l = 0; l < s.n_layer; ++l) {
@@ -79,7 +92,7 @@ Flops flops_per_token(const ModelSpec& s, int T) {
     Pr += layer_matrix_params(s, l).recompute;
   }
   const double Ph = double(s.vocab) * H;
-  const double attn_fwd = 4.0 * Q * attention_keys_per_token(s, T);  // QK^T and PV over the keys seen
+  const double attn_fwd = attention_flops_per_token(s, T);  // QK^T and PV over the keys seen
   Flops f;
   f.forward = 2 * Pd + 2 * Ph + attn_fwd;
   // + recompute (2 Pr, 1x attention; Program::layer_recompute) + backward (4 Pd + 4 Ph, 2.5x attention)
@@ -105,7 +118,7 @@ WorkWeights work_weights(const ModelSpec& s, const Rates& r) {
   const double hd = s.head_dim < 128 ? std::sqrt(double(std::max(s.head_dim, 1)) / 128.0) : 1.0;
   const double model = r.model_tflops * 1e12, fwd = r.attn_fwd_tflops * 1e12 * hd, bwd = r.attn_bwd_tflops * 1e12 * hd;
   const Flops ref = flops_per_token(s, kRateSeqLen);
-  const double af = 4.0 * double(s.q_dim()) * attention_keys_per_token(s, kRateSeqLen);
+  const double af = attention_flops_per_token(s, kRateSeqLen);
   const double rest_s = ref.total / model - (2 * af / fwd + 2.5 * af / bwd);  // forward + recompute, backward
   // Rates that leave the rest under a quarter of its time at the model rate are inconsistent (an
   // attention rate far below the step's own): the rest is not priced below that.
@@ -117,7 +130,7 @@ WorkWeights work_weights(const ModelSpec& s, const Rates& r) {
 Flops gpu_work_per_token(const ModelSpec& s, int T, const Rates& r) {
   const Flops f = flops_per_token(s, T);
   const WorkWeights w = work_weights(s, r);
-  const double af = 4.0 * double(s.q_dim()) * attention_keys_per_token(s, T);
+  const double af = attention_flops_per_token(s, T);
   Flops g;
   g.forward = (f.forward - af) * w.matrix + af * w.attn_fwd;
   g.total = (f.total - 4.5 * af) * w.matrix + 2 * af * w.attn_fwd + 2.5 * af * w.attn_bwd;
@@ -127,10 +140,9 @@ Flops gpu_work_per_token(const ModelSpec& s, int T, const Rates& r) {
 
 // What selective recompute saves a token, weighted (w = {1, 1, 1}: FLOPs).
 double recompute_saved_per_token(const ModelSpec& s, int T, int whole_layers, int kept_layers, const WorkWeights& w) {
-  const double Q = double(s.q_dim());
   double saved = 0;
   for (int l = 0; l < std::min(whole_layers + kept_layers, s.n_layer); ++l)
-    saved += 4 * Q * layer_attention_keys(s, T, l) * w.attn_fwd +
+    saved += 4 * layer_q_dim(s, l) * layer_attention_keys(s, T, l) * w.attn_fwd +
              (l < whole_layers ? 2 * layer_matrix_params(s, l).recompute * w.matrix : 0.0);
   return saved;
 }

@@ -11,6 +11,7 @@
 #include "engine/blob_init.h"
 #include "engine/device_rope.h"
 #include "engine/kept_activations.h"
+#include "engine/kv_share_store.h"
 #include "engine/moe_stats.h"
 #include "engine/state_copy.h"
 #include "engine/token_uploader.h"
@@ -52,6 +53,7 @@ struct ResidentEngine::Impl {
   DeviceBuffer dbuf;            // [3, N, H] act: dy, dx, recompute output scratch
   // Selective recompute (EngineOptions::whole_layers, kept_layers): one micro-batch's at a time.
   KeptActivations kept;
+  KvShareStore kv_share;  // Gemma 4 K/V sharing: one micro-batch's at a time
   // [max_micro, N, H] act (training with several micro-batches): each micro-batch's gradient at the
   // embedding output, kept so that every embedding backward of a step runs after every head's —
   // the order in which the sliding engine's layer-major micro-batches add into a tied embedding.
@@ -129,6 +131,7 @@ MemoryItems ResidentEngine::buffers(const ModelSpec& spec, const EngineOptions& 
   m.push_back({"layer-input checkpoints", stride * size_t(spec.n_layer + 1), Place::Device, "ckpt"});
   m.push_back({"backward activations (dy, dx, recompute)", stride * 3, Place::Device, "dbuf"});
   append(m, KeptActivations::buffers(spec, opt, be.act, 1));
+  append(m, KvShareStore::buffers(spec, opt, be.act, 1));
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", be.workspace, Place::Device, "workspace"});
   append(m, TokenUploader::buffers({maxN, 2 * micro}));
   if (opt.training && micro > 1)
@@ -170,6 +173,7 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   ckpt = src.buffer("ckpt");
   dbuf = src.buffer("dbuf");
   kept = KeptActivations(src, spec, opt, act, 1);
+  kv_share = KvShareStore(src, spec, opt, act, 1);
   const int micro = std::max(opt.max_micro, 1);
   const TokenUploaderOptions to{maxN, 2 * micro};
   tokens = std::make_unique<TokenUploader>(dev, to);
@@ -320,7 +324,7 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   for (int l = 0; l < L; ++l) {
     LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
     const KeptActs kept = backward ? m.kept.attention(l, 0, d) : KeptActs{};
-    const LayerBuffers w = backward ? m.kept.layer(*m.ws, l, 0, d) : m.ws->layer(d);
+    const LayerBuffers w = m.kv_share.bind(backward ? m.kept.layer(*m.ws, l, 0, d) : m.ws->layer(d), l, 0, d);
     m.program.layer_forward(p, m.ckpt_at(l, N), m.ckpt_at(l + 1, N), w, d, m.rope, st, kept);
   }
   d.moe_collect = false;
@@ -354,10 +358,11 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   m.program.head_forward_backward({m.ckpt_at(L, N), norm_w, w_head, targets, loss_sum, grad_scale, dy, g_norm, g_head},
                                   hb, d, st);
   // Backward: recompute each layer from its checkpoint (not a layer kept whole), then its backward.
+  m.kv_share.zero_grads(0, dev_.ops(), st);
   for (int l = L - 1; l >= 0; --l) {
     LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
     LayerParams g = layer_views(layout_.layer(l), m.at(m.grads, 1 + l, DType::F32), DType::F32);
-    const LayerBuffers w = m.kept.layer(*m.ws, l, 0, d);
+    const LayerBuffers w = m.kv_share.bind(m.kept.layer(*m.ws, l, 0, d), l, 0, d);
     const KeptActs kept = m.kept.attention(l, 0, d);
     if (!m.kept.whole(l)) m.program.layer_recompute(p, m.ckpt_at(l, N), scratch, w, d, m.rope, st, kept);
     m.program.layer_backward(p, g, m.ckpt_at(l, N), dy, dx, w, d, m.rope, st, kept);

@@ -15,6 +15,7 @@
 #include "engine/gradient_path.h"
 #include "engine/host_optimizer.h"
 #include "engine/kept_activations.h"
+#include "engine/kv_share_store.h"
 #include "engine/moe_stats.h"
 #include "engine/slot_cache.h"
 #include "engine/state_copy.h"
@@ -246,6 +247,7 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& 
   m.push_back({kFetchedName, z.stride_nh, Place::Device, "scratch"});
   // Selective recompute: the kept layers' activations of every micro-batch, from its forward to its backward.
   append(m, KeptActivations::buffers(spec, o.base, act, z.K));
+  append(m, KvShareStore::buffers(spec, o.base, act, z.K));
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", be.workspace, Place::Device, "workspace"});
   append(m, TokenUploader::buffers(po.tokens));
   append(m, DeviceRope::buffers(spec, o.base.max_seq));
@@ -299,6 +301,7 @@ struct SlidingEngine::Impl {
   // Selective recompute (EngineOptions::whole_layers, kept_layers): the first layers' activations
   // (or attention outputs) of each micro-batch stay on the GPU from the forward to the backward.
   KeptActivations kept;
+  KvShareStore kv_share;  // Gemma 4 K/V sharing: every micro-batch's, from its forward to its backward
 
   DeviceBuffer scalars;    // engine_scalar_bytes: loss sum, per-blob squared norms
   DeviceBuffer moe_stats;  // [K][2, E] F32 router statistics per micro-batch (engine/moe_stats.h)
@@ -559,6 +562,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   }
   scratch = src.buffer("scratch");
   kept = KeptActivations(src, spec, o.base, act, K);
+  kv_share = KvShareStore(src, spec, o.base, act, K);
   scalars = src.buffer("scalars");
   moe_stats = src.buffer_if("moe.stats");
   host_scalars.assign(size_t(2 + nb), 0.f);
@@ -671,6 +675,8 @@ SlidingEngine::Impl::Pass SlidingEngine::Impl::begin_pass(const std::vector<Batc
   const int K = int(mbs.size());
   SF_CHECK(K >= 1 && K <= opt.base.max_micro, "more micro-batches than the engine was built for");
   if (backward && gpu.total > 0) dev.ops().zero(Tensor(gpu.grads.data(), DType::F32, {gpu.total}), *compute);
+  if (backward)  // shared K/V's gradient accumulators, before any layer's backward
+    for (int j = 0; j < K; ++j) kv_share.zero_grads(j, dev.ops(), *compute);
   zero_scalars();
   if (slots_stale) {
     slots->invalidate();
@@ -717,7 +723,7 @@ void SlidingEngine::Impl::forward_layer(Pass& ps, const ScheduleOp& op, bool bac
     d.moe_collect = true;  // the router statistics of this forward (not of the backward's recompute)
     Tensor y = out_buf(ps, j);
     // With the backward to come, a kept layer writes what its backward reads into its own buffers.
-    const LayerBuffers w = backward ? kept.layer(*ws, l, j, d) : ws->layer(d);
+    const LayerBuffers w = kv_share.bind(backward ? kept.layer(*ws, l, j, d) : ws->layer(d), l, j, d);
     program.layer_forward(layer_params(p, blob), act_at(acts, in, ps.N(j)), y, w, d, rope->tables, c,
                           backward ? kept.attention(l, j, d) : KeptActs{});
     if (backward) {  // the layer's input is micro-batch j's checkpoint of layer l
@@ -806,7 +812,7 @@ void SlidingEngine::Impl::backward_layer(Pass& ps, const ScheduleOp& op) {
     const BatchDims& d = ps.dims[size_t(j)];
     const Tensor x(ckpts->use(k, c), act, {ps.N(j), spec.hidden});
     // Selective recompute: a layer kept whole is not recomputed, one with its attention kept skips attention.
-    const LayerBuffers w = kept.layer(*ws, l, j, d);
+    const LayerBuffers w = kv_share.bind(kept.layer(*ws, l, j, d), l, j, d);
     const KeptActs ka = kept.attention(l, j, d);
     if (!kept.whole(l))
       program.layer_recompute(layer_params(p, blob), x, act_at(scratch, 0, ps.N(j)), w, d, rope->tables, c, ka);

@@ -55,6 +55,13 @@ struct LayerBuffers {
   Tensor v_raw, dv_raw;  // [N, KV]
   Tensor v_rstd;         // [N * max KV heads] F32
   Tensor v_zero;         // [max head dim]
+  // Gemma 4 K/V sharing (Gemma4Spec::kv_source), set by the caller for a source layer (its own) and
+  // for the layers sharing its K/V (the source's): the source's forward copies its normed, rotated
+  // k, v there and sharing layers attend to them; sharing layers' backward adds d(k), d(v) to the
+  // accumulators (zeroed by the caller before the step's backward), the source's backward adds them
+  // to its own. Empty for every other layer.
+  Tensor kv_k, kv_v;    // [N, KV] of the source layer
+  Tensor kv_dk, kv_dv;  // [N, KV]
   // MoE layers: S = N * top_k token slots, sorted by expert (ops.h). Whatever the routing, the
   // sorted rows number exactly S (each token picks top_k distinct experts), so these are sized
   // for the worst case (every token on one expert) by construction: no capacity, no drop.

@@ -5,8 +5,9 @@
 // every norm x^ * w (weight from 1, fp32 multiply: rmsnorm_* with offset 0). Attention: q/k norms,
 // the weightless value norm (the (1 + w) kernel with a zero weight), on global layers with
 // attention_k_eq_v the keys' projection as the values' input, the layer's own head dim, KV heads
-// and RoPE table, softmax scale 1; the output times the layer's layer_scalar. Not here yet:
-// KV-shared layers, per-layer inputs, the MoE block (parse_model_spec refuses configs with them).
+// and RoPE table, softmax scale 1; the output times the layer's layer_scalar. K/V sharing
+// (num_kv_shared_layers) through LayerBuffers::kv_*, which the engines set (engine/kv_share_store.h).
+// Not here yet: per-layer inputs, the MoE block (parse_model_spec refuses configs with them).
 #include "core/error.h"
 #include "model/program.h"
 
@@ -40,26 +41,38 @@ void Program::gemma4_attention_forward(const LayerParams& p, Tensor h1, const La
                                        const RopeTables& rope, Stream& st, bool attention_kept) const {
   using P = LayerParam;
   const int l = p.layer;
-  SF_CHECK(!s_.gemma4.kv_shared(l), "gemma4 layer program: KV-shared layers are not implemented");
+  const bool sharing = s_.gemma4.kv_shared(l);
+  SF_CHECK(!sharing || !w.kv_k.empty(),
+           "gemma4 layer " + std::to_string(l) + " shares K/V: its source's store is needed");
   const LayerDims ld = dims_of(s_, l);
   const int64_t N = d.N(), nq = s_.n_head, hd = ld.hd, kvh = ld.kv_heads;
   const Tensor q_raw = as(w.q_raw, N, ld.q), k_raw = as(w.k_raw, N, ld.kv);
-  const Tensor q = as(w.q, N, ld.q), k = as(w.k, N, ld.kv), v = as(w.v, N, ld.kv);
+  const Tensor q = as(w.q, N, ld.q);
+  // A sharing layer attends to its source's keys and values (normed, rotated) as they are.
+  const Tensor k = as(sharing ? w.kv_k : w.k, N, ld.kv), v = as(sharing ? w.kv_v : w.v, N, ld.kv);
+  const bool local = s_.is_local(l);
+  const Tensor& cos = local ? rope.cos_local : rope.cos;
+  const Tensor& sin = local ? rope.sin_local : rope.sin;
   linear(q_raw, h1, p[P::Wq], Tensor(), st);
+  norm_forward(q.view({N * nq, hd}), w.q_rstd.view({N * nq}), q_raw.view({N * nq, hd}), p[P::QNorm], st);
+  ops_.rope_forward(q, cos, sin, d.T, int(nq), int(hd), d.pos, st);
+  if (sharing) {
+    if (!attention_kept) ops_.attention_forward(as(w.att, N, ld.q), w.lse, q, k, v, attn_dims(s_, d, l), st);
+    return;
+  }
   linear(k_raw, h1, p[P::Wk], Tensor(), st);
   const Tensor v_in = ld.k_is_v ? k_raw : as(w.v_raw, N, ld.kv);  // values before their norm
   if (!ld.k_is_v) linear(v_in, h1, p[P::Wv], Tensor(), st);
-  norm_forward(q.view({N * nq, hd}), w.q_rstd.view({N * nq}), q_raw.view({N * nq, hd}), p[P::QNorm], st);
   norm_forward(k.view({N * kvh, hd}), w.k_rstd.view({N * kvh}), k_raw.view({N * kvh, hd}), p[P::KNorm], st);
   const Tensor zero = w.v_zero.view({hd});
   ops_.zero(zero, st);
   ops_.rmsnorm_1p_forward(v.view({N * kvh, hd}), w.v_rstd.view({N * kvh}), v_in.view({N * kvh, hd}), zero,
                           float(s_.rms_eps), st);
-  const bool local = s_.is_local(l);
-  const Tensor& cos = local ? rope.cos_local : rope.cos;
-  const Tensor& sin = local ? rope.sin_local : rope.sin;
-  ops_.rope_forward(q, cos, sin, d.T, int(nq), int(hd), d.pos, st);
   ops_.rope_forward(k, cos, sin, d.T, int(kvh), int(hd), d.pos, st);
+  if (!w.kv_k.empty()) {  // a source of later layers' K/V: kept for them (the recompute writes the same bits)
+    ops_.cast(as(w.kv_k, N, ld.kv), k, st);
+    ops_.cast(as(w.kv_v, N, ld.kv), v, st);
+  }
   if (!attention_kept) ops_.attention_forward(as(w.att, N, ld.q), w.lse, q, k, v, attn_dims(s_, d, l), st);
 }
 
@@ -72,15 +85,28 @@ void Program::gemma4_attention_backward(const LayerParams& p, const LayerParams&
   const Tensor q_raw = as(w.q_raw, N, ld.q), k_raw = as(w.k_raw, N, ld.kv);
   const Tensor dq = as(w.dq, N, ld.q), dk = as(w.dk, N, ld.kv), dv = as(w.dv, N, ld.kv);
   const Tensor dq_raw = as(w.dq_raw, N, ld.q), dk_raw = as(w.dk_raw, N, ld.kv);
-  ops_.attention_backward(dq, dk, dv, as(w.datt, N, ld.q), as(w.q, N, ld.q), as(w.k, N, ld.kv), as(w.v, N, ld.kv),
-                          as(w.att, N, ld.q), w.lse, attn_dims(s_, d, l), w.attn_ws, st);
+  const bool sharing = s_.gemma4.kv_shared(l);
+  const Tensor k = as(sharing ? w.kv_k : w.k, N, ld.kv), v = as(sharing ? w.kv_v : w.v, N, ld.kv);
+  ops_.attention_backward(dq, dk, dv, as(w.datt, N, ld.q), as(w.q, N, ld.q), k, v, as(w.att, N, ld.q), w.lse,
+                          attn_dims(s_, d, l), w.attn_ws, st);
+  // K/V sharing: a sharing layer adds its d(k), d(v) to its source's accumulators; the source
+  // (whose backward runs later) adds them to its own before going through RoPE and the norms.
+  if (!w.kv_dk.empty()) {
+    const Tensor acc_k = as(w.kv_dk, N, ld.kv), acc_v = as(w.kv_dv, N, ld.kv);
+    ops_.add(sharing ? acc_k : dk, acc_k, dk, st);
+    ops_.add(sharing ? acc_v : dv, acc_v, dv, st);
+  }
   const bool local = s_.is_local(l);
   const Tensor& cos = local ? rope.cos_local : rope.cos;
   const Tensor& sin = local ? rope.sin_local : rope.sin;
   ops_.rope_backward(dq, cos, sin, d.T, int(nq), int(hd), d.pos, st);
-  ops_.rope_backward(dk, cos, sin, d.T, int(kvh), int(hd), d.pos, st);
   norm_backward(dq_raw.view({N * nq, hd}), g[P::QNorm], dq.view({N * nq, hd}), q_raw.view({N * nq, hd}), p[P::QNorm],
                 w.q_rstd.view({N * nq}), false, st);
+  if (sharing) {
+    linear_backward(w.dh, g[P::Wq], Tensor(), dq_raw, h1, p[P::Wq], false, st);
+    return;
+  }
+  ops_.rope_backward(dk, cos, sin, d.T, int(kvh), int(hd), d.pos, st);
   norm_backward(dk_raw.view({N * kvh, hd}), g[P::KNorm], dk.view({N * kvh, hd}), k_raw.view({N * kvh, hd}),
                 p[P::KNorm], w.k_rstd.view({N * kvh}), false, st);
   // The value norm's gradient: into the keys' projection gradient when values are keys (added to

@@ -16,7 +16,7 @@ enum class Arch {
   Qwen3Moe,
   Mixtral,
   Olmoe,
-  Gemma4,  // gemma4_text, and the language model of gemma4 checkpoints: read and checked, not yet trained
+  Gemma4,  // gemma4_text, and the language model of gemma4 checkpoints: dense models (docs/GEMMA4.md)
 };
 
 struct RopeSpec {
@@ -83,8 +83,8 @@ struct Gemma4Spec {
   bool kv_shared(int l) const { return l >= int(kv_source.size()) ? false : kv_source[size_t(l)] != l; }
   int64_t mlp_intermediate(int l, int64_t intermediate) const;  // 2x on KV-shared layers with double_wide_mlp
   // [n_layer] each layer's layer_scalar (a checkpoint buffer, not a parameter: not trained; the
-  // layer's output is multiplied by it). Not a config.json field: 1 until a checkpoint's values
-  // are read (not yet: docs/GEMMA4.md).
+  // layer's output is multiplied by it). Not a config.json field: 1 until adopt_checkpoint_names
+  // reads the checkpoint's layers.N.layer_scalar; save_hf_model writes them back.
   std::vector<float> layer_scalar;
 };
 

@@ -1,7 +1,7 @@
 // Gemma 4 parts of parse_model_spec (spec.cpp): reading and checking a gemma4_text config (or a
-// gemma4 checkpoint's text_config) into ModelSpec::gemma4. The layer program does not exist yet
-// (docs/GEMMA4.md), so parse_model_spec refuses every Gemma 4 config after this, naming what the
-// config needs that is missing; read_gemma4_spec is the same reading without that refusal.
+// gemma4 checkpoint's text_config) into ModelSpec::gemma4. Dense models train (K/V sharing
+// included); parse_model_spec refuses configs with per-layer inputs or the MoE block after this,
+// naming the keys; read_gemma4_spec is the same reading without that refusal.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,7 +33,8 @@ void apply_gemma4(const JsonRef& c, ModelSpec& s);
 int64_t gemma4_layer_params(const ModelSpec& s, int l, bool active_only);
 int64_t gemma4_model_params(const ModelSpec& s);
 
-// What a Gemma 4 config needs that slideformer cannot train yet, as a list for the refusal.
+// What a Gemma 4 config needs that slideformer cannot train yet, as a list naming the config keys
+// for the refusal; empty for a dense model.
 std::string gemma4_missing(const ModelSpec& s);
 
 }  // namespace detail

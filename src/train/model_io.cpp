@@ -1,5 +1,6 @@
 #include "train/model_io.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -7,6 +8,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/checkpoint.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
@@ -15,6 +17,35 @@
 namespace sf {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+std::string layer_scalar_name(const ModelSpec& spec, int l) {
+  return spec.tensor_prefix + "layers." + std::to_string(l) + ".layer_scalar";
+}
+
+// Gemma 4's per-layer output scales (transformers' layer_scalar buffer, shape [1]) into
+// spec.gemma4.layer_scalar. A checkpoint without them gets transformers' initial 1 (said once).
+void read_layer_scalars(ModelSpec& spec, const CheckpointReader& ckpt) {
+  int absent = 0;
+  for (int l = 0; l < spec.n_layer; ++l) {
+    const std::string name = layer_scalar_name(spec, l);
+    if (ckpt.find(name) == nullptr) {
+      ++absent;
+      continue;
+    }
+    float v = 0.f;
+    ckpt.read_f32(name, {1}, &v);  // shape and dtype checked, naming the file
+    if (!std::isfinite(v)) input_error(ckpt.dir(), "tensor " + name + " is not finite (" + std::to_string(v) + ")");
+    spec.gemma4.layer_scalar[size_t(l)] = v;
+  }
+  if (absent > 0)
+    log_info("warning: %s has no layer_scalar for %d of %d layers (e.g. %s); 1 is used there, as transformers "
+             "initialises it",
+             ckpt.dir().c_str(), absent, spec.n_layer, layer_scalar_name(spec, 0).c_str());
+}
+
+}  // namespace
 
 ModelDir open_model_dir(const std::string& dir) {
   if (!fs::exists(dir)) input_error(dir, "model directory not found");
@@ -32,10 +63,12 @@ void adopt_checkpoint_names(ModelSpec& spec, const std::string& dir) {
   // Two spellings exist for gemma3 multimodal checkpoints (the published language_model.model.*,
   // spec's default, and transformers >= 4.52's model.language_model.* with lm_head.weight) and for
   // MoE experts (per expert, or transformers v5's fused tensors: model/layout.h StoredTensor).
+  // Gemma 4's layer_scalar buffers are read here too (they are values, not parameters).
   const bool gemma_mm = spec.tensor_prefix == "language_model.model.";
-  if (!gemma_mm && !spec.is_moe()) return;
+  if (!gemma_mm && !spec.is_moe() && spec.arch != Arch::Gemma4) return;
   if (!fs::exists(fs::path(dir) / kSingleFileName) && !fs::exists(fs::path(dir) / kIndexFileName)) return;
   const CheckpointReader ckpt = CheckpointReader::open(dir);
+  if (spec.arch == Arch::Gemma4) read_layer_scalars(spec, ckpt);
   if (gemma_mm && ckpt.find(spec.tensor_prefix + "embed_tokens.weight") == nullptr &&
       ckpt.find("model.language_model.embed_tokens.weight") != nullptr) {
     spec.tensor_prefix = "model.language_model.";
@@ -118,6 +151,23 @@ void append_checkpoint_tensors(std::vector<TensorWrite>& out, Engine& engine, co
   }
 }
 
+void append_layer_scalars(std::vector<TensorWrite>& out, const ModelSpec& spec, DType dtype) {
+  if (spec.arch != Arch::Gemma4) return;
+  // transformers casts buffers with the model: the checkpoint's dtype, shape [1].
+  for (int l = 0; l < spec.n_layer; ++l) {
+    TensorWrite w{layer_scalar_name(spec, l), dtype, {1}, nullptr};
+    w.fill = [v = spec.gemma4.layer_scalar[size_t(l)], dtype](void* dst) {
+      if (dtype == DType::F32) {
+        std::memcpy(dst, &v, sizeof v);
+      } else {
+        const uint16_t h = dtype == DType::BF16 ? float_to_bf16(v).bits : float_to_f16(v);
+        std::memcpy(dst, &h, sizeof h);
+      }
+    };
+    out.push_back(std::move(w));
+  }
+}
+
 void save_hf_model(Engine& engine, nlohmann::json cfg, const std::string& src_dir, const std::string& out_dir,
                    DType dtype, size_t max_shard_bytes) {
   // One tensor at a time from the engine, the fp32 masters rounded to the checkpoint dtype
@@ -125,14 +175,14 @@ void save_hf_model(Engine& engine, nlohmann::json cfg, const std::string& src_di
   std::vector<TensorWrite> tw;
   const ModelLayout layout = make_layout(engine.spec());
   append_checkpoint_tensors(tw, engine, layout, Engine::State::Params, dtype);
+  append_layer_scalars(tw, engine.spec(), dtype);
   // A gemma3 multimodal checkpoint's other tensors (vision tower, projector; not trained) are
   // copied from the source byte for byte: the output loads as the same Gemma3ForConditionalGeneration.
   std::shared_ptr<const CheckpointReader> src;  // kept open (mmap) until the writer is done
   if (engine.spec().tensor_prefix != "model." && !src_dir.empty()) {
     src = std::make_shared<const CheckpointReader>(CheckpointReader::open(src_dir));
     std::unordered_set<std::string> ours;
-    for (const BlobLayout& b : layout.blobs)
-      for (const StoredTensor& t : b.stored) ours.insert(t.name);
+    for (const TensorWrite& t : tw) ours.insert(t.name);
     for (const std::string& name : src->names()) {
       if (ours.count(name)) continue;
       const TensorInfo* t = src->find(name);

@@ -21,7 +21,8 @@ struct ModelDir {
 ModelDir open_model_dir(const std::string& dir);
 // Tensor names as the checkpoint in `dir` spells them (when it has one): a gemma3 multimodal
 // spec's published language_model.model.* or transformers >= 4.52's model.language_model.*; a
-// MoE spec's per-expert tensors or transformers v5's fused ones (MoeSpec::fused_experts).
+// MoE spec's per-expert tensors or transformers v5's fused ones (MoeSpec::fused_experts). Also
+// reads a Gemma 4 checkpoint's layer_scalar values into spec.gemma4.layer_scalar.
 void adopt_checkpoint_names(ModelSpec& spec, const std::string& dir);
 
 // Checkpoint dtype to save in: the checkpoint's own (F32/BF16/F16 as stored) — see model_io.cpp.
@@ -39,6 +40,10 @@ void append_engine_tensors(std::vector<TensorWrite>& out, Engine& engine, const 
 // shapes and fused experts as read): model and gradient files.
 void append_checkpoint_tensors(std::vector<TensorWrite>& out, Engine& engine, const ModelLayout& layout,
                                Engine::State state, DType dtype = DType::F32);
+
+// Gemma 4 (nothing for other families): one TensorWrite per layer_scalar, layers.N.layer_scalar
+// of shape [1] in `dtype`, the values of spec.gemma4.layer_scalar (not trained: as read).
+void append_layer_scalars(std::vector<TensorWrite>& out, const ModelSpec& spec, DType dtype);
 
 // Writes an HF checkpoint into `out_dir`, a fresh (staging) directory: safetensors in `dtype`,
 // config.json (`config` with its dtype updated), and tokenizer files copied from `src_dir`

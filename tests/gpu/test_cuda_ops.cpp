@@ -751,6 +751,19 @@ TEST(CudaOps, AttentionHeadDim256) {
   attention_case({2, 300, 4, 2, 256, 40}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
 }
 
+// Head dim 512 (Gemma 4's global layers) and other widths above 256 (up to 512): the
+// simple kernels with 16 elements a lane, BF16 and F32, GQA 1/2/4, windows, packed rows.
+TEST(CudaOps, AttentionHeadDim512) {
+  REQUIRE_GPU();
+  attention_case({2, 1, 2, 2, 512}, true);
+  attention_case({2, 7, 8, 4, 512}, true);
+  attention_case({1, 131, 4, 1, 512}, true);
+  attention_case({2, 77, 4, 2, 512, 9}, true);
+  attention_case({1, 300, 2, 1, 512}, false, positions_of({{1, 63, 64, 100, 72}}));
+  attention_case({2, 45, 4, 2, 384}, true);
+  attention_case({1, 33, 2, 1, 258}, true);
+}
+
 // ================================================================================================
 // Gemma 3: the (1 + w) RMSNorm (GeGLU: glu_case above)
 // ================================================================================================
@@ -767,10 +780,11 @@ TEST(CudaOps, RmsNorm1p) {
 // ================================================================================================
 struct CeCfg {
   int64_t N, H, V;
+  float softcap = 0.f;  // > 0: Gemma 4's capped head (linear_cross_entropy_capped)
 };
 
 void linear_ce_case(const CeCfg& c) {
-  SCOPED_TRACE(testing::Message() << "N=" << c.N << " H=" << c.H << " V=" << c.V);
+  SCOPED_TRACE(testing::Message() << "N=" << c.N << " H=" << c.H << " V=" << c.V << " softcap=" << c.softcap);
   const uint64_t s = uint64_t(c.N * 7 + c.V);
   const auto xv = rnd(size_t(c.N * c.H), s), wv = rnd(size_t(c.V * c.H), s + 1, 0.3f);
   const auto dwv = rnd(size_t(c.V * c.H), s + 2, 0.01f);
@@ -791,7 +805,12 @@ void linear_ce_case(const CeCfg& c) {
     const size_t wsb = r.on_gpu() ? gpu().ops().linear_ce_workspace_bytes(c.N, c.H, c.V)
                                   : cpu::linear_ce_workspace_bytes(c.N, c.H, c.V);
     Tensor ws = r.scratch(wsb);
-    CALL(r, linear_cross_entropy, loss, dx, dw, x, w, lab, gscale, ws);
+    if (c.softcap == 0.f)
+      CALL(r, linear_cross_entropy, loss, dx, dw, x, w, lab, gscale, ws);
+    else if (r.on_gpu())
+      gpu().ops().linear_cross_entropy_capped(loss, dx, dw, x, w, lab, gscale, c.softcap, ws, gpu_stream());
+    else
+      cpu::linear_cross_entropy(loss, dx, dw, x, w, lab, gscale, ws, c.softcap);
     if (!grads) return {r.get(loss)};
     return {r.get(loss), r.get(dx), r.get(dw)};
   };
@@ -822,6 +841,16 @@ TEST(CudaOps, LinearCrossEntropy) {
   linear_ce_case({1, 32, 77});
   linear_ce_case({300, 128, 5003});  // V odd: scalar row kernel
   linear_ce_case({2000, 64, 5004});  // two token chunks (the second one partial)
+}
+
+// Gemma 4's soft-capped head (c tanh(z / c) before the loss) against the CPU twin: caps that bind
+// hard (logits' sd ~ 2.4 at H = 64) and loosely, both row kernels, a second token chunk.
+TEST(CudaOps, LinearCrossEntropyCapped) {
+  REQUIRE_GPU();
+  linear_ce_case({7, 64, 1000, 3.f});
+  linear_ce_case({1, 32, 77, 30.f});
+  linear_ce_case({301, 96, 5003, 2.f});   // V odd: scalar row kernel
+  linear_ce_case({2000, 64, 5004, 5.f});  // two token chunks
 }
 
 // ================================================================================================

@@ -738,11 +738,16 @@ void flash_backward(float* dq_acc, const float* D, Tensor dq, Tensor dk, Tensor 
 }
 
 // ============================================================================================
-// Simple kernels (any F32/BF16 mix, head_dim <= 256): one warp per output row, exact softmax.
+// Simple kernels (any F32/BF16 mix, head_dim <= 512): one warp per output row, exact softmax.
+// MD: head-dim elements a lane holds (head_dim <= 32 * MD); 8 up to 256, 16 above (Gemma 4's
+// 512-wide global heads: the flash tiles' fp32 O accumulators of 512 columns do not fit in a
+// thread's registers, so those heads run here; simple_md picks by head_dim alone).
 // ============================================================================================
-constexpr int kMaxD = 8;  // head_dim <= 32 * kMaxD
+constexpr int kMaxD = 16;  // head_dim <= 32 * kMaxD
+int simple_md(int head_dim) { return head_dim <= 256 ? 8 : 16; }
 
 // pos [B*T] I32 or null (packed rows, ops.h): query t sees keys t - pos[t] .. t.
+template <int MD>
 __global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q, DIn k, DIn v,
                                        const int32_t* __restrict__ pos, int B, int T, int H, int KVH, int hd,
                                        float scale, int window) {
@@ -752,9 +757,9 @@ __global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q,
   const int t = int(w % T), h = int((w / T) % H), b = int(w / (int64_t(T) * H));
   const int kvh = h / (H / KVH);
   const int64_t qoff = ((int64_t(b) * T + t) * H + h) * hd;
-  float qv[kMaxD], o[kMaxD];
+  float qv[MD], o[MD];
 #pragma unroll
-  for (int i = 0; i < kMaxD; ++i) {
+  for (int i = 0; i < MD; ++i) {
     const int dd = lane + 32 * i;
     qv[i] = dd < hd ? ld1(q, qoff + dd) : 0.f;
     o[i] = 0.f;
@@ -765,7 +770,7 @@ __global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q,
     const int64_t koff = ((int64_t(b) * T + j) * KVH + kvh) * hd;
     float dot = 0.f;
 #pragma unroll
-    for (int i = 0; i < kMaxD; ++i) {
+    for (int i = 0; i < MD; ++i) {
       const int dd = lane + 32 * i;
       if (dd < hd) dot += qv[i] * ld1(k, koff + dd);
     }
@@ -774,20 +779,21 @@ __global__ void attn_fwd_simple_kernel(DOut out, float* __restrict__ lse, DIn q,
     const float corr = expf(m - mn), p = expf(s - mn);
     l = l * corr + p;
 #pragma unroll
-    for (int i = 0; i < kMaxD; ++i) {
+    for (int i = 0; i < MD; ++i) {
       const int dd = lane + 32 * i;
       o[i] = o[i] * corr + (dd < hd ? p * ld1(v, koff + dd) : 0.f);
     }
     m = mn;
   }
 #pragma unroll
-  for (int i = 0; i < kMaxD; ++i) {
+  for (int i = 0; i < MD; ++i) {
     const int dd = lane + 32 * i;
     if (dd < hd) st1(out, qoff + dd, o[i] / l);
   }
   if (lse != nullptr && lane == 0) lse[(int64_t(b) * H + h) * T + t] = m + logf(l);
 }
 
+template <int MD>
 __global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v, const float* __restrict__ lse,
                                           const float* __restrict__ D, const int32_t* __restrict__ pos, int B, int T,
                                           int H, int KVH, int hd, float scale, int window) {
@@ -799,9 +805,9 @@ __global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v
   const int64_t qoff = ((int64_t(b) * T + t) * H + h) * hd;
   const int64_t li = (int64_t(b) * H + h) * T + t;
   const float Lr = lse[li], Dr = D[li];
-  float qv[kMaxD], gv[kMaxD], acc[kMaxD];
+  float qv[MD], gv[MD], acc[MD];
 #pragma unroll
-  for (int i = 0; i < kMaxD; ++i) {
+  for (int i = 0; i < MD; ++i) {
     const int dd = lane + 32 * i;
     qv[i] = dd < hd ? ld1(q, qoff + dd) : 0.f;
     gv[i] = dd < hd ? ld1(dout, qoff + dd) : 0.f;
@@ -810,9 +816,9 @@ __global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v
   const int lo = first_key(pos != nullptr ? pos + int64_t(b) * T : nullptr, window, t);
   for (int j = lo; j <= t; ++j) {
     const int64_t koff = ((int64_t(b) * T + j) * KVH + kvh) * hd;
-    float kv[kMaxD], sdot = 0.f, pdot = 0.f;
+    float kv[MD], sdot = 0.f, pdot = 0.f;
 #pragma unroll
-    for (int i = 0; i < kMaxD; ++i) {
+    for (int i = 0; i < MD; ++i) {
       const int dd = lane + 32 * i;
       kv[i] = dd < hd ? ld1(k, koff + dd) : 0.f;
       sdot += qv[i] * kv[i];
@@ -821,15 +827,16 @@ __global__ void attn_bwd_dq_simple_kernel(DOut dq, DIn dout, DIn q, DIn k, DIn v
     const float p = expf(warp_sum(sdot) * scale - Lr);
     const float ds = p * (warp_sum(pdot) - Dr);
 #pragma unroll
-    for (int i = 0; i < kMaxD; ++i) acc[i] += ds * kv[i];
+    for (int i = 0; i < MD; ++i) acc[i] += ds * kv[i];
   }
 #pragma unroll
-  for (int i = 0; i < kMaxD; ++i) {
+  for (int i = 0; i < MD; ++i) {
     const int dd = lane + 32 * i;
     if (dd < hd) st1(dq, qoff + dd, acc[i] * scale);
   }
 }
 
+template <int MD>
 __global__ void attn_bwd_dkdv_simple_kernel(DOut dk, DOut dv, DIn dout, DIn q, DIn k, DIn v,
                                             const float* __restrict__ lse, const float* __restrict__ D,
                                             const int32_t* __restrict__ pos, int B, int T, int H, int KVH, int hd,
@@ -840,9 +847,9 @@ __global__ void attn_bwd_dkdv_simple_kernel(DOut dk, DOut dv, DIn dout, DIn q, D
   const int j = int(w % T), kvh = int((w / T) % KVH), b = int(w / (int64_t(T) * KVH));
   const int G = H / KVH;
   const int64_t koff = ((int64_t(b) * T + j) * KVH + kvh) * hd;
-  float kv[kMaxD], vv[kMaxD], dka[kMaxD], dva[kMaxD];
+  float kv[MD], vv[MD], dka[MD], dva[MD];
 #pragma unroll
-  for (int i = 0; i < kMaxD; ++i) {
+  for (int i = 0; i < MD; ++i) {
     const int dd = lane + 32 * i;
     kv[i] = dd < hd ? ld1(k, koff + dd) : 0.f;
     vv[i] = dd < hd ? ld1(v, koff + dd) : 0.f;
@@ -855,9 +862,9 @@ __global__ void attn_bwd_dkdv_simple_kernel(DOut dk, DOut dv, DIn dout, DIn q, D
       if (first_key(pos != nullptr ? pos + int64_t(b) * T : nullptr, window, t) > j) break;
       const int64_t qoff = ((int64_t(b) * T + t) * H + h) * hd;
       const int64_t li = (int64_t(b) * H + h) * T + t;
-      float qv[kMaxD], gv[kMaxD], sdot = 0.f, pdot = 0.f;
+      float qv[MD], gv[MD], sdot = 0.f, pdot = 0.f;
 #pragma unroll
-      for (int i = 0; i < kMaxD; ++i) {
+      for (int i = 0; i < MD; ++i) {
         const int dd = lane + 32 * i;
         qv[i] = dd < hd ? ld1(q, qoff + dd) : 0.f;
         gv[i] = dd < hd ? ld1(dout, qoff + dd) : 0.f;
@@ -867,14 +874,14 @@ __global__ void attn_bwd_dkdv_simple_kernel(DOut dk, DOut dv, DIn dout, DIn q, D
       const float p = expf(warp_sum(sdot) * scale - lse[li]);
       const float ds = p * (warp_sum(pdot) - D[li]);
 #pragma unroll
-      for (int i = 0; i < kMaxD; ++i) {
+      for (int i = 0; i < MD; ++i) {
         dva[i] += p * gv[i];
         dka[i] += ds * qv[i];
       }
     }
   }
 #pragma unroll
-  for (int i = 0; i < kMaxD; ++i) {
+  for (int i = 0; i < MD; ++i) {
     const int dd = lane + 32 * i;
     if (dd < hd) {
       st1(dk, koff + dd, dka[i] * scale);
@@ -923,10 +930,13 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
     return;
   }
   const int64_t warps = rows * d.n_head;
-  attn_fwd_simple_kernel<<<unsigned((warps + 3) / 4), 128, 0, L.stream>>>(
-      dout_(out), lse.empty() ? nullptr : lse.ptr<float>(), din(q), din(k), din(v), pos_ptr(d), d.B, d.T, d.n_head,
-      d.n_kv_head, d.head_dim, d.scale, d.window);
-  CUDA_CHECK_LAUNCH();
+  auto fwd = [&](auto kernel) {
+    kernel<<<unsigned((warps + 3) / 4), 128, 0, L.stream>>>(dout_(out), lse.empty() ? nullptr : lse.ptr<float>(),
+                                                            din(q), din(k), din(v), pos_ptr(d), d.B, d.T, d.n_head,
+                                                            d.n_kv_head, d.head_dim, d.scale, d.window);
+    CUDA_CHECK_LAUNCH();
+  };
+  simple_md(d.head_dim) == 8 ? fwd(attn_fwd_simple_kernel<8>) : fwd(attn_fwd_simple_kernel<16>);
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
@@ -975,14 +985,20 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
       flash_backward<256>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
     return;
   }
-  attn_bwd_dq_simple_kernel<<<unsigned((rows * d.n_head + 3) / 4), 128, 0, L.stream>>>(
-      dout_(dq), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, pos_ptr(d), d.B, d.T, d.n_head, d.n_kv_head,
-      d.head_dim, d.scale, d.window);
-  CUDA_CHECK_LAUNCH();
-  attn_bwd_dkdv_simple_kernel<<<unsigned((rows * d.n_kv_head + 3) / 4), 128, 0, L.stream>>>(
-      dout_(dk), dout_(dv), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, pos_ptr(d), d.B, d.T, d.n_head,
-      d.n_kv_head, d.head_dim, d.scale, d.window);
-  CUDA_CHECK_LAUNCH();
+  auto bwd = [&](auto dq_kernel, auto dkdv_kernel) {
+    dq_kernel<<<unsigned((rows * d.n_head + 3) / 4), 128, 0, L.stream>>>(
+        dout_(dq), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, pos_ptr(d), d.B, d.T, d.n_head, d.n_kv_head,
+        d.head_dim, d.scale, d.window);
+    CUDA_CHECK_LAUNCH();
+    dkdv_kernel<<<unsigned((rows * d.n_kv_head + 3) / 4), 128, 0, L.stream>>>(
+        dout_(dk), dout_(dv), din(dout), din(q), din(k), din(v), lse.ptr<float>(), D, pos_ptr(d), d.B, d.T, d.n_head,
+        d.n_kv_head, d.head_dim, d.scale, d.window);
+    CUDA_CHECK_LAUNCH();
+  };
+  if (simple_md(d.head_dim) == 8)
+    bwd(attn_bwd_dq_simple_kernel<8>, attn_bwd_dkdv_simple_kernel<8>);
+  else
+    bwd(attn_bwd_dq_simple_kernel<16>, attn_bwd_dkdv_simple_kernel<16>);
 }
 
 }  // namespace sf::cuda

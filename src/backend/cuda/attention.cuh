@@ -20,7 +20,9 @@
 //   Both launch their blocks longest-first (the causal tiles with the most work on every head
 //   first, the light ones fill the tail).
 // Any other case (F32, other head dims, unaligned views) runs simple, exact-softmax warp-per-row
-// kernels (slow, O(T^2 * hd) per head, meant for tests and odd shapes).
+// kernels (slow, O(T^2 * hd) per head, meant for tests and odd shapes). Head dims above 256 (up
+// to 512: Gemma 4's global layers) run there too, chosen by the head dim alone: a flash tile's
+// fp32 output accumulator of 512 columns does not fit in a thread's registers.
 #pragma once
 #include "backend/cuda/launch.h"
 #include "backend/cuda/workspace_sizes.h"

@@ -260,6 +260,10 @@ class CudaOps final : public Ops {
                             Tensor ws, Stream& s) override {
     cuda::linear_cross_entropy(loss_sum, dx, dw, x, w, labels, gs, ws, L(s));
   }
+  void linear_cross_entropy_capped(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float gs,
+                                   float cap, Tensor ws, Stream& s) override {
+    cuda::linear_cross_entropy(loss_sum, dx, dw, x, w, labels, gs, ws, L(s), cap);
+  }
   size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V) const override {
     return cuda::linear_ce_workspace_bytes(N, H, V);
   }

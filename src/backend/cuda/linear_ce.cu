@@ -22,16 +22,23 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
 
 // One block per row of the chunk. logits: F32 rows of V (row stride V floats). G: the gradient's
 // element type (bf16_t: written in place with row stride 2V elements; float: in place, stride V).
+// softcap > 0 (Gemma 4): the row is first replaced by s = c tanh(z / c), in place, and the
+// gradient is multiplied by ds/dz = 1 - (s / c)^2 (as the CPU twin).
 template <class G, int VEC>
 __global__ void __launch_bounds__(kCeThreads)
     ce_rows_kernel(float* logits, const int* __restrict__ labels, float* __restrict__ row_loss, int64_t V,
-                   float grad_scale, int want_grad) {
+                   float grad_scale, int want_grad, float softcap) {
   __shared__ float shm[32], shs[32];
   const int64_t row = blockIdx.x;
   float* lrow = logits + row * V;
   const int64_t label = labels[row];
   const bool ignored = label == kIgnore;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (softcap > 0.f) {
+    const float inv = 1.f / softcap;
+    for (int64_t i = tid; i < V; i += kCeThreads) lrow[i] = softcap * tanhf(lrow[i] * inv);
+    __syncthreads();  // the label logit below is read by thread 0
+  }
 
   // Pass 1: max and sum of exp (online per thread, then merged over the block).
   float m = -INFINITY, s = 0.f;
@@ -99,7 +106,8 @@ __global__ void __launch_bounds__(kCeThreads)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       const float p = __expf(v[k] - lse);
-      v[k] = gs * (p - (i0 + k == label ? 1.f : 0.f));
+      const float t = softcap > 0.f ? v[k] / softcap : 0.f;  // tanh(z / c) of the capped logit
+      v[k] = gs * (p - (i0 + k == label ? 1.f : 0.f)) * (1.f - t * t);
     }
     if (full) {
       store_vec<VEC>(grow + i0, v);
@@ -130,7 +138,7 @@ __global__ void loss_reduce_kernel(float* loss_sum, const float* __restrict__ ro
 }  // namespace
 
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
-                          Tensor ws, const Launch& L) {
+                          Tensor ws, const Launch& L, float softcap) {
   const int64_t N = x.rows(), H = x.cols(), V = w.rows();
   // The arguments and the workspace size as ops_check.h checks them; the dtype mixes below are this
   // kernel's own limits (its gemms are cuBLASLt's, see matmul.cu).
@@ -160,7 +168,7 @@ void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tenso
     // 2. per-row loss and in-place gradient
     auto rows = [&](auto kernel) {
       kernel<<<unsigned(nc), kCeThreads, 0, L.stream>>>(logits, labels.ptr<int>() + n0, row_loss, V, grad_scale,
-                                                        want_grad ? 1 : 0);
+                                                        want_grad ? 1 : 0, softcap);
       CUDA_CHECK_LAUNCH();
       loss_reduce_kernel<<<1, 1024, 0, L.stream>>>(loss_sum.ptr<float>(), row_loss, nc);
       CUDA_CHECK_LAUNCH();

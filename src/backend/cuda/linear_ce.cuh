@@ -21,7 +21,9 @@
 namespace sf::cuda {
 
 // linear_ce_chunk_rows, linear_ce_workspace_bytes: backend/cuda/workspace_sizes.h.
+// softcap > 0: Gemma 4's final_logit_softcapping, the loss on c tanh(logits / c) (step 2 caps the
+// row in place first and scales its gradient by 1 - tanh^2); 0: none.
 void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tensor w, Tensor labels, float grad_scale,
-                          Tensor ws, const Launch& L);
+                          Tensor ws, const Launch& L, float softcap = 0.f);
 
 }  // namespace sf::cuda
