@@ -1,10 +1,10 @@
 // Causal GQA attention through the backend, for bench/attn_vs_torch.py (same call, same GPU):
-//   attn_bench B T H KVH HD [--path auto|sm80|sm90v2] [--pack L] [--window W] [--io DIR]
+//   attn_bench B T H KVH HD [--path auto|sm80] [--pack L] [--window W] [--io DIR]
 // Times forward, backward and forward+backward (CUDA events on the backend's stream, 5 warm-up
 // runs, median of 30 each) on random bf16 inputs and prints one RESULT line. The three are timed
 // interleaved (each round: fwd, bwd, fwd+bwd), so that clock and temperature drift over the run
 // (hd 128 heats the GPU) weigh on them alike; timed one after the other, fwd+bwd came last and read
-// up to 0.2 ms above fwd + bwd. --path sm90v2: the persistent sm_90 forward (AttnPath::Sm90v2). With --io DIR it instead
+// up to 0.2 ms above fwd + bwd. With --io DIR it instead
 // reads q, k, v, dout (raw bf16, the backend's [B*T, heads*hd] layout) from DIR/{q,k,v,do}.bin,
 // runs one forward and backward and writes DIR/{o,dq,dk,dv}.bin for the script's comparison
 // with PyTorch. --pack L: packed rows, each row records of L tokens (the last one shorter), so
@@ -56,7 +56,7 @@ bool write_file(const std::string& path, const void* src, size_t bytes) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: attn_bench B T H KVH HD [--path auto|sm80|sm90v2] [--pack L] [--window W] [--io DIR]\n");
+  std::fprintf(stderr, "usage: attn_bench B T H KVH HD [--path auto|sm80] [--pack L] [--window W] [--io DIR]\n");
   return 2;
 }
 
@@ -85,14 +85,12 @@ int main(int argc, char** argv) {
     else
       return usage();
   }
-  if ((path != "auto" && path != "sm80" && path != "sm90v2") || pack < 0 || d.window < 0) return usage();
+  if ((path != "auto" && path != "sm80") || pack < 0 || d.window < 0) return usage();
   if (!sf::cuda_available()) {
     std::printf("attn_bench: no GPU\n");
     return 1;
   }
-  cuda::attention_force_path(path == "sm80"     ? cuda::AttnPath::Sm80
-                             : path == "sm90v2" ? cuda::AttnPath::Sm90v2
-                                                : cuda::AttnPath::Auto);
+  cuda::attention_force_path(path == "sm80" ? cuda::AttnPath::Sm80 : cuda::AttnPath::Auto);
   auto dev = sf::make_cuda_device(size_t(16) << 30);
   auto stream = dev->create_stream();
   cudaStream_t s = static_cast<cudaStream_t>(sf::cuda::native_stream(*stream));

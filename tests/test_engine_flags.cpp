@@ -21,20 +21,19 @@ EngineRequest parsed(const std::string& args) {
   return e;
 }
 
-TEST(EngineFlags, SlidingKeepsActivationsOnlyWhenAsked) {
+TEST(EngineFlags, KeptActivationCountsReachThePlanner) {
   const EngineRequest none = parsed("");
-  EXPECT_EQ(none.whole_layers, -1);
+  EXPECT_EQ(none.whole_layers, -1);  // the planner's choice, in both engines
   EXPECT_EQ(none.kept_layers, -1);
-  EXPECT_FALSE(none.offload_keep);
-  for (const std::string args : {"--keep-layers -1", "--keep-attention 0", "--keep-layers 2 --keep-attention 3"}) {
-    SCOPED_TRACE(args);
-    EXPECT_TRUE(parsed(args).offload_keep);
-  }
   const EngineRequest both = parsed("--keep-layers 2 --keep-attention 3");
   EXPECT_EQ(both.whole_layers, 2);
   EXPECT_EQ(both.kept_layers, 3);
-  EXPECT_TRUE(plan_request(EngineOptions{}, both).offload_keep);  // on to the planner
-  EXPECT_FALSE(plan_request(EngineOptions{}, none).offload_keep);
+  const PlanRequest r = plan_request(EngineOptions{}, both);
+  EXPECT_EQ(r.whole_layers, 2);
+  EXPECT_EQ(r.kept_layers, 3);
+  const PlanRequest d = plan_request(EngineOptions{}, none);
+  EXPECT_EQ(d.whole_layers, -1);
+  EXPECT_EQ(d.kept_layers, -1);
 }
 
 }  // namespace

@@ -733,14 +733,6 @@ TEST(Planner, SelectiveRecomputeInTheSlidingEngine) {
   r.host_budget = size_t(200) << 30;
   r.gpu_budget = size_t(24) << 30;
   r.whole_layers = r.kept_layers = -1;
-  {  // Off unless asked (PlanRequest::offload_keep: the options given), whatever the counts say.
-    const Plan off = make_plan(s, r, be);
-    ASSERT_TRUE(off.fits);
-    EXPECT_EQ(off.whole_layers + off.kept_layers, 0);
-    r.whole_layers = 2;
-    EXPECT_EQ(make_plan(s, r, be).whole_layers, 0);
-  }
-  r.offload_keep = true;
   auto plan = [&](int whole, int kept) {
     r.whole_layers = whole;
     r.kept_layers = kept;
@@ -801,7 +793,6 @@ TEST(Planner, SelectiveRecomputeInTheSlidingEngine) {
   c.batch = 2;
   c.seq = 8;
   c.offload = OffloadChoice::On;
-  c.offload_keep = true;
   c.host_budget = size_t(8) << 30;
   EXPECT_EQ(make_plan(tiny, c, backend_info("cpu")).kept_layers + make_plan(tiny, c, backend_info("cpu")).whole_layers,
             0);

@@ -15,8 +15,7 @@
 #    recomputed, attention kept, and the planner's choice, the op profile of the last;
 #    recompute_sliding recompute_sliding_accum = the same in the sliding engine: 3B at 24 GiB with
 #    clipping, one micro-batch and four,
-#    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans,
-#    attn_v2 = issue 19's persistent sm_90 attention forward against the default one and torch's backends)
+#    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -593,22 +592,6 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
         --models gemma4_dense,gemma4_kvshared --work /tmp/g4_parity_cuda
       run gemma4_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
         --models gemma4_dense --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g4_parity_cuda_off ;;
-    # issue 19, the persistent sm_90 forward (attn_v2, ~90 s): the attention gtests (CPU twin, odd
-    # shapes, each kernel path: auto, sm90v2, sm80), then attn_bench with the default forward and the
-    # persistent one alternated twice per head dim (same process order: their difference against the
-    # run-to-run spread), then torch SDPA's backends beside our three paths (attn_vs_torch.py, no
-    # parity: the gtests did it). RESULT lines into the summary.
-    attn_v2)
-      # timeouts: a kernel that hangs costs 5 minutes, not the call
-      run attn_v2_gtests timeout 300 "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Attention*:-CudaOps.AttentionHeadDim256' \
-        --gtest_brief=1
-      for hd in 128 64; do
-        for p in auto sm90v2 auto sm90v2; do
-          timeout 60 "$BIN/attn_bench" 8 2048 32 8 $hd --path $p 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
-        done
-      done
-      run attn_v2_torch timeout 400 python3 bench/attn_vs_torch.py "$BIN" --no-parity
-      sed -n '/===== attn_v2_torch/,$p' "$OUT/all.log" | grep -E "^RESULT|^  hd" | tee -a "$OUT/summary.txt" ;;
     *) echo "unknown step $s" ;;
   esac
 done

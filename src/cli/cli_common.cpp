@@ -32,16 +32,14 @@ void EngineFlags::add(CLI::App* c) {
   c->add_option("--gpu-blobs", gpu_blobs,
                 "blobs (embedding, head, then layers) the sliding engine keeps whole on the GPU, with their "
                 "optimizer state (default: as many as fit)");
-  keep_attention_opt = c->add_option(
-      "--keep-attention", keep_attention,
-      "layers whose attention output the forward keeps on the GPU, so that their backward's recompute "
-      "skips attention (default -1: in memory, as many as the GPU memory has room for, cuda only; 0: none; "
-      "offloaded only when given, per micro-batch, -1 weighing them against blobs kept on the GPU)");
-  keep_layers_opt =
-      c->add_option("--keep-layers", keep_layers,
-                    "layers whose activations the forward keeps whole on the GPU, so that their backward runs without "
-                    "a recompute (default -1: in memory, as many as the GPU memory has room for, attention-kept layers "
-                    "upgraded first, cuda only; 0: none; offloaded as for --keep-attention)");
+  c->add_option("--keep-attention", keep_attention,
+                "layers whose attention output the forward keeps on the GPU, so that their backward's recompute "
+                "skips attention (default -1: the planner's, cuda only: in memory as many as the GPU memory has room "
+                "for; offloaded, per micro-batch, weighed against blobs kept on the GPU by predicted step; 0: none)");
+  c->add_option("--keep-layers", keep_layers,
+                "layers whose activations the forward keeps whole on the GPU, so that their backward runs without "
+                "a recompute (default -1: the planner's, cuda only, attention-kept layers upgraded first in memory, "
+                "weighed as for --keep-attention offloaded; 0: none)");
   c->add_option("--gpu-memory", gpu_memory, "GPU memory to use, e.g. 40GiB (default: 90% of the free memory)");
   c->add_option("--cpu-memory", cpu_memory, "host memory to plan with (default: what the system reports available)");
   c->add_option("--offload-dir", offload_dir,
@@ -76,9 +74,6 @@ void EngineFlags::apply(EngineRequest& e) const {
   e.gpu_blobs = gpu_blobs;
   e.kept_layers = keep_attention;
   e.whole_layers = keep_layers;
-  // The sliding engine keeps activations only when asked (its speed with them is not measured yet).
-  e.offload_keep =
-      (keep_attention_opt && keep_attention_opt->count() > 0) || (keep_layers_opt && keep_layers_opt->count() > 0);
   e.gpu_memory = gpu_memory.empty() ? 0 : size_t(parse_size(gpu_memory, "--gpu-memory"));
   e.cpu_memory = cpu_memory.empty() ? 0 : size_t(parse_size(cpu_memory, "--cpu-memory"));
   if (!disk_memory.empty() && offload_dir.empty()) input_error("--disk-memory", "needs --offload-dir");

@@ -36,7 +36,6 @@ void print_json(const nlohmann::json& j);
 struct EngineFlags {
   bool offload = false, no_offload = false;
   int slots = 0, gpu_blobs = -1, keep_attention = -1, keep_layers = -1;   // keep: the planner's choice
-  CLI::Option *keep_attention_opt = nullptr, *keep_layers_opt = nullptr;  // given: the sliding engine keeps too
   std::string gpu_memory, cpu_memory;
   std::string offload_dir, disk_memory;
   std::string optimizer_state = "fp32";

@@ -48,7 +48,6 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   r.gpu_blobs = req.gpu_blobs;
   r.whole_layers = req.whole_layers;
   r.kept_layers = req.kept_layers;
-  r.offload_keep = req.offload_keep;
   r.gpu_budget = req.gpu_memory;
   r.host_budget = req.cpu_memory;
   r.offload_dir = req.offload_dir;

@@ -16,10 +16,8 @@ struct EngineRequest {
   OffloadChoice offload = OffloadChoice::Auto;
   int slots = 0;          // 0: the planner's choice
   int gpu_blobs = -1;     // sliding: blobs kept whole on the GPU (-1: as many as fit)
-  // Layers kept whole and layers keeping attention's output (PlanRequest; -1: the planner's); the
-  // sliding engine's only with offload_keep (PlanRequest::offload_keep).
+  // Layers kept whole and layers keeping attention's output (PlanRequest; -1: the planner's).
   int whole_layers = -1, kept_layers = -1;
-  bool offload_keep = false;
   size_t gpu_memory = 0;  // the CUDA arena and the plan's GPU budget (0: 90% of the free memory)
   size_t cpu_memory = 0;  // the plan's host budget (0: MemAvailable)
   int grad_accum = 1;

@@ -372,8 +372,8 @@ class Planner {
     whole_ = auto_whole ? 0 : r_.whole_layers;
     kept_ = auto_kept ? 0 : r_.kept_layers;
     const int w_first = whole_;
-    if (!r_.training || !r_.offload_keep || ((auto_whole || auto_kept) && (on_host_ || p_.gpu_budget == 0))) {
-      if (!r_.training || !r_.offload_keep) whole_ = kept_ = 0;
+    if (!r_.training || ((auto_whole || auto_kept) && (on_host_ || p_.gpu_budget == 0))) {
+      if (!r_.training) whole_ = kept_ = 0;
       sliding(slots);
       return;
     }

@@ -103,10 +103,6 @@ struct PlanRequest {
   // on the cpu backend), N: that many (sliding: per micro-batch, blobs kept on the GPU after them).
   int whole_layers = -1;
   int kept_layers = -1;
-  // The sliding engine applies whole_layers and kept_layers only when this is set (the command
-  // line: --keep-layers or --keep-attention given); else it keeps nothing, until its speed with
-  // them is measured on a GPU.
-  bool offload_keep = false;
 };
 
 enum class EngineKind { Resident, Sliding };

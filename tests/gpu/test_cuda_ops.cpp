@@ -636,15 +636,11 @@ TEST(CudaOps, AttentionLongSequences) {
   attention_case({1, 2049, 2, 2, 128}, false);
 }
 
-// cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 forward
-// where it applies), the persistent sm_90 forward (Sm90v2; elsewhere the same as Auto) and the
-// sm_80 kernels forced, so the fallback stays tested on Hopper too.
+// cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 kernels
+// where they apply) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
 void each_flash_path(const std::function<void()>& cases) {
-  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm90v2, cuda::AttnPath::Sm80}) {
-    SCOPED_TRACE(testing::Message() << "path "
-                                    << (p == cuda::AttnPath::Auto     ? "auto"
-                                        : p == cuda::AttnPath::Sm90v2 ? "sm90v2"
-                                                                      : "sm80"));
+  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm80}) {
+    SCOPED_TRACE(testing::Message() << "path " << (p == cuda::AttnPath::Auto ? "auto" : "sm80"));
     cuda::attention_force_path(p);
     cases();
   }
@@ -665,7 +661,7 @@ TEST(CudaOps, AttentionKernelFamilies) {
   });
 }
 
-// The persistent sm_90 forward (Sm90v2) where its CTAs take many tiles each (more query tiles than
+// The persistent sm_90 forward where its CTAs take many tiles each (more query tiles than
 // the H200's 132 SMs): Q buffers, K/V stages and the ping-pong carried across tiles, tiles of
 // every length; T not a multiple of 128; GQA 4 / 8; and q scaled up so that rows raise their max
 // past the lazy-rescale threshold (2^8) mid-row, which the plain inputs rarely do; packed rows and

@@ -912,12 +912,8 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
   const AttnPath path = g_path.load();
   const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
                      all_bf16({&out, &q, &k, &v});
-  const bool sm90 = path == AttnPath::Auto || path == AttnPath::Sm90v2;
-  if (flash && sm90 && device_cc_major() == 9 && attention_sm90_supported(d)) {
-    if (path == AttnPath::Sm90v2)
-      attention_forward_sm90_persistent(out, lse, q, k, v, d, L);
-    else
-      attention_forward_sm90(out, lse, q, k, v, d, L);
+  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
+    attention_forward_sm90(out, lse, q, k, v, d, L);
     return;
   }
   if (flash) {
@@ -968,8 +964,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
   const AttnPath path = g_path.load();
   const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
                      all_bf16({&dq, &dk, &dv, &dout, &q, &k, &v});
-  const bool sm90 = path == AttnPath::Auto || path == AttnPath::Sm90v2;  // Sm90v2: the same backward
-  if (flash && sm90 && device_cc_major() == 9 && attention_sm90_supported(d)) {
+  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
     attention_backward_sm90(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
     f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);

@@ -38,10 +38,8 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
 
 // For tests and benchmarks only (the program always runs Auto): Auto picks the family by the
 // device (sm_90 kernels on Hopper where they apply); Sm80 keeps the sm_80 flash kernels on any
-// device, so they stay tested on Hopper; Simple routes everything to the simple kernels; Sm90v2 is
-// Auto with the persistent sm_90 forward (attention_forward_sm90_persistent) where the sm_90
-// kernels apply, to be measured against Auto in one call (the slower of the two is deleted).
-enum class AttnPath { Auto, Sm80, Simple, Sm90v2 };
+// device, so they stay tested on Hopper; Simple routes everything to the simple kernels.
+enum class AttnPath { Auto, Sm80, Simple };
 void attention_force_path(AttnPath p);
 
 }  // namespace sf::cuda

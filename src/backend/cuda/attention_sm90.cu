@@ -1,17 +1,18 @@
 // Causal GQA attention forward on Hopper: wgmma + TMA, warp-specialised (FlashAttention-3's
 // algorithm, written for this engine; attention_sm90.cuh).
 //
-// Block: BR = 128 query rows of one (head, sequence); 3 warpgroups. Warpgroup 0 is the producer:
-// one thread issues the TMA copies (Q once, then the K and V tiles from the diagonal tile down to
-// tile 0) into a ring of STAGES shared-memory stages, each completing on its own mbarrier; the
-// other 127 threads give their registers back (setmaxnreg) and leave. Warpgroups 1 and 2 are the
-// consumers, 64 query rows each: S = Q K^T by wgmma from shared memory, online softmax in
-// registers (exp2 domain), O += P V by wgmma with P as the register operand. Pipelining inside a
-// consumer: the QK^T of tile j+1 and the PV of tile j are in flight while the softmax of tile j+1
-// runs; a consumer frees a stage (one arrive a warp on its `empty` barrier) once its PV is done.
-// Between the consumers: ping-pong (each issues its matrix products after the other's), so the
-// softmax of one overlaps the other's products (hd 64 forward 0.532 -> 0.511 ms, hd 128 even).
-// Shared memory: 128-byte-swizzled 64-column boxes, the layout TMA writes and wgmma reads.
+// Forward: persistent, one CTA an SM taking query tiles (BR = 128 rows of one (head, sequence)),
+// heaviest first, from an atomic counter; 3 warpgroups. Warpgroup 0 is the producer: one thread
+// issues the TMA copies (each tile's Q into one of two buffers, then its K and V tiles from the
+// diagonal down to tile 0) into rings of K and V stages, each with its own full / empty mbarriers;
+// the other 127 threads give their registers back (setmaxnreg) and leave. Warpgroups 1 and 2 are
+// the consumers, 64 query rows each: S = Q K^T by wgmma from shared memory, online softmax in
+// registers (exp2 domain, O rescaled lazily), O += P V by wgmma with P as the register operand.
+// Inside a consumer: the QK^T of tile j+1 and the PV of tile j are in flight while the softmax of
+// tile j+1 runs; a K stage is freed after its QK^T, a V stage after its PV. Between the consumers:
+// ping-pong (each issues its matrix products after the other's), continued across tiles.
+// Backward: a block per key tile (below). Shared memory: 128-byte-swizzled 64-column boxes, the
+// layout TMA writes and wgmma reads.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -31,32 +32,12 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Tile shape and shared-memory layout, defined once. Each operand tile is CH boxes of [rows][64]
-// bf16 (128-byte rows, swizzled in 1024-byte atoms of 8 rows); every box starts 1024-aligned.
-// BOUNDED: the mask kind, fixed at compile time. false: plain causal (no first-key bound, nothing
-// of packed rows or windows in the code); true: each query also has a first key (packed rows,
-// sliding window; attention_mask.cuh). The plain causal path pays nothing for the generality.
-template <int HD_, bool BOUNDED_>
-struct Sm90FwdTile {
-  static constexpr int HD = HD_, BR = 128, BC = 128, STAGES = 2;
-  static constexpr bool BOUNDED = BOUNDED_;
-  static constexpr int CONSUMERS = 2;  // warpgroups of 64 query rows
-  // setmaxnreg, a thread: the consumers' increase is granted from what the producer gives back
-  // out of the block's launch allocation (ptxas: 168 a thread at NT 384), never more; asking for
-  // more waits forever.
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
-  static constexpr int NT = 128 * (1 + CONSUMERS);  // + the producer warpgroup
-  static constexpr int CH = HD / 64;                // 64-column boxes per row
-  static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
-  // Q [CH][BR][64] | K [STAGES][CH][BC][64] | V [STAGES][CH][BC][64] | barriers
-  static constexpr size_t q_off = 0, k_off = q_off + q_bytes, v_off = k_off + size_t(STAGES) * kv_bytes;
-  static constexpr size_t bar_off = v_off + size_t(STAGES) * kv_bytes;
-  // barriers (8 bytes each): q_full, k_full[STAGES], v_full[STAGES], empty[STAGES]
-  static constexpr size_t smem = bar_off + 8 * (1 + 3 * STAGES) + 1024;  // + alignment slack
-  static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
-  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
-};
-
+// The traits (Sm90FwdTile, Sm90BwdTile below) define each kernel's tile shape and shared-memory
+// layout once. Each operand tile is CH boxes of [rows][64] bf16 (128-byte rows, swizzled in
+// 1024-byte atoms of 8 rows); every box starts 1024-aligned. BOUNDED: the mask kind, fixed at
+// compile time. false: plain causal (no first-key bound, nothing of packed rows or windows in the
+// code); true: each query also has a first key (packed rows, sliding window; attention_mask.cuh).
+// The plain causal path pays nothing for the generality.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SF_SM90_DEVICE 1
 #endif
@@ -201,47 +182,11 @@ __device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], 
   }
 }
 
-// Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8,
-// columns key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the
-// row or (BOUNDED) before its first key fk (packed rows, window) are -inf; the running max m (raw scores)
-// and partial row sums l updated, P = exp2(S scale_log2 - m scale_log2) packed to bf16 A
-// fragments, corr = the factor O must be scaled by.
-template <int BC, bool BOUNDED>
-__device__ __forceinline__ void softmax_tile(float (&s)[BC / 2], uint32_t (&p)[BC / 16][4], float (&m)[2],
-                                             float (&l)[2], float (&corr)[2], bool mask, int key0, int row0,
-                                             const int (&fk)[2], float scale_log2) {
-  float mx[2];
-  mask_rowmax<BC, BOUNDED>(s, mx, m, mask, key0, row0, fk);
-  float off[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    off[r] = mx[r] == -INFINITY ? 0.f : mx[r] * scale_log2;  // a row with no key yet: P = 0
-    corr[r] = fast_exp2(m[r] * scale_log2 - off[r]);         // m = -inf the first time: 0
-    m[r] = mx[r];
-  }
-  float rs[2] = {0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < BC / 8; ++j) {
-    const float p0 = fast_exp2(fmaf(s[j * 4], scale_log2, -off[0]));
-    const float p1 = fast_exp2(fmaf(s[j * 4 + 1], scale_log2, -off[0]));
-    const float p2 = fast_exp2(fmaf(s[j * 4 + 2], scale_log2, -off[1]));
-    const float p3 = fast_exp2(fmaf(s[j * 4 + 3], scale_log2, -off[1]));
-    rs[0] += p0 + p1;
-    rs[1] += p2 + p3;
-    // Two n8 C fragments (columns 16 kk .. 16 kk + 15) form the A fragment of k-step kk.
-    p[j >> 1][(j & 1) * 2] = pack_bf16(p0, p1);
-    p[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
-  }
-  l[0] = l[0] * corr[0] + rs[0];  // thread-partial row sums; quad-reduced at the end
-  l[1] = l[1] * corr[1] + rs[1];
-}
-
-// The persistent forward's softmax (flash_fwd_sm90_persistent_kernel): softmax_tile's, with P left
-// in s as fp32 (packed to bf16 by pack_p only once the previous PV is done, so one P buffer
-// suffices: 32 registers fewer than softmax_tile's two, which the lazy rescale below needs) and
-// the running max lazy: a row keeps its max until a tile raises it by more than kLazyRescaleLog2
+// Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8, columns
+// key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the row or
+// (BOUNDED) before its first key fk (packed rows, window) are -inf; P left in s as fp32 (packed to
+// bf16 by pack_p only once the previous PV is done, so one P buffer suffices: 32 registers fewer
+// than two, which the lazy rescale needs) and the running max lazy: a row keeps its max until a tile raises it by more than kLazyRescaleLog2
 // in the exp2 domain (meanwhile P <= 2^8: in range for bf16 and the fp32 sums; l and O share the
 // stale max, so O / l and lse are unchanged), corr = 1 then. Returns whether a row of the warp
 // moved its max (the warp-uniform test for rescaling O).
@@ -311,186 +256,13 @@ __device__ __forceinline__ void store_o_lse(const float (&o)[HD / 2], const floa
   }
 }
 
-template <class Tr>
-__global__ void __launch_bounds__(Tr::NT, 1)
-    flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                          const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out, float* __restrict__ lse,
-                          const int32_t* __restrict__ pos, int T, int H, int KVH, float scale_log2, int window) {
-#ifdef SF_SM90_DEVICE
-  constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, ST = Tr::STAGES, CH = Tr::CH;
-  constexpr bool LB = Tr::BOUNDED;
-  unsigned char* sm = smem_base();
-  bf16_t* Qs = reinterpret_cast<bf16_t*>(sm + Tr::q_off);
-  bf16_t* Ks = reinterpret_cast<bf16_t*>(sm + Tr::k_off);
-  bf16_t* Vs = reinterpret_cast<bf16_t*>(sm + Tr::v_off);
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sm + Tr::bar_off);
-  uint64_t* k_full = q_full + 1;
-  uint64_t* v_full = k_full + ST;
-  uint64_t* empty = v_full + ST;
-
-  // Longest-first block order (as the sm_80 kernel): the last query tiles of every head start first.
-  const int n_qt = (T + BR - 1) / BR;
-  const int n_hb = int(gridDim.x) / n_qt, bid = int(blockIdx.x);
-  const int qt = n_qt - 1 - bid / n_hb, hb = bid % n_hb;
-  const int h = hb % H, b = hb / H;
-  const int kvh = h / (H / KVH);
-  const int q0 = qt * BR;
-  const int n_kv = (min(q0 + BR, T) + BC - 1) / BC;  // key tiles j0 .. n_kv - 1, walked downwards
-  // Packed rows / window (as the sm_80 kernel): key tiles wholly before the first key of the
-  // block's first row (the lowest: first keys never decrease) are skipped.
-  const int32_t* pb = LB && pos != nullptr ? pos + int64_t(b) * T : nullptr;
-  const int j0 = LB ? first_key(pb, window, q0) / BC : 0;
-  const int n_it = n_kv - j0;  // tiles this block walks
-
-  const int wg = int(threadIdx.x) / 128;
-  if (threadIdx.x == 0) {
-    bar_init(q_full, 1);
-    for (int s = 0; s < ST; ++s) {
-      bar_init(k_full + s, 1);
-      bar_init(v_full + s, 1);
-      bar_init(empty + s, Tr::CONSUMERS * 4);  // one arrive per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  if (wg == 0) {
-    // ---- producer ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::PRODUCER_REGS) : "memory");
-    if (threadIdx.x == 0) {
-      bar_expect_tx(q_full, Tr::q_bytes);
-      for (int c = 0; c < CH; ++c) tma_load(Qs + c * BR * 64, &tq, q_full, h * HD + c * 64, q0, b);
-      for (int it = 0; it < n_it; ++it) {
-        const int s = it % ST, j = n_kv - 1 - it;
-        bar_wait(empty + s, ((it / ST) & 1) ^ 1);  // the consumers freed this stage (round 0: at once)
-        bar_expect_tx(k_full + s, Tr::kv_bytes);
-        for (int c = 0; c < CH; ++c)
-          tma_load(Ks + (s * CH + c) * BC * 64, &tk, k_full + s, kvh * HD + c * 64, j * BC, b);
-        bar_expect_tx(v_full + s, Tr::kv_bytes);
-        for (int c = 0; c < CH; ++c)
-          tma_load(Vs + (s * CH + c) * BC * 64, &tv, v_full + s, kvh * HD + c * 64, j * BC, b);
-      }
-    }
-    return;
-  }
-
-  // ---- consumers ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
-  const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
-  const int g = lane >> 2, t4 = lane & 3;
-  const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
-  const int wg_row0 = q0 + cw * 64;               // the warpgroup's first row
-  // The rows' first keys (0 without packed rows or a window; rows past T see every key).
-  int fk[2] = {0, 0};
-  if constexpr (LB) {
-    fk[0] = row0 < T ? first_key(pb, window, row0) : 0;
-    fk[1] = row0 + 8 < T ? first_key(pb, window, row0 + 8) : 0;
-  }
-  const int fk_max = max(fk[0], fk[1]);
-  const uint32_t q_addr = smem_u32(Qs) + cw * 64 * 128;
-  const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs);
-  // k-step kk (16 columns of HD): box kk / 4, 32 bytes kk % 4 into its 128-byte swizzled rows.
-  auto q_desc = [&](int kk) { return sdesc(q_addr + (kk >> 2) * BR * 128 + (kk & 3) * 32, 16, 1024); };
-  auto k_desc = [&](int s, int kk) {
-    return sdesc(k_addr + (s * CH + (kk >> 2)) * BC * 128 + (kk & 3) * 32, 16, 1024);
-  };
-  // V tile as the N-major B operand: k-step kk = key rows 16 kk .. 16 kk + 15 (2048 bytes on).
-  auto v_desc = [&](int s, int kk) { return sdesc(v_addr + s * CH * BC * 128 + kk * 2048, BC * 128, 1024); };
-
-  float o[HD / 2];
-#pragma unroll
-  for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
-  float sacc[BC / 2];
-  uint32_t p[BC / 16][4], pn[BC / 16][4];
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
-
-  auto issue_s = [&](int s) {
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(sacc, q_desc(kk), k_desc(s, kk), kk > 0);
-    wgmma_commit();
-  };
-  auto issue_pv = [&](int s, uint32_t(&pp)[BC / 16][4]) {
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<HD>(o, pp[kk], v_desc(s, kk));
-    wgmma_commit();
-  };
-  // Tile j needs the mask when its last key is past the warpgroup's first row (causal) or (LB) its
-  // first key before one of this thread's rows' first keys; every other tile skips it.
-  auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || (LB && j * BC < fk_max); };
-
-  // Ping-pong of the two consumers (named barriers 1 and 2, 256 threads): each issues its wgmmas
-  // only after the other issued its previous batch, so one warpgroup's softmax runs while the
-  // other's matrix products have the tensor cores. Consumer 1 opens; each consumer has n_it + 1
-  // batches, and consumer 1 does not pass after its last, so every barrier completes.
-  auto sched_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
-  auto sched_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
-  if (cw == 1) sched_pass();
-  bar_wait(q_full, 0);
-  bar_wait(k_full, 0);
-  sched_wait();
-  issue_s(0);
-  sched_pass();
-  wgmma_wait<0>();
-  reg_fence(sacc);
-  softmax_tile<BC, LB>(sacc, p, m, l, corr, needs_mask(n_kv - 1), (n_kv - 1) * BC + 2 * t4, row0, fk, scale_log2);
-  // One pipelined step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in flight while the softmax of S_j
-  // runs; pc is the P being multiplied, pnx receives the next. The two P buffers alternate (the
-  // loop is unrolled by two): a register copy between them would define a wgmma input inside the
-  // pipeline and ptxas would serialise the wgmmas (C7513).
-  auto step = [&](int it, uint32_t(&pc)[BC / 16][4], uint32_t(&pnx)[BC / 16][4]) {
-    const int s = it % ST, sp = (it - 1) % ST, j = n_kv - 1 - it;
-    bar_wait(k_full + s, (it / ST) & 1);
-    sched_wait();
-    issue_s(s);
-    bar_wait(v_full + sp, ((it - 1) / ST) & 1);
-    issue_pv(sp, pc);
-    sched_pass();
-    wgmma_wait<1>();  // S_j done
-    reg_fence(sacc);
-    softmax_tile<BC, LB>(sacc, pnx, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
-    wgmma_wait<0>();  // PV done: O, pc and stage sp free
-    reg_fence(o);
-    reg_fence(pc);
-    if (lane == 0) bar_arrive(empty + sp);
-#pragma unroll
-    for (int dn = 0; dn < HD / 8; ++dn) {
-      o[dn * 4] *= corr[0], o[dn * 4 + 1] *= corr[0];
-      o[dn * 4 + 2] *= corr[1], o[dn * 4 + 3] *= corr[1];
-    }
-  };
-  auto last_pv = [&](uint32_t(&pc)[BC / 16][4]) {
-    const int sl = (n_it - 1) % ST;
-    bar_wait(v_full + sl, ((n_it - 1) / ST) & 1);
-    sched_wait();
-    issue_pv(sl, pc);
-    if (cw == 0) sched_pass();
-    wgmma_wait<0>();
-    reg_fence(o);
-  };
-  int it = 1;
-  for (; it + 1 < n_it; it += 2) {
-    step(it, p, pn);
-    step(it + 1, pn, p);
-  }
-  if (it < n_it) {
-    step(it, p, pn);
-    last_pv(pn);
-  } else {
-    last_pv(p);
-  }
-
-  store_o_lse<HD>(o, m, l, out, lse, b, h, row0, 2 * t4, T, H, scale_log2);
-#endif  // SF_SM90_DEVICE
-}
-
-// ---- persistent forward (bench / test path `sm90v2` until measured against the kernel above;
-// issue 19 keeps one: the slower goes) ---------------------------------------------------------
-// What it changes against flash_fwd_sm90_kernel, by the count (hd 128, B 8, T 2048: 34816 tiles
+// ---- forward ------------------------------------------------------------------------------------
+// Why persistent, with K and V released apart and O rescaled lazily: what it changed against the
+// block-a-tile forward it replaced (session 11: hd 128 0.78 -> 0.58 ms, hd 64 0.50 -> 0.37 ms at
+// B 8, T 2048; docs/PERFORMANCE.md), by the count (hd 128, B 8, T 2048: 34816 tiles
 // of 128 x 128, 264 an SM; the tensor cores need 2048 cycles a tile, the softmax ~600 a
 // warpgroup, hidden by the ping-pong; measured 0.737 ms = ~4750 cycles a tile at ~1.7 GHz):
-// - K and V stages freed separately. There, one `empty` barrier frees a stage once its PV is done,
+// - K and V stages freed separately. Before, one `empty` barrier frees a stage once its PV is done,
 //   and the PV of tile j runs with the QK^T of tile j + 1, so with 2 stages the load of tile j + 2
 //   starts only when tile j + 1's products end, just when tile j + 2's QK^T wants it: every tile
 //   waits for a TMA round trip (~1000-2000 cycles), about the gap measured. Here K stage frees
@@ -505,7 +277,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 // - The O rescale skipped while no row's max grew by more than 2^8 (softmax_tile_lazy): at hd
 //   128, 64 of ~350 instructions a thread a tile.
 template <int HD_, bool BOUNDED_>
-struct Sm90FwdPersistentTile {
+struct Sm90FwdTile {
   static constexpr int HD = HD_, BR = 128, BC = 128;
   // Stages of K and of V, each with its own full / empty barriers: a K stage is free once both
   // consumers' QK^T read it, a V stage once their PV did (a tile after: PV lags QK^T by one), so
@@ -515,7 +287,10 @@ struct Sm90FwdPersistentTile {
   static constexpr int QSTAGES = 2;  // Q buffers: the next tile's lands under this one
   static constexpr bool BOUNDED = BOUNDED_;
   static constexpr int CONSUMERS = 2;
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
+  // setmaxnreg, a thread: the consumers' increase is granted from what the producer gives back
+  // out of the block's launch allocation (ptxas: 168 a thread at NT 384), never more; asking for
+  // more waits forever.
+  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
   static constexpr int NT = 128 * (1 + CONSUMERS);
   static constexpr int CH = HD / 64;
   static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
@@ -531,7 +306,7 @@ struct Sm90FwdPersistentTile {
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
 
-// Query tile `tile` (longest first, as flash_fwd_sm90_kernel's block index): its head, sequence,
+// Query tile `tile` (longest first: the heaviest tiles start first): its head, sequence,
 // first row and the key tiles j0 .. n_kv - 1 it walks (downwards).
 struct FwdTileCoord {
   int h, b, kvh, q0, n_kv, j0;
@@ -552,7 +327,7 @@ __device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
-    flash_fwd_sm90_persistent_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                                      const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out,
                                      float* __restrict__ lse, const int32_t* __restrict__ pos,
                                      int* __restrict__ tile_counter, int B, int T, int H, int KVH,
@@ -638,7 +413,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int g = lane >> 2, t4 = lane & 3;
   const uint32_t q_base = smem_u32(Qs) + cw * 64 * 128;
   const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs);
-  // As flash_fwd_sm90_kernel's descriptors, with the Q buffer qs.
+  // wgmma descriptors of Q's k-step kk in the Q buffer qs (128-byte swizzle).
   auto q_desc = [&](int qs, int kk) {
     return sdesc(q_base + qs * Tr::q_bytes + (kk >> 2) * BR * 128 + (kk & 3) * 32, 16, 1024);
   };
@@ -663,7 +438,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<HD>(o, p[kk], v_desc(s, kk));
     wgmma_commit();
   };
-  // Ping-pong as flash_fwd_sm90_kernel's, continued across tiles: consumer 1 opens, both pass
+  // Ping-pong, continued across tiles: consumer 1 opens, both pass
   // after every batch, and consumer 0 takes consumer 1's last pass when the tiles run out, so
   // every barrier completes.
   auto sched_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
@@ -710,7 +485,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
                                 scale_log2);
       pack_p<BC>(sacc, p);  // O = 0: nothing to rescale
     }
-    // One pipelined step, as flash_fwd_sm90_kernel's: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in
+    // One pipelined step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in
     // flight while the softmax of S_j runs (in place, fp32); once the PV is done, P_j packed into
     // the one P buffer and O rescaled, only if a row of the warp moved its max.
     for (int it = 1; it < n_it; ++it) {
@@ -1073,29 +848,15 @@ QkvMaps qkv_maps(Tensor q, Tensor k, Tensor v, const AttnDims& d) {
           make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * Tr::HD, Tr::BC)};
 }
 
+// The forward: one CTA an SM (at most one a tile); the tile counter (4 bytes of the
+// stream's scratch, zeroed here) hands out the tiles.
 template <int HD, bool BOUNDED>
 void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   using Tr = Sm90FwdTile<HD, BOUNDED>;
   auto kernel = flash_fwd_sm90_kernel<Tr>;
   allow_smem<Tr>(kernel);
-  const QkvMaps mp = qkv_maps<Tr>(q, k, v, d);
-  const CUtensorMap &tq = mp.q, &tk = mp.k, &tv = mp.v;
-  const unsigned grid = unsigned((d.T + Tr::BR - 1) / Tr::BR) * unsigned(d.n_head * d.B);
-  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
-                                               d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T, d.n_head,
-                                               d.n_kv_head, d.scale * kLog2e, d.window);
-  CUDA_CHECK_LAUNCH();
-}
-
-// The persistent forward: one CTA an SM (at most one a tile); the tile counter (4 bytes of the
-// stream's scratch, zeroed here) hands out the tiles.
-template <int HD, bool BOUNDED>
-void forward_persistent(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90FwdPersistentTile<HD, BOUNDED>;
-  auto kernel = flash_fwd_sm90_persistent_kernel<Tr>;
-  allow_smem<Tr>(kernel);
   SF_CHECK(L.scratch != nullptr && L.scratch->buf != nullptr && L.scratch->buf_bytes >= sizeof(int),
-           "attention (sm_90, persistent): no stream scratch for the tile counter");
+           "attention (sm_90): no stream scratch for the tile counter");
   int* counter = static_cast<int*>(L.scratch->buf);
   CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), L.stream));
   const QkvMaps mp = qkv_maps<Tr>(q, k, v, d);
@@ -1138,17 +899,8 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
   if (d.head_dim == 64)
     b ? forward<64, true>(out, lse, q, k, v, d, L) : forward<64, false>(out, lse, q, k, v, d, L);
   else
-    b ? forward<128, true>(out, lse, q, k, v, d, L) : forward<128, false>(out, lse, q, k, v, d, L);
-}
-
-void attention_forward_sm90_persistent(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d,
-                                       const Launch& L) {
-  const bool b = bounded(d);
-  if (d.head_dim == 64)
-    b ? forward_persistent<64, true>(out, lse, q, k, v, d, L) : forward_persistent<64, false>(out, lse, q, k, v, d, L);
-  else
-    b ? forward_persistent<128, true>(out, lse, q, k, v, d, L)
-      : forward_persistent<128, false>(out, lse, q, k, v, d, L);
+    b ? forward<128, true>(out, lse, q, k, v, d, L)
+      : forward<128, false>(out, lse, q, k, v, d, L);
 }
 
 }  // namespace sf::cuda

@@ -11,13 +11,8 @@ namespace sf::cuda {
 // window (BF16, 16-byte aligned tensors: the caller's check).
 bool attention_sm90_supported(const AttnDims& d);
 // out, q [B*T, n_head*hd]; k, v [B*T, n_kv_head*hd]; lse [B, n_head, T] F32 (may be empty).
+// Persistent (one CTA an SM): uses 4 bytes of the stream's scratch (L.scratch) as its tile counter.
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L);
-
-// The persistent forward (FlashAttention-3's persistent tile loop, attention_sm90.cu): the same
-// contract, for the bench / test path AttnPath::Sm90v2 until it is measured against the one above.
-// Uses 4 bytes of the stream's scratch (L.scratch) as its tile counter.
-void attention_forward_sm90_persistent(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d,
-                                       const Launch& L);
 
 // The main backward kernel: dK, dV (bf16) and dQ accumulated in fp32 into dq_acc [B*T, n_head*hd]
 // (zeroed by the caller, which casts it); D [B, n_head, T] = rowsum(dO * O), lse as the forward's.
