@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+
 #include <cmath>
 #include <functional>
 #include <random>
@@ -445,10 +446,210 @@ TEST(Gemma4Layout, DenseShapes) {
   EXPECT_EQ(sh.entry(LayerParam::Wv), nullptr);
   EXPECT_EQ(shape_of(sh, "mlp.gate_proj.weight"), (std::vector<int64_t>{96, 32}));
   EXPECT_EQ(shape_of(mt.layer(3), "mlp.gate_proj.weight"), (std::vector<int64_t>{48, 32}));
-  // Not laid out yet: refused, naming the file.
-  c["hidden_size_per_layer_input"] = 4;
-  test::expect_input_error([&] { make_layout(read_gemma4_spec(c, "g4.json")); },
-                           {"g4.json", "per-layer input embeddings"});
+  // Not laid out yet: refused, naming the file and the key.
+  c["enable_moe_block"] = true;
+  c["num_experts"] = 4;
+  c["top_k_experts"] = 2;
+  c["moe_intermediate_size"] = 8;
+  test::expect_input_error([&] { make_layout(read_gemma4_spec(c, "g4.json")); }, {"g4.json", "enable_moe_block"});
+}
+
+// transformers 5.17's own save of the reference's ple_kvshared variant (tools/gemma4_reference.py
+// --names on the GPU machine, bench/results/2026-12-02s11_gpu_1_gemma4_ref.log): its config.json as
+// written, and every tensor name and shape but the layer_scalar buffers (not parameters).
+const char* kPleKvsharedConfig = R"json({
+ "architectures": [
+  "Gemma4ForCausalLM"
+ ],
+ "attention_bias": false,
+ "attention_dropout": 0.0,
+ "attention_k_eq_v": true,
+ "bos_token_id": 2,
+ "dtype": "float32",
+ "enable_moe_block": false,
+ "eos_token_id": 1,
+ "final_logit_softcapping": 2.0,
+ "head_dim": 16,
+ "hidden_activation": "gelu_pytorch_tanh",
+ "hidden_size": 64,
+ "hidden_size_per_layer_input": 8,
+ "initializer_range": 0.1,
+ "intermediate_size": 96,
+ "layer_types": [
+  "sliding_attention",
+  "full_attention",
+  "sliding_attention",
+  "sliding_attention",
+  "sliding_attention",
+  "full_attention"
+ ],
+ "max_position_embeddings": 64,
+ "model_type": "gemma4_text",
+ "moe_intermediate_size": null,
+ "num_attention_heads": 4,
+ "num_experts": null,
+ "num_hidden_layers": 6,
+ "num_key_value_heads": 2,
+ "num_kv_shared_layers": 2,
+ "pad_token_id": 0,
+ "per_layer_config": {
+  "1": {
+   "head_dim": 32,
+   "num_key_value_heads": 1
+  },
+  "5": {
+   "head_dim": 32,
+   "num_key_value_heads": 1
+  }
+ },
+ "rms_norm_eps": 1e-06,
+ "rope_parameters": {
+  "full_attention": {
+   "partial_rotary_factor": 0.25,
+   "rope_theta": 1000000.0,
+   "rope_type": "proportional"
+  },
+  "sliding_attention": {
+   "rope_theta": 10000.0,
+   "rope_type": "default"
+  }
+ },
+ "sliding_window": 5,
+ "tie_word_embeddings": true,
+ "top_k_experts": null,
+ "transformers_version": "5.17.0",
+ "use_bidirectional_attention": null,
+ "use_cache": true,
+ "use_double_wide_mlp": true,
+ "vocab_size": 96,
+ "vocab_size_per_layer_input": 96
+})json";
+const char* kPleKvsharedTensors[] = {
+    "model.embed_tokens.weight [96, 64]",
+    "model.embed_tokens_per_layer.weight [96, 48]",
+    "model.layers.0.input_layernorm.weight [64]",
+    "model.layers.0.mlp.down_proj.weight [64, 96]",
+    "model.layers.0.mlp.gate_proj.weight [96, 64]",
+    "model.layers.0.mlp.up_proj.weight [96, 64]",
+    "model.layers.0.per_layer_input_gate.weight [8, 64]",
+    "model.layers.0.per_layer_projection.weight [64, 8]",
+    "model.layers.0.post_attention_layernorm.weight [64]",
+    "model.layers.0.post_feedforward_layernorm.weight [64]",
+    "model.layers.0.post_per_layer_input_norm.weight [64]",
+    "model.layers.0.pre_feedforward_layernorm.weight [64]",
+    "model.layers.0.self_attn.k_norm.weight [16]",
+    "model.layers.0.self_attn.k_proj.weight [32, 64]",
+    "model.layers.0.self_attn.o_proj.weight [64, 64]",
+    "model.layers.0.self_attn.q_norm.weight [16]",
+    "model.layers.0.self_attn.q_proj.weight [64, 64]",
+    "model.layers.0.self_attn.v_proj.weight [32, 64]",
+    "model.layers.1.input_layernorm.weight [64]",
+    "model.layers.1.mlp.down_proj.weight [64, 96]",
+    "model.layers.1.mlp.gate_proj.weight [96, 64]",
+    "model.layers.1.mlp.up_proj.weight [96, 64]",
+    "model.layers.1.per_layer_input_gate.weight [8, 64]",
+    "model.layers.1.per_layer_projection.weight [64, 8]",
+    "model.layers.1.post_attention_layernorm.weight [64]",
+    "model.layers.1.post_feedforward_layernorm.weight [64]",
+    "model.layers.1.post_per_layer_input_norm.weight [64]",
+    "model.layers.1.pre_feedforward_layernorm.weight [64]",
+    "model.layers.1.self_attn.k_norm.weight [32]",
+    "model.layers.1.self_attn.k_proj.weight [32, 64]",
+    "model.layers.1.self_attn.o_proj.weight [64, 128]",
+    "model.layers.1.self_attn.q_norm.weight [32]",
+    "model.layers.1.self_attn.q_proj.weight [128, 64]",
+    "model.layers.2.input_layernorm.weight [64]",
+    "model.layers.2.mlp.down_proj.weight [64, 96]",
+    "model.layers.2.mlp.gate_proj.weight [96, 64]",
+    "model.layers.2.mlp.up_proj.weight [96, 64]",
+    "model.layers.2.per_layer_input_gate.weight [8, 64]",
+    "model.layers.2.per_layer_projection.weight [64, 8]",
+    "model.layers.2.post_attention_layernorm.weight [64]",
+    "model.layers.2.post_feedforward_layernorm.weight [64]",
+    "model.layers.2.post_per_layer_input_norm.weight [64]",
+    "model.layers.2.pre_feedforward_layernorm.weight [64]",
+    "model.layers.2.self_attn.k_norm.weight [16]",
+    "model.layers.2.self_attn.k_proj.weight [32, 64]",
+    "model.layers.2.self_attn.o_proj.weight [64, 64]",
+    "model.layers.2.self_attn.q_norm.weight [16]",
+    "model.layers.2.self_attn.q_proj.weight [64, 64]",
+    "model.layers.2.self_attn.v_proj.weight [32, 64]",
+    "model.layers.3.input_layernorm.weight [64]",
+    "model.layers.3.mlp.down_proj.weight [64, 96]",
+    "model.layers.3.mlp.gate_proj.weight [96, 64]",
+    "model.layers.3.mlp.up_proj.weight [96, 64]",
+    "model.layers.3.per_layer_input_gate.weight [8, 64]",
+    "model.layers.3.per_layer_projection.weight [64, 8]",
+    "model.layers.3.post_attention_layernorm.weight [64]",
+    "model.layers.3.post_feedforward_layernorm.weight [64]",
+    "model.layers.3.post_per_layer_input_norm.weight [64]",
+    "model.layers.3.pre_feedforward_layernorm.weight [64]",
+    "model.layers.3.self_attn.k_norm.weight [16]",
+    "model.layers.3.self_attn.k_proj.weight [32, 64]",
+    "model.layers.3.self_attn.o_proj.weight [64, 64]",
+    "model.layers.3.self_attn.q_norm.weight [16]",
+    "model.layers.3.self_attn.q_proj.weight [64, 64]",
+    "model.layers.3.self_attn.v_proj.weight [32, 64]",
+    "model.layers.4.input_layernorm.weight [64]",
+    "model.layers.4.mlp.down_proj.weight [64, 192]",
+    "model.layers.4.mlp.gate_proj.weight [192, 64]",
+    "model.layers.4.mlp.up_proj.weight [192, 64]",
+    "model.layers.4.per_layer_input_gate.weight [8, 64]",
+    "model.layers.4.per_layer_projection.weight [64, 8]",
+    "model.layers.4.post_attention_layernorm.weight [64]",
+    "model.layers.4.post_feedforward_layernorm.weight [64]",
+    "model.layers.4.post_per_layer_input_norm.weight [64]",
+    "model.layers.4.pre_feedforward_layernorm.weight [64]",
+    "model.layers.4.self_attn.o_proj.weight [64, 64]",
+    "model.layers.4.self_attn.q_norm.weight [16]",
+    "model.layers.4.self_attn.q_proj.weight [64, 64]",
+    "model.layers.5.input_layernorm.weight [64]",
+    "model.layers.5.mlp.down_proj.weight [64, 192]",
+    "model.layers.5.mlp.gate_proj.weight [192, 64]",
+    "model.layers.5.mlp.up_proj.weight [192, 64]",
+    "model.layers.5.per_layer_input_gate.weight [8, 64]",
+    "model.layers.5.per_layer_projection.weight [64, 8]",
+    "model.layers.5.post_attention_layernorm.weight [64]",
+    "model.layers.5.post_feedforward_layernorm.weight [64]",
+    "model.layers.5.post_per_layer_input_norm.weight [64]",
+    "model.layers.5.pre_feedforward_layernorm.weight [64]",
+    "model.layers.5.self_attn.o_proj.weight [64, 128]",
+    "model.layers.5.self_attn.q_norm.weight [32]",
+    "model.layers.5.self_attn.q_proj.weight [128, 64]",
+    "model.norm.weight [64]",
+    "model.per_layer_model_projection.weight [48, 64]",
+    "model.per_layer_projection_norm.weight [8]",
+};
+
+// Per-layer inputs are laid out as transformers saves them: the stored names and shapes of the
+// layout equal transformers' list exactly, and every parameter is counted once.
+TEST(Gemma4Layout, PerLayerInputsNamesAsTransformersSavesThem) {
+  const ModelSpec s = read_gemma4_spec(json::parse(kPleKvsharedConfig), "ple.json");
+  ASSERT_EQ(s.gemma4.ple_dim, 8);
+  const ModelLayout m = make_layout(s);
+  EXPECT_EQ(entries_numel(m), s.total_params());
+  std::vector<std::string> ours, theirs(std::begin(kPleKvsharedTensors), std::end(kPleKvsharedTensors));
+  for (const BlobLayout& b : m.blobs)
+    for (const StoredTensor& t : b.stored) {
+      std::string line = t.name + " [";
+      for (size_t i = 0; i < t.shape.size(); ++i) line += (i ? ", " : "") + std::to_string(t.shape[i]);
+      ours.push_back(line + "]");
+    }
+  std::sort(ours.begin(), ours.end());
+  std::sort(theirs.begin(), theirs.end());
+  EXPECT_EQ(ours, theirs);
+  // The model-level tensors follow the table in the embedding blob (PleEntry); the layer ones have views.
+  const BlobLayout& emb = m.embedding();
+  ASSERT_EQ(emb.entries.size(), 4u);
+  EXPECT_EQ(emb.entries[int(PleEntry::Table)].name, "model.embed_tokens_per_layer.weight");
+  EXPECT_EQ(emb.entries[int(PleEntry::Projection)].name, "model.per_layer_model_projection.weight");
+  EXPECT_EQ(emb.entries[int(PleEntry::Norm)].name, "model.per_layer_projection_norm.weight");
+  std::vector<float> blob(size_t(m.layer(4).numel));
+  const LayerParams v = layer_views(m.layer(4), blob.data(), DType::F32);
+  EXPECT_EQ(v[LayerParam::PleGate].rows(), 8);
+  EXPECT_EQ(v[LayerParam::PleGate].cols(), 64);
+  EXPECT_EQ(v[LayerParam::PleProj].rows(), 64);
+  EXPECT_EQ(v[LayerParam::PleNorm].numel(), 64);
 }
 
 // Central differences (step 1e-2) of forward() along v[i] for each i of idx against the analytic

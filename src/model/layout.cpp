@@ -100,8 +100,7 @@ void store_entries(BlobLayout& b) {
 void add_gemma4_layer(const ModelSpec& s, BlobLayout& b, const std::string& p, int l) {
   using P = LayerParam;
   const Gemma4Spec& g = s.gemma4;
-  if (g.ple_dim > 0 || g.moe_block)
-    input_error(s.source, "Gemma 4 per-layer input embeddings and MoE blocks have no parameter layout yet");
+  if (g.moe_block) input_error(s.source, "Gemma 4 MoE blocks (enable_moe_block) have no parameter layout yet");
   const int64_t H = s.hidden, d = g.head_dim[size_t(l)];
   const int64_t Q = checked_mul(int64_t(s.n_head), d, s.source, "q_proj rows");
   const int64_t KV = checked_mul(int64_t(g.kv_heads[size_t(l)]), d, s.source, "k_proj rows");
@@ -120,6 +119,20 @@ void add_gemma4_layer(const ModelSpec& s, BlobLayout& b, const std::string& p, i
   add(s, b, p + "mlp.gate_proj.weight", {I, H}, int(P::Wgate));
   add(s, b, p + "mlp.up_proj.weight", {I, H}, int(P::Wup));
   add(s, b, p + "mlp.down_proj.weight", {H, I}, int(P::Wdown));
+  if (g.ple_dim > 0) {  // transformers' order: after the MLP
+    add(s, b, p + "per_layer_input_gate.weight", {g.ple_dim, H}, int(P::PleGate));
+    add(s, b, p + "per_layer_projection.weight", {H, g.ple_dim}, int(P::PleProj));
+    add(s, b, p + "post_per_layer_input_norm.weight", {H}, int(P::PleNorm));
+  }
+}
+
+// Gemma 4's model-level per-layer input tensors, in the embedding blob after the table (PleEntry).
+void add_gemma4_ple_model(const ModelSpec& s, BlobLayout& emb) {
+  const Gemma4Spec& g = s.gemma4;
+  const int64_t width = checked_mul(int64_t(s.n_layer), g.ple_dim, s.source, "embed_tokens_per_layer columns");
+  add(s, emb, s.tensor_prefix + "embed_tokens_per_layer.weight", {g.ple_vocab, width});
+  add(s, emb, s.tensor_prefix + "per_layer_model_projection.weight", {width, s.hidden});
+  add(s, emb, s.tensor_prefix + "per_layer_projection_norm.weight", {g.ple_dim});
 }
 
 }  // namespace
@@ -153,6 +166,7 @@ ModelLayout make_layout(const ModelSpec& s) {
   BlobLayout emb;
   emb.kind = BlobKind::Embedding;
   add(s, emb, s.tensor_prefix + "embed_tokens.weight", {s.vocab, H});
+  if (s.arch == Arch::Gemma4 && s.gemma4.ple_dim > 0) add_gemma4_ple_model(s, emb);
   m.blobs.push_back(std::move(emb));
 
   for (int l = 0; l < s.n_layer; ++l) {

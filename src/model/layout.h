@@ -42,6 +42,11 @@ enum class LayerParam : int {
   ExpGate,
   ExpUp,
   ExpDown,
+  // Gemma 4's per-layer inputs (ple_dim P > 0): per_layer_input_gate [P, H], per_layer_projection
+  // [H, P], post_per_layer_input_norm [H] (docs/GEMMA4.md section 2).
+  PleGate,
+  PleProj,
+  PleNorm,
   Count
 };
 
@@ -80,6 +85,11 @@ struct BlobLayout {
   // Entry for a LayerParam, or nullptr when the architecture has no such tensor.
   const BlobEntry* entry(LayerParam p) const;  // nullptr when the layer lacks it
 };
+
+// Gemma 4's model-level per-layer input tensors live in the embedding blob after the token table
+// (entries[0]): embed_tokens_per_layer [V_pl, L*P], per_layer_model_projection [L*P, H],
+// per_layer_projection_norm [P], in this order (absent without per-layer inputs).
+enum class PleEntry : int { Table = 1, Projection = 2, Norm = 3 };
 
 // All blobs of a model, in slide order: embedding, layers 0..L-1, head (final norm [+ lm_head]).
 struct ModelLayout {
