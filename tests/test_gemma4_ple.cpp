@@ -1,0 +1,189 @@
+// Gemma 4's per-layer inputs (model/gemma4_ple.*) on the cpu device: the permutations, the model-
+// level forward against the formula of docs/GEMMA4.md section 2 computed here in double, and both
+// backwards against central differences for every input and parameter (sampled).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_device.h"
+#include "model/gemma4_ple.h"
+#include "model/layout.h"
+#include "model/spec.h"
+#include "model/spec_gemma4.h"
+#include "test_util.h"
+
+namespace sf {
+namespace {
+
+using nlohmann::json;
+
+// 3 layers (local, local, global), H 16, P 6, per-layer vocabulary 11 (not the main one's 13).
+ModelSpec tiny_ple_spec() {
+  const json c{{"model_type", "gemma4_text"},
+               {"vocab_size", 13},
+               {"hidden_size", 16},
+               {"intermediate_size", 24},
+               {"num_hidden_layers", 3},
+               {"num_attention_heads", 2},
+               {"num_key_value_heads", 1},
+               {"head_dim", 8},
+               {"global_head_dim", 8},
+               {"hidden_size_per_layer_input", 6},
+               {"vocab_size_per_layer_input", 11},
+               {"pad_token_id", 0},
+               {"sliding_window", 4},
+               {"layer_types", {"sliding_attention", "sliding_attention", "full_attention"}}};
+  return read_gemma4_spec(c, "ple.json");
+}
+
+// sum_i g_i * (central difference of f along v_i) against the analytic gradient: relative error.
+void expect_fd(std::vector<float>& v, const std::vector<float>& g, const std::function<double()>& f,
+               const std::string& what, size_t n = 24) {
+  const std::vector<size_t> idx = test::sample_indices(v.size(), n, v.size() + 7);
+  const std::vector<double> num = test::numeric_grad(v, idx, 1e-2, f);
+  EXPECT_LE(test::rel_err(test::gather(g, idx), num), 2e-3) << what;
+}
+
+TEST(Gemma4Ple, PermutationsAreInverse) {
+  const int64_t N = 5, L = 3;
+  std::vector<int32_t> order(N * L), inverse(N * L);
+  ple_fill_permutations(order.data(), inverse.data(), N, L);
+  for (int64_t r = 0; r < N * L; ++r) {
+    EXPECT_EQ(inverse[size_t(order[size_t(r)])], r);
+    EXPECT_EQ(order[size_t(r)], (r % N) * L + r / N);  // layer-major row l*N + n is token-major n*L + l
+  }
+}
+
+struct ModelFixture {
+  ModelSpec s = tiny_ple_spec();
+  int64_t N = 7, H = s.hidden, P = s.gemma4.ple_dim, L = s.n_layer, LP = L * P, V = s.gemma4.ple_vocab;
+  std::vector<int32_t> ids{3, 0, 10, 3, 5, 0, 9};  // the pad id 0 twice, 3 twice
+  std::vector<float> e = test::randn(size_t(N * H), 1), table = test::randn(size_t(V * LP), 2, 0.5f),
+                     proj = test::randn(size_t(LP * H), 3, 0.3f), norm = test::randn(size_t(P), 4, 0.3f, 1.f);
+  std::vector<float> tok = std::vector<float>(size_t(N * LP)), ctx = tok, rstd = std::vector<float>(size_t(N * L)),
+                     pad = std::vector<float>(size_t(LP)), pli = tok;
+  std::vector<int32_t> order = std::vector<int32_t>(size_t(N * L)), inverse = order;
+  PleModelBuffers b;
+  ModelFixture() {
+    ple_fill_permutations(order.data(), inverse.data(), N, L);
+    b = PleModelBuffers{test::view_of(tok, {N, LP}),      test::view_of(ctx, {N, LP}),
+                        test::view_of(rstd, {N * L}),     test::view_of(order, {N * L}),
+                        test::view_of(inverse, {N * L}),  test::view_of(pad, {LP})};
+  }
+};
+
+TEST(Gemma4Ple, InputsForwardIsTheFormulaLayerMajor) {
+  ModelFixture m;
+  auto dev = make_cpu_device();
+  auto st = dev->create_stream();
+  const PleProgram prog(m.s, dev->ops(), DType::F32);
+  prog.inputs_forward(test::view_of(m.pli, {m.L * m.N, m.P}), test::view_of(m.ids, {m.N}), test::view_of(m.e, {m.N, m.H}),
+                      test::view_of(m.table, {m.V, m.LP}), test::view_of(m.proj, {m.LP, m.H}), test::view_of(m.norm, {m.P}),
+                      m.b, *st);
+  dev->synchronize(*st);
+  double worst = 0;
+  for (int64_t n = 0; n < m.N; ++n)
+    for (int64_t l = 0; l < m.L; ++l) {
+      std::vector<double> c(size_t(m.P));
+      double ms = 0;
+      for (int64_t q = 0; q < m.P; ++q) {
+        double acc = 0;
+        for (int64_t h = 0; h < m.H; ++h) acc += double(m.e[size_t(n * m.H + h)]) * m.proj[size_t((l * m.P + q) * m.H + h)];
+        c[size_t(q)] = acc / std::sqrt(double(m.H));
+        ms += c[size_t(q)] * c[size_t(q)] / double(m.P);
+      }
+      for (int64_t q = 0; q < m.P; ++q) {
+        const double normed = c[size_t(q)] / std::sqrt(ms + m.s.rms_eps) * m.norm[size_t(q)];
+        const double tk = double(m.table[size_t(m.ids[size_t(n)] * m.LP + l * m.P + q)]) * std::sqrt(double(m.P));
+        const double want = (normed + tk) / std::sqrt(2.0);
+        worst = std::max(worst, std::abs(want - m.pli[size_t((l * m.N + n) * m.P + q)]));
+      }
+    }
+  EXPECT_LT(worst, 2e-5);
+}
+
+TEST(Gemma4Ple, InputsBackwardMatchesFiniteDifferences) {
+  ModelFixture m;
+  auto dev = make_cpu_device();
+  auto st = dev->create_stream();
+  const PleProgram prog(m.s, dev->ops(), DType::F32);
+  const std::vector<float> R = test::randn(m.pli.size(), 9);
+  auto forward = [&] {
+    prog.inputs_forward(test::view_of(m.pli, {m.L * m.N, m.P}), test::view_of(m.ids, {m.N}),
+                        test::view_of(m.e, {m.N, m.H}), test::view_of(m.table, {m.V, m.LP}),
+                        test::view_of(m.proj, {m.LP, m.H}), test::view_of(m.norm, {m.P}), m.b, *st);
+    dev->synchronize(*st);
+    return test::dot(m.pli, R);
+  };
+  forward();
+  std::vector<float> de(m.e.size(), 0.f), dtable(m.table.size(), 0.f), dproj(m.proj.size(), 0.f),
+      dnorm(m.norm.size(), 0.f), dpli = R;
+  for (int64_t c = 0; c < m.LP; ++c) dtable[size_t(c)] = 0.25f;  // the pad row (id 0) keeps what it held
+  prog.inputs_backward(test::view_of(de, {m.N, m.H}), test::view_of(dtable, {m.V, m.LP}),
+                       test::view_of(dproj, {m.LP, m.H}), test::view_of(dnorm, {m.P}),
+                       test::view_of(dpli, {m.L * m.N, m.P}), test::view_of(m.ids, {m.N}), test::view_of(m.e, {m.N, m.H}),
+                       test::view_of(m.proj, {m.LP, m.H}), test::view_of(m.norm, {m.P}), m.b, *st);
+  dev->synchronize(*st);
+  for (int64_t c = 0; c < m.LP; ++c) ASSERT_EQ(dtable[size_t(c)], 0.25f) << c;
+  expect_fd(m.e, de, forward, "de");
+  expect_fd(m.proj, dproj, forward, "dproj");
+  expect_fd(m.norm, dnorm, forward, "dnorm", m.norm.size());
+  // The table: rows 3 (twice), 5, 9 and 10 (the pad row has no lookup gradient; the rest none at all).
+  std::vector<size_t> idx;
+  for (int32_t id : {3, 5, 9, 10})
+    for (size_t c : test::sample_indices(size_t(m.LP), 5, size_t(id))) idx.push_back(size_t(id * m.LP) + c);
+  const std::vector<double> num = test::numeric_grad(m.table, idx, 1e-2, forward);
+  EXPECT_LE(test::rel_err(test::gather(dtable, idx), num), 2e-3) << "dtable";
+  for (int64_t r = 1; r < m.V; ++r) {
+    const bool used = r == 3 || r == 5 || r == 9 || r == 10;
+    double sum = 0;
+    for (int64_t c = 0; c < m.LP; ++c) sum += std::abs(dtable[size_t(r * m.LP + c)]);
+    EXPECT_EQ(sum > 0, used) << "row " << r;
+  }
+}
+
+TEST(Gemma4Ple, LayerBackwardMatchesFiniteDifferences) {
+  const ModelSpec s = tiny_ple_spec();
+  const ModelLayout lay = make_layout(s);
+  const BlobLayout& blob = lay.layer(2);
+  ASSERT_NE(blob.entry(LayerParam::PleGate), nullptr);
+  auto dev = make_cpu_device();
+  auto st = dev->create_stream();
+  const PleProgram prog(s, dev->ops(), DType::F32);
+  const int64_t N = 9, H = s.hidden, P = s.gemma4.ple_dim;
+  std::vector<float> params = test::randn(size_t(blob.numel), 11, 0.4f), grads(size_t(blob.numel), 0.f);
+  const BlobEntry& nw = *blob.entry(LayerParam::PleNorm);
+  for (int64_t i = 0; i < nw.numel; ++i) params[size_t(nw.offset + i)] += 1.f;  // norm weights around 1
+  std::vector<float> x = test::randn(size_t(N * H), 12), pli = test::randn(size_t(N * P), 13), y(x.size());
+  std::vector<float> y_in(x.size()), gate(size_t(N * P)), act(gate.size()), u(x.size()), rstd(static_cast<size_t>(N)), du(x.size()),
+      dgate(gate.size());
+  const PleLayerBuffers b{test::view_of(y_in, {N, H}), test::view_of(gate, {N, P}), test::view_of(act, {N, P}),
+                          test::view_of(u, {N, H}),    test::view_of(rstd, {N}),    test::view_of(du, {N, H}),
+                          test::view_of(dgate, {N, P})};
+  const std::vector<float> R = test::randn(x.size(), 14);
+  auto forward = [&] {
+    y = x;
+    prog.layer_forward(layer_views(blob, params.data(), DType::F32), test::view_of(y, {N, H}),
+                       test::view_of(pli, {N, P}), b, *st);
+    dev->synchronize(*st);
+    return test::dot(y, R);
+  };
+  forward();
+  std::vector<float> dy = R, dpli(pli.size(), 9.f);
+  prog.layer_backward(layer_views(blob, params.data(), DType::F32), layer_views(blob, grads.data(), DType::F32),
+                      test::view_of(dy, {N, H}), test::view_of(dpli, {N, P}), test::view_of(pli, {N, P}), b, *st);
+  dev->synchronize(*st);
+  expect_fd(x, dy, forward, "dy");
+  expect_fd(pli, dpli, forward, "dpli");
+  for (LayerParam k : {LayerParam::PleGate, LayerParam::PleProj, LayerParam::PleNorm}) {
+    const BlobEntry& e = *blob.entry(k);
+    std::vector<size_t> idx;
+    for (size_t i : test::sample_indices(size_t(e.numel), 16, uint64_t(e.offset))) idx.push_back(size_t(e.offset) + i);
+    const std::vector<double> num = test::numeric_grad(params, idx, 1e-2, forward);
+    EXPECT_LE(test::rel_err(test::gather(grads, idx), num), 2e-3) << e.name;
+  }
+}
+
+}  // namespace
+}  // namespace sf
