@@ -1,6 +1,7 @@
 // Gemma 4's per-layer inputs (model/gemma4_ple.*) on the cpu device: the permutations, the model-
 // level forward against the formula of docs/GEMMA4.md section 2 computed here in double, and both
-// backwards against central differences for every input and parameter (sampled).
+// backwards against central differences for every input and parameter (sampled), alone and inside
+// the Gemma 4 layer program (with layer_scalar and the recompute).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,8 +10,10 @@
 #include "backend/cpu/cpu_device.h"
 #include "model/gemma4_ple.h"
 #include "model/layout.h"
+#include "model/program.h"
 #include "model/spec.h"
 #include "model/spec_gemma4.h"
+#include "rope_fixture.h"
 #include "test_util.h"
 
 namespace sf {
@@ -184,6 +187,85 @@ TEST(Gemma4Ple, LayerBackwardMatchesFiniteDifferences) {
     EXPECT_LE(test::rel_err(test::gather(grads, idx), num), 2e-3) << e.name;
   }
 }
+
+// The whole Gemma 4 decoder layer with its per-layer input (program_gemma4.cpp), local and global,
+// layer_scalar 0.8: L = <y, R> against central differences for x, pli_l and every parameter
+// (sampled); the recompute gives the same gradients bit for bit.
+class Gemma4PleLayerGrad : public ::testing::TestWithParam<int> {};
+TEST_P(Gemma4PleLayerGrad, ProgramLayerMatchesFiniteDifferences) {
+  ModelSpec s = tiny_ple_spec();
+  const int l = GetParam();
+  s.gemma4.layer_scalar[size_t(l)] = 0.8f;
+  const ModelLayout lay = make_layout(s);
+  const BlobLayout& blob = lay.layer(l);
+  auto dev = make_cpu_device();
+  auto st = dev->create_stream();
+  const int B = 2, T = 5;
+  const int64_t N = B * T, H = s.hidden, P = s.gemma4.ple_dim;
+  Workspace ws(*dev, s, B, T, DType::F32);
+  const Program prog(s, dev->ops(), DType::F32);
+  std::vector<float> params = test::randn(size_t(blob.numel), 21 + uint64_t(l), 0.3f), grads(size_t(blob.numel), 0.f);
+  for (const BlobEntry& e : blob.entries)  // norms around 1
+    if (e.name.find("norm") != std::string::npos)
+      for (int64_t i = 0; i < e.numel; ++i) params[size_t(e.offset + i)] += 1.f;
+  const test::HostRope host_rope(s, T);
+  std::vector<float> x = test::randn(size_t(N * H), 22), pli = test::randn(size_t(N * P), 23), y(x.size()),
+                     dx(x.size()), dpli(pli.size(), 5.f);
+  const std::vector<float> R = test::randn(x.size(), 24);
+  const BatchDims d{B, T, {}};
+  LayerBuffers w = ws.layer(d);
+  w.pli_l = test::view_of(pli, {N, P});
+  w.dpli_l = test::view_of(dpli, {N, P});
+  auto forward = [&] {
+    prog.layer_forward(layer_views(blob, params.data(), DType::F32), test::view_of(x, {N, H}), test::view_of(y, {N, H}),
+                       w, d, host_rope.views, *st);
+    dev->synchronize(*st);
+    return test::dot(y, R);
+  };
+  // Without per-layer inputs' effect (zero gate weights: gelu(0) = 0, the block adds norm(0) = 0)
+  // the layer is the plain one: the block really is inside the layer's output otherwise.
+  forward();
+  const std::vector<float> y_ple = y;
+  std::vector<float> zero_gate = params;
+  const BlobEntry& ge = *blob.entry(LayerParam::PleGate);
+  std::fill(zero_gate.begin() + ge.offset, zero_gate.begin() + ge.offset + ge.numel, 0.f);
+  prog.layer_forward(layer_views(blob, zero_gate.data(), DType::F32), test::view_of(x, {N, H}),
+                     test::view_of(y, {N, H}), w, d, host_rope.views, *st);
+  dev->synchronize(*st);
+  EXPECT_GT(test::max_abs_diff(y, y_ple), 1e-3);
+  forward();
+  std::vector<float> dy = R;
+  prog.layer_backward(layer_views(blob, params.data(), DType::F32), layer_views(blob, grads.data(), DType::F32),
+                      test::view_of(x, {N, H}), test::view_of(dy, {N, H}), test::view_of(dx, {N, H}), w, d,
+                      host_rope.views, *st);
+  dev->synchronize(*st);
+  {  // the recompute (into the same buffers, first spoiled) and a second backward: the same bits
+    std::vector<float> g2(grads.size(), 0.f), dx2(dx.size()), dpli2(dpli.size()), scratch(x.size());
+    std::fill(static_cast<float*>(w.ple.gate.data), static_cast<float*>(w.ple.gate.data) + N * P, 7.f);
+    LayerBuffers w2 = w;
+    w2.dpli_l = test::view_of(dpli2, {N, P});
+    prog.layer_recompute(layer_views(blob, params.data(), DType::F32), test::view_of(x, {N, H}),
+                         test::view_of(scratch, {N, H}), w2, d, host_rope.views, *st);
+    std::vector<float> dy2 = R;
+    prog.layer_backward(layer_views(blob, params.data(), DType::F32), layer_views(blob, g2.data(), DType::F32),
+                        test::view_of(x, {N, H}), test::view_of(dy2, {N, H}), test::view_of(dx2, {N, H}), w2, d,
+                        host_rope.views, *st);
+    dev->synchronize(*st);
+    EXPECT_EQ(g2, grads);
+    EXPECT_EQ(dx2, dx);
+    EXPECT_EQ(dpli2, dpli);
+  }
+  expect_fd(x, dx, forward, "dx", 30);
+  expect_fd(pli, dpli, forward, "dpli", 30);
+  for (const BlobEntry& e : blob.entries) {
+    std::vector<size_t> idx;
+    for (size_t i : test::sample_indices(size_t(e.numel), 8, uint64_t(e.offset))) idx.push_back(size_t(e.offset) + i);
+    const std::vector<double> num = test::numeric_grad(params, idx, 1e-2, forward);
+    EXPECT_LE(test::rel_err(test::gather(grads, idx), num), 5e-3) << e.name;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Layers, Gemma4PleLayerGrad, ::testing::Values(1, 2),
+                         [](const auto& info) { return info.param == 2 ? "global" : "local"; });
 
 }  // namespace
 }  // namespace sf

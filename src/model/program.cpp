@@ -104,6 +104,14 @@ void carve_forward(Carver& c, const ModelSpec& s, DType a, int B, int T, LayerBu
     w.v_raw = c.take(a, {N, KV});
     w.v_rstd = c.take(DType::F32, {N * m.kv_heads});
     w.v_zero = c.take(a, {m.head_dim});
+    if (s.gemma4.ple_dim > 0) {
+      const int64_t P = s.gemma4.ple_dim;
+      w.ple.y_in = c.take(a, {N, H});
+      w.ple.gate = c.take(a, {N, P});
+      w.ple.act = c.take(a, {N, P});
+      w.ple.u = c.take(a, {N, H});
+      w.ple.rstd = c.take(DType::F32, {N});
+    }
   }
 }
 
@@ -112,6 +120,10 @@ void carve_scratch(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t 
   const Widths m = max_widths(s);
   const int64_t N = int64_t(B) * T, H = s.hidden, Q = m.q, KV = m.kv, I = m.intermediate;
   if (s.arch == Arch::Gemma4) w.dv_raw = c.take(a, {N, KV});
+  if (s.arch == Arch::Gemma4 && s.gemma4.ple_dim > 0) {
+    w.ple.du = c.take(a, {N, H});
+    w.ple.dgate = c.take(a, {N, s.gemma4.ple_dim});
+  }
   if (s.qk_norm) {
     w.dq_raw = c.take(a, {N, Q});
     w.dk_raw = c.take(a, {N, KV});

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "backend/device.h"
+#include "model/gemma4_ple.h"
 #include "model/layout.h"
 #include "model/spec.h"
 
@@ -76,6 +77,11 @@ struct LayerBuffers {
   Tensor ys;                     // [S, H]    expert outputs (reused as d(xs))
   Tensor dys;                    // [S, H]
   Tensor degate, deup;           // [S, Ie]
+  // Gemma 4 per-layer inputs (Gemma4Spec::ple_dim P > 0): the layer's slice of the model-level
+  // inputs and of their gradient, set by the caller (rows [l*N, (l+1)*N) of PleProgram's
+  // layer-major [L*N, P] tensors; the backward overwrites dpli_l), and the block's own buffers.
+  Tensor pli_l, dpli_l;  // [N, P]
+  PleLayerBuffers ple;
 };
 
 // Selective recompute: what a layer keeps of its forward for its backward besides its input. With

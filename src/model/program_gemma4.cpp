@@ -141,6 +141,10 @@ void Program::gemma4_layer_forward(const LayerParams& p, Tensor x, Tensor y, con
   if (y.empty()) return;
   norm_forward(y, w.rstd_mo, w.mlp_o, p[P::FfnOutNorm], st);
   ops_.add(y, y, w.x2, st);  // residual
+  if (s_.gemma4.ple_dim > 0) {  // the per-layer input, before the layer's scale
+    SF_CHECK(!w.pli_l.empty(), "Gemma 4 layer with per-layer inputs: LayerBuffers::pli_l not set");
+    PleProgram(s_, ops_, act_).layer_forward(p, y, w.pli_l, w.ple, st);
+  }
   const float c = s_.gemma4.layer_scalar[size_t(p.layer)];
   if (c != 1.f) ops_.scale(y, c, st);  // hidden_states *= layer_scalar
 }
@@ -157,6 +161,10 @@ void Program::gemma4_layer_backward(const LayerParams& p, const LayerParams& g, 
   ops_.cast(dx, dy, st);
   const float c = s_.gemma4.layer_scalar[size_t(p.layer)];
   if (c != 1.f) ops_.scale(dx, c, st);
+  if (s_.gemma4.ple_dim > 0) {  // dx: d(the per-layer input block's output) -> d(its input)
+    SF_CHECK(!w.dpli_l.empty(), "Gemma 4 layer with per-layer inputs: LayerBuffers::dpli_l not set");
+    PleProgram(s_, ops_, act_).layer_backward(p, g, dx, w.dpli_l, w.pli_l, w.ple, st);
+  }
   const Tensor dmo = w.dh;
   norm_backward(dmo, g[P::FfnOutNorm], dx, w.mlp_o, p[P::FfnOutNorm], w.rstd_mo, false, st);
   const Tensor act = as(w.act, N, I), dgate = as(w.dgate, N, I), dup = as(w.dup, N, I);
