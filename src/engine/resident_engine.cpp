@@ -12,6 +12,7 @@
 #include "engine/device_rope.h"
 #include "engine/kept_activations.h"
 #include "engine/kv_share_store.h"
+#include "engine/ple_store.h"
 #include "engine/moe_stats.h"
 #include "engine/state_copy.h"
 #include "engine/token_uploader.h"
@@ -54,6 +55,7 @@ struct ResidentEngine::Impl {
   // Selective recompute (EngineOptions::whole_layers, kept_layers): one micro-batch's at a time.
   KeptActivations kept;
   KvShareStore kv_share;  // Gemma 4 K/V sharing: one micro-batch's at a time
+  PleStore ple;           // Gemma 4 per-layer inputs: one micro-batch's at a time
   // [max_micro, N, H] act (training with several micro-batches): each micro-batch's gradient at the
   // embedding output, kept so that every embedding backward of a step runs after every head's —
   // the order in which the sliding engine's layer-major micro-batches add into a tied embedding.
@@ -132,6 +134,7 @@ MemoryItems ResidentEngine::buffers(const ModelSpec& spec, const EngineOptions& 
   m.push_back({"backward activations (dy, dx, recompute)", stride * 3, Place::Device, "dbuf"});
   append(m, KeptActivations::buffers(spec, opt, be.act, 1));
   append(m, KvShareStore::buffers(spec, opt, be.act, 1));
+  append(m, PleStore::buffers(spec, opt, be.act, 1));
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", be.workspace, Place::Device, "workspace"});
   append(m, TokenUploader::buffers({maxN, 2 * micro}));
   if (opt.training && micro > 1)
@@ -174,6 +177,7 @@ ResidentEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay
   dbuf = src.buffer("dbuf");
   kept = KeptActivations(src, spec, opt, act, 1);
   kv_share = KvShareStore(src, spec, opt, act, 1);
+  ple = PleStore(src, spec, opt, act, 1);
   const int micro = std::max(opt.max_micro, 1);
   const TokenUploaderOptions to{maxN, 2 * micro};
   tokens = std::make_unique<TokenUploader>(dev, to);
@@ -320,11 +324,13 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   // activations of the layers kept whole and the attention outputs of the kept layers (selective
   // recompute).
   m.program.embed_forward(m.ckpt_at(0, N), ids, emb_table, st);
+  m.ple.forward(0, ids, m.ckpt_at(0, N), layout_.embedding(), m.at(pbuf, 0, act), backward, dev_, st);
   d.moe_collect = true;  // the router statistics of this forward (not of the recompute below)
   for (int l = 0; l < L; ++l) {
     LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
     const KeptActs kept = backward ? m.kept.attention(l, 0, d) : KeptActs{};
-    const LayerBuffers w = m.kv_share.bind(backward ? m.kept.layer(*m.ws, l, 0, d) : m.ws->layer(d), l, 0, d);
+    const LayerBuffers w =
+        m.ple.bind(m.kv_share.bind(backward ? m.kept.layer(*m.ws, l, 0, d) : m.ws->layer(d), l, 0, d), l, 0, d);
     m.program.layer_forward(p, m.ckpt_at(l, N), m.ckpt_at(l + 1, N), w, d, m.rope, st, kept);
   }
   d.moe_collect = false;
@@ -362,12 +368,14 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   for (int l = L - 1; l >= 0; --l) {
     LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
     LayerParams g = layer_views(layout_.layer(l), m.at(m.grads, 1 + l, DType::F32), DType::F32);
-    const LayerBuffers w = m.kv_share.bind(m.kept.layer(*m.ws, l, 0, d), l, 0, d);
+    const LayerBuffers w = m.ple.bind(m.kv_share.bind(m.kept.layer(*m.ws, l, 0, d), l, 0, d), l, 0, d);
     const KeptActs kept = m.kept.attention(l, 0, d);
     if (!m.kept.whole(l)) m.program.layer_recompute(p, m.ckpt_at(l, N), scratch, w, d, m.rope, st, kept);
     m.program.layer_backward(p, g, m.ckpt_at(l, N), dy, dx, w, d, m.rope, st, kept);
     std::swap(dy, dx);
   }
+  // The per-layer inputs' gradient into dy, before the embedding's backward (deferred or not).
+  m.ple.backward(0, ids, dy, layout_.embedding(), m.at(m.grads, 0, DType::F32), dev_, st);
   if (m.defer) {  // step(): the embedding backward after every micro-batch's head
     const size_t k = m.deferred.size();
     SF_CHECK(k < size_t(std::max(opt_.max_micro, 1)), "more micro-batches than the engine was built for");

@@ -16,6 +16,7 @@
 #include "engine/host_optimizer.h"
 #include "engine/kept_activations.h"
 #include "engine/kv_share_store.h"
+#include "engine/ple_store.h"
 #include "engine/moe_stats.h"
 #include "engine/slot_cache.h"
 #include "engine/state_copy.h"
@@ -248,6 +249,7 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& 
   // Selective recompute: the kept layers' activations of every micro-batch, from its forward to its backward.
   append(m, KeptActivations::buffers(spec, o.base, act, z.K));
   append(m, KvShareStore::buffers(spec, o.base, act, z.K));
+  append(m, PleStore::buffers(spec, o.base, act, z.K));
   m.push_back({"workspace (one layer's recompute + backward; chunked head)", be.workspace, Place::Device, "workspace"});
   append(m, TokenUploader::buffers(po.tokens));
   append(m, DeviceRope::buffers(spec, o.base.max_seq));
@@ -302,6 +304,7 @@ struct SlidingEngine::Impl {
   // (or attention outputs) of each micro-batch stay on the GPU from the forward to the backward.
   KeptActivations kept;
   KvShareStore kv_share;  // Gemma 4 K/V sharing: every micro-batch's, from its forward to its backward
+  PleStore ple;           // Gemma 4 per-layer inputs: every micro-batch's, from its forward to its backward
 
   DeviceBuffer scalars;    // engine_scalar_bytes: loss sum, per-blob squared norms
   DeviceBuffer moe_stats;  // [K][2, E] F32 router statistics per micro-batch (engine/moe_stats.h)
@@ -420,6 +423,7 @@ struct SlidingEngine::Impl {
     int spare = 0;
     std::vector<GradientPath::Grad> grad;  // [blobs]
     int k = 0;  // the k-th checkpoint fetch (layer l, micro-batch j in this order) is queued while k-1 is in use
+    bool backward = false;  // a training pass (the per-layer inputs keep what their backward reads)
     int K() const { return int(dims.size()); }
     int64_t N(int j) const { return dims[size_t(j)].N(); }
   };
@@ -563,6 +567,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   scratch = src.buffer("scratch");
   kept = KeptActivations(src, spec, o.base, act, K);
   kv_share = KvShareStore(src, spec, o.base, act, K);
+  ple = PleStore(src, spec, o.base, act, K);
   scalars = src.buffer("scalars");
   moe_stats = src.buffer_if("moe.stats");
   host_scalars.assign(size_t(2 + nb), 0.f);
@@ -691,6 +696,7 @@ SlidingEngine::Impl::Pass SlidingEngine::Impl::begin_pass(const std::vector<Batc
     bind_moe_stats(ps.dims.back(), spec, moe_stats, int(ps.dims.size()) - 1, K, dev.ops(), *compute);
   }
   ps.cur.assign(size_t(K), 0);
+  ps.backward = backward;
   ps.spare = K;
   ps.grad.resize(size_t(nb));
   return ps;
@@ -704,6 +710,7 @@ void SlidingEngine::Impl::embed_forward(Pass& ps, const ScheduleOp& op) {
     ps.cur[size_t(j)] = j;
     dev.wait(c, *act_free[size_t(j)]);
     program.embed_forward(act_at(acts, j, ps.N(j)), ps.tok[size_t(j)].ids, entry(p, 0, 0), c);
+    ple.forward(j, ps.tok[size_t(j)].ids, act_at(acts, j, ps.N(j)), layout.embedding(), p.data, ps.backward, dev, c);
   }
   release(p);
   mark(c, "compute", "forward", 0);
@@ -723,7 +730,7 @@ void SlidingEngine::Impl::forward_layer(Pass& ps, const ScheduleOp& op, bool bac
     d.moe_collect = true;  // the router statistics of this forward (not of the backward's recompute)
     Tensor y = out_buf(ps, j);
     // With the backward to come, a kept layer writes what its backward reads into its own buffers.
-    const LayerBuffers w = kv_share.bind(backward ? kept.layer(*ws, l, j, d) : ws->layer(d), l, j, d);
+    const LayerBuffers w = ple.bind(kv_share.bind(backward ? kept.layer(*ws, l, j, d) : ws->layer(d), l, j, d), l, j, d);
     program.layer_forward(layer_params(p, blob), act_at(acts, in, ps.N(j)), y, w, d, rope->tables, c,
                           backward ? kept.attention(l, j, d) : KeptActs{});
     if (backward) {  // the layer's input is micro-batch j's checkpoint of layer l
@@ -812,7 +819,7 @@ void SlidingEngine::Impl::backward_layer(Pass& ps, const ScheduleOp& op) {
     const BatchDims& d = ps.dims[size_t(j)];
     const Tensor x(ckpts->use(k, c), act, {ps.N(j), spec.hidden});
     // Selective recompute: a layer kept whole is not recomputed, one with its attention kept skips attention.
-    const LayerBuffers w = kv_share.bind(kept.layer(*ws, l, j, d), l, j, d);
+    const LayerBuffers w = ple.bind(kv_share.bind(kept.layer(*ws, l, j, d), l, j, d), l, j, d);
     const KeptActs ka = kept.attention(l, j, d);
     if (!kept.whole(l))
       program.layer_recompute(layer_params(p, blob), x, act_at(scratch, 0, ps.N(j)), w, d, rope->tables, c, ka);
@@ -829,9 +836,13 @@ void SlidingEngine::Impl::backward_layer(Pass& ps, const ScheduleOp& op) {
 // The embedding's gradient of every micro-batch (after the tied head's part).
 void SlidingEngine::Impl::embedding_backward(Pass& ps) {
   const Tensor g_table = entry_view(layout.embedding().entries[0], ps.grad[0].g.data, DType::F32);
-  for (int j = 0; j < ps.K(); ++j)
+  for (int j = 0; j < ps.K(); ++j) {
+    // The per-layer inputs' gradient into d(e) first, as the resident engine does.
+    ple.backward(j, ps.tok[size_t(j)].ids, act_at(acts, ps.cur[size_t(j)], ps.N(j)), layout.embedding(),
+                 ps.grad[0].g.data, dev, *compute);
     program.embed_backward(g_table, act_at(acts, ps.cur[size_t(j)], ps.N(j)), ps.tok[size_t(j)].ids,
                            Tensor(scratch.data(), DType::F32, {int64_t(scratch.size() / 4)}), *compute);
+  }
   for (const auto& t : ps.tok) tokens->done(t.slot, *compute);
   mark(*compute, "compute", "backward", 0);
 }
