@@ -10,7 +10,7 @@ namespace sf::test {
 // llama: GQA, untied, attention_bias, llama3 rope scaling; mistral: MHA, tied;
 // qwen2: q/k/v biases, GQA; qwen3: q/k-norm, head_dim != hidden/heads, v5 rope_parameters;
 // gemma3: local/global layers, window 4, (1 + w) norms, GeGLU, embedding scale.
-// mixture of experts: qwen3_moe, mixtral, olmoe (see each).
+// mixture of experts: qwen3_moe, mixtral, olmoe (see each); gemma4_ple: Gemma 4 with per-layer inputs.
 inline nlohmann::json tiny_config(const std::string& family) {
   nlohmann::json c = {{"vocab_size", 37},         {"hidden_size", 32},        {"intermediate_size", 48},
                       {"num_hidden_layers", 2},   {"num_attention_heads", 4}, {"num_key_value_heads", 2},
@@ -63,6 +63,19 @@ inline nlohmann::json tiny_config(const std::string& family) {
     c["final_logit_softcapping"] = nullptr;
     c["attn_logit_softcapping"] = nullptr;
     c["tie_word_embeddings"] = true;
+  } else if (family == "gemma4_ple") {  // per-layer inputs, K/V shared by the last two layers (not in families())
+    c = {{"architectures", {"Gemma4ForCausalLM"}}, {"model_type", "gemma4_text"}, {"vocab_size", 37},
+         {"hidden_size", 32}, {"intermediate_size", 24}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
+         {"num_key_value_heads", 2}, {"num_global_key_value_heads", 1}, {"head_dim", 8}, {"global_head_dim", 16},
+         {"attention_k_eq_v", true}, {"hidden_size_per_layer_input", 4}, {"vocab_size_per_layer_input", 37},
+         {"num_kv_shared_layers", 2}, {"use_double_wide_mlp", true}, {"final_logit_softcapping", 5.0},
+         {"sliding_window", 4},
+         {"layer_types", {"sliding_attention", "full_attention", "sliding_attention", "full_attention"}},
+         {"rope_parameters",
+          {{"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1e6}}},
+           {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}}},
+         {"max_position_embeddings", 64}, {"rms_norm_eps", 1e-6}, {"initializer_range", 0.2},
+         {"tie_word_embeddings", true}, {"pad_token_id", 0}, {"torch_dtype", "float32"}};
   } else if (family == "qwen3_moe") {  // per-head q/k-norm, renormalised top-k, a dense layer, aux loss
     c["architectures"] = {"Qwen3MoeForCausalLM"};
     c["model_type"] = "qwen3_moe";

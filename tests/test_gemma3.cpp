@@ -111,15 +111,21 @@ TEST(Gemma3Spec, RefusesWhatIsNotSupported) {
   expect_refused(mm, "text_config");
 }
 
-// Gemma 4 (transformers >= 5.5) is recognised and refused with what is missing, by architecture
-// or model_type alone.
+// Gemma 4 (transformers >= 5.5) is recognised by architecture or model_type alone: its defaults
+// (per-layer inputs of width 256, dense) are accepted; the MoE block is refused saying why.
 TEST(Gemma3Spec, Gemma4IsRefusedSayingWhy) {
-  for (const json& c : {json{{"architectures", {"Gemma4ForConditionalGeneration"}}, {"model_type", "gemma4"}},
-                        json{{"architectures", {"Gemma4ForCausalLM"}}, {"model_type", "gemma4_text"}},
-                        json{{"model_type", "gemma4_text"}}}) {
+  for (json c : {json{{"architectures", {"Gemma4ForConditionalGeneration"}}, {"model_type", "gemma4"}},
+                 json{{"architectures", {"Gemma4ForCausalLM"}}, {"model_type", "gemma4_text"}},
+                 json{{"model_type", "gemma4_text"}}}) {
     SCOPED_TRACE(c.dump());
+    EXPECT_EQ(parse_model_spec(c, "cfg.json").gemma4.ple_dim, 256);
+    json& t = c["model_type"] == "gemma4" ? (c["text_config"] = json::object()) : c;
+    t["enable_moe_block"] = true;
+    t["num_experts"] = 4;
+    t["top_k_experts"] = 2;
+    t["moe_intermediate_size"] = 8;
     test::expect_input_error([&] { parse_model_spec(c, "cfg.json"); },
-                             {"cfg.json", "Gemma 4", "not supported yet", "per-layer input embeddings"});
+                             {"cfg.json", "Gemma 4", "not supported yet", "enable_moe_block"});
   }
 }
 

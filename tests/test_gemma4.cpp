@@ -188,21 +188,24 @@ TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
   test::expect_input_error([&] { parse_model_spec(config_26b_a4b(), "g4.json"); },
                            {"g4.json", "Gemma 4", "not supported yet", "docs/GEMMA4.md",
                             "the MoE block of 128 experts, top 8 (enable_moe_block)"});
-  // The published E-models' per-layer input embeddings and shared K/V.
+  // The published E-models' per-layer input embeddings, shared K/V and double-wide MLPs: accepted.
   json e = config_tiny();
   e["hidden_size_per_layer_input"] = 8;
   e["num_kv_shared_layers"] = 2;
   e["use_double_wide_mlp"] = true;
   e["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
                       "sliding_attention", "sliding_attention", "full_attention"};
-  const std::string msg = test::expect_input_error([&] { parse_model_spec(e, "g4.json"); },
-                                                   {"per-layer input embeddings of width 8 (hidden_size_per_layer_input"});
-  EXPECT_EQ(msg.find("num_kv_shared_layers"), std::string::npos) << msg;  // K/V sharing trains
-  // Without the per-layer inputs: shared K/V and double-wide MLPs are accepted.
-  e["hidden_size_per_layer_input"] = 0;
   const ModelSpec shared = parse_model_spec(e, "g4.json");
+  EXPECT_EQ(shared.gemma4.ple_dim, 8);
   EXPECT_EQ(shared.gemma4.n_kv_shared, 2);
   EXPECT_EQ(shared.gemma4.mlp_intermediate(5, shared.intermediate), 2 * shared.intermediate);
+  // With the MoE block too: only the MoE block is named.
+  e["enable_moe_block"] = true;
+  e["num_experts"] = 4;
+  e["top_k_experts"] = 2;
+  e["moe_intermediate_size"] = 8;
+  const std::string msg = test::expect_input_error([&] { parse_model_spec(e, "g4.json"); }, {"(enable_moe_block)"});
+  EXPECT_EQ(msg.find("hidden_size_per_layer_input"), std::string::npos) << msg;
 }
 
 // Gemma4Config with a text_config: the language model's names under model.language_model.; the

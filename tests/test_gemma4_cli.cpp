@@ -70,10 +70,18 @@ json tiny_dense_config() {
 // head dim and KV heads, no v_proj where k = v, a [1] layer_scalar; tied head: no lm_head. With
 // num_kv_shared_layers = `shared`: the last layers have no k_proj, v_proj, k_norm, and with
 // use_double_wide_mlp an MLP twice as wide.
-std::map<std::string, std::vector<int64_t>> transformers_tensors(int shared = 0, bool double_wide = false) {
+// With per-layer inputs of width `ple` (vocab_size_per_layer_input 64): the model's table,
+// projection and norm, each layer's gate, projection and norm.
+std::map<std::string, std::vector<int64_t>> transformers_tensors(int shared = 0, bool double_wide = false,
+                                                                  int64_t ple = 0) {
   std::map<std::string, std::vector<int64_t>> t;
   t["model.embed_tokens.weight"] = {64, 32};
   t["model.norm.weight"] = {32};
+  if (ple > 0) {
+    t["model.embed_tokens_per_layer.weight"] = {64, kLayers * ple};
+    t["model.per_layer_model_projection.weight"] = {kLayers * ple, 32};
+    t["model.per_layer_projection_norm.weight"] = {ple};
+  }
   for (int l = 0; l < kLayers; ++l) {
     const bool global = l % 2 == 1;
     const int64_t d = global ? 16 : 8, kv = global ? 1 : 2;
@@ -93,6 +101,11 @@ std::map<std::string, std::vector<int64_t>> transformers_tensors(int shared = 0,
     t[p + "mlp.up_proj.weight"] = {I, 32};
     t[p + "mlp.down_proj.weight"] = {32, I};
     t[p + "layer_scalar"] = {1};
+    if (ple > 0) {
+      t[p + "per_layer_input_gate.weight"] = {ple, 32};
+      t[p + "per_layer_projection.weight"] = {32, ple};
+      t[p + "post_per_layer_input_norm.weight"] = {32};
+    }
   }
   return t;
 }
@@ -113,7 +126,8 @@ class Gemma4Cli : public test::BinaryTest {
     std::vector<std::vector<uint16_t>> store;  // moved into place: each data() stays where it was
     std::vector<TensorWrite> tw;
     const int shared = cfg.value("num_kv_shared_layers", 0);
-    for (const auto& [tensor, shape] : transformers_tensors(shared, cfg.value("use_double_wide_mlp", false))) {
+    for (const auto& [tensor, shape] : transformers_tensors(shared, cfg.value("use_double_wide_mlp", false),
+                                                            cfg.value("hidden_size_per_layer_input", int64_t(0)))) {
       int64_t n = 1;
       for (int64_t x : shape) n *= x;
       std::vector<uint16_t> v(static_cast<size_t>(n));
@@ -358,14 +372,56 @@ TEST_F(Gemma4Cli, SharedKvModelTrainsOnBothEngines) {
   }
 }
 
-// Per-layer inputs and the MoE block are refused at load, exit 2, naming the key.
+// Per-layer input embeddings (the E-models' hidden_size_per_layer_input, here with shared K/V and
+// double-wide MLPs as in E2B / E4B): both engines train to the same bytes with two micro-batches a
+// step (the sliding engine keeps every micro-batch's inputs from its forward to its backward); every
+// tensor is saved with transformers' names and shapes and every parameter learns (the per-layer
+// tables' padding row, token 0 of the data, stays); lr 0 saves the checkpoint back byte for byte.
+TEST_F(Gemma4Cli, PerLayerInputModelTrainsOnBothEngines) {
+  json cfg = tiny_dense_config();
+  cfg["hidden_size_per_layer_input"] = 6;
+  cfg["num_kv_shared_layers"] = 2;
+  cfg["use_double_wide_mlp"] = true;
+  const std::string src = write_model("src", kScalars, cfg), d = data();
+  const std::string common = " --data " + d + " --seq-len 12 --batch-size 2 --device cpu";
+  for (const char* accum : {"1", "2"}) {
+    SCOPED_TRACE(std::string("grad-accum ") + accum);
+    std::filesystem::remove_all(p("a"));
+    std::filesystem::remove_all(p("b"));
+    const std::string train = "train --model " + src + common + " --grad-accum " + accum +
+                              " --steps 3 --lr 1e-2 --max-grad-norm 1 --output ";
+    ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
+  }
+  const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
+  const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
+  EXPECT_EQ(out.tensors().size(), in.tensors().size());
+  ASSERT_NE(in.find("model.embed_tokens_per_layer.weight"), nullptr);
+  for (const TensorInfo& t : in.tensors()) {
+    const TensorInfo* u = out.find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(u->shape, t.shape) << t.name;
+    EXPECT_EQ(bytes_of(*u) == bytes_of(t), t.name.find("layer_scalar") != std::string::npos) << t.name;
+  }
+  {  // the per-layer table's padding row (id 0) keeps its bytes; a used row (id 2) learns
+    const TensorInfo& t = *in.find("model.embed_tokens_per_layer.weight");
+    const TensorInfo& u = *out.find("model.embed_tokens_per_layer.weight");
+    const size_t row = t.bytes / 64;
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(u.data), row),
+              std::string(reinterpret_cast<const char*>(t.data), row));
+    EXPECT_NE(std::string(reinterpret_cast<const char*>(u.data) + 2 * row, row),
+              std::string(reinterpret_cast<const char*>(t.data) + 2 * row, row));
+  }
+  expect_lr0_round_trip(src, common);
+}
+
+// The MoE block is refused at load, exit 2, naming the key.
 TEST_F(Gemma4Cli, UnsupportedPartsAreRefusedNamingTheKey) {
   const std::string d = data();
   struct Case {
     const char* key;
     json value;
   };
-  for (const Case& c : {Case{"hidden_size_per_layer_input", 8}, Case{"enable_moe_block", true}}) {
+  for (const Case& c : {Case{"enable_moe_block", true}}) {
     SCOPED_TRACE(c.key);
     json cfg = tiny_dense_config();
     cfg[c.key] = c.value;

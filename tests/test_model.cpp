@@ -98,7 +98,10 @@ TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
 
   std::mt19937_64 rng(10);
   std::normal_distribution<float> n(0.f, 1.f);
-  const double eps = 1e-2;
+  // Gemma 4 (softmax scale 1, four layers with per-layer inputs) is curved enough that eps 1e-2
+  // leaves up to 10 % truncation after the extrapolation on layer 0 and the embedding (measured);
+  // 2e-3 agrees everywhere, 5e-4 is fp32 noise on the small random-direction derivatives.
+  const double eps = GetParam() == "gemma4_ple" ? 2e-3 : 1e-2;
   for (size_t i = 0; i < base.size(); ++i) {
     const auto& g = grads[i].data;
     double gnorm = 0;
@@ -186,6 +189,10 @@ TEST_P(ModelGrad, SeveralMicroBatchesSumTheirGradients) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad, ::testing::ValuesIn(test::families()));
+// Gemma 4 with per-layer inputs and shared K/V (the E-models' structure): the model-level inputs,
+// every layer's block and the embedding's two consumers (model/gemma4_ple.*, engine/ple_store.*)
+// through both engines.
+INSTANTIATE_TEST_SUITE_P(Gemma4, ModelGrad, ::testing::Values("gemma4_ple"));
 
 // transformers builds the embedding as nn.Embedding(padding_idx=pad_token_id) (Gemma3TextConfig's
 // default 0), initialised to a zero row that the lookup gives no gradient. A zero embedding stays

@@ -311,13 +311,11 @@ int64_t gemma4_model_params(const ModelSpec& s) {
 
 std::string gemma4_missing(const ModelSpec& s) {
   // Each item names the config key that asks for it (the dense model, k = v, proportional RoPE,
-  // per-layer head dims, the soft-capped head, K/V sharing and double-wide MLPs train: docs/GEMMA4.md).
+  // per-layer head dims, the soft-capped head, K/V sharing, double-wide MLPs and per-layer input
+  // embeddings train: docs/GEMMA4.md).
   const Gemma4Spec& g = s.gemma4;
   std::string out;
   auto item = [&](const std::string& x) { out += (out.empty() ? "" : ", ") + x; };
-  if (g.ple_dim > 0)
-    item("per-layer input embeddings of width " + std::to_string(g.ple_dim) +
-         " (hidden_size_per_layer_input; 0 turns them off)");
   if (g.moe_block)
     item("the MoE block of " + std::to_string(g.n_expert) + " experts, top " + std::to_string(g.top_k) +
          " (enable_moe_block)");
