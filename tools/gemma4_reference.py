@@ -54,7 +54,7 @@ VARIANTS = {
 
 
 # What slideformer refuses in each variant it does not train yet (the config key it names).
-REFUSED_KEY = {"ple_kvshared": "hidden_size_per_layer_input", "moe": "enable_moe_block"}
+REFUSED_KEY = {"moe": "enable_moe_block"}
 
 
 def rms(x, w, eps):

@@ -585,11 +585,11 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
       # fp32 models on the cpu (tight tolerances), the 512-wide bf16 one and K/V sharing on cuda,
       # the sliding engine with K/V sharing on the cpu and with the 512-wide heads on cuda.
       run gemma4_parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu \
-        --models gemma4_dense_fp32,gemma4_kvshared --work /tmp/g4_parity_cpu
+        --models gemma4_dense_fp32,gemma4_kvshared,gemma4_ple --work /tmp/g4_parity_cpu
       run gemma4_parity_cpu_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu \
-        --models gemma4_kvshared --cli-args "--offload --slots 2" --work /tmp/g4_parity_cpu_off
+        --models gemma4_kvshared,gemma4_ple --cli-args "--offload --slots 2" --work /tmp/g4_parity_cpu_off
       run gemma4_parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
-        --models gemma4_dense,gemma4_kvshared --work /tmp/g4_parity_cuda
+        --models gemma4_dense,gemma4_kvshared,gemma4_ple --work /tmp/g4_parity_cuda
       run gemma4_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
         --models gemma4_dense --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g4_parity_cuda_off ;;
     *) echo "unknown step $s" ;;
