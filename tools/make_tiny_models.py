@@ -162,24 +162,6 @@ MODELS: dict[str, dict] = {
                 rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                     "rope_theta": 1000000.0},
                                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
-    # Gemma 4 with the E-models' per-layer input embeddings (hidden_size_per_layer_input 24: the
-    # table embed_tokens_per_layer [V, 6 * 24], the model projection and its norm, each layer's
-    # gate/projection/norm) and K/V shared by the last two layers (one local, one global) with
-    # double-wide MLPs, as tools/gemma4_reference.py's ple_kvshared; k = v, cap 10; fp32 single file.
-    "gemma4_ple": dict(
-        arch="Gemma4ForCausalLM", dtype="fp32", shard=False, legacy_rope=False,
-        kw=dict(vocab_size=448, hidden_size=128, intermediate_size=128, num_hidden_layers=6,
-                num_attention_heads=2, num_key_value_heads=2, num_global_key_value_heads=1, head_dim=64,
-                global_head_dim=128, attention_k_eq_v=True, hidden_size_per_layer_input=24,
-                vocab_size_per_layer_input=448, num_kv_shared_layers=2, use_double_wide_mlp=True,
-                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                hidden_activation="gelu_pytorch_tanh", sliding_window=11,
-                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention",
-                             "sliding_attention", "full_attention"],
-                final_logit_softcapping=10.0, pad_token_id=0,
-                rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                                                    "rope_theta": 1000000.0},
-                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
     # ---- mixture of experts (all head_dims 64: the CUDA attention kernels serve them too) ----
     # Qwen3-MoE: per-head q/k-norm, renormalised top-2 of 8, a dense layer among MoE ones
     # (mlp_only_layers), load-balancing loss on with a coefficient large enough to show in gradients.
@@ -234,6 +216,13 @@ MODELS["qwen3moe_fused"] = dict(MODELS["qwen3moe_noaux"], dtype="fp32", shard=Fa
                                 kw=dict(MODELS["qwen3moe_noaux"]["kw"], num_experts_per_tok=2, norm_topk_prob=True))
 MODELS["mixtral_fused_aux"] = dict(MODELS["mixtral_aux"], dtype="bf16", shard=True, fused=True,
                                    kw=dict(MODELS["mixtral_aux"]["kw"], intermediate_size=96))
+# Gemma 4 with the E-models' per-layer input embeddings (hidden_size_per_layer_input 24: the table
+# embed_tokens_per_layer [448, 6 * 24], the model projection and its norm, each layer's
+# gate/projection/norm) on gemma4_kvshared (K/V shared by the last two layers, one local and one
+# global, double-wide MLPs there; k = v, cap 10; fp32 single file), as gemma4_reference.py's ple_kvshared.
+MODELS["gemma4_ple"] = dict(MODELS["gemma4_kvshared"],
+                            kw=dict(MODELS["gemma4_kvshared"]["kw"], hidden_size_per_layer_input=24,
+                                    vocab_size_per_layer_input=448))
 
 # Models hf_train_compare.py trains (fp32 checkpoints only; built by build_train_models()).
 TRAIN_MODELS: dict[str, dict] = {
