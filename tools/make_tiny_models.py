@@ -312,11 +312,12 @@ def _make_config(spec: dict):
 
 
 def _rope_params_of(cfg) -> dict:
-    rp = getattr(cfg, "rope_parameters", None)
+    c = cfg.to_dict()  # not attributes: per-layer values (Gemma 4) refuse attribute access
+    rp = c.get("rope_parameters")
     if rp:
         return dict(rp)
-    out = {"rope_type": "default", "rope_theta": getattr(cfg, "rope_theta", None)}
-    rs = getattr(cfg, "rope_scaling", None)
+    out = {"rope_type": "default", "rope_theta": c.get("rope_theta")}
+    rs = c.get("rope_scaling")
     if rs:
         out.update(rs)
         out["rope_type"] = rs.get("rope_type", rs.get("type"))
@@ -429,7 +430,9 @@ def build_model(name: str, spec: dict, out_dir: Path, seed: int) -> dict:
         legacy_rope=bool(spec.get("legacy_rope")), tied=bool(spec["kw"].get("tie_word_embeddings")),
         vocab_size=spec["kw"]["vocab_size"], hidden_size=spec["kw"]["hidden_size"],
         num_heads=spec["kw"]["num_attention_heads"], num_kv_heads=spec["kw"]["num_key_value_heads"],
-        head_dim=int(getattr(reloaded.config, "head_dim", 0) or
+        # from the config's dict: transformers 5.17 refuses attribute access to per-layer values
+        # (Gemma 4's head_dim) with AmbiguousGlobalPerLayerAttributeError
+        head_dim=int(reloaded.config.to_dict().get("head_dim") or
                      spec["kw"]["hidden_size"] // spec["kw"]["num_attention_heads"]),
         rope=_rope_params_of(reloaded.config), path=str(model_dir),
         param_names=params, file_tensors={k: v[0] for k, v in files.items()},

@@ -29,13 +29,13 @@ TEST(CudaOpsCheck, CudaOwnLimitsAreRefused) {
     return Tensor(base + size_t(slot) * 32768, t, dims);
   };
   AttnDims d;
-  d.B = 1, d.T = 2, d.n_head = 1, d.n_kv_head = 1, d.head_dim = 264, d.scale = 0.06f;
+  d.B = 1, d.T = 2, d.n_head = 1, d.n_kv_head = 1, d.head_dim = 520, d.scale = 0.06f;
   test::expect_check_failure(
       [&] {
-        dev->ops().attention_forward(at(0, DType::BF16, {2, 264}), at(1, DType::F32, {2}), at(2, DType::BF16, {2, 264}),
-                                     at(3, DType::BF16, {2, 264}), at(4, DType::BF16, {2, 264}), d, *s);
+        dev->ops().attention_forward(at(0, DType::BF16, {2, 520}), at(1, DType::F32, {2}), at(2, DType::BF16, {2, 520}),
+                                     at(3, DType::BF16, {2, 520}), at(4, DType::BF16, {2, 520}), d, *s);
       },
-      "attention.cu", "attention_forward: head_dim = 264");
+      "attention.cu", "attention_forward: head_dim = 520");
   test::expect_check_failure([&] { dev->ops().cast(at(0, DType::F16, {8}), at(1, DType::F32, {8}), *s); },
                              "elementwise.cu", "cast: the cuda backend converts only between F32 and BF16");
   test::expect_check_failure(
