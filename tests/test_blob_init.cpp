@@ -63,7 +63,9 @@ void expect_same_bytes(const BlobLayout& blob, int index, uint64_t seed, double 
       for (int64_t i = 0; i < e.numel; ++i) sq += double(got[size_t(e.offset + i)]) * got[size_t(e.offset + i)];
       drawn += e.numel;
     }
-  if (drawn > 0) EXPECT_NEAR(std::sqrt(sq / double(drawn)), std, 0.2 * std) << "blob " << index;
+  if (drawn > 0) {
+    EXPECT_NEAR(std::sqrt(sq / double(drawn)), std, 0.2 * std) << "blob " << index;
+  }
 }
 
 TEST(BlobInit, MoeLayerWithMultiChunkExpertsMatchesTheSerialGenerator) {
