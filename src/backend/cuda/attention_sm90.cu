@@ -80,6 +80,21 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
       : "memory");
 }
 
+// dQ by TMA reduce-add (Sm90BwdTile's TMA_DQ): one [rows][32] f32 box of shared memory added into
+// the global tensor at (col, row, batch), rows past T clipped; completes in the issuing thread's
+// bulk group (committed by bulk_commit, waited for by bulk_wait_read / bulk_wait_all).
+__device__ __forceinline__ void tma_reduce_add(const CUtensorMap* map, const void* src, int col, int row, int b) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(col), "r"(row), "r"(b)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// The shared memory of this thread's committed reduces has been read (it may be written again).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// This thread's committed reduces are complete in global memory.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // ---- wgmma -------------------------------------------------------------------------------------
 // Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
 // offsets (K-major: LBO unused, SBO = 1024 between 8-row groups; MN-major (V): LBO = the next
@@ -550,23 +565,35 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 //   dQ[:, half w] = dS K[:, half w]               (wgmma from shared memory, after a barrier of the
 //                                                 two consumers), fp32 float2 atomics into the
 //                                                 workspace (the caller casts it to bf16)
-template <int HD_, bool BOUNDED_>
+// TMA_DQ (AttnPath::Sm90BwdV2, on trial): dQ instead through shared memory and one TMA reduce-add
+// a 32-column box: each thread writes its dQ fragment (16 float2 stores, conflict-free into the
+// 128-byte-swizzled boxes) where it issued 16 float2 atomics to L2; the warpgroup meets at a named
+// barrier and one thread issues HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T.
+// The staging is reused a tile later: its issuer waits for the reads before the dS barrier.
+template <int HD_, bool BOUNDED_, bool TMA_DQ_ = false>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;                      // as Sm90FwdTile's
+  static constexpr bool TMA_DQ = TMA_DQ_;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
-  // dS^T [2][BC][BQ] (swizzled rows of 64) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
+  // dS^T [2][BC][BQ] (swizzled rows of 64) | (TMA_DQ) dQ [CONSUMERS][HD / 64][BQ][32] f32 (swizzled
+  // 128-byte rows) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
   // F [STAGES][BQ] int (first key of each query: packed rows, window) | barriers
+  static constexpr int DQ_BOXES = HD / 64;  // 32-column f32 boxes of one consumer's HD / 2 dQ columns
+  static constexpr uint32_t dq_box_bytes = BQ * 32 * 4;
   static constexpr size_t k_off = 0, v_off = k_off + kv_bytes, q_off = v_off + kv_bytes;
   static constexpr size_t do_off = q_off + size_t(STAGES) * qt_bytes, ds_off = do_off + size_t(STAGES) * qt_bytes;
-  static constexpr size_t l_off = ds_off + size_t(2) * ds_bytes, d_off = l_off + size_t(STAGES) * BQ * 4;
+  static constexpr size_t dq_off = ds_off + size_t(2) * ds_bytes;
+  static constexpr size_t l_off = dq_off + (TMA_DQ ? size_t(CONSUMERS) * DQ_BOXES * dq_box_bytes : 0);
+  static constexpr size_t d_off = l_off + size_t(STAGES) * BQ * 4;
   static constexpr size_t f_off = d_off + size_t(STAGES) * BQ * 4, bar_off = f_off + size_t(STAGES) * BQ * 4;
   // barriers: kv_full, full[STAGES], empty[STAGES]
   static constexpr size_t smem = bar_off + 8 * (1 + 2 * STAGES) + 1024;
   static_assert(HD % 64 == 0 && BC == 64 * CONSUMERS && BQ == 64, "tile shape");
+  static_assert(smem <= 227 * 1024, "shared memory");
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
 
@@ -574,7 +601,7 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                          float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
+                          const __grid_constant__ CUtensorMap tdq, float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
                           const float* __restrict__ lse, const float* __restrict__ Dd, const int32_t* __restrict__ pos,
                           int T, int H, int KVH, float scale, float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
@@ -756,6 +783,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     wgmma_commit();
     // dS^T of both consumers in shared memory, visible to the tensor cores (async proxy)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    // (TMA_DQ) the previous tile's dQ staging read by its reduces before anyone writes it again
+    if (Tr::TMA_DQ && tw == 0) bulk_wait_read();
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
     float dqa[HQ / 2];
     wgmma_fence();
@@ -771,17 +800,43 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     if (lane == 0)
       bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
                               // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = q0 + warp * 16 + g + r * 8;
-      if (row >= T) continue;
-      float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HQ + 2 * t4;
+    if constexpr (Tr::TMA_DQ) {
+      // Box j / 4 of this consumer, row warp * 16 + g + 8 r (row & 7 = g), column 8 (j % 4) + 2 t4:
+      // 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by g.
+      float* dqs = reinterpret_cast<float*>(sm + Tr::dq_off) + cw * Tr::DQ_BOXES * (BQ * 32);
 #pragma unroll
       for (int j = 0; j < HQ / 8; ++j)
-        atomicAdd(reinterpret_cast<float2*>(base + j * 8), make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = warp * 16 + g + r * 8, chunk = (2 * (j & 3) + (t4 >> 1)) ^ g;
+          *reinterpret_cast<float2*>(dqs + (j >> 2) * (BQ * 32) + row * 32 + chunk * 4 + 2 * (t4 & 1)) =
+              make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]);
+        }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the TMA unit
+      if (cw == 0)  // named barriers by immediates: a register id reserves all 16
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      else
+        asm volatile("bar.sync 3, 128;\n" ::: "memory");
+      if (tw == 0) {
+#pragma unroll
+        for (int x = 0; x < Tr::DQ_BOXES; ++x)
+          tma_reduce_add(&tdq, dqs + x * (BQ * 32), h * HD + cw * HQ + x * 32, q0, b);
+        bulk_commit();
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = q0 + warp * 16 + g + r * 8;
+        if (row >= T) continue;
+        float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HQ + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < HQ / 8; ++j)
+          atomicAdd(reinterpret_cast<float2*>(base + j * 8), make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]));
+      }
     }
   }
 
+  if (Tr::TMA_DQ && tw == 0) bulk_wait_all();  // the last dQ reduces done before the block ends
   // dK, dV rows key0, key0 + 8
   const int64_t kstr = int64_t(KVH) * HD;
 #pragma unroll
@@ -812,13 +867,15 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // A [B, T, cols] bf16 tensor read in [rows][64] boxes, 128-byte swizzle; rows past T read as zeros.
-CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows) {
+// f32: an F32 tensor in [rows][32] boxes (128-byte rows as well: the dQ reduce-add's).
+CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows, bool f32 = false) {
   CUtensorMap map;
+  const cuuint64_t es = f32 ? 4 : 2;
   const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(T), cuuint64_t(B)};
-  const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, cuuint64_t(cols) * 2 * cuuint64_t(T)};
-  const cuuint32_t box[3] = {64, cuuint32_t(rows), 1};
+  const cuuint64_t strides[2] = {cuuint64_t(cols) * es, cuuint64_t(cols) * es * cuuint64_t(T)};
+  const cuuint32_t box[3] = {cuuint32_t(128 / es), cuuint32_t(rows), 1};
   const cuuint32_t estr[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
+  const CUresult r = tensor_map_encoder()(&map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
                                           strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   SF_CHECK(r == CUDA_SUCCESS, "attention (sm_90): cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
@@ -869,10 +926,10 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   CUDA_CHECK_LAUNCH();
 }
 
-template <int HD, bool BOUNDED>
+template <int HD, bool BOUNDED, bool TMA_DQ>
 void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
               Tensor lse, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90BwdTile<HD, BOUNDED>;
+  using Tr = Sm90BwdTile<HD, BOUNDED, TMA_DQ>;
   auto kernel = flash_bwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation
   if (!attr_set) {
@@ -883,8 +940,10 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
   const CUtensorMap tdo = make_map(dout.data, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ);
   const CUtensorMap tk = make_map(k.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
   const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
+  CUtensorMap tdq{};  // read only with TMA_DQ
+  if (TMA_DQ) tdq = make_map(dq_acc, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ, true);
   const unsigned grid = unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B);
-  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, tdq, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
                                                lse.ptr<float>(), D, d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T,
                                                d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
@@ -907,15 +966,22 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
 
 namespace sf::cuda {
 
-void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
+template <bool TMA_DQ>
+void backward_by_shape(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
+                       Tensor lse, const AttnDims& d, const Launch& L) {
   const bool b = bounded(d);
   if (d.head_dim == 64)
-    b ? backward<64, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-      : backward<64, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<64, true, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<64, false, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
   else
-    b ? backward<128, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-      : backward<128, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<128, true, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<128, false, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+}
+
+void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
+                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L, bool dq_tma) {
+  dq_tma ? backward_by_shape<true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+         : backward_by_shape<false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
 }
 
 }  // namespace sf::cuda
