@@ -570,11 +570,15 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 // 128-byte-swizzled boxes) where it issued 16 float2 atomics to L2; the warpgroup meets at a named
 // barrier and one thread issues HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T.
 // The staging is reused a tile later: its issuer waits for the reads before the dS barrier.
+// With it at hd 64 (PREFETCH): the next tile's S^T / dP^T issued right behind this tile's dQ.
 template <int HD_, bool BOUNDED_, bool TMA_DQ_ = false>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;                      // as Sm90FwdTile's
   static constexpr bool TMA_DQ = TMA_DQ_;
+  // (TMA_DQ, hd 64) the next tile's S^T, dP^T issued under this tile's dQ: its 64 accumulator
+  // registers live beside dK, dV (64) and dQ (16); hd 128 has not the registers (128 + 64 + 32).
+  static constexpr bool PREFETCH = TMA_DQ && HD == 64;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
@@ -725,18 +729,24 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   for (int i = 0; i < HD / 2; ++i) dka[i] = dva[i] = 0.f;
   const int64_t qstr = int64_t(H) * HD;
 
-  bar_wait(kv_full, 0);
-  for (int it = 0; it < total; ++it) {
-    const int s = it % ST, buf = it & 1;
-    const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+  // S^T, dP^T of tile `it` (stage it % ST, once loaded), one wgmma group.
+  float st[BQ / 2], dp[BQ / 2];
+  auto issue_sdp = [&](int it) {
+    const int s = it % ST;
     bar_wait(full + s, (it / ST) & 1);
-    float st[BQ / 2], dp[BQ / 2];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(st, kw_desc(k_addr, kk), qt_desc(q_addr, s, kk), kk > 0);
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
     wgmma_commit();
+  };
+  bar_wait(kv_full, 0);
+  if (Tr::PREFETCH) issue_sdp(0);  // total >= 1: i_end > i_start
+  for (int it = 0; it < total; ++it) {
+    const int s = it % ST, buf = it & 1;
+    const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+    if (!Tr::PREFETCH) issue_sdp(it);  // (PREFETCH: issued during the previous tile's dQ)
     wgmma_wait<0>();
     reg_fence(st);
     reg_fence(dp);
@@ -791,7 +801,22 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_ss<1>(dqa, ds_desc(buf, kk), kn_desc(kk), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
+    if constexpr (Tr::PREFETCH) {
+      // dV, dK done (P^T, dS^T registers free; groups complete in order), then the next tile's
+      // S^T, dP^T queued behind this dQ: the tensor cores stay busy through the dQ stores, the
+      // dQ barrier and the next tile's start.
+      wgmma_wait<1>();
+      reg_fence(dva);
+      reg_fence(dka);
+      reg_fence(pa);
+      reg_fence(dsa);
+      // The last tile issues its own S^T, dP^T again (its stage is still held; the result is
+      // dropped): no branch around an issue, which would serialise every wgmma (ptxas C7518).
+      issue_sdp(min(it + 1, total - 1));
+      wgmma_wait<1>();  // dQ done, S^T / dP^T in flight
+    } else {
+      wgmma_wait<0>();
+    }
     reg_fence(dqa);
     reg_fence(dva);
     reg_fence(dka);
@@ -836,6 +861,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     }
   }
 
+  if constexpr (Tr::PREFETCH) wgmma_wait<0>();  // the last tile's dropped S^T, dP^T
   if (Tr::TMA_DQ && tw == 0) bulk_wait_all();  // the last dQ reduces done before the block ends
   // dK, dV rows key0, key0 + 8
   const int64_t kstr = int64_t(KVH) * HD;
