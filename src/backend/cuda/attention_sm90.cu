@@ -758,13 +758,11 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     const bool seg = LB && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
     uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
     bf16_t* dsb = dSs + buf * (BC * BQ);
-#pragma unroll
-    for (int j = 0; j < BQ / 8; ++j) {
+    // P^T of columns 8 j .. 8 j + 7 (fp32, masked) into pv and packed into pa
+    auto p_cols = [&](int j, float (&pv)[4]) {
       const int qc = j * 8 + 2 * t4;
       const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
-      const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
       const int2 f2 = seg ? *reinterpret_cast<const int2*>(Fs + s * BQ + qc) : make_int2(0, 0);
-      float pv[4], dv4[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
@@ -772,10 +770,17 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         const bool masked = (mask && q0 + qc + (e & 1) < key) || (LB && seg && ((e & 1) ? f2.y : f2.x) > key);
         if (masked) pe = 0.f;
         pv[e] = pe;
-        dv4[e] = pe * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
       }
       pa[j >> 1][(j & 1) * 2] = pack_bf16(pv[0], pv[1]);
       pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pv[2], pv[3]);
+    };
+    // dS^T of the same columns from their P^T: into dsa and the dS^T buffer
+    auto ds_cols = [&](int j, const float (&pv)[4]) {
+      const int qc = j * 8 + 2 * t4;
+      const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
+      float dv4[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dv4[e] = pv[e] * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
       const uint32_t lo = pack_bf16(dv4[0], dv4[1]), hi = pack_bf16(dv4[2], dv4[3]);
       dsa[j >> 1][(j & 1) * 2] = lo;
       dsa[j >> 1][(j & 1) * 2 + 1] = hi;
@@ -783,14 +788,30 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       const int r0 = cw * 64 + warp * 16 + g, r1 = r0 + 8;
       *reinterpret_cast<uint32_t*>(dsb + r0 * 64 + (((qc >> 3) ^ (r0 & 7)) << 3) + (qc & 7)) = lo;
       *reinterpret_cast<uint32_t*>(dsb + r1 * 64 + (((qc >> 3) ^ (r1 & 7)) << 3) + (qc & 7)) = hi;
+    };
+    // dV += P^T dO, dK += dS^T Q (registers A, N-major B), k-steps k0 .. k1 - 1 (16 queries each)
+    auto issue_dvdk = [&](int k0, int k1) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dva, pa[kk], qt_ndesc(do_addr, s, kk));
+#pragma unroll
+      for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
+      wgmma_commit();
+    };
+    // (on trial: TMA_DQ) in two halves of the queries: the first half's dV, dK products run under
+    // the second half's P^T, dS^T (the registers live as in one pass: P^T of the whole tile kept
+    // for an early dV spilled at hd 128)
+    constexpr int PARTS = Tr::TMA_DQ ? 2 : 1;
+#pragma unroll
+    for (int part = 0; part < PARTS; ++part) {
+#pragma unroll
+      for (int j = part * (BQ / 8 / PARTS); j < (part + 1) * (BQ / 8 / PARTS); ++j) {
+        float pv[4];
+        p_cols(j, pv);
+        ds_cols(j, pv);
+      }
+      issue_dvdk(part * (BQ / 16 / PARTS), (part + 1) * (BQ / 16 / PARTS));
     }
-    // dV += P^T dO, dK += dS^T Q (registers A, N-major B)
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<HD>(dva, pa[kk], qt_ndesc(do_addr, s, kk));
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
-    wgmma_commit();
     // dS^T of both consumers in shared memory, visible to the tensor cores (async proxy)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     // (TMA_DQ) the previous tile's dQ staging read by its reduces before anyone writes it again
