@@ -570,14 +570,15 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 // 128-byte-swizzled boxes) where it issued 16 float2 atomics to L2; the warpgroup meets at a named
 // barrier and one thread issues HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T.
 // The staging is reused a tile later: its issuer waits for the reads before the dS barrier.
-// With it at hd 64 (PREFETCH): the next tile's S^T / dP^T issued right behind this tile's dQ.
+// With it at hd 64 (PREFETCH): the next tile's S^T, dP^T issued right behind this tile's dQ.
 template <int HD_, bool BOUNDED_, bool TMA_DQ_ = false>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;                      // as Sm90FwdTile's
   static constexpr bool TMA_DQ = TMA_DQ_;
-  // (TMA_DQ, hd 64) the next tile's S^T, dP^T issued under this tile's dQ: its 64 accumulator
-  // registers live beside dK, dV (64) and dQ (16); hd 128 has not the registers (128 + 64 + 32).
+  // (TMA_DQ) hd 64: the next tile's S^T, dP^T issued behind this tile's dQ wgmma: their 64
+  // accumulator registers live beside dK, dV (64) and dQ (16). Not at hd 128 (ptxas: S^T and dP^T
+  // spilled 344 bytes; S^T alone 48-56, behind the dQ wgmma or after the dQ stores).
   static constexpr bool PREFETCH = TMA_DQ && HD == 64;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
@@ -729,24 +730,37 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   for (int i = 0; i < HD / 2; ++i) dka[i] = dva[i] = 0.f;
   const int64_t qstr = int64_t(H) * HD;
 
-  // S^T, dP^T of tile `it` (stage it % ST, once loaded), one wgmma group.
+  // S^T, dP^T of tile `it` (stage it % ST, waited for until loaded; the wait is immediate the
+  // second time), committed by the caller.
   float st[BQ / 2], dp[BQ / 2];
-  auto issue_sdp = [&](int it) {
+  auto issue_s = [&](int it) {
     const int s = it % ST;
     bar_wait(full + s, (it / ST) & 1);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(st, kw_desc(k_addr, kk), qt_desc(q_addr, s, kk), kk > 0);
+  };
+  auto issue_dp = [&](int it) {
+    const int s = it % ST;
+    bar_wait(full + s, (it / ST) & 1);
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
-    wgmma_commit();
   };
   bar_wait(kv_full, 0);
-  if (Tr::PREFETCH) issue_sdp(0);  // total >= 1: i_end > i_start
+  if constexpr (Tr::PREFETCH) {  // total >= 1: i_end > i_start
+    issue_s(0);
+    issue_dp(0);
+    wgmma_commit();
+  }
   for (int it = 0; it < total; ++it) {
     const int s = it % ST, buf = it & 1;
     const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
-    if (!Tr::PREFETCH) issue_sdp(it);  // (PREFETCH: issued during the previous tile's dQ)
+    if constexpr (!Tr::PREFETCH) {  // (PREFETCH: issued behind the previous tile's dQ)
+      issue_s(it);
+      issue_dp(it);
+      wgmma_commit();
+    }
     wgmma_wait<0>();
     reg_fence(st);
     reg_fence(dp);
@@ -824,8 +838,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     wgmma_commit();
     if constexpr (Tr::PREFETCH) {
       // dV, dK done (P^T, dS^T registers free; groups complete in order), then the next tile's
-      // S^T, dP^T queued behind this dQ: the tensor cores stay busy through the dQ stores, the
-      // dQ barrier and the next tile's start.
+      // S^T and dP^T queued behind this dQ: the tensor cores stay busy through the dQ stores,
+      // the dQ barrier and the next tile's start.
       wgmma_wait<1>();
       reg_fence(dva);
       reg_fence(dka);
@@ -833,8 +847,11 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       reg_fence(dsa);
       // The last tile issues its own S^T, dP^T again (its stage is still held; the result is
       // dropped): no branch around an issue, which would serialise every wgmma (ptxas C7518).
-      issue_sdp(min(it + 1, total - 1));
-      wgmma_wait<1>();  // dQ done, S^T / dP^T in flight
+      const int nx = min(it + 1, total - 1);
+      issue_s(nx);
+      issue_dp(nx);
+      wgmma_commit();
+      wgmma_wait<1>();  // dQ done, S^T and dP^T in flight
     } else {
       wgmma_wait<0>();
     }
