@@ -580,6 +580,10 @@ struct Sm90BwdTile {
   // accumulator registers live beside dK, dV (64) and dQ (16). Not at hd 128 (ptxas: S^T and dP^T
   // spilled 344 bytes; S^T alone 48-56, behind the dQ wgmma or after the dQ stores).
   static constexpr bool PREFETCH = TMA_DQ && HD == 64;
+  // (TMA_DQ, hd 128) S^T and dP^T in two groups, P^T computed while dP^T runs (the MUFU work,
+  // 8192 exp2 a tile: ~512 cycles at 16 a cycle, under dP^T's ~512)
+  static constexpr bool SPLIT_SDP = TMA_DQ && !PREFETCH;
+  static constexpr int P_EARLY = 4;  // column groups of 8 queries whose P^T is computed under dP^T (5: 24-byte spills, 8: 56)
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
@@ -730,8 +734,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   for (int i = 0; i < HD / 2; ++i) dka[i] = dva[i] = 0.f;
   const int64_t qstr = int64_t(H) * HD;
 
-  // S^T, dP^T of tile `it` (stage it % ST, waited for until loaded; the wait is immediate the
-  // second time), committed by the caller.
+  // S^T, dP^T of tile `it` (stage it % ST, waited for until loaded), committed by the caller.
   float st[BQ / 2], dp[BQ / 2];
   auto issue_s = [&](int it) {
     const int s = it % ST;
@@ -740,10 +743,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(st, kw_desc(k_addr, kk), qt_desc(q_addr, s, kk), kk > 0);
   };
-  auto issue_dp = [&](int it) {
+  auto issue_dp = [&](int it) {  // right after issue_s(it): its wait and fence serve
     const int s = it % ST;
-    bar_wait(full + s, (it / ST) & 1);
-    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
   };
@@ -756,14 +757,20 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   for (int it = 0; it < total; ++it) {
     const int s = it % ST, buf = it & 1;
     const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+    // SPLIT_SDP (on trial): S^T and dP^T in two groups, P^T computed while dP^T runs
     if constexpr (!Tr::PREFETCH) {  // (PREFETCH: issued behind the previous tile's dQ)
       issue_s(it);
+      if (Tr::SPLIT_SDP) wgmma_commit();
       issue_dp(it);
       wgmma_commit();
     }
-    wgmma_wait<0>();
+    if constexpr (Tr::SPLIT_SDP) {
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+      reg_fence(dp);
+    }
     reg_fence(st);
-    reg_fence(dp);
     // P^T, dS^T (this thread: keys key0 + 8 (e >> 1), queries q0 + 8 j + 2 t4 + (e & 1))
     const bool mask = q0 < kw0 + 63;
     // Some query of the tile sees its first key after this warpgroup's first key (the last
@@ -772,7 +779,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     const bool seg = LB && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
     uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
     bf16_t* dsb = dSs + buf * (BC * BQ);
-    // P^T of columns 8 j .. 8 j + 7 (fp32, masked) into pv and packed into pa
+    // P^T of columns 8 j .. 8 j + 7 (fp32, masked) into pv
     auto p_cols = [&](int j, float (&pv)[4]) {
       const int qc = j * 8 + 2 * t4;
       const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
@@ -785,11 +792,11 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         if (masked) pe = 0.f;
         pv[e] = pe;
       }
+    };
+    // P^T packed into pa; dS^T of the same columns from their P^T: into dsa and the dS^T buffer
+    auto ds_cols = [&](int j, const float (&pv)[4]) {
       pa[j >> 1][(j & 1) * 2] = pack_bf16(pv[0], pv[1]);
       pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pv[2], pv[3]);
-    };
-    // dS^T of the same columns from their P^T: into dsa and the dS^T buffer
-    auto ds_cols = [&](int j, const float (&pv)[4]) {
       const int qc = j * 8 + 2 * t4;
       const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
       float dv4[4];
@@ -816,13 +823,30 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     // the second half's P^T, dS^T (the registers live as in one pass: P^T of the whole tile kept
     // for an early dV spilled at hd 128)
     constexpr int PARTS = Tr::TMA_DQ ? 2 : 1;
+    if constexpr (Tr::SPLIT_SDP) {
+      // P^T of the tile in place of S^T (the MUFU work under the dP^T products), then dP^T
+#pragma unroll
+      for (int j = 0; j < Tr::P_EARLY; ++j) {
+        float pv[4];
+        p_cols(j, pv);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j * 4 + e] = pv[e];
+      }
+      wgmma_wait<0>();
+      reg_fence(dp);
+    }
 #pragma unroll
     for (int part = 0; part < PARTS; ++part) {
 #pragma unroll
       for (int j = part * (BQ / 8 / PARTS); j < (part + 1) * (BQ / 8 / PARTS); ++j) {
-        float pv[4];
-        p_cols(j, pv);
-        ds_cols(j, pv);
+        if (Tr::SPLIT_SDP && j < Tr::P_EARLY) {
+          const float pv[4] = {st[j * 4], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]};
+          ds_cols(j, pv);
+        } else {
+          float pv[4];
+          p_cols(j, pv);
+          ds_cols(j, pv);
+        }
       }
       issue_dvdk(part * (BQ / 16 / PARTS), (part + 1) * (BQ / 16 / PARTS));
     }
