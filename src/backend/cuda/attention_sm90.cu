@@ -570,7 +570,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 // 128-byte-swizzled boxes) where it issued 16 float2 atomics to L2; the warpgroup meets at a named
 // barrier and one thread issues HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T.
 // The staging is reused a tile later: its issuer waits for the reads before the dS barrier.
-// With it at hd 64 (PREFETCH): the next tile's S^T, dP^T issued right behind this tile's dQ.
+// With it: P^T / dS^T and the dV, dK products in two halves of the query tile (the first half's
+// products under the second half's element-wise work); at hd 64 (PREFETCH) the next tile's S^T,
+// dP^T issued right behind this tile's dQ; at hd 128 (SPLIT_SDP) half of P^T under dP^T.
 template <int HD_, bool BOUNDED_, bool TMA_DQ_ = false>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
