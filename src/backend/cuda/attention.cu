@@ -968,7 +968,9 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
   const bool auto_path = path == AttnPath::Auto || path == AttnPath::Sm90BwdV2;
   if (flash && auto_path && device_cc_major() == 9 && attention_sm90_supported(d)) {
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
-    attention_backward_sm90(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L, path == AttnPath::Sm90BwdV2);
+    // (the TMA reduce-add needs a 16-byte aligned dq_acc; else the atomics)
+    attention_backward_sm90(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L,
+                            path == AttnPath::Sm90BwdV2 && aligned16(dq_acc));
     f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
     CUDA_CHECK_LAUNCH();
     return;
