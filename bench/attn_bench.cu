@@ -56,7 +56,8 @@ bool write_file(const std::string& path, const void* src, size_t bytes) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: attn_bench B T H KVH HD [--path auto|sm80|sm90bwd2] [--pack L] [--window W] [--io DIR]\n");
+  std::fprintf(stderr,
+               "usage: attn_bench B T H KVH HD [--path auto|sm80|sm90bwd2] [--pack L] [--window W] [--io DIR]\n");
   return 2;
 }
 

@@ -555,8 +555,8 @@ TEST(CudaOps, GeGlu) {
 // ================================================================================================
 struct AttnCfg {
   int B, T, H, KVH, hd;
-  int window = 0;        // sliding window (AttnDims::window), 0 = none
-  float q_scale = 1.f;   // q's standard deviation: large values make rows change their max mid-row
+  int window = 0;       // sliding window (AttnDims::window), 0 = none
+  float q_scale = 1.f;  // q's standard deviation: large values make rows change their max mid-row
 };
 
 // Forward and backward of one configuration. The backward of every run gets the same inputs:
@@ -564,7 +564,8 @@ struct AttnCfg {
 // gets its own copy of it) or empty.
 void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int32_t>& pos = {}) {
   SCOPED_TRACE(testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " KVH=" << c.KVH << " hd=" << c.hd
-                                  << (pos.empty() ? "" : " packed") << " window=" << c.window << " q_scale=" << c.q_scale);
+                                  << (pos.empty() ? "" : " packed") << " window=" << c.window
+                                  << " q_scale=" << c.q_scale);
   ASSERT_TRUE(pos.empty() || int64_t(pos.size()) == int64_t(c.B) * c.T);
   AttnDims d0;
   d0.B = c.B, d0.T = c.T, d0.n_head = c.H, d0.n_kv_head = c.KVH, d0.head_dim = c.hd;

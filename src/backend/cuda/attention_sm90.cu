@@ -84,10 +84,11 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
 // the global tensor at (col, row, batch), rows past T clipped; completes in the issuing thread's
 // bulk group (committed by bulk_commit, waited for by bulk_wait_read / bulk_wait_all).
 __device__ __forceinline__ void tma_reduce_add(const CUtensorMap* map, const void* src, int col, int row, int b) {
-  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(smem_u32(src)), "r"(col), "r"(row), "r"(b)
-               : "memory");
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_u32(src)), "r"(col), "r"(row), "r"(b)
+      : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // The shared memory of this thread's committed reduces has been read (it may be written again).
@@ -201,15 +202,14 @@ __device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], 
 // key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the row or
 // (BOUNDED) before its first key fk (packed rows, window) are -inf; P left in s as fp32 (packed to
 // bf16 by pack_p only once the previous PV is done, so one P buffer suffices: 32 registers fewer
-// than two, which the lazy rescale needs) and the running max lazy: a row keeps its max until a tile raises it by more than kLazyRescaleLog2
-// in the exp2 domain (meanwhile P <= 2^8: in range for bf16 and the fp32 sums; l and O share the
+// than two, which the lazy rescale needs) and the running max lazy: a row keeps its max until a tile raises it by more
+// than kLazyRescaleLog2 in the exp2 domain (meanwhile P <= 2^8: in range for bf16 and the fp32 sums; l and O share the
 // stale max, so O / l and lse are unchanged), corr = 1 then. Returns whether a row of the warp
 // moved its max (the warp-uniform test for rescaling O).
 constexpr float kLazyRescaleLog2 = 8.f;
 template <int BC, bool BOUNDED>
 __device__ __forceinline__ bool softmax_tile_lazy(float (&s)[BC / 2], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                                  bool mask, int key0, int row0, const int (&fk)[2],
-                                                  float scale_log2) {
+                                                  bool mask, int key0, int row0, const int (&fk)[2], float scale_log2) {
   float mx[2];
   mask_rowmax<BC, BOUNDED>(s, mx, m, mask, key0, row0, fk);
   float off[2];
@@ -343,10 +343,9 @@ __device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n
 template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                                     const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out,
-                                     float* __restrict__ lse, const int32_t* __restrict__ pos,
-                                     int* __restrict__ tile_counter, int B, int T, int H, int KVH,
-                                     float scale_log2, int window) {
+                          const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out, float* __restrict__ lse,
+                          const int32_t* __restrict__ pos, int* __restrict__ tile_counter, int B, int T, int H, int KVH,
+                          float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, KS = Tr::KSTAGES, VS = Tr::VSTAGES, QS = Tr::QSTAGES;
   constexpr int CH = Tr::CH;
@@ -576,7 +575,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 template <int HD_, bool BOUNDED_, bool TMA_DQ_ = false>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
-  static constexpr bool BOUNDED = BOUNDED_;                      // as Sm90FwdTile's
+  static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
   static constexpr bool TMA_DQ = TMA_DQ_;
   // (TMA_DQ) hd 64: the next tile's S^T, dP^T issued behind this tile's dQ wgmma: their 64
   // accumulator registers live beside dK, dV (64) and dQ (16). Not at hd 128 (ptxas: S^T and dP^T
@@ -585,7 +584,8 @@ struct Sm90BwdTile {
   // (TMA_DQ, hd 128) S^T and dP^T in two groups, P^T computed while dP^T runs (the MUFU work,
   // 8192 exp2 a tile: ~512 cycles at 16 a cycle, under dP^T's ~512)
   static constexpr bool SPLIT_SDP = TMA_DQ && !PREFETCH;
-  static constexpr int P_EARLY = 4;  // column groups of 8 queries whose P^T is computed under dP^T (5: 24-byte spills, 8: 56)
+  // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56)
+  static constexpr int P_EARLY = 4;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
@@ -612,9 +612,10 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                          const __grid_constant__ CUtensorMap tdq, float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
-                          const float* __restrict__ lse, const float* __restrict__ Dd, const int32_t* __restrict__ pos,
-                          int T, int H, int KVH, float scale, float scale_log2, int window) {
+                          const __grid_constant__ CUtensorMap tdq, float* __restrict__ dq_acc, bf16_t* __restrict__ dk,
+                          bf16_t* __restrict__ dv, const float* __restrict__ lse, const float* __restrict__ Dd,
+                          const int32_t* __restrict__ pos, int T, int H, int KVH, float scale, float scale_log2,
+                          int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BC = Tr::BC, BQ = Tr::BQ, ST = Tr::STAGES, CH = Tr::CH;
   constexpr bool LB = Tr::BOUNDED;
@@ -782,7 +783,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
     bf16_t* dsb = dSs + buf * (BC * BQ);
     // P^T of columns 8 j .. 8 j + 7 (fp32, masked) into pv
-    auto p_cols = [&](int j, float (&pv)[4]) {
+    auto p_cols = [&](int j, float(&pv)[4]) {
       const int qc = j * 8 + 2 * t4;
       const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
       const int2 f2 = seg ? *reinterpret_cast<const int2*>(Fs + s * BQ + qc) : make_int2(0, 0);
@@ -796,7 +797,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       }
     };
     // P^T packed into pa; dS^T of the same columns from their P^T: into dsa and the dS^T buffer
-    auto ds_cols = [&](int j, const float (&pv)[4]) {
+    auto ds_cols = [&](int j, const float(&pv)[4]) {
       pa[j >> 1][(j & 1) * 2] = pack_bf16(pv[0], pv[1]);
       pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pv[2], pv[3]);
       const int qc = j * 8 + 2 * t4;
@@ -926,7 +927,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   }
 
   if constexpr (Tr::PREFETCH) wgmma_wait<0>();  // the last tile's dropped S^T, dP^T
-  if (Tr::TMA_DQ && tw == 0) bulk_wait_all();  // the last dQ reduces done before the block ends
+  if (Tr::TMA_DQ && tw == 0) bulk_wait_all();   // the last dQ reduces done before the block ends
   // dK, dV rows key0, key0 + 8
   const int64_t kstr = int64_t(KVH) * HD;
 #pragma unroll
@@ -965,9 +966,10 @@ CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows, boo
   const cuuint64_t strides[2] = {cuuint64_t(cols) * es, cuuint64_t(cols) * es * cuuint64_t(T)};
   const cuuint32_t box[3] = {cuuint32_t(128 / es), cuuint32_t(rows), 1};
   const cuuint32_t estr[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
-                                          strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = tensor_map_encoder()(
+      &map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
+      strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   SF_CHECK(r == CUDA_SUCCESS, "attention (sm_90): cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
   return map;
 }
@@ -1048,8 +1050,7 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
   if (d.head_dim == 64)
     b ? forward<64, true>(out, lse, q, k, v, d, L) : forward<64, false>(out, lse, q, k, v, d, L);
   else
-    b ? forward<128, true>(out, lse, q, k, v, d, L)
-      : forward<128, false>(out, lse, q, k, v, d, L);
+    b ? forward<128, true>(out, lse, q, k, v, d, L) : forward<128, false>(out, lse, q, k, v, d, L);
 }
 
 }  // namespace sf::cuda
