@@ -555,8 +555,8 @@ TEST(CudaOps, GeGlu) {
 // ================================================================================================
 struct AttnCfg {
   int B, T, H, KVH, hd;
-  int window = 0;        // sliding window (AttnDims::window), 0 = none
-  float q_scale = 1.f;   // q's standard deviation: large values make rows change their max mid-row
+  int window = 0;       // sliding window (AttnDims::window), 0 = none
+  float q_scale = 1.f;  // q's standard deviation: large values make rows change their max mid-row
 };
 
 // Forward and backward of one configuration. The backward of every run gets the same inputs:
@@ -564,7 +564,8 @@ struct AttnCfg {
 // gets its own copy of it) or empty.
 void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int32_t>& pos = {}) {
   SCOPED_TRACE(testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " KVH=" << c.KVH << " hd=" << c.hd
-                                  << (pos.empty() ? "" : " packed") << " window=" << c.window << " q_scale=" << c.q_scale);
+                                  << (pos.empty() ? "" : " packed") << " window=" << c.window
+                                  << " q_scale=" << c.q_scale);
   ASSERT_TRUE(pos.empty() || int64_t(pos.size()) == int64_t(c.B) * c.T);
   AttnDims d0;
   d0.B = c.B, d0.T = c.T, d0.n_head = c.H, d0.n_kv_head = c.KVH, d0.head_dim = c.hd;
@@ -620,27 +621,37 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
   }
 }
 
-TEST(CudaOps, AttentionShortSequences) {
-  REQUIRE_GPU();
+// The cases of the tests below, also run on AttnPath::Sm90BwdV2 (AttentionSm90BwdV2).
+void short_cases() {
   attention_case({2, 1, 2, 2, 64}, true);    // T = 1, GQA 1
   attention_case({2, 7, 8, 1, 128}, true);   // GQA 8
   attention_case({2, 127, 4, 1, 64}, true);  // GQA 4, T not a multiple of any tile
   attention_case({1, 127, 2, 2, 128}, false);
   attention_case({2, 300, 8, 2, 128}, false);  // GQA 4
 }
-
-TEST(CudaOps, AttentionLongSequences) {
-  REQUIRE_GPU();
+void long_cases() {
   attention_case({1, 1000, 4, 1, 128}, true);  // GQA 4
   attention_case({1, 2049, 8, 1, 64}, false);  // GQA 8
   attention_case({1, 2049, 2, 2, 128}, false);
 }
+TEST(CudaOps, AttentionShortSequences) {
+  REQUIRE_GPU();
+  short_cases();
+}
+TEST(CudaOps, AttentionLongSequences) {
+  REQUIRE_GPU();
+  long_cases();
+}
 
 // cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 kernels
-// where they apply) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
+// where they apply), Sm90BwdV2 (the sm_90 backward's dQ by TMA reduce-add, on trial; Auto off
+// Hopper) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
 void each_flash_path(const std::function<void()>& cases) {
-  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm80}) {
-    SCOPED_TRACE(testing::Message() << "path " << (p == cuda::AttnPath::Auto ? "auto" : "sm80"));
+  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm90BwdV2, cuda::AttnPath::Sm80}) {
+    SCOPED_TRACE(testing::Message() << "path "
+                                    << (p == cuda::AttnPath::Auto        ? "auto"
+                                        : p == cuda::AttnPath::Sm90BwdV2 ? "sm90bwd2"
+                                                                         : "sm80"));
     cuda::attention_force_path(p);
     cases();
   }
@@ -692,8 +703,7 @@ TEST(CudaOps, AttentionSimpleKernels) {
 // records longer than a tile; the flash kernels (bf16, hd 64 / 128) skip the key tiles before a
 // query tile's first record and the query tiles after a key block's last; the f32 runs check the
 // simple kernels with the same mask.
-TEST(CudaOps, AttentionPackedRows) {
-  REQUIRE_GPU();
+void packed_cases() {
   attention_case({2, 7, 8, 1, 128}, true, positions_of({{3, 4}, {1, 1, 1, 1, 1, 1, 1}}));
   attention_case({2, 127, 4, 1, 64}, true, packed_positions(2, 127, 40, 1));
   attention_case({2, 300, 8, 2, 128}, true, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
@@ -701,6 +711,10 @@ TEST(CudaOps, AttentionPackedRows) {
   attention_case({1, 1000, 4, 1, 128}, true, packed_positions(1, 1000, 300, 2));
   attention_case({2, 2049, 8, 2, 64}, false, packed_positions(2, 2049, 700, 3));
   attention_case({2, 33, 4, 2, 32}, false, packed_positions(2, 33, 9, 4));  // simple kernels on BF16
+}
+TEST(CudaOps, AttentionPackedRows) {
+  REQUIRE_GPU();
+  packed_cases();
 }
 
 // The packed cases through each flash kernel family (on Hopper: the sm_90 kernels and the sm_80
@@ -717,8 +731,7 @@ TEST(CudaOps, AttentionPackedRowsKernelFamilies) {
 // boundaries, longer than T; with GQA and packed rows (both lower bounds at once). The flash kernels
 // skip the key tiles before a query tile's window and the query tiles past a key block's; the f32
 // runs check the simple kernels with the same mask.
-TEST(CudaOps, AttentionSlidingWindow) {
-  REQUIRE_GPU();
+void window_cases() {
   attention_case({2, 7, 8, 1, 128, 1}, true);
   attention_case({2, 127, 4, 1, 64, 5}, true);
   attention_case({2, 300, 8, 2, 128, 64}, true);
@@ -728,10 +741,27 @@ TEST(CudaOps, AttentionSlidingWindow) {
   attention_case({1, 127, 2, 2, 128, 500}, false);  // window longer than T: the causal result
   attention_case({2, 300, 8, 2, 128, 50}, true, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
   attention_case({2, 2049, 8, 2, 64, 333}, false, packed_positions(2, 2049, 700, 3));
+}
+TEST(CudaOps, AttentionSlidingWindow) {
+  REQUIRE_GPU();
+  window_cases();
   each_flash_path([] {
     attention_case({2, 300, 8, 2, 128, 70}, false);
     attention_case({3, 257, 4, 1, 64, 31}, false, packed_positions(3, 257, 90, 5));
   });
+}
+
+// The trial backward (dQ by TMA reduce-add; Auto elsewhere than Hopper) on every shape class of
+// the tests above (each_flash_path runs it on the rest): T = 1, tails, GQA 1 / 4 / 8, long rows,
+// packed rows, windows, both at once. Delete with AttnPath::Sm90BwdV2.
+TEST(CudaOps, AttentionSm90BwdV2) {
+  REQUIRE_GPU();
+  cuda::attention_force_path(cuda::AttnPath::Sm90BwdV2);
+  short_cases();
+  long_cases();
+  packed_cases();
+  window_cases();
+  cuda::attention_force_path(cuda::AttnPath::Auto);
 }
 
 // Head dim 256 (Gemma 3) in the flash kernels: T = 1, tails of every tile size, GQA 1/2/4, long

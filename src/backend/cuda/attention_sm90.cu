@@ -80,6 +80,22 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
       : "memory");
 }
 
+// dQ by TMA reduce-add (Sm90BwdTile's TMA_DQ): one [rows][32] f32 box of shared memory added into
+// the global tensor at (col, row, batch), rows past T clipped; completes in the issuing thread's
+// bulk group (committed by bulk_commit, waited for by bulk_wait_read / bulk_wait_all).
+__device__ __forceinline__ void tma_reduce_add(const CUtensorMap* map, const void* src, int col, int row, int b) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_u32(src)), "r"(col), "r"(row), "r"(b)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// The shared memory of this thread's committed reduces has been read (it may be written again).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// This thread's committed reduces are complete in global memory.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // ---- wgmma -------------------------------------------------------------------------------------
 // Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
 // offsets (K-major: LBO unused, SBO = 1024 between 8-row groups; MN-major (V): LBO = the next
@@ -186,15 +202,14 @@ __device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], 
 // key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the row or
 // (BOUNDED) before its first key fk (packed rows, window) are -inf; P left in s as fp32 (packed to
 // bf16 by pack_p only once the previous PV is done, so one P buffer suffices: 32 registers fewer
-// than two, which the lazy rescale needs) and the running max lazy: a row keeps its max until a tile raises it by more than kLazyRescaleLog2
-// in the exp2 domain (meanwhile P <= 2^8: in range for bf16 and the fp32 sums; l and O share the
+// than two, which the lazy rescale needs) and the running max lazy: a row keeps its max until a tile raises it by more
+// than kLazyRescaleLog2 in the exp2 domain (meanwhile P <= 2^8: in range for bf16 and the fp32 sums; l and O share the
 // stale max, so O / l and lse are unchanged), corr = 1 then. Returns whether a row of the warp
 // moved its max (the warp-uniform test for rescaling O).
 constexpr float kLazyRescaleLog2 = 8.f;
 template <int BC, bool BOUNDED>
 __device__ __forceinline__ bool softmax_tile_lazy(float (&s)[BC / 2], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                                  bool mask, int key0, int row0, const int (&fk)[2],
-                                                  float scale_log2) {
+                                                  bool mask, int key0, int row0, const int (&fk)[2], float scale_log2) {
   float mx[2];
   mask_rowmax<BC, BOUNDED>(s, mx, m, mask, key0, row0, fk);
   float off[2];
@@ -328,10 +343,9 @@ __device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n
 template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                                     const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out,
-                                     float* __restrict__ lse, const int32_t* __restrict__ pos,
-                                     int* __restrict__ tile_counter, int B, int T, int H, int KVH,
-                                     float scale_log2, int window) {
+                          const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out, float* __restrict__ lse,
+                          const int32_t* __restrict__ pos, int* __restrict__ tile_counter, int B, int T, int H, int KVH,
+                          float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, KS = Tr::KSTAGES, VS = Tr::VSTAGES, QS = Tr::QSTAGES;
   constexpr int CH = Tr::CH;
@@ -550,23 +564,47 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 //   dQ[:, half w] = dS K[:, half w]               (wgmma from shared memory, after a barrier of the
 //                                                 two consumers), fp32 float2 atomics into the
 //                                                 workspace (the caller casts it to bf16)
-template <int HD_, bool BOUNDED_>
+// TMA_DQ (AttnPath::Sm90BwdV2, on trial): dQ instead through shared memory and one TMA reduce-add
+// a 32-column box: each thread writes its dQ fragment (16 float2 stores, conflict-free into the
+// 128-byte-swizzled boxes) where it issued 16 float2 atomics to L2; the warpgroup meets at a named
+// barrier and one thread issues HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T.
+// The staging is reused a tile later: its issuer waits for the reads before the dS barrier.
+// With it: P^T / dS^T and the dV, dK products in two halves of the query tile (the first half's
+// products under the second half's element-wise work); at hd 64 (PREFETCH) the next tile's S^T,
+// dP^T issued right behind this tile's dQ; at hd 128 (SPLIT_SDP) half of P^T under dP^T.
+template <int HD_, bool BOUNDED_, bool TMA_DQ_ = false>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
-  static constexpr bool BOUNDED = BOUNDED_;                      // as Sm90FwdTile's
+  static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
+  static constexpr bool TMA_DQ = TMA_DQ_;
+  // (TMA_DQ) hd 64: the next tile's S^T, dP^T issued behind this tile's dQ wgmma: their 64
+  // accumulator registers live beside dK, dV (64) and dQ (16). Not at hd 128 (ptxas: S^T and dP^T
+  // spilled 344 bytes; S^T alone 48-56, behind the dQ wgmma or after the dQ stores).
+  static constexpr bool PREFETCH = TMA_DQ && HD == 64;
+  // (TMA_DQ, hd 128) S^T and dP^T in two groups, P^T computed while dP^T runs (the MUFU work,
+  // 8192 exp2 a tile: ~512 cycles at 16 a cycle, under dP^T's ~512)
+  static constexpr bool SPLIT_SDP = TMA_DQ && !PREFETCH;
+  // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56)
+  static constexpr int P_EARLY = 4;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
-  // dS^T [2][BC][BQ] (swizzled rows of 64) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
+  // dS^T [2][BC][BQ] (swizzled rows of 64) | (TMA_DQ) dQ [CONSUMERS][HD / 64][BQ][32] f32 (swizzled
+  // 128-byte rows) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
   // F [STAGES][BQ] int (first key of each query: packed rows, window) | barriers
+  static constexpr int DQ_BOXES = HD / 64;  // 32-column f32 boxes of one consumer's HD / 2 dQ columns
+  static constexpr uint32_t dq_box_bytes = BQ * 32 * 4;
   static constexpr size_t k_off = 0, v_off = k_off + kv_bytes, q_off = v_off + kv_bytes;
   static constexpr size_t do_off = q_off + size_t(STAGES) * qt_bytes, ds_off = do_off + size_t(STAGES) * qt_bytes;
-  static constexpr size_t l_off = ds_off + size_t(2) * ds_bytes, d_off = l_off + size_t(STAGES) * BQ * 4;
+  static constexpr size_t dq_off = ds_off + size_t(2) * ds_bytes;
+  static constexpr size_t l_off = dq_off + (TMA_DQ ? size_t(CONSUMERS) * DQ_BOXES * dq_box_bytes : 0);
+  static constexpr size_t d_off = l_off + size_t(STAGES) * BQ * 4;
   static constexpr size_t f_off = d_off + size_t(STAGES) * BQ * 4, bar_off = f_off + size_t(STAGES) * BQ * 4;
   // barriers: kv_full, full[STAGES], empty[STAGES]
   static constexpr size_t smem = bar_off + 8 * (1 + 2 * STAGES) + 1024;
   static_assert(HD % 64 == 0 && BC == 64 * CONSUMERS && BQ == 64, "tile shape");
+  static_assert(smem <= 227 * 1024, "shared memory");
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
 
@@ -574,9 +612,10 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                          float* __restrict__ dq_acc, bf16_t* __restrict__ dk, bf16_t* __restrict__ dv,
-                          const float* __restrict__ lse, const float* __restrict__ Dd, const int32_t* __restrict__ pos,
-                          int T, int H, int KVH, float scale, float scale_log2, int window) {
+                          const __grid_constant__ CUtensorMap tdq, float* __restrict__ dq_acc, bf16_t* __restrict__ dk,
+                          bf16_t* __restrict__ dv, const float* __restrict__ lse, const float* __restrict__ Dd,
+                          const int32_t* __restrict__ pos, int T, int H, int KVH, float scale, float scale_log2,
+                          int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BC = Tr::BC, BQ = Tr::BQ, ST = Tr::STAGES, CH = Tr::CH;
   constexpr bool LB = Tr::BOUNDED;
@@ -698,21 +737,43 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   for (int i = 0; i < HD / 2; ++i) dka[i] = dva[i] = 0.f;
   const int64_t qstr = int64_t(H) * HD;
 
-  bar_wait(kv_full, 0);
-  for (int it = 0; it < total; ++it) {
-    const int s = it % ST, buf = it & 1;
-    const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+  // S^T, dP^T of tile `it` (stage it % ST, waited for until loaded), committed by the caller.
+  float st[BQ / 2], dp[BQ / 2];
+  auto issue_s = [&](int it) {
+    const int s = it % ST;
     bar_wait(full + s, (it / ST) & 1);
-    float st[BQ / 2], dp[BQ / 2];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(st, kw_desc(k_addr, kk), qt_desc(q_addr, s, kk), kk > 0);
+  };
+  auto issue_dp = [&](int it) {  // right after issue_s(it): its wait and fence serve
+    const int s = it % ST;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
+  };
+  bar_wait(kv_full, 0);
+  if constexpr (Tr::PREFETCH) {  // total >= 1: i_end > i_start
+    issue_s(0);
+    issue_dp(0);
     wgmma_commit();
-    wgmma_wait<0>();
+  }
+  for (int it = 0; it < total; ++it) {
+    const int s = it % ST, buf = it & 1;
+    const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+    // SPLIT_SDP (on trial): S^T and dP^T in two groups, P^T computed while dP^T runs
+    if constexpr (!Tr::PREFETCH) {  // (PREFETCH: issued behind the previous tile's dQ)
+      issue_s(it);
+      if (Tr::SPLIT_SDP) wgmma_commit();
+      issue_dp(it);
+      wgmma_commit();
+    }
+    if constexpr (Tr::SPLIT_SDP) {
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+      reg_fence(dp);
+    }
     reg_fence(st);
-    reg_fence(dp);
     // P^T, dS^T (this thread: keys key0 + 8 (e >> 1), queries q0 + 8 j + 2 t4 + (e & 1))
     const bool mask = q0 < kw0 + 63;
     // Some query of the tile sees its first key after this warpgroup's first key (the last
@@ -721,13 +782,11 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     const bool seg = LB && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
     uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
     bf16_t* dsb = dSs + buf * (BC * BQ);
-#pragma unroll
-    for (int j = 0; j < BQ / 8; ++j) {
+    // P^T of columns 8 j .. 8 j + 7 (fp32, masked) into pv
+    auto p_cols = [&](int j, float(&pv)[4]) {
       const int qc = j * 8 + 2 * t4;
       const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
-      const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
       const int2 f2 = seg ? *reinterpret_cast<const int2*>(Fs + s * BQ + qc) : make_int2(0, 0);
-      float pv[4], dv4[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
@@ -735,10 +794,17 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         const bool masked = (mask && q0 + qc + (e & 1) < key) || (LB && seg && ((e & 1) ? f2.y : f2.x) > key);
         if (masked) pe = 0.f;
         pv[e] = pe;
-        dv4[e] = pe * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
       }
+    };
+    // P^T packed into pa; dS^T of the same columns from their P^T: into dsa and the dS^T buffer
+    auto ds_cols = [&](int j, const float(&pv)[4]) {
       pa[j >> 1][(j & 1) * 2] = pack_bf16(pv[0], pv[1]);
       pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pv[2], pv[3]);
+      const int qc = j * 8 + 2 * t4;
+      const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
+      float dv4[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dv4[e] = pv[e] * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
       const uint32_t lo = pack_bf16(dv4[0], dv4[1]), hi = pack_bf16(dv4[2], dv4[3]);
       dsa[j >> 1][(j & 1) * 2] = lo;
       dsa[j >> 1][(j & 1) * 2 + 1] = hi;
@@ -746,23 +812,76 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       const int r0 = cw * 64 + warp * 16 + g, r1 = r0 + 8;
       *reinterpret_cast<uint32_t*>(dsb + r0 * 64 + (((qc >> 3) ^ (r0 & 7)) << 3) + (qc & 7)) = lo;
       *reinterpret_cast<uint32_t*>(dsb + r1 * 64 + (((qc >> 3) ^ (r1 & 7)) << 3) + (qc & 7)) = hi;
+    };
+    // dV += P^T dO, dK += dS^T Q (registers A, N-major B), k-steps k0 .. k1 - 1 (16 queries each)
+    auto issue_dvdk = [&](int k0, int k1) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dva, pa[kk], qt_ndesc(do_addr, s, kk));
+#pragma unroll
+      for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
+      wgmma_commit();
+    };
+    // (on trial: TMA_DQ) in two halves of the queries: the first half's dV, dK products run under
+    // the second half's P^T, dS^T (the registers live as in one pass: P^T of the whole tile kept
+    // for an early dV spilled at hd 128)
+    constexpr int PARTS = Tr::TMA_DQ ? 2 : 1;
+    if constexpr (Tr::SPLIT_SDP) {
+      // P^T of the tile in place of S^T (the MUFU work under the dP^T products), then dP^T
+#pragma unroll
+      for (int j = 0; j < Tr::P_EARLY; ++j) {
+        float pv[4];
+        p_cols(j, pv);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j * 4 + e] = pv[e];
+      }
+      wgmma_wait<0>();
+      reg_fence(dp);
     }
-    // dV += P^T dO, dK += dS^T Q (registers A, N-major B)
-    wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<HD>(dva, pa[kk], qt_ndesc(do_addr, s, kk));
+    for (int part = 0; part < PARTS; ++part) {
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
-    wgmma_commit();
+      for (int j = part * (BQ / 8 / PARTS); j < (part + 1) * (BQ / 8 / PARTS); ++j) {
+        if (Tr::SPLIT_SDP && j < Tr::P_EARLY) {
+          const float pv[4] = {st[j * 4], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]};
+          ds_cols(j, pv);
+        } else {
+          float pv[4];
+          p_cols(j, pv);
+          ds_cols(j, pv);
+        }
+      }
+      issue_dvdk(part * (BQ / 16 / PARTS), (part + 1) * (BQ / 16 / PARTS));
+    }
     // dS^T of both consumers in shared memory, visible to the tensor cores (async proxy)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    // (TMA_DQ) the previous tile's dQ staging read by its reduces before anyone writes it again
+    if (Tr::TMA_DQ && tw == 0) bulk_wait_read();
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
     float dqa[HQ / 2];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_ss<1>(dqa, ds_desc(buf, kk), kn_desc(kk), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
+    if constexpr (Tr::PREFETCH) {
+      // dV, dK done (P^T, dS^T registers free; groups complete in order), then the next tile's
+      // S^T and dP^T queued behind this dQ: the tensor cores stay busy through the dQ stores,
+      // the dQ barrier and the next tile's start.
+      wgmma_wait<1>();
+      reg_fence(dva);
+      reg_fence(dka);
+      reg_fence(pa);
+      reg_fence(dsa);
+      // The last tile issues its own S^T, dP^T again (its stage is still held; the result is
+      // dropped): no branch around an issue, which would serialise every wgmma (ptxas C7518).
+      const int nx = min(it + 1, total - 1);
+      issue_s(nx);
+      issue_dp(nx);
+      wgmma_commit();
+      wgmma_wait<1>();  // dQ done, S^T and dP^T in flight
+    } else {
+      wgmma_wait<0>();
+    }
     reg_fence(dqa);
     reg_fence(dva);
     reg_fence(dka);
@@ -771,17 +890,44 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     if (lane == 0)
       bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
                               // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = q0 + warp * 16 + g + r * 8;
-      if (row >= T) continue;
-      float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HQ + 2 * t4;
+    if constexpr (Tr::TMA_DQ) {
+      // Box j / 4 of this consumer, row warp * 16 + g + 8 r (row & 7 = g), column 8 (j % 4) + 2 t4:
+      // 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by g.
+      float* dqs = reinterpret_cast<float*>(sm + Tr::dq_off) + cw * Tr::DQ_BOXES * (BQ * 32);
 #pragma unroll
       for (int j = 0; j < HQ / 8; ++j)
-        atomicAdd(reinterpret_cast<float2*>(base + j * 8), make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = warp * 16 + g + r * 8, chunk = (2 * (j & 3) + (t4 >> 1)) ^ g;
+          *reinterpret_cast<float2*>(dqs + (j >> 2) * (BQ * 32) + row * 32 + chunk * 4 + 2 * (t4 & 1)) =
+              make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]);
+        }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the TMA unit
+      if (cw == 0)  // named barriers by immediates: a register id reserves all 16
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      else
+        asm volatile("bar.sync 3, 128;\n" ::: "memory");
+      if (tw == 0) {
+#pragma unroll
+        for (int x = 0; x < Tr::DQ_BOXES; ++x)
+          tma_reduce_add(&tdq, dqs + x * (BQ * 32), h * HD + cw * HQ + x * 32, q0, b);
+        bulk_commit();
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = q0 + warp * 16 + g + r * 8;
+        if (row >= T) continue;
+        float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HQ + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < HQ / 8; ++j)
+          atomicAdd(reinterpret_cast<float2*>(base + j * 8), make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]));
+      }
     }
   }
 
+  if constexpr (Tr::PREFETCH) wgmma_wait<0>();  // the last tile's dropped S^T, dP^T
+  if (Tr::TMA_DQ && tw == 0) bulk_wait_all();   // the last dQ reduces done before the block ends
   // dK, dV rows key0, key0 + 8
   const int64_t kstr = int64_t(KVH) * HD;
 #pragma unroll
@@ -812,15 +958,18 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // A [B, T, cols] bf16 tensor read in [rows][64] boxes, 128-byte swizzle; rows past T read as zeros.
-CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows) {
+// f32: an F32 tensor in [rows][32] boxes (128-byte rows as well: the dQ reduce-add's).
+CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows, bool f32 = false) {
   CUtensorMap map;
+  const cuuint64_t es = f32 ? 4 : 2;
   const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(T), cuuint64_t(B)};
-  const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, cuuint64_t(cols) * 2 * cuuint64_t(T)};
-  const cuuint32_t box[3] = {64, cuuint32_t(rows), 1};
+  const cuuint64_t strides[2] = {cuuint64_t(cols) * es, cuuint64_t(cols) * es * cuuint64_t(T)};
+  const cuuint32_t box[3] = {cuuint32_t(128 / es), cuuint32_t(rows), 1};
   const cuuint32_t estr[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
-                                          strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = tensor_map_encoder()(
+      &map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
+      strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   SF_CHECK(r == CUDA_SUCCESS, "attention (sm_90): cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
   return map;
 }
@@ -869,10 +1018,10 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   CUDA_CHECK_LAUNCH();
 }
 
-template <int HD, bool BOUNDED>
+template <int HD, bool BOUNDED, bool TMA_DQ>
 void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
               Tensor lse, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90BwdTile<HD, BOUNDED>;
+  using Tr = Sm90BwdTile<HD, BOUNDED, TMA_DQ>;
   auto kernel = flash_bwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation
   if (!attr_set) {
@@ -883,8 +1032,10 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
   const CUtensorMap tdo = make_map(dout.data, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ);
   const CUtensorMap tk = make_map(k.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
   const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
+  CUtensorMap tdq{};  // read only with TMA_DQ
+  if (TMA_DQ) tdq = make_map(dq_acc, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ, true);
   const unsigned grid = unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B);
-  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, tdq, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
                                                lse.ptr<float>(), D, d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T,
                                                d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
@@ -899,23 +1050,29 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
   if (d.head_dim == 64)
     b ? forward<64, true>(out, lse, q, k, v, d, L) : forward<64, false>(out, lse, q, k, v, d, L);
   else
-    b ? forward<128, true>(out, lse, q, k, v, d, L)
-      : forward<128, false>(out, lse, q, k, v, d, L);
+    b ? forward<128, true>(out, lse, q, k, v, d, L) : forward<128, false>(out, lse, q, k, v, d, L);
 }
 
 }  // namespace sf::cuda
 
 namespace sf::cuda {
 
-void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
+template <bool TMA_DQ>
+void backward_by_shape(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
+                       Tensor lse, const AttnDims& d, const Launch& L) {
   const bool b = bounded(d);
   if (d.head_dim == 64)
-    b ? backward<64, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-      : backward<64, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<64, true, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<64, false, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
   else
-    b ? backward<128, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-      : backward<128, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<128, true, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<128, false, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+}
+
+void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
+                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L, bool dq_tma) {
+  dq_tma ? backward_by_shape<true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+         : backward_by_shape<false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
 }
 
 }  // namespace sf::cuda
