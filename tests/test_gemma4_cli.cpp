@@ -164,6 +164,15 @@ class Gemma4Cli : public test::BinaryTest {
     ASSERT_EQ(b.code, 0) << b.err;
     EXPECT_TRUE(test::slurp(p("a") + "/model.safetensors") == test::slurp(p("b") + "/model.safetensors"))
         << "the sliding engine trained other bytes than the resident one";
+    // with every layer's activations kept whole, then only attention outputs kept (no recompute paths)
+    const std::string all = std::to_string(kLayers);
+    for (const std::string& keep : std::vector<std::string>{" --keep-layers " + all, " --keep-attention " + all, " --keep-layers 1"}) {
+      std::filesystem::remove_all(p("b"));
+      test::CmdResult k = run(train + p("b") + " --offload --slots 2 --gpu-blobs 0" + keep);
+      ASSERT_EQ(k.code, 0) << k.err;
+      EXPECT_TRUE(test::slurp(p("a") + "/model.safetensors") == test::slurp(p("b") + "/model.safetensors"))
+          << "the sliding engine with" << keep << " trained other bytes than the resident one";
+    }
   }
   // One step at lr 0 without decay from `src` saves every tensor back byte for byte (dtype too).
   void expect_lr0_round_trip(const std::string& src, const std::string& common) {
