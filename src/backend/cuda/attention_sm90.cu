@@ -562,28 +562,25 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 //   dS^T -> shared memory (bf16, the M-major A operand of dQ; two buffers, alternating)
 //   dV += P^T dO, dK += dS^T Q                    (wgmma, P^T / dS^T from registers)
 //   dQ[:, half w] = dS K[:, half w]               (wgmma from shared memory, after a barrier of the
-//                                                 two consumers), fp32 float2 atomics into the
-//                                                 workspace (the caller casts it to bf16)
-// TMA_DQ (AttnPath::Sm90BwdV2, on trial): dQ instead through shared memory and one TMA reduce-add
-// a 32-column box: each thread writes its dQ fragment (16 float2 stores, conflict-free into the
-// 128-byte-swizzled boxes) where it issued 16 float2 atomics to L2; the warpgroup meets at a named
-// barrier and one thread issues HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T.
-// The staging is reused a tile later: its issuer waits for the reads before the dS barrier.
-// With it: P^T / dS^T and the dV, dK products in two halves of the query tile (the first half's
-// products under the second half's element-wise work); at hd 64 (PREFETCH) the next tile's S^T,
-// dP^T issued right behind this tile's dQ; at hd 128 (SPLIT_SDP) half of P^T under dP^T.
-template <int HD_, bool BOUNDED_, bool TMA_DQ_ = false>
+//                                                 two consumers), added into the fp32 workspace
+//                                                 (the caller zeroes it and casts it to bf16)
+// hd 128 (TMA_DQ, measured 1.12x faster on the H200 in session 12):
+// - dQ through shared memory and one TMA reduce-add a 32-column box: each thread writes its dQ
+//   fragment (16 float2 stores, conflict-free into the 128-byte-swizzled boxes) where it would
+//   issue 16 float2 atomics to L2; the warpgroup meets at a named barrier and one thread issues
+//   HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T. The staging is reused a
+//   tile later: its issuer waits for the reads before the dS barrier.
+// - P^T / dS^T and the dV, dK products in two halves of the query tile (the first half's products
+//   under the second half's element-wise work).
+// - S^T and dP^T in two groups, half of P^T computed while dP^T runs (the MUFU work, 8192 exp2 a
+//   tile: ~512 cycles at 16 a cycle, under dP^T's ~512).
+// hd 64 keeps float2 atomics and one pass: the same changes with the next tile's S^T / dP^T
+// issued behind the dQ wgmma measured 0.90x there.
+template <int HD_, bool BOUNDED_>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
-  static constexpr bool TMA_DQ = TMA_DQ_;
-  // (TMA_DQ) hd 64: the next tile's S^T, dP^T issued behind this tile's dQ wgmma: their 64
-  // accumulator registers live beside dK, dV (64) and dQ (16). Not at hd 128 (ptxas: S^T and dP^T
-  // spilled 344 bytes; S^T alone 48-56, behind the dQ wgmma or after the dQ stores).
-  static constexpr bool PREFETCH = TMA_DQ && HD == 64;
-  // (TMA_DQ, hd 128) S^T and dP^T in two groups, P^T computed while dP^T runs (the MUFU work,
-  // 8192 exp2 a tile: ~512 cycles at 16 a cycle, under dP^T's ~512)
-  static constexpr bool SPLIT_SDP = TMA_DQ && !PREFETCH;
+  static constexpr bool TMA_DQ = HD == 128;
   // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56)
   static constexpr int P_EARLY = 4;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
@@ -752,22 +749,15 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
   };
   bar_wait(kv_full, 0);
-  if constexpr (Tr::PREFETCH) {  // total >= 1: i_end > i_start
-    issue_s(0);
-    issue_dp(0);
-    wgmma_commit();
-  }
   for (int it = 0; it < total; ++it) {
     const int s = it % ST, buf = it & 1;
     const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
-    // SPLIT_SDP (on trial): S^T and dP^T in two groups, P^T computed while dP^T runs
-    if constexpr (!Tr::PREFETCH) {  // (PREFETCH: issued behind the previous tile's dQ)
-      issue_s(it);
-      if (Tr::SPLIT_SDP) wgmma_commit();
-      issue_dp(it);
-      wgmma_commit();
-    }
-    if constexpr (Tr::SPLIT_SDP) {
+    // (TMA_DQ) S^T and dP^T in two groups, P^T computed while dP^T runs
+    issue_s(it);
+    if (Tr::TMA_DQ) wgmma_commit();
+    issue_dp(it);
+    wgmma_commit();
+    if constexpr (Tr::TMA_DQ) {
       wgmma_wait<1>();
     } else {
       wgmma_wait<0>();
@@ -822,11 +812,11 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
       wgmma_commit();
     };
-    // (on trial: TMA_DQ) in two halves of the queries: the first half's dV, dK products run under
+    // (TMA_DQ) in two halves of the queries: the first half's dV, dK products run under
     // the second half's P^T, dS^T (the registers live as in one pass: P^T of the whole tile kept
     // for an early dV spilled at hd 128)
     constexpr int PARTS = Tr::TMA_DQ ? 2 : 1;
-    if constexpr (Tr::SPLIT_SDP) {
+    if constexpr (Tr::TMA_DQ) {
       // P^T of the tile in place of S^T (the MUFU work under the dP^T products), then dP^T
 #pragma unroll
       for (int j = 0; j < Tr::P_EARLY; ++j) {
@@ -842,7 +832,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     for (int part = 0; part < PARTS; ++part) {
 #pragma unroll
       for (int j = part * (BQ / 8 / PARTS); j < (part + 1) * (BQ / 8 / PARTS); ++j) {
-        if (Tr::SPLIT_SDP && j < Tr::P_EARLY) {
+        if (Tr::TMA_DQ && j < Tr::P_EARLY) {
           const float pv[4] = {st[j * 4], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]};
           ds_cols(j, pv);
         } else {
@@ -863,25 +853,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_ss<1>(dqa, ds_desc(buf, kk), kn_desc(kk), kk > 0);
     wgmma_commit();
-    if constexpr (Tr::PREFETCH) {
-      // dV, dK done (P^T, dS^T registers free; groups complete in order), then the next tile's
-      // S^T and dP^T queued behind this dQ: the tensor cores stay busy through the dQ stores,
-      // the dQ barrier and the next tile's start.
-      wgmma_wait<1>();
-      reg_fence(dva);
-      reg_fence(dka);
-      reg_fence(pa);
-      reg_fence(dsa);
-      // The last tile issues its own S^T, dP^T again (its stage is still held; the result is
-      // dropped): no branch around an issue, which would serialise every wgmma (ptxas C7518).
-      const int nx = min(it + 1, total - 1);
-      issue_s(nx);
-      issue_dp(nx);
-      wgmma_commit();
-      wgmma_wait<1>();  // dQ done, S^T and dP^T in flight
-    } else {
-      wgmma_wait<0>();
-    }
+    wgmma_wait<0>();
     reg_fence(dqa);
     reg_fence(dva);
     reg_fence(dka);
@@ -926,8 +898,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     }
   }
 
-  if constexpr (Tr::PREFETCH) wgmma_wait<0>();  // the last tile's dropped S^T, dP^T
-  if (Tr::TMA_DQ && tw == 0) bulk_wait_all();   // the last dQ reduces done before the block ends
+  if (Tr::TMA_DQ && tw == 0) bulk_wait_all();  // the last dQ reduces done before the block ends
   // dK, dV rows key0, key0 + 8
   const int64_t kstr = int64_t(KVH) * HD;
 #pragma unroll
@@ -1018,10 +989,10 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   CUDA_CHECK_LAUNCH();
 }
 
-template <int HD, bool BOUNDED, bool TMA_DQ>
+template <int HD, bool BOUNDED>
 void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
               Tensor lse, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90BwdTile<HD, BOUNDED, TMA_DQ>;
+  using Tr = Sm90BwdTile<HD, BOUNDED>;
   auto kernel = flash_bwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation
   if (!attr_set) {
@@ -1033,7 +1004,7 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
   const CUtensorMap tk = make_map(k.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
   const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
   CUtensorMap tdq{};  // read only with TMA_DQ
-  if (TMA_DQ) tdq = make_map(dq_acc, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ, true);
+  if (Tr::TMA_DQ) tdq = make_map(dq_acc, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ, true);
   const unsigned grid = unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B);
   kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, tdq, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
                                                lse.ptr<float>(), D, d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T,
@@ -1053,26 +1024,15 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
     b ? forward<128, true>(out, lse, q, k, v, d, L) : forward<128, false>(out, lse, q, k, v, d, L);
 }
 
-}  // namespace sf::cuda
-
-namespace sf::cuda {
-
-template <bool TMA_DQ>
-void backward_by_shape(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
-                       Tensor lse, const AttnDims& d, const Launch& L) {
+void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
+                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
   const bool b = bounded(d);
   if (d.head_dim == 64)
-    b ? backward<64, true, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-      : backward<64, false, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<64, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<64, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
   else
-    b ? backward<128, true, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-      : backward<128, false, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-}
-
-void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L, bool dq_tma) {
-  dq_tma ? backward_by_shape<true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-         : backward_by_shape<false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<128, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<128, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
 }
 
 }  // namespace sf::cuda
