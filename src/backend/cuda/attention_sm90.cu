@@ -576,11 +576,16 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 //   tile: ~512 cycles at 16 a cycle, under dP^T's ~512).
 // hd 64 keeps float2 atomics and one pass: the same changes with the next tile's S^T / dP^T
 // issued behind the dQ wgmma measured 0.90x there.
-template <int HD_, bool BOUNDED_>
+// On trial (session 12, AttnPath::Sm90Trial): hd 64 with the TMA reduce-add and the halves but
+// without the next-tile prefetch, to tell which of the two lost (S^T and dP^T stay one group at
+// hd 64: two serialised its wgmmas, ptxas C7514).
+template <int HD_, bool BOUNDED_, bool TMA_DQ_ = HD_ == 128>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
-  static constexpr bool TMA_DQ = HD == 128;
+  static constexpr bool TMA_DQ = TMA_DQ_;
+  // (hd 128) S^T and dP^T in two wgmma groups, P_EARLY column groups of P^T under dP^T
+  static constexpr bool SPLIT_SDP = TMA_DQ && HD == 128;
   // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56)
   static constexpr int P_EARLY = 4;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
@@ -752,12 +757,12 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   for (int it = 0; it < total; ++it) {
     const int s = it % ST, buf = it & 1;
     const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
-    // (TMA_DQ) S^T and dP^T in two groups, P^T computed while dP^T runs
+    // (SPLIT_SDP) S^T and dP^T in two groups, P^T computed while dP^T runs
     issue_s(it);
-    if (Tr::TMA_DQ) wgmma_commit();
+    if (Tr::SPLIT_SDP) wgmma_commit();
     issue_dp(it);
     wgmma_commit();
-    if constexpr (Tr::TMA_DQ) {
+    if constexpr (Tr::SPLIT_SDP) {
       wgmma_wait<1>();
     } else {
       wgmma_wait<0>();
@@ -816,7 +821,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     // the second half's P^T, dS^T (the registers live as in one pass: P^T of the whole tile kept
     // for an early dV spilled at hd 128)
     constexpr int PARTS = Tr::TMA_DQ ? 2 : 1;
-    if constexpr (Tr::TMA_DQ) {
+    if constexpr (Tr::SPLIT_SDP) {
       // P^T of the tile in place of S^T (the MUFU work under the dP^T products), then dP^T
 #pragma unroll
       for (int j = 0; j < Tr::P_EARLY; ++j) {
@@ -832,7 +837,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     for (int part = 0; part < PARTS; ++part) {
 #pragma unroll
       for (int j = part * (BQ / 8 / PARTS); j < (part + 1) * (BQ / 8 / PARTS); ++j) {
-        if (Tr::TMA_DQ && j < Tr::P_EARLY) {
+        if (Tr::SPLIT_SDP && j < Tr::P_EARLY) {
           const float pv[4] = {st[j * 4], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]};
           ds_cols(j, pv);
         } else {
@@ -989,10 +994,10 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   CUDA_CHECK_LAUNCH();
 }
 
-template <int HD, bool BOUNDED>
+template <int HD, bool BOUNDED, bool TMA_DQ = HD == 128>
 void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
               Tensor lse, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90BwdTile<HD, BOUNDED>;
+  using Tr = Sm90BwdTile<HD, BOUNDED, TMA_DQ>;
   auto kernel = flash_bwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation
   if (!attr_set) {
@@ -1025,9 +1030,12 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
 }
 
 void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
+                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L, bool trial) {
   const bool b = bounded(d);
-  if (d.head_dim == 64)
+  if (d.head_dim == 64 && trial)
+    b ? backward<64, true, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<64, false, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+  else if (d.head_dim == 64)
     b ? backward<64, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
       : backward<64, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
   else
