@@ -646,7 +646,7 @@ TEST(CudaOps, AttentionLongSequences) {
 }
 
 // cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 kernels
-// where they apply), Sm90Trial (on trial: hd 64's backward with TMA dQ; Auto off Hopper) and the
+// where they apply), Sm90Trial (on trial: the sm_90 backward's dQ variants; Auto off Hopper) and the
 // sm_80 kernels forced, so the fallback stays tested on Hopper too.
 void each_flash_path(const std::function<void()>& cases) {
   for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm90Trial, cuda::AttnPath::Sm80}) {
@@ -753,7 +753,8 @@ TEST(CudaOps, AttentionSlidingWindow) {
   });
 }
 
-// The trial path (hd 64's backward with TMA dQ; Auto elsewhere than Hopper) on every shape class
+// The trial path (the sm_90 backward's dQ variants: hd 64 by TMA reduce-add, hd 128 each consumer
+// its own keys' part; Auto elsewhere than Hopper) on every shape class
 // of the tests above: T = 1, tails, GQA 1 / 4 / 8, long rows, packed rows, windows, both at once.
 // Delete with AttnPath::Sm90Trial.
 TEST(CudaOps, AttentionSm90Trial) {
