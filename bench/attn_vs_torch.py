@@ -9,8 +9,8 @@ For each head dim (128, 64) at B, T, H, KVH (default 8, 2048, 32, 8): torch's FL
 CUDNN_ATTENTION and EFFICIENT_ATTENTION backends (enable_gqa where the backend takes it, else K/V
 expanded outside the timing), fwd / bwd / fwd+bwd, CUDA events, median; then BUILD_DIR/attn_bench
 (the same shapes, our kernels: the default path, the trial path (measured against the default
-until one is kept: the sm_90 backward's dQ variants, hd 64 by TMA reduce-add, hd 128 without a
-barrier between the consumers) and the sm_80 kernels forced); then packed rows
+until one is kept: the sm_90 backward with no barrier between its consumers, each adding its own
+keys' part of dQ by TMA reduce-add) and the sm_80 kernels forced); then packed rows
 against unpacked ones with the same real tokens (B rows of T packed with records of 512 against
 B T / 512 rows of 512: the same attention work, so equal times mean the same speed per real
 token; issue 19). Parity first (unless

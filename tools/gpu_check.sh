@@ -594,9 +594,9 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
       run gemma4_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
         --models gemma4_dense --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g4_parity_cuda_off ;;
     # issue 19, the attention path on trial (attn_trial, ~110 s; session 12, AttnPath::Sm90Trial:
-    # hd 64's sm_90 backward with dQ by TMA reduce-add and the products in halves, without the
-    # next-tile prefetch that the session-11 trial had; hd 128's with no barrier between the
-    # consumers, each adding its own keys' part of dQ over all columns): the attention gtests (CPU twin, odd
+    # the sm_90 backward with no barrier between its consumers, each adding its own keys' part of
+    # dQ over all columns by TMA reduce-add; at hd 64 also the products in halves as at hd 128,
+    # without the session-11 next-tile prefetch): the attention gtests (CPU twin, odd
     # shapes, poisoned outputs, packed rows, windows, GQA; each kernel path: auto, sm90trial,
     # sm80; AttentionSm90Trial runs every shape class on the trial), then attn_bench with the
     # default and the trial alternated twice per head dim (their difference against the

@@ -753,8 +753,8 @@ TEST(CudaOps, AttentionSlidingWindow) {
   });
 }
 
-// The trial path (the sm_90 backward's dQ variants: hd 64 by TMA reduce-add, hd 128 each consumer
-// its own keys' part; Auto elsewhere than Hopper) on every shape class
+// The trial path (the sm_90 backward, each consumer adding its own keys' part of dQ by TMA
+// reduce-add; Auto elsewhere than Hopper) on every shape class
 // of the tests above: T = 1, tails, GQA 1 / 4 / 8, long rows, packed rows, windows, both at once.
 // Delete with AttnPath::Sm90Trial.
 TEST(CudaOps, AttentionSm90Trial) {

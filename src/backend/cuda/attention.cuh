@@ -41,8 +41,8 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
 // device (sm_90 kernels on Hopper where they apply); Sm80 keeps the sm_80 flash kernels on any
 // device, so they stay tested on Hopper; Simple routes everything to the simple kernels.
 // Sm90Trial (on trial for one H200 comparison, session 12; keep per head dim whichever wins): Auto,
-// but the sm_90 backward at hd 64 adds dQ by TMA reduce-add as at hd 128 (without hd 128's S^T /
-// dP^T split), and at hd 128 its consumers do not meet (each adds its own keys' part of dQ).
+// but in the sm_90 backward the consumers do not meet: each adds its own keys' part of dQ by TMA
+// reduce-add (hd 64 too, with hd 128's products in halves).
 enum class AttnPath { Auto, Sm80, Simple, Sm90Trial };
 void attention_force_path(AttnPath p);
 

@@ -576,16 +576,14 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 //   tile: ~512 cycles at 16 a cycle, under dP^T's ~512).
 // hd 64 keeps float2 atomics and one pass: the same changes with the next tile's S^T / dP^T
 // issued behind the dQ wgmma measured 0.90x there.
-// On trial (session 12, TRIAL: AttnPath::Sm90Trial):
-// - hd 64: the TMA reduce-add and the halves but without the next-tile prefetch, to tell which of
-//   the two lost (S^T and dP^T stay one group at hd 64: two serialised its wgmmas, ptxas C7514).
-// - hd 128 (OWN_DQ): no barrier between the consumers. Each adds its own keys' part of dQ over
-//   all HD columns (dQ += dS[:, keys w] K[keys w, :], m64 n128 k64, the same FLOPs as
-//   dS K[:, half w]), so it reads only its own dS^T rows and meets only its own warpgroup; the
-//   two drift apart by up to the stages, one's element-wise work under the other's products (as
-//   the forward's ping-pong). Cost: twice the reduce-add bytes to L2 (64 KiB a tile, ~2.7 TB/s at
-//   today's speed) and 64 KiB of dQ staging; dQ issued once dV, dK are done (its 64
-//   accumulators in the registers P^T, dS^T free).
+// On trial (session 12, TRIAL: AttnPath::Sm90Trial), both head dims (OWN_DQ): no barrier between
+// the consumers. Each adds its own keys' part of dQ over all HD columns (dQ += dS[:, keys w]
+// K[keys w, :], m64 nHD k64, the same FLOPs as dS K[:, half w]), so it reads only its own dS^T
+// rows and meets only its own warpgroup; the two drift apart by up to the stages, one's
+// element-wise work under the other's products (as the forward's ping-pong). Cost: twice the
+// reduce-add bytes to L2 (hd 128: 64 KiB a tile, ~2.7 TB/s at today's speed) and twice the dQ
+// staging (hd 128: 64 KiB). hd 64 with it: the TMA reduce-add and the halves as hd 128 (not the
+// session-11 next-tile prefetch; S^T and dP^T one wgmma group: two serialised them, ptxas C7514).
 template <int HD_, bool BOUNDED_, bool TRIAL_ = false>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
@@ -594,7 +592,7 @@ struct Sm90BwdTile {
   static constexpr bool TMA_DQ = HD == 128 || TRIAL;
   // (hd 128) S^T and dP^T in two wgmma groups, P_EARLY column groups of P^T under dP^T
   static constexpr bool SPLIT_SDP = HD == 128;
-  static constexpr bool OWN_DQ = TRIAL && HD == 128;
+  static constexpr bool OWN_DQ = TRIAL;
   // dQ columns a consumer adds (its half, or all with OWN_DQ) and its k-steps (keys / 16)
   static constexpr int DQ_COLS = OWN_DQ ? HD : HD / 2, DQ_KSTEPS = OWN_DQ ? BC / CONSUMERS / 16 : BC / 16;
   // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56)
@@ -873,16 +871,10 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     // (TMA_DQ) the previous tile's dQ staging read by its reduces before anyone writes it again
     if (Tr::TMA_DQ && tw == 0) bulk_wait_read();
-    if constexpr (Tr::OWN_DQ) {
+    if constexpr (Tr::OWN_DQ)
       wg_sync();
-      wgmma_wait<0>();  // dV, dK done: P^T, dS^T's registers free for dQ's 64
-      reg_fence(dva);
-      reg_fence(dka);
-      reg_fence(pa);
-      reg_fence(dsa);
-    } else {
+    else
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    }
     float dqa[HQ / 2];
     wgmma_fence();
 #pragma unroll
