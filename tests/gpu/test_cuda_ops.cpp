@@ -555,8 +555,9 @@ TEST(CudaOps, GeGlu) {
 // ================================================================================================
 struct AttnCfg {
   int B, T, H, KVH, hd;
-  int window = 0;       // sliding window (AttnDims::window), 0 = none
-  float q_scale = 1.f;  // q's standard deviation: large values make rows change their max mid-row
+  int window = 0;        // sliding window (AttnDims::window), 0 = none
+  float q_scale = 1.f;   // q's standard deviation: large values make rows change their max mid-row
+  size_t ws_offset = 0;  // the backward's workspace this many bytes past an aligned start
 };
 
 // Forward and backward of one configuration. The backward of every run gets the same inputs:
@@ -591,7 +592,9 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
     Tensor o = r.in(out_ref, dt, {N, QW}), lse = r.in(lse_ref, F32, {c.B, c.H, c.T}), g = r.in(gv, dt, {N, QW});
     Tensor dq = r.out(dt, {N, QW}), dk = r.out(dt, {N, KW}), dv = r.out(dt, {N, KW});
     const size_t wsb = r.on_gpu() ? gpu().ops().attention_workspace_bytes(d) : cpu::attention_workspace_bytes(d);
-    Tensor ws = r.scratch(wsb);
+    Tensor ws = r.scratch(wsb + c.ws_offset);
+    if (c.ws_offset > 0)
+      ws = Tensor(static_cast<char*>(ws.data) + c.ws_offset, F32, {ws.numel() - int64_t(c.ws_offset / 4)});
     CALL(r, attention_backward, dq, dk, dv, g, q, k, v, o, lse, d, ws);
     return {r.get(dq), r.get(dk), r.get(dv)};
   };
@@ -689,6 +692,14 @@ TEST(CudaOps, AttentionPersistentForward) {
     attention_case({2, 700, 8, 2, 64, 0, 4.f}, false, packed_positions(2, 700, 250, 7));
     attention_case({1, 900, 8, 2, 128, 200, 4.f}, false);
   });
+}
+
+// A backward workspace only 4-byte aligned: the flash kernels add dQ 16 bytes at a time (float4
+// atomics, TMA reduce-add), so the simple kernels run, and agree with the CPU twin.
+TEST(CudaOps, AttentionUnalignedWorkspace) {
+  REQUIRE_GPU();
+  attention_case({2, 129, 4, 2, 128, 0, 1.f, 4}, false);
+  attention_case({1, 70, 4, 1, 64, 0, 1.f, 12}, false);
 }
 
 // head_dim 32 (not a flash size) and the forced simple path run the generic kernels on BF16.
