@@ -604,7 +604,7 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
     # parity: the gtests did it). RESULT lines into the summary.
     attn_trial)
       # timeouts: a kernel that hangs costs its timeout, not the call
-      run attn_trial_gtests timeout 120 "$BIN/sf_gpu_tests" \
+      run attn_trial_gtests timeout 150 "$BIN/sf_gpu_tests" \
         --gtest_filter='CudaOps.Attention*:-CudaOps.AttentionHeadDim256:CudaOps.AttentionHeadDim512' --gtest_brief=1
       for hd in 64 128; do
         for p in auto trial auto trial; do
