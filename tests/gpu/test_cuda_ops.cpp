@@ -555,8 +555,9 @@ TEST(CudaOps, GeGlu) {
 // ================================================================================================
 struct AttnCfg {
   int B, T, H, KVH, hd;
-  int window = 0;       // sliding window (AttnDims::window), 0 = none
-  float q_scale = 1.f;  // q's standard deviation: large values make rows change their max mid-row
+  int window = 0;        // sliding window (AttnDims::window), 0 = none
+  float q_scale = 1.f;   // q's standard deviation: large values make rows change their max mid-row
+  size_t ws_offset = 0;  // the backward's workspace this many bytes past an aligned start
 };
 
 // Forward and backward of one configuration. The backward of every run gets the same inputs:
@@ -591,7 +592,9 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
     Tensor o = r.in(out_ref, dt, {N, QW}), lse = r.in(lse_ref, F32, {c.B, c.H, c.T}), g = r.in(gv, dt, {N, QW});
     Tensor dq = r.out(dt, {N, QW}), dk = r.out(dt, {N, KW}), dv = r.out(dt, {N, KW});
     const size_t wsb = r.on_gpu() ? gpu().ops().attention_workspace_bytes(d) : cpu::attention_workspace_bytes(d);
-    Tensor ws = r.scratch(wsb);
+    Tensor ws = r.scratch(wsb + c.ws_offset);
+    if (c.ws_offset > 0)
+      ws = Tensor(static_cast<char*>(ws.data) + c.ws_offset, F32, {ws.numel() - int64_t(c.ws_offset / 4)});
     CALL(r, attention_backward, dq, dk, dv, g, q, k, v, o, lse, d, ws);
     return {r.get(dq), r.get(dk), r.get(dv)};
   };
@@ -621,7 +624,9 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
   }
 }
 
-// The cases of the tests below, also run on AttnPath::Sm90BwdV2 (AttentionSm90BwdV2).
+// On Hopper these run the sm_90 kernels (Auto) at every shape class: T = 1, tails, GQA 1 / 4 / 8,
+// long rows (and packed rows, windows, both at once below): at hd 128 the backward's TMA dQ,
+// at hd 64 its atomics. AttentionSm90Trial runs them all on the trial path too.
 void short_cases() {
   attention_case({2, 1, 2, 2, 64}, true);    // T = 1, GQA 1
   attention_case({2, 7, 8, 1, 128}, true);   // GQA 8
@@ -644,13 +649,13 @@ TEST(CudaOps, AttentionLongSequences) {
 }
 
 // cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 kernels
-// where they apply), Sm90BwdV2 (the sm_90 backward's dQ by TMA reduce-add, on trial; Auto off
-// Hopper) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
+// where they apply), Sm90Trial (on trial: the sm_90 backward's dQ variants; Auto off Hopper) and the
+// sm_80 kernels forced, so the fallback stays tested on Hopper too.
 void each_flash_path(const std::function<void()>& cases) {
-  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm90BwdV2, cuda::AttnPath::Sm80}) {
+  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm90Trial, cuda::AttnPath::Sm80}) {
     SCOPED_TRACE(testing::Message() << "path "
                                     << (p == cuda::AttnPath::Auto        ? "auto"
-                                        : p == cuda::AttnPath::Sm90BwdV2 ? "sm90bwd2"
+                                        : p == cuda::AttnPath::Sm90Trial ? "sm90trial"
                                                                          : "sm80"));
     cuda::attention_force_path(p);
     cases();
@@ -687,6 +692,14 @@ TEST(CudaOps, AttentionPersistentForward) {
     attention_case({2, 700, 8, 2, 64, 0, 4.f}, false, packed_positions(2, 700, 250, 7));
     attention_case({1, 900, 8, 2, 128, 200, 4.f}, false);
   });
+}
+
+// A backward workspace only 4-byte aligned: the flash kernels add dQ 16 bytes at a time (float4
+// atomics, TMA reduce-add), so the simple kernels run, and agree with the CPU twin.
+TEST(CudaOps, AttentionUnalignedWorkspace) {
+  REQUIRE_GPU();
+  attention_case({2, 129, 4, 2, 128, 0, 1.f, 4}, false);
+  attention_case({1, 70, 4, 1, 64, 0, 1.f, 12}, false);
 }
 
 // head_dim 32 (not a flash size) and the forced simple path run the generic kernels on BF16.
@@ -751,12 +764,13 @@ TEST(CudaOps, AttentionSlidingWindow) {
   });
 }
 
-// The trial backward (dQ by TMA reduce-add; Auto elsewhere than Hopper) on every shape class of
-// the tests above (each_flash_path runs it on the rest): T = 1, tails, GQA 1 / 4 / 8, long rows,
-// packed rows, windows, both at once. Delete with AttnPath::Sm90BwdV2.
-TEST(CudaOps, AttentionSm90BwdV2) {
+// The trial path (the sm_90 backward, each consumer adding its own keys' part of dQ by TMA
+// reduce-add; Auto elsewhere than Hopper) on every shape class
+// of the tests above: T = 1, tails, GQA 1 / 4 / 8, long rows, packed rows, windows, both at once.
+// Delete with AttnPath::Sm90Trial.
+TEST(CudaOps, AttentionSm90Trial) {
   REQUIRE_GPU();
-  cuda::attention_force_path(cuda::AttnPath::Sm90BwdV2);
+  cuda::attention_force_path(cuda::AttnPath::Sm90Trial);
   short_cases();
   long_cases();
   packed_cases();
