@@ -1223,8 +1223,8 @@ TEST(CudaOps, MoeGroupedMatmulOnPermutedOffsets) {
         }
         Tensor y = r.out(dt, {S, c.Nout}), y1 = r.in(ov, dt, {S, c.Nout}), dx = r.in(dxv, dt, {S, c.K});
         Tensor dw = r.in(dwv, F32, {c.E, stride}), dwb = r.in(dwv, dt, {c.E, stride});
-        CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);    // y = x W_e^T (NaN-poisoned y: beta 0)
-        CALL(r, moe_grouped_matmul, y1, a, w, offs, true, 1.f);   // y1 += x W_e^T
+        CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);     // y = x W_e^T (NaN-poisoned y: beta 0)
+        CALL(r, moe_grouped_matmul, y1, a, w, offs, true, 1.f);    // y1 += x W_e^T
         CALL(r, moe_grouped_matmul, dx, dy, w, offs, false, 1.f);  // dx += dy W_e
         CALL(r, moe_grouped_matmul_wgrad, dw, dy, a, offs);
         CALL(r, moe_grouped_matmul_wgrad, dwb, dy, a, offs);

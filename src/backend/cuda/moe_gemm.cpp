@@ -173,17 +173,32 @@ void host_offsets(const char* op, const Tensor& offsets, int64_t M, const Launch
     SF_CHECK(off[e] <= off[e + 1], std::string(op) + ": offsets decrease at expert " + std::to_string(e));
 }
 
-// One expert's GEMM on the plan of its size class (M_plan etc.), or on its own plan where that
-// algorithm does not take its sizes.
-void expert_gemm(const Gemm& g, int64_t M_plan, int64_t N_plan, int64_t K_plan, const Launch& L) {
-  if (!gemm_planned_as(g, M_plan, N_plan, K_plan, L)) gemm(g, L);
-}
-
 // Streams for n experts with rows: SF_MOE_GEMM=lt1 keeps them all on the caller's.
 int lanes_for(const std::vector<int32_t>& off) {
   int n = 0;
   for (size_t e = 0; e + 1 < off.size(); ++e) n += off[e + 1] > off[e];
   return env_text(Env::MoeGemm) == "lt1" ? 1 : n;
+}
+
+// Element i of t's storage.
+void* elem(const Tensor& t, int64_t i) { return static_cast<char*>(t.data) + size_t(i) * dtype_size(t.dtype); }
+
+// One GEMM per expert with rows: make(e, r0, rows) gives expert e's, run on the plan of its size
+// class (the rows are its M, or its K when rows_are_k), or on its own plan where that algorithm
+// does not take its sizes.
+template <class Make>
+void each_expert(const char* op, const Tensor& offsets, int64_t M, bool rows_are_k, const Launch& L, Make make) {
+  std::vector<int32_t> off;
+  host_offsets(op, offsets, M, L, off);
+  ExpertStreams::Lanes lanes(L.moe_streams, L, lanes_for(off));
+  for (size_t e = 0; e + 1 < off.size(); ++e) {
+    const int64_t r0 = off[e], rows = off[e + 1] - r0;
+    if (rows == 0) continue;  // ops.h: nothing to write (wgrad: left as it is)
+    const Gemm g = make(int64_t(e), r0, rows);
+    const Launch& l = lanes.next();
+    const int64_t size_class = plan_size(rows);
+    if (!gemm_planned_as(g, rows_are_k ? g.M : size_class, g.N, rows_are_k ? size_class : g.K, l)) gemm(g, l);
+  }
 }
 
 }  // namespace
@@ -195,63 +210,49 @@ bool moe_lt_takes(DType a, DType b, DType out) {
 }
 
 void moe_grouped_matmul_lt(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta, const Launch& L) {
-  const int64_t M = out.rows(), Nout = out.cols(), K = a.cols(), stride = w.cols();
-  std::vector<int32_t> off;
-  host_offsets("moe_grouped_matmul", offsets, M, L, off);
-  const size_t es = dtype_size(w.dtype), as = dtype_size(a.dtype), os = dtype_size(out.dtype);
-  ExpertStreams::Lanes lanes(L.moe_streams, L, lanes_for(off));
-  for (size_t e = 0; e + 1 < off.size(); ++e) {
-    const int64_t r0 = off[e], rows = off[e + 1] - r0;
-    if (rows == 0) continue;
-    // out_e [rows, Nout] = a_e [rows, K] @ op(W_e) + beta out_e; W_e [Nout, K] (trans_w) or [K, Nout].
-    Gemm g{static_cast<char*>(out.data) + size_t(r0 * Nout) * os,
-           out.dtype,
-           Nout,
-           static_cast<const char*>(a.data) + size_t(r0 * K) * as,
-           a.dtype,
-           K,
-           static_cast<const char*>(w.data) + size_t(int64_t(e) * stride) * es,
-           w.dtype,
-           trans_w ? K : Nout,
-           rows,
-           Nout,
-           K,
-           false,
-           trans_w,
-           1.f,
-           beta};
-    expert_gemm(g, plan_size(rows), Nout, K, lanes.next());
-  }
+  const int64_t Nout = out.cols(), K = a.cols(), stride = w.cols();
+  // out_e [rows, Nout] = a_e [rows, K] @ op(W_e) + beta out_e; W_e [Nout, K] (trans_w) or [K, Nout].
+  each_expert("moe_grouped_matmul", offsets, out.rows(), false, L, [&](int64_t e, int64_t r0, int64_t rows) {
+    return Gemm{.out = elem(out, r0 * Nout),
+                .ot = out.dtype,
+                .ldo = Nout,
+                .a = elem(a, r0 * K),
+                .at = a.dtype,
+                .lda = K,
+                .b = elem(w, e * stride),
+                .bt = w.dtype,
+                .ldb = trans_w ? K : Nout,
+                .M = rows,
+                .N = Nout,
+                .K = K,
+                .ta = false,
+                .tb = trans_w,
+                .alpha = 1.f,
+                .beta = beta};
+  });
 }
 
 void moe_grouped_matmul_wgrad_lt(Tensor dw, Tensor dy, Tensor x, Tensor offsets, const Launch& L) {
-  const int64_t M = dy.rows(), Nout = dy.cols(), K = x.cols(), stride = dw.cols();
-  std::vector<int32_t> off;
-  host_offsets("moe_grouped_matmul_wgrad", offsets, M, L, off);
-  const size_t ws = dtype_size(dw.dtype), ys = dtype_size(dy.dtype), xs = dtype_size(x.dtype);
-  ExpertStreams::Lanes lanes(L.moe_streams, L, lanes_for(off));
-  for (size_t e = 0; e + 1 < off.size(); ++e) {
-    const int64_t r0 = off[e], rows = off[e + 1] - r0;
-    if (rows == 0) continue;  // ops.h: experts with no rows are left as they are
-    // dW_e [Nout, K] += dy_e^T [Nout, rows] @ x_e [rows, K]: the reduction runs over the rows.
-    Gemm g{static_cast<char*>(dw.data) + size_t(int64_t(e) * stride) * ws,
-           dw.dtype,
-           K,
-           static_cast<const char*>(dy.data) + size_t(r0 * Nout) * ys,
-           dy.dtype,
-           Nout,
-           static_cast<const char*>(x.data) + size_t(r0 * K) * xs,
-           x.dtype,
-           K,
-           Nout,
-           K,
-           rows,
-           true,
-           false,
-           1.f,
-           1.f};
-    expert_gemm(g, Nout, K, plan_size(rows), lanes.next());
-  }
+  const int64_t Nout = dy.cols(), K = x.cols(), stride = dw.cols();
+  // dW_e [Nout, K] += dy_e^T [Nout, rows] @ x_e [rows, K]: the reduction runs over the rows.
+  each_expert("moe_grouped_matmul_wgrad", offsets, dy.rows(), true, L, [&](int64_t e, int64_t r0, int64_t rows) {
+    return Gemm{.out = elem(dw, e * stride),
+                .ot = dw.dtype,
+                .ldo = K,
+                .a = elem(dy, r0 * Nout),
+                .at = dy.dtype,
+                .lda = Nout,
+                .b = elem(x, r0 * K),
+                .bt = x.dtype,
+                .ldb = K,
+                .M = Nout,
+                .N = K,
+                .K = rows,
+                .ta = true,
+                .tb = false,
+                .alpha = 1.f,
+                .beta = 1.f};
+  });
 }
 
 }  // namespace sf::cuda
