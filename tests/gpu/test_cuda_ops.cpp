@@ -1241,6 +1241,38 @@ TEST(CudaOps, MoeGroupedMatmulOnPermutedOffsets) {
   }
 }
 
+// The experts' GEMMs spread over four streams (SF_MOE_GEMM=lt) give the bits of one stream (lt1):
+// every expert's GEMM runs on the same plan either way, and the join must hold back the reads of
+// the outputs until every stream is done (a missing join shows as NaN: the outputs are poisoned).
+TEST(CudaOps, MoeGroupedMatmulSameBitsOnOneOrFourStreams) {
+  REQUIRE_GPU();
+  const int64_t N = 257, E = 11, k = 3, S = N * k, K = 136, Nout = 200;
+  const auto iv = moe_choices(N, E, k, 91, -1);
+  const auto av = rnd(size_t(S * K), 92), wv = rnd(size_t(E * K * Nout), 93), dyv = rnd(size_t(S * Nout), 94);
+  std::vector<float> got[2][3];
+  for (int one = 0; one < 2; ++one) {
+    setenv("SF_MOE_GEMM", one ? "lt1" : "lt", 1);
+    Backend r(true);
+    Tensor offs = r.in_i32(std::vector<int32_t>(size_t(E + 1), -1), {E + 1});
+    Tensor ss = r.out(DType::I32, {S}), sp = r.out(DType::I32, {S}), idx = r.in_i32(iv, {N, k});
+    Tensor a = r.in(av, BF16, {S, K}), w = r.in(wv, BF16, {E, K * Nout}), dy = r.in(dyv, BF16, {S, Nout});
+    Tensor y = r.out(BF16, {S, Nout}), dx = r.out(BF16, {S, K});
+    Tensor dw = r.in(std::vector<float>(size_t(E * K * Nout), 0.f), F32, {E, K * Nout});
+    CALL(r, moe_permute, offs, ss, sp, idx);
+    CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);
+    CALL(r, moe_grouped_matmul, dx, dy, w, offs, false, 0.f);
+    CALL(r, moe_grouped_matmul_wgrad, dw, dy, a, offs);
+    got[one][0] = r.get(y), got[one][1] = r.get(dx), got[one][2] = r.get(dw);
+  }
+  unsetenv("SF_MOE_GEMM");
+  const char* names[] = {"x W^T", "dy W", "wgrad"};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(all_finite(got[0][i])) << names[i] << ": an output the four streams did not write";
+    EXPECT_TRUE(std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * 4) == 0)
+        << names[i] << ": four streams and one differ";
+  }
+}
+
 // The same offsets pointer reused after a new routing, on the device alone: the GEMM must see the
 // routing permuted last, not the first one's host copy (two routings, one buffer, many rounds).
 TEST(CudaOps, MoeGroupedMatmulFollowsEachRouting) {

@@ -113,7 +113,15 @@ ExpertStreams::~ExpertStreams() {
 }
 
 ExpertStreams::Lanes::Lanes(ExpertStreams* owner, const Launch& L, int n) : base_(L) {
-  if (!owner || n <= 1 || !L.scratch || !L.scratch->lt_ws) return;
+  if (!owner || !L.scratch || !L.scratch->lt_ws) return;
+  // Every expert's GEMM runs on a kStreams-th of the workspace, however many streams it uses: the
+  // plan (so the algorithm, so the bits) of a GEMM does not depend on how many experts have rows.
+  const size_t slice = L.scratch->lt_bytes / kStreams / 256 * 256;
+  for (int i = 0; i < kStreams; ++i)
+    slices_[i] = Scratch{static_cast<char*>(L.scratch->lt_ws) + size_t(i) * slice, slice, nullptr, 0};
+  lanes_[0] = L;
+  lanes_[0].scratch = &slices_[0];
+  if (n <= 1) return;  // one stream: the caller's
   o_ = owner;
   lk_ = std::unique_lock<std::mutex>(o_->mu_);
   n_ = std::min(n, kStreams);
@@ -125,10 +133,8 @@ ExpertStreams::Lanes::Lanes(ExpertStreams* owner, const Launch& L, int n) : base
     }
   }
   CUDA_CHECK(cudaEventRecord(o_->fork_, L.stream));
-  const size_t slice = L.scratch->lt_bytes / size_t(n_) / 256 * 256;
   for (int i = 0; i < n_; ++i) {
     CUDA_CHECK(cudaStreamWaitEvent(o_->s_[i], o_->fork_, 0));
-    slices_[i] = Scratch{static_cast<char*>(L.scratch->lt_ws) + size_t(i) * slice, slice, nullptr, 0};
     lanes_[i] = L;
     lanes_[i].stream = o_->s_[i];
     lanes_[i].scratch = &slices_[i];
@@ -144,7 +150,7 @@ ExpertStreams::Lanes::~Lanes() {
 }
 
 const Launch& ExpertStreams::Lanes::next() {
-  if (!o_) return base_;
+  if (!o_) return lanes_[0].scratch ? lanes_[0] : base_;
   const Launch& l = lanes_[i_];
   i_ = (i_ + 1) % n_;
   return l;

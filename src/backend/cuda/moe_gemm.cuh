@@ -61,7 +61,8 @@ class MoeOffsets {
 // from the caller's stream and joined back to it by events: small experts (Qwen3-30B-A3B's are
 // ~1024 x 768 outputs, a third of the H200's SMs in 128 x 128 tiles) run side by side, and one
 // expert's last wave overlaps the next. Each stream takes a slice of the caller's cuBLASLt
-// workspace: the caller's stream waits for the join, so it uses none of it meanwhile.
+// workspace: the caller's stream waits for the join, so it uses none of it meanwhile. One stream
+// or four, every GEMM runs on a quarter of the workspace: the same algorithms, the same bits.
 class ExpertStreams {
  public:
   static constexpr int kStreams = 4;
@@ -73,7 +74,7 @@ class ExpertStreams {
   // One grouped GEMM's fork .. join (RAII: the join also on an exception); at most one at a time.
   class Lanes {
    public:
-    Lanes(ExpertStreams* owner, const Launch& L, int n);  // n <= 1 or no owner: everything on L
+    Lanes(ExpertStreams* owner, const Launch& L, int n);  // n <= 1: everything on L's stream
     ~Lanes();
     Lanes(const Lanes&) = delete;
     Lanes& operator=(const Lanes&) = delete;
