@@ -147,9 +147,12 @@ __global__ void permute_count_kernel(int32_t* __restrict__ offsets, const int32_
   if (e == 0 && threadIdx.x == 0) offsets[0] = 0;
 }
 
-// Pass 2: running sum (E <= 4096: one thread is enough).
-__global__ void permute_scan_kernel(int32_t* offsets, int E) {
+// Pass 2: running sum (E <= 4096: one thread is enough); mirror (host memory mapped for the
+// device, may be null): the same E+1 values, for the grouped GEMMs' row counts (moe_gemm.cuh).
+__global__ void permute_scan_kernel(int32_t* offsets, int E, int32_t* mirror) {
   for (int e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  if (mirror)
+    for (int e = 0; e <= E; ++e) mirror[e] = offsets[e];
 }
 
 // Pass 3: expert e's slots in slot order (a block-wide ballot scan over all slots).
@@ -535,11 +538,16 @@ void moe_permute(Tensor offsets, Tensor sorted_slot, Tensor slot_pos, Tensor idx
   SF_CHECK(S < (int64_t(1) << 24), "moe_permute: N*k = " + std::to_string(S) + " slots, the cuda kernel takes < 2^24");
   permute_count_kernel<<<unsigned(E), 256, 0, L.stream>>>(offsets.ptr<int32_t>(), idx.ptr<int32_t>(), S);
   CUDA_CHECK_LAUNCH();
-  permute_scan_kernel<<<1, 1, 0, L.stream>>>(offsets.ptr<int32_t>(), int(E));
-  CUDA_CHECK_LAUNCH();
-  // The offsets are final: their host copy starts now, so that it lands while the placement and
-  // the gather run and the grouped GEMMs' one host wait finds it done.
-  if (L.moe) L.moe->publish(offsets, L.stream);
+  // The scan also writes the host copy of the offsets, before the placement and the gather run:
+  // the grouped GEMMs' one host wait ends while the GPU still has those to do.
+  auto scan = [&](int32_t* mirror) {
+    permute_scan_kernel<<<1, 1, 0, L.stream>>>(offsets.ptr<int32_t>(), int(E), mirror);
+    CUDA_CHECK_LAUNCH();
+  };
+  if (L.moe)
+    L.moe->publish(offsets, L.stream, scan);
+  else
+    scan(nullptr);
   if (S == 0) return;
   permute_place_kernel<<<unsigned(E), 256, 0, L.stream>>>(sorted_slot.ptr<int32_t>(), slot_pos.ptr<int32_t>(),
                                                           idx.ptr<int32_t>(), offsets.ptr<int32_t>(), S);

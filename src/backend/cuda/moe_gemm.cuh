@@ -1,12 +1,14 @@
 // The MoE grouped GEMMs on cuBLASLt: one GEMM per expert with its real row count, read from a host
 // copy of the expert offsets. ops.h's contract is unchanged (offsets live on the device); the
-// host copy is taken once per routing: moe_permute starts it (publish), the first grouped GEMM on
-// those offsets waits for that copy's event (one host wait per routing, on that copy alone), and
-// every later GEMM on the same offsets tensor (the layer's forward, its backward) reuses it.
+// host copy is taken once per routing: moe_permute's scan kernel writes it beside the offsets
+// (publish), the first grouped GEMM on those offsets waits for that kernel's event (one host wait
+// per routing, on that event alone), and every later GEMM on the same offsets tensor (the layer's
+// forward, its backward) reuses it.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -26,8 +28,10 @@ class MoeOffsets {
   MoeOffsets(const MoeOffsets&) = delete;
   MoeOffsets& operator=(const MoeOffsets&) = delete;
 
-  // offsets is final on `s` here: starts its copy to pinned host memory and records the event.
-  void publish(const Tensor& offsets, cudaStream_t s);
+  // write(mirror) launches on `s` the kernel that writes `offsets` [E+1] and the same values to
+  // `mirror` (pinned host memory mapped for the device: plain stores over PCIe, so the copy does
+  // not queue behind the copy engines' bulk transfers, the offload's); then the event is recorded.
+  void publish(const Tensor& offsets, cudaStream_t s, const std::function<void(int32_t* mirror)>& write);
   // offsets as the stream `s` sees them at this point, into `out` (E+1 values): the published copy
   // (the host waits for its event the first time only), else a fresh copy on `s` and a wait.
   void read(const Tensor& offsets, cudaStream_t s, std::vector<int32_t>& out);
@@ -42,7 +46,8 @@ class MoeOffsets {
 
  private:
   struct Copy {
-    int32_t* host = nullptr;  // [cap] pinned
+    int32_t* host = nullptr;  // [cap] pinned, mapped
+    int32_t* dev = nullptr;   // the same memory as the device addresses it
     int64_t cap = 0;
     int64_t n = 0;  // E + 1 values of the copy
     cudaEvent_t done = nullptr;
