@@ -1,16 +1,18 @@
 // The MoE grouped GEMMs of one layer, through the backend's kernel table as the MoE layer calls
 // them (backend/ops.h; model/moe_program.cpp), on the paths of SF_MOE_GEMM:
 //   moe_gemm_bench [--tokens N] [--iters I] [--model olmoe|qwen3|all]
-// lt (cuBLASLt per expert, the default) against tiles (the one-launch tensor-core kernel it
-// replaces), for the OLMoE-1B-7B and Qwen3-30B-A3B expert shapes at N tokens (default 16384 = 8 x
-// 2048), routed by the real router on random logits. Each GEMM is timed by CUDA events on the
-// backend's stream (median of I runs after 3 warm-ups) and printed as a RESULT line with its
-// TFLOP/s, beside a dense cuBLAS GEMM of the same FLOPs (the ceiling). The two paths' outputs are
-// compared (relative L2); over 2e-2 the run exits 1.
+// lt (cuBLASLt per expert over 4 streams, the default) and lt1 (on one stream) against tiles (the
+// one-launch tensor-core kernel they replace), for the OLMoE-1B-7B and Qwen3-30B-A3B expert shapes at N tokens (default
+// 16384 = 8 x 2048), routed by the real router on random logits. Each GEMM is timed by CUDA events on the backend's
+// stream (median of I runs after 3 warm-ups) and printed as a RESULT line with its TFLOP/s and the host's milliseconds
+// to issue it, beside a dense cuBLAS GEMM of the same FLOPs (the ceiling); then a layer's MoE forward from the routing
+// on (the host's wait for the offsets included). lt against tiles: relative L2 over 2e-2, or lt and lt1 not the same
+// bits: exit 1.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -164,13 +166,27 @@ int main(int argc, char** argv) {
            dwd},
       };
       const double flops = 2.0 * double(S) * double(H) * double(Ie);
+      // Host milliseconds to issue one call (the launches; the offsets' wait is behind the warm-up).
+      auto host_ms = [&](const std::function<void()>& f) {
+        std::vector<double> ts;
+        for (int i = 0; i < iters; ++i) {
+          CK(cudaStreamSynchronize(s));
+          const auto t0 = std::chrono::steady_clock::now();
+          f();
+          ts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+        CK(cudaStreamSynchronize(s));
+        std::sort(ts.begin(), ts.end());
+        return ts[ts.size() / 2];
+      };
+      const char* paths[3] = {"tiles", "lt", "lt1"};
       for (const Op& op : opsl) {
-        double ms[2] = {0, 0};
-        std::vector<float> outs[2];
-        const char* paths[2] = {"tiles", "lt"};
-        for (int p = 0; p < 2; ++p) {
+        double ms[3] = {0, 0, 0}, hms[3] = {0, 0, 0};
+        std::vector<float> outs[3];
+        for (int p = 0; p < 3; ++p) {
           setenv("SF_MOE_GEMM", paths[p], 1);
           ms[p] = median_event_ms(s, e0, e1, op.run, 3, iters);
+          hms[p] = host_ms(op.run);
           // The accumulating calls (beta 1, wgrad) grow their output with every run: compare one
           // run from zero on each path.
           ops.zero(op.out, *stream);
@@ -179,12 +195,29 @@ int main(int argc, char** argv) {
           outs[p] = to_host(op.out);
         }
         const double err = rel_l2(outs[1], outs[0]);
-        ok = ok && err <= 2e-2;
-        for (int p = 0; p < 2; ++p)
-          std::printf("RESULT moe_gemm model=%s op=\"%s\" path=%s ms=%.3f tflops=%.1f\n", sh.name, op.name, paths[p],
-                      ms[p], flops / (ms[p] * 1e-3) * 1e-12);
-        std::printf("RESULT moe_gemm model=%s op=\"%s\" speedup=%.2f rel_l2_lt_vs_tiles=%.2e%s\n", sh.name, op.name,
-                    ms[0] / ms[1], err, err <= 2e-2 ? "" : " MISMATCH");
+        const bool same = outs[1] == outs[2];  // four streams and one: the same plans, the same bits
+        ok = ok && err <= 2e-2 && same;
+        for (int p = 0; p < 3; ++p)
+          std::printf("RESULT moe_gemm model=%s op=\"%s\" path=%s ms=%.3f tflops=%.1f host_ms=%.3f\n", sh.name, op.name,
+                      paths[p], ms[p], flops / (ms[p] * 1e-3) * 1e-12, hms[p]);
+        std::printf("RESULT moe_gemm model=%s op=\"%s\" speedup=%.2f rel_l2_lt_vs_tiles=%.2e lt_lt1_same_bits=%d%s\n",
+                    sh.name, op.name, ms[0] / ms[1], err, same ? 1 : 0, err <= 2e-2 && same ? "" : " MISMATCH");
+      }
+      // A layer's MoE forward from the routing on: permute, gather, gate, up, down. On lt it holds
+      // the host's one wait for the offsets: a GPU bubble would show here as time beyond the parts.
+      Tensor x = rand_bf16({N, H}, 1.f), out_i2 = make(DType::BF16, {S, Ie});
+      auto chain = [&] {
+        ops.moe_permute(offs, ss, sp, idx, *stream);
+        ops.moe_gather(xs, x, ss, int(k), *stream);
+        ops.moe_grouped_matmul(out_i, xs, wg, offs, true, 0.f, *stream);
+        ops.moe_grouped_matmul(out_i2, xs, wg, offs, true, 0.f, *stream);
+        ops.moe_grouped_matmul(out_h, ea, wd, offs, true, 0.f, *stream);
+      };
+      for (int p = 0; p < 3; ++p) {
+        setenv("SF_MOE_GEMM", paths[p], 1);
+        const double cms = median_event_ms(s, e0, e1, chain, 3, iters);
+        std::printf("RESULT moe_gemm model=%s op=\"forward chain: permute, gather, 3 grouped GEMMs\" path=%s ms=%.3f\n",
+                    sh.name, paths[p], cms);
       }
       unsetenv("SF_MOE_GEMM");
       // The ceiling: one dense GEMM of the same FLOPs, [S, H] x [H, Ie]^T.
