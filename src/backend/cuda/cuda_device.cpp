@@ -336,7 +336,10 @@ class CudaDevice final : public Device {
   bool is_host() const override { return false; }
 
   void* alloc(size_t bytes) override { return arena_->alloc(bytes); }
-  void free(void* p) override { ops_->forget(p, arena_->free(p)); }
+  void free(void* p) override {
+    const size_t bytes = arena_->free(p);
+    if (ops_) ops_->forget(p, bytes);  // host copies of MoE offsets there are stale
+  }
   void* alloc_pinned(size_t bytes) override {
     void* p = nullptr;
     CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable));
@@ -382,7 +385,7 @@ class CudaDevice final : public Device {
     const cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
                              : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
                                                               : cudaMemcpyDeviceToDevice;
-    if (kind != CopyKind::DeviceToHost) ops_->forget(dst, bytes);
+    if (kind != CopyKind::DeviceToHost && ops_) ops_->forget(dst, bytes);  // as free
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, cs(s).s));
   }
   void host_fn(Stream& s, std::function<void()> fn) override {
