@@ -56,7 +56,6 @@ void MoeOffsets::publish(const Tensor& offsets, cudaStream_t s, const std::funct
   c.waited = false;
   write(c.dev);
   CUDA_CHECK(cudaEventRecord(c.done, s));  // the kernel's stores to host memory are visible when it completes
-  ++counts_.published;
 }
 
 void MoeOffsets::read(const Tensor& offsets, cudaStream_t s, std::vector<int32_t>& out) {
@@ -68,8 +67,6 @@ void MoeOffsets::read(const Tensor& offsets, cudaStream_t s, std::vector<int32_t
   if (it != live_.end() && it->second.n == n) {
     c = &it->second;
     if (!c->waited) {  // the one wait of this routing: on the copy's event only
-      if (cudaEventQuery(c->done) != cudaSuccess) ++counts_.blocked_waits;
-      (void)cudaGetLastError();
       CUDA_CHECK(cudaEventSynchronize(c->done));
       c->waited = true;
     }
@@ -81,7 +78,6 @@ void MoeOffsets::read(const Tensor& offsets, cudaStream_t s, std::vector<int32_t
     CUDA_CHECK(cudaMemcpyAsync(fresh_.host, offsets.data, size_t(n) * 4, cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaEventRecord(fresh_.done, s));
     CUDA_CHECK(cudaEventSynchronize(fresh_.done));
-    ++counts_.fresh_reads;
     c = &fresh_;
   }
   std::copy(c->host, c->host + n, out.begin());
@@ -99,11 +95,6 @@ void MoeOffsets::forget(const void* p, size_t bytes) {
       ++it;
     }
   }
-}
-
-MoeOffsets::Counts MoeOffsets::counts() {
-  std::lock_guard<std::mutex> lk(mu_);
-  return counts_;
 }
 
 ExpertStreams::~ExpertStreams() {

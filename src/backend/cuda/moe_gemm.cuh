@@ -38,12 +38,6 @@ class MoeOffsets {
   // The device range [p, p + bytes) was freed or overwritten: its published copies are dropped.
   void forget(const void* p, size_t bytes);
 
-  // Host waits that found the copy not yet done (blocked) and fresh reads, since creation.
-  struct Counts {
-    int64_t blocked_waits = 0, fresh_reads = 0, published = 0;
-  };
-  Counts counts();
-
  private:
   struct Copy {
     int32_t* host = nullptr;  // [cap] pinned, mapped
@@ -59,7 +53,6 @@ class MoeOffsets {
   std::unordered_map<const void*, Copy> live_;
   std::vector<Copy> spare_;
   Copy fresh_;  // the buffer of fresh reads
-  Counts counts_;
 };
 
 // Streams the experts' GEMMs spread over (expert j of those with rows on stream j mod n), forked
