@@ -6,7 +6,7 @@
 #    state_quality state_bench = bf16 optimizer state: quality, 3B speed, 8B plan,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
-#    gemma3 = issue 18's Gemma 3 checks, gemma4 = issue 18's dense Gemma 4 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
+#    moe_gemm = issue 18's MoE grouped GEMMs (tests, moe_gemm_bench, the OLMoE op profile), gemma3 = issue 18's Gemma 3 checks, gemma4 = issue 18's dense Gemma 4 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
 #    the two halves of moe and gemma3, moe_parity_offload = the MoE parity through the sliding engine alone, gds = issue 17's GPUDirect Storage checks, profile3b = issue
 #    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers,
 #    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, nvme8_lend = its state read ahead into freed
@@ -16,8 +16,10 @@
 #    recompute_sliding recompute_sliding_accum = the same in the sliding engine: 3B at 24 GiB with
 #    clipping, one micro-batch and four,
 #    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans,
-#    attn_trial = issue 19's attention path on trial (AttnPath::Sm90Trial) against the default one and torch's backends)
-# BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw and attn_bench built here with -DSF_PORTABLE=ON.
+#    attn_trial = issue 19's attention path on trial (AttnPath::Sm90Trial) against the default one and torch's backends,
+#    moe_gemm = issue 18's MoE grouped GEMMs: the MoE gtests, moe_gemm_bench (per-expert cuBLASLt against the tile
+#    kernel), OLMoE with --profile-ops and the Qwen3-30B-A3B 4-layer cut beside their plans)
+# BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw, attn_bench and moe_gemm_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
 BIN=${BIN:-gpubin}
@@ -83,6 +85,14 @@ for s in "${steps[@]}"; do
     # slides: --gpu-blobs 0), each eval / grad checked to have run on the sliding engine (~90 s).
     moe_parity_offload) run moe_parity_offload timeout 90 python3 tools/hf_parity.py --bin "$BIN/slideformer" \
       --device cuda --models $MOE_MODELS --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/moe_parity_offload ;;
+    # issue 18: the MoE grouped GEMMs: their CUDA-vs-CPU tests, cuBLASLt per expert against the
+    # one-launch kernel at the OLMoE and Qwen3 shapes ($BIN/moe_gemm_bench), the OLMoE step's op profile
+    moe_gemm) run moe_gemm_tests "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Moe*' --gtest_brief=1
+      run moe_gemm_bench timeout 120 "$BIN/moe_gemm_bench"
+      bench_vs_plan moe_gemm_profile_olmoe 90 --preset olmoe-1b-7b --batch-size 8 --seq-len 2048 --steps 3 \
+        --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 0 --optimizer-state bf16 --profile-ops
+      bench_vs_plan moe_gemm_qwen3_4layers 60 --preset qwen3-30b-a3b --layers 4 --batch-size 8 \
+        --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB ;;
     moe|moe_parity|moe_speed)
       if [ "$s" != moe_speed ]; then
       run moe_gpu_tests "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Moe*' --gtest_brief=1

@@ -1164,12 +1164,14 @@ TEST(CudaOps, MoeGroupedMatmul) {
                      {130, 67, {0, 0, 0}},              // no rows at all
                      {16, 1, {0, 1, 2, 3, 4}},
                      {256, 136, {0, 130, 130, 400}}};  // several k slices and tiles, 16-byte loads
-  // Both kernels: tensor cores for bf16 operands, and the SIMT fallback (SF_MOE_SIMT=1).
-  for (const char* simt : {"0", "1"}) {
-    setenv("SF_MOE_SIMT", simt, 1);
+  // Every path: cuBLASLt per expert on uploaded offsets (read afresh at each call) over the expert
+  // streams and on one stream, the one-launch kernels (tensor cores for bf16 operands, SIMT for
+  // f32) and the SIMT kernels for all.
+  for (const char* path : {"lt", "lt1", "tiles", "simt"}) {
+    setenv("SF_MOE_GEMM", path, 1);
     for (const G& c : cases) {
       const int64_t E = int64_t(c.offsets.size()) - 1, M = c.offsets.back() + 3, stride = c.K * c.Nout + 8;
-      SCOPED_TRACE(testing::Message() << "K=" << c.K << " Nout=" << c.Nout << " E=" << E << " SF_MOE_SIMT=" << simt);
+      SCOPED_TRACE(testing::Message() << "K=" << c.K << " Nout=" << c.Nout << " E=" << E << " SF_MOE_GEMM=" << path);
       const auto av = rnd(size_t(M * c.K), 31), wv = rnd(size_t(E * stride), 32), ov = rnd(size_t(M * c.Nout), 33);
       const auto dyv = rnd(size_t(M * c.Nout), 34), dwv = rnd(size_t(E * stride), 35), dxv = rnd(size_t(M * c.K), 36);
       auto four = run4([&](Backend& r, DType dt) -> Outs {
@@ -1190,7 +1192,129 @@ TEST(CudaOps, MoeGroupedMatmul) {
       }
     }
   }
-  unsetenv("SF_MOE_SIMT");
+  unsetenv("SF_MOE_GEMM");
+}
+
+// The default path as the MoE layer runs it: offsets written by moe_permute (their host copy taken
+// there, waited for once, reused by every GEMM on them), at odd sizes: experts with 0 and 1 rows,
+// one expert with most rows, M not a multiple of any tile, beta 0 and 1, F32 and BF16 dw; then a
+// second routing permuted into the same offsets tensor (the host copy must follow it), then
+// offsets uploaded over it (a copy that must drop the permuted host copy).
+TEST(CudaOps, MoeGroupedMatmulOnPermutedOffsets) {
+  REQUIRE_GPU();
+  unsetenv("SF_MOE_GEMM");
+  struct G {
+    int64_t N, E, k, K, Nout;
+    int hot;
+  };
+  const G cases[] = {{67, 9, 2, 72, 40, -1}, {301, 13, 3, 40, 136, 5}, {5, 11, 2, 24, 33, -1}, {130, 4, 4, 64, 96, -1}};
+  for (const G& c : cases) {
+    const int64_t S = c.N * c.k, stride = c.K * c.Nout + 16;
+    SCOPED_TRACE(testing::Message() << "N=" << c.N << " E=" << c.E << " k=" << c.k << " K=" << c.K
+                                    << " Nout=" << c.Nout);
+    const auto iv1 = moe_choices(c.N, c.E, c.k, 71, c.hot), iv2 = moe_choices(c.N, c.E, c.k, 72, -1);
+    // A third routing, uploaded: experts 0 and 2 without rows, expert 1 with one, the rest spread.
+    std::vector<int32_t> up(size_t(c.E + 1), 0);
+    up[2] = up[3] = 1;
+    for (int64_t e = 4; e <= c.E; ++e) up[size_t(e)] = int32_t(1 + (S - 1) * (e - 3) / (c.E - 3));
+    const auto av = rnd(size_t(S * c.K), 81), wv = rnd(size_t(c.E * stride), 82), ov = rnd(size_t(S * c.Nout), 83);
+    const auto dyv = rnd(size_t(S * c.Nout), 84), dwv = rnd(size_t(c.E * stride), 85), dxv = rnd(size_t(S * c.K), 86);
+    auto four = run4([&](Backend& r, DType dt) -> Outs {
+      Tensor offs = r.in_i32(std::vector<int32_t>(size_t(c.E + 1), -1), {c.E + 1});
+      Tensor ss = r.in_i32(std::vector<int32_t>(size_t(S), -1), {S}),
+             sp = r.in_i32(std::vector<int32_t>(size_t(S), -1), {S});
+      Tensor a = r.in(av, dt, {S, c.K}), w = r.in(wv, dt, {c.E, stride}), dy = r.in(dyv, dt, {S, c.Nout});
+      Outs outs;
+      for (int round = 0; round < 3; ++round) {
+        if (round < 2) {
+          Tensor idx = r.in_i32(round == 0 ? iv1 : iv2, {c.N, c.k});
+          CALL(r, moe_permute, offs, ss, sp, idx);
+        } else if (r.on_gpu()) {  // over the permuted offsets, through the device's copy
+          gpu().copy(offs.data, up.data(), offs.bytes(), CopyKind::HostToDevice, gpu_stream());
+          gpu().synchronize(gpu_stream());
+        } else {
+          std::memcpy(offs.data, up.data(), offs.bytes());
+        }
+        Tensor y = r.out(dt, {S, c.Nout}), y1 = r.in(ov, dt, {S, c.Nout}), dx = r.in(dxv, dt, {S, c.K});
+        Tensor dw = r.in(dwv, F32, {c.E, stride}), dwb = r.in(dwv, dt, {c.E, stride});
+        CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);     // y = x W_e^T (NaN-poisoned y: beta 0)
+        CALL(r, moe_grouped_matmul, y1, a, w, offs, true, 1.f);    // y1 += x W_e^T
+        CALL(r, moe_grouped_matmul, dx, dy, w, offs, false, 1.f);  // dx += dy W_e
+        CALL(r, moe_grouped_matmul_wgrad, dw, dy, a, offs);
+        CALL(r, moe_grouped_matmul_wgrad, dwb, dy, a, offs);
+        for (const Tensor& t : {y, y1, dx, dw, dwb}) outs.push_back(r.get(t));
+      }
+      return outs;
+    });
+    const char* names[] = {"x W^T", "+= x W^T", "+= dy W", "wgrad f32 accumulator", "wgrad storage dtype"};
+    for (size_t i = 0; i < four.ref.size(); ++i) {
+      const std::string what = std::string(names[i % 5]) + " routing " + std::to_string(i / 5);
+      check_bf16(what, four.cuda_bf[i], four.cpu_bf[i], four.ref[i], kF32Floor);
+      check_f32(what + " f32", four.cuda_f32[i], four.ref[i]);
+    }
+  }
+}
+
+// The experts' GEMMs spread over four streams (SF_MOE_GEMM=lt) give the bits of one stream (lt1):
+// every expert's GEMM runs on the same plan either way, and the join must hold back the reads of
+// the outputs until every stream is done (a missing join shows as NaN: the outputs are poisoned).
+TEST(CudaOps, MoeGroupedMatmulSameBitsOnOneOrFourStreams) {
+  REQUIRE_GPU();
+  const int64_t N = 257, E = 11, k = 3, S = N * k, K = 136, Nout = 200;
+  const auto iv = moe_choices(N, E, k, 91, -1);
+  const auto av = rnd(size_t(S * K), 92), wv = rnd(size_t(E * K * Nout), 93), dyv = rnd(size_t(S * Nout), 94);
+  std::vector<float> got[2][3];
+  for (int one = 0; one < 2; ++one) {
+    setenv("SF_MOE_GEMM", one ? "lt1" : "lt", 1);
+    Backend r(true);
+    Tensor offs = r.in_i32(std::vector<int32_t>(size_t(E + 1), -1), {E + 1});
+    Tensor ss = r.out(DType::I32, {S}), sp = r.out(DType::I32, {S}), idx = r.in_i32(iv, {N, k});
+    Tensor a = r.in(av, BF16, {S, K}), w = r.in(wv, BF16, {E, K * Nout}), dy = r.in(dyv, BF16, {S, Nout});
+    Tensor y = r.out(BF16, {S, Nout}), dx = r.out(BF16, {S, K});
+    Tensor dw = r.in(std::vector<float>(size_t(E * K * Nout), 0.f), F32, {E, K * Nout});
+    CALL(r, moe_permute, offs, ss, sp, idx);
+    CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);
+    CALL(r, moe_grouped_matmul, dx, dy, w, offs, false, 0.f);
+    CALL(r, moe_grouped_matmul_wgrad, dw, dy, a, offs);
+    got[one][0] = r.get(y), got[one][1] = r.get(dx), got[one][2] = r.get(dw);
+  }
+  unsetenv("SF_MOE_GEMM");
+  const char* names[] = {"x W^T", "dy W", "wgrad"};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(all_finite(got[0][i])) << names[i] << ": an output the four streams did not write";
+    EXPECT_TRUE(std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * 4) == 0)
+        << names[i] << ": four streams and one differ";
+  }
+}
+
+// The same offsets pointer reused after a new routing, on the device alone: the GEMM must see the
+// routing permuted last, not the first one's host copy (two routings, one buffer, many rounds).
+TEST(CudaOps, MoeGroupedMatmulFollowsEachRouting) {
+  REQUIRE_GPU();
+  unsetenv("SF_MOE_GEMM");
+  const int64_t N = 40, E = 6, k = 2, S = N * k, K = 16, Nout = 8;
+  Backend r(true);
+  Tensor offs = r.in_i32(std::vector<int32_t>(size_t(E + 1), -1), {E + 1});
+  Tensor ss = r.out(DType::I32, {S}), sp = r.out(DType::I32, {S});
+  // Routing A: every token to experts 0 and 1; routing B: every token to experts 4 and 5.
+  std::vector<int32_t> ia, ib;
+  for (int64_t n = 0; n < N; ++n) ia.insert(ia.end(), {0, 1}), ib.insert(ib.end(), {4, 5});
+  Tensor idx_a = r.in_i32(ia, {N, k}), idx_b = r.in_i32(ib, {N, k});
+  // W_e = e + 1 everywhere, a = 1: y row = K * (e + 1) for its expert e.
+  std::vector<float> wv(size_t(E * K * Nout));
+  for (int64_t e = 0; e < E; ++e) std::fill(wv.begin() + e * K * Nout, wv.begin() + (e + 1) * K * Nout, float(e + 1));
+  Tensor a = r.in(std::vector<float>(size_t(S * K), 1.f), F32, {S, K}), w = r.in(wv, F32, {E, K * Nout});
+  for (int round = 0; round < 6; ++round) {
+    const bool b = round % 2 == 1;
+    CALL(r, moe_permute, offs, ss, sp, b ? idx_b : idx_a);
+    Tensor y = r.out(F32, {S, Nout});
+    CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);
+    const auto got = r.get(y);
+    // Sorted rows: the first N on the lower expert of the routing, the next N on the higher.
+    const float lo = float(K * (b ? 5 : 1)), hi = float(K * (b ? 6 : 2));
+    for (int64_t i = 0; i < S; ++i)
+      ASSERT_EQ(got[size_t(i * Nout)], i < N ? lo : hi) << "round " << round << " row " << i;
+  }
 }
 
 TEST(CudaOps, MoeAuxLoss) {

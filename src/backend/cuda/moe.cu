@@ -1,14 +1,18 @@
 // Mixture-of-experts kernels. Deterministic: every output element and every reduction has one
 // owner thread or block and a fixed order (no float atomics), so runs repeat bit for bit.
 //
-// The grouped GEMMs: one launch for all experts, any routing (experts with no rows, one expert
-// with all). BF16 operands run on tensor cores (mma.sync m16n8k16, fp32 accumulate, 128 x 128
-// tiles); F32 operands (and SF_MOE_SIMT=1, the fallback) on shared-memory tiled SIMT kernels.
+// The grouped GEMMs run on cuBLASLt, one GEMM per expert (moe_gemm.cpp), wherever it takes the
+// dtypes. Kept here: one launch for all experts on the device offsets, any routing (experts with
+// no rows, one expert with all), for mixed dtypes and SF_MOE_GEMM=tiles|simt (no host wait; the
+// baseline of bench/moe_gemm_bench): BF16 operands on tensor cores (mma.sync m16n8k16, fp32
+// accumulate, 128 x 128 tiles, one stage: about 78 TFLOP/s on the H200 at OLMoE's shapes, a
+// tenth of cuBLAS), the rest on shared-memory tiled SIMT kernels.
 #include <algorithm>
 #include <climits>
 
 #include "backend/cuda/kernel_utils.cuh"
 #include "backend/cuda/moe.cuh"
+#include "backend/cuda/moe_gemm.cuh"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -143,9 +147,12 @@ __global__ void permute_count_kernel(int32_t* __restrict__ offsets, const int32_
   if (e == 0 && threadIdx.x == 0) offsets[0] = 0;
 }
 
-// Pass 2: running sum (E <= 4096: one thread is enough).
-__global__ void permute_scan_kernel(int32_t* offsets, int E) {
+// Pass 2: running sum (E <= 4096: one thread is enough); mirror (host memory mapped for the
+// device, may be null): the same E+1 values, for the grouped GEMMs' row counts (moe_gemm.cuh).
+__global__ void permute_scan_kernel(int32_t* offsets, int E, int32_t* mirror) {
   for (int e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  if (mirror)
+    for (int e = 0; e <= E; ++e) mirror[e] = offsets[e];
 }
 
 // Pass 3: expert e's slots in slot order (a block-wide ballot scan over all slots).
@@ -486,10 +493,15 @@ void row_smem(Kern kernel, size_t bytes) {
 
 unsigned elem_grid(int64_t n, const Launch& L) { return grid_for(n, 256, L.num_sms); }
 
-// The tensor-core GEMMs take BF16 operands; SF_MOE_SIMT=1 forces the SIMT kernels (read at each
-// call, so that a test can compare both paths).
-bool use_tensor_cores(const Tensor& a, const Tensor& b) {
-  return a.dtype == DType::BF16 && b.dtype == DType::BF16 && !env_switch(Env::MoeSimt, false);
+// Which grouped GEMM runs (SF_MOE_GEMM, read at each call so that a test or the benchmark can
+// compare the paths): cuBLASLt per expert where it takes the dtypes (the default), else the
+// one-launch kernels on the device offsets: tensor cores for BF16 operands, SIMT for the rest.
+enum class MoeGemm { Lt, TensorCores, Simt };
+MoeGemm moe_gemm_path(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const std::string v = env_text(Env::MoeGemm);
+  if (v != "tiles" && v != "simt" && moe_lt_takes(a.dtype, b.dtype, out.dtype)) return MoeGemm::Lt;
+  if (v != "simt" && a.dtype == DType::BF16 && b.dtype == DType::BF16) return MoeGemm::TensorCores;
+  return MoeGemm::Simt;
 }
 
 }  // namespace
@@ -526,8 +538,16 @@ void moe_permute(Tensor offsets, Tensor sorted_slot, Tensor slot_pos, Tensor idx
   SF_CHECK(S < (int64_t(1) << 24), "moe_permute: N*k = " + std::to_string(S) + " slots, the cuda kernel takes < 2^24");
   permute_count_kernel<<<unsigned(E), 256, 0, L.stream>>>(offsets.ptr<int32_t>(), idx.ptr<int32_t>(), S);
   CUDA_CHECK_LAUNCH();
-  permute_scan_kernel<<<1, 1, 0, L.stream>>>(offsets.ptr<int32_t>(), int(E));
-  CUDA_CHECK_LAUNCH();
+  // The scan also writes the host copy of the offsets, before the placement and the gather run:
+  // the grouped GEMMs' one host wait ends while the GPU still has those to do.
+  auto scan = [&](int32_t* mirror) {
+    permute_scan_kernel<<<1, 1, 0, L.stream>>>(offsets.ptr<int32_t>(), int(E), mirror);
+    CUDA_CHECK_LAUNCH();
+  };
+  if (L.moe)
+    L.moe->publish(offsets, L.stream, scan);
+  else
+    scan(nullptr);
   if (S == 0) return;
   permute_place_kernel<<<unsigned(E), 256, 0, L.stream>>>(sorted_slot.ptr<int32_t>(), slot_pos.ptr<int32_t>(),
                                                           idx.ptr<int32_t>(), offsets.ptr<int32_t>(), S);
@@ -551,8 +571,10 @@ void moe_gather_backward(Tensor dx, Tensor dxs, Tensor slot_pos, int k, const La
 void moe_grouped_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta, const Launch& L) {
   const int64_t M = out.rows(), Nout = out.cols(), K = a.cols(), E = w.rows();
   if (M == 0 || Nout == 0) return;
+  const MoeGemm path = moe_gemm_path(a, w, out);
+  if (path == MoeGemm::Lt) return moe_grouped_matmul_lt(out, a, w, offsets, trans_w, beta, L);
   SF_CHECK(M < INT_MAX && K < INT_MAX && Nout < INT_MAX, "moe_grouped_matmul: dimension over the cuda kernel's 2^31");
-  if (use_tensor_cores(a, w)) {
+  if (path == MoeGemm::TensorCores) {
     const int64_t tiles = (M + TM - 1) / TM + E;  // >= sum over experts of ceil(rows_e / TM)
     SF_CHECK(tiles <= 65535, "moe_grouped_matmul: too many row tiles for the cuda kernel");
     const dim3 grid(unsigned((Nout + TN - 1) / TN), unsigned(tiles));
@@ -573,9 +595,11 @@ void moe_grouped_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, bool tra
 void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets, const Launch& L) {
   const int64_t Nout = dy.cols(), K = x.cols(), E = dw.rows();
   if (Nout == 0 || K == 0 || E == 0) return;
+  const MoeGemm path = moe_gemm_path(dy, x, dw);
+  if (path == MoeGemm::Lt) return moe_grouped_matmul_wgrad_lt(dw, dy, x, offsets, L);
   SF_CHECK(dy.rows() < INT_MAX && K < INT_MAX && Nout < INT_MAX,
            "moe_grouped_matmul_wgrad: dimension over the cuda kernel's 2^31");
-  if (use_tensor_cores(dy, x)) {
+  if (path == MoeGemm::TensorCores) {
     const dim3 grid(unsigned((K + TN - 1) / TN), unsigned((Nout + TM - 1) / TM), unsigned(E));
     tc_grouped_wgrad_kernel<<<grid, kTcThreads, 0, L.stream>>>(dout_(dw), dy.ptr<bf16_t>(), x.ptr<bf16_t>(),
                                                                offsets.ptr<int32_t>(), dw.cols(), int(K), int(Nout));
