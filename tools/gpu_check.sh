@@ -15,8 +15,7 @@
 #    recomputed, attention kept, and the planner's choice, the op profile of the last;
 #    recompute_sliding recompute_sliding_accum = the same in the sliding engine: 3B at 24 GiB with
 #    clipping, one micro-batch and four,
-#    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans,
-#    attn_trial = issue 19's attention path on trial (AttnPath::Sm90Trial) against the default one and torch's backends)
+#    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -593,26 +592,6 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
         --models gemma4_dense,gemma4_kvshared,gemma4_ple --work /tmp/g4_parity_cuda
       run gemma4_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
         --models gemma4_dense --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g4_parity_cuda_off ;;
-    # issue 19, the attention path on trial (attn_trial, ~110 s; session 12, AttnPath::Sm90Trial:
-    # the sm_90 backward with no barrier between its consumers, each adding its own keys' part of
-    # dQ over all columns by TMA reduce-add; at hd 64 also the products in halves as at hd 128,
-    # without the session-11 next-tile prefetch): the attention gtests (CPU twin, odd
-    # shapes, poisoned outputs, packed rows, windows, GQA; each kernel path: auto, sm90trial,
-    # sm80; AttentionSm90Trial runs every shape class on the trial), then attn_bench with the
-    # default and the trial alternated twice per head dim (their difference against the
-    # run-to-run spread), then torch SDPA's backends beside our three paths (attn_vs_torch.py, no
-    # parity: the gtests did it). RESULT lines into the summary.
-    attn_trial)
-      # timeouts: a kernel that hangs costs its timeout, not the call
-      run attn_trial_gtests timeout 150 "$BIN/sf_gpu_tests" \
-        --gtest_filter='CudaOps.Attention*:-CudaOps.AttentionHeadDim256:CudaOps.AttentionHeadDim512' --gtest_brief=1
-      for hd in 64 128; do
-        for p in auto trial auto trial; do
-          timeout 30 "$BIN/attn_bench" 8 2048 32 8 $hd --path $p 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
-        done
-      done
-      run attn_trial_torch timeout 300 python3 bench/attn_vs_torch.py "$BIN" --no-parity
-      sed -n '/===== attn_trial_torch/,$p' "$OUT/all.log" | grep -E "^RESULT|^  hd" | tee -a "$OUT/summary.txt" ;;
     *) echo "unknown step $s" ;;
   esac
 done

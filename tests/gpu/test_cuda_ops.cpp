@@ -626,7 +626,7 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
 
 // On Hopper these run the sm_90 kernels (Auto) at every shape class: T = 1, tails, GQA 1 / 4 / 8,
 // long rows (and packed rows, windows, both at once below): at hd 128 the backward's TMA dQ,
-// at hd 64 its atomics. AttentionSm90Trial runs them all on the trial path too.
+// at hd 64 its atomics.
 void short_cases() {
   attention_case({2, 1, 2, 2, 64}, true);    // T = 1, GQA 1
   attention_case({2, 7, 8, 1, 128}, true);   // GQA 8
@@ -649,14 +649,10 @@ TEST(CudaOps, AttentionLongSequences) {
 }
 
 // cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 kernels
-// where they apply), Sm90Trial (on trial: the sm_90 backward's dQ variants; Auto off Hopper) and the
-// sm_80 kernels forced, so the fallback stays tested on Hopper too.
+// where they apply) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
 void each_flash_path(const std::function<void()>& cases) {
-  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm90Trial, cuda::AttnPath::Sm80}) {
-    SCOPED_TRACE(testing::Message() << "path "
-                                    << (p == cuda::AttnPath::Auto        ? "auto"
-                                        : p == cuda::AttnPath::Sm90Trial ? "sm90trial"
-                                                                         : "sm80"));
+  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm80}) {
+    SCOPED_TRACE(testing::Message() << "path " << (p == cuda::AttnPath::Auto ? "auto" : "sm80"));
     cuda::attention_force_path(p);
     cases();
   }
@@ -762,20 +758,6 @@ TEST(CudaOps, AttentionSlidingWindow) {
     attention_case({2, 300, 8, 2, 128, 70}, false);
     attention_case({3, 257, 4, 1, 64, 31}, false, packed_positions(3, 257, 90, 5));
   });
-}
-
-// The trial path (the sm_90 backward, each consumer adding its own keys' part of dQ by TMA
-// reduce-add; Auto elsewhere than Hopper) on every shape class
-// of the tests above: T = 1, tails, GQA 1 / 4 / 8, long rows, packed rows, windows, both at once.
-// Delete with AttnPath::Sm90Trial.
-TEST(CudaOps, AttentionSm90Trial) {
-  REQUIRE_GPU();
-  cuda::attention_force_path(cuda::AttnPath::Sm90Trial);
-  short_cases();
-  long_cases();
-  packed_cases();
-  window_cases();
-  cuda::attention_force_path(cuda::AttnPath::Auto);
 }
 
 // Head dim 256 (Gemma 3) in the flash kernels: T = 1, tails of every tile size, GQA 1/2/4, long

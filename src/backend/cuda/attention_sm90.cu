@@ -576,35 +576,21 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 //   tile: ~512 cycles at 16 a cycle, under dP^T's ~512).
 // hd 64 keeps float2 atomics and one pass: the same changes with the next tile's S^T / dP^T
 // issued behind the dQ wgmma measured 0.90x there.
-// On trial (session 12, TRIAL: AttnPath::Sm90Trial), both head dims (OWN_DQ): no barrier between
-// the consumers. Each adds its own keys' part of dQ over all HD columns (dQ += dS[:, keys w]
-// K[keys w, :], m64 nHD k64, the same FLOPs as dS K[:, half w]), so it reads only its own dS^T
-// rows and meets only its own warpgroup; the two drift apart by up to the stages, one's
-// element-wise work under the other's products (as the forward's ping-pong). Cost: twice the
-// reduce-add bytes to L2 (hd 128: 64 KiB a tile, ~2.7 TB/s at today's speed) and twice the dQ
-// staging (hd 128: 64 KiB). hd 64 with it: the TMA reduce-add and the halves as hd 128 (not the
-// session-11 next-tile prefetch; S^T and dP^T one wgmma group: two serialised them, ptxas C7514).
-template <int HD_, bool BOUNDED_, bool TRIAL_ = false>
+template <int HD_, bool BOUNDED_>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
-  static constexpr bool TRIAL = TRIAL_;
-  static constexpr bool TMA_DQ = HD == 128 || TRIAL;
-  // (hd 128) S^T and dP^T in two wgmma groups, P_EARLY column groups of P^T under dP^T
-  static constexpr bool SPLIT_SDP = HD == 128;
-  static constexpr bool OWN_DQ = TRIAL;
-  // dQ columns a consumer adds (its half, or all with OWN_DQ) and its k-steps (keys / 16)
-  static constexpr int DQ_COLS = OWN_DQ ? HD : HD / 2, DQ_KSTEPS = OWN_DQ ? BC / CONSUMERS / 16 : BC / 16;
+  static constexpr bool TMA_DQ = HD == 128;
   // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56)
   static constexpr int P_EARLY = 4;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
-  // dS^T [2][BC][BQ] (swizzled rows of 64) | (TMA_DQ) dQ [CONSUMERS][DQ_BOXES][BQ][32] f32 (swizzled
+  // dS^T [2][BC][BQ] (swizzled rows of 64) | (TMA_DQ) dQ [CONSUMERS][HD / 64][BQ][32] f32 (swizzled
   // 128-byte rows) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
   // F [STAGES][BQ] int (first key of each query: packed rows, window) | barriers
-  static constexpr int DQ_BOXES = DQ_COLS / 32;  // 32-column f32 boxes of one consumer's dQ columns
+  static constexpr int DQ_BOXES = HD / 64;  // 32-column f32 boxes of one consumer's HD / 2 dQ columns
   static constexpr uint32_t dq_box_bytes = BQ * 32 * 4;
   static constexpr size_t k_off = 0, v_off = k_off + kv_bytes, q_off = v_off + kv_bytes;
   static constexpr size_t do_off = q_off + size_t(STAGES) * qt_bytes, ds_off = do_off + size_t(STAGES) * qt_bytes;
@@ -735,23 +721,14 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     return sdesc(base + s * CH * BQ * 128 + kk * 2048, BQ * 128, 1024);
   };
   // dQ: A = dS (M-major: queries along the 128-byte rows, keys down them), B = this warpgroup's
-  // half of K's columns (N-major); OWN_DQ: this warpgroup's keys of dS, all of K's columns.
-  constexpr int HQ = Tr::DQ_COLS;                         // dQ columns of one consumer
-  const int dq_col = Tr::OWN_DQ ? 0 : cw * HQ;            // its first
-  const int dq_k0 = Tr::OWN_DQ ? cw * Tr::DQ_KSTEPS : 0;  // its first k-step (16 keys)
+  // half of K's columns (N-major).
+  constexpr int HQ = HD / 2;  // dQ columns of one consumer
   auto ds_desc = [&](int buf, int kk) { return sdesc(ds_addr + buf * Tr::ds_bytes + kk * 2048, 8192, 1024); };
   auto kn_desc = [&](int kk) {
-    const int col = dq_col;  // first column: a box (hd 128) or 64 bytes into the rows (hd 64)
+    const int col = cw * HQ;  // first column: a box (hd 128) or 64 bytes into the rows (hd 64)
     return sdesc(k_addr + (col >> 6) * BC * 128 + (col & 63) * 2 + kk * 2048, BC * 128, 1024);
   };
 
-  // This consumer's 128 threads meet (named barriers by immediates: a register id reserves all 16).
-  auto wg_sync = [&] {
-    if (cw == 0)
-      asm volatile("bar.sync 2, 128;\n" ::: "memory");
-    else
-      asm volatile("bar.sync 3, 128;\n" ::: "memory");
-  };
   float dka[HD / 2], dva[HD / 2];
 #pragma unroll
   for (int i = 0; i < HD / 2; ++i) dka[i] = dva[i] = 0.f;
@@ -775,12 +752,12 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   for (int it = 0; it < total; ++it) {
     const int s = it % ST, buf = it & 1;
     const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
-    // (SPLIT_SDP) S^T and dP^T in two groups, P^T computed while dP^T runs
+    // (TMA_DQ) S^T and dP^T in two groups, P^T computed while dP^T runs
     issue_s(it);
-    if (Tr::SPLIT_SDP) wgmma_commit();
+    if (Tr::TMA_DQ) wgmma_commit();
     issue_dp(it);
     wgmma_commit();
-    if constexpr (Tr::SPLIT_SDP) {
+    if constexpr (Tr::TMA_DQ) {
       wgmma_wait<1>();
     } else {
       wgmma_wait<0>();
@@ -839,7 +816,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     // the second half's P^T, dS^T (the registers live as in one pass: P^T of the whole tile kept
     // for an early dV spilled at hd 128)
     constexpr int PARTS = Tr::TMA_DQ ? 2 : 1;
-    if constexpr (Tr::SPLIT_SDP) {
+    if constexpr (Tr::TMA_DQ) {
       // P^T of the tile in place of S^T (the MUFU work under the dP^T products), then dP^T
 #pragma unroll
       for (int j = 0; j < Tr::P_EARLY; ++j) {
@@ -855,7 +832,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     for (int part = 0; part < PARTS; ++part) {
 #pragma unroll
       for (int j = part * (BQ / 8 / PARTS); j < (part + 1) * (BQ / 8 / PARTS); ++j) {
-        if (Tr::SPLIT_SDP && j < Tr::P_EARLY) {
+        if (Tr::TMA_DQ && j < Tr::P_EARLY) {
           const float pv[4] = {st[j * 4], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]};
           ds_cols(j, pv);
         } else {
@@ -866,19 +843,15 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       }
       issue_dvdk(part * (BQ / 16 / PARTS), (part + 1) * (BQ / 16 / PARTS));
     }
-    // dS^T of both consumers (OWN_DQ: of this one) in shared memory, visible to the tensor cores
-    // (async proxy)
+    // dS^T of both consumers in shared memory, visible to the tensor cores (async proxy)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     // (TMA_DQ) the previous tile's dQ staging read by its reduces before anyone writes it again
     if (Tr::TMA_DQ && tw == 0) bulk_wait_read();
-    if constexpr (Tr::OWN_DQ)
-      wg_sync();
-    else
-      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
     float dqa[HQ / 2];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Tr::DQ_KSTEPS; ++kk) wgmma_ss<1>(dqa, ds_desc(buf, dq_k0 + kk), kn_desc(dq_k0 + kk), kk > 0);
+    for (int kk = 0; kk < BC / 16; ++kk) wgmma_ss<1>(dqa, ds_desc(buf, kk), kn_desc(kk), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(dqa);
@@ -888,7 +861,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     reg_fence(dsa);
     if (lane == 0)
       bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
-                              // dQ rows q0 + warp * 16 + g (+ 8), columns dq_col + 8 j + 2 t4
+                              // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4
     if constexpr (Tr::TMA_DQ) {
       // Box j / 4 of this consumer, row warp * 16 + g + 8 r (row & 7 = g), column 8 (j % 4) + 2 t4:
       // 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by g.
@@ -902,11 +875,14 @@ __global__ void __launch_bounds__(Tr::NT, 1)
               make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]);
         }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the TMA unit
-      wg_sync();
+      if (cw == 0)  // named barriers by immediates: a register id reserves all 16
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      else
+        asm volatile("bar.sync 3, 128;\n" ::: "memory");
       if (tw == 0) {
 #pragma unroll
         for (int x = 0; x < Tr::DQ_BOXES; ++x)
-          tma_reduce_add(&tdq, dqs + x * (BQ * 32), h * HD + dq_col + x * 32, q0, b);
+          tma_reduce_add(&tdq, dqs + x * (BQ * 32), h * HD + cw * HQ + x * 32, q0, b);
         bulk_commit();
       }
     } else {
@@ -914,7 +890,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       for (int r = 0; r < 2; ++r) {
         const int row = q0 + warp * 16 + g + r * 8;
         if (row >= T) continue;
-        float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + dq_col + 2 * t4;
+        float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HQ + 2 * t4;
 #pragma unroll
         for (int j = 0; j < HQ / 8; ++j)
           atomicAdd(reinterpret_cast<float2*>(base + j * 8), make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]));
@@ -1013,10 +989,10 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   CUDA_CHECK_LAUNCH();
 }
 
-template <int HD, bool BOUNDED, bool TRIAL = false>
+template <int HD, bool BOUNDED>
 void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
               Tensor lse, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90BwdTile<HD, BOUNDED, TRIAL>;
+  using Tr = Sm90BwdTile<HD, BOUNDED>;
   auto kernel = flash_bwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation
   if (!attr_set) {
@@ -1049,17 +1025,11 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
 }
 
 void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L, bool trial) {
+                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
   const bool b = bounded(d);
-  if (d.head_dim == 64 && trial)
-    b ? backward<64, true, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-      : backward<64, false, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-  else if (d.head_dim == 64)
+  if (d.head_dim == 64)
     b ? backward<64, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
       : backward<64, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-  else if (trial)
-    b ? backward<128, true, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-      : backward<128, false, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
   else
     b ? backward<128, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
       : backward<128, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
