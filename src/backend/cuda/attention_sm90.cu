@@ -59,6 +59,10 @@ __device__ __forceinline__ void bar_init(uint64_t* bar, uint32_t count) {
 __device__ __forceinline__ void bar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
+// The bytes a phase also waits for, without arriving (the thread arrives later, after its own writes).
+__device__ __forceinline__ void bar_expect_tx_only(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
@@ -77,6 +81,16 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
           "r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(b), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// One box of a 1-D tensor map (the backward's pos rows) at element c into shared memory; past the
+// tensor's end zeros.
+__device__ __forceinline__ void tma_load_1d(void* dst, const CUtensorMap* map, uint64_t* bar, int c) {
+  asm volatile(
+      "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c), "r"(smem_u32(bar))
       : "memory");
 }
 
@@ -315,28 +329,29 @@ struct Sm90FwdTile {
   // barriers (8 bytes each): q_full[QSTAGES], q_empty[QSTAGES], k_full[KSTAGES], k_empty[KSTAGES],
   // v_full[VSTAGES], v_empty[VSTAGES]
   static constexpr size_t tile_off = bar_off + 8 * (2 * QSTAGES + 2 * KSTAGES + 2 * VSTAGES);
-  static constexpr size_t smem = tile_off + 4 * QSTAGES + 1024;  // + alignment slack
+  // tile ids: [QSTAGES][3] ints (the tile, its first and last rows' record starts)
+  static constexpr size_t smem = tile_off + 12 * QSTAGES + 1024;  // + alignment slack
   static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
   static_assert(smem <= 227 * 1024, "shared memory");
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
 
 // Query tile `tile` (longest first: the heaviest tiles start first): its head, sequence,
-// first row and the key tiles j0 .. n_kv - 1 it walks (downwards).
+// first row and the key tiles j0 .. n_kv - 1 it walks (downwards). lo: the record start of its
+// first row (packed rows; else 0).
 struct FwdTileCoord {
   int h, b, kvh, q0, n_kv, j0;
 };
 template <class Tr>
-__device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n_hb, int T, int H, int KVH,
-                                                       const int32_t* pos, int window) {
+__device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n_hb, int T, int H, int KVH, int lo,
+                                                       int window) {
   FwdTileCoord c;
   const int qt = n_qt - 1 - tile / n_hb, hb = tile % n_hb;
   c.h = hb % H, c.b = hb / H;
   c.kvh = c.h / (H / KVH);
   c.q0 = qt * Tr::BR;
   c.n_kv = (min(c.q0 + Tr::BR, T) + Tr::BC - 1) / Tr::BC;
-  const int32_t* pb = Tr::BOUNDED && pos != nullptr ? pos + int64_t(c.b) * T : nullptr;
-  c.j0 = Tr::BOUNDED ? first_key(pb, window, c.q0) / Tr::BC : 0;
+  c.j0 = Tr::BOUNDED ? window_key(lo, window, c.q0) / Tr::BC : 0;
   return c;
 }
 
@@ -360,7 +375,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   uint64_t* k_empty = k_full + KS;
   uint64_t* v_full = k_empty + KS;
   uint64_t* v_empty = v_full + VS;
-  volatile int* tile_ids = reinterpret_cast<volatile int*>(sm + Tr::tile_off);  // [QS]: -1 = no more
+  // [QS][3]: the tile (-1 = no more), the record starts of its first and last rows
+  volatile int* tile_ids = reinterpret_cast<volatile int*>(sm + Tr::tile_off);
 
   const int n_qt = (T + BR - 1) / BR, n_hb = H * B;
   const int n_tiles = n_qt * n_hb;
@@ -392,16 +408,27 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       int next = atomicAdd(tile_counter, 1);
       for (int n = 0;; ++n) {
         const int qs = n % QS;
-        bar_wait(q_empty + qs, ((n / QS) & 1) ^ 1);  // both consumers are done with tile n - QS's Q
         const int tile = next;
+        // (packed rows) the record starts of the tile's first and last rows, loaded before the
+        // wait below so that their latency runs under it; the consumers get them with the tile
+        // id (no loads of pos of their own unless a record starts inside the tile)
+        int lo0 = 0, lo1 = 0;
+        if (LB && pos != nullptr && tile < n_tiles) {
+          const int q0 = (n_qt - 1 - tile / n_hb) * BR;
+          const int32_t* pb = pos + int64_t(tile % n_hb / H) * T;
+          const int last = min(q0 + BR, T) - 1;
+          lo0 = q0 - pb[q0], lo1 = last - pb[last];
+        }
+        bar_wait(q_empty + qs, ((n / QS) & 1) ^ 1);  // both consumers are done with tile n - QS's Q
         if (tile < n_tiles) next = atomicAdd(tile_counter, 1);
         if (tile >= n_tiles) {
-          tile_ids[qs] = -1;
+          tile_ids[qs * 3] = -1;
           bar_arrive(q_full + qs);  // release: the consumers read -1 after their wait
           break;
         }
-        tile_ids[qs] = tile;  // published by the arrive below (release), read after q_full (acquire)
-        const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, pos, window);
+        // published by the arrive below (release), read after q_full (acquire)
+        tile_ids[qs * 3] = tile, tile_ids[qs * 3 + 1] = lo0, tile_ids[qs * 3 + 2] = lo1;
+        const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, lo0, window);
         bar_expect_tx(q_full + qs, Tr::q_bytes);
         for (int ch = 0; ch < CH; ++ch)
           tma_load(Qs + (qs * CH + ch) * BR * 64, &tq, q_full + qs, c.h * HD + ch * 64, c.q0, c.b);
@@ -463,17 +490,22 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   for (int n = 0;; ++n) {
     const int qs = n % QS;
     bar_wait(q_full + qs, (n / QS) & 1);
-    const int tile = tile_ids[qs];
+    const int tile = tile_ids[qs * 3];
     if (tile < 0) break;
-    const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, pos, window);
+    const int lo0 = tile_ids[qs * 3 + 1], lo1 = tile_ids[qs * 3 + 2];
+    const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, lo0, window);
     const int n_it = c.n_kv - c.j0;
     const int row0 = c.q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
     const int wg_row0 = c.q0 + cw * 64;
     int fk[2] = {0, 0};
     if constexpr (LB) {
-      const int32_t* pb = pos != nullptr ? pos + int64_t(c.b) * T : nullptr;
-      fk[0] = row0 < T ? first_key(pb, window, row0) : 0;
-      fk[1] = row0 + 8 < T ? first_key(pb, window, row0 + 8) : 0;
+      // one record over the tile's rows (the usual case): its start for all of them, no loads
+      const int32_t* pb = pos != nullptr && lo0 != lo1 ? pos + int64_t(c.b) * T : nullptr;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        fk[r] = row >= T ? 0 : pb != nullptr ? first_key(pb, window, row) : window_key(lo0, window, row);
+      }
     }
     const int fk_max = max(fk[0], fk[1]);
     auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || (LB && j * BC < fk_max); };
@@ -589,7 +621,7 @@ struct Sm90BwdTile {
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
   // dS^T [2][BC][BQ] (swizzled rows of 64) | (TMA_DQ) dQ [CONSUMERS][HD / 64][BQ][32] f32 (swizzled
   // 128-byte rows) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
-  // F [STAGES][BQ] int (first key of each query: packed rows, window) | barriers
+  // P [STAGES][BQ] int (packed rows: each query's pos, by TMA) | barriers
   static constexpr int DQ_BOXES = HD / 64;  // 32-column f32 boxes of one consumer's HD / 2 dQ columns
   static constexpr uint32_t dq_box_bytes = BQ * 32 * 4;
   static constexpr size_t k_off = 0, v_off = k_off + kv_bytes, q_off = v_off + kv_bytes;
@@ -609,7 +641,8 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                          const __grid_constant__ CUtensorMap tdq, float* __restrict__ dq_acc, bf16_t* __restrict__ dk,
+                          const __grid_constant__ CUtensorMap tdq, const __grid_constant__ CUtensorMap tpos,
+                          float* __restrict__ dq_acc, bf16_t* __restrict__ dk,
                           bf16_t* __restrict__ dv, const float* __restrict__ lse, const float* __restrict__ Dd,
                           const int32_t* __restrict__ pos, int T, int H, int KVH, float scale, float scale_log2,
                           int window) {
@@ -624,7 +657,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   bf16_t* dSs = reinterpret_cast<bf16_t*>(sm + Tr::ds_off);
   float* Ls = reinterpret_cast<float*>(sm + Tr::l_off);
   float* Ds = reinterpret_cast<float*>(sm + Tr::d_off);
-  int* Fs = reinterpret_cast<int*>(sm + Tr::f_off);
+  const int* Ps = reinterpret_cast<const int*>(sm + Tr::f_off);
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(sm + Tr::bar_off);
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + ST;
@@ -635,23 +668,17 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int kvh = hb % KVH, b = hb / KVH, G = H / KVH;
   const int kv0 = jt * BC;
   const int n_q = (T + BQ - 1) / BQ, i_start = kv0 / BQ;
-  // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
-  // this block's last key (and so every later tile: first keys never decrease) are skipped; the
-  // first such tile found by bisection (a handful of loads, not one per tile).
   const int32_t* pb = LB && pos != nullptr ? pos + int64_t(b) * T : nullptr;
-  int i_end = n_q;
-  if constexpr (LB) {
-    const int kv_last = min(kv0 + BC, T) - 1;
-    int lo = i_start + 1;
-    while (lo < i_end) {
-      const int mid = (lo + i_end) / 2;
-      if (first_key(pb, window, mid * BQ) > kv_last)
-        i_end = mid;
-      else
-        lo = mid + 1;
-    }
-  }
-  const int per_head = i_end - i_start, total = G * per_head;
+  // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
+  // this block's last key (and so every later tile: first keys never decrease) are skipped. The
+  // first such tile is searched by each warp for itself (first_tile_past: one load's latency at
+  // T <= 2048, where a bisection paid ~5 dependent ones before the block could start), the
+  // producer's after it has issued the K, V copies, so the search runs under their latency.
+  auto query_tiles = [&] {
+    int i_end = n_q;
+    if constexpr (LB) i_end = first_tile_past(pb, window, BQ, min(kv0 + BC, T) - 1, i_start + 1, n_q);
+    return i_end - i_start;
+  };
 
   const int wg = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
@@ -676,26 +703,32 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           tma_load(Vs + c * BC * 64, &tv, kv_full, kvh * HD + c * 64, kv0, b);
         }
       }
+      const int per_head = query_tiles(), total = G * per_head;
       for (int it = 0; it < total; ++it) {
         const int s = it % ST, h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
         bar_wait(empty + s, ((it / ST) & 1) ^ 1);
-        for (int r = lane; r < BQ; r += 32) {
-          const int qr = q0 + r;
-          const int64_t li = (int64_t(b) * H + h) * T + qr;
-          Ls[s * BQ + r] = qr < T ? lse[li] * kLog2e : INFINITY;
-          Ds[s * BQ + r] = qr < T ? Dd[li] : 0.f;
-          if constexpr (LB) Fs[s * BQ + r] = qr < T ? first_key(pb, window, qr) : 0;
-        }
-        // Each lane's arrive (release) follows its own L, D, F stores; lane 0's carries the bytes.
+        // The copies first, the L, D loads under their latency (the copies were issued after the
+        // loads: a stage's latency was the two in turn). lane 0's expect_tx does not arrive:
+        // every lane arrives after its own stores (release), 32 arrivals + the copies' bytes.
         if (lane == 0) {
-          bar_expect_tx(full + s, 2 * Tr::qt_bytes);
+          bar_expect_tx_only(full + s, 2 * Tr::qt_bytes + (pb != nullptr ? BQ * 4 : 0));
           for (int c = 0; c < CH; ++c) {
             tma_load(Qs + (s * CH + c) * BQ * 64, &tq, full + s, h * HD + c * 64, q0, b);
             tma_load(dOs + (s * CH + c) * BQ * 64, &tdo, full + s, h * HD + c * 64, q0, b);
           }
-        } else {
-          bar_arrive(full + s);
+          // (packed rows) the tile's pos by the copy engine too: computing first keys here, in the
+          // producer's 24 registers, spilled 40-48 bytes in its loop
+          if (pb != nullptr) tma_load_1d(const_cast<int*>(Ps) + s * BQ, &tpos, full + s, b * T + q0);
         }
+        // the tile's rows of lse and D ([B, H, T]), and how many are rows of the sequence
+        const int64_t li0 = (int64_t(b) * H + h) * T + q0;
+        const int nv = min(BQ, T - q0);
+#pragma unroll
+        for (int r = lane; r < BQ; r += 32) {
+          Ls[s * BQ + r] = r < nv ? lse[li0 + r] * kLog2e : INFINITY;
+          Ds[s * BQ + r] = r < nv ? Dd[li0 + r] : 0.f;
+        }
+        bar_arrive(full + s);
       }
     }
     return;
@@ -703,6 +736,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 
   // ---- consumers ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
+  const int per_head = query_tiles(), total = G * per_head;
   const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
   const int g = lane >> 2, t4 = lane & 3;
   const int kw0 = kv0 + cw * 64;         // the warpgroup's first key
@@ -766,23 +800,40 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     reg_fence(st);
     // P^T, dS^T (this thread: keys key0 + 8 (e >> 1), queries q0 + 8 j + 2 t4 + (e & 1))
     const bool mask = q0 < kw0 + 63;
-    // Some query of the tile sees its first key after this warpgroup's first key (the last
-    // valid query has the largest): mask by first key too.
-    // (LB only: the plain causal kernel has no such test.)
-    const bool seg = LB && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
+    // (LB only: the plain causal kernel has no such test) Where some query of the tile sees its
+    // first key after this warpgroup's first key (the last valid query has the largest), the keys
+    // before each query's first key get S^T = -inf (P^T = 0), in a pass of its own that only such
+    // tiles take (a record starting inside the query tile, a window's edge): the P^T / dS^T work
+    // below is the plain kernel's, per element (it tested the first key in every tile before).
+    if constexpr (LB) {
+      // first key of the tile's query row r (its pos in Ps: rows past T hold the next sequence's,
+      // harmless: their P^T is 0 through L = +inf)
+      auto fkey = [&](int r, int p) {
+        const int q = q0 + r, lo = pb != nullptr ? q - p : 0;
+        return window > 0 ? max(lo, q - window + 1) : lo;
+      };
+      const int rl = min(BQ, T - q0) - 1;  // the last row of the sequence
+      if (fkey(rl, Ps[s * BQ + rl]) > kw0) {
+#pragma unroll
+        for (int j = 0; j < BQ / 8; ++j) {
+          const int2 p2 = *reinterpret_cast<const int2*>(Ps + s * BQ + j * 8 + 2 * t4);
+          const int f0 = fkey(j * 8 + 2 * t4, p2.x), f1 = fkey(j * 8 + 2 * t4 + 1, p2.y);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (((e & 1) ? f1 : f0) > key0 + (e >> 1) * 8) st[j * 4 + e] = -INFINITY;
+        }
+      }
+    }
     uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
     bf16_t* dsb = dSs + buf * (BC * BQ);
-    // P^T of columns 8 j .. 8 j + 7 (fp32, masked) into pv
+    // P^T of columns 8 j .. 8 j + 7 (fp32, causally masked) into pv
     auto p_cols = [&](int j, float(&pv)[4]) {
       const int qc = j * 8 + 2 * t4;
       const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
-      const int2 f2 = seg ? *reinterpret_cast<const int2*>(Fs + s * BQ + qc) : make_int2(0, 0);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-        const int key = key0 + (e >> 1) * 8;
-        const bool masked = (mask && q0 + qc + (e & 1) < key) || (LB && seg && ((e & 1) ? f2.y : f2.x) > key);
-        if (masked) pe = 0.f;
+        if (mask && q0 + qc + (e & 1) < key0 + (e >> 1) * 8) pe = 0.f;
         pv[e] = pe;
       }
     };
@@ -945,6 +996,19 @@ CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows, boo
   return map;
 }
 
+// An I32 vector of n elements read in boxes of `box` (the backward's pos rows; past n zeros).
+CUtensorMap make_map_1d_i32(const void* base, int64_t n, int box) {
+  CUtensorMap map;
+  const cuuint64_t dims[1] = {cuuint64_t(n)};
+  const cuuint32_t boxd[1] = {cuuint32_t(box)}, estr[1] = {1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_INT32, 1, const_cast<void*>(base), dims,
+                                          nullptr, boxd, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  SF_CHECK(r == CUDA_SUCCESS, "attention (sm_90): cuTensorMapEncodeTiled (pos) failed (" + std::to_string(int(r)) + ")");
+  return map;
+}
+
 // Packed rows or a window: the kernels with the first-key bound (BOUNDED); else plain causal.
 bool bounded(const AttnDims& d) { return !d.pos.empty() || d.window > 0; }
 
@@ -1005,8 +1069,10 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
   const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
   CUtensorMap tdq{};  // read only with TMA_DQ
   if (Tr::TMA_DQ) tdq = make_map(dq_acc, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ, true);
+  CUtensorMap tpos{};  // read only with packed rows
+  if (!d.pos.empty()) tpos = make_map_1d_i32(d.pos.data, int64_t(d.B) * d.T, Tr::BQ);
   const unsigned grid = unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B);
-  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, tdq, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, tdq, tpos, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
                                                lse.ptr<float>(), D, d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T,
                                                d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
@@ -1014,7 +1080,10 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
 
 }  // namespace
 
-bool attention_sm90_supported(const AttnDims& d) { return d.head_dim == 64 || d.head_dim == 128; }
+bool attention_sm90_supported(const AttnDims& d) {
+  // pos read by TMA in the backward: 16-byte aligned
+  return (d.head_dim == 64 || d.head_dim == 128) && (d.pos.empty() || aligned16(d.pos.data));
+}
 
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   const bool b = bounded(d);
