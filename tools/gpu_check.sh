@@ -15,7 +15,8 @@
 #    recomputed, attention kept, and the planner's choice, the op profile of the last;
 #    recompute_sliding recompute_sliding_accum = the same in the sliding engine: 3B at 24 GiB with
 #    clipping, one micro-batch and four,
-#    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans)
+#    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans,
+#    attn_packed = issue 19's packed rows against unpacked ones with the same attention work, per head dim)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw and attn_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -592,6 +593,47 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
         --models gemma4_dense,gemma4_kvshared,gemma4_ple --work /tmp/g4_parity_cuda
       run gemma4_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
         --models gemma4_dense --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g4_parity_cuda_off ;;
+    # issue 19, packed rows at the speed per real token of unpacked ones (attn_packed, ~2.5 min):
+    # the attention gtests (CPU twin: packed rows with odd records, records across tiles,
+    # one-token records, windows, pos only 4-byte aligned, each kernel path), then per head dim
+    # B 8 x T 2048 packed in records of 512 against B 32 x T 512 unpacked (the same tiles),
+    # alternated twice, and records of 2048 (one a row: the bounded kernels on the plain causal
+    # work) against B 8 x T 2048 unpacked; the ratios (unpacked / packed, 1.0 = the same speed)
+    # into the summary.
+    attn_packed)
+      run attn_packed_gtests timeout 150 "$BIN/sf_gpu_tests" \
+        --gtest_filter='CudaOps.Attention*:-CudaOps.AttentionHeadDim256:CudaOps.AttentionHeadDim512' --gtest_brief=1
+      for hd in 128 64; do
+        for i in 1 2; do
+          for a in "8 2048 32 8 $hd --pack 512" "32 512 32 8 $hd"; do
+            timeout 30 "$BIN/attn_bench" $a 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
+          done
+        done
+        for a in "8 2048 32 8 $hd --pack 2048" "8 2048 32 8 $hd"; do
+          timeout 30 "$BIN/attn_bench" $a 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
+        done
+      done
+      python3 - "$OUT/summary.txt" <<'PY' | tee -a "$OUT/summary.txt"
+import re, sys
+runs = {}  # (hd, B, T, pack) -> [(fwd, bwd, fwdbwd), ...]
+for line in open(sys.argv[1]):
+    m = re.match(r"RESULT sf_attn path=auto B=(\d+) T=(\d+) .* hd=(\d+) pack=(\d+) window=0 "
+                 r"fwd_ms=([\d.]+) bwd_ms=([\d.]+) fwdbwd_ms=([\d.]+)", line)
+    if m:
+        B, T, hd, pack = (int(x) for x in m.groups()[:4])
+        runs.setdefault((hd, B, T, pack), []).append(tuple(float(x) for x in m.groups()[4:]))
+for hd in (128, 64):
+    for name, packed, plain in (("records_512", (hd, 8, 2048, 512), (hd, 32, 512, 0)),
+                                ("records_2048", (hd, 8, 2048, 2048), (hd, 8, 2048, 0))):
+        p, u = runs.get(packed, [])[-2:], runs.get(plain, [])[-2:]
+        n = min(len(p), len(u))  # this step's last runs, paired in order
+        p, u = p[-n:], u[-n:]
+        if n:
+            r = [[u[i][k] / p[i][k] for i in range(len(p))] for k in range(3)]
+            print(f"RESULT attn_hd{hd}_packed_{name}_per_token fwd=" + "/".join(f"{x:.3f}" for x in r[0]) +
+                  " bwd=" + "/".join(f"{x:.3f}" for x in r[1]) + " fwdbwd=" + "/".join(f"{x:.3f}" for x in r[2]))
+PY
+      ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -190,19 +190,26 @@ SF_WGMMA_RS(128, 64, 65, 66, 67, 68)
 
 #endif  // SF_SM90_DEVICE
 
-// The softmaxes' first half: where `mask`, keys after the row or (BOUNDED) before its first key
-// set to -inf; mx = the rows' running max m raised by this thread's elements (not yet quad-reduced).
+// The softmaxes' first half: where `causal`, keys after the row set to -inf, and where (BOUNDED)
+// `first`, keys before the row's first key; mx = the rows' running max m raised by this thread's
+// elements (not yet quad-reduced). Two passes: a tile on the diagonal whose rows all start at or
+// before it (packed rows of one record) does the plain kernel's work.
 template <int BC, bool BOUNDED>
-__device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], const float (&m)[2], bool mask,
-                                            int key0, int row0, const int (&fk)[2]) {
-  if (mask) {
+__device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], const float (&m)[2], bool causal,
+                                            bool first, int key0, int row0, const int (&fk)[2]) {
+  if (causal) {
 #pragma unroll
     for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + j * 8 + (e & 1);
-        if (key > row0 + (e >> 1) * 8 || (BOUNDED && key < fk[e >> 1])) s[j * 4 + e] = -INFINITY;
-      }
+      for (int e = 0; e < 4; ++e)
+        if (key0 + j * 8 + (e & 1) > row0 + (e >> 1) * 8) s[j * 4 + e] = -INFINITY;
+  }
+  if (BOUNDED && first) {
+#pragma unroll
+    for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (key0 + j * 8 + (e & 1) < fk[e >> 1]) s[j * 4 + e] = -INFINITY;
   }
   mx[0] = m[0], mx[1] = m[1];
 #pragma unroll
@@ -213,8 +220,8 @@ __device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], 
 }
 
 // Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8, columns
-// key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the row or
-// (BOUNDED) before its first key fk (packed rows, window) are -inf; P left in s as fp32 (packed to
+// key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `causal`, keys after the row, and
+// where (BOUNDED) `first`, keys before its first key fk (packed rows, window) are -inf; P left in s as fp32 (packed to
 // bf16 by pack_p only once the previous PV is done, so one P buffer suffices: 32 registers fewer
 // than two, which the lazy rescale needs) and the running max lazy: a row keeps its max until a tile raises it by more
 // than kLazyRescaleLog2 in the exp2 domain (meanwhile P <= 2^8: in range for bf16 and the fp32 sums; l and O share the
@@ -223,9 +230,10 @@ __device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], 
 constexpr float kLazyRescaleLog2 = 8.f;
 template <int BC, bool BOUNDED>
 __device__ __forceinline__ bool softmax_tile_lazy(float (&s)[BC / 2], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                                  bool mask, int key0, int row0, const int (&fk)[2], float scale_log2) {
+                                                  bool causal, bool first, int key0, int row0, const int (&fk)[2],
+                                                  float scale_log2) {
   float mx[2];
-  mask_rowmax<BC, BOUNDED>(s, mx, m, mask, key0, row0, fk);
+  mask_rowmax<BC, BOUNDED>(s, mx, m, causal, first, key0, row0, fk);
   float off[2];
   bool grew = false;
 #pragma unroll
@@ -508,7 +516,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       }
     }
     const int fk_max = max(fk[0], fk[1]);
-    auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || (LB && j * BC < fk_max); };
+    auto causal = [&](int j) { return j * BC + BC - 1 > wg_row0; };  // key tile j reaches past a row
+    auto first = [&](int j) { return LB && j * BC < fk_max; };         // ... starts before a first key
     auto release_q = [&] {
       if (lane == 0) bar_arrive(q_empty + qs);  // this tile's last QK^T is done: Q buffer qs free
     };
@@ -527,8 +536,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       reg_fence(sacc);
       if (lane == 0) bar_arrive(k_empty + s);
       if (n_it == 1) release_q();
-      softmax_tile_lazy<BC, LB>(sacc, m, l, corr, needs_mask(c.n_kv - 1), (c.n_kv - 1) * BC + 2 * t4, row0, fk,
-                                scale_log2);
+      softmax_tile_lazy<BC, LB>(sacc, m, l, corr, causal(c.n_kv - 1), first(c.n_kv - 1), (c.n_kv - 1) * BC + 2 * t4,
+                                row0, fk, scale_log2);
       pack_p<BC>(sacc, p);  // O = 0: nothing to rescale
     }
     // One pipelined step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in
@@ -547,7 +556,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       if (lane == 0) bar_arrive(k_empty + s);
       if (it == n_it - 1) release_q();
       const bool grew =
-          softmax_tile_lazy<BC, LB>(sacc, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
+          softmax_tile_lazy<BC, LB>(sacc, m, l, corr, causal(j), first(j), j * BC + 2 * t4, row0, fk, scale_log2);
       wgmma_wait<0>();  // PV done: O, P and V stage sp free
       reg_fence(o);
       reg_fence(p);
