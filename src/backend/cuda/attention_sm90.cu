@@ -1008,10 +1008,11 @@ CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows, boo
 // An I32 vector of n elements read in boxes of `box` (the backward's pos rows; past n zeros).
 CUtensorMap make_map_1d_i32(const void* base, int64_t n, int box) {
   CUtensorMap map;
-  const cuuint64_t dims[1] = {cuuint64_t(n)};
+  // rank 1 has no stride: strides[0] is never read (kept a multiple of 16 all the same)
+  const cuuint64_t dims[1] = {cuuint64_t(n)}, strides[1] = {(cuuint64_t(n) * 4 + 15) / 16 * 16};
   const cuuint32_t boxd[1] = {cuuint32_t(box)}, estr[1] = {1};
   const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_INT32, 1, const_cast<void*>(base), dims,
-                                          nullptr, boxd, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          strides, boxd, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                           CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   SF_CHECK(r == CUDA_SUCCESS, "attention (sm_90): cuTensorMapEncodeTiled (pos) failed (" + std::to_string(int(r)) + ")");
