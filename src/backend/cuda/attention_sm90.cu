@@ -327,7 +327,9 @@ struct Sm90FwdTile {
   // setmaxnreg, a thread: the consumers' increase is granted from what the producer gives back
   // out of the block's launch allocation (ptxas: 168 a thread at NT 384), never more; asking for
   // more waits forever.
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+  // The bounded hd 64 kernel: 40 / 232 (at 24 its producer spilled 12 bytes, holding a tile's
+  // record starts across the Q copy; its consumers need fewer than 232).
+  static constexpr int PRODUCER_REGS = HD == 64 && BOUNDED_ ? 40 : 24, CONSUMER_REGS = HD == 64 && BOUNDED_ ? 232 : 240;
   static constexpr int NT = 128 * (1 + CONSUMERS);
   static constexpr int CH = HD / 64;
   static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
@@ -418,8 +420,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         const int qs = n % QS;
         const int tile = next;
         // (packed rows) the record starts of the tile's first and last rows, loaded before the
-        // wait below so that their latency runs under it; the consumers get them with the tile
-        // id (no loads of pos of their own unless a record starts inside the tile)
+        // wait below and stored for the consumers (with the tile id) only after the tile's Q copy
+        // is issued, so that their latency runs under the wait and the copy, not before the copy;
+        // the consumers load pos themselves only for a tile where a record starts inside
         int lo0 = 0, lo1 = 0;
         if (LB && pos != nullptr && tile < n_tiles) {
           const int q0 = (n_qt - 1 - tile / n_hb) * BR;
@@ -434,12 +437,13 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           bar_arrive(q_full + qs);  // release: the consumers read -1 after their wait
           break;
         }
-        // published by the arrive below (release), read after q_full (acquire)
-        tile_ids[qs * 3] = tile, tile_ids[qs * 3 + 1] = lo0, tile_ids[qs * 3 + 2] = lo1;
         const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, lo0, window);
-        bar_expect_tx(q_full + qs, Tr::q_bytes);
+        bar_expect_tx_only(q_full + qs, Tr::q_bytes);
         for (int ch = 0; ch < CH; ++ch)
           tma_load(Qs + (qs * CH + ch) * BR * 64, &tq, q_full + qs, c.h * HD + ch * 64, c.q0, c.b);
+        // published by this arrive (release), read after q_full (acquire)
+        tile_ids[qs * 3] = tile, tile_ids[qs * 3 + 1] = lo0, tile_ids[qs * 3 + 2] = lo1;
+        bar_arrive(q_full + qs);
         for (int j = c.n_kv - 1; j >= c.j0; --j, ++kv_it) {
           const int sk = kv_it % KS, sv = kv_it % VS;
           bar_wait(k_empty + sk, ((kv_it / KS) & 1) ^ 1);  // K of kv_it - KS: its QK^T done
@@ -624,7 +628,8 @@ struct Sm90BwdTile {
   static constexpr bool TMA_DQ = HD == 128;
   // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56)
   static constexpr int P_EARLY = 4;
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
+  // as Sm90FwdTile's (the bounded hd 64 kernel 40 / 232: its producer spilled 4 bytes at 24)
+  static constexpr int PRODUCER_REGS = HD == 64 && BOUNDED_ ? 40 : 24, CONSUMER_REGS = HD == 64 && BOUNDED_ ? 232 : 240;
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
