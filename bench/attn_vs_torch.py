@@ -187,7 +187,8 @@ def main():
             if packed and plain:
                 print(f"  hd {hd:3d} packed {packed[0]:7.3f} {packed[1]:7.3f} {packed[2]:7.3f}   "
                       f"unpacked {plain[0]:7.3f} {plain[1]:7.3f} {plain[2]:7.3f}  {plain[2] / packed[2]:.3f}x")
-                print(f"RESULT attn_hd{hd}_packed_per_token={plain[2] / packed[2]:.3f}")
+                print(f"RESULT attn_hd{hd}_packed_per_token={plain[2] / packed[2]:.3f} "
+                      f"fwd={plain[0] / packed[0]:.3f} bwd={plain[1] / packed[1]:.3f}")
     return 0 if ok else 1
 
 
