@@ -599,7 +599,10 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
     # B 8 x T 2048 packed in records of 512 against B 32 x T 512 unpacked (the same tiles),
     # alternated twice, and records of 2048 (one a row: the bounded kernels on the plain causal
     # work) against B 8 x T 2048 unpacked; the ratios (unpacked / packed, 1.0 = the same speed)
-    # into the summary.
+    # into the summary. What a gap is made of: B 32 x T 512 in records of 512 (the bounded kernels
+    # in the unpacked rows' tile order) against B 32 x T 512 unpacked (bounded_512: the kernels'
+    # own cost) and against B 8 x T 2048 in records of 512 (order_512: the order, and blocks of one
+    # record running at once).
     attn_packed)
       run attn_packed_gtests timeout 150 "$BIN/sf_gpu_tests" \
         --gtest_filter='CudaOps.Attention*:-CudaOps.AttentionHeadDim256:CudaOps.AttentionHeadDim512' --gtest_brief=1
@@ -609,7 +612,7 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
             timeout 30 "$BIN/attn_bench" $a 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
           done
         done
-        for a in "8 2048 32 8 $hd --pack 2048" "8 2048 32 8 $hd"; do
+        for a in "8 2048 32 8 $hd --pack 2048" "8 2048 32 8 $hd" "32 512 32 8 $hd --pack 512"; do
           timeout 30 "$BIN/attn_bench" $a 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
         done
       done
@@ -624,7 +627,9 @@ for line in open(sys.argv[1]):
         runs.setdefault((hd, B, T, pack), []).append(tuple(float(x) for x in m.groups()[4:]))
 for hd in (128, 64):
     for name, packed, plain in (("records_512", (hd, 8, 2048, 512), (hd, 32, 512, 0)),
-                                ("records_2048", (hd, 8, 2048, 2048), (hd, 8, 2048, 0))):
+                                ("records_2048", (hd, 8, 2048, 2048), (hd, 8, 2048, 0)),
+                                ("bounded_512", (hd, 32, 512, 512), (hd, 32, 512, 0)),
+                                ("order_512", (hd, 8, 2048, 512), (hd, 32, 512, 512))):
         p, u = runs.get(packed, [])[-2:], runs.get(plain, [])[-2:]
         n = min(len(p), len(u))  # this step's last runs, paired in order
         p, u = p[-n:], u[-n:]
