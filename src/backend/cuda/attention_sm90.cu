@@ -597,9 +597,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 // ---- backward ------------------------------------------------------------------------------------
 // Block: BC = 128 key rows of one (kv head, sequence); it walks the causal query tiles (BQ = 64
 // rows) of every query head of the GQA group. Warpgroup 0 is the producer: its first warp waits
-// for a free stage, one lane issues the TMA copies of the tile's Q and dO, and the 32 lanes stage
-// lse * log2 e and D (+inf / 0 past T) beside them, all completing on the stage's `full` barrier
-// (32 arrivals + the copies' bytes). Warpgroups 1 and 2 own 64 key rows each, with their dK and
+// for a free stage, one lane issues the TMA copies of the tile's Q and dO (and, packed rows, pos),
+// and the 32 lanes stage lse * log2 e and D (+inf / 0 past T) beside them, all completing on the
+// stage's `full` barrier (32 arrivals + the copies' bytes). Warpgroups 1 and 2 own 64 key rows each, with their dK and
 // dV accumulators (64 x HD fp32) in registers for the whole block (no atomics; the GQA reduction
 // is the loop). Per tile and consumer:
 //   S^T = K_w Q^T, dP^T = V_w dO^T               (wgmma, both operands from shared memory)
@@ -730,8 +730,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
             tma_load(Qs + (s * CH + c) * BQ * 64, &tq, full + s, h * HD + c * 64, q0, b);
             tma_load(dOs + (s * CH + c) * BQ * 64, &tdo, full + s, h * HD + c * 64, q0, b);
           }
-          // (packed rows) the tile's pos by the copy engine too: computing first keys here, in the
-          // producer's 24 registers, spilled 40-48 bytes in its loop
+          // (packed rows) the tile's pos by the copy engine too: first keys computed here, in the
+          // producer's few registers, spilled 40-48 bytes in its loop
           if (pb != nullptr) tma_load_1d(const_cast<int*>(Ps) + s * BQ, &tpos, full + s, b * T + q0);
         }
         // the tile's rows of lse and D ([B, H, T]), and how many are rows of the sequence
