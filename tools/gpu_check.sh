@@ -16,7 +16,7 @@
 #    recompute_sliding recompute_sliding_accum = the same in the sliding engine: 3B at 24 GiB with
 #    clipping, one micro-batch and four,
 #    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans,
-#    attn_trial = issue 19's attention path on trial (AttnPath::Sm90Trial) against the default one and torch's backends,
+#    attn_packed = issue 19's packed rows against unpacked ones with the same attention work, per head dim,
 #    moe_gemm = issue 18's MoE grouped GEMMs: the MoE gtests, moe_gemm_bench (per-expert cuBLASLt against the tile
 #    kernel), OLMoE with --profile-ops and the Qwen3-30B-A3B 4-layer cut beside their plans)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw, attn_bench and moe_gemm_bench built here with -DSF_PORTABLE=ON.
@@ -603,26 +603,52 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
         --models gemma4_dense,gemma4_kvshared,gemma4_ple --work /tmp/g4_parity_cuda
       run gemma4_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
         --models gemma4_dense --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g4_parity_cuda_off ;;
-    # issue 19, the attention path on trial (attn_trial, ~110 s; session 12, AttnPath::Sm90Trial:
-    # the sm_90 backward with no barrier between its consumers, each adding its own keys' part of
-    # dQ over all columns by TMA reduce-add; at hd 64 also the products in halves as at hd 128,
-    # without the session-11 next-tile prefetch): the attention gtests (CPU twin, odd
-    # shapes, poisoned outputs, packed rows, windows, GQA; each kernel path: auto, sm90trial,
-    # sm80; AttentionSm90Trial runs every shape class on the trial), then attn_bench with the
-    # default and the trial alternated twice per head dim (their difference against the
-    # run-to-run spread), then torch SDPA's backends beside our three paths (attn_vs_torch.py, no
-    # parity: the gtests did it). RESULT lines into the summary.
-    attn_trial)
-      # timeouts: a kernel that hangs costs its timeout, not the call
-      run attn_trial_gtests timeout 150 "$BIN/sf_gpu_tests" \
+    # issue 19, packed rows at the speed per real token of unpacked ones (attn_packed, ~2.5 min):
+    # the attention gtests (CPU twin: packed rows with odd records, records across tiles,
+    # one-token records, windows, pos only 4-byte aligned, each kernel path), then per head dim
+    # B 8 x T 2048 packed in records of 512 against B 32 x T 512 unpacked (the same tiles),
+    # alternated twice, and records of 2048 (one a row: the bounded kernels on the plain causal
+    # work) against B 8 x T 2048 unpacked; the ratios (unpacked / packed, 1.0 = the same speed)
+    # into the summary. What a gap is made of: B 32 x T 512 in records of 512 (the bounded kernels
+    # in the unpacked rows' tile order) against B 32 x T 512 unpacked (bounded_512: the kernels'
+    # own cost) and against B 8 x T 2048 in records of 512 (order_512: the order, and blocks of one
+    # record running at once).
+    attn_packed)
+      run attn_packed_gtests timeout 150 "$BIN/sf_gpu_tests" \
         --gtest_filter='CudaOps.Attention*:-CudaOps.AttentionHeadDim256:CudaOps.AttentionHeadDim512' --gtest_brief=1
-      for hd in 64 128; do
-        for p in auto trial auto trial; do
-          timeout 30 "$BIN/attn_bench" 8 2048 32 8 $hd --path $p 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
+      for hd in 128 64; do
+        for i in 1 2; do
+          for a in "8 2048 32 8 $hd --pack 512" "32 512 32 8 $hd"; do
+            timeout 30 "$BIN/attn_bench" $a 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
+          done
+        done
+        for a in "8 2048 32 8 $hd --pack 2048" "8 2048 32 8 $hd" "32 512 32 8 $hd --pack 512"; do
+          timeout 30 "$BIN/attn_bench" $a 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
         done
       done
-      run attn_trial_torch timeout 300 python3 bench/attn_vs_torch.py "$BIN" --no-parity
-      sed -n '/===== attn_trial_torch/,$p' "$OUT/all.log" | grep -E "^RESULT|^  hd" | tee -a "$OUT/summary.txt" ;;
+      python3 - "$OUT/summary.txt" <<'PY' | tee -a "$OUT/summary.txt"
+import re, sys
+runs = {}  # (hd, B, T, pack) -> [(fwd, bwd, fwdbwd), ...]
+for line in open(sys.argv[1]):
+    m = re.match(r"RESULT sf_attn path=auto B=(\d+) T=(\d+) .* hd=(\d+) pack=(\d+) window=0 "
+                 r"fwd_ms=([\d.]+) bwd_ms=([\d.]+) fwdbwd_ms=([\d.]+)", line)
+    if m:
+        B, T, hd, pack = (int(x) for x in m.groups()[:4])
+        runs.setdefault((hd, B, T, pack), []).append(tuple(float(x) for x in m.groups()[4:]))
+for hd in (128, 64):
+    for name, packed, plain in (("records_512", (hd, 8, 2048, 512), (hd, 32, 512, 0)),
+                                ("records_2048", (hd, 8, 2048, 2048), (hd, 8, 2048, 0)),
+                                ("bounded_512", (hd, 32, 512, 512), (hd, 32, 512, 0)),
+                                ("order_512", (hd, 8, 2048, 512), (hd, 32, 512, 512))):
+        p, u = runs.get(packed, [])[-2:], runs.get(plain, [])[-2:]
+        n = min(len(p), len(u))  # this step's last runs, paired in order
+        p, u = p[-n:], u[-n:]
+        if n:
+            r = [[u[i][k] / p[i][k] for i in range(len(p))] for k in range(3)]
+            print(f"RESULT attn_hd{hd}_packed_{name}_per_token fwd=" + "/".join(f"{x:.3f}" for x in r[0]) +
+                  " bwd=" + "/".join(f"{x:.3f}" for x in r[1]) + " fwdbwd=" + "/".join(f"{x:.3f}" for x in r[2]))
+PY
+      ;;
     *) echo "unknown step $s" ;;
   esac
 done

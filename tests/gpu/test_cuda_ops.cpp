@@ -157,10 +157,10 @@ class Backend {
     put(t.data, bytes.data(), bytes.size());
     return t;
   }
-  Tensor in_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> shape) {
+  Tensor in_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> shape, size_t offset_bytes = 0) {
     Tensor t(nullptr, DType::I32, shape);
     EXPECT_EQ(int64_t(v.size()), t.numel());
-    t.data = raw(t.bytes());
+    t.data = static_cast<char*>(raw(t.bytes() + offset_bytes)) + offset_bytes;
     put(t.data, v.data(), t.bytes());
     return t;
   }
@@ -557,7 +557,8 @@ struct AttnCfg {
   int B, T, H, KVH, hd;
   int window = 0;        // sliding window (AttnDims::window), 0 = none
   float q_scale = 1.f;   // q's standard deviation: large values make rows change their max mid-row
-  size_t ws_offset = 0;  // the backward's workspace this many bytes past an aligned start
+  size_t ws_offset = 0;   // the backward's workspace this many bytes past an aligned start
+  size_t pos_offset = 0;  // pos (packed rows) this many bytes past an aligned start
 };
 
 // Forward and backward of one configuration. The backward of every run gets the same inputs:
@@ -579,7 +580,7 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
   std::vector<float> out_ref, lse_ref;
   auto fwd = [&](Backend& r, DType dt) -> Outs {
     AttnDims d = d0;
-    if (!pos.empty()) d.pos = r.in_i32(pos, {N});
+    if (!pos.empty()) d.pos = r.in_i32(pos, {N}, c.pos_offset);
     Tensor q = r.in(qv, dt, {N, QW}), k = r.in(kv, dt, {N, KW}), v = r.in(vv, dt, {N, KW});
     Tensor o = r.out(dt, {N, QW}), lse = r.out(F32, {c.B, c.H, c.T});
     CALL(r, attention_forward, o, lse, q, k, v, d);
@@ -587,7 +588,7 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
   };
   auto bwd = [&](Backend& r, DType dt) -> Outs {
     AttnDims d = d0;
-    if (!pos.empty()) d.pos = r.in_i32(pos, {N});
+    if (!pos.empty()) d.pos = r.in_i32(pos, {N}, c.pos_offset);
     Tensor q = r.in(qv, dt, {N, QW}), k = r.in(kv, dt, {N, KW}), v = r.in(vv, dt, {N, KW});
     Tensor o = r.in(out_ref, dt, {N, QW}), lse = r.in(lse_ref, F32, {c.B, c.H, c.T}), g = r.in(gv, dt, {N, QW});
     Tensor dq = r.out(dt, {N, QW}), dk = r.out(dt, {N, KW}), dv = r.out(dt, {N, KW});
@@ -626,7 +627,7 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
 
 // On Hopper these run the sm_90 kernels (Auto) at every shape class: T = 1, tails, GQA 1 / 4 / 8,
 // long rows (and packed rows, windows, both at once below): at hd 128 the backward's TMA dQ,
-// at hd 64 its atomics. AttentionSm90Trial runs them all on the trial path too.
+// at hd 64 its atomics.
 void short_cases() {
   attention_case({2, 1, 2, 2, 64}, true);    // T = 1, GQA 1
   attention_case({2, 7, 8, 1, 128}, true);   // GQA 8
@@ -649,14 +650,10 @@ TEST(CudaOps, AttentionLongSequences) {
 }
 
 // cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 kernels
-// where they apply), Sm90Trial (on trial: the sm_90 backward's dQ variants; Auto off Hopper) and the
-// sm_80 kernels forced, so the fallback stays tested on Hopper too.
+// where they apply) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
 void each_flash_path(const std::function<void()>& cases) {
-  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm90Trial, cuda::AttnPath::Sm80}) {
-    SCOPED_TRACE(testing::Message() << "path "
-                                    << (p == cuda::AttnPath::Auto        ? "auto"
-                                        : p == cuda::AttnPath::Sm90Trial ? "sm90trial"
-                                                                         : "sm80"));
+  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm80}) {
+    SCOPED_TRACE(testing::Message() << "path " << (p == cuda::AttnPath::Auto ? "auto" : "sm80"));
     cuda::attention_force_path(p);
     cases();
   }
@@ -700,6 +697,14 @@ TEST(CudaOps, AttentionUnalignedWorkspace) {
   REQUIRE_GPU();
   attention_case({2, 129, 4, 2, 128, 0, 1.f, 4}, false);
   attention_case({1, 70, 4, 1, 64, 0, 1.f, 12}, false);
+}
+
+// Packed rows whose pos is only 4-byte aligned: the sm_90 backward reads pos by TMA (16-byte
+// aligned), so on Hopper the sm_80 kernels run, and agree with the CPU twin.
+TEST(CudaOps, AttentionPackedRowsUnalignedPos) {
+  REQUIRE_GPU();
+  attention_case({2, 300, 8, 2, 128, 0, 1.f, 0, 4}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
+  attention_case({3, 257, 4, 1, 64, 31, 1.f, 0, 12}, false, packed_positions(3, 257, 90, 5));
 }
 
 // head_dim 32 (not a flash size) and the forced simple path run the generic kernels on BF16.
@@ -762,20 +767,6 @@ TEST(CudaOps, AttentionSlidingWindow) {
     attention_case({2, 300, 8, 2, 128, 70}, false);
     attention_case({3, 257, 4, 1, 64, 31}, false, packed_positions(3, 257, 90, 5));
   });
-}
-
-// The trial path (the sm_90 backward, each consumer adding its own keys' part of dQ by TMA
-// reduce-add; Auto elsewhere than Hopper) on every shape class
-// of the tests above: T = 1, tails, GQA 1 / 4 / 8, long rows, packed rows, windows, both at once.
-// Delete with AttnPath::Sm90Trial.
-TEST(CudaOps, AttentionSm90Trial) {
-  REQUIRE_GPU();
-  cuda::attention_force_path(cuda::AttnPath::Sm90Trial);
-  short_cases();
-  long_cases();
-  packed_cases();
-  window_cases();
-  cuda::attention_force_path(cuda::AttnPath::Auto);
 }
 
 // Head dim 256 (Gemma 3) in the flash kernels: T = 1, tails of every tile size, GQA 1/2/4, long

@@ -40,10 +40,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
 // For tests and benchmarks only (the program always runs Auto): Auto picks the family by the
 // device (sm_90 kernels on Hopper where they apply); Sm80 keeps the sm_80 flash kernels on any
 // device, so they stay tested on Hopper; Simple routes everything to the simple kernels.
-// Sm90Trial (on trial for one H200 comparison, session 12; keep per head dim whichever wins): Auto,
-// but in the sm_90 backward the consumers do not meet: each adds its own keys' part of dQ by TMA
-// reduce-add (hd 64 too, with hd 128's products in halves).
-enum class AttnPath { Auto, Sm80, Simple, Sm90Trial };
+enum class AttnPath { Auto, Sm80, Simple };
 void attention_force_path(AttnPath p);
 
 }  // namespace sf::cuda

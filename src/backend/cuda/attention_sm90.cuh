@@ -16,10 +16,8 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
 
 // The main backward kernel: dK, dV (bf16) and dQ accumulated in fp32 into dq_acc [B*T, n_head*hd]
 // (zeroed by the caller, which casts it; 16-byte aligned: hd 128 adds by TMA reduce-add, hd 64 by
-// float2 atomics); D [B, n_head, T] = rowsum(dO * O), lse as the forward's. trial (AttnPath::Sm90Trial,
-// on trial for one H200 comparison): no barrier between the consumers, each adding its own keys'
-// part of dQ by TMA reduce-add (hd 64 too).
+// float2 atomics); D [B, n_head, T] = rowsum(dO * O), lse as the forward's.
 void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L, bool trial);
+                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L);
 
 }  // namespace sf::cuda
