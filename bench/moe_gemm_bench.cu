@@ -1,13 +1,19 @@
 // The MoE grouped GEMMs of one layer, through the backend's kernel table as the MoE layer calls
-// them (backend/ops.h; model/moe_program.cpp), on the paths of SF_MOE_GEMM:
+// them (backend/ops.h; model/moe_program.cpp):
 //   moe_gemm_bench [--tokens N] [--iters I] [--model olmoe|qwen3|all]
-// lt (cuBLASLt per expert over 4 streams, the default) and lt1 (on one stream) against tiles (the
-// one-launch tensor-core kernel they replace), for the OLMoE-1B-7B and Qwen3-30B-A3B expert shapes at N tokens (default
-// 16384 = 8 x 2048), routed by the real router on random logits. Each GEMM is timed by CUDA events on the backend's
-// stream (median of I runs after 3 warm-ups) and printed as a RESULT line with its TFLOP/s and the host's milliseconds
-// to issue it, beside a dense cuBLAS GEMM of the same FLOPs (the ceiling); then a layer's MoE forward from the routing
-// on (the host's wait for the offsets included). lt against tiles: relative L2 over 2e-2, or lt and lt1 not the same
-// bits: exit 1.
+// cuBLASLt per expert over the expert streams (lt, what ships) and on one stream (lt1, the test hook
+// cuda::moe_gemm_force_one_stream), for the OLMoE-1B-7B and Qwen3-30B-A3B expert shapes at N tokens
+// (default 16384 = 8 x 2048), routed by the real router on random logits. Each GEMM is timed by CUDA
+// events on the backend's stream (median of I runs after 3 warm-ups) and printed as a RESULT line
+// with its TFLOP/s, its fraction of a dense cuBLAS GEMM of the same FLOPs (the ceiling) and the
+// host's milliseconds to issue it; then a layer's MoE forward from the routing on (the host's wait
+// for the offsets included). Checked: lt against a reference of one dense matmul per expert
+// (relative L2 over 1e-2: exit 1) and lt against lt1 (not the same bits: exit 1).
+//
+// The one-launch tensor-core tile kernel that lt replaced (deleted in session 12; docs/MOE.md) ran,
+// on the H200 (session 12, call 4; bench/results/2026-12-02s12_gpu_4_moe_gemm.log), at 46-109
+// TFLOP/s on OLMoE's GEMMs where lt ran at 564-668 (dense ceiling 788; lt1 429-549) and gave the
+// same bits; at Qwen3's, 44-100 where lt ran at 296-457 (lt1 260-342).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,6 +28,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/moe.cuh"
 #include "backend/device.h"
 #include "bench_check.h"
 
@@ -146,26 +153,66 @@ int main(int argc, char** argv) {
       ops.zero(out_h, *stream);
       ops.zero(dwg, *stream);
       ops.zero(dwd, *stream);
+      // One grouped GEMM as the layer calls it: out = a @ op(W_e) + beta out, or (wgrad) dW_e += a_e^T b_e.
       struct Op {
         const char* name;  // as op_profile names the call: out rows x cols, K
-        std::function<void()> run;
-        Tensor out;
+        Tensor out, a, b;  // forward: out [S, Nout], a [S, K], b = w [E, K*Nout]; wgrad: dw, dy, x
+        bool wgrad = false, trans_w = true;
+        float beta = 0.f;
       };
       const std::vector<Op> opsl = {
-          {"fwd_x_WT S x Ie K=H (gate, up)", [&] { ops.moe_grouped_matmul(out_i, xs, wg, offs, true, 0.f, *stream); },
-           out_i},
-          {"fwd_x_WT S x H K=Ie (down)", [&] { ops.moe_grouped_matmul(out_h, ea, wd, offs, true, 0.f, *stream); },
-           out_h},
-          {"bwd_dy_W S x Ie K=H (d act)", [&] { ops.moe_grouped_matmul(out_i, dys, wd, offs, false, 0.f, *stream); },
-           out_i},
-          {"bwd_dy_W S x H K=Ie beta=1 (d xs)",
-           [&] { ops.moe_grouped_matmul(out_h, deg, wg, offs, false, 1.f, *stream); }, out_h},
-          {"wgrad Ie x H over S, bf16 dw (gate, up)",
-           [&] { ops.moe_grouped_matmul_wgrad(dwg, deg, xs, offs, *stream); }, dwg},
-          {"wgrad H x Ie over S, f32 dw (down)", [&] { ops.moe_grouped_matmul_wgrad(dwd, dys, ea, offs, *stream); },
-           dwd},
+          {"fwd_x_WT S x Ie K=H (gate, up)", out_i, xs, wg, false, true, 0.f},
+          {"fwd_x_WT S x H K=Ie (down)", out_h, ea, wd, false, true, 0.f},
+          {"bwd_dy_W S x Ie K=H (d act)", out_i, dys, wd, false, false, 0.f},
+          {"bwd_dy_W S x H K=Ie beta=1 (d xs)", out_h, deg, wg, false, false, 1.f},
+          {"wgrad Ie x H over S, bf16 dw (gate, up)", dwg, deg, xs, true},
+          {"wgrad H x Ie over S, f32 dw (down)", dwd, dys, ea, true},
+      };
+      auto run = [&](const Op& op) {
+        if (op.wgrad)
+          ops.moe_grouped_matmul_wgrad(op.out, op.a, op.b, offs, *stream);
+        else
+          ops.moe_grouped_matmul(op.out, op.a, op.b, offs, op.trans_w, op.beta, *stream);
+      };
+      // Rows [r0, r0 + n) of t [rows, cols], or row e of w [E, stride] seen as [r, c].
+      auto rows_of = [](const Tensor& t, int64_t r0, int64_t n) {
+        return Tensor(static_cast<char*>(t.data) + size_t(r0 * t.cols()) * dtype_size(t.dtype), t.dtype, {n, t.cols()});
+      };
+      auto expert_w = [](const Tensor& w, int64_t e, int64_t r, int64_t c) {
+        return Tensor(static_cast<char*>(w.data) + size_t(e * w.cols()) * dtype_size(w.dtype), w.dtype, {r, c});
+      };
+      // The reference: one dense matmul per expert with rows (cuBLASLt on each expert's own plan).
+      auto reference = [&](const Op& op) {
+        for (int64_t e = 0; e < E; ++e) {
+          const int64_t r0 = off[size_t(e)], n = off[size_t(e + 1)] - r0;
+          if (n == 0) continue;
+          if (op.wgrad) {  // dW_e [Nout, K] += dy_e^T x_e
+            const int64_t Nout = op.a.cols(), K = op.b.cols();
+            ops.matmul(expert_w(op.out, e, Nout, K), rows_of(op.a, r0, n), rows_of(op.b, r0, n), true, false, 1.f, 1.f,
+                       *stream);
+          } else {  // out_e = a_e @ op(W_e) + beta out_e, W_e [Nout, K] (trans_w) or [K, Nout]
+            const int64_t Nout = op.out.cols(), K = op.a.cols();
+            const Tensor w = op.trans_w ? expert_w(op.b, e, Nout, K) : expert_w(op.b, e, K, Nout);
+            ops.matmul(rows_of(op.out, r0, n), rows_of(op.a, r0, n), w, false, op.trans_w, 1.f, op.beta, *stream);
+          }
+        }
+      };
+      // The output of f run once from zero (the accumulating calls, beta 1 and wgrad, grow their
+      // output with every run).
+      auto from_zero = [&](const Op& op, const std::function<void()>& f) {
+        ops.zero(op.out, *stream);
+        f();
+        CK(cudaStreamSynchronize(s));
+        return to_host(op.out);
       };
       const double flops = 2.0 * double(S) * double(H) * double(Ie);
+      // The ceiling: one dense GEMM of the same FLOPs, [S, H] x [H, Ie]^T.
+      Tensor wdense = Tensor(wg.data, DType::BF16, {Ie, H});
+      const double dms = median_event_ms(
+          s, e0, e1, [&] { ops.matmul(out_i, xs, wdense, false, true, 1.f, 0.f, *stream); }, 3, iters);
+      const double ceiling = flops / (dms * 1e-3) * 1e-12;
+      std::printf("RESULT moe_gemm model=%s op=\"dense cuBLAS S x Ie K=H (ceiling)\" ms=%.3f tflops=%.1f\n", sh.name,
+                  dms, ceiling);
       // Host milliseconds to issue one call (the launches; the offsets' wait is behind the warm-up).
       auto host_ms = [&](const std::function<void()>& f) {
         std::vector<double> ts;
@@ -179,32 +226,28 @@ int main(int argc, char** argv) {
         std::sort(ts.begin(), ts.end());
         return ts[ts.size() / 2];
       };
-      const char* paths[3] = {"tiles", "lt", "lt1"};
+      const char* paths[2] = {"lt", "lt1"};
       for (const Op& op : opsl) {
-        double ms[3] = {0, 0, 0}, hms[3] = {0, 0, 0};
-        std::vector<float> outs[3];
-        for (int p = 0; p < 3; ++p) {
-          setenv("SF_MOE_GEMM", paths[p], 1);
-          ms[p] = median_event_ms(s, e0, e1, op.run, 3, iters);
-          hms[p] = host_ms(op.run);
-          // The accumulating calls (beta 1, wgrad) grow their output with every run: compare one
-          // run from zero on each path.
-          ops.zero(op.out, *stream);
-          op.run();
-          CK(cudaStreamSynchronize(s));
-          outs[p] = to_host(op.out);
+        const auto f = [&] { run(op); };
+        std::vector<float> outs[2];
+        for (int p = 0; p < 2; ++p) {
+          cuda::moe_gemm_force_one_stream(p == 1);
+          const double ms = median_event_ms(s, e0, e1, f, 3, iters), hms = host_ms(f);
+          outs[p] = from_zero(op, f);
+          const double tf = flops / (ms * 1e-3) * 1e-12;
+          std::printf("RESULT moe_gemm model=%s op=\"%s\" path=%s ms=%.3f tflops=%.1f of_ceiling=%.2f host_ms=%.3f\n",
+                      sh.name, op.name, paths[p], ms, tf, tf / ceiling, hms);
         }
-        const double err = rel_l2(outs[1], outs[0]);
-        const bool same = outs[1] == outs[2];  // four streams and one: the same plans, the same bits
-        ok = ok && err <= 2e-2 && same;
-        for (int p = 0; p < 3; ++p)
-          std::printf("RESULT moe_gemm model=%s op=\"%s\" path=%s ms=%.3f tflops=%.1f host_ms=%.3f\n", sh.name, op.name,
-                      paths[p], ms[p], flops / (ms[p] * 1e-3) * 1e-12, hms[p]);
-        std::printf("RESULT moe_gemm model=%s op=\"%s\" speedup=%.2f rel_l2_lt_vs_tiles=%.2e lt_lt1_same_bits=%d%s\n",
-                    sh.name, op.name, ms[0] / ms[1], err, same ? 1 : 0, err <= 2e-2 && same ? "" : " MISMATCH");
+        cuda::moe_gemm_force_one_stream(false);
+        const double err = rel_l2(outs[0], from_zero(op, [&] { reference(op); }));
+        const bool same = outs[0] == outs[1];  // four streams and one: the same plans, the same bits
+        const bool good = err <= 1e-2 && same;
+        ok = ok && good;
+        std::printf("RESULT moe_gemm model=%s op=\"%s\" rel_l2_lt_vs_dense_per_expert=%.2e lt_lt1_same_bits=%d%s\n",
+                    sh.name, op.name, err, same ? 1 : 0, good ? "" : " MISMATCH");
       }
-      // A layer's MoE forward from the routing on: permute, gather, gate, up, down. On lt it holds
-      // the host's one wait for the offsets: a GPU bubble would show here as time beyond the parts.
+      // A layer's MoE forward from the routing on: permute, gather, gate, up, down. It holds the
+      // host's one wait for the offsets: a GPU bubble would show here as time beyond the parts.
       Tensor x = rand_bf16({N, H}, 1.f), out_i2 = make(DType::BF16, {S, Ie});
       auto chain = [&] {
         ops.moe_permute(offs, ss, sp, idx, *stream);
@@ -213,19 +256,13 @@ int main(int argc, char** argv) {
         ops.moe_grouped_matmul(out_i2, xs, wg, offs, true, 0.f, *stream);
         ops.moe_grouped_matmul(out_h, ea, wd, offs, true, 0.f, *stream);
       };
-      for (int p = 0; p < 3; ++p) {
-        setenv("SF_MOE_GEMM", paths[p], 1);
+      for (int p = 0; p < 2; ++p) {
+        cuda::moe_gemm_force_one_stream(p == 1);
         const double cms = median_event_ms(s, e0, e1, chain, 3, iters);
         std::printf("RESULT moe_gemm model=%s op=\"forward chain: permute, gather, 3 grouped GEMMs\" path=%s ms=%.3f\n",
                     sh.name, paths[p], cms);
       }
-      unsetenv("SF_MOE_GEMM");
-      // The ceiling: one dense GEMM of the same FLOPs, [S, H] x [H, Ie]^T.
-      Tensor wdense = Tensor(wg.data, DType::BF16, {Ie, H});
-      const double dms = median_event_ms(
-          s, e0, e1, [&] { ops.matmul(out_i, xs, wdense, false, true, 1.f, 0.f, *stream); }, 3, iters);
-      std::printf("RESULT moe_gemm model=%s op=\"dense cuBLAS S x Ie K=H (ceiling)\" ms=%.3f tflops=%.1f\n", sh.name,
-                  dms, flops / (dms * 1e-3) * 1e-12);
+      cuda::moe_gemm_force_one_stream(false);
       CK(cudaStreamSynchronize(s));
       for (void* q : owned) dev->free(q);
     }
@@ -233,6 +270,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moe_gemm_bench: %s\n", e.what());
     return 1;
   }
-  if (!ok) std::fprintf(stderr, "moe_gemm_bench: the paths' outputs differ (MISMATCH above)\n");
+  if (!ok) std::fprintf(stderr, "moe_gemm_bench: an output differs from its reference (MISMATCH above)\n");
   return ok ? 0 : 1;
 }

@@ -17,8 +17,8 @@
 #    clipping, one micro-batch and four,
 #    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans,
 #    attn_packed = issue 19's packed rows against unpacked ones with the same attention work, per head dim,
-#    moe_gemm = issue 18's MoE grouped GEMMs: the MoE gtests, moe_gemm_bench (per-expert cuBLASLt against the tile
-#    kernel), OLMoE with --profile-ops and the Qwen3-30B-A3B 4-layer cut beside their plans)
+#    moe_gemm = issue 18's MoE grouped GEMMs: the MoE gtests, moe_gemm_bench (per-expert cuBLASLt on 4 streams and
+#    on one against the dense ceiling), OLMoE with --profile-ops and the Qwen3-30B-A3B 4-layer cut beside their plans)
 # BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw, attn_bench and moe_gemm_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
@@ -85,9 +85,10 @@ for s in "${steps[@]}"; do
     # slides: --gpu-blobs 0), each eval / grad checked to have run on the sliding engine (~90 s).
     moe_parity_offload) run moe_parity_offload timeout 90 python3 tools/hf_parity.py --bin "$BIN/slideformer" \
       --device cuda --models $MOE_MODELS --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/moe_parity_offload ;;
-    # issue 18: the MoE grouped GEMMs: their CUDA-vs-CPU tests, cuBLASLt per expert against the
-    # one-launch kernel at the OLMoE and Qwen3 shapes ($BIN/moe_gemm_bench), the OLMoE step's op profile
-    moe_gemm) run moe_gemm_tests "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Moe*' --gtest_brief=1
+    # issue 18: the MoE grouped GEMMs: their CUDA-vs-CPU tests and dtype refusals, cuBLASLt per expert
+    # on 4 streams and on one beside the dense ceiling at the OLMoE and Qwen3 shapes ($BIN/moe_gemm_bench),
+    # the OLMoE step's op profile
+    moe_gemm) run moe_gemm_tests "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Moe*:CudaOpsCheck.*' --gtest_brief=1
       run moe_gemm_bench timeout 120 "$BIN/moe_gemm_bench"
       bench_vs_plan moe_gemm_profile_olmoe 90 --preset olmoe-1b-7b --batch-size 8 --seq-len 2048 --steps 3 \
         --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 0 --optimizer-state bf16 --profile-ops

@@ -14,7 +14,6 @@ enum class Env {
   Trace,      // SF_TRACE
   HoldGrads,  // SF_HOLD_GRADS
   AdamwIsa,   // SF_ADAMW_ISA
-  MoeGemm,    // SF_MOE_GEMM
   Cufile,     // SF_CUFILE
 };
 
@@ -39,10 +38,6 @@ inline constexpr EnvVar kEnvVars[] = {
     {Env::AdamwIsa, "SF_ADAMW_ISA", "text", "the widest the CPU has",
      "the host AdamW's element loop: avx2, sse2 or scalar (never wider than the CPU has; the same bits "
      "on every path: tests run each, benchmarks compare them)"},
-    {Env::MoeGemm, "SF_MOE_GEMM", "text", "lt",
-     "CUDA MoE grouped GEMMs: lt (cuBLASLt per expert over 4 streams, row counts read to the host once per "
-     "routing), lt1 (the same on one stream), tiles (one kernel for all experts on the device offsets, no host "
-     "wait: tensor cores for bf16, else SIMT) or simt"},
     {Env::Cufile, "SF_CUFILE", "text", "auto",
      "checkpoints in the offload dir through GPUDirect Storage (cuFile) where libcufile loads: auto, 0 (never: "
      "io_uring + pinned bounce), or the library's path"},

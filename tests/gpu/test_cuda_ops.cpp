@@ -23,6 +23,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/moe.cuh"
 #include "backend/device.h"
 #include "core/dtype.h"
 
@@ -1154,15 +1155,14 @@ TEST(CudaOps, MoeGroupedMatmul) {
                      {64, 128, {0, 0, 200, 200}},       // one expert with every row
                      {130, 67, {0, 0, 0}},              // no rows at all
                      {16, 1, {0, 1, 2, 3, 4}},
-                     {256, 136, {0, 130, 130, 400}}};  // several k slices and tiles, 16-byte loads
-  // Every path: cuBLASLt per expert on uploaded offsets (read afresh at each call) over the expert
-  // streams and on one stream, the one-launch kernels (tensor cores for bf16 operands, SIMT for
-  // f32) and the SIMT kernels for all.
-  for (const char* path : {"lt", "lt1", "tiles", "simt"}) {
-    setenv("SF_MOE_GEMM", path, 1);
+                     {256, 136, {0, 130, 130, 400}}};  // row counts of two plan size classes
+  // cuBLASLt per expert on uploaded offsets (read afresh at each call), over the expert streams and
+  // on one stream (the test hook).
+  for (const bool one : {false, true}) {
+    cuda::moe_gemm_force_one_stream(one);
     for (const G& c : cases) {
       const int64_t E = int64_t(c.offsets.size()) - 1, M = c.offsets.back() + 3, stride = c.K * c.Nout + 8;
-      SCOPED_TRACE(testing::Message() << "K=" << c.K << " Nout=" << c.Nout << " E=" << E << " SF_MOE_GEMM=" << path);
+      SCOPED_TRACE(testing::Message() << "K=" << c.K << " Nout=" << c.Nout << " E=" << E << " one stream=" << one);
       const auto av = rnd(size_t(M * c.K), 31), wv = rnd(size_t(E * stride), 32), ov = rnd(size_t(M * c.Nout), 33);
       const auto dyv = rnd(size_t(M * c.Nout), 34), dwv = rnd(size_t(E * stride), 35), dxv = rnd(size_t(M * c.K), 36);
       auto four = run4([&](Backend& r, DType dt) -> Outs {
@@ -1183,7 +1183,7 @@ TEST(CudaOps, MoeGroupedMatmul) {
       }
     }
   }
-  unsetenv("SF_MOE_GEMM");
+  cuda::moe_gemm_force_one_stream(false);
 }
 
 // The default path as the MoE layer runs it: offsets written by moe_permute (their host copy taken
@@ -1193,7 +1193,6 @@ TEST(CudaOps, MoeGroupedMatmul) {
 // offsets uploaded over it (a copy that must drop the permuted host copy).
 TEST(CudaOps, MoeGroupedMatmulOnPermutedOffsets) {
   REQUIRE_GPU();
-  unsetenv("SF_MOE_GEMM");
   struct G {
     int64_t N, E, k, K, Nout;
     int hot;
@@ -1246,7 +1245,7 @@ TEST(CudaOps, MoeGroupedMatmulOnPermutedOffsets) {
   }
 }
 
-// The experts' GEMMs spread over four streams (SF_MOE_GEMM=lt) give the bits of one stream (lt1):
+// The experts' GEMMs spread over four streams give the bits of one stream (the test hook):
 // every expert's GEMM runs on the same plan either way, and the join must hold back the reads of
 // the outputs until every stream is done (a missing join shows as NaN: the outputs are poisoned).
 TEST(CudaOps, MoeGroupedMatmulSameBitsOnOneOrFourStreams) {
@@ -1256,7 +1255,7 @@ TEST(CudaOps, MoeGroupedMatmulSameBitsOnOneOrFourStreams) {
   const auto av = rnd(size_t(S * K), 92), wv = rnd(size_t(E * K * Nout), 93), dyv = rnd(size_t(S * Nout), 94);
   std::vector<float> got[2][3];
   for (int one = 0; one < 2; ++one) {
-    setenv("SF_MOE_GEMM", one ? "lt1" : "lt", 1);
+    cuda::moe_gemm_force_one_stream(one == 1);
     Backend r(true);
     Tensor offs = r.in_i32(std::vector<int32_t>(size_t(E + 1), -1), {E + 1});
     Tensor ss = r.out(DType::I32, {S}), sp = r.out(DType::I32, {S}), idx = r.in_i32(iv, {N, k});
@@ -1269,7 +1268,7 @@ TEST(CudaOps, MoeGroupedMatmulSameBitsOnOneOrFourStreams) {
     CALL(r, moe_grouped_matmul_wgrad, dw, dy, a, offs);
     got[one][0] = r.get(y), got[one][1] = r.get(dx), got[one][2] = r.get(dw);
   }
-  unsetenv("SF_MOE_GEMM");
+  cuda::moe_gemm_force_one_stream(false);
   const char* names[] = {"x W^T", "dy W", "wgrad"};
   for (int i = 0; i < 3; ++i) {
     EXPECT_TRUE(all_finite(got[0][i])) << names[i] << ": an output the four streams did not write";
@@ -1282,7 +1281,6 @@ TEST(CudaOps, MoeGroupedMatmulSameBitsOnOneOrFourStreams) {
 // routing permuted last, not the first one's host copy (two routings, one buffer, many rounds).
 TEST(CudaOps, MoeGroupedMatmulFollowsEachRouting) {
   REQUIRE_GPU();
-  unsetenv("SF_MOE_GEMM");
   const int64_t N = 40, E = 6, k = 2, S = N * k, K = 16, Nout = 8;
   Backend r(true);
   Tensor offs = r.in_i32(std::vector<int32_t>(size_t(E + 1), -1), {E + 1});

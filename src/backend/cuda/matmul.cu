@@ -121,14 +121,18 @@ const LtCache::Plan& LtCache::plan(const Key& key, size_t workspace_bytes) {
   return plans_.emplace(key, p).first->second;
 }
 
+void check_gemm_dtypes(const char* op, DType a, DType b, DType out) {
+  const bool bf_in = a == DType::BF16 && b == DType::BF16 && (out == DType::BF16 || out == DType::F32);
+  const bool f32 = a == DType::F32 && b == DType::F32 && out == DType::F32;
+  SF_CHECK(bf_in || f32, std::string(op) + ": the cuda backend does not support the dtypes a=" + dt_name(a) +
+                             " b=" + dt_name(b) + " out=" + dt_name(out) +
+                             " (supported: BF16,BF16->BF16|F32 and F32,F32->F32)");
+}
+
 void gemm(const Gemm& g, const Launch& L) {
   SF_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0, "cuda gemm: negative size");
   if (g.M == 0 || g.N == 0) return;
-  const bool bf_in = g.at == DType::BF16 && g.bt == DType::BF16 && (g.ot == DType::BF16 || g.ot == DType::F32);
-  const bool f32 = g.at == DType::F32 && g.bt == DType::F32 && g.ot == DType::F32;
-  SF_CHECK(bf_in || f32, std::string("matmul: the cuda backend does not support the dtypes a=") + dt_name(g.at) +
-                             " b=" + dt_name(g.bt) + " out=" + dt_name(g.ot) +
-                             " (supported: BF16,BF16->BF16|F32 and F32,F32->F32)");
+  check_gemm_dtypes("matmul", g.at, g.bt, g.ot);
   const void* c = g.c ? g.c : g.out;
   if (g.K == 0) {  // out = beta * C
     Tensor o(g.out, g.ot, {g.M, g.ldo});

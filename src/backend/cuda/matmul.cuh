@@ -58,6 +58,8 @@ struct Gemm {
   const void* c = nullptr;  // C of alpha * op(a) @ op(b) + beta * C, out's dtype and ldo; nullptr: out
 };
 void gemm(const Gemm& g, const Launch& L);
+// Refuses (op named in the message) the dtypes gemm does not take.
+void check_gemm_dtypes(const char* op, DType a, DType b, DType out);
 // g (with C = out) on the algorithm cuBLASLt's heuristic picked for the sizes M_plan, N_plan,
 // K_plan and g's other parameters: one plan serves a range of sizes (the MoE grouped GEMMs' row
 // counts change every step; a plan per count would grow without bound). False, with nothing

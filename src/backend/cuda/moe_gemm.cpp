@@ -1,11 +1,12 @@
 #include "backend/cuda/moe_gemm.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/matmul.cuh"
-#include "core/env.h"
+#include "backend/cuda/moe.cuh"
 
 namespace sf::cuda {
 
@@ -172,11 +173,14 @@ void host_offsets(const char* op, const Tensor& offsets, int64_t M, const Launch
     SF_CHECK(off[e] <= off[e + 1], std::string(op) + ": offsets decrease at expert " + std::to_string(e));
 }
 
-// Streams for n experts with rows: SF_MOE_GEMM=lt1 keeps them all on the caller's.
+// Tests and benchmarks only (moe_gemm_force_one_stream); false in the program.
+std::atomic<bool> g_one_stream{false};
+
+// Streams for n experts with rows (one: all on the caller's).
 int lanes_for(const std::vector<int32_t>& off) {
   int n = 0;
   for (size_t e = 0; e + 1 < off.size(); ++e) n += off[e + 1] > off[e];
-  return env_text(Env::MoeGemm) == "lt1" ? 1 : n;
+  return g_one_stream.load() ? 1 : n;
 }
 
 // Element i of t's storage.
@@ -202,14 +206,12 @@ void each_expert(const char* op, const Tensor& offsets, int64_t M, bool rows_are
 
 }  // namespace
 
-bool moe_lt_takes(DType a, DType b, DType out) {
-  const bool bf = a == DType::BF16 && b == DType::BF16 && (out == DType::BF16 || out == DType::F32);
-  const bool f32 = a == DType::F32 && b == DType::F32 && out == DType::F32;
-  return bf || f32;
-}
+void moe_gemm_force_one_stream(bool one) { g_one_stream = one; }
 
-void moe_grouped_matmul_lt(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta, const Launch& L) {
+void moe_grouped_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta, const Launch& L) {
   const int64_t Nout = out.cols(), K = a.cols(), stride = w.cols();
+  if (out.rows() == 0 || Nout == 0) return;
+  check_gemm_dtypes("moe_grouped_matmul", a.dtype, w.dtype, out.dtype);
   // out_e [rows, Nout] = a_e [rows, K] @ op(W_e) + beta out_e; W_e [Nout, K] (trans_w) or [K, Nout].
   each_expert("moe_grouped_matmul", offsets, out.rows(), false, L, [&](int64_t e, int64_t r0, int64_t rows) {
     return Gemm{.out = elem(out, r0 * Nout),
@@ -231,8 +233,10 @@ void moe_grouped_matmul_lt(Tensor out, Tensor a, Tensor w, Tensor offsets, bool 
   });
 }
 
-void moe_grouped_matmul_wgrad_lt(Tensor dw, Tensor dy, Tensor x, Tensor offsets, const Launch& L) {
+void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets, const Launch& L) {
   const int64_t Nout = dy.cols(), K = x.cols(), stride = dw.cols();
+  if (Nout == 0 || K == 0 || dw.rows() == 0) return;
+  check_gemm_dtypes("moe_grouped_matmul_wgrad", dy.dtype, x.dtype, dw.dtype);
   // dW_e [Nout, K] += dy_e^T [Nout, rows] @ x_e [rows, K]: the reduction runs over the rows.
   each_expert("moe_grouped_matmul_wgrad", offsets, dy.rows(), true, L, [&](int64_t e, int64_t r0, int64_t rows) {
     return Gemm{.out = elem(dw, e * stride),

@@ -1,5 +1,5 @@
-// The MoE grouped GEMMs on cuBLASLt: one GEMM per expert with its real row count, read from a host
-// copy of the expert offsets. ops.h's contract is unchanged (offsets live on the device); the
+// The MoE grouped GEMMs (moe.cuh declares them) on cuBLASLt: one GEMM per expert with its real row
+// count, read from a host copy of the expert offsets. ops.h's contract is unchanged (offsets live on the device); the
 // host copy is taken once per routing: moe_permute's scan kernel writes it beside the offsets
 // (publish), the first grouped GEMM on those offsets waits for that kernel's event (one host wait
 // per routing, on that event alone), and every later GEMM on the same offsets tensor (the layer's
@@ -92,12 +92,5 @@ class ExpertStreams {
   cudaStream_t s_[kStreams] = {};
   cudaEvent_t fork_ = nullptr, join_[kStreams] = {};
 };
-
-// ops.h moe_grouped_matmul / moe_grouped_matmul_wgrad, one cuBLASLt GEMM per expert with rows.
-// Operands: a, w BF16 with out BF16 or F32, or all F32 (moe_lt_takes); host offsets from L.moe,
-// streams from L.moe_streams (none, or SF_MOE_GEMM=lt1: all on L.stream).
-bool moe_lt_takes(DType a, DType b, DType out);
-void moe_grouped_matmul_lt(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta, const Launch& L);
-void moe_grouped_matmul_wgrad_lt(Tensor dw, Tensor dy, Tensor x, Tensor offsets, const Launch& L);
 
 }  // namespace sf::cuda
