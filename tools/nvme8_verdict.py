@@ -32,9 +32,12 @@ def main():
           f"{r['predicted_tokens_per_second']:.0f} ({r['predicted_step_ms'] / 1e3:.2f} s): {ratio:.3f}")
     print(f"forward {head:.2f} s (plan {ph['forward_s']:.2f}, {ph['forward_bound']}); the previous step's last "
           f"update ended at {max(upd, default=0.0):.2f} s; head + backward {bwd0 - head:.2f} s "
-          f"(plan {ph['head_s'] + ph['backward_s']:.2f}); disk busy {r['disk_busy_ms'] / 1e3:.2f} s a step, "
-          f"{(r['disk_read_bytes_per_step'] + r['disk_written_bytes_per_step']) / 1e9:.1f} GB moved; "
-          f"the last update drained in {r['drain_ms'] / 1e3:.2f} s")
+          f"(plan {ph['head_s'] + ph['backward_s']:.2f})")
+    moved = (r["disk_read_bytes_per_step"] + r["disk_written_bytes_per_step"]) / 1e9
+    print(f"disk: {moved:.1f} GB a step in {r['disk_busy_ms'] / 1e3:.2f} s busy ({moved / r['disk_busy_ms'] * 1e3:.2f} GB/s "
+          f"mixed), the plan's disk time {r['predicted_disk_ms'] / 1e3:.2f} s (busy / plan "
+          f"{r['disk_busy_ms'] / r['predicted_disk_ms']:.2f}); {r['disk_lent_pieces_per_step']:.0f} pieces read into "
+          f"lent checkpoints; the last update drained in {r['drain_ms'] / 1e3:.2f} s")
     sys.exit(0 if ratio >= min_ratio else 1)
 
 
