@@ -395,7 +395,11 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'disk_
 r = rows[-1]
 print(json.dumps({k: r.get(k) for k in ('tokens_per_second', 'step_ms', 'predicted_step_ms', 'disk_lent_pieces_per_step', 'predicted_lent_read_bytes', 'disk_busy_ms', 'predicted_phases')}))
 sys.exit(0 if r['disk_lent_pieces_per_step'] > 0 else 1)" "$OUT/all.log"
-      run nvme8_lend_phases python3 tools/trace_summary.py "$OUT/traces/nvme8_lend.jsonl" ;;
+      run nvme8_lend_phases python3 tools/trace_summary.py "$OUT/traces/nvme8_lend.jsonl" --layers
+      # The verdict (issue 17: tokens/s as the plan predicts, within 15 %), and where the measured step
+      # went against the plan's phases: the forward's end after the previous step's last update
+      # (session 12 found 3.8 s there: the forward stalled behind reclaims), the backward's length.
+      run nvme8_lend_verdict python3 tools/nvme8_verdict.py "$OUT/all.log" "$OUT/traces/nvme8_lend.jsonl" ;;
     # the host AdamW kernel alone on this machine's cores: fp32 vs bf16 state, fused and split passes,
     # 1 Mi (cache) and 64 Mi (memory) elements, all cores and one
     bench_adamw)

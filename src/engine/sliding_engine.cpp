@@ -591,7 +591,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     // (ModelLayout: layer l is blob l + 1.)
     HostOptimizer* h = host.get();
     ckpts->lend_to([h](int key, char* mem, size_t bytes, int l) { h->lend(key, mem, bytes, l + 1); },
-                   [h](int key) { h->reclaim(key); });
+                   [h](int key) { h->reclaim(key); }, [h](int key) { return h->try_reclaim(key); });
   }
   src.allocated(ckpt_items);
   trace = StepTrace::from_env(dev, *compute);
