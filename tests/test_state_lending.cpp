@@ -126,7 +126,9 @@ TEST_P(StateLending, EveryUpdateCountsOnceWhateverTheOrder) {
   }
   state.quiesce();
   EXPECT_GT(state.lent_reads(), 0u) << "no piece was read into lent memory";
-  if (c.early) EXPECT_GT(early_taken, 0) << "try_reclaim never took a region back";
+  if (c.early) {
+    EXPECT_GT(early_taken, 0) << "try_reclaim never took a region back";
+  }
   for (int b = 0; b < blobs; ++b) {
     std::vector<float> m(size_t(numel[size_t(b)])), v(m.size());
     state.read(StateStream::M, b, 0, numel[size_t(b)], m.data());
