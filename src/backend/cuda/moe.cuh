@@ -14,6 +14,9 @@ void moe_gather_backward(Tensor dx, Tensor dxs, Tensor slot_pos, int k, const La
 // One launch for all experts: the tiles of every expert's rows, found from the device offsets.
 void moe_grouped_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta, const Launch& L);
 void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets, const Launch& L);
+void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale, const Launch& L);
+void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale,
+                               const Launch& L);
 void moe_combine(Tensor y, Tensor ys, Tensor weights, Tensor slot_pos, const Launch& L);
 void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights, Tensor slot_pos,
                           const Launch& L);
