@@ -181,13 +181,21 @@ TEST(Gemma4Spec, Published26BA4BShape) {
 
 // Dense models (the 31B: k = v, 512-wide global heads, proportional RoPE, the soft cap; shared K/V)
 // are accepted; per-layer inputs and the MoE block are refused naming their keys.
-TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
+TEST(Gemma4Spec, ParseModelSpecAcceptsEveryPart) {
   const ModelSpec dense = parse_model_spec(config_31b(), "g4.json");
   EXPECT_EQ(dense.arch, Arch::Gemma4);
   EXPECT_EQ(detail::gemma4_missing(dense), "");
-  test::expect_input_error([&] { parse_model_spec(config_26b_a4b(), "g4.json"); },
-                           {"g4.json", "Gemma 4", "not supported yet", "docs/GEMMA4.md",
-                            "the MoE block of 128 experts, top 8 (enable_moe_block)"});
+  EXPECT_FALSE(dense.is_moe());
+  // The 26B-A4B: its MoE block in the MoE fields the engines size from, in every layer.
+  const ModelSpec moe = parse_model_spec(config_26b_a4b(), "g4.json");
+  EXPECT_EQ(detail::gemma4_missing(moe), "");
+  EXPECT_EQ(moe.moe.n_expert, 128);
+  EXPECT_EQ(moe.moe.top_k, 8);
+  EXPECT_EQ(moe.moe.intermediate, 704);
+  EXPECT_TRUE(moe.moe.norm_topk);
+  EXPECT_TRUE(moe.moe.fused_experts);
+  EXPECT_FALSE(moe.moe.aux_loss);
+  EXPECT_EQ(moe.moe.moe_layers(), moe.n_layer);
   // The published E-models' per-layer input embeddings, shared K/V and double-wide MLPs: accepted.
   json e = config_tiny();
   e["hidden_size_per_layer_input"] = 8;
@@ -199,13 +207,12 @@ TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
   EXPECT_EQ(shared.gemma4.ple_dim, 8);
   EXPECT_EQ(shared.gemma4.n_kv_shared, 2);
   EXPECT_EQ(shared.gemma4.mlp_intermediate(5, shared.intermediate), 2 * shared.intermediate);
-  // With the MoE block too: only the MoE block is named.
+  // With the MoE block too: accepted.
   e["enable_moe_block"] = true;
   e["num_experts"] = 4;
   e["top_k_experts"] = 2;
   e["moe_intermediate_size"] = 8;
-  const std::string msg = test::expect_input_error([&] { parse_model_spec(e, "g4.json"); }, {"(enable_moe_block)"});
-  EXPECT_EQ(msg.find("hidden_size_per_layer_input"), std::string::npos) << msg;
+  EXPECT_EQ(parse_model_spec(e, "g4.json").moe.n_expert, 4);
 }
 
 // Gemma4Config with a text_config: the language model's names under model.language_model.; the
@@ -449,12 +456,33 @@ TEST(Gemma4Layout, DenseShapes) {
   EXPECT_EQ(sh.entry(LayerParam::Wv), nullptr);
   EXPECT_EQ(shape_of(sh, "mlp.gate_proj.weight"), (std::vector<int64_t>{96, 32}));
   EXPECT_EQ(shape_of(mt.layer(3), "mlp.gate_proj.weight"), (std::vector<int64_t>{48, 32}));
-  // Not laid out yet: refused, naming the file and the key.
+  // The MoE block: transformers' names, the fused experts stored as two tensors over the
+  // per-expert entries (expert e's gate rows, then its up rows), entries summing to the count.
   c["enable_moe_block"] = true;
   c["num_experts"] = 4;
   c["top_k_experts"] = 2;
   c["moe_intermediate_size"] = 8;
-  test::expect_input_error([&] { make_layout(read_gemma4_spec(c, "g4.json")); }, {"g4.json", "enable_moe_block"});
+  const ModelSpec ms = read_gemma4_spec(c, "g4.json");
+  const ModelLayout mm = make_layout(ms);
+  EXPECT_EQ(entries_numel(mm), ms.total_params());
+  const BlobLayout& b = mm.layer(4);
+  EXPECT_EQ(shape_of(b, "router.proj.weight"), (std::vector<int64_t>{4, 32}));
+  EXPECT_EQ(shape_of(b, "router.scale"), (std::vector<int64_t>{32}));
+  EXPECT_EQ(shape_of(b, "router.per_expert_scale"), (std::vector<int64_t>{4}));
+  for (const char* n : {"pre_feedforward_layernorm_2.weight", "post_feedforward_layernorm_1.weight",
+                        "post_feedforward_layernorm_2.weight"})
+    EXPECT_EQ(shape_of(b, n), (std::vector<int64_t>{32})) << n;
+  ASSERT_NE(b.entry(LayerParam::ExpGate), nullptr);
+  EXPECT_EQ(b.entry(LayerParam::ExpGate)->group, 4);
+  const StoredTensor* gu = nullptr;
+  for (const StoredTensor& t : b.stored)
+    if (t.name == "model.layers.4.experts.gate_up_proj") gu = &t;
+  ASSERT_NE(gu, nullptr);
+  EXPECT_EQ(gu->shape, (std::vector<int64_t>{4, 16, 32}));
+  ASSERT_EQ(gu->parts.size(), 8u);
+  EXPECT_EQ(b.entries[size_t(gu->parts[2].entry)].name, "model.layers.4.experts.1.gate");
+  EXPECT_EQ(gu->parts[3].offset, 3 * 8 * 32);  // expert 1's up rows
+  for (const StoredTensor& t : b.stored) EXPECT_EQ(t.name.find("experts.0."), std::string::npos) << t.name;
 }
 
 // transformers 5.17's own save of the reference's ple_kvshared variant (tools/gemma4_reference.py

@@ -12,7 +12,13 @@
 namespace sf {
 
 namespace {
-bool is_norm_entry(const BlobEntry& e) { return e.name.find("norm.weight") != std::string::npos; }
+// Norm weights, and Gemma 4's router scales (ones in transformers' init, as its norms).
+bool is_norm_entry(const BlobEntry& e) {
+  auto ends = [&](const std::string& x) {
+    return e.name.size() >= x.size() && e.name.compare(e.name.size() - x.size(), x.size(), x) == 0;
+  };
+  return e.name.find("norm.weight") != std::string::npos || ends("router.scale") || ends("router.per_expert_scale");
+}
 bool is_bias_entry(const BlobEntry& e) {
   return e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
 }
