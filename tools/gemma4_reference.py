@@ -50,11 +50,16 @@ VARIANTS = {
                          layer_types=layer_types(6, {1, 5})),
     # The 26B-A4B's MoE block beside the dense MLP.
     "moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24),
+    # Everything at once: the MoE block with per-layer inputs and K/V shared by the last two layers.
+    "moe_ple_kvshared": dict(enable_moe_block=True, num_experts=5, top_k_experts=2, moe_intermediate_size=16,
+                             hidden_size_per_layer_input=8, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                             layer_types=layer_types(6, {1, 5})),
 }
 
 
-# What slideformer refuses in each variant it does not train yet (the config key it names).
-REFUSED_KEY = {"moe": "enable_moe_block"}
+# What slideformer refuses in each variant it does not train yet (the config key it names): none
+# since session 12 (the MoE block trains).
+REFUSED_KEY: dict[str, str] = {}
 
 
 def rms(x, w, eps):

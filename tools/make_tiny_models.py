@@ -223,6 +223,14 @@ MODELS["mixtral_fused_aux"] = dict(MODELS["mixtral_aux"], dtype="bf16", shard=Tr
 MODELS["gemma4_ple"] = dict(MODELS["gemma4_kvshared"],
                             kw=dict(MODELS["gemma4_kvshared"]["kw"], hidden_size_per_layer_input=24,
                                     vocab_size_per_layer_input=448))
+# Gemma 4 with the 26B-A4B's MoE block beside every dense MLP (router with its weighted norm and
+# per-expert scale, GeGLU experts, transformers' fused experts.gate_up_proj / down_proj): 6 experts,
+# top 2 of width 64; local (window 7) and global layers, k = v, cap 30, untied head; fp32 sharded.
+# Its data keep every token clear of a routing tie (moe_routing.py, is_moe()).
+MODELS["gemma4_moe"] = dict(MODELS["gemma4_dense_fp32"],
+                            kw=dict(MODELS["gemma4_dense_fp32"]["kw"], attention_k_eq_v=True,
+                                    num_global_key_value_heads=1, enable_moe_block=True, num_experts=6,
+                                    top_k_experts=2, moe_intermediate_size=64))
 
 # Models hf_train_compare.py trains (fp32 checkpoints only; built by build_train_models()).
 TRAIN_MODELS: dict[str, dict] = {
@@ -566,6 +574,8 @@ def read_jsonl(path) -> list[dict]:
 
 
 def is_moe(spec: dict) -> bool:
+    if spec["arch"] == "Gemma4ForCausalLM":  # Gemma 4 with its MoE block beside the dense MLP
+        return bool(spec["kw"].get("enable_moe_block"))
     return spec["arch"] in ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
 
 
