@@ -163,6 +163,40 @@ TEST(Gemma4Spec, PlannerFlopsUseEachLayersWidths) {
   }
 }
 
+// The 26B-A4B's FLOPs count the MoE block's active parameters (router, top 8 experts) beside the
+// dense MLP, and a workspace holds the routing buffers of the worst case (every slot on one
+// expert needs no more: the sorted rows are N*k whatever the routing).
+TEST(Gemma4Spec, PlannerCountsTheMoeBlock) {
+  const ModelSpec s = parse_model_spec(config_26b_a4b(), "g4.json");
+  const int T = 4096;
+  double Pd = 0, attn = 0;
+  for (int l = 0; l < s.n_layer; ++l) {
+    const int hd = s.gemma4.head_dim[size_t(l)];
+    // less the norms (4 + 3 MoE ones), q/k norms, router.scale and per_expert_scale: not matrices
+    Pd += double(s.layer_active_params(l) - 7 * s.hidden - 2 * hd - s.hidden - s.moe.n_expert);
+    double keys = 0.5 * T;
+    if (s.is_local(l)) {
+      keys = 0;
+      for (int i = 0; i < T; ++i) keys += std::min(i + 1, 1024);
+      keys /= T;
+    }
+    attn += 4.0 * s.n_head * hd * keys;
+  }
+  const double head = double(s.vocab) * double(s.hidden);
+  EXPECT_NEAR(train_flops_per_token(s, T, false) / (3 * (2 * Pd + 2 * head + attn)), 1.0, 1e-12);
+  // The routed experts are a small share of the stored ones: 8 of 128.
+  EXPECT_LT(Pd, 0.2 * double(s.total_params()));
+  const size_t with = Workspace::bytes_for(s, 1, 512, DType::BF16, 0, 0);
+  ModelSpec dense = s;
+  dense.moe = MoeSpec{};
+  dense.gemma4.moe_block = false;
+  const size_t without = Workspace::bytes_for(dense, 1, 512, DType::BF16, 0, 0);
+  // At least: xs and ys [N*k, H], three [N*k, Ie], logits [N, E] bf16, probs [N, E] F32, the
+  // block's four [N, H] buffers.
+  const size_t N = 512, k = 8, H = 2816, Ie = 704, E = 128;
+  EXPECT_GE(with - without, (2 * N * k * H + 3 * N * k * Ie + N * E + 4 * N * H) * 2 + N * E * 4);
+}
+
 TEST(Gemma4Spec, Published26BA4BShape) {
   const ModelSpec s = read_gemma4_spec(config_26b_a4b(), "g4.json");
   const Gemma4Spec& g = s.gemma4;
