@@ -22,6 +22,7 @@
 #include "model/rope.h"
 #include "model/spec.h"
 #include "model/spec_gemma4.h"
+#include "gemma4_fixtures.h"
 #include "rope_fixture.h"
 #include "test_util.h"
 
@@ -31,11 +32,7 @@ namespace {
 using nlohmann::json;
 
 // Five sliding layers, then a full one (Gemma 4's pattern); the last layer full.
-json layer_types(int n) {
-  json t = json::array();
-  for (int i = 0; i < n; ++i) t.push_back((i + 1) % 6 == 0 || i == n - 1 ? "full_attention" : "sliding_attention");
-  return t;
-}
+json layer_types(int n) { return test::gemma4_layer_types(n); }
 
 // google/gemma-4-31B's text shape as third-party readers of its config.json record it
 // (docs/GEMMA4.md; the next session checks it against the real file).
@@ -83,22 +80,7 @@ json config_26b_a4b() {
 }
 
 // A tiny dense config for the refusal tests.
-json config_tiny() {
-  return json{{"model_type", "gemma4_text"},
-              {"vocab_size", 64},
-              {"hidden_size", 32},
-              {"intermediate_size", 48},
-              {"num_hidden_layers", 6},
-              {"num_attention_heads", 4},
-              {"num_key_value_heads", 2},
-              {"num_global_key_value_heads", 1},
-              {"head_dim", 8},
-              {"global_head_dim", 16},
-              {"attention_k_eq_v", true},
-              {"hidden_size_per_layer_input", 0},
-              {"sliding_window", 4},
-              {"layer_types", layer_types(6)}};
-}
+json config_tiny() { return test::gemma4_tiny_config(); }
 
 TEST(Gemma4Spec, Published31BShape) {
   const ModelSpec s = read_gemma4_spec(config_31b(), "g4.json");
@@ -136,6 +118,18 @@ TEST(Gemma4Spec, Published31BShape) {
 // matrix parameters from the spec's parameter count less its norms, attention over each layer's
 // width (512-wide global heads) and the keys its queries see (window 1024 on local layers); with
 // the last 10 layers sharing K/V (and double-wide), their k projections drop out.
+// QK^T and PV FLOPs a token costs in layer l of a T-token sequence: keys seen on average (local
+// layers: at most the window, 1024 in the published configs), 4 n_head d per key.
+double attention_flops_of(const ModelSpec& s, int T, int l) {
+  double keys = 0.5 * T;
+  if (s.is_local(l)) {
+    keys = 0;
+    for (int i = 0; i < T; ++i) keys += std::min(i + 1, 1024);
+    keys /= T;
+  }
+  return 4.0 * s.n_head * s.gemma4.head_dim[size_t(l)] * keys;
+}
+
 TEST(Gemma4Spec, PlannerFlopsUseEachLayersWidths) {
   for (const int shared : {0, 10}) {
     SCOPED_TRACE(shared);
@@ -149,13 +143,7 @@ TEST(Gemma4Spec, PlannerFlopsUseEachLayersWidths) {
       const int hd = s.gemma4.head_dim[size_t(l)];
       const bool own_kv = !s.gemma4.kv_shared(l);
       Pd += double(s.layer_params(l) - 4 * s.hidden - hd - (own_kv ? hd : 0));  // less the norms
-      double keys = 0.5 * T;
-      if (s.is_local(l)) {
-        keys = 0;
-        for (int i = 0; i < T; ++i) keys += std::min(i + 1, 1024);
-        keys /= T;
-      }
-      attn += 4.0 * s.n_head * hd * keys;
+      attn += attention_flops_of(s, T, l);
     }
     const double head = double(s.vocab) * double(s.hidden);  // tied
     EXPECT_NEAR(train_flops_per_token(s, T, false) / (3 * (2 * Pd + 2 * head + attn)), 1.0, 1e-12);
@@ -174,13 +162,7 @@ TEST(Gemma4Spec, PlannerCountsTheMoeBlock) {
     const int hd = s.gemma4.head_dim[size_t(l)];
     // less the norms (4 + 3 MoE ones), q/k norms, router.scale and per_expert_scale: not matrices
     Pd += double(s.layer_active_params(l) - 7 * s.hidden - 2 * hd - s.hidden - s.moe.n_expert);
-    double keys = 0.5 * T;
-    if (s.is_local(l)) {
-      keys = 0;
-      for (int i = 0; i < T; ++i) keys += std::min(i + 1, 1024);
-      keys /= T;
-    }
-    attn += 4.0 * s.n_head * hd * keys;
+    attn += attention_flops_of(s, T, l);
   }
   const double head = double(s.vocab) * double(s.hidden);
   EXPECT_NEAR(train_flops_per_token(s, T, false) / (3 * (2 * Pd + 2 * head + attn)), 1.0, 1e-12);

@@ -204,6 +204,29 @@ class Gemma4Cli : public test::BinaryTest {
       EXPECT_TRUE(u->dtype == t.dtype && bytes_of(*u) == bytes_of(t)) << t.name << " changed at lr 0";
     }
   }
+  // Trained 3 steps at 1 and 2 micro-batches a step (src's checkpoint, `common` options): both
+  // engines the same bytes; p("a") then has every tensor of src with its name, shape and dtype,
+  // every one changed but the layer_scalar buffers.
+  void expect_engines_agree_and_every_tensor_learns(const std::string& src, const std::string& common) {
+    for (const char* accum : {"1", "2"}) {
+      SCOPED_TRACE(std::string("grad-accum ") + accum);
+      std::filesystem::remove_all(p("a"));
+      std::filesystem::remove_all(p("b"));
+      const std::string train = "train --model " + src + common + " --grad-accum " + accum +
+                                " --steps 3 --lr 1e-2 --max-grad-norm 1 --output ";
+      ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
+    }
+    const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
+    const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
+    EXPECT_EQ(out.tensors().size(), in.tensors().size());
+    for (const TensorInfo& t : in.tensors()) {
+      const TensorInfo* u = out.find(t.name);
+      ASSERT_NE(u, nullptr) << t.name;
+      EXPECT_EQ(u->shape, t.shape) << t.name;
+      EXPECT_EQ(u->dtype, t.dtype) << t.name;
+      EXPECT_EQ(bytes_of(*u) == bytes_of(t), t.name.find("layer_scalar") != std::string::npos) << t.name;
+    }
+  }
   static std::string bytes_of(const TensorInfo& t) {
     return std::string(reinterpret_cast<const char*>(t.data), t.bytes);
   }
@@ -361,18 +384,7 @@ TEST_F(Gemma4Cli, SharedKvModelTrainsOnBothEngines) {
     EXPECT_EQ(f.find("model.layers.3.mlp.up_proj.weight")->shape, (std::vector<int64_t>{96, 32}));
   }
   const std::string common = " --data " + d + " --seq-len 12 --batch-size 2 --device cpu";
-  const std::string train =
-      "train --model " + src + common + " --grad-accum 2 --steps 3 --lr 1e-2 --max-grad-norm 1 --output ";
-  ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
-  const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
-  const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
-  EXPECT_EQ(out.tensors().size(), in.tensors().size());
-  for (const TensorInfo& t : in.tensors()) {
-    const TensorInfo* u = out.find(t.name);
-    ASSERT_NE(u, nullptr) << t.name;
-    EXPECT_EQ(u->shape, t.shape) << t.name;
-    EXPECT_EQ(bytes_of(*u) == bytes_of(t), t.name.find("layer_scalar") != std::string::npos) << t.name;
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_engines_agree_and_every_tensor_learns(src, common));
   expect_lr0_round_trip(src, common);
 
   // One batch (the first two records) every step, nothing learnt: the same gradient norm each step.
@@ -409,24 +421,10 @@ TEST_F(Gemma4Cli, PerLayerInputModelTrainsOnBothEngines) {
   cfg["use_double_wide_mlp"] = true;
   const std::string src = write_model("src", kScalars, cfg), d = data();
   const std::string common = " --data " + d + " --seq-len 12 --batch-size 2 --device cpu";
-  for (const char* accum : {"1", "2"}) {
-    SCOPED_TRACE(std::string("grad-accum ") + accum);
-    std::filesystem::remove_all(p("a"));
-    std::filesystem::remove_all(p("b"));
-    const std::string train = "train --model " + src + common + " --grad-accum " + accum +
-                              " --steps 3 --lr 1e-2 --max-grad-norm 1 --output ";
-    ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_engines_agree_and_every_tensor_learns(src, common));
   const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
   const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
-  EXPECT_EQ(out.tensors().size(), in.tensors().size());
   ASSERT_NE(in.find("model.embed_tokens_per_layer.weight"), nullptr);
-  for (const TensorInfo& t : in.tensors()) {
-    const TensorInfo* u = out.find(t.name);
-    ASSERT_NE(u, nullptr) << t.name;
-    EXPECT_EQ(u->shape, t.shape) << t.name;
-    EXPECT_EQ(bytes_of(*u) == bytes_of(t), t.name.find("layer_scalar") != std::string::npos) << t.name;
-  }
   {  // the per-layer table's padding row (id 0) keeps its bytes; a used row (id 2) learns
     const TensorInfo& t = *in.find("model.embed_tokens_per_layer.weight");
     const TensorInfo& u = *out.find("model.embed_tokens_per_layer.weight");
@@ -453,25 +451,10 @@ TEST_F(Gemma4Cli, MoeBlockModelTrainsOnBothEngines) {
   cfg["num_kv_shared_layers"] = 2;
   const std::string src = write_model("src", kScalars, cfg), d = data();
   const std::string common = " --data " + d + " --seq-len 12 --batch-size 2 --device cpu";
-  for (const char* accum : {"1", "2"}) {
-    SCOPED_TRACE(std::string("grad-accum ") + accum);
-    std::filesystem::remove_all(p("a"));
-    std::filesystem::remove_all(p("b"));
-    const std::string train = "train --model " + src + common + " --grad-accum " + accum +
-                              " --steps 3 --lr 1e-2 --max-grad-norm 1 --output ";
-    ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_engines_agree_and_every_tensor_learns(src, common));
   const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
   const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
-  EXPECT_EQ(out.tensors().size(), in.tensors().size());
   ASSERT_NE(in.find("model.layers.3.experts.gate_up_proj"), nullptr);
-  for (const TensorInfo& t : in.tensors()) {
-    const TensorInfo* u = out.find(t.name);
-    ASSERT_NE(u, nullptr) << t.name;
-    EXPECT_EQ(u->shape, t.shape) << t.name;
-    EXPECT_EQ(u->dtype, t.dtype) << t.name;
-    EXPECT_EQ(bytes_of(*u) == bytes_of(t), t.name.find("layer_scalar") != std::string::npos) << t.name;
-  }
   {  // every expert of layer 0 learned (each is some token's choice in 3 steps of 24 tokens)
     const TensorInfo& t = *in.find("model.layers.0.experts.down_proj");
     const TensorInfo& u = *out.find("model.layers.0.experts.down_proj");

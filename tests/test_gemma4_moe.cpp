@@ -18,6 +18,7 @@
 #include "model/program.h"
 #include "model/spec.h"
 #include "model/spec_gemma4.h"
+#include "gemma4_fixtures.h"
 #include "rope_fixture.h"
 #include "test_util.h"
 
@@ -26,26 +27,14 @@ namespace {
 
 using nlohmann::json;
 
-// 6 layers (5 local, window 4, then global), H 32, the MoE block of `experts` experts, top `k`,
-// width 12 beside the dense MLP of 48.
+// gemma4_tiny_config (layers 0-4 local, 5 global; H 32) with the MoE block of `experts` experts,
+// top `k`, width 12 beside the dense MLP of 48.
 ModelSpec moe_spec(int experts, int k) {
-  const json c{{"model_type", "gemma4_text"},
-               {"vocab_size", 64},
-               {"hidden_size", 32},
-               {"intermediate_size", 48},
-               {"num_hidden_layers", 6},
-               {"num_attention_heads", 4},
-               {"num_key_value_heads", 2},
-               {"num_global_key_value_heads", 1},
-               {"head_dim", 8},
-               {"global_head_dim", 16},
-               {"attention_k_eq_v", true},
-               {"hidden_size_per_layer_input", 0},
-               {"sliding_window", 4},
-               {"enable_moe_block", true},
-               {"num_experts", experts},
-               {"top_k_experts", k},
-               {"moe_intermediate_size", 12}};
+  json c = test::gemma4_tiny_config();
+  c["enable_moe_block"] = true;
+  c["num_experts"] = experts;
+  c["top_k_experts"] = k;
+  c["moe_intermediate_size"] = 12;
   return read_gemma4_spec(c, "moe.json");
 }
 
@@ -205,7 +194,9 @@ TEST_P(Gemma4MoeLayerGrad, ProgramBackwardMatchesFiniteDifferences) {
       num.push_back((lp - lm) / (2 * eps));
       ana.push_back(g[i]);
     }
-    if (!num.empty()) EXPECT_LE(test::rel_err(ana, num), 5e-3) << what;
+    if (!num.empty()) {
+      EXPECT_LE(test::rel_err(ana, num), 5e-3) << what;
+    }
   };
   fd_check(x, test::sample_indices(x.size(), 40, 1), dx, "dx");
   for (const auto& e : blob.entries) {
@@ -213,7 +204,9 @@ TEST_P(Gemma4MoeLayerGrad, ProgramBackwardMatchesFiniteDifferences) {
     for (size_t i : test::sample_indices(size_t(e.numel), 8, uint64_t(e.offset))) at.push_back(size_t(e.offset) + i);
     fd_check(params, at, grads, e.name);
   }
-  if (c.k == c.experts) EXPECT_EQ(left_out, 0);
+  if (c.k == c.experts) {
+    EXPECT_EQ(left_out, 0);
+  }
   EXPECT_LE(left_out, checked / 10) << "too many samples changed a routing choice";
   // The gradients of the block's own parameters are not zero (they are checked above).
   for (LayerParam pk : {LayerParam::Router, LayerParam::RouterScale, LayerParam::ExpertScale, LayerParam::ExpGate,
