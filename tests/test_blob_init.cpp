@@ -119,11 +119,15 @@ TEST(BlobInit, Gemma4MoeNormsAndRouterScalesStartAtOne) {
     double sq = 0;
     for (int64_t i = 0; i < e.numel; ++i) {
       const float v = host[size_t(e.offset + i)];
-      if (one) EXPECT_EQ(v, 1.f) << e.name << " " << i;
+      if (one) {
+        EXPECT_EQ(v, 1.f) << e.name << " " << i;
+      }
       sq += double(v) * v;
     }
     ones += one;
-    if (!one) EXPECT_NEAR(std::sqrt(sq / double(e.numel)), 0.1, 0.05) << e.name;
+    if (!one) {
+      EXPECT_NEAR(std::sqrt(sq / double(e.numel)), 0.1, 0.05) << e.name;
+    }
   }
   EXPECT_EQ(ones, 4 + 2 + 3 + 2);  // 4 norms, q/k norms, 3 MoE norms, router.scale and per_expert_scale
 }
