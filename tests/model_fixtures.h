@@ -10,7 +10,8 @@ namespace sf::test {
 // llama: GQA, untied, attention_bias, llama3 rope scaling; mistral: MHA, tied;
 // qwen2: q/k/v biases, GQA; qwen3: q/k-norm, head_dim != hidden/heads, v5 rope_parameters;
 // gemma3: local/global layers, window 4, (1 + w) norms, GeGLU, embedding scale.
-// mixture of experts: qwen3_moe, mixtral, olmoe (see each); gemma4_ple: Gemma 4 with per-layer inputs; gemma4_moe: and the MoE block.
+// mixture of experts: qwen3_moe, mixtral, olmoe (see each); gemma4_ple: Gemma 4 with per-layer inputs;
+// gemma4_moe: and the MoE block.
 inline nlohmann::json tiny_config(const std::string& family) {
   nlohmann::json c = {{"vocab_size", 37},         {"hidden_size", 32},        {"intermediate_size", 48},
                       {"num_hidden_layers", 2},   {"num_attention_heads", 4}, {"num_key_value_heads", 2},

@@ -116,7 +116,8 @@ std::map<std::string, std::vector<int64_t>> transformers_tensors(int shared = 0,
       t[p + "router.per_expert_scale"] = {experts};
       t[p + "experts.gate_up_proj"] = {experts, 2 * moe_width, 32};
       t[p + "experts.down_proj"] = {experts, 32, moe_width};
-      for (const char* n : {"post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"})
+      for (const char* n :
+           {"post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"})
         t[p + n + ".weight"] = {32};
     }
   }
@@ -476,7 +477,8 @@ TEST_F(Gemma4Cli, HostileMoeBlockIsRefusedNamingTheKey) {
   cfg["top_k_experts"] = 5;
   cfg["moe_intermediate_size"] = 16;
   const std::string dir = write_model("m_moe", kScalars, cfg);
-  test::CmdResult r = run("train --model " + dir + " --data " + d + " --steps 1 --lr 1e-2 --device cpu --output " + p("o"));
+  test::CmdResult r =
+      run("train --model " + dir + " --data " + d + " --steps 1 --lr 1e-2 --device cpu --output " + p("o"));
   expect_input_error(r, dir + "/config.json");
   EXPECT_NE(r.err.find("top_k_experts"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(p("o")));

@@ -14,11 +14,11 @@
 
 #include "backend/cpu/cpu_device.h"
 #include "engine/blob_init.h"
+#include "gemma4_fixtures.h"
 #include "model/layout.h"
 #include "model/program.h"
 #include "model/spec.h"
 #include "model/spec_gemma4.h"
-#include "gemma4_fixtures.h"
 #include "rope_fixture.h"
 #include "test_util.h"
 
@@ -61,7 +61,8 @@ TEST_P(Gemma4MoeLayerGrad, ProgramBackwardMatchesFiniteDifferences) {
   std::mt19937_64 rng(5);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (const auto& e : blob.entries) {  // norms and the router's scales around their start, 1
-    const bool around_one = e.name.find("norm") != std::string::npos || e.name.find("router.scale") != std::string::npos ||
+    const bool around_one = e.name.find("norm") != std::string::npos ||
+                            e.name.find("router.scale") != std::string::npos ||
                             e.name.find("per_expert_scale") != std::string::npos;
     if (around_one)
       for (int64_t i = 0; i < e.numel; ++i) params[size_t(e.offset + i)] = 1.f + 0.3f * nd(rng);
@@ -209,9 +210,9 @@ TEST_P(Gemma4MoeLayerGrad, ProgramBackwardMatchesFiniteDifferences) {
   }
   EXPECT_LE(left_out, checked / 10) << "too many samples changed a routing choice";
   // The gradients of the block's own parameters are not zero (they are checked above).
-  for (LayerParam pk : {LayerParam::Router, LayerParam::RouterScale, LayerParam::ExpertScale, LayerParam::ExpGate,
-                        LayerParam::ExpUp, LayerParam::ExpDown, LayerParam::MoeInNorm, LayerParam::MlpOutNorm1,
-                        LayerParam::MoeOutNorm}) {
+  for (LayerParam pk :
+       {LayerParam::Router, LayerParam::RouterScale, LayerParam::ExpertScale, LayerParam::ExpGate, LayerParam::ExpUp,
+        LayerParam::ExpDown, LayerParam::MoeInNorm, LayerParam::MlpOutNorm1, LayerParam::MoeOutNorm}) {
     const BlobEntry* e = blob.entry(pk);
     ASSERT_NE(e, nullptr);
     double n2 = 0;

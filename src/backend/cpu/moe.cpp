@@ -262,8 +262,9 @@ void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, 
   const float* G = dout.ptr<float>();
   float* D = dw.ptr<float>();
   const int32_t* ix = idx.ptr<int32_t>();
-  std::vector<double> acc(size_t(E), 0.0);  // [E]; slots in order: deterministic
-  for (int64_t i = 0; i < S; ++i) acc[size_t(ix[i])] += double(G[i]) * W[i];  // dout read before dw may overwrite it
+  // [E], the slots in order: deterministic. dout is read here, before dw (which may alias it) is written.
+  std::vector<double> acc(size_t(E), 0.0);
+  for (int64_t i = 0; i < S; ++i) acc[size_t(ix[i])] += double(G[i]) * W[i];
   visit(dscale, [&](auto* ds) {
     for (int64_t e = 0; e < E; ++e) st(ds, e, float(double(ld(ds, e)) + acc[size_t(e)]));
   });
