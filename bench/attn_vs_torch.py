@@ -8,8 +8,7 @@ GPU machine (issue 19's target: fwd+bwd >= 1.3x the FlashAttention-2 backend at 
 For each head dim (128, 64) at B, T, H, KVH (default 8, 2048, 32, 8): torch's FLASH_ATTENTION,
 CUDNN_ATTENTION and EFFICIENT_ATTENTION backends (enable_gqa where the backend takes it, else K/V
 expanded outside the timing), fwd / bwd / fwd+bwd, CUDA events, median; then BUILD_DIR/attn_bench
-(the same shapes, our kernels: the default path, the sm_90 backward with dQ by TMA reduce-add
-(sm90bwd2, measured against the default until one is kept) and the sm_80 kernels forced); then packed rows
+(the same shapes, our kernels: the default path and the sm_80 kernels forced); then packed rows
 against unpacked ones with the same real tokens (B rows of T packed with records of 512 against
 B T / 512 rows of 512: the same attention work, so equal times mean the same speed per real
 token; issue 19). Parity first (unless
@@ -29,8 +28,8 @@ import torch.nn.functional as F
 from torch_kernels import median_ms  # bench/torch_kernels.py: CUDA events, warm-up, median
 
 
-# Our kernel paths (attn_bench --path): the default, the sm_90 backward's dQ by TMA reduce-add, the sm_80 kernels.
-PATHS = ("auto", "sm90bwd2", "sm80")
+# Our kernel paths (attn_bench --path): the default (sm_90 kernels on Hopper), the sm_80 kernels.
+PATHS = ("auto", "sm80")
 
 
 def sdpa(q, k, v, backend, gqa):
@@ -178,13 +177,6 @@ def main():
             print(f"  hd {hd:3d} {name:10s} {r[0]:7.3f} {r[1]:7.3f} {r[2]:7.3f}  {ratio}")
             if ours and not name.startswith("sf_"):
                 print(f"RESULT attn_hd{hd}_ratio_vs_{name}={r[2] / ours[2]:.3f} fwd_vs_{name}={r[0] / ours[0]:.3f}")
-        v2 = res.get("sf_sm90bwd2")
-        if v2 and ours:  # the TMA reduce-add backward against the default (same forward), and against torch
-            print(f"RESULT attn_hd{hd}_sm90bwd2_bwd_speedup={ours[1] / v2[1]:.3f}")
-            for name in ("flash", "cudnn"):
-                if res.get(name):
-                    print(f"RESULT attn_hd{hd}_sm90bwd2_ratio_vs_{name}={res[name][2] / v2[2]:.3f} "
-                          f"bwd_vs_{name}={res[name][1] / v2[1]:.3f}")
     rec = 512
     if T % rec == 0 and T > rec:
         print(f"\npacked rows (records of {rec}) against unpacked rows of {rec} with the same tokens, ms; "
@@ -195,7 +187,8 @@ def main():
             if packed and plain:
                 print(f"  hd {hd:3d} packed {packed[0]:7.3f} {packed[1]:7.3f} {packed[2]:7.3f}   "
                       f"unpacked {plain[0]:7.3f} {plain[1]:7.3f} {plain[2]:7.3f}  {plain[2] / packed[2]:.3f}x")
-                print(f"RESULT attn_hd{hd}_packed_per_token={plain[2] / packed[2]:.3f}")
+                print(f"RESULT attn_hd{hd}_packed_per_token={plain[2] / packed[2]:.3f} "
+                      f"fwd={plain[0] / packed[0]:.3f} bwd={plain[1] / packed[1]:.3f}")
     return 0 if ok else 1
 
 

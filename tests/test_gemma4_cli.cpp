@@ -249,6 +249,19 @@ TEST_F(Gemma4Cli, DenseModelTrainsOnBothEnginesAndRoundTrips) {
   EXPECT_LT(loss0, 3.0 + std::log(64.0));  // the soft cap bounds every logit by 3
 
   ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
+  {  // `grad` (what the transformers parity reads) gives the same gradients on both engines
+    const std::string grad = "grad --model " + src + common + " --output ";
+    test::CmdResult ga = run(grad + p("ga.safetensors")), gb = run(grad + p("gb.safetensors") + " --offload --slots 2 --gpu-blobs 0");
+    ASSERT_EQ(ga.code, 0) << ga.err;
+    ASSERT_EQ(gb.code, 0) << gb.err;
+    const SafetensorsFile a = SafetensorsFile::open(p("ga.safetensors")), b = SafetensorsFile::open(p("gb.safetensors"));
+    ASSERT_EQ(a.tensors().size(), b.tensors().size());
+    for (const TensorInfo& t : a.tensors()) {
+      const TensorInfo* u = b.find(t.name);
+      ASSERT_NE(u, nullptr) << t.name;
+      EXPECT_TRUE(bytes_of(*u) == bytes_of(t)) << t.name << ": the sliding engine's gradient differs";
+    }
+  }
 
   const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
   const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");

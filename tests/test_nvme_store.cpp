@@ -149,6 +149,46 @@ INSTANTIATE_TEST_SUITE_P(Store, StoreTransfers,
                                            StoreCase{false, true, {}, "threads_fixed", true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// A blocking transfer (a stream's host function waits in it, and with it every other stream's host
+// functions on CUDA's one thread) goes ahead of the asynchronous read-ahead queued before it: it
+// waits for the pieces in flight, not for the backlog.
+TEST(Store, BlockingTransfersPassTheQueuedReadAhead) {
+  test::TempDir dir;
+  for (const bool uring : {true, false}) {
+    SCOPED_TRACE(uring ? "uring" : "threads");
+    StoreOptions o;
+    o.dir = dir.path.string();
+    o.bytes = 80 * NvmeStore::kAlign;
+    o.depth = 2;
+    o.piece = NvmeStore::kAlign;
+    o.uring = uring;
+    o.faults.max_delay_us = 3000;  // each piece takes up to 3 ms: the backlog of 64 about 100 ms
+    NvmeStore s(o);
+    const int backlog = 64;
+    Aligned rd(size_t(backlog) * NvmeStore::kAlign), wr(NvmeStore::kAlign);
+    std::memset(wr.p, 0x5a, NvmeStore::kAlign);
+    std::atomic<int> reads_done{0};
+    Waiter w;
+    for (int i = 0; i < backlog; ++i) {  // one request a piece, each counted as it completes
+      NvmeStore::Done d = w.done();
+      s.read(uint64_t(i) * NvmeStore::kAlign, rd.p + size_t(i) * NvmeStore::kAlign, NvmeStore::kAlign,
+             [&reads_done, d](int err) {
+               ++reads_done;
+               d(err);
+             });
+    }
+    s.write_wait(uint64_t(backlog + 1) * NvmeStore::kAlign, wr.p, NvmeStore::kAlign);
+    const int before = reads_done.load();
+    // Issued once one of the `depth` pieces in flight completes; a few more may complete meanwhile.
+    EXPECT_LE(before, 2 * o.depth + 2) << "the blocking write waited behind the queued reads";
+    w.wait();
+    for (int e : w.errs) EXPECT_EQ(e, 0);
+    std::vector<char> back(NvmeStore::kAlign);
+    s.read_sync(uint64_t(backlog + 1) * NvmeStore::kAlign, back.data(), back.size());
+    EXPECT_EQ(std::memcmp(back.data(), wr.p, back.size()), 0);
+  }
+}
+
 TEST(Store, InjectedErrorsReachDone) {
   test::TempDir dir;
   for (const bool uring : {true, false})

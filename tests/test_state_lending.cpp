@@ -27,6 +27,9 @@ struct LendCase {
   uint64_t stall;         // the stalled stream: 1 backward (lends), 2 updates, 4 forward (reclaims)
   std::vector<int> skip;  // rounds without updates
   const char* name;
+  // As the engine's checkpoint store: once the lends have run, each region is first offered to
+  // try_reclaim when the forward is queued, and taken back in stream order only where it refuses.
+  bool early = false;
 };
 
 class StateLending : public ::testing::TestWithParam<LendCase> {};
@@ -71,6 +74,7 @@ TEST_P(StateLending, EveryUpdateCountsOnceWhateverTheOrder) {
   auto lent_all = dev->create_event();
   const int rounds = 5;
   int done = 0;  // rounds with updates
+  int early_taken = 0;  // regions try_reclaim took back at once
   for (int r = 0; r < rounds; ++r) {
     const bool skip = std::find(c.skip.begin(), c.skip.end(), r) != c.skip.end();
     // The backward: the layers' regions lent from the last one down; layer l's region may hold
@@ -102,13 +106,16 @@ TEST_P(StateLending, EveryUpdateCountsOnceWhateverTheOrder) {
       dev->record(*updated[size_t(b)], *upd);
     }
     // The forward: layer l after the update of blob l; its region taken back and overwritten.
+    if (c.early) dev->synchronize(*bwd);  // every lend has run
     dev->wait(*fwd, *lent_all);
     for (int l = 0; l < layers; ++l) {
       if (!skip) dev->wait(*fwd, *updated[size_t(l)]);
       char* mem = base + size_t(l) * stride;
       StateStream* st = &state;
-      dev->host_fn(*fwd, [st, l, mem, stride] {
-        st->reclaim(l);
+      const bool now = c.early && state.try_reclaim(l);
+      early_taken += now;
+      dev->host_fn(*fwd, [st, l, mem, stride, now] {
+        if (!now) st->reclaim(l);
         std::memset(mem, 0x7f, stride);  // the offload: garbage for the state
       });
     }
@@ -119,6 +126,7 @@ TEST_P(StateLending, EveryUpdateCountsOnceWhateverTheOrder) {
   }
   state.quiesce();
   EXPECT_GT(state.lent_reads(), 0u) << "no piece was read into lent memory";
+  if (c.early) EXPECT_GT(early_taken, 0) << "try_reclaim never took a region back";
   for (int b = 0; b < blobs; ++b) {
     std::vector<float> m(size_t(numel[size_t(b)])), v(m.size());
     state.read(StateStream::M, b, 0, numel[size_t(b)], m.data());
@@ -135,7 +143,10 @@ INSTANTIATE_TEST_SUITE_P(StateStream, StateLending,
                                            LendCase{2, {}, "stalled_updates"}, LendCase{4, {}, "stalled_reclaims"},
                                            LendCase{0, {1, 2}, "skipped_rounds"},
                                            LendCase{2, {2}, "skipped_round_stalled_updates"},
-                                           LendCase{4, {0, 3}, "skipped_rounds_stalled_reclaims"}),
+                                           LendCase{4, {0, 3}, "skipped_rounds_stalled_reclaims"},
+                                           LendCase{0, {}, "early", true}, LendCase{2, {}, "early_stalled_updates", true},
+                                           LendCase{4, {}, "early_stalled_reclaims", true},
+                                           LendCase{2, {1, 3}, "early_skipped_rounds_stalled_updates", true}),
                          [](const ::testing::TestParamInfo<LendCase>& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -6,7 +6,7 @@
 #    state_quality state_bench = bf16 optimizer state: quality, 3B speed, 8B plan,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
-#    gemma3 = issue 18's Gemma 3 checks, gemma4 = issue 18's Gemma 4 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
+#    moe_gemm = issue 18's MoE grouped GEMMs (tests, moe_gemm_bench, the OLMoE op profile), gemma3 = issue 18's Gemma 3 checks, gemma4 = issue 18's Gemma 4 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
 #    the two halves of moe and gemma3, moe_parity_offload = the MoE parity through the sliding engine alone, gds = issue 17's GPUDirect Storage checks, profile3b = issue
 #    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers,
 #    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, nvme8_lend = its state read ahead into freed
@@ -16,8 +16,10 @@
 #    recompute_sliding recompute_sliding_accum = the same in the sliding engine: 3B at 24 GiB with
 #    clipping, one micro-batch and four,
 #    long_context = issue 19's 8B at 1 x 32768 tokens on 24 GiB and the longest sequence that fits, beside their plans,
-#    attn_bwd2 = issue 19's sm_90 backward on trial (dQ by TMA reduce-add, ...) against the default one and torch's backends)
-# BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw and attn_bench built here with -DSF_PORTABLE=ON.
+#    attn_packed = issue 19's packed rows against unpacked ones with the same attention work, per head dim,
+#    moe_gemm = issue 18's MoE grouped GEMMs: the MoE gtests, moe_gemm_bench (per-expert cuBLASLt on 4 streams and
+#    on one against the dense ceiling), OLMoE with --profile-ops and the Qwen3-30B-A3B 4-layer cut beside their plans)
+# BIN holds slideformer, sf_gpu_tests, bench_kernels, bench_host, bench_adamw, attn_bench and moe_gemm_bench built here with -DSF_PORTABLE=ON.
 # Writes $OUT/all.log (every step's output) and $OUT/summary.txt (one line a step).
 set -u
 BIN=${BIN:-gpubin}
@@ -83,6 +85,15 @@ for s in "${steps[@]}"; do
     # slides: --gpu-blobs 0), each eval / grad checked to have run on the sliding engine (~90 s).
     moe_parity_offload) run moe_parity_offload timeout 90 python3 tools/hf_parity.py --bin "$BIN/slideformer" \
       --device cuda --models $MOE_MODELS --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/moe_parity_offload ;;
+    # issue 18: the MoE grouped GEMMs: their CUDA-vs-CPU tests and dtype refusals, cuBLASLt per expert
+    # on 4 streams and on one beside the dense ceiling at the OLMoE and Qwen3 shapes ($BIN/moe_gemm_bench),
+    # the OLMoE step's op profile
+    moe_gemm) run moe_gemm_tests "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Moe*:CudaOpsCheck.*' --gtest_brief=1
+      run moe_gemm_bench timeout 120 "$BIN/moe_gemm_bench"
+      bench_vs_plan moe_gemm_profile_olmoe 90 --preset olmoe-1b-7b --batch-size 8 --seq-len 2048 --steps 3 \
+        --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 0 --optimizer-state bf16 --profile-ops
+      bench_vs_plan moe_gemm_qwen3_4layers 60 --preset qwen3-30b-a3b --layers 4 --batch-size 8 \
+        --seq-len 2048 --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB ;;
     moe|moe_parity|moe_speed)
       if [ "$s" != moe_speed ]; then
       run moe_gpu_tests "$BIN/sf_gpu_tests" --gtest_filter='CudaOps.Moe*' --gtest_brief=1
@@ -384,7 +395,11 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{') and 'disk_
 r = rows[-1]
 print(json.dumps({k: r.get(k) for k in ('tokens_per_second', 'step_ms', 'predicted_step_ms', 'disk_lent_pieces_per_step', 'predicted_lent_read_bytes', 'disk_busy_ms', 'predicted_phases')}))
 sys.exit(0 if r['disk_lent_pieces_per_step'] > 0 else 1)" "$OUT/all.log"
-      run nvme8_lend_phases python3 tools/trace_summary.py "$OUT/traces/nvme8_lend.jsonl" ;;
+      run nvme8_lend_phases python3 tools/trace_summary.py "$OUT/traces/nvme8_lend.jsonl" --layers
+      # The verdict (issue 17: tokens/s as the plan predicts, within 15 %), and where the measured step
+      # went against the plan's phases: the forward's end after the previous step's last update
+      # (session 12 found 3.8 s there: the forward stalled behind reclaims), the backward's length.
+      run nvme8_lend_verdict python3 tools/nvme8_verdict.py "$OUT/all.log" "$OUT/traces/nvme8_lend.jsonl" ;;
     # the host AdamW kernel alone on this machine's cores: fp32 vs bf16 state, fused and split passes,
     # 1 Mi (cache) and 64 Mi (memory) elements, all cores and one
     bench_adamw)
@@ -594,24 +609,52 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
         --models gemma4_dense,gemma4_kvshared,gemma4_ple,gemma4_moe --work /tmp/g4_parity_cuda
       run gemma4_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
         --models gemma4_dense --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g4_parity_cuda_off ;;
-    # issue 19, the sm_90 backward on trial (attn_bwd2, ~110 s; attention_sm90.cu's TMA_DQ: dQ by
-    # TMA reduce-add, the dV / dK products in halves, hd 64: the next S^T / dP^T behind dQ): the attention
-    # gtests (CPU twin, odd shapes, poisoned outputs, packed rows, windows, GQA; each kernel path:
-    # auto, sm90bwd2, sm80; AttentionSm90BwdV2 runs every shape class on the new backward), then
-    # attn_bench with the default backward and the new one alternated twice per head dim (their
-    # difference against the run-to-run spread), then torch SDPA's backends beside our three paths
-    # (attn_vs_torch.py, no parity: the gtests did it). RESULT lines into the summary.
-    attn_bwd2)
-      # timeouts: a kernel that hangs costs its timeout, not the call
-      run attn_bwd2_gtests timeout 120 "$BIN/sf_gpu_tests" \
+    # issue 19, packed rows at the speed per real token of unpacked ones (attn_packed, ~2.5 min):
+    # the attention gtests (CPU twin: packed rows with odd records, records across tiles,
+    # one-token records, windows, pos only 4-byte aligned, each kernel path), then per head dim
+    # B 8 x T 2048 packed in records of 512 against B 32 x T 512 unpacked (the same tiles),
+    # alternated twice, and records of 2048 (one a row: the bounded kernels on the plain causal
+    # work) against B 8 x T 2048 unpacked; the ratios (unpacked / packed, 1.0 = the same speed)
+    # into the summary. What a gap is made of: B 32 x T 512 in records of 512 (the bounded kernels
+    # in the unpacked rows' tile order) against B 32 x T 512 unpacked (bounded_512: the kernels'
+    # own cost) and against B 8 x T 2048 in records of 512 (order_512: the order, and blocks of one
+    # record running at once).
+    attn_packed)
+      run attn_packed_gtests timeout 150 "$BIN/sf_gpu_tests" \
         --gtest_filter='CudaOps.Attention*:-CudaOps.AttentionHeadDim256:CudaOps.AttentionHeadDim512' --gtest_brief=1
       for hd in 128 64; do
-        for p in auto sm90bwd2 auto sm90bwd2; do
-          timeout 30 "$BIN/attn_bench" 8 2048 32 8 $hd --path $p 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
+        for i in 1 2; do
+          for a in "8 2048 32 8 $hd --pack 512" "32 512 32 8 $hd"; do
+            timeout 30 "$BIN/attn_bench" $a 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
+          done
+        done
+        for a in "8 2048 32 8 $hd --pack 2048" "8 2048 32 8 $hd" "32 512 32 8 $hd --pack 512"; do
+          timeout 30 "$BIN/attn_bench" $a 2>&1 | tee -a "$OUT/all.log" | grep RESULT | tee -a "$OUT/summary.txt"
         done
       done
-      run attn_bwd2_torch timeout 300 python3 bench/attn_vs_torch.py "$BIN" --no-parity
-      sed -n '/===== attn_bwd2_torch/,$p' "$OUT/all.log" | grep -E "^RESULT|^  hd" | tee -a "$OUT/summary.txt" ;;
+      python3 - "$OUT/summary.txt" <<'PY' | tee -a "$OUT/summary.txt"
+import re, sys
+runs = {}  # (hd, B, T, pack) -> [(fwd, bwd, fwdbwd), ...]
+for line in open(sys.argv[1]):
+    m = re.match(r"RESULT sf_attn path=auto B=(\d+) T=(\d+) .* hd=(\d+) pack=(\d+) window=0 "
+                 r"fwd_ms=([\d.]+) bwd_ms=([\d.]+) fwdbwd_ms=([\d.]+)", line)
+    if m:
+        B, T, hd, pack = (int(x) for x in m.groups()[:4])
+        runs.setdefault((hd, B, T, pack), []).append(tuple(float(x) for x in m.groups()[4:]))
+for hd in (128, 64):
+    for name, packed, plain in (("records_512", (hd, 8, 2048, 512), (hd, 32, 512, 0)),
+                                ("records_2048", (hd, 8, 2048, 2048), (hd, 8, 2048, 0)),
+                                ("bounded_512", (hd, 32, 512, 512), (hd, 32, 512, 0)),
+                                ("order_512", (hd, 8, 2048, 512), (hd, 32, 512, 512))):
+        p, u = runs.get(packed, [])[-2:], runs.get(plain, [])[-2:]
+        n = min(len(p), len(u))  # this step's last runs, paired in order
+        p, u = p[-n:], u[-n:]
+        if n:
+            r = [[u[i][k] / p[i][k] for i in range(len(p))] for k in range(3)]
+            print(f"RESULT attn_hd{hd}_packed_{name}_per_token fwd=" + "/".join(f"{x:.3f}" for x in r[0]) +
+                  " bwd=" + "/".join(f"{x:.3f}" for x in r[1]) + " fwdbwd=" + "/".join(f"{x:.3f}" for x in r[2]))
+PY
+      ;;
     *) echo "unknown step $s" ;;
   esac
 done

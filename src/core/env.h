@@ -14,7 +14,6 @@ enum class Env {
   Trace,      // SF_TRACE
   HoldGrads,  // SF_HOLD_GRADS
   AdamwIsa,   // SF_ADAMW_ISA
-  MoeSimt,    // SF_MOE_SIMT
   Cufile,     // SF_CUFILE
 };
 
@@ -39,8 +38,6 @@ inline constexpr EnvVar kEnvVars[] = {
     {Env::AdamwIsa, "SF_ADAMW_ISA", "text", "the widest the CPU has",
      "the host AdamW's element loop: avx2, sse2 or scalar (never wider than the CPU has; the same bits "
      "on every path: tests run each, benchmarks compare them)"},
-    {Env::MoeSimt, "SF_MOE_SIMT", "switch", "0",
-     "CUDA MoE grouped GEMMs on the SIMT kernels also for bf16 (1: the fallback to the tensor-core ones)"},
     {Env::Cufile, "SF_CUFILE", "text", "auto",
      "checkpoints in the offload dir through GPUDirect Storage (cuFile) where libcufile loads: auto, 0 (never: "
      "io_uring + pinned bounce), or the library's path"},

@@ -42,6 +42,7 @@ CheckpointStore::CheckpointStore(Device& dev, const CheckpointOptions& o, NvmeSt
     free_[i] = dev.create_event();
   }
   offloaded_ = dev.create_event();
+  lent_.assign(size_t(std::max(o_.micro, 1)) * size_t(o_.layers), 0);
   if (o_.disk_layers == 0) return;
   SF_CHECK(store && io && o.write_ring >= 1 && o.read_ahead >= 1, "checkpoints on disk need the store and a stream");
   src.take("ckpt.disk");
@@ -86,8 +87,9 @@ char* CheckpointStore::ring_slot(int i) const {
 }
 
 void CheckpointStore::offload(int j, int l, const void* src, size_t bytes, Stream& d2h) {
+  fwd_micro_ = std::max(fwd_micro_, j + 1);
   if (!on_disk(l)) {
-    if (reclaim_) dev_.host_fn(d2h, [r = reclaim_, key = j * o_.layers + l] { r(key); });  // lent: taken back
+    if (reclaim_ && j == 0) reclaim_layer(l, d2h);
     dev_.copy(at(j, l), src, bytes, CopyKind::DeviceToHost, d2h);
     return;
   }
@@ -136,8 +138,45 @@ void CheckpointStore::fetch_direct(int i, int j, int l, size_t bytes) {
   dev_.record(*ready_[i], *io_);
 }
 
+// Layer l's lent checkpoints (every micro-batch's) taken back before the forward's first offload of
+// the layer writes one: d2h has waited for the layer's compute of micro-batch 0, which waited for
+// the uploads of blobs 0 .. l + 1 and so for their updates, the only pieces lent memory of layer l
+// may hold. Those with nothing in them now, at once; the rest in one host function on d2h.
+void CheckpointStore::reclaim_layer(int l, Stream& d2h) {
+  std::vector<int> keys;
+  for (int j = 0; j < o_.micro; ++j) {
+    const int key = j * o_.layers + l;
+    if (!lent_[size_t(key)]) continue;
+    lent_[size_t(key)] = 0;
+    keys.push_back(key);
+  }
+  if (keys.empty()) return;
+  const bool settled = try_reclaim_ && lends_run_->load() == lends_queued_;
+  std::vector<int> later;
+  for (int key : keys)
+    if (!settled || !try_reclaim_(key)) later.push_back(key);
+  if (!later.empty())
+    dev_.host_fn(d2h, [r = reclaim_, later] {
+      for (int key : later) r(key);
+    });
+}
+
+// The checkpoints fetched so far lent in one host function on h2d, before the last fetch's `ready`.
+void CheckpointStore::queue_lends(Stream& h2d) {
+  if (to_lend_.empty()) return;
+  for (const auto& kl : to_lend_) lent_[size_t(kl.first)] = 1;
+  ++lends_queued_;
+  dev_.host_fn(h2d, [f = lend_, run = lends_run_, ks = std::move(to_lend_), n = o_.stride, layers = o_.layers] {
+    for (const auto& [key, mem] : ks) f(key, mem, n, key % layers);
+    ++*run;
+  });
+  to_lend_.clear();
+}
+
 void CheckpointStore::forward_done(Stream& d2h) {
   dev_.record(*offloaded_, d2h);
+  pass_micro_ = fwd_micro_;
+  fwd_micro_ = 0;
   reads_queued_ = reads_used_ = 0;
   if (o_.gpu_direct) {
     dev_.wait(*io_, *offloaded_);
@@ -172,8 +211,11 @@ void CheckpointStore::fetch(int k, int j, int l, size_t bytes, Stream& h2d) {
   if (!on_disk(l)) {
     dev_.copy(gpu, at(j, l), bytes, CopyKind::HostToDevice, h2d);
     // Read: its host memory is free until the next forward's offload of it, which follows this
-    // fetch's `ready` through the compute stream.
-    if (lend_) dev_.host_fn(h2d, [f = lend_, key = j * o_.layers + l, mem = at(j, l), n = o_.stride, l] { f(key, mem, n, l); });
+    // fetch's `ready` through the compute stream. Lent once the layer's last micro-batch is fetched.
+    if (lend_) {
+      to_lend_.emplace_back(j * o_.layers + l, at(j, l));
+      if (j + 1 >= pass_micro_) queue_lends(h2d);
+    }
   } else {
     const size_t u = reads_used_++;
     SF_CHECK(u < disk_order_.size() && disk_order_[u] == std::make_pair(j, l), "checkpoint fetched out of order");

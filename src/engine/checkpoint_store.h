@@ -15,6 +15,7 @@
 // and written from there by cuFile; up, cuFile reads into the fetch buffer itself once the
 // compute stream is done with it (one fetch ahead, as for the checkpoints in host memory).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -66,12 +67,18 @@ class CheckpointStore {
   // forward has not written it (docs/ENGINE.md "Read-ahead into freed checkpoints"): `lend(key,
   // mem, bytes, layer)` from a host function on h2d after its fetch, before the fetch's `ready`
   // (so the compute, and through it the next forward's offload, comes after it); `reclaim(key)`
-  // from a host function on d2h before the offload that writes it again.
+  // from a host function on d2h before the offload that writes it again — unless
+  // `try_reclaim(key)`, called when that offload is queued, took it back already (nothing of the
+  // borrower's is in it). One host function a layer each way, not one a micro-batch: CUDA runs
+  // every stream's host functions on one thread, where a host update may wait for the disk for a
+  // second, and each host function queued behind it stalls its stream that long.
   using Lend = std::function<void(int key, char* mem, size_t bytes, int layer)>;
   using Reclaim = std::function<void(int key)>;
-  void lend_to(Lend lend, Reclaim reclaim) {
+  using TryReclaim = std::function<bool(int key)>;
+  void lend_to(Lend lend, Reclaim reclaim, TryReclaim try_reclaim = nullptr) {
     lend_ = std::move(lend);
     reclaim_ = std::move(reclaim);
+    try_reclaim_ = std::move(try_reclaim);
   }
 
   ~CheckpointStore();
@@ -87,6 +94,8 @@ class CheckpointStore {
   uint64_t disk_at(int j, int l) const;
   char* ring_slot(int i) const;  // write ring 0..write_ring-1, then the read ring
   void queue_read();  // the next disk checkpoint of the backward into the read ring (io stream)
+  void reclaim_layer(int l, Stream& d2h);  // layer l's lent checkpoints back before its first offload
+  void queue_lends(Stream& h2d);           // what was fetched since the last lend, lent
   void offload_direct(int j, int l, const void* src, size_t bytes, Stream& d2h);  // gpu_direct
   void fetch_direct(int i, int j, int l, size_t bytes);                           // gpu_direct
   Device& dev_;
@@ -112,6 +121,16 @@ class CheckpointStore {
   std::unique_ptr<Event> written_;          // io: the forward's cuFile writes from gpu_ are done
   Lend lend_;        // the host memory of a fetched checkpoint, lent until its next offload
   Reclaim reclaim_;
+  TryReclaim try_reclaim_;
+  // Lending, on the queuing thread: the micro-batches of the last forward (a layer's lends go in
+  // one host function after its last fetch), the keys whose lend is queued and not yet taken back
+  // ([micro * layers]), the lends' host functions queued and run (try_reclaim is only asked once
+  // every lend queued has run: a key it does not know may be lent still).
+  int fwd_micro_ = 0, pass_micro_ = 0;
+  std::vector<char> lent_;
+  std::vector<std::pair<int, char*>> to_lend_;  // (key, memory) fetched, lend not yet queued
+  uint64_t lends_queued_ = 0;
+  std::shared_ptr<std::atomic<uint64_t>> lends_run_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 }  // namespace sf

@@ -348,8 +348,16 @@ void HostOptimizer::landed(int blob, int64_t i0, int64_t n, const Landing& at, S
   dev_.wait(*gio_, *g_copied_[size_t(r)]);
   StateStream* st = disk_.get();
   const bool last = i0 + n == numel_[size_t(blob)];
-  dev_.host_fn(*gio_, [st, blob, i0, n, p = at.ptr, last] { st->write_grad(blob, i0, n, p, last); });
-  dev_.record(*g_free_[size_t(r)], *gio_);
+  // Written while the other buffer's write finishes (two in flight: the disk always has the next
+  // queued); after a blob's last chunk both are waited for, so that no landing, of this step or
+  // the next, finds a buffer whose `g_free` was recorded before its last write.
+  dev_.host_fn(*gio_, [st, blob, i0, n, p = at.ptr, last, r] {
+    st->write_grad_async(blob, i0, n, p, last, r);
+    st->wait_grad(r ^ 1);
+    if (last) st->wait_grad(r);
+  });
+  dev_.record(*g_free_[size_t(r ^ 1)], *gio_);
+  if (last) dev_.record(*g_free_[size_t(r)], *gio_);
 }
 
 void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p, Stream& opt,

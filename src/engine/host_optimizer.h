@@ -93,6 +93,7 @@ class HostOptimizer {
   void reclaim(int key) {
     if (disk_) disk_->reclaim(key);
   }
+  bool try_reclaim(int key) { return !disk_ || disk_->try_reclaim(key); }
   uint64_t lent_reads() const { return disk_ ? disk_->lent_reads() : 0; }
   bool keep_grads() const { return keep_; }
   DType grad_dtype() const { return gd_; }

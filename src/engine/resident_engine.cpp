@@ -74,6 +74,12 @@ struct ResidentEngine::Impl {
   std::unique_ptr<DeviceRope> rope_dev;
   RopeTables rope;
   std::unique_ptr<Workspace> ws;
+  // Layer l's buffers for micro-batch j: a kept layer's own (when its backward follows) or the shared
+  // workspace, with Gemma 4's shared K/V and per-layer inputs bound (no-ops for other families).
+  LayerBuffers layer_buffers(int l, int j, const BatchDims& d, bool backward) const {
+    const LayerBuffers w = backward ? kept.layer(*ws, l, j, d) : ws->layer(d);
+    return ple.bind(kv_share.bind(w, l, j, d), l, j, d);
+  }
   std::unique_ptr<Stream> stream;
   Program program;
   float host_scalars[2] = {0, 0};
@@ -329,8 +335,7 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   for (int l = 0; l < L; ++l) {
     LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
     const KeptActs kept = backward ? m.kept.attention(l, 0, d) : KeptActs{};
-    const LayerBuffers w =
-        m.ple.bind(m.kv_share.bind(backward ? m.kept.layer(*m.ws, l, 0, d) : m.ws->layer(d), l, 0, d), l, 0, d);
+    const LayerBuffers w = m.layer_buffers(l, 0, d, backward);
     m.program.layer_forward(p, m.ckpt_at(l, N), m.ckpt_at(l + 1, N), w, d, m.rope, st, kept);
   }
   d.moe_collect = false;
@@ -368,7 +373,7 @@ void ResidentEngine::forward_backward(const Batch& b, float grad_scale, bool bac
   for (int l = L - 1; l >= 0; --l) {
     LayerParams p = layer_views(layout_.layer(l), m.at(pbuf, 1 + l, act), act);
     LayerParams g = layer_views(layout_.layer(l), m.at(m.grads, 1 + l, DType::F32), DType::F32);
-    const LayerBuffers w = m.ple.bind(m.kv_share.bind(m.kept.layer(*m.ws, l, 0, d), l, 0, d), l, 0, d);
+    const LayerBuffers w = m.layer_buffers(l, 0, d, true);
     const KeptActs kept = m.kept.attention(l, 0, d);
     if (!m.kept.whole(l)) m.program.layer_recompute(p, m.ckpt_at(l, N), scratch, w, d, m.rope, st, kept);
     m.program.layer_backward(p, g, m.ckpt_at(l, N), dy, dx, w, d, m.rope, st, kept);

@@ -311,6 +311,12 @@ struct SlidingEngine::Impl {
   std::vector<float> host_scalars;
   std::unique_ptr<DeviceRope> rope;
   std::unique_ptr<Workspace> ws;
+  // Layer l's buffers for micro-batch j: a kept layer's own (when its backward follows) or the shared
+  // workspace, with Gemma 4's shared K/V and per-layer inputs bound (no-ops for other families).
+  LayerBuffers layer_buffers(int l, int j, const BatchDims& d, bool backward) const {
+    const LayerBuffers w = backward ? kept.layer(*ws, l, j, d) : ws->layer(d);
+    return ple.bind(kv_share.bind(w, l, j, d), l, j, d);
+  }
   std::unique_ptr<TokenUploader> tokens;
   // Host optimizer work in its own stream, so that gradient and checkpoint copies on d2h never
   // queue behind it. Created last (stream indices of the race tests).
@@ -585,7 +591,7 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
     // (ModelLayout: layer l is blob l + 1.)
     HostOptimizer* h = host.get();
     ckpts->lend_to([h](int key, char* mem, size_t bytes, int l) { h->lend(key, mem, bytes, l + 1); },
-                   [h](int key) { h->reclaim(key); });
+                   [h](int key) { h->reclaim(key); }, [h](int key) { return h->try_reclaim(key); });
   }
   src.allocated(ckpt_items);
   trace = StepTrace::from_env(dev, *compute);
@@ -730,7 +736,7 @@ void SlidingEngine::Impl::forward_layer(Pass& ps, const ScheduleOp& op, bool bac
     d.moe_collect = true;  // the router statistics of this forward (not of the backward's recompute)
     Tensor y = out_buf(ps, j);
     // With the backward to come, a kept layer writes what its backward reads into its own buffers.
-    const LayerBuffers w = ple.bind(kv_share.bind(backward ? kept.layer(*ws, l, j, d) : ws->layer(d), l, j, d), l, j, d);
+    const LayerBuffers w = layer_buffers(l, j, d, backward);
     program.layer_forward(layer_params(p, blob), act_at(acts, in, ps.N(j)), y, w, d, rope->tables, c,
                           backward ? kept.attention(l, j, d) : KeptActs{});
     if (backward) {  // the layer's input is micro-batch j's checkpoint of layer l
@@ -819,7 +825,7 @@ void SlidingEngine::Impl::backward_layer(Pass& ps, const ScheduleOp& op) {
     const BatchDims& d = ps.dims[size_t(j)];
     const Tensor x(ckpts->use(k, c), act, {ps.N(j), spec.hidden});
     // Selective recompute: a layer kept whole is not recomputed, one with its attention kept skips attention.
-    const LayerBuffers w = ple.bind(kv_share.bind(kept.layer(*ws, l, j, d), l, j, d), l, j, d);
+    const LayerBuffers w = layer_buffers(l, j, d, true);
     const KeptActs ka = kept.attention(l, j, d);
     if (!kept.whole(l))
       program.layer_recompute(layer_params(p, blob), x, act_at(scratch, 0, ps.N(j)), w, d, rope->tables, c, ka);

@@ -147,6 +147,8 @@ StateStream::StateStream(NvmeStore& store, const Config& c, BufferSource& src) :
   writing_.assign(c.numel.size(), 0);
   piece_writing_.assign(seq_.size(), 0);
   grad_ready_.assign(c.numel.size(), 0);
+  grad_writes_.assign(c.numel.size(), 0);
+  grad_last_.assign(c.numel.size(), 0);
   if (slot_bytes_ == 0) return;
   SF_CHECK(at <= store.capacity(), "the offload file is smaller than the state");
   ring_mem_ = HostBuffer(src.take("disk.ring").bytes);
@@ -317,18 +319,24 @@ void StateStream::wait_written(int blob) {
   if (err_) throw std::runtime_error(store_.error_text(err_write_, err_));
 }
 
-void StateStream::write_grad(int blob, int64_t i0, int64_t n, const void* src, bool last) {
+bool StateStream::grad_chunk(int blob, int64_t i0, int64_t n, const void* src, uint64_t& at, size_t& bytes) const {
   SF_CHECK(has_grad(blob) && i0 >= 0 && i0 + n <= cfg_.numel[size_t(blob)], "state stream: bad gradient write");
-  const uint64_t at = off_[size_t(blob)] + part_at(blob, Grad) + uint64_t(i0) * cfg_.grad_bytes;
-  const size_t bytes = size_t(n) * cfg_.grad_bytes;
+  at = off_[size_t(blob)] + part_at(blob, Grad) + uint64_t(i0) * cfg_.grad_bytes;
+  bytes = size_t(n) * cfg_.grad_bytes;
   // A chunk that starts on a block, from a block-aligned buffer (the host optimizer's ring), goes
   // in place with the store's full depth of requests; the bounce of write_sync moves 16 MiB at a
   // time (two requests, the queue drained between) after a copy. The last chunk of a blob may end
   // inside a block: it is written to the block's end (the part's padding; the buffer holds a whole
   // number of blocks), which no read of the gradient uses.
   const bool last_piece = i0 + n == cfg_.numel[size_t(blob)];
-  const bool in_place = at % NvmeStore::kAlign == 0 && reinterpret_cast<uintptr_t>(src) % NvmeStore::kAlign == 0 &&
-                        (bytes % NvmeStore::kAlign == 0 || last_piece);
+  return at % NvmeStore::kAlign == 0 && reinterpret_cast<uintptr_t>(src) % NvmeStore::kAlign == 0 &&
+         (bytes % NvmeStore::kAlign == 0 || last_piece);
+}
+
+void StateStream::write_grad(int blob, int64_t i0, int64_t n, const void* src, bool last) {
+  uint64_t at = 0;
+  size_t bytes = 0;
+  const bool in_place = grad_chunk(blob, i0, n, src, at, bytes);
   try {
     if (in_place)
       store_.write_wait(at, src, size_t(NvmeStore::aligned(bytes)));
@@ -348,6 +356,43 @@ void StateStream::write_grad(int blob, int64_t i0, int64_t n, const void* src, b
   grad_ready_[size_t(blob)] = 1;
   pump_locked();
   cv_.notify_all();
+}
+
+void StateStream::write_grad_async(int blob, int64_t i0, int64_t n, const void* src, bool last, int ticket) {
+  SF_CHECK(ticket == 0 || ticket == 1, "state stream: bad gradient buffer");
+  uint64_t at = 0;
+  size_t bytes = 0;
+  if (!grad_chunk(blob, i0, n, src, at, bytes)) return write_grad(blob, i0, n, src, last);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    SF_CHECK(!ticket_busy_[ticket], "state stream: a gradient buffer reused before its write");
+    ++grad_writes_[size_t(blob)];
+    if (last) grad_last_[size_t(blob)] = 1;
+    ticket_busy_[ticket] = 1;
+  }
+  store_.write(
+      at, src, size_t(NvmeStore::aligned(bytes)),
+      [this, blob, ticket](int err) {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (err && !err_) {
+          err_ = err;
+          err_write_ = true;
+        }
+        ticket_busy_[ticket] = 0;
+        if (--grad_writes_[size_t(blob)] == 0 && grad_last_[size_t(blob)]) {
+          grad_last_[size_t(blob)] = 0;
+          grad_ready_[size_t(blob)] = 1;
+          pump_locked();
+        }
+        cv_.notify_all();
+      },
+      true);
+}
+
+void StateStream::wait_grad(int ticket) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return err_ != 0 || !ticket_busy_[ticket]; });
+  if (err_) throw std::runtime_error(store_.error_text(err_write_, err_));
 }
 
 StateStream::Slot* StateStream::carve_locked(const PieceRef& p, int64_t pos) {
@@ -481,6 +526,23 @@ void StateStream::reclaim(int key) {
   if (first >= 0) drop_ready_from_locked(first);
   pump_locked();
   cv_.notify_all();
+}
+
+bool StateStream::try_reclaim(int key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (size_t i = 0; i < leases_.size(); ++i)
+    for (size_t r = 0; r < leases_[i].regions.size(); ++r) {
+      const Region reg = leases_[i].regions[r];
+      if (reg.key != key) continue;
+      Lease& l = leases_[i];
+      l.open = false;  // carved no further: what is in it now is all there will be
+      for (const Slot& s : slots_)
+        if (!s.own && s.lease == int(i) && s.mem < reg.hi && s.mem + s.bytes > reg.lo && s.st != St::Free)
+          return false;
+      l.regions.erase(l.regions.begin() + std::ptrdiff_t(r));
+      return true;
+    }
+  return true;
 }
 
 uint64_t StateStream::lent_reads() const {

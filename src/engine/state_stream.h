@@ -112,6 +112,13 @@ class StateStream {
   // gradient is complete, and the blob's state may be read ahead). From a block-aligned `src`
   // holding a whole number of blocks at a block-aligned place in the file, the bytes go in place.
   void write_grad(int blob, int64_t i0, int64_t n, const void* src, bool last);
+  // The same without waiting where the bytes go in place (else as write_grad): `src` is gradient
+  // ring buffer `ticket` (0 or 1), busy until wait_grad(ticket) returns; the blob's state may be
+  // read ahead once all its chunks, `last` the final one, are written. Two chunks in flight keep a
+  // write queued on the disk while the host function waits for the other (the store issues them
+  // ahead of the read-ahead: the backward's landings wait for them).
+  void write_grad_async(int blob, int64_t i0, int64_t n, const void* src, bool last, int ticket);
+  void wait_grad(int ticket);  // ticket's write is done (throws a kept error)
 
   // Outside a step (after quiesce): elements [off, off + n) of a part (which: Part).
   void read(int which, int blob, int64_t off, int64_t n, void* dst);
@@ -125,6 +132,11 @@ class StateStream {
   // the pieces in it; a piece not yet updated is dropped (read again from the store later). A
   // piece being updated there is a broken contract (thrown). A key never lent: nothing.
   void reclaim(int key);
+  // reclaim() now, from the thread that queues the step, when there is nothing to wait for: no
+  // piece of the cycle is in `key`'s memory (its lent buffer takes no more pieces from here on).
+  // False: a piece is there (read ahead, being updated or written back): reclaim() it in stream
+  // order instead. True for a key not lent: the caller knows every lend queued has run.
+  bool try_reclaim(int key);
   uint64_t lent_reads() const;  // pieces read into lent memory so far
 
   size_t host_bytes() const { return ring_mem_.size(); }
@@ -159,6 +171,9 @@ class StateStream {
     int64_t first, n;  // elements
   };
   void pump_locked();
+  // Where chunk [i0, i0 + n) of the blob's gradient goes in the store, its bytes, and whether it
+  // can go in place from `src` (block-aligned buffer and offset).
+  bool grad_chunk(int blob, int64_t i0, int64_t n, const void* src, uint64_t& at, size_t& bytes) const;
   Slot* slot_at(int64_t pos);
   Slot* carve_locked(const PieceRef& p, int64_t pos);  // a lent buffer's slot for piece p, or null
   void drop_ready_from_locked(int64_t pos);  // Ready pieces at pos and after: dropped, read again
@@ -189,6 +204,9 @@ class StateStream {
   std::vector<int> writing_;        // [blobs] pieces' write-backs in flight
   std::vector<char> piece_writing_;  // [seq_] the piece's write-back is in flight
   std::vector<char> grad_ready_;    // [blobs] the step's gradient is in the store, not yet all read
+  std::vector<int> grad_writes_;    // [blobs] chunks of its gradient being written (write_grad_async)
+  std::vector<char> grad_last_;     // [blobs] its last chunk is among them
+  char ticket_busy_[2] = {0, 0};    // the gradient ring's buffers being written
   int err_ = 0;
   bool err_write_ = false;
 };

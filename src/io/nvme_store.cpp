@@ -45,6 +45,7 @@ using Clock = std::chrono::steady_clock;
 // One read() or write(): done once every piece has completed.
 struct Request {
   bool write = false;
+  bool urgent = false;  // a caller's thread waits for it (the *_wait / *_sync calls): issued first
   std::atomic<int> pieces{0};
   std::atomic<int> err{0};
   NvmeStore::Done done;
@@ -111,7 +112,10 @@ struct NvmeStore::Impl {
 
   std::mutex mu;
   std::condition_variable cv;          // queue non-empty, or a request done (drain)
-  std::deque<Piece> queue;             // pieces not yet issued
+  // Pieces not yet issued: those of urgent requests first, whatever was queued before them. A
+  // blocking transfer holds a thread that others wait for (a stream's host function: CUDA runs
+  // every stream's host functions on one thread), so it does not queue behind read-ahead.
+  std::deque<Piece> urgent, queue;
   int inflight = 0;                    // pieces issued, not completed
   int64_t open_requests = 0;           // requests not yet done
   bool stopping = false;
@@ -164,12 +168,19 @@ struct NvmeStore::Impl {
     {
       std::lock_guard<std::mutex> lk(mu);
       ++open_requests;
-      for (Piece& p : ps) queue.push_back(std::move(p));
+      for (Piece& p : ps) (r->urgent ? urgent : queue).push_back(std::move(p));
       issue_locked();
     }
     cv.notify_all();
   }
 
+  bool waiting_locked() const { return !urgent.empty() || !queue.empty(); }
+  Piece take_locked() {  // the next piece to issue (one is waiting)
+    std::deque<Piece>& q = urgent.empty() ? queue : urgent;
+    Piece p = std::move(q.front());
+    q.pop_front();
+    return p;
+  }
   void started_locked() {
     if (inflight++ == 0) busy_since = Clock::now();
   }
@@ -227,7 +238,7 @@ struct NvmeStore::Impl {
       std::lock_guard<std::mutex> lk(mu);
       finished_locked();
       if (again)
-        queue.push_front(p);
+        (p.req->urgent ? urgent : queue).push_front(p);
       else if (--p.req->pieces == 0)
         done_req = p.req;
       issue_locked();
@@ -327,11 +338,10 @@ struct NvmeStore::Impl {
 #ifdef SF_HAVE_LIBURING
     if (!uring || registering) return;
     int n = 0;
-    while (!queue.empty() && inflight < o.depth) {
+    while (waiting_locked() && inflight < o.depth) {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring);
       if (!sqe) break;
-      Piece* p = new Piece(std::move(queue.front()));
-      queue.pop_front();
+      Piece* p = new Piece(take_locked());
       p->fixed = fixed_index_locked(p->buf, p->len);
       if (p->fixed >= 0) {
         if (p->req->write)
@@ -392,10 +402,9 @@ struct NvmeStore::Impl {
       Piece p;
       {
         std::unique_lock<std::mutex> lk(mu);
-        cv.wait(lk, [&] { return stopping || !queue.empty(); });
-        if (queue.empty()) return;
-        p = std::move(queue.front());
-        queue.pop_front();
+        cv.wait(lk, [&] { return stopping || waiting_locked(); });
+        if (!waiting_locked()) return;
+        p = take_locked();
         started_locked();
       }
       const ssize_t n = p.req->write ? ::pwrite(fd, p.buf, p.len, off_t(p.off)) : ::pread(fd, p.buf, p.len, off_t(p.off));
@@ -533,6 +542,7 @@ struct NvmeStore::Impl {
     int err = 0;
     auto r = std::make_shared<Request>();
     r->write = write;
+    r->urgent = true;
     r->done = [&](int e) {
       std::lock_guard<std::mutex> lk(m);
       err = e;
@@ -616,21 +626,23 @@ void NvmeStore::gpu_unregister(const void* dev) {
 
 uint64_t NvmeStore::gpu_bytes() const { return impl_->gpu_moved.load(); }
 
-void NvmeStore::read(uint64_t offset, void* buf, size_t bytes, Done done) {
+void NvmeStore::read(uint64_t offset, void* buf, size_t bytes, Done done, bool urgent) {
   SF_CHECK(offset % kAlign == 0 && bytes % kAlign == 0 && reinterpret_cast<uintptr_t>(buf) % kAlign == 0,
            "store read: unaligned");
   SF_CHECK(offset + bytes <= capacity(), "store read past the end");
   auto r = std::make_shared<Request>();
+  r->urgent = urgent;
   r->done = std::move(done);
   impl_->enqueue(std::move(r), offset, static_cast<char*>(buf), bytes);
 }
 
-void NvmeStore::write(uint64_t offset, const void* buf, size_t bytes, Done done) {
+void NvmeStore::write(uint64_t offset, const void* buf, size_t bytes, Done done, bool urgent) {
   SF_CHECK(offset % kAlign == 0 && bytes % kAlign == 0 && reinterpret_cast<uintptr_t>(buf) % kAlign == 0,
            "store write: unaligned");
   SF_CHECK(offset + bytes <= capacity(), "store write past the end");
   auto r = std::make_shared<Request>();
   r->write = true;
+  r->urgent = urgent;
   r->done = std::move(done);
   impl_->enqueue(std::move(r), offset, const_cast<char*>(static_cast<const char*>(buf)), bytes);
 }

@@ -57,15 +57,18 @@ class NvmeStore {
   // completed: err 0, or the first errno (a short transfer is retried; 0 bytes moved is EIO for a
   // read, ENOSPC for a write). `done` must not call back into the store synchronously... except
   // read()/write(), which it may.
+  // `urgent`: issued ahead of the others queued (a stream waits for it), as the blocking calls.
   using Done = std::function<void(int err)>;
-  void read(uint64_t offset, void* buf, size_t bytes, Done done);
-  void write(uint64_t offset, const void* buf, size_t bytes, Done done);
+  void read(uint64_t offset, void* buf, size_t bytes, Done done, bool urgent = false);
+  void write(uint64_t offset, const void* buf, size_t bytes, Done done, bool urgent = false);
   // Synchronous, any offset and size (through an aligned bounce buffer; read-modify-write at the
   // edges): state loaded, saved or inspected outside a step. Errors: std::runtime_error.
   void read_sync(uint64_t offset, void* dst, size_t bytes);
   void write_sync(uint64_t offset, const void* src, size_t bytes);
-  // Aligned and blocking (the calling thread waits): the checkpoints' transfers, which run as host
-  // functions of an I/O stream. Errors: std::runtime_error.
+  // Aligned and blocking (the calling thread waits): the checkpoints' transfers and the held
+  // gradients' writes, which run as host functions of an I/O stream. These (and the *_sync calls)
+  // are issued ahead of the asynchronous transfers already queued: a waiting host function holds
+  // CUDA's one host-function thread, every stream's. Errors: std::runtime_error.
   void read_wait(uint64_t offset, void* buf, size_t bytes);
   void write_wait(uint64_t offset, const void* buf, size_t bytes);
   void drain();  // every request submitted so far has completed

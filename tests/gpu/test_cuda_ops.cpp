@@ -23,6 +23,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/moe.cuh"
 #include "backend/device.h"
 #include "core/dtype.h"
 
@@ -157,10 +158,10 @@ class Backend {
     put(t.data, bytes.data(), bytes.size());
     return t;
   }
-  Tensor in_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> shape) {
+  Tensor in_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> shape, size_t offset_bytes = 0) {
     Tensor t(nullptr, DType::I32, shape);
     EXPECT_EQ(int64_t(v.size()), t.numel());
-    t.data = raw(t.bytes());
+    t.data = static_cast<char*>(raw(t.bytes() + offset_bytes)) + offset_bytes;
     put(t.data, v.data(), t.bytes());
     return t;
   }
@@ -555,8 +556,10 @@ TEST(CudaOps, GeGlu) {
 // ================================================================================================
 struct AttnCfg {
   int B, T, H, KVH, hd;
-  int window = 0;       // sliding window (AttnDims::window), 0 = none
-  float q_scale = 1.f;  // q's standard deviation: large values make rows change their max mid-row
+  int window = 0;        // sliding window (AttnDims::window), 0 = none
+  float q_scale = 1.f;   // q's standard deviation: large values make rows change their max mid-row
+  size_t ws_offset = 0;   // the backward's workspace this many bytes past an aligned start
+  size_t pos_offset = 0;  // pos (packed rows) this many bytes past an aligned start
 };
 
 // Forward and backward of one configuration. The backward of every run gets the same inputs:
@@ -578,7 +581,7 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
   std::vector<float> out_ref, lse_ref;
   auto fwd = [&](Backend& r, DType dt) -> Outs {
     AttnDims d = d0;
-    if (!pos.empty()) d.pos = r.in_i32(pos, {N});
+    if (!pos.empty()) d.pos = r.in_i32(pos, {N}, c.pos_offset);
     Tensor q = r.in(qv, dt, {N, QW}), k = r.in(kv, dt, {N, KW}), v = r.in(vv, dt, {N, KW});
     Tensor o = r.out(dt, {N, QW}), lse = r.out(F32, {c.B, c.H, c.T});
     CALL(r, attention_forward, o, lse, q, k, v, d);
@@ -586,12 +589,14 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
   };
   auto bwd = [&](Backend& r, DType dt) -> Outs {
     AttnDims d = d0;
-    if (!pos.empty()) d.pos = r.in_i32(pos, {N});
+    if (!pos.empty()) d.pos = r.in_i32(pos, {N}, c.pos_offset);
     Tensor q = r.in(qv, dt, {N, QW}), k = r.in(kv, dt, {N, KW}), v = r.in(vv, dt, {N, KW});
     Tensor o = r.in(out_ref, dt, {N, QW}), lse = r.in(lse_ref, F32, {c.B, c.H, c.T}), g = r.in(gv, dt, {N, QW});
     Tensor dq = r.out(dt, {N, QW}), dk = r.out(dt, {N, KW}), dv = r.out(dt, {N, KW});
     const size_t wsb = r.on_gpu() ? gpu().ops().attention_workspace_bytes(d) : cpu::attention_workspace_bytes(d);
-    Tensor ws = r.scratch(wsb);
+    Tensor ws = r.scratch(wsb + c.ws_offset);
+    if (c.ws_offset > 0)
+      ws = Tensor(static_cast<char*>(ws.data) + c.ws_offset, F32, {ws.numel() - int64_t(c.ws_offset / 4)});
     CALL(r, attention_backward, dq, dk, dv, g, q, k, v, o, lse, d, ws);
     return {r.get(dq), r.get(dk), r.get(dv)};
   };
@@ -621,7 +626,9 @@ void attention_case(const AttnCfg& c, bool check_f32_path, const std::vector<int
   }
 }
 
-// The cases of the tests below, also run on AttnPath::Sm90BwdV2 (AttentionSm90BwdV2).
+// On Hopper these run the sm_90 kernels (Auto) at every shape class: T = 1, tails, GQA 1 / 4 / 8,
+// long rows (and packed rows, windows, both at once below): at hd 128 the backward's TMA dQ,
+// at hd 64 its atomics.
 void short_cases() {
   attention_case({2, 1, 2, 2, 64}, true);    // T = 1, GQA 1
   attention_case({2, 7, 8, 1, 128}, true);   // GQA 8
@@ -644,14 +651,10 @@ TEST(CudaOps, AttentionLongSequences) {
 }
 
 // cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 kernels
-// where they apply), Sm90BwdV2 (the sm_90 backward's dQ by TMA reduce-add, on trial; Auto off
-// Hopper) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
+// where they apply) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
 void each_flash_path(const std::function<void()>& cases) {
-  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm90BwdV2, cuda::AttnPath::Sm80}) {
-    SCOPED_TRACE(testing::Message() << "path "
-                                    << (p == cuda::AttnPath::Auto        ? "auto"
-                                        : p == cuda::AttnPath::Sm90BwdV2 ? "sm90bwd2"
-                                                                         : "sm80"));
+  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm80}) {
+    SCOPED_TRACE(testing::Message() << "path " << (p == cuda::AttnPath::Auto ? "auto" : "sm80"));
     cuda::attention_force_path(p);
     cases();
   }
@@ -687,6 +690,22 @@ TEST(CudaOps, AttentionPersistentForward) {
     attention_case({2, 700, 8, 2, 64, 0, 4.f}, false, packed_positions(2, 700, 250, 7));
     attention_case({1, 900, 8, 2, 128, 200, 4.f}, false);
   });
+}
+
+// A backward workspace only 4-byte aligned: the flash kernels add dQ 16 bytes at a time (float4
+// atomics, TMA reduce-add), so the simple kernels run, and agree with the CPU twin.
+TEST(CudaOps, AttentionUnalignedWorkspace) {
+  REQUIRE_GPU();
+  attention_case({2, 129, 4, 2, 128, 0, 1.f, 4}, false);
+  attention_case({1, 70, 4, 1, 64, 0, 1.f, 12}, false);
+}
+
+// Packed rows whose pos is only 4-byte aligned: the sm_90 backward reads pos by TMA (16-byte
+// aligned), so on Hopper the sm_80 kernels run, and agree with the CPU twin.
+TEST(CudaOps, AttentionPackedRowsUnalignedPos) {
+  REQUIRE_GPU();
+  attention_case({2, 300, 8, 2, 128, 0, 1.f, 0, 4}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
+  attention_case({3, 257, 4, 1, 64, 31, 1.f, 0, 12}, false, packed_positions(3, 257, 90, 5));
 }
 
 // head_dim 32 (not a flash size) and the forced simple path run the generic kernels on BF16.
@@ -749,19 +768,6 @@ TEST(CudaOps, AttentionSlidingWindow) {
     attention_case({2, 300, 8, 2, 128, 70}, false);
     attention_case({3, 257, 4, 1, 64, 31}, false, packed_positions(3, 257, 90, 5));
   });
-}
-
-// The trial backward (dQ by TMA reduce-add; Auto elsewhere than Hopper) on every shape class of
-// the tests above (each_flash_path runs it on the rest): T = 1, tails, GQA 1 / 4 / 8, long rows,
-// packed rows, windows, both at once. Delete with AttnPath::Sm90BwdV2.
-TEST(CudaOps, AttentionSm90BwdV2) {
-  REQUIRE_GPU();
-  cuda::attention_force_path(cuda::AttnPath::Sm90BwdV2);
-  short_cases();
-  long_cases();
-  packed_cases();
-  window_cases();
-  cuda::attention_force_path(cuda::AttnPath::Auto);
 }
 
 // Head dim 256 (Gemma 3) in the flash kernels: T = 1, tails of every tile size, GQA 1/2/4, long
@@ -1177,13 +1183,14 @@ TEST(CudaOps, MoeGroupedMatmul) {
                      {64, 128, {0, 0, 200, 200}},       // one expert with every row
                      {130, 67, {0, 0, 0}},              // no rows at all
                      {16, 1, {0, 1, 2, 3, 4}},
-                     {256, 136, {0, 130, 130, 400}}};  // several k slices and tiles, 16-byte loads
-  // Both kernels: tensor cores for bf16 operands, and the SIMT fallback (SF_MOE_SIMT=1).
-  for (const char* simt : {"0", "1"}) {
-    setenv("SF_MOE_SIMT", simt, 1);
+                     {256, 136, {0, 130, 130, 400}}};  // row counts of two plan size classes
+  // cuBLASLt per expert on uploaded offsets (read afresh at each call), over the expert streams and
+  // on one stream (the test hook).
+  for (const bool one : {false, true}) {
+    cuda::moe_gemm_force_one_stream(one);
     for (const G& c : cases) {
       const int64_t E = int64_t(c.offsets.size()) - 1, M = c.offsets.back() + 3, stride = c.K * c.Nout + 8;
-      SCOPED_TRACE(testing::Message() << "K=" << c.K << " Nout=" << c.Nout << " E=" << E << " SF_MOE_SIMT=" << simt);
+      SCOPED_TRACE(testing::Message() << "K=" << c.K << " Nout=" << c.Nout << " E=" << E << " one stream=" << one);
       const auto av = rnd(size_t(M * c.K), 31), wv = rnd(size_t(E * stride), 32), ov = rnd(size_t(M * c.Nout), 33);
       const auto dyv = rnd(size_t(M * c.Nout), 34), dwv = rnd(size_t(E * stride), 35), dxv = rnd(size_t(M * c.K), 36);
       auto four = run4([&](Backend& r, DType dt) -> Outs {
@@ -1204,7 +1211,127 @@ TEST(CudaOps, MoeGroupedMatmul) {
       }
     }
   }
-  unsetenv("SF_MOE_SIMT");
+  cuda::moe_gemm_force_one_stream(false);
+}
+
+// The default path as the MoE layer runs it: offsets written by moe_permute (their host copy taken
+// there, waited for once, reused by every GEMM on them), at odd sizes: experts with 0 and 1 rows,
+// one expert with most rows, M not a multiple of any tile, beta 0 and 1, F32 and BF16 dw; then a
+// second routing permuted into the same offsets tensor (the host copy must follow it), then
+// offsets uploaded over it (a copy that must drop the permuted host copy).
+TEST(CudaOps, MoeGroupedMatmulOnPermutedOffsets) {
+  REQUIRE_GPU();
+  struct G {
+    int64_t N, E, k, K, Nout;
+    int hot;
+  };
+  const G cases[] = {{67, 9, 2, 72, 40, -1}, {301, 13, 3, 40, 136, 5}, {5, 11, 2, 24, 33, -1}, {130, 4, 4, 64, 96, -1}};
+  for (const G& c : cases) {
+    const int64_t S = c.N * c.k, stride = c.K * c.Nout + 16;
+    SCOPED_TRACE(testing::Message() << "N=" << c.N << " E=" << c.E << " k=" << c.k << " K=" << c.K
+                                    << " Nout=" << c.Nout);
+    const auto iv1 = moe_choices(c.N, c.E, c.k, 71, c.hot), iv2 = moe_choices(c.N, c.E, c.k, 72, -1);
+    // A third routing, uploaded: experts 0 and 2 without rows, expert 1 with one, the rest spread.
+    std::vector<int32_t> up(size_t(c.E + 1), 0);
+    up[2] = up[3] = 1;
+    for (int64_t e = 4; e <= c.E; ++e) up[size_t(e)] = int32_t(1 + (S - 1) * (e - 3) / (c.E - 3));
+    const auto av = rnd(size_t(S * c.K), 81), wv = rnd(size_t(c.E * stride), 82), ov = rnd(size_t(S * c.Nout), 83);
+    const auto dyv = rnd(size_t(S * c.Nout), 84), dwv = rnd(size_t(c.E * stride), 85), dxv = rnd(size_t(S * c.K), 86);
+    auto four = run4([&](Backend& r, DType dt) -> Outs {
+      Tensor offs = r.in_i32(std::vector<int32_t>(size_t(c.E + 1), -1), {c.E + 1});
+      Tensor ss = r.in_i32(std::vector<int32_t>(size_t(S), -1), {S}),
+             sp = r.in_i32(std::vector<int32_t>(size_t(S), -1), {S});
+      Tensor a = r.in(av, dt, {S, c.K}), w = r.in(wv, dt, {c.E, stride}), dy = r.in(dyv, dt, {S, c.Nout});
+      Outs outs;
+      for (int round = 0; round < 3; ++round) {
+        if (round < 2) {
+          Tensor idx = r.in_i32(round == 0 ? iv1 : iv2, {c.N, c.k});
+          CALL(r, moe_permute, offs, ss, sp, idx);
+        } else if (r.on_gpu()) {  // over the permuted offsets, through the device's copy
+          gpu().copy(offs.data, up.data(), offs.bytes(), CopyKind::HostToDevice, gpu_stream());
+          gpu().synchronize(gpu_stream());
+        } else {
+          std::memcpy(offs.data, up.data(), offs.bytes());
+        }
+        Tensor y = r.out(dt, {S, c.Nout}), y1 = r.in(ov, dt, {S, c.Nout}), dx = r.in(dxv, dt, {S, c.K});
+        Tensor dw = r.in(dwv, F32, {c.E, stride}), dwb = r.in(dwv, dt, {c.E, stride});
+        CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);     // y = x W_e^T (NaN-poisoned y: beta 0)
+        CALL(r, moe_grouped_matmul, y1, a, w, offs, true, 1.f);    // y1 += x W_e^T
+        CALL(r, moe_grouped_matmul, dx, dy, w, offs, false, 1.f);  // dx += dy W_e
+        CALL(r, moe_grouped_matmul_wgrad, dw, dy, a, offs);
+        CALL(r, moe_grouped_matmul_wgrad, dwb, dy, a, offs);
+        for (const Tensor& t : {y, y1, dx, dw, dwb}) outs.push_back(r.get(t));
+      }
+      return outs;
+    });
+    const char* names[] = {"x W^T", "+= x W^T", "+= dy W", "wgrad f32 accumulator", "wgrad storage dtype"};
+    for (size_t i = 0; i < four.ref.size(); ++i) {
+      const std::string what = std::string(names[i % 5]) + " routing " + std::to_string(i / 5);
+      check_bf16(what, four.cuda_bf[i], four.cpu_bf[i], four.ref[i], kF32Floor);
+      check_f32(what + " f32", four.cuda_f32[i], four.ref[i]);
+    }
+  }
+}
+
+// The experts' GEMMs spread over four streams give the bits of one stream (the test hook):
+// every expert's GEMM runs on the same plan either way, and the join must hold back the reads of
+// the outputs until every stream is done (a missing join shows as NaN: the outputs are poisoned).
+TEST(CudaOps, MoeGroupedMatmulSameBitsOnOneOrFourStreams) {
+  REQUIRE_GPU();
+  const int64_t N = 257, E = 11, k = 3, S = N * k, K = 136, Nout = 200;
+  const auto iv = moe_choices(N, E, k, 91, -1);
+  const auto av = rnd(size_t(S * K), 92), wv = rnd(size_t(E * K * Nout), 93), dyv = rnd(size_t(S * Nout), 94);
+  std::vector<float> got[2][3];
+  for (int one = 0; one < 2; ++one) {
+    cuda::moe_gemm_force_one_stream(one == 1);
+    Backend r(true);
+    Tensor offs = r.in_i32(std::vector<int32_t>(size_t(E + 1), -1), {E + 1});
+    Tensor ss = r.out(DType::I32, {S}), sp = r.out(DType::I32, {S}), idx = r.in_i32(iv, {N, k});
+    Tensor a = r.in(av, BF16, {S, K}), w = r.in(wv, BF16, {E, K * Nout}), dy = r.in(dyv, BF16, {S, Nout});
+    Tensor y = r.out(BF16, {S, Nout}), dx = r.out(BF16, {S, K});
+    Tensor dw = r.in(std::vector<float>(size_t(E * K * Nout), 0.f), F32, {E, K * Nout});
+    CALL(r, moe_permute, offs, ss, sp, idx);
+    CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);
+    CALL(r, moe_grouped_matmul, dx, dy, w, offs, false, 0.f);
+    CALL(r, moe_grouped_matmul_wgrad, dw, dy, a, offs);
+    got[one][0] = r.get(y), got[one][1] = r.get(dx), got[one][2] = r.get(dw);
+  }
+  cuda::moe_gemm_force_one_stream(false);
+  const char* names[] = {"x W^T", "dy W", "wgrad"};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(all_finite(got[0][i])) << names[i] << ": an output the four streams did not write";
+    EXPECT_TRUE(std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * 4) == 0)
+        << names[i] << ": four streams and one differ";
+  }
+}
+
+// The same offsets pointer reused after a new routing, on the device alone: the GEMM must see the
+// routing permuted last, not the first one's host copy (two routings, one buffer, many rounds).
+TEST(CudaOps, MoeGroupedMatmulFollowsEachRouting) {
+  REQUIRE_GPU();
+  const int64_t N = 40, E = 6, k = 2, S = N * k, K = 16, Nout = 8;
+  Backend r(true);
+  Tensor offs = r.in_i32(std::vector<int32_t>(size_t(E + 1), -1), {E + 1});
+  Tensor ss = r.out(DType::I32, {S}), sp = r.out(DType::I32, {S});
+  // Routing A: every token to experts 0 and 1; routing B: every token to experts 4 and 5.
+  std::vector<int32_t> ia, ib;
+  for (int64_t n = 0; n < N; ++n) ia.insert(ia.end(), {0, 1}), ib.insert(ib.end(), {4, 5});
+  Tensor idx_a = r.in_i32(ia, {N, k}), idx_b = r.in_i32(ib, {N, k});
+  // W_e = e + 1 everywhere, a = 1: y row = K * (e + 1) for its expert e.
+  std::vector<float> wv(size_t(E * K * Nout));
+  for (int64_t e = 0; e < E; ++e) std::fill(wv.begin() + e * K * Nout, wv.begin() + (e + 1) * K * Nout, float(e + 1));
+  Tensor a = r.in(std::vector<float>(size_t(S * K), 1.f), F32, {S, K}), w = r.in(wv, F32, {E, K * Nout});
+  for (int round = 0; round < 6; ++round) {
+    const bool b = round % 2 == 1;
+    CALL(r, moe_permute, offs, ss, sp, b ? idx_b : idx_a);
+    Tensor y = r.out(F32, {S, Nout});
+    CALL(r, moe_grouped_matmul, y, a, w, offs, true, 0.f);
+    const auto got = r.get(y);
+    // Sorted rows: the first N on the lower expert of the routing, the next N on the higher.
+    const float lo = float(K * (b ? 5 : 1)), hi = float(K * (b ? 6 : 2));
+    for (int64_t i = 0; i < S; ++i)
+      ASSERT_EQ(got[size_t(i * Nout)], i < N ? lo : hi) << "round " << round << " row " << i;
+  }
 }
 
 TEST(CudaOps, MoeAuxLoss) {

@@ -51,6 +51,20 @@ TEST(CudaOpsCheck, CudaOwnLimitsAreRefused) {
                           false, 1.f, 0.f, *s);
       },
       "matmul.cu", "does not support the dtypes a=BF16 b=F32");
+  // The MoE grouped GEMMs take the dense matmul's dtypes (cuBLASLt per expert), refused before
+  // their offsets are read.
+  test::expect_check_failure(
+      [&] {
+        dev->ops().moe_grouped_matmul(at(0, DType::F32, {2, 2}), at(1, DType::BF16, {2, 3}), at(2, DType::F32, {1, 6}),
+                                      at(3, DType::I32, {2}), true, 0.f, *s);
+      },
+      "matmul.cu", "moe_grouped_matmul: the cuda backend does not support the dtypes a=BF16 b=F32");
+  test::expect_check_failure(
+      [&] {
+        dev->ops().moe_grouped_matmul_wgrad(at(0, DType::BF16, {1, 6}), at(1, DType::F32, {2, 2}),
+                                            at(2, DType::F32, {2, 3}), at(3, DType::I32, {2}), *s);
+      },
+      "matmul.cu", "moe_grouped_matmul_wgrad: the cuda backend does not support the dtypes a=F32 b=F32 out=BF16");
   dev->synchronize(*s);
   dev->free(base);
 }

@@ -912,8 +912,7 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
   const AttnPath path = g_path.load();
   const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
                      all_bf16({&out, &q, &k, &v});
-  const bool auto_path = path == AttnPath::Auto || path == AttnPath::Sm90BwdV2;
-  if (flash && auto_path && device_cc_major() == 9 && attention_sm90_supported(d)) {
+  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
     attention_forward_sm90(out, lse, q, k, v, d, L);
     return;
   }
@@ -963,14 +962,12 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
     CUDA_CHECK_LAUNCH();
   }
   const AttnPath path = g_path.load();
+  // (the flash kernels add dQ into dq_acc by float4 atomics or TMA reduce-add: 16-byte aligned)
   const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
-                     all_bf16({&dq, &dk, &dv, &dout, &q, &k, &v});
-  const bool auto_path = path == AttnPath::Auto || path == AttnPath::Sm90BwdV2;
-  if (flash && auto_path && device_cc_major() == 9 && attention_sm90_supported(d)) {
+                     all_bf16({&dq, &dk, &dv, &dout, &q, &k, &v}) && aligned16(dq_acc);
+  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
-    // (the TMA reduce-add needs a 16-byte aligned dq_acc; else the atomics)
-    attention_backward_sm90(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L,
-                            path == AttnPath::Sm90BwdV2 && aligned16(dq_acc));
+    attention_backward_sm90(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
     f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
     CUDA_CHECK_LAUNCH();
     return;

@@ -4,8 +4,9 @@
 // environment:
 // - sm_90 (Hopper; attention_sm90.cu): FlashAttention-3 style, wgmma + TMA, a producer warp and
 //   two consumer warpgroups; forward with the softmax of one tile overlapping the GEMMs of its
-//   neighbours, backward with dK, dV in registers and dQ by wgmma + fp32 atomics. Head dim 64 /
-//   128, any T, GQA, packed rows, sliding windows; BF16, 16-byte aligned.
+//   neighbours, backward with dK, dV in registers and dQ by wgmma, added into an fp32 workspace
+//   by TMA reduce-add (hd 128) or fp32 atomics (hd 64). Head dim 64 / 128, any T, GQA, packed
+//   rows, sliding windows; BF16, 16-byte aligned (the workspace too).
 // - sm_80 (every other case of BF16 with head_dim 64 / 128 / 256, 16-byte aligned, and every GPU
 //   but Hopper): FlashAttention-2 with mma.sync m16n8k16 (bf16 in, fp32 accumulate), ldmatrix from
 //   XOR-swizzled shared memory, cp.async double buffering, online softmax in the exp2 domain, fp32
@@ -39,9 +40,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
 // For tests and benchmarks only (the program always runs Auto): Auto picks the family by the
 // device (sm_90 kernels on Hopper where they apply); Sm80 keeps the sm_80 flash kernels on any
 // device, so they stay tested on Hopper; Simple routes everything to the simple kernels.
-// Sm90BwdV2 (on trial for one H200 comparison; delete whichever loses): Auto, but the sm_90
-// backward's dQ by TMA reduce-add instead of fp32 atomics.
-enum class AttnPath { Auto, Sm80, Simple, Sm90BwdV2 };
+enum class AttnPath { Auto, Sm80, Simple };
 void attention_force_path(AttnPath p);
 
 }  // namespace sf::cuda

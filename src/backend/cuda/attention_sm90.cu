@@ -59,6 +59,10 @@ __device__ __forceinline__ void bar_init(uint64_t* bar, uint32_t count) {
 __device__ __forceinline__ void bar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
+// The bytes a phase also waits for, without arriving (the thread arrives later, after its own writes).
+__device__ __forceinline__ void bar_expect_tx_only(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
@@ -77,6 +81,16 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
           "r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(b), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// One box of a 1-D tensor map (the backward's pos rows) at element c into shared memory; past the
+// tensor's end zeros.
+__device__ __forceinline__ void tma_load_1d(void* dst, const CUtensorMap* map, uint64_t* bar, int c) {
+  asm volatile(
+      "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c), "r"(smem_u32(bar))
       : "memory");
 }
 
@@ -176,19 +190,26 @@ SF_WGMMA_RS(128, 64, 65, 66, 67, 68)
 
 #endif  // SF_SM90_DEVICE
 
-// The softmaxes' first half: where `mask`, keys after the row or (BOUNDED) before its first key
-// set to -inf; mx = the rows' running max m raised by this thread's elements (not yet quad-reduced).
+// The softmaxes' first half: where `causal`, keys after the row set to -inf, and where (BOUNDED)
+// `first`, keys before the row's first key; mx = the rows' running max m raised by this thread's
+// elements (not yet quad-reduced). Two passes: a tile on the diagonal whose rows all start at or
+// before it (packed rows of one record) does the plain kernel's work.
 template <int BC, bool BOUNDED>
-__device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], const float (&m)[2], bool mask,
-                                            int key0, int row0, const int (&fk)[2]) {
-  if (mask) {
+__device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], const float (&m)[2], bool causal,
+                                            bool first, int key0, int row0, const int (&fk)[2]) {
+  if (causal) {
 #pragma unroll
     for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + j * 8 + (e & 1);
-        if (key > row0 + (e >> 1) * 8 || (BOUNDED && key < fk[e >> 1])) s[j * 4 + e] = -INFINITY;
-      }
+      for (int e = 0; e < 4; ++e)
+        if (key0 + j * 8 + (e & 1) > row0 + (e >> 1) * 8) s[j * 4 + e] = -INFINITY;
+  }
+  if (BOUNDED && first) {
+#pragma unroll
+    for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (key0 + j * 8 + (e & 1) < fk[e >> 1]) s[j * 4 + e] = -INFINITY;
   }
   mx[0] = m[0], mx[1] = m[1];
 #pragma unroll
@@ -199,8 +220,8 @@ __device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], 
 }
 
 // Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8, columns
-// key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the row or
-// (BOUNDED) before its first key fk (packed rows, window) are -inf; P left in s as fp32 (packed to
+// key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `causal`, keys after the row, and
+// where (BOUNDED) `first`, keys before its first key fk (packed rows, window) are -inf; P left in s as fp32 (packed to
 // bf16 by pack_p only once the previous PV is done, so one P buffer suffices: 32 registers fewer
 // than two, which the lazy rescale needs) and the running max lazy: a row keeps its max until a tile raises it by more
 // than kLazyRescaleLog2 in the exp2 domain (meanwhile P <= 2^8: in range for bf16 and the fp32 sums; l and O share the
@@ -209,9 +230,10 @@ __device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], 
 constexpr float kLazyRescaleLog2 = 8.f;
 template <int BC, bool BOUNDED>
 __device__ __forceinline__ bool softmax_tile_lazy(float (&s)[BC / 2], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                                  bool mask, int key0, int row0, const int (&fk)[2], float scale_log2) {
+                                                  bool causal, bool first, int key0, int row0, const int (&fk)[2],
+                                                  float scale_log2) {
   float mx[2];
-  mask_rowmax<BC, BOUNDED>(s, mx, m, mask, key0, row0, fk);
+  mask_rowmax<BC, BOUNDED>(s, mx, m, causal, first, key0, row0, fk);
   float off[2];
   bool grew = false;
 #pragma unroll
@@ -305,7 +327,9 @@ struct Sm90FwdTile {
   // setmaxnreg, a thread: the consumers' increase is granted from what the producer gives back
   // out of the block's launch allocation (ptxas: 168 a thread at NT 384), never more; asking for
   // more waits forever.
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+  // The bounded hd 64 kernel: 40 / 232 (at 24 its producer spilled 12 bytes, holding a tile's
+  // record starts across the Q copy; its consumers need fewer than 232).
+  static constexpr int PRODUCER_REGS = HD == 64 && BOUNDED_ ? 40 : 24, CONSUMER_REGS = HD == 64 && BOUNDED_ ? 232 : 240;
   static constexpr int NT = 128 * (1 + CONSUMERS);
   static constexpr int CH = HD / 64;
   static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
@@ -315,28 +339,29 @@ struct Sm90FwdTile {
   // barriers (8 bytes each): q_full[QSTAGES], q_empty[QSTAGES], k_full[KSTAGES], k_empty[KSTAGES],
   // v_full[VSTAGES], v_empty[VSTAGES]
   static constexpr size_t tile_off = bar_off + 8 * (2 * QSTAGES + 2 * KSTAGES + 2 * VSTAGES);
-  static constexpr size_t smem = tile_off + 4 * QSTAGES + 1024;  // + alignment slack
+  // tile ids: [QSTAGES][3] ints (the tile, its first and last rows' record starts)
+  static constexpr size_t smem = tile_off + 12 * QSTAGES + 1024;  // + alignment slack
   static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
   static_assert(smem <= 227 * 1024, "shared memory");
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
 
 // Query tile `tile` (longest first: the heaviest tiles start first): its head, sequence,
-// first row and the key tiles j0 .. n_kv - 1 it walks (downwards).
+// first row and the key tiles j0 .. n_kv - 1 it walks (downwards). lo: the record start of its
+// first row (packed rows; else 0).
 struct FwdTileCoord {
   int h, b, kvh, q0, n_kv, j0;
 };
 template <class Tr>
-__device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n_hb, int T, int H, int KVH,
-                                                       const int32_t* pos, int window) {
+__device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n_hb, int T, int H, int KVH, int lo,
+                                                       int window) {
   FwdTileCoord c;
   const int qt = n_qt - 1 - tile / n_hb, hb = tile % n_hb;
   c.h = hb % H, c.b = hb / H;
   c.kvh = c.h / (H / KVH);
   c.q0 = qt * Tr::BR;
   c.n_kv = (min(c.q0 + Tr::BR, T) + Tr::BC - 1) / Tr::BC;
-  const int32_t* pb = Tr::BOUNDED && pos != nullptr ? pos + int64_t(c.b) * T : nullptr;
-  c.j0 = Tr::BOUNDED ? first_key(pb, window, c.q0) / Tr::BC : 0;
+  c.j0 = Tr::BOUNDED ? window_key(lo, window, c.q0) / Tr::BC : 0;
   return c;
 }
 
@@ -360,7 +385,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   uint64_t* k_empty = k_full + KS;
   uint64_t* v_full = k_empty + KS;
   uint64_t* v_empty = v_full + VS;
-  volatile int* tile_ids = reinterpret_cast<volatile int*>(sm + Tr::tile_off);  // [QS]: -1 = no more
+  // [QS][3]: the tile (-1 = no more), the record starts of its first and last rows
+  volatile int* tile_ids = reinterpret_cast<volatile int*>(sm + Tr::tile_off);
 
   const int n_qt = (T + BR - 1) / BR, n_hb = H * B;
   const int n_tiles = n_qt * n_hb;
@@ -392,19 +418,32 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       int next = atomicAdd(tile_counter, 1);
       for (int n = 0;; ++n) {
         const int qs = n % QS;
-        bar_wait(q_empty + qs, ((n / QS) & 1) ^ 1);  // both consumers are done with tile n - QS's Q
         const int tile = next;
+        // (packed rows) the record starts of the tile's first and last rows, loaded before the
+        // wait below and stored for the consumers (with the tile id) only after the tile's Q copy
+        // is issued, so that their latency runs under the wait and the copy, not before the copy;
+        // the consumers load pos themselves only for a tile where a record starts inside
+        int lo0 = 0, lo1 = 0;
+        if (LB && pos != nullptr && tile < n_tiles) {
+          const int q0 = (n_qt - 1 - tile / n_hb) * BR;
+          const int32_t* pb = pos + int64_t(tile % n_hb / H) * T;
+          const int last = min(q0 + BR, T) - 1;
+          lo0 = q0 - pb[q0], lo1 = last - pb[last];
+        }
+        bar_wait(q_empty + qs, ((n / QS) & 1) ^ 1);  // both consumers are done with tile n - QS's Q
         if (tile < n_tiles) next = atomicAdd(tile_counter, 1);
         if (tile >= n_tiles) {
-          tile_ids[qs] = -1;
+          tile_ids[qs * 3] = -1;
           bar_arrive(q_full + qs);  // release: the consumers read -1 after their wait
           break;
         }
-        tile_ids[qs] = tile;  // published by the arrive below (release), read after q_full (acquire)
-        const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, pos, window);
-        bar_expect_tx(q_full + qs, Tr::q_bytes);
+        const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, lo0, window);
+        bar_expect_tx_only(q_full + qs, Tr::q_bytes);
         for (int ch = 0; ch < CH; ++ch)
           tma_load(Qs + (qs * CH + ch) * BR * 64, &tq, q_full + qs, c.h * HD + ch * 64, c.q0, c.b);
+        // published by this arrive (release), read after q_full (acquire)
+        tile_ids[qs * 3] = tile, tile_ids[qs * 3 + 1] = lo0, tile_ids[qs * 3 + 2] = lo1;
+        bar_arrive(q_full + qs);
         for (int j = c.n_kv - 1; j >= c.j0; --j, ++kv_it) {
           const int sk = kv_it % KS, sv = kv_it % VS;
           bar_wait(k_empty + sk, ((kv_it / KS) & 1) ^ 1);  // K of kv_it - KS: its QK^T done
@@ -463,20 +502,26 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   for (int n = 0;; ++n) {
     const int qs = n % QS;
     bar_wait(q_full + qs, (n / QS) & 1);
-    const int tile = tile_ids[qs];
+    const int tile = tile_ids[qs * 3];
     if (tile < 0) break;
-    const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, pos, window);
+    const int lo0 = tile_ids[qs * 3 + 1], lo1 = tile_ids[qs * 3 + 2];
+    const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, lo0, window);
     const int n_it = c.n_kv - c.j0;
     const int row0 = c.q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
     const int wg_row0 = c.q0 + cw * 64;
     int fk[2] = {0, 0};
     if constexpr (LB) {
-      const int32_t* pb = pos != nullptr ? pos + int64_t(c.b) * T : nullptr;
-      fk[0] = row0 < T ? first_key(pb, window, row0) : 0;
-      fk[1] = row0 + 8 < T ? first_key(pb, window, row0 + 8) : 0;
+      // one record over the tile's rows (the usual case): its start for all of them, no loads
+      const int32_t* pb = pos != nullptr && lo0 != lo1 ? pos + int64_t(c.b) * T : nullptr;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        fk[r] = row >= T ? 0 : pb != nullptr ? first_key(pb, window, row) : window_key(lo0, window, row);
+      }
     }
     const int fk_max = max(fk[0], fk[1]);
-    auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || (LB && j * BC < fk_max); };
+    auto causal = [&](int j) { return j * BC + BC - 1 > wg_row0; };  // key tile j reaches past a row
+    auto first = [&](int j) { return LB && j * BC < fk_max; };         // ... starts before a first key
     auto release_q = [&] {
       if (lane == 0) bar_arrive(q_empty + qs);  // this tile's last QK^T is done: Q buffer qs free
     };
@@ -495,8 +540,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       reg_fence(sacc);
       if (lane == 0) bar_arrive(k_empty + s);
       if (n_it == 1) release_q();
-      softmax_tile_lazy<BC, LB>(sacc, m, l, corr, needs_mask(c.n_kv - 1), (c.n_kv - 1) * BC + 2 * t4, row0, fk,
-                                scale_log2);
+      softmax_tile_lazy<BC, LB>(sacc, m, l, corr, causal(c.n_kv - 1), first(c.n_kv - 1), (c.n_kv - 1) * BC + 2 * t4,
+                                row0, fk, scale_log2);
       pack_p<BC>(sacc, p);  // O = 0: nothing to rescale
     }
     // One pipelined step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in
@@ -515,7 +560,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       if (lane == 0) bar_arrive(k_empty + s);
       if (it == n_it - 1) release_q();
       const bool grew =
-          softmax_tile_lazy<BC, LB>(sacc, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
+          softmax_tile_lazy<BC, LB>(sacc, m, l, corr, causal(j), first(j), j * BC + 2 * t4, row0, fk, scale_log2);
       wgmma_wait<0>();  // PV done: O, P and V stage sp free
       reg_fence(o);
       reg_fence(p);
@@ -552,9 +597,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 // ---- backward ------------------------------------------------------------------------------------
 // Block: BC = 128 key rows of one (kv head, sequence); it walks the causal query tiles (BQ = 64
 // rows) of every query head of the GQA group. Warpgroup 0 is the producer: its first warp waits
-// for a free stage, one lane issues the TMA copies of the tile's Q and dO, and the 32 lanes stage
-// lse * log2 e and D (+inf / 0 past T) beside them, all completing on the stage's `full` barrier
-// (32 arrivals + the copies' bytes). Warpgroups 1 and 2 own 64 key rows each, with their dK and
+// for a free stage, one lane issues the TMA copies of the tile's Q and dO (and, packed rows, pos),
+// and the 32 lanes stage lse * log2 e and D (+inf / 0 past T) beside them, all completing on the
+// stage's `full` barrier (32 arrivals + the copies' bytes). Warpgroups 1 and 2 own 64 key rows each, with their dK and
 // dV accumulators (64 x HD fp32) in registers for the whole block (no atomics; the GQA reduction
 // is the loop). Per tile and consumer:
 //   S^T = K_w Q^T, dP^T = V_w dO^T               (wgmma, both operands from shared memory)
@@ -562,37 +607,35 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 //   dS^T -> shared memory (bf16, the M-major A operand of dQ; two buffers, alternating)
 //   dV += P^T dO, dK += dS^T Q                    (wgmma, P^T / dS^T from registers)
 //   dQ[:, half w] = dS K[:, half w]               (wgmma from shared memory, after a barrier of the
-//                                                 two consumers), fp32 float2 atomics into the
-//                                                 workspace (the caller casts it to bf16)
-// TMA_DQ (AttnPath::Sm90BwdV2, on trial): dQ instead through shared memory and one TMA reduce-add
-// a 32-column box: each thread writes its dQ fragment (16 float2 stores, conflict-free into the
-// 128-byte-swizzled boxes) where it issued 16 float2 atomics to L2; the warpgroup meets at a named
-// barrier and one thread issues HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T.
-// The staging is reused a tile later: its issuer waits for the reads before the dS barrier.
-// With it: P^T / dS^T and the dV, dK products in two halves of the query tile (the first half's
-// products under the second half's element-wise work); at hd 64 (PREFETCH) the next tile's S^T,
-// dP^T issued right behind this tile's dQ; at hd 128 (SPLIT_SDP) half of P^T under dP^T.
-template <int HD_, bool BOUNDED_, bool TMA_DQ_ = false>
+//                                                 two consumers), added into the fp32 workspace
+//                                                 (the caller zeroes it and casts it to bf16)
+// hd 128 (TMA_DQ, measured 1.12x faster on the H200 in session 12):
+// - dQ through shared memory and one TMA reduce-add a 32-column box: each thread writes its dQ
+//   fragment (16 float2 stores, conflict-free into the 128-byte-swizzled boxes) where it would
+//   issue 16 float2 atomics to L2; the warpgroup meets at a named barrier and one thread issues
+//   HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T. The staging is reused a
+//   tile later: its issuer waits for the reads before the dS barrier.
+// - P^T / dS^T and the dV, dK products in two halves of the query tile (the first half's products
+//   under the second half's element-wise work).
+// - S^T and dP^T in two groups, half of P^T computed while dP^T runs (the MUFU work, 8192 exp2 a
+//   tile: ~512 cycles at 16 a cycle, under dP^T's ~512).
+// hd 64 keeps float2 atomics and one pass: the same changes with the next tile's S^T / dP^T
+// issued behind the dQ wgmma measured 0.90x there.
+template <int HD_, bool BOUNDED_>
 struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
-  static constexpr bool TMA_DQ = TMA_DQ_;
-  // (TMA_DQ) hd 64: the next tile's S^T, dP^T issued behind this tile's dQ wgmma: their 64
-  // accumulator registers live beside dK, dV (64) and dQ (16). Not at hd 128 (ptxas: S^T and dP^T
-  // spilled 344 bytes; S^T alone 48-56, behind the dQ wgmma or after the dQ stores).
-  static constexpr bool PREFETCH = TMA_DQ && HD == 64;
-  // (TMA_DQ, hd 128) S^T and dP^T in two groups, P^T computed while dP^T runs (the MUFU work,
-  // 8192 exp2 a tile: ~512 cycles at 16 a cycle, under dP^T's ~512)
-  static constexpr bool SPLIT_SDP = TMA_DQ && !PREFETCH;
+  static constexpr bool TMA_DQ = HD == 128;
   // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56)
   static constexpr int P_EARLY = 4;
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
+  // as Sm90FwdTile's (the bounded hd 64 kernel 40 / 232: its producer spilled 4 bytes at 24)
+  static constexpr int PRODUCER_REGS = HD == 64 && BOUNDED_ ? 40 : 24, CONSUMER_REGS = HD == 64 && BOUNDED_ ? 232 : 240;
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
   // dS^T [2][BC][BQ] (swizzled rows of 64) | (TMA_DQ) dQ [CONSUMERS][HD / 64][BQ][32] f32 (swizzled
   // 128-byte rows) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
-  // F [STAGES][BQ] int (first key of each query: packed rows, window) | barriers
+  // P [STAGES][BQ] int (packed rows: each query's pos, by TMA) | barriers
   static constexpr int DQ_BOXES = HD / 64;  // 32-column f32 boxes of one consumer's HD / 2 dQ columns
   static constexpr uint32_t dq_box_bytes = BQ * 32 * 4;
   static constexpr size_t k_off = 0, v_off = k_off + kv_bytes, q_off = v_off + kv_bytes;
@@ -612,7 +655,8 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                          const __grid_constant__ CUtensorMap tdq, float* __restrict__ dq_acc, bf16_t* __restrict__ dk,
+                          const __grid_constant__ CUtensorMap tdq, const __grid_constant__ CUtensorMap tpos,
+                          float* __restrict__ dq_acc, bf16_t* __restrict__ dk,
                           bf16_t* __restrict__ dv, const float* __restrict__ lse, const float* __restrict__ Dd,
                           const int32_t* __restrict__ pos, int T, int H, int KVH, float scale, float scale_log2,
                           int window) {
@@ -627,7 +671,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   bf16_t* dSs = reinterpret_cast<bf16_t*>(sm + Tr::ds_off);
   float* Ls = reinterpret_cast<float*>(sm + Tr::l_off);
   float* Ds = reinterpret_cast<float*>(sm + Tr::d_off);
-  int* Fs = reinterpret_cast<int*>(sm + Tr::f_off);
+  const int* Ps = reinterpret_cast<const int*>(sm + Tr::f_off);
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(sm + Tr::bar_off);
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + ST;
@@ -638,23 +682,17 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int kvh = hb % KVH, b = hb / KVH, G = H / KVH;
   const int kv0 = jt * BC;
   const int n_q = (T + BQ - 1) / BQ, i_start = kv0 / BQ;
-  // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
-  // this block's last key (and so every later tile: first keys never decrease) are skipped; the
-  // first such tile found by bisection (a handful of loads, not one per tile).
   const int32_t* pb = LB && pos != nullptr ? pos + int64_t(b) * T : nullptr;
-  int i_end = n_q;
-  if constexpr (LB) {
-    const int kv_last = min(kv0 + BC, T) - 1;
-    int lo = i_start + 1;
-    while (lo < i_end) {
-      const int mid = (lo + i_end) / 2;
-      if (first_key(pb, window, mid * BQ) > kv_last)
-        i_end = mid;
-      else
-        lo = mid + 1;
-    }
-  }
-  const int per_head = i_end - i_start, total = G * per_head;
+  // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
+  // this block's last key (and so every later tile: first keys never decrease) are skipped. The
+  // first such tile is searched by each warp for itself (first_tile_past: one load's latency at
+  // T <= 2048, where a bisection paid ~5 dependent ones before the block could start), the
+  // producer's after it has issued the K, V copies, so the search runs under their latency.
+  auto query_tiles = [&] {
+    int i_end = n_q;
+    if constexpr (LB) i_end = first_tile_past(pb, window, BQ, min(kv0 + BC, T) - 1, i_start + 1, n_q);
+    return i_end - i_start;
+  };
 
   const int wg = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
@@ -679,26 +717,32 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           tma_load(Vs + c * BC * 64, &tv, kv_full, kvh * HD + c * 64, kv0, b);
         }
       }
+      const int per_head = query_tiles(), total = G * per_head;
       for (int it = 0; it < total; ++it) {
         const int s = it % ST, h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
         bar_wait(empty + s, ((it / ST) & 1) ^ 1);
-        for (int r = lane; r < BQ; r += 32) {
-          const int qr = q0 + r;
-          const int64_t li = (int64_t(b) * H + h) * T + qr;
-          Ls[s * BQ + r] = qr < T ? lse[li] * kLog2e : INFINITY;
-          Ds[s * BQ + r] = qr < T ? Dd[li] : 0.f;
-          if constexpr (LB) Fs[s * BQ + r] = qr < T ? first_key(pb, window, qr) : 0;
-        }
-        // Each lane's arrive (release) follows its own L, D, F stores; lane 0's carries the bytes.
+        // The copies first, the L, D loads under their latency (the copies were issued after the
+        // loads: a stage's latency was the two in turn). lane 0's expect_tx does not arrive:
+        // every lane arrives after its own stores (release), 32 arrivals + the copies' bytes.
         if (lane == 0) {
-          bar_expect_tx(full + s, 2 * Tr::qt_bytes);
+          bar_expect_tx_only(full + s, 2 * Tr::qt_bytes + (pb != nullptr ? BQ * 4 : 0));
           for (int c = 0; c < CH; ++c) {
             tma_load(Qs + (s * CH + c) * BQ * 64, &tq, full + s, h * HD + c * 64, q0, b);
             tma_load(dOs + (s * CH + c) * BQ * 64, &tdo, full + s, h * HD + c * 64, q0, b);
           }
-        } else {
-          bar_arrive(full + s);
+          // (packed rows) the tile's pos by the copy engine too: first keys computed here, in the
+          // producer's few registers, spilled 40-48 bytes in its loop
+          if (pb != nullptr) tma_load_1d(const_cast<int*>(Ps) + s * BQ, &tpos, full + s, b * T + q0);
         }
+        // the tile's rows of lse and D ([B, H, T]), and how many are rows of the sequence
+        const int64_t li0 = (int64_t(b) * H + h) * T + q0;
+        const int nv = min(BQ, T - q0);
+#pragma unroll
+        for (int r = lane; r < BQ; r += 32) {
+          Ls[s * BQ + r] = r < nv ? lse[li0 + r] * kLog2e : INFINITY;
+          Ds[s * BQ + r] = r < nv ? Dd[li0 + r] : 0.f;
+        }
+        bar_arrive(full + s);
       }
     }
     return;
@@ -706,6 +750,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 
   // ---- consumers ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
+  const int per_head = query_tiles(), total = G * per_head;
   const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
   const int g = lane >> 2, t4 = lane & 3;
   const int kw0 = kv0 + cw * 64;         // the warpgroup's first key
@@ -752,22 +797,15 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
   };
   bar_wait(kv_full, 0);
-  if constexpr (Tr::PREFETCH) {  // total >= 1: i_end > i_start
-    issue_s(0);
-    issue_dp(0);
-    wgmma_commit();
-  }
   for (int it = 0; it < total; ++it) {
     const int s = it % ST, buf = it & 1;
     const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
-    // SPLIT_SDP (on trial): S^T and dP^T in two groups, P^T computed while dP^T runs
-    if constexpr (!Tr::PREFETCH) {  // (PREFETCH: issued behind the previous tile's dQ)
-      issue_s(it);
-      if (Tr::SPLIT_SDP) wgmma_commit();
-      issue_dp(it);
-      wgmma_commit();
-    }
-    if constexpr (Tr::SPLIT_SDP) {
+    // (TMA_DQ) S^T and dP^T in two groups, P^T computed while dP^T runs
+    issue_s(it);
+    if (Tr::TMA_DQ) wgmma_commit();
+    issue_dp(it);
+    wgmma_commit();
+    if constexpr (Tr::TMA_DQ) {
       wgmma_wait<1>();
     } else {
       wgmma_wait<0>();
@@ -776,23 +814,40 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     reg_fence(st);
     // P^T, dS^T (this thread: keys key0 + 8 (e >> 1), queries q0 + 8 j + 2 t4 + (e & 1))
     const bool mask = q0 < kw0 + 63;
-    // Some query of the tile sees its first key after this warpgroup's first key (the last
-    // valid query has the largest): mask by first key too.
-    // (LB only: the plain causal kernel has no such test.)
-    const bool seg = LB && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
+    // (LB only: the plain causal kernel has no such test) Where some query of the tile sees its
+    // first key after this warpgroup's first key (the last valid query has the largest), the keys
+    // before each query's first key get S^T = -inf (P^T = 0), in a pass of its own that only such
+    // tiles take (a record starting inside the query tile, a window's edge): the P^T / dS^T work
+    // below is the plain kernel's, per element (it tested the first key in every tile before).
+    if constexpr (LB) {
+      // first key of the tile's query row r (its pos in Ps: rows past T hold the next sequence's,
+      // harmless: their P^T is 0 through L = +inf)
+      auto fkey = [&](int r, int p) {
+        const int q = q0 + r, lo = pb != nullptr ? q - p : 0;
+        return window > 0 ? max(lo, q - window + 1) : lo;
+      };
+      const int rl = min(BQ, T - q0) - 1;  // the last row of the sequence
+      if (fkey(rl, Ps[s * BQ + rl]) > kw0) {
+#pragma unroll
+        for (int j = 0; j < BQ / 8; ++j) {
+          const int2 p2 = *reinterpret_cast<const int2*>(Ps + s * BQ + j * 8 + 2 * t4);
+          const int f0 = fkey(j * 8 + 2 * t4, p2.x), f1 = fkey(j * 8 + 2 * t4 + 1, p2.y);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (((e & 1) ? f1 : f0) > key0 + (e >> 1) * 8) st[j * 4 + e] = -INFINITY;
+        }
+      }
+    }
     uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
     bf16_t* dsb = dSs + buf * (BC * BQ);
-    // P^T of columns 8 j .. 8 j + 7 (fp32, masked) into pv
+    // P^T of columns 8 j .. 8 j + 7 (fp32, causally masked) into pv
     auto p_cols = [&](int j, float(&pv)[4]) {
       const int qc = j * 8 + 2 * t4;
       const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
-      const int2 f2 = seg ? *reinterpret_cast<const int2*>(Fs + s * BQ + qc) : make_int2(0, 0);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-        const int key = key0 + (e >> 1) * 8;
-        const bool masked = (mask && q0 + qc + (e & 1) < key) || (LB && seg && ((e & 1) ? f2.y : f2.x) > key);
-        if (masked) pe = 0.f;
+        if (mask && q0 + qc + (e & 1) < key0 + (e >> 1) * 8) pe = 0.f;
         pv[e] = pe;
       }
     };
@@ -822,11 +877,11 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
       wgmma_commit();
     };
-    // (on trial: TMA_DQ) in two halves of the queries: the first half's dV, dK products run under
+    // (TMA_DQ) in two halves of the queries: the first half's dV, dK products run under
     // the second half's P^T, dS^T (the registers live as in one pass: P^T of the whole tile kept
     // for an early dV spilled at hd 128)
     constexpr int PARTS = Tr::TMA_DQ ? 2 : 1;
-    if constexpr (Tr::SPLIT_SDP) {
+    if constexpr (Tr::TMA_DQ) {
       // P^T of the tile in place of S^T (the MUFU work under the dP^T products), then dP^T
 #pragma unroll
       for (int j = 0; j < Tr::P_EARLY; ++j) {
@@ -842,7 +897,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     for (int part = 0; part < PARTS; ++part) {
 #pragma unroll
       for (int j = part * (BQ / 8 / PARTS); j < (part + 1) * (BQ / 8 / PARTS); ++j) {
-        if (Tr::SPLIT_SDP && j < Tr::P_EARLY) {
+        if (Tr::TMA_DQ && j < Tr::P_EARLY) {
           const float pv[4] = {st[j * 4], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]};
           ds_cols(j, pv);
         } else {
@@ -863,25 +918,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_ss<1>(dqa, ds_desc(buf, kk), kn_desc(kk), kk > 0);
     wgmma_commit();
-    if constexpr (Tr::PREFETCH) {
-      // dV, dK done (P^T, dS^T registers free; groups complete in order), then the next tile's
-      // S^T and dP^T queued behind this dQ: the tensor cores stay busy through the dQ stores,
-      // the dQ barrier and the next tile's start.
-      wgmma_wait<1>();
-      reg_fence(dva);
-      reg_fence(dka);
-      reg_fence(pa);
-      reg_fence(dsa);
-      // The last tile issues its own S^T, dP^T again (its stage is still held; the result is
-      // dropped): no branch around an issue, which would serialise every wgmma (ptxas C7518).
-      const int nx = min(it + 1, total - 1);
-      issue_s(nx);
-      issue_dp(nx);
-      wgmma_commit();
-      wgmma_wait<1>();  // dQ done, S^T and dP^T in flight
-    } else {
-      wgmma_wait<0>();
-    }
+    wgmma_wait<0>();
     reg_fence(dqa);
     reg_fence(dva);
     reg_fence(dka);
@@ -926,8 +963,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     }
   }
 
-  if constexpr (Tr::PREFETCH) wgmma_wait<0>();  // the last tile's dropped S^T, dP^T
-  if (Tr::TMA_DQ && tw == 0) bulk_wait_all();   // the last dQ reduces done before the block ends
+  if (Tr::TMA_DQ && tw == 0) bulk_wait_all();  // the last dQ reduces done before the block ends
   // dK, dV rows key0, key0 + 8
   const int64_t kstr = int64_t(KVH) * HD;
 #pragma unroll
@@ -971,6 +1007,20 @@ CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows, boo
       strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   SF_CHECK(r == CUDA_SUCCESS, "attention (sm_90): cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+  return map;
+}
+
+// An I32 vector of n elements read in boxes of `box` (the backward's pos rows; past n zeros).
+CUtensorMap make_map_1d_i32(const void* base, int64_t n, int box) {
+  CUtensorMap map;
+  // rank 1 has no stride: strides[0] is never read (kept a multiple of 16 all the same)
+  const cuuint64_t dims[1] = {cuuint64_t(n)}, strides[1] = {(cuuint64_t(n) * 4 + 15) / 16 * 16};
+  const cuuint32_t boxd[1] = {cuuint32_t(box)}, estr[1] = {1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_INT32, 1, const_cast<void*>(base), dims,
+                                          strides, boxd, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  SF_CHECK(r == CUDA_SUCCESS, "attention (sm_90): cuTensorMapEncodeTiled (pos) failed (" + std::to_string(int(r)) + ")");
   return map;
 }
 
@@ -1018,10 +1068,10 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   CUDA_CHECK_LAUNCH();
 }
 
-template <int HD, bool BOUNDED, bool TMA_DQ>
+template <int HD, bool BOUNDED>
 void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
               Tensor lse, const AttnDims& d, const Launch& L) {
-  using Tr = Sm90BwdTile<HD, BOUNDED, TMA_DQ>;
+  using Tr = Sm90BwdTile<HD, BOUNDED>;
   auto kernel = flash_bwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation
   if (!attr_set) {
@@ -1033,9 +1083,11 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
   const CUtensorMap tk = make_map(k.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
   const CUtensorMap tv = make_map(v.data, d.B, d.T, int64_t(d.n_kv_head) * HD, Tr::BC);
   CUtensorMap tdq{};  // read only with TMA_DQ
-  if (TMA_DQ) tdq = make_map(dq_acc, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ, true);
+  if (Tr::TMA_DQ) tdq = make_map(dq_acc, d.B, d.T, int64_t(d.n_head) * HD, Tr::BQ, true);
+  CUtensorMap tpos{};  // read only with packed rows
+  if (!d.pos.empty()) tpos = make_map_1d_i32(d.pos.data, int64_t(d.B) * d.T, Tr::BQ);
   const unsigned grid = unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B);
-  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, tdq, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, tdo, tdq, tpos, dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(),
                                                lse.ptr<float>(), D, d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), d.T,
                                                d.n_head, d.n_kv_head, d.scale, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
@@ -1043,7 +1095,10 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
 
 }  // namespace
 
-bool attention_sm90_supported(const AttnDims& d) { return d.head_dim == 64 || d.head_dim == 128; }
+bool attention_sm90_supported(const AttnDims& d) {
+  // pos read by TMA in the backward: 16-byte aligned
+  return (d.head_dim == 64 || d.head_dim == 128) && (d.pos.empty() || aligned16(d.pos.data));
+}
 
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   const bool b = bounded(d);
@@ -1053,26 +1108,15 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
     b ? forward<128, true>(out, lse, q, k, v, d, L) : forward<128, false>(out, lse, q, k, v, d, L);
 }
 
-}  // namespace sf::cuda
-
-namespace sf::cuda {
-
-template <bool TMA_DQ>
-void backward_by_shape(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
-                       Tensor lse, const AttnDims& d, const Launch& L) {
+void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
+                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
   const bool b = bounded(d);
   if (d.head_dim == 64)
-    b ? backward<64, true, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-      : backward<64, false, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<64, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<64, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
   else
-    b ? backward<128, true, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-      : backward<128, false, TMA_DQ>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-}
-
-void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L, bool dq_tma) {
-  dq_tma ? backward_by_shape<true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
-         : backward_by_shape<false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+    b ? backward<128, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<128, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
 }
 
 }  // namespace sf::cuda

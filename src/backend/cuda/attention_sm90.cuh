@@ -15,9 +15,9 @@ bool attention_sm90_supported(const AttnDims& d);
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L);
 
 // The main backward kernel: dK, dV (bf16) and dQ accumulated in fp32 into dq_acc [B*T, n_head*hd]
-// (zeroed by the caller, which casts it; 16-byte aligned); D [B, n_head, T] = rowsum(dO * O), lse as
-// the forward's. dq_tma (AttnPath::Sm90BwdV2, on trial): dQ by TMA reduce-add, not fp32 atomics.
+// (zeroed by the caller, which casts it; 16-byte aligned: hd 128 adds by TMA reduce-add, hd 64 by
+// float2 atomics); D [B, n_head, T] = rowsum(dO * O), lse as the forward's.
 void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L, bool dq_tma);
+                             Tensor v, Tensor lse, const AttnDims& d, const Launch& L);
 
 }  // namespace sf::cuda

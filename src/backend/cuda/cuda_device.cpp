@@ -20,6 +20,7 @@
 #include "backend/cuda/linear_ce.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/moe.cuh"
+#include "backend/cuda/moe_gemm.cuh"
 #include "backend/cuda/rmsnorm.cuh"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/sq_norm.cuh"
@@ -69,13 +70,15 @@ class Arena {
     throw std::runtime_error("cuda arena: out of memory allocating " + std::to_string(bytes) + " bytes (arena " +
                              mib(size_) + ", in use " + mib(in_use_) + ", largest free block " + mib(largest) + ")");
   }
-  void free(void* p) {
-    if (!p) return;
+  // Returns the bytes of the block freed.
+  size_t free(void* p) {
+    if (!p) return 0;
     std::lock_guard<std::mutex> lk(mu_);
     const size_t off = size_t(static_cast<char*>(p) - static_cast<char*>(base_));
     auto u = used_.find(off);
     if (u == used_.end()) throw std::runtime_error("cuda arena: free of a pointer it did not allocate");
     size_t start = off, len = u->second;
+    const size_t freed = len;
     in_use_ -= len;
     used_.erase(u);
     auto next = free_.lower_bound(off);
@@ -92,6 +95,7 @@ class Arena {
       }
     }
     free_[start] = len;
+    return freed;
   }
   size_t size() const { return size_; }
 
@@ -173,6 +177,9 @@ void CUDART_CB host_trampoline(void* p) {
 class CudaOps final : public Ops {
  public:
   CudaOps(int num_sms) : num_sms_(num_sms) {}
+
+  // Device memory freed or written by a copy: host copies of MoE offsets there are stale.
+  void forget(const void* p, size_t bytes) { moe_.forget(p, bytes); }
 
   void matmul(Tensor out, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Stream& s) override {
     cuda::matmul(out, a, b, ta, tb, alpha, beta, L(s));
@@ -297,11 +304,15 @@ class CudaOps final : public Ops {
     l.stream = st.s;
     l.scratch = scratch ? &st.get_scratch() : nullptr;
     l.lt = &lt_;
+    l.moe = &moe_;
+    l.moe_streams = &moe_streams_;
     l.num_sms = num_sms_;
     return l;
   }
   int num_sms_;
   cuda::LtCache lt_;
+  cuda::MoeOffsets moe_;
+  cuda::ExpertStreams moe_streams_;
 };
 
 class CudaDevice final : public Device {
@@ -332,7 +343,10 @@ class CudaDevice final : public Device {
   bool is_host() const override { return false; }
 
   void* alloc(size_t bytes) override { return arena_->alloc(bytes); }
-  void free(void* p) override { arena_->free(p); }
+  void free(void* p) override {
+    const size_t bytes = arena_->free(p);
+    if (ops_) ops_->forget(p, bytes);  // host copies of MoE offsets there are stale
+  }
   void* alloc_pinned(size_t bytes) override {
     void* p = nullptr;
     CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable));
@@ -378,6 +392,7 @@ class CudaDevice final : public Device {
     const cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
                              : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
                                                               : cudaMemcpyDeviceToDevice;
+    if (kind != CopyKind::DeviceToHost && ops_) ops_->forget(dst, bytes);  // as free
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, cs(s).s));
   }
   void host_fn(Stream& s, std::function<void()> fn) override {

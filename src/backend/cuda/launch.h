@@ -8,7 +8,9 @@
 
 namespace sf::cuda {
 
-class LtCache;  // matmul.cuh
+class LtCache;        // matmul.cuh
+class MoeOffsets;     // moe_gemm.cuh
+class ExpertStreams;  // moe_gemm.cuh
 
 // Per-stream scratch, carved from the arena once (the first time a stream runs a kernel that
 // needs it). Two kernels on different streams never share scratch.
@@ -23,6 +25,8 @@ struct Launch {
   cudaStream_t stream = nullptr;
   const Scratch* scratch = nullptr;
   LtCache* lt = nullptr;
+  MoeOffsets* moe = nullptr;             // host copies of MoE expert offsets (the device's one cache)
+  ExpertStreams* moe_streams = nullptr;  // streams the MoE experts' GEMMs spread over
   int num_sms = 132;
 };
 

@@ -26,6 +26,29 @@ int64_t ptr_align(const void* p) {
   return a;
 }
 
+// The plan cache's key of g's operands with the sizes M, N, K:
+// M N K ta tb lda ldb ldo at bt ot align_a align_b align_out (beta != 0) workspace: an algorithm
+// picked for a workspace needs it (the MoE GEMMs run on slices of a stream's).
+LtCache::Key plan_key(const Gemm& g, int64_t M, int64_t N, int64_t K, size_t workspace_bytes) {
+  const void* c = g.c ? g.c : g.out;
+  return LtCache::Key{M,
+                      N,
+                      K,
+                      g.ta,
+                      g.tb,
+                      g.lda,
+                      g.ldb,
+                      g.ldo,
+                      int64_t(g.at),
+                      int64_t(g.bt),
+                      int64_t(g.ot),
+                      ptr_align(g.a),
+                      ptr_align(g.b),
+                      std::min(ptr_align(g.out), ptr_align(c)),  // C and D share one layout and alignment
+                      0,
+                      int64_t(workspace_bytes)};
+}
+
 }  // namespace
 
 LtCache::LtCache() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
@@ -40,7 +63,7 @@ LtCache::~LtCache() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-// key: M N K ta tb lda ldb ldo at bt ot align_a align_b align_out (beta != 0) -
+// key: plan_key (above).
 const LtCache::Plan& LtCache::plan(const Key& key, size_t workspace_bytes) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = plans_.find(key);
@@ -98,14 +121,18 @@ const LtCache::Plan& LtCache::plan(const Key& key, size_t workspace_bytes) {
   return plans_.emplace(key, p).first->second;
 }
 
+void check_gemm_dtypes(const char* op, DType a, DType b, DType out) {
+  const bool bf_in = a == DType::BF16 && b == DType::BF16 && (out == DType::BF16 || out == DType::F32);
+  const bool f32 = a == DType::F32 && b == DType::F32 && out == DType::F32;
+  SF_CHECK(bf_in || f32, std::string(op) + ": the cuda backend does not support the dtypes a=" + dt_name(a) +
+                             " b=" + dt_name(b) + " out=" + dt_name(out) +
+                             " (supported: BF16,BF16->BF16|F32 and F32,F32->F32)");
+}
+
 void gemm(const Gemm& g, const Launch& L) {
   SF_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0, "cuda gemm: negative size");
   if (g.M == 0 || g.N == 0) return;
-  const bool bf_in = g.at == DType::BF16 && g.bt == DType::BF16 && (g.ot == DType::BF16 || g.ot == DType::F32);
-  const bool f32 = g.at == DType::F32 && g.bt == DType::F32 && g.ot == DType::F32;
-  SF_CHECK(bf_in || f32, std::string("matmul: the cuda backend does not support the dtypes a=") + dt_name(g.at) +
-                             " b=" + dt_name(g.bt) + " out=" + dt_name(g.ot) +
-                             " (supported: BF16,BF16->BF16|F32 and F32,F32->F32)");
+  check_gemm_dtypes("matmul", g.at, g.bt, g.ot);
   const void* c = g.c ? g.c : g.out;
   if (g.K == 0) {  // out = beta * C
     Tensor o(g.out, g.ot, {g.M, g.ldo});
@@ -121,25 +148,27 @@ void gemm(const Gemm& g, const Launch& L) {
       scale(o, g.beta, L);
     return;
   }
-  LtCache::Key key{g.M,
-                   g.N,
-                   g.K,
-                   g.ta,
-                   g.tb,
-                   g.lda,
-                   g.ldb,
-                   g.ldo,
-                   int64_t(g.at),
-                   int64_t(g.bt),
-                   int64_t(g.ot),
-                   ptr_align(g.a),
-                   ptr_align(g.b),
-                   std::min(ptr_align(g.out), ptr_align(c)),  // C and D share one layout and alignment
-                   0,
-                   0};
-  const LtCache::Plan& p = L.lt->plan(key, L.scratch->lt_bytes);
+  const LtCache::Plan& p = L.lt->plan(plan_key(g, g.M, g.N, g.K, L.scratch->lt_bytes), L.scratch->lt_bytes);
   CUBLAS_CHECK(cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, p.la, g.a, p.lb, &g.beta, c, p.lc, g.out, p.lc,
                               &p.algo, L.scratch->lt_ws, L.scratch->lt_bytes, L.stream));
+}
+
+bool gemm_planned_as(const Gemm& g, int64_t M_plan, int64_t N_plan, int64_t K_plan, const Launch& L) {
+  if (g.M == 0 || g.N == 0 || g.K == 0) return false;
+  if (g.c && g.c != g.out) return false;
+  const LtCache::Plan& p = L.lt->plan(plan_key(g, M_plan, N_plan, K_plan, L.scratch->lt_bytes), L.scratch->lt_bytes);
+  // The plan's descriptor and algorithm with layouts of the real sizes (on the stack: no allocation).
+  cublasLtMatrixLayoutOpaque_t la, lb, lc;
+  CUBLAS_CHECK(cublasLtMatrixLayoutInit(&la, lt_type(g.bt), g.tb ? g.K : g.N, g.tb ? g.N : g.K, g.ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutInit(&lb, lt_type(g.at), g.ta ? g.M : g.K, g.ta ? g.K : g.M, g.lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutInit(&lc, lt_type(g.ot), g.N, g.M, g.ldo));
+  const cublasStatus_t st = cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, &la, g.a, &lb, &g.beta, g.out, &lc,
+                                           g.out, &lc, &p.algo, L.scratch->lt_ws, L.scratch->lt_bytes, L.stream);
+  if (st == CUBLAS_STATUS_SUCCESS) return true;
+  // The algorithm does not take these sizes: checked before anything is launched.
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return false;
+  CUBLAS_CHECK(st);
+  return false;
 }
 
 void matmul(Tensor out, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, const Launch& L) {

@@ -58,6 +58,13 @@ struct Gemm {
   const void* c = nullptr;  // C of alpha * op(a) @ op(b) + beta * C, out's dtype and ldo; nullptr: out
 };
 void gemm(const Gemm& g, const Launch& L);
+// Refuses (op named in the message) the dtypes gemm does not take.
+void check_gemm_dtypes(const char* op, DType a, DType b, DType out);
+// g (with C = out) on the algorithm cuBLASLt's heuristic picked for the sizes M_plan, N_plan,
+// K_plan and g's other parameters: one plan serves a range of sizes (the MoE grouped GEMMs' row
+// counts change every step; a plan per count would grow without bound). False, with nothing
+// launched, when that algorithm does not take g's sizes (then gemm(g) does).
+bool gemm_planned_as(const Gemm& g, int64_t M_plan, int64_t N_plan, int64_t K_plan, const Launch& L);
 
 // ops.h matmul on tensors (shapes checked).
 void matmul(Tensor out, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta, const Launch& L);

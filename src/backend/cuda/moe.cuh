@@ -11,9 +11,14 @@ void moe_route_backward(Tensor dlogits, Tensor dweights, Tensor probs, Tensor id
 void moe_permute(Tensor offsets, Tensor sorted_slot, Tensor slot_pos, Tensor idx, const Launch& L);
 void moe_gather(Tensor xs, Tensor x, Tensor sorted_slot, int k, const Launch& L);
 void moe_gather_backward(Tensor dx, Tensor dxs, Tensor slot_pos, int k, const Launch& L);
-// One launch for all experts: the tiles of every expert's rows, found from the device offsets.
+// The grouped GEMMs (moe_gemm.cpp): one cuBLASLt GEMM per expert with rows, on the dtypes the
+// dense matmul takes (a, w BF16 with out BF16 or F32; all F32); other dtypes are refused.
 void moe_grouped_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, bool trans_w, float beta, const Launch& L);
 void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets, const Launch& L);
+// For tests and benchmarks only (the program never calls it): true runs every expert's GEMM on
+// the caller's stream instead of spreading them over the expert streams (the same bits either
+// way; the tests check that, the benchmark times both).
+void moe_gemm_force_one_stream(bool one);
 void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale, const Launch& L);
 void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale,
                                const Launch& L);
