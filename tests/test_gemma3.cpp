@@ -112,7 +112,7 @@ TEST(Gemma3Spec, RefusesWhatIsNotSupported) {
 }
 
 // Gemma 4 (transformers >= 5.5) is recognised by architecture or model_type alone: its defaults
-// (per-layer inputs of width 256, dense) are accepted; the MoE block is refused saying why.
+// (per-layer inputs of width 256, dense) are accepted, and so is the MoE block (session 12).
 TEST(Gemma3Spec, Gemma4ConfigsAreReadWithTheirMoeBlock) {
   for (json c : {json{{"architectures", {"Gemma4ForConditionalGeneration"}}, {"model_type", "gemma4"}},
                  json{{"architectures", {"Gemma4ForCausalLM"}}, {"model_type", "gemma4_text"}},

@@ -195,8 +195,8 @@ TEST(Gemma4Spec, Published26BA4BShape) {
   EXPECT_EQ(active, 3822530560);
 }
 
-// Dense models (the 31B: k = v, 512-wide global heads, proportional RoPE, the soft cap; shared K/V)
-// are accepted; per-layer inputs and the MoE block are refused naming their keys.
+// Dense models (the 31B: k = v, 512-wide global heads, proportional RoPE, the soft cap; shared K/V),
+// per-layer inputs and the MoE block (the 26B-A4B) are accepted.
 TEST(Gemma4Spec, ParseModelSpecAcceptsEveryPart) {
   const ModelSpec dense = parse_model_spec(config_31b(), "g4.json");
   EXPECT_EQ(dense.arch, Arch::Gemma4);

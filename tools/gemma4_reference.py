@@ -5,8 +5,8 @@ Builds tiny random Gemma4ForCausalLM models with the installed transformers (>= 
 machine has 5.17), runs an independent torch implementation of docs/GEMMA4.md section 2 on the same
 weights (read by their checkpoint names) and compares the loss, the logits and every parameter's
 gradient in fp32. --names prints each model's saved config.json and tensor names/shapes (what
-model/layout.cpp matches). --binary PATH also checks that slideformer loads each saved dense model
-(`plan` exits 0) and refuses the others naming the config key (exit 2, one line).
+model/layout.cpp matches). --binary PATH also checks that slideformer loads each saved model (`plan`
+exits 0; a variant in REFUSED_KEY must be refused naming that config key, exit 2, one line).
 
 Exit 0 when every variant agrees within --tol (relative to the tensor's max), 1 otherwise.
     python3 tools/gemma4_reference.py [--names] [--binary build/slideformer] [--only dense]
