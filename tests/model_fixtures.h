@@ -10,7 +10,8 @@ namespace sf::test {
 // llama: GQA, untied, attention_bias, llama3 rope scaling; mistral: MHA, tied;
 // qwen2: q/k/v biases, GQA; qwen3: q/k-norm, head_dim != hidden/heads, v5 rope_parameters;
 // gemma3: local/global layers, window 4, (1 + w) norms, GeGLU, embedding scale.
-// mixture of experts: qwen3_moe, mixtral, olmoe (see each); gemma4_ple: Gemma 4 with per-layer inputs.
+// mixture of experts: qwen3_moe, mixtral, olmoe (see each); gemma4_ple: Gemma 4 with per-layer inputs;
+// gemma4_moe: and the MoE block.
 inline nlohmann::json tiny_config(const std::string& family) {
   nlohmann::json c = {{"vocab_size", 37},         {"hidden_size", 32},        {"intermediate_size", 48},
                       {"num_hidden_layers", 2},   {"num_attention_heads", 4}, {"num_key_value_heads", 2},
@@ -63,7 +64,9 @@ inline nlohmann::json tiny_config(const std::string& family) {
     c["final_logit_softcapping"] = nullptr;
     c["attn_logit_softcapping"] = nullptr;
     c["tie_word_embeddings"] = true;
-  } else if (family == "gemma4_ple") {  // per-layer inputs, K/V shared by the last two layers (not in families())
+  } else if (family == "gemma4_ple" || family == "gemma4_moe") {  // per-layer inputs, K/V shared by the last
+    // two layers; gemma4_moe: and the MoE block beside every dense MLP, all 3 experts (k = E: no routing choice for a
+    // finite difference to flip; tests/test_gemma4_moe.cpp covers top 2 of 5) (not in families())
     c = {{"architectures", {"Gemma4ForCausalLM"}}, {"model_type", "gemma4_text"}, {"vocab_size", 37},
          {"hidden_size", 32}, {"intermediate_size", 24}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
          {"num_key_value_heads", 2}, {"num_global_key_value_heads", 1}, {"head_dim", 8}, {"global_head_dim", 16},
@@ -76,6 +79,12 @@ inline nlohmann::json tiny_config(const std::string& family) {
            {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}}},
          {"max_position_embeddings", 64}, {"rms_norm_eps", 1e-6}, {"initializer_range", 0.2},
          {"tie_word_embeddings", true}, {"pad_token_id", 0}, {"torch_dtype", "float32"}};
+    if (family == "gemma4_moe") {
+      c["enable_moe_block"] = true;
+      c["num_experts"] = 3;
+      c["top_k_experts"] = 3;
+      c["moe_intermediate_size"] = 12;
+    }
   } else if (family == "qwen3_moe") {  // per-head q/k-norm, renormalised top-k, a dense layer, aux loss
     c["architectures"] = {"Qwen3MoeForCausalLM"};
     c["model_type"] = "qwen3_moe";

@@ -288,6 +288,15 @@ inline std::vector<BadCall> bad_calls(char* base, Ops& ops) {
   });
   add("moe_aux_loss stats", "moe_aux_loss: stats [3] F32 is not [2, E]",
       [=](Ops& o, Stream& s) { o.moe_aux_loss(at(0, F32, {1}), at(1, F32, {3}), 1.f, s); });
+  add("moe_expert_scale idx dtype", "moe_expert_scale: idx [3, 2] F32 must be a non-empty I32 tensor",
+      [=](Ops& o, Stream& s) {
+        o.moe_expert_scale(at(0, F32, {3, 2}), at(1, F32, {3, 2}), at(2, F32, {3, 2}), at(3, F32, {4}), s);
+      });
+  add("moe_expert_scale_backward dscale", "moe_expert_scale_backward: dscale [5] F32 has 5 elements",
+      [=](Ops& o, Stream& s) {
+        o.moe_expert_scale_backward(at(0, F32, {3, 2}), at(4, F32, {5}), at(1, F32, {3, 2}), at(2, F32, {3, 2}),
+                                    at(3, I32, {3, 2}), at(5, F32, {4}), s);
+      });
   return c;
 }
 

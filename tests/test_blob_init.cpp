@@ -99,6 +99,39 @@ TEST(BlobInit, DenseModelMatchesTheSerialGenerator) {
   }
 }
 
+// Gemma 4's MoE block: its three extra norms (post_feedforward_layernorm_1 / _2,
+// pre_feedforward_layernorm_2) and the router's scale and per-expert scale start at 1 as in
+// transformers' init; the router and expert matrices are drawn.
+TEST(BlobInit, Gemma4MoeNormsAndRouterScalesStartAtOne) {
+  nlohmann::json c = {{"model_type", "gemma4_text"}, {"vocab_size", 64}, {"hidden_size", 32},
+                      {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                      {"num_key_value_heads", 1}, {"head_dim", 16}, {"global_head_dim", 16},
+                      {"hidden_size_per_layer_input", 0}, {"enable_moe_block", true}, {"num_experts", 3},
+                      {"top_k_experts", 2}, {"moe_intermediate_size", 8}};
+  const ModelSpec s = parse_model_spec(c, "c.json");
+  const ModelLayout lay = make_layout(s);
+  const BlobLayout& blob = lay.layer(0);
+  std::vector<float> host(size_t(blob.numel), 12345.f);
+  random_blob(blob, 1, 3, 0.1, host.data());
+  int ones = 0;
+  for (const BlobEntry& e : blob.entries) {
+    const bool one = e.shape.size() == 1;  // every 1-D tensor of the layer is a norm or a router scale
+    double sq = 0;
+    for (int64_t i = 0; i < e.numel; ++i) {
+      const float v = host[size_t(e.offset + i)];
+      if (one) {
+        EXPECT_EQ(v, 1.f) << e.name << " " << i;
+      }
+      sq += double(v) * v;
+    }
+    ones += one;
+    if (!one) {
+      EXPECT_NEAR(std::sqrt(sq / double(e.numel)), 0.1, 0.05) << e.name;
+    }
+  }
+  EXPECT_EQ(ones, 4 + 2 + 3 + 2);  // 4 norms, q/k norms, 3 MoE norms, router.scale and per_expert_scale
+}
+
 // Per-expert (olmoe) and llama checkpoints of random_blob's values (fp32) read back into buffers
 // full of garbage: the same bytes, padding 0.
 TEST(BlobInit, ReadBlobWritesEveryElement) {

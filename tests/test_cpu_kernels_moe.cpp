@@ -293,6 +293,40 @@ TEST(CpuMoe, AuxLossIsCoefTimesCountsDotProbSums) {
   EXPECT_FLOAT_EQ(loss[0], 1.f + 3.f * (2 * 0.5f + 0 * 0.25f + 4 * 0.125f));
 }
 
+// Gemma 4's per-expert scale: out = w * scale[idx] exactly (F32 and BF16 scales); the backward's
+// dscale (+=, every expert incl. one no slot chose) and dw against central differences of
+// L = sum R * out, with dw aliasing dout as the program calls it.
+TEST(CpuMoe, ExpertScaleForwardAndBackward) {
+  const int64_t N = 7, k = 3, E = 5, S = N * k;
+  std::vector<int32_t> idx(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) idx[size_t(i)] = int32_t((i * 3 + i / k) % (E - 1));  // expert 4: no slot
+  std::vector<float> w = test::randn(size_t(S), 1), sc = test::randn(size_t(E), 2, 0.5f, 1.f),
+                     R = test::randn(size_t(S), 3), out = std::vector<float>(size_t(S));
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dt == DType::F32 ? "F32 scale" : "BF16 scale");
+    HostTensor scale(dt, {E});
+    for (int64_t e = 0; e < E; ++e) scale.set(e, sc[size_t(e)]);
+    cpu::moe_expert_scale(view_of(out, {N, k}), view_of(w, {N, k}), view_of(idx, {N, k}), scale.view);
+    for (int64_t i = 0; i < S; ++i) ASSERT_EQ(out[size_t(i)], w[size_t(i)] * scale.get(idx[size_t(i)])) << i;
+  }
+  std::vector<float> dscale(size_t(E), 0.5f), g = R;  // dscale accumulates onto 0.5
+  cpu::moe_expert_scale_backward(view_of(g, {N, k}), view_of(dscale, {E}), view_of(g, {N, k}), view_of(w, {N, k}),
+                                 view_of(idx, {N, k}), view_of(sc, {E}));
+  EXPECT_EQ(dscale[size_t(E - 1)], 0.5f);
+  auto loss = [&] {
+    double l = 0;
+    for (int64_t i = 0; i < S; ++i) l += double(R[size_t(i)]) * w[size_t(i)] * sc[size_t(idx[size_t(i)])];
+    return l;
+  };
+  std::vector<size_t> all_e(static_cast<size_t>(E)), all_s(static_cast<size_t>(S));
+  for (size_t e = 0; e < all_e.size(); ++e) all_e[e] = e;
+  for (size_t i = 0; i < all_s.size(); ++i) all_s[i] = i;
+  std::vector<float> ds(dscale);
+  for (float& v : ds) v -= 0.5f;
+  EXPECT_LE(rel_err(test::gather(ds, all_e), test::numeric_grad(sc, all_e, 1e-2, loss)), 1e-4);
+  EXPECT_LE(rel_err(test::gather(g, all_s), test::numeric_grad(w, all_s, 1e-2, loss)), 1e-4);
+}
+
 TEST(CpuMoe, PermuteRejectsAnExpertOutOfRange) {
   std::vector<int32_t> idx = {0, 3}, offs(4), ss(2), sp(2);
   test::expect_check_failure(

@@ -112,8 +112,8 @@ TEST(Gemma3Spec, RefusesWhatIsNotSupported) {
 }
 
 // Gemma 4 (transformers >= 5.5) is recognised by architecture or model_type alone: its defaults
-// (per-layer inputs of width 256, dense) are accepted; the MoE block is refused saying why.
-TEST(Gemma3Spec, Gemma4IsRefusedSayingWhy) {
+// (per-layer inputs of width 256, dense) are accepted, and so is the MoE block (session 12).
+TEST(Gemma3Spec, Gemma4ConfigsAreReadWithTheirMoeBlock) {
   for (json c : {json{{"architectures", {"Gemma4ForConditionalGeneration"}}, {"model_type", "gemma4"}},
                  json{{"architectures", {"Gemma4ForCausalLM"}}, {"model_type", "gemma4_text"}},
                  json{{"model_type", "gemma4_text"}}}) {
@@ -124,8 +124,10 @@ TEST(Gemma3Spec, Gemma4IsRefusedSayingWhy) {
     t["num_experts"] = 4;
     t["top_k_experts"] = 2;
     t["moe_intermediate_size"] = 8;
-    test::expect_input_error([&] { parse_model_spec(c, "cfg.json"); },
-                             {"cfg.json", "Gemma 4", "not supported yet", "enable_moe_block"});
+    const ModelSpec s = parse_model_spec(c, "cfg.json");
+    EXPECT_TRUE(s.gemma4.moe_block);
+    EXPECT_EQ(s.moe.n_expert, 4);
+    EXPECT_EQ(s.moe.moe_layers(), s.n_layer);
   }
 }
 

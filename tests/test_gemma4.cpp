@@ -22,6 +22,7 @@
 #include "model/rope.h"
 #include "model/spec.h"
 #include "model/spec_gemma4.h"
+#include "gemma4_fixtures.h"
 #include "rope_fixture.h"
 #include "test_util.h"
 
@@ -31,11 +32,7 @@ namespace {
 using nlohmann::json;
 
 // Five sliding layers, then a full one (Gemma 4's pattern); the last layer full.
-json layer_types(int n) {
-  json t = json::array();
-  for (int i = 0; i < n; ++i) t.push_back((i + 1) % 6 == 0 || i == n - 1 ? "full_attention" : "sliding_attention");
-  return t;
-}
+json layer_types(int n) { return test::gemma4_layer_types(n); }
 
 // google/gemma-4-31B's text shape as third-party readers of its config.json record it
 // (docs/GEMMA4.md; the next session checks it against the real file).
@@ -83,22 +80,7 @@ json config_26b_a4b() {
 }
 
 // A tiny dense config for the refusal tests.
-json config_tiny() {
-  return json{{"model_type", "gemma4_text"},
-              {"vocab_size", 64},
-              {"hidden_size", 32},
-              {"intermediate_size", 48},
-              {"num_hidden_layers", 6},
-              {"num_attention_heads", 4},
-              {"num_key_value_heads", 2},
-              {"num_global_key_value_heads", 1},
-              {"head_dim", 8},
-              {"global_head_dim", 16},
-              {"attention_k_eq_v", true},
-              {"hidden_size_per_layer_input", 0},
-              {"sliding_window", 4},
-              {"layer_types", layer_types(6)}};
-}
+json config_tiny() { return test::gemma4_tiny_config(); }
 
 TEST(Gemma4Spec, Published31BShape) {
   const ModelSpec s = read_gemma4_spec(config_31b(), "g4.json");
@@ -136,6 +118,18 @@ TEST(Gemma4Spec, Published31BShape) {
 // matrix parameters from the spec's parameter count less its norms, attention over each layer's
 // width (512-wide global heads) and the keys its queries see (window 1024 on local layers); with
 // the last 10 layers sharing K/V (and double-wide), their k projections drop out.
+// QK^T and PV FLOPs a token costs in layer l of a T-token sequence: keys seen on average (local
+// layers: at most the window, 1024 in the published configs), 4 n_head d per key.
+double attention_flops_of(const ModelSpec& s, int T, int l) {
+  double keys = 0.5 * T;
+  if (s.is_local(l)) {
+    keys = 0;
+    for (int i = 0; i < T; ++i) keys += std::min(i + 1, 1024);
+    keys /= T;
+  }
+  return 4.0 * s.n_head * s.gemma4.head_dim[size_t(l)] * keys;
+}
+
 TEST(Gemma4Spec, PlannerFlopsUseEachLayersWidths) {
   for (const int shared : {0, 10}) {
     SCOPED_TRACE(shared);
@@ -149,18 +143,40 @@ TEST(Gemma4Spec, PlannerFlopsUseEachLayersWidths) {
       const int hd = s.gemma4.head_dim[size_t(l)];
       const bool own_kv = !s.gemma4.kv_shared(l);
       Pd += double(s.layer_params(l) - 4 * s.hidden - hd - (own_kv ? hd : 0));  // less the norms
-      double keys = 0.5 * T;
-      if (s.is_local(l)) {
-        keys = 0;
-        for (int i = 0; i < T; ++i) keys += std::min(i + 1, 1024);
-        keys /= T;
-      }
-      attn += 4.0 * s.n_head * hd * keys;
+      attn += attention_flops_of(s, T, l);
     }
     const double head = double(s.vocab) * double(s.hidden);  // tied
     EXPECT_NEAR(train_flops_per_token(s, T, false) / (3 * (2 * Pd + 2 * head + attn)), 1.0, 1e-12);
     EXPECT_NEAR(train_flops_per_token(s, T, true) / (8 * Pd + 6 * head + 4.5 * attn), 1.0, 1e-12);
   }
+}
+
+// The 26B-A4B's FLOPs count the MoE block's active parameters (router, top 8 experts) beside the
+// dense MLP, and a workspace holds the routing buffers of the worst case (every slot on one
+// expert needs no more: the sorted rows are N*k whatever the routing).
+TEST(Gemma4Spec, PlannerCountsTheMoeBlock) {
+  const ModelSpec s = parse_model_spec(config_26b_a4b(), "g4.json");
+  const int T = 4096;
+  double Pd = 0, attn = 0;
+  for (int l = 0; l < s.n_layer; ++l) {
+    const int hd = s.gemma4.head_dim[size_t(l)];
+    // less the norms (4 + 3 MoE ones), q/k norms, router.scale and per_expert_scale: not matrices
+    Pd += double(s.layer_active_params(l) - 7 * s.hidden - 2 * hd - s.hidden - s.moe.n_expert);
+    attn += attention_flops_of(s, T, l);
+  }
+  const double head = double(s.vocab) * double(s.hidden);
+  EXPECT_NEAR(train_flops_per_token(s, T, false) / (3 * (2 * Pd + 2 * head + attn)), 1.0, 1e-12);
+  // The routed experts are a small share of the stored ones: 8 of 128.
+  EXPECT_LT(Pd, 0.2 * double(s.total_params()));
+  const size_t with = Workspace::bytes_for(s, 1, 512, DType::BF16, 0, 0);
+  ModelSpec dense = s;
+  dense.moe = MoeSpec{};
+  dense.gemma4.moe_block = false;
+  const size_t without = Workspace::bytes_for(dense, 1, 512, DType::BF16, 0, 0);
+  // At least: xs and ys [N*k, H], three [N*k, Ie], logits [N, E] bf16, probs [N, E] F32, the
+  // block's four [N, H] buffers.
+  const size_t N = 512, k = 8, H = 2816, Ie = 704, E = 128;
+  EXPECT_GE(with - without, (2 * N * k * H + 3 * N * k * Ie + N * E + 4 * N * H) * 2 + N * E * 4);
 }
 
 TEST(Gemma4Spec, Published26BA4BShape) {
@@ -179,15 +195,23 @@ TEST(Gemma4Spec, Published26BA4BShape) {
   EXPECT_EQ(active, 3822530560);
 }
 
-// Dense models (the 31B: k = v, 512-wide global heads, proportional RoPE, the soft cap; shared K/V)
-// are accepted; per-layer inputs and the MoE block are refused naming their keys.
-TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
+// Dense models (the 31B: k = v, 512-wide global heads, proportional RoPE, the soft cap; shared K/V),
+// per-layer inputs and the MoE block (the 26B-A4B) are accepted.
+TEST(Gemma4Spec, ParseModelSpecAcceptsEveryPart) {
   const ModelSpec dense = parse_model_spec(config_31b(), "g4.json");
   EXPECT_EQ(dense.arch, Arch::Gemma4);
   EXPECT_EQ(detail::gemma4_missing(dense), "");
-  test::expect_input_error([&] { parse_model_spec(config_26b_a4b(), "g4.json"); },
-                           {"g4.json", "Gemma 4", "not supported yet", "docs/GEMMA4.md",
-                            "the MoE block of 128 experts, top 8 (enable_moe_block)"});
+  EXPECT_FALSE(dense.is_moe());
+  // The 26B-A4B: its MoE block in the MoE fields the engines size from, in every layer.
+  const ModelSpec moe = parse_model_spec(config_26b_a4b(), "g4.json");
+  EXPECT_EQ(detail::gemma4_missing(moe), "");
+  EXPECT_EQ(moe.moe.n_expert, 128);
+  EXPECT_EQ(moe.moe.top_k, 8);
+  EXPECT_EQ(moe.moe.intermediate, 704);
+  EXPECT_TRUE(moe.moe.norm_topk);
+  EXPECT_TRUE(moe.moe.fused_experts);
+  EXPECT_FALSE(moe.moe.aux_loss);
+  EXPECT_EQ(moe.moe.moe_layers(), moe.n_layer);
   // The published E-models' per-layer input embeddings, shared K/V and double-wide MLPs: accepted.
   json e = config_tiny();
   e["hidden_size_per_layer_input"] = 8;
@@ -199,13 +223,12 @@ TEST(Gemma4Spec, ParseModelSpecRefusesNamingWhatIsMissing) {
   EXPECT_EQ(shared.gemma4.ple_dim, 8);
   EXPECT_EQ(shared.gemma4.n_kv_shared, 2);
   EXPECT_EQ(shared.gemma4.mlp_intermediate(5, shared.intermediate), 2 * shared.intermediate);
-  // With the MoE block too: only the MoE block is named.
+  // With the MoE block too: accepted.
   e["enable_moe_block"] = true;
   e["num_experts"] = 4;
   e["top_k_experts"] = 2;
   e["moe_intermediate_size"] = 8;
-  const std::string msg = test::expect_input_error([&] { parse_model_spec(e, "g4.json"); }, {"(enable_moe_block)"});
-  EXPECT_EQ(msg.find("hidden_size_per_layer_input"), std::string::npos) << msg;
+  EXPECT_EQ(parse_model_spec(e, "g4.json").moe.n_expert, 4);
 }
 
 // Gemma4Config with a text_config: the language model's names under model.language_model.; the
@@ -449,12 +472,33 @@ TEST(Gemma4Layout, DenseShapes) {
   EXPECT_EQ(sh.entry(LayerParam::Wv), nullptr);
   EXPECT_EQ(shape_of(sh, "mlp.gate_proj.weight"), (std::vector<int64_t>{96, 32}));
   EXPECT_EQ(shape_of(mt.layer(3), "mlp.gate_proj.weight"), (std::vector<int64_t>{48, 32}));
-  // Not laid out yet: refused, naming the file and the key.
+  // The MoE block: transformers' names, the fused experts stored as two tensors over the
+  // per-expert entries (expert e's gate rows, then its up rows), entries summing to the count.
   c["enable_moe_block"] = true;
   c["num_experts"] = 4;
   c["top_k_experts"] = 2;
   c["moe_intermediate_size"] = 8;
-  test::expect_input_error([&] { make_layout(read_gemma4_spec(c, "g4.json")); }, {"g4.json", "enable_moe_block"});
+  const ModelSpec ms = read_gemma4_spec(c, "g4.json");
+  const ModelLayout mm = make_layout(ms);
+  EXPECT_EQ(entries_numel(mm), ms.total_params());
+  const BlobLayout& b = mm.layer(4);
+  EXPECT_EQ(shape_of(b, "router.proj.weight"), (std::vector<int64_t>{4, 32}));
+  EXPECT_EQ(shape_of(b, "router.scale"), (std::vector<int64_t>{32}));
+  EXPECT_EQ(shape_of(b, "router.per_expert_scale"), (std::vector<int64_t>{4}));
+  for (const char* n : {"pre_feedforward_layernorm_2.weight", "post_feedforward_layernorm_1.weight",
+                        "post_feedforward_layernorm_2.weight"})
+    EXPECT_EQ(shape_of(b, n), (std::vector<int64_t>{32})) << n;
+  ASSERT_NE(b.entry(LayerParam::ExpGate), nullptr);
+  EXPECT_EQ(b.entry(LayerParam::ExpGate)->group, 4);
+  const StoredTensor* gu = nullptr;
+  for (const StoredTensor& t : b.stored)
+    if (t.name == "model.layers.4.experts.gate_up_proj") gu = &t;
+  ASSERT_NE(gu, nullptr);
+  EXPECT_EQ(gu->shape, (std::vector<int64_t>{4, 16, 32}));
+  ASSERT_EQ(gu->parts.size(), 8u);
+  EXPECT_EQ(b.entries[size_t(gu->parts[2].entry)].name, "model.layers.4.experts.1.gate");
+  EXPECT_EQ(gu->parts[3].offset, 3 * 8 * 32);  // expert 1's up rows
+  for (const StoredTensor& t : b.stored) EXPECT_EQ(t.name.find("experts.0."), std::string::npos) << t.name;
 }
 
 // transformers 5.17's own save of the reference's ple_kvshared variant (tools/gemma4_reference.py

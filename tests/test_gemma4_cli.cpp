@@ -71,9 +71,13 @@ json tiny_dense_config() {
 // num_kv_shared_layers = `shared`: the last layers have no k_proj, v_proj, k_norm, and with
 // use_double_wide_mlp an MLP twice as wide.
 // With per-layer inputs of width `ple` (vocab_size_per_layer_input 64): the model's table,
-// projection and norm, each layer's gate, projection and norm.
+// projection and norm, each layer's gate, projection and norm. With the MoE block (`experts` > 0
+// of width `moe_width`): each layer's router (proj, scale, per_expert_scale), the fused experts
+// gate_up_proj [E, 2I, H] and down_proj [E, H, I], and three more norms (transformers 5.17's
+// save, bench/results/2026-12-02s11_gpu_1_gemma4_ref.log).
 std::map<std::string, std::vector<int64_t>> transformers_tensors(int shared = 0, bool double_wide = false,
-                                                                  int64_t ple = 0) {
+                                                                  int64_t ple = 0, int64_t experts = 0,
+                                                                  int64_t moe_width = 0) {
   std::map<std::string, std::vector<int64_t>> t;
   t["model.embed_tokens.weight"] = {64, 32};
   t["model.norm.weight"] = {32};
@@ -106,6 +110,16 @@ std::map<std::string, std::vector<int64_t>> transformers_tensors(int shared = 0,
       t[p + "per_layer_projection.weight"] = {32, ple};
       t[p + "post_per_layer_input_norm.weight"] = {32};
     }
+    if (experts > 0) {
+      t[p + "router.proj.weight"] = {experts, 32};
+      t[p + "router.scale"] = {32};
+      t[p + "router.per_expert_scale"] = {experts};
+      t[p + "experts.gate_up_proj"] = {experts, 2 * moe_width, 32};
+      t[p + "experts.down_proj"] = {experts, 32, moe_width};
+      for (const char* n :
+           {"post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"})
+        t[p + n + ".weight"] = {32};
+    }
   }
   return t;
 }
@@ -126,8 +140,11 @@ class Gemma4Cli : public test::BinaryTest {
     std::vector<std::vector<uint16_t>> store;  // moved into place: each data() stays where it was
     std::vector<TensorWrite> tw;
     const int shared = cfg.value("num_kv_shared_layers", 0);
+    const bool moe = cfg.value("enable_moe_block", false);
     for (const auto& [tensor, shape] : transformers_tensors(shared, cfg.value("use_double_wide_mlp", false),
-                                                            cfg.value("hidden_size_per_layer_input", int64_t(0)))) {
+                                                            cfg.value("hidden_size_per_layer_input", int64_t(0)),
+                                                            moe ? cfg.value("num_experts", int64_t(0)) : 0,
+                                                            cfg.value("moe_intermediate_size", int64_t(0)))) {
       int64_t n = 1;
       for (int64_t x : shape) n *= x;
       std::vector<uint16_t> v(static_cast<size_t>(n));
@@ -186,6 +203,29 @@ class Gemma4Cli : public test::BinaryTest {
       const TensorInfo* u = back.find(t.name);
       ASSERT_NE(u, nullptr) << t.name;
       EXPECT_TRUE(u->dtype == t.dtype && bytes_of(*u) == bytes_of(t)) << t.name << " changed at lr 0";
+    }
+  }
+  // Trained 3 steps at 1 and 2 micro-batches a step (src's checkpoint, `common` options): both
+  // engines the same bytes; p("a") then has every tensor of src with its name, shape and dtype,
+  // every one changed but the layer_scalar buffers.
+  void expect_engines_agree_and_every_tensor_learns(const std::string& src, const std::string& common) {
+    for (const char* accum : {"1", "2"}) {
+      SCOPED_TRACE(std::string("grad-accum ") + accum);
+      std::filesystem::remove_all(p("a"));
+      std::filesystem::remove_all(p("b"));
+      const std::string train = "train --model " + src + common + " --grad-accum " + accum +
+                                " --steps 3 --lr 1e-2 --max-grad-norm 1 --output ";
+      ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
+    }
+    const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
+    const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
+    EXPECT_EQ(out.tensors().size(), in.tensors().size());
+    for (const TensorInfo& t : in.tensors()) {
+      const TensorInfo* u = out.find(t.name);
+      ASSERT_NE(u, nullptr) << t.name;
+      EXPECT_EQ(u->shape, t.shape) << t.name;
+      EXPECT_EQ(u->dtype, t.dtype) << t.name;
+      EXPECT_EQ(bytes_of(*u) == bytes_of(t), t.name.find("layer_scalar") != std::string::npos) << t.name;
     }
   }
   static std::string bytes_of(const TensorInfo& t) {
@@ -358,18 +398,7 @@ TEST_F(Gemma4Cli, SharedKvModelTrainsOnBothEngines) {
     EXPECT_EQ(f.find("model.layers.3.mlp.up_proj.weight")->shape, (std::vector<int64_t>{96, 32}));
   }
   const std::string common = " --data " + d + " --seq-len 12 --batch-size 2 --device cpu";
-  const std::string train =
-      "train --model " + src + common + " --grad-accum 2 --steps 3 --lr 1e-2 --max-grad-norm 1 --output ";
-  ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
-  const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
-  const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
-  EXPECT_EQ(out.tensors().size(), in.tensors().size());
-  for (const TensorInfo& t : in.tensors()) {
-    const TensorInfo* u = out.find(t.name);
-    ASSERT_NE(u, nullptr) << t.name;
-    EXPECT_EQ(u->shape, t.shape) << t.name;
-    EXPECT_EQ(bytes_of(*u) == bytes_of(t), t.name.find("layer_scalar") != std::string::npos) << t.name;
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_engines_agree_and_every_tensor_learns(src, common));
   expect_lr0_round_trip(src, common);
 
   // One batch (the first two records) every step, nothing learnt: the same gradient norm each step.
@@ -406,24 +435,10 @@ TEST_F(Gemma4Cli, PerLayerInputModelTrainsOnBothEngines) {
   cfg["use_double_wide_mlp"] = true;
   const std::string src = write_model("src", kScalars, cfg), d = data();
   const std::string common = " --data " + d + " --seq-len 12 --batch-size 2 --device cpu";
-  for (const char* accum : {"1", "2"}) {
-    SCOPED_TRACE(std::string("grad-accum ") + accum);
-    std::filesystem::remove_all(p("a"));
-    std::filesystem::remove_all(p("b"));
-    const std::string train = "train --model " + src + common + " --grad-accum " + accum +
-                              " --steps 3 --lr 1e-2 --max-grad-norm 1 --output ";
-    ASSERT_NO_FATAL_FAILURE(expect_engines_agree(train));
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_engines_agree_and_every_tensor_learns(src, common));
   const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
   const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
-  EXPECT_EQ(out.tensors().size(), in.tensors().size());
   ASSERT_NE(in.find("model.embed_tokens_per_layer.weight"), nullptr);
-  for (const TensorInfo& t : in.tensors()) {
-    const TensorInfo* u = out.find(t.name);
-    ASSERT_NE(u, nullptr) << t.name;
-    EXPECT_EQ(u->shape, t.shape) << t.name;
-    EXPECT_EQ(bytes_of(*u) == bytes_of(t), t.name.find("layer_scalar") != std::string::npos) << t.name;
-  }
   {  // the per-layer table's padding row (id 0) keeps its bytes; a used row (id 2) learns
     const TensorInfo& t = *in.find("model.embed_tokens_per_layer.weight");
     const TensorInfo& u = *out.find("model.embed_tokens_per_layer.weight");
@@ -436,29 +451,50 @@ TEST_F(Gemma4Cli, PerLayerInputModelTrainsOnBothEngines) {
   expect_lr0_round_trip(src, common);
 }
 
-// The MoE block is refused at load, exit 2, naming the key.
-TEST_F(Gemma4Cli, UnsupportedPartsAreRefusedNamingTheKey) {
-  const std::string d = data();
-  struct Case {
-    const char* key;
-    json value;
-  };
-  for (const Case& c : {Case{"enable_moe_block", true}}) {
-    SCOPED_TRACE(c.key);
-    json cfg = tiny_dense_config();
-    cfg[c.key] = c.value;
-    if (std::string(c.key) == "enable_moe_block") {
-      cfg["num_experts"] = 4;
-      cfg["top_k_experts"] = 2;
-      cfg["moe_intermediate_size"] = 16;
-    }
-    const std::string dir = write_model(std::string("m_") + c.key, kScalars, cfg);
-    test::CmdResult r =
-        run("train --model " + dir + " --data " + d + " --steps 1 --lr 1e-2 --device cpu --output " + p("o"));
-    expect_input_error(r, dir + "/config.json");
-    EXPECT_NE(r.err.find(c.key), std::string::npos) << r.err;
-    EXPECT_FALSE(std::filesystem::exists(p("o")));
+// The MoE block (26B-A4B's structure: routed GeGLU experts beside the dense MLP, 5 experts top 2,
+// with per-layer inputs and shared K/V as well): both engines to the same bytes at 1 and 2
+// micro-batches, transformers' fused names and shapes saved back, every parameter learns (the
+// router's scales and every expert included), the lr-0 round trip byte for byte.
+TEST_F(Gemma4Cli, MoeBlockModelTrainsOnBothEngines) {
+  json cfg = tiny_dense_config();
+  cfg["enable_moe_block"] = true;
+  cfg["num_experts"] = 5;
+  cfg["top_k_experts"] = 2;
+  cfg["moe_intermediate_size"] = 12;
+  cfg["hidden_size_per_layer_input"] = 6;
+  cfg["num_kv_shared_layers"] = 2;
+  const std::string src = write_model("src", kScalars, cfg), d = data();
+  const std::string common = " --data " + d + " --seq-len 12 --batch-size 2 --device cpu";
+  ASSERT_NO_FATAL_FAILURE(expect_engines_agree_and_every_tensor_learns(src, common));
+  const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
+  const SafetensorsFile out = SafetensorsFile::open(p("a") + "/model.safetensors");
+  ASSERT_NE(in.find("model.layers.3.experts.gate_up_proj"), nullptr);
+  {  // every expert of layer 0 learned (each is some token's choice in 3 steps of 24 tokens)
+    const TensorInfo& t = *in.find("model.layers.0.experts.down_proj");
+    const TensorInfo& u = *out.find("model.layers.0.experts.down_proj");
+    const size_t per = t.bytes / 5;
+    for (size_t e = 0; e < 5; ++e)
+      EXPECT_NE(std::string(reinterpret_cast<const char*>(u.data) + e * per, per),
+                std::string(reinterpret_cast<const char*>(t.data) + e * per, per))
+          << "expert " << e;
   }
+  expect_lr0_round_trip(src, common);
+}
+
+// A hostile MoE block is refused at load, exit 2, one line naming the file and the key.
+TEST_F(Gemma4Cli, HostileMoeBlockIsRefusedNamingTheKey) {
+  const std::string d = data();
+  json cfg = tiny_dense_config();
+  cfg["enable_moe_block"] = true;
+  cfg["num_experts"] = 4;
+  cfg["top_k_experts"] = 5;
+  cfg["moe_intermediate_size"] = 16;
+  const std::string dir = write_model("m_moe", kScalars, cfg);
+  test::CmdResult r =
+      run("train --model " + dir + " --data " + d + " --steps 1 --lr 1e-2 --device cpu --output " + p("o"));
+  expect_input_error(r, dir + "/config.json");
+  EXPECT_NE(r.err.find("top_k_experts"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(p("o")));
 }
 
 }  // namespace

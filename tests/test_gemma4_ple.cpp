@@ -22,10 +22,10 @@ namespace {
 using nlohmann::json;
 
 // 3 layers (local, local, global), H 16, P 6, per-layer vocabulary 11 (not the main one's 13).
-ModelSpec tiny_ple_spec() {
+ModelSpec tiny_ple_spec(int hidden = 16) {
   const json c{{"model_type", "gemma4_text"},
                {"vocab_size", 13},
-               {"hidden_size", 16},
+               {"hidden_size", hidden},
                {"intermediate_size", 24},
                {"num_hidden_layers", 3},
                {"num_attention_heads", 2},
@@ -104,6 +104,33 @@ TEST(Gemma4Ple, InputsForwardIsTheFormulaLayerMajor) {
       }
     }
   EXPECT_LT(worst, 2e-5);
+}
+
+// The projection's scale H^-1/2 is transformers' Python double rounded once to fp32. At H = 96
+// (as at the E2B's 1536) 1/sqrt(float(H)) is an ulp off; ctx must be the product times the former,
+// bit for bit.
+TEST(Gemma4Ple, ProjectionScaleIsTransformersRounding) {
+  const ModelSpec s = tiny_ple_spec(96);
+  const int64_t N = 5, H = s.hidden, L = s.n_layer, P = s.gemma4.ple_dim, LP = L * P, V = s.gemma4.ple_vocab;
+  const float hf = float(std::pow(double(H), -0.5));
+  ASSERT_NE(hf, 1.f / std::sqrt(float(H))) << "H = 96 no longer tells the two roundings apart";
+  std::vector<int32_t> ids{1, 4, 0, 7, 2}, order(size_t(N * L)), inverse(order.size());
+  ple_fill_permutations(order.data(), inverse.data(), N, L);
+  std::vector<float> e = test::randn(size_t(N * H), 1), table = test::randn(size_t(V * LP), 2, 0.5f),
+                     proj = test::randn(size_t(LP * H), 3, 0.3f), norm = test::randn(size_t(P), 4, 0.3f, 1.f),
+                     tok(size_t(N * LP)), ctx(tok.size()), pli(tok.size()), want(tok.size()),
+                     rstd(size_t(N * L)), pad = std::vector<float>(size_t(LP));
+  auto dev = make_cpu_device();
+  auto st = dev->create_stream();
+  const PleModelBuffers b{test::view_of(tok, {N, LP}), test::view_of(ctx, {N, LP}), test::view_of(rstd, {N * L}),
+                          test::view_of(order, {N * L}), test::view_of(inverse, {N * L}), test::view_of(pad, {LP})};
+  PleProgram(s, dev->ops(), DType::F32)
+      .inputs_forward(test::view_of(pli, {L * N, P}), test::view_of(ids, {N}), test::view_of(e, {N, H}),
+                      test::view_of(table, {V, LP}), test::view_of(proj, {LP, H}), test::view_of(norm, {P}), b, *st);
+  dev->ops().matmul(test::view_of(want, {N, LP}), test::view_of(e, {N, H}), test::view_of(proj, {LP, H}), false, true,
+                    1.f, 0.f, *st);
+  dev->synchronize(*st);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(ctx[i], want[i] * hf) << i;
 }
 
 TEST(Gemma4Ple, InputsBackwardMatchesFiniteDifferences) {

@@ -144,8 +144,8 @@ TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
 // both engines. Tied models defer the embedding backwards to the end of the step (resident) or run
 // them layer-major (sliding); Gemma's sqrt(hidden) embedding scale must enter each micro-batch's
 // contribution exactly once.
-TEST_P(ModelGrad, SeveralMicroBatchesSumTheirGradients) {
-  const ModelSpec spec = parse_model_spec(test::tiny_config(GetParam()), "tiny");
+void expect_micro_batches_sum_their_gradients(const std::string& family) {
+  const ModelSpec spec = parse_model_spec(test::tiny_config(family), "tiny");
   auto recs = tiny_records(int(spec.vocab), 19);
   const std::vector<Batch> mbs = {make_batch({&recs[0]}, 11), make_batch({&recs[1], &recs[2]}, 11),
                                   make_batch({&recs[3]}, 11)};
@@ -182,11 +182,21 @@ TEST_P(ModelGrad, SeveralMicroBatchesSumTheirGradients) {
   ASSERT_EQ(ref.size(), gr.size());
   ASSERT_EQ(ref.size(), gs.size());
   for (size_t i = 0; i < ref.size(); ++i) {
-    EXPECT_LT(test::rel_err(gr[i].data, ref[i].data), 1e-5) << GetParam() << " resident " << ref[i].name;
-    EXPECT_LT(test::rel_err(gs[i].data, ref[i].data), 1e-5) << GetParam() << " sliding " << ref[i].name;
-    EXPECT_EQ(gr[i].data, gs[i].data) << GetParam() << " resident vs sliding " << ref[i].name;
+    EXPECT_LT(test::rel_err(gr[i].data, ref[i].data), 1e-5) << family << " resident " << ref[i].name;
+    EXPECT_LT(test::rel_err(gs[i].data, ref[i].data), 1e-5) << family << " sliding " << ref[i].name;
+    EXPECT_EQ(gr[i].data, gs[i].data) << family << " resident vs sliding " << ref[i].name;
   }
 }
+
+TEST_P(ModelGrad, SeveralMicroBatchesSumTheirGradients) { expect_micro_batches_sum_their_gradients(GetParam()); }
+
+// Gemma 4 with the MoE block as well (gemma4_ple's structure, all 3 experts of each layer's block):
+// both engines and the micro-batch sums. Its block's gradients against finite differences are
+// tests/test_gemma4_moe.cpp's (one layer, L = <y, R>): through the whole model this file's central
+// differences do not resolve them (measured: at eps 2e-3, gemma4_ple's step, the large gradients
+// agree but the router scales' small directional derivatives, ~0.004, differ by up to 1e-4, the
+// fp32 loss noise at that step; at 5e-3 / 1e-2 the curvature puts the embedding 3.7 % / more off).
+TEST(Gemma4MoeModel, SeveralMicroBatchesSumTheirGradients) { expect_micro_batches_sum_their_gradients("gemma4_moe"); }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad, ::testing::ValuesIn(test::families()));
 // Gemma 4 with per-layer inputs and shared K/V (the E-models' structure): the model-level inputs,

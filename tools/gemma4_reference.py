@@ -5,8 +5,8 @@ Builds tiny random Gemma4ForCausalLM models with the installed transformers (>= 
 machine has 5.17), runs an independent torch implementation of docs/GEMMA4.md section 2 on the same
 weights (read by their checkpoint names) and compares the loss, the logits and every parameter's
 gradient in fp32. --names prints each model's saved config.json and tensor names/shapes (what
-model/layout.cpp matches). --binary PATH also checks that slideformer loads each saved dense model
-(`plan` exits 0) and refuses the others naming the config key (exit 2, one line).
+model/layout.cpp matches). --binary PATH also checks that slideformer loads each saved model (`plan`
+exits 0; a variant in REFUSED_KEY must be refused naming that config key, exit 2, one line).
 
 Exit 0 when every variant agrees within --tol (relative to the tensor's max), 1 otherwise.
     python3 tools/gemma4_reference.py [--names] [--binary build/slideformer] [--only dense]
@@ -50,11 +50,16 @@ VARIANTS = {
                          layer_types=layer_types(6, {1, 5})),
     # The 26B-A4B's MoE block beside the dense MLP.
     "moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24),
+    # Everything at once: the MoE block with per-layer inputs and K/V shared by the last two layers.
+    "moe_ple_kvshared": dict(enable_moe_block=True, num_experts=5, top_k_experts=2, moe_intermediate_size=16,
+                             hidden_size_per_layer_input=8, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                             layer_types=layer_types(6, {1, 5})),
 }
 
 
-# What slideformer refuses in each variant it does not train yet (the config key it names).
-REFUSED_KEY = {"moe": "enable_moe_block"}
+# What slideformer refuses in each variant it does not train yet (the config key it names): none
+# since session 12 (the MoE block trains).
+REFUSED_KEY: dict[str, str] = {}
 
 
 def rms(x, w, eps):

@@ -6,7 +6,7 @@
 #    state_quality state_bench = bf16 optimizer state: quality, 3B speed, 8B plan,
 #    parity_offload train_offload bench_offload bench_offload_plan = the sliding engine,
 #    bench_host = host rates, plan_hardware = the measured hardware profile with the disk,
-#    moe_gemm = issue 18's MoE grouped GEMMs (tests, moe_gemm_bench, the OLMoE op profile), gemma3 = issue 18's Gemma 3 checks, gemma4 = issue 18's dense Gemma 4 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
+#    moe_gemm = issue 18's MoE grouped GEMMs (tests, moe_gemm_bench, the OLMoE op profile), gemma3 = issue 18's Gemma 3 checks, gemma4 = issue 18's Gemma 4 checks, moe_parity / moe_speed and gemma3_parity / gemma3_speed =
 #    the two halves of moe and gemma3, moe_parity_offload = the MoE parity through the sliding engine alone, gds = issue 17's GPUDirect Storage checks, profile3b = issue
 #    19's op profile of the 3B step, data_throughput = issue 16's data loading beside tokenizers,
 #    nvme8 nvme8_k8 nvme13 nvme_levels nvme_wring = the NVMe tier, nvme8_lend = its state read ahead into freed
@@ -588,24 +588,25 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
       run gemma3_4b_offload "$BIN/slideformer" bench --preset gemma3-4b --batch-size 4 --seq-len 2048 \
         --steps 3 --warmup 1 --device cuda --offload --gpu-memory 24GiB
       fi ;;
-    # issue 18, dense Gemma 4 (docs/GEMMA4.md): the capped head and head dim 512 attention kernels
-    # against their CPU twins; tools/gemma4_reference.py (its torch math vs transformers'
-    # Gemma4ForCausalLM, loss / logits / every gradient; slideformer loads the dense saved configs
-    # and refuses the PLE / MoE ones naming the key); three tiny dense models (one with K/V sharing)
-    # against transformers through the resident and the sliding engine, cpu and cuda.
+    # issue 18, Gemma 4 (docs/GEMMA4.md): the capped head, head dim 512 attention and the MoE
+    # block's per-expert scale kernels against their CPU twins; tools/gemma4_reference.py (its torch
+    # math vs transformers' Gemma4ForCausalLM, loss / logits / every gradient; slideformer loads every
+    # saved config: dense, K/V-shared, PLE, MoE); the tiny models against transformers through the
+    # resident and the sliding engine, cpu and cuda.
     gemma4)
       run gemma4_gpu_tests "$BIN/sf_gpu_tests" --gtest_brief=1 \
-        --gtest_filter='CudaOps.AttentionHeadDim512:CudaOps.LinearCrossEntropy*'
+        --gtest_filter='CudaOps.AttentionHeadDim512:CudaOps.LinearCrossEntropy*:CudaOps.MoeExpertScale'
       run gemma4_reference python3 tools/gemma4_reference.py --binary "$BIN/slideformer"
       # Each model through each engine and device once where it tells something new (run time):
-      # fp32 models on the cpu (tight tolerances), the 512-wide bf16 one and K/V sharing on cuda,
-      # the sliding engine with K/V sharing on the cpu and with the 512-wide heads on cuda.
+      # fp32 models on the cpu (tight tolerances), the 512-wide bf16 one, K/V sharing, PLE and the
+      # MoE block on cuda, the sliding engine with K/V sharing, PLE and MoE on the cpu and with the
+      # 512-wide heads on cuda.
       run gemma4_parity_cpu python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu \
-        --models gemma4_dense_fp32,gemma4_kvshared,gemma4_ple --work /tmp/g4_parity_cpu
+        --models gemma4_dense_fp32,gemma4_kvshared,gemma4_ple,gemma4_moe --work /tmp/g4_parity_cpu
       run gemma4_parity_cpu_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cpu \
-        --models gemma4_kvshared,gemma4_ple --cli-args "--offload --slots 2" --work /tmp/g4_parity_cpu_off
+        --models gemma4_kvshared,gemma4_ple,gemma4_moe --cli-args "--offload --slots 2" --work /tmp/g4_parity_cpu_off
       run gemma4_parity_cuda python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
-        --models gemma4_dense,gemma4_kvshared,gemma4_ple --work /tmp/g4_parity_cuda
+        --models gemma4_dense,gemma4_kvshared,gemma4_ple,gemma4_moe --work /tmp/g4_parity_cuda
       run gemma4_parity_cuda_offload python3 tools/hf_parity.py --bin "$BIN/slideformer" --device cuda \
         --models gemma4_dense --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g4_parity_cuda_off ;;
     # issue 19, packed rows at the speed per real token of unpacked ones (attn_packed, ~2.5 min):

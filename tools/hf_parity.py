@@ -419,6 +419,8 @@ def reference_aux(model_dir, arch, recs, seq_len, device):
 
 
 def is_moe_entry(entry) -> bool:
+    if entry["arch"] == "Gemma4ForCausalLM":  # Gemma 4 with its MoE block (enable_moe_block)
+        return bool(json.loads((Path(entry["path"]) / "config.json").read_text()).get("enable_moe_block"))
     return entry["arch"] in ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
 
 
@@ -438,7 +440,7 @@ def reference_routing(entry, recs, seq_len, device) -> dict:
     import torch
     model = tiny.load_hf_model(entry["path"], entry["arch"], device=device, attn="eager")
     model.eval()
-    k = int(model.config.num_experts_per_tok)
+    k = moe_routing.top_k_of(model.config)
     with moe_routing.RouterTap(model, k) as tap, torch.no_grad():
         for rows in moe_forward_inputs(recs, seq_len, bool(entry.get("aux"))):
             model(input_ids=torch.tensor(rows, dtype=torch.long, device=device))
@@ -710,7 +712,7 @@ def tolerances(entry, a, recs, ref_g, ref_loss, ce_loss, table) -> Bounds:
     ref_routes = None
     if is_moe_entry(entry):
         ref_routes = reference_routing(entry, recs, a.seq_len, a.ref_device)
-        top_k = int(json.loads((Path(entry["path"]) / "config.json").read_text())["num_experts_per_tok"])
+        top_k = moe_routing.top_k_of(json.loads((Path(entry["path"]) / "config.json").read_text()))
         report_reference_margins(entry, ref_routes, top_k, table)
     for mode in ("bf16", "autocast"):
         if entry.get("aux"):
@@ -775,7 +777,7 @@ def hf_lowp(entry, recs, seq_len, mode):
     model.eval()
     n_total = count_trained(recs, seq_len)
     total = 0.0
-    with moe_routing.RouterTap(model, int(getattr(model.config, "num_experts_per_tok", 1))) as tap:
+    with moe_routing.RouterTap(model, moe_routing.top_k_of(model.config) if is_moe_entry(entry) else 1) as tap:
         for rec in recs:
             ce, n = batch_ce_sum(model, [rec], seq_len, "cuda", autocast_bf16=(mode == "autocast"))
             if ce is None:

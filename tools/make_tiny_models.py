@@ -223,6 +223,14 @@ MODELS["mixtral_fused_aux"] = dict(MODELS["mixtral_aux"], dtype="bf16", shard=Tr
 MODELS["gemma4_ple"] = dict(MODELS["gemma4_kvshared"],
                             kw=dict(MODELS["gemma4_kvshared"]["kw"], hidden_size_per_layer_input=24,
                                     vocab_size_per_layer_input=448))
+# Gemma 4 with the 26B-A4B's MoE block beside every dense MLP (router with its weighted norm and
+# per-expert scale, GeGLU experts, transformers' fused experts.gate_up_proj / down_proj): 6 experts,
+# top 2 of width 64; local (window 7) and global layers, k = v, cap 30, untied head; fp32 sharded.
+# Its data keep every token clear of a routing tie (moe_routing.py, is_moe()).
+MODELS["gemma4_moe"] = dict(MODELS["gemma4_dense_fp32"],
+                            kw=dict(MODELS["gemma4_dense_fp32"]["kw"], attention_k_eq_v=True,
+                                    num_global_key_value_heads=1, enable_moe_block=True, num_experts=6,
+                                    top_k_experts=2, moe_intermediate_size=64))
 
 # Models hf_train_compare.py trains (fp32 checkpoints only; built by build_train_models()).
 TRAIN_MODELS: dict[str, dict] = {
@@ -324,14 +332,25 @@ def _rope_params_of(cfg) -> dict:
     return out
 
 
-def _randomize_small_params(model, gen, norm_center: float = 1.0):
+def _randomize_small_params(model, gen, norm_center: float = 1.0, qk_temperature: bool = False):
     """Norm weights to norm_center + 0.2*N(0,1), biases to 0.1*N(0,1): non-trivial but well conditioned.
-    Gemma's norms scale by (1 + w): their center is 0."""
+    Gemma's norms scale by (1 + w): their center is 0.
+
+    qk_temperature (Gemma 4: softmax scale 1 on normed q and k): q_norm / k_norm weights to
+    c (1 + 0.2 N(0,1)) with c = d^-1/4, so q.k has the usual temperature d^-1/2. Around 1 the scores
+    reach +-d and the tiny models turn chaotic: a 1-ulp change of every weight moved gradients by
+    6.5e-5 .. 5e-4 (relative norm, gemma4_ple at init 0.1 / 0.02), the fp32 parity tolerance; with
+    d^-1/4, 2e-6 .. 4e-6 (docs/GEMMA4.md section 6)."""
     import torch
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(norm_center + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float32))
+                c = norm_center
+                if qk_temperature and (name.endswith("q_norm.weight") or name.endswith("k_norm.weight")):
+                    c = p.shape[-1] ** -0.25
+                    p.copy_(c * (1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float32)))
+                    continue
+                p.copy_(c + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float32))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float32))
         # Gemma 4's per-layer output scale: a checkpoint buffer (1 in a fresh model), read at load.
@@ -381,7 +400,8 @@ def build_model(name: str, spec: dict, out_dir: Path, seed: int) -> dict:
     model = _model_class(spec["arch"])(cfg).float()
     if spec.get("randomize", True):
         gen = torch.Generator().manual_seed(seed + 1)
-        _randomize_small_params(model, gen, spec.get("norm_center", 1.0))
+        _randomize_small_params(model, gen, spec.get("norm_center", 1.0),
+                                spec["arch"] == "Gemma4ForCausalLM")
     ref_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
@@ -554,6 +574,8 @@ def read_jsonl(path) -> list[dict]:
 
 
 def is_moe(spec: dict) -> bool:
+    if spec["arch"] == "Gemma4ForCausalLM":  # Gemma 4 with its MoE block beside the dense MLP
+        return bool(spec["kw"].get("enable_moe_block"))
     return spec["arch"] in ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
 
 

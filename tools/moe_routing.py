@@ -29,13 +29,22 @@ MOE_MIN_MARGIN = 0.15
 
 def router_modules(model):
     """The MoE routers in layer order: transformers v5's TopKRouter at mlp.gate, v4's nn.Linear at
-    mlp.gate or block_sparse_moe.gate (each has weight [E, H])."""
+    mlp.gate or block_sparse_moe.gate (each has weight [E, H]); Gemma 4's router.proj, the linear
+    layer inside Gemma4TextRouter (its input is the router's normed and scaled one, its output
+    the logits the router softmaxes and top-k's)."""
     out = []
     for name, mod in model.named_modules():
-        if name.endswith(("mlp.gate", "block_sparse_moe.gate")) and getattr(mod, "weight", None) is not None \
-                and mod.weight.dim() == 2:
+        if name.endswith(("mlp.gate", "block_sparse_moe.gate", "router.proj")) and \
+                getattr(mod, "weight", None) is not None and mod.weight.dim() == 2:
             out.append((name, mod))
     return out
+
+
+def top_k_of(config) -> int:
+    """Experts per token: num_experts_per_tok (Qwen3-MoE, Mixtral, OLMoE) or Gemma 4's top_k_experts;
+    config a transformers config or a config.json dict."""
+    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
+    return int(get("num_experts_per_tok") or get("top_k_experts"))
 
 
 def _picked(output, top_k: int, n: int, E: int):
@@ -155,7 +164,7 @@ def fix_routing_margins(model, recs: list[dict], seq_len: int, vocab: int, seed:
     Returns (records, {"replaced": tokens replaced, "positions": positions checked,
     "unfixed": positions left below min_margin (no candidate reached it), "min": smallest margin})."""
     import numpy as np
-    top_k = int(model.config.num_experts_per_tok)
+    top_k = top_k_of(model.config)
     rng = np.random.default_rng(seed)
     out, replaced, positions, unfixed, smallest = [], 0, 0, 0, float("inf")
     for rec in recs:

@@ -188,6 +188,15 @@ class ProfilingOps final : public Ops {
   void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, Stream& s) override {
     run(s, "moe_aux_loss", {0, nb(stats)}, [&] { in_.moe_aux_loss(loss_sum, stats, scale, s); });
   }
+  void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale, Stream& s) override {
+    run(s, "moe_expert_scale " + dims(w), {0, nb(out) + nb(w) + nb(idx)},
+        [&] { in_.moe_expert_scale(out, w, idx, scale, s); });
+  }
+  void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale,
+                                 Stream& s) override {
+    run(s, "moe_expert_scale_backward " + dims(w), {0, nb(dw) + nb(dout) + nb(w) + nb(idx)},
+        [&] { in_.moe_expert_scale_backward(dw, dscale, dout, w, idx, scale, s); });
+  }
   // param, m, v read and written; grad read; the copy written.
   void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor copy, const AdamWParams& p, Stream& s) override {
     run(s, "adamw", {0, 2 * (nb(param) + nb(m) + nb(v)) + nb(grad) + nb(copy)},

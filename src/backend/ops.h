@@ -182,6 +182,13 @@ class Ops {
                                     Stream& s) = 0;
   // loss_sum [1] F32 += scale * sum_e stats[0,e] * stats[1,e] (the load-balancing loss, scaled).
   virtual void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, Stream& s) = 0;
+  // Gemma 4's router.per_expert_scale: out [N,k] F32 = w [N,k] F32 * scale[idx] (scale [E], F32
+  // or BF16; idx [N,k] I32 in [0, E); out may alias w).
+  virtual void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale, Stream& s) = 0;
+  // Its backward: dscale [E] (F32 or BF16) += sum over the slots that chose e of dout * w (w the
+  // forward's input), then dw [N,k] F32 = dout * scale[idx] (dw may alias dout).
+  virtual void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale,
+                                         Stream& s) = 0;
 
   // PyTorch AdamW on fp32 params, m and v both F32 or both BF16 (compact state: the update runs in
   // fp32 and m, v are written back with unbiased stochastic rounding, AdamWParams' stream), grads

@@ -494,6 +494,32 @@ inline void moe_combine_backward(const Tensor& dys, const Tensor& dweights, cons
   SF_CHECK_NO_ALIAS(op, dys, dy);
 }
 
+inline void moe_expert_scale_common(const char* op, const Tensor& out, const Tensor& w, const Tensor& idx,
+                                    const Tensor& scale) {
+  SF_CHECK_DTYPE(op, out, DType::F32);
+  SF_CHECK_DTYPE(op, w, DType::F32);
+  SF_CHECK_DTYPE(op, idx, DType::I32);
+  SF_CHECK_REAL(op, scale);
+  SF_CHECK(w.ndim == 2 && w.cols() >= 1, bad_shape(op, "w", w, "[N, k]"));
+  SF_CHECK_NUMEL(op, out, w.numel(), "N*k");
+  SF_CHECK_NUMEL(op, idx, w.numel(), "N*k");
+  SF_CHECK(scale.numel() >= 1, bad_shape(op, "scale", scale, "[E]"));
+}
+
+inline void moe_expert_scale(const Tensor& out, const Tensor& w, const Tensor& idx, const Tensor& scale) {
+  moe_expert_scale_common("moe_expert_scale", out, w, idx, scale);
+}
+
+inline void moe_expert_scale_backward(const Tensor& dw, const Tensor& dscale, const Tensor& dout, const Tensor& w,
+                                      const Tensor& idx, const Tensor& scale) {
+  constexpr const char* op = "moe_expert_scale_backward";
+  moe_expert_scale_common(op, dout, w, idx, scale);
+  SF_CHECK_DTYPE(op, dw, DType::F32);
+  SF_CHECK_NUMEL(op, dw, w.numel(), "N*k");
+  SF_CHECK_REAL(op, dscale);
+  SF_CHECK_NUMEL(op, dscale, scale.numel(), "E (numel of scale)");
+}
+
 inline void moe_aux_loss(const Tensor& loss_sum, const Tensor& stats) {
   constexpr const char* op = "moe_aux_loss";
   SF_CHECK_DTYPE(op, loss_sum, DType::F32);
@@ -673,6 +699,15 @@ class CheckedOps final : public Ops {
   void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, Stream& s) override {
     opcheck::moe_aux_loss(loss_sum, stats);
     in_.moe_aux_loss(loss_sum, stats, scale, s);
+  }
+  void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale, Stream& s) override {
+    opcheck::moe_expert_scale(out, w, idx, scale);
+    in_.moe_expert_scale(out, w, idx, scale, s);
+  }
+  void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale,
+                                 Stream& s) override {
+    opcheck::moe_expert_scale_backward(dw, dscale, dout, w, idx, scale);
+    in_.moe_expert_scale_backward(dw, dscale, dout, w, idx, scale, s);
   }
 
  private:

@@ -12,7 +12,18 @@
 namespace sf {
 
 namespace {
-bool is_norm_entry(const BlobEntry& e) { return e.name.find("norm.weight") != std::string::npos; }
+// Norm weights (a module named *norm*: also Gemma 4's post_feedforward_layernorm_1), and Gemma 4's
+// router scales (ones in transformers' init, as its norms).
+bool is_norm_entry(const BlobEntry& e) {
+  auto ends = [&](const std::string& x) {
+    return e.name.size() >= x.size() && e.name.compare(e.name.size() - x.size(), x.size(), x) == 0;
+  };
+  if (ends("router.scale") || ends("router.per_expert_scale")) return true;
+  if (!ends(".weight")) return false;
+  const std::string module = e.name.substr(0, e.name.size() - 7);
+  const size_t dot = module.rfind('.');
+  return module.find("norm", dot == std::string::npos ? 0 : dot + 1) != std::string::npos;
+}
 bool is_bias_entry(const BlobEntry& e) {
   return e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
 }

@@ -71,7 +71,9 @@ LayerMatrixParams layer_matrix_params(const ModelSpec& s, int l) {
     const double H = double(s.hidden), Q = layer_q_dim(s, l);
     const double KV = double(g.kv_heads[size_t(l)]) * g.head_dim[size_t(l)];
     const double kv = g.kv_shared(l) ? 0.0 : (g.k_eq_v && !s.is_local(l) ? 1.0 : 2.0) * H * KV;
-    const double fwd = 2 * H * Q + kv + 3 * H * double(g.mlp_intermediate(l, s.intermediate));
+    double fwd = 2 * H * Q + kv + 3 * H * double(g.mlp_intermediate(l, s.intermediate));
+    if (g.moe_block)  // beside the dense MLP: the router and the top_k experts a token multiplies
+      fwd += double(s.moe.n_expert) * H + double(s.moe.top_k) * 3 * H * double(s.moe.intermediate);
     return {fwd, fwd};  // sandwich norms: the recompute runs the whole layer
   }
   const double H = double(s.hidden), Q = double(s.q_dim()), KV = double(s.kv_dim()), I = double(s.intermediate);

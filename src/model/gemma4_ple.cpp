@@ -15,6 +15,10 @@ void ple_fill_permutations(int32_t* order, int32_t* inverse, int64_t N, int64_t 
     }
 }
 
+// H^-1/2 as transformers has it: the Python double rounded once to fp32 (1/sqrt(float(H)) rounds
+// twice and differs by an ulp for some H, e.g. the E2B's 1536).
+static float inv_sqrt_hidden(const ModelSpec& s) { return float(1.0 / std::sqrt(double(s.hidden))); }
+
 float PleProgram::table_scale() const {
   const float f = std::sqrt(float(s_.gemma4.ple_dim));
   return act_ == DType::BF16 ? bf16_to_float(float_to_bf16(f)) : f;
@@ -27,7 +31,7 @@ void PleProgram::inputs_forward(Tensor pli, Tensor ids, Tensor e, Tensor table, 
   ops_.embedding_forward(tok, ids, table, st);
   ops_.scale(tok, table_scale(), st);
   ops_.matmul(ctx, e, proj, false, true, 1.f, 0.f, st);
-  ops_.scale(ctx, 1.f / std::sqrt(float(s_.hidden)), st);  // HF: the product, then the scale
+  ops_.scale(ctx, inv_sqrt_hidden(s_), st);  // HF: the product, then the scale
   // The normalised projection goes through pli (free until the permutation writes it).
   const Tensor normed = pli.view({N * s_.n_layer, P});
   ops_.rmsnorm_forward(normed, b.rstd, ctx.view({N * s_.n_layer, P}), norm_w, float(s_.rms_eps), st);
@@ -45,7 +49,7 @@ void PleProgram::inputs_backward(Tensor de, Tensor dtable, Tensor dproj, Tensor 
   // The norm's branch: d(ctx) into dpli (consumed above).
   const Tensor dctx = dpli.view({N * L, P});
   ops_.rmsnorm_backward(dctx, dnorm_w, dsum, b.ctx.view({N * L, P}), norm_w, b.rstd, false, st);
-  ops_.scale(dctx, 1.f / std::sqrt(float(s_.hidden)), st);
+  ops_.scale(dctx, inv_sqrt_hidden(s_), st);
   ops_.matmul(dproj, dctx.view({N, LP}), e, true, false, 1.f, 1.f, st);
   ops_.matmul(de, dctx.view({N, LP}), proj, false, false, 1.f, 1.f, st);
   // The table's branch, with torch's padding_idx: the pad row keeps its value.

@@ -93,6 +93,42 @@ void store_entries(BlobLayout& b) {
     if (!done[i]) b.stored.push_back({b.entries[i].name, b.entries[i].shape, {{int(i), 0}}});
 }
 
+// Gemma 4's MoE block (docs/GEMMA4.md section 3), in transformers' order after the MLP and the
+// per-layer input: router.{proj.weight, scale, per_expert_scale}, the experts (one entry per
+// expert and matrix, all experts of a kind consecutive, as add_experts; stored only as
+// transformers' fused experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I], the
+// layout transformers 5.17 saves), then the three norms.
+void add_gemma4_moe(const ModelSpec& s, BlobLayout& b, const std::string& p) {
+  using P = LayerParam;
+  const int64_t H = s.hidden, I = s.moe.intermediate, E = s.moe.n_expert;
+  add(s, b, p + "router.proj.weight", {E, H}, int(P::Router));
+  add(s, b, p + "router.scale", {H}, int(P::RouterScale));
+  add(s, b, p + "router.per_expert_scale", {E}, int(P::ExpertScale));
+  const int first = int(b.entries.size());
+  struct Kind {
+    const char* name;
+    P param;
+    int64_t rows, cols;
+  };
+  for (const Kind& k : {Kind{"gate", P::ExpGate, I, H}, Kind{"up", P::ExpUp, I, H}, Kind{"down", P::ExpDown, H, I}})
+    for (int64_t e = 0; e < E; ++e) {  // names of the blob's entries only: never stored under them
+      add(s, b, p + "experts." + std::to_string(e) + "." + k.name, {k.rows, k.cols}, e == 0 ? int(k.param) : -1);
+      if (e == 0) b.entries.back().group = int(E);
+    }
+  StoredTensor gate_up{p + "experts.gate_up_proj", {E, 2 * I, H}, {}};
+  StoredTensor down{p + "experts.down_proj", {E, H, I}, {}};
+  for (int64_t e = 0; e < E; ++e) {
+    gate_up.parts.push_back({first + int(e), 2 * e * I * H});
+    gate_up.parts.push_back({first + int(E + e), (2 * e + 1) * I * H});
+    down.parts.push_back({first + int(2 * E + e), e * H * I});
+  }
+  b.stored.push_back(std::move(gate_up));
+  b.stored.push_back(std::move(down));
+  add(s, b, p + "post_feedforward_layernorm_1.weight", {H}, int(P::MlpOutNorm1));
+  add(s, b, p + "post_feedforward_layernorm_2.weight", {H}, int(P::MoeOutNorm));
+  add(s, b, p + "pre_feedforward_layernorm_2.weight", {H}, int(P::MoeInNorm));
+}
+
 // A Gemma 4 decoder layer (docs/GEMMA4.md section 3): its own head dim and KV heads; no v_proj on
 // global layers with attention_k_eq_v; no k/v projections or k_norm on KV-shared layers (and no
 // v_norm tensor anywhere: the value norm has no weight); the MLP per layer (double-wide ones).
@@ -100,7 +136,6 @@ void store_entries(BlobLayout& b) {
 void add_gemma4_layer(const ModelSpec& s, BlobLayout& b, const std::string& p, int l) {
   using P = LayerParam;
   const Gemma4Spec& g = s.gemma4;
-  if (g.moe_block) input_error(s.source, "Gemma 4 MoE blocks (enable_moe_block) have no parameter layout yet");
   const int64_t H = s.hidden, d = g.head_dim[size_t(l)];
   const int64_t Q = checked_mul(int64_t(s.n_head), d, s.source, "q_proj rows");
   const int64_t KV = checked_mul(int64_t(g.kv_heads[size_t(l)]), d, s.source, "k_proj rows");
@@ -124,6 +159,7 @@ void add_gemma4_layer(const ModelSpec& s, BlobLayout& b, const std::string& p, i
     add(s, b, p + "per_layer_projection.weight", {H, g.ple_dim}, int(P::PleProj));
     add(s, b, p + "post_per_layer_input_norm.weight", {H}, int(P::PleNorm));
   }
+  if (g.moe_block) add_gemma4_moe(s, b, p);
 }
 
 // Gemma 4's model-level per-layer input tensors, in the embedding blob after the table (PleEntry).

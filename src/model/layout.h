@@ -47,6 +47,16 @@ enum class LayerParam : int {
   PleGate,
   PleProj,
   PleNorm,
+  // Gemma 4's MoE block (enable_moe_block; docs/GEMMA4.md section 2), beside the dense MLP:
+  // router.scale [H], router.per_expert_scale [E] (the router is Router, the experts ExpGate /
+  // ExpUp / ExpDown) and three norms [H]: pre_feedforward_layernorm_2 (the experts' input),
+  // post_feedforward_layernorm_1 (the dense MLP's output), post_feedforward_layernorm_2 (the
+  // experts' combined output).
+  RouterScale,
+  ExpertScale,
+  MoeInNorm,
+  MlpOutNorm1,
+  MoeOutNorm,
   Count
 };
 

@@ -48,6 +48,7 @@ Widths max_widths(const ModelSpec& s) {
 }
 
 bool has_dense_mlp(const ModelSpec& s) {
+  if (s.arch == Arch::Gemma4) return true;  // its MoE block runs beside the dense MLP
   for (int l = 0; l < s.n_layer; ++l)
     if (!s.moe_layer(l)) return true;
   return false;
@@ -111,6 +112,18 @@ void carve_forward(Carver& c, const ModelSpec& s, DType a, int B, int T, LayerBu
       w.ple.act = c.take(a, {N, P});
       w.ple.u = c.take(a, {N, H});
       w.ple.rstd = c.take(DType::F32, {N});
+    }
+    if (s.gemma4.moe_block) {
+      Gemma4MoeBuffers& b = w.moe4;
+      b.m = c.take(a, {N, H});
+      b.m2 = c.take(a, {N, H});
+      b.hr = c.take(a, {N, H});
+      b.xe = c.take(a, {N, H});
+      b.w_raw = c.take(DType::F32, {N, s.moe.top_k});
+      b.rstd_m1 = c.take(DType::F32, {N});
+      b.rstd_r = c.take(DType::F32, {N});
+      b.rstd_xe = c.take(DType::F32, {N});
+      b.rstd_m2 = c.take(DType::F32, {N});
     }
   }
 }

@@ -29,6 +29,17 @@ struct BatchDims {
 
 // Activation buffers of one layer's forward (kept for its backward) and backward scratch, for
 // up to max_B x max_T tokens, in one device allocation made at start-up.
+// Gemma 4's MoE block beside the dense MLP (Gemma4Spec::moe_block; model/gemma4_moe.cpp). The
+// routing and expert buffers are LayerBuffers' MoE ones; these are the block's own.
+struct Gemma4MoeBuffers {
+  Tensor m;      // [N, H] norm_1(mlp_o) + norm_2(m2): post_feedforward_layernorm's input
+  Tensor m2;     // [N, H] the experts' combined output (backward: d(xe), then d(mlp_o))
+  Tensor hr;     // [N, H] the router's input norm(x2) * router.scale
+  Tensor xe;     // [N, H] the experts' input norm(x2) (then norm_2(m2); backward: d(m2), then d(hr))
+  Tensor w_raw;  // [N, k] F32 the renormalised top-k weights before router.per_expert_scale
+  Tensor rstd_m1, rstd_r, rstd_xe, rstd_m2;  // [N] F32 each
+};
+
 struct LayerBuffers {
   Tensor h1;              // [N, H]    input norm output
   Tensor rstd1;           // [N]       F32
@@ -82,6 +93,7 @@ struct LayerBuffers {
   // layer-major [L*N, P] tensors; the backward overwrites dpli_l), and the block's own buffers.
   Tensor pli_l, dpli_l;  // [N, P]
   PleLayerBuffers ple;
+  Gemma4MoeBuffers moe4;
 };
 
 // Selective recompute: what a layer keeps of its forward for its backward besides its input. With
@@ -206,6 +218,11 @@ class Program {
                              const LayerBuffers& w, const BatchDims& d, const RopeTables& rope, Stream& st) const;
   void gemma4_attention_forward(const LayerParams& p, Tensor h1, const LayerBuffers& w, const BatchDims& d,
                                 const RopeTables& rope, Stream& st, bool attention_kept) const;
+  // Gemma 4's MoE block (model/gemma4_moe.cpp): from w.x2 and the dense MLP's w.mlp_o to
+  // w.moe4.m; its backward from d(m) in w.dh: d(x2) added to dx, d(mlp_o) into w.moe4.m2.
+  void gemma4_moe_forward(const LayerParams& p, const LayerBuffers& w, const BatchDims& d, Stream& st) const;
+  void gemma4_moe_backward(const LayerParams& p, const LayerParams& g, Tensor dx, const LayerBuffers& w,
+                           const BatchDims& d, Stream& st) const;
   void gemma4_attention_backward(const LayerParams& p, const LayerParams& g, Tensor h1, const LayerBuffers& w,
                                  const BatchDims& d, const RopeTables& rope, Stream& st) const;
   // The attention block shared by every family: h1 [N, H] -> w.att (q/k/v projections, q/k norms,

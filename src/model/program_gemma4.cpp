@@ -7,7 +7,7 @@
 // attention_k_eq_v the keys' projection as the values' input, the layer's own head dim, KV heads
 // and RoPE table, softmax scale 1; the output times the layer's layer_scalar. K/V sharing
 // (num_kv_shared_layers) through LayerBuffers::kv_*, which the engines set (engine/kv_share_store.h).
-// Not here yet: per-layer inputs, the MoE block (parse_model_spec refuses configs with them).
+// Per-layer inputs: model/gemma4_ple.*; the MoE block beside the dense MLP: model/gemma4_moe.cpp.
 #include "core/error.h"
 #include "model/program.h"
 
@@ -138,8 +138,10 @@ void Program::gemma4_layer_forward(const LayerParams& p, Tensor x, Tensor y, con
   linear(up, w.h2, p[P::Wup], Tensor(), st);
   ops_.geglu_forward(act, gate, up, st);
   linear(w.mlp_o, act, p[P::Wdown], Tensor(), st);
+  const bool moe = s_.gemma4.moe_block;
+  if (moe) gemma4_moe_forward(p, w, d, st);  // the routed experts beside it: m = w.moe4.m
   if (y.empty()) return;
-  norm_forward(y, w.rstd_mo, w.mlp_o, p[P::FfnOutNorm], st);
+  norm_forward(y, w.rstd_mo, moe ? w.moe4.m : w.mlp_o, p[P::FfnOutNorm], st);
   ops_.add(y, y, w.x2, st);  // residual
   if (s_.gemma4.ple_dim > 0) {  // the per-layer input, before the layer's scale
     SF_CHECK(!w.pli_l.empty(), "Gemma 4 layer with per-layer inputs: LayerBuffers::pli_l not set");
@@ -165,8 +167,10 @@ void Program::gemma4_layer_backward(const LayerParams& p, const LayerParams& g, 
     SF_CHECK(!w.dpli_l.empty(), "Gemma 4 layer with per-layer inputs: LayerBuffers::dpli_l not set");
     PleProgram(s_, ops_, act_).layer_backward(p, g, dx, w.dpli_l, w.pli_l, w.ple, st);
   }
-  const Tensor dmo = w.dh;
-  norm_backward(dmo, g[P::FfnOutNorm], dx, w.mlp_o, p[P::FfnOutNorm], w.rstd_mo, false, st);
+  const bool moe = s_.gemma4.moe_block;
+  norm_backward(w.dh, g[P::FfnOutNorm], dx, moe ? w.moe4.m : w.mlp_o, p[P::FfnOutNorm], w.rstd_mo, false, st);
+  if (moe) gemma4_moe_backward(p, g, dx, w, d, st);  // d(m) in dh -> d(x2) += ..., d(mlp_o) in moe4.m2
+  const Tensor dmo = moe ? w.moe4.m2 : w.dh;
   const Tensor act = as(w.act, N, I), dgate = as(w.dgate, N, I), dup = as(w.dup, N, I);
   ops_.matmul(g[P::Wdown], dmo, act, true, false, 1.f, 1.f, st);
   const Tensor dact = act;  // act is no longer needed

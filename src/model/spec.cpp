@@ -339,8 +339,8 @@ ModelSpec parse_spec(const json& cfg_in, const std::string& path) {
 ModelSpec parse_model_spec(const json& cfg, const std::string& path) {
   ModelSpec s = parse_spec(cfg, path);
   if (s.arch == Arch::Gemma4) {
-    // Read and checked in full, so that a bad config is named first; dense models train, the
-    // parts below are refused naming their keys (docs/GEMMA4.md, "Order of work").
+    // Read and checked in full, so that a bad config is named first; a part read that cannot train
+    // yet (gemma4_missing: none today) is refused naming its key (docs/GEMMA4.md).
     const std::string missing = detail::gemma4_missing(s);
     if (!missing.empty())
       input_error(path, "Gemma 4 ('" + s.architecture + "') with " + missing +

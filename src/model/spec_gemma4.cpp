@@ -271,6 +271,17 @@ void apply_gemma4(const JsonRef& c, ModelSpec& s) {
     if (g.top_k > g.n_expert)
       input_error(file, "top_k_experts (" + std::to_string(g.top_k) + ") exceeds num_experts (" +
                             std::to_string(g.n_expert) + ")");
+    // The routed experts in the MoE fields every engine sizes its buffers from (Program::
+    // gemma4_moe_*): in every layer, beside the dense MLP; renormalised top-k; transformers' fused
+    // layout is Gemma 4's only one (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]);
+    // no load-balancing loss (Gemma 4 has none).
+    MoeSpec& m = s.moe;
+    m.n_expert = g.n_expert;
+    m.top_k = g.top_k;
+    m.intermediate = g.moe_intermediate;
+    m.norm_topk = true;
+    m.fused_experts = true;
+    m.is_moe.assign(size_t(n), 1);
   }
 }
 
@@ -310,16 +321,12 @@ int64_t gemma4_model_params(const ModelSpec& s) {
 }
 
 std::string gemma4_missing(const ModelSpec& s) {
-  // Each item names the config key that asks for it (the dense model, k = v, proportional RoPE,
-  // per-layer head dims, the soft-capped head, K/V sharing, double-wide MLPs and per-layer input
-  // embeddings train: docs/GEMMA4.md).
-  const Gemma4Spec& g = s.gemma4;
-  std::string out;
-  auto item = [&](const std::string& x) { out += (out.empty() ? "" : ", ") + x; };
-  if (g.moe_block)
-    item("the MoE block of " + std::to_string(g.n_expert) + " experts, top " + std::to_string(g.top_k) +
-         " (enable_moe_block)");
-  return out;
+  // Each item names the config key that asks for it. Everything read trains now (the dense model,
+  // k = v, proportional RoPE, per-layer head dims, the soft-capped head, K/V sharing, double-wide
+  // MLPs, per-layer input embeddings and the MoE block: docs/GEMMA4.md); a part read later that
+  // cannot train yet is listed here.
+  (void)s;
+  return {};
 }
 
 }  // namespace detail

@@ -1,7 +1,8 @@
 // Gemma 4 parts of parse_model_spec (spec.cpp): reading and checking a gemma4_text config (or a
-// gemma4 checkpoint's text_config) into ModelSpec::gemma4. Dense models train (K/V sharing
-// included); parse_model_spec refuses configs with per-layer inputs or the MoE block after this,
-// naming the keys; read_gemma4_spec is the same reading without that refusal.
+// gemma4 checkpoint's text_config) into ModelSpec::gemma4 (and, with the MoE block, ModelSpec::moe).
+// Every part read trains (dense, K/V sharing, per-layer inputs, the MoE block); parse_model_spec
+// would refuse, naming its key, a part gemma4_missing lists; read_gemma4_spec is the same reading
+// without that refusal.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>

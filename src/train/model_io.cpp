@@ -74,7 +74,7 @@ void adopt_checkpoint_names(ModelSpec& spec, const std::string& dir) {
     spec.tensor_prefix = "model.language_model.";
     spec.lm_head_name = "lm_head.weight";
   }
-  if (spec.is_moe()) {
+  if (spec.is_moe() && spec.arch != Arch::Gemma4) {  // Gemma 4: fused, its only layout (spec_gemma4.cpp)
     // Decided by the first sparse layer; a checkpoint mixing the layouts then reports the other
     // layers' tensors missing under the names of this one.
     int l = 0;

@@ -1145,6 +1145,34 @@ TEST(CudaOps, MoePermuteGatherCombine) {
   }
 }
 
+// Gemma 4's per-expert scale against the cpu twin: routings of every kind (an expert with every
+// slot, experts no slot chose), F32 and BF16 scales and their gradients, dw aliasing dout.
+TEST(CudaOps, MoeExpertScale) {
+  REQUIRE_GPU();
+  for (const MoeCfg& c : kMoeCfgs) {
+    for (DType sdt : {F32, BF16}) {
+      SCOPED_TRACE(testing::Message() << "N=" << c.N << " E=" << c.E << " k=" << c.k << " hot=" << c.hot
+                                      << (sdt == F32 ? " F32" : " BF16"));
+      const int64_t S = c.N * c.k;
+      const auto iv = moe_choices(c.N, c.E, c.k, uint64_t(S + 3), c.hot);
+      const auto wv = randn(size_t(S), 41), gv = randn(size_t(S), 42), sv = randn(size_t(c.E), 43);
+      std::vector<std::vector<float>> f[2];
+      for (int g = 0; g < 2; ++g) {
+        Backend r(g == 1);
+        Tensor idx = r.in_i32(iv, {c.N, c.k}), w = r.in(wv, F32, {c.N, c.k}), scale = r.in(sv, sdt, {c.E});
+        Tensor out = r.out(F32, {c.N, c.k}), dout = r.in(gv, F32, {c.N, c.k});
+        Tensor dscale = r.in(std::vector<float>(size_t(c.E), 0.25f), sdt, {c.E});
+        CALL(r, moe_expert_scale, out, w, idx, scale);
+        CALL(r, moe_expert_scale_backward, dout, dscale, dout, w, idx, scale);
+        f[g] = {r.get(out), r.get(dout), r.get(dscale)};
+      }
+      EXPECT_EQ(f[1][0], f[0][0]) << "forward: one product each, the same bits";
+      EXPECT_EQ(f[1][1], f[0][1]) << "dw: one product each, the same bits";
+      check_f32("dscale", f[1][2], f[0][2], sdt == BF16 ? 8e-3 : 1e-5);
+    }
+  }
+}
+
 TEST(CudaOps, MoeGroupedMatmul) {
   REQUIRE_GPU();
   struct G {

@@ -203,6 +203,13 @@ class CpuOps final : public Ops {
   void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, Stream& s) override {
     cs(s).push([=] { cpu::moe_aux_loss(loss_sum, stats, scale); });
   }
+  void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale, Stream& s) override {
+    cs(s).push([=] { cpu::moe_expert_scale(out, w, idx, scale); });
+  }
+  void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale,
+                                 Stream& s) override {
+    cs(s).push([=] { cpu::moe_expert_scale_backward(dw, dscale, dout, w, idx, scale); });
+  }
   void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, Stream& s) override {
     cs(s).push([=] { cpu::attention_forward(out, lse, q, k, v, d); });
   }

@@ -38,6 +38,8 @@ void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets);
 void moe_combine(Tensor y, Tensor ys, Tensor weights, Tensor slot_pos);
 void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights, Tensor slot_pos);
 void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale);
+void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale);
+void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale);
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                         Tensor lse, const AttnDims& d, Tensor ws);

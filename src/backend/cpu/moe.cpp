@@ -245,6 +245,34 @@ void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Ten
       dys, dy, ys);
 }
 
+// Gemma 4's per-expert scale of the routing weights (a few N*k values: one serial pass).
+void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale) {
+  const int64_t S = w.numel();  // out, w, idx [N, k]; scale [E]
+  const float* W = w.ptr<float>();
+  float* O = out.ptr<float>();
+  const int32_t* ix = idx.ptr<int32_t>();
+  visit(scale, [&](auto* sc) {
+    for (int64_t i = 0; i < S; ++i) O[i] = W[i] * ld(sc, ix[i]);
+  });
+}
+
+void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale) {
+  const int64_t S = w.numel(), E = scale.numel();  // dw, dout, w, idx [N, k]; scale, dscale [E]
+  const float* W = w.ptr<float>();
+  const float* G = dout.ptr<float>();
+  float* D = dw.ptr<float>();
+  const int32_t* ix = idx.ptr<int32_t>();
+  // [E], the slots in order: deterministic. dout is read here, before dw (which may alias it) is written.
+  std::vector<double> acc(size_t(E), 0.0);
+  for (int64_t i = 0; i < S; ++i) acc[size_t(ix[i])] += double(G[i]) * W[i];
+  visit(dscale, [&](auto* ds) {
+    for (int64_t e = 0; e < E; ++e) st(ds, e, float(double(ld(ds, e)) + acc[size_t(e)]));
+  });
+  visit(scale, [&](auto* sc) {
+    for (int64_t i = 0; i < S; ++i) D[i] = G[i] * ld(sc, ix[i]);
+  });
+}
+
 void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale) {
   const int64_t E = stats.numel() / 2;
   const float* s = stats.ptr<float>();

@@ -240,6 +240,13 @@ class CudaOps final : public Ops {
                             Stream& s) override {
     cuda::moe_combine_backward(dys, dweights, dy, ys, weights, slot_pos, L(s));
   }
+  void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale, Stream& s) override {
+    cuda::moe_expert_scale(out, w, idx, scale, L(s));
+  }
+  void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale,
+                                 Stream& s) override {
+    cuda::moe_expert_scale_backward(dw, dscale, dout, w, idx, scale, L(s));
+  }
   void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, Stream& s) override {
     cuda::moe_aux_loss(loss_sum, stats, scale, L(s));
   }

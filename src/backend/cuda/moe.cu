@@ -321,6 +321,51 @@ void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Ten
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+__global__ void expert_scale_kernel(float* __restrict__ out, const float* __restrict__ w,
+                                    const int32_t* __restrict__ idx, DIn scale, int64_t S) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < S; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = w[i] * ld1(scale, idx[i]);
+}
+
+// One block per expert e: dscale[e] += the sum over slots that chose e of dout * w (block-strided,
+// then the fixed tree of block_sum: the same bits every run).
+__global__ void expert_scale_dscale_kernel(DOut dscale, const float* __restrict__ dout, const float* __restrict__ w,
+                                           const int32_t* __restrict__ idx, int64_t S) {
+  __shared__ float red[32];
+  const int e = int(blockIdx.x);
+  float acc = 0.f;
+  for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
+    if (idx[i] == e) acc += dout[i] * w[i];
+  acc = block_sum(acc, red);
+  if (threadIdx.x == 0) st1(dscale, e, ld1(dscale, e) + acc);
+}
+
+}  // namespace
+
+void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale, const Launch& L) {
+  const int64_t S = w.numel();
+  if (S == 0) return;
+  expert_scale_kernel<<<elem_grid(S, L), 256, 0, L.stream>>>(out.ptr<float>(), w.ptr<float>(), idx.ptr<int32_t>(),
+                                                             din(scale), S);
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale,
+                               const Launch& L) {
+  const int64_t S = w.numel(), E = scale.numel();
+  if (S == 0) return;
+  SF_CHECK(E < (int64_t(1) << 31), "moe_expert_scale_backward: too many experts for the cuda kernel");
+  // dscale first: it reads dout, which dw may alias.
+  expert_scale_dscale_kernel<<<unsigned(E), kRowThreads, 0, L.stream>>>(dout_(dscale), dout.ptr<float>(),
+                                                                        w.ptr<float>(), idx.ptr<int32_t>(), S);
+  CUDA_CHECK_LAUNCH();
+  expert_scale_kernel<<<elem_grid(S, L), 256, 0, L.stream>>>(dw.ptr<float>(), dout.ptr<float>(), idx.ptr<int32_t>(),
+                                                             din(scale), S);
+  CUDA_CHECK_LAUNCH();
+}
+
 void moe_aux_loss(Tensor loss_sum, Tensor stats, float scale, const Launch& L) {
   aux_loss_kernel<<<1, 256, 0, L.stream>>>(loss_sum.ptr<float>(), stats.ptr<float>(), int(stats.numel() / 2), scale);
   CUDA_CHECK_LAUNCH();

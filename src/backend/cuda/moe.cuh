@@ -19,6 +19,9 @@ void moe_grouped_matmul_wgrad(Tensor dw, Tensor dy, Tensor x, Tensor offsets, co
 // the caller's stream instead of spreading them over the expert streams (the same bits either
 // way; the tests check that, the benchmark times both).
 void moe_gemm_force_one_stream(bool one);
+void moe_expert_scale(Tensor out, Tensor w, Tensor idx, Tensor scale, const Launch& L);
+void moe_expert_scale_backward(Tensor dw, Tensor dscale, Tensor dout, Tensor w, Tensor idx, Tensor scale,
+                               const Launch& L);
 void moe_combine(Tensor y, Tensor ys, Tensor weights, Tensor slot_pos, const Launch& L);
 void moe_combine_backward(Tensor dys, Tensor dweights, Tensor dy, Tensor ys, Tensor weights, Tensor slot_pos,
                           const Launch& L);
