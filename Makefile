@@ -25,9 +25,16 @@ demo: deps
 	cmake --build $(BUILD) -j $(JOBS) --target slideformer
 	$(BUILD)/slideformer demo
 
+# ctest: JOBS `cpu` slots (one a core) for the CPU-bound tests, TEST_JOBS tests at a time in all: the
+# sliding-vs-resident cases take no slot (they sleep through the cpu device's injected delays:
+# CMakeLists.txt), so they run beside the others instead of holding a core each.
+TEST_JOBS ?= $(shell echo $$(( $(JOBS) * 4 )))
+CTEST = printf '{"version":{"major":1,"minor":0},"local":[{"cpu":[{"id":"0","slots":%s}]}]}\n' $(JOBS) \
+          >cpu_slots.json && $(1) ctest --output-on-failure -j $(TEST_JOBS) --resource-spec-file cpu_slots.json
+
 test: deps
 	@$(MAKE) --no-print-directory build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && $(call CTEST)
 
 gpu-test: build
 	cd $(BUILD) && ctest --output-on-failure -L gpu
@@ -45,14 +52,14 @@ SAN_CMAKE_FLAGS ?=
 asan-test: deps
 	@test -f $(ASAN_BUILD)/CMakeCache.txt || cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSF_CUDA=OFF \
 	  -DSF_SANITIZE=address,undefined $(SAN_CMAKE_FLAGS)
-	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	cd $(ASAN_BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) -LE gpu -E '$(ASAN_TEST_EXCLUDE)'
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target sf_tests slideformer $(FUZZ_TARGETS:%=fuzz_replay_%)
+	cd $(ASAN_BUILD) && $(call CTEST,$(SAN_ENV)) -LE gpu -E '$(ASAN_TEST_EXCLUDE)'
 
 tsan-test: deps
 	@test -f $(TSAN_BUILD)/CMakeCache.txt || cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSF_CUDA=OFF \
 	  -DSF_SANITIZE=thread $(SAN_CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target sf_tests slideformer
-	cd $(TSAN_BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) -R 'Sliding|Engines|CpuDevice|OffloadMatchesInMemory'
+	cd $(TSAN_BUILD) && $(call CTEST,$(SAN_ENV)) -R 'Sliding|Engines|CpuDevice|OffloadMatchesInMemory'
 
 # libFuzzer (clang): `make fuzz` runs every target FUZZ_SECONDS (default 1800) in turn, keeping what it
 # finds in build-fuzz/corpus/<target> and crashes in build-fuzz/artifacts/<target>/ (copy those to
@@ -66,19 +73,22 @@ $(FUZZ_BUILD)/CMakeCache.txt:
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSF_CUDA=OFF -DSF_FUZZ=ON \
 	  $(SAN_CMAKE_FLAGS)
 
+# FUZZ_JOBS targets at a time (each fuzzer is one process on one core; the smoke runs JOBS at once,
+# each target's output held in build-fuzz/fuzz_<target>.log and shown when it ends).
+FUZZ_JOBS ?= 1
 fuzz: deps $(FUZZ_BUILD)/CMakeCache.txt
 	cmake --build $(FUZZ_BUILD) -j $(JOBS)
-	@for t in $(FUZZ_TARGETS); do \
+	@printf '%s\n' $(FUZZ_TARGETS) | xargs -P $(FUZZ_JOBS) -I{} sh -c 't={}; \
 	  mkdir -p $(FUZZ_BUILD)/corpus/$$t $(FUZZ_BUILD)/artifacts/$$t; \
 	  echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
-	  $(FUZZ_BUILD)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	  run() { $(FUZZ_BUILD)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
 	    -max_len=$$( [ $$t = tokenizer ] && echo 20000 || echo 4096 ) -print_final_stats=1 \
-	    -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t/ $(FUZZ_BUILD)/corpus/$$t fuzz/corpus/$$t fuzz/regressions/$$t \
-	    || exit 1; \
-	done
+	    -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t/ $(FUZZ_BUILD)/corpus/$$t fuzz/corpus/$$t fuzz/regressions/$$t; }; \
+	  if [ $(FUZZ_JOBS) -eq 1 ]; then run; else run >$(FUZZ_BUILD)/fuzz_$$t.log 2>&1; rc=$$?; \
+	    cat $(FUZZ_BUILD)/fuzz_$$t.log; echo "fuzz_$$t: exit $$rc"; exit $$rc; fi' || exit 1
 
 fuzz-smoke:
-	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 FUZZ_JOBS=$(JOBS)
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu' '*.cuh')

@@ -464,8 +464,11 @@ TEST_F(PlanHardware, Qwen3MoeOnTheDesktopFitsAndPredicts) {
   EXPECT_FALSE(r.last()["fits"].get<bool>());
   EXPECT_NE(r.err.find("DOES NOT FIT: needs"), std::string::npos) << r.err;
   const HardwareProfile h = load_hardware("rtx4090");
-  for (const std::string& extra :
-       {std::string(" --optimizer-state bf16 --max-grad-norm 0"), " --offload-dir " + d.path.string()}) {
+  // Each plan of this model is ~100 s of CPU under the sanitizers (its ~18k expert tensors' layout,
+  // laid out again for every placement tried): there the store's plan alone, the one with more code.
+  std::vector<std::string> extras = {" --optimizer-state bf16 --max-grad-norm 0", " --offload-dir " + d.path.string()};
+  if (test::kSanitizerBuild) extras.erase(extras.begin());
+  for (const std::string& extra : extras) {
     r = run(plan + extra);
     ASSERT_EQ(r.code, 0) << r.err;
     const json j = r.last();

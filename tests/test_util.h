@@ -28,6 +28,22 @@
 
 namespace sf::test {
 
+// ---- sizes of the heaviest tests ----
+
+// The sanitizer builds (SF_SANITIZER_BUILD, set by -DSF_SANITIZE) run mostly at -O0 with every
+// allocation and access checked, 5-25x slower. The few tests that are heavy for their sizes take the
+// full size in the ordinary build (what `make test` proves) and a smaller one there, where the code
+// paths, not the sizes, are what the sanitizers check. Each use says what it keeps.
+#ifdef SF_SANITIZER_BUILD
+inline constexpr bool kSanitizerBuild = true;
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+template <class T>
+constexpr T heavy(T normal, T sanitized) {
+  return kSanitizerBuild ? sanitized : normal;
+}
+
 // ---- files ----
 
 inline std::string slurp(const std::filesystem::path& p) {
