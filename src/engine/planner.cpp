@@ -269,7 +269,12 @@ SlidingOptions sliding_options(const Plan& p, const EngineOptions& base, bool ke
 }
 
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, const SlidingOptions& o, const BackendInfo& be) {
-  return merge_by_name(SlidingEngine::buffers(s, o, backend_sizes(s, o.base.max_batch, o.base.max_seq, be)));
+  return sliding_memory(s, make_layout(s), o, be);
+}
+
+std::vector<MemoryItem> sliding_memory(const ModelSpec& s, const ModelLayout& lay, const SlidingOptions& o,
+                                       const BackendInfo& be) {
+  return merge_by_name(SlidingEngine::buffers(s, lay, o, backend_sizes(s, o.base.max_batch, o.base.max_seq, be)));
 }
 
 std::vector<int> disk_blob_order(const ModelSpec& s) {
@@ -460,7 +465,7 @@ class Planner {
       o.optimizer = r_.optimizer;
       p_.items = resident_memory(s_, o, be_);
     } else {
-      p_.items = sliding_memory(s_, sliding_options(p_, base, r_.clip || !r_.optimizer), be_);
+      p_.items = sliding_memory(s_, lay_, sliding_options(p_, base, r_.clip || !r_.optimizer), be_);
     }
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
     p_.disk_write_bytes = double(p_.disk_bytes);

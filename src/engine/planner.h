@@ -194,6 +194,9 @@ struct Plan {
 SlidingOptions sliding_options(const Plan& p, const EngineOptions& base, bool keep_grads);
 // The sliding engine's buffers with options o at the backend's sizes (what the planner sums).
 std::vector<MemoryItem> sliding_memory(const ModelSpec& s, const SlidingOptions& o, const BackendInfo& be);
+// The same from the model's layout (built once by the caller).
+std::vector<MemoryItem> sliding_memory(const ModelSpec& s, const ModelLayout& lay, const SlidingOptions& o,
+                                       const BackendInfo& be);
 
 // Model FLOPs per trained token of one training step (matrix products, 2 per multiply-add, and
 // causal attention; MoE layers on their active parameters: router + top_k experts): forward +

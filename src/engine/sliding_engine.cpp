@@ -229,7 +229,11 @@ StepSchedule SlidingEngine::schedule(const ModelSpec& spec, const SlidingOptions
 }
 
 MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& o, const BackendSizes& be) {
-  const ModelLayout layout = make_layout(spec);
+  return buffers(spec, make_layout(spec), o, be);
+}
+
+MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const ModelLayout& layout, const SlidingOptions& o,
+                                   const BackendSizes& be) {
   const DType act = be.act;
   const SlidingShape z = sliding_shape(spec, layout, o, act);
   const PartOptions po = part_options(spec, z, o, act);

@@ -105,6 +105,9 @@ class SlidingEngine final : public Engine {
   // workspace), plus the backend's per-stream scratch. The constructor allocates from this list
   // and the planner sums it (engine/buffers.h). `be.act` stands for the options' compute dtype.
   static MemoryItems buffers(const ModelSpec& spec, const SlidingOptions& opt, const BackendSizes& be);
+  // The same from the model's layout (the planner lays a model out once for every placement it tries).
+  static MemoryItems buffers(const ModelSpec& spec, const ModelLayout& layout, const SlidingOptions& opt,
+                             const BackendSizes& be);
   // The schedule of one pass that the engine built for these options executes (engine/step_schedule.h):
   // a step without clipping (AsLanded) or with it (Clipped, needs keep_grads), the gradients alone
   // (None with the backward, needs keep_grads), the loss alone (None without).
