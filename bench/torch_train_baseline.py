@@ -4,6 +4,7 @@
     python3 bench/torch_train_baseline.py                       # Llama-3-style 1B, batch 8 x 2048
     python3 bench/torch_train_baseline.py --layers 2 --steps 3  # shrunk smoke run
     python3 bench/torch_train_baseline.py --preset olmoe-1b-7b  # mixture of experts, grouped_mm experts
+    python3 bench/torch_train_baseline.py --preset gemma3-4b    # Gemma 3 4B text shape (head dim 256)
 
 The model is transformers' LlamaForCausalLM with the Llama-3.2-1B shape (hidden 2048, intermediate 8192,
 16 layers, 32 heads, 8 KV heads, head_dim 64, vocab 128256, tied embeddings, rope_theta 500000), random
@@ -81,6 +82,38 @@ def build_moe_model(a, torch, transformers):
     return model, used
 
 
+# google/gemma-3-4b-pt's text config, as slideformer's bench preset gemma3-4b (train/presets.cpp).
+GEMMA3_4B = dict(
+    vocab_size=262208, hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+    num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh",
+    rms_norm_eps=1e-6, sliding_window=1024, max_position_embeddings=131072, tie_word_embeddings=True,
+    layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(34)])
+
+
+def build_gemma3_model(a, torch, transformers):
+    """Gemma3ForCausalLM of the 4B text shape: the legacy rope keys where the version takes them, else
+    the per-layer-type rope_parameters of transformers 5."""
+    kw = dict(GEMMA3_4B, use_cache=False, initializer_range=0.02, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    if a.layers_given:
+        kw["num_hidden_layers"] = a.layers
+        kw["layer_types"] = kw["layer_types"][:a.layers]
+    try:
+        cfg = transformers.Gemma3TextConfig(rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                                            rope_scaling={"rope_type": "linear", "factor": 8.0}, **kw)
+    except (TypeError, ValueError, KeyError):
+        cfg = transformers.Gemma3TextConfig(rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, **kw)
+    with torch.device("cuda"):
+        model = transformers.Gemma3ForCausalLM._from_config(cfg, attn_implementation=a.attn, dtype=torch.float32)
+    model = model.float().cuda()
+    model.config.use_cache = False
+    if not a.no_grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
+
+
 def moe_active_flops_per_token(cfg, T: int) -> float:
     """6 x active parameters (attention, norms, router, top_k experts; LM head; not the embedding
     lookup) + causal attention 6 * L * T * q_dim (fwd 2 T q_dim x2 halved by causality, x3 for bwd)."""
@@ -140,7 +173,7 @@ def main(argv=None):
     ap.add_argument("--no-fused", action="store_true", help="AdamW without fused=True")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--preset", choices=["1b", "3b", "8b", *MOE_PRESETS],
+    ap.add_argument("--preset", choices=["1b", "3b", "8b", "gemma3-4b", *MOE_PRESETS],
                     help="Llama-3.2-1B / 3.2-3B / 3.1-8B shapes, or a mixture-of-experts shape")
     ap.add_argument("--experts-impl", default="grouped_mm", choices=["grouped_mm", "eager", "batched_mm"],
                     help="MoE presets: transformers' experts backend (default grouped_mm)")
@@ -151,7 +184,7 @@ def main(argv=None):
     moe = a.preset in MOE_PRESETS
     shapes = {"1b": (16, 2048, 8192, 32, 8, False), "3b": (28, 3072, 8192, 24, 8, False),
               "8b": (32, 4096, 14336, 32, 8, True)}
-    if a.preset and not moe:
+    if a.preset and not moe and a.preset != "gemma3-4b":
         a.layers, a.hidden, a.intermediate, a.heads, a.kv_heads, a.untied = shapes[a.preset]
 
     import torch
@@ -171,6 +204,10 @@ def main(argv=None):
         a.layers, a.hidden, a.vocab = model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size
         a.untied = not model.config.tie_word_embeddings
         log(f"experts implementation: asked {a.experts_impl}, in effect {experts_used}")
+    elif a.preset == "gemma3-4b":
+        model = build_gemma3_model(a, torch, transformers)
+        a.layers, a.hidden, a.vocab = model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size
+        a.untied = False
     else:
         model = build_model(a, torch, transformers)
     if a.compile:
@@ -218,7 +255,7 @@ def main(argv=None):
     tokens = a.batch * a.seq * a.steps
     res = {
         "bench": "torch_eager_train_step",
-        "model": a.preset if moe else ("llama3-1b-like" if (a.layers, a.hidden) == (16, 2048) else "llama-custom"),
+        "model": a.preset if moe or a.preset == "gemma3-4b" else ("llama3-1b-like" if (a.layers, a.hidden) == (16, 2048) else "llama-custom"),
         "experts_implementation": experts_used,
         "params": n_params, "layers": a.layers, "hidden": a.hidden, "vocab": a.vocab,
         "tied": not a.untied, "batch": a.batch, "seq": a.seq, "steps": a.steps, "warmup": a.warmup,

@@ -583,10 +583,13 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
         --cli-args "--offload --slots 2 --gpu-blobs 0" --work /tmp/g3_parity_cuda_off
       fi
       if [ "$s" != gemma3_parity ]; then
-      run gemma3_4b_resident "$BIN/slideformer" bench --preset gemma3-4b --batch-size 4 --seq-len 2048 \
-        --steps 3 --warmup 1 --device cuda
-      run gemma3_4b_offload "$BIN/slideformer" bench --preset gemma3-4b --batch-size 4 --seq-len 2048 \
-        --steps 3 --warmup 1 --device cuda --offload --gpu-memory 24GiB
+      # 8 x 2048 beside PyTorch without offload (Gemma3ForCausalLM of the same shape, SDPA, checkpointing)
+      run gemma3_4b_torch timeout 150 python3 bench/torch_train_baseline.py --preset gemma3-4b --batch 8 --seq 2048 \
+        --steps 3 --warmup 1 --clip 1.0
+      bench_vs_plan gemma3_4b_resident 120 --preset gemma3-4b --batch-size 8 --seq-len 2048 \
+        --steps 3 --warmup 1 --device cuda --max-grad-norm 1
+      bench_vs_plan gemma3_4b_offload 120 --preset gemma3-4b --batch-size 8 --seq-len 2048 \
+        --steps 3 --warmup 1 --device cuda --gpu-memory 24GiB --max-grad-norm 1
       fi ;;
     # issue 18, Gemma 4 (docs/GEMMA4.md): the capped head, head dim 512 attention and the MoE
     # block's per-expert scale kernels against their CPU twins; tools/gemma4_reference.py (its torch
