@@ -1108,6 +1108,91 @@ TEST_F(Cli, OffloadDirMatchesInMemory) {
   EXPECT_FALSE(fs::exists(p("tc")));
 }
 
+// --upload-copies: the sliding engine with a working copy beside every host master (written by the
+// update, read by the uploads) trains to the in-memory engine's bytes on the cpu backend, clipped
+// or not, with 2 micro-batches, some blobs kept on the device and bf16 compute; a resume
+// re-initialises the copies from the loaded masters; plan says whether copies are used and their
+// bytes (bf16 compute halving the upload bytes: test_sliding_engine's UploadCopies cases); `on`
+// with too little host memory is refused (exit 2) naming the option; auto never takes them on the
+// cpu backend (fp32: a copy would be a second master); a bad value and the YAML key.
+TEST_F(Cli, UploadCopiesMatchInMemory) {
+  std::string model = make_model("llama", "m");
+  std::string data = make_data("d.jsonl", 9);
+  const std::string common = train_cmd(model, data) +
+                             " --seq-len 16 --batch-size 2 --grad-accum 2 --device cpu --steps 3 --lr 1e-2 "
+                             "--weight-decay 0.1 --seed 5";
+  for (const char* dtype : {"", " --compute-dtype bf16"})
+    for (const char* clip : {" --max-grad-norm 1", " --max-grad-norm 0"}) {
+      SCOPED_TRACE(std::string(clip) + dtype);
+      const std::string tr = common + clip + dtype + " --output ";
+      for (const char* o : {"ua", "ub", "uc"}) fs::remove_all(p(o));
+      ASSERT_EQ(run(tr + p("ua")).code, 0);
+      CmdResult u = run(tr + p("ub") + " --offload --slots 2 --gpu-blobs 0 --upload-copies on");
+      ASSERT_EQ(u.code, 0) << u.err;
+      EXPECT_TRUE(same_weights(p("ua"), p("ub")));
+      u = run(tr + p("uc") + " --offload --slots 2 --gpu-blobs 2 --upload-copies on");
+      ASSERT_EQ(u.code, 0) << u.err;
+      EXPECT_TRUE(same_weights(p("ua"), p("uc")));
+    }
+  // A resume from checkpoint-2 with copies: the masters loaded, the copies made from them.
+  const std::string rs = common + " --max-grad-norm 1 --compute-dtype bf16 --offload --slots 2 --gpu-blobs 0 "
+                                  "--upload-copies on --output ";
+  ASSERT_EQ(run(rs + p("ra") + " --save-every 2").code, 0);
+  CmdResult r = run(rs + p("rb") + " --resume " + p("ra") + "/checkpoint-2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(same_weights(p("ra"), p("rb")));
+
+  // plan: the copies, their bytes and what a pass uploads (fp32 compute on the cpu: 4 bytes a
+  // parameter either way).
+  const std::string plan = "plan --model " + model + " --device cpu --batch-size 2 --seq-len 16 --offload --slots 2 "
+                           "--gpu-blobs 0";
+  CmdResult on = run(plan + " --upload-copies on"), none = run(plan);
+  ASSERT_EQ(on.code, 0) << on.err;
+  ASSERT_EQ(none.code, 0) << none.err;
+  const json jo = on.last(), jn = none.last();
+  const size_t blobs = 4;  // tiny llama: the embedding, 2 layers, the head (none kept on the device)
+  EXPECT_EQ(jo["upload_copies"].size(), blobs);
+  EXPECT_TRUE(jn["upload_copies"].empty());  // auto: never on the cpu backend
+  EXPECT_EQ(jn["upload_copies_choice"], "auto");
+  EXPECT_EQ(jo["upload_copies_choice"], "on");
+  EXPECT_GT(size_t(jo["upload_copy_bytes"]), 0u);
+  EXPECT_EQ(size_t(jo["host_bytes"]), size_t(jn["host_bytes"]) + size_t(jo["upload_copy_bytes"]));
+  EXPECT_EQ(double(jo["upload_bytes_per_pass"]), double(jn["upload_bytes_per_pass"]));
+  EXPECT_NE(on.err.find("upload copies: " + std::to_string(blobs) + " of " + std::to_string(blobs) + " host blobs"),
+            std::string::npos)
+      << on.err;
+  EXPECT_NE(none.err.find("upload copies: none (--upload-copies auto)"), std::string::npos) << none.err;
+  EXPECT_TRUE(run(plan + " --upload-copies off").last()["upload_copies"].empty());
+
+  // Too little host memory for them: the plan does not fit, and a run is refused naming the option.
+  const std::string mem = " --cpu-memory " + std::to_string(size_t(jo["host_bytes"]) - 1);
+  CmdResult short_on = run(plan + " --upload-copies on" + mem);
+  ASSERT_EQ(short_on.code, 0) << short_on.err;
+  EXPECT_FALSE(short_on.last()["fits"].get<bool>());
+  EXPECT_NE(short_on.last()["why"].get<std::string>().find("of it upload copies (--upload-copies)"), std::string::npos)
+      << short_on.last()["why"];
+  EXPECT_TRUE(run(plan + mem).last()["fits"].get<bool>());  // without them it fits
+  // (the run's shape: 2 micro-batches, train's default of no clipping)
+  CmdResult as_run = run(plan + " --upload-copies on --grad-accum 2 --max-grad-norm 0");
+  ASSERT_EQ(as_run.code, 0) << as_run.err;
+  const std::string run_mem = " --cpu-memory " + std::to_string(size_t(as_run.last()["host_bytes"]) - 1);
+  expect_input_error(run(common + " --offload --slots 2 --gpu-blobs 0 --upload-copies on --output " + p("x") + run_mem),
+                     "upload copies (--upload-copies)");
+  EXPECT_FALSE(fs::exists(p("x")));
+  CmdResult bad = run(plan + " --upload-copies maybe");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--upload-copies"), std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  // The YAML key (either spelling of the name).
+  for (const char* key : {"upload-copies", "upload_copies"}) {
+    const std::string yaml = write("p.yaml", "model: " + model + "\ndevice: cpu\nbatch-size: 2\nseq-len: 16\n"
+                                   "offload: true\nslots: 2\ngpu-blobs: 0\n" + key + ": on\n");
+    CmdResult y = run("plan " + yaml);
+    ASSERT_EQ(y.code, 0) << y.err;
+    EXPECT_EQ(y.last()["upload_copies"].size(), blobs) << key;
+  }
+}
+
 // Issue 16, data loss: an output never replaces an input or a directory without the marker; what a
 // run writes (--output, --metrics, grad's --output) is never what it reads, however the path is
 // spelled; an existing --metrics or gradient file is replaced only when slideformer wrote it.

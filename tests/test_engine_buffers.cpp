@@ -193,6 +193,8 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
               // one keeping attention's output with 3 slots.
               pl.whole_layers = kept % 2 == 1 ? 1 : 0;
               pl.kept_layers = slots == 3 ? 1 : 0;
+              // Upload copies of every host blob with 2 slots ("host.work", pinned).
+              for (size_t b = kept; slots == 2 && b < order.size(); ++b) pl.upload_copies.push_back(order[b]);
               EngineOptions base = planner_base(B, T, micro, state);
               if (bf16) base.compute_dtype = "bf16";
               SlidingOptions so = sliding_options(pl, base, keep);
@@ -218,6 +220,9 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
                           size_t(micro * pl.whole_layers) * KeptActivations::whole_bytes(spec, B, T, act));
                 EXPECT_EQ(total_bytes(items_with(list, "kept"), Place::Device),
                           size_t(micro * pl.kept_layers) * KeptActivations::attention_bytes(spec, B, T, act));
+                size_t copies = 0;
+                for (int b : pl.upload_copies) copies += size_t(make_layout(spec).blobs[size_t(b)].numel) * dtype_size(act);
+                EXPECT_EQ(total_bytes(items_with(list, "host.work"), Place::Pinned), copies);
                 if (!chunk) {  // the planner plans the default chunk and ring
                   const MemoryItems plan = sliding_memory(
                       spec, sliding_options(pl, planner_base(B, T, micro, state), keep), cpu_info(bf16));
@@ -283,6 +288,7 @@ TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
       for (int b = 1; b <= spec.n_layer; ++b) pl.disk_blobs.push_back(b);
       if (level >= 4) pl.disk_masters = pl.disk_blobs;
       if (level >= 5) pl.disk_weights = pl.disk_grads = pl.disk_blobs;
+      if (level == 4) pl.upload_copies = {0, spec.n_layer + 1};  // beside the disk masters' working copies
       EngineOptions base = planner_base(2, 11, 1, DType::F32);
       base.compute_dtype = "bf16";
       SlidingOptions so = sliding_options(pl, base, true);

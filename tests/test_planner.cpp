@@ -14,6 +14,8 @@
 #include "model/program.h"
 #include "model_fixtures.h"
 #include "test_util.h"
+#include "train/hardware_profile.h"
+#include "train/presets.h"
 
 namespace sf {
 namespace {
@@ -840,6 +842,7 @@ TEST(Planner, SlidingOptionsCarryTheWholePlacement) {
   p.disk_masters = {1, 2};
   p.disk_weights = {1};
   p.disk_grads = {3};
+  p.upload_copies = {4};
   p.ckpt_cufile = "libcufile.so.0";
   p.whole_layers = 2;
   p.kept_layers = 5;
@@ -858,6 +861,7 @@ TEST(Planner, SlidingOptionsCarryTheWholePlacement) {
   EXPECT_EQ(o.disk_masters, p.disk_masters);
   EXPECT_EQ(o.disk_weights, p.disk_weights);
   EXPECT_EQ(o.disk_grads, p.disk_grads);
+  EXPECT_EQ(o.upload_copies, p.upload_copies);
   EXPECT_EQ(o.store.cufile, "libcufile.so.0");
   EXPECT_EQ(o.base.max_batch, 4);
   EXPECT_EQ(o.base.max_seq, 17);
@@ -868,5 +872,124 @@ TEST(Planner, SlidingOptionsCarryTheWholePlacement) {
   p.ckpt_disk_layers = 0;  // no checkpoints on disk: no cuFile path to take
   EXPECT_EQ(sliding_options(p, base, true).store.cufile, "");
 }
+
+// Upload copies (PlanRequest::upload_copies; docs/ENGINE.md "Uploads") with the H200 machine's
+// measured profile: auto takes a copy beside every host master where host memory holds them and
+// the predicted step is shorter — the 3B with every blob on the host, clipped or not, and OLMoE-1B-7B
+// at 24 GiB of GPU memory, where the forward's fp32 uploads bound the step —; their uploads carry
+// half the bytes; with less host memory only the first blobs (forward order) or none, always
+// within the budget; `on` forces every host blob and is refused, naming the copies, when short;
+// `off` and the cpu backend's auto take none.
+TEST(Planner, UploadCopiesWhenTheyFitAndPay) {
+  const HardwareProfile h = load_hardware(std::string(SF_SOURCE_DIR) + "/bench/results/2026-12-01s7_h200_profile.json");
+  const Rates rates = h.rates();
+  BackendInfo be = cuda_backend_sizes();
+  be.device_total = be.device_free = h.gpu_budget_bytes();
+  auto plan = [&](const std::string& preset, bool clip, size_t gpu, CopiesChoice c, size_t host = 0) {
+    PlanRequest r;
+    r.batch = 8;
+    r.seq = 2048;
+    r.clip = clip;
+    r.state_dtype = DType::BF16;
+    r.gpu_budget = gpu ? gpu : h.gpu_budget_bytes();
+    r.host_budget = host ? host : h.host_budget_bytes();
+    if (!gpu) {  // every blob on the host
+      r.offload = OffloadChoice::On;
+      r.gpu_blobs = 0;
+    }
+    r.upload_copies = c;
+    return make_plan(parse_model_spec(preset_config(preset), preset), r, be, rates);
+  };
+  struct Want {
+    const char* preset;
+    bool clip;
+    size_t gpu;
+  };
+  for (const Want& w : {Want{"llama-3b", true, 0}, Want{"llama-3b", false, 0},
+                        Want{"olmoe-1b-7b", false, size_t(24) << 30}}) {
+    SCOPED_TRACE(std::string(w.preset) + (w.clip ? " clip" : " no clip") + (w.gpu ? " 24GiB" : " all on the host"));
+    const Plan off = plan(w.preset, w.clip, w.gpu, CopiesChoice::Off);
+    const Plan aut = plan(w.preset, w.clip, w.gpu, CopiesChoice::Auto);
+    const Plan on = plan(w.preset, w.clip, w.gpu, CopiesChoice::On);
+    ASSERT_TRUE(off.fits && aut.fits && on.fits) << off.why() << aut.why() << on.why();
+    ASSERT_EQ(off.engine, EngineKind::Sliding);
+    EXPECT_TRUE(off.upload_copies.empty());
+    const ModelSpec spec = parse_model_spec(preset_config(w.preset), w.preset);
+    const size_t host_blobs = gpu_blob_order(spec).size() - aut.gpu_blobs.size();
+    EXPECT_EQ(aut.upload_copies.size(), host_blobs);
+    EXPECT_EQ(aut.upload_copies, on.upload_copies);
+    EXPECT_GT(aut.upload_copy_bytes, 0u);
+    EXPECT_EQ(aut.host_bytes, off.host_bytes + aut.upload_copy_bytes);  // the same placement, + the copies
+    EXPECT_EQ(aut.gpu_blobs, off.gpu_blobs);
+    EXPECT_EQ(2 * aut.upload_bytes, off.upload_bytes);  // bf16 copies instead of fp32 masters
+    // (each candidate of selective recompute gets copies when they gain 1 % there: the step may
+    // then be another candidate's, shorter than the best without copies by less)
+    EXPECT_LT(aut.step_s, off.step_s);
+    const SlidingOptions so = sliding_options(aut, EngineOptions{}, w.clip);
+    EXPECT_EQ(so.upload_copies, aut.upload_copies);
+  }
+  // Not where the uploads do not bound the step: the 3B at 24 GiB of GPU memory with clipping (the
+  // forward waits for the host bus, where a copy's write costs what its upload saves), or without
+  // clipping with fp32 state (the host's AdamW bounds the backward; the copies only add to it).
+  for (const auto& [clip, gpu, state] :
+       {std::tuple{true, size_t(24) << 30, DType::BF16}, std::tuple{false, size_t(0), DType::F32}}) {
+    SCOPED_TRACE(std::string(clip ? "clip, 24 GiB" : "no clip, all on the host, fp32 state"));
+    PlanRequest r;
+    r.batch = 8;
+    r.seq = 2048;
+    r.clip = clip;
+    r.state_dtype = state;
+    r.gpu_budget = gpu ? gpu : h.gpu_budget_bytes();
+    r.host_budget = h.host_budget_bytes();
+    if (!gpu) {
+      r.offload = OffloadChoice::On;
+      r.gpu_blobs = 0;
+    }
+    const ModelSpec s3 = parse_model_spec(preset_config("llama-3b"), "llama-3b");
+    const Plan p = make_plan(s3, r, be, rates);
+    ASSERT_TRUE(p.fits) << p.why();
+    EXPECT_TRUE(p.upload_copies.empty());
+    r.upload_copies = CopiesChoice::On;
+    const Plan forced = make_plan(s3, r, be, rates);
+    ASSERT_TRUE(forced.fits) << forced.why();
+    EXPECT_FALSE(forced.upload_copies.empty());
+    EXPECT_GE(forced.step_s, p.step_s * 0.99);
+  }
+  // Less host memory: what fits of them, the first blobs in forward order, or none.
+  const Plan off = plan("llama-3b", true, 0, CopiesChoice::Off);
+  const Plan all = plan("llama-3b", true, 0, CopiesChoice::On);
+  for (const size_t budget : {off.host_bytes, off.host_bytes + all.upload_copy_bytes / 2, all.host_bytes - 1}) {
+    SCOPED_TRACE("host budget " + std::to_string(budget));
+    const Plan p = plan("llama-3b", true, 0, CopiesChoice::Auto, budget);
+    ASSERT_TRUE(p.fits) << p.why();
+    EXPECT_LE(p.host_bytes, budget);
+    EXPECT_LT(p.upload_copies.size(), all.upload_copies.size());
+    for (size_t i = 0; i < p.upload_copies.size(); ++i) EXPECT_EQ(p.upload_copies[i], int(i));  // a prefix
+    if (!p.upload_copies.empty()) {
+      EXPECT_LT(p.step_s, off.step_s * 0.99);
+    }
+    const Plan forced = plan("llama-3b", true, 0, CopiesChoice::On, budget);
+    EXPECT_FALSE(forced.fits);
+    EXPECT_EQ(forced.short_of.memory, Shortfall::Memory::Host);
+    EXPECT_EQ(forced.short_of.copies, all.upload_copy_bytes);
+    EXPECT_NE(forced.why(option_name).find("of it upload copies (--upload-copies)"), std::string::npos)
+        << forced.why(option_name);
+  }
+  EXPECT_TRUE(plan("llama-3b", true, 0, CopiesChoice::Auto, off.host_bytes).upload_copies.empty());
+  // The cpu backend: fp32 compute, a copy is a second master: never by itself; forced, every host blob.
+  PlanRequest r;
+  r.batch = 2;
+  r.seq = 16;
+  r.offload = OffloadChoice::On;
+  r.gpu_blobs = 1;
+  r.host_budget = size_t(64) << 30;
+  const ModelSpec tiny = spec_of("llama");
+  EXPECT_TRUE(make_plan(tiny, r, backend_info("cpu")).upload_copies.empty());
+  r.upload_copies = CopiesChoice::On;
+  const Plan forced = make_plan(tiny, r, backend_info("cpu"));
+  EXPECT_EQ(forced.upload_copies, (std::vector<int>{1, 2, 3}));  // the embedding on the device
+  EXPECT_EQ(forced.upload_bytes, double(forced.upload_copy_bytes));  // fp32 copies: a master's bytes
+}
+
 }  // namespace
 }  // namespace sf

@@ -92,6 +92,10 @@ struct Case {
   // The state ring reads ahead into the checkpoints the backward has consumed (StateStream::lend):
   // checkpoint buffers made large enough to hold a piece (SlidingOptions::ckpt_stride_min).
   bool lend = false;
+  // Upload copies (SlidingOptions::upload_copies): every host blob whose state is in host memory
+  // keeps a working copy in the compute dtype beside its master, written by its update, read by
+  // its uploads.
+  bool copies = false;
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -136,7 +140,17 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (c.grads_disk ? "_gradsdisk" : "") + (c.cufile ? "_cufile" : "") +
          (c.refuse_registration ? "_unregistered" : "") +
          (c.whole || c.attn ? "_keep" + std::to_string(c.whole) + "w" + std::to_string(c.attn) + "a" : "") +
-         (c.lend ? "_lend" : "");
+         (c.lend ? "_lend" : "") + (c.copies ? "_copies" : "");
+}
+
+// The host blobs without state in the store: those that get upload copies.
+std::vector<int> copy_blobs(int n_layer, const std::vector<int>& on_gpu, const std::vector<int>& on_disk) {
+  std::vector<int> out;
+  for (int b = 0; b <= n_layer + 1; ++b)
+    if (std::find(on_gpu.begin(), on_gpu.end(), b) == on_gpu.end() &&
+        std::find(on_disk.begin(), on_disk.end(), b) == on_disk.end())
+      out.push_back(b);
+  return out;
 }
 
 TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
@@ -200,6 +214,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
     }
   }
   if (c.lend) so.ckpt_stride_min = 24 << 10;  // a piece's m and v (16 KiB) in one, more across two
+  if (c.copies) so.upload_copies = copy_blobs(spec.n_layer, so.gpu_blobs, so.disk_blobs);
   SlidingEngine s(*dev_s, spec, so);
   s.init_random(5);
   auto [ls, ps] = train(s, recs, 3, c.micro, clip);
@@ -242,6 +257,26 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
     EXPECT_EQ(lf, ls);
     for (size_t i = 0; i < pf.size(); ++i) EXPECT_EQ(pf[i].data, ps[i].data) << pf[i].name;
     EXPECT_GT(s.device_bytes(), f.device_bytes());  // the kept buffers
+  }
+  if (c.copies) {  // the same bits as the sliding engine without copies; the uploads read the copies
+    SlidingOptions plain = so;
+    plain.upload_copies.clear();
+    auto dev_p = make_cpu_device(o);
+    SlidingEngine f(*dev_p, spec, plain);
+    f.init_random(5);
+    auto [lf, pf] = train(f, recs, 3, c.micro, clip);
+    EXPECT_EQ(lf, ls);
+    for (size_t i = 0; i < pf.size(); ++i) EXPECT_EQ(pf[i].data, ps[i].data) << pf[i].name;
+    // What the uploads read from host memory: the copies in the compute dtype (bf16: half of the
+    // fp32 masters' bytes; fp32 compute, the cpu backend's default: a copy is a master's size).
+    const uint64_t with = s.stats().uploaded_bytes, without = f.stats().uploaded_bytes;
+    ASSERT_EQ(s.uploads(), f.uploads());
+    if (c.disk == 0) {
+      EXPECT_EQ(c.bf16 ? 2 * with : with, without);
+    } else {
+      EXPECT_LE(with, without);
+    }
+    EXPECT_GT(s.host_bytes(), f.host_bytes());  // the copies' pinned memory
   }
 }
 
@@ -397,6 +432,69 @@ std::vector<Case> lend_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Lending, SlidingVsResident, ::testing::ValuesIn(lend_cases()), case_name);
 
+// Upload copies (SlidingOptions::upload_copies): the update writes each host blob's working copy
+// in the same pass as its master (the fused pass, or the split update's parameter pass) and the
+// uploads read it. Against the resident engine and the sliding engine without copies, byte for
+// byte: clipping (split and fused updates) and without (the gradient ring, held gradients), 1-2
+// micro-batches, blobs kept on the GPU, bf16 and fp32 compute, bf16 state, odd chunks, state of
+// some blobs in the store beside the copies of the others (masters there too: their working copies
+// and the upload copies in one buffer), each with a stalled stream (1 compute, 2 h2d: the uploads
+// that read the copies, 4 d2h, 16 opt: the updates that write them).
+std::vector<Case> copy_cases() {
+  std::vector<Case> out;
+  auto add = [&](const char* family, int slots, uint64_t stall, auto&& set) {
+    Case c{family, slots, stall ? 50 : 0, stall};
+    c.copies = true;
+    c.bf16 = true;
+    set(c);
+    out.push_back(c);
+  };
+  auto none = [](Case&) {};
+  add("llama", 3, 0, none);                                   // clipping, split update
+  add("qwen3", 2, 16, [](Case& c) { c.overlap = true; });     // the ring, opt stalled
+  add("mistral", 3, 2, [](Case& c) {                          // the ring, held gradients, h2d stalled
+    c.overlap = true;
+    c.hold = 3000;
+    c.micro = 2;
+  });
+  add("qwen2", 2, 4, [](Case& c) {  // grad-accum 2, blobs on the GPU, d2h stalled
+    c.micro = 2;
+    c.gpu = 2;
+  });
+  add("llama", 2, 16, [](Case& c) {  // fused update, embedding and head on the GPU, odd chunks
+    c.fused = true;
+    c.gpu = 1;
+    c.small_chunks = true;
+  });
+  add("qwen3", 3, 2, [](Case& c) {  // the ring in odd chunks, grad-accum 2, bf16 state
+    c.overlap = true;
+    c.small_chunks = true;
+    c.micro = 2;
+    c.bf16_state = true;
+  });
+  add("llama", 3, 1, [](Case& c) { c.bf16 = false; });  // fp32 compute (a copy is a master's size)
+  add("mistral", 2, 4, [](Case& c) {                    // fp32 compute, the ring, grad-accum 2, GPU blobs
+    c.bf16 = false;
+    c.overlap = true;
+    c.micro = 2;
+    c.gpu = 2;
+  });
+  add("gemma3", 2, 16, [](Case& c) { c.micro = 2; });
+  add("olmoe", 3, 2, [](Case& c) { c.overlap = true; });
+  add("qwen2", 3, 16, [](Case& c) {  // the odd layers' state, masters too, in the store
+    c.disk = 1;
+    c.tier = 3;
+    c.micro = 2;
+  });
+  add("llama", 2, 2, [](Case& c) {  // ... without clipping
+    c.disk = 1;
+    c.tier = 3;
+    c.overlap = true;
+  });
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(UploadCopies, SlidingVsResident, ::testing::ValuesIn(copy_cases()), case_name);
+
 // The gradients alone between steps (compute_grads: a backward without updates) with the state ring
 // reading ahead into the checkpoints it frees: what was read there is dropped (its memory is the
 // next forward's) and read again for the next step's updates. Both engines run the same sequence.
@@ -528,14 +626,19 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
       ResidentEngine a(*dev, spec, eo), b(*dev, spec, eo);
       check(a, b);
     }
-    for (int gpu : {0, 2}) {
-      SCOPED_TRACE("gpu blobs " + std::to_string(gpu));
-      SlidingOptions so;
-      so.base = eo;
-      so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
-      SlidingEngine a(*dev, spec, so), b(*dev, spec, so);
-      check(a, b);
-    }
+    for (int gpu : {0, 2})
+      for (bool copies : {false, true}) {  // upload copies: written with the master they copy
+        SCOPED_TRACE("gpu blobs " + std::to_string(gpu) + (copies ? ", upload copies" : ""));
+        SlidingOptions so;
+        so.base = eo;
+        so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
+        if (copies) {
+          so.base.compute_dtype = "bf16";  // (the copies in bf16, as on cuda)
+          so.upload_copies = copy_blobs(spec.n_layer, so.gpu_blobs, {});
+        }
+        SlidingEngine a(*dev, spec, so), b(*dev, spec, so);
+        check(a, b);
+      }
     // read_state of the two engines (device buffers in one, host state and kept blobs in the other)
     // agrees tensor by tensor after the same training (the engines are bit-identical on cpu).
     for (int gpu : {0, 2}) {

@@ -47,6 +47,13 @@ void EngineFlags::add(CLI::App* c) {
                 "memory is short (the file has no name and disappears when the run ends)");
   c->add_option("--disk-memory", disk_memory,
                 "space the scratch file in --offload-dir may take, e.g. 500GiB (default: the free space less 5%)");
+  c->add_option("--upload-copies", upload_copies,
+                "sliding engine: a pinned copy of each host blob's weights in the compute dtype beside its fp32 "
+                "master, written by the update and read by the uploads (half the upload bytes on a GPU, +2 bytes of "
+                "RAM a parameter): auto (the planner's choice: when it fits and the predicted step is shorter), on, "
+                "off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
 }
 
 namespace {
@@ -81,6 +88,9 @@ void EngineFlags::apply(EngineRequest& e) const {
   e.offload_dir = offload_dir;
   if (!offload_dir.empty()) check_offload_dir(offload_dir);
   e.state_dtype = optimizer_state == "bf16" ? DType::BF16 : DType::F32;
+  e.upload_copies = upload_copies == "on"    ? CopiesChoice::On
+                    : upload_copies == "off" ? CopiesChoice::Off
+                                             : CopiesChoice::Auto;
 }
 
 void add_data_options(CLI::App* c, DataOptions& d, EngineFlags& f) {

@@ -39,6 +39,7 @@ struct EngineFlags {
   std::string gpu_memory, cpu_memory;
   std::string offload_dir, disk_memory;
   std::string optimizer_state = "fp32";
+  std::string upload_copies = "auto";
   void add(CLI::App* c);
   // --optimizer-state (the commands that train or plan training: train, bench, plan).
   void add_optimizer_state(CLI::App* c);

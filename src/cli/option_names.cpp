@@ -38,6 +38,8 @@ const char* option_name(Setting s) {
       return "--keep-attention";
     case Setting::KeepLayers:
       return "--keep-layers";
+    case Setting::UploadCopies:
+      return "--upload-copies";
   }
   return "";  // not reached: -Wswitch names a Setting without an option
 }

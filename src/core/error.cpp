@@ -90,6 +90,8 @@ const char* setting_name(Setting s) {
       return "layers keeping attention's output";
     case Setting::KeepLayers:
       return "layers kept whole";
+    case Setting::UploadCopies:
+      return "upload copies";
   }
   return "setting";
 }

@@ -47,13 +47,14 @@ enum class Setting {
   DiskMemory,      // the NVMe store's budget
   KeepAttention,   // layers whose attention output the resident engine keeps (selective recompute)
   KeepLayers,      // layers the resident engine keeps whole: no recompute (selective recompute)
+  UploadCopies,    // working copies beside the host masters, read by the sliding engine's uploads
 };
 inline constexpr Setting kAllSettings[] = {
     Setting::Device,         Setting::GpuMemory, Setting::HostMemory, Setting::BatchSize,  Setting::SeqLen,
     Setting::GradAccum,      Setting::Offload,   Setting::Slots,      Setting::GpuBlobs,   Setting::ComputeDtype,
     Setting::MaxRecordBytes, Setting::Resume,    Setting::Output,     Setting::OffloadDir, Setting::DiskMemory,
-    Setting::KeepAttention,  Setting::KeepLayers};
-static_assert(std::size(kAllSettings) == size_t(Setting::KeepLayers) + 1, "kAllSettings lists every Setting");
+    Setting::KeepAttention,  Setting::KeepLayers, Setting::UploadCopies};
+static_assert(std::size(kAllSettings) == size_t(Setting::UploadCopies) + 1, "kAllSettings lists every Setting");
 
 // The neutral name of a setting ("sequence length"), for library users and tests.
 const char* setting_name(Setting s);

@@ -31,17 +31,26 @@ bool grad_in_store(const HostOptimizerOptions& o, size_t b) {
 bool work_in_store(const HostOptimizerOptions& o, size_t b) {
   return master_in_store(o, b) && b < o.disk_work.size() && o.disk_work[b];
 }
-// Elements of the masters in host memory and of the working copies there.
+// An upload copy: the master in host memory with a working copy beside it.
+bool copy_in_ram(const HostOptimizerOptions& o, size_t b) {
+  if (b >= o.ram_work.size() || !o.ram_work[b] || o.blob_numel[b] <= 0) return false;
+  SF_CHECK(!in_store(o, b), "blob " + std::to_string(b) + ": an upload copy is for a blob whose state is in host memory");
+  return true;
+}
+// Whether blob b has a working copy in host memory (of a master in the store, or an upload copy).
+bool work_in_ram(const HostOptimizerOptions& o, size_t b) {
+  return (master_in_store(o, b) && !work_in_store(o, b)) || copy_in_ram(o, b);
+}
+// Elements of the masters in host memory and of the working copies there (of which upload copies).
 struct MasterSplit {
-  int64_t ram = 0, work = 0;
+  int64_t ram = 0, work = 0, copies = 0;
 };
 MasterSplit master_split(const HostOptimizerOptions& o) {
   MasterSplit m;
   for (size_t b = 0; b < o.blob_numel.size(); ++b) {
-    if (!master_in_store(o, b))
-      m.ram += o.blob_numel[b];
-    else if (!work_in_store(o, b))
-      m.work += o.blob_numel[b];
+    if (!master_in_store(o, b)) m.ram += o.blob_numel[b];
+    if (work_in_ram(o, b)) m.work += o.blob_numel[b];
+    if (copy_in_ram(o, b)) m.copies += o.blob_numel[b];
   }
   return m;
 }
@@ -108,8 +117,11 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
                          dtype_size(o.grad_dtype);
   const MasterSplit ms = master_split(o);
   MemoryItems m = {{"fp32 master weights", size_t(ms.ram) * 4, Place::Pinned, "host.master"}};
-  if (ms.work > 0)
-    m.push_back({"working copies of the masters in the offload dir (the upload source)",
+  if (ms.work > 0)  // (one buffer: the name says what it holds)
+    m.push_back({ms.copies == 0          ? "working copies of the masters in the offload dir (the upload source)"
+                 : ms.copies == ms.work ? "upload copies of the fp32 masters in the compute dtype (the upload source)"
+                                        : "working copies (the upload source): of the masters in the offload dir, "
+                                          "and upload copies of those in RAM",
                  size_t(ms.work) * dtype_size(o.work_dtype), Place::Pinned, "host.work"});
   if (total > 0 && g > 0)
     m.push_back({o.keep_grads ? "gradients of the step (held for the norm)"
@@ -133,7 +145,7 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
     const int64_t n = o.blob_numel[b];
     off_.push_back(n > 0 ? total_ : -1);
     poff_.push_back(n > 0 && !master_in_store(o, b) ? ram_master : -1);
-    woff_.push_back(n > 0 && master_in_store(o, b) && !work_in_store(o, b) ? ram_work : -1);
+    woff_.push_back(n > 0 && work_in_ram(o, b) ? ram_work : -1);
     if (poff_.back() >= 0) ram_master += n;
     if (woff_.back() >= 0) ram_work += n;
     moff_.push_back(n > 0 && !in_store(o, b) ? ram_state : -1);
@@ -249,6 +261,9 @@ void HostOptimizer::write_state(int which, int blob, int64_t off, int64_t n, con
   }
   if (which == 0) {
     std::memcpy(master(blob) + off, src, size_t(n) * 4);
+    if (has_upload_copy(blob))  // the upload copy: the GPU's cast of the master on upload
+      cpu::cast(Tensor(static_cast<char*>(work_.data()) + size_t(woff_[size_t(blob)] + off) * dtype_size(wd_), wd_, {n}),
+                Tensor(master(blob) + off, DType::F32, {n}));
     return;
   }
   std::vector<char> tmp;
@@ -268,7 +283,17 @@ float* HostOptimizer::master(int blob) {
   return static_cast<float*>(master_.data()) + poff_[size_t(blob)];
 }
 
+void HostOptimizer::master_written(int blob) {
+  if (!has_upload_copy(blob)) return;
+  const int64_t n = numel_[size_t(blob)];
+  cpu::cast(Tensor(static_cast<char*>(work_.data()) + size_t(woff_[size_t(blob)]) * dtype_size(wd_), wd_, {n}),
+            Tensor(master(blob), DType::F32, {n}));
+}
+
 UploadSource HostOptimizer::upload_source(int blob, Event& updated) {
+  if (has_upload_copy(blob))
+    return UploadSource{
+        static_cast<const char*>(work_.data()) + size_t(woff_[size_t(blob)]) * dtype_size(wd_), wd_, 0, {}, {}};
   if (!master_on_disk(blob)) return UploadSource{master(blob), DType::F32, 0, {}, {}};
   if (!disk_->has_work(blob))
     return UploadSource{
@@ -367,12 +392,14 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
   if (disk) part = cpu::AdamWPart::All;
   const int64_t off = poff_[size_t(blob)] + i0;  // (a master in the store: unused)
   const int64_t moff = moff_[size_t(blob)] + i0;
+  // An upload copy is written with the parameters (the fused pass or the split's parameter pass).
+  const int64_t woff = !disk && part != cpu::AdamWPart::Moments && has_upload_copy(blob) ? woff_[size_t(blob)] + i0 : -1;
   const bool first = i0 == 0, last = i0 + n == numel_[size_t(blob)];
   // p by value: the next step's parameters may differ by the time this runs.
   AdamWParams q = p;  // the rounding stream's coordinates: blob, and i0 within it
   q.blob = blob;
   q.first = i0;
-  dev_.host_fn(opt, [this, blob, i0, off, moff, n, g = static_cast<const void*>(at.ptr), q, part, disk, first,
+  dev_.host_fn(opt, [this, blob, i0, off, moff, woff, n, g = static_cast<const void*>(at.ptr), q, part, disk, first,
                      last]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t es = dtype_size(sd_);
@@ -384,8 +411,10 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
       char* m = static_cast<char*>(m_.data()) + size_t(moff) * es;
       char* v = static_cast<char*>(v_.data()) + size_t(moff) * es;
       float* pm = static_cast<float*>(master_.data()) + off;
+      const Tensor copy =
+          woff >= 0 ? Tensor(static_cast<char*>(work_.data()) + size_t(woff) * dtype_size(wd_), wd_, {n}) : Tensor();
       cpu::adamw(Tensor(pm, DType::F32, {n}), Tensor(const_cast<void*>(g), gd_, {n}), Tensor(m, sd_, {n}),
-                 Tensor(v, sd_, {n}), Tensor(), q, part);
+                 Tensor(v, sd_, {n}), copy, q, part);
     }
     update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });

@@ -57,6 +57,9 @@ struct HostOptimizerOptions {
   // (keep_grads, disk blobs) the step's gradient waits for the update in the store, not in host
   // memory: it lands in a ring of 2 pinned chunks and is written out on an I/O stream.
   std::vector<bool> disk_grads;
+  // [blobs] (not `disk`) an upload copy: the master stays in host memory and a working copy in
+  // work_dtype sits beside it ("host.work"), written by every update, read by every upload.
+  std::vector<bool> ram_work;
 };
 
 class HostOptimizer {
@@ -71,6 +74,10 @@ class HostOptimizer {
   // What an upload of the blob reads (the master, the working copy in host memory, or the
   // working copy read from the store after `updated`, the blob's last update).
   UploadSource upload_source(int blob, Event& updated);
+  // After a master in host memory was written in place (master(blob): a load, random weights):
+  // its upload copy, if it has one, from the new master. Outside a step.
+  void master_written(int blob);
+  bool has_upload_copy(int blob) const { return !master_on_disk(blob) && woff_[size_t(blob)] >= 0; }
   DType state_dtype() const { return sd_; }
   // Elements [off, off + n) of the master (0), m (1) or v (2) of a host blob, outside a step, as fp32
   // (m and v converted from the state dtype; written back rounded to nearest). Writing a master
@@ -125,7 +132,8 @@ class HostOptimizer {
   // NVMe streams (the engine's set-up report).
   const PhaseTimes& setup_times() const { return setup_; }
   size_t host_bytes() const { return pinned_bytes() + m_.size() + v_.size() + (disk_ ? disk_->host_bytes() : 0); }
-  // What the constructor allocates, from the same options: "host.master" and "host.grads" (the
+  // What the constructor allocates, from the same options: "host.master", "host.work" (working
+  // copies in host memory: of masters in the store, upload copies) and "host.grads" (the
   // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v"
   // pageable, and for blobs in the store "disk.ring" (pageable) and "disk.state" (the store's bytes).
   static MemoryItems buffers(const HostOptimizerOptions& o);

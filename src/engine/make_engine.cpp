@@ -54,6 +54,7 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   r.disk_budget = req.disk_memory;
   r.hold_grads = env_int(Env::HoldGrads, 0);  // the one knob that changes the plan (core/env.h)
   r.state_dtype = req.state_dtype;
+  r.upload_copies = req.upload_copies;
   return r;
 }
 

@@ -26,6 +26,7 @@ struct EngineRequest {
   std::string offload_dir;
   size_t disk_memory = 0;
   DType state_dtype = DType::F32;  // AdamW m and v (EngineOptions::state_dtype, which build_engine sets)
+  CopiesChoice upload_copies = CopiesChoice::Auto;  // PlanRequest::upload_copies (--upload-copies)
   // Diagnostics: the device is a ProfiledDevice (backend/op_profile.h) timing every op (`bench --profile-ops`).
   bool profile_ops = false;
 };

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <sstream>
 
 #include "core/align.h"
@@ -170,6 +171,10 @@ double recompute_flops_saved_per_token(const ModelSpec& s, int T, int whole_laye
 
 const char* engine_name(EngineKind k) { return k == EngineKind::Sliding ? "sliding" : "resident"; }
 
+const char* copies_choice_name(CopiesChoice c) {
+  return c == CopiesChoice::On ? "on" : c == CopiesChoice::Off ? "off" : "auto";
+}
+
 const char* bound_name(Bound b) {
   switch (b) {
     case Bound::Gpu:
@@ -210,10 +215,13 @@ SettingText Shortfall::phrase() const {
               Setting::KeepAttention, ")"};
       return t;
     }
-    case Memory::Host:
-      return {"needs " + format_bytes(needs) + " of host memory (" + format_bytes(pinned) + " pinned), " +
-                  format_bytes(available) + " available (",
-              Setting::HostMemory, ")"};
+    case Memory::Host: {
+      SettingText t{"needs " + format_bytes(needs) + " of host memory (" + format_bytes(pinned) + " pinned), " +
+                        format_bytes(available) + " available (",
+                    Setting::HostMemory, ")"};
+      if (copies > 0) t += {", " + format_bytes(copies) + " of it upload copies (", Setting::UploadCopies, ")"};
+      return t;
+    }
     case Memory::Disk:
       return {"needs " + format_bytes(needs) + " in the offload directory (AdamW state, masters, weights, checkpoints), " +
                   format_bytes(available) +
@@ -263,6 +271,7 @@ SlidingOptions sliding_options(const Plan& p, const EngineOptions& base, bool ke
   o.disk_masters = p.disk_masters;
   o.disk_weights = p.disk_weights;
   o.disk_grads = p.disk_grads;
+  o.upload_copies = p.upload_copies;
   if (p.ckpt_disk_layers > 0) o.store.cufile = p.ckpt_cufile;  // how the checkpoints on disk move
   o.lend_checkpoints = p.lend_checkpoints;
   return o;
@@ -452,6 +461,16 @@ class Planner {
     p_.ckpt_cufile = r_.ckpt_cufile;
     p_.lend_checkpoints = r_.lend_checkpoints;
     p_.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
+    // Upload copies: the first copies_ host blobs (forward order) whose state is in host memory.
+    p_.upload_copies.clear();
+    p_.upload_copy_bytes = 0;
+    for (int b = 0; engine == EngineKind::Sliding && b < int(lay_.blobs.size()) && int(p_.upload_copies.size()) < copies_;
+         ++b) {
+      auto has = [b](const std::vector<int>& v) { return std::find(v.begin(), v.end(), b) != v.end(); };
+      if (has(gpu_blobs) || has(disk_blobs)) continue;
+      p_.upload_copies.push_back(b);
+      p_.upload_copy_bytes += size_t(lay_.blobs[size_t(b)].numel) * dtype_size(be_.compute_dtype);
+    }
     EngineOptions base;
     base.max_batch = r_.batch;
     base.max_seq = r_.seq;
@@ -484,7 +503,7 @@ class Planner {
                      total_bytes(items_with(p_.items, "whole"), Place::Device) +
                          total_bytes(items_with(p_.items, "kept"), Place::Device)};
     else if (p_.host_budget > 0 && p_.host_bytes > p_.host_budget)
-      p_.short_of = {Shortfall::Memory::Host, p_.host_bytes, p_.host_budget, p_.pinned_bytes};
+      p_.short_of = {Shortfall::Memory::Host, p_.host_bytes, p_.host_budget, p_.pinned_bytes, 0, p_.upload_copy_bytes};
     else if (p_.disk_bytes > p_.disk_budget)
       p_.short_of = {Shortfall::Memory::Disk, p_.disk_bytes, p_.disk_budget, 0};
     p_.fits = p_.short_of.memory == Shortfall::Memory::None;
@@ -493,25 +512,65 @@ class Planner {
   // The sliding engine with `slots` slots, then as many blobs kept whole on the GPU as the budgets
   // allow (each moves ~18 bytes a parameter from the host to the GPU), or the requested number.
   void sliding(int slots) {
+    copies_ = r_.upload_copies == CopiesChoice::On ? std::numeric_limits<int>::max() : 0;
     const std::vector<int> order = gpu_blob_order(s_);
     if (r_.gpu_blobs >= 0) {
       fill(EngineKind::Sliding, slots, std::vector<int>(order.begin(), order.begin() + r_.gpu_blobs));
-      to_disk(slots);
-      return;
-    }
-    std::vector<int> keep;
-    fill(EngineKind::Sliding, slots, keep);
-    if (p_.short_of.memory == Shortfall::Memory::Gpu) return;  // the GPU is short already
-    for (int b : order) {                                      // keep each blob that still fits the GPU budget
-      const Plan before = p_;
-      keep.push_back(b);
+    } else {
+      std::vector<int> keep;
       fill(EngineKind::Sliding, slots, keep);
-      if (p_.short_of.memory == Shortfall::Memory::Gpu) {
-        keep.pop_back();
-        p_ = before;
+      if (p_.short_of.memory == Shortfall::Memory::Gpu) return;  // the GPU is short already
+      for (int b : order) {                                      // keep each blob that still fits the GPU budget
+        const Plan before = p_;
+        keep.push_back(b);
+        fill(EngineKind::Sliding, slots, keep);
+        if (p_.short_of.memory == Shortfall::Memory::Gpu) {
+          keep.pop_back();
+          p_ = before;
+        }
       }
     }
     to_disk(slots);
+    add_copies(slots);
+  }
+
+  // Upload copies (PlanRequest::upload_copies Auto): a placement that fits with nothing in the
+  // offload file may spend the host memory left on a working copy in the compute dtype beside each
+  // host blob's fp32 master. Its uploads then carry act bytes a parameter instead of 4 (PCIe and
+  // the host bus, twice a step) and its updates write act bytes more (the host bus once a step).
+  // Every host blob if the host budget holds them, else the most in forward order that it holds
+  // (a binary search over the buffer lists); kept when the predicted step is kMinGain shorter
+  // (the prediction is a lower bound). Only training with the optimizer, on a GPU computing below
+  // fp32 (on the cpu backend a copy is a second master and saves nothing).
+  void add_copies(int slots) {
+    if (r_.upload_copies != CopiesChoice::Auto || !p_.fits || p_.disk_bytes > 0 || on_host_ || !r_.training ||
+        !r_.optimizer || dtype_size(be_.compute_dtype) >= 4)
+      return;
+    Plan none = p_;
+    predict(s_, r_, be_, rates_, none);
+    const std::vector<int> keep = p_.gpu_blobs;
+    auto with = [&](int n) {
+      copies_ = n;
+      fill(EngineKind::Sliding, slots, keep);
+      return p_.fits;
+    };
+    const int most = int(lay_.blobs.size() - keep.size());
+    int n = most;
+    if (!with(most)) {
+      int lo = 0, hi = most;  // with(lo) fits, with(hi) does not
+      while (lo + 1 < hi) {
+        const int mid = (lo + hi) / 2;
+        (with(mid) ? lo : hi) = mid;
+      }
+      n = lo;
+      if (n > 0) with(n);
+    }
+    if (n > 0) {
+      predict(s_, r_, be_, rates_, p_);
+      if (p_.step_s < none.step_s * (1 - kMinGain)) return;
+    }
+    copies_ = 0;
+    p_ = none;
   }
 
   // Short of host memory with an offload directory: the NVMe tier (docs/ENGINE.md), in levels
@@ -581,6 +640,7 @@ class Planner {
   const ModelLayout lay_;
   Plan p_;
   int whole_ = 0, kept_ = 0;  // the placement's selective recompute (Plan::whole_layers, kept_layers)
+  int copies_ = 0;            // the placement's upload copies: the first this many host blobs with state in RAM
 };
 
 // Short of GPU memory with the sliding engine: smaller micro-batches, more of them (layer-major
@@ -611,7 +671,9 @@ bool split_micro_batches(const ModelSpec& s, const PlanRequest& r, const Backend
 // reads g (24 + act with fp32 state, 16 + act with bf16); of the split update, the parameter pass
 // reads p, m, v, g and writes p (16 + act; 12 + act), the moment pass reads g, m, v and writes m, v
 // (16 + act; 8 + act). host_adamw_params_s was measured on the fused pass with fp32 state: the bus
-// moves (24 + act) times that many bytes a second, whatever the state's dtype.
+// moves (24 + act) times that many bytes a second, whatever the state's dtype. A blob with an
+// upload copy (Plan::upload_copies) has its fused or parameter pass write act bytes more a
+// parameter (the copy; SlidingTraffic::Pc).
 struct PassBytes {
   double fused, params, moments;
 };
@@ -631,6 +693,7 @@ PassBytes pass_bytes(double act, double state) { return {8 + 4 * state + act, 8 
 // What the sliding step moves, as predict_sliding derives it.
 struct SlidingTraffic {
   double P = 0;         // parameters updated on the host
+  double Pc = 0;        // of which with an upload copy (written by the fused or parameter pass: + act bytes)
   double act = 0;       // bytes of a compute-dtype element
   double ckpt = 0;      // bytes of one micro-batch's checkpoints (every layer's input)
   double up = 0;        // bytes one pass's uploads read from host memory (upload_bytes_per_pass)
@@ -647,7 +710,7 @@ struct Phases {
 
 Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f,
                          const SlidingTraffic& t, Plan& p) {
-  const double P = t.P, act = t.act, ckpt = t.ckpt, up_fwd_s = t.up_fwd_s, up_bwd_s = t.up_bwd_s;
+  const double P = t.P, Pc = t.Pc, act = t.act, ckpt = t.ckpt, up_fwd_s = t.up_fwd_s, up_bwd_s = t.up_bwd_s;
   const bool emb_on_host = t.emb_on_host;
   const double pcie = rates.pcie_gbs * 1e9;
   const PassBytes pb = pass_bytes(act, double(dtype_size(r.state_dtype)));
@@ -656,13 +719,13 @@ Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
   const double head_s = p.gpu_s * (f.head / f.total);
   const double layers_fwd_gpu = p.gpu_s * ((f.forward - f.head / 3) / f.total),
                layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
-  const double fwd_host = (P * pb.params + t.up + K * ckpt) / bus;
+  const double fwd_host = (P * pb.params + Pc * act + t.up + K * ckpt) / bus;
   const double fwd_pcie = std::max(up_fwd_s, K * ckpt / pcie);  // checkpoints go down
   const double bwd_host = (P * pb.moments + t.up + P * act + K * ckpt) / bus;
   // Two slots and a tied embedding on the host: the layers evict it, the head uploads it again.
   const double emb = double(make_layout(s).embedding().numel);
   const double head_upload_s = p.slots <= 2 && s.tie_embeddings && emb_on_host ? emb * 4 / pcie : 0.0;
-  p.host_s = P / rates.host_adamw_params_s * ((pb.params + pb.moments) / (24 + act));
+  p.host_s = (P * (pb.params + pb.moments) + Pc * act) / (rates.host_adamw_params_s * (24 + act));
   Phases ph;
   ph.fwd.at_least(layers_fwd_gpu, Bound::Gpu);
   ph.fwd.at_least(fwd_host, Bound::Host);
@@ -801,7 +864,8 @@ uint64_t upload_bytes_per_pass(const ModelSpec& s, const Plan& p, DType act) {
   uint64_t n = 0;
   for (size_t b = 0; b < lay.blobs.size(); ++b) {
     if (std::find(p.gpu_blobs.begin(), p.gpu_blobs.end(), int(b)) != p.gpu_blobs.end()) continue;  // kept: no upload
-    const bool work = std::find(p.disk_masters.begin(), p.disk_masters.end(), int(b)) != p.disk_masters.end();
+    const bool work = std::find(p.disk_masters.begin(), p.disk_masters.end(), int(b)) != p.disk_masters.end() ||
+                      std::find(p.upload_copies.begin(), p.upload_copies.end(), int(b)) != p.upload_copies.end();
     n += uint64_t(lay.blobs[b].numel) * (work ? dtype_size(act) : 4);
   }
   return n;
@@ -823,12 +887,15 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   const double pcie = rates.pcie_gbs * 1e9;
   const double act = double(dtype_size(be.compute_dtype));
   const double ckpt = double(s.n_layer) * double(r.batch) * r.seq * double(s.hidden) * act;
-  // What one pass's uploads carry (fp32 masters, or the working copies of masters in the store).
+  // What one pass's uploads carry (fp32 masters, or working copies: of masters in the store, upload copies).
   const double up_pass = double(upload_bytes_per_pass(s, p, be.compute_dtype));
   p.upload_bytes = up_pass;
+  // Parameters whose update also writes an upload copy (act bytes a parameter more).
+  double Pc = 0;
+  for (int b : p.upload_copies) Pc += double(lay.blobs[size_t(b)].numel);
   // One fused pass (bf16 gradient in), bound by the bus: bf16 state moves fewer bytes.
-  const double update_s =
-      P / rates.host_adamw_params_s * (pass_bytes(act, double(dtype_size(r.state_dtype))).fused / (24 + act));
+  const double update_s = (P * pass_bytes(act, double(dtype_size(r.state_dtype))).fused + Pc * act) /
+                          (rates.host_adamw_params_s * (24 + act));
   p.host_s = update_s;
   // Layer-major micro-batches: weights cross PCIe once a step each pass (fp32 up, cast on the GPU,
   // or a working copy in the compute dtype; twice, forward and backward) and gradients once
@@ -851,7 +918,7 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
   ph.bwd.at_least(p.host_s + emb_update_s, Bound::Host);
   if (r.clip && r.split_update) {
-    ph = split_update_path(s, r, rates, f, {P, act, ckpt, up_pass, up_fwd_s, up_bwd_s, emb_on_host}, p);
+    ph = split_update_path(s, r, rates, f, {P, Pc, act, ckpt, up_pass, up_fwd_s, up_bwd_s, emb_on_host}, p);
   } else if (r.clip) {
     ph.fwd.at_least(update_s, Bound::Host);
     ph.bwd = {};
@@ -1020,6 +1087,20 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
                     format_bytes(size_t(p.lent_read_bytes)).c_str(), format_bytes(size_t(p.lendable_bytes)).c_str());
       o << line;
     }
+  }
+  if (p.engine == EngineKind::Sliding) {  // upload copies, and what a pass's uploads carry
+    const size_t host_blobs = gpu_blob_order(s).size() - p.gpu_blobs.size();
+    if (p.upload_copies.empty())
+      std::snprintf(line, sizeof line, "upload copies: none (%s %s); a pass uploads %s\n",
+                    names(Setting::UploadCopies), copies_choice_name(r.upload_copies),
+                    format_bytes(size_t(p.upload_bytes)).c_str());
+    else
+      std::snprintf(line, sizeof line,
+                    "upload copies: %zu of %zu host blobs, %s pinned (%s %s); a pass uploads %s\n",
+                    p.upload_copies.size(), host_blobs, format_bytes(p.upload_copy_bytes).c_str(),
+                    names(Setting::UploadCopies), copies_choice_name(r.upload_copies),
+                    format_bytes(size_t(p.upload_bytes)).c_str());
+    o << line;
   }
   o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why(names)) << "\n";
   if (p.step_s > 0) {

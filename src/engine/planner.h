@@ -67,6 +67,9 @@ constexpr int kRateSeqLen = 2048;
 double attention_forward_flops(int64_t B, int64_t T, int64_t n_head, int64_t head_dim);
 
 enum class OffloadChoice { Auto, On, Off };
+// Upload copies (SlidingOptions::upload_copies): the planner's choice, every host blob, or none.
+enum class CopiesChoice { Auto, On, Off };
+const char* copies_choice_name(CopiesChoice c);  // "auto" | "on" | "off"
 
 struct PlanRequest {
   int batch = 1, seq = 1;
@@ -103,6 +106,12 @@ struct PlanRequest {
   // on the cpu backend), N: that many (sliding: per micro-batch, blobs kept on the GPU after them).
   int whole_layers = -1;
   int kept_layers = -1;
+  // Upload copies (sliding engine): Auto, after a placement fits with nothing in the offload file,
+  // a working copy in the compute dtype beside the fp32 master of every host blob (or of the first
+  // ones in forward order, as many as the host budget holds) when the predicted step is at least
+  // 1 % shorter (training on a GPU whose compute dtype is below fp32 only); On: every host blob
+  // whose state is in host memory; Off: none.
+  CopiesChoice upload_copies = CopiesChoice::Auto;
 };
 
 enum class EngineKind { Resident, Sliding };
@@ -115,6 +124,7 @@ struct Shortfall {
   Memory memory = Memory::None;
   size_t needs = 0, available = 0, pinned = 0;
   size_t kept = 0;  // GPU: of `needs`, selective recompute's kept activations (named in the phrase)
+  size_t copies = 0;  // host: of `needs`, the upload copies (named in the phrase)
   // "needs X of GPU memory, Y available (<the GPU memory setting>)"; empty when None.
   SettingText phrase() const;
   std::string text(SettingNamer names = setting_name) const { return phrase().render(names); }
@@ -147,6 +157,10 @@ struct Plan {
   std::vector<int> disk_masters;  // sliding: of disk_blobs, those whose fp32 master is in the store too
   std::vector<int> disk_weights;  // sliding: of disk_masters, those whose working copy is too (read per upload)
   std::vector<int> disk_grads;    // sliding, clipping: of disk_blobs, those whose held gradient waits there
+  // sliding: host blobs (state in host memory) whose uploads read a working copy in the compute
+  // dtype beside their fp32 master (SlidingOptions::upload_copies), and those copies' bytes
+  std::vector<int> upload_copies;
+  size_t upload_copy_bytes = 0;
   std::string ckpt_cufile;        // PlanRequest::ckpt_cufile: checkpoints on disk through cuFile (no pinned ring)
   bool lend_checkpoints = true;   // PlanRequest::lend_checkpoints
   // Selective recompute, training (both engines; the sliding engine's per micro-batch): layers kept
@@ -217,8 +231,9 @@ double gpu_seconds_per_token(const ModelSpec& s, int T, const Rates& rates);
 
 // Bytes the uploads of one pass (every host blob once) carry up PCIe in a sliding plan: a blob's
 // fp32 master (4 bytes a parameter, cast on the GPU), or, when its master is in the NVMe store
-// (Plan::disk_masters, levels 4-5), its working copy in the compute dtype `act`, which the slot
-// cache copies as it is. Blobs kept on the GPU upload nothing.
+// (Plan::disk_masters, levels 4-5) or it has an upload copy (Plan::upload_copies), its working
+// copy in the compute dtype `act`, which the slot cache copies as it is. Blobs kept on the GPU
+// upload nothing.
 uint64_t upload_bytes_per_pass(const ModelSpec& s, const Plan& p, DType act);
 
 // The plan for a CUDA (or CPU) backend. Throws InputError for impossible requests (slots < 2).

@@ -94,6 +94,7 @@ struct SlidingShape {
   std::vector<bool> disk;                    // [blobs] m and v in the NVMe store
   std::vector<bool> disk_master, disk_work;  // [blobs] the master too; the working copy too
   std::vector<bool> disk_grad;               // [blobs] the step's gradient too
+  std::vector<bool> ram_work;                // [blobs] an upload copy beside the master in host memory
   int64_t max_layer = 0, emb = 0, head = 0;  // the gradient accumulators' elements (host blobs)
   int64_t chunk = 0;                         // elements a transfer chunk
   int64_t max_tokens = 0;
@@ -147,6 +148,12 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
     SF_CHECK(b >= 0 && b < nb && z.disk[size_t(b)], "disk_grads: blob " + std::to_string(b) + " has no state on disk");
     z.disk_grad[size_t(b)] = o.keep_grads;
   }
+  z.ram_work.assign(size_t(nb), false);
+  for (int b : o.upload_copies) {
+    SF_CHECK(b >= 0 && b < nb && z.host_numel[size_t(b)] > 0 && !z.disk[size_t(b)],
+             "upload_copies: blob " + std::to_string(b) + " is not a host blob with its state in host memory");
+    z.ram_work[size_t(b)] = true;
+  }
   z.chunk = std::max<int64_t>(1, std::min(o.chunk, std::max(max_blob, z.gpu_total)));
   z.max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   z.stride_nh = activation_stride(spec, z.max_tokens, act);
@@ -184,6 +191,7 @@ PartOptions part_options(const ModelSpec& spec, const SlidingShape& z, const Sli
   h.disk_work = z.disk_work;
   h.work_dtype = act;
   h.disk_grads = z.disk_grad;
+  h.ram_work = z.ram_work;
   h.weight_ring = std::max(1, o.weight_ring);  // (pieces of disk_piece; no more than pieces: WeightStream::buffers)
 
   p.grads = {z.max_layer, z.emb, z.head, act, z.chunk};
@@ -892,6 +900,7 @@ void SlidingEngine::load(const CheckpointReader& ckpt) {
       dev_.synchronize(*m.compute);
     } else if (!m.host->master_on_disk(b)) {
       read_blob(ckpt, bl, m.host->master(b));
+      m.host->master_written(b);  // its upload copy
     } else {  // NVMe tier: through the store (the master and its working copy)
       tmp.assign(size_t(bl.numel), 0.f);
       read_blob(ckpt, bl, tmp.data());
@@ -917,6 +926,7 @@ void SlidingEngine::init_random(uint64_t seed) {
       dev_.synchronize(*m.compute);
     } else if (!m.host->master_on_disk(b)) {
       random_blob(bl, b, seed, spec_.initializer_range, m.host->master(b));
+      m.host->master_written(b);
     } else {  // NVMe tier: through the store (the master and its working copy)
       tmp.assign(size_t(bl.numel), 0.f);
       random_blob(bl, b, seed, spec_.initializer_range, tmp.data());

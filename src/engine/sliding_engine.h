@@ -83,6 +83,11 @@ struct SlidingOptions {
   // With keep_grads: of disk_blobs, those whose gradient of the step waits for the update in the
   // offload file instead of page-locked memory (clipping holds it until the norm is known).
   std::vector<int> disk_grads;
+  // Upload copies (docs/ENGINE.md "Uploads"): host blobs (their state not in the offload file)
+  // whose fp32 master stays in host memory with a page-locked working copy in the compute dtype
+  // beside it, which the update writes in the same pass and the uploads read (on cuda 2 bytes a
+  // parameter over PCIe instead of 4, for 2 bytes of RAM; on the cpu backend, fp32, a second master).
+  std::vector<int> upload_copies;
   // The state ring reads ahead into the host checkpoints the backward has consumed, until the next
   // forward writes them (docs/ENGINE.md "Read-ahead into freed checkpoints"; with AdamW state in
   // the store and checkpoints in host memory).

@@ -182,6 +182,12 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"predicted_host_bytes", built.plan.host_bytes},
           {"peak_rss_bytes", peak_rss_bytes()},
           {"uploads_per_step", double(st1.uploads - st0.uploads) * per},
+          // what the uploads read from host memory a step (both passes), and the upload copies
+          // (pinned working copies beside the fp32 masters that the uploads read instead)
+          {"uploaded_bytes_per_step", double(st1.uploaded_bytes - st0.uploaded_bytes) * per},
+          {"predicted_upload_bytes_per_pass", built.plan.upload_bytes},
+          {"upload_copies", built.plan.upload_copies.size()},
+          {"upload_copy_bytes", built.plan.upload_copy_bytes},
           // the NVMe tier: bytes a step each way, seconds a step with a transfer in flight (the
           // disk's share of the steady step: disk_busy_ms / step_ms), the plan's disk time
           {"disk_read_bytes_per_step", double(st1.disk_read - st0.disk_read) * per},
