@@ -1021,6 +1021,8 @@ std::string plan_summary(const Plan& p) {
            : std::string()) +
       (p.whole_layers > 0 ? "; " + std::to_string(p.whole_layers) + " layers kept whole" : std::string()) +
       (p.kept_layers > 0 ? "; attention kept in " + std::to_string(p.kept_layers) + " layers" : std::string()) +
+      (p.upload_copies.empty() ? std::string()
+                               : "; upload copies of " + std::to_string(p.upload_copies.size()) + " blobs") +
       "; device " + format_bytes(p.gpu_bytes) + ", host " + format_bytes(p.host_bytes) + " (" +
       format_bytes(p.pinned_bytes) + " pinned)";
   if (p.tokens_per_s > 0) s += "; predicted at best " + std::to_string(int64_t(p.tokens_per_s)) + " tokens/s";
