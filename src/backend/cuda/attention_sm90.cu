@@ -683,9 +683,10 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int32_t* pb = LB && pos != nullptr ? pos + int64_t(b) * T : nullptr;
   // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
   // this block's last key (and so every later tile: first keys never decrease) are skipped. The
-  // first such tile is searched by each warp for itself (first_tile_past: one load's latency at
-  // T <= 2048, where a bisection paid ~5 dependent ones before the block could start), the
-  // producer's after it has issued the K, V copies, so the search runs under their latency.
+  // first such tile is searched by each warp that needs it for itself (first_tile_past: one load's
+  // latency up to 32 tiles, T <= 2048, where a bisection paid ~5 dependent ones before the block
+  // could start), the producer's first warp's after it has issued the K, V copies, so the search
+  // runs under their latency.
   auto query_tiles = [&] {
     int i_end = n_q;
     if constexpr (LB) i_end = first_tile_past(pb, window, BQ, min(kv0 + BC, T) - 1, i_start + 1, n_q);
@@ -727,7 +728,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           }
         };
         if constexpr (LB) {
-          // The copies first, the L, D, P loads under their latency (issued after the loads, a
+          // The copies first, the L, D loads under their latency (issued after the loads, a
           // stage's latency was the two in turn); lane 0's arrive here is the 33rd.
           if (lane == 0) load_qdo();
           // The tile's rows of lse and D ([B, H, T]); nv: how many are rows of the sequence.
