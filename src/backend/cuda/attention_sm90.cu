@@ -687,10 +687,17 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   // latency up to 32 tiles, T <= 2048, where a bisection paid ~5 dependent ones before the block
   // could start), the producer's first warp's after it has issued the K, V copies, so the search
   // runs under their latency.
-  auto query_tiles = [&] {
-    int i_end = n_q;
-    if constexpr (LB) i_end = first_tile_past(pb, window, BQ, min(kv0 + BC, T) - 1, i_start + 1, n_q);
-    return i_end - i_start;
+  // (plain causal: every query tile from the diagonal on, G heads of them; computed here, so that
+  // the plain kernel's code is the shipped one's)
+  const int causal_tiles = n_q - i_start, causal_total = G * causal_tiles;
+  // the block's query tiles a head, and over the GQA group
+  auto query_tiles = [&](int& per_head, int& total) {
+    if constexpr (LB) {
+      per_head = first_tile_past(pb, window, BQ, min(kv0 + BC, T) - 1, i_start + 1, n_q) - i_start;
+      total = G * per_head;
+    } else {
+      per_head = causal_tiles, total = causal_total;
+    }
   };
 
   const int wg = int(threadIdx.x) / 128;
@@ -716,7 +723,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           tma_load(Vs + c * BC * 64, &tv, kv_full, kvh * HD + c * 64, kv0, b);
         }
       }
-      const int per_head = query_tiles(), total = G * per_head;
+      int per_head, total;
+      query_tiles(per_head, total);
       for (int it = 0; it < total; ++it) {
         const int s = it % ST, h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
         bar_wait(empty + s, ((it / ST) & 1) ^ 1);
@@ -759,7 +767,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       // 4-byte alignment; rows past T 0; no packed rows: the row itself, one record a row), its 32
       // arrivals beside the first warp's 33, in a loop of its own: in one loop with L and D, the
       // producer's 24 registers spilled
-      const int per_head = query_tiles(), total = G * per_head;
+      int per_head, total;
+      query_tiles(per_head, total);
       for (int it = 0; it < total; ++it) {
         const int s = it % ST, q0 = (i_start + it % per_head) * BQ, nv = min(BQ, T - q0);
         bar_wait(empty + s, ((it / ST) & 1) ^ 1);
@@ -772,7 +781,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 
   // ---- consumers ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
-  const int per_head = query_tiles(), total = G * per_head;
+  int per_head, total;
+  query_tiles(per_head, total);
   const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
   const int g = lane >> 2, t4 = lane & 3;
   const int kw0 = kv0 + cw * 64;         // the warpgroup's first key
