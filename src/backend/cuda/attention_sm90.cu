@@ -331,6 +331,9 @@ struct Sm90FwdTile {
   // tile ids, [QSTAGES][TILE_INTS]: the tile (-1 = no more) and (BOUNDED) the record starts of its
   // first and last rows, loaded by the producer (its latency under its wait for the Q buffer)
   static constexpr int TILE_INTS = BOUNDED ? 3 : 1;
+  // arrivals that complete a Q buffer's `full` barrier (with the copy's bytes): the producer's with
+  // the byte count, before the copy, and (BOUNDED) one after it, once the tile ids are stored
+  static constexpr int Q_ARRIVALS = BOUNDED ? 2 : 1;
   static constexpr size_t smem = tile_off + 4 * TILE_INTS * QSTAGES + 1024;  // + alignment slack
   static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
   static_assert(smem <= 227 * 1024, "shared memory");
@@ -387,7 +390,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int wg = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < QS; ++s) {
-      bar_init(q_full + s, 1);
+      bar_init(q_full + s, Tr::Q_ARRIVALS);
       bar_init(q_empty + s, Tr::CONSUMERS * 4);  // one arrive per consumer warp
     }
     for (int s = 0; s < KS; ++s) {
@@ -426,16 +429,22 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         if (tile < n_tiles) next = atomicAdd(tile_counter, 1);
         if (tile >= n_tiles) {
           tile_ids[qs * TI] = -1;
-          bar_arrive(q_full + qs);  // release: the consumers read -1 after their wait
+          for (int a = 0; a < Tr::Q_ARRIVALS; ++a)
+            bar_arrive(q_full + qs);  // release: the consumers read -1 after their wait
           break;
         }
         // published by the arrive below (release), read after q_full (acquire)
-        tile_ids[qs * TI] = tile;
-        if constexpr (LB) tile_ids[qs * TI + 1] = lo0, tile_ids[qs * TI + 2] = lo1;
+        if constexpr (!LB) tile_ids[qs * TI] = tile;
         const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, lo0, window);
         bar_expect_tx(q_full + qs, Tr::q_bytes);
         for (int ch = 0; ch < CH; ++ch)
           tma_load(Qs + (qs * CH + ch) * BR * 64, &tq, q_full + qs, c.h * HD + ch * 64, c.q0, c.b);
+        if constexpr (LB) {
+          // stored after the Q copy is issued, so that the record starts' load latency runs under
+          // the copy; this arrive (the second of Q_ARRIVALS) publishes them with the tile id
+          tile_ids[qs * TI] = tile, tile_ids[qs * TI + 1] = lo0, tile_ids[qs * TI + 2] = lo1;
+          bar_arrive(q_full + qs);
+        }
         for (int j = c.n_kv - 1; j >= c.j0; --j, ++kv_it) {
           const int sk = kv_it % KS, sv = kv_it % VS;
           bar_wait(k_empty + sk, ((kv_it / KS) & 1) ^ 1);  // K of kv_it - KS: its QK^T done
