@@ -416,9 +416,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         const int qs = n % QS;
         const int tile = next;
         // (packed rows) the record starts of the tile's first and last rows, loaded before the wait
-        // below (their latency under it) and handed to the consumers with the tile id: a tile of
-        // one record needs no more of pos (the usual case), and the consumers load pos themselves
-        // only for a tile where a record starts inside
+        // below and stored after the Q copy is issued (their latency under both), handed to the
+        // consumers with the tile id: a tile of one record needs no more of pos (the usual case),
+        // and the consumers load pos themselves only for a tile where a record starts inside
         int lo0 = 0, lo1 = 0;
         if (LB && pos != nullptr && tile < n_tiles) {
           const int q0 = (n_qt - 1 - tile / n_hb) * BR, last = min(q0 + BR, T) - 1;
