@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         const int qs = n % QS;
         const int tile = next;
         // (packed rows) the record starts of the tile's first and last rows, loaded before the wait
-        // below and stored after the Q copy is issued (their latency under both), handed to the
+        // below and stored after the first copies are issued (their latency under both), handed to the
         // consumers with the tile id: a tile of one record needs no more of pos (the usual case),
         // and the consumers load pos themselves only for a tile where a record starts inside
         int lo0 = 0, lo1 = 0;
@@ -439,13 +439,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         bar_expect_tx(q_full + qs, Tr::q_bytes);
         for (int ch = 0; ch < CH; ++ch)
           tma_load(Qs + (qs * CH + ch) * BR * 64, &tq, q_full + qs, c.h * HD + ch * 64, c.q0, c.b);
-        if constexpr (LB) {
-          // stored after the Q copy is issued, so that the record starts' load latency runs under
-          // the copy; this arrive (the second of Q_ARRIVALS) publishes them with the tile id
-          tile_ids[qs * TI] = tile, tile_ids[qs * TI + 1] = lo0, tile_ids[qs * TI + 2] = lo1;
-          bar_arrive(q_full + qs);
-        }
-        for (int j = c.n_kv - 1; j >= c.j0; --j, ++kv_it) {
+        auto load_kv = [&](int j) {  // key tile j's K and V into the ring (K/V tile kv_it)
           const int sk = kv_it % KS, sv = kv_it % VS;
           bar_wait(k_empty + sk, ((kv_it / KS) & 1) ^ 1);  // K of kv_it - KS: its QK^T done
           bar_expect_tx(k_full + sk, Tr::kv_bytes);
@@ -455,6 +449,20 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           bar_expect_tx(v_full + sv, Tr::kv_bytes);
           for (int ch = 0; ch < CH; ++ch)
             tma_load(Vs + (sv * CH + ch) * BC * 64, &tv, v_full + sv, c.kvh * HD + ch * 64, j * BC, c.b);
+        };
+        if constexpr (LB) {
+          // The diagonal key tile first (every tile walks it: j0 <= n_kv - 1), then the tile ids,
+          // stored after the Q and the first K, V copies are issued, so that the record starts'
+          // load latency runs under them (a tile of one key tile waited for it before its K);
+          // this arrive (the second of Q_ARRIVALS) publishes them; then the key tiles down to j0
+          // (the first that needs the record start).
+          load_kv(c.n_kv - 1);
+          ++kv_it;
+          tile_ids[qs * TI] = tile, tile_ids[qs * TI + 1] = lo0, tile_ids[qs * TI + 2] = lo1;
+          bar_arrive(q_full + qs);
+          for (int j = c.n_kv - 2; j >= c.j0; --j, ++kv_it) load_kv(j);
+        } else {
+          for (int j = c.n_kv - 1; j >= c.j0; --j, ++kv_it) load_kv(j);
         }
       }
     }
