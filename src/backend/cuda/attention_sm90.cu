@@ -636,8 +636,9 @@ struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
   static constexpr bool TMA_DQ = HD == 128;
-  // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56)
-  static constexpr int P_EARLY = 4;
+  // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56;
+  // the bounded kernel at hd 128: 4 spilled 36 / 44 bytes stored / loaded, 3 20 / 28)
+  static constexpr int P_EARLY = BOUNDED_ ? 3 : 4;
   // as Sm90FwdTile's; the bounded hd 64 kernel 40 / 232 (ptxas: spills at 24 / 240, none at 40 / 232;
   // hd 128's consumers need their 240)
   static constexpr int PRODUCER_REGS = HD == 64 && BOUNDED_ ? 40 : 24, CONSUMER_REGS = HD == 64 && BOUNDED_ ? 232 : 240;
