@@ -623,7 +623,7 @@ print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['longe
     # own cost) and against B 8 x T 2048 in records of 512 (order_512: the order, and blocks of one
     # record running at once).
     attn_packed)
-      run attn_packed_gtests timeout 150 "$BIN/sf_gpu_tests" \
+      run attn_packed_gtests timeout 300 "$BIN/sf_gpu_tests" \
         --gtest_filter='CudaOps.Attention*:-CudaOps.AttentionHeadDim256:CudaOps.AttentionHeadDim512' --gtest_brief=1
       for hd in 128 64; do
         for i in 1 2; do

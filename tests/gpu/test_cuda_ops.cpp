@@ -90,6 +90,13 @@ std::vector<int32_t> positions_of(const std::vector<std::vector<int>>& rows) {
       for (int i = 0; i < n; ++i) pos.push_back(i);
   return pos;
 }
+// pos of B rows of T tokens, each row records of len[b % len.size()] tokens (the last one cut).
+std::vector<int32_t> records_of_length(int B, int T, const std::vector<int>& len) {
+  std::vector<int32_t> pos;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) pos.push_back(int32_t(t % len[size_t(b) % len.size()]));
+  return pos;
+}
 
 // ---- error measures ----------------------------------------------------------------------------
 // Relative L2 error; +inf when x has a non-finite value (NaN never passes).
@@ -701,11 +708,14 @@ TEST(CudaOps, AttentionUnalignedWorkspace) {
 }
 
 // Packed rows whose pos is only 4-byte aligned (a slice of a larger id buffer): the kernels read
-// pos element by element, and agree with the CPU twin.
+// pos element by element (on Hopper the sm_90 kernels too: ordinary loads, no tensor map), and
+// agree with the CPU twin; records on tile boundaries too (the sm_90 kernels' fast paths).
 TEST(CudaOps, AttentionPackedRowsUnalignedPos) {
   REQUIRE_GPU();
   attention_case({2, 300, 8, 2, 128, 0, 1.f, 0, 4}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
   attention_case({3, 257, 4, 1, 64, 31, 1.f, 0, 12}, false, packed_positions(3, 257, 90, 5));
+  attention_case({2, 512, 8, 2, 64, 0, 1.f, 0, 4}, false, records_of_length(2, 512, {128, 64}));
+  attention_case({1, 333, 4, 2, 128, 0, 1.f, 0, 8}, false, records_of_length(1, 333, {128}));
 }
 
 // head_dim 32 (not a flash size) and the forced simple path run the generic kernels on BF16.
@@ -743,6 +753,30 @@ TEST(CudaOps, AttentionPackedRowsKernelFamilies) {
   each_flash_path([] {
     attention_case({2, 300, 8, 2, 128}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
     attention_case({3, 257, 4, 1, 64}, false, packed_positions(3, 257, 90, 5));
+  });
+}
+
+// Packed rows whose records start on tile boundaries (the sm_90 forward's query and key tiles are
+// 128 rows, the backward's query tiles 64): most tiles lie inside one record, where the bounded
+// sm_90 kernels take no first-key pass (the forward's tile of one record needs no pos load, the
+// backward masks only tiles where a record starts) and a key block's query tiles end at its
+// record's end. Records of 512 as attn_bench --pack 512 (B 8 x T 2048), of 128 and 64, of 192
+// (starts inside a forward tile, on a backward tile), B > 1 with a different layout in each row,
+// T not a multiple of the records or of 64, one-token records on and beside boundaries, more
+// query tiles than SMs, windows on top.
+TEST(CudaOps, AttentionPackedRowsOnTileBoundaries) {
+  REQUIRE_GPU();
+  attention_case({2, 1024, 4, 2, 128}, false, records_of_length(2, 1024, {512}));
+  attention_case({3, 1000, 4, 1, 64}, false, records_of_length(3, 1000, {512, 128, 192}));
+  attention_case({2, 700, 8, 2, 128}, false, records_of_length(2, 700, {64, 192}));
+  attention_case({8, 512, 8, 2, 64}, false, records_of_length(8, 512, {128, 256, 64, 512}));  // 256 tiles
+  attention_case({2, 449, 4, 2, 128}, false,
+                 positions_of({{127, 1, 1, 126, 1, 64, 128, 1}, {1, 1, 62, 1, 1, 1, 253, 128, 1}}));
+  attention_case({2, 1024, 4, 2, 64, 200}, false, records_of_length(2, 1024, {512, 256}));
+  attention_case({1, 777, 4, 4, 128, 64}, false, records_of_length(1, 777, {128}));
+  each_flash_path([] {
+    attention_case({2, 1024, 4, 1, 64}, false, records_of_length(2, 1024, {512, 128}));
+    attention_case({2, 640, 4, 1, 128}, false, records_of_length(2, 640, {192, 64}));
   });
 }
 

@@ -19,6 +19,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/attention_mask.cuh"
@@ -176,19 +179,26 @@ SF_WGMMA_RS(128, 64, 65, 66, 67, 68)
 
 #endif  // SF_SM90_DEVICE
 
-// The softmaxes' first half: where `mask`, keys after the row or (BOUNDED) before its first key
-// set to -inf; mx = the rows' running max m raised by this thread's elements (not yet quad-reduced).
+// The softmaxes' first half: where `causal`, keys after the row set to -inf, and where (BOUNDED)
+// `first`, keys before the row's first key; mx = the rows' running max m raised by this thread's
+// elements (not yet quad-reduced). Two passes, so that a diagonal tile whose rows all start at or
+// before its first key (packed rows: a tile inside one record) does the plain kernel's work.
 template <int BC, bool BOUNDED>
-__device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], const float (&m)[2], bool mask,
-                                            int key0, int row0, const int (&fk)[2]) {
-  if (mask) {
+__device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], const float (&m)[2], bool causal,
+                                            bool first, int key0, int row0, const int (&fk)[2]) {
+  if (causal) {
 #pragma unroll
     for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + j * 8 + (e & 1);
-        if (key > row0 + (e >> 1) * 8 || (BOUNDED && key < fk[e >> 1])) s[j * 4 + e] = -INFINITY;
-      }
+      for (int e = 0; e < 4; ++e)
+        if (key0 + j * 8 + (e & 1) > row0 + (e >> 1) * 8) s[j * 4 + e] = -INFINITY;
+  }
+  if (BOUNDED && first) {
+#pragma unroll
+    for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (key0 + j * 8 + (e & 1) < fk[e >> 1]) s[j * 4 + e] = -INFINITY;
   }
   mx[0] = m[0], mx[1] = m[1];
 #pragma unroll
@@ -199,8 +209,8 @@ __device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], 
 }
 
 // Online softmax of one S tile (64 x BC a warpgroup; this thread: rows row0 and row0 + 8, columns
-// key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `mask`, keys after the row or
-// (BOUNDED) before its first key fk (packed rows, window) are -inf; P left in s as fp32 (packed to
+// key0 + 8 j + {0, 1}, key0 = the tile's first key + 2 t4): where `causal`, keys after the row, and
+// where (BOUNDED) `first`, keys before its first key fk (packed rows, window) are -inf; P left in s as fp32 (packed to
 // bf16 by pack_p only once the previous PV is done, so one P buffer suffices: 32 registers fewer
 // than two, which the lazy rescale needs) and the running max lazy: a row keeps its max until a tile raises it by more
 // than kLazyRescaleLog2 in the exp2 domain (meanwhile P <= 2^8: in range for bf16 and the fp32 sums; l and O share the
@@ -209,9 +219,10 @@ __device__ __forceinline__ void mask_rowmax(float (&s)[BC / 2], float (&mx)[2], 
 constexpr float kLazyRescaleLog2 = 8.f;
 template <int BC, bool BOUNDED>
 __device__ __forceinline__ bool softmax_tile_lazy(float (&s)[BC / 2], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                                  bool mask, int key0, int row0, const int (&fk)[2], float scale_log2) {
+                                                  bool causal, bool first, int key0, int row0, const int (&fk)[2],
+                                                  float scale_log2) {
   float mx[2];
-  mask_rowmax<BC, BOUNDED>(s, mx, m, mask, key0, row0, fk);
+  mask_rowmax<BC, BOUNDED>(s, mx, m, causal, first, key0, row0, fk);
   float off[2];
   bool grew = false;
 #pragma unroll
@@ -305,7 +316,9 @@ struct Sm90FwdTile {
   // setmaxnreg, a thread: the consumers' increase is granted from what the producer gives back
   // out of the block's launch allocation (ptxas: 168 a thread at NT 384), never more; asking for
   // more waits forever.
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+  // The bounded hd 64 kernel: 40 / 232 (ptxas: 4 bytes spilled at 24 / 240, its producer holding
+  // a tile's record starts across its wait; none at 40 / 232; its consumers need fewer than 232).
+  static constexpr int PRODUCER_REGS = HD == 64 && BOUNDED_ ? 40 : 24, CONSUMER_REGS = HD == 64 && BOUNDED_ ? 232 : 240;
   static constexpr int NT = 128 * (1 + CONSUMERS);
   static constexpr int CH = HD / 64;
   static constexpr uint32_t q_bytes = BR * HD * 2, kv_bytes = BC * HD * 2;
@@ -315,28 +328,36 @@ struct Sm90FwdTile {
   // barriers (8 bytes each): q_full[QSTAGES], q_empty[QSTAGES], k_full[KSTAGES], k_empty[KSTAGES],
   // v_full[VSTAGES], v_empty[VSTAGES]
   static constexpr size_t tile_off = bar_off + 8 * (2 * QSTAGES + 2 * KSTAGES + 2 * VSTAGES);
-  static constexpr size_t smem = tile_off + 4 * QSTAGES + 1024;  // + alignment slack
+  // tile ids, [QSTAGES][TILE_INTS]: the tile (-1 = no more) and (BOUNDED) the record starts of its
+  // first and last rows, loaded by the producer (its latency under its wait for the Q buffer)
+  static constexpr int TILE_INTS = BOUNDED ? 3 : 1;
+  // arrivals that complete a Q buffer's `full` barrier (with the copy's bytes): the producer's with
+  // the byte count, before the copy, and (BOUNDED) one after it, once the tile ids are stored
+  static constexpr int Q_ARRIVALS = BOUNDED ? 2 : 1;
+  static constexpr size_t smem = tile_off + 4 * TILE_INTS * QSTAGES + 1024;  // + alignment slack
   static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
   static_assert(smem <= 227 * 1024, "shared memory");
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
 
 // Query tile `tile` (longest first: the heaviest tiles start first): its head, sequence,
-// first row and the key tiles j0 .. n_kv - 1 it walks (downwards).
+// first row and the key tiles j0 .. n_kv - 1 it walks (downwards). lo: (BOUNDED) the record start
+// of its first row (packed rows; else 0).
 struct FwdTileCoord {
   int h, b, kvh, q0, n_kv, j0;
 };
 template <class Tr>
-__device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n_hb, int T, int H, int KVH,
-                                                       const int32_t* pos, int window) {
+__device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n_hb, int T, int H, int KVH, int lo,
+                                                       int window) {
   FwdTileCoord c;
   const int qt = n_qt - 1 - tile / n_hb, hb = tile % n_hb;
   c.h = hb % H, c.b = hb / H;
   c.kvh = c.h / (H / KVH);
   c.q0 = qt * Tr::BR;
   c.n_kv = (min(c.q0 + Tr::BR, T) + Tr::BC - 1) / Tr::BC;
-  const int32_t* pb = Tr::BOUNDED && pos != nullptr ? pos + int64_t(c.b) * T : nullptr;
-  c.j0 = Tr::BOUNDED ? first_key(pb, window, c.q0) / Tr::BC : 0;
+  // clamped to the walked tiles: positions that break AttnDims' precondition give wrong numbers,
+  // never a tile count <= 0 (the producer and the consumers would wait for each other forever)
+  c.j0 = Tr::BOUNDED ? min(max(window_key(lo, window, c.q0), 0) / Tr::BC, c.n_kv - 1) : 0;
   return c;
 }
 
@@ -360,7 +381,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   uint64_t* k_empty = k_full + KS;
   uint64_t* v_full = k_empty + KS;
   uint64_t* v_empty = v_full + VS;
-  volatile int* tile_ids = reinterpret_cast<volatile int*>(sm + Tr::tile_off);  // [QS]: -1 = no more
+  constexpr int TI = Tr::TILE_INTS;
+  volatile int* tile_ids = reinterpret_cast<volatile int*>(sm + Tr::tile_off);  // [QS][TI], Tr's tile ids
 
   const int n_qt = (T + BR - 1) / BR, n_hb = H * B;
   const int n_tiles = n_qt * n_hb;
@@ -368,7 +390,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int wg = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < QS; ++s) {
-      bar_init(q_full + s, 1);
+      bar_init(q_full + s, Tr::Q_ARRIVALS);
       bar_init(q_empty + s, Tr::CONSUMERS * 4);  // one arrive per consumer warp
     }
     for (int s = 0; s < KS; ++s) {
@@ -392,20 +414,32 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       int next = atomicAdd(tile_counter, 1);
       for (int n = 0;; ++n) {
         const int qs = n % QS;
-        bar_wait(q_empty + qs, ((n / QS) & 1) ^ 1);  // both consumers are done with tile n - QS's Q
         const int tile = next;
+        // (packed rows) the record starts of the tile's first and last rows, loaded before the wait
+        // below and stored after the first copies are issued (their latency under both), handed to the
+        // consumers with the tile id: a tile of one record needs no more of pos (the usual case),
+        // and the consumers load pos themselves only for a tile where a record starts inside
+        int lo0 = 0, lo1 = 0;
+        if (LB && pos != nullptr && tile < n_tiles) {
+          const int q0 = (n_qt - 1 - tile / n_hb) * BR, last = min(q0 + BR, T) - 1;
+          const int32_t* pb = pos + int64_t(tile % n_hb / H) * T;
+          lo0 = q0 - pb[q0], lo1 = last - pb[last];
+        }
+        bar_wait(q_empty + qs, ((n / QS) & 1) ^ 1);  // both consumers are done with tile n - QS's Q
         if (tile < n_tiles) next = atomicAdd(tile_counter, 1);
         if (tile >= n_tiles) {
-          tile_ids[qs] = -1;
-          bar_arrive(q_full + qs);  // release: the consumers read -1 after their wait
+          tile_ids[qs * TI] = -1;
+          for (int a = 0; a < Tr::Q_ARRIVALS; ++a)
+            bar_arrive(q_full + qs);  // release: the consumers read -1 after their wait
           break;
         }
-        tile_ids[qs] = tile;  // published by the arrive below (release), read after q_full (acquire)
-        const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, pos, window);
+        // published by the arrive below (release), read after q_full (acquire)
+        if constexpr (!LB) tile_ids[qs * TI] = tile;
+        const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, lo0, window);
         bar_expect_tx(q_full + qs, Tr::q_bytes);
         for (int ch = 0; ch < CH; ++ch)
           tma_load(Qs + (qs * CH + ch) * BR * 64, &tq, q_full + qs, c.h * HD + ch * 64, c.q0, c.b);
-        for (int j = c.n_kv - 1; j >= c.j0; --j, ++kv_it) {
+        auto load_kv = [&](int j) {  // key tile j's K and V into the ring (K/V tile kv_it)
           const int sk = kv_it % KS, sv = kv_it % VS;
           bar_wait(k_empty + sk, ((kv_it / KS) & 1) ^ 1);  // K of kv_it - KS: its QK^T done
           bar_expect_tx(k_full + sk, Tr::kv_bytes);
@@ -415,6 +449,20 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           bar_expect_tx(v_full + sv, Tr::kv_bytes);
           for (int ch = 0; ch < CH; ++ch)
             tma_load(Vs + (sv * CH + ch) * BC * 64, &tv, v_full + sv, c.kvh * HD + ch * 64, j * BC, c.b);
+        };
+        if constexpr (LB) {
+          // The diagonal key tile first (every tile walks it: j0 <= n_kv - 1), then the tile ids,
+          // stored after the Q and the first K, V copies are issued, so that the record starts'
+          // load latency runs under them (a tile of one key tile waited for it before its K);
+          // this arrive (the second of Q_ARRIVALS) publishes them; then the key tiles down to j0
+          // (the first that needs the record start).
+          load_kv(c.n_kv - 1);
+          ++kv_it;
+          tile_ids[qs * TI] = tile, tile_ids[qs * TI + 1] = lo0, tile_ids[qs * TI + 2] = lo1;
+          bar_arrive(q_full + qs);
+          for (int j = c.n_kv - 2; j >= c.j0; --j, ++kv_it) load_kv(j);
+        } else {
+          for (int j = c.n_kv - 1; j >= c.j0; --j, ++kv_it) load_kv(j);
         }
       }
     }
@@ -463,20 +511,27 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   for (int n = 0;; ++n) {
     const int qs = n % QS;
     bar_wait(q_full + qs, (n / QS) & 1);
-    const int tile = tile_ids[qs];
+    const int tile = tile_ids[qs * TI];
     if (tile < 0) break;
-    const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, pos, window);
+    const int lo0 = LB ? tile_ids[qs * TI + 1] : 0, lo1 = LB ? tile_ids[qs * TI + 2] : 0;
+    const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, lo0, window);
     const int n_it = c.n_kv - c.j0;
     const int row0 = c.q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
     const int wg_row0 = c.q0 + cw * 64;
     int fk[2] = {0, 0};
     if constexpr (LB) {
-      const int32_t* pb = pos != nullptr ? pos + int64_t(c.b) * T : nullptr;
-      fk[0] = row0 < T ? first_key(pb, window, row0) : 0;
-      fk[1] = row0 + 8 < T ? first_key(pb, window, row0 + 8) : 0;
+      // one record over the tile's rows (first and last rows start at lo0): its start for all of
+      // them, no loads; else each row's own from pos
+      const int32_t* pb = pos != nullptr && lo0 != lo1 ? pos + int64_t(c.b) * T : nullptr;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        fk[r] = row >= T ? 0 : pb != nullptr ? first_key(pb, window, row) : window_key(lo0, window, row);
+      }
     }
     const int fk_max = max(fk[0], fk[1]);
-    auto needs_mask = [&](int j) { return j * BC + BC - 1 > wg_row0 || (LB && j * BC < fk_max); };
+    auto causal = [&](int j) { return j * BC + BC - 1 > wg_row0; };  // key tile j reaches past a row
+    auto first = [&](int j) { return LB && j * BC < fk_max; };       // ... starts before a first key
     auto release_q = [&] {
       if (lane == 0) bar_arrive(q_empty + qs);  // this tile's last QK^T is done: Q buffer qs free
     };
@@ -495,8 +550,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       reg_fence(sacc);
       if (lane == 0) bar_arrive(k_empty + s);
       if (n_it == 1) release_q();
-      softmax_tile_lazy<BC, LB>(sacc, m, l, corr, needs_mask(c.n_kv - 1), (c.n_kv - 1) * BC + 2 * t4, row0, fk,
-                                scale_log2);
+      softmax_tile_lazy<BC, LB>(sacc, m, l, corr, causal(c.n_kv - 1), first(c.n_kv - 1), (c.n_kv - 1) * BC + 2 * t4,
+                                row0, fk, scale_log2);
       pack_p<BC>(sacc, p);  // O = 0: nothing to rescale
     }
     // One pipelined step: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in
@@ -515,7 +570,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       if (lane == 0) bar_arrive(k_empty + s);
       if (it == n_it - 1) release_q();
       const bool grew =
-          softmax_tile_lazy<BC, LB>(sacc, m, l, corr, needs_mask(j), j * BC + 2 * t4, row0, fk, scale_log2);
+          softmax_tile_lazy<BC, LB>(sacc, m, l, corr, causal(j), first(j), j * BC + 2 * t4, row0, fk, scale_log2);
       wgmma_wait<0>();  // PV done: O, P and V stage sp free
       reg_fence(o);
       reg_fence(p);
@@ -553,10 +608,10 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 // Block: BC = 128 key rows of one (kv head, sequence); it walks the causal query tiles (BQ = 64
 // rows) of every query head of the GQA group. Warpgroup 0 is the producer: its first warp waits
 // for a free stage, one lane issues the TMA copies of the tile's Q and dO, and the 32 lanes stage
-// lse * log2 e and D (+inf / 0 past T) beside them, all completing on the stage's `full` barrier
-// (32 arrivals + the copies' bytes). Warpgroups 1 and 2 own 64 key rows each, with their dK and
-// dV accumulators (64 x HD fp32) in registers for the whole block (no atomics; the GQA reduction
-// is the loop). Per tile and consumer:
+// lse * log2 e and D (+inf / 0 past T) beside them (BOUNDED: the second warp stages pos), all
+// completing on the stage's `full` barrier (the lanes' arrivals + the copies' bytes). Warpgroups 1
+// and 2 own 64 key rows each, with their dK and dV accumulators (64 x HD fp32) in registers for the
+// whole block (no atomics; the GQA reduction is the loop). Per tile and consumer:
 //   S^T = K_w Q^T, dP^T = V_w dO^T               (wgmma, both operands from shared memory)
 //   P^T = exp2(S^T scale log2 e - lse log2 e), causal mask; dS^T = P^T (dP^T - D) scale
 //   dS^T -> shared memory (bf16, the M-major A operand of dQ; two buffers, alternating)
@@ -581,15 +636,18 @@ struct Sm90BwdTile {
   static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
   static constexpr bool TMA_DQ = HD == 128;
-  // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56)
-  static constexpr int P_EARLY = 4;
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // as Sm90FwdTile's
+  // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56;
+  // the bounded kernel at hd 128: 4 spilled 36 / 44 bytes stored / loaded, 3 20 / 28)
+  static constexpr int P_EARLY = BOUNDED_ ? 3 : 4;
+  // as Sm90FwdTile's; the bounded hd 64 kernel 40 / 232 (ptxas: spills at 24 / 240, none at 40 / 232;
+  // hd 128's consumers need their 240)
+  static constexpr int PRODUCER_REGS = HD == 64 && BOUNDED_ ? 40 : 24, CONSUMER_REGS = HD == 64 && BOUNDED_ ? 232 : 240;
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
   // dS^T [2][BC][BQ] (swizzled rows of 64) | (TMA_DQ) dQ [CONSUMERS][HD / 64][BQ][32] f32 (swizzled
   // 128-byte rows) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
-  // F [STAGES][BQ] int (first key of each query: packed rows, window) | barriers
+  // P [STAGES][BQ] int (packed rows: each query's pos) | barriers
   static constexpr int DQ_BOXES = HD / 64;  // 32-column f32 boxes of one consumer's HD / 2 dQ columns
   static constexpr uint32_t dq_box_bytes = BQ * 32 * 4;
   static constexpr size_t k_off = 0, v_off = k_off + kv_bytes, q_off = v_off + kv_bytes;
@@ -600,6 +658,11 @@ struct Sm90BwdTile {
   static constexpr size_t f_off = d_off + size_t(STAGES) * BQ * 4, bar_off = f_off + size_t(STAGES) * BQ * 4;
   // barriers: kv_full, full[STAGES], empty[STAGES]
   static constexpr size_t smem = bar_off + 8 * (1 + 2 * STAGES) + 1024;
+  // Arrivals that complete a stage's `full` barrier (with the copies' bytes): the first producer
+  // warp's 32 lanes after their L, D stores; (BOUNDED) lane 0's arrive with the byte count, made
+  // before those stores so that the Q, dO copies go first, and the second warp's 32 after its P
+  // stores.
+  static constexpr int FULL_ARRIVALS = BOUNDED ? 65 : 32;
   static_assert(HD % 64 == 0 && BC == 64 * CONSUMERS && BQ == 64, "tile shape");
   static_assert(smem <= 227 * 1024, "shared memory");
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
@@ -624,7 +687,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   bf16_t* dSs = reinterpret_cast<bf16_t*>(sm + Tr::ds_off);
   float* Ls = reinterpret_cast<float*>(sm + Tr::l_off);
   float* Ds = reinterpret_cast<float*>(sm + Tr::d_off);
-  int* Fs = reinterpret_cast<int*>(sm + Tr::f_off);
+  int* Ps = reinterpret_cast<int*>(sm + Tr::f_off);
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(sm + Tr::bar_off);
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + ST;
@@ -635,29 +698,31 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int kvh = hb % KVH, b = hb / KVH, G = H / KVH;
   const int kv0 = jt * BC;
   const int n_q = (T + BQ - 1) / BQ, i_start = kv0 / BQ;
-  // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
-  // this block's last key (and so every later tile: first keys never decrease) are skipped; the
-  // first such tile found by bisection (a handful of loads, not one per tile).
   const int32_t* pb = LB && pos != nullptr ? pos + int64_t(b) * T : nullptr;
-  int i_end = n_q;
-  if constexpr (LB) {
-    const int kv_last = min(kv0 + BC, T) - 1;
-    int lo = i_start + 1;
-    while (lo < i_end) {
-      const int mid = (lo + i_end) / 2;
-      if (first_key(pb, window, mid * BQ) > kv_last)
-        i_end = mid;
-      else
-        lo = mid + 1;
+  // Packed rows / window (as the sm_80 kernel): query tiles whose first row's first key is past
+  // this block's last key (and so every later tile: first keys never decrease) are skipped. The
+  // first such tile is searched by each warp that needs it for itself (first_tile_past: one load's
+  // latency up to 32 tiles, T <= 2048, where a bisection paid ~5 dependent ones before the block
+  // could start), the producer's first warp's after it has issued the K, V copies, so the search
+  // runs under their latency.
+  // (plain causal: every query tile from the diagonal on, G heads of them; computed here, so that
+  // the plain kernel's code is the shipped one's)
+  const int causal_tiles = n_q - i_start, causal_total = G * causal_tiles;
+  // the block's query tiles a head, and over the GQA group
+  auto query_tiles = [&](int& per_head, int& total) {
+    if constexpr (LB) {
+      per_head = first_tile_past(pb, window, BQ, min(kv0 + BC, T) - 1, i_start + 1, n_q) - i_start;
+      total = G * per_head;
+    } else {
+      per_head = causal_tiles, total = causal_total;
     }
-  }
-  const int per_head = i_end - i_start, total = G * per_head;
+  };
 
   const int wg = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
     bar_init(kv_full, 1);
     for (int s = 0; s < ST; ++s) {
-      bar_init(full + s, 32);                  // the producer warp's lanes (+ the copies' bytes)
+      bar_init(full + s, Tr::FULL_ARRIVALS);
       bar_init(empty + s, Tr::CONSUMERS * 4);  // one arrive per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -676,26 +741,57 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           tma_load(Vs + c * BC * 64, &tv, kv_full, kvh * HD + c * 64, kv0, b);
         }
       }
+      int per_head, total;
+      query_tiles(per_head, total);
       for (int it = 0; it < total; ++it) {
         const int s = it % ST, h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
         bar_wait(empty + s, ((it / ST) & 1) ^ 1);
-        for (int r = lane; r < BQ; r += 32) {
-          const int qr = q0 + r;
-          const int64_t li = (int64_t(b) * H + h) * T + qr;
-          Ls[s * BQ + r] = qr < T ? lse[li] * kLog2e : INFINITY;
-          Ds[s * BQ + r] = qr < T ? Dd[li] : 0.f;
-          if constexpr (LB) Fs[s * BQ + r] = qr < T ? first_key(pb, window, qr) : 0;
-        }
-        // Each lane's arrive (release) follows its own L, D, F stores; lane 0's carries the bytes.
-        if (lane == 0) {
+        auto load_qdo = [&] {  // lane 0: the byte count (with an arrival) and the Q, dO copies
           bar_expect_tx(full + s, 2 * Tr::qt_bytes);
           for (int c = 0; c < CH; ++c) {
             tma_load(Qs + (s * CH + c) * BQ * 64, &tq, full + s, h * HD + c * 64, q0, b);
             tma_load(dOs + (s * CH + c) * BQ * 64, &tdo, full + s, h * HD + c * 64, q0, b);
           }
+        };
+        if constexpr (LB) {
+          // The copies first, the L, D loads under their latency (issued after the loads, a
+          // stage's latency was the two in turn); lane 0's arrive here is the 33rd.
+          if (lane == 0) load_qdo();
+          // The tile's rows of lse and D ([B, H, T]); nv: how many are rows of the sequence.
+          const int64_t li0 = (int64_t(b) * H + h) * T + q0;
+          const int nv = min(BQ, T - q0);
+#pragma unroll
+          for (int r = lane; r < BQ; r += 32) {
+            Ls[s * BQ + r] = r < nv ? lse[li0 + r] * kLog2e : INFINITY;
+            Ds[s * BQ + r] = r < nv ? Dd[li0 + r] : 0.f;
+          }
+          bar_arrive(full + s);  // each lane's arrive (release) follows its own stores
         } else {
-          bar_arrive(full + s);
+          for (int r = lane; r < BQ; r += 32) {
+            const int qr = q0 + r;
+            const int64_t li = (int64_t(b) * H + h) * T + qr;
+            Ls[s * BQ + r] = qr < T ? lse[li] * kLog2e : INFINITY;
+            Ds[s * BQ + r] = qr < T ? Dd[li] : 0.f;
+          }
+          // Each lane's arrive (release) follows its own L, D stores; lane 0's carries the bytes.
+          if (lane == 0)
+            load_qdo();
+          else
+            bar_arrive(full + s);
         }
+      }
+    } else if (LB && lane < 64) {
+      // The second warp stages each stage's pos (ordinary loads: pos needs no more than its
+      // 4-byte alignment; rows past T 0; no packed rows: the row itself, one record a row), its 32
+      // arrivals beside the first warp's 33, in a loop of its own: in one loop with L and D, the
+      // producer's 24 registers spilled
+      int per_head, total;
+      query_tiles(per_head, total);
+      for (int it = 0; it < total; ++it) {
+        const int s = it % ST, q0 = (i_start + it % per_head) * BQ, nv = min(BQ, T - q0);
+        bar_wait(empty + s, ((it / ST) & 1) ^ 1);
+        for (int r = lane - 32; r < BQ; r += 32) Ps[s * BQ + r] = r >= nv ? 0 : pb != nullptr ? pb[q0 + r] : q0 + r;
+        bar_arrive(full + s);
       }
     }
     return;
@@ -703,6 +799,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 
   // ---- consumers ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
+  int per_head, total;
+  query_tiles(per_head, total);
   const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
   const int g = lane >> 2, t4 = lane & 3;
   const int kw0 = kv0 + cw * 64;         // the warpgroup's first key
@@ -766,23 +864,40 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     reg_fence(st);
     // P^T, dS^T (this thread: keys key0 + 8 (e >> 1), queries q0 + 8 j + 2 t4 + (e & 1))
     const bool mask = q0 < kw0 + 63;
-    // Some query of the tile sees its first key after this warpgroup's first key (the last
-    // valid query has the largest): mask by first key too.
-    // (LB only: the plain causal kernel has no such test.)
-    const bool seg = LB && Fs[s * BQ + min(BQ, T - q0) - 1] > kw0;
+    // (LB only: the plain causal kernel has no such test) Where some query of the tile sees its
+    // first key after this warpgroup's first key (the last valid query has the largest), the keys
+    // before each query's first key get S^T = -inf (P^T = 0), in a pass of its own that only such
+    // tiles take (a record starting inside the query tile, a window's edge): the P^T / dS^T work
+    // below is the plain kernel's, per element (it tested the first key in every tile before).
+    if constexpr (LB) {
+      // first key of the tile's query row r (its pos in Ps; rows past T hold 0, harmless: their
+      // P^T is 0 through L = +inf)
+      auto fkey = [&](int r, int p) {
+        const int q = q0 + r;
+        return window_key(q - p, window, q);
+      };
+      const int rl = min(BQ, T - q0) - 1;  // the last row of the sequence
+      if (fkey(rl, Ps[s * BQ + rl]) > kw0) {
+#pragma unroll
+        for (int j = 0; j < BQ / 8; ++j) {
+          const int2 p2 = *reinterpret_cast<const int2*>(Ps + s * BQ + j * 8 + 2 * t4);
+          const int f0 = fkey(j * 8 + 2 * t4, p2.x), f1 = fkey(j * 8 + 2 * t4 + 1, p2.y);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (((e & 1) ? f1 : f0) > key0 + (e >> 1) * 8) st[j * 4 + e] = -INFINITY;
+        }
+      }
+    }
     uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
     bf16_t* dsb = dSs + buf * (BC * BQ);
-    // P^T of columns 8 j .. 8 j + 7 (fp32, masked) into pv
+    // P^T of columns 8 j .. 8 j + 7 (fp32, causally masked) into pv
     auto p_cols = [&](int j, float(&pv)[4]) {
       const int qc = j * 8 + 2 * t4;
       const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
-      const int2 f2 = seg ? *reinterpret_cast<const int2*>(Fs + s * BQ + qc) : make_int2(0, 0);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-        const int key = key0 + (e >> 1) * 8;
-        const bool masked = (mask && q0 + qc + (e & 1) < key) || (LB && seg && ((e & 1) ? f2.y : f2.x) > key);
-        if (masked) pe = 0.f;
+        if (mask && q0 + qc + (e & 1) < key0 + (e >> 1) * 8) pe = 0.f;
         pv[e] = pe;
       }
     };
@@ -948,6 +1063,26 @@ CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows, boo
 // Packed rows or a window: the kernels with the first-key bound (BOUNDED); else plain causal.
 bool bounded(const AttnDims& d) { return !d.pos.empty() || d.window > 0; }
 
+// Every precondition of the kernels and their tensor maps, checked on the host (a failure is the
+// caller's bug: attention.cu routes only calls that pass attention_sm90_supported and its own
+// dtype / alignment test here). TMA: global addresses 16-byte aligned, row strides (heads * hd *
+// 2 or 4 bytes) multiples of 16 (hd is 64 or 128); pos (packed rows) is read by ordinary loads: I32,
+// B * T of them, 4-byte aligned.
+void check_args(const char* op, std::initializer_list<const Tensor*> bf16s, const void* f32_aligned,
+                const AttnDims& d) {
+  const std::string w = std::string("attention (sm_90) ") + op + ": ";
+  SF_CHECK(d.head_dim == 64 || d.head_dim == 128, w + "head_dim " + std::to_string(d.head_dim));
+  SF_CHECK(d.B >= 1 && d.T >= 1 && d.n_head >= 1 && d.n_kv_head >= 1 && d.n_head % d.n_kv_head == 0 && d.window >= 0,
+           w + "bad dims");
+  for (const Tensor* t : bf16s)
+    SF_CHECK(t->dtype == DType::BF16 && aligned16(t->data), w + "tensors must be BF16 and 16-byte aligned");
+  SF_CHECK(f32_aligned == nullptr || aligned16(f32_aligned), w + "dQ workspace must be 16-byte aligned");
+  if (!d.pos.empty())
+    SF_CHECK(d.pos.dtype == DType::I32 && d.pos.numel() == int64_t(d.B) * d.T &&
+                 (reinterpret_cast<uintptr_t>(d.pos.data) & 3u) == 0,
+             w + "pos must be B*T I32, 4-byte aligned");
+}
+
 // A forward kernel's launch setup: its shared memory allowed (once per kernel: the device is fixed
 // per process) and the tensor maps of Q (BR-row boxes), K and V (BC-row boxes).
 template <class Tr, class Kernel>
@@ -973,6 +1108,9 @@ QkvMaps qkv_maps(Tensor q, Tensor k, Tensor v, const AttnDims& d) {
 template <int HD, bool BOUNDED>
 void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   using Tr = Sm90FwdTile<HD, BOUNDED>;
+  check_args("forward", {&out, &q, &k, &v}, nullptr, d);
+  SF_CHECK(lse.empty() || (lse.dtype == DType::F32 && lse.numel() == int64_t(d.B) * d.n_head * d.T),
+           "attention (sm_90) forward: lse must be empty or [B, n_head, T] F32");
   auto kernel = flash_fwd_sm90_kernel<Tr>;
   allow_smem<Tr>(kernel);
   SF_CHECK(L.scratch != nullptr && L.scratch->buf != nullptr && L.scratch->buf_bytes >= sizeof(int),
@@ -993,6 +1131,9 @@ template <int HD, bool BOUNDED>
 void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
               Tensor lse, const AttnDims& d, const Launch& L) {
   using Tr = Sm90BwdTile<HD, BOUNDED>;
+  check_args("backward", {&dk, &dv, &dout, &q, &k, &v}, dq_acc, d);
+  SF_CHECK(dq_acc != nullptr && D != nullptr && lse.dtype == DType::F32 && lse.numel() == int64_t(d.B) * d.n_head * d.T,
+           "attention (sm_90) backward: needs the dQ workspace, D and lse [B, n_head, T] F32");
   auto kernel = flash_bwd_sm90_kernel<Tr>;
   static bool attr_set = false;  // once per instantiation
   if (!attr_set) {
@@ -1014,7 +1155,13 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
 
 }  // namespace
 
-bool attention_sm90_supported(const AttnDims& d) { return d.head_dim == 64 || d.head_dim == 128; }
+bool attention_sm90_supported(const AttnDims& d) {
+  // The kernels count tiles in int: the forward's tile counter runs to its tiles + one a CTA, the
+  // backward's grid is one block a key tile and (kv head, sequence); larger calls take the sm_80 kernels.
+  const int64_t fwd_tiles = (int64_t(d.T) + 127) / 128 * d.n_head * d.B;
+  const int64_t bwd_blocks = (int64_t(d.T) + 127) / 128 * d.n_kv_head * d.B;
+  return (d.head_dim == 64 || d.head_dim == 128) && fwd_tiles + 1024 < INT32_MAX && bwd_blocks < INT32_MAX;
+}
 
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   const bool b = bounded(d);
