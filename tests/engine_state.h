@@ -2,6 +2,8 @@
 // perturb every parameter. Built on the engine's tensor-by-tensor read_state / write_state, in
 // make_layout(spec()) order (embedding, layers, head).
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -52,5 +54,19 @@ inline void import_state(Engine& e, Engine::State which, const NamedTensors& ten
 inline NamedTensors export_params(Engine& e) { return export_state(e, Engine::State::Params); }
 inline NamedTensors export_grads(Engine& e) { return export_state(e, Engine::State::Grads); }
 inline void import_params(Engine& e, const NamedTensors& p) { import_state(e, Engine::State::Params, p); }
+
+// The largest over the tensors of max |a - b| / max |a| (the GPU tests' bound against run-to-run noise).
+inline double worst_relative(const NamedTensors& a, const NamedTensors& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double diff = 0, scale = 1e-30;
+    for (size_t j = 0; j < a[i].data.size(); ++j) {
+      diff = std::max(diff, double(std::fabs(a[i].data[j] - b[i].data[j])));
+      scale = std::max(scale, double(std::fabs(a[i].data[j])));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
 
 }  // namespace sf::test

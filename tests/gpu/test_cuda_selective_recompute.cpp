@@ -53,31 +53,17 @@ Grads run(Device& dev, const ModelSpec& spec, int whole, int kept, const std::ve
   return grads_of(e, mbs);
 }
 
-// The largest of each tensor's max |a - b| / max |a|.
-double worst_relative(const test::NamedTensors& a, const test::NamedTensors& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double diff = 0, scale = 1e-30;
-    for (size_t j = 0; j < a[i].data.size(); ++j) {
-      diff = std::max(diff, double(std::fabs(a[i].data[j] - b[i].data[j])));
-      scale = std::max(scale, double(std::fabs(a[i].data[j])));
-    }
-    worst = std::max(worst, diff / scale);
-  }
-  return worst;
-}
-
 // `grads(whole, kept)` with layers kept against the recompute path (0, 0), run twice for its noise.
 template <class Run>
 void expect_recomputed_gradients(const Run& grads, int L, const std::string& what) {
   const Grads base = grads(0, 0), again = grads(0, 0);
-  const double noise = worst_relative(base.grads, again.grads);
+  const double noise = test::worst_relative(base.grads, again.grads);
   const double bound = std::max(2 * noise, 1e-2);
   for (auto [whole, kept] : {std::pair{L, 0}, std::pair{0, L}, std::pair{1, L - 1}}) {
     SCOPED_TRACE("whole " + std::to_string(whole) + " kept " + std::to_string(kept));
     const Grads k = grads(whole, kept);
     EXPECT_EQ(k.loss, base.loss);
-    const double d = worst_relative(base.grads, k.grads);
+    const double d = test::worst_relative(base.grads, k.grads);
     EXPECT_LE(d, bound) << "run-to-run " << noise;
     std::printf("%s whole %d kept %d: gradients %.3g of the largest (run-to-run %.3g)\n", what.c_str(), whole, kept, d,
                 noise);
@@ -142,12 +128,12 @@ TEST(CudaEngines, SlidingGivesTheResidentGradients) {
     const std::vector<Record> recs = test::random_records(int(spec.vocab), 7, 4);
     const std::vector<Batch> mbs = {make_batch({&recs[0], &recs[1]}, 11), make_batch({&recs[2], &recs[3]}, 9)};
     const Grads a = run(*dev, spec, 0, 0, mbs), again = run(*dev, spec, 0, 0, mbs);
-    const double noise = worst_relative(a.grads, again.grads), bound = std::max(2 * noise, 1e-2);
+    const double noise = test::worst_relative(a.grads, again.grads), bound = std::max(2 * noise, 1e-2);
     for (const std::vector<int>& on_gpu : {std::vector<int>{}, std::vector<int>{0, spec.n_layer + 1}}) {
       const Grads b = run_sliding(*dev, spec, 0, 0, on_gpu, mbs);
       EXPECT_NEAR(b.loss, a.loss, 1e-5 * std::fabs(a.loss));
       ASSERT_EQ(b.grads.size(), a.grads.size());
-      const double d = worst_relative(a.grads, b.grads);
+      const double d = test::worst_relative(a.grads, b.grads);
       EXPECT_LE(d, bound) << "run-to-run " << noise;
       std::printf("%s, %zu blobs on the GPU: sliding vs resident gradients %.3g of the largest (run-to-run %.3g)\n",
                   family.c_str(), on_gpu.size(), d, noise);

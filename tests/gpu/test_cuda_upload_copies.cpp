@@ -64,20 +64,6 @@ Trained train(Device& dev, const ModelSpec& spec, const std::vector<int>& on_gpu
   return t;
 }
 
-// The largest of each tensor's max |a - b| / max |a|.
-double worst_relative(const test::NamedTensors& a, const test::NamedTensors& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double diff = 0, scale = 1e-30;
-    for (size_t j = 0; j < a[i].data.size(); ++j) {
-      diff = std::max(diff, double(std::fabs(a[i].data[j] - b[i].data[j])));
-      scale = std::max(scale, double(std::fabs(a[i].data[j])));
-    }
-    worst = std::max(worst, diff / scale);
-  }
-  return worst;
-}
-
 TEST(CudaUploadCopies, TrainAsTheMasterUploads) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   auto dev = make_cuda_device(size_t(2) << 30);
@@ -92,8 +78,8 @@ TEST(CudaUploadCopies, TrainAsTheMasterUploads) {
         const Trained c = train(*dev, spec, on_gpu, true, clip, recs);
         ASSERT_EQ(c.losses.size(), a.losses.size());
         EXPECT_EQ(c.losses[0], a.losses[0]) << "the first step's weights are the same: so is its loss";
-        const double noise = worst_relative(a.params, again.params), bound = std::max(2 * noise, 1e-6);
-        const double d = worst_relative(a.params, c.params);
+        const double noise = test::worst_relative(a.params, again.params), bound = std::max(2 * noise, 1e-6);
+        const double d = test::worst_relative(a.params, c.params);
         EXPECT_LE(d, bound) << "run-to-run " << noise;
         for (size_t s = 1; s < a.losses.size(); ++s) {
           const double ln = std::fabs(a.losses[s] - again.losses[s]);
