@@ -1,6 +1,7 @@
 // The planner's memory accounting against what the engines really allocate, and its decisions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <tuple>
 
@@ -989,6 +990,80 @@ TEST(Planner, UploadCopiesWhenTheyFitAndPay) {
   const Plan forced = make_plan(tiny, r, backend_info("cpu"));
   EXPECT_EQ(forced.upload_copies, (std::vector<int>{1, 2, 3}));  // the embedding on the device
   EXPECT_EQ(forced.upload_bytes, double(forced.upload_copy_bytes));  // fp32 copies: a master's bytes
+}
+
+// Held gradients (PlanRequest::hold_grads 1, make_engine's default): without clipping, the blobs at
+// the top of the forward order, whose gradients land first and whose updates the next forward needs
+// last, are updated during that forward, where the host would idle; chosen where the prediction says
+// that pays (a backward bound by the host AdamW: OLMoE at 24 GiB, the 8B at 24 GiB), never with
+// clipping, never on the cpu backend, never the embedding.
+TEST(Planner, HeldGradientsFromTheTopWhereTheHostBoundsTheBackward) {
+  const ModelSpec olmoe = parse_model_spec(preset_config("olmoe-1b-7b"), "olmoe-1b-7b");
+  const ModelLayout lay = make_layout(olmoe);
+  const int nb = int(lay.blobs.size());
+  // The order: the head, then the layers from the last down; GPU blobs skipped; the embedding never.
+  std::vector<bool> h = held_grad_blobs(lay, {}, 1);
+  EXPECT_EQ(std::count(h.begin(), h.end(), true), 1);
+  EXPECT_TRUE(h[size_t(nb - 1)]);
+  h = held_grad_blobs(lay, {nb - 2}, lay.blobs[size_t(nb - 1)].numel + 1);
+  EXPECT_TRUE(h[size_t(nb - 1)] && !h[size_t(nb - 2)] && h[size_t(nb - 3)]);
+  EXPECT_EQ(std::count(h.begin(), h.end(), true), 2);
+  h = held_grad_blobs(lay, {}, int64_t(1) << 50);
+  EXPECT_FALSE(h[0]);
+  EXPECT_EQ(std::count(h.begin(), h.end(), true), nb - 1);
+
+  const Rates rates;  // the built-in ones: the H200 machine's
+  BackendInfo be = cuda_backend_sizes();
+  be.device_total = be.device_free = size_t(140) << 30;
+  auto plan = [&](const char* preset, int64_t hold, bool clip, DType state) {
+    PlanRequest r;
+    r.batch = 8;
+    r.seq = 2048;
+    r.clip = clip;
+    r.state_dtype = state;
+    r.gpu_budget = size_t(24) << 30;
+    r.host_budget = size_t(110) << 30;
+    r.hold_grads = hold;
+    return make_plan(parse_model_spec(preset_config(preset), preset), r, be, rates);
+  };
+  for (const auto& [preset, state] : {std::pair{"olmoe-1b-7b", DType::BF16}, std::pair{"llama-8b", DType::F32}}) {
+    SCOPED_TRACE(preset);
+    const Plan none = plan(preset, 0, false, state), aut = plan(preset, 1, false, state);
+    ASSERT_TRUE(none.fits && aut.fits) << none.why() << aut.why();
+    ASSERT_EQ(aut.engine, EngineKind::Sliding);
+    EXPECT_EQ(none.hold_grads, 0);
+    EXPECT_GT(aut.hold_grads, 0);
+    EXPECT_EQ(aut.gpu_blobs, none.gpu_blobs);  // the same placement, + the held gradients' store
+    EXPECT_EQ(aut.host_bytes, none.host_bytes + size_t(aut.hold_grads) * 2);  // bf16 gradients, pinned
+    EXPECT_EQ(aut.backward.by, Bound::Host);
+    EXPECT_LT(aut.step_s, none.step_s * 0.99);
+    EXPECT_LT(aut.backward.s, none.backward.s);  // the backward loses the held updates...
+    EXPECT_GE(aut.forward.s, none.forward.s);    // ...which the next forward absorbs, or waits for
+    // Exactly the blobs the plan held: the top ones.
+    const ModelLayout l = make_layout(parse_model_spec(preset_config(preset), preset));
+    const std::vector<bool> held = held_grad_blobs(l, aut.gpu_blobs, aut.hold_grads);
+    int64_t n = 0;
+    for (size_t b = 0; b < held.size(); ++b) n += held[b] ? l.blobs[b].numel : 0;
+    EXPECT_EQ(n, aut.hold_grads);
+    const SlidingOptions so = sliding_options(aut, EngineOptions{}, false);
+    EXPECT_EQ(so.hold_grads, aut.hold_grads);
+    // Asked for more than pays: the prediction says the forward waits for it.
+    const Plan all = plan(preset, int64_t(1) << 50, false, state);
+    ASSERT_TRUE(all.fits) << all.why();
+    EXPECT_GT(all.step_s, aut.step_s);
+    EXPECT_EQ(all.forward.by, Bound::Host);
+    // With clipping every gradient is kept for the norm anyway: nothing held.
+    EXPECT_EQ(plan(preset, 1, true, state).hold_grads, 0);
+  }
+  // The cpu backend: the host computes too; nothing held.
+  PlanRequest r;
+  r.batch = 2;
+  r.seq = 16;
+  r.offload = OffloadChoice::On;
+  r.gpu_blobs = 0;
+  r.hold_grads = 1;
+  r.host_budget = size_t(64) << 30;
+  EXPECT_EQ(make_plan(spec_of("llama"), r, backend_info("cpu")).hold_grads, 0);
 }
 
 }  // namespace

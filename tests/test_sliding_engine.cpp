@@ -66,7 +66,7 @@ struct Case {
   int gpu = 0;
   bool bf16 = false;        // --compute-dtype bf16 in both engines: gradients rounded to bf16 (as on cuda)
   int micro = 1;            // micro-batches a step (layer-major in the sliding engine)
-  int64_t hold = 0;         // SlidingOptions::hold_grads (overlap): the first blobs updated after the backward
+  int64_t hold = 0;         // SlidingOptions::hold_grads (overlap): the last blobs updated after the backward
   bool fused = false;       // clipping: one AdamW pass a blob (SlidingOptions::split_update off)
   bool bf16_state = false;  // AdamW m and v in bf16, stochastically rounded (EngineOptions::state_dtype)
   // The NVMe tier: 0 none, 1 the even host layers' AdamW state in the store, 2 every host blob's;

@@ -254,7 +254,7 @@ SlidingOptions options_for(const ModelSpec& spec, const Mode& m, bool disk) {
   o.keep_grads = m.clip;
   o.split_update = m.split;
   o.hold_grads = m.held ? int64_t(1) << 40 : 0;  // every host blob but the head (held_grad_blobs)
-  if (m.held && !m.clip) o.hold_grads = 3000;    // some: the first blobs
+  if (m.held && !m.clip) o.hold_grads = 3000;    // some: the last blobs (forward order)
   if (m.kept) o.gpu_blobs = {0, spec.n_layer + 1};
   if (disk)
     for (int b = 1; b <= spec.n_layer; b += 2) o.disk_blobs.push_back(b);

@@ -31,10 +31,10 @@ inline constexpr EnvVar kEnvVars[] = {
      "host threads: the host AdamW, the cpu backend's kernels, the tokenizer's encode_batch"},
     {Env::Trace, "SF_TRACE", "path", "off",
      "write a timeline of the sliding engine's streams to this file (tools/trace_summary.py reads it)"},
-    {Env::HoldGrads, "SF_HOLD_GRADS", "int", "0",
-     "without clipping, hold the first blobs' gradients and update them in the next forward: 1 = "
-     "as many parameters as the planner's rates say, N > 1 = N parameters (changes the plan; +2 B "
-     "of pinned memory a held parameter)"},
+    {Env::HoldGrads, "SF_HOLD_GRADS", "int", "1",
+     "without clipping, hold the last blobs' gradients (forward order) and update them in the next "
+     "forward: 0 = none, 1 = as many as the planner predicts pay, N > 1 = N parameters (changes the "
+     "plan; +2 B of pinned memory a held parameter)"},
     {Env::AdamwIsa, "SF_ADAMW_ISA", "text", "the widest the CPU has",
      "the host AdamW's element loop: avx2, sse2 or scalar (never wider than the CPU has; the same bits "
      "on every path: tests run each, benchmarks compare them)"},

@@ -6,7 +6,7 @@
 //   norm is known (+2 bytes a parameter);
 // - otherwise a ring of a few chunk-sized page-locked buffers: each chunk is consumed by its AdamW
 //   as soon as it lands and the buffer goes back to the ring; except the blobs marked `held` (the
-//   first ones in forward order), whose gradients wait in their own place to be updated after the
+//   last ones in forward order), whose gradients wait in their own place to be updated after the
 //   backward, in forward order, while the next forward runs (the host would idle there otherwise).
 // One fused pass per chunk (cpu::adamw): reads the gradient, p, m, v; writes p, m, v; or, split,
 // a parameter pass (reads g, p, m, v; writes p) and later a moment pass (reads g, m, v; writes m, v).

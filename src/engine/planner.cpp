@@ -426,22 +426,6 @@ class Planner {
   // Headroom in the arena: 256-byte rounding of each buffer, the CUDA libraries' own needs.
   size_t gpu_margin() const { return std::max(size_t(256) << 20, p_.gpu_budget / 100); }
 
-  // Without clipping the host updates each blob as its gradient lands, but the first blobs of the
-  // forward land last: the part of the host's work that does not fit into the backward is held and
-  // runs during the next forward (SlidingOptions::hold_grads). Sized from the rates when the
-  // request asks for 1, off unless asked (PlanRequest::hold_grads).
-  int64_t hold_for(const std::vector<int>& gpu_blobs) const {
-    if (r_.hold_grads <= 0 || r_.clip || !r_.optimizer || on_host_) return 0;
-    if (r_.hold_grads > 1) return r_.hold_grads;
-    double P = double(lay_.total_numel());
-    for (int b : gpu_blobs) P -= double(lay_.blobs[size_t(b)].numel);
-    const Flops f = gpu_work_per_token(s_, r_.seq, rates_);
-    const double gpu_s = f.total * double(r_.batch) * r_.seq * r_.grad_accum / (rates_.model_tflops * 1e12);
-    const double backward_s = gpu_s * (1.0 - f.forward / f.total);
-    const double spill_s = P / rates_.host_adamw_params_s - backward_s;
-    return spill_s > 0 ? int64_t(spill_s * rates_.host_adamw_params_s) : 0;
-  }
-
   // The plan of one placement: its buffers, their totals by place, whether they fit the budgets.
   // Selective recompute's layers kept whole and keeping attention (whole_, kept_) count in both engines.
   void fill(EngineKind engine, int slots, const std::vector<int>& gpu_blobs = {},
@@ -460,7 +444,7 @@ class Planner {
     p_.disk_grads = disk_grads;
     p_.ckpt_cufile = r_.ckpt_cufile;
     p_.lend_checkpoints = r_.lend_checkpoints;
-    p_.hold_grads = engine == EngineKind::Sliding ? hold_for(gpu_blobs) : 0;
+    p_.hold_grads = engine == EngineKind::Sliding && !r_.clip && r_.optimizer && !on_host_ ? hold_ : 0;
     // Upload copies: the first copies_ host blobs (forward order) whose state is in host memory.
     p_.upload_copies.clear();
     p_.upload_copy_bytes = 0;
@@ -513,6 +497,7 @@ class Planner {
   // allow (each moves ~18 bytes a parameter from the host to the GPU), or the requested number.
   void sliding(int slots) {
     copies_ = r_.upload_copies == CopiesChoice::On ? std::numeric_limits<int>::max() : 0;
+    hold_ = r_.hold_grads > 1 ? r_.hold_grads : 0;
     const std::vector<int> order = gpu_blob_order(s_);
     if (r_.gpu_blobs >= 0) {
       fill(EngineKind::Sliding, slots, std::vector<int>(order.begin(), order.begin() + r_.gpu_blobs));
@@ -532,6 +517,43 @@ class Planner {
     }
     to_disk(slots);
     add_copies(slots);
+    add_hold(slots);
+  }
+
+  // Held gradients (PlanRequest::hold_grads 1): without clipping each host blob is updated as its
+  // gradient lands, so the host has nothing to do in the forward and the head, and when its AdamW
+  // is slower than the backward the step waits for it at the end of the backward. Holding the
+  // blobs at the top of the forward order (their gradients land first, the next forward needs them
+  // last) moves their updates into that idle time (SlidingOptions::hold_grads). How many: the
+  // prediction's best over the candidates (predict_sliding models both the backward's saving and a
+  // forward that would wait for a held update), kept when it fits and is kMinGain shorter.
+  void add_hold(int slots) {
+    if (r_.hold_grads != 1 || r_.clip || !r_.optimizer || on_host_ || !p_.fits || p_.disk_bytes > 0 ||
+        !r_.training || p_.engine != EngineKind::Sliding)
+      return;
+    Plan none = p_;
+    predict(s_, r_, be_, rates_, none);
+    int64_t best_hold = 0, held = 0;
+    double best_s = none.step_s;
+    Plan trial = p_;
+    for (int b = int(lay_.blobs.size()) - 1; b >= 1; --b) {  // the candidates: held_grad_blobs' order
+      if (std::find(p_.gpu_blobs.begin(), p_.gpu_blobs.end(), b) != p_.gpu_blobs.end()) continue;
+      held += lay_.blobs[size_t(b)].numel;
+      trial.hold_grads = held;
+      predict(s_, r_, be_, rates_, trial);
+      if (trial.step_s < best_s) {
+        best_s = trial.step_s;
+        best_hold = held;
+      }
+    }
+    if (best_hold > 0 && best_s < none.step_s * (1 - kMinGain)) {
+      hold_ = best_hold;
+      fill(EngineKind::Sliding, slots, none.gpu_blobs, none.disk_blobs, none.ckpt_disk_layers, none.disk_masters,
+           none.disk_weights, none.disk_grads);
+      if (p_.fits) return;
+    }
+    hold_ = 0;
+    p_ = none;
   }
 
   // Upload copies (PlanRequest::upload_copies Auto): a placement that fits with nothing in the
@@ -641,6 +663,7 @@ class Planner {
   Plan p_;
   int whole_ = 0, kept_ = 0;  // the placement's selective recompute (Plan::whole_layers, kept_layers)
   int copies_ = 0;            // the placement's upload copies: the first this many host blobs with state in RAM
+  int64_t hold_ = 0;          // the placement's held gradients (Plan::hold_grads; add_hold)
 };
 
 // Short of GPU memory with the sliding engine: smaller micro-batches, more of them (layer-major
@@ -917,6 +940,36 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   ph.bwd.at_least(gpu_bwd + emb_update_s, Bound::Gpu);
   ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
   ph.bwd.at_least(p.host_s + emb_update_s, Bound::Host);
+  if (!r.clip && p.hold_grads > 0) {
+    // Held gradients (SlidingOptions::hold_grads: blobs from the top of the forward order). Their
+    // updates run from the next forward's start, in forward order; the forward reaches layer l
+    // after l layers' time and cannot pass a held blob before its update is done, so it lasts at
+    // least (the held updates up to blob b) + (the forward from b on), for every held b. The
+    // backward's host work loses theirs but starts only when the first blob not held lands, after
+    // the held layers' backward.
+    const std::vector<bool> held = held_grad_blobs(lay, p.gpu_blobs, p.hold_grads);
+    const double L = double(s.n_layer), per_param = update_s / P;
+    const double layer_fwd = std::max(gpu_fwd, up_fwd_s) / L, layer_bwd = std::max(gpu_bwd, up_bwd_s) / L;
+    double done = 0, held_s = 0, held_layers = 0, fwd_host = 0;
+    for (size_t b = 1; b < held.size(); ++b) {
+      if (!held[b]) continue;
+      const double u = double(lay.blobs[b].numel) * per_param;
+      done += u;
+      held_s += u;
+      const double layer = std::min(double(b) - 1, L);  // blob 1 + l is layer l; the head comes after L
+      held_layers += b + 1 < held.size() ? 1 : 0;
+      fwd_host = std::max(fwd_host, done + (L - layer) * layer_fwd);
+    }
+    ph.fwd.at_least(fwd_host, Bound::Host);
+    // The held updates share the host memory bus with the forward's uploads (session 14, OLMoE:
+    // the layers' forward 15.6 -> 18-20 ms, PCIe-bound, while they ran).
+    const double bus = rates.host_bus_gbs > 0 ? rates.host_bus_gbs * 1e9 : rates.host_adamw_params_s * (24 + act) * 1.2;
+    ph.fwd.at_least(held_s * rates.host_adamw_params_s * (24 + act) / bus + up_pass / bus, Bound::Host);
+    ph.bwd = {};
+    ph.bwd.at_least(gpu_bwd + emb_update_s, Bound::Gpu);
+    ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
+    ph.bwd.at_least(held_layers * layer_bwd + p.host_s - held_s + emb_update_s, Bound::Host);
+  }
   if (r.clip && r.split_update) {
     ph = split_update_path(s, r, rates, f, {P, Pc, act, ckpt, up_pass, up_fwd_s, up_bwd_s, emb_on_host}, p);
   } else if (r.clip) {
@@ -1023,6 +1076,8 @@ std::string plan_summary(const Plan& p) {
       (p.kept_layers > 0 ? "; attention kept in " + std::to_string(p.kept_layers) + " layers" : std::string()) +
       (p.upload_copies.empty() ? std::string()
                                : "; upload copies of " + std::to_string(p.upload_copies.size()) + " blobs") +
+      (p.hold_grads > 0 ? "; gradients of " + std::to_string(p.hold_grads) + " parameters held for the next forward"
+                        : std::string()) +
       "; device " + format_bytes(p.gpu_bytes) + ", host " + format_bytes(p.host_bytes) + " (" +
       format_bytes(p.pinned_bytes) + " pinned)";
   if (p.tokens_per_s > 0) s += "; predicted at best " + std::to_string(int64_t(p.tokens_per_s)) + " tokens/s";

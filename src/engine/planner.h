@@ -91,7 +91,8 @@ struct PlanRequest {
   // (SlidingOptions::lend_checkpoints; docs/ENGINE.md "Read-ahead into freed checkpoints").
   bool lend_checkpoints = true;
   // Without clipping, gradients held for the next forward (SlidingOptions::hold_grads): 0 none, 1 as
-  // many parameters as the rates say, N > 1 that many. Off by default (docs/DECISIONS.md, "Held gradients").
+  // many as the prediction says pay (Planner::add_hold), N > 1 that many parameters. make_engine
+  // asks for 1 unless SF_HOLD_GRADS says otherwise (docs/DECISIONS.md, "Held gradients").
   int64_t hold_grads = 0;
   DType state_dtype = DType::F32;  // AdamW m and v (EngineOptions::state_dtype): 4 or 2 bytes each
   // How checkpoints in the offload file move, as choose_checkpoint_io (io/gds.h) decided at

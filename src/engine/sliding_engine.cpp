@@ -43,7 +43,10 @@ std::vector<bool> held_grad_blobs(const ModelLayout& layout, const std::vector<i
   const int nb = int(layout.blobs.size());
   std::vector<bool> held(size_t(nb), false);
   int64_t n = 0;
-  for (int b = 0; b < nb - 1 && n < hold; ++b) {  // forward order, never the head (its gradient lands first)
+  // From the top of the forward order (the head, the last layer, ...): their gradients land first
+  // and the next forward needs them last. Never the embedding: its gradient lands last and the
+  // forward needs it first, so holding it moves nothing.
+  for (int b = nb - 1; b >= 1 && n < hold; --b) {
     if (std::find(gpu_blobs.begin(), gpu_blobs.end(), b) != gpu_blobs.end()) continue;
     held[size_t(b)] = true;
     n += layout.blobs[size_t(b)].numel;

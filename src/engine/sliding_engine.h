@@ -46,11 +46,12 @@ struct SlidingOptions {
   // Hold a whole step's gradients in host memory (needed for clipping and compute_grads); else
   // each gradient chunk is consumed by its AdamW as it lands (no clipping).
   bool keep_grads = true;
-  // Without keep_grads: the gradients of the first host blobs in forward order (embedding, layer 0,
-  // 1, ... until this many parameters) are held and updated after the backward, in forward order,
-  // overlapped with the next forward; the others are updated as they land, during the backward.
-  // (Their updates come last in the backward but first in the next forward; the planner sizes it
-  // so that the host works through the forward too.)
+  // Without keep_grads: the gradients of the last host blobs in forward order (the head, the last
+  // layer, the one below, ... until this many parameters; never the embedding) are held and
+  // updated after the backward, in forward order, overlapped with the next forward, which needs
+  // them last; the others are updated as they land, during the backward. The host would idle
+  // through the forward otherwise, and a backward bound by the host AdamW ends sooner by what the
+  // held blobs' updates cost beyond their layers' backward (Planner::add_hold sizes it).
   int64_t hold_grads = 0;
   // With keep_grads and clipping: each host blob's update in two passes of the same arithmetic
   // (cpu::AdamWPart): the parameters as soon as the clip factor is known, in forward order, and
