@@ -253,7 +253,7 @@ SlidingOptions options_for(const ModelSpec& spec, const Mode& m, bool disk) {
   SlidingOptions o;
   o.keep_grads = m.clip;
   o.split_update = m.split;
-  o.hold_grads = m.held ? int64_t(1) << 40 : 0;  // every host blob but the head (held_grad_blobs)
+  o.hold_grads = m.held ? int64_t(1) << 40 : 0;  // every host blob but the embedding (held_grad_blobs)
   if (m.held && !m.clip) o.hold_grads = 3000;    // some: the last blobs (forward order)
   if (m.kept) o.gpu_blobs = {0, spec.n_layer + 1};
   if (disk)

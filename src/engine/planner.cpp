@@ -536,8 +536,10 @@ class Planner {
     int64_t best_hold = 0, held = 0;
     double best_s = none.step_s;
     Plan trial = p_;
-    for (int b = int(lay_.blobs.size()) - 1; b >= 1; --b) {  // the candidates: held_grad_blobs' order
-      if (std::find(p_.gpu_blobs.begin(), p_.gpu_blobs.end(), b) != p_.gpu_blobs.end()) continue;
+    // The candidates: held_grad_blobs' order (from the top), one blob more each.
+    const std::vector<bool> can = held_grad_blobs(lay_, p_.gpu_blobs, std::numeric_limits<int64_t>::max());
+    for (int b = int(can.size()) - 1; b >= 1; --b) {
+      if (!can[size_t(b)]) continue;
       held += lay_.blobs[size_t(b)].numel;
       trial.hold_grads = held;
       predict(s_, r_, be_, rates_, trial);
@@ -937,9 +939,7 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   Phases ph;  // the head is inside the forward and the backward here
   ph.fwd.at_least(gpu_fwd, Bound::Gpu);
   ph.fwd.at_least(up_fwd_s, Bound::Pcie);
-  ph.bwd.at_least(gpu_bwd + emb_update_s, Bound::Gpu);
-  ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
-  ph.bwd.at_least(p.host_s + emb_update_s, Bound::Host);
+  double bwd_host = p.host_s;
   if (!r.clip && p.hold_grads > 0) {
     // Held gradients (SlidingOptions::hold_grads: blobs from the top of the forward order). Their
     // updates run from the next forward's start, in forward order; the forward reaches layer l
@@ -950,26 +950,24 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
     const std::vector<bool> held = held_grad_blobs(lay, p.gpu_blobs, p.hold_grads);
     const double L = double(s.n_layer), per_param = update_s / P;
     const double layer_fwd = std::max(gpu_fwd, up_fwd_s) / L, layer_bwd = std::max(gpu_bwd, up_bwd_s) / L;
-    double done = 0, held_s = 0, held_layers = 0, fwd_host = 0;
+    double held_s = 0, held_layers = 0, fwd_host = 0;
     for (size_t b = 1; b < held.size(); ++b) {
       if (!held[b]) continue;
-      const double u = double(lay.blobs[b].numel) * per_param;
-      done += u;
-      held_s += u;
+      held_s += double(lay.blobs[b].numel) * per_param;
       const double layer = std::min(double(b) - 1, L);  // blob 1 + l is layer l; the head comes after L
       held_layers += b + 1 < held.size() ? 1 : 0;
-      fwd_host = std::max(fwd_host, done + (L - layer) * layer_fwd);
+      fwd_host = std::max(fwd_host, held_s + (L - layer) * layer_fwd);
     }
     ph.fwd.at_least(fwd_host, Bound::Host);
     // The held updates share the host memory bus with the forward's uploads (session 14, OLMoE:
     // the layers' forward 15.6 -> 18-20 ms, PCIe-bound, while they ran).
     const double bus = rates.host_bus_gbs > 0 ? rates.host_bus_gbs * 1e9 : rates.host_adamw_params_s * (24 + act) * 1.2;
     ph.fwd.at_least(held_s * rates.host_adamw_params_s * (24 + act) / bus + up_pass / bus, Bound::Host);
-    ph.bwd = {};
-    ph.bwd.at_least(gpu_bwd + emb_update_s, Bound::Gpu);
-    ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
-    ph.bwd.at_least(held_layers * layer_bwd + p.host_s - held_s + emb_update_s, Bound::Host);
+    bwd_host = held_layers * layer_bwd + p.host_s - held_s;
   }
+  ph.bwd.at_least(gpu_bwd + emb_update_s, Bound::Gpu);
+  ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
+  ph.bwd.at_least(bwd_host + emb_update_s, Bound::Host);
   if (r.clip && r.split_update) {
     ph = split_update_path(s, r, rates, f, {P, Pc, act, ckpt, up_pass, up_fwd_s, up_bwd_s, emb_on_host}, p);
   } else if (r.clip) {
