@@ -1,11 +1,11 @@
 // Private to the cuda backend: status checking for every CUDA / cuBLAS call, with file:line.
 // Usable from host C++ (.cpp) and CUDA (.cu) files alike.
 #pragma once
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "backend/cuda/cublaslt_library.h"
 #include "core/error.h"
 
 namespace sf::cuda {
@@ -25,8 +25,9 @@ namespace sf::cuda {
   } while (0)
 
 #define CUDA_CHECK(expr) SF_API_CHECK(expr, cudaError_t, cudaSuccess, cudaGetErrorName, cudaGetErrorString)
-#define CUBLAS_CHECK(expr) \
-  SF_API_CHECK(expr, cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusName, cublasGetStatusString)
+#define CUBLAS_CHECK(expr)                                                                     \
+  SF_API_CHECK(expr, cublasStatus_t, CUBLAS_STATUS_SUCCESS, ::sf::cuda::cublaslt().cublasLtGetStatusName, \
+               ::sf::cuda::cublaslt().cublasLtGetStatusString)
 
 // After every kernel launch: launch-configuration errors surface here, at the launch site.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

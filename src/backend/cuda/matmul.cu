@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "backend/cuda/cublaslt_library.h"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/kernel_utils.cuh"
 #include "backend/cuda/matmul.cuh"
@@ -51,16 +52,16 @@ LtCache::Key plan_key(const Gemm& g, int64_t M, int64_t N, int64_t K, size_t wor
 
 }  // namespace
 
-LtCache::LtCache() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+LtCache::LtCache() : lt_(cublaslt()) { CUBLAS_CHECK(lt_.cublasLtCreate(&handle_)); }
 
 LtCache::~LtCache() {
   for (auto& [k, p] : plans_) {
-    cublasLtMatrixLayoutDestroy(p.la);
-    cublasLtMatrixLayoutDestroy(p.lb);
-    cublasLtMatrixLayoutDestroy(p.lc);
-    cublasLtMatmulDescDestroy(p.desc);
+    lt_.cublasLtMatrixLayoutDestroy(p.la);
+    lt_.cublasLtMatrixLayoutDestroy(p.lb);
+    lt_.cublasLtMatrixLayoutDestroy(p.lc);
+    lt_.cublasLtMatmulDescDestroy(p.desc);
   }
-  if (handle_) cublasLtDestroy(handle_);
+  if (handle_) lt_.cublasLtDestroy(handle_);
 }
 
 // key: plan_key (above).
@@ -77,45 +78,45 @@ const LtCache::Plan& LtCache::plan(const Key& key, size_t workspace_bytes) {
 
   Plan p;
   const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // fp32 accumulate; never TF32
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  CUBLAS_CHECK(lt_.cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
   // cuBLASLt A = our b, cuBLASLt B = our a (see matmul.cuh).
   const cublasOperation_t opA = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opB = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
+  CUBLAS_CHECK(lt_.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
+  CUBLAS_CHECK(lt_.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
   // Stored (column-major) shapes: A = b^T: [N,K] (ld ldb) or, when tb, [K,N]; B = a^T: [K,M] or [M,K].
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, lt_type(bt), tb ? K : N, tb ? N : K, ldb));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, lt_type(at), ta ? M : K, ta ? K : M, lda));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, lt_type(ot), N, M, ldo));
+  CUBLAS_CHECK(lt_.cublasLtMatrixLayoutCreate(&p.la, lt_type(bt), tb ? K : N, tb ? N : K, ldb));
+  CUBLAS_CHECK(lt_.cublasLtMatrixLayoutCreate(&p.lb, lt_type(at), ta ? M : K, ta ? K : M, lda));
+  CUBLAS_CHECK(lt_.cublasLtMatrixLayoutCreate(&p.lc, lt_type(ot), N, M, ldo));
   (void)all_f32;
 
   cublasLtMatmulPreference_t pref;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+  CUBLAS_CHECK(lt_.cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(lt_.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                                     sizeof(workspace_bytes)));
   const uint32_t al_a = uint32_t(key[12]), al_b = uint32_t(key[11]), al_c = uint32_t(key[13]);
   CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+      lt_.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
   CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+      lt_.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
   CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+      lt_.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+      lt_.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+      lt_.cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &found);
+  lt_.cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatrixLayoutDestroy(p.la);
-    cublasLtMatrixLayoutDestroy(p.lb);
-    cublasLtMatrixLayoutDestroy(p.lc);
-    cublasLtMatmulDescDestroy(p.desc);
+    lt_.cublasLtMatrixLayoutDestroy(p.la);
+    lt_.cublasLtMatrixLayoutDestroy(p.lb);
+    lt_.cublasLtMatrixLayoutDestroy(p.lc);
+    lt_.cublasLtMatmulDescDestroy(p.desc);
     fail(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic",
          "no cuBLASLt algorithm for M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
              " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " a=" + dt_name(at) + " b=" + dt_name(bt) +
-             " out=" + dt_name(ot) + " (" + cublasGetStatusString(st) + ")");
+             " out=" + dt_name(ot) + " (" + lt_.cublasLtGetStatusString(st) + ")");
   }
   p.algo = res.algo;
   return plans_.emplace(key, p).first->second;
@@ -149,7 +150,7 @@ void gemm(const Gemm& g, const Launch& L) {
     return;
   }
   const LtCache::Plan& p = L.lt->plan(plan_key(g, g.M, g.N, g.K, L.scratch->lt_bytes), L.scratch->lt_bytes);
-  CUBLAS_CHECK(cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, p.la, g.a, p.lb, &g.beta, c, p.lc, g.out, p.lc,
+  CUBLAS_CHECK(L.lt->lib().cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, p.la, g.a, p.lb, &g.beta, c, p.lc, g.out, p.lc,
                               &p.algo, L.scratch->lt_ws, L.scratch->lt_bytes, L.stream));
 }
 
@@ -159,10 +160,10 @@ bool gemm_planned_as(const Gemm& g, int64_t M_plan, int64_t N_plan, int64_t K_pl
   const LtCache::Plan& p = L.lt->plan(plan_key(g, M_plan, N_plan, K_plan, L.scratch->lt_bytes), L.scratch->lt_bytes);
   // The plan's descriptor and algorithm with layouts of the real sizes (on the stack: no allocation).
   cublasLtMatrixLayoutOpaque_t la, lb, lc;
-  CUBLAS_CHECK(cublasLtMatrixLayoutInit(&la, lt_type(g.bt), g.tb ? g.K : g.N, g.tb ? g.N : g.K, g.ldb));
-  CUBLAS_CHECK(cublasLtMatrixLayoutInit(&lb, lt_type(g.at), g.ta ? g.M : g.K, g.ta ? g.K : g.M, g.lda));
-  CUBLAS_CHECK(cublasLtMatrixLayoutInit(&lc, lt_type(g.ot), g.N, g.M, g.ldo));
-  const cublasStatus_t st = cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, &la, g.a, &lb, &g.beta, g.out, &lc,
+  CUBLAS_CHECK(L.lt->lib().layout_init(&la, lt_type(g.bt), g.tb ? g.K : g.N, g.tb ? g.N : g.K, g.ldb));
+  CUBLAS_CHECK(L.lt->lib().layout_init(&lb, lt_type(g.at), g.ta ? g.M : g.K, g.ta ? g.K : g.M, g.lda));
+  CUBLAS_CHECK(L.lt->lib().layout_init(&lc, lt_type(g.ot), g.N, g.M, g.ldo));
+  const cublasStatus_t st = L.lt->lib().cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, &la, g.a, &lb, &g.beta, g.out, &lc,
                                            g.out, &lc, &p.algo, L.scratch->lt_ws, L.scratch->lt_bytes, L.stream);
   if (st == CUBLAS_STATUS_SUCCESS) return true;
   // The algorithm does not take these sizes: checked before anything is launched.

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "backend/cuda/cublaslt_library.h"
 #include "backend/cuda/launch.h"
 
 namespace sf::cuda {
@@ -22,6 +23,7 @@ class LtCache {
   LtCache(const LtCache&) = delete;
   LtCache& operator=(const LtCache&) = delete;
   cublasLtHandle_t handle() const { return handle_; }
+  const CublasLt& lib() const { return lt_; }
 
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -33,6 +35,7 @@ class LtCache {
   const Plan& plan(const Key& key, size_t workspace_bytes);
 
  private:
+  const CublasLt& lt_;  // loaded by the first LtCache (cublaslt_library.h)
   cublasLtHandle_t handle_ = nullptr;
   std::mutex mu_;
   std::map<Key, Plan> plans_;
