@@ -37,8 +37,8 @@ CublasLt load() {
   void* h = open_library(tried);
   if (!h) throw std::runtime_error("the CUDA backend needs cuBLASLt: cannot load " + tried);
   CublasLt t;
-#define SF_CUBLASLT_LOAD(f)                                                                      \
-  t.f = reinterpret_cast<decltype(t.f)>(dlsym(h, #f));                                           \
+#define SF_CUBLASLT_LOAD(f)                            \
+  t.f = reinterpret_cast<decltype(t.f)>(dlsym(h, #f)); \
   if (!t.f) throw std::runtime_error(std::string(SF_CUBLASLT_SONAME) + " has no function " #f);
   SF_CUBLASLT_FUNCTIONS(SF_CUBLASLT_LOAD)
 #undef SF_CUBLASLT_LOAD

@@ -8,21 +8,21 @@
 namespace sf::cuda {
 
 // The functions the backend calls, each a member of the same name and type as the library's.
-#define SF_CUBLASLT_FUNCTIONS(X)           \
-  X(cublasLtCreate)                        \
-  X(cublasLtDestroy)                       \
-  X(cublasLtGetStatusName)                 \
-  X(cublasLtGetStatusString)               \
-  X(cublasLtMatmul)                        \
-  X(cublasLtMatmulAlgoGetHeuristic)        \
-  X(cublasLtMatmulDescCreate)              \
-  X(cublasLtMatmulDescDestroy)             \
-  X(cublasLtMatmulDescSetAttribute)        \
-  X(cublasLtMatmulPreferenceCreate)        \
-  X(cublasLtMatmulPreferenceDestroy)       \
-  X(cublasLtMatmulPreferenceSetAttribute)  \
-  X(cublasLtMatrixLayoutCreate)            \
-  X(cublasLtMatrixLayoutDestroy)           \
+#define SF_CUBLASLT_FUNCTIONS(X)          \
+  X(cublasLtCreate)                       \
+  X(cublasLtDestroy)                      \
+  X(cublasLtGetStatusName)                \
+  X(cublasLtGetStatusString)              \
+  X(cublasLtMatmul)                       \
+  X(cublasLtMatmulAlgoGetHeuristic)       \
+  X(cublasLtMatmulDescCreate)             \
+  X(cublasLtMatmulDescDestroy)            \
+  X(cublasLtMatmulDescSetAttribute)       \
+  X(cublasLtMatmulPreferenceCreate)       \
+  X(cublasLtMatmulPreferenceDestroy)      \
+  X(cublasLtMatmulPreferenceSetAttribute) \
+  X(cublasLtMatrixLayoutCreate)           \
+  X(cublasLtMatrixLayoutDestroy)          \
   X(cublasLtMatrixLayoutInit_internal)
 
 struct CublasLt {

@@ -25,7 +25,7 @@ namespace sf::cuda {
   } while (0)
 
 #define CUDA_CHECK(expr) SF_API_CHECK(expr, cudaError_t, cudaSuccess, cudaGetErrorName, cudaGetErrorString)
-#define CUBLAS_CHECK(expr)                                                                     \
+#define CUBLAS_CHECK(expr)                                                                                \
   SF_API_CHECK(expr, cublasStatus_t, CUBLAS_STATUS_SUCCESS, ::sf::cuda::cublaslt().cublasLtGetStatusName, \
                ::sf::cuda::cublaslt().cublasLtGetStatusString)
 

@@ -92,8 +92,8 @@ const LtCache::Plan& LtCache::plan(const Key& key, size_t workspace_bytes) {
 
   cublasLtMatmulPreference_t pref;
   CUBLAS_CHECK(lt_.cublasLtMatmulPreferenceCreate(&pref));
-  CUBLAS_CHECK(lt_.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                                    sizeof(workspace_bytes)));
+  CUBLAS_CHECK(lt_.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                        &workspace_bytes, sizeof(workspace_bytes)));
   const uint32_t al_a = uint32_t(key[12]), al_b = uint32_t(key[11]), al_c = uint32_t(key[13]);
   CUBLAS_CHECK(
       lt_.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
@@ -150,8 +150,8 @@ void gemm(const Gemm& g, const Launch& L) {
     return;
   }
   const LtCache::Plan& p = L.lt->plan(plan_key(g, g.M, g.N, g.K, L.scratch->lt_bytes), L.scratch->lt_bytes);
-  CUBLAS_CHECK(L.lt->lib().cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, p.la, g.a, p.lb, &g.beta, c, p.lc, g.out, p.lc,
-                              &p.algo, L.scratch->lt_ws, L.scratch->lt_bytes, L.stream));
+  CUBLAS_CHECK(L.lt->lib().cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, p.la, g.a, p.lb, &g.beta, c, p.lc,
+                                          g.out, p.lc, &p.algo, L.scratch->lt_ws, L.scratch->lt_bytes, L.stream));
 }
 
 bool gemm_planned_as(const Gemm& g, int64_t M_plan, int64_t N_plan, int64_t K_plan, const Launch& L) {
@@ -163,8 +163,9 @@ bool gemm_planned_as(const Gemm& g, int64_t M_plan, int64_t N_plan, int64_t K_pl
   CUBLAS_CHECK(L.lt->lib().layout_init(&la, lt_type(g.bt), g.tb ? g.K : g.N, g.tb ? g.N : g.K, g.ldb));
   CUBLAS_CHECK(L.lt->lib().layout_init(&lb, lt_type(g.at), g.ta ? g.M : g.K, g.ta ? g.K : g.M, g.lda));
   CUBLAS_CHECK(L.lt->lib().layout_init(&lc, lt_type(g.ot), g.N, g.M, g.ldo));
-  const cublasStatus_t st = L.lt->lib().cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, &la, g.a, &lb, &g.beta, g.out, &lc,
-                                           g.out, &lc, &p.algo, L.scratch->lt_ws, L.scratch->lt_bytes, L.stream);
+  const cublasStatus_t st =
+      L.lt->lib().cublasLtMatmul(L.lt->handle(), p.desc, &g.alpha, g.b, &la, g.a, &lb, &g.beta, g.out, &lc, g.out, &lc,
+                                 &p.algo, L.scratch->lt_ws, L.scratch->lt_bytes, L.stream);
   if (st == CUBLAS_STATUS_SUCCESS) return true;
   // The algorithm does not take these sizes: checked before anything is launched.
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return false;
