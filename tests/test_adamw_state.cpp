@@ -235,6 +235,83 @@ TEST(AdamWBf16State, ReproducibleAndIndependentOfChunking) {
   }
 }
 
+// cpu::RowSelect (the sliding engine's embedding, updated in two parts a step): the selected rows'
+// elements get exactly the bits of the whole update, the others keep theirs, and the two parts
+// together equal the whole update — on every path, fp32 and bf16 state, with a parameter copy,
+// odd rows (97) over calls that start inside a row (first 1000), runs of selected rows that cross
+// the thread pool's pieces.
+TEST(AdamWBf16State, RowSelectUpdatesExactlyTheSelectedRows) {
+  const int n = 50021, len = 97, first = 1000;  // rows (first + i) / len
+  const int rows = (first + n + len - 1) / len;
+  const auto p0 = test::randn(size_t(n), 321), g = test::randn(size_t(n), 322, 1e-2f);
+  const auto m0 = test::randn(size_t(n), 323, 1e-3f);
+  std::vector<float> v0 = test::randn(size_t(n), 324, 1e-3f);
+  for (float& x : v0) x = x * x;
+  std::vector<uint8_t> flags(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) flags[size_t(r)] = uint8_t((r % 7 == 0) || (r > 200 && r < 300));  // runs too
+  AdamWParams a;
+  a.lr = 1e-3f, a.step = 3, a.round_seed = 9, a.blob = 0, a.first = first, a.weight_decay = 0.1f;
+  struct Out {
+    std::vector<float> p;
+    std::vector<uint8_t> m, v, copy;
+  };
+  for (const char* isa : kIsas)
+    for (const DType sd : {DType::F32, DType::BF16}) {
+      IsaScope scope(isa);
+      // Parts given by `want`s (empty: one call, no selection).
+      auto run = [&](const std::vector<int>& wants) {
+        HostTensor m(m0, sd, {n}), v(v0, sd, {n});
+        std::vector<float> p = p0, gg = g;
+        std::vector<uint16_t> copy(size_t(n), 0);
+        const Tensor ct(copy.data(), DType::BF16, {n});
+        auto call = [&](const cpu::RowSelect* sel) {
+          cpu::adamw(test::view_of(p, {n}), test::view_of(gg, {n}), m.t(), v.t(), ct, a, cpu::AdamWPart::All, sel);
+        };
+        if (wants.empty()) call(nullptr);
+        for (const int w : wants) {
+          const cpu::RowSelect sel{flags.data(), len, uint8_t(w)};
+          call(&sel);
+        }
+        const size_t sb = dtype_size(sd);
+        Out o{p, std::vector<uint8_t>(size_t(n) * sb), std::vector<uint8_t>(size_t(n) * sb),
+              std::vector<uint8_t>(size_t(n) * 2)};
+        std::memcpy(o.m.data(), m.t().data, o.m.size());
+        std::memcpy(o.v.data(), v.t().data, o.v.size());
+        std::memcpy(o.copy.data(), copy.data(), o.copy.size());
+        return o;
+      };
+      const Out whole = run({}), both = run({0, 1}), touched = run({1});
+      const std::string at = std::string(isa ? isa : "widest") + (sd == DType::BF16 ? " bf16" : " fp32");
+      EXPECT_EQ(both.p, whole.p) << at;
+      EXPECT_EQ(both.m, whole.m) << at;
+      EXPECT_EQ(both.v, whole.v) << at;
+      EXPECT_EQ(both.copy, whole.copy) << at;
+      const HostTensor m_in(m0, sd, {n}), v_in(v0, sd, {n});
+      const size_t sb = dtype_size(sd);
+      int selected = 0, kept = 0;
+      for (int i = 0; i < n; ++i) {
+        const bool sel = flags[size_t((first + i) / len)] == 1;
+        selected += sel;
+        kept += !sel;
+        const float want_p = sel ? whole.p[size_t(i)] : p0[size_t(i)];
+        ASSERT_EQ(std::memcmp(&touched.p[size_t(i)], &want_p, 4), 0) << at << " element " << i;
+        const uint8_t* wm =
+            sel ? &whole.m[size_t(i) * sb] : static_cast<const uint8_t*>(m_in.t().data) + size_t(i) * sb;
+        const uint8_t* wv =
+            sel ? &whole.v[size_t(i) * sb] : static_cast<const uint8_t*>(v_in.t().data) + size_t(i) * sb;
+        ASSERT_EQ(std::memcmp(&touched.m[size_t(i) * sb], wm, sb), 0) << at << " m element " << i;
+        ASSERT_EQ(std::memcmp(&touched.v[size_t(i) * sb], wv, sb), 0) << at << " v element " << i;
+        const uint16_t zero = 0;
+        ASSERT_EQ(std::memcmp(&touched.copy[size_t(i) * 2],
+                              sel ? &whole.copy[size_t(i) * 2] : reinterpret_cast<const uint8_t*>(&zero), 2),
+                  0)
+            << at << " copy element " << i;
+      }
+      EXPECT_GT(selected, n / 4) << at;
+      EXPECT_GT(kept, n / 4) << at;
+    }
+}
+
 // The draws: each 16-bit half uniform, and the rounding unbiased: the mean of many roundings of one
 // value is that value (within the sampling error), where round-to-nearest is off by its offset.
 TEST(StochasticRounding, UnbiasedAndUniform) {

@@ -62,7 +62,8 @@ struct Case {
   // Transfer chunks of 37 elements (every blob in several odd chunks: uploads, gradient ring) and a
   // 2-buffer gradient ring, rather than one chunk a blob.
   bool small_chunks = false;
-  // Blobs kept on the GPU: 0 none, 1 embedding + head, 2 embedding + layer 1 + head, 3 all.
+  // Blobs kept on the GPU: 0 none, 1 embedding + head, 2 embedding + layer 1 + head, 3 all, 4 all but
+  // the embedding.
   int gpu = 0;
   bool bf16 = false;        // --compute-dtype bf16 in both engines: gradients rounded to bf16 (as on cuda)
   int micro = 1;            // micro-batches a step (layer-major in the sliding engine)
@@ -96,6 +97,10 @@ struct Case {
   // keeps a working copy in the compute dtype beside its master, written by its update, read by
   // its uploads.
   bool copies = false;
+  // The embedding's gradient in two parts (SlidingOptions::split_embedding_rows): every step's
+  // (the test asserts that it ran), or off (the whole table at the end, as before).
+  bool rows_split = false;
+  bool no_rows_split = false;
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -115,6 +120,11 @@ std::vector<int> gpu_blobs(int which, int n_layer) {
       return {0, head};
     case 2:
       return {0, 2, head};
+    case 4: {  // every blob but the embedding
+      std::vector<int> all;
+      for (int b = 1; b <= head; ++b) all.push_back(b);
+      return all;
+    }
     case 3: {
       std::vector<int> all;
       for (int b = 0; b <= head; ++b) all.push_back(b);
@@ -140,7 +150,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (c.grads_disk ? "_gradsdisk" : "") + (c.cufile ? "_cufile" : "") +
          (c.refuse_registration ? "_unregistered" : "") +
          (c.whole || c.attn ? "_keep" + std::to_string(c.whole) + "w" + std::to_string(c.attn) + "a" : "") +
-         (c.lend ? "_lend" : "") + (c.copies ? "_copies" : "");
+         (c.lend ? "_lend" : "") + (c.copies ? "_copies" : "") + (c.rows_split ? "_rows" : "") +
+         (c.no_rows_split ? "_norows" : "");
 }
 
 // The host blobs without state in the store: those that get upload copies.
@@ -185,6 +196,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   so.keep_grads = !c.overlap;
   so.hold_grads = c.hold;
   so.split_update = !c.fused;
+  so.split_embedding_rows = !c.no_rows_split;
   so.base.whole_layers = std::min(c.whole, spec.n_layer);
   so.base.kept_layers = std::min(c.attn, spec.n_layer - so.base.whole_layers);
   if (c.small_chunks) {
@@ -227,6 +239,10 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   if (c.lend && !c.overlap) {
     EXPECT_GT(s.stats().disk_state_lent, 0u) << "no piece of state read into a lent checkpoint";
   }
+  if (c.rows_split) {
+    EXPECT_EQ(s.stats().embedding_row_splits, 3u) << "the embedding did not go down in two parts";
+  }
+  if (c.no_rows_split) EXPECT_EQ(s.stats().embedding_row_splits, 0u);
 
   // Layer-major micro-batches add every head's gradient into a tied embedding before the
   // embeddings' own; the resident engine's step defers its embedding backwards to do the same.
@@ -500,6 +516,52 @@ std::vector<Case> copy_cases() {
   return out;
 }
 INSTANTIATE_TEST_SUITE_P(UploadCopies, SlidingVsResident, ::testing::ValuesIn(copy_cases()), case_name);
+
+// The embedding's gradient in two parts (docs/ENGINE.md "The embedding's rows"): without clipping,
+// every blob but the embedding held, the rows the step's tokens do not touch go down right after
+// the head's backward on a stream of their own and are updated there (with the rows of the blob's
+// padding), the touched ones at the end. Against the resident engine, byte for byte: tied
+// and untied tables, bf16 and fp32 compute (rounded through the part's own staging, or copied as
+// they are), bf16 state, grad-accum 2-3 (the union of the micro-batches' tokens), odd chunks
+// (rows across chunk ends), upload copies, each with one stream stalled (1 compute: the lookup's
+// backward must wait for the first part's reads; 4 d2h; 16 opt; 32 the first part's own stream).
+std::vector<Case> rows_cases() {
+  std::vector<Case> out;
+  auto add = [&](const char* family, uint64_t stall, auto&& set) {
+    Case c{family, 2, stall ? 50 : 0, stall};
+    c.overlap = true;
+    c.hold = int64_t(1) << 40;  // every host blob but the embedding
+    c.rows_split = true;
+    set(c);
+    out.push_back(c);
+  };
+  add("llama", 32, [](Case& c) {  // untied, bf16, odd chunks, grad-accum 2
+    c.bf16 = true;
+    c.small_chunks = true;
+    c.micro = 2;
+  });
+  add("mistral", 1, [](Case& c) { c.bf16 = true; });  // tied, compute stalled
+  add("qwen3", 16, [](Case& c) {                      // tied, fp32 compute, odd chunks, grad-accum 3
+    c.small_chunks = true;
+    c.micro = 3;
+  });
+  add("gemma3", 4, [](Case& c) {  // tied, scaled embedding, bf16 state, upload copies
+    c.bf16 = true;
+    c.bf16_state = true;
+    c.copies = true;
+  });
+  add("qwen2", 32, [](Case& c) {  // untied, fp32 compute, every blob but the embedding on the GPU
+    c.gpu = 4;
+    c.hold = 0;
+  });
+  add("llama", 0, [](Case& c) {  // the option off: the whole table at the end
+    c.bf16 = true;
+    c.rows_split = false;
+    c.no_rows_split = true;
+  });
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(EmbeddingRows, SlidingVsResident, ::testing::ValuesIn(rows_cases()), case_name);
 
 // The gradients alone between steps (compute_grads: a backward without updates) with the state ring
 // reading ahead into the checkpoints it frees: what was read there is dropped (its memory is the

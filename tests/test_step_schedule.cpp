@@ -176,6 +176,26 @@ std::vector<std::string> check(const std::vector<const StepSchedule*>& passes) {
         if (op.stop_if_not_finite != (pc.mode == UpdateMode::Clipped))
           fail(where(s) + ": stops on a non-finite norm exactly when clipping");
       }
+      if (op.kind == OpKind::SendGrad && op.rows == RowsPart::Untouched) {
+        // The embedding's first part: after the head's backward, before the lookup's, its chunks
+        // updated as they land; the second part (later in the pass) records what the blob's
+        // landing and update record.
+        const auto later = std::find_if(seq.begin() + long(i) + 1, seq.end(), [&](const SeqOp& o) {
+          return o.pass == p && o.op->kind == OpKind::SendGrad && o.op->blob == 0;
+        });
+        const auto lookup = std::find_if(seq.begin() + long(i) + 1, seq.end(), [&](const SeqOp& o) {
+          return o.pass == p && o.op->kind == OpKind::EmbedBackward;
+        });
+        if (op.blob != 0 || !op.chunk_updates || pc.mode != UpdateMode::AsLanded || kept(0))
+          fail(where(s) + ": untouched rows of what is not a host embedding updated as it lands");
+        if (!std::any_of(seq.begin(), seq.begin() + long(i),
+                         [&](const SeqOp& o) { return o.pass == p && o.op->kind == OpKind::HeadBackward; }))
+          fail(where(s) + ": the untouched rows before the head's backward");
+        if (later == seq.end() || later->op->rows != RowsPart::Touched || lookup == seq.end() || lookup > later)
+          fail(where(s) + ": the untouched rows without the touched ones after the lookup's backward");
+        if (!op.records.empty() || !op.waits.empty()) fail(where(s) + ": the untouched rows wait or record an event");
+        continue;
+      }
       if (op.kind == OpKind::SendGrad) {
         sent.push_back(op.blob);
         sent_at[op.blob] = long(i);
@@ -345,6 +365,55 @@ TEST(StepSchedule, ModesPlaceTheUpdatesWhereTheDesignSays) {
   const auto flush = std::find_if(s.ops.begin(), s.ops.end(), [](const ScheduleOp& o) { return o.kind == OpKind::FlushMoments; });
   const auto headop = std::find_if(s.ops.begin(), s.ops.end(), [](const ScheduleOp& o) { return o.kind == OpKind::HeadBackward; });
   EXPECT_LT(flush, headop);
+}
+
+// The embedding's gradient in two parts (SlidingOptions::split_embedding_rows): without clipping,
+// when the last layer's gradient is held, its untouched rows go down right after the head's
+// backward, the touched ones after the lookup's; not with clipping, nothing held, the embedding
+// kept, or the option off. A misplaced part is refused.
+TEST(StepSchedule, EmbeddingRowsInTwoPartsWhereTheHostIdles) {
+  for (bool tied : {false, true}) {
+    const ModelSpec spec = spec_of(3, tied);
+    auto parts = [&](const SlidingOptions& o, UpdateMode mode) {
+      const StepSchedule s = SlidingEngine::schedule(spec, o, mode, true);
+      std::vector<std::pair<RowsPart, OpKind>> v;  // each embedding SendGrad's part and the op before it
+      for (size_t i = 1; i < s.ops.size(); ++i)
+        if (s.ops[i].kind == OpKind::SendGrad && s.ops[i].blob == 0) v.push_back({s.ops[i].rows, s.ops[i - 1].kind});
+      return v;
+    };
+    SlidingOptions held = options_for(spec, {false, true, true, false}, false);
+    held.hold_grads = int64_t(1) << 40;  // every blob but the embedding
+    const auto two = parts(held, UpdateMode::AsLanded);
+    ASSERT_EQ(two.size(), 2u) << tied;
+    EXPECT_EQ(two[0].first, RowsPart::Untouched);
+    EXPECT_EQ(two[0].second, OpKind::SendGrad);  // the head's
+    EXPECT_EQ(two[1].first, RowsPart::Touched);
+    EXPECT_EQ(two[1].second, OpKind::EmbedBackward);
+    SlidingOptions off = held;
+    off.split_embedding_rows = false;
+    EXPECT_EQ(parts(off, UpdateMode::AsLanded).size(), 1u);
+    EXPECT_EQ(parts(options_for(spec, {false, true, false, false}, false), UpdateMode::AsLanded).size(), 1u);
+    EXPECT_EQ(parts(options_for(spec, {true, true, true, false}, false), UpdateMode::Clipped).size(), 1u);
+    SlidingOptions kept = held;
+    kept.gpu_blobs = {0};
+    EXPECT_EQ(parts(kept, UpdateMode::AsLanded).size(), 1u);
+
+    // The checker: the untouched rows sent before the head's backward, or without the touched ones.
+    const StepSchedule good = SlidingEngine::schedule(spec, held, UpdateMode::AsLanded, true);
+    ASSERT_TRUE(check({&good, &good, &good}).empty()) << describe(good);
+    auto untouched = [](std::vector<ScheduleOp>& ops) {
+      return std::find_if(ops.begin(), ops.end(), [](const ScheduleOp& o) { return o.rows == RowsPart::Untouched; });
+    };
+    StepSchedule early = good;
+    ScheduleOp op = *untouched(early.ops);
+    early.ops.erase(untouched(early.ops));
+    early.ops.insert(early.ops.begin() + 2, op);
+    EXPECT_FALSE(check({&early, &early}).empty());
+    StepSchedule alone = good;
+    for (ScheduleOp& o : alone.ops)
+      if (o.rows == RowsPart::Touched) o.rows = RowsPart::All;
+    EXPECT_FALSE(check({&alone, &alone}).empty());
+  }
 }
 
 // The checker is not vacuous: each of these breaks one rule and is found.

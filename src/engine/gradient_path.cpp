@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/align.h"
+#include "core/error.h"
 #include "engine/step_trace.h"
 
 namespace sf {
@@ -20,6 +21,9 @@ MemoryItems GradientPath::buffers(const GradientPathOptions& o) {
   if (o.act != DType::F32)
     m.push_back({"gradient staging (2 chunks)", 2 * round256(size_t(o.chunk) * dtype_size(o.act)), Place::Device,
                  "grad.staging"});
+  if (o.early_chunk > 0 && o.act != DType::F32)
+    m.push_back({"gradient staging of the embedding's untouched rows (2 chunks)",
+                 2 * round256(size_t(o.early_chunk) * dtype_size(o.act)), Place::Device, "grad.early_staging"});
   return m;
 }
 
@@ -45,10 +49,20 @@ GradientPath::GradientPath(Device& dev, const GradientPathOptions& o, Streams st
   }
   grads_ready_ = dev.create_event();
   chunk_landed_ = dev.create_event();
+  early_chunk_ = o.early_chunk;
+  if (early_chunk_ > 0) {
+    early_ = dev.create_stream();
+    early_staging_ = src.buffer_if("grad.early_staging");
+    early_stride_ = round256(size_t(early_chunk_) * dtype_size(o.act));
+    for (auto& e : early_free_) e = dev.create_event();
+    early_ready_ = dev.create_event();
+    early_read_ = dev.create_event();
+    early_landed_ = dev.create_event();
+  }
 }
 
 size_t GradientPath::device_bytes() const {
-  size_t n = staging_.size();
+  size_t n = staging_.size() + early_staging_.size();
   for (const Accumulator& a : acc_) n += a.buf.size();
   return n;
 }
@@ -85,7 +99,7 @@ void GradientPath::round_kept(Tensor g) {
   }
 }
 
-void GradientPath::send(int blob, const Grad& grad, bool update_chunks, const AdamWParams& p) {
+void GradientPath::send(int blob, const Grad& grad, bool update_chunks, const AdamWParams& p, const UpdateRows& rows) {
   const Tensor& g = grad.g;
   const int64_t n = g.numel();
   float* gp = g.ptr<float>();
@@ -122,13 +136,48 @@ void GradientPath::send(int blob, const Grad& grad, bool update_chunks, const Ad
       dev_.record(*chunk_landed_, s_.d2h);
       dev_.wait(s_.opt, *chunk_landed_);
       if (i == 0) mark(s_.opt, "opt", "update", blob);
-      host_.queue_update(blob, i, c, at, p, s_.opt);
+      host_.queue_update(blob, i, c, at, p, s_.opt, cpu::AdamWPart::All, rows);
     }
   }
   mark(s_.d2h, "d2h", "landed", blob);
   if (update_chunks) mark(s_.opt, "opt", "updated", blob);
   dev_.record(*acc_[grad.acc].sent, s_.d2h);
   dev_.ops().sq_norm(norm, g, s_.compute);
+}
+
+void GradientPath::send_early(int blob, const Grad& grad, const AdamWParams& p, const UpdateRows& rows) {
+  SF_CHECK(early_ && grad.acc >= 0 && rows.flags && rows.want == 0, "send_early: the embedding's first part");
+  Stream& e = *early_;
+  const float* gp = grad.g.ptr<float>();
+  const int64_t n = grad.g.numel();
+  dev_.record(*early_ready_, s_.compute);
+  dev_.wait(e, *early_ready_);
+  for (int64_t i = 0; i < n; i += early_chunk_) {
+    const int64_t c = std::min(early_chunk_, n - i);
+    const HostOptimizer::Landing at = host_.land(blob, i, e);
+    if (act_ == DType::F32) {
+      dev_.copy(at.ptr, gp + i, size_t(c) * 4, CopyKind::DeviceToHost, e);
+    } else {  // rounded as send() rounds, into staging only
+      const int s = early_next_;
+      early_next_ ^= 1;
+      Tensor st(static_cast<char*>(early_staging_.data()) + size_t(s) * early_stride_, act_, {c});
+      dev_.wait(e, *early_free_[s]);
+      dev_.ops().cast(st, Tensor(const_cast<float*>(gp) + i, DType::F32, {c}), e);
+      dev_.copy(at.ptr, st.data, size_t(c) * dtype_size(act_), CopyKind::DeviceToHost, e);
+      dev_.record(*early_free_[s], e);
+    }
+    host_.landed(blob, i, c, at, e);
+    dev_.record(*early_landed_, e);
+    dev_.wait(s_.opt, *early_landed_);
+    if (i == 0) mark(s_.opt, "opt", "update", blob, " untouched rows");
+    host_.queue_update(blob, i, c, at, p, s_.opt, cpu::AdamWPart::All, rows);
+  }
+  mark(s_.opt, "opt", "updated", blob, " untouched rows");
+  dev_.record(*early_read_, e);
+}
+
+void GradientPath::before_rows_written() {
+  if (early_) dev_.wait(s_.compute, *early_read_);
 }
 
 void GradientPath::queue_update(int blob, int64_t numel, const AdamWParams& p, cpu::AdamWPart part) {

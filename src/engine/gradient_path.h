@@ -33,6 +33,10 @@ struct GradientPathOptions {
   int64_t head = 0;       // elements of the head's accumulator (0: kept on the GPU)
   DType act = DType::F32;  // the gradients on their way down (staging when below fp32)
   int64_t chunk = 1;       // elements a staging / transfer chunk
+  // The embedding's gradient in two parts (docs/ENGINE.md "The embedding's rows"): elements a
+  // chunk of the first part, which goes down on a stream of its own (0: the embedding goes down
+  // whole, as the other blobs).
+  int64_t early_chunk = 0;
 };
 
 class GradientPath {
@@ -45,7 +49,8 @@ class GradientPath {
   GradientPath(Device& dev, const GradientPathOptions& o, Streams streams, HostOptimizer& host, float* norms,
                StepTrace* trace);
   // What the constructor allocates: "acc.layer" x 2, "acc.emb", "acc.head" (fp32, 256-aligned),
-  // "grad.staging" (2 chunks in the compute dtype, when it is below fp32).
+  // "grad.staging" (2 chunks in the compute dtype, when it is below fp32), "grad.early_staging"
+  // (the same for the embedding's first part, when it has one).
   static MemoryItems buffers(const GradientPathOptions& o);
 
   // A blob's gradient for this step, zeroed on the compute stream once the accumulator's last
@@ -58,7 +63,17 @@ class GradientPath {
   // `g` is complete on the compute stream: rounded, normed and (host blobs) sent down on d2h,
   // with `update_chunks` each chunk's fused AdamW (parameters `p`) queued on opt as it lands.
   // For a kept blob the caller queues its GPU AdamW after this.
-  void send(int blob, const Grad& g, bool update_chunks, const AdamWParams& p);
+  // `rows`: only those rows' elements are updated (the embedding's second part).
+  void send(int blob, const Grad& g, bool update_chunks, const AdamWParams& p, const UpdateRows& rows = {});
+  // The embedding's first part: once the head's backward is queued, the rows of `g` that the
+  // step's tokens do not touch (`rows.want` 0: their gradient is complete) go down chunk by chunk
+  // on a stream of their own, rounded through their own staging (g itself is not rounded: the
+  // lookup's backward still adds to the other rows), and their AdamW is queued on opt as each
+  // lands. The compute stream waits for none of it; before the lookup's backward writes g, it
+  // calls before_rows_written.
+  void send_early(int blob, const Grad& g, const AdamWParams& p, const UpdateRows& rows);
+  // compute waits until the first part has read g.
+  void before_rows_written();
   // A held blob's AdamW (or one pass of it) on the opt stream, queued after the caller made opt
   // wait for the blob's landing.
   void queue_update(int blob, int64_t numel, const AdamWParams& p, cpu::AdamWPart part = cpu::AdamWPart::All);
@@ -87,6 +102,16 @@ class GradientPath {
   int next_stg_ = 0;
   std::unique_ptr<Event> grads_ready_;           // compute: a gradient is complete (re-recorded)
   std::unique_ptr<Event> chunk_landed_;  // d2h, re-recorded per chunk (waited at once)
+  // The embedding's first part (early_chunk > 0).
+  int64_t early_chunk_ = 0;
+  std::unique_ptr<Stream> early_;  // its copies down (and roundings)
+  DeviceBuffer early_staging_;     // [2, early_chunk] act (act != F32)
+  size_t early_stride_ = 0;
+  std::unique_ptr<Event> early_free_[2];  // early: staging buffer i copied down
+  std::unique_ptr<Event> early_ready_;    // compute: the head's part of the gradient is complete
+  std::unique_ptr<Event> early_read_;     // early: the last read of the gradient
+  std::unique_ptr<Event> early_landed_;   // early, re-recorded per chunk (waited at once)
+  int early_next_ = 0;
 };
 
 }  // namespace sf

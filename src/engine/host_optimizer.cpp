@@ -386,8 +386,9 @@ void HostOptimizer::landed(int blob, int64_t i0, int64_t n, const Landing& at, S
 }
 
 void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p, Stream& opt,
-                                 cpu::AdamWPart part) {
+                                 cpu::AdamWPart part, const UpdateRows& rows) {
   const bool disk = on_disk(blob);
+  SF_CHECK(!disk || !rows.flags, "an update of some rows needs the blob's state in host memory");
   if (disk && part == cpu::AdamWPart::Moments) return;  // the fused pass ran with the parameters
   if (disk) part = cpu::AdamWPart::All;
   const int64_t off = poff_[size_t(blob)] + i0;  // (a master in the store: unused)
@@ -400,7 +401,7 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
   q.blob = blob;
   q.first = i0;
   dev_.host_fn(opt, [this, blob, i0, off, moff, woff, n, g = static_cast<const void*>(at.ptr), q, part, disk, first,
-                     last]() mutable {
+                     last, rows]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t es = dtype_size(sd_);
     if (disk) {
@@ -413,8 +414,9 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
       float* pm = static_cast<float*>(master_.data()) + off;
       const Tensor copy =
           woff >= 0 ? Tensor(static_cast<char*>(work_.data()) + size_t(woff) * dtype_size(wd_), wd_, {n}) : Tensor();
+      const cpu::RowSelect sel{rows.flags ? rows.flags->data() : nullptr, rows.row_len, rows.want};
       cpu::adamw(Tensor(pm, DType::F32, {n}), Tensor(const_cast<void*>(g), gd_, {n}), Tensor(m, sd_, {n}),
-                 Tensor(v, sd_, {n}), copy, q, part);
+                 Tensor(v, sd_, {n}), copy, q, part, rows.flags ? &sel : nullptr);
     }
     update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });

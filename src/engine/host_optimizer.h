@@ -62,6 +62,14 @@ struct HostOptimizerOptions {
   std::vector<bool> ram_work;
 };
 
+// Rows of a blob that an update touches (the embedding's two parts a step: docs/ENGINE.md
+// "The embedding's rows"): those whose flag equals `want`; no flags: every element.
+struct UpdateRows {
+  std::shared_ptr<const std::vector<uint8_t>> flags;  // [rows] 0 or 1, shared with the queued work
+  int64_t row_len = 1;
+  uint8_t want = 1;
+};
+
 class HostOptimizer {
  public:
   // `store`: the NVMe store, when a blob is marked `disk` (its "disk.state" bytes at offset 0).
@@ -118,9 +126,10 @@ class HostOptimizer {
   // from there (a no-op for the others).
   void landed(int blob, int64_t i0, int64_t n, const Landing& at, Stream& d2h);
   // The chunk's AdamW on `opt` (after the work queued there so far); a ring buffer is free after.
-  // `part`: both passes (All) or one of the two of a split update (cpu::AdamWPart).
+  // `part`: both passes (All) or one of the two of a split update (cpu::AdamWPart); `rows`: only
+  // those rows' elements (a blob in host memory).
   void queue_update(int blob, int64_t i0, int64_t n, const Landing& at, const AdamWParams& p, Stream& opt,
-                    cpu::AdamWPart part = cpu::AdamWPart::All);
+                    cpu::AdamWPart part = cpu::AdamWPart::All, const UpdateRows& rows = {});
   // The gradient store of a blob (keep_grads, or held), [numel] in grad_dtype(); nullptr when it
   // is in the NVMe store (read by the update only).
   const void* grads(int blob) const;

@@ -99,6 +99,7 @@ struct SlidingShape {
   std::vector<bool> disk_grad;               // [blobs] the step's gradient too
   std::vector<bool> ram_work;                // [blobs] an upload copy beside the master in host memory
   int64_t max_layer = 0, emb = 0, head = 0;  // the gradient accumulators' elements (host blobs)
+  bool emb_rows = false;                     // SlidingOptions::split_embedding_rows, where it applies
   int64_t chunk = 0;                         // elements a transfer chunk
   int64_t max_tokens = 0;
   size_t stride_nh = 0;  // bytes of one [max N, H] activation, 256-aligned
@@ -158,12 +159,32 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
     z.ram_work[size_t(b)] = true;
   }
   z.chunk = std::max<int64_t>(1, std::min(o.chunk, std::max(max_blob, z.gpu_total)));
+  // The embedding's rows in two parts: a host embedding that is its token table alone, whose
+  // gradient is not held (or kept for clipping) and whose state is in memory; and the host idle
+  // after the head (the last layer held or on the GPU), where its first part's AdamW runs.
+  const BlobLayout& emb = layout.embedding();
+  const int last = int(layout.blobs.size()) - 2;
+  z.emb_rows = o.split_embedding_rows && !o.keep_grads && z.host_numel[0] > 0 && !z.held[0] && !z.disk[0] &&
+               emb.entries.size() == 1 && emb.entries[0].offset == 0 &&
+               emb.entries[0].numel == spec.vocab * spec.hidden && last >= 1 &&
+               (z.gpu_off[size_t(last)] >= 0 || z.held[size_t(last)]);
   z.max_tokens = int64_t(o.base.max_batch) * o.base.max_seq;
   z.stride_nh = activation_stride(spec, z.max_tokens, act);
   return z;
 }
 
 const char* const kFetchedName = "checkpoints fetched for the backward + recompute output";
+
+// [rows of the blob: the vocabulary, then the padding's] 1 for each row of the embedding that a
+// token of the pass looks up (ids outside the vocabulary are the lookup's to refuse). Made each
+// pass: the queued host updates share it.
+std::shared_ptr<const std::vector<uint8_t>> touched_rows(const std::vector<Batch>& mbs, int64_t vocab, int64_t rows) {
+  auto f = std::make_shared<std::vector<uint8_t>>(size_t(rows), uint8_t(0));
+  for (const Batch& b : mbs)
+    for (const int32_t id : b.ids)
+      if (id >= 0 && id < vocab) (*f)[size_t(id)] = 1;
+  return f;
+}
 
 // Every part's options, made once from the engine's: buffers() lists the parts' buffers from them
 // and the constructor builds the parts from the same.
@@ -197,7 +218,8 @@ PartOptions part_options(const ModelSpec& spec, const SlidingShape& z, const Sli
   h.ram_work = z.ram_work;
   h.weight_ring = std::max(1, o.weight_ring);  // (pieces of disk_piece; no more than pieces: WeightStream::buffers)
 
-  p.grads = {z.max_layer, z.emb, z.head, act, z.chunk};
+  // The embedding's first part in chunks of at most 8 Mi elements: its staging is extra GPU memory.
+  p.grads = {z.max_layer, z.emb, z.head, act, z.chunk, z.emb_rows ? std::min<int64_t>(z.chunk, int64_t(1) << 23) : 0};
 
   CheckpointOptions& c = p.ckpt;
   c.micro = z.K;
@@ -227,6 +249,7 @@ ScheduleConfig schedule_config(const ModelSpec& spec, const SlidingShape& z, con
     c.roles.push_back(r);
   }
   c.split_update = o.split_update;
+  c.emb_rows = z.emb_rows;
   c.backward = backward;
   c.mode = mode;
   return c;
@@ -271,6 +294,7 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const ModelLayout& lay
   m.push_back({"scalars", engine_scalar_bytes(layout.blobs.size()), Place::Device, "scalars"});
   append(m, moe_stats_buffers(spec, z.K));
   append(m, items_with(grads, "grad.staging"));
+  append(m, items_with(grads, "grad.early_staging"));
   if (z.gpu_total > 0) {
     const bool low = act != DType::F32;
     const std::string kept = std::to_string(o.gpu_blobs.size()) + " blobs kept on the GPU: fp32 master, AdamW m and v" +
@@ -307,6 +331,7 @@ struct SlidingEngine::Impl {
   std::unique_ptr<SlotCache> slots;
   PhaseTimes setup;  // the constructor's phases (SlidingEngine::setup_times)
   bool slots_stale = false;  // an update was queued: the next forward re-uploads every blob
+  uint64_t row_splits = 0;   // Stats::embedding_row_splits
 
   // Activations: a ring of K+1 [N, H] buffers holds each micro-batch's current hidden state (or
   // gradient); a layer writes micro-batch j's output into the spare one.
@@ -444,6 +469,9 @@ struct SlidingEngine::Impl {
     int spare = 0;
     std::vector<GradientPath::Grad> grad;  // [blobs]
     int k = 0;  // the k-th checkpoint fetch (layer l, micro-batch j in this order) is queued while k-1 is in use
+    // [vocab] 1 for the rows the pass's tokens touch (the embedding's gradient in two parts), shared
+    // with the host updates queued on opt
+    std::shared_ptr<const std::vector<uint8_t>> touched;
     bool backward = false;  // a training pass (the per-layer inputs keep what their backward reads)
     int K() const { return int(dims.size()); }
     int64_t N(int j) const { return dims[size_t(j)].N(); }
@@ -670,7 +698,14 @@ bool SlidingEngine::Impl::execute(const StepSchedule& s, Run& r) {
         embedding_backward(ps);
         break;
       case OpKind::SendGrad:
-        grads->send(op.blob, ps.grad[size_t(op.blob)], op.chunk_updates, r.p);
+        if (op.rows == RowsPart::Untouched) {
+          ++row_splits;
+          ps.touched = touched_rows(*r.mbs, spec.vocab, (layout.embedding().numel + spec.hidden - 1) / spec.hidden);
+          grads->send_early(op.blob, ps.grad[size_t(op.blob)], r.p, {ps.touched, spec.hidden, 0});
+        } else {
+          const UpdateRows rows{op.rows == RowsPart::Touched ? ps.touched : nullptr, spec.hidden, 1};
+          grads->send(op.blob, ps.grad[size_t(op.blob)], op.chunk_updates, r.p, rows);
+        }
         if (op.chunk_updates) slots_stale = true;
         break;
       case OpKind::Update:
@@ -857,6 +892,7 @@ void SlidingEngine::Impl::backward_layer(Pass& ps, const ScheduleOp& op) {
 // The embedding's gradient of every micro-batch (after the tied head's part).
 void SlidingEngine::Impl::embedding_backward(Pass& ps) {
   const Tensor g_table = entry_view(layout.embedding().entries[0], ps.grad[0].g.data, DType::F32);
+  if (ps.touched) grads->before_rows_written();  // the untouched rows' copies down have read it
   for (int j = 0; j < ps.K(); ++j) {
     // The per-layer inputs' gradient into d(e) first, as the resident engine does.
     ple.backward(j, ps.tok[size_t(j)].ids, act_at(acts, ps.cur[size_t(j)], ps.N(j)), layout.embedding(),
@@ -1052,6 +1088,7 @@ Engine::Stats SlidingEngine::stats() const {
   st.uploads = m.slots->uploads();
   st.uploaded_bytes = m.slots->uploaded_bytes();
   st.pinned_bytes = m.host->pinned_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes();
+  st.embedding_row_splits = m.row_splits;
   if (m.store) {
     st.disk_read = m.store->bytes_read();
     st.disk_written = m.store->bytes_written();

@@ -59,6 +59,12 @@ struct SlidingOptions {
   // blob's gradient store again. The next forward then waits for 18 bytes of host traffic a
   // parameter instead of 26 (false: one fused pass, kept for tests; docs/DECISIONS.md "The split update").
   bool split_update = true;
+  // Without keep_grads: the embedding's rows that the step's tokens do not touch are updated
+  // during the backward, right after the head's (their gradient is complete there), the touched
+  // rows at its end — when the last layer's gradient is held or kept on the GPU (the host idles
+  // after the head then). The same bits; the step's end waits for a few rows' AdamW instead of the
+  // whole table's (docs/ENGINE.md "The embedding's rows").
+  bool split_embedding_rows = true;
   int64_t chunk = int64_t(1) << 25;  // elements per upload / gradient transfer chunk
   int grad_ring = 4;                 // host buffers of a chunk each, without keep_grads
   // The NVMe tier (docs/ENGINE.md): host blobs whose AdamW m and v live in the offload file,

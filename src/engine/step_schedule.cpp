@@ -71,6 +71,10 @@ StepSchedule make_step_schedule(const ScheduleConfig& c) {
     for (const BlobRole& r : c.roles)
       SF_CHECK(r.kept || r.held, "schedule: clipping and kept gradients need every host blob's gradient held");
   SF_CHECK(c.backward || c.mode == UpdateMode::None, "schedule: an update needs the backward");
+  const bool emb_rows = c.emb_rows && c.mode == UpdateMode::AsLanded;
+  if (emb_rows)
+    SF_CHECK(!c.roles[0].kept && !c.roles[0].held && !c.roles[0].disk,
+             "schedule: the embedding's rows in two parts need a host embedding, not held, its state in memory");
   StepSchedule s;
   s.config = c;
   Builder b{c, s};
@@ -96,6 +100,13 @@ StepSchedule make_step_schedule(const ScheduleConfig& c) {
   }
   b.add(OpKind::HeadBackward, Phase::Head, head, StreamId::Compute).uses = head_uses;
   b.send(head, Phase::Head);
+  // The embedding's untouched rows: complete now, down on their own stream, updated on opt (FIFO:
+  // before the layers' updates: the host idles while the held layers' gradients land).
+  if (emb_rows) {
+    ScheduleOp& op = b.add(OpKind::SendGrad, Phase::Head, 0, StreamId::D2H);
+    op.rows = RowsPart::Untouched;
+    op.chunk_updates = true;
+  }
   for (int l = L - 1; l >= 0; --l) {
     ScheduleOp& op = b.add(OpKind::LayerBackward, Phase::Backward, 1 + l, StreamId::Compute);
     op.uses = {1 + l};
@@ -104,6 +115,7 @@ StepSchedule make_step_schedule(const ScheduleConfig& c) {
   }
   b.add(OpKind::EmbedBackward, Phase::Backward, 0, StreamId::Compute);
   b.send(0, Phase::Backward);
+  if (emb_rows) s.ops.back().rows = RowsPart::Touched;
   // Without clipping the held blobs' updates, in forward order: during the next forward, which
   // needs them in that order.
   if (c.mode == UpdateMode::AsLanded)
@@ -158,6 +170,7 @@ void describe_op(std::string& out, const ScheduleOp& op) {
   for (int u : op.uses) out += "  uses " + std::to_string(u);
   if (op.prefetch >= 0) out += "  prefetch " + std::to_string(op.prefetch);
   if (op.chunk_updates) out += "  chunk updates";
+  if (op.rows != RowsPart::All) out += op.rows == RowsPart::Untouched ? "  untouched rows" : "  touched rows";
   if (op.stop_if_not_finite) out += "  stops if not finite";
   for (const StreamEvent& w : op.waits)
     out += std::string("  ") + to_string(w.stream) + " waits " + to_string(w.ev.id) + " " + std::to_string(w.ev.blob);

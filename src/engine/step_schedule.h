@@ -67,6 +67,10 @@ enum class OpKind : uint8_t {
 
 enum class Phase : uint8_t { Forward, Head, Backward, AfterBackward, Norm, AfterNorm, Deferred };
 
+// Which rows of the embedding a SendGrad sends (docs/ENGINE.md "The embedding's rows"): all, the
+// rows the step's tokens do not touch (complete after the head's backward), or the others.
+enum class RowsPart : uint8_t { All, Untouched, Touched };
+
 struct ScheduleOp {
   OpKind kind = OpKind::BeginPass;
   Phase phase = Phase::Forward;
@@ -75,6 +79,7 @@ struct ScheduleOp {
   std::vector<int> uses;  // blobs it needs in a slot (acquired with use; uploads wait for `upload_gate`)
   int prefetch = -1;      // the blob whose upload it starts ahead (-1: none)
   bool chunk_updates = false;  // SendGrad: each chunk's fused AdamW queued on opt as it lands
+  RowsPart rows = RowsPart::All;              // SendGrad of the embedding: which of its rows
   cpu::AdamWPart part = cpu::AdamWPart::All;  // Update: both passes, or one of a split update
   bool stop_if_not_finite = false;            // ReadNorms: a non-finite loss or norm ends the step here
   std::vector<StreamEvent> waits;             // before its work is queued
@@ -93,6 +98,10 @@ struct ScheduleConfig {
   bool tied = false;            // the head's weight is the embedding's table
   std::vector<BlobRole> roles;  // [layers + 2]
   bool split_update = true;     // SlidingOptions::split_update (clipping)
+  // AsLanded: the embedding's gradient goes down in two parts, its untouched rows after the head's
+  // backward (on their own stream), the touched ones after the lookup's (a host blob, not held,
+  // not on disk).
+  bool emb_rows = false;
   bool backward = true;         // false: the loss alone
   UpdateMode mode = UpdateMode::None;
 };

@@ -151,7 +151,8 @@ void adamw_segments(uint64_t key, int64_t first, int64_t i0, int64_t i1, F&& f) 
 
 }  // namespace
 
-void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& a, AdamWPart part) {
+void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& a, AdamWPart part,
+           const RowSelect* select) {
   const int64_t n = param.numel();  // all [n]; the arguments as ops_check.h's opcheck::adamw checks them
   SF_CHECK(part != AdamWPart::Moments || param_copy.empty(), "adamw: a Moments pass writes no parameter copy");
   const double bc1 = 1.0 - std::pow(double(a.beta1), double(a.step));
@@ -181,10 +182,27 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
         n,
         [&](int64_t i0, int64_t i1) {
           auto go = [&](auto small, auto which) {
-            adamw_segments(key, a.first, i0, i1, [&](RoundKeys rk, uint32_t lo, int64_t s0, int64_t s1) {
-              adamw_range<decltype(small)::value, decltype(which)::value, GradT, StateT, CopyT>(isa, p, gp, mp, vp, cp,
-                                                                                                k, rk, lo, s0, s1);
-            });
+            auto span = [&](int64_t b0, int64_t b1) {
+              adamw_segments(key, a.first, b0, b1, [&](RoundKeys rk, uint32_t lo, int64_t s0, int64_t s1) {
+                adamw_range<decltype(small)::value, decltype(which)::value, GradT, StateT, CopyT>(
+                    isa, p, gp, mp, vp, cp, k, rk, lo, s0, s1);
+              });
+            };
+            if (!select) return span(i0, i1);
+            // The selected rows' runs inside the piece (elementwise: a run gives the bits the
+            // whole piece would).
+            const int64_t len = select->row_len;
+            for (int64_t e = i0; e < i1;) {
+              const int64_t row = (a.first + e) / len, end = std::min(i1, (row + 1) * len - a.first);
+              if (select->rows[row] == select->want) {
+                int64_t f = end;
+                while (f < i1 && select->rows[(a.first + f) / len] == select->want) f = std::min(i1, f + len);
+                span(e, f);
+                e = f;
+              } else {
+                e = end;
+              }
+            }
           };
           using S = std::true_type;
           using B = std::false_type;

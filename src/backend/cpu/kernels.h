@@ -69,7 +69,15 @@ double sq_sum(const float* x, int64_t n);
 // p and the copy) as soon as the clip factor is known, and `Moments` (reads g, m, v; writes m, v)
 // later, when the host memory bus has slack; `Moments` does not read p.
 enum class AdamWPart { All, Params, Moments };
+// Rows of a blob that one AdamW call updates (the sliding engine's embedding, updated in two
+// parts a step): element i of the call, index p.first + i in its blob, is updated when
+// `rows[(p.first + i) / row_len] == want`, and left as it is otherwise.
+struct RowSelect {
+  const uint8_t* rows = nullptr;  // [blob elements / row_len] 0 or 1
+  int64_t row_len = 1;
+  uint8_t want = 1;
+};
 void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& p,
-           AdamWPart part = AdamWPart::All);
+           AdamWPart part = AdamWPart::All, const RowSelect* select = nullptr);
 
 }  // namespace sf::cpu
