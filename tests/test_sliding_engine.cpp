@@ -242,7 +242,9 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   if (c.rows_split) {
     EXPECT_EQ(s.stats().embedding_row_splits, 3u) << "the embedding did not go down in two parts";
   }
-  if (c.no_rows_split) EXPECT_EQ(s.stats().embedding_row_splits, 0u);
+  if (c.no_rows_split) {
+    EXPECT_EQ(s.stats().embedding_row_splits, 0u);
+  }
 
   // Layer-major micro-batches add every head's gradient into a tied embedding before the
   // embeddings' own; the resident engine's step defers its embedding backwards to do the same.
