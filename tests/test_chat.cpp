@@ -237,8 +237,10 @@ TEST(Jinja, UnsupportedConstructsAreRefusedAtParse) {
 
 TEST(Jinja, HostileTemplatesAreBounded) {
   RenderLimits lim;
-  lim.max_steps = 1'000'000;
-  lim.max_output = 1 << 20;
+  // Under the sanitizers a tenth of the steps and 1/16 of the output: the same checks stop the same
+  // programs, sooner.
+  lim.max_steps = test::heavy(1'000'000, 100'000);
+  lim.max_output = test::heavy(1 << 20, 1 << 16);
   lim.max_items = 1 << 20;
   lim.max_iterations = UINT64_MAX;  // the steps stop the nested loops below
   // Deep nesting: refused by the parser, no stack overflow.
@@ -767,12 +769,14 @@ TEST(ChatTemplates, LongConversationsAreBounded) {
   // Finding the turns renders the conversation once per assistant message: quadratic in the
   // messages, bounded per record.
   ChatTemplate t = real("qwen2.5.jinja", "", "<|im_end|>");
-  // The default budget in the ordinary build; a tenth of it under the sanitizers (the same stop,
-  // reached 10x sooner).
-  t.record_steps = test::heavy<uint64_t>(t.record_steps, t.record_steps / 10);
-  const std::string budget = test::heavy<std::string>("50000000", "5000000");
+  // The default budget and 20,000 messages in the ordinary build; under the sanitizers a hundredth of
+  // the budget and a tenth of the messages (the whole conversation's rendering the same share of the
+  // budget: the same stop, in the turns' renderings, reached 100x sooner).
+  t.record_steps = test::heavy<uint64_t>(t.record_steps, t.record_steps / 100);
+  const std::string budget = test::heavy<std::string>("50000000", "500000");
+  const int pairs = test::heavy(10000, 1000);
   json msgs = json::array();
-  for (int i = 0; i < 10000; ++i) {
+  for (int i = 0; i < pairs; ++i) {
     msgs.push_back({{"role", "user"}, {"content", "q"}});
     msgs.push_back({{"role", "assistant"}, {"content", "a"}});
   }
@@ -781,7 +785,8 @@ TEST(ChatTemplates, LongConversationsAreBounded) {
     ADD_FAILURE() << "no error";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("long.jsonl:1: chat template "), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("the record takes more than " + budget + " steps to render (20000 messages)"),
+    EXPECT_NE(std::string(e.what()).find("the record takes more than " + budget + " steps to render (" +
+                                         std::to_string(2 * pairs) + " messages)"),
               std::string::npos)
         << e.what();
   }
