@@ -1015,6 +1015,8 @@ TEST(Planner, HeldGradientsFromTheTopWhereTheHostBoundsTheBackward) {
   const Rates rates;  // the built-in ones: the H200 machine's
   BackendInfo be = cuda_backend_sizes();
   be.device_total = be.device_free = size_t(140) << 30;
+  // Here each held update runs whole after the backward (hold_early 0); the share begun as the
+  // gradients land is the next test's.
   auto plan = [&](const char* preset, int64_t hold, bool clip, DType state) {
     PlanRequest r;
     r.batch = 8;
@@ -1024,6 +1026,7 @@ TEST(Planner, HeldGradientsFromTheTopWhereTheHostBoundsTheBackward) {
     r.gpu_budget = size_t(24) << 30;
     r.host_budget = size_t(110) << 30;
     r.hold_grads = hold;
+    r.hold_early = 0;
     return make_plan(parse_model_spec(preset_config(preset), preset), r, be, rates);
   };
   for (const auto& [preset, state] : {std::pair{"olmoe-1b-7b", DType::BF16}, std::pair{"llama-8b", DType::F32}}) {
@@ -1064,6 +1067,69 @@ TEST(Planner, HeldGradientsFromTheTopWhereTheHostBoundsTheBackward) {
   r.hold_grads = 1;
   r.host_budget = size_t(64) << 30;
   EXPECT_EQ(make_plan(spec_of("llama"), r, backend_info("cpu")).hold_grads, 0);
+}
+
+// Held updates begun as their gradient lands (PlanRequest::hold_early -1, the default): the planner
+// picks the held count and the share together. Where the held layers' backward leaves the host
+// idle (their gradients land before any other), a share of their updates fills it, the next
+// forward keeps the rest, and more layers can be held: OLMoE at 24 GiB and 3B all-host hold more
+// with a share and are predicted faster than holding the best count whole; the plan is the one a
+// request for that count and share gives; the engine gets the share; clipping holds nothing.
+TEST(Planner, HeldUpdatesBegunAsTheirGradientsLand) {
+  const Rates rates;
+  BackendInfo be = cuda_backend_sizes();
+  be.device_total = be.device_free = size_t(140) << 30;
+  struct Ask {
+    const char* preset;
+    DType state;
+    size_t gpu;  // GiB
+    bool all_host;
+  };
+  for (const Ask& a : {Ask{"olmoe-1b-7b", DType::BF16, 24, false}, Ask{"llama-3b", DType::F32, 140, true}}) {
+    SCOPED_TRACE(a.preset);
+    const ModelSpec spec = parse_model_spec(preset_config(a.preset), a.preset);
+    auto plan = [&](int64_t hold, double early, bool clip = false) {
+      PlanRequest r;
+      r.batch = 8;
+      r.seq = 2048;
+      r.clip = clip;
+      r.state_dtype = a.state;
+      r.gpu_budget = a.gpu << 30;
+      r.host_budget = size_t(110) << 30;
+      if (a.all_host) {
+        r.offload = OffloadChoice::On;
+        r.gpu_blobs = 0;
+      }
+      r.hold_grads = hold;
+      r.hold_early = early;
+      return make_plan(spec, r, be, rates);
+    };
+    const Plan whole = plan(1, 0), aut = plan(1, -1);
+    ASSERT_TRUE(whole.fits && aut.fits) << whole.why() << aut.why();
+    ASSERT_EQ(aut.engine, EngineKind::Sliding);
+    EXPECT_GT(aut.hold_early, 0);
+    EXPECT_LE(aut.hold_early, 1);
+    EXPECT_GE(aut.hold_grads, whole.hold_grads);
+    EXPECT_LT(aut.step_s, whole.step_s * 0.99);
+    EXPECT_EQ(aut.gpu_blobs, whole.gpu_blobs);
+    // The count and share asked for give the same plan.
+    const Plan asked = plan(aut.hold_grads, aut.hold_early);
+    EXPECT_EQ(asked.hold_grads, aut.hold_grads);
+    EXPECT_EQ(asked.hold_early, aut.hold_early);
+    EXPECT_DOUBLE_EQ(asked.step_s, aut.step_s);
+    // A share asked for with the planner's count: that share; 0 is the whole update after the backward.
+    EXPECT_EQ(plan(1, 0.3).hold_early, 0.3);
+    EXPECT_EQ(whole.hold_early, 0);
+    // The engine runs what the plan says; the plan says it.
+    EXPECT_EQ(sliding_options(aut, EngineOptions{}, false).hold_early, aut.hold_early);
+    EXPECT_NE(plan_summary(aut).find("% of each update as it lands"), std::string::npos) << plan_summary(aut);
+    EXPECT_EQ(plan_summary(whole).find("as it lands"), std::string::npos);
+    // Nothing held: no share.
+    EXPECT_EQ(plan(0, -1).hold_early, 0);
+    const Plan clipped = plan(1, -1, true);
+    EXPECT_EQ(clipped.hold_grads, 0);
+    EXPECT_EQ(clipped.hold_early, 0);
+  }
 }
 
 }  // namespace

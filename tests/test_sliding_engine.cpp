@@ -109,6 +109,9 @@ struct Case {
   // (the test asserts that it ran), or off (the whole table at the end, as before).
   bool rows_split = false;
   bool no_rows_split = false;
+  // Held updates begun as their gradient lands (SlidingOptions::hold_early), in percent of each
+  // held blob's elements; the test asserts that some ran.
+  int early = 0;
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -159,7 +162,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (c.refuse_registration ? "_unregistered" : "") +
          (c.whole || c.attn ? "_keep" + std::to_string(c.whole) + "w" + std::to_string(c.attn) + "a" : "") +
          (c.lend ? "_lend" : "") + (c.copies ? "_copies" : "") + (c.rows_split ? "_rows" : "") +
-         (c.no_rows_split ? "_norows" : "");
+         (c.no_rows_split ? "_norows" : "") + (c.early ? "_early" + std::to_string(c.early) : "");
 }
 
 // The host blobs without state in the store: those that get upload copies.
@@ -205,6 +208,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   so.hold_grads = c.hold;
   so.split_update = !c.fused;
   so.split_embedding_rows = !c.no_rows_split;
+  so.hold_early = c.early / 100.0;
   so.base.whole_layers = std::min(c.whole, spec.n_layer);
   so.base.kept_layers = std::min(c.attn, spec.n_layer - so.base.whole_layers);
   if (c.small_chunks) {
@@ -253,6 +257,9 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   }
   if (c.no_rows_split) {
     EXPECT_EQ(s.stats().embedding_row_splits, 0u);
+  }
+  if (c.early) {
+    EXPECT_GT(s.stats().early_updates, 0u) << "no held update begun as its gradient landed";
   }
 
   // Layer-major micro-batches add every head's gradient into a tied embedding before the
@@ -573,6 +580,50 @@ std::vector<Case> rows_cases() {
   return out;
 }
 INSTANTIATE_TEST_SUITE_P(EmbeddingRows, SlidingVsResident, ::testing::ValuesIn(rows_cases()), case_name);
+
+// Held updates begun as their gradient lands (docs/ENGINE.md "Held updates begun early"): without
+// clipping, a share of each held blob's AdamW runs on opt as soon as its gradient has landed,
+// during the backward, the rest after it. Against the resident engine, byte for byte: every host
+// blob but the embedding held or only the last few, shares from 30 % to all of it (the rest
+// empty), bf16 and fp32 compute, bf16 state, grad-accum 2, upload copies, blobs kept on the GPU,
+// the AdamW state of some blobs on disk (those are updated whole), each with one stream stalled
+// (1 compute, 4 d2h: a landing must wait for the last span's read, 16 opt, 32 the embedding's
+// first part).
+std::vector<Case> early_cases() {
+  std::vector<Case> out;
+  auto add = [&](const char* family, uint64_t stall, int early, auto&& set) {
+    Case c{family, 2, stall ? 50 : 0, stall};
+    c.overlap = true;
+    c.hold = int64_t(1) << 40;  // every host blob but the embedding
+    c.early = early;
+    set(c);
+    out.push_back(c);
+  };
+  add("llama", 16, 50, [](Case& c) {  // untied, bf16, odd chunks
+    c.bf16 = true;
+    c.small_chunks = true;
+  });
+  add("qwen3", 4, 30, [](Case& c) {  // tied, the last blobs only, grad-accum 2
+    c.hold = 3000;
+    c.micro = 2;
+  });
+  add("gemma3", 1, 100, [](Case& c) {  // all of each held update as it lands, bf16 state, copies
+    c.bf16 = true;
+    c.bf16_state = true;
+    c.copies = true;
+  });
+  add("mistral", 16, 70, [](Case& c) {  // embedding, layer 1 and head on the GPU; even layers' state on disk
+    c.gpu = 2;
+    c.disk = 1;
+    c.slots = 3;
+  });
+  add("qwen2", 32, 40, [](Case& c) {  // untied, bf16, the embedding's rows in two parts beside it
+    c.bf16 = true;
+    c.rows_split = true;
+  });
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(EarlyHeld, SlidingVsResident, ::testing::ValuesIn(early_cases()), case_name);
 
 // The gradients alone between steps (compute_grads: a backward without updates) with the state ring
 // reading ahead into the checkpoints it frees: what was read there is dropped (its memory is the

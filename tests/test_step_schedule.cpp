@@ -166,6 +166,7 @@ std::vector<std::string> check(const std::vector<const StepSchedule*>& passes) {
     int norms = 0;
     std::map<int, long> sent_at;
     std::vector<int> after_norm, after_backward, deferred;
+    std::set<int> early_of;  // blobs whose early span ran this pass
     for (size_t i = 0; i < seq.size(); ++i) {
       const SeqOp& s = seq[i];
       if (s.pass != p) continue;
@@ -208,6 +209,26 @@ std::vector<std::string> check(const std::vector<const StepSchedule*>& passes) {
         }
       }
       if (op.kind != OpKind::Update) continue;
+      if (op.span == Span::Early) {
+        // A held blob's first span, as its gradient lands: after its landing on opt, recording
+        // nothing (the rest records what the blob's update records), the rest later in the pass.
+        const BlobRole& r = c.roles[size_t(op.blob)];
+        if (pc.mode != UpdateMode::AsLanded || !r.held || r.kept || r.disk || op.part != Part::All)
+          fail(where(s) + ": an early span of what is not a held host blob in memory updated as it lands");
+        const bool waits_landing = std::any_of(op.waits.begin(), op.waits.end(), [&](const StreamEvent& w) {
+          return w.stream == StreamId::Opt && w.ev == EventRef{EventId::Landed, op.blob};
+        });
+        if (!waits_landing) fail(where(s) + ": an early span does not wait for its gradient to land");
+        if (!op.records.empty()) fail(where(s) + ": an early span records an event");
+        if (!sent_at.count(op.blob)) fail(where(s) + ": an early span before its gradient was sent");
+        const auto rest = std::find_if(seq.begin() + long(i) + 1, seq.end(), [&](const SeqOp& o) {
+          return o.pass == p && o.op->kind == OpKind::Update && o.op->blob == op.blob;
+        });
+        if (rest == seq.end() || rest->op->span != Span::Rest) fail(where(s) + ": an early span without its rest");
+        early_of.insert(op.blob);
+        continue;
+      }
+      if (op.span == Span::Rest && !early_of.count(op.blob)) fail(where(s) + ": the rest of a span never begun");
       parts[op.blob].push_back(op.part);
       if (pc.mode == UpdateMode::Clipped && !norm) fail(where(s) + ": an update before the norm with clipping");
       if (!sent_at.count(op.blob)) {
@@ -414,6 +435,97 @@ TEST(StepSchedule, EmbeddingRowsInTwoPartsWhereTheHostIdles) {
       if (o.rows == RowsPart::Touched) o.rows = RowsPart::All;
     EXPECT_FALSE(check({&alone, &alone}).empty());
   }
+}
+
+// Held updates begun as their gradient lands (ScheduleConfig::hold_early): each held host blob in
+// memory gets an early span right after its landing (in the head or the backward) and its rest
+// after the backward; kept and disk blobs, clipping and a share of 0 have none; the checker
+// refuses an early span that does not wait for its landing, a rest that records nothing, and an
+// early span queued before its gradient.
+TEST(StepSchedule, HeldUpdatesBeginAsTheyLand) {
+  int checked = 0, total = 0;
+  for (int layers : {1, 2, 4})
+    for (bool tied : {false, true})
+      for (bool disk : {false, true})
+        for (bool kept : {false, true})
+          for (bool some : {false, true}) {
+            const ModelSpec spec = spec_of(layers, tied);
+            SlidingOptions o = options_for(spec, {false, false, true, kept}, disk);
+            if (!some) o.hold_grads = int64_t(1) << 40;  // every host blob but the embedding
+            o.hold_early = 0.4;
+            const StepSchedule step = SlidingEngine::schedule(spec, o, UpdateMode::AsLanded, true);
+            const StepSchedule loss = SlidingEngine::schedule(spec, o, UpdateMode::None, false);
+            const std::string label = describe(step);
+            for (const auto& seq : std::vector<std::vector<const StepSchedule*>>{{&step, &step, &step},
+                                                                                  {&step, &loss, &step}}) {
+              const std::vector<std::string> bad = check(seq);
+              EXPECT_TRUE(bad.empty()) << label << "first: " << (bad.empty() ? "" : bad[0]);
+            }
+            int want = 0, early = 0, rest = 0;
+            for (const BlobRole& r : step.config.roles) want += r.held && !r.kept && !r.disk;
+            for (const ScheduleOp& op : step.ops) {
+              if (op.kind != OpKind::Update) continue;
+              if (op.span == Span::Early) {
+                ++early;
+                EXPECT_TRUE(op.phase == Phase::Backward || op.phase == Phase::Head) << label;
+              }
+              if (op.span == Span::Rest) {
+                ++rest;
+                EXPECT_EQ(op.phase, Phase::AfterBackward) << label;
+              }
+            }
+            total += want;
+            EXPECT_EQ(early, want) << label;
+            EXPECT_EQ(rest, want) << label;
+            ++checked;
+          }
+  EXPECT_EQ(checked, 48);
+  EXPECT_GT(total, 48);  // early spans in most of them
+
+  const ModelSpec spec = spec_of(3, false);
+  SlidingOptions o = options_for(spec, {false, false, true, false}, false);
+  o.hold_grads = int64_t(1) << 40;
+  auto spans = [&](const SlidingOptions& opt, UpdateMode mode) {
+    int n = 0;
+    for (const ScheduleOp& op : SlidingEngine::schedule(spec, opt, mode, true).ops)
+      n += op.kind == OpKind::Update && op.span != Span::Whole;
+    return n;
+  };
+  EXPECT_EQ(spans(o, UpdateMode::AsLanded), 0);  // share 0: as before
+  o.hold_early = 1;
+  EXPECT_EQ(spans(o, UpdateMode::AsLanded), 2 * 4);  // the head and 3 layers, each early + rest
+  SlidingOptions clip = options_for(spec, {true, true, true, false}, false);
+  clip.hold_early = 0.5;
+  EXPECT_EQ(spans(clip, UpdateMode::Clipped), 0);
+
+  const StepSchedule good = SlidingEngine::schedule(spec, o, UpdateMode::AsLanded, true);
+  ASSERT_TRUE(check({&good, &good, &good}).empty()) << describe(good);
+  EXPECT_NE(describe(good).find(" early"), std::string::npos);
+  auto broken = [&](auto mutate) {
+    StepSchedule s = good;
+    mutate(s);
+    return !check({&s, &s, &s}).empty();
+  };
+  auto early_of = [](std::vector<ScheduleOp>& ops, int blob) {
+    return std::find_if(ops.begin(), ops.end(), [&](const ScheduleOp& op) {
+      return op.kind == OpKind::Update && op.span == Span::Early && op.blob == blob;
+    });
+  };
+  EXPECT_TRUE(broken([&](StepSchedule& s) { early_of(s.ops, 2)->waits.clear(); }));
+  EXPECT_TRUE(broken([&](StepSchedule& s) {
+    for (ScheduleOp& op : s.ops)
+      if (op.kind == OpKind::Update && op.span == Span::Rest && op.blob == 3) op.records.clear();
+  }));
+  EXPECT_TRUE(broken([&](StepSchedule& s) {  // before its gradient is sent
+    auto e = early_of(s.ops, 1);
+    ScheduleOp op = *e;
+    s.ops.erase(e);
+    s.ops.insert(s.ops.begin() + 2, op);
+  }));
+  EXPECT_TRUE(broken([&](StepSchedule& s) {  // an early span without its rest
+    for (ScheduleOp& op : s.ops)
+      if (op.kind == OpKind::Update && op.span == Span::Rest && op.blob == 2) op.span = Span::Whole;
+  }));
 }
 
 // The checker is not vacuous: each of these breaks one rule and is found.

@@ -13,6 +13,7 @@ enum class Env {
   Threads,    // SF_THREADS
   Trace,      // SF_TRACE
   HoldGrads,  // SF_HOLD_GRADS
+  HoldEarly,  // SF_HOLD_EARLY
   AdamwIsa,   // SF_ADAMW_ISA
   Cufile,     // SF_CUFILE
 };
@@ -35,6 +36,9 @@ inline constexpr EnvVar kEnvVars[] = {
      "without clipping, hold the last blobs' gradients (forward order) and update them in the next "
      "forward: 0 = none, 1 = as many as the planner predicts pay, N > 1 = N parameters (changes the "
      "plan; +2 B of pinned memory a held parameter)"},
+    {Env::HoldEarly, "SF_HOLD_EARLY", "int", "-1",
+     "of each held update, the percentage run as its gradient lands, during the backward (the rest in the "
+     "next forward): -1 = the planner's choice with the held count, 0..100 = that share (changes the plan)"},
     {Env::AdamwIsa, "SF_ADAMW_ISA", "text", "the widest the CPU has",
      "the host AdamW's element loop: avx2, sse2 or scalar (never wider than the CPU has; the same bits "
      "on every path: tests run each, benchmarks compare them)"},

@@ -123,6 +123,7 @@ class Engine {
     uint64_t disk_gpu_direct = 0;  // of those bytes, moved between disk and GPU by cuFile
     uint64_t disk_state_lent = 0;  // AdamW state pieces read ahead into lent checkpoint memory
     uint64_t embedding_row_splits = 0;  // passes whose embedding gradient went down in two parts (rows)
+    uint64_t early_updates = 0;  // held blobs' updates begun as their gradient landed (SlidingOptions::hold_early)
     std::string disk_io;           // how: "io_uring, O_DIRECT, 2 registered buffers; checkpoints: cuFile (...)"
   };
   virtual Stats stats() const { return {}; }

@@ -180,11 +180,12 @@ void GradientPath::before_rows_written() {
   if (early_) dev_.wait(s_.compute, *early_read_);
 }
 
-void GradientPath::queue_update(int blob, int64_t numel, const AdamWParams& p, cpu::AdamWPart part) {
-  const HostOptimizer::Landing at{const_cast<void*>(host_.grads(blob)), -1};
+void GradientPath::queue_update(int blob, int64_t i0, int64_t n, const AdamWParams& p, cpu::AdamWPart part) {
+  const char* g = static_cast<const char*>(host_.grads(blob));
+  const HostOptimizer::Landing at{g ? const_cast<char*>(g) + size_t(i0) * dtype_size(host_.grad_dtype()) : nullptr, -1};
   static const char* const kPart[] = {"", " params", " moments"};
   mark(s_.opt, "opt", "update", blob, kPart[int(part)]);
-  host_.queue_update(blob, 0, numel, at, p, s_.opt, part);
+  host_.queue_update(blob, i0, n, at, p, s_.opt, part);
   mark(s_.opt, "opt", "updated", blob, kPart[int(part)]);
 }
 

@@ -74,9 +74,9 @@ class GradientPath {
   void send_early(int blob, const Grad& g, const AdamWParams& p, const UpdateRows& rows);
   // compute waits until the first part has read g.
   void before_rows_written();
-  // A held blob's AdamW (or one pass of it) on the opt stream, queued after the caller made opt
-  // wait for the blob's landing.
-  void queue_update(int blob, int64_t numel, const AdamWParams& p, cpu::AdamWPart part = cpu::AdamWPart::All);
+  // A held blob's AdamW (or one pass of it) over its elements [i0, i0 + n) on the opt stream,
+  // queued after the caller made opt wait for the blob's landing.
+  void queue_update(int blob, int64_t i0, int64_t n, const AdamWParams& p, cpu::AdamWPart part = cpu::AdamWPart::All);
 
   size_t device_bytes() const;
 

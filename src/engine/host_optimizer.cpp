@@ -125,7 +125,8 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
                  size_t(ms.work) * dtype_size(o.work_dtype), Place::Pinned, "host.work"});
   if (total > 0 && g > 0)
     m.push_back({o.keep_grads ? "gradients of the step (held for the norm)"
-                              : "gradient ring (" + std::to_string(o.ring) + " chunks)",
+                  : held_total > 0 ? "gradient ring (" + std::to_string(o.ring) + " chunks) + held gradients"
+                                   : "gradient ring (" + std::to_string(o.ring) + " chunks)",
                  g, Place::Pinned, "host.grads"});
   const std::string mv = o.state_dtype == DType::F32 ? "AdamW m and v" : "AdamW m and v (bf16)";
   m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.m"});

@@ -52,7 +52,9 @@ PlanRequest plan_request(const EngineOptions& opt, const EngineRequest& req) {
   r.host_budget = req.cpu_memory;
   r.offload_dir = req.offload_dir;
   r.disk_budget = req.disk_memory;
-  r.hold_grads = env_int(Env::HoldGrads, 1);  // the one knob that changes the plan (core/env.h)
+  r.hold_grads = env_int(Env::HoldGrads, 1);  // the knobs that change the plan (core/env.h)
+  const long long early = env_int(Env::HoldEarly, -1);
+  r.hold_early = early < 0 ? -1.0 : double(std::min<long long>(early, 100)) / 100.0;
   r.state_dtype = req.state_dtype;
   r.upload_copies = req.upload_copies;
   return r;

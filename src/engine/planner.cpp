@@ -266,6 +266,7 @@ SlidingOptions sliding_options(const Plan& p, const EngineOptions& base, bool ke
   o.gpu_blobs = p.gpu_blobs;
   o.keep_grads = keep_grads;
   o.hold_grads = p.hold_grads;
+  o.hold_early = p.hold_early;
   o.disk_blobs = p.disk_blobs;
   o.ckpt_disk_layers = p.ckpt_disk_layers;
   o.disk_masters = p.disk_masters;
@@ -445,6 +446,7 @@ class Planner {
     p_.ckpt_cufile = r_.ckpt_cufile;
     p_.lend_checkpoints = r_.lend_checkpoints;
     p_.hold_grads = engine == EngineKind::Sliding && !r_.clip && r_.optimizer && !on_host_ ? hold_ : 0;
+    p_.hold_early = p_.hold_grads > 0 ? hold_early_ : 0.0;
     // Upload copies: the first copies_ host blobs (forward order) whose state is in host memory.
     p_.upload_copies.clear();
     p_.upload_copy_bytes = 0;
@@ -498,6 +500,7 @@ class Planner {
   void sliding(int slots) {
     copies_ = r_.upload_copies == CopiesChoice::On ? std::numeric_limits<int>::max() : 0;
     hold_ = r_.hold_grads > 1 ? r_.hold_grads : 0;
+    hold_early_ = std::clamp(r_.hold_early, 0.0, 1.0);
     const std::vector<int> order = gpu_blob_order(s_);
     if (r_.gpu_blobs >= 0) {
       fill(EngineKind::Sliding, slots, std::vector<int>(order.begin(), order.begin() + r_.gpu_blobs));
@@ -524,37 +527,68 @@ class Planner {
   // gradient lands, so the host has nothing to do in the forward and the head, and when its AdamW
   // is slower than the backward the step waits for it at the end of the backward. Holding the
   // blobs at the top of the forward order (their gradients land first, the next forward needs them
-  // last) moves their updates into that idle time (SlidingOptions::hold_grads). How many: the
-  // prediction's best over the candidates (predict_sliding models both the backward's saving and a
-  // forward that would wait for a held update), kept when it fits and is kMinGain shorter.
+  // last) moves their updates into that idle time (SlidingOptions::hold_grads), and a share of each
+  // held update can run as its gradient lands, while the host would wait for the first blob not
+  // held (SlidingOptions::hold_early). How many and what share: the prediction's best over the
+  // candidates (predict_sliding models the backward's saving, the held layers' landing time, and a
+  // forward that would wait for a held update), the fastest that fits and is kMinGain shorter than
+  // holding none. A requested count (hold_grads N > 1) or share (hold_early >= 0) is taken as it is.
   void add_hold(int slots) {
-    if (r_.hold_grads != 1 || r_.clip || !r_.optimizer || on_host_ || !p_.fits || p_.disk_bytes > 0 ||
+    if (r_.hold_grads == 0 || r_.clip || !r_.optimizer || on_host_ || !p_.fits || p_.disk_bytes > 0 ||
         !r_.training || p_.engine != EngineKind::Sliding)
       return;
+    const bool count_given = r_.hold_grads > 1;
     Plan none = p_;
+    none.hold_grads = 0;
+    none.hold_early = 0;
     predict(s_, r_, be_, rates_, none);
-    int64_t best_hold = 0, held = 0;
-    double best_s = none.step_s;
+    std::vector<double> shares;
+    if (r_.hold_early >= 0)
+      shares.push_back(std::min(r_.hold_early, 1.0));
+    else
+      for (int i = 0; i <= 10; ++i) shares.push_back(i / 10.0);
+    // The candidates: held_grad_blobs' order (from the top), one blob more each, with each share.
+    struct Candidate {
+      double step_s;
+      int64_t hold;
+      double early;
+    };
+    std::vector<Candidate> cands;
     Plan trial = p_;
-    // The candidates: held_grad_blobs' order (from the top), one blob more each.
-    const std::vector<bool> can = held_grad_blobs(lay_, p_.gpu_blobs, std::numeric_limits<int64_t>::max());
-    for (int b = int(can.size()) - 1; b >= 1; --b) {
-      if (!can[size_t(b)]) continue;
-      held += lay_.blobs[size_t(b)].numel;
-      trial.hold_grads = held;
-      predict(s_, r_, be_, rates_, trial);
-      if (trial.step_s < best_s) {
-        best_s = trial.step_s;
-        best_hold = held;
+    auto consider = [&](int64_t held) {
+      for (double x : shares) {
+        trial.hold_grads = held;
+        trial.hold_early = x;
+        predict(s_, r_, be_, rates_, trial);
+        cands.push_back({trial.step_s, held, x});
+      }
+    };
+    if (count_given) {
+      consider(r_.hold_grads);
+    } else {
+      const std::vector<bool> can = held_grad_blobs(lay_, p_.gpu_blobs, std::numeric_limits<int64_t>::max());
+      int64_t held = 0;
+      for (int b = int(can.size()) - 1; b >= 1; --b) {
+        if (!can[size_t(b)]) continue;
+        held += lay_.blobs[size_t(b)].numel;
+        consider(held);
       }
     }
-    if (best_hold > 0 && best_s < none.step_s * (1 - kMinGain)) {
-      hold_ = best_hold;
+    // Fastest first; ties to fewer held parameters, then the smaller share (less pinned memory, fewer
+    // operations). Each fills the budgets with its held gradients' pinned memory, or the next is tried.
+    std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
+      return a.step_s != b.step_s ? a.step_s < b.step_s : a.hold != b.hold ? a.hold < b.hold : a.early < b.early;
+    });
+    for (const Candidate& c : cands) {
+      if (!count_given && !(c.step_s < none.step_s * (1 - kMinGain))) break;
+      hold_ = c.hold;
+      hold_early_ = c.early;
       fill(EngineKind::Sliding, slots, none.gpu_blobs, none.disk_blobs, none.ckpt_disk_layers, none.disk_masters,
            none.disk_weights, none.disk_grads);
       if (p_.fits) return;
     }
     hold_ = 0;
+    hold_early_ = 0;
     p_ = none;
   }
 
@@ -666,6 +700,7 @@ class Planner {
   int whole_ = 0, kept_ = 0;  // the placement's selective recompute (Plan::whole_layers, kept_layers)
   int copies_ = 0;            // the placement's upload copies: the first this many host blobs with state in RAM
   int64_t hold_ = 0;          // the placement's held gradients (Plan::hold_grads; add_hold)
+  double hold_early_ = 0;     // the share of each held update run as it lands (Plan::hold_early; add_hold)
 };
 
 // Short of GPU memory with the sliding engine: smaller micro-batches, more of them (layer-major
@@ -950,20 +985,24 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
     const std::vector<bool> held = held_grad_blobs(lay, p.gpu_blobs, p.hold_grads);
     const double L = double(s.n_layer), per_param = update_s / P;
     const double layer_fwd = std::max(gpu_fwd, up_fwd_s) / L, layer_bwd = std::max(gpu_bwd, up_bwd_s) / L;
+    // A share x of each held update (SlidingOptions::hold_early) runs as its gradient lands: the
+    // forward keeps the rest, and the backward's host work starts with the first blob not held or
+    // when the held shares are done, whichever is later.
+    const double x = std::clamp(p.hold_early, 0.0, 1.0);
     double held_s = 0, held_layers = 0, fwd_host = 0;
     for (size_t b = 1; b < held.size(); ++b) {
       if (!held[b]) continue;
       held_s += double(lay.blobs[b].numel) * per_param;
       const double layer = std::min(double(b) - 1, L);  // blob 1 + l is layer l; the head comes after L
       held_layers += b + 1 < held.size() ? 1 : 0;
-      fwd_host = std::max(fwd_host, held_s + (L - layer) * layer_fwd);
+      fwd_host = std::max(fwd_host, (1 - x) * held_s + (L - layer) * layer_fwd);
     }
     ph.fwd.at_least(fwd_host, Bound::Host);
     // The held updates share the host memory bus with the forward's uploads (session 14, OLMoE:
     // the layers' forward 15.6 -> 18-20 ms, PCIe-bound, while they ran).
     const double bus = rates.host_bus_gbs > 0 ? rates.host_bus_gbs * 1e9 : rates.host_adamw_params_s * (24 + act) * 1.2;
-    ph.fwd.at_least(held_s * rates.host_adamw_params_s * (24 + act) / bus + up_pass / bus, Bound::Host);
-    bwd_host = held_layers * layer_bwd + p.host_s - held_s;
+    ph.fwd.at_least((1 - x) * held_s * rates.host_adamw_params_s * (24 + act) / bus + up_pass / bus, Bound::Host);
+    bwd_host = std::max(held_layers * layer_bwd, x * held_s) + p.host_s - held_s;
   }
   ph.bwd.at_least(gpu_bwd + emb_update_s, Bound::Gpu);
   ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
@@ -1074,7 +1113,10 @@ std::string plan_summary(const Plan& p) {
       (p.kept_layers > 0 ? "; attention kept in " + std::to_string(p.kept_layers) + " layers" : std::string()) +
       (p.upload_copies.empty() ? std::string()
                                : "; upload copies of " + std::to_string(p.upload_copies.size()) + " blobs") +
-      (p.hold_grads > 0 ? "; gradients of " + std::to_string(p.hold_grads) + " parameters held for the next forward"
+      (p.hold_grads > 0 ? "; gradients of " + std::to_string(p.hold_grads) + " parameters held for the next forward" +
+                              (p.hold_early > 0 ? " (" + std::to_string(int(std::lround(p.hold_early * 100))) +
+                                                      " % of each update as it lands)"
+                                                : std::string())
                         : std::string()) +
       "; device " + format_bytes(p.gpu_bytes) + ", host " + format_bytes(p.host_bytes) + " (" +
       format_bytes(p.pinned_bytes) + " pinned)";

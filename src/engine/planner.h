@@ -94,6 +94,9 @@ struct PlanRequest {
   // many as the prediction says pay (Planner::add_hold), N > 1 that many parameters. make_engine
   // asks for 1 unless SF_HOLD_GRADS says otherwise (docs/DECISIONS.md, "Held gradients").
   int64_t hold_grads = 0;
+  // Of each held update, the share run as its gradient lands (SlidingOptions::hold_early): -1 the
+  // planner's choice with the count (Planner::add_hold), 0..1 that share. SF_HOLD_EARLY.
+  double hold_early = -1;
   DType state_dtype = DType::F32;  // AdamW m and v (EngineOptions::state_dtype): 4 or 2 bytes each
   // How checkpoints in the offload file move, as choose_checkpoint_io (io/gds.h) decided at
   // start-up: the cuFile library (GPUDirect Storage: no pinned ring), or empty (io_uring + pinned
@@ -153,6 +156,7 @@ struct Plan {
   int slots = 0;
   std::vector<int> gpu_blobs;  // sliding: blobs kept whole on the GPU
   int64_t hold_grads = 0;      // sliding without clipping: SlidingOptions::hold_grads
+  double hold_early = 0;       // and SlidingOptions::hold_early (0 when nothing is held)
   std::vector<int> disk_blobs; // sliding: blobs whose AdamW state is in the NVMe store
   int ckpt_disk_layers = 0;    // sliding: the first layers whose checkpoints are in the NVMe store
   std::vector<int> disk_masters;  // sliding: of disk_blobs, those whose fp32 master is in the store too

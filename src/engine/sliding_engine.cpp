@@ -250,6 +250,7 @@ ScheduleConfig schedule_config(const ModelSpec& spec, const SlidingShape& z, con
   }
   c.split_update = o.split_update;
   c.emb_rows = z.emb_rows;
+  c.hold_early = o.keep_grads ? 0.0 : std::clamp(o.hold_early, 0.0, 1.0);
   c.backward = backward;
   c.mode = mode;
   return c;
@@ -332,6 +333,7 @@ struct SlidingEngine::Impl {
   PhaseTimes setup;  // the constructor's phases (SlidingEngine::setup_times)
   bool slots_stale = false;  // an update was queued: the next forward re-uploads every blob
   uint64_t row_splits = 0;   // Stats::embedding_row_splits
+  uint64_t early_updates = 0;  // Stats::early_updates
 
   // Activations: a ring of K+1 [N, H] buffers holds each micro-batch's current hidden state (or
   // gradient); a layer writes micro-batch j's output into the spare one.
@@ -507,7 +509,7 @@ struct SlidingEngine::Impl {
   void head_backward(Pass& ps, const ScheduleOp& op, float scale);
   void backward_layer(Pass& ps, const ScheduleOp& op);
   void embedding_backward(Pass& ps);
-  void update(const ScheduleOp& op, const AdamWParams& p);
+  void update(const ScheduleOp& op, double hold_early, const AdamWParams& p);
   Tensor out_buf(const Pass& ps, int j) {  // the spare buffer, once its checkpoint offload is done
     dev.wait(*compute, *act_free[size_t(ps.spare)]);
     return act_at(acts, ps.spare, ps.N(j));
@@ -522,7 +524,7 @@ struct SlidingEngine::Impl {
     deferred = nullptr;
     for (const ScheduleOp& op : ops) {
       begin_op(op);
-      update(op, deferred_p);
+      update(op, 0.0, deferred_p);  // moment passes: whole blobs
       end_op(op);
     }
   }
@@ -709,7 +711,7 @@ bool SlidingEngine::Impl::execute(const StepSchedule& s, Run& r) {
         if (op.chunk_updates) slots_stale = true;
         break;
       case OpKind::Update:
-        update(op, r.p);
+        update(op, s.config.hold_early, r.p);
         break;
       case OpKind::ReadNorms: {
         read_scalars();
@@ -905,14 +907,20 @@ void SlidingEngine::Impl::embedding_backward(Pass& ps) {
 }
 
 // A blob's AdamW as the operation says: a kept blob's on the compute stream, a host blob's (or one
-// pass of it) on opt from its gradient store.
-void SlidingEngine::Impl::update(const ScheduleOp& op, const AdamWParams& p) {
+// pass of it, or one span of its elements) on opt from its gradient store.
+void SlidingEngine::Impl::update(const ScheduleOp& op, double hold_early, const AdamWParams& p) {
   SF_CHECK(gpu.has(op.blob) == (op.stream == StreamId::Compute), "schedule: a kept blob updates on compute, a host blob on opt");
   slots_stale = true;
-  if (gpu.has(op.blob))
+  if (gpu.has(op.blob)) {
     gpu_update(op.blob, p);
-  else
-    grads->queue_update(op.blob, layout.blobs[size_t(op.blob)].numel, p, op.part);
+    return;
+  }
+  const int64_t n = layout.blobs[size_t(op.blob)].numel;
+  const int64_t e = op.span == Span::Whole ? n : early_elements(n, hold_early);
+  const int64_t i0 = op.span == Span::Rest ? e : 0, i1 = op.span == Span::Early ? e : n;
+  if (i1 <= i0) return;
+  grads->queue_update(op.blob, i0, i1 - i0, p, op.part);
+  if (op.span == Span::Early) ++early_updates;
 }
 
 SlidingEngine::SlidingEngine(Device& dev, const ModelSpec& spec, const SlidingOptions& opt)
@@ -1089,6 +1097,7 @@ Engine::Stats SlidingEngine::stats() const {
   st.uploaded_bytes = m.slots->uploaded_bytes();
   st.pinned_bytes = m.host->pinned_bytes() + m.ckpts->host_bytes() + m.tokens->host_bytes();
   st.embedding_row_splits = m.row_splits;
+  st.early_updates = m.early_updates;
   if (m.store) {
     st.disk_read = m.store->bytes_read();
     st.disk_written = m.store->bytes_written();

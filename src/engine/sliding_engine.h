@@ -53,6 +53,11 @@ struct SlidingOptions {
   // through the forward otherwise, and a backward bound by the host AdamW ends sooner by what the
   // held blobs' updates cost beyond their layers' backward (Planner::add_hold sizes it).
   int64_t hold_grads = 0;
+  // Of each held blob whose state is in host memory, this share of its update runs as soon as its
+  // gradient has landed, during the backward (the host would wait there for the first gradient
+  // not held), the rest after the backward as above (docs/ENGINE.md "Held updates begun early";
+  // Planner::add_hold picks it with the count).
+  double hold_early = 0;
   // With keep_grads and clipping: each host blob's update in two passes of the same arithmetic
   // (cpu::AdamWPart): the parameters as soon as the clip factor is known, in forward order, and
   // the moments after every parameter pass, overlapping the next step until its backward needs the

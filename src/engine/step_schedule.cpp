@@ -44,6 +44,17 @@ struct Builder {
       op.records.push_back({StreamId::Opt, {EventId::Updated, b}});
       op.records.push_back({StreamId::Opt, {EventId::Moved, b}});
     }
+    if (early(b)) {  // its first share now, on opt behind the work queued there; records nothing
+      ScheduleOp& u = add(OpKind::Update, ph, b, StreamId::Opt);
+      u.span = Span::Early;
+      u.waits.push_back({StreamId::Opt, {EventId::Landed, b}});
+    }
+  }
+
+  // A held host blob whose update begins as its gradient lands (ScheduleConfig::hold_early).
+  bool early(int b) const {
+    const BlobRole& r = role(b);
+    return c.mode == UpdateMode::AsLanded && c.hold_early > 0 && r.held && !r.kept && !r.disk;
   }
 
   // A whole-blob update (or one pass of it) once its gradient has landed.
@@ -71,6 +82,7 @@ StepSchedule make_step_schedule(const ScheduleConfig& c) {
     for (const BlobRole& r : c.roles)
       SF_CHECK(r.kept || r.held, "schedule: clipping and kept gradients need every host blob's gradient held");
   SF_CHECK(c.backward || c.mode == UpdateMode::None, "schedule: an update needs the backward");
+  SF_CHECK(c.hold_early >= 0 && c.hold_early <= 1, "schedule: the held updates' early share is not in [0, 1]");
   const bool emb_rows = c.emb_rows && c.mode == UpdateMode::AsLanded;
   if (emb_rows)
     SF_CHECK(!c.roles[0].kept && !c.roles[0].held && !c.roles[0].disk,
@@ -120,7 +132,10 @@ StepSchedule make_step_schedule(const ScheduleConfig& c) {
   // needs them in that order.
   if (c.mode == UpdateMode::AsLanded)
     for (int i = 0; i < nb; ++i)
-      if (!b.role(i).kept && b.role(i).held) b.update(i, Phase::AfterBackward, cpu::AdamWPart::All);
+      if (!b.role(i).kept && b.role(i).held) {
+        b.update(i, Phase::AfterBackward, cpu::AdamWPart::All);
+        if (b.early(i)) s.ops.back().span = Span::Rest;
+      }
   b.add(OpKind::ReadNorms, Phase::Norm, -1, StreamId::Host).stop_if_not_finite = c.mode == UpdateMode::Clipped;
   if (c.mode != UpdateMode::Clipped) return s;
   // The clip factor is known: every blob's update in forward order (the next forward uploads blob
@@ -136,6 +151,13 @@ StepSchedule make_step_schedule(const ScheduleConfig& c) {
     if (c.split_update && !b.role(i).kept && !b.role(i).disk)
       b.update(i, Phase::Deferred, cpu::AdamWPart::Moments, &s.deferred);
   return s;
+}
+
+int64_t early_elements(int64_t numel, double share) {
+  if (!(share > 0) || numel <= 0) return 0;
+  if (share >= 1) return numel;
+  const int64_t e = int64_t(share * double(numel));
+  return std::clamp<int64_t>(e - e % 64, 0, numel);
 }
 
 const char* to_string(OpKind k) {
@@ -166,6 +188,7 @@ void describe_op(std::string& out, const ScheduleOp& op) {
   out += std::string(to_string(op.phase)) + "  " + to_string(op.kind);
   if (op.blob >= 0) out += " " + std::to_string(op.blob);
   if (op.kind == OpKind::Update) out += kPart[int(op.part)];
+  if (op.span != Span::Whole) out += op.span == Span::Early ? " early" : " rest";
   out += std::string("  ") + to_string(op.stream);
   for (int u : op.uses) out += "  uses " + std::to_string(u);
   if (op.prefetch >= 0) out += "  prefetch " + std::to_string(op.prefetch);

@@ -71,6 +71,16 @@ enum class Phase : uint8_t { Forward, Head, Backward, AfterBackward, Norm, After
 // rows the step's tokens do not touch (complete after the head's backward), or the others.
 enum class RowsPart : uint8_t { All, Untouched, Touched };
 
+// Which elements of a held blob an Update covers (docs/ENGINE.md "Held updates begun early"): the
+// whole blob, or its first early_elements() as its gradient lands during the backward, or the rest
+// after the backward (which records what the blob's update records).
+enum class Span : uint8_t { Whole, Early, Rest };
+
+// Elements of a blob of `numel` in its Early span for ScheduleConfig::hold_early `share`: share x
+// numel rounded down to a multiple of 64 (a cache line of fp32 for the AdamW's vector loop; any
+// split gives the same bits), all of it from share 1 on.
+int64_t early_elements(int64_t numel, double share);
+
 struct ScheduleOp {
   OpKind kind = OpKind::BeginPass;
   Phase phase = Phase::Forward;
@@ -81,6 +91,7 @@ struct ScheduleOp {
   bool chunk_updates = false;  // SendGrad: each chunk's fused AdamW queued on opt as it lands
   RowsPart rows = RowsPart::All;              // SendGrad of the embedding: which of its rows
   cpu::AdamWPart part = cpu::AdamWPart::All;  // Update: both passes, or one of a split update
+  Span span = Span::Whole;                    // Update of a held blob: which of its elements
   bool stop_if_not_finite = false;            // ReadNorms: a non-finite loss or norm ends the step here
   std::vector<StreamEvent> waits;             // before its work is queued
   std::vector<StreamEvent> records;           // after its work is queued
@@ -102,6 +113,10 @@ struct ScheduleConfig {
   // backward (on their own stream), the touched ones after the lookup's (a host blob, not held,
   // not on disk).
   bool emb_rows = false;
+  // AsLanded: of each held host blob whose state is in memory, this share of its update (its first
+  // early_elements) runs on opt as soon as its gradient has landed, during the backward, where the
+  // host would otherwise wait for the first blob not held; the rest after the backward as before.
+  double hold_early = 0;
   bool backward = true;         // false: the loss alone
   UpdateMode mode = UpdateMode::None;
 };

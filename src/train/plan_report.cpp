@@ -294,6 +294,7 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
                         {"micro_batch", p.micro_batch},
                         {"micro_batches", p.micro_batches},
                         {"hold_grads", p.hold_grads},
+                        {"hold_early", p.hold_early},
                         {"gpu_blobs", p.gpu_blobs},
                         {"whole_layers", p.whole_layers},
                         {"kept_layers", p.kept_layers},
