@@ -296,7 +296,9 @@ std::vector<int> disk_blob_order(const ModelSpec& s) {
 namespace {
 
 // The step time of a plan (below); the planner compares the sliding placements' by it.
-void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p);
+// `lay`: make_layout(s), made once by the caller (the planner predicts thousands of candidates).
+void predict(const ModelSpec& s, const ModelLayout& lay, const PlanRequest& r, const BackendInfo& be,
+             const Rates& rates, Plan& p);
 
 // make_plan's steps for one request: the budgets, each candidate placement's buffers and fit, the
 // choice among them.
@@ -412,7 +414,7 @@ class Planner {
           if (a == as.front()) more = false;
           continue;
         }
-        predict(s_, r_, be_, rates_, p_);
+        predict(s_, lay_, r_, be_, rates_, p_);
         if (!have || p_.step_s < best.step_s * (1 - kMinGain)) {
           best = p_;
           have = true;
@@ -541,7 +543,7 @@ class Planner {
     Plan none = p_;
     none.hold_grads = 0;
     none.hold_early = 0;
-    predict(s_, r_, be_, rates_, none);
+    predict(s_, lay_, r_, be_, rates_, none);
     std::vector<double> shares;
     if (r_.hold_early >= 0)
       shares.push_back(std::min(r_.hold_early, 1.0));
@@ -559,7 +561,7 @@ class Planner {
       for (double x : shares) {
         trial.hold_grads = held;
         trial.hold_early = x;
-        predict(s_, r_, be_, rates_, trial);
+        predict(s_, lay_, r_, be_, rates_, trial);
         cands.push_back({trial.step_s, held, x});
       }
     };
@@ -605,7 +607,7 @@ class Planner {
         !r_.optimizer || dtype_size(be_.compute_dtype) >= 4)
       return;
     Plan none = p_;
-    predict(s_, r_, be_, rates_, none);
+    predict(s_, lay_, r_, be_, rates_, none);
     const std::vector<int> keep = p_.gpu_blobs;
     auto with = [&](int n) {
       copies_ = n;
@@ -624,7 +626,7 @@ class Planner {
       if (n > 0) with(n);
     }
     if (n > 0) {
-      predict(s_, r_, be_, rates_, p_);
+      predict(s_, lay_, r_, be_, rates_, p_);
       if (p_.step_s < none.step_s * (1 - kMinGain)) return;
     }
     copies_ = 0;
@@ -768,8 +770,8 @@ struct Phases {
   PhaseTime fwd, head, bwd;
 };
 
-Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& rates, const Flops& f,
-                         const SlidingTraffic& t, Plan& p) {
+Phases split_update_path(const ModelSpec& s, const ModelLayout& lay, const PlanRequest& r, const Rates& rates,
+                         const Flops& f, const SlidingTraffic& t, Plan& p) {
   const double P = t.P, Pc = t.Pc, act = t.act, ckpt = t.ckpt, up_fwd_s = t.up_fwd_s, up_bwd_s = t.up_bwd_s;
   const bool emb_on_host = t.emb_on_host;
   const double pcie = rates.pcie_gbs * 1e9;
@@ -783,7 +785,7 @@ Phases split_update_path(const ModelSpec& s, const PlanRequest& r, const Rates& 
   const double fwd_pcie = std::max(up_fwd_s, K * ckpt / pcie);  // checkpoints go down
   const double bwd_host = (P * pb.moments + t.up + P * act + K * ckpt) / bus;
   // Two slots and a tied embedding on the host: the layers evict it, the head uploads it again.
-  const double emb = double(make_layout(s).embedding().numel);
+  const double emb = double(lay.embedding().numel);
   const double head_upload_s = p.slots <= 2 && s.tie_embeddings && emb_on_host ? emb * 4 / pcie : 0.0;
   p.host_s = (P * (pb.params + pb.moments) + Pc * act) / (rates.host_adamw_params_s * (24 + act));
   Phases ph;
@@ -822,15 +824,14 @@ struct Tails {
   // host update, whose gradient lands after it (the next forward needs it first).
   double bwd = 0;
 };
-Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, double act, const Tails& tails,
-                 Phases ph, Plan& p) {
+Phases with_disk(const ModelSpec& s, const ModelLayout& lay, const PlanRequest& r, const Rates& rates, double act,
+                 const Tails& tails, Phases ph, Plan& p) {
   p.lent_read_bytes = p.lendable_bytes = 0;
   if (p.disk_bytes == 0) return ph;
   const double layers_bwd_gpu = tails.layers_bwd_gpu;
   const double rd = rates.disk_read_gbs * 1e9, wr = rates.disk_write_gbs * 1e9;
   // The file: the regions of p.disk_blobs (StateStream's layout) and the disk checkpoints.
   StateStream::Config sc;
-  const ModelLayout lay = make_layout(s);
   sc.numel.assign(lay.blobs.size(), 0);
   sc.master.assign(lay.blobs.size(), false);
   sc.work.assign(lay.blobs.size(), false);
@@ -920,7 +921,10 @@ Phases with_disk(const ModelSpec& s, const PlanRequest& r, const Rates& rates, d
 }  // namespace
 
 uint64_t upload_bytes_per_pass(const ModelSpec& s, const Plan& p, DType act) {
-  const ModelLayout lay = make_layout(s);
+  return upload_bytes_per_pass(make_layout(s), p, act);
+}
+
+uint64_t upload_bytes_per_pass(const ModelLayout& lay, const Plan& p, DType act) {
   uint64_t n = 0;
   for (size_t b = 0; b < lay.blobs.size(); ++b) {
     if (std::find(p.gpu_blobs.begin(), p.gpu_blobs.end(), int(b)) != p.gpu_blobs.end()) continue;  // kept: no upload
@@ -935,9 +939,8 @@ namespace {
 
 // The sliding engine's step time: a lower bound from the rates, assuming the schedule overlaps
 // what it can.
-void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates,
-                     const Flops& f, Plan& p) {
-  const ModelLayout lay = make_layout(s);
+void predict_sliding(const ModelSpec& s, const ModelLayout& lay, const PlanRequest& r, const BackendInfo& be,
+                     const Rates& rates, const Flops& f, Plan& p) {
   double P = double(lay.total_numel());  // parameters updated on the host
   bool emb_on_host = true;
   for (int b : p.gpu_blobs) {
@@ -948,7 +951,7 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   const double act = double(dtype_size(be.compute_dtype));
   const double ckpt = double(s.n_layer) * double(r.batch) * r.seq * double(s.hidden) * act;
   // What one pass's uploads carry (fp32 masters, or working copies: of masters in the store, upload copies).
-  const double up_pass = double(upload_bytes_per_pass(s, p, be.compute_dtype));
+  const double up_pass = double(upload_bytes_per_pass(lay, p, be.compute_dtype));
   p.upload_bytes = up_pass;
   // Parameters whose update also writes an upload copy (act bytes a parameter more).
   double Pc = 0;
@@ -1008,7 +1011,7 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
   ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
   ph.bwd.at_least(bwd_host + emb_update_s, Bound::Host);
   if (r.clip && r.split_update) {
-    ph = split_update_path(s, r, rates, f, {P, Pc, act, ckpt, up_pass, up_fwd_s, up_bwd_s, emb_on_host}, p);
+    ph = split_update_path(s, lay, r, rates, f, {P, Pc, act, ckpt, up_pass, up_fwd_s, up_bwd_s, emb_on_host}, p);
   } else if (r.clip) {
     ph.fwd.at_least(update_s, Bound::Host);
     ph.bwd = {};
@@ -1033,7 +1036,7 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
                 layers_fwd_gpu * double(s.n_layer - (last - 1)) / double(s.n_layer);
     tails.bwd = emb_update_s;
   }
-  ph = with_disk(s, r, rates, act, tails, ph, p);
+  ph = with_disk(s, lay, r, rates, act, tails, ph, p);
   p.forward = ph.fwd;
   p.head = ph.head;
   p.backward = ph.bwd;
@@ -1047,7 +1050,8 @@ void predict_sliding(const ModelSpec& s, const PlanRequest& r, const BackendInfo
     }
 }
 
-void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates, Plan& p) {
+void predict(const ModelSpec& s, const ModelLayout& lay, const PlanRequest& r, const BackendInfo& be,
+             const Rates& rates, Plan& p) {
   const double tokens = double(r.batch) * r.seq * r.grad_accum;
   p.flops =
       (flops_per_token(s, r.seq).total - recompute_flops_saved_per_token(s, r.seq, p.whole_layers, p.kept_layers)) *
@@ -1061,7 +1065,7 @@ void predict(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, co
   if (p.engine == EngineKind::Resident)
     p.step_s = p.gpu_s;
   else
-    predict_sliding(s, r, be, rates, f, p);
+    predict_sliding(s, lay, r, be, rates, f, p);
   p.tokens_per_s = tokens / p.step_s;
   if (be.kind == DeviceKind::Cpu) {  // the rates are a GPU machine's
     p.step_s = p.gpu_s = p.host_s = p.pcie_s = p.tokens_per_s = 0;
@@ -1096,7 +1100,7 @@ Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, 
     if (split_micro_batches(s, r, be, rates, sub)) return sub;
     if (sub.micro_batch > 0) return sub;  // short of something else than the GPU even so (predicted)
   }
-  predict(s, r, be, rates, p);
+  predict(s, make_layout(s), r, be, rates, p);
   return p;
 }
 

@@ -240,6 +240,7 @@ double gpu_seconds_per_token(const ModelSpec& s, int T, const Rates& rates);
 // copy in the compute dtype `act`, which the slot cache copies as it is. Blobs kept on the GPU
 // upload nothing.
 uint64_t upload_bytes_per_pass(const ModelSpec& s, const Plan& p, DType act);
+uint64_t upload_bytes_per_pass(const ModelLayout& lay, const Plan& p, DType act);
 
 // The plan for a CUDA (or CPU) backend. Throws InputError for impossible requests (slots < 2).
 Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates = {});
