@@ -34,7 +34,10 @@ demo: deps
 # CMakeLists.txt), so they run beside the others instead of holding a core each.
 TEST_JOBS ?= $(shell echo $$(( $(JOBS) * 4 )))
 CTEST = printf '{"version":{"major":1,"minor":0},"local":[{"cpu":[{"id":"0","slots":%s}]}]}\n' $(JOBS) \
-          >cpu_slots.json && $(1) ctest --output-on-failure -j $(TEST_JOBS) --resource-spec-file cpu_slots.json
+          >cpu_slots.json && $(1) ctest --output-on-failure -j $(or $(2),$(TEST_JOBS)) --resource-spec-file cpu_slots.json
+# The TSan run is mostly sleepers (~0.15 core each there), its CPU-bound tests done in ~70 s: twice
+# as many at once keeps the cores busy to its end (CMakeLists.txt also starts its longest first).
+TSAN_TEST_JOBS ?= $(shell echo $$(( $(JOBS) * 8 )))
 
 test: deps
 	@$(MAKE) --no-print-directory build
@@ -64,7 +67,7 @@ tsan-test: deps
 	@test -f $(TSAN_BUILD)/CMakeCache.txt || cmake -S . -B $(TSAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DSF_CUDA=OFF \
 	  -DSF_SANITIZE=thread $(SAN_CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target sf_engine_tests slideformer
-	cd $(TSAN_BUILD) && $(call CTEST,$(SAN_ENV))
+	cd $(TSAN_BUILD) && $(call CTEST,$(SAN_ENV),$(TSAN_TEST_JOBS))
 
 # libFuzzer (clang): `make fuzz` runs every target FUZZ_SECONDS (default 1800) in turn, keeping what it
 # finds in build-fuzz/corpus/<target> and crashes in build-fuzz/artifacts/<target>/ (copy those to
