@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages slideformer needs, if any is missing (needs root, or sudo).
 set -euo pipefail
-pkgs=(cmake g++ make pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev libgtest-dev libutf8proc-dev liburing-dev
+pkgs=(cmake ninja-build g++ make pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev libgtest-dev libutf8proc-dev liburing-dev
       clang libclang-rt-14-dev)  # clang + libFuzzer: make fuzz, make fuzz-smoke (CI)
 missing=()
 for p in "${pkgs[@]}"; do
