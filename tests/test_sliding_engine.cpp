@@ -12,6 +12,7 @@
 #include "data/dataset/dataset.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
+#include "engine/planner.h"
 #include "engine/state_stream.h"
 #include "engine_state.h"
 #include "model_fixtures.h"
@@ -112,6 +113,9 @@ struct Case {
   // Held updates begun as their gradient lands (SlidingOptions::hold_early), in percent of each
   // held blob's elements; the test asserts that some ran.
   int early = 0;
+  // A vocabulary of 400: the (tied) table larger than a layer, as in real models (the tiny one's is
+  // smaller), so the large slot holds only it and the layers share the others.
+  bool big_vocab = false;
 };
 
 // The host blobs whose AdamW state goes to the store.
@@ -162,7 +166,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (c.refuse_registration ? "_unregistered" : "") +
          (c.whole || c.attn ? "_keep" + std::to_string(c.whole) + "w" + std::to_string(c.attn) + "a" : "") +
          (c.lend ? "_lend" : "") + (c.copies ? "_copies" : "") + (c.rows_split ? "_rows" : "") +
-         (c.no_rows_split ? "_norows" : "") + (c.early ? "_early" + std::to_string(c.early) : "");
+         (c.no_rows_split ? "_norows" : "") + (c.early ? "_early" + std::to_string(c.early) : "") +
+         (c.big_vocab ? "_bigvocab" : "");
 }
 
 // The host blobs without state in the store: those that get upload copies.
@@ -179,6 +184,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   const Case c = GetParam();
   nlohmann::json cfg = test::tiny_config(c.family);
   if (c.stall_streams) cfg["num_hidden_layers"] = 4;  // buffers alternate: reuse within one pass
+  if (c.big_vocab) cfg["vocab_size"] = 400;
   ModelSpec spec = parse_model_spec(cfg, "tiny");
   auto recs = random_records(int(spec.vocab), 21, 7);
   EngineOptions eo;
@@ -625,6 +631,24 @@ std::vector<Case> early_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(EarlyHeld, SlidingVsResident, ::testing::ValuesIn(early_cases()), case_name);
 
+// A tied table larger than a layer with two slots (the planner's fallback) and with more slots than
+// blobs: the head needs the table and its norm at once, the last layer's prefetch having put the
+// norm in the large slot (the table's request comes first: slot_requests); every layer in a slot.
+std::vector<Case> slot_count_cases() {
+  std::vector<Case> out;
+  for (auto [family, slots, overlap, stalls] : {std::tuple{"mistral", 2, false, 2}, std::tuple{"qwen3", 2, true, 3},
+                                                std::tuple{"llama", 2, true, 2}, std::tuple{"mistral", 7, true, 1},
+                                                std::tuple{"llama", 8, false, 17}}) {
+    Case c{family, slots, 40};
+    c.overlap = overlap;
+    c.stall_streams = uint64_t(stalls);
+    c.big_vocab = true;
+    out.push_back(c);
+  }
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(SlotCounts, SlidingVsResident, ::testing::ValuesIn(slot_count_cases()), case_name);
+
 // The gradients alone between steps (compute_grads: a backward without updates) with the state ring
 // reading ahead into the checkpoints it frees: what was read there is dropped (its memory is the
 // next forward's) and read again for the next step's updates. Both engines run the same sequence.
@@ -857,4 +881,56 @@ TEST(SlidingEngine, TraceRecordsTheTimelineOfEachStep) {
 }
 
 }  // namespace
+// The planner counts a step's uploads by replaying the slot policy over the schedule
+// (SlidingEngine::pass_uploads); the engine's own count must be the same, blob for blob in bytes,
+// for every slot count up to more than the model's blobs: tied and untied heads, an embedding
+// larger than a layer (real models) and smaller (tiny ones), blobs kept on the GPU, clipping or
+// not, held gradients, micro-batches, upload copies.
+TEST(SlidingEngine, UploadsAreTheSlotPolicyReplayed) {
+  for (auto [tie, vocab, kept, clip, hold, micro, copies] :
+       {std::tuple{true, 400, 0, 0.0, 0, 1, false}, std::tuple{false, 400, 0, 1.0, 0, 2, false},
+        std::tuple{true, 37, 0, 1.0, 0, 1, true}, std::tuple{false, 37, 2, 0.0, 6000, 1, false},
+        std::tuple{true, 400, 2, 0.0, 0, 2, true}, std::tuple{false, 400, 3, 1.0, 0, 1, false},
+        std::tuple{true, 400, 1, 0.0, 20000, 1, false}}) {
+    nlohmann::json cfg = test::tiny_config("llama");
+    cfg["num_hidden_layers"] = 5;
+    cfg["tie_word_embeddings"] = tie;
+    cfg["vocab_size"] = vocab;
+    const ModelSpec spec = parse_model_spec(cfg, "tiny");
+    const ModelLayout layout = make_layout(spec);
+    const auto recs = random_records(int(spec.vocab), 21, 7);
+    const std::vector<int> order = gpu_blob_order(spec);
+    for (int slots = 2; slots <= spec.n_layer + 4; ++slots) {
+      const std::string what = std::string(tie ? "tied" : "untied") + ", vocab " + std::to_string(vocab) + ", " +
+                               std::to_string(kept) + " kept, clip " + std::to_string(clip) + ", hold " +
+                               std::to_string(hold) + ", " + std::to_string(micro) + " micro-batches, " +
+                               std::to_string(slots) + " slots";
+      SCOPED_TRACE(what);
+      SlidingOptions so;
+      so.base.max_batch = 2;
+      so.base.max_seq = 11;
+      so.base.max_micro = micro;
+      so.slots = slots;
+      so.keep_grads = clip > 0;
+      so.hold_grads = hold;
+      so.gpu_blobs.assign(order.begin(), order.begin() + kept);
+      if (copies)
+        for (int b = 0; b < int(layout.blobs.size()); ++b)
+          if (std::find(so.gpu_blobs.begin(), so.gpu_blobs.end(), b) == so.gpu_blobs.end()) so.upload_copies.push_back(b);
+      auto dev = make_cpu_device();
+      SlidingEngine e(*dev, spec, so);
+      e.init_random(5);
+      train(e, recs, 1, micro, clip);
+      const auto before = e.stats();
+      train(e, recs, 1, micro, clip, 2);
+      const auto after = e.stats();
+      const auto ups = SlidingEngine::pass_uploads(spec, layout, so);
+      uint64_t bytes = 0;
+      for (const auto& u : ups) bytes += uint64_t(layout.blobs[size_t(u.blob)].numel) * 4;  // fp32 (cpu compute)
+      EXPECT_EQ(after.uploads - before.uploads, int64_t(ups.size()));
+      EXPECT_EQ(after.uploaded_bytes - before.uploaded_bytes, bytes);
+    }
+  }
+}
+
 }  // namespace sf

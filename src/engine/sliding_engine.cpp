@@ -263,6 +263,31 @@ StepSchedule SlidingEngine::schedule(const ModelSpec& spec, const SlidingOptions
   return make_step_schedule(schedule_config(spec, sliding_shape(spec, layout, o, DType::F32), o, mode, backward));
 }
 
+std::vector<SlidingEngine::Upload> SlidingEngine::pass_uploads(const ModelSpec& spec, const ModelLayout& layout,
+                                                               const SlidingOptions& o) {
+  const SlidingShape z = sliding_shape(spec, layout, o, DType::F32);
+  const StepSchedule sched = make_step_schedule(
+      schedule_config(spec, z, o, o.keep_grads ? UpdateMode::Clipped : UpdateMode::AsLanded, true));
+  SlotTable table(SlotCache::capacities(o.slots, z.host_numel, z.is_layer));
+  std::vector<Upload> ups;
+  for (const ScheduleOp& op : sched.ops) {
+    int first = -1;
+    for (const SlotRequest& q : slot_requests(op)) {
+      if (z.gpu_off[size_t(q.blob)] >= 0) continue;  // kept on the GPU: no slot
+      int k = table.find(q.blob);
+      if (k < 0) {
+        k = table.victim(z.host_numel[size_t(q.blob)], q.keep_first ? first : -1);
+        if (k < 0 && !q.use) continue;  // a prefetch skipped: the blob goes up when used
+        SF_CHECK(k >= 0, "no parameter slot can hold blob " + std::to_string(q.blob));
+        table.assign(k, q.blob);
+        ups.push_back({q.blob, op.phase});
+      }
+      if (first < 0) first = k;
+    }
+  }
+  return ups;
+}
+
 MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const SlidingOptions& o, const BackendSizes& be) {
   return buffers(spec, make_layout(spec), o, be);
 }
@@ -806,8 +831,12 @@ void SlidingEngine::Impl::forward_layer(Pass& ps, const ScheduleOp& op, bool bac
 SlidingEngine::Impl::HeadParams SlidingEngine::Impl::acquire_head(const ScheduleOp& op) {
   const int head_blob = op.blob;
   HeadParams h;
-  h.head = acquire(op.uses[0], true);
-  h.emb = op.uses.size() > 1 ? acquire(op.uses[1], true, h.head.slot) : ParamsRef{};
+  if (op.uses.size() > 1) {  // tied: the table first (slot_requests)
+    h.emb = acquire(op.uses[0], true);
+    h.head = acquire(op.uses[1], true, h.emb.slot);
+  } else {
+    h.head = acquire(op.uses[0], true);
+  }
   h.norm_w = entry(h.head, head_blob, 0);
   h.w = spec.tie_embeddings ? entry(h.emb, 0, 0) : entry(h.head, head_blob, 1);
   return h;

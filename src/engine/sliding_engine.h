@@ -129,6 +129,15 @@ class SlidingEngine final : public Engine {
   // a step without clipping (AsLanded) or with it (Clipped, needs keep_grads), the gradients alone
   // (None with the backward, needs keep_grads), the loss alone (None without).
   static StepSchedule schedule(const ModelSpec& spec, const SlidingOptions& opt, UpdateMode mode, bool backward);
+  // The uploads of one training pass in the steady state, in order: every update makes the slots
+  // stale, so a pass starts with none holding anything; the slots keep the forward's last blobs
+  // for the backward (each slot beyond two saves about one upload there). The slot policy
+  // (SlotTable) replayed over the schedule's requests (slot_requests): what the planner counts.
+  struct Upload {
+    int blob = -1;
+    Phase phase = Phase::Forward;  // of the operation that uploads it
+  };
+  static std::vector<Upload> pass_uploads(const ModelSpec& spec, const ModelLayout& layout, const SlidingOptions& opt);
 
   const ModelSpec& spec() const override { return spec_; }
   void load(const CheckpointReader& ckpt) override;

@@ -22,6 +22,40 @@ std::vector<int64_t> SlotCache::capacities(int slots, const std::vector<int64_t>
   return c;
 }
 
+SlotTable::SlotTable(const std::vector<int64_t>& capacity) {
+  for (int64_t c : capacity) slots_.push_back({c, -1, 0});
+}
+
+int SlotTable::find(int blob) {
+  for (size_t k = 0; k < slots_.size(); ++k)
+    if (slots_[k].blob == blob) {
+      slots_[k].last_use = ++clock_;
+      return int(k);
+    }
+  return -1;
+}
+
+int SlotTable::victim(int64_t numel, int keep) const {
+  int v = -1;
+  for (int k = 0; k < int(slots_.size()); ++k) {
+    const Entry& s = slots_[size_t(k)];
+    if (k == keep || s.capacity < numel) continue;
+    if (v < 0 || s.capacity < slots_[size_t(v)].capacity ||
+        (s.capacity == slots_[size_t(v)].capacity && s.last_use < slots_[size_t(v)].last_use))
+      v = k;
+  }
+  return v;
+}
+
+void SlotTable::assign(int slot, int blob) {
+  slots_[size_t(slot)].blob = blob;
+  slots_[size_t(slot)].last_use = ++clock_;
+}
+
+void SlotTable::clear() {
+  for (Entry& s : slots_) s.blob = -1;
+}
+
 namespace {
 int64_t largest_of(const std::vector<int64_t>& capacity) {
   int64_t largest = 0;
@@ -45,14 +79,13 @@ MemoryItems SlotCache::buffers(const SlotCacheOptions& o) {
 }
 
 SlotCache::SlotCache(Device& dev, const SlotCacheOptions& o, Stream& h2d, Stream& compute)
-    : dev_(dev), act_(o.act), h2d_(h2d), compute_(compute) {
+    : dev_(dev), act_(o.act), h2d_(h2d), compute_(compute), table_(o.capacity) {
   chunk_ = std::max<int64_t>(1, std::min(o.chunk, std::max<int64_t>(largest_of(o.capacity), 1)));
   BufferSource src(dev, buffers(o));
   staging_ = src.buffer_if("slot.staging");
-  for (int64_t c : o.capacity) {
+  for (size_t k = 0; k < o.capacity.size(); ++k) {
     Slot s;
     s.mem = src.buffer("slot");
-    s.capacity = c;
     s.ready = dev.create_event();
     s.released = dev.create_event();
     slots_.push_back(std::move(s));
@@ -68,21 +101,11 @@ size_t SlotCache::device_bytes() const {
 void* SlotCache::data(int slot) const { return slots_[size_t(slot)].mem.data(); }
 
 int SlotCache::acquire(int blob, const UploadSource& from, int64_t numel, Event& gate, bool use, int keep) {
-  for (int k = 0; k < int(slots_.size()); ++k) {
-    if (slots_[size_t(k)].blob != blob) continue;
-    slots_[size_t(k)].last_use = ++clock_;
+  if (const int k = table_.find(blob); k >= 0) {
     if (use) dev_.wait(compute_, *slots_[size_t(k)].ready);
     return k;
   }
-  // The least recently used slot of the smallest capacity that holds the blob.
-  int v = -1;
-  for (int k = 0; k < int(slots_.size()); ++k) {
-    const Slot& s = slots_[size_t(k)];
-    if (k == keep || s.capacity < numel) continue;
-    if (v < 0 || s.capacity < slots_[size_t(v)].capacity ||
-        (s.capacity == slots_[size_t(v)].capacity && s.last_use < slots_[size_t(v)].last_use))
-      v = k;
-  }
+  const int v = table_.victim(numel, keep);
   if (v < 0 && !use) return -1;  // a prefetch that would evict the slot in use: later, on demand
   SF_CHECK(v >= 0, "no parameter slot can hold blob " + std::to_string(blob));
   Slot& s = slots_[size_t(v)];
@@ -117,16 +140,13 @@ int SlotCache::acquire(int blob, const UploadSource& from, int64_t numel, Event&
   }
   dev_.record(*s.ready, h2d_);
   ++uploads_;
-  s.blob = blob;
-  s.last_use = ++clock_;
+  table_.assign(v, blob);
   if (use) dev_.wait(compute_, *s.ready);
   return v;
 }
 
 void SlotCache::release(int slot) { dev_.record(*slots_[size_t(slot)].released, compute_); }
 
-void SlotCache::invalidate() {
-  for (Slot& s : slots_) s.blob = -1;
-}
+void SlotCache::invalidate() { table_.clear(); }
 
 }  // namespace sf

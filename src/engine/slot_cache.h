@@ -18,6 +18,32 @@
 
 namespace sf {
 
+// The slots' replacement policy alone, without memory or events: SlotCache's bookkeeping, and
+// what the planner runs over a pass's schedule to count its uploads (SlidingEngine::pass_uploads).
+class SlotTable {
+ public:
+  explicit SlotTable(const std::vector<int64_t>& capacity);
+  // The slot holding `blob`, now the most recently used (-1: none holds it).
+  int find(int blob);
+  // The slot an upload of `numel` elements replaces: the least recently used of the smallest
+  // capacity that holds it, other than `keep` (-1: none can).
+  int victim(int64_t numel, int keep) const;
+  // `slot` now holds `blob`, the most recently used.
+  void assign(int slot, int blob);
+  void clear();  // every slot's contents stale
+  int size() const { return int(slots_.size()); }
+  int64_t capacity(int slot) const { return slots_[size_t(slot)].capacity; }
+
+ private:
+  struct Entry {
+    int64_t capacity = 0;
+    int blob = -1;
+    uint64_t last_use = 0;
+  };
+  std::vector<Entry> slots_;
+  uint64_t clock_ = 0;
+};
+
 struct SlotCacheOptions {
   std::vector<int64_t> capacity;  // [slots] elements a slot (SlotCache::capacities)
   DType act = DType::F32;         // the slots' dtype (the compute copy)
@@ -58,10 +84,7 @@ class SlotCache {
 
  private:
   struct Slot {
-    DeviceBuffer mem;  // [capacity] act
-    int64_t capacity = 0;
-    int blob = -1;
-    uint64_t last_use = 0;
+    DeviceBuffer mem;                 // [capacity] act
     std::unique_ptr<Event> ready;     // h2d: the upload into the slot is done
     std::unique_ptr<Event> released;  // compute: the last kernel reading the slot is done
   };
@@ -72,7 +95,7 @@ class SlotCache {
   Stream& compute_;
   DeviceBuffer staging_;  // [chunk] F32 (act != F32): a master chunk on its way to the cast
   std::vector<Slot> slots_;
-  uint64_t clock_ = 0;
+  SlotTable table_;  // which blob each slot holds, and the replacement order
   int64_t uploads_ = 0;
   uint64_t uploaded_bytes_ = 0;
 };

@@ -104,7 +104,9 @@ StepSchedule make_step_schedule(const ScheduleConfig& c) {
   if (c.backward) b.add(OpKind::ForwardDone, Phase::Forward, -1, StreamId::D2H);
   // The last step's moment passes: after its parameter passes, before this backward's landings.
   b.add(OpKind::FlushMoments, Phase::Forward, -1, StreamId::Opt);
-  const std::vector<int> head_uses = c.tied ? std::vector<int>{head, 0} : std::vector<int>{head};
+  // The tied head's table first: with two slots the last layer's prefetch can put the norm in the
+  // large slot, and the table, needing that slot, must not be the request that keeps it.
+  const std::vector<int> head_uses = c.tied ? std::vector<int>{0, head} : std::vector<int>{head};
   if (!c.backward) {
     b.add(OpKind::HeadLoss, Phase::Head, head, StreamId::Compute).uses = head_uses;
     b.add(OpKind::ReadNorms, Phase::Norm, -1, StreamId::Host);
@@ -158,6 +160,13 @@ int64_t early_elements(int64_t numel, double share) {
   if (share >= 1) return numel;
   const int64_t e = int64_t(share * double(numel));
   return std::clamp<int64_t>(e - e % 64, 0, numel);
+}
+
+std::vector<SlotRequest> slot_requests(const ScheduleOp& op) {
+  std::vector<SlotRequest> r;
+  for (size_t i = 0; i < op.uses.size(); ++i) r.push_back({op.uses[i], true, i > 0});
+  if (op.prefetch >= 0) r.push_back({op.prefetch, false, op.kind != OpKind::EmbedForward});
+  return r;
 }
 
 const char* to_string(OpKind k) {

@@ -133,6 +133,19 @@ struct StepSchedule {
 // every host blob held (their gradients wait for the norm or are read back).
 StepSchedule make_step_schedule(const ScheduleConfig& c);
 
+// One request of an operation for a blob in a slot, in the order SlidingEngine::Impl makes them:
+// `use` (the operation's kernels read it) or a prefetch (an upload started ahead); `keep_first`:
+// it may not replace the slot of the operation's first request. The embedding's forward releases
+// its slot before its prefetch; a layer keeps its own while the next one goes up; the tied head
+// keeps its norm's while the table comes. The planner replays these over SlotTable to count a
+// pass's uploads (SlidingEngine::pass_uploads), which tests check against the engine's.
+struct SlotRequest {
+  int blob = -1;
+  bool use = true;
+  bool keep_first = false;
+};
+std::vector<SlotRequest> slot_requests(const ScheduleOp& op);
+
 const char* to_string(OpKind k);
 const char* to_string(Phase p);
 const char* to_string(StreamId s);
