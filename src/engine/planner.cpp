@@ -466,20 +466,25 @@ class Planner {
     base.state_dtype = r_.state_dtype;
     base.whole_layers = p_.whole_layers;
     base.kept_layers = p_.kept_layers;
+    p_.backward_uploads.clear();
+    p_.uploads_per_step = 0;
     if (engine == EngineKind::Resident) {
       EngineOptions o = base;
       o.training = r_.training;
       o.optimizer = r_.optimizer;
       p_.items = resident_memory(s_, o, be_);
     } else {
-      p_.items = sliding_memory(s_, lay_, sliding_options(p_, base, r_.clip || !r_.optimizer), be_);
+      const SlidingOptions so = sliding_options(p_, base, r_.clip || !r_.optimizer);
+      p_.items = sliding_memory(s_, lay_, so, be_);
+      count_uploads(so);
     }
     p_.disk_bytes = total_bytes(p_.items, Place::Disk);
     p_.disk_write_bytes = double(p_.disk_bytes);
     p_.disk_read_bytes = double(p_.disk_bytes);
-    for (int b : disk_weights)  // the working copy's second read (StateStream's "disk.work" regions)
-      p_.disk_read_bytes +=
-          double(NvmeStore::aligned(uint64_t(lay_.blobs[size_t(b)].numel) * dtype_size(be_.compute_dtype)));
+    for (int b : p_.backward_uploads)  // a working copy's second read (StateStream's "disk.work" regions)
+      if (std::find(disk_weights.begin(), disk_weights.end(), b) != disk_weights.end())
+        p_.disk_read_bytes +=
+            double(NvmeStore::aligned(uint64_t(lay_.blobs[size_t(b)].numel) * dtype_size(be_.compute_dtype)));
     p_.gpu_bytes = total_bytes(p_.items, Place::Device);
     p_.pinned_bytes = total_bytes(p_.items, Place::Pinned);
     p_.host_bytes = p_.pinned_bytes + total_bytes(p_.items, Place::Host) + (on_host_ ? p_.gpu_bytes : 0);
@@ -497,6 +502,26 @@ class Planner {
     p_.fits = p_.short_of.memory == Shortfall::Memory::None;
   }
 
+  // A training step's uploads as the engine with these options makes them (the slot policy over
+  // its schedule): every host blob in the forward, again in the backward those the slots no longer
+  // hold. Without training, every host blob in each pass as before (the loss alone: one pass).
+  void count_uploads(const SlidingOptions& so) {
+    p_.backward_uploads.clear();
+    p_.uploads_per_step = 0;
+    if (!r_.training) {
+      for (size_t b = 0; b < lay_.blobs.size(); ++b)
+        if (std::find(so.gpu_blobs.begin(), so.gpu_blobs.end(), int(b)) == so.gpu_blobs.end()) {
+          p_.backward_uploads.push_back(int(b));
+          p_.uploads_per_step += 2;
+        }
+      return;
+    }
+    for (const SlidingEngine::Upload& u : SlidingEngine::pass_uploads(s_, lay_, so)) {
+      if (u.phase == Phase::Backward) p_.backward_uploads.push_back(u.blob);
+      ++p_.uploads_per_step;
+    }
+  }
+
   // The sliding engine with `slots` slots, then as many blobs kept whole on the GPU as the budgets
   // allow (each moves ~18 bytes a parameter from the host to the GPU), or the requested number.
   void sliding(int slots) {
@@ -504,10 +529,11 @@ class Planner {
     hold_ = r_.hold_grads > 1 ? r_.hold_grads : 0;
     hold_early_ = std::clamp(r_.hold_early, 0.0, 1.0);
     const std::vector<int> order = gpu_blob_order(s_);
+    std::vector<int> keep;
     if (r_.gpu_blobs >= 0) {
-      fill(EngineKind::Sliding, slots, std::vector<int>(order.begin(), order.begin() + r_.gpu_blobs));
+      keep.assign(order.begin(), order.begin() + r_.gpu_blobs);
+      fill(EngineKind::Sliding, slots, keep);
     } else {
-      std::vector<int> keep;
       fill(EngineKind::Sliding, slots, keep);
       if (p_.short_of.memory == Shortfall::Memory::Gpu) return;  // the GPU is short already
       for (int b : order) {                                      // keep each blob that still fits the GPU budget
@@ -520,9 +546,50 @@ class Planner {
         }
       }
     }
+    slots = add_slots(slots, keep);
     to_disk(slots);
     add_copies(slots);
     add_hold(slots);
+  }
+
+  // More slots (PlanRequest::slots 0, training on a GPU): the GPU memory the placement leaves holds
+  // more of the forward's last layers for the backward, each slot saving about one layer's second
+  // upload a step (PCIe, and host-bus bytes the step's AdamW shares: session 17, OLMoE at 24 GiB,
+  // 8 slots against 3: 22 uploads a step against 27, 1.037x the tokens/s). They cost GPU memory
+  // only, after the blobs kept on the GPU (which save a blob's every transfer and its host AdamW):
+  // the fewest slots that make the fewest uploads among the counts that fit (the counts come from
+  // the slot policy itself, Plan::uploads_per_step; a count only falls as slots are added).
+  // Returns the slot count.
+  int add_slots(int slots, const std::vector<int>& keep) {
+    if (r_.slots > 0 || !r_.training || on_host_ || p_.engine != EngineKind::Sliding ||
+        p_.short_of.memory == Shortfall::Memory::Gpu)
+      return slots;
+    const Plan base = p_;
+    auto fits = [&](int n) {
+      fill(EngineKind::Sliding, n, keep);
+      return p_.short_of.memory != Shortfall::Memory::Gpu;
+    };
+    // Beyond one slot a host blob nothing more is held.
+    const int top = std::max(slots, int(lay_.blobs.size() - keep.size()));
+    int lo = slots, hi = top + 1;  // fits(lo); hi: does not, or past the top
+    while (lo + 1 < hi) {
+      const int mid = (lo + hi) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    fits(lo);
+    const int fewest = p_.uploads_per_step;
+    if (lo == slots || fewest >= base.uploads_per_step) {
+      p_ = base;
+      return slots;
+    }
+    int a = slots, b = lo;  // uploads(a) > fewest, uploads(b) == fewest
+    while (a + 1 < b) {
+      const int mid = (a + b) / 2;
+      fits(mid);
+      (p_.uploads_per_step > fewest ? a : b) = mid;
+    }
+    fits(b);
+    return b;
   }
 
   // Held gradients (PlanRequest::hold_grads 1): without clipping each host blob is updated as its
@@ -758,7 +825,8 @@ struct SlidingTraffic {
   double Pc = 0;        // of which with an upload copy (written by the fused or parameter pass: + act bytes)
   double act = 0;       // bytes of a compute-dtype element
   double ckpt = 0;      // bytes of one micro-batch's checkpoints (every layer's input)
-  double up = 0;        // bytes one pass's uploads read from host memory (upload_bytes_per_pass)
+  double up = 0;        // bytes the forward's uploads read from host memory (upload_bytes_per_pass)
+  double up_back = 0;   // bytes the backward's uploads read (Plan::backward_uploads)
   double up_fwd_s = 0;  // the forward's uploads at the PCIe rate
   double up_bwd_s = 0;  // the backward's uploads and checkpoint fetches
   bool emb_on_host = true;
@@ -783,7 +851,7 @@ Phases split_update_path(const ModelSpec& s, const ModelLayout& lay, const PlanR
                layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
   const double fwd_host = (P * pb.params + Pc * act + t.up + K * ckpt) / bus;
   const double fwd_pcie = std::max(up_fwd_s, K * ckpt / pcie);  // checkpoints go down
-  const double bwd_host = (P * pb.moments + t.up + P * act + K * ckpt) / bus;
+  const double bwd_host = (P * pb.moments + t.up_back + P * act + K * ckpt) / bus;
   // Two slots and a tied embedding on the host: the layers evict it, the head uploads it again.
   const double emb = double(lay.embedding().numel);
   const double head_upload_s = p.slots <= 2 && s.tie_embeddings && emb_on_host ? emb * 4 / pcie : 0.0;
@@ -804,7 +872,7 @@ Phases split_update_path(const ModelSpec& s, const ModelLayout& lay, const PlanR
 // gradient, master and working copy) is read and written around its update, so in the phase the
 // updates run in (the forward with clipping, the backward without), except that a held gradient
 // is written in the backward as it lands (and not written back) and a working copy is not read by
-// the update but for each upload (one in each phase); checkpoints are written in the forward and
+// the update but for each upload (the forward's, and the backward's unless a slot holds it); checkpoints are written in the forward and
 // read in the backward. Only the state ring's read-ahead and write-behind (`disk_ring` blobs) can
 // cross into the other phase, and only while the disk has nothing else to do there. So the disk's
 // total time is a bound (the prediction before), and so is each phase's share: with --grad-accum 8
@@ -846,12 +914,16 @@ Phases with_disk(const ModelSpec& s, const ModelLayout& lay, const PlanRequest& 
   const double region = p.disk_blobs.empty() ? 0.0 : double(StateStream::store_bytes(sc));
   double work = 0, grads = 0;
   for (int b : p.disk_weights) work += double(NvmeStore::aligned(uint64_t(lay.blobs[size_t(b)].numel) * size_t(act)));
+  double work_back = 0;  // of those, the backward's uploads (the slots hold the others from the forward)
+  for (int b : p.backward_uploads)
+    if (std::find(p.disk_weights.begin(), p.disk_weights.end(), b) != p.disk_weights.end())
+      work_back += double(NvmeStore::aligned(uint64_t(lay.blobs[size_t(b)].numel) * size_t(act)));
   for (int b : p.disk_grads) grads += double(NvmeStore::aligned(uint64_t(lay.blobs[size_t(b)].numel) * size_t(act)));
   const double ckpt = std::max(0.0, double(p.disk_bytes) - region);
   // Around the updates: the regions read (less the working copies) and written (less the held
   // gradients); a held gradient written in the backward; one working-copy read in each phase; the
   // checkpoints.
-  const double U = (region - work) / rd + (region - grads) / wr, W = work / rd, Gw = grads / wr;
+  const double U = (region - work) / rd + (region - grads) / wr, W = work / rd, Wb = work_back / rd, Gw = grads / wr;
   const double Cw = ckpt / wr, Cr = ckpt / rd;
   // What the ring may move into the other phase: the reads and writes of as much of the regions as
   // its buffers hold (StateStream's "disk.ring": a few pieces, not whole blobs).
@@ -904,8 +976,8 @@ Phases with_disk(const ModelSpec& s, const ModelLayout& lay, const PlanRequest& 
     // reads there, less what the ring moves into the backward's spare disk time (the first pieces
     // read ahead, the last ones written behind), then the forward's layers after the last update.
     // (Held gradients in the store come with clipping only: written in the backward.)
-    ph.bwd.at_least(Cr + Gw + W, Bound::Disk);
-    const double spare = std::max(0.0, ph.bwd.s - Cr - Gw - W);
+    ph.bwd.at_least(Cr + Gw + Wb, Bound::Disk);
+    const double spare = std::max(0.0, ph.bwd.s - Cr - Gw - Wb);
     const double ring_moved = std::min(M, spare), lent_moved = std::min(lendable / rd, spare - ring_moved);
     p.lent_read_bytes = lent_moved * rd;
     ph.fwd.at_least(U + Cw + W - ring_moved - lent_moved + tails.fwd, Bound::Disk);
@@ -913,7 +985,7 @@ Phases with_disk(const ModelSpec& s, const ModelLayout& lay, const PlanRequest& 
     // Updates in the backward as the gradients land: the regions there, less the read-ahead the
     // forward's spare disk time takes, then the embedding's update.
     ph.fwd.at_least(Cw + W, Bound::Disk);
-    ph.bwd.at_least(U + Cr + Gw + W - std::min(M, std::max(0.0, ph.fwd.s - Cw - W)) + tails.bwd, Bound::Disk);
+    ph.bwd.at_least(U + Cr + Gw + Wb - std::min(M, std::max(0.0, ph.fwd.s - Cw - W)) + tails.bwd, Bound::Disk);
   }
   return ph;
 }
@@ -924,14 +996,16 @@ uint64_t upload_bytes_per_pass(const ModelSpec& s, const Plan& p, DType act) {
   return upload_bytes_per_pass(make_layout(s), p, act);
 }
 
+uint64_t upload_bytes_of(const ModelLayout& lay, const Plan& p, int b, DType act) {
+  auto has = [b](const std::vector<int>& v) { return std::find(v.begin(), v.end(), b) != v.end(); };
+  if (has(p.gpu_blobs)) return 0;  // kept: no upload
+  const bool work = has(p.disk_masters) || has(p.upload_copies);
+  return uint64_t(lay.blobs[size_t(b)].numel) * (work ? dtype_size(act) : 4);
+}
+
 uint64_t upload_bytes_per_pass(const ModelLayout& lay, const Plan& p, DType act) {
   uint64_t n = 0;
-  for (size_t b = 0; b < lay.blobs.size(); ++b) {
-    if (std::find(p.gpu_blobs.begin(), p.gpu_blobs.end(), int(b)) != p.gpu_blobs.end()) continue;  // kept: no upload
-    const bool work = std::find(p.disk_masters.begin(), p.disk_masters.end(), int(b)) != p.disk_masters.end() ||
-                      std::find(p.upload_copies.begin(), p.upload_copies.end(), int(b)) != p.upload_copies.end();
-    n += uint64_t(lay.blobs[b].numel) * (work ? dtype_size(act) : 4);
-  }
+  for (size_t b = 0; b < lay.blobs.size(); ++b) n += upload_bytes_of(lay, p, int(b), act);
   return n;
 }
 
@@ -950,9 +1024,14 @@ void predict_sliding(const ModelSpec& s, const ModelLayout& lay, const PlanReque
   const double pcie = rates.pcie_gbs * 1e9;
   const double act = double(dtype_size(be.compute_dtype));
   const double ckpt = double(s.n_layer) * double(r.batch) * r.seq * double(s.hidden) * act;
-  // What one pass's uploads carry (fp32 masters, or working copies: of masters in the store, upload copies).
+  // What one pass's uploads carry (fp32 masters, or working copies: of masters in the store, upload
+  // copies): every host blob in the forward, in the backward those the slots no longer hold
+  // (Plan::backward_uploads).
   const double up_pass = double(upload_bytes_per_pass(lay, p, be.compute_dtype));
   p.upload_bytes = up_pass;
+  double up_back = 0;
+  for (int b : p.backward_uploads) up_back += double(upload_bytes_of(lay, p, b, be.compute_dtype));
+  p.upload_bytes_backward = up_back;
   // Parameters whose update also writes an upload copy (act bytes a parameter more).
   double Pc = 0;
   for (int b : p.upload_copies) Pc += double(lay.blobs[size_t(b)].numel);
@@ -963,7 +1042,7 @@ void predict_sliding(const ModelSpec& s, const ModelLayout& lay, const PlanReque
   // Layer-major micro-batches: weights cross PCIe once a step each pass (fp32 up, cast on the GPU,
   // or a working copy in the compute dtype; twice, forward and backward) and gradients once
   // (compute dtype down), whatever grad_accum is.
-  const double up = 2 * up_pass + r.grad_accum * ckpt, down = P * act + r.grad_accum * ckpt;
+  const double up = up_pass + up_back + r.grad_accum * ckpt, down = P * act + r.grad_accum * ckpt;
   p.pcie_s = std::max(up, down) / pcie;
   // With clipping the update waits for the backward and overlaps only the next forward (in
   // forward order). Without, each blob's update runs during the backward, but the embedding's
@@ -971,7 +1050,7 @@ void predict_sliding(const ModelSpec& s, const ModelLayout& lay, const PlanReque
   // Each phase is at least as long as its own uploads (a layer's fp32 weights can outlast its
   // compute: 8B's forward is PCIe-bound at 24 GiB); checkpoints go down in the forward and come
   // back up in the backward.
-  const double up_fwd_s = up_pass / pcie, up_bwd_s = up_fwd_s + r.grad_accum * ckpt / pcie;
+  const double up_fwd_s = up_pass / pcie, up_bwd_s = (up_back + r.grad_accum * ckpt) / pcie;
   const double gpu_fwd = p.gpu_s * (f.forward / f.total), gpu_bwd = p.gpu_s * (1.0 - f.forward / f.total);
   const double emb_update_s = emb_on_host ? update_s * double(lay.embedding().numel) / P : 0.0;
   Phases ph;  // the head is inside the forward and the backward here
@@ -1011,7 +1090,8 @@ void predict_sliding(const ModelSpec& s, const ModelLayout& lay, const PlanReque
   ph.bwd.at_least(up_bwd_s + emb_update_s, Bound::Pcie);
   ph.bwd.at_least(bwd_host + emb_update_s, Bound::Host);
   if (r.clip && r.split_update) {
-    ph = split_update_path(s, lay, r, rates, f, {P, Pc, act, ckpt, up_pass, up_fwd_s, up_bwd_s, emb_on_host}, p);
+    ph = split_update_path(s, lay, r, rates, f, {P, Pc, act, ckpt, up_pass, up_back, up_fwd_s, up_bwd_s, emb_on_host},
+                           p);
   } else if (r.clip) {
     ph.fwd.at_least(update_s, Bound::Host);
     ph.bwd = {};
@@ -1192,15 +1272,23 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
   if (p.engine == EngineKind::Sliding) {  // upload copies, and what a pass's uploads carry
     const size_t host_blobs = gpu_blob_order(s).size() - p.gpu_blobs.size();
     if (p.upload_copies.empty())
-      std::snprintf(line, sizeof line, "upload copies: none (%s %s); a pass uploads %s\n",
-                    names(Setting::UploadCopies), copies_choice_name(r.upload_copies),
-                    format_bytes(size_t(p.upload_bytes)).c_str());
+      std::snprintf(line, sizeof line, "upload copies: none (%s %s)\n", names(Setting::UploadCopies),
+                    copies_choice_name(r.upload_copies));
     else
-      std::snprintf(line, sizeof line,
-                    "upload copies: %zu of %zu host blobs, %s pinned (%s %s); a pass uploads %s\n",
+      std::snprintf(line, sizeof line, "upload copies: %zu of %zu host blobs, %s pinned (%s %s)\n",
                     p.upload_copies.size(), host_blobs, format_bytes(p.upload_copy_bytes).c_str(),
-                    names(Setting::UploadCopies), copies_choice_name(r.upload_copies),
-                    format_bytes(size_t(p.upload_bytes)).c_str());
+                    names(Setting::UploadCopies), copies_choice_name(r.upload_copies));
+    o << line;
+    if (r.training) {
+      std::snprintf(line, sizeof line,
+                    "uploads: %d a step; the forward's carry %s, the backward's %s (%zu blobs; the slots hold the "
+                    "forward's last %zu)\n",
+                    p.uploads_per_step, format_bytes(size_t(p.upload_bytes)).c_str(),
+                    format_bytes(size_t(p.upload_bytes_backward)).c_str(), p.backward_uploads.size(),
+                    host_blobs - std::min(host_blobs, p.backward_uploads.size()));
+    } else {
+      std::snprintf(line, sizeof line, "uploads: a pass carries %s\n", format_bytes(size_t(p.upload_bytes)).c_str());
+    }
     o << line;
   }
   o << (p.fits ? "fits" : "DOES NOT FIT: " + p.why(names)) << "\n";

@@ -195,6 +195,11 @@ struct Plan {
   double gpu_s = 0, host_s = 0, pcie_s = 0, step_s = 0;
   double disk_s = 0;  // the NVMe store's reads and writes of a step at the disk's rates
   double upload_bytes = 0;  // sliding: what one pass's uploads carry up PCIe (upload_bytes_per_pass)
+  // Sliding, training: a step's uploads as the slot policy makes them (SlidingEngine::pass_uploads):
+  // how many, and the blobs the backward uploads again (those the forward's last slots do not hold).
+  int uploads_per_step = 0;
+  std::vector<int> backward_uploads;
+  double upload_bytes_backward = 0;  // what those carry up PCIe (the prediction's)
   double tokens_per_s = 0;
   // Sliding: the step's three phases one after the other as the engine schedules them (the
   // forward with the updates that overlap it — with clipping every host update —, the head, the
@@ -241,6 +246,8 @@ double gpu_seconds_per_token(const ModelSpec& s, int T, const Rates& rates);
 // upload nothing.
 uint64_t upload_bytes_per_pass(const ModelSpec& s, const Plan& p, DType act);
 uint64_t upload_bytes_per_pass(const ModelLayout& lay, const Plan& p, DType act);
+// What one upload of blob b carries in that plan (0: kept on the GPU).
+uint64_t upload_bytes_of(const ModelLayout& lay, const Plan& p, int b, DType act);
 
 // The plan for a CUDA (or CPU) backend. Throws InputError for impossible requests (slots < 2).
 Plan make_plan(const ModelSpec& s, const PlanRequest& r, const BackendInfo& be, const Rates& rates = {});

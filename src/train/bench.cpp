@@ -186,6 +186,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
           // (pinned working copies beside the fp32 masters that the uploads read instead)
           {"uploaded_bytes_per_step", double(st1.uploaded_bytes - st0.uploaded_bytes) * per},
           {"predicted_upload_bytes_per_pass", built.plan.upload_bytes},
+          {"predicted_uploads_per_step", built.plan.uploads_per_step},
           {"upload_copies", built.plan.upload_copies.size()},
           {"upload_copy_bytes", built.plan.upload_copy_bytes},
           // the NVMe tier: bytes a step each way, seconds a step with a transfer in flight (the

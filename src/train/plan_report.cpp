@@ -308,6 +308,8 @@ nlohmann::json run_plan(const PlanCliOptions& o) {
                         {"disk_write_bytes_per_step", p.disk_write_bytes},
                         {"disk_read_ahead_lent_bytes", p.lent_read_bytes},
                         {"upload_bytes_per_pass", p.upload_bytes},
+                        {"uploads_per_step", p.uploads_per_step},
+                        {"upload_bytes_backward", p.upload_bytes_backward},
                         {"upload_copies", p.upload_copies},  // host blobs whose uploads read a working copy
                         {"upload_copy_bytes", p.upload_copy_bytes},
                         {"upload_copies_choice", copies_choice_name(r.upload_copies)},
