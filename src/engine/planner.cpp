@@ -629,6 +629,7 @@ class Planner {
         trial.hold_grads = held;
         trial.hold_early = x;
         predict(s_, lay_, r_, be_, rates_, trial);
+        if (getenv("SF_DBG")) fprintf(stderr, "held %.2fG x %.1f step %.4f fwd %.4f (%d) bwd %.4f (%d) host %.4f\n", held/1e9, x, trial.step_s, trial.forward.s, int(trial.forward.by), trial.backward.s, int(trial.backward.by), trial.host_s);
         cands.push_back({trial.step_s, held, x});
       }
     };
@@ -643,10 +644,15 @@ class Planner {
         consider(held);
       }
     }
-    // Fastest first; ties to fewer held parameters, then the smaller share (less pinned memory, fewer
-    // operations). Each fills the budgets with its held gradients' pinned memory, or the next is tried.
+    // Fastest first (to the microsecond). Ties to the larger share, then fewer held parameters: where
+    // both phases are bound by the host, moving update work between them keeps their sum, and the
+    // prediction cannot tell the shares apart; measured, more of it as the gradients land was
+    // faster (session 18, OLMoE-1B-7B at 24 GiB, one lease: 40 % 13,284 and 13,240 tokens/s, 30 %
+    // 12,606, 12,382 and 13,178; session 17: 50-55 % 14,325-14,611 against 40 % 13,948). Each
+    // fills the budgets with its held gradients' pinned memory, or the next is tried.
     std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
-      return a.step_s != b.step_s ? a.step_s < b.step_s : a.hold != b.hold ? a.hold < b.hold : a.early < b.early;
+      const int64_t ta = std::llround(a.step_s * 1e6), tb = std::llround(b.step_s * 1e6);  // to the microsecond
+      return ta != tb ? ta < tb : a.early != b.early ? a.early > b.early : a.hold < b.hold;
     });
     for (const Candidate& c : cands) {
       if (!count_given && !(c.step_s < none.step_s * (1 - kMinGain))) break;
