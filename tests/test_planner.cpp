@@ -160,7 +160,7 @@ TEST(Planner, ChoosesTheEngineByTheBudgets) {
   r.gpu_budget = size_t(12) << 30;
   p = make_plan(spec, r, be);
   EXPECT_EQ(p.engine, EngineKind::Sliding);
-  EXPECT_GE(p.slots, 3);  // more where the GPU memory left holds them (Planner.SpareGpuMemoryHoldsMoreSlots)
+  EXPECT_GE(p.slots, 2);  // 2 or 3, and more where the memory left holds them (Planner.SpareGpuMemoryHoldsMoreSlots)
   EXPECT_TRUE(p.fits) << p.why();
   EXPECT_LE(p.gpu_bytes, r.gpu_budget);
   // Less than one more layer's state is left (a 1B layer kept on the GPU: ~61M x 18 B = 1.1 GB).
@@ -1013,10 +1013,12 @@ TEST(Planner, SpareGpuMemoryHoldsMoreSlots) {
     const char* preset;
     size_t gpu;  // 0: the whole GPU, every blob on the host
     bool clip;
+    bool more;  // slots beyond 3 expected (else the placement from 2 slots kept one more blob instead)
   };
-  for (const Want& w : {Want{"llama-1b", size_t(12) << 30, true}, Want{"llama-3b", 0, false},
-                        Want{"llama-3b", 0, true}, Want{"olmoe-1b-7b", size_t(24) << 30, false},
-                        Want{"llama-8b", size_t(24) << 30, false}}) {
+  for (const Want& w :
+       {Want{"llama-1b", size_t(12) << 30, true, false}, Want{"llama-3b", 0, false, true},
+        Want{"llama-3b", 0, true, true}, Want{"olmoe-1b-7b", size_t(24) << 30, false, false},
+        Want{"llama-8b", size_t(24) << 30, false, true}}) {
     SCOPED_TRACE(std::string(w.preset) + (w.gpu ? " at " + std::to_string(w.gpu >> 30) + " GiB" : " all on the host") +
                  (w.clip ? ", clip" : ""));
     const ModelSpec spec = parse_model_spec(preset_config(w.preset), w.preset);
@@ -1034,7 +1036,10 @@ TEST(Planner, SpareGpuMemoryHoldsMoreSlots) {
     const Plan p = make_plan(spec, r, be, rates);
     ASSERT_TRUE(p.fits) << p.why();
     ASSERT_EQ(p.engine, EngineKind::Sliding);
-    EXPECT_GT(p.slots, 3);
+    EXPECT_GE(p.slots, 2);
+    if (w.more) {
+      EXPECT_GT(p.slots, 3);
+    }
     EXPECT_LE(p.gpu_bytes, p.gpu_budget);
     const int host_blobs = int(gpu_blob_order(spec).size() - p.gpu_blobs.size());
     EXPECT_LE(p.slots, host_blobs);
@@ -1048,7 +1053,7 @@ TEST(Planner, SpareGpuMemoryHoldsMoreSlots) {
     // The same request with the count given: one fewer uploads more; one more saves nothing or
     // does not fit; three (the old default) uploads more and predicts no shorter a step.
     for (int n : {p.slots - 1, p.slots + 1, 3}) {
-      if (n > int(gpu_blob_order(spec).size())) continue;  // refused: more slots than blobs
+      if (n < 2 || n > int(gpu_blob_order(spec).size())) continue;  // refused: fewer than 2, more than blobs
       PlanRequest q = r;
       q.slots = n;
       q.gpu_blobs = int(p.gpu_blobs.size());
@@ -1058,7 +1063,7 @@ TEST(Planner, SpareGpuMemoryHoldsMoreSlots) {
       const Plan g = make_plan(spec, q, be, rates);
       SCOPED_TRACE(std::to_string(n) + " slots given");
       EXPECT_EQ(g.slots, n);
-      if (n < p.slots) {
+      if (n < p.slots && g.gpu_blobs == p.gpu_blobs) {
         ASSERT_TRUE(g.fits) << g.why();
         EXPECT_GT(g.uploads_per_step, p.uploads_per_step);
         EXPECT_GE(g.step_s, p.step_s);

@@ -74,6 +74,7 @@ TEST(PlannerAttention, LongerSequencesAddAttentionAtItsOwnRates) {
   q.seq = 32768;
   q.gpu_budget = size_t(24) << 30;
   q.host_budget = size_t(500) << 30;
+  q.whole_layers = q.kept_layers = 0;  // every layer recomputed: the per-token time as it is
   const Plan p = make_plan(s, q, gpu_like(), r);
   ASSERT_TRUE(p.fits) << p.why();
   EXPECT_EQ(p.engine, EngineKind::Sliding);

@@ -319,15 +319,14 @@ class Planner {
       fill(EngineKind::Resident, 0);
       keep_activations();
     } else if (r_.offload == OffloadChoice::On || r_.slots > 0) {
-      slide(r_.slots > 0 ? r_.slots : 3);
-      if (!p_.fits && r_.slots == 0) slide(2);
+      if (r_.slots > 0)
+        slide(r_.slots);
+      else
+        slide_auto();
     } else {
       fill(EngineKind::Resident, 0);
       keep_activations();
-      if (!p_.fits) {
-        slide(3);
-        if (!p_.fits) slide(2);
-      }
+      if (!p_.fits) slide_auto();
     }
     p_.micro_batch = r_.batch;
     p_.micro_batches = r_.grad_accum;
@@ -426,6 +425,26 @@ class Planner {
     whole_ = p_.whole_layers;
     kept_ = p_.kept_layers;
   }
+  // The sliding engine with the slot count the planner picks: placed from 3 slots, and from 2 (the
+  // fewest that overlap an upload with the compute: a layer's slot and the next one's), whose
+  // memory may hold one more blob kept on the GPU; 2 where its prediction is kMinGain shorter
+  // (or 3 does not fit). Either gets more slots from what its placement leaves (add_slots). The
+  // third slot lets an upload start before the layer two back is done (3B all-host with clipping,
+  // session 14: 2 slots 0.98x 3).
+  void slide_auto() {
+    slide(3);
+    if (!r_.training || on_host_) {
+      if (!p_.fits) slide(2);
+      return;
+    }
+    const Plan three = p_;
+    slide(2);
+    if (three.fits && p_.fits && three.step_s > 0 && !(p_.step_s < three.step_s * (1 - kMinGain))) p_ = three;
+    if (three.fits && !p_.fits) p_ = three;
+    whole_ = p_.whole_layers;
+    kept_ = p_.kept_layers;
+  }
+
   // Headroom in the arena: 256-byte rounding of each buffer, the CUDA libraries' own needs.
   size_t gpu_margin() const { return std::max(size_t(256) << 20, p_.gpu_budget / 100); }
 
