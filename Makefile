@@ -32,9 +32,12 @@ demo: deps
 # ctest: JOBS `cpu` slots (one a core) for the CPU-bound tests, TEST_JOBS tests at a time in all: the
 # sliding-vs-resident cases take no slot (they sleep through the cpu device's injected delays:
 # CMakeLists.txt), so they run beside the others instead of holding a core each.
+# OPENBLAS_NUM_THREADS=1: OpenBLAS starts its thread pool when it is loaded, before main, and the
+# cpu backend sets it to one thread before its first product anyway (backend/cpu/matmul.cpp), so the
+# pool was only a start-up cost of each test process (ASan+UBSan sf_tests: 0.45 -> 0.31 s of CPU).
 TEST_JOBS ?= $(shell echo $$(( $(JOBS) * 4 )))
 CTEST = printf '{"version":{"major":1,"minor":0},"local":[{"cpu":[{"id":"0","slots":%s}]}]}\n' $(JOBS) \
-          >cpu_slots.json && $(1) ctest --output-on-failure -j $(or $(2),$(TEST_JOBS)) --resource-spec-file cpu_slots.json
+          >cpu_slots.json && OPENBLAS_NUM_THREADS=1 $(1) ctest --output-on-failure -j $(or $(2),$(TEST_JOBS)) --resource-spec-file cpu_slots.json
 # The TSan run is mostly sleepers (~0.15 core each there), its CPU-bound tests done in ~70 s: twice
 # as many at once keeps the cores busy to its end (CMakeLists.txt also starts its longest first).
 TSAN_TEST_JOBS ?= $(shell echo $$(( $(JOBS) * 8 )))

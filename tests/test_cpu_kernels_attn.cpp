@@ -10,28 +10,20 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/device.h"
+#include "cpu_front.h"
 #include "test_util.h"
 
 namespace sf {
 namespace {
 
+using test::CpuFront;
 using test::expect_check_failure;
 using test::HostTensor;
 using test::kBf16Eps;
+using test::kNaN;
 using test::max_rel_err;
 using test::rel_err;
 using test::to_double;
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Argument checks live in the front of the kernel table (backend/ops_check.h), which every Device
-// hands out: the calls that must be refused go through the cpu device's table. The front throws on
-// the caller's thread, before anything is queued.
-struct CpuFront {
-  std::unique_ptr<Device> dev = make_cpu_device();
-  std::unique_ptr<Stream> s = dev->create_stream();
-  Ops& ops() { return dev->ops(); }
-};
 
 // ---------------------------------------------------------------- attention
 

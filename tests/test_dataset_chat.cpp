@@ -21,9 +21,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::time_t kNow = 1725494400;  // 2024-09-05
+constexpr std::time_t kDatasetNow = 1725494400;  // 2024-09-05
 
-Tokenizer chat_tokenizer() { return Tokenizer::parse(test::chat_tokenizer_json().dump(), "chat_tokenizer.json"); }
+Tokenizer dataset_chat_tokenizer() {
+  return Tokenizer::parse(test::chat_tokenizer_json().dump(), "chat_tokenizer.json");
+}
 
 ChatTemplate qwen25() {
   const std::string p = std::string(SF_SOURCE_DIR) + "/tests/data/chat_templates/qwen2.5.jinja";
@@ -34,7 +36,7 @@ ChatTemplate qwen25() {
 }
 
 struct Fixture {
-  Tokenizer tok = chat_tokenizer();
+  Tokenizer tok = dataset_chat_tokenizer();
   ChatTemplate chat = qwen25();
   int tokenizer_loads = 0;
   LoadOptions opts(bool cache = true) {
@@ -45,7 +47,7 @@ struct Fixture {
     };
     o.chat_template = [this]() -> const ChatTemplate* { return &chat; };
     o.cache = cache;
-    o.now = kNow;
+    o.now = kDatasetNow;
     return o;
   }
 };
@@ -174,7 +176,7 @@ TEST(DatasetChat, ParallelEqualsSerial) {
       EXPECT_EQ(a.records[k].ids, ids) << k;
       for (size_t t = 0; t < np; ++t) EXPECT_EQ(a.records[k].labels[t], kIgnoreIndex);
     } else if (j.contains("messages")) {
-      const ChatRendering r = render_chat(f.chat, j["messages"], kNow, "x");
+      const ChatRendering r = render_chat(f.chat, j["messages"], kDatasetNow, "x");
       EXPECT_EQ(a.records[k].ids, f.tok.encode(r.text, false)) << k;
     }
   }
@@ -214,7 +216,7 @@ TEST(DatasetChat, StreamKeepsFileOrderAndStopsAtTheFirstError) {
     expect_same(got, want);
     ASSERT_EQ(texts.size(), size_t(n / 4));
     const json messages = json::parse(mixed_data(3).substr(mixed_data(2).size()))["messages"];
-    EXPECT_EQ(texts[0], render_chat(f.chat, messages, kNow, "x").text);
+    EXPECT_EQ(texts[0], render_chat(f.chat, messages, kDatasetNow, "x").text);
   }
   std::string lines = mixed_data(2100);
   lines += "{\"text\": 5}\n{\"input_ids\": [1, 2, 3]}\nnot json\n";

@@ -85,7 +85,7 @@ class CountingDevice final : public Device {
   std::map<void*, size_t> live_;
 };
 
-ModelSpec spec_of(const std::string& family) { return parse_model_spec(test::tiny_config(family), "tiny"); }
+ModelSpec tiny_spec(const std::string& family) { return parse_model_spec(test::tiny_config(family), "tiny"); }
 
 // The cpu backend's sizes for the engines' lists (bf16: the engine's --compute-dtype bf16).
 BackendSizes cpu_sizes(const ModelSpec& s, int B, int T, bool bf16) {
@@ -121,7 +121,7 @@ TEST(EngineBuffers, ResidentAllocatesItsList) {
           for (auto [whole_of, kept_of] :
                {std::pair{0, 0}, std::pair{0, 1}, std::pair{0, 2}, std::pair{1, 0}, std::pair{2, 0}, std::pair{1, 1}}) {
             // selective recompute: layers kept whole, layers keeping attention (none, one, all)
-            const ModelSpec spec = spec_of(family);
+            const ModelSpec spec = tiny_spec(family);
             const int kept = kept_of == 2 ? spec.n_layer : kept_of, whole = whole_of == 2 ? spec.n_layer : whole_of;
             EngineOptions o;
             o.whole_layers = whole;
@@ -176,7 +176,7 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
   auto cpu = make_cpu_device();
   for (const bool bf16 : {false, true})
     for (const std::string family : {"llama", "qwen3"}) {
-      const ModelSpec spec = spec_of(family);
+      const ModelSpec spec = tiny_spec(family);
       const std::vector<int> order = gpu_blob_order(spec);
       for (auto [B, T] : {std::pair{1, 1}, std::pair{2, 11}})
         for (int slots : {2, 3})
@@ -241,7 +241,7 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
 // allocates, with the bounce path (the ring counted) and with cuFile (the test stand-in).
 TEST(EngineBuffers, PlannedCheckpointIoIsWhatTheEngineAllocates) {
   auto cpu = make_cpu_device();
-  const ModelSpec spec = spec_of("llama");
+  const ModelSpec spec = tiny_spec("llama");
   size_t pinned_bounce = 0, pinned_cufile = 0;
   for (const std::string& cufile : {std::string(), std::string(SF_FAKE_CUFILE)}) {
     SCOPED_TRACE(cufile.empty() ? "pinned bounce" : "cuFile");
@@ -277,7 +277,7 @@ TEST(EngineBuffers, PlannedCheckpointIoIsWhatTheEngineAllocates) {
 // the ring of working copies read for the uploads at level 5 (pieces of the same size).
 TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
   auto cpu = make_cpu_device();
-  const ModelSpec spec = spec_of("llama");
+  const ModelSpec spec = tiny_spec("llama");
   const int64_t layer = make_layout(spec).blobs[1].numel;
   for (int level : {2, 4, 5})
     for (int64_t piece : {int64_t(0), StateStream::kPieceAlign}) {

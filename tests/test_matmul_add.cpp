@@ -13,10 +13,10 @@ namespace sf {
 namespace {
 
 // The values of v stored as dtype dt in a fresh host buffer (bf16: rounded), as a tensor.
-struct HostTensor {
+struct StoredValues {
   std::vector<uint8_t> bytes;
   Tensor t;
-  HostTensor(const std::vector<float>& v, DType dt, std::initializer_list<int64_t> shape)
+  StoredValues(const std::vector<float>& v, DType dt, std::initializer_list<int64_t> shape)
       : bytes(v.size() * dtype_size(dt)), t(nullptr, dt, shape) {
     t.data = bytes.data();
     for (size_t i = 0; i < v.size(); ++i) {
@@ -47,11 +47,11 @@ TEST(MatmulAdd, EqualsMatmulThenAddOnTheCpuDevice) {
                                             << " ta=" << ta << " tb=" << tb << " in_place=" << in_place);
             const auto av = test::randn(size_t(sh.M * sh.K), ++seed), bv = test::randn(size_t(sh.K * sh.N), ++seed);
             const auto cv = test::randn(size_t(sh.M * sh.N), ++seed, 2.f);
-            HostTensor a(av, dt, {ta ? sh.K : sh.M, ta ? sh.M : sh.K});
-            HostTensor b(bv, dt, {tb ? sh.N : sh.K, tb ? sh.K : sh.N});
-            HostTensor c(cv, dt, {sh.M, sh.N}), c_before(cv, dt, {sh.M, sh.N});
-            HostTensor fused(std::vector<float>(cv.size(), NAN), dt, {sh.M, sh.N});
-            HostTensor two(std::vector<float>(cv.size(), NAN), dt, {sh.M, sh.N});
+            StoredValues a(av, dt, {ta ? sh.K : sh.M, ta ? sh.M : sh.K});
+            StoredValues b(bv, dt, {tb ? sh.N : sh.K, tb ? sh.K : sh.N});
+            StoredValues c(cv, dt, {sh.M, sh.N}), c_before(cv, dt, {sh.M, sh.N});
+            StoredValues fused(std::vector<float>(cv.size(), NAN), dt, {sh.M, sh.N});
+            StoredValues two(std::vector<float>(cv.size(), NAN), dt, {sh.M, sh.N});
             // the two ops
             ops.matmul(two.t, a.t, b.t, ta != 0, tb != 0, 1.f, 0.f, *s);
             ops.add(two.t, two.t, c.t, *s);

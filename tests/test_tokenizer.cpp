@@ -104,7 +104,7 @@ std::string load_error(const std::string& text) {
 
 nlohmann::json base_tokenizer() { return read_json_file(data_dir() + "llama3.json"); }
 
-void expect_refused(const nlohmann::json& j, const std::string& needle) {
+void expect_tokenizer_refused(const nlohmann::json& j, const std::string& needle) {
   const std::string e = load_error(j.dump());
   EXPECT_NE(e, "") << "accepted; expected: " << needle;
   EXPECT_NE(e.find(needle), std::string::npos) << "expected: " << needle << "\ngot: " << e;
@@ -113,45 +113,45 @@ void expect_refused(const nlohmann::json& j, const std::string& needle) {
 TEST(Tokenizer, RefusesWhatItDoesNotSupport) {
   nlohmann::json j = base_tokenizer();
   j["model"]["type"] = "Unigram";
-  expect_refused(j, "Unigram");
+  expect_tokenizer_refused(j, "Unigram");
   j = base_tokenizer();
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+";
-  expect_refused(j, "pattern");
+  expect_tokenizer_refused(j, "pattern");
   j = base_tokenizer();
   j["normalizer"] = {{"type", "BertNormalizer"}};
-  expect_refused(j, "normalizer BertNormalizer");
+  expect_tokenizer_refused(j, "normalizer BertNormalizer");
   j = base_tokenizer();
   j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "\\s+"}}}, {"content", " "}};
-  expect_refused(j, "normalizer.pattern");
+  expect_tokenizer_refused(j, "normalizer.pattern");
   j = base_tokenizer();
   j["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};
-  expect_refused(j, "pre_tokenizer BertPreTokenizer");
+  expect_tokenizer_refused(j, "pre_tokenizer BertPreTokenizer");
   j = base_tokenizer();
   j["post_processor"] = {{"type", "RobertaProcessing"}};
-  expect_refused(j, "post_processor RobertaProcessing");
+  expect_tokenizer_refused(j, "post_processor RobertaProcessing");
   j = base_tokenizer();
   j["truncation"] = {{"max_length", 8}};
-  expect_refused(j, "truncation");
+  expect_tokenizer_refused(j, "truncation");
   j = base_tokenizer();
   j["added_tokens"][0]["lstrip"] = true;
-  expect_refused(j, "added_tokens[0].lstrip");
+  expect_tokenizer_refused(j, "added_tokens[0].lstrip");
   j = base_tokenizer();
   j["model"].erase("vocab");
-  expect_refused(j, "model: missing \"vocab\"");
+  expect_tokenizer_refused(j, "model: missing \"vocab\"");
 }
 
 TEST(Tokenizer, RefusesMalformedFilesWithThePath) {
   nlohmann::json j = base_tokenizer();
   const std::string tok0 = j["model"]["vocab"].begin().key();
   j["model"]["vocab"][tok0] = -5;
-  expect_refused(j, "model.vocab");
+  expect_tokenizer_refused(j, "model.vocab");
   j["model"]["vocab"][tok0] = 2147483647;
-  expect_refused(j, "is not below");
+  expect_tokenizer_refused(j, "is not below");
   j["model"]["vocab"][tok0] = 1.5;
-  expect_refused(j, "expected an integer");
+  expect_tokenizer_refused(j, "expected an integer");
   j = base_tokenizer();
   j["model"]["vocab"][tok0] = j["model"]["vocab"][std::next(j["model"]["vocab"].begin()).key()];
-  expect_refused(j, "used twice");
+  expect_tokenizer_refused(j, "used twice");
   j = base_tokenizer();
   for (auto& m : j["model"]["merges"]) {  // the pair form (Qwen's files)
     const std::string ab = m;
@@ -159,59 +159,59 @@ TEST(Tokenizer, RefusesMalformedFilesWithThePath) {
   }
   EXPECT_EQ(load_error(j.dump()), "");
   j["model"]["merges"][3] = nlohmann::json::array({"\xC4\xA0", 1});
-  expect_refused(j, "model.merges[3][1]: expected a string");
+  expect_tokenizer_refused(j, "model.merges[3][1]: expected a string");
   j = base_tokenizer();
   j["model"]["merges"][2] = "\xC4\xA0 zzzqqq";
-  expect_refused(j, "model.merges[2]: 'zzzqqq' is not in the vocabulary");
+  expect_tokenizer_refused(j, "model.merges[2]: 'zzzqqq' is not in the vocabulary");
   j = base_tokenizer();
   {  // a merge whose result is missing
     const std::string m = j["model"]["merges"][0];
     const std::string merged = m.substr(0, m.find(' ')) + m.substr(m.find(' ') + 1);
     j["model"]["vocab"].erase(merged);
-    expect_refused(j, "model.merges");
+    expect_tokenizer_refused(j, "model.merges");
   }
   j = base_tokenizer();
   j["model"]["type"] = 3;
-  expect_refused(j, "model.type: expected a string");
+  expect_tokenizer_refused(j, "model.type: expected a string");
   j = base_tokenizer();
   j["added_tokens"] = {{"a", 1}};
-  expect_refused(j, "added_tokens: expected an array");
+  expect_tokenizer_refused(j, "added_tokens: expected an array");
   j = base_tokenizer();
   j["added_tokens"][0]["id"] = "256";
-  expect_refused(j, "added_tokens[0].id: expected an integer");
+  expect_tokenizer_refused(j, "added_tokens[0].id: expected an integer");
   j = base_tokenizer();
   j["added_tokens"][0]["id"] = -1;
-  expect_refused(j, "added_tokens[0].id");
+  expect_tokenizer_refused(j, "added_tokens[0].id");
   j = base_tokenizer();
   j["added_tokens"][1]["id"] = 100000000;
-  expect_refused(j, "added_tokens[1].id");
+  expect_tokenizer_refused(j, "added_tokens[1].id");
   j = base_tokenizer();
   j["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]["ids"][0] = "x";
-  expect_refused(j, "post_processor.processors[1].special_tokens[\"<|begin_of_text|>\"].ids[0]");
+  expect_tokenizer_refused(j, "post_processor.processors[1].special_tokens[\"<|begin_of_text|>\"].ids[0]");
   j = base_tokenizer();
   j["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]["ids"][0] = 99999;
-  expect_refused(j, "out of range");
+  expect_tokenizer_refused(j, "out of range");
   j = base_tokenizer();
   j["pre_tokenizer"] = {{"type", "Sequence"}};
-  expect_refused(j, "pre_tokenizer: missing \"pretokenizers\"");
+  expect_tokenizer_refused(j, "pre_tokenizer: missing \"pretokenizers\"");
   j = base_tokenizer();
   j["normalizer"] = {{"type", "Sequence"}};
-  expect_refused(j, "normalizer: missing \"normalizers\"");
+  expect_tokenizer_refused(j, "normalizer: missing \"normalizers\"");
   j = base_tokenizer();
   j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", 5}}}}};
-  expect_refused(j, "normalizer.normalizers[0].type: expected a string");
+  expect_tokenizer_refused(j, "normalizer.normalizers[0].type: expected a string");
   j = base_tokenizer();
   j["added_tokens"][0].erase("normalized");
-  expect_refused(j, "added_tokens[0]: missing \"normalized\"");
+  expect_tokenizer_refused(j, "added_tokens[0]: missing \"normalized\"");
   j = base_tokenizer();
   j["model"].erase("merges");
-  expect_refused(j, "model: missing \"merges\"");
+  expect_tokenizer_refused(j, "model: missing \"merges\"");
   j = base_tokenizer();
   j["model"]["merges"][1] = nlohmann::json::array({"a", "b"});
-  expect_refused(j, "model.merges[1]: merges must be all");
+  expect_tokenizer_refused(j, "model.merges[1]: merges must be all");
   j = base_tokenizer();
   j["model"]["unk_token"] = "<nope>";
-  expect_refused(j, "model.unk_token");
+  expect_tokenizer_refused(j, "model.unk_token");
   // Not JSON, or JSON of the wrong shape.
   EXPECT_NE(load_error("{\"model\": "), "");
   EXPECT_NE(load_error("[1, 2]"), "");

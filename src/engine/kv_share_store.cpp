@@ -26,7 +26,7 @@ std::vector<int64_t> source_widths(const ModelSpec& s) {
 int parts(const EngineOptions& o) { return o.training ? 4 : 2; }  // k, v (, dk, dv)
 
 // Bytes of one micro-batch's set, and each source's offset in it.
-size_t layout_of(const ModelSpec& s, const EngineOptions& o, DType act, std::vector<size_t>* offsets) {
+size_t kv_layout_of(const ModelSpec& s, const EngineOptions& o, DType act, std::vector<size_t>* offsets) {
   const std::vector<int64_t> kv = source_widths(s);
   const size_t n = size_t(int64_t(o.max_batch) * o.max_seq);
   size_t at = 0;
@@ -42,7 +42,7 @@ size_t layout_of(const ModelSpec& s, const EngineOptions& o, DType act, std::vec
 }  // namespace
 
 MemoryItems KvShareStore::buffers(const ModelSpec& s, const EngineOptions& o, DType act, int micro) {
-  const size_t set = layout_of(s, o, act, nullptr);
+  const size_t set = kv_layout_of(s, o, act, nullptr);
   if (set == 0) return {};
   return {{std::string("shared K/V of the source layers") + (o.training ? " and their gradients" : ""),
            size_t(std::max(micro, 1)) * set, Place::Device, "kvshare"}};
@@ -51,7 +51,7 @@ MemoryItems KvShareStore::buffers(const ModelSpec& s, const EngineOptions& o, DT
 KvShareStore::KvShareStore(BufferSource& src, const ModelSpec& s, const EngineOptions& o, DType act, int micro)
     : s_(&s), act_(act), micro_(std::max(micro, 1)), grads_(o.training) {
   kv_ = source_widths(s);
-  stride_ = layout_of(s, o, act, &offset_);
+  stride_ = kv_layout_of(s, o, act, &offset_);
   max_n_ = int64_t(o.max_batch) * o.max_seq;
   if (stride_ > 0) buf_ = src.buffer("kvshare");
 }

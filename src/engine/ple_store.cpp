@@ -13,7 +13,7 @@ namespace {
 bool has_ple(const ModelSpec& s) { return s.arch == Arch::Gemma4 && s.gemma4.ple_dim > 0; }
 
 // Bytes of one micro-batch's set and its parts' offsets (pli, dpli, tok, ctx, rstd, order, inverse).
-size_t layout_of(const ModelSpec& s, const EngineOptions& o, DType act, std::vector<size_t>* off) {
+size_t ple_layout_of(const ModelSpec& s, const EngineOptions& o, DType act, std::vector<size_t>* off) {
   if (!has_ple(s)) return 0;
   const size_t n = size_t(int64_t(o.max_batch) * o.max_seq), rows = n * size_t(s.n_layer);
   const size_t a = dtype_size(act), P = size_t(s.gemma4.ple_dim);
@@ -38,14 +38,14 @@ size_t shared_bytes(const ModelSpec& s, DType act) {
 }  // namespace
 
 MemoryItems PleStore::buffers(const ModelSpec& s, const EngineOptions& o, DType act, int micro) {
-  const size_t set = layout_of(s, o, act, nullptr);
+  const size_t set = ple_layout_of(s, o, act, nullptr);
   if (set == 0) return {};
   return {{"per-layer inputs (Gemma 4)", size_t(std::max(micro, 1)) * set + shared_bytes(s, act), Place::Device, "ple"}};
 }
 
 PleStore::PleStore(BufferSource& src, const ModelSpec& s, const EngineOptions& o, DType act, int micro)
     : s_(&s), act_(act), micro_(std::max(micro, 1)) {
-  stride_ = layout_of(s, o, act, &off_);
+  stride_ = ple_layout_of(s, o, act, &off_);
   max_n_ = int64_t(o.max_batch) * o.max_seq;
   n_.assign(size_t(micro_), 0);
   host_.resize(size_t(micro_));

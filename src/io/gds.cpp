@@ -10,8 +10,9 @@
 
 namespace sf {
 
-namespace {
-
+// In a named namespace, not the anonymous one: CuFile::Api, a class with linkage, holds them (a
+// unity build would warn that its members have internal linkage).
+namespace cufile_abi {
 // The cuFile ABI, from the public API documentation: every call returns CUfileError_t, a pair of
 // enums {CUfileOpError, CUresult} (0 = CU_FILE_SUCCESS); a file is described by CUfileDescr_t
 // {type, union {int fd; void* handle}, const CUfileFSOps_t* fs_ops}; CUfileHandle_t is a pointer.
@@ -27,6 +28,12 @@ struct CuFileDescr {
   } handle;
   const void* fs_ops;
 };
+}  // namespace cufile_abi
+using cufile_abi::CuFileDescr;
+using cufile_abi::CuFileStatus;
+
+namespace {
+
 constexpr int kOpaqueFd = 1;  // CU_FILE_HANDLE_TYPE_OPAQUE_FD
 
 std::string status_text(const char* call, CuFileStatus s) {

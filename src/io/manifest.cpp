@@ -27,7 +27,7 @@ namespace {
 
 constexpr const char* kFormat = "slideformer-manifest-1";
 // A safetensors header is at most 100 MB (safetensors.cpp refuses larger ones).
-constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+constexpr uint64_t kMaxManifestHeaderBytes = 100ull << 20;
 
 std::string hex8(uint32_t c) {
   char buf[9];
@@ -69,7 +69,7 @@ FileSum sum_file(const std::string& path, bool header_only) {
     if (header_only && done == 0) {  // the header's length is in its first 8 bytes
       uint64_t len = 0;
       for (int i = 7; i >= 0 && n >= 8; --i) len = (len << 8) | uint8_t(buf[size_t(i)]);
-      limit = n >= 8 && len <= kMaxHeaderBytes ? std::min<uint64_t>(s.size, 8 + len) : uint64_t(n);
+      limit = n >= 8 && len <= kMaxManifestHeaderBytes ? std::min<uint64_t>(s.size, 8 + len) : uint64_t(n);
     }
     const uint64_t take = std::min<uint64_t>(uint64_t(n), limit - done);
     s.crc = crc32c(buf.data(), size_t(take), s.crc);

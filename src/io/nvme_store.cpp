@@ -39,11 +39,15 @@ uint64_t free_disk_bytes(const std::string& dir) {
 }
 
 namespace {
-
 using Clock = std::chrono::steady_clock;
+}  // namespace
+
+// In a named namespace, not the anonymous one: NvmeStore::Impl, a class with linkage, holds them
+// (a unity build would warn that its members have internal linkage).
+namespace nvme_io {
 
 // One read() or write(): done once every piece has completed.
-struct Request {
+struct IoRequest {
   bool write = false;
   bool urgent = false;  // a caller's thread waits for it (the *_wait / *_sync calls): issued first
   std::atomic<int> pieces{0};
@@ -51,8 +55,8 @@ struct Request {
   NvmeStore::Done done;
 };
 
-struct Piece {
-  std::shared_ptr<Request> req;
+struct IoPiece {
+  std::shared_ptr<IoRequest> req;
   uint64_t off = 0;
   char* buf = nullptr;
   size_t len = 0;
@@ -62,11 +66,19 @@ struct Piece {
 
 // One entry of io_uring's registered buffer table: the kernel takes at most 1 GiB an entry, so a
 // larger buffer is several entries (a piece that straddles two goes as a plain transfer).
-struct Fixed {
+struct FixedBuffer {
   const char* base;
   size_t len;
   const void* owner;  // the buffer register_buffer was given
 };
+
+}  // namespace nvme_io
+using nvme_io::FixedBuffer;
+using nvme_io::IoPiece;
+using nvme_io::IoRequest;
+
+namespace {
+
 constexpr size_t kFixedMax = size_t(1) << 30;
 
 std::string memlock_limit() {
@@ -115,7 +127,7 @@ struct NvmeStore::Impl {
   // Pieces not yet issued: those of urgent requests first, whatever was queued before them. A
   // blocking transfer holds a thread that others wait for (a stream's host function: CUDA runs
   // every stream's host functions on one thread), so it does not queue behind read-ahead.
-  std::deque<Piece> urgent, queue;
+  std::deque<IoPiece> urgent, queue;
   int inflight = 0;                    // pieces issued, not completed
   int64_t open_requests = 0;           // requests not yet done
   bool stopping = false;
@@ -129,7 +141,7 @@ struct NvmeStore::Impl {
   std::atomic<int> first_err{0};  // 2 * errno + (1 for a write): the first failure
   std::mt19937_64 rng;
   std::mutex rng_mu;
-  std::vector<Fixed> fixed;             // the registered buffers (under mu; changed with nothing in flight)
+  std::vector<FixedBuffer> fixed;       // the registered buffers (under mu; changed with nothing in flight)
   bool fixed_refused = false;           // the kernel refused once: no more attempts
   std::atomic<uint64_t> fixed_issued{0};
   std::unique_ptr<CuFile> cufile;  // GPUDirect Storage (StoreOptions::cufile)
@@ -157,8 +169,8 @@ struct NvmeStore::Impl {
   explicit Impl(const StoreOptions& opt) : o(opt), rng(opt.faults.seed) {}
 
   // ---- pieces: queued, issued by a backend, completed here
-  void enqueue(std::shared_ptr<Request> r, uint64_t off, char* buf, size_t bytes) {
-    std::vector<Piece> ps;
+  void enqueue(std::shared_ptr<IoRequest> r, uint64_t off, char* buf, size_t bytes) {
+    std::vector<IoPiece> ps;
     for (size_t at = 0; at < bytes; at += o.piece) ps.push_back({r, off + at, buf + at, std::min(o.piece, bytes - at)});
     if (ps.empty()) {  // nothing to move
       r->done(0);
@@ -168,16 +180,16 @@ struct NvmeStore::Impl {
     {
       std::lock_guard<std::mutex> lk(mu);
       ++open_requests;
-      for (Piece& p : ps) (r->urgent ? urgent : queue).push_back(std::move(p));
+      for (IoPiece& p : ps) (r->urgent ? urgent : queue).push_back(std::move(p));
       issue_locked();
     }
     cv.notify_all();
   }
 
   bool waiting_locked() const { return !urgent.empty() || !queue.empty(); }
-  Piece take_locked() {  // the next piece to issue (one is waiting)
-    std::deque<Piece>& q = urgent.empty() ? queue : urgent;
-    Piece p = std::move(q.front());
+  IoPiece take_locked() {  // the next piece to issue (one is waiting)
+    std::deque<IoPiece>& q = urgent.empty() ? queue : urgent;
+    IoPiece p = std::move(q.front());
     q.pop_front();
     return p;
   }
@@ -213,7 +225,7 @@ struct NvmeStore::Impl {
 
   // A piece's result (bytes moved or -errno) from either backend: faults applied, short transfers
   // and interruptions resubmitted, the request done after its last piece.
-  void complete(Piece p, ssize_t res) {
+  void complete(IoPiece p, ssize_t res) {
     res = inject(res, p.len, p.req->write, p.shortened);
     bool again = false;
     if (res == -EINTR || res == -EAGAIN) {
@@ -233,7 +245,7 @@ struct NvmeStore::Impl {
         again = true;
       }
     }
-    std::shared_ptr<Request> done_req;
+    std::shared_ptr<IoRequest> done_req;
     {
       std::lock_guard<std::mutex> lk(mu);
       finished_locked();
@@ -265,7 +277,7 @@ struct NvmeStore::Impl {
   }
 
   // Replaces the registered table (under mu, nothing in flight): 0 or -errno.
-  int set_fixed_locked(const std::vector<Fixed>& table) {
+  int set_fixed_locked(const std::vector<FixedBuffer>& table) {
 #ifdef SF_HAVE_LIBURING
     if (!fixed.empty()) {
       io_uring_unregister_buffers(&ring);
@@ -274,7 +286,7 @@ struct NvmeStore::Impl {
     if (table.empty()) return 0;
     if (o.faults.refuse_registration) return -ENOMEM;
     std::vector<iovec> iov;
-    for (const Fixed& f : table) iov.push_back({const_cast<char*>(f.base), f.len});
+    for (const FixedBuffer& f : table) iov.push_back({const_cast<char*>(f.base), f.len});
     const int r = io_uring_register_buffers(&ring, iov.data(), unsigned(iov.size()));
     if (r == 0) fixed = table;
     return r;
@@ -291,8 +303,8 @@ struct NvmeStore::Impl {
     std::unique_lock<std::mutex> lk(mu);
     cv.wait(lk, [&] { return !registering; });
     if (!uring || fixed_refused) return false;
-    std::vector<Fixed> table;
-    for (const Fixed& f : fixed)
+    std::vector<FixedBuffer> table;
+    for (const FixedBuffer& f : fixed)
       if (f.owner != drop) table.push_back(f);
     for (size_t at = 0; add && at < bytes; at += kFixedMax)
       table.push_back({static_cast<const char*>(add) + at, std::min(kFixedMax, bytes - at), add});
@@ -341,7 +353,7 @@ struct NvmeStore::Impl {
     while (waiting_locked() && inflight < o.depth) {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring);
       if (!sqe) break;
-      Piece* p = new Piece(take_locked());
+      IoPiece* p = new IoPiece(take_locked());
       p->fixed = fixed_index_locked(p->buf, p->len);
       if (p->fixed >= 0) {
         if (p->req->write)
@@ -383,8 +395,8 @@ struct NvmeStore::Impl {
         cv.wait(lk, [&] { return !reaper_paused; });
         continue;
       }
-      Piece* p = static_cast<Piece*>(data);
-      Piece piece;
+      IoPiece* p = static_cast<IoPiece*>(data);
+      IoPiece piece;
       {
         // The submitter wrote *p under mu: taking it here orders the two for the thread sanitizer,
         // which cannot see the ordering through the kernel's ring.
@@ -399,7 +411,7 @@ struct NvmeStore::Impl {
 
   void worker() {
     for (;;) {
-      Piece p;
+      IoPiece p;
       {
         std::unique_lock<std::mutex> lk(mu);
         cv.wait(lk, [&] { return stopping || waiting_locked(); });
@@ -540,7 +552,7 @@ struct NvmeStore::Impl {
     std::condition_variable c;
     bool done = false;
     int err = 0;
-    auto r = std::make_shared<Request>();
+    auto r = std::make_shared<IoRequest>();
     r->write = write;
     r->urgent = true;
     r->done = [&](int e) {
@@ -630,7 +642,7 @@ void NvmeStore::read(uint64_t offset, void* buf, size_t bytes, Done done, bool u
   SF_CHECK(offset % kAlign == 0 && bytes % kAlign == 0 && reinterpret_cast<uintptr_t>(buf) % kAlign == 0,
            "store read: unaligned");
   SF_CHECK(offset + bytes <= capacity(), "store read past the end");
-  auto r = std::make_shared<Request>();
+  auto r = std::make_shared<IoRequest>();
   r->urgent = urgent;
   r->done = std::move(done);
   impl_->enqueue(std::move(r), offset, static_cast<char*>(buf), bytes);
@@ -640,7 +652,7 @@ void NvmeStore::write(uint64_t offset, const void* buf, size_t bytes, Done done,
   SF_CHECK(offset % kAlign == 0 && bytes % kAlign == 0 && reinterpret_cast<uintptr_t>(buf) % kAlign == 0,
            "store write: unaligned");
   SF_CHECK(offset + bytes <= capacity(), "store write past the end");
-  auto r = std::make_shared<Request>();
+  auto r = std::make_shared<IoRequest>();
   r->write = true;
   r->urgent = urgent;
   r->done = std::move(done);
@@ -739,7 +751,7 @@ std::string NvmeStore::how() const {
   std::string t = std::string(impl_->uring ? "io_uring" : "worker threads") + (impl_->direct ? ", O_DIRECT" : ", page cache");
   std::lock_guard<std::mutex> lk(impl_->mu);
   std::vector<const void*> owners;
-  for (const Fixed& f : impl_->fixed)
+  for (const FixedBuffer& f : impl_->fixed)
     if (owners.empty() || owners.back() != f.owner) owners.push_back(f.owner);
   if (!owners.empty()) t += ", " + std::to_string(owners.size()) + " registered buffer" + (owners.size() > 1 ? "s" : "");
   if (impl_->fixed_refused) t += ", buffers not registered";

@@ -10,10 +10,10 @@ namespace {
 using json = nlohmann::json;
 using L = SpecLimits;
 
-std::string str_of(const json& cfg, const char* key) { return config_string(cfg, key); }
+std::string gemma3_str(const json& cfg, const char* key) { return config_string(cfg, key); }
 
 bool is_gemma3(const json& cfg) {
-  const std::string mt = str_of(cfg, "model_type");
+  const std::string mt = gemma3_str(cfg, "model_type");
   const std::string arch = config_first_architecture(cfg);
   return mt == "gemma3_text" || mt == "gemma3" || arch == "Gemma3ForCausalLM" ||
          arch == "Gemma3ForConditionalGeneration";
@@ -68,8 +68,8 @@ json gemma3_text_config(const json& cfg, const std::string& path) {
   if (!is_gemma3(cfg)) return json();
   json out = gemma3_text_defaults();
   const json* text = &cfg;
-  if (str_of(cfg, "model_type") == "gemma3" ||
-      (cfg.contains("text_config") && str_of(cfg, "model_type") != "gemma3_text")) {
+  if (gemma3_str(cfg, "model_type") == "gemma3" ||
+      (cfg.contains("text_config") && gemma3_str(cfg, "model_type") != "gemma3_text")) {
     if (!cfg.contains("text_config") || !cfg["text_config"].is_object())
       input_error(path, "a gemma3 config needs a 'text_config' object (the language model's config)");
     text = &cfg["text_config"];

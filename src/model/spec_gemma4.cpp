@@ -14,11 +14,11 @@ namespace {
 using json = nlohmann::json;
 using L = SpecLimits;
 
-std::string str_of(const json& cfg, const char* key) { return config_string(cfg, key); }
+std::string gemma4_str(const json& cfg, const char* key) { return config_string(cfg, key); }
 std::string first_arch(const json& cfg) { return config_first_architecture(cfg); }
 
 bool is_gemma4(const json& cfg) {
-  const std::string mt = str_of(cfg, "model_type");
+  const std::string mt = gemma4_str(cfg, "model_type");
   return mt == "gemma4_text" || mt == "gemma4" || first_arch(cfg).rfind("Gemma4", 0) == 0;
 }
 
@@ -85,8 +85,8 @@ json gemma4_text_config(const json& cfg, const std::string& path) {
   if (!is_gemma4(cfg)) return json();
   json out = gemma4_text_defaults();
   const json* text = &cfg;
-  const bool outer = str_of(cfg, "model_type") == "gemma4" ||
-                     (cfg.contains("text_config") && str_of(cfg, "model_type") != "gemma4_text") ||
+  const bool outer = gemma4_str(cfg, "model_type") == "gemma4" ||
+                     (cfg.contains("text_config") && gemma4_str(cfg, "model_type") != "gemma4_text") ||
                      first_arch(cfg) == "Gemma4ForConditionalGeneration";
   static const json kEmpty = json::object();
   if (outer) {

@@ -220,7 +220,7 @@ size_t next_deepseek(const std::vector<uint32_t>& c, size_t i) {
   return j - 1;
 }
 
-struct Span {
+struct TextSpan {
   size_t a, b;
   bool match;
 };
@@ -249,7 +249,7 @@ bool has_gaps(PreTokenizer::Regex r) {
   return r == R::Digits3 || r == R::Cjk || r == R::Deepseek;
 }
 
-void gap_spans(PreTokenizer::Regex r, std::string_view s, std::vector<Span>& out) {
+void gap_spans(PreTokenizer::Regex r, std::string_view s, std::vector<TextSpan>& out) {
   std::vector<uint32_t> cps;
   std::vector<size_t> off;
   uni::decode_utf8(s, cps, off);
@@ -269,12 +269,12 @@ void gap_spans(PreTokenizer::Regex r, std::string_view s, std::vector<Span>& out
   if (gap < cps.size()) out.push_back({off[gap], off[cps.size()], false});
 }
 
-void regex_spans(PreTokenizer::Regex r, std::string_view s, std::vector<Span>& out) {
+void regex_spans(PreTokenizer::Regex r, std::string_view s, std::vector<TextSpan>& out) {
   if (has_gaps(r)) return gap_spans(r, s, out);
   regex_matches(r, s, [&](size_t a, size_t b) { out.push_back({a, b, true}); });
 }
 
-void literal_spans(const std::string& pat, const std::string& s, std::vector<Span>& out) {
+void literal_spans(const std::string& pat, const std::string& s, std::vector<TextSpan>& out) {
   size_t prev = 0;
   for (size_t k; (k = s.find(pat, prev)) != std::string::npos; prev = k + pat.size()) {
     if (k > prev) out.push_back({prev, k, false});
@@ -285,7 +285,7 @@ void literal_spans(const std::string& pat, const std::string& s, std::vector<Spa
 
 // One match per code point for which pred holds (tokenizers' char-predicate patterns).
 template <class Pred>
-void char_spans(Pred pred, const std::string& s, std::vector<Span>& out) {
+void char_spans(Pred pred, const std::string& s, std::vector<TextSpan>& out) {
   std::vector<uint32_t> cps;
   std::vector<size_t> off;
   uni::decode_utf8(s, cps, off);
@@ -302,10 +302,10 @@ void char_spans(Pred pred, const std::string& s, std::vector<Span>& out) {
 // Contiguous and the Merged* behaviors: walks the spans (backward for MergedWithNext) and grows the
 // last kept span over the next one when joins(it is a match, the one before it was).
 template <class Joins>
-void merge_spans(const std::vector<Span>& m, bool backward, Joins joins, std::vector<Span>& keep) {
+void merge_spans(const std::vector<TextSpan>& m, bool backward, Joins joins, std::vector<TextSpan>& keep) {
   bool prev = false;
   for (size_t n = 0; n < m.size(); ++n) {
-    const Span& s = m[backward ? m.size() - 1 - n : n];
+    const TextSpan& s = m[backward ? m.size() - 1 - n : n];
     if (joins(s.match, prev) && !keep.empty())
       (backward ? keep.back().a : keep.back().b) = backward ? s.a : s.b;
     else
@@ -316,12 +316,12 @@ void merge_spans(const std::vector<Span>& m, bool backward, Joins joins, std::ve
 }
 
 // tokenizers' NormalizedString::split: spans -> pieces by behavior (empty pieces dropped).
-void split_by(const Piece& p, std::vector<Span>& m, PreTokenizer::Behavior beh, std::vector<Piece>& out) {
+void split_by(const Piece& p, std::vector<TextSpan>& m, PreTokenizer::Behavior beh, std::vector<Piece>& out) {
   using B = PreTokenizer::Behavior;
-  std::vector<Span> keep;  // .match here: to be removed
+  std::vector<TextSpan> keep;  // .match here: to be removed
   switch (beh) {
     case B::Isolated:
-      for (const Span& s : m) keep.push_back({s.a, s.b, false});
+      for (const TextSpan& s : m) keep.push_back({s.a, s.b, false});
       break;
     case B::Removed:
       keep = m;
@@ -339,7 +339,7 @@ void split_by(const Piece& p, std::vector<Span>& m, PreTokenizer::Behavior beh, 
           m, true, [](bool match, bool prev) { return match && !prev; }, keep);
       break;
   }
-  for (const Span& s : keep)
+  for (const TextSpan& s : keep)
     if (!s.match && s.b > s.a) out.push_back({p.text.substr(s.a, s.b - s.a), p.at_start && s.a == 0});
 }
 
@@ -369,10 +369,10 @@ struct ByteMap {
 }  // namespace
 
 std::vector<std::string> regex_pieces(PreTokenizer::Regex r, const std::string& text) {
-  std::vector<Span> m;
+  std::vector<TextSpan> m;
   regex_spans(r, text, m);
   std::vector<std::string> out;
-  for (const Span& s : m) out.push_back(text.substr(s.a, s.b - s.a));
+  for (const TextSpan& s : m) out.push_back(text.substr(s.a, s.b - s.a));
   return out;
 }
 
@@ -479,7 +479,7 @@ void PreTokenizer::add(const tokjson::Ctx& c, const nlohmann::json& j, const std
 void PreTokenizer::apply(std::vector<Piece>& pieces) const {
   static const ByteMap bm;
   std::vector<Piece> next;
-  std::vector<Span> m;
+  std::vector<TextSpan> m;
   for (const Step& st : steps_) {
     next.clear();
     for (Piece& p : pieces) {
