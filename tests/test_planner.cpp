@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <tuple>
 
@@ -1050,6 +1051,18 @@ TEST(Planner, SpareGpuMemoryHoldsMoreSlots) {
     if (!w.gpu) {
       EXPECT_TRUE(p.backward_uploads.empty());  // the whole GPU: every host blob stays in a slot
     }
+    // Placed from 2 slots (slide_auto): only where that kept more on the GPU and predicts 1 % less
+    // than the placement from 3 (the 3 slots given, the rest the planner's).
+    PlanRequest three = r;
+    three.slots = 3;
+    const Plan t = make_plan(spec, three, be, rates);
+    if (p.slots < 3) {
+      ASSERT_TRUE(t.fits) << t.why();
+      EXPECT_LT(t.gpu_blobs.size(), p.gpu_blobs.size());
+      EXPECT_LT(p.step_s, t.step_s * 0.99);
+    } else {
+      EXPECT_LE(p.step_s, t.step_s * (1 + 1e-12));
+    }
     // The same request with the count given: one fewer uploads more; one more saves nothing or
     // does not fit; three (the old default) uploads more and predicts no shorter a step.
     for (int n : {p.slots - 1, p.slots + 1, 3}) {
@@ -1214,6 +1227,18 @@ TEST(Planner, HeldUpdatesBegunAsTheirGradientsLand) {
     EXPECT_EQ(sliding_options(aut, EngineOptions{}, false).hold_early, aut.hold_early);
     EXPECT_NE(plan_summary(aut).find("% of each update as it lands"), std::string::npos) << plan_summary(aut);
     EXPECT_EQ(plan_summary(whole).find("as it lands"), std::string::npos);
+    // Ties: no share at the planner's count predicts a shorter step (to the microsecond), and of
+    // those that predict the same, none is nearer one half (the larger of two equally near).
+    for (int i = 0; i <= 10; ++i) {
+      const double x = i / 10.0;
+      const Plan o = plan(aut.hold_grads, x);
+      const int64_t mine = std::llround(aut.step_s * 1e6), theirs = std::llround(o.step_s * 1e6);
+      EXPECT_GE(theirs, mine) << x;
+      if (theirs == mine && x != aut.hold_early) {
+        const double d = std::abs(x - 0.5), da = std::abs(aut.hold_early - 0.5);
+        EXPECT_TRUE(d > da + 1e-9 || (std::abs(d - da) <= 1e-9 && x < aut.hold_early)) << x << " " << aut.hold_early;
+      }
+    }
     // Nothing held: no share.
     EXPECT_EQ(plan(0, -1).hold_early, 0);
     const Plan clipped = plan(1, -1, true);

@@ -648,7 +648,6 @@ class Planner {
         trial.hold_grads = held;
         trial.hold_early = x;
         predict(s_, lay_, r_, be_, rates_, trial);
-        if (getenv("SF_DBG")) fprintf(stderr, "held %.2fG x %.1f step %.4f fwd %.4f (%d) bwd %.4f (%d) host %.4f\n", held/1e9, x, trial.step_s, trial.forward.s, int(trial.forward.by), trial.backward.s, int(trial.backward.by), trial.host_s);
         cands.push_back({trial.step_s, held, x});
       }
     };
@@ -663,15 +662,20 @@ class Planner {
         consider(held);
       }
     }
-    // Fastest first (to the microsecond). Ties to the larger share, then fewer held parameters: where
-    // both phases are bound by the host, moving update work between them keeps their sum, and the
-    // prediction cannot tell the shares apart; measured, more of it as the gradients land was
-    // faster (session 18, OLMoE-1B-7B at 24 GiB, one lease: 40 % 13,284 and 13,240 tokens/s, 30 %
-    // 12,606, 12,382 and 13,178; session 17: 50-55 % 14,325-14,611 against 40 % 13,948). Each
-    // fills the budgets with its held gradients' pinned memory, or the next is tried.
+    // Fastest first (to the microsecond). Ties to the share nearest one half (the larger of two),
+    // then more held parameters: where both phases are bound by the host, moving update work
+    // between them keeps their sum and the prediction cannot tell the candidates apart, while early
+    // work competes with the backward's landings and late work can stall the forward. Measured
+    // (docs/DECISIONS.md, held updates): OLMoE-1B-7B at 24 GiB, ties 30-60 %: 40 % beat 30 %
+    // (two runs each, one lease), every host layer at 50 % was session 17's fastest; 8B at 24 GiB,
+    // ties 70-80 %: 70 % 8,337 tokens/s against 80 % 7,862 (one run each). Each fills the budgets
+    // with its held gradients' pinned memory, or the next is tried.
     std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
       const int64_t ta = std::llround(a.step_s * 1e6), tb = std::llround(b.step_s * 1e6);  // to the microsecond
-      return ta != tb ? ta < tb : a.early != b.early ? a.early > b.early : a.hold < b.hold;
+      const double da = std::abs(a.early - 0.5), db = std::abs(b.early - 0.5);
+      if (ta != tb) return ta < tb;
+      if (std::abs(da - db) > 1e-9) return da < db;
+      return a.early != b.early ? a.early > b.early : a.hold > b.hold;
     });
     for (const Candidate& c : cands) {
       if (!count_given && !(c.step_s < none.step_s * (1 - kMinGain))) break;

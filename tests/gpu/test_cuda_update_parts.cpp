@@ -16,9 +16,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "../engine_state.h"
 #include "../model_fixtures.h"
 #include "../record_fixtures.h"
+#include "train_compare.h"
 #include "backend/device.h"
 #include "data/dataset/dataset.h"
 #include "engine/sliding_engine.h"
@@ -27,11 +27,7 @@
 namespace sf {
 namespace {
 
-struct Trained {
-  std::vector<double> losses;
-  test::NamedTensors params;
-  uint64_t splits = 0, early = 0;
-};
+using test::Trained;
 
 // rows: SlidingOptions::split_embedding_rows; early: SlidingOptions::hold_early.
 Trained train(Device& dev, const ModelSpec& spec, bool rows, double early, bool bf16_state,
@@ -47,22 +43,7 @@ Trained train(Device& dev, const ModelSpec& spec, bool rows, double early, bool 
   so.split_embedding_rows = rows;
   so.hold_early = early;
   SlidingEngine e(dev, spec, so);
-  e.init_random(5);
-  Trained t;
-  for (int s = 1; s <= 3; ++s) {
-    const std::vector<Batch> mbs = {make_batch({&recs[size_t(2 * s - 2)], &recs[size_t(2 * s - 1)]}, 11)};
-    Engine::StepParams p;
-    p.adamw.lr = 1e-2f;
-    p.adamw.weight_decay = 0.1f;
-    p.adamw.step = s;
-    const Engine::StepResult r = e.step(mbs, p);
-    EXPECT_TRUE(r.updated);
-    t.losses.push_back(r.loss);
-  }
-  t.params = test::export_params(e);
-  t.splits = e.stats().embedding_row_splits;
-  t.early = e.stats().early_updates;
-  return t;
+  return test::train_three_steps(e, recs, 0);
 }
 
 // Training with the parts on, each against whole updates (twice: the run-to-run bound).
@@ -76,25 +57,16 @@ void expect_as_whole(const char* what, bool rows, double early) {
       const Trained a = train(*dev, spec, false, 0, bf16_state, recs);
       const Trained again = train(*dev, spec, false, 0, bf16_state, recs);
       const Trained r = train(*dev, spec, rows, early, bf16_state, recs);
-      EXPECT_EQ(a.splits + a.early, 0u);
+      EXPECT_EQ(a.stats.embedding_row_splits + a.stats.early_updates, 0u);
       if (rows) {
-        EXPECT_EQ(r.splits, 3u) << "the embedding did not go down in two parts";
+        EXPECT_EQ(r.stats.embedding_row_splits, 3u) << "the embedding did not go down in two parts";
       }
       if (early > 0) {
-        EXPECT_GT(r.early, 0u) << "no held update begun as its gradient landed";
+        EXPECT_GT(r.stats.early_updates, 0u) << "no held update begun as its gradient landed";
       }
-      ASSERT_EQ(r.losses.size(), a.losses.size());
-      EXPECT_EQ(r.losses[0], a.losses[0]) << "the first step's weights are the same: so is its loss";
-      const double noise = test::worst_relative(a.params, again.params), bound = std::max(2 * noise, 1e-6);
-      const double d = test::worst_relative(a.params, r.params);
-      EXPECT_LE(d, bound) << "run-to-run " << noise;
-      for (size_t s = 1; s < a.losses.size(); ++s) {
-        const double ln = std::fabs(a.losses[s] - again.losses[s]);
-        EXPECT_LE(std::fabs(r.losses[s] - a.losses[s]), std::max(2 * ln, 1e-6 * std::fabs(a.losses[s])))
-            << "step " << s + 1;
-      }
+      const test::Difference d = test::expect_as_plain(a, again, r);
       std::printf("%s%s: masters with %s vs whole %.3g of the largest (run-to-run %.3g)\n", family.c_str(),
-                  bf16_state ? " bf16 state" : "", what, d, noise);
+                  bf16_state ? " bf16 state" : "", what, d.worst, d.noise);
     }
 }
 

@@ -16,9 +16,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "../engine_state.h"
 #include "../model_fixtures.h"
 #include "../record_fixtures.h"
+#include "train_compare.h"
 #include "backend/device.h"
 #include "data/dataset/dataset.h"
 #include "engine/sliding_engine.h"
@@ -27,11 +27,7 @@
 namespace sf {
 namespace {
 
-struct Trained {
-  std::vector<double> losses;
-  test::NamedTensors params;
-  uint64_t uploaded = 0;
-};
+using test::Trained;
 
 Trained train(Device& dev, const ModelSpec& spec, const std::vector<int>& on_gpu, bool copies, double clip,
               const std::vector<Record>& recs) {
@@ -46,22 +42,7 @@ Trained train(Device& dev, const ModelSpec& spec, const std::vector<int>& on_gpu
     for (int b = 0; b <= spec.n_layer + 1; ++b)
       if (std::find(on_gpu.begin(), on_gpu.end(), b) == on_gpu.end()) so.upload_copies.push_back(b);
   SlidingEngine e(dev, spec, so);
-  e.init_random(5);
-  Trained t;
-  for (int s = 1; s <= 3; ++s) {
-    const std::vector<Batch> mbs = {make_batch({&recs[size_t(2 * s - 2)], &recs[size_t(2 * s - 1)]}, 11)};
-    Engine::StepParams p;
-    p.adamw.lr = 1e-2f;
-    p.adamw.weight_decay = 0.1f;
-    p.adamw.step = s;
-    p.max_grad_norm = clip;
-    const Engine::StepResult r = e.step(mbs, p);
-    EXPECT_TRUE(r.updated);
-    t.losses.push_back(r.loss);
-  }
-  t.params = test::export_params(e);
-  t.uploaded = e.stats().uploaded_bytes;
-  return t;
+  return test::train_three_steps(e, recs, clip);
 }
 
 TEST(CudaUploadCopies, TrainAsTheMasterUploads) {
@@ -76,22 +57,14 @@ TEST(CudaUploadCopies, TrainAsTheMasterUploads) {
         const Trained a = train(*dev, spec, on_gpu, false, clip, recs);
         const Trained again = train(*dev, spec, on_gpu, false, clip, recs);
         const Trained c = train(*dev, spec, on_gpu, true, clip, recs);
-        ASSERT_EQ(c.losses.size(), a.losses.size());
-        EXPECT_EQ(c.losses[0], a.losses[0]) << "the first step's weights are the same: so is its loss";
-        const double noise = test::worst_relative(a.params, again.params), bound = std::max(2 * noise, 1e-6);
-        const double d = test::worst_relative(a.params, c.params);
-        EXPECT_LE(d, bound) << "run-to-run " << noise;
-        for (size_t s = 1; s < a.losses.size(); ++s) {
-          const double ln = std::fabs(a.losses[s] - again.losses[s]);
-          EXPECT_LE(std::fabs(c.losses[s] - a.losses[s]), std::max(2 * ln, 1e-6 * std::fabs(a.losses[s])))
-              << "step " << s + 1;
-        }
+        const test::Difference d = test::expect_as_plain(a, again, c);
         // The uploads read the bf16 copies: half the fp32 masters' bytes.
-        EXPECT_EQ(2 * c.uploaded, a.uploaded);
+        EXPECT_EQ(2 * c.stats.uploaded_bytes, a.stats.uploaded_bytes);
         std::printf("%s clip %.0f, %zu blobs on the GPU: masters with copies vs without %.3g of the largest "
                     "(run-to-run %.3g); uploaded %llu vs %llu bytes\n",
-                    family.c_str(), clip, on_gpu.size(), d, noise, static_cast<unsigned long long>(c.uploaded),
-                    static_cast<unsigned long long>(a.uploaded));
+                    family.c_str(), clip, on_gpu.size(), d.worst, d.noise,
+                    static_cast<unsigned long long>(c.stats.uploaded_bytes),
+                    static_cast<unsigned long long>(a.stats.uploaded_bytes));
       }
   }
 }
