@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "core/align.h"
@@ -535,10 +536,25 @@ class Planner {
         }
       return;
     }
-    for (const SlidingEngine::Upload& u : SlidingEngine::pass_uploads(s_, lay_, so)) {
-      if (u.phase == Phase::Backward) p_.backward_uploads.push_back(u.blob);
-      ++p_.uploads_per_step;
+    // The replay depends on the slot count and the blobs kept on the GPU alone (the schedule's slot
+    // requests are the same whatever is held, on disk or copied): one replay for each of those the
+    // search tries (it fills thousands of placements; replaying each made the planner's tests 3x
+    // slower under ASan).
+    std::vector<int> key = so.gpu_blobs;
+    std::sort(key.begin(), key.end());
+    key.push_back(so.slots);
+    key.push_back(so.keep_grads ? 1 : 0);
+    auto it = uploads_.find(key);
+    if (it == uploads_.end()) {
+      Uploads u;
+      for (const SlidingEngine::Upload& x : SlidingEngine::pass_uploads(s_, lay_, so)) {
+        if (x.phase == Phase::Backward) u.backward.push_back(x.blob);
+        ++u.count;
+      }
+      it = uploads_.emplace(std::move(key), std::move(u)).first;
     }
+    p_.uploads_per_step = it->second.count;
+    p_.backward_uploads = it->second.backward;
   }
 
   // The sliding engine with `slots` slots, then as many blobs kept whole on the GPU as the budgets
@@ -799,6 +815,11 @@ class Planner {
   int copies_ = 0;            // the placement's upload copies: the first this many host blobs with state in RAM
   int64_t hold_ = 0;          // the placement's held gradients (Plan::hold_grads; add_hold)
   double hold_early_ = 0;     // the share of each held update run as it lands (Plan::hold_early; add_hold)
+  struct Uploads {
+    int count = 0;
+    std::vector<int> backward;
+  };
+  std::map<std::vector<int>, Uploads> uploads_;  // count_uploads' replays: [kept blobs..., slots, keep_grads]
 };
 
 // Short of GPU memory with the sliding engine: smaller micro-batches, more of them (layer-major
