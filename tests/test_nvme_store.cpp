@@ -179,8 +179,10 @@ TEST(Store, BlockingTransfersPassTheQueuedReadAhead) {
     }
     s.write_wait(uint64_t(backlog + 1) * NvmeStore::kAlign, wr.p, NvmeStore::kAlign);
     const int before = reads_done.load();
-    // Issued once one of the `depth` pieces in flight completes; a few more may complete meanwhile.
-    EXPECT_LE(before, 2 * o.depth + 2) << "the blocking write waited behind the queued reads";
+    // Issued once one of the `depth` pieces in flight completes; a few more may complete meanwhile
+    // (2 x depth + 2 on an idle machine; 9 seen under TSan beside a build): far fewer than the
+    // backlog, which a write queued behind the reads would wait for whole.
+    EXPECT_LT(before, backlog / 4) << "the blocking write waited behind the queued reads";
     w.wait();
     for (int e : w.errs) EXPECT_EQ(e, 0);
     std::vector<char> back(NvmeStore::kAlign);

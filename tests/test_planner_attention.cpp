@@ -16,7 +16,7 @@ namespace {
 ModelSpec preset(const std::string& name) { return parse_model_spec(preset_config(name), name); }
 
 // A GPU backend without needing one: bf16, workspace sizes from the cpu formulas.
-BackendInfo gpu_like() {
+BackendInfo bf16_cpu_sized_gpu() {
   BackendInfo be = backend_info("cpu");
   be.kind = DeviceKind::Cuda;
   be.compute_dtype = DType::BF16;
@@ -75,7 +75,7 @@ TEST(PlannerAttention, LongerSequencesAddAttentionAtItsOwnRates) {
   q.gpu_budget = size_t(24) << 30;
   q.host_budget = size_t(500) << 30;
   q.whole_layers = q.kept_layers = 0;  // every layer recomputed: the per-token time as it is
-  const Plan p = make_plan(s, q, gpu_like(), r);
+  const Plan p = make_plan(s, q, bf16_cpu_sized_gpu(), r);
   ASSERT_TRUE(p.fits) << p.why();
   EXPECT_EQ(p.engine, EngineKind::Sliding);
   EXPECT_LT(rel(p.gpu_s, gpu_seconds_per_token(s, 32768, r) * 32768), 1e-12);
@@ -138,9 +138,9 @@ TEST(PlannerAttention, KeptAttentionSavesItsForwardAtTheKernelRate) {
   q.host_budget = size_t(200) << 30;
   q.whole_layers = 0;
   q.kept_layers = 0;
-  const Plan none = make_plan(s, q, gpu_like(), r);
+  const Plan none = make_plan(s, q, bf16_cpu_sized_gpu(), r);
   q.kept_layers = s.n_layer;
-  const Plan all = make_plan(s, q, gpu_like(), r);
+  const Plan all = make_plan(s, q, bf16_cpu_sized_gpu(), r);
   ASSERT_TRUE(none.fits && all.fits);
   const double tokens = 8192;
   const double saved_s = attn_fwd_per_token(s, 8192) / (r.attn_fwd_tflops * 1e12) * tokens;
@@ -151,7 +151,7 @@ TEST(PlannerAttention, KeptAttentionSavesItsForwardAtTheKernelRate) {
 // decide; nothing fits a budget below the model's own buffers.
 TEST(PlannerLongestSeq, FindsTheLastLengthThatFits) {
   const ModelSpec s = preset("llama-8b");
-  const BackendInfo be = gpu_like();
+  const BackendInfo be = bf16_cpu_sized_gpu();
   const Rates r;
   PlanRequest q;
   q.batch = 1;
