@@ -1,6 +1,7 @@
 // The host AdamW kernel alone (cpu::adamw, the engine's host optimizer pass): parameters a second
 // with fp32 and with bf16 m and v (stochastic rounding), for the fused pass and the two passes of
-// the split update, bf16 gradients in, no parameter copy (as the engine calls it), at each size
+// the split update, bf16 gradients in, the parameter as an fp32 master alone, an fp32 master with a
+// bf16 upload copy, or a split master (cpu::adamw_split: the copy is its high half), at each size
 // given in Mi elements: 1 (14 MiB with fp32 state: the last-level cache, mostly the instructions)
 // and 64 (0.9 GiB: memory, the step's case, bound by the bytes or by the instructions, whichever
 // is slower) by default.
@@ -24,13 +25,20 @@ namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// The parameter's form: an fp32 master; with a bf16 upload copy; split (core/split_master.h).
+enum class Form { Master, Copy, Split };
+
 struct Arrays {
-  HostBuffer p, g, m, v;  // [n] fp32; [n] bf16; [n] of the state's dtype each
+  HostBuffer p, g, m, v;   // [n] fp32; [n] bf16; [n] of the state's dtype each
+  HostBuffer c, lo, ties;  // [n] bf16 (the copy, or the split's high half); [n] uint16; [n / 8] bits
   int64_t n;
   DType state;
   Arrays(int64_t n_, DType st) : n(n_), state(st) {
     const size_t es = st == DType::BF16 ? 2 : 4;
     p = HostBuffer(size_t(n) * 4);
+    c = HostBuffer(size_t(n) * 2);
+    lo = HostBuffer(size_t(n) * 2);
+    ties = HostBuffer(split_tie_bytes(n));
     g = HostBuffer(size_t(n) * 2);
     m = HostBuffer(size_t(n) * es);
     v = HostBuffer(size_t(n) * es);
@@ -53,20 +61,33 @@ struct Arrays {
         static_cast<float*>(v.data())[i] = vi;
       }
     }
+    const SplitMaster sm = split();
+    for (int64_t i = 0; i < n; ++i) split_store(sm, i, pp[i]);
   }
-  void run(cpu::AdamWPart part, int64_t step) {
+  SplitMaster split() {
+    return {static_cast<uint16_t*>(c.data()), static_cast<uint16_t*>(lo.data()), static_cast<uint8_t*>(ties.data()), 0};
+  }
+  void run(cpu::AdamWPart part, int64_t step, Form form) {
     AdamWParams a;
     a.lr = 1e-5f, a.weight_decay = 0.1f, a.beta2 = 0.95f, a.grad_scale = 0.5f, a.step = step, a.round_seed = 7;
-    cpu::adamw(Tensor(p.data(), DType::F32, {n}), Tensor(g.data(), DType::BF16, {n}), Tensor(m.data(), state, {n}),
-               Tensor(v.data(), state, {n}), Tensor(), a, part);
+    const Tensor gt(g.data(), DType::BF16, {n}), mt(m.data(), state, {n}), vt(v.data(), state, {n});
+    if (form == Form::Split) {
+      cpu::adamw_split(split(), gt, mt, vt, a, part);
+    } else {
+      const bool copy = form == Form::Copy && part != cpu::AdamWPart::Moments;
+      cpu::adamw(Tensor(p.data(), DType::F32, {n}), gt, mt, vt, copy ? Tensor(c.data(), DType::BF16, {n}) : Tensor(), a,
+                 part);
+    }
   }
 };
 
-// Bytes a parameter each pass moves (reads + writes), bf16 gradient: see planner.cpp pass_bytes.
-double pass_bytes(cpu::AdamWPart part, double s) {
-  if (part == cpu::AdamWPart::Params) return 2 + 8 + 2 * s;
+// Bytes a parameter each pass moves (reads + writes), bf16 gradient: see planner.cpp pass_bytes
+// (a copy: 2 more written; split: the master's 4 read and 4 written as two halves, the same).
+double pass_bytes(cpu::AdamWPart part, double s, Form form) {
   if (part == cpu::AdamWPart::Moments) return 2 + 4 * s;
-  return 2 + 8 + 4 * s;
+  const double copy = form == Form::Copy ? 2 : 0;
+  if (part == cpu::AdamWPart::Params) return 2 + 8 + 2 * s + copy;
+  return 2 + 8 + 4 * s + copy;
 }
 
 }  // namespace
@@ -81,29 +102,34 @@ int main(int argc, char** argv) {
   const struct {
     cpu::AdamWPart part;
     const char* name;
-  } parts[] = {{cpu::AdamWPart::All, "fused"}, {cpu::AdamWPart::Params, "params"}, {cpu::AdamWPart::Moments, "moments"}};
+  } parts[] = {
+      {cpu::AdamWPart::All, "fused"}, {cpu::AdamWPart::Params, "params"}, {cpu::AdamWPart::Moments, "moments"}};
   for (int64_t n : sizes) {
     const std::string where = std::to_string(n) + "_elements";
     for (DType st : {DType::F32, DType::BF16}) {
       Arrays a(n, st);
       const char* sname = st == DType::BF16 ? "bf16" : "fp32";
-      for (const auto& pt : parts) {
-        // Few calls a run and the best of many runs: a shared machine's other load lands in some
-        // runs, not in all (the best is the kernel's own speed).
-        const int calls = int(std::max<int64_t>(1, (int64_t(1) << 20) / n));
-        double best = 1e30;
-        a.run(pt.part, 1);  // warm (pages touched, code hot)
-        for (int r = 0; r < repeats; ++r) {
-          const double t0 = now();
-          for (int c = 0; c < calls; ++c) a.run(pt.part, 2 + r);
-          best = std::min(best, (now() - t0) / calls);
+      for (const auto& pt : parts)
+        for (Form form : {Form::Master, Form::Copy, Form::Split}) {
+          if (form != Form::Master && pt.part == cpu::AdamWPart::Moments) continue;  // (no parameter)
+          const char* fname = form == Form::Master ? "" : form == Form::Copy ? "+copy" : "split";
+          // Few calls a run and the best of many runs: a shared machine's other load lands in some
+          // runs, not in all (the best is the kernel's own speed).
+          const int calls = int(std::max<int64_t>(1, (int64_t(1) << 20) / n));
+          double best = 1e30;
+          a.run(pt.part, 1, form);  // warm (pages touched, code hot)
+          for (int r = 0; r < repeats; ++r) {
+            const double t0 = now();
+            for (int c = 0; c < calls; ++c) a.run(pt.part, 2 + r, form);
+            best = std::min(best, (now() - t0) / calls);
+          }
+          const double gps = double(n) / best / 1e9;
+          const double gbs = gps * pass_bytes(pt.part, st == DType::BF16 ? 2 : 4, form);
+          const std::string name = std::string(pt.name) + fname;
+          std::printf("%-16s %-5s state %-13s %7.3f G params/s  %6.1f GB/s  %.3f ns/param/thread\n", where.c_str(),
+                      sname, name.c_str(), gps, gbs, threads / gps);
+          json += ",\"" + std::string(where) + "_" + sname + "_" + name + "_gparams_s\":" + std::to_string(gps);
         }
-        const double gps = double(n) / best / 1e9;
-        const double gbs = gps * pass_bytes(pt.part, st == DType::BF16 ? 2 : 4);
-        std::printf("%-16s %-5s state %-7s %7.3f G params/s  %6.1f GB/s  %.3f ns/param/thread\n", where.c_str(), sname,
-                    pt.name, gps, gbs, threads / gps);
-        json += ",\"" + std::string(where) + "_" + sname + "_" + pt.name + "_gparams_s\":" + std::to_string(gps);
-      }
     }
   }
   std::printf("%s}\n", json.c_str());

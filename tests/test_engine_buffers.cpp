@@ -35,7 +35,6 @@ EngineOptions planner_base(int B, int T, int micro, DType state) {
   return o;
 }
 
-
 // The cpu device, counting the bytes of device memory and of page-locked memory now allocated.
 class CountingDevice final : public Device {
  public:
@@ -221,11 +220,14 @@ TEST(EngineBuffers, SlidingAllocatesItsList) {
                 EXPECT_EQ(total_bytes(items_with(list, "kept"), Place::Device),
                           size_t(micro * pl.kept_layers) * KeptActivations::attention_bytes(spec, B, T, act));
                 size_t copies = 0;
-                for (int b : pl.upload_copies) copies += size_t(make_layout(spec).blobs[size_t(b)].numel) * dtype_size(act);
+                for (int b : pl.upload_copies)
+                  copies += size_t(make_layout(spec).blobs[size_t(b)].numel) * dtype_size(act);
                 EXPECT_EQ(total_bytes(items_with(list, "host.work"), Place::Pinned), copies);
+                // bf16 copies: split masters (their low halves pageable, as many bytes as the copies).
+                EXPECT_EQ(total_bytes(items_with(list, "host.lo"), Place::Host), bf16 ? copies : 0u);
                 if (!chunk) {  // the planner plans the default chunk and ring
-                  const MemoryItems plan = sliding_memory(
-                      spec, sliding_options(pl, planner_base(B, T, micro, state), keep), cpu_info(bf16));
+                  const MemoryItems plan =
+                      sliding_memory(spec, sliding_options(pl, planner_base(B, T, micro, state), keep), cpu_info(bf16));
                   EXPECT_EQ(total_bytes(plan, Place::Device), dev.device);
                   EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
                   EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));
@@ -318,9 +320,9 @@ TEST(EngineBuffers, StateRingIsPiecesAsPlanned) {
           ASSERT_LT(piece, layer);  // several pieces a layer
           EXPECT_LE(ring, size_t(so.disk_ring) * size_t(piece) * 16 + NvmeStore::kAlign);
           EXPECT_LT(ring, size_t(so.disk_ring) * size_t(layer) * 8);  // less than the layers' m and v alone
-        } else {  // the planner's lines: the default piece
-          const MemoryItems plan = sliding_memory(
-              spec, sliding_options(pl, planner_base(2, 11, 1, DType::F32), true), cpu_info(true));
+        } else {                                                      // the planner's lines: the default piece
+          const MemoryItems plan =
+              sliding_memory(spec, sliding_options(pl, planner_base(2, 11, 1, DType::F32), true), cpu_info(true));
           EXPECT_EQ(total_bytes(plan, Place::Host), total_bytes(list, Place::Host));
           EXPECT_EQ(total_bytes(plan, Place::Pinned), dev.pinned);
           EXPECT_EQ(total_bytes(plan, Place::Disk), total_bytes(list, Place::Disk));

@@ -34,21 +34,31 @@ bool work_in_store(const HostOptimizerOptions& o, size_t b) {
 // An upload copy: the master in host memory with a working copy beside it.
 bool copy_in_ram(const HostOptimizerOptions& o, size_t b) {
   if (b >= o.ram_work.size() || !o.ram_work[b] || o.blob_numel[b] <= 0) return false;
-  SF_CHECK(!in_store(o, b), "blob " + std::to_string(b) + ": an upload copy is for a blob whose state is in host memory");
+  SF_CHECK(!in_store(o, b),
+           "blob " + std::to_string(b) + ": an upload copy is for a blob whose state is in host memory");
   return true;
 }
+// An upload copy in bf16: the master stored split (core/split_master.h), the copy its high half.
+bool split_master(const HostOptimizerOptions& o, size_t b) { return copy_in_ram(o, b) && o.work_dtype == DType::BF16; }
 // Whether blob b has a working copy in host memory (of a master in the store, or an upload copy).
 bool work_in_ram(const HostOptimizerOptions& o, size_t b) {
   return (master_in_store(o, b) && !work_in_store(o, b)) || copy_in_ram(o, b);
 }
-// Elements of the masters in host memory and of the working copies there (of which upload copies).
+// Elements of the masters in host memory, fp32 (`ram`) or split (`split`, with their tie bitmaps'
+// bytes, each blob's from a byte), and of the working copies there (of which upload copies).
 struct MasterSplit {
-  int64_t ram = 0, work = 0, copies = 0;
+  int64_t ram = 0, split = 0, work = 0, copies = 0;
+  uint64_t tie_bytes = 0;
 };
 MasterSplit master_split(const HostOptimizerOptions& o) {
   MasterSplit m;
   for (size_t b = 0; b < o.blob_numel.size(); ++b) {
-    if (!master_in_store(o, b)) m.ram += o.blob_numel[b];
+    if (split_master(o, b)) {
+      m.split += o.blob_numel[b];
+      m.tie_bytes += split_tie_bytes(o.blob_numel[b]);
+    } else if (!master_in_store(o, b)) {
+      m.ram += o.blob_numel[b];
+    }
     if (work_in_ram(o, b)) m.work += o.blob_numel[b];
     if (copy_in_ram(o, b)) m.copies += o.blob_numel[b];
   }
@@ -118,15 +128,20 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
   const MasterSplit ms = master_split(o);
   MemoryItems m = {{"fp32 master weights", size_t(ms.ram) * 4, Place::Pinned, "host.master"}};
   if (ms.work > 0)  // (one buffer: the name says what it holds)
-    m.push_back({ms.copies == 0          ? "working copies of the masters in the offload dir (the upload source)"
+    m.push_back({ms.copies == 0         ? "working copies of the masters in the offload dir (the upload source)"
+                 : ms.split == ms.work  ? "split masters' bf16 halves (the upload source)"
                  : ms.copies == ms.work ? "upload copies of the fp32 masters in the compute dtype (the upload source)"
                                         : "working copies (the upload source): of the masters in the offload dir, "
                                           "and upload copies of those in RAM",
                  size_t(ms.work) * dtype_size(o.work_dtype), Place::Pinned, "host.work"});
+  if (ms.split > 0) {  // (never DMA'd: pageable)
+    m.push_back({"split masters' low halves", size_t(ms.split) * 2, Place::Host, "host.lo"});
+    m.push_back({"split masters' tie bits", size_t(ms.tie_bytes), Place::Host, "host.ties"});
+  }
   if (total > 0 && g > 0)
-    m.push_back({o.keep_grads ? "gradients of the step (held for the norm)"
-                  : held_total > 0 ? "gradient ring (" + std::to_string(o.ring) + " chunks) + held gradients"
-                                   : "gradient ring (" + std::to_string(o.ring) + " chunks)",
+    m.push_back({o.keep_grads     ? "gradients of the step (held for the norm)"
+                 : held_total > 0 ? "gradient ring (" + std::to_string(o.ring) + " chunks) + held gradients"
+                                  : "gradient ring (" + std::to_string(o.ring) + " chunks)",
                  g, Place::Pinned, "host.grads"});
   const std::string mv = o.state_dtype == DType::F32 ? "AdamW m and v" : "AdamW m and v (bf16)";
   m.push_back({mv, size_t(ram_state) * dtype_size(o.state_dtype), Place::Host, "host.m"});
@@ -141,13 +156,20 @@ MemoryItems HostOptimizer::buffers(const HostOptimizerOptions& o) {
 
 HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeStore* store)
     : dev_(dev), gd_(o.grad_dtype), sd_(o.state_dtype), keep_(o.keep_grads), wd_(o.work_dtype) {
-  int64_t ram_state = 0, ram_master = 0, ram_work = 0, kept_grads = 0;
+  int64_t ram_state = 0, ram_master = 0, ram_work = 0, kept_grads = 0, ram_lo = 0, ram_ties = 0;
   for (size_t b = 0; b < o.blob_numel.size(); ++b) {
     const int64_t n = o.blob_numel[b];
     off_.push_back(n > 0 ? total_ : -1);
-    poff_.push_back(n > 0 && !master_in_store(o, b) ? ram_master : -1);
+    const bool split = n > 0 && split_master(o, b);
+    poff_.push_back(n > 0 && !master_in_store(o, b) && !split ? ram_master : -1);
+    loff_.push_back(split ? ram_lo : -1);
+    toff_.push_back(split ? ram_ties : -1);
     woff_.push_back(n > 0 && work_in_ram(o, b) ? ram_work : -1);
     if (poff_.back() >= 0) ram_master += n;
+    if (split) {
+      ram_lo += n;
+      ram_ties += int64_t(split_tie_bytes(n));
+    }
     if (woff_.back() >= 0) ram_work += n;
     moff_.push_back(n > 0 && !in_store(o, b) ? ram_state : -1);
     numel_.push_back(n);
@@ -171,10 +193,14 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
   work_ = src.buffer_if("host.work");
   m_ = HostBuffer(src.take("host.m").bytes);
   v_ = HostBuffer(src.take("host.v").bytes);
+  if (src.has("host.lo")) {
+    lo_ = HostBuffer(src.take("host.lo").bytes);
+    ties_ = HostBuffer(src.take("host.ties").bytes);
+  }
   clock.mark("host masters allocated (page-locked)");
   // The AdamW pass streams through m and v every step: transparent huge pages spare the TLB
   // (measured within the spread, kept: docs/DECISIONS.md, "Transparent huge pages").
-  for (const HostBuffer* b : {&m_, &v_})
+  for (const HostBuffer* b : {&m_, &v_, &lo_})
     if (b->size() >= (size_t(4) << 20)) {  // page-aligned inside the buffer; a hint, failure is harmless
       const uintptr_t lo = (reinterpret_cast<uintptr_t>(b->data()) + 4095) / 4096 * 4096;
       const uintptr_t hi = (reinterpret_cast<uintptr_t>(b->data()) + b->size()) / 4096 * 4096;
@@ -183,6 +209,8 @@ HostOptimizer::HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeSto
   // (the first touch of tens of GB: on every core, core/thread_pool.h)
   if (master_.size() > 0) zero_parallel(master_.data(), master_.size());  // padding between tensors stays 0
   if (work_.size() > 0) zero_parallel(work_.data(), work_.size());
+  if (lo_.size() > 0) zero_parallel(lo_.data(), lo_.size());
+  if (ties_.size() > 0) zero_parallel(ties_.data(), ties_.size());
   if (ram_state > 0) {
     zero_parallel(m_.data(), size_t(ram_state) * dtype_size(sd_));
     zero_parallel(v_.data(), size_t(ram_state) * dtype_size(sd_));
@@ -232,6 +260,16 @@ void HostOptimizer::read_state(int which, int blob, int64_t off, int64_t n, floa
     disk_->read(StateStream::Master, blob, off, n, dst);
     return;
   }
+  if (which == 0 && is_split(blob)) {
+    const SplitMaster sm = split(blob).at(off);
+    cpu_pool().parallel_pieces(
+        n,
+        [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) dst[i] = split_join(sm, i);
+        },
+        int64_t(1) << 16);
+    return;
+  }
   if (which == 0) {
     std::memcpy(dst, master(blob) + off, size_t(n) * 4);
     return;
@@ -260,11 +298,22 @@ void HostOptimizer::write_state(int which, int blob, int64_t off, int64_t n, con
                   w.size());
     return;
   }
+  if (which == 0 && is_split(blob)) {
+    const SplitMaster sm = split(blob).at(off);
+    cpu_pool().parallel_pieces(
+        n,
+        [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) split_store(sm, i, src[i]);
+        },
+        int64_t(1) << 16);
+    return;
+  }
   if (which == 0) {
     std::memcpy(master(blob) + off, src, size_t(n) * 4);
     if (has_upload_copy(blob))  // the upload copy: the GPU's cast of the master on upload
-      cpu::cast(Tensor(static_cast<char*>(work_.data()) + size_t(woff_[size_t(blob)] + off) * dtype_size(wd_), wd_, {n}),
-                Tensor(master(blob) + off, DType::F32, {n}));
+      cpu::cast(
+          Tensor(static_cast<char*>(work_.data()) + size_t(woff_[size_t(blob)] + off) * dtype_size(wd_), wd_, {n}),
+          Tensor(master(blob) + off, DType::F32, {n}));
     return;
   }
   std::vector<char> tmp;
@@ -284,11 +333,11 @@ float* HostOptimizer::master(int blob) {
   return static_cast<float*>(master_.data()) + poff_[size_t(blob)];
 }
 
-void HostOptimizer::master_written(int blob) {
-  if (!has_upload_copy(blob)) return;
-  const int64_t n = numel_[size_t(blob)];
-  cpu::cast(Tensor(static_cast<char*>(work_.data()) + size_t(woff_[size_t(blob)]) * dtype_size(wd_), wd_, {n}),
-            Tensor(master(blob), DType::F32, {n}));
+SplitMaster HostOptimizer::split(int blob) {
+  SF_CHECK(is_split(blob), "blob " + std::to_string(blob) + " has no split master");
+  return SplitMaster{static_cast<uint16_t*>(work_.data()) + woff_[size_t(blob)],
+                     static_cast<uint16_t*>(lo_.data()) + loff_[size_t(blob)],
+                     static_cast<uint8_t*>(ties_.data()) + toff_[size_t(blob)], 0};
 }
 
 UploadSource HostOptimizer::upload_source(int blob, Event& updated) {
@@ -301,9 +350,10 @@ UploadSource HostOptimizer::upload_source(int blob, Event& updated) {
         static_cast<const char*>(work_.data()) + size_t(woff_[size_t(blob)]) * dtype_size(wd_), wd_, 0, {}, {}};
   WeightStream* w = weights_.get();
   Event* upd = &updated;
-  return UploadSource{nullptr, wd_, w->piece(),
-                      [w, blob, upd](Stream& h2d, int64_t first, int64_t n) { return w->begin(blob, first, n, *upd, h2d); },
-                      [w](Stream& h2d) { w->end(h2d); }};
+  return UploadSource{
+      nullptr, wd_, w->piece(),
+      [w, blob, upd](Stream& h2d, int64_t first, int64_t n) { return w->begin(blob, first, n, *upd, h2d); },
+      [w](Stream& h2d) { w->end(h2d); }};
 }
 
 const void* HostOptimizer::grads(int blob) const {
@@ -326,8 +376,8 @@ void HostOptimizer::update_disk(int blob, int64_t i0, int64_t n, const void* g, 
     const StateStream::View& d = disk_view_;
     SF_CHECK(e >= d.first && e < d.first + d.n, "state stream: a piece out of the update's order");
     const int64_t k = e - d.first, c = std::min(i0 + n, d.first + d.n) - e;
-    const void* gp = d.grad ? static_cast<const char*>(d.grad) + size_t(k) * gs
-                            : static_cast<const char*>(g) + size_t(e - i0) * gs;
+    const void* gp =
+        d.grad ? static_cast<const char*>(d.grad) + size_t(k) * gs : static_cast<const char*>(g) + size_t(e - i0) * gs;
     float* pm = d.master ? d.master + k : static_cast<float*>(master_.data()) + poff_[size_t(blob)] + e;
     q.first = e;  // the rounding stream's element index within the blob
     cpu::adamw(Tensor(pm, DType::F32, {c}), Tensor(const_cast<void*>(gp), gd_, {c}),
@@ -395,14 +445,17 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
   const int64_t off = poff_[size_t(blob)] + i0;  // (a master in the store: unused)
   const int64_t moff = moff_[size_t(blob)] + i0;
   // An upload copy is written with the parameters (the fused pass or the split's parameter pass).
-  const int64_t woff = !disk && part != cpu::AdamWPart::Moments && has_upload_copy(blob) ? woff_[size_t(blob)] + i0 : -1;
+  const bool split_p = is_split(blob);
+  const int64_t woff =
+      !disk && !split_p && part != cpu::AdamWPart::Moments && has_upload_copy(blob) ? woff_[size_t(blob)] + i0 : -1;
+  const SplitMaster sm = split_p ? split(blob).at(i0) : SplitMaster{};
   const bool first = i0 == 0, last = i0 + n == numel_[size_t(blob)];
   // p by value: the next step's parameters may differ by the time this runs.
   AdamWParams q = p;  // the rounding stream's coordinates: blob, and i0 within it
   q.blob = blob;
   q.first = i0;
   dev_.host_fn(opt, [this, blob, i0, off, moff, woff, n, g = static_cast<const void*>(at.ptr), q, part, disk, first,
-                     last, rows]() mutable {
+                     last, rows, split_p, sm]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t es = dtype_size(sd_);
     if (disk) {
@@ -412,12 +465,17 @@ void HostOptimizer::queue_update(int blob, int64_t i0, int64_t n, const Landing&
     } else {
       char* m = static_cast<char*>(m_.data()) + size_t(moff) * es;
       char* v = static_cast<char*>(v_.data()) + size_t(moff) * es;
-      float* pm = static_cast<float*>(master_.data()) + off;
-      const Tensor copy =
-          woff >= 0 ? Tensor(static_cast<char*>(work_.data()) + size_t(woff) * dtype_size(wd_), wd_, {n}) : Tensor();
       const cpu::RowSelect sel{rows.flags ? rows.flags->data() : nullptr, rows.row_len, rows.want};
-      cpu::adamw(Tensor(pm, DType::F32, {n}), Tensor(const_cast<void*>(g), gd_, {n}), Tensor(m, sd_, {n}),
-                 Tensor(v, sd_, {n}), copy, q, part, rows.flags ? &sel : nullptr);
+      if (split_p) {
+        cpu::adamw_split(sm, Tensor(const_cast<void*>(g), gd_, {n}), Tensor(m, sd_, {n}), Tensor(v, sd_, {n}), q, part,
+                         rows.flags ? &sel : nullptr);
+      } else {
+        float* pm = static_cast<float*>(master_.data()) + off;
+        const Tensor copy =
+            woff >= 0 ? Tensor(static_cast<char*>(work_.data()) + size_t(woff) * dtype_size(wd_), wd_, {n}) : Tensor();
+        cpu::adamw(Tensor(pm, DType::F32, {n}), Tensor(const_cast<void*>(g), gd_, {n}), Tensor(m, sd_, {n}),
+                   Tensor(v, sd_, {n}), copy, q, part, rows.flags ? &sel : nullptr);
+      }
     }
     update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });

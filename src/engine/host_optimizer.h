@@ -1,7 +1,9 @@
 // The sliding engine's host state and host AdamW (docs/ARCHITECTURE.md §2-3). Per parameter of the blobs kept
 // on the host: the fp32 master (page-locked: the upload source), AdamW m and v in the state dtype
 // (F32, or BF16 stochastically rounded) — 12 or 8 bytes — and
-// the gradients as they come down from the GPU, in the compute dtype (bf16 on cuda):
+// the gradients as they come down from the GPU, in the compute dtype (bf16 on cuda); a blob with
+// a bf16 upload copy keeps its master split instead (core/split_master.h: the copy and the low
+// halves, 4 bytes a parameter where master and copy took 6; docs/ENGINE.md "Split masters");
 // - `keep_grads` (clipping, or gradients read back): every gradient of the step is held until the
 //   norm is known (+2 bytes a parameter);
 // - otherwise a ring of a few chunk-sized page-locked buffers: each chunk is consumed by its AdamW
@@ -76,20 +78,15 @@ class HostOptimizer {
   HostOptimizer(Device& dev, const HostOptimizerOptions& o, NvmeStore* store = nullptr);
 
   int64_t total() const { return total_; }
-  // The fp32 master of a blob whose master is in host memory (not in the store).
-  float* master(int blob);
   bool master_on_disk(int blob) const { return disk_ && disk_->has_master(blob); }
   // What an upload of the blob reads (the master, the working copy in host memory, or the
   // working copy read from the store after `updated`, the blob's last update).
   UploadSource upload_source(int blob, Event& updated);
-  // After a master in host memory was written in place (master(blob): a load, random weights):
-  // its upload copy, if it has one, from the new master. Outside a step.
-  void master_written(int blob);
   bool has_upload_copy(int blob) const { return !master_on_disk(blob) && woff_[size_t(blob)] >= 0; }
   DType state_dtype() const { return sd_; }
   // Elements [off, off + n) of the master (0), m (1) or v (2) of a host blob, outside a step, as fp32
   // (m and v converted from the state dtype; written back rounded to nearest). Writing a master
-  // also writes its working copy, if the blob has one.
+  // also writes its working copy, if the blob has one (a split master: both its halves).
   void read_state(int which, int blob, int64_t off, int64_t n, float* dst);
   void write_state(int which, int blob, int64_t off, int64_t n, const float* src);
   bool on_disk(int blob) const { return disk_ && disk_->has(blob); }
@@ -140,7 +137,9 @@ class HostOptimizer {
   // Seconds of the constructor's phases: page-locked allocation, zeroing (the first touch), the
   // NVMe streams (the engine's set-up report).
   const PhaseTimes& setup_times() const { return setup_; }
-  size_t host_bytes() const { return pinned_bytes() + m_.size() + v_.size() + (disk_ ? disk_->host_bytes() : 0); }
+  size_t host_bytes() const {
+    return pinned_bytes() + m_.size() + v_.size() + lo_.size() + ties_.size() + (disk_ ? disk_->host_bytes() : 0);
+  }
   // What the constructor allocates, from the same options: "host.master", "host.work" (working
   // copies in host memory: of masters in the store, upload copies) and "host.grads" (the
   // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v"
@@ -153,6 +152,12 @@ class HostOptimizer {
 
  private:
   void update_disk(int blob, int64_t i0, int64_t n, const void* g, AdamWParams q);  // on the opt stream
+  // The fp32 master of a blob whose master is in host memory unsplit.
+  float* master(int blob);
+  // A blob with a bf16 upload copy keeps its master split (core/split_master.h): the copy is its
+  // high half, lo_ its low halves, ties_ its tie bits. Then it has no fp32 master.
+  bool is_split(int blob) const { return loff_[size_t(blob)] >= 0; }
+  SplitMaster split(int blob);
 
   Device& dev_;
   DType gd_, sd_;
@@ -163,13 +168,17 @@ class HostOptimizer {
   std::vector<int64_t> goff_;  // [blobs] (keep_grads) element offset in store_ (-1: the gradient is in the NVMe store)
   std::vector<int64_t> woff_;  // [blobs] element offset in work_ (-1: no working copy in host memory)
   std::vector<int64_t> moff_;  // [blobs] element offset in m_ and v_ (-1: not on the host, or on disk)
+  std::vector<int64_t> loff_;  // [blobs] element offset in lo_ (-1: the master is not split)
+  std::vector<int64_t> toff_;  // [blobs] byte offset in ties_ (-1: the master is not split)
   std::vector<int64_t> numel_;
   int64_t total_ = 0;
   DeviceBuffer master_;  // [masters in host memory] F32 pinned
   DeviceBuffer work_;    // [working copies in host memory] work dtype, pinned
   DType wd_ = DType::BF16;
   size_t wring_bytes_ = 0;
-  HostBuffer m_, v_;                       // [total of the blobs not on disk] sd_
+  HostBuffer m_, v_;  // [total of the blobs not on disk] sd_
+  HostBuffer lo_;     // [split masters] uint16 low halves
+  HostBuffer ties_;   // [split masters' tie bitmaps, each from a byte] bits
   PhaseTimes setup_;
   std::unique_ptr<StateStream> disk_;      // m and v of the blobs in the NVMe store
   StateStream::View disk_view_;            // the piece being updated (opt stream only)

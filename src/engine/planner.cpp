@@ -12,6 +12,7 @@
 
 #include "core/align.h"
 #include "core/error.h"
+#include "core/split_master.h"
 #include "core/units.h"
 #include "engine/checkpoint_store.h"
 #include "engine/engine.h"
@@ -224,8 +225,8 @@ SettingText Shortfall::phrase() const {
       return t;
     }
     case Memory::Disk:
-      return {"needs " + format_bytes(needs) + " in the offload directory (AdamW state, masters, weights, checkpoints), " +
-                  format_bytes(available) +
+      return {"needs " + format_bytes(needs) +
+                  " in the offload directory (AdamW state, masters, weights, checkpoints), " + format_bytes(available) +
                   " available (",
               Setting::DiskMemory, ")"};
     case Memory::None:
@@ -472,12 +473,16 @@ class Planner {
     // Upload copies: the first copies_ host blobs (forward order) whose state is in host memory.
     p_.upload_copies.clear();
     p_.upload_copy_bytes = 0;
-    for (int b = 0; engine == EngineKind::Sliding && b < int(lay_.blobs.size()) && int(p_.upload_copies.size()) < copies_;
-         ++b) {
+    size_t copies_add = 0;  // the host memory they add: a bf16 copy only its split master's tie bits
+    for (int b = 0;
+         engine == EngineKind::Sliding && b < int(lay_.blobs.size()) && int(p_.upload_copies.size()) < copies_; ++b) {
       auto has = [b](const std::vector<int>& v) { return std::find(v.begin(), v.end(), b) != v.end(); };
       if (has(gpu_blobs) || has(disk_blobs)) continue;
       p_.upload_copies.push_back(b);
-      p_.upload_copy_bytes += size_t(lay_.blobs[size_t(b)].numel) * dtype_size(be_.compute_dtype);
+      const int64_t n = lay_.blobs[size_t(b)].numel;
+      p_.upload_copy_bytes += size_t(n) * dtype_size(be_.compute_dtype);
+      copies_add +=
+          be_.compute_dtype == DType::BF16 ? size_t(split_tie_bytes(n)) : size_t(n) * dtype_size(be_.compute_dtype);
     }
     EngineOptions base;
     base.max_batch = r_.batch;
@@ -516,7 +521,7 @@ class Planner {
                      total_bytes(items_with(p_.items, "whole"), Place::Device) +
                          total_bytes(items_with(p_.items, "kept"), Place::Device)};
     else if (p_.host_budget > 0 && p_.host_bytes > p_.host_budget)
-      p_.short_of = {Shortfall::Memory::Host, p_.host_bytes, p_.host_budget, p_.pinned_bytes, 0, p_.upload_copy_bytes};
+      p_.short_of = {Shortfall::Memory::Host, p_.host_bytes, p_.host_budget, p_.pinned_bytes, 0, copies_add};
     else if (p_.disk_bytes > p_.disk_budget)
       p_.short_of = {Shortfall::Memory::Disk, p_.disk_bytes, p_.disk_budget, 0};
     p_.fits = p_.short_of.memory == Shortfall::Memory::None;
@@ -638,8 +643,8 @@ class Planner {
   // forward that would wait for a held update), the fastest that fits and is kMinGain shorter than
   // holding none. A requested count (hold_grads N > 1) or share (hold_early >= 0) is taken as it is.
   void add_hold(int slots) {
-    if (r_.hold_grads == 0 || r_.clip || !r_.optimizer || on_host_ || !p_.fits || p_.disk_bytes > 0 ||
-        !r_.training || p_.engine != EngineKind::Sliding)
+    if (r_.hold_grads == 0 || r_.clip || !r_.optimizer || on_host_ || !p_.fits || p_.disk_bytes > 0 || !r_.training ||
+        p_.engine != EngineKind::Sliding)
       return;
     const bool count_given = r_.hold_grads > 1;
     Plan none = p_;
@@ -709,7 +714,9 @@ class Planner {
   // Upload copies (PlanRequest::upload_copies Auto): a placement that fits with nothing in the
   // offload file may spend the host memory left on a working copy in the compute dtype beside each
   // host blob's fp32 master. Its uploads then carry act bytes a parameter instead of 4 (PCIe and
-  // the host bus, twice a step) and its updates write act bytes more (the host bus once a step).
+  // the host bus, twice a step) and its updates write act bytes more (the host bus once a step);
+  // a bf16 copy is a split master's high half (HostOptimizer), which costs neither the writes nor
+  // more than the tie bits' 1/8 byte a parameter of memory (the low halves leave the pinned budget).
   // Every host blob if the host budget holds them, else the most in forward order that it holds
   // (a binary search over the buffer lists); kept when the predicted step is kMinGain shorter
   // (the prediction is a lower bound). Only training with the optimizer, on a GPU computing below
@@ -787,7 +794,7 @@ class Planner {
       level[k] = most[k];
       if (with()) {
       } else if (k == Masters && p_.host_bytes >= before) {  // fp32 compute: a working copy is a master's size,
-        level[k] = 0;                                  // so masters go only with their working copies
+        level[k] = 0;                                        // so masters go only with their working copies
         continue;
       } else {
         continue;  // still short with all of this level: the next one too
@@ -922,17 +929,14 @@ Phases split_update_path(const ModelSpec& s, const ModelLayout& lay, const PlanR
 // gradient, master and working copy) is read and written around its update, so in the phase the
 // updates run in (the forward with clipping, the backward without), except that a held gradient
 // is written in the backward as it lands (and not written back) and a working copy is not read by
-// the update but for each upload (the forward's, and the backward's unless a slot holds it); checkpoints are written in the forward and
-// read in the backward. Only the state ring's read-ahead and write-behind (`disk_ring` blobs) can
-// cross into the other phase, and only while the disk has nothing else to do there. So the disk's
-// total time is a bound (the prediction before), and so is each phase's share: with --grad-accum 8
-// the 8B backward is ~12 s of GPU work in which the disk reads only the checkpoints of 11 layers,
-// and the forward cannot absorb that idle time (session 7: disk busy 40.4 s of a 49.6 s step, the
-// disk's total planned 38.7 s).
-// And a phase bound by the disk ends with its last update, after which the schedule still has
-// work that waits for it (`Tails`).
-// `ph`: the phases without the disk; `act`: bytes of a working copy's element. The result: the
-// phases at least as long as their disk work.
+// the update but for each upload (the forward's, and the backward's unless a slot holds it); checkpoints are written in
+// the forward and read in the backward. Only the state ring's read-ahead and write-behind (`disk_ring` blobs) can cross
+// into the other phase, and only while the disk has nothing else to do there. So the disk's total time is a bound (the
+// prediction before), and so is each phase's share: with --grad-accum 8 the 8B backward is ~12 s of GPU work in which
+// the disk reads only the checkpoints of 11 layers, and the forward cannot absorb that idle time (session 7: disk
+// busy 40.4 s of a 49.6 s step, the disk's total planned 38.7 s). And a phase bound by the disk ends with its last
+// update, after which the schedule still has work that waits for it (`Tails`). `ph`: the phases without the disk;
+// `act`: bytes of a working copy's element. The result: the phases at least as long as their disk work.
 struct Tails {
   double layers_bwd_gpu = 0;  // the decoder layers' backward on the GPU (all micro-batches)
   // With clipping: what follows the last disk blob's update in the forward — its upload and the
@@ -1082,9 +1086,12 @@ void predict_sliding(const ModelSpec& s, const ModelLayout& lay, const PlanReque
   double up_back = 0;
   for (int b : p.backward_uploads) up_back += double(upload_bytes_of(lay, p, b, be.compute_dtype));
   p.upload_bytes_backward = up_back;
-  // Parameters whose update also writes an upload copy (act bytes a parameter more).
+  // Parameters whose update also writes an upload copy beside an fp32 master (act bytes a
+  // parameter more). A bf16 copy is a split master's high half instead (HostOptimizer): the
+  // update writes its two halves where it wrote the fp32 master, nothing more.
   double Pc = 0;
-  for (int b : p.upload_copies) Pc += double(lay.blobs[size_t(b)].numel);
+  if (be.compute_dtype != DType::BF16)
+    for (int b : p.upload_copies) Pc += double(lay.blobs[size_t(b)].numel);
   // One fused pass (bf16 gradient in), bound by the bus: bf16 state moves fewer bytes.
   const double update_s = (P * pass_bytes(act, double(dtype_size(r.state_dtype))).fused + Pc * act) /
                           (rates.host_adamw_params_s * (24 + act));
@@ -1152,8 +1159,8 @@ void predict_sliding(const ModelSpec& s, const ModelLayout& lay, const PlanReque
   // around its update, whatever grad_accum is; the checkpoints, which grow with it), working copies
   // read once more (Plan::disk_read_bytes, disk_write_bytes); the phases bound where that traffic
   // can fall (with_disk).
-  if (p.disk_bytes > 0) p.disk_s = p.disk_read_bytes / (rates.disk_read_gbs * 1e9) +
-                                   p.disk_write_bytes / (rates.disk_write_gbs * 1e9);
+  if (p.disk_bytes > 0)
+    p.disk_s = p.disk_read_bytes / (rates.disk_read_gbs * 1e9) + p.disk_write_bytes / (rates.disk_write_gbs * 1e9);
   Tails tails;
   tails.layers_bwd_gpu = p.gpu_s * (1.0 - (f.forward + f.head * 2 / 3) / f.total);
   if (!p.disk_blobs.empty()) {
@@ -1309,8 +1316,8 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
                   "offload dir holds: AdamW state of %zu blobs, held gradients of %zu, checkpoints of %d layers, "
                   "fp32 masters of %zu, working copies of %zu; a step reads %s and writes %s there\n",
                   p.disk_blobs.size(), p.disk_grads.size(), p.ckpt_disk_layers, p.disk_masters.size(),
-                  p.disk_weights.size(),
-                  format_bytes(size_t(p.disk_read_bytes)).c_str(), format_bytes(size_t(p.disk_write_bytes)).c_str());
+                  p.disk_weights.size(), format_bytes(size_t(p.disk_read_bytes)).c_str(),
+                  format_bytes(size_t(p.disk_write_bytes)).c_str());
     o << line;
     if (p.lendable_bytes > 0) {
       std::snprintf(line, sizeof line,
@@ -1348,8 +1355,7 @@ std::string format_plan(const ModelSpec& s, const PlanRequest& r, const Plan& p,
     std::snprintf(line, sizeof line,
                   "predicted (lower bound from the rates): %.3f s a step, %.0f tokens/s (GPU %.3f s, host %.3f s, "
                   "PCIe %.3f s%s)\n",
-                  p.step_s, p.tokens_per_s, p.gpu_s, p.host_s, p.pcie_s,
-                  disk);
+                  p.step_s, p.tokens_per_s, p.gpu_s, p.host_s, p.pcie_s, disk);
     o << line;
     if (p.engine == EngineKind::Sliding) o << format_phases(p) << "\n";
   }

@@ -77,15 +77,15 @@ struct PlanRequest {
   bool training = true, optimizer = true;  // eval needs neither gradients nor AdamW state
   bool clip = true;  // gradient clipping (the sliding engine's update then waits for the backward)
   OffloadChoice offload = OffloadChoice::Auto;
-  int slots = 0;            // 0: the planner's choice
-  int gpu_blobs = -1;       // sliding: blobs kept whole on the GPU (the first of gpu_blob_order); -1: all that fit
-  size_t gpu_budget = 0;    // bytes the engine may hold on the GPU (0: the backend's free memory)
-  size_t host_budget = 0;   // bytes of host memory (0: MemAvailable)
+  int slots = 0;           // 0: the planner's choice
+  int gpu_blobs = -1;      // sliding: blobs kept whole on the GPU (the first of gpu_blob_order); -1: all that fit
+  size_t gpu_budget = 0;   // bytes the engine may hold on the GPU (0: the backend's free memory)
+  size_t host_budget = 0;  // bytes of host memory (0: MemAvailable)
   // The NVMe tier: where the offload file may go (empty: no disk) and how much of it (0: the free
   // space of the directory's filesystem less 5 %).
   std::string offload_dir;
   size_t disk_budget = 0;
-  bool split_micro = true;  // the planner may split micro-batches to fit the GPU
+  bool split_micro = true;   // the planner may split micro-batches to fit the GPU
   bool split_update = true;  // with clipping, the update in two passes (SlidingOptions::split_update)
   // The state ring reads ahead into the host checkpoints the backward has consumed
   // (SlidingOptions::lend_checkpoints; docs/ENGINE.md "Read-ahead into freed checkpoints").
@@ -127,8 +127,8 @@ struct Shortfall {
   enum class Memory { None, Gpu, Host, Disk };
   Memory memory = Memory::None;
   size_t needs = 0, available = 0, pinned = 0;
-  size_t kept = 0;  // GPU: of `needs`, selective recompute's kept activations (named in the phrase)
-  size_t copies = 0;  // host: of `needs`, the upload copies (named in the phrase)
+  size_t kept = 0;    // GPU: of `needs`, selective recompute's kept activations (named in the phrase)
+  size_t copies = 0;  // host: of `needs`, what the upload copies add (named in the phrase)
   // "needs X of GPU memory, Y available (<the GPU memory setting>)"; empty when None.
   SettingText phrase() const;
   std::string text(SettingNamer names = setting_name) const { return phrase().render(names); }
@@ -154,11 +154,11 @@ struct PhaseTime {
 struct Plan {
   EngineKind engine = EngineKind::Resident;
   int slots = 0;
-  std::vector<int> gpu_blobs;  // sliding: blobs kept whole on the GPU
-  int64_t hold_grads = 0;      // sliding without clipping: SlidingOptions::hold_grads
-  double hold_early = 0;       // and SlidingOptions::hold_early (0 when nothing is held)
-  std::vector<int> disk_blobs; // sliding: blobs whose AdamW state is in the NVMe store
-  int ckpt_disk_layers = 0;    // sliding: the first layers whose checkpoints are in the NVMe store
+  std::vector<int> gpu_blobs;     // sliding: blobs kept whole on the GPU
+  int64_t hold_grads = 0;         // sliding without clipping: SlidingOptions::hold_grads
+  double hold_early = 0;          // and SlidingOptions::hold_early (0 when nothing is held)
+  std::vector<int> disk_blobs;    // sliding: blobs whose AdamW state is in the NVMe store
+  int ckpt_disk_layers = 0;       // sliding: the first layers whose checkpoints are in the NVMe store
   std::vector<int> disk_masters;  // sliding: of disk_blobs, those whose fp32 master is in the store too
   std::vector<int> disk_weights;  // sliding: of disk_masters, those whose working copy is too (read per upload)
   std::vector<int> disk_grads;    // sliding, clipping: of disk_blobs, those whose held gradient waits there
@@ -166,8 +166,8 @@ struct Plan {
   // dtype beside their fp32 master (SlidingOptions::upload_copies), and those copies' bytes
   std::vector<int> upload_copies;
   size_t upload_copy_bytes = 0;
-  std::string ckpt_cufile;        // PlanRequest::ckpt_cufile: checkpoints on disk through cuFile (no pinned ring)
-  bool lend_checkpoints = true;   // PlanRequest::lend_checkpoints
+  std::string ckpt_cufile;       // PlanRequest::ckpt_cufile: checkpoints on disk through cuFile (no pinned ring)
+  bool lend_checkpoints = true;  // PlanRequest::lend_checkpoints
   // Selective recompute, training (both engines; the sliding engine's per micro-batch): layers kept
   // whole (EngineOptions::whole_layers) and layers keeping attention's output (kept_layers).
   int whole_layers = 0;
@@ -193,7 +193,7 @@ struct Plan {
   // Prediction (seconds a step of batch x seq x grad_accum tokens).
   double flops = 0;  // per optimizer step
   double gpu_s = 0, host_s = 0, pcie_s = 0, step_s = 0;
-  double disk_s = 0;  // the NVMe store's reads and writes of a step at the disk's rates
+  double disk_s = 0;        // the NVMe store's reads and writes of a step at the disk's rates
   double upload_bytes = 0;  // sliding: what one pass's uploads carry up PCIe (upload_bytes_per_pass)
   // Sliding, training: a step's uploads as the slot policy makes them (SlidingEngine::pass_uploads):
   // how many, and the blobs the backward uploads again (those the forward's last slots do not hold).

@@ -974,10 +974,7 @@ void SlidingEngine::load(const CheckpointReader& ckpt) {
       dev_.copy(m.gpu.at(m.gpu.master, b), tmp.data(), tmp.size() * 4, CopyKind::HostToDevice, *m.compute);
       m.gpu_refresh(b);
       dev_.synchronize(*m.compute);
-    } else if (!m.host->master_on_disk(b)) {
-      read_blob(ckpt, bl, m.host->master(b));
-      m.host->master_written(b);  // its upload copy
-    } else {  // NVMe tier: through the store (the master and its working copy)
+    } else {  // host memory or the NVMe tier: the master and its working copy (or its halves)
       tmp.assign(size_t(bl.numel), 0.f);
       read_blob(ckpt, bl, tmp.data());
       m.host->write_state(0, b, 0, bl.numel, tmp.data());
@@ -1000,10 +997,7 @@ void SlidingEngine::init_random(uint64_t seed) {
       dev_.copy(m.gpu.at(m.gpu.master, b), tmp.data(), tmp.size() * 4, CopyKind::HostToDevice, *m.compute);
       m.gpu_refresh(b);
       dev_.synchronize(*m.compute);
-    } else if (!m.host->master_on_disk(b)) {
-      random_blob(bl, b, seed, spec_.initializer_range, m.host->master(b));
-      m.host->master_written(b);
-    } else {  // NVMe tier: through the store (the master and its working copy)
+    } else {  // host memory or the NVMe tier: the master and its working copy (or its halves)
       tmp.assign(size_t(bl.numel), 0.f);
       random_blob(bl, b, seed, spec_.initializer_range, tmp.data());
       m.host->write_state(0, b, 0, bl.numel, tmp.data());

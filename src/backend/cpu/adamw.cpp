@@ -29,6 +29,7 @@
 #include "backend/cpu/cpu_common.h"
 #include "backend/cpu/kernels.h"
 #include "core/env.h"
+#include "core/split_master.h"
 #include "core/stochastic_round.h"
 #include "core/thread_pool.h"
 
@@ -97,8 +98,14 @@ Isa adamw_isa() {
 // end - (end - self)(1 - w); the branch is a template argument (it is loop-invariant).
 // StateT: float, or bf16 (stochastic rounding with keys `rk` for element i's index lo + (i - i0)
 // in its blob; [i0, i1) never crosses a 2^32 boundary of that index, see adamw_segments).
-template <bool kSmallW, AdamWPart kPart, class GradT, class StateT, class CopyT>
-void adamw_range(Isa isa, float* p, const GradT* gp, StateT* m, StateT* v, CopyT* cp, const Coefs& k, RoundKeys rk,
+// ParamT: float* (an fp32 master) or SplitMaster (core/split_master.h).
+inline float ldp(float* p, int64_t i) { return p[i]; }
+inline void stp(float* p, int64_t i, float x) { p[i] = x; }
+inline float ldp(const SplitMaster& s, int64_t i) { return split_join(s, i); }
+inline void stp(const SplitMaster& s, int64_t i, float x) { split_store(s, i, x); }
+
+template <bool kSmallW, AdamWPart kPart, class ParamT, class GradT, class StateT, class CopyT>
+void adamw_range(Isa isa, ParamT p, const GradT* gp, StateT* m, StateT* v, CopyT* cp, const Coefs& k, RoundKeys rk,
                  uint32_t lo, int64_t i0, int64_t i1) {
   int64_t i = i0;
 #ifdef SF_ADAMW_SIMD
@@ -107,8 +114,8 @@ void adamw_range(Isa isa, float* p, const GradT* gp, StateT* m, StateT* v, CopyT
   // the hardware prefetchers short (H200 machine, 3B clipped step: +3.4 % tokens/s, 0 -> 2048;
   // 512: +0.4 %; 4096 slower).
   constexpr int64_t ahead = 2048;
-  if (isa == Isa::Avx2) i = avx2::run<kSmallW, kPart>(p, gp, m, v, cp, k, rk, lo, i, i1, ahead);
-  if (isa == Isa::Sse2) i = sse2::run<kSmallW, kPart>(p, gp, m, v, cp, k, rk, lo, i, i1, ahead);
+  if (isa == Isa::Avx2) i = avx2::run<kSmallW, kPart, ParamT>(p, gp, m, v, cp, k, rk, lo, i, i1, ahead);
+  if (isa == Isa::Sse2) i = sse2::run<kSmallW, kPart, ParamT>(p, gp, m, v, cp, k, rk, lo, i, i1, ahead);
 #else
   (void)isa;
 #endif
@@ -128,10 +135,11 @@ void adamw_range(Isa isa, float* p, const GradT* gp, StateT* m, StateT* v, CopyT
       }
     }
     if constexpr (kPart != AdamWPart::Moments) {
-      const float pv = p[i] * k.decay;
+      const float pv = ldp(p, i) * k.decay;
       const float denom = std::sqrt(vv) / k.bc2_sqrt + k.eps;
-      p[i] = pv + k.neg_step * (mv / denom);
-      if constexpr (!std::is_void_v<CopyT>) st(cp, i, p[i]);
+      const float pn = pv + k.neg_step * (mv / denom);
+      stp(p, i, pn);
+      if constexpr (!std::is_void_v<CopyT>) st(cp, i, pn);
     }
   }
 }
@@ -149,11 +157,10 @@ void adamw_segments(uint64_t key, int64_t first, int64_t i0, int64_t i1, F&& f) 
   }
 }
 
-}  // namespace
-
-void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& a, AdamWPart part,
-           const RowSelect* select) {
-  const int64_t n = param.numel();  // all [n]; the arguments as ops_check.h's opcheck::adamw checks them
+// The pass over n elements of parameter p (ParamT: float* or SplitMaster).
+template <class ParamT>
+void adamw_pass(ParamT p, int64_t n, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& a,
+                AdamWPart part, const RowSelect* select) {
   SF_CHECK(part != AdamWPart::Moments || param_copy.empty(), "adamw: a Moments pass writes no parameter copy");
   const double bc1 = 1.0 - std::pow(double(a.beta1), double(a.step));
   const double bc2 = 1.0 - std::pow(double(a.beta2), double(a.step));
@@ -165,7 +172,6 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
                 a.eps,
                 float(-(double(a.lr) / bc1)),
                 a.grad_scale};
-  float* p = param.ptr<float>();
   const bool small_w = std::fabs(k.w1) < 0.5f;
   const uint64_t key = round_key(a.round_seed, a.step, a.blob);
   const Isa isa = adamw_isa();
@@ -184,7 +190,7 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
           auto go = [&](auto small, auto which) {
             auto span = [&](int64_t b0, int64_t b1) {
               adamw_segments(key, a.first, b0, b1, [&](RoundKeys rk, uint32_t lo, int64_t s0, int64_t s1) {
-                adamw_range<decltype(small)::value, decltype(which)::value, GradT, StateT, CopyT>(
+                adamw_range<decltype(small)::value, decltype(which)::value, ParamT, GradT, StateT, CopyT>(
                     isa, p, gp, mp, vp, cp, k, rk, lo, s0, s1);
               });
             };
@@ -234,6 +240,21 @@ void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, con
       visit(param_copy, [&](auto* cp) { with_state(gp, cp); });
     }
   });
+}
+
+}  // namespace
+
+void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& a, AdamWPart part,
+           const RowSelect* select) {
+  // all [n]; the arguments as ops_check.h's opcheck::adamw checks them
+  adamw_pass(param.ptr<float>(), param.numel(), grad, m, v, param_copy, a, part, select);
+}
+
+void adamw_split(const SplitMaster& param, Tensor grad, Tensor m, Tensor v, const AdamWParams& a, AdamWPart part,
+                 const RowSelect* select) {
+  SF_CHECK(param.hi && param.lo && param.ties, "adamw_split: a split master without its parts");
+  SF_CHECK(m.numel() == grad.numel() && v.numel() == grad.numel(), "adamw_split: sizes differ");
+  adamw_pass(param, grad.numel(), grad, m, v, Tensor(), a, part, select);
 }
 
 }  // namespace sf::cpu

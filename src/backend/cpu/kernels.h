@@ -7,6 +7,7 @@
 // tensors can run the front's check first (opcheck::adamw, opcheck::cast, ...).
 #pragma once
 #include "backend/ops.h"
+#include "core/split_master.h"
 
 namespace sf::cpu {
 
@@ -79,5 +80,10 @@ struct RowSelect {
 };
 void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor param_copy, const AdamWParams& p,
            AdamWPart part = AdamWPart::All, const RowSelect* select = nullptr);
+// The same with the parameter a split master (core/split_master.h: the sliding engine's host
+// blobs with an upload copy; its `hi` is the copy): the same arithmetic on the same fp32 values,
+// so the same bits as adamw on the joined master with a bf16 copy. [n] = grad's.
+void adamw_split(const SplitMaster& param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
+                 AdamWPart part = AdamWPart::All, const RowSelect* select = nullptr);
 
 }  // namespace sf::cpu
