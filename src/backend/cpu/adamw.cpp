@@ -234,7 +234,9 @@ void adamw_pass(ParamT p, int64_t n, Tensor grad, Tensor m, Tensor v, Tensor par
     }
   };
   visit(grad, [&](auto* gp) {
-    if (param_copy.empty()) {
+    if constexpr (std::is_same_v<ParamT, SplitMaster>) {  // (its high half is the copy)
+      with_state(gp, static_cast<void*>(nullptr));
+    } else if (param_copy.empty()) {
       with_state(gp, static_cast<void*>(nullptr));
     } else {
       visit(param_copy, [&](auto* cp) { with_state(gp, cp); });
