@@ -3,9 +3,10 @@
 GPU machine (issue 19's target: fwd+bwd >= 1.3x the FlashAttention-2 backend at head dim 128,
 >= 1.2x at 64, and at least the fastest backend, cuDNN's where torch has it).
 
-  python3 bench/attn_vs_torch.py BUILD_DIR [--shapes 8,2048,32,8] [--no-parity]
+  python3 bench/attn_vs_torch.py BUILD_DIR [--shapes 8,2048,32,8] [--head-dims 128,64] [--no-parity]
 
-For each head dim (128, 64) at B, T, H, KVH (default 8, 2048, 32, 8): torch's FLASH_ATTENTION,
+For each head dim (default 128, 64; 256: Gemma 3's, issue 18) at B, T, H, KVH (default 8, 2048,
+32, 8): torch's FLASH_ATTENTION,
 CUDNN_ATTENTION and EFFICIENT_ATTENTION backends (enable_gqa where the backend takes it, else K/V
 expanded outside the timing), fwd / bwd / fwd+bwd, CUDA events, median; then BUILD_DIR/attn_bench
 (the same shapes, our kernels: the default path and the sm_80 kernels forced); then packed rows
@@ -148,17 +149,24 @@ def main():
     B, T, H, KVH = 8, 2048, 32, 8
     if "--shapes" in sys.argv:
         B, T, H, KVH = (int(x) for x in sys.argv[sys.argv.index("--shapes") + 1].split(","))
+    head_dims = (128, 64)
+    if "--head-dims" in sys.argv:
+        head_dims = tuple(int(x) for x in sys.argv[sys.argv.index("--head-dims") + 1].split(","))
     from torch.nn.attention import SDPBackend
 
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     ok = True
     if "--no-parity" not in sys.argv:
-        for shape in ((2, 1000, 8, 2, 128), (1, 777, 8, 1, 64), (3, 129, 4, 4, 128), (1, 1, 2, 1, 64)):
+        shapes = [(2, 1000, 8, 2, 128), (1, 777, 8, 1, 64), (3, 129, 4, 4, 128), (1, 1, 2, 1, 64)]
+        shapes = [x for x in shapes if x[4] in head_dims]
+        if 256 in head_dims:
+            shapes += [(2, 1000, 8, 4, 256), (1, 129, 4, 2, 256)]
+        for shape in shapes:
             for path in PATHS:
                 ok &= parity(build, *shape, path)
         print(f"RESULT attn_parity={'ok' if ok else 'FAIL'}")
     rows = []
-    for hd in (128, 64):
+    for hd in head_dims:
         res = {}
         for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
@@ -181,7 +189,7 @@ def main():
     if T % rec == 0 and T > rec:
         print(f"\npacked rows (records of {rec}) against unpacked rows of {rec} with the same tokens, ms; "
               f"ratio = unpacked / packed fwd+bwd (1.0 = the same speed per real token)")
-        for hd in (128, 64):
+        for hd in head_dims:
             packed = run_ours(build, B, T, H, KVH, hd, "auto", ("--pack", str(rec)))
             plain = run_ours(build, B * T // rec, rec, H, KVH, hd, "auto")
             if packed and plain:

@@ -89,12 +89,12 @@ std::vector<float> masters(int64_t n, uint32_t seed) {
   return p;
 }
 
-const char* const kIsas[] = {nullptr, "sse2", "scalar"};  // nullptr: the widest this CPU has
-struct IsaScope {
-  explicit IsaScope(const char* isa) {
+const char* const kSplitIsas[] = {nullptr, "sse2", "scalar"};  // nullptr: the widest this CPU has
+struct SplitIsaScope {
+  explicit SplitIsaScope(const char* isa) {
     if (isa) ::setenv("SF_ADAMW_ISA", isa, 1);
   }
-  ~IsaScope() { ::unsetenv("SF_ADAMW_ISA"); }
+  ~SplitIsaScope() { ::unsetenv("SF_ADAMW_ISA"); }
 };
 
 // adamw_split = adamw on the fp32 master with a bf16 copy, bit for bit: the joined master, the
@@ -103,9 +103,9 @@ struct IsaScope {
 TEST(SplitMaster, AdamWGivesTheBitsOfTheFp32Master) {
   for (int64_t n : {int64_t(1), int64_t(13), int64_t(37), int64_t(300007)})
     for (DType sd : {DType::F32, DType::BF16})
-      for (const char* isa : kIsas) {
+      for (const char* isa : kSplitIsas) {
         SCOPED_TRACE("n " + std::to_string(n) + " state " + dtype_name(sd) + " isa " + (isa ? isa : "best"));
-        IsaScope scope(isa);
+        SplitIsaScope scope(isa);
         std::vector<float> p = masters(n, 71);
         Split s(n, 3);
         s.store(p);
