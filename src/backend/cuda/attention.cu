@@ -42,7 +42,12 @@ int device_cc_major() {
 // by (row & 7): ldmatrix (8 rows, same logical chunk) and the cp.async writes are conflict-free.
 template <int HD>
 __device__ __forceinline__ int swz(int row, int col) {
-  return row * HD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+  if constexpr (HD >= 64) {
+    return row * HD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+  } else {  // rows of 4 chunks (dS^T with query tiles of 32): two rows a 128-byte line
+    static_assert(HD == 32, "rows of 32 or of at least 64 elements");
+    return row * HD + ((((col >> 3) ^ ((row >> 1) & 3))) << 3) + (col & 7);
+  }
 }
 
 // rows [row0, row0 + ROWS) of a [T, stride] bf16 matrix (starting at g) -> swizzled smem tile;
@@ -400,30 +405,38 @@ __device__ __forceinline__ void flash_bwd_dq_32(float* __restrict__ dq_acc, cons
 // CS > 1 (head_dim 256: 2): the dK / dV accumulators of HD fp32 columns do not fit in registers;
 //        block (.., y) accumulates only columns [y HD/CS, (y+1) HD/CS) of dK, dV and dQ, recomputing
 //        S and dP in full (1.4x the MMA work of CS 1 at CS 2, no fallback kernel).
+// STAGES: query tiles in shared memory at once: 2 (the next one lands during this one's work), or
+//        1 (it lands during the dQ step only: half the Q / dO memory, so that two blocks share an
+//        SM where one would not fit twice).
 // The shared-memory layout is defined here only.
-template <int HD_, int NW_, int BR_, int MINB_, int SPLIT_, int DQV_, int CS_>
+template <int HD_, int NW_, int BR_, int MINB_, int SPLIT_, int DQV_, int CS_, int STAGES_ = 2>
 struct BwdTile {
   static constexpr int HD = HD_, NW = NW_, BR = BR_, MINB = MINB_, SPLIT = SPLIT_, DQV = DQV_, CS = CS_;
+  static constexpr int STAGES = STAGES_;
   static constexpr int BC = NW * 16;   // key rows per block (16 per warp)
   static constexpr int HDA = HD / CS;  // accumulated columns of dK, dV, dQ per block
   static constexpr int NT = NW * 32;
   static_assert(CS == 1 || DQV == 0, "column splits use the DQV 0 dQ step");
-  // K [BC][HD] | V [BC][HD] | Q [2][BR][HD] | dO [2][BR][HD] (bf16, swizzled) | dS^T [BC][BR] (bf16,
-  // swizzled rows of BR) | L [2][BR] (lse * log2 e, +inf past T) | D [2][BR] (f32) | S [2][BR] (int:
-  // first key of each query, packed rows / window)
+  // K [BC][HD] | V [BC][HD] | Q [STAGES][BR][HD] | dO [STAGES][BR][HD] (bf16, swizzled) | dS^T [BC][BR]
+  // (bf16, swizzled rows of BR) | L [STAGES][BR] (lse * log2 e, +inf past T) | D [STAGES][BR] (f32) |
+  // S [STAGES][BR] (int: first key of each query, packed rows / window)
   static constexpr size_t k_off = 0, v_off = k_off + size_t(BC) * HD * 2, q_off = v_off + size_t(BC) * HD * 2;
-  static constexpr size_t do_off = q_off + size_t(2) * BR * HD * 2, ds_off = do_off + size_t(2) * BR * HD * 2;
-  static constexpr size_t l_off = ds_off + size_t(BC) * BR * 2, d_off = l_off + size_t(2) * BR * 4;
-  static constexpr size_t s_off = d_off + size_t(2) * BR * 4, smem = s_off + size_t(2) * BR * 4;
+  static constexpr size_t do_off = q_off + size_t(STAGES) * BR * HD * 2;
+  static constexpr size_t ds_off = do_off + size_t(STAGES) * BR * HD * 2;
+  static constexpr size_t l_off = ds_off + size_t(BC) * BR * 2, d_off = l_off + size_t(STAGES) * BR * 4;
+  static constexpr size_t s_off = d_off + size_t(STAGES) * BR * 4, smem = s_off + size_t(STAGES) * BR * 4;
+  static_assert(STAGES == 1 || STAGES == 2, "one or two query stages");
 };
 
 // The tile per head dim, the fastest measured (bench_kernels, H200; issue 19 removed the run-time
 // variants): hd 64 / 128: 128 key rows (8 warps), query tiles of 64, the DQV 1 dQ step (3.329 ->
 // 3.086 ms at hd 128, 1.864 -> 1.760 ms at hd 64 against DQV 0; 64 key rows with 4 warps and the
-// split query tile were slower); hd 256: 64 key rows (4 warps), query tiles of 64 in two halves,
-// dK / dV / dQ columns split over two blocks (K, V 64 KiB + double-buffered Q, dO 128 KiB + dS 8 KiB).
+// split query tile were slower); hd 256: 64 key rows (4 warps), dK / dV / dQ columns split over two
+// blocks, query tiles of 32 in one stage (K, V 64 KiB + Q, dO 32 KiB + dS 4 KiB: two blocks an SM;
+// query tiles of 64 in two stages took 201.5 KiB, one 4-warp block an SM).
 template <int HD>
-using BwdTraits = std::conditional_t<HD == 256, BwdTile<256, 4, 64, 1, 2, 0, 2>, BwdTile<HD, 8, 64, 1, 1, 1, 1>>;
+using BwdTraits =
+    std::conditional_t<HD == 256, BwdTile<256, 4, 32, 2, 1, 0, 2, 1>, BwdTile<HD, 8, 64, 1, 1, 1, 1>>;
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, Tr::MINB)
@@ -513,12 +526,12 @@ __global__ void __launch_bounds__(Tr::NT, Tr::MINB)
   const int kvr0 = kv0 + warp * 16 + g;  // this thread's key rows: kvr0, kvr0 + 8
 
   for (int it = 0; it < total; ++it) {
-    const int st = it & 1;
+    const int st = Tr::STAGES == 2 ? (it & 1) : 0;
     const int h = kvh * G + it / per_head;
     const int q0 = (i_start + it % per_head) * BR;
     cp_async_wait<0>();
     __syncthreads();  // stage st (and K/V) landed; all warps done with the previous iteration
-    if (it + 1 < total) {
+    if (Tr::STAGES == 2 && it + 1 < total) {
       issue(it + 1, st ^ 1);
       cp_async_commit();
     }
@@ -619,7 +632,11 @@ __global__ void __launch_bounds__(Tr::NT, Tr::MINB)
           mma_bf16(dk_acc[dn + 1], dsa[kk], bb[2], bb[3]);
         }
     }
-    __syncthreads();  // dS^T of all warps in smem
+    __syncthreads();  // dS^T of all warps in smem; (one stage) the query tile's last reads done
+    if (Tr::STAGES == 1 && it + 1 < total) {  // the next query tile lands during the dQ step
+      issue(it + 1, 0);
+      cp_async_commit();
+    }
     if constexpr (DQV == 1) {
       flash_bwd_dq_32<HD, NW, BR, BC>(dq_acc, dSs, Ks, q0, T, h, b, qstr, warp, lane);
       continue;
@@ -725,6 +742,14 @@ void flash_backward(float* dq_acc, const float* D, Tensor dq, Tensor dk, Tensor 
   CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
   auto kernel = flash_bwd_kernel<Tr>;
   raise_smem_once<Tr>(kernel, Tr::smem);
+  if constexpr (Tr::MINB > 1) {  // the largest shared-memory carveout, so that MINB blocks fit an SM
+    static bool carved = false;
+    if (!carved) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      int(cudaSharedmemCarveoutMaxShared)));
+      carved = true;
+    }
+  }
   const dim3 grid(unsigned((d.T + Tr::BC - 1) / Tr::BC) * unsigned(d.n_kv_head * d.B), Tr::CS);
   kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(
       dq_acc, dk.ptr<bf16_t>(), dv.ptr<bf16_t>(), q.ptr<bf16_t>(), k.ptr<bf16_t>(), v.ptr<bf16_t>(), dout.ptr<bf16_t>(),
