@@ -1151,8 +1151,9 @@ TEST(Planner, HeldGradientsFromTheTopWhereTheHostBoundsTheBackward) {
     // The same placement (each candidate of selective recompute and slots gets its own held count,
     // so the winner may differ: the 8B's does), + the held gradients' store.
     if (aut.gpu_blobs == none.gpu_blobs && aut.slots == none.slots && aut.whole_layers == none.whole_layers &&
-        aut.kept_layers == none.kept_layers)
+        aut.kept_layers == none.kept_layers) {
       EXPECT_EQ(aut.host_bytes, none.host_bytes + size_t(aut.hold_grads) * 2);  // bf16 gradients, pinned
+    }
     EXPECT_LT(aut.step_s, none.step_s * 0.99);
     EXPECT_LT(aut.backward.s, none.backward.s);  // the backward loses the held updates...
     EXPECT_GE(aut.forward.s, none.forward.s);    // ...which the next forward absorbs, or waits for
