@@ -49,9 +49,10 @@ void EngineFlags::add(CLI::App* c) {
                 "space the scratch file in --offload-dir may take, e.g. 500GiB (default: the free space less 5%)");
   c->add_option("--upload-copies", upload_copies,
                 "sliding engine: a pinned copy of each host blob's weights in the compute dtype beside its fp32 "
-                "master, written by the update and read by the uploads (half the upload bytes on a GPU, +2 bytes of "
-                "RAM a parameter): auto (the planner's choice: when it fits and the predicted step is shorter), on, "
-                "off")
+                "master, written by the update and read by the uploads (half the upload bytes on a GPU; a bf16 copy "
+                "is the master's own high half, its low half and a tie bit kept beside it: +1/8 byte of RAM a "
+                "parameter, +2 for other dtypes): auto (the planner's choice: when it fits and the predicted step "
+                "is shorter), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
 }
