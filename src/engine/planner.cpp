@@ -117,11 +117,27 @@ Flops flops_per_token(const ModelSpec& s, int T) {
 struct WorkWeights {
   double matrix = 1, attn_fwd = 1, attn_bwd = 1;
 };
+// The attention rates are head dim 128's. A smaller head does less work a byte moved (the H200's
+// kernels: 0.72-0.76x at 64, about sqrt(64 / 128)). Larger heads run the sm_80 kernel family, at
+// head dim 256 (Gemma 3) measured in one call against 128 on the H200 (session 19, B 8, T 2048,
+// causal: forward 256 against 487 TFLOP/s, backward 137 against 360): 0.53x and 0.38x; wider ones
+// (Gemma 4's 512, the simple kernels) are slower still, not measured: 256's as a lower bound.
+struct HeadDimFactors {
+  double fwd = 1, bwd = 1;
+};
+HeadDimFactors head_dim_factors(int head_dim) {
+  if (head_dim < 128) {
+    const double f = std::sqrt(double(std::max(head_dim, 1)) / 128.0);
+    return {f, f};
+  }
+  if (head_dim == 128) return {};
+  return {0.53, 0.38};
+}
+
 WorkWeights work_weights(const ModelSpec& s, const Rates& r) {
-  // The rates are head dim 128's; a smaller head does less work a byte moved (the H200's kernels:
-  // 0.72-0.76x at 64, about sqrt(64 / 128)). Larger heads: not measured, taken as 128's.
-  const double hd = s.head_dim < 128 ? std::sqrt(double(std::max(s.head_dim, 1)) / 128.0) : 1.0;
-  const double model = r.model_tflops * 1e12, fwd = r.attn_fwd_tflops * 1e12 * hd, bwd = r.attn_bwd_tflops * 1e12 * hd;
+  const HeadDimFactors hd = head_dim_factors(s.head_dim);
+  const double model = r.model_tflops * 1e12, fwd = r.attn_fwd_tflops * 1e12 * hd.fwd,
+               bwd = r.attn_bwd_tflops * 1e12 * hd.bwd;
   const Flops ref = flops_per_token(s, kRateSeqLen);
   const double af = attention_flops_per_token(s, kRateSeqLen);
   const double rest_s = ref.total / model - (2 * af / fwd + 2.5 * af / bwd);  // forward + recompute, backward
