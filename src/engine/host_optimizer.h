@@ -142,8 +142,9 @@ class HostOptimizer {
   }
   // What the constructor allocates, from the same options: "host.master", "host.work" (working
   // copies in host memory: of masters in the store, upload copies) and "host.grads" (the
-  // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v"
-  // pageable, and for blobs in the store "disk.ring" (pageable) and "disk.state" (the store's bytes).
+  // store or the ring, when there is a gradient on the host) page-locked, "host.m", "host.v" and
+  // the split masters' "host.lo", "host.ties" pageable, and for blobs in the store "disk.ring"
+  // (pageable) and "disk.state" (the store's bytes).
   static MemoryItems buffers(const HostOptimizerOptions& o);
   // The order in which the blobs' updates run on the opt stream within a step (the disk ring reads
   // ahead in it): with keep_grads forward order; else the blobs not held in backward order, as
