@@ -34,6 +34,20 @@ int device_cc_major() {
   return cc;
 }
 
+// The shared memory a block may opt in to on this device (per ordinal, read once).
+size_t device_smem_optin() {
+  static std::atomic<int> cache[16] = {};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 16) dev = 0;
+  int bytes = cache[dev].load();
+  if (bytes == 0) {
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    cache[dev] = bytes;
+  }
+  return size_t(bytes);
+}
+
 // ============================================================================================
 // Flash kernels (BF16, head_dim 64 / 128 / 256)
 // ============================================================================================
@@ -435,8 +449,7 @@ struct BwdTile {
 // blocks, query tiles of 32 in one stage (K, V 64 KiB + Q, dO 32 KiB + dS 4 KiB: two blocks an SM;
 // query tiles of 64 in two stages took 201.5 KiB, one 4-warp block an SM).
 template <int HD>
-using BwdTraits =
-    std::conditional_t<HD == 256, BwdTile<256, 4, 32, 2, 1, 0, 2, 1>, BwdTile<HD, 8, 64, 1, 1, 1, 1>>;
+using BwdTraits = std::conditional_t<HD == 256, BwdTile<256, 4, 32, 2, 1, 0, 2, 1>, BwdTile<HD, 8, 64, 1, 1, 1, 1>>;
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, Tr::MINB)
@@ -632,7 +645,7 @@ __global__ void __launch_bounds__(Tr::NT, Tr::MINB)
           mma_bf16(dk_acc[dn + 1], dsa[kk], bb[2], bb[3]);
         }
     }
-    __syncthreads();  // dS^T of all warps in smem; (one stage) the query tile's last reads done
+    __syncthreads();                          // dS^T of all warps in smem; (one stage) the query tile's last reads done
     if (Tr::STAGES == 1 && it + 1 < total) {  // the next query tile lands during the dQ step
       issue(it + 1, 0);
       cp_async_commit();
@@ -931,6 +944,33 @@ bool all_bf16(std::initializer_list<const Tensor*> ts) {
 
 void attention_force_path(AttnPath p) { g_path = p; }
 
+namespace {
+// Whether the sm_80 family's tile for a head dim fits this device's shared memory a block. Every
+// tile fits Hopper's 227 KiB (asserted); the hd-256 forward (192 KiB) not an A100's 163 KiB, and
+// it, the hd-128 backward (145.5 KiB) and the hd-256 backward (100.4 KiB) not a consumer GPU's 99 KiB
+// (sm_86, sm_89): those run the simple kernels there (correct, slow; no tiles for them yet), where
+// the launch would otherwise fail.
+constexpr size_t kHopperSmem = size_t(227) << 10;
+static_assert(FwdTraits<64>::smem <= kHopperSmem && FwdTraits<128>::smem <= kHopperSmem &&
+                  FwdTraits<256>::smem <= kHopperSmem,
+              "a forward tile beyond Hopper's shared memory");
+static_assert(BwdTraits<64>::smem <= kHopperSmem && BwdTraits<128>::smem <= kHopperSmem &&
+                  BwdTraits<256>::smem <= kHopperSmem,
+              "a backward tile beyond Hopper's shared memory");
+bool fwd_tile_fits(int head_dim) {
+  const size_t need = head_dim == 64    ? FwdTraits<64>::smem
+                      : head_dim == 128 ? FwdTraits<128>::smem
+                                        : FwdTraits<256>::smem;
+  return need <= device_smem_optin();
+}
+bool bwd_tile_fits(int head_dim) {
+  const size_t need = head_dim == 64    ? BwdTraits<64>::smem
+                      : head_dim == 128 ? BwdTraits<128>::smem
+                                        : BwdTraits<256>::smem;
+  return need <= device_smem_optin();
+}
+}  // namespace
+
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   check_head_dim("attention_forward", d);
   const int64_t rows = int64_t(d.B) * d.T;
@@ -941,7 +981,7 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
     attention_forward_sm90(out, lse, q, k, v, d, L);
     return;
   }
-  if (flash) {
+  if (flash && fwd_tile_fits(d.head_dim)) {
     if (d.head_dim == 64)
       flash_forward<64>(out, lse, q, k, v, d, L);
     else if (d.head_dim == 128)
@@ -997,7 +1037,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
     CUDA_CHECK_LAUNCH();
     return;
   }
-  if (flash) {
+  if (flash && bwd_tile_fits(d.head_dim)) {
     if (d.head_dim == 64)
       flash_backward<64>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
     else if (d.head_dim == 128)
