@@ -20,15 +20,6 @@ namespace {
 
 using test::HostTensor;
 
-// SF_ADAMW_ISA for the scope (the kernel reads it at each call).
-struct IsaScope {
-  explicit IsaScope(const char* isa) {
-    if (isa) ::setenv("SF_ADAMW_ISA", isa, 1);
-  }
-  ~IsaScope() { ::unsetenv("SF_ADAMW_ISA"); }
-};
-const char* const kIsas[] = {nullptr, "sse2", "scalar"};  // nullptr: the widest this CPU has
-
 uint16_t bits_of(const HostTensor& t, int64_t i) { return t.t().ptr<bf16>()[i].bits; }
 
 // The reference: the documented update in fp32, one element at a time, written plainly (no
@@ -86,10 +77,10 @@ TEST(AdamWBf16State, EveryPathEqualsTheScalarReference) {
           ref.v.push_back(float_to_bf16(v0[size_t(i)]).bits);
         }
         ref.step(bf16_grads ? gr : g, a, a.first);
-        for (const char* isa : kIsas) {
+        for (const char* isa : test::kAdamwIsas) {
           SCOPED_TRACE(std::string("n ") + std::to_string(n) + " isa " + (isa ? isa : "best") + " beta1 " +
                        std::to_string(beta1) + " bf16 grads " + std::to_string(bf16_grads));
-          IsaScope scope(isa);
+          test::AdamwIsaScope scope(isa);
           std::vector<float> g32 = g;
           const Tensor gt = bf16_grads ? gb.t() : test::view_of(g32, {n});
           State f(p0, m0, v0), s(p0, m0, v0);
@@ -144,9 +135,9 @@ TEST(AdamWBf16State, NonFiniteValuesRoundAsTheScalarFunction) {
     ref.v.push_back(float_to_bf16(v0[size_t(i)]).bits);
   }
   ref.step(g, a);
-  for (const char* isa : kIsas) {
+  for (const char* isa : test::kAdamwIsas) {
     SCOPED_TRACE(isa ? isa : "best");
-    IsaScope scope(isa);
+    test::AdamwIsaScope scope(isa);
     State f(p0, m0, v0);
     cpu::adamw(f.pt(), test::view_of(g, {n}), f.m.t(), f.v.t(), Tensor(), a);
     EXPECT_EQ(std::memcmp(f.p.data(), ref.p.data(), size_t(n) * 4), 0);
@@ -167,9 +158,9 @@ TEST(AdamWBf16State, TheKernelsRoundingIsUnbiased) {
   const int n = 1 << 17;
   const float ulp = 1.f / 128;  // bf16 spacing in [1, 2)
   for (float frac : {0.2f, 0.7f})
-    for (const char* isa : kIsas) {
+    for (const char* isa : test::kAdamwIsas) {
       SCOPED_TRACE(std::string(isa ? isa : "best") + " frac " + std::to_string(frac));
-      IsaScope scope(isa);
+      test::AdamwIsaScope scope(isa);
       // beta1 = beta2 = 0 and g = x: the new m is x and the new v is x * x exactly in fp32.
       const float x = 1.25f + frac * ulp;
       std::vector<float> p(size_t(n), 0.f), g(size_t(n), x);
@@ -255,9 +246,9 @@ TEST(AdamWBf16State, RowSelectUpdatesExactlyTheSelectedRows) {
     std::vector<float> p;
     std::vector<uint8_t> m, v, copy;
   };
-  for (const char* isa : kIsas)
+  for (const char* isa : test::kAdamwIsas)
     for (const DType sd : {DType::F32, DType::BF16}) {
-      IsaScope scope(isa);
+      test::AdamwIsaScope scope(isa);
       // Parts given by `want`s (empty: one call, no selection).
       auto run = [&](const std::vector<int>& wants) {
         HostTensor m(m0, sd, {n}), v(v0, sd, {n});

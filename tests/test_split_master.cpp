@@ -5,6 +5,7 @@
 // both passes of the split update, rows, fp32 and bf16 state, many ties, threads sharing tie bytes.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -19,16 +20,8 @@
 namespace sf {
 namespace {
 
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint32_t to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
+uint32_t to_bits(float f) { return std::bit_cast<uint32_t>(f); }
 
 // A split master of n elements whose tie bits start at bit `tie_first` of its bitmap.
 struct Split {
@@ -89,23 +82,15 @@ std::vector<float> masters(int64_t n, uint32_t seed) {
   return p;
 }
 
-const char* const kSplitIsas[] = {nullptr, "sse2", "scalar"};  // nullptr: the widest this CPU has
-struct SplitIsaScope {
-  explicit SplitIsaScope(const char* isa) {
-    if (isa) ::setenv("SF_ADAMW_ISA", isa, 1);
-  }
-  ~SplitIsaScope() { ::unsetenv("SF_ADAMW_ISA"); }
-};
-
 // adamw_split = adamw on the fp32 master with a bf16 copy, bit for bit: the joined master, the
 // high half against the copy, m and v. Lengths across the thread pool's pieces (whose bounds do
 // not fall on tie bytes: `tie_first` odd), steps with lr 0 (every tie stays a tie) and without.
 TEST(SplitMaster, AdamWGivesTheBitsOfTheFp32Master) {
   for (int64_t n : {int64_t(1), int64_t(13), int64_t(37), int64_t(300007)})
     for (DType sd : {DType::F32, DType::BF16})
-      for (const char* isa : kSplitIsas) {
+      for (const char* isa : test::kAdamwIsas) {
         SCOPED_TRACE("n " + std::to_string(n) + " state " + dtype_name(sd) + " isa " + (isa ? isa : "best"));
-        SplitIsaScope scope(isa);
+        test::AdamwIsaScope scope(isa);
         std::vector<float> p = masters(n, 71);
         Split s(n, 3);
         s.store(p);

@@ -246,6 +246,15 @@ struct HostTensor {
 };
 
 // A view of a std::vector's memory (the vector must outlive it).
+// SF_ADAMW_ISA for the scope (cpu::adamw reads it at each call): the kernel's paths, each in turn.
+struct AdamwIsaScope {
+  explicit AdamwIsaScope(const char* isa) {
+    if (isa) ::setenv("SF_ADAMW_ISA", isa, 1);
+  }
+  ~AdamwIsaScope() { ::unsetenv("SF_ADAMW_ISA"); }
+};
+inline constexpr const char* kAdamwIsas[] = {nullptr, "sse2", "scalar"};  // nullptr: the widest this CPU has
+
 inline Tensor view_of(std::vector<float>& v, std::initializer_list<int64_t> dims) {
   return Tensor(v.data(), DType::F32, dims);
 }

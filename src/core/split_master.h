@@ -63,6 +63,10 @@ inline void split_store(const SplitMaster& s, int64_t i, float x) {
   if (uint16_t(u) == 0x8000u) split_set_tie(s, i, u);
 }
 
+// Whether an upload copy in dtype `work` makes its master split (HostOptimizer; the planner
+// counts it so): a bf16 copy is the master's nearest-even high half; fp16 / fp32 ones are not.
+inline bool upload_copy_splits(DType work) { return work == DType::BF16; }
+
 // Bytes of the tie bitmap of n elements.
 inline uint64_t split_tie_bytes(int64_t n) { return (uint64_t(n) + 7) / 8; }
 

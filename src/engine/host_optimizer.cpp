@@ -12,6 +12,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "core/error.h"
+#include "core/split_master.h"
 #include "core/thread_pool.h"
 
 namespace sf {
@@ -39,7 +40,9 @@ bool copy_in_ram(const HostOptimizerOptions& o, size_t b) {
   return true;
 }
 // An upload copy in bf16: the master stored split (core/split_master.h), the copy its high half.
-bool split_master(const HostOptimizerOptions& o, size_t b) { return copy_in_ram(o, b) && o.work_dtype == DType::BF16; }
+bool split_master(const HostOptimizerOptions& o, size_t b) {
+  return copy_in_ram(o, b) && upload_copy_splits(o.work_dtype);
+}
 // Whether blob b has a working copy in host memory (of a master in the store, or an upload copy).
 bool work_in_ram(const HostOptimizerOptions& o, size_t b) {
   return (master_in_store(o, b) && !work_in_store(o, b)) || copy_in_ram(o, b);

@@ -497,8 +497,8 @@ class Planner {
       p_.upload_copies.push_back(b);
       const int64_t n = lay_.blobs[size_t(b)].numel;
       p_.upload_copy_bytes += size_t(n) * dtype_size(be_.compute_dtype);
-      copies_add +=
-          be_.compute_dtype == DType::BF16 ? size_t(split_tie_bytes(n)) : size_t(n) * dtype_size(be_.compute_dtype);
+      copies_add += upload_copy_splits(be_.compute_dtype) ? size_t(split_tie_bytes(n))
+                                                          : size_t(n) * dtype_size(be_.compute_dtype);
     }
     EngineOptions base;
     base.max_batch = r_.batch;
@@ -1106,7 +1106,7 @@ void predict_sliding(const ModelSpec& s, const ModelLayout& lay, const PlanReque
   // parameter more). A bf16 copy is a split master's high half instead (HostOptimizer): the
   // update writes its two halves where it wrote the fp32 master, nothing more.
   double Pc = 0;
-  if (be.compute_dtype != DType::BF16)
+  if (!upload_copy_splits(be.compute_dtype))
     for (int b : p.upload_copies) Pc += double(lay.blobs[size_t(b)].numel);
   // One fused pass (bf16 gradient in), bound by the bus: bf16 state moves fewer bytes.
   const double update_s = (P * pass_bytes(act, double(dtype_size(r.state_dtype))).fused + Pc * act) /
