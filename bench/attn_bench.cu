@@ -1,5 +1,5 @@
 // Causal GQA attention through the backend, for bench/attn_vs_torch.py (same call, same GPU):
-//   attn_bench B T H KVH HD [--path auto|sm80] [--pack L] [--window W] [--io DIR]
+//   attn_bench B T H KVH HD [--path auto|sm80|sm80small] [--pack L] [--window W] [--io DIR]
 // Times forward, backward and forward+backward (CUDA events on the backend's stream, 5 warm-up
 // runs, median of 30 each) on random bf16 inputs and prints one RESULT line. The three are timed
 // interleaved (each round: fwd, bwd, fwd+bwd), so that clock and temperature drift over the run
@@ -56,7 +56,8 @@ bool write_file(const std::string& path, const void* src, size_t bytes) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: attn_bench B T H KVH HD [--path auto|sm80] [--pack L] [--window W] [--io DIR]\n");
+  std::fprintf(stderr,
+               "usage: attn_bench B T H KVH HD [--path auto|sm80|sm80small] [--pack L] [--window W] [--io DIR]\n");
   return 2;
 }
 
@@ -85,12 +86,14 @@ int main(int argc, char** argv) {
     else
       return usage();
   }
-  if ((path != "auto" && path != "sm80") || pack < 0 || d.window < 0) return usage();
+  if ((path != "auto" && path != "sm80" && path != "sm80small") || pack < 0 || d.window < 0) return usage();
   if (!sf::cuda_available()) {
     std::printf("attn_bench: no GPU\n");
     return 1;
   }
-  cuda::attention_force_path(path == "sm80" ? cuda::AttnPath::Sm80 : cuda::AttnPath::Auto);
+  cuda::attention_force_path(path == "sm80"        ? cuda::AttnPath::Sm80
+                             : path == "sm80small" ? cuda::AttnPath::Sm80Small
+                                                   : cuda::AttnPath::Auto);
   auto dev = sf::make_cuda_device(size_t(16) << 30);
   auto stream = dev->create_stream();
   cudaStream_t s = static_cast<cudaStream_t>(sf::cuda::native_stream(*stream));

@@ -29,8 +29,9 @@ import torch.nn.functional as F
 from torch_kernels import median_ms  # bench/torch_kernels.py: CUDA events, warm-up, median
 
 
-# Our kernel paths (attn_bench --path): the default (sm_90 kernels on Hopper), the sm_80 kernels.
-PATHS = ("auto", "sm80")
+# Our kernel paths (attn_bench --path): the default (sm_90 kernels on Hopper), the sm_80 kernels,
+# the sm_80 kernels with the small tiles of GPUs with 99 KiB of shared memory a block.
+PATHS = ("auto", "sm80", "sm80small")
 
 
 def sdpa(q, k, v, backend, gqa):

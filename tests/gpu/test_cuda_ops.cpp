@@ -563,8 +563,8 @@ TEST(CudaOps, GeGlu) {
 // ================================================================================================
 struct AttnCfg {
   int B, T, H, KVH, hd;
-  int window = 0;        // sliding window (AttnDims::window), 0 = none
-  float q_scale = 1.f;   // q's standard deviation: large values make rows change their max mid-row
+  int window = 0;         // sliding window (AttnDims::window), 0 = none
+  float q_scale = 1.f;    // q's standard deviation: large values make rows change their max mid-row
   size_t ws_offset = 0;   // the backward's workspace this many bytes past an aligned start
   size_t pos_offset = 0;  // pos (packed rows) this many bytes past an aligned start
 };
@@ -658,10 +658,14 @@ TEST(CudaOps, AttentionLongSequences) {
 }
 
 // cases() under each flash kernel family the device can run: Auto (on Hopper the sm_90 kernels
-// where they apply) and the sm_80 kernels forced, so the fallback stays tested on Hopper too.
+// where they apply), the sm_80 kernels forced, so the fallback stays tested on Hopper too, and
+// the sm_80 kernels with the small tiles of GPUs with 99 KiB of shared memory a block.
 void each_flash_path(const std::function<void()>& cases) {
-  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm80}) {
-    SCOPED_TRACE(testing::Message() << "path " << (p == cuda::AttnPath::Auto ? "auto" : "sm80"));
+  for (cuda::AttnPath p : {cuda::AttnPath::Auto, cuda::AttnPath::Sm80, cuda::AttnPath::Sm80Small}) {
+    SCOPED_TRACE(testing::Message() << "path "
+                                    << (p == cuda::AttnPath::Auto   ? "auto"
+                                        : p == cuda::AttnPath::Sm80 ? "sm80"
+                                                                    : "sm80small"));
     cuda::attention_force_path(p);
     cases();
   }
@@ -804,17 +808,27 @@ TEST(CudaOps, AttentionSlidingWindow) {
   });
 }
 
-// Head dim 256 (Gemma 3) in the flash kernels: T = 1, tails of every tile size, GQA 1/2/4, long
-// rows, windows and packed rows; f32 runs check the simple kernels at 256.
+// Head dim 256 (Gemma 3) in the flash kernels: T = 1, tails of every tile size, GQA 1/2/4/8, long
+// rows, windows and packed rows (records inside and on the tiles' boundaries); f32 runs check the
+// simple kernels at 256. On Hopper under both families: Auto runs the sm_90 backward (64-key
+// blocks, columns split between the consumers, P^T / dS^T through shared memory) beside the
+// sm_80 forward; GQA 8 at T 520 walks 72 query tiles a block, so both P^T / dS^T buffers and
+// both Q / dO stages are reused many times.
 TEST(CudaOps, AttentionHeadDim256) {
   REQUIRE_GPU();
   attention_case({2, 1, 2, 2, 256}, true);
   attention_case({2, 7, 8, 4, 256}, true);
   attention_case({2, 127, 4, 1, 256}, true);
   attention_case({1, 300, 8, 2, 256, 64}, true);
-  attention_case({1, 1000, 8, 4, 256, 100}, false);
-  attention_case({1, 2049, 4, 2, 256}, false);
-  attention_case({2, 300, 4, 2, 256, 40}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
+  each_flash_path([] {
+    attention_case({2, 127, 4, 1, 256}, false);
+    attention_case({1, 1000, 8, 4, 256, 100}, false);
+    attention_case({1, 2049, 4, 2, 256}, false);
+    attention_case({2, 300, 4, 2, 256, 40}, false, positions_of({{1, 63, 64, 100, 72}, {150, 3, 147}}));
+    attention_case({2, 520, 16, 2, 256, 0, 4.f}, false);
+    attention_case({2, 640, 4, 1, 256}, false, records_of_length(2, 640, {192, 64}));
+    attention_case({1, 333, 4, 2, 256, 65}, false, records_of_length(1, 333, {128}));
+  });
 }
 
 // Head dim 512 (Gemma 4's global layers) and other widths above 256 (up to 512): the

@@ -58,9 +58,11 @@ template <int HD>
 __device__ __forceinline__ int swz(int row, int col) {
   if constexpr (HD >= 64) {
     return row * HD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
-  } else {  // rows of 4 chunks (dS^T with query tiles of 32): two rows a 128-byte line
-    static_assert(HD == 32, "rows of 32 or of at least 64 elements");
+  } else if constexpr (HD == 32) {  // rows of 4 chunks (dS^T with query tiles of 32): two rows a 128-byte line
     return row * HD + ((((col >> 3) ^ ((row >> 1) & 3))) << 3) + (col & 7);
+  } else {  // rows of 2 chunks (dS^T with query tiles of 16): four rows a 128-byte line
+    static_assert(HD == 16, "rows of 16, 32 or of at least 64 elements");
+    return row * HD + ((((col >> 3) ^ ((row >> 2) & 1))) << 3) + (col & 7);
   }
 }
 
@@ -105,6 +107,11 @@ template <int HD>
 using FwdTraits =
     std::conditional_t<HD == 64, FwdTile<64, 128, 64, 4, 2>,
                        std::conditional_t<HD == 128, FwdTile<128, 128, 32, 4, 2>, FwdTile<256, 128, 64, 8, 1>>>;
+// The tile where FwdTraits' does not fit the device's shared memory a block: hd 256's 192 KiB is
+// more than an A100's 163 KiB and an RTX 30x0 / 40x0's 99 KiB; 64 query rows (4 warps) and K, V
+// tiles of 32 take 96 KiB (hd 64 and 128 fit everywhere: 48 and 64 KiB).
+template <int HD>
+using FwdTraitsSmall = std::conditional_t<HD == 256, FwdTile<256, 64, 32, 4, 1>, FwdTraits<HD>>;
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, Tr::MINB)
@@ -450,6 +457,13 @@ struct BwdTile {
 // query tiles of 64 in two stages took 201.5 KiB, one 4-warp block an SM).
 template <int HD>
 using BwdTraits = std::conditional_t<HD == 256, BwdTile<256, 4, 32, 2, 1, 0, 2, 1>, BwdTile<HD, 8, 64, 1, 1, 1, 1>>;
+// The tile where BwdTraits' does not fit (the 99 KiB a block of sm_86 / sm_89; hd 64's 64 KiB fits
+// everywhere): hd 128 query tiles of 32 in one stage (145.5 -> 88 KiB); hd 256 query tiles of 16
+// (100.4 -> 82 KiB: K and V of 64 rows are 64 KiB alone).
+template <int HD>
+using BwdTraitsSmall = std::conditional_t<
+    HD == 64, BwdTraits<64>,
+    std::conditional_t<HD == 128, BwdTile<128, 8, 32, 1, 1, 1, 1, 1>, BwdTile<256, 4, 16, 1, 1, 0, 2, 1>>>;
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, Tr::MINB)
@@ -735,9 +749,8 @@ void raise_smem_once(Kernel kernel, size_t bytes) {
   }
 }
 
-template <int HD>
+template <class Tr>
 void flash_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
-  using Tr = FwdTraits<HD>;
   auto kernel = flash_fwd_kernel<Tr>;
   raise_smem_once<Tr>(kernel, Tr::smem);
   const unsigned grid = unsigned((d.T + Tr::BR - 1) / Tr::BR) * unsigned(d.n_head * d.B);
@@ -747,11 +760,10 @@ void flash_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const A
   CUDA_CHECK_LAUNCH();
 }
 
-template <int HD>
+template <class Tr>
 void flash_backward(float* dq_acc, const float* D, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
                     Tensor v, Tensor lse, const AttnDims& d, const Launch& L) {
-  using Tr = BwdTraits<HD>;
-  const int64_t nq = int64_t(d.B) * d.T * d.n_head * HD;
+  const int64_t nq = int64_t(d.B) * d.T * d.n_head * Tr::HD;
   CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
   auto kernel = flash_bwd_kernel<Tr>;
   raise_smem_once<Tr>(kernel, Tr::smem);
@@ -945,29 +957,54 @@ bool all_bf16(std::initializer_list<const Tensor*> ts) {
 void attention_force_path(AttnPath p) { g_path = p; }
 
 namespace {
-// Whether the sm_80 family's tile for a head dim fits this device's shared memory a block. Every
-// tile fits Hopper's 227 KiB (asserted); the hd-256 forward (192 KiB) not an A100's 163 KiB, and
-// it, the hd-128 backward (145.5 KiB) and the hd-256 backward (100.4 KiB) not a consumer GPU's 99 KiB
-// (sm_86, sm_89): those run the simple kernels there (correct, slow; no tiles for them yet), where
-// the launch would otherwise fail.
-constexpr size_t kHopperSmem = size_t(227) << 10;
+// The sm_80 family's tile for a head dim: the fastest measured where it fits the device's shared
+// memory a block, else the small one (FwdTraitsSmall / BwdTraitsSmall: an A100's 163 KiB, a
+// consumer GPU's 99 KiB), else none (the simple kernels). Chosen by the device, which fixes its
+// shared memory (or forced: AttnPath::Sm80Small, so that the small tiles stay tested on Hopper).
+// Every tile fits Hopper's 227 KiB, every small one 99 KiB (asserted).
+constexpr size_t kHopperSmem = size_t(227) << 10, kConsumerSmem = size_t(99) << 10;
 static_assert(FwdTraits<64>::smem <= kHopperSmem && FwdTraits<128>::smem <= kHopperSmem &&
                   FwdTraits<256>::smem <= kHopperSmem,
               "a forward tile beyond Hopper's shared memory");
 static_assert(BwdTraits<64>::smem <= kHopperSmem && BwdTraits<128>::smem <= kHopperSmem &&
                   BwdTraits<256>::smem <= kHopperSmem,
               "a backward tile beyond Hopper's shared memory");
-bool fwd_tile_fits(int head_dim) {
-  const size_t need = head_dim == 64    ? FwdTraits<64>::smem
-                      : head_dim == 128 ? FwdTraits<128>::smem
-                                        : FwdTraits<256>::smem;
-  return need <= device_smem_optin();
+static_assert(FwdTraitsSmall<64>::smem <= kConsumerSmem && FwdTraitsSmall<128>::smem <= kConsumerSmem &&
+                  FwdTraitsSmall<256>::smem <= kConsumerSmem,
+              "a small forward tile beyond a consumer GPU's shared memory");
+static_assert(BwdTraitsSmall<64>::smem <= kConsumerSmem && BwdTraitsSmall<128>::smem <= kConsumerSmem &&
+                  BwdTraitsSmall<256>::smem <= kConsumerSmem,
+              "a small backward tile beyond a consumer GPU's shared memory");
+enum class Tile { Fast, Small, None };
+Tile pick_tile(size_t fast, size_t small, AttnPath path) {
+  if (path == AttnPath::Sm80Small) return Tile::Small;
+  const size_t have = device_smem_optin();
+  return fast <= have ? Tile::Fast : small <= have ? Tile::Small : Tile::None;
 }
-bool bwd_tile_fits(int head_dim) {
-  const size_t need = head_dim == 64    ? BwdTraits<64>::smem
-                      : head_dim == 128 ? BwdTraits<128>::smem
-                                        : BwdTraits<256>::smem;
-  return need <= device_smem_optin();
+template <int HD>
+Tile fwd_tile(AttnPath path) {
+  return pick_tile(FwdTraits<HD>::smem, FwdTraitsSmall<HD>::smem, path);
+}
+template <int HD>
+Tile bwd_tile(AttnPath path) {
+  return pick_tile(BwdTraits<HD>::smem, BwdTraitsSmall<HD>::smem, path);
+}
+// flash_forward with the tile for HD; false where none fits
+template <int HD>
+bool flash_forward_hd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L,
+                      AttnPath path) {
+  const Tile t = fwd_tile<HD>(path);
+  if (t == Tile::Fast) flash_forward<FwdTraits<HD>>(out, lse, q, k, v, d, L);
+  if (t == Tile::Small) flash_forward<FwdTraitsSmall<HD>>(out, lse, q, k, v, d, L);
+  return t != Tile::None;
+}
+template <int HD>
+bool flash_backward_hd(float* dq_acc, const float* D, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
+                       Tensor v, Tensor lse, const AttnDims& d, const Launch& L, AttnPath path) {
+  const Tile t = bwd_tile<HD>(path);
+  if (t == Tile::Fast) flash_backward<BwdTraits<HD>>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
+  if (t == Tile::Small) flash_backward<BwdTraitsSmall<HD>>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
+  return t != Tile::None;
 }
 }  // namespace
 
@@ -977,18 +1014,15 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
   const AttnPath path = g_path.load();
   const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
                      all_bf16({&out, &q, &k, &v});
-  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
+  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_forward_supported(d)) {
     attention_forward_sm90(out, lse, q, k, v, d, L);
     return;
   }
-  if (flash && fwd_tile_fits(d.head_dim)) {
-    if (d.head_dim == 64)
-      flash_forward<64>(out, lse, q, k, v, d, L);
-    else if (d.head_dim == 128)
-      flash_forward<128>(out, lse, q, k, v, d, L);
-    else
-      flash_forward<256>(out, lse, q, k, v, d, L);
-    return;
+  if (flash) {
+    const bool done = d.head_dim == 64    ? flash_forward_hd<64>(out, lse, q, k, v, d, L, path)
+                      : d.head_dim == 128 ? flash_forward_hd<128>(out, lse, q, k, v, d, L, path)
+                                          : flash_forward_hd<256>(out, lse, q, k, v, d, L, path);
+    if (done) return;
   }
   const int64_t warps = rows * d.n_head;
   auto fwd = [&](auto kernel) {
@@ -1030,21 +1064,22 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
   // (the flash kernels add dQ into dq_acc by float4 atomics or TMA reduce-add: 16-byte aligned)
   const bool flash = path != AttnPath::Simple && (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
                      all_bf16({&dq, &dk, &dv, &dout, &q, &k, &v}) && aligned16(dq_acc);
-  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_supported(d)) {
+  if (flash && path == AttnPath::Auto && device_cc_major() == 9 && attention_sm90_backward_supported(d)) {
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), L.stream));
     attention_backward_sm90(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-    f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
+    if (attention_sm90_dq_permuted(d.head_dim))
+      dq_unpermute_bf16_kernel<<<grid_for(nq / 16, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
+    else
+      f32_to_bf16_kernel<<<grid_for(nq / 8, 256, L.num_sms), 256, 0, L.stream>>>(dq.ptr<bf16_t>(), dq_acc, nq);
     CUDA_CHECK_LAUNCH();
     return;
   }
-  if (flash && bwd_tile_fits(d.head_dim)) {
-    if (d.head_dim == 64)
-      flash_backward<64>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
-    else if (d.head_dim == 128)
-      flash_backward<128>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
-    else
-      flash_backward<256>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L);
-    return;
+  if (flash) {
+    const bool done = d.head_dim == 64 ? flash_backward_hd<64>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L, path)
+                      : d.head_dim == 128
+                          ? flash_backward_hd<128>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L, path)
+                          : flash_backward_hd<256>(dq_acc, D, dq, dk, dv, dout, q, k, v, lse, d, L, path);
+    if (done) return;
   }
   auto bwd = [&](auto dq_kernel, auto dkdv_kernel) {
     dq_kernel<<<unsigned((rows * d.n_head + 3) / 4), 128, 0, L.stream>>>(

@@ -5,13 +5,16 @@
 // - sm_90 (Hopper; attention_sm90.cu): FlashAttention-3 style, wgmma + TMA, a producer warp and
 //   two consumer warpgroups; forward with the softmax of one tile overlapping the GEMMs of its
 //   neighbours, backward with dK, dV in registers and dQ by wgmma, added into an fp32 workspace
-//   by TMA reduce-add (hd 128) or fp32 atomics (hd 64). Head dim 64 / 128, any T, GQA, packed
-//   rows, sliding windows; BF16, 16-byte aligned (the workspace too).
+//   by TMA reduce-add (hd 128) or fp32 atomics (hd 64, 256). Forward head dim 64 / 128, backward
+//   64 / 128 / 256 (hd 256: the consumers split dK / dV's columns and share P^T, dS^T through
+//   shared memory); any T, GQA, packed rows, sliding windows; BF16, 16-byte aligned (the
+//   workspace too).
 // - sm_80 (every other case of BF16 with head_dim 64 / 128 / 256, 16-byte aligned, and every GPU
 //   but Hopper): FlashAttention-2 with mma.sync m16n8k16 (bf16 in, fp32 accumulate), ldmatrix from
 //   XOR-swizzled shared memory, cp.async double buffering, online softmax in the exp2 domain, fp32
 //   lse saved. One tile shape per head dim (FwdTraits / BwdTraits in attention.cu, the fastest
-//   measured):
+//   measured), and a smaller one where that does not fit the device's shared memory a block
+//   (FwdTraitsSmall / BwdTraitsSmall: 99 KiB on sm_86 / sm_89, 163 KiB on an A100):
 //   forward : block = 128 query rows of one (head, sequence), 4 warps x 32 rows (two m16 tiles
 //             per warp share every K/V fragment); K/V tiles of 32 (hd 128) or 64 (hd 64) rows.
 //   backward: block = 128 key rows of one (kv head, sequence), 8 warps x 16 key rows; loops over
@@ -39,8 +42,9 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
 
 // For tests and benchmarks only (the program always runs Auto): Auto picks the family by the
 // device (sm_90 kernels on Hopper where they apply); Sm80 keeps the sm_80 flash kernels on any
-// device, so they stay tested on Hopper; Simple routes everything to the simple kernels.
-enum class AttnPath { Auto, Sm80, Simple };
+// device, so they stay tested on Hopper; Sm80Small runs them with the tiles of GPUs with less
+// shared memory a block (99 KiB: sm_86, sm_89); Simple routes everything to the simple kernels.
+enum class AttnPath { Auto, Sm80, Sm80Small, Simple };
 void attention_force_path(AttnPath p);
 
 }  // namespace sf::cuda

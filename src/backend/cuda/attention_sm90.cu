@@ -144,20 +144,21 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
 #define SF_WG_STR(x) #x
 #define SF_WG_OP(i) "%" SF_WG_STR(i)
 
-// D[64 x N] (+)= A[64 x 16] B[16 x N], both from shared memory (acc = 0: D = A B): TR 0: A, B
-// K-major; TR 1: A M-major, B N-major. One overload per N; A, B, acc, TR are operands F .. F + 3.
-#define SF_WGMMA_SS(N, F, FB, FACC, FTR)                                                                              \
-  template <int TR>                                                                                                   \
+// D[64 x N] (+)= A[64 x 16] B[16 x N], both from shared memory (acc = 0: D = A B): TA 0: A
+// K-major, 1: M-major; TB 0: B K-major, 1: N-major. One overload per N; A, B, acc, TA, TB are
+// operands F .. F + 4.
+#define SF_WGMMA_SS(N, F, FB, FACC, FTA, FTB)                                                                         \
+  template <int TA, int TB>                                                                                           \
   __device__ __forceinline__ void wgmma_ss(float(&d)[N / 2], uint64_t da, uint64_t db, int acc) {                     \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SF_WG_OP(FACC) ", 0;\n"                                        \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" SF_WG_REGS##F "}, " SF_WG_OP(F) ", "     \
-                 SF_WG_OP(FB) ", p, 1, 1, " SF_WG_OP(FTR) ", " SF_WG_OP(FTR) ";\n}\n"                                \
+                 SF_WG_OP(FB) ", p, 1, 1, " SF_WG_OP(FTA) ", " SF_WG_OP(FTB) ";\n}\n"                                \
                  : SF_WG_ACC##F(d)                                                                                   \
-                 : "l"(da), "l"(db), "r"(acc), "n"(TR)); \
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB)); \
   }
-SF_WGMMA_SS(128, 64, 65, 66, 67)
-SF_WGMMA_SS(64, 32, 33, 34, 35)
-SF_WGMMA_SS(32, 16, 17, 18, 19)
+SF_WGMMA_SS(128, 64, 65, 66, 67, 68)
+SF_WGMMA_SS(64, 32, 33, 34, 35, 36)
+SF_WGMMA_SS(32, 16, 17, 18, 19, 20)
 
 // D[64 x N] += A[64 x 16] B[16 x N]: A in registers (the m16n8k16 A fragment of each warp's 16
 // rows, operands F .. F + 3), B N-major in shared memory (operand F + 4).
@@ -491,7 +492,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   auto issue_s = [&](int qs, int s) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(sacc, q_desc(qs, kk), k_desc(s, kk), kk > 0);
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0, 0>(sacc, q_desc(qs, kk), k_desc(s, kk), kk > 0);
     wgmma_commit();
   };
   auto issue_pv = [&](int s) {
@@ -631,9 +632,20 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 //   tile: ~512 cycles at 16 a cycle, under dP^T's ~512).
 // hd 64 keeps float2 atomics and one pass: the same changes with the next tile's S^T / dP^T
 // issued behind the dQ wgmma measured 0.90x there.
+//
+// hd 256 (SPLIT_COLS): a consumer's dK and dV of 64 keys x 256 columns would be 256 fp32 registers
+// a thread. So a block owns BC = 64 key rows and the consumers split the columns: consumer c
+// accumulates dK, dV and dQ in columns [128 c, 128 c + 128). S^T and dP^T (64 keys x 64 queries)
+// are split by queries (consumer c: queries [32 c, 32 c + 32)), and P^T and dS^T reach the other
+// consumer through shared memory (two buffers, alternating by tile), where the A operands of dV
+// and dK are read from: every product is computed once (the sm_80 kernel's column split computes
+// S^T and dP^T in both halves: 7/5 of the work). dQ goes out as float4 atomics into the permuted
+// layout (attention.cu's dq_permuted_pos): the 64 KiB staging of a TMA reduce does not fit beside
+// two Q / dO stages of 64 KiB each.
 template <int HD_, bool BOUNDED_>
 struct Sm90BwdTile {
-  static constexpr int HD = HD_, BC = 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
+  static constexpr bool SPLIT_COLS = HD_ == 256;
+  static constexpr int HD = HD_, BC = SPLIT_COLS ? 64 : 128, BQ = 64, STAGES = 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
   static constexpr bool TMA_DQ = HD == 128;
   // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56;
@@ -645,14 +657,15 @@ struct Sm90BwdTile {
   static constexpr int NT = 128 * (1 + CONSUMERS), CH = HD / 64;
   static constexpr uint32_t kv_bytes = BC * HD * 2, qt_bytes = BQ * HD * 2, ds_bytes = BC * BQ * 2;
   // K [CH][BC][64] | V [CH][BC][64] | Q [STAGES][CH][BQ][64] | dO [STAGES][CH][BQ][64] |
-  // dS^T [2][BC][BQ] (swizzled rows of 64) | (TMA_DQ) dQ [CONSUMERS][HD / 64][BQ][32] f32 (swizzled
-  // 128-byte rows) | L [STAGES][BQ] f32 | D [STAGES][BQ] f32 |
-  // P [STAGES][BQ] int (packed rows: each query's pos) | barriers
+  // dS^T [2][BC][BQ] (swizzled rows of 64) | (SPLIT_COLS) P^T [2][BC][BQ] (as dS^T) |
+  // (TMA_DQ) dQ [CONSUMERS][HD / 64][BQ][32] f32 (swizzled 128-byte rows) | L [STAGES][BQ] f32 |
+  // D [STAGES][BQ] f32 | P [STAGES][BQ] int (packed rows: each query's pos) | barriers
   static constexpr int DQ_BOXES = HD / 64;  // 32-column f32 boxes of one consumer's HD / 2 dQ columns
   static constexpr uint32_t dq_box_bytes = BQ * 32 * 4;
   static constexpr size_t k_off = 0, v_off = k_off + kv_bytes, q_off = v_off + kv_bytes;
   static constexpr size_t do_off = q_off + size_t(STAGES) * qt_bytes, ds_off = do_off + size_t(STAGES) * qt_bytes;
-  static constexpr size_t dq_off = ds_off + size_t(2) * ds_bytes;
+  static constexpr size_t pt_off = ds_off + size_t(2) * ds_bytes;
+  static constexpr size_t dq_off = pt_off + (SPLIT_COLS ? size_t(2) * ds_bytes : 0);
   static constexpr size_t l_off = dq_off + (TMA_DQ ? size_t(CONSUMERS) * DQ_BOXES * dq_box_bytes : 0);
   static constexpr size_t d_off = l_off + size_t(STAGES) * BQ * 4;
   static constexpr size_t f_off = d_off + size_t(STAGES) * BQ * 4, bar_off = f_off + size_t(STAGES) * BQ * 4;
@@ -663,10 +676,183 @@ struct Sm90BwdTile {
   // before those stores so that the Q, dO copies go first, and the second warp's 32 after its P
   // stores.
   static constexpr int FULL_ARRIVALS = BOUNDED ? 65 : 32;
-  static_assert(HD % 64 == 0 && BC == 64 * CONSUMERS && BQ == 64, "tile shape");
+  static_assert(HD % 64 == 0 && BC == (SPLIT_COLS ? 64 : 64 * CONSUMERS) && BQ == 64, "tile shape");
+  static_assert(!SPLIT_COLS || (CONSUMERS == 2 && !TMA_DQ), "the column split: two consumers, dQ by atomics");
+  static_assert(P_EARLY <= BQ / 8, "P^T column groups under dP^T");
   static_assert(smem <= 227 * 1024, "shared memory");
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
+
+// The consumers of the hd-256 backward (Sm90BwdTile::SPLIT_COLS), per tile:
+//   S^T, dP^T of the block's 64 keys x this consumer's 32 queries   (wgmma m64n32, from shared memory)
+//   P^T, dS^T -> shared memory (bf16, both consumers' halves); a barrier of the two consumers
+//   dV += P^T dO, dK += dS^T Q   (this consumer's 128 columns; both operands from shared memory)
+//   dQ = dS K                    (its 128 columns; float4 atomics into the permuted fp32 workspace)
+// qs, ks: the block's first query row of the tile and first key; this thread's S^T elements are keys
+// key0 + 8 (e >> 1), queries q0 + qh + 8 j + 2 t4 + (e & 1).
+template <class Tr>
+__device__ __forceinline__ void bwd_consumer_split_cols(unsigned char* sm, uint64_t* kv_full, uint64_t* full,
+                                                        uint64_t* empty, int per_head, int total, int i_start, int kvh,
+                                                        int G, int b, int kv0, int T, int H, float scale,
+                                                        float scale_log2, int window, float* __restrict__ dq_acc,
+                                                        bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, int KVH) {
+#ifdef SF_SM90_DEVICE
+  constexpr int HD = Tr::HD, BC = Tr::BC, BQ = Tr::BQ, ST = Tr::STAGES, CH = Tr::CH;
+  constexpr int HC = HD / 2;  // dK, dV, dQ columns of one consumer
+  constexpr int QH = BQ / 2;  // S^T, dP^T queries of one consumer
+  const float* Ls = reinterpret_cast<const float*>(sm + Tr::l_off);
+  const float* Ds = reinterpret_cast<const float*>(sm + Tr::d_off);
+  const int* Ps = reinterpret_cast<const int*>(sm + Tr::f_off);
+  const int cw = int(threadIdx.x) / 128 - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int qh = cw * QH;                // this consumer's first query of S^T in the tile
+  const int key0 = kv0 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
+  const uint32_t k_addr = smem_u32(sm + Tr::k_off), v_addr = smem_u32(sm + Tr::v_off);
+  const uint32_t q_addr = smem_u32(sm + Tr::q_off), do_addr = smem_u32(sm + Tr::do_off);
+  const uint32_t ds_addr = smem_u32(sm + Tr::ds_off), pt_addr = smem_u32(sm + Tr::pt_off);
+  bf16_t* dsp = reinterpret_cast<bf16_t*>(sm + Tr::ds_off);
+  bf16_t* ptp = reinterpret_cast<bf16_t*>(sm + Tr::pt_off);
+  // A: K or V (all 64 rows), K-major over HD: k-step kk in box kk / 4, 32 bytes kk % 4 into the rows
+  auto kv_desc = [&](uint32_t base, int kk) { return sdesc(base + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024); };
+  // B: this consumer's 32 rows of Q or dO (stage s), K-major (4096 bytes = 4 swizzle atoms in)
+  auto qh_desc = [&](uint32_t base, int s, int kk) {
+    return sdesc(base + (s * CH + (kk >> 2)) * BQ * 128 + qh * 128 + (kk & 3) * 32, 16, 1024);
+  };
+  // A: P^T or dS^T (buffer buf), K-major over the tile's 64 queries (one box)
+  auto pt_desc = [&](uint32_t base, int buf, int kk) {
+    return sdesc(base + buf * Tr::ds_bytes + (kk & 3) * 32, 16, 1024);
+  };
+  // B: Q or dO (stage s), N-major: k-step kk = 16 query rows, this consumer's 128 columns (2 boxes)
+  auto qn_desc = [&](uint32_t base, int s, int kk) {
+    return sdesc(base + (s * CH + 2 * cw) * BQ * 128 + kk * 2048, BQ * 128, 1024);
+  };
+  // dQ: A = dS (M-major: queries along the rows of dS^T), k-step kk = 16 keys; B = K, N-major,
+  // this consumer's 128 columns
+  auto dsm_desc = [&](int buf, int kk) { return sdesc(ds_addr + buf * Tr::ds_bytes + kk * 2048, 8192, 1024); };
+  auto kn_desc = [&](int kk) { return sdesc(k_addr + 2 * cw * BC * 128 + kk * 2048, BC * 128, 1024); };
+
+  float dka[HC / 2], dva[HC / 2];
+#pragma unroll
+  for (int i = 0; i < HC / 2; ++i) dka[i] = dva[i] = 0.f;
+  const int64_t qstr = int64_t(H) * HD;
+  bar_wait(kv_full, 0);
+  for (int it = 0; it < total; ++it) {
+    const int s = it % ST, buf = it & 1;
+    const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+    float st[QH / 2], dp[QH / 2];
+    bar_wait(full + s, (it / ST) & 1);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0, 0>(st, kv_desc(k_addr, kk), qh_desc(q_addr, s, kk), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0, 0>(dp, kv_desc(v_addr, kk), qh_desc(do_addr, s, kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<1>();
+    reg_fence(st);
+    // (LB) keys before a query's first key: S^T = -inf, in a pass only tiles with such a query
+    // take (as the other consumers')
+    if constexpr (Tr::BOUNDED) {
+      auto fkey = [&](int r, int p) {
+        const int q = q0 + r;
+        return window_key(q - p, window, q);
+      };
+      const int rl = min(BQ, T - q0) - 1;
+      if (fkey(rl, Ps[s * BQ + rl]) > kv0) {
+#pragma unroll
+        for (int j = 0; j < QH / 8; ++j) {
+          const int qc = qh + j * 8 + 2 * t4;
+          const int2 p2 = *reinterpret_cast<const int2*>(Ps + s * BQ + qc);
+          const int f0 = fkey(qc, p2.x), f1 = fkey(qc + 1, p2.y);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (((e & 1) ? f1 : f0) > key0 + (e >> 1) * 8) st[j * 4 + e] = -INFINITY;
+        }
+      }
+    }
+    // P^T (fp32, causally masked) in place of S^T, under dP^T
+    const bool mask = q0 + qh < kv0 + BC - 1;
+#pragma unroll
+    for (int j = 0; j < QH / 8; ++j) {
+      const int qc = qh + j * 8 + 2 * t4;
+      const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+        if (mask && q0 + qc + (e & 1) < key0 + (e >> 1) * 8) pe = 0.f;
+        st[j * 4 + e] = pe;
+      }
+    }
+    wgmma_wait<0>();
+    reg_fence(dp);
+    // P^T and dS^T = P^T (dP^T - D) scale into the buffers: row = key within the block, 128-byte
+    // rows of 64 queries, 16-byte chunks swizzled by row & 7
+    bf16_t* ptb = ptp + buf * (BC * BQ);
+    bf16_t* dsb = dsp + buf * (BC * BQ);
+    const int r0 = warp * 16 + g, r1 = r0 + 8;
+#pragma unroll
+    for (int j = 0; j < QH / 8; ++j) {
+      const int qc = qh + j * 8 + 2 * t4;
+      const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
+      float dv4[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dv4[e] = st[j * 4 + e] * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
+      const int c0 = r0 * 64 + (((qc >> 3) ^ (r0 & 7)) << 3) + (qc & 7);
+      const int c1 = r1 * 64 + (((qc >> 3) ^ (r1 & 7)) << 3) + (qc & 7);
+      *reinterpret_cast<uint32_t*>(ptb + c0) = pack_bf16(st[j * 4], st[j * 4 + 1]);
+      *reinterpret_cast<uint32_t*>(ptb + c1) = pack_bf16(st[j * 4 + 2], st[j * 4 + 3]);
+      *reinterpret_cast<uint32_t*>(dsb + c0) = pack_bf16(dv4[0], dv4[1]);
+      *reinterpret_cast<uint32_t*>(dsb + c1) = pack_bf16(dv4[2], dv4[3]);
+    }
+    // both consumers' halves in shared memory, visible to the tensor cores (async proxy). The
+    // buffer written here was last read a tile ago, by products both consumers waited for before
+    // they met at the previous tile's barrier.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_ss<0, 1>(dva, pt_desc(pt_addr, buf, kk), qn_desc(do_addr, s, kk), 1);
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) wgmma_ss<0, 1>(dka, pt_desc(ds_addr, buf, kk), qn_desc(q_addr, s, kk), 1);
+    wgmma_commit();
+    float dqa[HC / 2];
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wgmma_ss<1, 1>(dqa, dsm_desc(buf, kk), kn_desc(kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<1>();
+    reg_fence(dva);
+    reg_fence(dka);
+    if (lane == 0) bar_arrive(empty + s);  // Q, dO, L, D, P of stage s no longer read by this warp
+    wgmma_wait<0>();
+    reg_fence(dqa);
+    // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HC + 8 j + 2 t4 (+ 1): the four values of
+    // two adjacent n8 column groups of a row are contiguous in the permuted layout, one float4
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + warp * 16 + g + r * 8;
+      if (row >= T) continue;
+      float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HC + 4 * t4;
+#pragma unroll
+      for (int j = 0; j < HC / 8; j += 2)
+        atomicAdd(reinterpret_cast<float4*>(base + j * 8), make_float4(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1],
+                                                                       dqa[j * 4 + 4 + 2 * r], dqa[j * 4 + 5 + 2 * r]));
+    }
+  }
+  // dK, dV rows key0, key0 + 8, this consumer's columns
+  const int64_t kstr = int64_t(KVH) * HD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = key0 + r * 8;
+    if (row >= T) continue;
+    const int64_t off = (int64_t(b) * T + row) * kstr + int64_t(kvh) * HD + cw * HC + 2 * t4;
+#pragma unroll
+    for (int dn = 0; dn < HC / 8; ++dn) {
+      *reinterpret_cast<uint32_t*>(dk + off + dn * 8) = pack_bf16(dka[dn * 4 + 2 * r], dka[dn * 4 + 2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv + off + dn * 8) = pack_bf16(dva[dn * 4 + 2 * r], dva[dn * 4 + 2 * r + 1]);
+    }
+  }
+#endif  // SF_SM90_DEVICE
+}
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
@@ -801,230 +987,235 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::CONSUMER_REGS) : "memory");
   int per_head, total;
   query_tiles(per_head, total);
-  const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
-  const int g = lane >> 2, t4 = lane & 3;
-  const int kw0 = kv0 + cw * 64;         // the warpgroup's first key
-  const int key0 = kw0 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
-  const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs), q_addr = smem_u32(Qs), do_addr = smem_u32(dOs);
-  const uint32_t ds_addr = smem_u32(dSs);
-  // K-major operands, k-step kk over HD: box kk / 4, 32 bytes kk % 4 into the 128-byte rows.
-  auto kw_desc = [&](uint32_t base, int kk) {  // K or V rows of this warpgroup (A)
-    return sdesc(base + cw * 64 * 128 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024);
-  };
-  auto qt_desc = [&](uint32_t base, int s, int kk) {  // Q or dO of stage s (B, K-major)
-    return sdesc(base + (s * CH + (kk >> 2)) * BQ * 128 + (kk & 3) * 32, 16, 1024);
-  };
-  // N-major B operands, k-step kk = 16 rows (2048 bytes), N over the CH boxes (LBO apart).
-  auto qt_ndesc = [&](uint32_t base, int s, int kk) {
-    return sdesc(base + s * CH * BQ * 128 + kk * 2048, BQ * 128, 1024);
-  };
-  // dQ: A = dS (M-major: queries along the 128-byte rows, keys down them), B = this warpgroup's
-  // half of K's columns (N-major).
-  constexpr int HQ = HD / 2;  // dQ columns of one consumer
-  auto ds_desc = [&](int buf, int kk) { return sdesc(ds_addr + buf * Tr::ds_bytes + kk * 2048, 8192, 1024); };
-  auto kn_desc = [&](int kk) {
-    const int col = cw * HQ;  // first column: a box (hd 128) or 64 bytes into the rows (hd 64)
-    return sdesc(k_addr + (col >> 6) * BC * 128 + (col & 63) * 2 + kk * 2048, BC * 128, 1024);
-  };
-
-  float dka[HD / 2], dva[HD / 2];
-#pragma unroll
-  for (int i = 0; i < HD / 2; ++i) dka[i] = dva[i] = 0.f;
-  const int64_t qstr = int64_t(H) * HD;
-
-  // S^T, dP^T of tile `it` (stage it % ST, waited for until loaded), committed by the caller.
-  float st[BQ / 2], dp[BQ / 2];
-  auto issue_s = [&](int it) {
-    const int s = it % ST;
-    bar_wait(full + s, (it / ST) & 1);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(st, kw_desc(k_addr, kk), qt_desc(q_addr, s, kk), kk > 0);
-  };
-  auto issue_dp = [&](int it) {  // right after issue_s(it): its wait and fence serve
-    const int s = it % ST;
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
-  };
-  bar_wait(kv_full, 0);
-  for (int it = 0; it < total; ++it) {
-    const int s = it % ST, buf = it & 1;
-    const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
-    // (TMA_DQ) S^T and dP^T in two groups, P^T computed while dP^T runs
-    issue_s(it);
-    if (Tr::TMA_DQ) wgmma_commit();
-    issue_dp(it);
-    wgmma_commit();
-    if constexpr (Tr::TMA_DQ) {
-      wgmma_wait<1>();
-    } else {
-      wgmma_wait<0>();
-      reg_fence(dp);
-    }
-    reg_fence(st);
-    // P^T, dS^T (this thread: keys key0 + 8 (e >> 1), queries q0 + 8 j + 2 t4 + (e & 1))
-    const bool mask = q0 < kw0 + 63;
-    // (LB only: the plain causal kernel has no such test) Where some query of the tile sees its
-    // first key after this warpgroup's first key (the last valid query has the largest), the keys
-    // before each query's first key get S^T = -inf (P^T = 0), in a pass of its own that only such
-    // tiles take (a record starting inside the query tile, a window's edge): the P^T / dS^T work
-    // below is the plain kernel's, per element (it tested the first key in every tile before).
-    if constexpr (LB) {
-      // first key of the tile's query row r (its pos in Ps; rows past T hold 0, harmless: their
-      // P^T is 0 through L = +inf)
-      auto fkey = [&](int r, int p) {
-        const int q = q0 + r;
-        return window_key(q - p, window, q);
-      };
-      const int rl = min(BQ, T - q0) - 1;  // the last row of the sequence
-      if (fkey(rl, Ps[s * BQ + rl]) > kw0) {
-#pragma unroll
-        for (int j = 0; j < BQ / 8; ++j) {
-          const int2 p2 = *reinterpret_cast<const int2*>(Ps + s * BQ + j * 8 + 2 * t4);
-          const int f0 = fkey(j * 8 + 2 * t4, p2.x), f1 = fkey(j * 8 + 2 * t4 + 1, p2.y);
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (((e & 1) ? f1 : f0) > key0 + (e >> 1) * 8) st[j * 4 + e] = -INFINITY;
-        }
-      }
-    }
-    uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
-    bf16_t* dsb = dSs + buf * (BC * BQ);
-    // P^T of columns 8 j .. 8 j + 7 (fp32, causally masked) into pv
-    auto p_cols = [&](int j, float(&pv)[4]) {
-      const int qc = j * 8 + 2 * t4;
-      const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-        if (mask && q0 + qc + (e & 1) < key0 + (e >> 1) * 8) pe = 0.f;
-        pv[e] = pe;
-      }
+  if constexpr (Tr::SPLIT_COLS) {
+    bwd_consumer_split_cols<Tr>(sm, kv_full, full, empty, per_head, total, i_start, kvh, G, b, kv0, T, H, scale,
+                                scale_log2, window, dq_acc, dk, dv, KVH);
+  } else {
+    const int cw = wg - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int kw0 = kv0 + cw * 64;         // the warpgroup's first key
+    const int key0 = kw0 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
+    const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs), q_addr = smem_u32(Qs), do_addr = smem_u32(dOs);
+    const uint32_t ds_addr = smem_u32(dSs);
+    // K-major operands, k-step kk over HD: box kk / 4, 32 bytes kk % 4 into the 128-byte rows.
+    auto kw_desc = [&](uint32_t base, int kk) {  // K or V rows of this warpgroup (A)
+      return sdesc(base + cw * 64 * 128 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024);
     };
-    // P^T packed into pa; dS^T of the same columns from their P^T: into dsa and the dS^T buffer
-    auto ds_cols = [&](int j, const float(&pv)[4]) {
-      pa[j >> 1][(j & 1) * 2] = pack_bf16(pv[0], pv[1]);
-      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pv[2], pv[3]);
-      const int qc = j * 8 + 2 * t4;
-      const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
-      float dv4[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dv4[e] = pv[e] * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
-      const uint32_t lo = pack_bf16(dv4[0], dv4[1]), hi = pack_bf16(dv4[2], dv4[3]);
-      dsa[j >> 1][(j & 1) * 2] = lo;
-      dsa[j >> 1][(j & 1) * 2 + 1] = hi;
-      // dS^T row = key within the block, 128-byte rows of 64 queries, 16-byte chunks swizzled by row & 7
-      const int r0 = cw * 64 + warp * 16 + g, r1 = r0 + 8;
-      *reinterpret_cast<uint32_t*>(dsb + r0 * 64 + (((qc >> 3) ^ (r0 & 7)) << 3) + (qc & 7)) = lo;
-      *reinterpret_cast<uint32_t*>(dsb + r1 * 64 + (((qc >> 3) ^ (r1 & 7)) << 3) + (qc & 7)) = hi;
+    auto qt_desc = [&](uint32_t base, int s, int kk) {  // Q or dO of stage s (B, K-major)
+      return sdesc(base + (s * CH + (kk >> 2)) * BQ * 128 + (kk & 3) * 32, 16, 1024);
     };
-    // dV += P^T dO, dK += dS^T Q (registers A, N-major B), k-steps k0 .. k1 - 1 (16 queries each)
-    auto issue_dvdk = [&](int k0, int k1) {
+    // N-major B operands, k-step kk = 16 rows (2048 bytes), N over the CH boxes (LBO apart).
+    auto qt_ndesc = [&](uint32_t base, int s, int kk) {
+      return sdesc(base + s * CH * BQ * 128 + kk * 2048, BQ * 128, 1024);
+    };
+    // dQ: A = dS (M-major: queries along the 128-byte rows, keys down them), B = this warpgroup's
+    // half of K's columns (N-major).
+    constexpr int HQ = HD / 2;  // dQ columns of one consumer
+    auto ds_desc = [&](int buf, int kk) { return sdesc(ds_addr + buf * Tr::ds_bytes + kk * 2048, 8192, 1024); };
+    auto kn_desc = [&](int kk) {
+      const int col = cw * HQ;  // first column: a box (hd 128) or 64 bytes into the rows (hd 64)
+      return sdesc(k_addr + (col >> 6) * BC * 128 + (col & 63) * 2 + kk * 2048, BC * 128, 1024);
+    };
+
+    float dka[HD / 2], dva[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) dka[i] = dva[i] = 0.f;
+    const int64_t qstr = int64_t(H) * HD;
+
+    // S^T, dP^T of tile `it` (stage it % ST, waited for until loaded), committed by the caller.
+    float st[BQ / 2], dp[BQ / 2];
+    auto issue_s = [&](int it) {
+      const int s = it % ST;
+      bar_wait(full + s, (it / ST) & 1);
       wgmma_fence();
 #pragma unroll
-      for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dva, pa[kk], qt_ndesc(do_addr, s, kk));
-#pragma unroll
-      for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
-      wgmma_commit();
+      for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0, 0>(st, kw_desc(k_addr, kk), qt_desc(q_addr, s, kk), kk > 0);
     };
-    // (TMA_DQ) in two halves of the queries: the first half's dV, dK products run under
-    // the second half's P^T, dS^T (the registers live as in one pass: P^T of the whole tile kept
-    // for an early dV spilled at hd 128)
-    constexpr int PARTS = Tr::TMA_DQ ? 2 : 1;
-    if constexpr (Tr::TMA_DQ) {
-      // P^T of the tile in place of S^T (the MUFU work under the dP^T products), then dP^T
+    auto issue_dp = [&](int it) {  // right after issue_s(it): its wait and fence serve
+      const int s = it % ST;
 #pragma unroll
-      for (int j = 0; j < Tr::P_EARLY; ++j) {
-        float pv[4];
-        p_cols(j, pv);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[j * 4 + e] = pv[e];
+      for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0, 0>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
+    };
+    bar_wait(kv_full, 0);
+    for (int it = 0; it < total; ++it) {
+      const int s = it % ST, buf = it & 1;
+      const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+      // (TMA_DQ) S^T and dP^T in two groups, P^T computed while dP^T runs
+      issue_s(it);
+      if (Tr::TMA_DQ) wgmma_commit();
+      issue_dp(it);
+      wgmma_commit();
+      if constexpr (Tr::TMA_DQ) {
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+        reg_fence(dp);
       }
-      wgmma_wait<0>();
-      reg_fence(dp);
-    }
+      reg_fence(st);
+      // P^T, dS^T (this thread: keys key0 + 8 (e >> 1), queries q0 + 8 j + 2 t4 + (e & 1))
+      const bool mask = q0 < kw0 + 63;
+      // (LB only: the plain causal kernel has no such test) Where some query of the tile sees its
+      // first key after this warpgroup's first key (the last valid query has the largest), the keys
+      // before each query's first key get S^T = -inf (P^T = 0), in a pass of its own that only such
+      // tiles take (a record starting inside the query tile, a window's edge): the P^T / dS^T work
+      // below is the plain kernel's, per element (it tested the first key in every tile before).
+      if constexpr (LB) {
+        // first key of the tile's query row r (its pos in Ps; rows past T hold 0, harmless: their
+        // P^T is 0 through L = +inf)
+        auto fkey = [&](int r, int p) {
+          const int q = q0 + r;
+          return window_key(q - p, window, q);
+        };
+        const int rl = min(BQ, T - q0) - 1;  // the last row of the sequence
+        if (fkey(rl, Ps[s * BQ + rl]) > kw0) {
 #pragma unroll
-    for (int part = 0; part < PARTS; ++part) {
+          for (int j = 0; j < BQ / 8; ++j) {
+            const int2 p2 = *reinterpret_cast<const int2*>(Ps + s * BQ + j * 8 + 2 * t4);
+            const int f0 = fkey(j * 8 + 2 * t4, p2.x), f1 = fkey(j * 8 + 2 * t4 + 1, p2.y);
 #pragma unroll
-      for (int j = part * (BQ / 8 / PARTS); j < (part + 1) * (BQ / 8 / PARTS); ++j) {
-        if (Tr::TMA_DQ && j < Tr::P_EARLY) {
-          const float pv[4] = {st[j * 4], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]};
-          ds_cols(j, pv);
-        } else {
+            for (int e = 0; e < 4; ++e)
+              if (((e & 1) ? f1 : f0) > key0 + (e >> 1) * 8) st[j * 4 + e] = -INFINITY;
+          }
+        }
+      }
+      uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
+      bf16_t* dsb = dSs + buf * (BC * BQ);
+      // P^T of columns 8 j .. 8 j + 7 (fp32, causally masked) into pv
+      auto p_cols = [&](int j, float(&pv)[4]) {
+        const int qc = j * 8 + 2 * t4;
+        const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+          if (mask && q0 + qc + (e & 1) < key0 + (e >> 1) * 8) pe = 0.f;
+          pv[e] = pe;
+        }
+      };
+      // P^T packed into pa; dS^T of the same columns from their P^T: into dsa and the dS^T buffer
+      auto ds_cols = [&](int j, const float(&pv)[4]) {
+        pa[j >> 1][(j & 1) * 2] = pack_bf16(pv[0], pv[1]);
+        pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pv[2], pv[3]);
+        const int qc = j * 8 + 2 * t4;
+        const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
+        float dv4[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dv4[e] = pv[e] * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
+        const uint32_t lo = pack_bf16(dv4[0], dv4[1]), hi = pack_bf16(dv4[2], dv4[3]);
+        dsa[j >> 1][(j & 1) * 2] = lo;
+        dsa[j >> 1][(j & 1) * 2 + 1] = hi;
+        // dS^T row = key within the block, 128-byte rows of 64 queries, 16-byte chunks swizzled by row & 7
+        const int r0 = cw * 64 + warp * 16 + g, r1 = r0 + 8;
+        *reinterpret_cast<uint32_t*>(dsb + r0 * 64 + (((qc >> 3) ^ (r0 & 7)) << 3) + (qc & 7)) = lo;
+        *reinterpret_cast<uint32_t*>(dsb + r1 * 64 + (((qc >> 3) ^ (r1 & 7)) << 3) + (qc & 7)) = hi;
+      };
+      // dV += P^T dO, dK += dS^T Q (registers A, N-major B), k-steps k0 .. k1 - 1 (16 queries each)
+      auto issue_dvdk = [&](int k0, int k1) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dva, pa[kk], qt_ndesc(do_addr, s, kk));
+#pragma unroll
+        for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
+        wgmma_commit();
+      };
+      // (TMA_DQ) in two halves of the queries: the first half's dV, dK products run under
+      // the second half's P^T, dS^T (the registers live as in one pass: P^T of the whole tile kept
+      // for an early dV spilled at hd 128)
+      constexpr int PARTS = Tr::TMA_DQ ? 2 : 1;
+      if constexpr (Tr::TMA_DQ) {
+        // P^T of the tile in place of S^T (the MUFU work under the dP^T products), then dP^T
+#pragma unroll
+        for (int j = 0; j < Tr::P_EARLY; ++j) {
           float pv[4];
           p_cols(j, pv);
-          ds_cols(j, pv);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[j * 4 + e] = pv[e];
         }
+        wgmma_wait<0>();
+        reg_fence(dp);
       }
-      issue_dvdk(part * (BQ / 16 / PARTS), (part + 1) * (BQ / 16 / PARTS));
-    }
-    // dS^T of both consumers in shared memory, visible to the tensor cores (async proxy)
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    // (TMA_DQ) the previous tile's dQ staging read by its reduces before anyone writes it again
-    if (Tr::TMA_DQ && tw == 0) bulk_wait_read();
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    float dqa[HQ / 2];
-    wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wgmma_ss<1>(dqa, ds_desc(buf, kk), kn_desc(kk), kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(dqa);
-    reg_fence(dva);
-    reg_fence(dka);
-    reg_fence(pa);
-    reg_fence(dsa);
-    if (lane == 0)
-      bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
-                              // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4
-    if constexpr (Tr::TMA_DQ) {
-      // Box j / 4 of this consumer, row warp * 16 + g + 8 r (row & 7 = g), column 8 (j % 4) + 2 t4:
-      // 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by g.
-      float* dqs = reinterpret_cast<float*>(sm + Tr::dq_off) + cw * Tr::DQ_BOXES * (BQ * 32);
+      for (int part = 0; part < PARTS; ++part) {
 #pragma unroll
-      for (int j = 0; j < HQ / 8; ++j)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = warp * 16 + g + r * 8, chunk = (2 * (j & 3) + (t4 >> 1)) ^ g;
-          *reinterpret_cast<float2*>(dqs + (j >> 2) * (BQ * 32) + row * 32 + chunk * 4 + 2 * (t4 & 1)) =
-              make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]);
+        for (int j = part * (BQ / 8 / PARTS); j < (part + 1) * (BQ / 8 / PARTS); ++j) {
+          if (Tr::TMA_DQ && j < Tr::P_EARLY) {
+            const float pv[4] = {st[j * 4], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]};
+            ds_cols(j, pv);
+          } else {
+            float pv[4];
+            p_cols(j, pv);
+            ds_cols(j, pv);
+          }
         }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the TMA unit
-      if (cw == 0)  // named barriers by immediates: a register id reserves all 16
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");
-      else
-        asm volatile("bar.sync 3, 128;\n" ::: "memory");
-      if (tw == 0) {
-#pragma unroll
-        for (int x = 0; x < Tr::DQ_BOXES; ++x)
-          tma_reduce_add(&tdq, dqs + x * (BQ * 32), h * HD + cw * HQ + x * 32, q0, b);
-        bulk_commit();
+        issue_dvdk(part * (BQ / 16 / PARTS), (part + 1) * (BQ / 16 / PARTS));
       }
-    } else {
+      // dS^T of both consumers in shared memory, visible to the tensor cores (async proxy)
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      // (TMA_DQ) the previous tile's dQ staging read by its reduces before anyone writes it again
+      if (Tr::TMA_DQ && tw == 0) bulk_wait_read();
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      float dqa[HQ / 2];
+      wgmma_fence();
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = q0 + warp * 16 + g + r * 8;
-        if (row >= T) continue;
-        float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HQ + 2 * t4;
+      for (int kk = 0; kk < BC / 16; ++kk) wgmma_ss<1, 1>(dqa, ds_desc(buf, kk), kn_desc(kk), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(dqa);
+      reg_fence(dva);
+      reg_fence(dka);
+      reg_fence(pa);
+      reg_fence(dsa);
+      if (lane == 0)
+        bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
+                                // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4
+      if constexpr (Tr::TMA_DQ) {
+        // Box j / 4 of this consumer, row warp * 16 + g + 8 r (row & 7 = g), column 8 (j % 4) + 2 t4:
+        // 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by g.
+        float* dqs = reinterpret_cast<float*>(sm + Tr::dq_off) + cw * Tr::DQ_BOXES * (BQ * 32);
 #pragma unroll
         for (int j = 0; j < HQ / 8; ++j)
-          atomicAdd(reinterpret_cast<float2*>(base + j * 8), make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]));
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = warp * 16 + g + r * 8, chunk = (2 * (j & 3) + (t4 >> 1)) ^ g;
+            *reinterpret_cast<float2*>(dqs + (j >> 2) * (BQ * 32) + row * 32 + chunk * 4 + 2 * (t4 & 1)) =
+                make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]);
+          }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the TMA unit
+        if (cw == 0)  // named barriers by immediates: a register id reserves all 16
+          asm volatile("bar.sync 2, 128;\n" ::: "memory");
+        else
+          asm volatile("bar.sync 3, 128;\n" ::: "memory");
+        if (tw == 0) {
+#pragma unroll
+          for (int x = 0; x < Tr::DQ_BOXES; ++x)
+            tma_reduce_add(&tdq, dqs + x * (BQ * 32), h * HD + cw * HQ + x * 32, q0, b);
+          bulk_commit();
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = q0 + warp * 16 + g + r * 8;
+          if (row >= T) continue;
+          float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HQ + 2 * t4;
+#pragma unroll
+          for (int j = 0; j < HQ / 8; ++j)
+            atomicAdd(reinterpret_cast<float2*>(base + j * 8), make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]));
+        }
       }
     }
-  }
 
-  if (Tr::TMA_DQ && tw == 0) bulk_wait_all();  // the last dQ reduces done before the block ends
-  // dK, dV rows key0, key0 + 8
-  const int64_t kstr = int64_t(KVH) * HD;
+    if (Tr::TMA_DQ && tw == 0) bulk_wait_all();  // the last dQ reduces done before the block ends
+    // dK, dV rows key0, key0 + 8
+    const int64_t kstr = int64_t(KVH) * HD;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = key0 + r * 8;
-    if (row >= T) continue;
-    const int64_t off = (int64_t(b) * T + row) * kstr + int64_t(kvh) * HD + 2 * t4;
+    for (int r = 0; r < 2; ++r) {
+      const int row = key0 + r * 8;
+      if (row >= T) continue;
+      const int64_t off = (int64_t(b) * T + row) * kstr + int64_t(kvh) * HD + 2 * t4;
 #pragma unroll
-    for (int dn = 0; dn < HD / 8; ++dn) {
-      *reinterpret_cast<uint32_t*>(dk + off + dn * 8) = pack_bf16(dka[dn * 4 + 2 * r], dka[dn * 4 + 2 * r + 1]);
-      *reinterpret_cast<uint32_t*>(dv + off + dn * 8) = pack_bf16(dva[dn * 4 + 2 * r], dva[dn * 4 + 2 * r + 1]);
+      for (int dn = 0; dn < HD / 8; ++dn) {
+        *reinterpret_cast<uint32_t*>(dk + off + dn * 8) = pack_bf16(dka[dn * 4 + 2 * r], dka[dn * 4 + 2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(dv + off + dn * 8) = pack_bf16(dva[dn * 4 + 2 * r], dva[dn * 4 + 2 * r + 1]);
+      }
     }
   }
 #endif  // SF_SM90_DEVICE
@@ -1064,14 +1255,15 @@ CUtensorMap make_map(const void* base, int B, int T, int64_t cols, int rows, boo
 bool bounded(const AttnDims& d) { return !d.pos.empty() || d.window > 0; }
 
 // Every precondition of the kernels and their tensor maps, checked on the host (a failure is the
-// caller's bug: attention.cu routes only calls that pass attention_sm90_supported and its own
+// caller's bug: attention.cu routes only calls that pass attention_sm90_*_supported and its own
 // dtype / alignment test here). TMA: global addresses 16-byte aligned, row strides (heads * hd *
 // 2 or 4 bytes) multiples of 16 (hd is 64 or 128); pos (packed rows) is read by ordinary loads: I32,
 // B * T of them, 4-byte aligned.
 void check_args(const char* op, std::initializer_list<const Tensor*> bf16s, const void* f32_aligned,
                 const AttnDims& d) {
   const std::string w = std::string("attention (sm_90) ") + op + ": ";
-  SF_CHECK(d.head_dim == 64 || d.head_dim == 128, w + "head_dim " + std::to_string(d.head_dim));
+  SF_CHECK(d.head_dim == 64 || d.head_dim == 128 || (d.head_dim == 256 && std::string(op) == "backward"),
+           w + "head_dim " + std::to_string(d.head_dim));
   SF_CHECK(d.B >= 1 && d.T >= 1 && d.n_head >= 1 && d.n_kv_head >= 1 && d.n_head % d.n_kv_head == 0 && d.window >= 0,
            w + "bad dims");
   for (const Tensor* t : bf16s)
@@ -1155,13 +1347,18 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
 
 }  // namespace
 
-bool attention_sm90_supported(const AttnDims& d) {
-  // The kernels count tiles in int: the forward's tile counter runs to its tiles + one a CTA, the
-  // backward's grid is one block a key tile and (kv head, sequence); larger calls take the sm_80 kernels.
+// The kernels count tiles in int: the forward's tile counter runs to its tiles + one a CTA, the
+// backward's grid is one block a key tile (64 or 128 keys) and (kv head, sequence); larger calls
+// take the sm_80 kernels.
+bool attention_sm90_forward_supported(const AttnDims& d) {
   const int64_t fwd_tiles = (int64_t(d.T) + 127) / 128 * d.n_head * d.B;
-  const int64_t bwd_blocks = (int64_t(d.T) + 127) / 128 * d.n_kv_head * d.B;
-  return (d.head_dim == 64 || d.head_dim == 128) && fwd_tiles + 1024 < INT32_MAX && bwd_blocks < INT32_MAX;
+  return (d.head_dim == 64 || d.head_dim == 128) && fwd_tiles + 1024 < INT32_MAX;
 }
+bool attention_sm90_backward_supported(const AttnDims& d) {
+  const int64_t bwd_blocks = (int64_t(d.T) + 63) / 64 * d.n_kv_head * d.B;
+  return (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) && bwd_blocks < INT32_MAX;
+}
+bool attention_sm90_dq_permuted(int head_dim) { return head_dim == 256; }  // SPLIT_COLS: float4 atomics
 
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L) {
   const bool b = bounded(d);
@@ -1177,9 +1374,12 @@ void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv
   if (d.head_dim == 64)
     b ? backward<64, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
       : backward<64, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
-  else
+  else if (d.head_dim == 128)
     b ? backward<128, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
       : backward<128, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
+  else
+    b ? backward<256, true>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L)
+      : backward<256, false>(dq_acc, D, dk, dv, dout, q, k, v, lse, d, L);
 }
 
 }  // namespace sf::cuda

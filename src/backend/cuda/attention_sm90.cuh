@@ -7,16 +7,21 @@
 
 namespace sf::cuda {
 
-// What the sm_90 kernels take: head_dim 64 or 128, with or without packed rows and a sliding
-// window (BF16, 16-byte aligned tensors: the caller's check).
-bool attention_sm90_supported(const AttnDims& d);
+// What the sm_90 kernels take: head_dim 64 or 128 (the forward), 64, 128 or 256 (the backward),
+// with or without packed rows and a sliding window (BF16, 16-byte aligned tensors: the caller's
+// check).
+bool attention_sm90_forward_supported(const AttnDims& d);
+bool attention_sm90_backward_supported(const AttnDims& d);
+// Whether the backward adds dQ into dq_acc in the permuted layout of attention.cu's
+// dq_permuted_pos (16-column groups; hd 256: float4 atomics) rather than the natural one.
+bool attention_sm90_dq_permuted(int head_dim);
 // out, q [B*T, n_head*hd]; k, v [B*T, n_kv_head*hd]; lse [B, n_head, T] F32 (may be empty).
 // Persistent (one CTA an SM): uses 4 bytes of the stream's scratch (L.scratch) as its tile counter.
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L);
 
 // The main backward kernel: dK, dV (bf16) and dQ accumulated in fp32 into dq_acc [B*T, n_head*hd]
 // (zeroed by the caller, which casts it; 16-byte aligned: hd 128 adds by TMA reduce-add, hd 64 by
-// float2 atomics); D [B, n_head, T] = rowsum(dO * O), lse as the forward's.
+// float2 atomics, hd 256 by float4 atomics, permuted); D [B, n_head, T] = rowsum(dO * O), lse as the forward's.
 void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor lse, const AttnDims& d, const Launch& L);
 
