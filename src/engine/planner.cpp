@@ -118,10 +118,11 @@ struct WorkWeights {
   double matrix = 1, attn_fwd = 1, attn_bwd = 1;
 };
 // The attention rates are head dim 128's. A smaller head does less work a byte moved (the H200's
-// kernels: 0.72-0.76x at 64, about sqrt(64 / 128)). Larger heads run the sm_80 kernel family, at
-// head dim 256 (Gemma 3) measured in one call against 128 on the H200 (session 19, B 8, T 2048,
-// causal: forward 256 against 487 TFLOP/s, backward 137 against 360): 0.53x and 0.38x; wider ones
-// (Gemma 4's 512, the simple kernels) are slower still, not measured: 256's as a lower bound.
+// kernels: 0.72-0.76x at 64, about sqrt(64 / 128)). Head dim 256 (Gemma 3) on the H200 (B 8,
+// T 2048, causal), the sm_90 kernels (session 20): forward 491 TFLOP/s against hd 128's 487
+// (session 19), 1.0x; backward 274-279 against 360, 0.77x. Wider heads (Gemma 4's 512, the simple
+// kernels) are slower still, not measured: the sm_80 hd-256 kernels' shares (0.53x, 0.38x in
+// session 19) as a bound.
 struct HeadDimFactors {
   double fwd = 1, bwd = 1;
 };
@@ -131,6 +132,7 @@ HeadDimFactors head_dim_factors(int head_dim) {
     return {f, f};
   }
   if (head_dim == 128) return {};
+  if (head_dim <= 256) return {1.0, 0.77};
   return {0.53, 0.38};
 }
 

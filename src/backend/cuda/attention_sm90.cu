@@ -303,15 +303,19 @@ __device__ __forceinline__ void store_o_lse(const float (&o)[HD / 2], const floa
 //   at every tile (8.5 key tiles on average at T 2048).
 // - The O rescale skipped while no row's max grew by more than 2^8 (softmax_tile_lazy): at hd
 //   128, 64 of ~350 instructions a thread a tile.
+// hd 256: key tiles of 64 (a consumer's O is 128 fp32 registers a thread, S 32, P 16) and one Q
+// buffer (64 KiB; the next tile's Q lands once both consumers' last QK^T is done, under the last
+// PV and the epilogue): 64 + 2 K + 3 V stages of 32 KiB = 224 KiB. Its PV is two n128 products
+// (the two 128-column halves of O), one instruction shape with hd 128's.
 template <int HD_, bool BOUNDED_>
 struct Sm90FwdTile {
-  static constexpr int HD = HD_, BR = 128, BC = 128;
+  static constexpr int HD = HD_, BR = 128, BC = HD == 256 ? 64 : 128;
   // Stages of K and of V, each with its own full / empty barriers: a K stage is free once both
   // consumers' QK^T read it, a V stage once their PV did (a tile after: PV lags QK^T by one), so
   // the load of tile j + KSTAGES starts under tile j + 1's products, not after them. hd 128: 2 K +
   // 3 V + 2 Q buffers = 224 KiB (the most that fits); hd 64: 4 of each, 160 KiB.
   static constexpr int KSTAGES = HD == 64 ? 4 : 2, VSTAGES = HD == 64 ? 4 : 3;
-  static constexpr int QSTAGES = 2;  // Q buffers: the next tile's lands under this one
+  static constexpr int QSTAGES = HD == 256 ? 1 : 2;  // Q buffers: (2) the next tile's lands under this one
   static constexpr bool BOUNDED = BOUNDED_;
   static constexpr int CONSUMERS = 2;
   // setmaxnreg, a thread: the consumers' increase is granted from what the producer gives back
@@ -483,7 +487,10 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   auto k_desc = [&](int s, int kk) {
     return sdesc(k_addr + (s * CH + (kk >> 2)) * BC * 128 + (kk & 3) * 32, 16, 1024);
   };
-  auto v_desc = [&](int s, int kk) { return sdesc(v_addr + s * CH * BC * 128 + kk * 2048, BC * 128, 1024); };
+  // V as the N-major B of PV from column box c0 on
+  auto v_desc = [&](int s, int kk, int c0 = 0) {
+    return sdesc(v_addr + (s * CH + c0) * BC * 128 + kk * 2048, BC * 128, 1024);
+  };
 
   float o[HD / 2];
   float sacc[BC / 2];
@@ -497,8 +504,18 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   };
   auto issue_pv = [&](int s) {
     wgmma_fence();
+    if constexpr (HD == 256) {  // O's column halves: V's boxes 0-1 and 2-3
+      float(&o_lo)[64] = *reinterpret_cast<float(*)[64]>(o);
+      float(&o_hi)[64] = *reinterpret_cast<float(*)[64]>(o + 64);
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<HD>(o, p[kk], v_desc(s, kk));
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        wgmma_rs<128>(o_lo, p[kk], v_desc(s, kk));
+        wgmma_rs<128>(o_hi, p[kk], v_desc(s, kk, 2));
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<HD>(o, p[kk], v_desc(s, kk));
+    }
     wgmma_commit();
   };
   // Ping-pong, continued across tiles: consumer 1 opens, both pass
@@ -1262,8 +1279,7 @@ bool bounded(const AttnDims& d) { return !d.pos.empty() || d.window > 0; }
 void check_args(const char* op, std::initializer_list<const Tensor*> bf16s, const void* f32_aligned,
                 const AttnDims& d) {
   const std::string w = std::string("attention (sm_90) ") + op + ": ";
-  SF_CHECK(d.head_dim == 64 || d.head_dim == 128 || (d.head_dim == 256 && std::string(op) == "backward"),
-           w + "head_dim " + std::to_string(d.head_dim));
+  SF_CHECK(d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256, w + "head_dim " + std::to_string(d.head_dim));
   SF_CHECK(d.B >= 1 && d.T >= 1 && d.n_head >= 1 && d.n_kv_head >= 1 && d.n_head % d.n_kv_head == 0 && d.window >= 0,
            w + "bad dims");
   for (const Tensor* t : bf16s)
@@ -1352,7 +1368,7 @@ void backward(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, 
 // take the sm_80 kernels.
 bool attention_sm90_forward_supported(const AttnDims& d) {
   const int64_t fwd_tiles = (int64_t(d.T) + 127) / 128 * d.n_head * d.B;
-  return (d.head_dim == 64 || d.head_dim == 128) && fwd_tiles + 1024 < INT32_MAX;
+  return (d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) && fwd_tiles + 1024 < INT32_MAX;
 }
 bool attention_sm90_backward_supported(const AttnDims& d) {
   const int64_t bwd_blocks = (int64_t(d.T) + 63) / 64 * d.n_kv_head * d.B;
@@ -1364,8 +1380,10 @@ void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v
   const bool b = bounded(d);
   if (d.head_dim == 64)
     b ? forward<64, true>(out, lse, q, k, v, d, L) : forward<64, false>(out, lse, q, k, v, d, L);
-  else
+  else if (d.head_dim == 128)
     b ? forward<128, true>(out, lse, q, k, v, d, L) : forward<128, false>(out, lse, q, k, v, d, L);
+  else
+    b ? forward<256, true>(out, lse, q, k, v, d, L) : forward<256, false>(out, lse, q, k, v, d, L);
 }
 
 void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
