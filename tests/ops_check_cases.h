@@ -202,6 +202,12 @@ inline std::vector<BadCall> bad_calls(char* base, Ops& ops) {
   add("embedding_backward dout", "embedding_backward: dout [4, 6] BF16 is not [N, H]", [=](Ops& o, Stream& s) {
     o.embedding_backward(at(0, F32, {10, 8}), at(1, BF16, {4, 6}), at(2, I32, {4}), s);
   });
+  add("ids_or_zero dtype", "ids_or_zero: ids [4] F32 must be a non-empty I32",
+      [=](Ops& o, Stream& s) { o.ids_or_zero(at(0, I32, {4}), at(1, F32, {4}), 10, s); });
+  add("ids_or_zero numel", "ids_or_zero: ids [5] I32 has 5 elements, expected the elements of out = 4",
+      [=](Ops& o, Stream& s) { o.ids_or_zero(at(0, I32, {4}), at(1, I32, {5}), 10, s); });
+  add("ids_or_zero limit", "ids_or_zero: limit 0 must be at least 1",
+      [=](Ops& o, Stream& s) { o.ids_or_zero(at(0, I32, {4}), at(1, I32, {4}), 0, s); });
   // element-wise
   add("add numel", "add: b [5] F32 has 5 elements, expected numel(out) = 6",
       [=](Ops& o, Stream& s) { o.add(at(0, F32, {6}), at(1, F32, {6}), at(2, F32, {5}), s); });

@@ -8,11 +8,15 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_device.h"
+#include "data/dataset/dataset.h"
+#include "engine/resident_engine.h"
+#include "engine_state.h"
 #include "model/gemma4_ple.h"
 #include "model/layout.h"
 #include "model/program.h"
 #include "model/spec.h"
 #include "model/spec_gemma4.h"
+#include "model_fixtures.h"
 #include "rope_fixture.h"
 #include "test_util.h"
 
@@ -70,9 +74,8 @@ struct ModelFixture {
   PleModelBuffers b;
   ModelFixture() {
     ple_fill_permutations(order.data(), inverse.data(), N, L);
-    b = PleModelBuffers{test::view_of(tok, {N, LP}),      test::view_of(ctx, {N, LP}),
-                        test::view_of(rstd, {N * L}),     test::view_of(order, {N * L}),
-                        test::view_of(inverse, {N * L}),  test::view_of(pad, {LP})};
+    b = PleModelBuffers{test::view_of(tok, {N, LP}),   test::view_of(ctx, {N, LP}),     test::view_of(rstd, {N * L}),
+                        test::view_of(order, {N * L}), test::view_of(inverse, {N * L}), test::view_of(pad, {LP})};
   }
 };
 
@@ -81,9 +84,9 @@ TEST(Gemma4Ple, InputsForwardIsTheFormulaLayerMajor) {
   auto dev = make_cpu_device();
   auto st = dev->create_stream();
   const PleProgram prog(m.s, dev->ops(), DType::F32);
-  prog.inputs_forward(test::view_of(m.pli, {m.L * m.N, m.P}), test::view_of(m.ids, {m.N}), test::view_of(m.e, {m.N, m.H}),
-                      test::view_of(m.table, {m.V, m.LP}), test::view_of(m.proj, {m.LP, m.H}), test::view_of(m.norm, {m.P}),
-                      m.b, *st);
+  prog.inputs_forward(test::view_of(m.pli, {m.L * m.N, m.P}), test::view_of(m.ids, {m.N}),
+                      test::view_of(m.e, {m.N, m.H}), test::view_of(m.table, {m.V, m.LP}),
+                      test::view_of(m.proj, {m.LP, m.H}), test::view_of(m.norm, {m.P}), m.b, *st);
   dev->synchronize(*st);
   double worst = 0;
   for (int64_t n = 0; n < m.N; ++n)
@@ -92,7 +95,8 @@ TEST(Gemma4Ple, InputsForwardIsTheFormulaLayerMajor) {
       double ms = 0;
       for (int64_t q = 0; q < m.P; ++q) {
         double acc = 0;
-        for (int64_t h = 0; h < m.H; ++h) acc += double(m.e[size_t(n * m.H + h)]) * m.proj[size_t((l * m.P + q) * m.H + h)];
+        for (int64_t h = 0; h < m.H; ++h)
+          acc += double(m.e[size_t(n * m.H + h)]) * m.proj[size_t((l * m.P + q) * m.H + h)];
         c[size_t(q)] = acc / std::sqrt(double(m.H));
         ms += c[size_t(q)] * c[size_t(q)] / double(m.P);
       }
@@ -118,11 +122,11 @@ TEST(Gemma4Ple, ProjectionScaleIsTransformersRounding) {
   ple_fill_permutations(order.data(), inverse.data(), N, L);
   std::vector<float> e = test::randn(size_t(N * H), 1), table = test::randn(size_t(V * LP), 2, 0.5f),
                      proj = test::randn(size_t(LP * H), 3, 0.3f), norm = test::randn(size_t(P), 4, 0.3f, 1.f),
-                     tok(size_t(N * LP)), ctx(tok.size()), pli(tok.size()), want(tok.size()),
-                     rstd(size_t(N * L)), pad = std::vector<float>(size_t(LP));
+                     tok(size_t(N * LP)), ctx(tok.size()), pli(tok.size()), want(tok.size()), rstd(size_t(N * L)),
+                     pad = std::vector<float>(size_t(LP));
   auto dev = make_cpu_device();
   auto st = dev->create_stream();
-  const PleModelBuffers b{test::view_of(tok, {N, LP}), test::view_of(ctx, {N, LP}), test::view_of(rstd, {N * L}),
+  const PleModelBuffers b{test::view_of(tok, {N, LP}),   test::view_of(ctx, {N, LP}),     test::view_of(rstd, {N * L}),
                           test::view_of(order, {N * L}), test::view_of(inverse, {N * L}), test::view_of(pad, {LP})};
   PleProgram(s, dev->ops(), DType::F32)
       .inputs_forward(test::view_of(pli, {L * N, P}), test::view_of(ids, {N}), test::view_of(e, {N, H}),
@@ -150,10 +154,10 @@ TEST(Gemma4Ple, InputsBackwardMatchesFiniteDifferences) {
   std::vector<float> de(m.e.size(), 0.f), dtable(m.table.size(), 0.f), dproj(m.proj.size(), 0.f),
       dnorm(m.norm.size(), 0.f), dpli = R;
   for (int64_t c = 0; c < m.LP; ++c) dtable[size_t(c)] = 0.25f;  // the pad row (id 0) keeps what it held
-  prog.inputs_backward(test::view_of(de, {m.N, m.H}), test::view_of(dtable, {m.V, m.LP}),
-                       test::view_of(dproj, {m.LP, m.H}), test::view_of(dnorm, {m.P}),
-                       test::view_of(dpli, {m.L * m.N, m.P}), test::view_of(m.ids, {m.N}), test::view_of(m.e, {m.N, m.H}),
-                       test::view_of(m.proj, {m.LP, m.H}), test::view_of(m.norm, {m.P}), m.b, *st);
+  prog.inputs_backward(
+      test::view_of(de, {m.N, m.H}), test::view_of(dtable, {m.V, m.LP}), test::view_of(dproj, {m.LP, m.H}),
+      test::view_of(dnorm, {m.P}), test::view_of(dpli, {m.L * m.N, m.P}), test::view_of(m.ids, {m.N}),
+      test::view_of(m.e, {m.N, m.H}), test::view_of(m.proj, {m.LP, m.H}), test::view_of(m.norm, {m.P}), m.b, *st);
   dev->synchronize(*st);
   for (int64_t c = 0; c < m.LP; ++c) ASSERT_EQ(dtable[size_t(c)], 0.25f) << c;
   expect_fd(m.e, de, forward, "de");
@@ -186,8 +190,8 @@ TEST(Gemma4Ple, LayerBackwardMatchesFiniteDifferences) {
   const BlobEntry& nw = *blob.entry(LayerParam::PleNorm);
   for (int64_t i = 0; i < nw.numel; ++i) params[size_t(nw.offset + i)] += 1.f;  // norm weights around 1
   std::vector<float> x = test::randn(size_t(N * H), 12), pli = test::randn(size_t(N * P), 13), y(x.size());
-  std::vector<float> y_in(x.size()), gate(size_t(N * P)), act(gate.size()), u(x.size()), rstd(static_cast<size_t>(N)), du(x.size()),
-      dgate(gate.size());
+  std::vector<float> y_in(x.size()), gate(size_t(N * P)), act(gate.size()), u(x.size()), rstd(static_cast<size_t>(N)),
+      du(x.size()), dgate(gate.size());
   const PleLayerBuffers b{test::view_of(y_in, {N, H}), test::view_of(gate, {N, P}), test::view_of(act, {N, P}),
                           test::view_of(u, {N, H}),    test::view_of(rstd, {N}),    test::view_of(du, {N, H}),
                           test::view_of(dgate, {N, P})};
@@ -293,6 +297,58 @@ TEST_P(Gemma4PleLayerGrad, ProgramLayerMatchesFiniteDifferences) {
 }
 INSTANTIATE_TEST_SUITE_P(Layers, Gemma4PleLayerGrad, ::testing::Values(1, 2),
                          [](const auto& info) { return info.param == 2 ? "global" : "local"; });
+
+// vocab_size_per_layer_input below vocab_size: transformers looks the ids past the per-layer table
+// up as its row 0 (ids_or_zero). Against the same model whose table has every row, the rows past
+// 30 copies of row 0: the same loss and gradients bit for bit (the table's rows they share too:
+// row 0 is the padding row, which takes no gradient either way).
+TEST(Gemma4Ple, IdsPastAShortTableLookUpRowZero) {
+  auto dev = make_cpu_device();
+  nlohmann::json cs = test::tiny_config("gemma4_ple");
+  cs["vocab_size_per_layer_input"] = 30;  // vocab 37
+  const nlohmann::json cf = test::tiny_config("gemma4_ple");
+  ASSERT_EQ(cf["vocab_size_per_layer_input"], 37);
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_seq = 9;
+  ResidentEngine a(*dev, parse_model_spec(cs, "short.json"), eo), b(*dev, parse_model_spec(cf, "full.json"), eo);
+  a.init_random(5);
+  test::NamedTensors pa = test::export_params(a), pb = pa;
+  const std::string table = "model.embed_tokens_per_layer.weight";
+  bool found = false;
+  for (auto& t : pb)
+    if (t.name == table) {
+      found = true;
+      ASSERT_EQ(t.shape[0], 30);
+      const int64_t LP = t.shape[1];
+      for (int64_t r = 30; r < 37; ++r) t.data.insert(t.data.end(), t.data.begin(), t.data.begin() + LP);
+      t.shape[0] = 37;
+    }
+  ASSERT_TRUE(found);
+  test::import_params(b, pb);
+  std::vector<Record> recs(2);
+  recs[0].ids = {1, 31, 36, 5, 30, 29, 0, 33, 2};
+  recs[1].ids = {35, 4, 32, 30, 7};
+  for (auto& r : recs) r.labels = r.ids;
+  const Batch batch = make_batch({&recs[0], &recs[1]}, 9);
+  double loss[2];
+  test::NamedTensors grads[2];
+  for (int k = 0; k < 2; ++k) {
+    ResidentEngine& e = k == 0 ? a : b;
+    e.zero_grads();
+    e.forward_backward(batch, 0.1f, true);
+    loss[k] = e.take_loss_sum();
+    grads[k] = test::export_grads(e);
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    SCOPED_TRACE(grads[0][i].name);
+    std::vector<float> g1 = grads[1][i].data;
+    if (grads[0][i].name == table) g1.resize(grads[0][i].data.size());  // the rows both tables have
+    EXPECT_EQ(grads[0][i].data, g1);
+  }
+}
 
 }  // namespace
 }  // namespace sf

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,15 +18,19 @@
 #include <random>
 #include <sstream>
 
+#include "backend/cpu/cpu_device.h"
+#include "backend/device.h"
 #include "cli/config_file.h"
 #include "cli/option_names.h"
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "data/dataset/dataset.h"
+#include "engine/resident_engine.h"
 #include "io/json_file.h"
 #include "io/line_reader.h"
 #include "io/safetensors.h"
 #include "model/layout.h"
+#include "model/program.h"
 #include "model/spec.h"
 #include "model_fixtures.h"
 #include "test_util.h"
@@ -264,6 +269,104 @@ TEST(InputHardening, MutatedInputsGiveOnlyInputErrors) {
     survive([&] { config_to_args(d.file("o.yaml"), {"lr=1"}); }, "yaml", y);
   }
   EXPECT_GT(accepted, 100);  // the mutations are not all trivially fatal
+}
+
+// Every family's config (the dense ones, Gemma 3 and 4, the mixtures of experts) with each
+// member, at every depth (nested objects and array elements too), replaced by each of a set of
+// hostile values, and each member removed: parsed and laid out, every refusal an InputError
+// (a line naming the file); an accepted config gives a layout and attention dims for every layer.
+TEST(InputHardening, HostileValuesInEveryFamilysConfigGiveOnlyInputErrors) {
+  const std::vector<json> hostile = {0,
+                                     -1,
+                                     1,
+                                     3,
+                                     int64_t(1) << 31,
+                                     std::numeric_limits<int64_t>::max(),
+                                     std::numeric_limits<int64_t>::min(),
+                                     std::numeric_limits<uint64_t>::max(),
+                                     1e300,
+                                     -1e300,
+                                     0.5,
+                                     -0.5,
+                                     "x",
+                                     "",
+                                     nullptr,
+                                     true,
+                                     false,
+                                     json::array(),
+                                     json::object(),
+                                     json::array({0}),
+                                     json::array({-1, 1 << 30}),
+                                     json{{"a", 1}}};
+  std::vector<std::string> fams = test::families();
+  for (const auto& f : test::moe_families()) fams.push_back(f);
+  fams.push_back("gemma4_ple");
+  fams.push_back("gemma4_moe");
+  int tried = 0, accepted = 0, ran = 0;
+  const std::unique_ptr<Device> dev = make_cpu_device();
+  for (const std::string& fam : fams) {
+    const json base = test::tiny_config(fam);
+    std::vector<json::json_pointer> paths;  // every member and element, at every depth
+    const json flat = base.flatten();
+    for (auto it = flat.begin(); it != flat.end(); ++it) {
+      json::json_pointer ptr(it.key());
+      for (; !ptr.empty(); ptr = ptr.parent_pointer())
+        if (std::find(paths.begin(), paths.end(), ptr) == paths.end()) paths.push_back(ptr);
+    }
+    auto check = [&](const json& c, const std::string& what) {
+      ++tried;
+      try {
+        const ModelSpec s = parse_model_spec(c, "/m/config.json");
+        const ModelLayout lay = make_layout(s);
+        EXPECT_FALSE(lay.blobs.empty()) << fam << " " << what;
+        BatchDims bd;
+        bd.B = 2, bd.T = 5;
+        for (int l = 0; l < s.n_layer; ++l) {
+          const AttnDims d = attn_dims(s, bd, l);
+          EXPECT_GT(d.head_dim, 0) << fam << " " << what;
+        }
+        ++accepted;
+        // A model small enough to run: a training step of it on the cpu (its loss may be anything;
+        // a refusal must still be an input error)
+        if (lay.total_numel() <= 400000 && s.vocab <= 4096) {
+          EngineOptions eo;
+          eo.max_batch = 2;
+          eo.max_seq = 5;
+          ResidentEngine e(*dev, s, eo);
+          e.init_random(1);
+          std::vector<Record> recs(2);
+          for (int t = 0; t < 5; ++t) recs[0].ids.push_back(int32_t((7 * t + 1) % s.vocab));
+          for (int t = 0; t < 3; ++t) recs[1].ids.push_back(int32_t((5 * t + 2) % s.vocab));
+          for (auto& r : recs) r.labels = r.ids;
+          e.zero_grads();
+          e.forward_backward(make_batch({&recs[0], &recs[1]}, 5), 0.1f, true);
+          e.take_loss_sum();
+          ++ran;
+        }
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("/m/config.json"), std::string::npos)
+            << fam << " " << what << ": " << e.what();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << fam << " " << what << ": not an input error: " << e.what();
+      }
+    };
+    for (const auto& ptr : paths) {
+      for (const json& v : hostile) {
+        json c = base;
+        c[ptr] = v;
+        check(c, ptr.to_string() + " = " + v.dump());
+      }
+      if (base[ptr.parent_pointer()].is_object()) {
+        json c = base;
+        c[ptr.parent_pointer()].erase(ptr.back());
+        check(c, ptr.to_string() + " removed");
+      }
+    }
+  }
+  EXPECT_GT(tried, 3000);
+  EXPECT_GT(accepted, 300);  // the replacements are not all refused
+  EXPECT_GT(ran, 300);
+  std::printf("hostile config values: %d tried, %d accepted, %d run\n", tried, accepted, ran);
 }
 
 // ---------------------------------------------------------------- end to end

@@ -125,6 +125,9 @@ class ProfilingOps final : public Ops {
     run(s, "embedding_backward " + dims(dout), {0, nb(dout) + nb(ids) + 2 * rows},
         [&] { in_.embedding_backward(dtable, dout, ids, s); });
   }
+  void ids_or_zero(Tensor out, Tensor ids, int64_t limit, Stream& s) override {
+    run(s, "ids_or_zero " + dims(out), {0, nb(out) + nb(ids)}, [&] { in_.ids_or_zero(out, ids, limit, s); });
+  }
   void add(Tensor out, Tensor a, Tensor b, Stream& s) override {
     run(s, "add " + dims(out), {0, nb(out) + nb(a) + nb(b)}, [&] { in_.add(out, a, b, s); });
   }

@@ -132,6 +132,9 @@ class Ops {
   // out [N,H] = table[ids[n]]; dtable [V,H] += scatter of dout rows by ids.
   virtual void embedding_forward(Tensor out, Tensor ids, Tensor table, Stream& s) = 0;
   virtual void embedding_backward(Tensor dtable, Tensor dout, Tensor ids, Stream& s) = 0;
+  // out [N] = ids[n] where 0 <= ids[n] < limit, else 0 (both I32; out may alias ids): transformers'
+  // lookup of a table shorter than the vocabulary (Gemma 4's per-layer inputs: the rest take row 0).
+  virtual void ids_or_zero(Tensor out, Tensor ids, int64_t limit, Stream& s) = 0;
 
   // out = a + b (out may alias a or b), same shapes.
   virtual void add(Tensor out, Tensor a, Tensor b, Stream& s) = 0;

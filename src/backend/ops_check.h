@@ -297,6 +297,14 @@ inline void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor
   SF_CHECK_NUMEL(op, ids, rows(out), "N (rows of out)");
 }
 
+inline void ids_or_zero(const Tensor& out, const Tensor& ids, int64_t limit) {
+  constexpr const char* op = "ids_or_zero";
+  SF_CHECK_DTYPE(op, out, DType::I32);
+  SF_CHECK_DTYPE(op, ids, DType::I32);
+  SF_CHECK_NUMEL(op, ids, out.numel(), "the elements of out");
+  SF_CHECK(limit >= 1, std::string(op) + ": limit " + std::to_string(limit) + " must be at least 1");
+}
+
 inline void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
   constexpr const char* op = "embedding_backward";
   SF_CHECK_REAL(op, dtable);
@@ -631,6 +639,10 @@ class CheckedOps final : public Ops {
   void embedding_backward(Tensor dtable, Tensor dout, Tensor ids, Stream& s) override {
     opcheck::embedding_backward(dtable, dout, ids);
     in_.embedding_backward(dtable, dout, ids, s);
+  }
+  void ids_or_zero(Tensor out, Tensor ids, int64_t limit, Stream& s) override {
+    opcheck::ids_or_zero(out, ids, limit);
+    in_.ids_or_zero(out, ids, limit, s);
   }
   void add(Tensor out, Tensor a, Tensor b, Stream& s) override {
     opcheck::add(out, a, b);

@@ -12,16 +12,28 @@ namespace {
 
 bool has_ple(const ModelSpec& s) { return s.arch == Arch::Gemma4 && s.gemma4.ple_dim > 0; }
 
-// Bytes of one micro-batch's set and its parts' offsets (pli, dpli, tok, ctx, rstd, order, inverse).
+// Whether token ids can fall past the per-layer table (vocab_size_per_layer_input < vocab_size):
+// transformers looks those up as row 0, so the lookup reads a mapped copy of the ids.
+bool short_table(const ModelSpec& s) { return s.gemma4.ple_vocab < s.vocab; }
+
+// Bytes of one micro-batch's set and its parts' offsets (pli, dpli, tok, ctx, rstd, order, inverse,
+// e, the table's ids).
 size_t ple_layout_of(const ModelSpec& s, const EngineOptions& o, DType act, std::vector<size_t>* off) {
   if (!has_ple(s)) return 0;
   const size_t n = size_t(int64_t(o.max_batch) * o.max_seq), rows = n * size_t(s.n_layer);
   const size_t a = dtype_size(act), P = size_t(s.gemma4.ple_dim);
-  const size_t sizes[8] = {rows * P * a, o.training ? rows * P * a : 0, rows * P * a, rows * P * a, rows * 4,
-                           rows * 4,     rows * 4, o.training ? n * size_t(s.hidden) * a : 0};
+  const size_t sizes[9] = {rows * P * a,
+                           o.training ? rows * P * a : 0,
+                           rows * P * a,
+                           rows * P * a,
+                           rows * 4,
+                           rows * 4,
+                           rows * 4,
+                           o.training ? n * size_t(s.hidden) * a : 0,
+                           short_table(s) ? n * 4 : 0};
   size_t at = 0;
-  if (off) off->assign(8, 0);
-  for (int i = 0; i < 8; ++i) {
+  if (off) off->assign(9, 0);
+  for (int i = 0; i < 9; ++i) {
     if (off) (*off)[size_t(i)] = at;
     at += round256(sizes[i]);
   }
@@ -40,7 +52,8 @@ size_t shared_bytes(const ModelSpec& s, DType act) {
 MemoryItems PleStore::buffers(const ModelSpec& s, const EngineOptions& o, DType act, int micro) {
   const size_t set = ple_layout_of(s, o, act, nullptr);
   if (set == 0) return {};
-  return {{"per-layer inputs (Gemma 4)", size_t(std::max(micro, 1)) * set + shared_bytes(s, act), Place::Device, "ple"}};
+  return {
+      {"per-layer inputs (Gemma 4)", size_t(std::max(micro, 1)) * set + shared_bytes(s, act), Place::Device, "ple"}};
 }
 
 PleStore::PleStore(BufferSource& src, const ModelSpec& s, const EngineOptions& o, DType act, int micro)
@@ -54,7 +67,7 @@ PleStore::PleStore(BufferSource& src, const ModelSpec& s, const EngineOptions& o
 
 Tensor PleStore::part(int j, int i, std::initializer_list<int64_t> dims) const {
   SF_CHECK(active() && j >= 0 && j < micro_, "per-layer inputs: no micro-batch " + std::to_string(j));
-  const DType dt = i == 4 ? DType::F32 : (i == 5 || i == 6) ? DType::I32 : act_;
+  const DType dt = i == 4 ? DType::F32 : (i == 5 || i == 6 || i == 8) ? DType::I32 : act_;
   return Tensor(static_cast<char*>(buf_.data()) + size_t(j) * stride_ + off_[size_t(i)], dt, dims);
 }
 
@@ -85,6 +98,13 @@ PleModelBuffers PleStore::model(int j, int64_t N) const {
   return b;
 }
 
+Tensor PleStore::table_ids(int j, Tensor ids, Device& dev, Stream& st) const {
+  if (!short_table(*s_)) return ids;
+  const Tensor out = part(j, 8, {ids.numel()});
+  dev.ops().ids_or_zero(out, ids, s_->gemma4.ple_vocab, st);
+  return out;
+}
+
 char* PleStore::shared() const { return static_cast<char*>(buf_.data()) + size_t(micro_) * stride_; }
 Tensor PleStore::proj_copy() const {
   const int64_t LP = int64_t(s_->n_layer) * P();
@@ -113,8 +133,8 @@ void PleStore::forward(int j, Tensor ids, Tensor e, const BlobLayout& emb, void*
   prepare(j, N, dev, st);
   auto v = [&](PleEntry k) { return entry_view(emb.entries[size_t(k)], params, act_); };
   PleProgram(*s_, dev.ops(), act_)
-      .inputs_forward(pli(j, N), ids, e, v(PleEntry::Table), v(PleEntry::Projection), v(PleEntry::Norm), model(j, N),
-                      st);
+      .inputs_forward(pli(j, N), table_ids(j, ids, dev, st), e, v(PleEntry::Table), v(PleEntry::Projection),
+                      v(PleEntry::Norm), model(j, N), st);
   if (!training) return;
   // What the backward reads: e, and (once a pass: the same parameters for every micro-batch) the
   // projection and its norm.
@@ -131,8 +151,9 @@ void PleStore::backward(int j, Tensor ids, Tensor de, const BlobLayout& emb, voi
   const int64_t N = de.rows();
   auto g = [&](PleEntry k) { return entry_view(emb.entries[size_t(k)], grads, DType::F32); };
   PleProgram(*s_, dev.ops(), act_)
-      .inputs_backward(de, g(PleEntry::Table), g(PleEntry::Projection), g(PleEntry::Norm), dpli(j, N), ids,
-                       part(j, 7, {N, s_->hidden}), proj_copy(), norm_copy(), model(j, N), st);
+      .inputs_backward(de, g(PleEntry::Table), g(PleEntry::Projection), g(PleEntry::Norm), dpli(j, N),
+                       table_ids(j, ids, dev, st), part(j, 7, {N, s_->hidden}), proj_copy(), norm_copy(), model(j, N),
+                       st);
 }
 
 }  // namespace sf

@@ -45,6 +45,9 @@ class PleStore {
  private:
   int64_t P() const { return s_->gemma4.ple_dim; }
   Tensor part(int j, int i, std::initializer_list<int64_t> dims) const;
+  // The ids the per-layer table is looked up with: ids, or (a table shorter than the vocabulary)
+  // micro-batch j's copy with the ids past it set to 0, transformers' lookup.
+  Tensor table_ids(int j, Tensor ids, Device& dev, Stream& st) const;
   char* shared() const;      // after the sets: the padding row, the projection's copies
   Tensor proj_copy() const;  // [L*P, H] act
   Tensor norm_copy() const;  // [P] act
@@ -52,11 +55,11 @@ class PleStore {
   DType act_ = DType::F32;
   int micro_ = 0;
   int64_t max_n_ = 0;
-  std::vector<size_t> off_;  // [8] byte offsets in one set: pli, dpli, tok, ctx, rstd, order, inverse, e
+  std::vector<size_t> off_;  // [9] byte offsets in one set: pli, dpli, tok, ctx, rstd, order, inverse, e, ids
   size_t stride_ = 0;        // bytes of one set
   std::vector<int64_t> n_;   // [micro] N of the uploaded permutations (0: none)
   std::vector<std::vector<int32_t>> host_;  // [micro][2 * N * L] order then inverse (kept for the upload)
-  DeviceBuffer buf_;         // [micro sets][shared: padding row F32 [L*P], projection copy, norm copy]
+  DeviceBuffer buf_;                        // [micro sets][shared: padding row F32 [L*P], projection copy, norm copy]
 };
 
 }  // namespace sf

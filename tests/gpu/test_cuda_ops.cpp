@@ -1093,6 +1093,27 @@ std::vector<int32_t> get_i32(Backend& r, const Tensor& t) {
   return v;
 }
 
+// ids_or_zero (Gemma 4's per-layer table shorter than the vocabulary): ids in [0, limit) kept,
+// the rest 0, negative ones too; in place as well; against the cpu twin and the definition.
+TEST(CudaOps, IdsOrZero) {
+  REQUIRE_GPU();
+  for (int64_t n : {int64_t(1), int64_t(1001), int64_t(1) << 17}) {
+    SCOPED_TRACE(n);
+    std::vector<int32_t> ids = randint(size_t(n), uint64_t(n), -5, 300);
+    ids[0] = 299;
+    std::vector<int32_t> want(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) want[i] = ids[i] >= 0 && ids[i] < 200 ? ids[i] : 0;
+    for (bool gpu_run : {false, true}) {
+      Backend r(gpu_run);
+      Tensor in = r.in_i32(ids, {n}), out = r.in_i32(std::vector<int32_t>(size_t(n), -7), {n});
+      CALL(r, ids_or_zero, out, in, 200);
+      CALL(r, ids_or_zero, in, in, 200);  // in place
+      EXPECT_EQ(get_i32(r, out), want) << (gpu_run ? "cuda" : "cpu");
+      EXPECT_EQ(get_i32(r, in), want) << (gpu_run ? "cuda in place" : "cpu in place");
+    }
+  }
+}
+
 // Router logits [N, E]; `hot` >= 0 biases every token towards that expert (one expert gets all).
 std::vector<float> moe_logits(int64_t N, int64_t E, uint64_t seed, int hot) {
   auto v = rnd(size_t(N * E), seed, 2.f);

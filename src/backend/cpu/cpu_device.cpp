@@ -238,6 +238,9 @@ class CpuOps final : public Ops {
   void embedding_backward(Tensor dtable, Tensor dout, Tensor ids, Stream& s) override {
     cs(s).push([=] { cpu::embedding_backward(dtable, dout, ids); });
   }
+  void ids_or_zero(Tensor out, Tensor ids, int64_t limit, Stream& s) override {
+    cs(s).push([=] { cpu::ids_or_zero(out, ids, limit); });
+  }
   void add(Tensor out, Tensor a, Tensor b, Stream& s) override {
     cs(s).push([=] { cpu::add(out, a, b); });
   }

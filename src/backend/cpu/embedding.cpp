@@ -26,6 +26,12 @@ void check_ids(const char* op, const Tensor& ids, int64_t N, int64_t V) {
 
 }  // namespace
 
+void ids_or_zero(Tensor out, Tensor ids, int64_t limit) {
+  const int32_t* id = ids.ptr<int32_t>();
+  int32_t* o = out.ptr<int32_t>();
+  for (int64_t n = 0; n < ids.numel(); ++n) o[n] = id[n] >= 0 && id[n] < limit ? id[n] : 0;
+}
+
 void embedding_forward(Tensor out, Tensor ids, Tensor table) {
   const int64_t V = table.rows(), H = table.cols(), N = out.rows();  // table [V, H], out [N, H], ids [N]
   check_ids("embedding_forward", ids, N, V);

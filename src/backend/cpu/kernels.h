@@ -54,6 +54,7 @@ void linear_cross_entropy(Tensor loss_sum, Tensor dx, Tensor dw, Tensor x, Tenso
                           Tensor ws, float softcap = 0.f);
 size_t linear_ce_workspace_bytes(int64_t N, int64_t H, int64_t V);
 void embedding_forward(Tensor out, Tensor ids, Tensor table);
+void ids_or_zero(Tensor out, Tensor ids, int64_t limit);
 void embedding_backward(Tensor dtable, Tensor dout, Tensor ids);
 void add(Tensor out, Tensor a, Tensor b);
 void scale(Tensor x, float alpha);

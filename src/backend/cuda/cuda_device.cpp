@@ -287,6 +287,9 @@ class CudaOps final : public Ops {
   void embedding_backward(Tensor dtable, Tensor dout, Tensor ids, Stream& s) override {
     cuda::embedding_backward(dtable, dout, ids, L(s));
   }
+  void ids_or_zero(Tensor out, Tensor ids, int64_t limit, Stream& s) override {
+    cuda::ids_or_zero(out, ids, limit, L(s));
+  }
   void add(Tensor out, Tensor a, Tensor b, Stream& s) override { cuda::add(out, a, b, L(s)); }
   void scale(Tensor x, float alpha, Stream& s) override { cuda::scale(x, alpha, L(s)); }
   // Elementwise ops take no scratch: they may run on copy streams without their 64 MiB.

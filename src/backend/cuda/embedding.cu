@@ -84,7 +84,25 @@ __global__ void __launch_bounds__(kBwdThreads)
   }
 }
 
+// ids_or_zero: one id a thread, grid-stride.
+__global__ void ids_or_zero_kernel(int32_t* __restrict__ out, const int32_t* __restrict__ ids, int64_t N,
+                                   int64_t limit) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N; i += stride) {
+    const int32_t id = ids[i];
+    out[i] = id >= 0 && id < limit ? id : 0;
+  }
+}
+
 }  // namespace
+
+void ids_or_zero(Tensor out, Tensor ids, int64_t limit, const Launch& L) {
+  const int64_t N = ids.numel();
+  if (N == 0) return;
+  ids_or_zero_kernel<<<grid_for(N, 256, L.num_sms), 256, 0, L.stream>>>(out.ptr<int32_t>(), ids.ptr<int32_t>(), N,
+                                                                        limit);
+  CUDA_CHECK_LAUNCH();
+}
 
 void embedding_forward(Tensor out, Tensor ids, Tensor table, const Launch& L) {
   const int64_t H = table.cols(), V = table.rows(), N = ids.numel();
