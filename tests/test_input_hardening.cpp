@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "data/dataset/dataset.h"
 #include "engine/resident_engine.h"
+#include "engine/sliding_engine.h"
 #include "io/json_file.h"
 #include "io/line_reader.h"
 #include "io/safetensors.h"
@@ -302,7 +303,7 @@ TEST(InputHardening, HostileValuesInEveryFamilysConfigGiveOnlyInputErrors) {
   for (const auto& f : test::moe_families()) fams.push_back(f);
   fams.push_back("gemma4_ple");
   fams.push_back("gemma4_moe");
-  int tried = 0, accepted = 0, ran = 0;
+  int tried = 0, accepted = 0, ran = 0, slid = 0, small_seen = 0;
   const std::unique_ptr<Device> dev = make_cpu_device();
   for (const std::string& fam : fams) {
     const json base = test::tiny_config(fam);
@@ -326,21 +327,39 @@ TEST(InputHardening, HostileValuesInEveryFamilysConfigGiveOnlyInputErrors) {
           EXPECT_GT(d.head_dim, 0) << fam << " " << what;
         }
         ++accepted;
-        // A model small enough to run: a training step of it on the cpu (its loss may be anything;
-        // a refusal must still be an input error)
-        if (lay.total_numel() <= 400000 && s.vocab <= 4096) {
+        // A model small enough to run: a training step of it on the cpu, in memory and (every
+        // third) sliding through two slots (its loss may be anything; a refusal must still be an
+        // input error)
+        // (under the sanitizers every fourth of them: the whole set is ~10 s of engine setups)
+        const bool small = lay.total_numel() <= 400000 && s.vocab <= 4096;
+        if (small && (!test::kSanitizerBuild || small_seen++ % 4 == 0)) {
           EngineOptions eo;
           eo.max_batch = 2;
           eo.max_seq = 5;
-          ResidentEngine e(*dev, s, eo);
-          e.init_random(1);
+          eo.optimizer = true;
           std::vector<Record> recs(2);
           for (int t = 0; t < 5; ++t) recs[0].ids.push_back(int32_t((7 * t + 1) % s.vocab));
           for (int t = 0; t < 3; ++t) recs[1].ids.push_back(int32_t((5 * t + 2) % s.vocab));
           for (auto& r : recs) r.labels = r.ids;
-          e.zero_grads();
-          e.forward_backward(make_batch({&recs[0], &recs[1]}, 5), 0.1f, true);
-          e.take_loss_sum();
+          const Batch batch = make_batch({&recs[0], &recs[1]}, 5);
+          Engine::StepParams sp;
+          sp.adamw.lr = 1e-3f;
+          sp.adamw.step = 1;
+          sp.max_grad_norm = 1.0;
+          ResidentEngine e(*dev, s, eo);
+          e.init_random(1);
+          e.step({batch}, sp);
+          e.synchronize();
+          if (ran % 3 == 0) {
+            SlidingOptions so;
+            so.base = eo;
+            so.slots = 2;
+            SlidingEngine sl(*dev, s, so);
+            sl.init_random(1);
+            sl.step({batch}, sp);
+            sl.synchronize();
+            ++slid;
+          }
           ++ran;
         }
       } catch (const InputError& e) {
@@ -365,8 +384,9 @@ TEST(InputHardening, HostileValuesInEveryFamilysConfigGiveOnlyInputErrors) {
   }
   EXPECT_GT(tried, 3000);
   EXPECT_GT(accepted, 300);  // the replacements are not all refused
-  EXPECT_GT(ran, 300);
-  std::printf("hostile config values: %d tried, %d accepted, %d run\n", tried, accepted, ran);
+  EXPECT_GT(ran, test::kSanitizerBuild ? 200 : 1000);
+  EXPECT_GT(slid, test::kSanitizerBuild ? 60 : 300);
+  std::printf("hostile config values: %d tried, %d accepted, %d run (%d also sliding)\n", tried, accepted, ran, slid);
 }
 
 // ---------------------------------------------------------------- end to end
