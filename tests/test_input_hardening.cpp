@@ -25,6 +25,7 @@
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "data/dataset/dataset.h"
+#include "engine/planner.h"
 #include "engine/resident_engine.h"
 #include "engine/sliding_engine.h"
 #include "io/json_file.h"
@@ -275,7 +276,8 @@ TEST(InputHardening, MutatedInputsGiveOnlyInputErrors) {
 // Every family's config (the dense ones, Gemma 3 and 4, the mixtures of experts) with each
 // member, at every depth (nested objects and array elements too), replaced by each of a set of
 // hostile values, and each member removed: parsed and laid out, every refusal an InputError
-// (a line naming the file); an accepted config gives a layout and attention dims for every layer.
+// (a line naming the file); an accepted config gives a layout, attention dims for every layer and a
+// plan.
 TEST(InputHardening, HostileValuesInEveryFamilysConfigGiveOnlyInputErrors) {
   const std::vector<json> hostile = {0,
                                      -1,
@@ -305,6 +307,9 @@ TEST(InputHardening, HostileValuesInEveryFamilysConfigGiveOnlyInputErrors) {
   fams.push_back("gemma4_moe");
   int tried = 0, accepted = 0, ran = 0, slid = 0, small_seen = 0;
   const std::unique_ptr<Device> dev = make_cpu_device();
+  BackendInfo be = backend_info("cpu");  // a GPU's kind and dtype, the cpu's workspace formulas
+  be.kind = DeviceKind::Cuda;
+  be.compute_dtype = DType::BF16;
   for (const std::string& fam : fams) {
     const json base = test::tiny_config(fam);
     std::vector<json::json_pointer> paths;  // every member and element, at every depth
@@ -327,6 +332,16 @@ TEST(InputHardening, HostileValuesInEveryFamilysConfigGiveOnlyInputErrors) {
           EXPECT_GT(d.head_dim, 0) << fam << " " << what;
         }
         ++accepted;
+        // and planned, for a 24 GiB GPU and 64 GiB of host memory (fits or not, with its numbers)
+        {
+          PlanRequest r;
+          r.batch = 2;
+          r.seq = 64;
+          r.gpu_budget = size_t(24) << 30;
+          r.host_budget = size_t(64) << 30;
+          const Plan plan = make_plan(s, r, be);
+          EXPECT_FALSE(format_plan(s, r, plan).empty()) << fam << " " << what;
+        }
         // A model small enough to run: a training step of it on the cpu, in memory and (every
         // third) sliding through two slots (its loss may be anything; a refusal must still be an
         // input error)
