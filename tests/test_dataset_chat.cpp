@@ -3,14 +3,16 @@
 // change, corrupt cache ignored and rebuilt, disabled).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "chat_fixtures.h"
 #include "core/error.h"
-#include "data/template/chat.h"
 #include "data/dataset/dataset.h"
+#include "data/template/chat.h"
 #include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 #include "test_util.h"
@@ -346,6 +348,115 @@ TEST(DatasetChat, TokenIdFilesAreNotCached) {
   load_jsonl(p.string(), f.tok.vocab_size(), f.opts());
   for (const auto& e : fs::directory_iterator(d.path))
     EXPECT_EQ(e.path().filename().string().find(".sf-cache-"), std::string::npos) << e.path();
+}
+
+// Every record kind (text, prompt / completion, chat with a system turn, chat with tool calls and
+// a tool turn, token ids with labels) with each member at every depth set to each of a set of
+// hostile values or removed, the chat ones rendered by five real templates: each record is refused
+// by an input error naming the file and its line, or loaded with ids in the vocabulary and labels
+// that are ids or -100, as many as the ids.
+TEST(DatasetChat, HostileValuesInEveryRecordKindGiveOnlyInputErrors) {
+  test::TempDir d;
+  Fixture f;
+  const std::string dir = std::string(SF_SOURCE_DIR) + "/tests/data/chat_templates/";
+  auto tmpl = [&](const std::string& name, const std::string& bos, const std::string& eos) {
+    std::ifstream in(dir + name);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    jinja::Dict special;
+    if (!bos.empty()) special.emplace_back("bos_token", jinja::Value::str(bos));
+    special.emplace_back("eos_token", jinja::Value::str(eos));
+    return ChatTemplate::parse(ss.str(), dir + name, special);
+  };
+  const std::vector<ChatTemplate> templates = {
+      tmpl("qwen2.5.jinja", "", "<|im_end|>"), tmpl("qwen3.jinja", "", "<|im_end|>"),
+      tmpl("llama3.1.jinja", "<|begin_of_text|>", "<|eot_id|>"), tmpl("gemma3.jinja", "<bos>", "<eos>"),
+      tmpl("mistral-v0.3.jinja", "<s>", "</s>")};
+  const std::vector<json> records = {
+      {{"text", "hello w\xC3\xB6rld"}},
+      {{"prompt", "Q: "}, {"completion", " A"}},
+      {{"messages", json::array({{{"role", "system"}, {"content", "S"}},
+                                 {{"role", "user"}, {"content", "hi"}},
+                                 {{"role", "assistant"}, {"content", "yo"}}})}},
+      {{"messages",
+        json::array({{{"role", "user"}, {"content", "x"}},
+                     {{"role", "assistant"},
+                      {"content", "y"},
+                      {"tool_calls", json::array({{{"type", "function"},
+                                                   {"function", {{"name", "f"}, {"arguments", {{"a", 1}}}}}}})}},
+                     {{"role", "tool"}, {"content", "r"}},
+                     {{"role", "assistant"}, {"content", "z"}}})}},
+      {{"input_ids", {1, 2, 3}}, {"labels", {1, -100, 3}}}};
+  const std::vector<json> hostile = {0,
+                                     -1,
+                                     int64_t(1) << 31,
+                                     std::numeric_limits<int64_t>::max(),
+                                     std::numeric_limits<uint64_t>::max(),
+                                     1e300,
+                                     0.5,
+                                     "",
+                                     std::string(3000, 'a'),
+                                     "\xF0\x9F\x98\x80<|im_end|>{{ x }}",
+                                     "assistant",
+                                     "tool",
+                                     nullptr,
+                                     true,
+                                     json::array(),
+                                     json::object(),
+                                     json::array({-5}),
+                                     json::array({1, 2, 3, 4}),
+                                     json{{"role", "user"}, {"content", "q"}}};
+  const int64_t V = f.tok.vocab_size();
+  const fs::path p = d.path / "h.jsonl";
+  int tried = 0, loaded = 0;
+  for (size_t k = 0; k < records.size(); ++k) {
+    const json& base = records[k];
+    const bool chat = base.contains("messages");
+    std::vector<json::json_pointer> paths;
+    const json flat = base.flatten();
+    for (auto it = flat.begin(); it != flat.end(); ++it)
+      for (json::json_pointer ptr(it.key()); !ptr.empty(); ptr = ptr.parent_pointer())
+        if (std::find(paths.begin(), paths.end(), ptr) == paths.end()) paths.push_back(ptr);
+    std::vector<std::pair<json, std::string>> variants;
+    for (const auto& ptr : paths) {
+      for (const json& v : hostile) {
+        json r = base;
+        r[ptr] = v;
+        variants.emplace_back(r, ptr.to_string() + " = " + v.dump().substr(0, 40));
+      }
+      if (base[ptr.parent_pointer()].is_object()) {
+        json r = base;
+        r[ptr.parent_pointer()].erase(ptr.back());
+        variants.emplace_back(r, ptr.to_string() + " removed");
+      }
+    }
+    for (size_t t = 0; t < (chat ? templates.size() : 1); ++t) {
+      f.chat = templates[t];
+      for (const auto& [r, what] : variants) {
+        ++tried;
+        write(p, "{\"text\": \"ok\"}\n" + r.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
+        try {
+          const Dataset ds = load_jsonl(p.string(), V, f.opts(false));
+          ASSERT_EQ(ds.records.size(), 2u) << what;
+          const Record& rec = ds.records[1];
+          ASSERT_EQ(rec.ids.size(), rec.labels.size()) << what;
+          for (size_t i = 0; i < rec.ids.size(); ++i) {
+            ASSERT_TRUE(rec.ids[i] >= 0 && rec.ids[i] < V) << what;
+            ASSERT_TRUE(rec.labels[i] == kIgnoreIndex || (rec.labels[i] >= 0 && rec.labels[i] < V)) << what;
+          }
+          ++loaded;
+        } catch (const InputError& e) {
+          EXPECT_NE(std::string(e.what()).find(p.string() + ":2"), std::string::npos)
+              << "record " << k << " template " << t << " " << what << ": " << e.what();
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "record " << k << " template " << t << " " << what << ": not an input error: " << e.what();
+        }
+      }
+    }
+  }
+  EXPECT_GT(tried, 2000);
+  EXPECT_GT(loaded, 200);
+  std::printf("hostile record values: %d tried, %d loaded\n", tried, loaded);
 }
 
 }  // namespace
