@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <tuple>
 #include <random>
+#include <tuple>
 
 #include "backend/cpu/cpu_device.h"
 #include "engine/blob_init.h"
@@ -89,6 +89,17 @@ TEST(MoeSpec, RefusesWhatIsNotSupported) {
   q["num_experts_per_tok"] = 2;
   q["num_experts"] = 100000;
   test::expect_input_error([&] { parse_model_spec(q, "c.json"); }, {"c.json", "num_experts"});
+  // OLMoE's and Mixtral's layers always route: no experts is refused (Qwen3-MoE's are then dense);
+  // a sparse step of 0 is transformers' modulo by zero.
+  o = test::tiny_config("olmoe");
+  o["num_experts"] = 0;
+  test::expect_input_error([&] { parse_model_spec(o, "c.json"); }, {"c.json: $.num_experts", "out of range [1,"});
+  q = test::tiny_config("qwen3_moe");
+  q["num_experts"] = 0;
+  EXPECT_EQ(parse_model_spec(q, "c.json").moe.n_expert, 0);
+  q = test::tiny_config("qwen3_moe");
+  q["decoder_sparse_step"] = 0;
+  test::expect_input_error([&] { parse_model_spec(q, "c.json"); }, {"c.json: $.decoder_sparse_step", "out of range"});
 }
 
 TEST(MoeLayout, HfNamesAndOneViewPerExpertMatrix) {
@@ -373,7 +384,9 @@ TEST(MoeCheckpoint, FusedExpertsLoadAndSaveBackInTheirLayout) {
       if (!s.moe_layer(l)) continue;
       ++sparse_layers;
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      auto expert = [&](int64_t e, int k) { return per.at(p + block + "experts." + std::to_string(e) + "." + kind[k] + ".weight"); };
+      auto expert = [&](int64_t e, int k) {
+        return per.at(p + block + "experts." + std::to_string(e) + "." + kind[k] + ".weight");
+      };
       std::vector<uint16_t> gu, dn;
       for (int64_t e = 0; e < E; ++e) {
         for (int k : {0, 1}) {
@@ -487,8 +500,7 @@ TEST(MoeCheckpoint, FusedExpertsWithWrongShapesAreRefused) {
     ModelSpec sp = parse_model_spec(cfg, "tiny");
     adopt_checkpoint_names(sp, d);
     ResidentEngine e(*dev, sp, eo);
-    test::expect_input_error([&] { e.load(CheckpointReader::open(d)); },
-                             {"model.layers.1.mlp.experts.", "missing"});
+    test::expect_input_error([&] { e.load(CheckpointReader::open(d)); }, {"model.layers.1.mlp.experts.", "missing"});
   }
 }
 

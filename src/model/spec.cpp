@@ -67,9 +67,11 @@ void parse_moe(const JsonRef& c, ModelSpec& s) {
   if (!qwen && !mixtral && !olmoe) return;
   // transformers 5 may write the expert count of every family as num_local_experts (Mixtral's
   // name): either key is read, num_experts first.
-  const int64_t dflt = mixtral ? 8 : qwen ? 128 : 64;
-  m.n_expert = int(c.has("num_experts") ? c.int_or("num_experts", dflt, mixtral ? 1 : 0, L::kMaxExperts)
-                                        : c.int_or("num_local_experts", dflt, mixtral ? 1 : 0, L::kMaxExperts));
+  // At least one expert, but for Qwen3-MoE, whose layers are dense without experts (transformers:
+  // a layer is sparse only where num_experts > 0); Mixtral's and OLMoE's layers always route.
+  const int64_t dflt = mixtral ? 8 : qwen ? 128 : 64, least = qwen ? 0 : 1;
+  m.n_expert = int(c.has("num_experts") ? c.int_or("num_experts", dflt, least, L::kMaxExperts)
+                                        : c.int_or("num_local_experts", dflt, least, L::kMaxExperts));
   m.top_k = int(c.int_or("num_experts_per_tok", mixtral ? 2 : 8, 1, L::kMaxExperts));
   m.intermediate = qwen ? c.int_or("moe_intermediate_size", 768, 1, L::kMaxIntermediate) : s.intermediate;
   m.norm_topk = mixtral ? true : c.bool_or("norm_topk_prob", false);
@@ -81,8 +83,9 @@ void parse_moe(const JsonRef& c, ModelSpec& s) {
   m.is_moe.assign(size_t(s.n_layer), 1);
   if (qwen) {
     // transformers: layer l is sparse iff l is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
-    const int64_t step = c.int_or("decoder_sparse_step", 1, 0, L::kMaxLayers);
-    for (int l = 0; l < s.n_layer; ++l) m.is_moe[size_t(l)] = m.n_expert > 0 && step > 0 && (l + 1) % step == 0;
+    // (0: transformers' modulo by zero; refused)
+    const int64_t step = c.int_or("decoder_sparse_step", 1, 1, L::kMaxLayers);
+    for (int l = 0; l < s.n_layer; ++l) m.is_moe[size_t(l)] = m.n_expert > 0 && (l + 1) % step == 0;
     if (std::optional<JsonRef> only = c.get("mlp_only_layers")) {
       only->expect_array();
       for (size_t i = 0; i < only->size(); ++i) {
