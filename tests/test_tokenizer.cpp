@@ -11,19 +11,21 @@
 // And the loader refusing malformed or unsupported files with the file and JSON path (exit 2).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <set>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
-#include "data/tokenizer/normalizer.h"
 #include "core/thread_pool.h"
+#include "data/tokenizer/normalizer.h"
 #include "data/tokenizer/tokenizer.h"
 #include "io/json_file.h"
 #include "test_util.h"
@@ -328,7 +330,8 @@ TEST(Tokenizer, NormalizerGrowthIsBounded) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);  // a hang guard (sanitizer builds are slow), not a speed target
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            60.0);  // a hang guard (sanitizer builds are slow), not a speed target
   // A single Replace that would multiply a long text is refused before its output is built.
   j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", std::string(100, 'b')}};
   std::ofstream(d.file("wide.json")) << j.dump();
@@ -367,10 +370,13 @@ TEST(Tokenizer, EncodeOffsetsAgreeWithEncode) {
       // Not compared: pre-tokenizers that drop characters or add a space (Whitespace, WhitespaceSplit,
       // Removed splits, ByteLevel's add_prefix_space) and unknown-token pieces, where a token's
       // characters are not found by spelling it: there each token gets its segment's span.
-      static const std::set<std::string> approximate = {
-          "rec_digits_punct_cases.json", "rec_gpt2_prefix_cases.json", "rec_sp_unk_no_fallback_cases.json",
-          "rec_sp_unk_no_fuse_cases.json", "rec_sp_whitespace_metaspace_cases.json",
-          "rec_split_behaviors_cases.json", "rec_whitespace_cases.json"};
+      static const std::set<std::string> approximate = {"rec_digits_punct_cases.json",
+                                                        "rec_gpt2_prefix_cases.json",
+                                                        "rec_sp_unk_no_fallback_cases.json",
+                                                        "rec_sp_unk_no_fuse_cases.json",
+                                                        "rec_sp_whitespace_metaspace_cases.json",
+                                                        "rec_split_behaviors_cases.json",
+                                                        "rec_whitespace_cases.json"};
       if (c.contains("offsets") && !approximate.count(name)) {
         std::vector<size_t> byte_of{0};
         for (size_t k = 1; k < text.size(); ++k)
@@ -480,13 +486,16 @@ TEST(Tokenizer, DeepseekPreTokenizer) {
   using V = std::vector<std::string>;
   EXPECT_EQ(tok.pre_tokenize("Hello, world!\n\n  x"), (V{"Hello", ",", " world", "!\n\n", " ", " x"}));
   EXPECT_EQ(tok.pre_tokenize("a12345b"), (V{"a", "123", "45", "b"}));
-  EXPECT_EQ(tok.pre_tokenize("$abc \xE4\xBD\xA0\xE5\xA5\xBD" "cd"), (V{"$abc", " ", "\xE4\xBD\xA0\xE5\xA5\xBD", "cd"}));
+  EXPECT_EQ(tok.pre_tokenize("$abc \xE4\xBD\xA0\xE5\xA5\xBD"
+                             "cd"),
+            (V{"$abc", " ", "\xE4\xBD\xA0\xE5\xA5\xBD", "cd"}));
   EXPECT_EQ(tok.pre_tokenize(".5x"), (V{".", "5", "x"}));
   EXPECT_EQ(tok.pre_tokenize("a \xF0\x9F\x98\x80\xF0\x9F\x98\x80\n"), (V{"a", " \xF0\x9F\x98\x80\xF0\x9F\x98\x80\n"}));
   EXPECT_EQ(tok.pre_tokenize("x\x01y"), (V{"x", "\x01y"}));
   // The same expression with its line breaks written as \r \n escapes is the same pattern.
   std::string escaped = j["pre_tokenizer"]["pretokenizers"][2]["pattern"]["Regex"];
-  for (size_t k; (k = escaped.find_first_of("\r\n")) != std::string::npos;) escaped.replace(k, 1, escaped[k] == '\r' ? "\\r" : "\\n");
+  for (size_t k; (k = escaped.find_first_of("\r\n")) != std::string::npos;)
+    escaped.replace(k, 1, escaped[k] == '\r' ? "\\r" : "\\n");
   j["pre_tokenizer"]["pretokenizers"][2]["pattern"]["Regex"] = escaped;
   std::ofstream(d.file("t.json")) << j.dump();
   EXPECT_EQ(Tokenizer::load(d.file("t.json")).pre_tokenize("Hello, world!"), (V{"Hello", ",", " world", "!"}));
@@ -625,6 +634,87 @@ TEST(Tokenizer, MutatedFilesAreRefusedOrWork) {
   }
   EXPECT_GT(loaded, 10);
   EXPECT_GT(refused, 100);
+}
+
+// Every kind of tokenizer file here (byte-level BPE with each pre-tokenizer, the normalizers, the
+// SentencePiece-style metaspace ones, Tekken) with each member at every depth (of model.vocab and
+// model.merges the first entries only) set to each of a set of hostile values or removed: refused
+// by an input error naming the file, or loaded and then encoding and decoding texts with ids in its
+// vocabulary (round trips are not asked for: a mangled file may map text differently).
+TEST(Tokenizer, HostileValuesInEveryFileKindGiveOnlyInputErrors) {
+  const std::vector<nlohmann::json> hostile = {0,
+                                               -1,
+                                               int64_t(1) << 31,
+                                               std::numeric_limits<int64_t>::max(),
+                                               1e300,
+                                               0.5,
+                                               "",
+                                               "x",
+                                               "\\",
+                                               "(?<=a)",
+                                               "\xE2\x96\x81",
+                                               nullptr,
+                                               true,
+                                               false,
+                                               nlohmann::json::array(),
+                                               nlohmann::json::object(),
+                                               nlohmann::json::array({"a", "b"}),
+                                               nlohmann::json{{"type", "Sequence"}}};
+  const std::vector<std::string> texts = {"", "Hello world!", "  x\n\n\ty 123456 <|im_end|>",
+                                          "h\xC3\xA9llo \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80",
+                                          std::string(300, 'a')};
+  int tried = 0, loaded = 0;
+  for (const std::string name :
+       {"llama3.json", "gpt2.json", "rec_llama3_nfkd_lower.json", "rec_sp_first.json", "rec_sp_legacy.json",
+        "rec_sp_unk_no_fuse.json", "rec_strip_replace_prepend.json", "rec_tekken.json"}) {
+    SCOPED_TRACE(name);
+    const nlohmann::json base = read_json_file(data_dir() + name);
+    std::vector<nlohmann::json::json_pointer> paths;
+    const nlohmann::json flat = base.flatten();
+    int vocab_seen = 0, merges_seen = 0;
+    for (auto it = flat.begin(); it != flat.end(); ++it) {
+      nlohmann::json::json_pointer ptr(it.key());
+      const std::string k = ptr.to_string();
+      if (k.rfind("/model/vocab/", 0) == 0 && vocab_seen++ >= 3) continue;
+      if (k.rfind("/model/merges/", 0) == 0 && merges_seen++ >= 6) continue;
+      for (; !ptr.empty(); ptr = ptr.parent_pointer())
+        if (std::find(paths.begin(), paths.end(), ptr) == paths.end()) paths.push_back(ptr);
+    }
+    int variant = 0;
+    auto check = [&](const nlohmann::json& j, const std::string& what) {
+      if (test::kSanitizerBuild && variant++ % 3 != 0) return;  // a third under the sanitizers (~7 s without)
+      ++tried;
+      try {
+        const Tokenizer t =
+            Tokenizer::parse(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "t.json");
+        for (const std::string& text : texts) {
+          const std::vector<int32_t> ids = t.encode(text);
+          for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < t.vocab_size()) << what << " id " << id;
+          (void)t.decode(ids);
+        }
+        ++loaded;
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("t.json"), std::string::npos) << what << ": " << e.what();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << what << ": not an input error: " << e.what();
+      }
+    };
+    for (const auto& ptr : paths) {
+      for (const nlohmann::json& v : hostile) {
+        nlohmann::json j = base;
+        j[ptr] = v;
+        check(j, ptr.to_string() + " = " + v.dump());
+      }
+      if (base[ptr.parent_pointer()].is_object()) {
+        nlohmann::json j = base;
+        j[ptr.parent_pointer()].erase(ptr.back());
+        check(j, ptr.to_string() + " removed");
+      }
+    }
+  }
+  EXPECT_GT(tried, test::kSanitizerBuild ? 3000 : 10000);
+  EXPECT_GT(loaded, test::kSanitizerBuild ? 300 : 1000);
+  std::printf("hostile tokenizer values: %d tried, %d loaded\n", tried, loaded);
 }
 
 }  // namespace
