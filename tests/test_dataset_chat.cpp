@@ -412,27 +412,9 @@ TEST(DatasetChat, HostileValuesInEveryRecordKindGiveOnlyInputErrors) {
   for (size_t k = 0; k < records.size(); ++k) {
     const json& base = records[k];
     const bool chat = base.contains("messages");
-    std::vector<json::json_pointer> paths;
-    const json flat = base.flatten();
-    for (auto it = flat.begin(); it != flat.end(); ++it)
-      for (json::json_pointer ptr(it.key()); !ptr.empty(); ptr = ptr.parent_pointer())
-        if (std::find(paths.begin(), paths.end(), ptr) == paths.end()) paths.push_back(ptr);
-    std::vector<std::pair<json, std::string>> variants;
-    for (const auto& ptr : paths) {
-      for (const json& v : hostile) {
-        json r = base;
-        r[ptr] = v;
-        variants.emplace_back(r, ptr.to_string() + " = " + v.dump().substr(0, 40));
-      }
-      if (base[ptr.parent_pointer()].is_object()) {
-        json r = base;
-        r[ptr.parent_pointer()].erase(ptr.back());
-        variants.emplace_back(r, ptr.to_string() + " removed");
-      }
-    }
     for (size_t t = 0; t < (chat ? templates.size() : 1); ++t) {
       f.chat = templates[t];
-      for (const auto& [r, what] : variants) {
+      test::for_each_hostile_variant(base, hostile, [&](const json& r, const std::string& what) {
         ++tried;
         write(p, "{\"text\": \"ok\"}\n" + r.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
         try {
@@ -451,7 +433,7 @@ TEST(DatasetChat, HostileValuesInEveryRecordKindGiveOnlyInputErrors) {
         } catch (const std::exception& e) {
           ADD_FAILURE() << "record " << k << " template " << t << " " << what << ": not an input error: " << e.what();
         }
-      }
+      });
     }
   }
   EXPECT_GT(tried, 2000);

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -371,6 +372,38 @@ std::vector<double> gather(const std::vector<T>& g, const std::vector<size_t>& i
   out.reserve(idx.size());
   for (size_t i : idx) out.push_back(double(g[i]));
   return out;
+}
+
+// ---- hostile values by class ----
+
+// Calls fn(variant, what) for every member and element of `base` at every depth (each leaf of its
+// flattening for which keep(leaf pointer) holds, with all of its parents) set to each of `values`
+// and, where its parent is an object, removed; `what` names the change. In the flattening's order,
+// each member once.
+inline void for_each_hostile_variant(const nlohmann::json& base, const std::vector<nlohmann::json>& values,
+                                     const std::function<void(const nlohmann::json&, const std::string&)>& fn,
+                                     const std::function<bool(const std::string&)>& keep = {}) {
+  using Pointer = nlohmann::json::json_pointer;
+  std::vector<Pointer> paths;
+  std::set<std::string> seen;
+  const nlohmann::json flat = base.flatten();
+  for (auto it = flat.begin(); it != flat.end(); ++it) {
+    if (keep && !keep(it.key())) continue;
+    for (Pointer p(it.key()); !p.empty(); p = p.parent_pointer())
+      if (seen.insert(p.to_string()).second) paths.push_back(p);
+  }
+  for (const Pointer& p : paths) {
+    for (const nlohmann::json& v : values) {
+      nlohmann::json j = base;
+      j[p] = v;
+      fn(j, p.to_string() + " = " + v.dump().substr(0, 40));
+    }
+    if (base[p.parent_pointer()].is_object()) {
+      nlohmann::json j = base;
+      j[p.parent_pointer()].erase(p.back());
+      fn(j, p.to_string() + " removed");
+    }
+  }
 }
 
 }  // namespace sf::test
