@@ -1024,10 +1024,14 @@ TEST(Planner, SpareGpuMemoryHoldsMoreSlots) {
     size_t gpu;  // 0: the whole GPU, every blob on the host
     bool clip;
     bool more;  // slots beyond 3 expected (else the placement from 2 slots kept one more blob instead)
+    // layers kept whole asked for (-1: the planner's choice). The 8B's own choice keeps one layer
+    // whole in the memory the slots would take, a near tie (1.7735 against 1.7740 s predicted
+    // with the default rates): asked for none, its spare memory goes to slots.
+    int whole = -1;
   };
   for (const Want& w : {Want{"llama-1b", size_t(12) << 30, true, false}, Want{"llama-3b", 0, false, true},
                         Want{"llama-3b", 0, true, true}, Want{"olmoe-1b-7b", size_t(24) << 30, false, false},
-                        Want{"llama-8b", size_t(24) << 30, false, true}}) {
+                        Want{"llama-8b", size_t(24) << 30, false, true, 0}}) {
     SCOPED_TRACE(std::string(w.preset) + (w.gpu ? " at " + std::to_string(w.gpu >> 30) + " GiB" : " all on the host") +
                  (w.clip ? ", clip" : ""));
     const ModelSpec spec = parse_model_spec(preset_config(w.preset), w.preset);
@@ -1038,6 +1042,7 @@ TEST(Planner, SpareGpuMemoryHoldsMoreSlots) {
     r.state_dtype = DType::BF16;
     r.gpu_budget = w.gpu ? w.gpu : h.gpu_budget_bytes();
     r.host_budget = h.host_budget_bytes();
+    r.whole_layers = w.whole;
     if (!w.gpu) {
       r.offload = OffloadChoice::On;
       r.gpu_blobs = 0;
@@ -1156,7 +1161,8 @@ TEST(Planner, HeldGradientsFromTheTopWhereTheHostBoundsTheBackward) {
     }
     EXPECT_LT(aut.step_s, none.step_s * 0.99);
     EXPECT_LT(aut.backward.s, none.backward.s);  // the backward loses the held updates...
-    EXPECT_GE(aut.forward.s, none.forward.s);    // ...which the next forward absorbs, or waits for
+    // ...which the next forward absorbs (the same time, to rounding), or waits for
+    EXPECT_GE(aut.forward.s, none.forward.s * (1 - 1e-12));
     // Exactly the blobs the plan held: the top ones.
     const ModelLayout l = make_layout(parse_model_spec(preset_config(preset), preset));
     const std::vector<bool> held = held_grad_blobs(l, aut.gpu_blobs, aut.hold_grads);
@@ -1203,11 +1209,14 @@ TEST(Planner, HeldUpdatesBegunAsTheirGradientsLand) {
   for (const Ask& a : {Ask{"olmoe-1b-7b", DType::BF16, 24, false}, Ask{"llama-3b", DType::F32, 140, true}}) {
     SCOPED_TRACE(a.preset);
     const ModelSpec spec = parse_model_spec(preset_config(a.preset), a.preset);
-    auto plan = [&](int64_t hold, double early, bool clip = false) {
+    // whole, kept: selective recompute asked for (-1: the planner's choice)
+    auto plan = [&](int64_t hold, double early, bool clip = false, int whole = -1, int kept = -1) {
       PlanRequest r;
       r.batch = 8;
       r.seq = 2048;
       r.clip = clip;
+      r.whole_layers = whole;
+      r.kept_layers = kept;
       r.state_dtype = a.state;
       r.gpu_budget = a.gpu << 30;
       r.host_budget = size_t(110) << 30;
@@ -1242,10 +1251,13 @@ TEST(Planner, HeldUpdatesBegunAsTheirGradientsLand) {
     EXPECT_NE(plan_summary(aut).find("% of each update as it lands"), std::string::npos) << plan_summary(aut);
     EXPECT_EQ(plan_summary(whole).find("as it lands"), std::string::npos);
     // Ties: no share at the planner's count predicts a shorter step (to the microsecond), and of
-    // those that predict the same, none is nearer one half (the larger of two equally near).
+    // those that predict the same, none is nearer one half (the larger of two equally near); with
+    // the planner's selective recompute asked for (each share's own would be chosen again, by
+    // the 1 % threshold: a share can predict up to 1 % less with layers kept that the planner's
+    // did not gain 1 % from).
     for (int i = 0; i <= 10; ++i) {
       const double x = i / 10.0;
-      const Plan o = plan(aut.hold_grads, x);
+      const Plan o = plan(aut.hold_grads, x, false, aut.whole_layers, aut.kept_layers);
       const int64_t mine = std::llround(aut.step_s * 1e6), theirs = std::llround(o.step_s * 1e6);
       EXPECT_GE(theirs, mine) << x;
       if (theirs == mine && x != aut.hold_early) {

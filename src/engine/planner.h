@@ -41,10 +41,12 @@ struct Rates {
   // The causal attention kernel alone, forward and backward, on FLOPs counted FlashAttention's way
   // (attention_forward_flops; the backward 2.5x the forward), at head dim 128 and long sequences.
   // Attention's FLOPs beyond (or short of) those of kRateSeqLen-token sequences run at these rates
-  // (gpu_seconds_per_token). Defaults: the H200 machine's sm_90 kernels at B 8, T 2048, 32/8 heads
-  // (session 9: forward 0.740 ms, backward 2.082 ms, medians of bench/results/2026-12-01s9_h2_attn_call{2,3}.log).
-  double attn_fwd_tflops = 371;
-  double attn_bwd_tflops = 330;
+  // (gpu_seconds_per_token). Defaults: the H200 machine's sm_90 kernels (persistent forward,
+  // session 11 on) at `plan --measure`'s shape (B 2, T 8192, 32/8 heads of 128: the long sequences
+  // these rates price), medians of the seven measurements of sessions 13-20 (forward 605-633,
+  // backward 424-436; bench/results/*_t_all.log, *_gpu_tests.log "attention forward").
+  double attn_fwd_tflops = 617;
+  double attn_bwd_tflops = 426;
   // CPU AdamW (fused pass, bf16 gradients), all cores in dynamic pieces, with the DMA of a step
   // running: the H200 machine's 3B step without clipping, 3.21 B parameters in 610 ms (session 4)
   double host_adamw_params_s = 5.3e9;

@@ -14,9 +14,9 @@
 namespace sf {
 
 // The H200 machine's attention rates over its GEMM rate (`plan --measure`'s 764 TFLOP/s; the
-// kernel's 371 / 330 of Rates' defaults): a profile without attention figures gets these shares of
+// kernel's 617 / 426 of Rates' defaults): a profile without attention figures gets these shares of
 // its GEMM rate.
-constexpr double kAttnFwdPerGemm = 371.0 / 764.0, kAttnBwdPerGemm = 330.0 / 764.0;
+constexpr double kAttnFwdPerGemm = 617.0 / 764.0, kAttnBwdPerGemm = 426.0 / 764.0;
 
 struct HardwareProfile {
   std::string name, description;  // free text
