@@ -19,33 +19,31 @@ constexpr float kLn2 = 0.6931471805599453f;
 // Tests and benchmarks only (attention_force_path); Auto in the program.
 std::atomic<AttnPath> g_path{AttnPath::Auto};
 
-// Compute capability major of the current device, read once per device (the start-up choice of
-// the kernel family: sm_90 kernels on Hopper, the sm_80 ones elsewhere).
-int device_cc_major() {
-  static std::atomic<int> cache[16] = {};
+// An attribute of the current device, read once per device ordinal into `cache` (ordinals from 16
+// on are read every call).
+int cached_device_attr(cudaDeviceAttr attr, std::atomic<int> (&cache)[16]) {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 16) dev = 0;
-  int cc = cache[dev].load();
-  if (cc == 0) {
-    CUDA_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
-    cache[dev] = cc;
+  const bool cached = dev >= 0 && dev < 16;
+  int v = cached ? cache[dev].load() : 0;
+  if (v == 0) {
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+    if (cached) cache[dev] = v;
   }
-  return cc;
+  return v;
 }
 
-// The shared memory a block may opt in to on this device (per ordinal, read once).
+// Compute capability major of the current device (the start-up choice of the kernel family: sm_90
+// kernels on Hopper, the sm_80 ones elsewhere).
+int device_cc_major() {
+  static std::atomic<int> cache[16] = {};
+  return cached_device_attr(cudaDevAttrComputeCapabilityMajor, cache);
+}
+
+// The shared memory a block may opt in to on this device (the sm_80 kernels' tile).
 size_t device_smem_optin() {
   static std::atomic<int> cache[16] = {};
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 16) dev = 0;
-  int bytes = cache[dev].load();
-  if (bytes == 0) {
-    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cache[dev] = bytes;
-  }
-  return size_t(bytes);
+  return size_t(cached_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, cache));
 }
 
 // ============================================================================================
