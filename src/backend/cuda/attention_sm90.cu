@@ -2,8 +2,8 @@
 // algorithm, written for this engine; attention_sm90.cuh).
 //
 // Forward: persistent, one CTA an SM taking query tiles (BR = 128 rows of one (head, sequence)),
-// heaviest first, from an atomic counter; 3 warpgroups. Warpgroup 0 is the producer: one thread
-// issues the TMA copies (each tile's Q into one of two buffers, then its K and V tiles from the
+// heaviest first within supergroups of kv heads (fwd_tile_order), from an atomic counter; 3
+// warpgroups. Warpgroup 0 is the producer: one thread issues the TMA copies (each tile's Q into one of two buffers, then its K and V tiles from the
 // diagonal down to tile 0) into rings of K and V stages, each with its own full / empty mbarriers;
 // the other 127 threads give their registers back (setmaxnreg) and leave. Warpgroups 1 and 2 are
 // the consumers, 64 query rows each: S = Q K^T by wgmma from shared memory, online softmax in
@@ -295,7 +295,8 @@ __device__ __forceinline__ void store_o_lse(const float (&o)[HD / 2], const floa
 //   waits for a TMA round trip (~1000-2000 cycles), about the gap measured. Here K stage frees
 //   after its QK^T, V after its PV, and V has 3 stages (hd 64: 4 and 4): loads start a tile or
 //   more ahead.
-// - Persistent: one CTA an SM takes query tiles, heaviest first, from an atomic counter (the
+// - Persistent: one CTA an SM takes query tiles, heaviest first (session 21: within supergroups of
+//   kv heads, fwd_tile_order), from an atomic counter (the
 //   order and greed of the hardware's block scheduler); the producer loads the next tile's Q
 //   (double-buffered) and first K/V while the consumers finish this one, and each consumer's
 //   epilogue runs under the other's products (the ping-pong continues across tiles). A block a
