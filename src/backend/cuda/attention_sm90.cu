@@ -3,14 +3,15 @@
 //
 // Forward: persistent, one CTA an SM taking query tiles (BR = 128 rows of one (head, sequence)),
 // heaviest first within supergroups of kv heads (fwd_tile_order), from an atomic counter; 3
-// warpgroups. Warpgroup 0 is the producer: one thread issues the TMA copies (each tile's Q into one of two buffers, then its K and V tiles from the
-// diagonal down to tile 0) into rings of K and V stages, each with its own full / empty mbarriers;
-// the other 127 threads give their registers back (setmaxnreg) and leave. Warpgroups 1 and 2 are
-// the consumers, 64 query rows each: S = Q K^T by wgmma from shared memory, online softmax in
-// registers (exp2 domain, O rescaled lazily), O += P V by wgmma with P as the register operand.
-// Inside a consumer: the QK^T of tile j+1 and the PV of tile j are in flight while the softmax of
-// tile j+1 runs; a K stage is freed after its QK^T, a V stage after its PV. Between the consumers:
-// ping-pong (each issues its matrix products after the other's), continued across tiles.
+// warpgroups. Warpgroup 0 is the producer: one thread issues the TMA copies (each tile's Q into one
+// of two buffers, then its K and V tiles from the diagonal down to tile 0) into rings of K and V
+// stages, each with its own full / empty mbarriers; the other 127 threads give their registers back
+// (setmaxnreg) and leave. Warpgroups 1 and 2 are the consumers, 64 query rows each: S = Q K^T by
+// wgmma from shared memory, online softmax in registers (exp2 domain, O rescaled lazily), O += P V
+// by wgmma with P as the register operand. Inside a consumer: the QK^T of tile j+1 and the PV of
+// tile j are in flight while the softmax of tile j+1 runs; a K stage is freed after its QK^T, a V
+// stage after its PV. Between the consumers: ping-pong (each issues its matrix products after the
+// other's), continued across tiles.
 // Backward: a block per key tile (below). Shared memory: 128-byte-swizzled 64-column boxes, the
 // layout TMA writes and wgmma reads.
 #include <cuda.h>
