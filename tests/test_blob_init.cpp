@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,57 @@ TEST(BlobInit, ReadBlobWritesEveryElement) {
       read_blob(r, lay.blobs[b], got.data());
       EXPECT_EQ(std::memcmp(got.data(), want[b].data(), got.size() * 4), 0) << "blob " << b;
     }
+  }
+}
+
+// The windowed fills (what the sliding engine's set-up runs, a window at a time) give the whole
+// blob's bytes: windows of odd sizes that cut entries, padding and the generator's 2^20-value
+// chunks, each into a buffer of garbage; and out-of-range windows refused.
+TEST(BlobInit, WindowsGiveTheWholeBlobsBytes) {
+  nlohmann::json c = test::tiny_config("olmoe");
+  c["hidden_size"] = 1024;
+  c["intermediate_size"] = 1536;
+  c["num_attention_heads"] = 8;
+  c["num_key_value_heads"] = 8;
+  c["num_experts"] = 3;
+  c["num_experts_per_tok"] = 2;
+  c["num_hidden_layers"] = 1;
+  c["vocab_size"] = 300;
+  for (const nlohmann::json& cfg : {c, test::tiny_config("qwen2")}) {
+    const ModelSpec s = parse_model_spec(cfg, "c.json");
+    const ModelLayout lay = make_layout(s);
+    std::vector<std::vector<float>> want;  // [blobs][numel]
+    std::vector<TensorWrite> tw;
+    for (size_t b = 0; b < lay.blobs.size(); ++b) {
+      want.emplace_back(size_t(lay.blobs[b].numel));
+      random_blob(lay.blobs[b], int(b), 11, 0.3, want.back().data());
+    }
+    for (size_t b = 0; b < lay.blobs.size(); ++b)
+      for (const BlobEntry& e : lay.blobs[b].entries)
+        tw.push_back({e.name, DType::F32, e.shape, want[b].data() + e.offset});
+    test::TempDir dir;
+    write_checkpoint_tensors(dir.file("m"), tw);
+    const CheckpointReader r = CheckpointReader::open(dir.file("m"));
+    for (size_t b = 0; b < lay.blobs.size(); ++b) {
+      const BlobLayout& bl = lay.blobs[b];
+      // windows across the generator's chunks (the MoE layer's tensors span several), and small odd
+      // ones on the small blobs (a window regenerates the chunks it meets from their start)
+      for (int64_t win : {int64_t(1), int64_t(7), int64_t(1013), int64_t(999983), (int64_t(1) << 20) + 3, bl.numel}) {
+        if (win < 999983 && bl.numel > 200000) continue;
+        std::vector<float> got(size_t(bl.numel), 12345.f), read(size_t(bl.numel), -7.f);
+        for (int64_t w0 = 0; w0 < bl.numel; w0 += win) {
+          const int64_t w1 = std::min(bl.numel, w0 + win);
+          random_blob_window(bl, int(b), 11, 0.3, w0, w1, got.data() + w0);
+          read_blob_window(r, bl, w0, w1, read.data() + w0);
+        }
+        EXPECT_EQ(std::memcmp(got.data(), want[b].data(), got.size() * 4), 0) << "blob " << b << " window " << win;
+        EXPECT_EQ(std::memcmp(read.data(), want[b].data(), read.size() * 4), 0) << "blob " << b << " window " << win;
+      }
+    }
+    std::vector<float> x(4);
+    EXPECT_THROW(random_blob_window(lay.blobs[0], 0, 1, 0.1, lay.blobs[0].numel - 1, lay.blobs[0].numel + 1, x.data()),
+                 std::runtime_error);
+    EXPECT_THROW(read_blob_window(r, lay.blobs[0], 2, 1, x.data()), std::runtime_error);
   }
 }
 

@@ -220,6 +220,7 @@ TEST_P(SlidingVsResident, SameLossesAndWeightsBitForBit) {
   if (c.small_chunks) {
     so.chunk = 37;
     so.grad_ring = 2;
+    so.fill_window = 1013;  // set-up's fills cut entries, chunks of the generator and store pieces
     // Under ASan the NVMe-tier cases took 64 s of CPU each (half of it system time: every 37-element
     // transfer and update is its own task), the ASan stage's longest tests (138-250 s in CI); under
     // TSan the held gradients' cases took 184-260 s each (every 37-element chunk of gradient is a

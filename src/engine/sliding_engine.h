@@ -26,6 +26,7 @@
 
 #include "backend/device.h"
 #include "data/dataset/dataset.h"
+#include "engine/blob_init.h"
 #include "engine/buffers.h"
 #include "engine/engine.h"
 #include "engine/step_schedule.h"
@@ -92,6 +93,9 @@ struct SlidingOptions {
   std::vector<int> disk_masters;
   std::vector<int> disk_weights;
   int weight_ring = 2;
+  // Elements of a blob that set-up (init_random, load) fills at a time (engine/blob_init.h's
+  // kBlobFillWindow; tests: small and odd, the windows then cut entries and pieces).
+  int64_t fill_window = kBlobFillWindow;
   // With keep_grads: of disk_blobs, those whose gradient of the step waits for the update in the
   // offload file instead of page-locked memory (clipping holds it until the norm is known).
   std::vector<int> disk_grads;
