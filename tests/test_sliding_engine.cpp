@@ -830,6 +830,72 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
   }
 }
 
+// Saving and resuming a large tensor go a part at a time (read_state_part / write_state_part,
+// kStatePart): parts of odd sizes give the whole tensors' values, and an engine written part by part
+// holds the same state and takes the same next step, for both engines and blobs on the host, kept
+// on the device, with upload copies (split masters) and with bf16 moments; parts outside a tensor
+// are refused.
+TEST(Engines, StateInPartsIsTheWholeTensors) {
+  nlohmann::json cfg = test::tiny_config("llama");
+  ModelSpec spec = parse_model_spec(cfg, "tiny");
+  const ModelLayout layout = make_layout(spec);
+  auto recs = random_records(int(spec.vocab), 23, 6);
+  for (DType state : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(std::string("optimizer state ") + dtype_name(state));
+    EngineOptions eo;
+    eo.max_batch = 2;
+    eo.max_seq = 11;
+    eo.state_dtype = state;
+    auto dev = make_cpu_device();
+    auto check = [&](Engine& a, Engine& b) {
+      a.init_random(7);
+      train(a, recs, 2, 1, 0.5);  // AdamW moments are not zero
+      b.init_random(8);
+      for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV})
+        for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
+          for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i) {
+            const int64_t n = layout.blobs[bl].entries[i].numel;
+            std::vector<float> whole(static_cast<size_t>(n)), parts(static_cast<size_t>(n), -3.f);
+            a.read_state(which, int(bl), int(i), whole.data());
+            for (int64_t k0 = 0; k0 < n; k0 += 7)
+              a.read_state_part(which, int(bl), int(i), k0, std::min<int64_t>(7, n - k0), parts.data() + k0);
+            ASSERT_EQ(parts, whole) << layout.blobs[bl].entries[i].name;
+            for (int64_t k0 = 0; k0 < n; k0 += 5)
+              b.write_state_part(which, int(bl), int(i), k0, std::min<int64_t>(5, n - k0), whole.data() + k0);
+          }
+      for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV}) {
+        const auto ref = test::export_state(a, which), got = test::export_state(b, which);
+        for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;
+      }
+      auto [la, pa] = train(a, recs, 1, 1, 0.5);
+      auto [lb, pb] = train(b, recs, 1, 1, 0.5);
+      EXPECT_EQ(la, lb);
+      for (size_t t = 0; t < pa.size(); ++t) EXPECT_EQ(pa[t].data, pb[t].data) << pa[t].name;
+      std::vector<float> x(8);
+      const int64_t n0 = layout.blobs[0].entries[0].numel;
+      EXPECT_THROW(a.read_state_part(Engine::State::Params, 0, 0, n0 - 2, 3, x.data()), std::runtime_error);
+      EXPECT_THROW(b.write_state_part(Engine::State::AdamM, 0, 0, -1, 2, x.data()), std::runtime_error);
+    };
+    {
+      ResidentEngine a(*dev, spec, eo), b(*dev, spec, eo);
+      check(a, b);
+    }
+    for (int gpu : {0, 2})
+      for (bool copies : {false, true}) {
+        SCOPED_TRACE("gpu blobs " + std::to_string(gpu) + (copies ? ", upload copies" : ""));
+        SlidingOptions so;
+        so.base = eo;
+        so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
+        if (copies) {
+          so.base.compute_dtype = "bf16";
+          so.upload_copies = copy_blobs(spec.n_layer, so.gpu_blobs, {});
+        }
+        SlidingEngine a(*dev, spec, so), b(*dev, spec, so);
+        check(a, b);
+      }
+  }
+}
+
 // SF_TRACE: every stream's marks of every step, in time order, each step's compute marks in
 // schedule order, and the split update's passes on the opt stream (parameters before moments).
 TEST(SlidingEngine, TraceRecordsTheTimelineOfEachStep) {

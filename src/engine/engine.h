@@ -137,6 +137,14 @@ class Engine {
   // The reverse: src [numel] fp32 into one tensor of a state (Params also refreshes the compute
   // copy). Waits for the device.
   virtual void write_state(State which, int blob, int entry, const float* src) = 0;
+  // The same for elements [first, first + count) of the tensor: saving and resuming a large tensor
+  // a part at a time (kStatePart), so that one part's fp32 sits beside the engine, not the tensor's
+  // (8B's head 2.1 GB, 70B's embedding 4.2 GB).
+  virtual void read_state_part(State which, int blob, int entry, int64_t first, int64_t count, float* dst) = 0;
+  virtual void write_state_part(State which, int blob, int entry, int64_t first, int64_t count, const float* src) = 0;
 };
+
+// The part of a tensor that saving and resuming move at a time (elements: 64 MiB of fp32).
+constexpr int64_t kStatePart = int64_t(1) << 24;
 
 }  // namespace sf

@@ -263,22 +263,35 @@ size_t ResidentEngine::device_bytes() const {
 size_t ResidentEngine::host_bytes() const { return impl_->tokens->host_bytes(); }
 
 void ResidentEngine::read_state(State which, int blob, int entry, float* dst) {
-  Impl& m = *impl_;
-  const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
-  const DType t = m.dtype(which);
-  const char* src = static_cast<const char*>(m.at(m.state(which), blob, t)) + e.offset * int64_t(dtype_size(t));
-  state_to_f32(dev_, *m.stream, src, t, e.numel, dst);
+  read_state_part(which, blob, entry, 0, layout_.blobs.at(size_t(blob)).entries.at(size_t(entry)).numel, dst);
 }
 
 void ResidentEngine::write_state(State which, int blob, int entry, const float* src) {
+  write_state_part(which, blob, entry, 0, layout_.blobs.at(size_t(blob)).entries.at(size_t(entry)).numel, src);
+}
+
+void ResidentEngine::read_state_part(State which, int blob, int entry, int64_t first, int64_t count, float* dst) {
   Impl& m = *impl_;
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
+  check_state_part(e, first, count);
   const DType t = m.dtype(which);
-  char* dst = static_cast<char*>(m.at(m.state(which), blob, t)) + e.offset * int64_t(dtype_size(t));
-  state_from_f32(dev_, *m.stream, dst, t, e.numel, src);
+  const char* src =
+      static_cast<const char*>(m.at(m.state(which), blob, t)) + (e.offset + first) * int64_t(dtype_size(t));
+  state_to_f32(dev_, *m.stream, src, t, count, dst);
+}
+
+void ResidentEngine::write_state_part(State which, int blob, int entry, int64_t first, int64_t count,
+                                      const float* src) {
+  Impl& m = *impl_;
+  const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
+  check_state_part(e, first, count);
+  const DType t = m.dtype(which);
+  const int64_t at = e.offset + first;
+  char* dst = static_cast<char*>(m.at(m.state(which), blob, t)) + at * int64_t(dtype_size(t));
+  state_from_f32(dev_, *m.stream, dst, t, count, src);
   if (which == State::Params && m.act != DType::F32) {
-    char* cdst = static_cast<char*>(m.at(m.compute, blob, m.act)) + e.offset * int64_t(dtype_size(m.act));
-    dev_.ops().cast(Tensor(cdst, m.act, {e.numel}), Tensor(dst, DType::F32, {e.numel}), *m.stream);
+    char* cdst = static_cast<char*>(m.at(m.compute, blob, m.act)) + at * int64_t(dtype_size(m.act));
+    dev_.ops().cast(Tensor(cdst, m.act, {count}), Tensor(dst, DType::F32, {count}), *m.stream);
   }
   dev_.synchronize(*m.stream);
 }

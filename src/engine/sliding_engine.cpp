@@ -1069,37 +1069,49 @@ double SlidingEngine::compute_grads(const std::vector<Batch>& batches) {
 void SlidingEngine::synchronize() { impl_->sync_all(); }
 
 void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
+  read_state_part(which, blob, entry, 0, layout_.blobs.at(size_t(blob)).entries.at(size_t(entry)).numel, dst);
+}
+
+void SlidingEngine::write_state(State which, int blob, int entry, const float* src) {
+  write_state_part(which, blob, entry, 0, layout_.blobs.at(size_t(blob)).entries.at(size_t(entry)).numel, src);
+}
+
+void SlidingEngine::read_state_part(State which, int blob, int entry, int64_t first, int64_t count, float* dst) {
   Impl& m = *impl_;
   m.sync_all();
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
-  const Tensor out(dst, DType::F32, {e.numel});
+  check_state_part(e, first, count);
+  const int64_t at = e.offset + first;
   if (m.gpu.has(blob)) {
-    state_to_f32(dev_, *m.compute, m.gpu.at(which, blob, e.offset), m.gpu.dtype(which), e.numel, dst);
+    state_to_f32(dev_, *m.compute, m.gpu.at(which, blob, at), m.gpu.dtype(which), count, dst);
     return;
   }
   if (which == State::Grads) {
     SF_CHECK(m.host->grads(blob) != nullptr, "the gradients of blob " + std::to_string(blob) + " are in the offload file");
-    const char* g = static_cast<const char*>(m.host->grads(blob)) + size_t(e.offset) * dtype_size(m.act);
-    cpu::cast(out, Tensor(const_cast<char*>(g), m.act, {e.numel}));
+    const char* g = static_cast<const char*>(m.host->grads(blob)) + size_t(at) * dtype_size(m.act);
+    cpu::cast(Tensor(dst, DType::F32, {count}), Tensor(const_cast<char*>(g), m.act, {count}));
     return;
   }
   const int s = which == State::Params ? 0 : which == State::AdamM ? 1 : 2;
-  m.host->read_state(s, blob, e.offset, e.numel, dst);
+  m.host->read_state(s, blob, at, count, dst);
 }
 
-void SlidingEngine::write_state(State which, int blob, int entry, const float* src) {
+void SlidingEngine::write_state_part(State which, int blob, int entry, int64_t first, int64_t count,
+                                     const float* src) {
   Impl& m = *impl_;
   SF_CHECK(which != State::Grads, "gradients are not written back");
   m.sync_all();
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));
+  check_state_part(e, first, count);
+  const int64_t at = e.offset + first;
   if (m.gpu.has(blob)) {
-    state_from_f32(dev_, *m.compute, m.gpu.at(which, blob, e.offset), m.gpu.dtype(which), e.numel, src);
+    state_from_f32(dev_, *m.compute, m.gpu.at(which, blob, at), m.gpu.dtype(which), count, src);
     if (which == State::Params) m.gpu_refresh(blob);
     dev_.synchronize(*m.compute);
     return;
   }
   const int s = which == State::Params ? 0 : which == State::AdamM ? 1 : 2;
-  m.host->write_state(s, blob, e.offset, e.numel, src);
+  m.host->write_state(s, blob, at, count, src);
   if (which == State::Params) m.slots->invalidate();
 }
 

@@ -1,10 +1,18 @@
 #include "engine/state_copy.h"
 
+#include <string>
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "core/error.h"
 
 namespace sf {
+
+void check_state_part(const BlobEntry& e, int64_t first, int64_t count) {
+  SF_CHECK(first >= 0 && count >= 0 && first <= e.numel && count <= e.numel - first,
+           "state part [" + std::to_string(first) + ", +" + std::to_string(count) + ") outside " + e.name + "'s " +
+               std::to_string(e.numel) + " elements");
+}
 
 void state_to_f32(Device& dev, Stream& s, const void* src, DType t, int64_t n, float* dst) {
   std::vector<char> tmp(t == DType::F32 ? 0 : size_t(n) * dtype_size(t));  // [n] t, staged

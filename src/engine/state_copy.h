@@ -6,8 +6,12 @@
 #include <cstdint>
 
 #include "backend/device.h"
+#include "model/layout.h"
 
 namespace sf {
+
+// [first, first + count) inside the entry (Engine::read_state_part / write_state_part).
+void check_state_part(const BlobEntry& e, int64_t first, int64_t count);
 
 // dst [n] F32 <- src [n] t, device memory.
 void state_to_f32(Device& dev, Stream& s, const void* src, DType t, int64_t n, float* dst);

@@ -1,5 +1,6 @@
 #include "train/model_io.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -103,16 +104,22 @@ std::string torch_dtype_name(DType t) {
   }
 }
 
-// Entry i of blob b of `state`, rounded to `dtype` (nearest-even for bf16) when that is not F32.
+// Entry i of blob b of `state`, rounded to `dtype` (nearest-even for bf16) when that is not F32, a
+// part of kStatePart elements at a time (one part's fp32 beside the engine, not the tensor's).
 void fill_entry(Engine& engine, Engine::State state, size_t b, size_t i, int64_t n, DType dtype, void* dst) {
   if (dtype == DType::F32) {
-    engine.read_state(state, int(b), int(i), static_cast<float*>(dst));
+    for (int64_t k0 = 0; k0 < n; k0 += kStatePart)
+      engine.read_state_part(state, int(b), int(i), k0, std::min(kStatePart, n - k0), static_cast<float*>(dst) + k0);
     return;
   }
-  std::vector<float> f(static_cast<size_t>(n));
-  engine.read_state(state, int(b), int(i), f.data());
+  std::vector<float> f(static_cast<size_t>(std::min(n, kStatePart)));
   uint16_t* h = static_cast<uint16_t*>(dst);
-  for (size_t k = 0; k < f.size(); ++k) h[k] = dtype == DType::BF16 ? float_to_bf16(f[k]).bits : float_to_f16(f[k]);
+  for (int64_t k0 = 0; k0 < n; k0 += kStatePart) {
+    const int64_t c = std::min(kStatePart, n - k0);
+    engine.read_state_part(state, int(b), int(i), k0, c, f.data());
+    for (int64_t k = 0; k < c; ++k)
+      h[k0 + k] = dtype == DType::BF16 ? float_to_bf16(f[size_t(k)]).bits : float_to_f16(f[size_t(k)]);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "train/training_state.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -138,17 +139,22 @@ TrainProgress read_training_state(Engine& engine, const ModelSpec& spec, const T
                           "tensor " + prefix + e.name + " must be " + dtype_name(want) + " " + shape_string(e.shape));
             continue;
           }
-          std::vector<float> v(static_cast<size_t>(e.numel));  // the mapping need not be 4-byte aligned
-          if (info->dtype == DType::F32) {
-            std::memcpy(v.data(), info->data, v.size() * 4);
-          } else {  // bf16 moments, widened exactly (write_state narrows them back exactly)
-            for (size_t k = 0; k < v.size(); ++k) {
-              uint16_t h;
-              std::memcpy(&h, info->data + 2 * k, 2);
-              v[k] = bf16_to_float(bf16{h});
+          // a part of kStatePart elements at a time (one part's fp32 beside the engine, not the
+          // tensor's); the mapping need not be 4-byte aligned
+          std::vector<float> v(static_cast<size_t>(std::min(e.numel, kStatePart)));
+          for (int64_t k0 = 0; k0 < e.numel; k0 += kStatePart) {
+            const int64_t c = std::min(kStatePart, e.numel - k0);
+            if (info->dtype == DType::F32) {
+              std::memcpy(v.data(), info->data + 4 * k0, size_t(c) * 4);
+            } else {  // bf16 moments, widened exactly (write_state narrows them back exactly)
+              for (int64_t k = 0; k < c; ++k) {
+                uint16_t h;
+                std::memcpy(&h, info->data + 2 * (k0 + k), 2);
+                v[size_t(k)] = bf16_to_float(bf16{h});
+              }
             }
+            engine.write_state_part(kind, int(b), int(i), k0, c, v.data());
           }
-          engine.write_state(kind, int(b), int(i), v.data());
         }
       }
     }
