@@ -69,9 +69,9 @@ void expect_same_bytes(const BlobLayout& blob, int index, uint64_t seed, double 
   }
 }
 
-TEST(BlobInit, MoeLayerWithMultiChunkExpertsMatchesTheSerialGenerator) {
-  // OLMoE's layer shape, shrunk: expert matrices of 1.5 * 2^20 values (two chunks each, the
-  // second short), q/k norms over the whole projection.
+// OLMoE's layer shape, shrunk: expert matrices of 1.5 * 2^20 values (two chunks of the generator
+// each, the second short), q/k norms over the whole projection; one layer.
+nlohmann::json multi_chunk_moe_config() {
   nlohmann::json c = test::tiny_config("olmoe");
   c["hidden_size"] = 1024;
   c["intermediate_size"] = 1536;
@@ -81,6 +81,28 @@ TEST(BlobInit, MoeLayerWithMultiChunkExpertsMatchesTheSerialGenerator) {
   c["num_experts_per_tok"] = 2;
   c["num_hidden_layers"] = 1;
   c["vocab_size"] = 300;
+  return c;
+}
+
+// Every blob of `lay` drawn by random_blob (seed, std) and written as an fp32 checkpoint `path`;
+// returns the drawn values [blobs][numel].
+std::vector<std::vector<float>> write_random_checkpoint(const ModelLayout& lay, uint64_t seed, double std,
+                                                        const std::string& path) {
+  std::vector<std::vector<float>> want;
+  std::vector<TensorWrite> tw;
+  for (size_t b = 0; b < lay.blobs.size(); ++b) {
+    want.emplace_back(size_t(lay.blobs[b].numel));
+    random_blob(lay.blobs[b], int(b), seed, std, want.back().data());
+  }
+  for (size_t b = 0; b < lay.blobs.size(); ++b)
+    for (const BlobEntry& e : lay.blobs[b].entries)
+      tw.push_back({e.name, DType::F32, e.shape, want[b].data() + e.offset});
+  write_checkpoint_tensors(path, tw);
+  return want;
+}
+
+TEST(BlobInit, MoeLayerWithMultiChunkExpertsMatchesTheSerialGenerator) {
+  const nlohmann::json c = multi_chunk_moe_config();
   const ModelSpec s = parse_model_spec(c, "c.json");
   const ModelLayout lay = make_layout(s);
   ASSERT_TRUE(s.moe_layer(0));
@@ -140,16 +162,8 @@ TEST(BlobInit, ReadBlobWritesEveryElement) {
     SCOPED_TRACE(family);
     const ModelSpec s = parse_model_spec(test::tiny_config(family), "c.json");
     const ModelLayout lay = make_layout(s);
-    std::vector<std::vector<float>> want;  // [blobs][numel]
-    std::vector<TensorWrite> tw;
-    for (size_t b = 0; b < lay.blobs.size(); ++b) {
-      want.emplace_back(size_t(lay.blobs[b].numel));
-      random_blob(lay.blobs[b], int(b), 5, 0.1, want.back().data());
-    }
-    for (size_t b = 0; b < lay.blobs.size(); ++b)
-      for (const BlobEntry& e : lay.blobs[b].entries) tw.push_back({e.name, DType::F32, e.shape, want[b].data() + e.offset});
     test::TempDir dir;
-    write_checkpoint_tensors(dir.file("m"), tw);
+    const std::vector<std::vector<float>> want = write_random_checkpoint(lay, 5, 0.1, dir.file("m"));
     const CheckpointReader r = CheckpointReader::open(dir.file("m"));
     for (size_t b = 0; b < lay.blobs.size(); ++b) {
       std::vector<float> got(want[b].size(), -7.f);
@@ -163,29 +177,12 @@ TEST(BlobInit, ReadBlobWritesEveryElement) {
 // blob's bytes: windows of odd sizes that cut entries, padding and the generator's 2^20-value
 // chunks, each into a buffer of garbage; and out-of-range windows refused.
 TEST(BlobInit, WindowsGiveTheWholeBlobsBytes) {
-  nlohmann::json c = test::tiny_config("olmoe");
-  c["hidden_size"] = 1024;
-  c["intermediate_size"] = 1536;
-  c["num_attention_heads"] = 8;
-  c["num_key_value_heads"] = 8;
-  c["num_experts"] = 3;
-  c["num_experts_per_tok"] = 2;
-  c["num_hidden_layers"] = 1;
-  c["vocab_size"] = 300;
+  const nlohmann::json c = multi_chunk_moe_config();
   for (const nlohmann::json& cfg : {c, test::tiny_config("qwen2")}) {
     const ModelSpec s = parse_model_spec(cfg, "c.json");
     const ModelLayout lay = make_layout(s);
-    std::vector<std::vector<float>> want;  // [blobs][numel]
-    std::vector<TensorWrite> tw;
-    for (size_t b = 0; b < lay.blobs.size(); ++b) {
-      want.emplace_back(size_t(lay.blobs[b].numel));
-      random_blob(lay.blobs[b], int(b), 11, 0.3, want.back().data());
-    }
-    for (size_t b = 0; b < lay.blobs.size(); ++b)
-      for (const BlobEntry& e : lay.blobs[b].entries)
-        tw.push_back({e.name, DType::F32, e.shape, want[b].data() + e.offset});
     test::TempDir dir;
-    write_checkpoint_tensors(dir.file("m"), tw);
+    const std::vector<std::vector<float>> want = write_random_checkpoint(lay, 11, 0.3, dir.file("m"));
     const CheckpointReader r = CheckpointReader::open(dir.file("m"));
     for (size_t b = 0; b < lay.blobs.size(); ++b) {
       const BlobLayout& bl = lay.blobs[b];

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "backend/cpu/cpu_device.h"
@@ -749,6 +750,30 @@ INSTANTIATE_TEST_SUITE_P(SelectiveRecompute, SlidingVsResident, ::testing::Value
 namespace sf {
 namespace {
 
+// check(a, b) on two engines of each kind built alike: resident, and sliding with every blob on the
+// host or 2 kept on the device, each without and with upload copies (split masters in bf16
+// compute, as on cuda; written with the master they copy).
+void for_each_engine_pair(Device& dev, const ModelSpec& spec, const EngineOptions& eo,
+                          const std::function<void(Engine&, Engine&)>& check) {
+  {
+    ResidentEngine a(dev, spec, eo), b(dev, spec, eo);
+    check(a, b);
+  }
+  for (int gpu : {0, 2})
+    for (bool copies : {false, true}) {
+      SCOPED_TRACE("gpu blobs " + std::to_string(gpu) + (copies ? ", upload copies" : ""));
+      SlidingOptions so;
+      so.base = eo;
+      so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
+      if (copies) {
+        so.base.compute_dtype = "bf16";
+        so.upload_copies = copy_blobs(spec.n_layer, so.gpu_blobs, {});
+      }
+      SlidingEngine a(dev, spec, so), b(dev, spec, so);
+      check(a, b);
+    }
+}
+
 // write_state then read_state (saving and resuming one tensor at a time) gives the state back, and
 // the engine written so continues as the one read from, for both engines and blobs on the host or
 // kept on the device; the two engines' read_state agree after the same training.
@@ -784,23 +809,7 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
       EXPECT_EQ(la, lb);
       for (size_t t = 0; t < pa.size(); ++t) EXPECT_EQ(pa[t].data, pb[t].data) << pa[t].name;
     };
-    {
-      ResidentEngine a(*dev, spec, eo), b(*dev, spec, eo);
-      check(a, b);
-    }
-    for (int gpu : {0, 2})
-      for (bool copies : {false, true}) {  // upload copies: written with the master they copy
-        SCOPED_TRACE("gpu blobs " + std::to_string(gpu) + (copies ? ", upload copies" : ""));
-        SlidingOptions so;
-        so.base = eo;
-        so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
-        if (copies) {
-          so.base.compute_dtype = "bf16";  // (the copies in bf16, as on cuda)
-          so.upload_copies = copy_blobs(spec.n_layer, so.gpu_blobs, {});
-        }
-        SlidingEngine a(*dev, spec, so), b(*dev, spec, so);
-        check(a, b);
-      }
+    for_each_engine_pair(*dev, spec, eo, check);
     // read_state of the two engines (device buffers in one, host state and kept blobs in the other)
     // agrees tensor by tensor after the same training (the engines are bit-identical on cpu).
     for (int gpu : {0, 2}) {
@@ -876,23 +885,7 @@ TEST(Engines, StateInPartsIsTheWholeTensors) {
       EXPECT_THROW(a.read_state_part(Engine::State::Params, 0, 0, n0 - 2, 3, x.data()), std::runtime_error);
       EXPECT_THROW(b.write_state_part(Engine::State::AdamM, 0, 0, -1, 2, x.data()), std::runtime_error);
     };
-    {
-      ResidentEngine a(*dev, spec, eo), b(*dev, spec, eo);
-      check(a, b);
-    }
-    for (int gpu : {0, 2})
-      for (bool copies : {false, true}) {
-        SCOPED_TRACE("gpu blobs " + std::to_string(gpu) + (copies ? ", upload copies" : ""));
-        SlidingOptions so;
-        so.base = eo;
-        so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
-        if (copies) {
-          so.base.compute_dtype = "bf16";
-          so.upload_copies = copy_blobs(spec.n_layer, so.gpu_blobs, {});
-        }
-        SlidingEngine a(*dev, spec, so), b(*dev, spec, so);
-        check(a, b);
-      }
+    for_each_engine_pair(*dev, spec, eo, check);
   }
 }
 
