@@ -358,12 +358,16 @@ struct Sm90FwdTile {
 // kept ~33-66 groups in flight: L2 hit rate 67 % against cuDNN's 87 % (ncu, hd 128, B 8, T 2048,
 // 32/8 heads), DRAM traffic 2.3x its; in supergroups 88.5 % and 0.95x its traffic, the forward
 // 0.543-0.562 ms against 0.597-0.608 (four rounds alternated, session 21).
-constexpr int kSuperGroupBytes = 8 << 20;
+constexpr int64_t kSuperGroupBytes = 8 << 20;
+// The backward's supergroups: Q, dO and the dQ accumulator of the groups (sweep of session 22,
+// hd 64 / 128 / 256 at B 8, T 2048: 32-128 MiB best, 1-2 groups and the whole grid slower).
+constexpr int64_t kBwdSuperGroupBytes = 64 << 20;
 // Work item `i` of n_hi heaviness levels x n_units units (of `unit` consecutive units a group),
-// units grouped into supergroups of groups of `group_bytes`: its level (0 the heaviest) and unit.
-__device__ __forceinline__ void supergroup_order(int i, int n_hi, int n_units, int unit, int64_t group_bytes, int& hi,
-                                                 int& u) {
-  const int groups = int(max(int64_t(1), int64_t(kSuperGroupBytes) / max(group_bytes, int64_t(1))));
+// units grouped into supergroups of groups of `group_bytes` (about `sg_bytes` a supergroup): its
+// level (0 the heaviest) and unit.
+__device__ __forceinline__ void supergroup_order(int i, int n_hi, int n_units, int unit, int64_t group_bytes,
+                                                 int64_t sg_bytes, int& hi, int& u) {
+  const int groups = int(max(int64_t(1), sg_bytes / max(group_bytes, int64_t(1))));
   const int sgu = min(groups * unit, n_units);  // units of a full supergroup
   const int per_sg = n_hi * sgu;
   const int sg = i / per_sg, r = i - sg * per_sg;
@@ -383,7 +387,7 @@ template <class Tr>
 __device__ __forceinline__ void fwd_tile_order(int tile, int n_qt, int n_hb, int T, int H, int KVH, int& qt, int& hb) {
   if constexpr (Tr::L2_ORDER) {
     int lvl;
-    supergroup_order(tile, n_qt, n_hb, H / KVH, int64_t(4) * T * Tr::HD, lvl, hb);
+    supergroup_order(tile, n_qt, n_hb, H / KVH, int64_t(4) * T * Tr::HD, kSuperGroupBytes, lvl, hb);
     qt = n_qt - 1 - lvl;
   } else {
     qt = n_qt - 1 - tile / n_hb, hb = tile % n_hb;
@@ -939,12 +943,23 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + ST;
 
-  // Longest-first over the whole grid: the first key tiles (they see every query tile) of all kv
-  // heads start first. (In supergroups of kv heads, as the forward, L2 hits rose from 55 to 87 % at
-  // hd 64 but the blocks — one a key tile, not persistent — ran 2-5 % slower at hd 64 / 128 / 256:
-  // the heaviest blocks of the last supergroups start last; session 21.)
+  // A block a key tile jt of a (sequence, kv head) group hb; the work of key tile jt falls with jt
+  // (causal: the query tiles from its diagonal on). The heavier three quarters of the key tiles go
+  // in supergroups of groups (kBwdSuperGroupBytes of Q, dO and dQ accumulator: what the blocks in
+  // flight read and add into stays in L2), heaviest first within each; the lightest quarter of
+  // all groups after them, heaviest first over the whole grid, so that the grid still ends on
+  // short blocks. Session 22, B 8, T 2048, alternated in one call: hd 128 backward 1.88 against
+  // 1.97 ms; whole supergroups (no light tail) of 1-2 groups ran up to 10 % slower at hd 64, as
+  // session 21's supergroups of the forward's size: the heavy blocks of the last ones start last.
   const int n_jt = (T + BC - 1) / BC, n_hb = int(gridDim.x) / n_jt, bid = int(blockIdx.x);
-  const int jt = bid / n_hb, hb = bid % n_hb;
+  const int cut = (n_jt * 3 + 3) / 4;  // key tiles 0 .. cut - 1 in supergroups
+  int jt, hb;
+  if (bid < n_hb * cut) {
+    supergroup_order(bid, cut, n_hb, 1, int64_t(H / KVH) * T * HD * 8, kBwdSuperGroupBytes, jt, hb);
+  } else {
+    const int r = bid - n_hb * cut;
+    jt = cut + r / n_hb, hb = r % n_hb;
+  }
   const int kvh = hb % KVH, b = hb / KVH, G = H / KVH;
   const int kv0 = jt * BC;
   const int n_q = (T + BQ - 1) / BQ, i_start = kv0 / BQ;
