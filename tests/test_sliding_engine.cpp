@@ -774,20 +774,39 @@ void for_each_engine_pair(Device& dev, const ModelSpec& spec, const EngineOption
     }
 }
 
-// write_state then read_state (saving and resuming one tensor at a time) gives the state back, and
-// the engine written so continues as the one read from, for both engines and blobs on the host or
-// kept on the device; the two engines' read_state agree after the same training.
-TEST(Engines, ReadAndWriteStateTensorByTensor) {
-  nlohmann::json cfg = test::tiny_config("llama");
-  ModelSpec spec = parse_model_spec(cfg, "tiny");
-  const ModelLayout layout = make_layout(spec);
-  auto recs = random_records(int(spec.vocab), 23, 6);
-  for (DType state : {DType::F32, DType::BF16}) {
-    SCOPED_TRACE(std::string("optimizer state ") + dtype_name(state));
+// The state tests' model (the tiny Llama), its layout and records, and their engine options.
+struct StateTestModel {
+  ModelSpec spec = parse_model_spec(test::tiny_config("llama"), "tiny");
+  ModelLayout layout = make_layout(spec);
+  std::vector<Record> recs = random_records(int(spec.vocab), 23, 6);
+  static EngineOptions options(DType state) {
     EngineOptions eo;
     eo.max_batch = 2;
     eo.max_seq = 11;
     eo.state_dtype = state;
+    return eo;
+  }
+};
+
+// Two engines holding the same state take the same next step (bit-identical on cpu).
+void expect_same_next_step(Engine& a, Engine& b, const std::vector<Record>& recs) {
+  auto [la, pa] = train(a, recs, 1, 1, 0.5);
+  auto [lb, pb] = train(b, recs, 1, 1, 0.5);
+  EXPECT_EQ(la, lb);
+  for (size_t t = 0; t < pa.size(); ++t) EXPECT_EQ(pa[t].data, pb[t].data) << pa[t].name;
+}
+
+// write_state then read_state (saving and resuming one tensor at a time) gives the state back, and
+// the engine written so continues as the one read from, for both engines and blobs on the host or
+// kept on the device; the two engines' read_state agree after the same training.
+TEST(Engines, ReadAndWriteStateTensorByTensor) {
+  const StateTestModel m;
+  const ModelSpec& spec = m.spec;
+  const ModelLayout& layout = m.layout;
+  const std::vector<Record>& recs = m.recs;
+  for (DType state : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(std::string("optimizer state ") + dtype_name(state));
+    const EngineOptions eo = StateTestModel::options(state);
     auto dev = make_cpu_device();
     auto check = [&](Engine& a, Engine& b) {
       a.init_random(7);
@@ -803,11 +822,7 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
         const auto got = test::export_state(b, which);
         for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;
       }
-      // Same state, same next step.
-      auto [la, pa] = train(a, recs, 1, 1, 0.5);
-      auto [lb, pb] = train(b, recs, 1, 1, 0.5);
-      EXPECT_EQ(la, lb);
-      for (size_t t = 0; t < pa.size(); ++t) EXPECT_EQ(pa[t].data, pb[t].data) << pa[t].name;
+      expect_same_next_step(a, b, recs);
     };
     for_each_engine_pair(*dev, spec, eo, check);
     // read_state of the two engines (device buffers in one, host state and kept blobs in the other)
@@ -845,16 +860,13 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
 // on the device, with upload copies (split masters) and with bf16 moments; parts outside a tensor
 // are refused.
 TEST(Engines, StateInPartsIsTheWholeTensors) {
-  nlohmann::json cfg = test::tiny_config("llama");
-  ModelSpec spec = parse_model_spec(cfg, "tiny");
-  const ModelLayout layout = make_layout(spec);
-  auto recs = random_records(int(spec.vocab), 23, 6);
+  const StateTestModel m;
+  const ModelSpec& spec = m.spec;
+  const ModelLayout& layout = m.layout;
+  const std::vector<Record>& recs = m.recs;
   for (DType state : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(std::string("optimizer state ") + dtype_name(state));
-    EngineOptions eo;
-    eo.max_batch = 2;
-    eo.max_seq = 11;
-    eo.state_dtype = state;
+    const EngineOptions eo = StateTestModel::options(state);
     auto dev = make_cpu_device();
     auto check = [&](Engine& a, Engine& b) {
       a.init_random(7);
@@ -876,10 +888,7 @@ TEST(Engines, StateInPartsIsTheWholeTensors) {
         const auto ref = test::export_state(a, which), got = test::export_state(b, which);
         for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;
       }
-      auto [la, pa] = train(a, recs, 1, 1, 0.5);
-      auto [lb, pb] = train(b, recs, 1, 1, 0.5);
-      EXPECT_EQ(la, lb);
-      for (size_t t = 0; t < pa.size(); ++t) EXPECT_EQ(pa[t].data, pb[t].data) << pa[t].name;
+      expect_same_next_step(a, b, recs);
       std::vector<float> x(8);
       const int64_t n0 = layout.blobs[0].entries[0].numel;
       EXPECT_THROW(a.read_state_part(Engine::State::Params, 0, 0, n0 - 2, 3, x.data()), std::runtime_error);
