@@ -470,11 +470,13 @@ struct SlidingEngine::Impl {
     dev.ops().adamw(f32(gpu.master), f32(gpu.grads), moment(Engine::State::AdamM), moment(Engine::State::AdamV),
                     act == DType::F32 ? Tensor() : Tensor(gpu_params(blob), act, {n}), q, *compute);
   }
-  // The compute copy of a kept blob from its master (after load / import).
-  void gpu_refresh(int blob) {
+  // The compute copy of a kept blob from its master (after load / import): elements
+  // [first, first + count) of the blob, count < 0 to its end (a resumed part refreshes only itself).
+  void gpu_refresh(int blob, int64_t first = 0, int64_t count = -1) {
     if (act == DType::F32) return;
-    const int64_t n = layout.blobs[size_t(blob)].numel;
-    dev.ops().cast(Tensor(gpu_params(blob), act, {n}), Tensor(gpu.at(gpu.master, blob), DType::F32, {n}), *compute);
+    const int64_t n = count < 0 ? layout.blobs[size_t(blob)].numel - first : count;
+    dev.ops().cast(Tensor(static_cast<char*>(gpu_params(blob)) + size_t(first) * dtype_size(act), act, {n}),
+                   Tensor(gpu.at(gpu.master, blob) + first, DType::F32, {n}), *compute);
   }
 
   // Every blob's master (and what follows from it: the compute copy, the working copy or the
@@ -1106,7 +1108,7 @@ void SlidingEngine::write_state_part(State which, int blob, int entry, int64_t f
   const int64_t at = e.offset + first;
   if (m.gpu.has(blob)) {
     state_from_f32(dev_, *m.compute, m.gpu.at(which, blob, at), m.gpu.dtype(which), count, src);
-    if (which == State::Params) m.gpu_refresh(blob);
+    if (which == State::Params) m.gpu_refresh(blob, at, count);
     dev_.synchronize(*m.compute);
     return;
   }
