@@ -14,6 +14,7 @@
 
 #include "../model_fixtures.h"
 #include "../record_fixtures.h"
+#include "train_compare.h"
 #include "backend/device.h"
 #include "data/dataset/dataset.h"
 #include "engine/resident_engine.h"
@@ -26,21 +27,8 @@ namespace {
 
 constexpr int64_t kReadPart = 37, kWritePart = 53;  // odd: parts straddle entries' rows
 
-void train_two_steps(Engine& e, const std::vector<Record>& recs) {
-  for (int s = 1; s <= 2; ++s) {
-    const std::vector<Batch> mbs = {make_batch({&recs[size_t(2 * s - 2)], &recs[size_t(2 * s - 1)]}, 11)};
-    Engine::StepParams p;
-    p.adamw.lr = 1e-2f;
-    p.adamw.weight_decay = 0.1f;
-    p.adamw.step = s;
-    p.max_grad_norm = 1.0;
-    ASSERT_TRUE(e.step(mbs, p).updated);
-  }
-}
-
 void check_parts(Engine& a, Engine& b, const ModelLayout& layout, const std::vector<Record>& recs) {
-  a.init_random(5);
-  train_two_steps(a, recs);  // AdamW moments are not zero
+  test::train_three_steps(a, recs, 1.0);  // AdamW moments are not zero
   b.init_random(9);
   const Engine::State states[] = {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV};
   for (Engine::State which : states)

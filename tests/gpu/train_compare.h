@@ -24,7 +24,7 @@ struct Trained {
 
 // Steps 1..3 of `e` (initialised with seed 5), two of `recs` a step (records 0..5, 11 tokens),
 // lr 1e-2, weight decay 0.1, clipping at `clip` (0: none).
-inline Trained train_three_steps(SlidingEngine& e, const std::vector<Record>& recs, double clip) {
+inline Trained train_three_steps(Engine& e, const std::vector<Record>& recs, double clip) {
   e.init_random(5);
   Trained t;
   for (int s = 1; s <= 3; ++s) {
