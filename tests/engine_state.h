@@ -2,6 +2,8 @@
 // perturb every parameter. Built on the engine's tensor-by-tensor read_state / write_state, in
 // make_layout(spec()) order (embedding, layers, head).
 #pragma once
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -49,6 +51,39 @@ inline void import_state(Engine& e, Engine::State which, const NamedTensors& ten
                "import_state: shape mismatch for " + be.name);
       e.write_state(which, int(b), int(i), it->second->data.data());
     }
+}
+
+// Every tensor of the states a save holds (masters, AdamW m and v), in layout order: the state,
+// the tensor's blob and entry, and its layout entry.
+struct SavedTensor {
+  Engine::State which;
+  int blob, entry;
+  const BlobEntry* e;
+};
+inline std::vector<SavedTensor> saved_tensors(const ModelLayout& layout) {
+  std::vector<SavedTensor> out;
+  for (Engine::State which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV})
+    for (size_t b = 0; b < layout.blobs.size(); ++b)
+      for (size_t i = 0; i < layout.blobs[b].entries.size(); ++i)
+        out.push_back({which, int(b), int(i), &layout.blobs[b].entries[i]});
+  return out;
+}
+
+// Every saved tensor of `a` read whole and in parts of `read_part` elements (they must agree), and
+// written into `b` in parts of `write_part` (Engine::read_state_part / write_state_part); callers
+// wrap it in ASSERT_NO_FATAL_FAILURE.
+inline void copy_saved_state_in_parts(Engine& a, Engine& b, const ModelLayout& layout, int64_t read_part,
+                                      int64_t write_part) {
+  for (const SavedTensor& t : saved_tensors(layout)) {
+    const int64_t n = t.e->numel;
+    std::vector<float> whole(static_cast<size_t>(n)), parts(static_cast<size_t>(n), -3.f);
+    a.read_state(t.which, t.blob, t.entry, whole.data());
+    for (int64_t k0 = 0; k0 < n; k0 += read_part)
+      a.read_state_part(t.which, t.blob, t.entry, k0, std::min(read_part, n - k0), parts.data() + k0);
+    ASSERT_EQ(parts, whole) << t.e->name;
+    for (int64_t k0 = 0; k0 < n; k0 += write_part)
+      b.write_state_part(t.which, t.blob, t.entry, k0, std::min(write_part, n - k0), whole.data() + k0);
+  }
 }
 
 inline NamedTensors export_params(Engine& e) { return export_state(e, Engine::State::Params); }

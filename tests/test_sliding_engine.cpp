@@ -838,18 +838,16 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
       sl.init_random(7);
       train(r, recs, 2, 1, 0.5);
       train(sl, recs, 2, 1, 0.5);
-      for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV})
-        for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
-          for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i) {
-            std::vector<float> x(size_t(layout.blobs[bl].entries[i].numel)), y(x.size(), -1.f);
-            r.read_state(which, int(bl), int(i), x.data());
-            sl.read_state(which, int(bl), int(i), y.data());
-            ASSERT_EQ(x, y) << layout.blobs[bl].entries[i].name;
-            // bf16 moments read back as fp32 are bf16 values (exactly representable)
-            if (state == DType::BF16 && which != Engine::State::Params) {
-              for (float f : y) ASSERT_EQ(f, test::round_bf16(f)) << layout.blobs[bl].entries[i].name;
-            }
-          }
+      for (const test::SavedTensor& t : test::saved_tensors(layout)) {
+        std::vector<float> x(size_t(t.e->numel)), y(x.size(), -1.f);
+        r.read_state(t.which, t.blob, t.entry, x.data());
+        sl.read_state(t.which, t.blob, t.entry, y.data());
+        ASSERT_EQ(x, y) << t.e->name;
+        // bf16 moments read back as fp32 are bf16 values (exactly representable)
+        if (state == DType::BF16 && t.which != Engine::State::Params) {
+          for (float f : y) ASSERT_EQ(f, test::round_bf16(f)) << t.e->name;
+        }
+      }
     }
   }
 }
@@ -872,18 +870,7 @@ TEST(Engines, StateInPartsIsTheWholeTensors) {
       a.init_random(7);
       train(a, recs, 2, 1, 0.5);  // AdamW moments are not zero
       b.init_random(8);
-      for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV})
-        for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
-          for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i) {
-            const int64_t n = layout.blobs[bl].entries[i].numel;
-            std::vector<float> whole(static_cast<size_t>(n)), parts(static_cast<size_t>(n), -3.f);
-            a.read_state(which, int(bl), int(i), whole.data());
-            for (int64_t k0 = 0; k0 < n; k0 += 7)
-              a.read_state_part(which, int(bl), int(i), k0, std::min<int64_t>(7, n - k0), parts.data() + k0);
-            ASSERT_EQ(parts, whole) << layout.blobs[bl].entries[i].name;
-            for (int64_t k0 = 0; k0 < n; k0 += 5)
-              b.write_state_part(which, int(bl), int(i), k0, std::min<int64_t>(5, n - k0), whole.data() + k0);
-          }
+      ASSERT_NO_FATAL_FAILURE(test::copy_saved_state_in_parts(a, b, layout, 7, 5));
       for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV}) {
         const auto ref = test::export_state(a, which), got = test::export_state(b, which);
         for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;

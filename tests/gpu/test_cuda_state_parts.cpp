@@ -8,7 +8,6 @@
 // refreshed part by part), without and with upload copies of the host blobs.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <functional>
 #include <vector>
 
@@ -30,28 +29,13 @@ constexpr int64_t kReadPart = 37, kWritePart = 53;  // odd: parts straddle entri
 void check_parts(Engine& a, Engine& b, const ModelLayout& layout, const std::vector<Record>& recs) {
   test::train_three_steps(a, recs, 1.0);  // AdamW moments are not zero
   b.init_random(9);
-  const Engine::State states[] = {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV};
-  for (Engine::State which : states)
-    for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
-      for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i) {
-        const int64_t n = layout.blobs[bl].entries[i].numel;
-        std::vector<float> whole(static_cast<size_t>(n)), parts(static_cast<size_t>(n), -3.f);
-        a.read_state(which, int(bl), int(i), whole.data());
-        for (int64_t k0 = 0; k0 < n; k0 += kReadPart)
-          a.read_state_part(which, int(bl), int(i), k0, std::min(kReadPart, n - k0), parts.data() + k0);
-        ASSERT_EQ(parts, whole) << layout.blobs[bl].entries[i].name;
-        for (int64_t k0 = 0; k0 < n; k0 += kWritePart)
-          b.write_state_part(which, int(bl), int(i), k0, std::min(kWritePart, n - k0), whole.data() + k0);
-      }
-  for (Engine::State which : states)
-    for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
-      for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i) {
-        const int64_t n = layout.blobs[bl].entries[i].numel;
-        std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n), -1.f);
-        a.read_state(which, int(bl), int(i), x.data());
-        b.read_state(which, int(bl), int(i), y.data());
-        ASSERT_EQ(x, y) << layout.blobs[bl].entries[i].name;
-      }
+  ASSERT_NO_FATAL_FAILURE(test::copy_saved_state_in_parts(a, b, layout, kReadPart, kWritePart));
+  for (const test::SavedTensor& t : test::saved_tensors(layout)) {
+    std::vector<float> x(static_cast<size_t>(t.e->numel)), y(static_cast<size_t>(t.e->numel), -1.f);
+    a.read_state(t.which, t.blob, t.entry, x.data());
+    b.read_state(t.which, t.blob, t.entry, y.data());
+    ASSERT_EQ(x, y) << t.e->name;
+  }
   const std::vector<Batch> eval = {make_batch({&recs[4], &recs[5]}, 11)};
   EXPECT_EQ(a.loss_sum(eval), b.loss_sum(eval)) << "the compute copies follow the written masters";
 }
