@@ -948,8 +948,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   // in supergroups of groups (kBwdSuperGroupBytes of Q, dO and dQ accumulator: what the blocks in
   // flight read and add into stays in L2), heaviest first within each; the lightest quarter of
   // all groups after them, heaviest first over the whole grid, so that the grid still ends on
-  // short blocks. Session 22, B 8, T 2048, alternated in one call: hd 128 backward 1.88 against
-  // 1.97 ms; whole supergroups (no light tail) of 1-2 groups ran up to 10 % slower at hd 64: the
+  // short blocks. Session 22, B 8, T 2048, alternated in one call: hd 128 backward 1.79-1.88 against
+  // 1.91-1.93 ms; whole supergroups (no light tail) of 1-2 groups ran up to 10 % slower at hd 64: the
   // heavy blocks of the last ones start last.
   const int n_jt = (T + BC - 1) / BC, n_hb = int(gridDim.x) / n_jt, bid = int(blockIdx.x);
   const int cut = (n_jt * 3 + 3) / 4;  // key tiles 0 .. cut - 1 in supergroups
