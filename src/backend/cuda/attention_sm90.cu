@@ -51,10 +51,17 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__
 #ifdef SF_SM90_DEVICE
 // The dynamic shared memory, 1024-aligned: 128-byte swizzle atoms are 1024 bytes, and the tiles
 // offsets (multiples of 1024) keep every box on an atom (the Tr::smem sizes include the slack).
+// The pointer is smem_raw plus an offset (not an integer cast back): the compiler then knows it
+// addresses shared memory and uses 32-bit shared loads and stores, where the cast made every
+// access through it a generic one (64-bit address arithmetic, ~10 instructions a tile-column in
+// the backward; session 23's SASS).
 __device__ __forceinline__ unsigned char* smem_base() {
   extern __shared__ unsigned char smem_raw[];
-  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  return smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
 }
+// The warpgroup of this thread, known warp-uniform to the compiler (a broadcast from lane 0): the
+// wgmma descriptors built from it stay in uniform registers.
+__device__ __forceinline__ int warpgroup_uniform() { return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0); }
 
 // ---- mbarrier and TMA ------------------------------------------------------------------------
 __device__ __forceinline__ void bar_init(uint64_t* bar, uint32_t count) {
@@ -107,6 +114,13 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 __device__ __forceinline__ uint64_t sdesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
          (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+// Descriptor d with its start address moved by `bytes` (a multiple of 16): one add to the low word.
+// The start field is the low 14 bits of addr >> 4 and shared addresses stay below 2^18, so the add
+// never carries out of it. Built once from a base (sdesc) and moved by constants, a descriptor costs
+// an add where sdesc costs ~6 instructions: ~8 an operand pair of every wgmma before (session 23).
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) {
+  return (d & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(d) + (bytes >> 4));
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -435,7 +449,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const int n_qt = (T + BR - 1) / BR, n_hb = H * B;
   const int n_tiles = n_qt * n_hb;
 
-  const int wg = int(threadIdx.x) / 128;
+  const int wg = warpgroup_uniform();
   if (threadIdx.x == 0) {
     for (int s = 0; s < QS; ++s) {
       bar_init(q_full + s, Tr::Q_ARRIVALS);
@@ -526,15 +540,16 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   const uint32_t q_base = smem_u32(Qs) + cw * 64 * 128;
   const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs);
   // wgmma descriptors of Q's k-step kk in the Q buffer qs (128-byte swizzle).
+  // (each the buffer's descriptor, the same for every k-step, moved by the k-step's constant offset)
   auto q_desc = [&](int qs, int kk) {
-    return sdesc(q_base + qs * Tr::q_bytes + (kk >> 2) * BR * 128 + (kk & 3) * 32, 16, 1024);
+    return desc_add(sdesc(q_base + qs * Tr::q_bytes, 16, 1024), (kk >> 2) * BR * 128 + (kk & 3) * 32);
   };
   auto k_desc = [&](int s, int kk) {
-    return sdesc(k_addr + (s * CH + (kk >> 2)) * BC * 128 + (kk & 3) * 32, 16, 1024);
+    return desc_add(sdesc(k_addr + s * CH * BC * 128, 16, 1024), (kk >> 2) * BC * 128 + (kk & 3) * 32);
   };
   // V as the N-major B of PV from column box c0 on
   auto v_desc = [&](int s, int kk, int c0 = 0) {
-    return sdesc(v_addr + (s * CH + c0) * BC * 128 + kk * 2048, BC * 128, 1024);
+    return desc_add(sdesc(v_addr + s * CH * BC * 128, BC * 128, 1024), c0 * BC * 128 + kk * 2048);
   };
 
   float o[HD / 2];
@@ -676,24 +691,28 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 // and 2 own 64 key rows each, with their dK and dV accumulators (64 x HD fp32) in registers for the
 // whole block (no atomics; the GQA reduction is the loop). Per tile and consumer:
 //   S^T = K_w Q^T, dP^T = V_w dO^T               (wgmma, both operands from shared memory)
-//   P^T = exp2(S^T scale log2 e - lse log2 e), causal mask; dS^T = P^T (dP^T - D) scale
+//   P^T = exp2(S^T scale log2 e - lse log2 e), causal mask; dS^T = P^T (dP^T - D) (hd 64 / 128:
+//                                                 the scale on dK and dQ, not on each element)
 //   dS^T -> shared memory (bf16, the M-major A operand of dQ; two buffers, alternating)
 //   dV += P^T dO, dK += dS^T Q                    (wgmma, P^T / dS^T from registers)
 //   dQ[:, half w] = dS K[:, half w]               (wgmma from shared memory, after a barrier of the
 //                                                 two consumers), added into the fp32 workspace
 //                                                 (the caller zeroes it and casts it to bf16)
-// hd 128 (TMA_DQ, measured 1.12x faster on the H200 in session 12):
-// - dQ through shared memory and one TMA reduce-add a 32-column box: each thread writes its dQ
-//   fragment (16 float2 stores, conflict-free into the 128-byte-swizzled boxes) where it would
-//   issue 16 float2 atomics to L2; the warpgroup meets at a named barrier and one thread issues
-//   HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T. The staging is reused a
-//   tile later: its issuer waits for the reads before the dS barrier.
+// hd 64 and 128 (TMA_DQ): dQ through shared memory and one TMA reduce-add a 32-column box: each
+// thread writes its dQ fragment (float2 stores, conflict-free into the 128-byte-swizzled boxes)
+// where it would issue as many float2 atomics to L2; the warpgroup meets at a named barrier and
+// one thread issues HQ / 32 bulk reduces, which run under the next tile's S^T / dP^T. The staging
+// is reused a tile later: its issuer waits for the reads before the dS barrier. Measured 1.12x
+// at hd 128 (session 12); at hd 64 the backward 1.050-1.062 ms against 1.116-1.127 with atomics
+// (session 23: the atomics' queue held the next tile's first instructions, 9 % of the stall
+// samples).
+// hd 128 (HALVES) besides:
 // - P^T / dS^T and the dV, dK products in two halves of the query tile (the first half's products
 //   under the second half's element-wise work).
 // - S^T and dP^T in two groups, half of P^T computed while dP^T runs (the MUFU work, 8192 exp2 a
 //   tile: ~512 cycles at 16 a cycle, under dP^T's ~512).
-// hd 64 keeps float2 atomics and one pass: the same changes with the next tile's S^T / dP^T
-// issued behind the dQ wgmma measured 0.90x there.
+// hd 64 keeps one pass: those changes with the next tile's S^T / dP^T issued behind the dQ wgmma
+// measured 0.90x there (session 12).
 //
 // hd 256 (SPLIT_COLS): a consumer's dK and dV of 64 keys x 256 columns would be 256 fp32 registers
 // a thread. So a block owns BC = 64 key rows and the consumers split the columns: consumer c
@@ -704,6 +723,16 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 // S^T and dP^T in both halves: 7/5 of the work). dQ goes out as float4 atomics into the permuted
 // layout (attention.cu's dq_permuted_pos): the 64 KiB staging of a TMA reduce does not fit beside
 // two Q / dO stages of 64 KiB each.
+// A backward block's query tiles in order: head kvh G + hi, query tile i_start + qi (qi fastest).
+// Counted, not divided out of the tile index: the division by the runtime per_head took ~40
+// instructions a tile (session 23's SASS).
+struct BwdTileWalk {
+  int hi = 0, qi = 0;
+  __device__ __forceinline__ void next(int per_head) {
+    if (++qi == per_head) qi = 0, ++hi;
+  }
+};
+
 template <int HD_, bool BOUNDED_>
 struct Sm90BwdTile {
   static constexpr bool SPLIT_COLS = HD_ == 256;
@@ -712,7 +741,10 @@ struct Sm90BwdTile {
   // faster; 3 stages 1.271; session 21); hd 128 and 256 fill the 227 KiB with 2.
   static constexpr int HD = HD_, BC = SPLIT_COLS ? 64 : 128, BQ = 64, STAGES = HD == 64 ? 4 : 2, CONSUMERS = 2;
   static constexpr bool BOUNDED = BOUNDED_;  // as Sm90FwdTile's
-  static constexpr bool TMA_DQ = HD == 128;
+  static constexpr bool TMA_DQ = !SPLIT_COLS;
+  // P^T under dP^T and the dV, dK products in two halves of the query tile (hd 128, below)
+  static constexpr bool HALVES = HD == 128;
+  static_assert(!(HALVES && SPLIT_COLS), "halves of the query tile: the consumers' own 64 keys");
   // the column groups of 8 queries whose P^T is computed under dP^T (ptxas: 5 spilled 24 bytes, 8: 56;
   // the bounded kernel at hd 128: 4 spilled 36 / 44 bytes stored / loaded, 3 20 / 28)
   static constexpr int P_EARLY = BOUNDED_ ? 3 : 4;
@@ -768,7 +800,7 @@ __device__ __forceinline__ void bwd_consumer_split_cols(unsigned char* sm, uint6
   const float* Ls = reinterpret_cast<const float*>(sm + Tr::l_off);
   const float* Ds = reinterpret_cast<const float*>(sm + Tr::d_off);
   const int* Ps = reinterpret_cast<const int*>(sm + Tr::f_off);
-  const int cw = int(threadIdx.x) / 128 - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
+  const int cw = warpgroup_uniform() - 1, tw = int(threadIdx.x) % 128, warp = tw / 32, lane = tw % 32;
   const int g = lane >> 2, t4 = lane & 3;
   const int qh = cw * QH;                // this consumer's first query of S^T in the tile
   const int key0 = kv0 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
@@ -778,32 +810,34 @@ __device__ __forceinline__ void bwd_consumer_split_cols(unsigned char* sm, uint6
   bf16_t* dsp = reinterpret_cast<bf16_t*>(sm + Tr::ds_off);
   bf16_t* ptp = reinterpret_cast<bf16_t*>(sm + Tr::pt_off);
   // A: K or V (all 64 rows), K-major over HD: k-step kk in box kk / 4, 32 bytes kk % 4 into the rows
-  auto kv_desc = [&](uint32_t base, int kk) { return sdesc(base + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024); };
+  // (each descriptor: the buffer's, moved by the k-step's constant offset)
+  auto kv_desc = [&](uint32_t base, int kk) { return desc_add(sdesc(base, 16, 1024), (kk >> 2) * BC * 128 + (kk & 3) * 32); };
   // B: this consumer's 32 rows of Q or dO (stage s), K-major (4096 bytes = 4 swizzle atoms in)
   auto qh_desc = [&](uint32_t base, int s, int kk) {
-    return sdesc(base + (s * CH + (kk >> 2)) * BQ * 128 + qh * 128 + (kk & 3) * 32, 16, 1024);
+    return desc_add(sdesc(base + s * CH * BQ * 128 + qh * 128, 16, 1024), (kk >> 2) * BQ * 128 + (kk & 3) * 32);
   };
   // A: P^T or dS^T (buffer buf), K-major over the tile's 64 queries (one box)
   auto pt_desc = [&](uint32_t base, int buf, int kk) {
-    return sdesc(base + buf * Tr::ds_bytes + (kk & 3) * 32, 16, 1024);
+    return desc_add(sdesc(base + buf * Tr::ds_bytes, 16, 1024), (kk & 3) * 32);
   };
   // B: Q or dO (stage s), N-major: k-step kk = 16 query rows, this consumer's 128 columns (2 boxes)
   auto qn_desc = [&](uint32_t base, int s, int kk) {
-    return sdesc(base + (s * CH + 2 * cw) * BQ * 128 + kk * 2048, BQ * 128, 1024);
+    return desc_add(sdesc(base + (s * CH + 2 * cw) * BQ * 128, BQ * 128, 1024), kk * 2048);
   };
   // dQ: A = dS (M-major: queries along the rows of dS^T), k-step kk = 16 keys; B = K, N-major,
   // this consumer's 128 columns
-  auto dsm_desc = [&](int buf, int kk) { return sdesc(ds_addr + buf * Tr::ds_bytes + kk * 2048, 8192, 1024); };
-  auto kn_desc = [&](int kk) { return sdesc(k_addr + 2 * cw * BC * 128 + kk * 2048, BC * 128, 1024); };
+  auto dsm_desc = [&](int buf, int kk) { return desc_add(sdesc(ds_addr + buf * Tr::ds_bytes, 8192, 1024), kk * 2048); };
+  auto kn_desc = [&](int kk) { return desc_add(sdesc(k_addr + 2 * cw * BC * 128, BC * 128, 1024), kk * 2048); };
 
   float dka[HC / 2], dva[HC / 2];
 #pragma unroll
   for (int i = 0; i < HC / 2; ++i) dka[i] = dva[i] = 0.f;
   const int64_t qstr = int64_t(H) * HD;
   bar_wait(kv_full, 0);
-  for (int it = 0; it < total; ++it) {
+  BwdTileWalk w;
+  for (int it = 0; it < total; ++it, w.next(per_head)) {
     const int s = it % ST, buf = it & 1;
-    const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+    const int h = kvh * G + w.hi, q0 = (i_start + w.qi) * BQ;
     float st[QH / 2], dp[QH / 2];
     bar_wait(full + s, (it / ST) & 1);
     wgmma_fence();
@@ -983,7 +1017,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     }
   };
 
-  const int wg = int(threadIdx.x) / 128;
+  const int wg = warpgroup_uniform();
   if (threadIdx.x == 0) {
     bar_init(kv_full, 1);
     for (int s = 0; s < ST; ++s) {
@@ -1008,8 +1042,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       }
       int per_head, total;
       query_tiles(per_head, total);
-      for (int it = 0; it < total; ++it) {
-        const int s = it % ST, h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
+      BwdTileWalk w;
+      for (int it = 0; it < total; ++it, w.next(per_head)) {
+        const int s = it % ST, h = kvh * G + w.hi, q0 = (i_start + w.qi) * BQ;
         bar_wait(empty + s, ((it / ST) & 1) ^ 1);
         auto load_qdo = [&] {  // lane 0: the byte count (with an arrival) and the Q, dO copies
           bar_expect_tx(full + s, 2 * Tr::qt_bytes);
@@ -1052,8 +1087,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       // producer's 24 registers spilled
       int per_head, total;
       query_tiles(per_head, total);
-      for (int it = 0; it < total; ++it) {
-        const int s = it % ST, q0 = (i_start + it % per_head) * BQ, nv = min(BQ, T - q0);
+      BwdTileWalk w;
+      for (int it = 0; it < total; ++it, w.next(per_head)) {
+        const int s = it % ST, q0 = (i_start + w.qi) * BQ, nv = min(BQ, T - q0);
         bar_wait(empty + s, ((it / ST) & 1) ^ 1);
         for (int r = lane - 32; r < BQ; r += 32) Ps[s * BQ + r] = r >= nv ? 0 : pb != nullptr ? pb[q0 + r] : q0 + r;
         bar_arrive(full + s);
@@ -1077,29 +1113,29 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     const uint32_t k_addr = smem_u32(Ks), v_addr = smem_u32(Vs), q_addr = smem_u32(Qs), do_addr = smem_u32(dOs);
     const uint32_t ds_addr = smem_u32(dSs);
     // K-major operands, k-step kk over HD: box kk / 4, 32 bytes kk % 4 into the 128-byte rows.
+    // (each descriptor: the buffer's, moved by the k-step's constant offset)
     auto kw_desc = [&](uint32_t base, int kk) {  // K or V rows of this warpgroup (A)
-      return sdesc(base + cw * 64 * 128 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024);
+      return desc_add(sdesc(base + cw * 64 * 128, 16, 1024), (kk >> 2) * BC * 128 + (kk & 3) * 32);
     };
     auto qt_desc = [&](uint32_t base, int s, int kk) {  // Q or dO of stage s (B, K-major)
-      return sdesc(base + (s * CH + (kk >> 2)) * BQ * 128 + (kk & 3) * 32, 16, 1024);
+      return desc_add(sdesc(base + s * CH * BQ * 128, 16, 1024), (kk >> 2) * BQ * 128 + (kk & 3) * 32);
     };
     // N-major B operands, k-step kk = 16 rows (2048 bytes), N over the CH boxes (LBO apart).
     auto qt_ndesc = [&](uint32_t base, int s, int kk) {
-      return sdesc(base + s * CH * BQ * 128 + kk * 2048, BQ * 128, 1024);
+      return desc_add(sdesc(base + s * CH * BQ * 128, BQ * 128, 1024), kk * 2048);
     };
     // dQ: A = dS (M-major: queries along the 128-byte rows, keys down them), B = this warpgroup's
     // half of K's columns (N-major).
     constexpr int HQ = HD / 2;  // dQ columns of one consumer
-    auto ds_desc = [&](int buf, int kk) { return sdesc(ds_addr + buf * Tr::ds_bytes + kk * 2048, 8192, 1024); };
+    auto ds_desc = [&](int buf, int kk) { return desc_add(sdesc(ds_addr + buf * Tr::ds_bytes, 8192, 1024), kk * 2048); };
     auto kn_desc = [&](int kk) {
       const int col = cw * HQ;  // first column: a box (hd 128) or 64 bytes into the rows (hd 64)
-      return sdesc(k_addr + (col >> 6) * BC * 128 + (col & 63) * 2 + kk * 2048, BC * 128, 1024);
+      return desc_add(sdesc(k_addr + (col >> 6) * BC * 128 + (col & 63) * 2, BC * 128, 1024), kk * 2048);
     };
 
     float dka[HD / 2], dva[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; ++i) dka[i] = dva[i] = 0.f;
-    const int64_t qstr = int64_t(H) * HD;
 
     // S^T, dP^T of tile `it` (stage it % ST, waited for until loaded), committed by the caller.
     float st[BQ / 2], dp[BQ / 2];
@@ -1116,15 +1152,16 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       for (int kk = 0; kk < HD / 16; ++kk) wgmma_ss<0, 0>(dp, kw_desc(v_addr, kk), qt_desc(do_addr, s, kk), kk > 0);
     };
     bar_wait(kv_full, 0);
-    for (int it = 0; it < total; ++it) {
+    BwdTileWalk w;
+    for (int it = 0; it < total; ++it, w.next(per_head)) {
       const int s = it % ST, buf = it & 1;
-      const int h = kvh * G + it / per_head, q0 = (i_start + it % per_head) * BQ;
-      // (TMA_DQ) S^T and dP^T in two groups, P^T computed while dP^T runs
+      const int h = kvh * G + w.hi, q0 = (i_start + w.qi) * BQ;
+      // (HALVES) S^T and dP^T in two groups, P^T computed while dP^T runs
       issue_s(it);
-      if (Tr::TMA_DQ) wgmma_commit();
+      if (Tr::HALVES) wgmma_commit();
       issue_dp(it);
       wgmma_commit();
-      if constexpr (Tr::TMA_DQ) {
+      if constexpr (Tr::HALVES) {
         wgmma_wait<1>();
       } else {
         wgmma_wait<0>();
@@ -1157,20 +1194,28 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           }
         }
       }
+      // Causal: the keys after a query get S^T = -inf (P^T = exp2(-inf) = 0), in a pass only the
+      // tiles on the diagonal take (a uniform branch); the element-wise work below has no mask
+      // (it tested every element of every tile before: ~2 instructions an element).
+      if (mask) {
+#pragma unroll
+        for (int j = 0; j < BQ / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (q0 + j * 8 + 2 * t4 + (e & 1) < key0 + (e >> 1) * 8) st[j * 4 + e] = -INFINITY;
+      }
       uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];
       bf16_t* dsb = dSs + buf * (BC * BQ);
-      // P^T of columns 8 j .. 8 j + 7 (fp32, causally masked) into pv
+      // P^T of columns 8 j .. 8 j + 7 (fp32) into pv
       auto p_cols = [&](int j, float(&pv)[4]) {
         const int qc = j * 8 + 2 * t4;
         const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-          if (mask && q0 + qc + (e & 1) < key0 + (e >> 1) * 8) pe = 0.f;
-          pv[e] = pe;
-        }
+        for (int e = 0; e < 4; ++e) pv[e] = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
       };
-      // P^T packed into pa; dS^T of the same columns from their P^T: into dsa and the dS^T buffer
+      // P^T packed into pa; dS^T of the same columns from their P^T: into dsa and the dS^T buffer.
+      // dS^T without the softmax scale: dK and dQ take it once each (at the block's end, and on
+      // each tile's dQ before it is added), not once an element.
       auto ds_cols = [&](int j, const float(&pv)[4]) {
         pa[j >> 1][(j & 1) * 2] = pack_bf16(pv[0], pv[1]);
         pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pv[2], pv[3]);
@@ -1178,7 +1223,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
         float dv4[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dv4[e] = pv[e] * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
+        for (int e = 0; e < 4; ++e) dv4[e] = pv[e] * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x));
         const uint32_t lo = pack_bf16(dv4[0], dv4[1]), hi = pack_bf16(dv4[2], dv4[3]);
         dsa[j >> 1][(j & 1) * 2] = lo;
         dsa[j >> 1][(j & 1) * 2 + 1] = hi;
@@ -1196,11 +1241,11 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         for (int kk = k0; kk < k1; ++kk) wgmma_rs<HD>(dka, dsa[kk], qt_ndesc(q_addr, s, kk));
         wgmma_commit();
       };
-      // (TMA_DQ) in two halves of the queries: the first half's dV, dK products run under
+      // (HALVES) in two halves of the queries: the first half's dV, dK products run under
       // the second half's P^T, dS^T (the registers live as in one pass: P^T of the whole tile kept
       // for an early dV spilled at hd 128)
-      constexpr int PARTS = Tr::TMA_DQ ? 2 : 1;
-      if constexpr (Tr::TMA_DQ) {
+      constexpr int PARTS = Tr::HALVES ? 2 : 1;
+      if constexpr (Tr::HALVES) {
         // P^T of the tile in place of S^T (the MUFU work under the dP^T products), then dP^T
 #pragma unroll
         for (int j = 0; j < Tr::P_EARLY; ++j) {
@@ -1216,7 +1261,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       for (int part = 0; part < PARTS; ++part) {
 #pragma unroll
         for (int j = part * (BQ / 8 / PARTS); j < (part + 1) * (BQ / 8 / PARTS); ++j) {
-          if (Tr::TMA_DQ && j < Tr::P_EARLY) {
+          if (Tr::HALVES && j < Tr::P_EARLY) {
             const float pv[4] = {st[j * 4], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]};
             ds_cols(j, pv);
           } else {
@@ -1229,8 +1274,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       }
       // dS^T of both consumers in shared memory, visible to the tensor cores (async proxy)
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      // (TMA_DQ) the previous tile's dQ staging read by its reduces before anyone writes it again
-      if (Tr::TMA_DQ && tw == 0) bulk_wait_read();
+      // the previous tile's dQ staging read by its reduces before anyone writes it again
+      if (tw == 0) bulk_wait_read();
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       float dqa[HQ / 2];
       wgmma_fence();
@@ -1245,45 +1290,33 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       reg_fence(dsa);
       if (lane == 0)
         bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
-                                // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4
-      if constexpr (Tr::TMA_DQ) {
-        // Box j / 4 of this consumer, row warp * 16 + g + 8 r (row & 7 = g), column 8 (j % 4) + 2 t4:
-        // 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by g.
-        float* dqs = reinterpret_cast<float*>(sm + Tr::dq_off) + cw * Tr::DQ_BOXES * (BQ * 32);
+      // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4, into the staging:
+      // Box j / 4 of this consumer, row warp * 16 + g + 8 r (row & 7 = g), column 8 (j % 4) + 2 t4:
+      // 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by g.
+      float* dqs = reinterpret_cast<float*>(sm + Tr::dq_off) + cw * Tr::DQ_BOXES * (BQ * 32);
 #pragma unroll
-        for (int j = 0; j < HQ / 8; ++j)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = warp * 16 + g + r * 8, chunk = (2 * (j & 3) + (t4 >> 1)) ^ g;
-            *reinterpret_cast<float2*>(dqs + (j >> 2) * (BQ * 32) + row * 32 + chunk * 4 + 2 * (t4 & 1)) =
-                make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]);
-          }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the TMA unit
-        if (cw == 0)  // named barriers by immediates: a register id reserves all 16
-          asm volatile("bar.sync 2, 128;\n" ::: "memory");
-        else
-          asm volatile("bar.sync 3, 128;\n" ::: "memory");
-        if (tw == 0) {
-#pragma unroll
-          for (int x = 0; x < Tr::DQ_BOXES; ++x)
-            tma_reduce_add(&tdq, dqs + x * (BQ * 32), h * HD + cw * HQ + x * 32, q0, b);
-          bulk_commit();
-        }
-      } else {
+      for (int j = 0; j < HQ / 8; ++j)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int row = q0 + warp * 16 + g + r * 8;
-          if (row >= T) continue;
-          float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HQ + 2 * t4;
-#pragma unroll
-          for (int j = 0; j < HQ / 8; ++j)
-            atomicAdd(reinterpret_cast<float2*>(base + j * 8), make_float2(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1]));
+          const int row = warp * 16 + g + r * 8, chunk = (2 * (j & 3) + (t4 >> 1)) ^ g;
+          *reinterpret_cast<float2*>(dqs + (j >> 2) * (BQ * 32) + row * 32 + chunk * 4 + 2 * (t4 & 1)) =
+              make_float2(dqa[j * 4 + 2 * r] * scale, dqa[j * 4 + 2 * r + 1] * scale);
         }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the TMA unit
+      if (cw == 0)  // named barriers by immediates: a register id reserves all 16
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      else
+        asm volatile("bar.sync 3, 128;\n" ::: "memory");
+      if (tw == 0) {
+#pragma unroll
+        for (int x = 0; x < Tr::DQ_BOXES; ++x)
+          tma_reduce_add(&tdq, dqs + x * (BQ * 32), h * HD + cw * HQ + x * 32, q0, b);
+        bulk_commit();
       }
     }
 
-    if (Tr::TMA_DQ && tw == 0) bulk_wait_all();  // the last dQ reduces done before the block ends
-    // dK, dV rows key0, key0 + 8
+    if (tw == 0) bulk_wait_all();  // the last dQ reduces done before the block ends
+    // dK (with the softmax scale dS^T left out), dV rows key0, key0 + 8
     const int64_t kstr = int64_t(KVH) * HD;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -1292,7 +1325,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       const int64_t off = (int64_t(b) * T + row) * kstr + int64_t(kvh) * HD + 2 * t4;
 #pragma unroll
       for (int dn = 0; dn < HD / 8; ++dn) {
-        *reinterpret_cast<uint32_t*>(dk + off + dn * 8) = pack_bf16(dka[dn * 4 + 2 * r], dka[dn * 4 + 2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(dk + off + dn * 8) =
+            pack_bf16(dka[dn * 4 + 2 * r] * scale, dka[dn * 4 + 2 * r + 1] * scale);
         *reinterpret_cast<uint32_t*>(dv + off + dn * 8) = pack_bf16(dva[dn * 4 + 2 * r], dva[dn * 4 + 2 * r + 1]);
       }
     }
