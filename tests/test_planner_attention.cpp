@@ -91,7 +91,7 @@ TEST(PlannerAttention, LongerSequencesAddAttentionAtItsOwnRates) {
   }
   // An attention kernel below the step's average rate (session 9's: 371 / 330 TFLOP/s against 510):
   // at 32768 tokens the step is longer than its FLOPs at the model rate (the old prediction), by
-  // attention's share; today's (617 / 426) is near that rate, and its step near the old prediction.
+  // attention's share; today's (657 / 524) is above that rate, and its step near the old prediction.
   Rates early = r;
   early.attn_fwd_tflops = 371, early.attn_bwd_tflops = 330;
   const double old = train_flops_per_token(s, 32768, true) / (r.model_tflops * 1e12);

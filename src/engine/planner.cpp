@@ -111,7 +111,7 @@ Flops flops_per_token(const ModelSpec& s, int T) {
 // included; attention ran below it (the H200's kernels of session 9: 371 / 330 TFLOP/s forward /
 // backward against 510), so at long sequences, where attention is a large share, the model rate
 // alone predicted too fast (8B at 32768 tokens: 5,223 tokens/s planned, 3,925 measured); today's
-// run above it at long sequences (617 / 426). So attention is priced at the
+// run above it at long sequences (657 / 524, session 23). So attention is priced at the
 // kernel's own rates, and the rest of the step (matrix products and the memory-bound kernels
 // between them) at what the reference step leaves: its seconds at the model rate less its
 // attention's at the kernel's rates. At kRateSeqLen the step's time is unchanged.

@@ -43,10 +43,11 @@ struct Rates {
   // Attention's FLOPs beyond (or short of) those of kRateSeqLen-token sequences run at these rates
   // (gpu_seconds_per_token). Defaults: the H200 machine's sm_90 kernels (persistent forward,
   // session 11 on) at `plan --measure`'s shape (B 2, T 8192, 32/8 heads of 128: the long sequences
-  // these rates price), medians of the seven measurements of sessions 13-20 (forward 605-633,
-  // backward 424-436; bench/results/*_t_all.log, *_gpu_tests.log "attention forward").
-  double attn_fwd_tflops = 617;
-  double attn_bwd_tflops = 426;
+  // these rates price): session 23's kernels (the instruction trims; sessions 13-22's measured
+  // forward 605-633, backward 424-449; bench/results/*_t_all.log, *_gpu_tests.log "attention
+  // forward").
+  double attn_fwd_tflops = 657;
+  double attn_bwd_tflops = 524;
   // CPU AdamW (fused pass, bf16 gradients), all cores in dynamic pieces, with the DMA of a step
   // running: the H200 machine's 3B step without clipping, 3.21 B parameters in 610 ms (session 4)
   double host_adamw_params_s = 5.3e9;

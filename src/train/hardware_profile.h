@@ -13,10 +13,10 @@
 
 namespace sf {
 
-// The H200 machine's attention rates over its GEMM rate (`plan --measure`'s 764 TFLOP/s; the
-// kernel's 617 / 426 of Rates' defaults): a profile without attention figures gets these shares of
-// its GEMM rate.
-constexpr double kAttnFwdPerGemm = 617.0 / 764.0, kAttnBwdPerGemm = 426.0 / 764.0;
+// The H200 machine's attention rates over its GEMM rate (`plan --measure`'s 764 TFLOP/s, 761 in the
+// run that measured the kernel's 657 / 524 of Rates' defaults): a profile without attention
+// figures gets these shares of its GEMM rate.
+constexpr double kAttnFwdPerGemm = 657.0 / 764.0, kAttnBwdPerGemm = 524.0 / 764.0;
 
 struct HardwareProfile {
   std::string name, description;  // free text
