@@ -796,54 +796,66 @@ void expect_same_next_step(Engine& a, Engine& b, const std::vector<Record>& recs
   for (size_t t = 0; t < pa.size(); ++t) EXPECT_EQ(pa[t].data, pb[t].data) << pa[t].name;
 }
 
+// The state tests' loop: for fp32 and bf16 optimizer state, every engine pair of
+// for_each_engine_pair, `a` trained two steps (its AdamW moments not zero) and `b` initialised
+// from another seed, given to check.
+void for_each_trained_pair(const StateTestModel& m, const std::function<void(Engine&, Engine&)>& check) {
+  for (DType state : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(std::string("optimizer state ") + dtype_name(state));
+    auto dev = make_cpu_device();
+    for_each_engine_pair(*dev, m.spec, StateTestModel::options(state), [&](Engine& a, Engine& b) {
+      a.init_random(7);
+      train(a, m.recs, 2, 1, 0.5);
+      b.init_random(8);
+      check(a, b);
+    });
+  }
+}
+
 // write_state then read_state (saving and resuming one tensor at a time) gives the state back, and
 // the engine written so continues as the one read from, for both engines and blobs on the host or
-// kept on the device; the two engines' read_state agree after the same training.
+// kept on the device.
 TEST(Engines, ReadAndWriteStateTensorByTensor) {
   const StateTestModel m;
-  const ModelSpec& spec = m.spec;
-  const ModelLayout& layout = m.layout;
-  const std::vector<Record>& recs = m.recs;
+  for_each_trained_pair(m, [&](Engine& a, Engine& b) {
+    for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV}) {
+      const auto ref = test::export_state(a, which);
+      size_t k = 0;
+      for (size_t bl = 0; bl < m.layout.blobs.size(); ++bl)
+        for (size_t i = 0; i < m.layout.blobs[bl].entries.size(); ++i, ++k)
+          b.write_state(which, int(bl), int(i), ref[k].data.data());
+      const auto got = test::export_state(b, which);
+      for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;
+    }
+    expect_same_next_step(a, b, m.recs);
+  });
+}
+
+// read_state of the two engines (device buffers in one, host state and kept blobs in the other)
+// agrees tensor by tensor after the same training (the engines are bit-identical on cpu); bf16
+// moments read back as fp32 are bf16 values.
+TEST(Engines, ReadStateAgreesBetweenEngines) {
+  const StateTestModel m;
   for (DType state : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(std::string("optimizer state ") + dtype_name(state));
     const EngineOptions eo = StateTestModel::options(state);
     auto dev = make_cpu_device();
-    auto check = [&](Engine& a, Engine& b) {
-      a.init_random(7);
-      train(a, recs, 2, 1, 0.5);  // AdamW moments are not zero
-      b.init_random(8);
-      for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV}) {
-        const auto ref = test::export_state(a, which);
-        size_t k = 0;
-        for (size_t bl = 0; bl < layout.blobs.size(); ++bl)
-          for (size_t i = 0; i < layout.blobs[bl].entries.size(); ++i, ++k) {
-            b.write_state(which, int(bl), int(i), ref[k].data.data());
-          }
-        const auto got = test::export_state(b, which);
-        for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;
-      }
-      expect_same_next_step(a, b, recs);
-    };
-    for_each_engine_pair(*dev, spec, eo, check);
-    // read_state of the two engines (device buffers in one, host state and kept blobs in the other)
-    // agrees tensor by tensor after the same training (the engines are bit-identical on cpu).
     for (int gpu : {0, 2}) {
       SCOPED_TRACE("against the resident engine, gpu blobs " + std::to_string(gpu));
-      ResidentEngine r(*dev, spec, eo);
+      ResidentEngine r(*dev, m.spec, eo);
       SlidingOptions so;
       so.base = eo;
-      so.gpu_blobs = gpu_blobs(gpu, spec.n_layer);
-      SlidingEngine sl(*dev, spec, so);
+      so.gpu_blobs = gpu_blobs(gpu, m.spec.n_layer);
+      SlidingEngine sl(*dev, m.spec, so);
       r.init_random(7);
       sl.init_random(7);
-      train(r, recs, 2, 1, 0.5);
-      train(sl, recs, 2, 1, 0.5);
-      for (const test::SavedTensor& t : test::saved_tensors(layout)) {
+      train(r, m.recs, 2, 1, 0.5);
+      train(sl, m.recs, 2, 1, 0.5);
+      for (const test::SavedTensor& t : test::saved_tensors(m.layout)) {
         std::vector<float> x(size_t(t.e->numel)), y(x.size(), -1.f);
         r.read_state(t.which, t.blob, t.entry, x.data());
         sl.read_state(t.which, t.blob, t.entry, y.data());
         ASSERT_EQ(x, y) << t.e->name;
-        // bf16 moments read back as fp32 are bf16 values (exactly representable)
         if (state == DType::BF16 && t.which != Engine::State::Params) {
           for (float f : y) ASSERT_EQ(f, test::round_bf16(f)) << t.e->name;
         }
@@ -859,30 +871,18 @@ TEST(Engines, ReadAndWriteStateTensorByTensor) {
 // are refused.
 TEST(Engines, StateInPartsIsTheWholeTensors) {
   const StateTestModel m;
-  const ModelSpec& spec = m.spec;
-  const ModelLayout& layout = m.layout;
-  const std::vector<Record>& recs = m.recs;
-  for (DType state : {DType::F32, DType::BF16}) {
-    SCOPED_TRACE(std::string("optimizer state ") + dtype_name(state));
-    const EngineOptions eo = StateTestModel::options(state);
-    auto dev = make_cpu_device();
-    auto check = [&](Engine& a, Engine& b) {
-      a.init_random(7);
-      train(a, recs, 2, 1, 0.5);  // AdamW moments are not zero
-      b.init_random(8);
-      ASSERT_NO_FATAL_FAILURE(test::copy_saved_state_in_parts(a, b, layout, 7, 5));
-      for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV}) {
-        const auto ref = test::export_state(a, which), got = test::export_state(b, which);
-        for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;
-      }
-      expect_same_next_step(a, b, recs);
-      std::vector<float> x(8);
-      const int64_t n0 = layout.blobs[0].entries[0].numel;
-      EXPECT_THROW(a.read_state_part(Engine::State::Params, 0, 0, n0 - 2, 3, x.data()), std::runtime_error);
-      EXPECT_THROW(b.write_state_part(Engine::State::AdamM, 0, 0, -1, 2, x.data()), std::runtime_error);
-    };
-    for_each_engine_pair(*dev, spec, eo, check);
-  }
+  for_each_trained_pair(m, [&](Engine& a, Engine& b) {
+    ASSERT_NO_FATAL_FAILURE(test::copy_saved_state_in_parts(a, b, m.layout, 7, 5));
+    for (auto which : {Engine::State::Params, Engine::State::AdamM, Engine::State::AdamV}) {
+      const auto ref = test::export_state(a, which), got = test::export_state(b, which);
+      for (size_t t = 0; t < ref.size(); ++t) EXPECT_EQ(got[t].data, ref[t].data) << ref[t].name;
+    }
+    expect_same_next_step(a, b, m.recs);
+    std::vector<float> x(8);
+    const int64_t n0 = m.layout.blobs[0].entries[0].numel;
+    EXPECT_THROW(a.read_state_part(Engine::State::Params, 0, 0, n0 - 2, 3, x.data()), std::runtime_error);
+    EXPECT_THROW(b.write_state_part(Engine::State::AdamM, 0, 0, -1, 2, x.data()), std::runtime_error);
+  });
 }
 
 // SF_TRACE: every stream's marks of every step, in time order, each step's compute marks in

@@ -11,6 +11,7 @@
 #include "core/align.h"
 #include "core/phase_times.h"
 #include "data/dataset/dataset.h"
+#include "model/layout.h"
 #include "model/spec.h"
 
 namespace sf {
@@ -74,6 +75,8 @@ class Engine {
   enum class State { Params, Grads, AdamM, AdamV };
 
   virtual const ModelSpec& spec() const = 0;
+  // The blobs and their entries (make_layout(spec())), as the engine holds them.
+  virtual const ModelLayout& layout() const = 0;
   // Device memory the engine holds.
   virtual size_t device_bytes() const = 0;
   // Host memory the engine holds (pinned and pageable buffers; the planner predicts both).
@@ -131,17 +134,27 @@ class Engine {
   // `bench`'s set-up report; empty when the engine does not time them.
   virtual PhaseTimes setup_times() const { return {}; }
 
-  // One tensor of a state (entry `entry` of blob `blob` in make_layout(spec()) order) into dst
-  // [numel] fp32: saving a large model this way holds one tensor at a time. Waits for the device.
-  virtual void read_state(State which, int blob, int entry, float* dst) = 0;
+  // One tensor of a state (entry `entry` of blob `blob` in layout() order) into dst [numel] fp32:
+  // saving a large model this way holds one tensor at a time. Waits for the device. (The whole
+  // tensor as one part of the calls below.)
+  void read_state(State which, int blob, int entry, float* dst) {
+    read_state_part(which, blob, entry, 0, entry_numel(blob, entry), dst);
+  }
   // The reverse: src [numel] fp32 into one tensor of a state (Params also refreshes the compute
   // copy). Waits for the device.
-  virtual void write_state(State which, int blob, int entry, const float* src) = 0;
+  void write_state(State which, int blob, int entry, const float* src) {
+    write_state_part(which, blob, entry, 0, entry_numel(blob, entry), src);
+  }
   // The same for elements [first, first + count) of the tensor: saving and resuming a large tensor
   // a part at a time (kStatePart), so that one part's fp32 sits beside the engine, not the tensor's
   // (8B's head 2.1 GB, 70B's embedding 4.2 GB).
   virtual void read_state_part(State which, int blob, int entry, int64_t first, int64_t count, float* dst) = 0;
   virtual void write_state_part(State which, int blob, int entry, int64_t first, int64_t count, const float* src) = 0;
+
+ private:
+  int64_t entry_numel(int blob, int entry) const {
+    return layout().blobs.at(size_t(blob)).entries.at(size_t(entry)).numel;
+  }
 };
 
 // The part of a tensor that saving and resuming move at a time (elements: 64 MiB of fp32).

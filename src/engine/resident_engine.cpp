@@ -262,14 +262,6 @@ size_t ResidentEngine::device_bytes() const {
 
 size_t ResidentEngine::host_bytes() const { return impl_->tokens->host_bytes(); }
 
-void ResidentEngine::read_state(State which, int blob, int entry, float* dst) {
-  read_state_part(which, blob, entry, 0, layout_.blobs.at(size_t(blob)).entries.at(size_t(entry)).numel, dst);
-}
-
-void ResidentEngine::write_state(State which, int blob, int entry, const float* src) {
-  write_state_part(which, blob, entry, 0, layout_.blobs.at(size_t(blob)).entries.at(size_t(entry)).numel, src);
-}
-
 void ResidentEngine::read_state_part(State which, int blob, int entry, int64_t first, int64_t count, float* dst) {
   Impl& m = *impl_;
   const BlobEntry& e = layout_.blobs.at(size_t(blob)).entries.at(size_t(entry));

@@ -29,13 +29,11 @@ class ResidentEngine final : public Engine {
   static MemoryItems buffers(const ModelSpec& spec, const EngineOptions& opt, const BackendSizes& be);
 
   const ModelSpec& spec() const override { return spec_; }
-  const ModelLayout& layout() const { return layout_; }
+  const ModelLayout& layout() const override { return layout_; }
   Device& device() { return dev_; }
   // Device memory this engine holds (parameters, gradients, optimizer state, activations, workspace).
   size_t device_bytes() const override;
   size_t host_bytes() const override;
-  void read_state(State which, int blob, int entry, float* dst) override;
-  void write_state(State which, int blob, int entry, const float* src) override;
   void read_state_part(State which, int blob, int entry, int64_t first, int64_t count, float* dst) override;
   void write_state_part(State which, int blob, int entry, int64_t first, int64_t count, const float* src) override;
 

@@ -1070,14 +1070,6 @@ double SlidingEngine::compute_grads(const std::vector<Batch>& batches) {
 
 void SlidingEngine::synchronize() { impl_->sync_all(); }
 
-void SlidingEngine::read_state(State which, int blob, int entry, float* dst) {
-  read_state_part(which, blob, entry, 0, layout_.blobs.at(size_t(blob)).entries.at(size_t(entry)).numel, dst);
-}
-
-void SlidingEngine::write_state(State which, int blob, int entry, const float* src) {
-  write_state_part(which, blob, entry, 0, layout_.blobs.at(size_t(blob)).entries.at(size_t(entry)).numel, src);
-}
-
 void SlidingEngine::read_state_part(State which, int blob, int entry, int64_t first, int64_t count, float* dst) {
   Impl& m = *impl_;
   m.sync_all();

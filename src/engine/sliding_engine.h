@@ -152,8 +152,7 @@ class SlidingEngine final : public Engine {
   void synchronize() override;
   size_t device_bytes() const override;
   size_t host_bytes() const override;
-  void read_state(State which, int blob, int entry, float* dst) override;
-  void write_state(State which, int blob, int entry, const float* src) override;
+  const ModelLayout& layout() const override { return layout_; }
   void read_state_part(State which, int blob, int entry, int64_t first, int64_t count, float* dst) override;
   void write_state_part(State which, int blob, int entry, int64_t first, int64_t count, const float* src) override;
   // Uploads of parameter blobs since construction (for tests of the slot policy).
