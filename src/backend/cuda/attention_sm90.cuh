@@ -20,8 +20,8 @@ bool attention_sm90_dq_permuted(int head_dim);
 void attention_forward_sm90(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDims& d, const Launch& L);
 
 // The main backward kernel: dK, dV (bf16) and dQ accumulated in fp32 into dq_acc [B*T, n_head*hd]
-// (zeroed by the caller, which casts it; 16-byte aligned: hd 128 adds by TMA reduce-add, hd 64 by
-// float2 atomics, hd 256 by float4 atomics, permuted); D [B, n_head, T] = rowsum(dO * O), lse as the forward's.
+// (zeroed by the caller, which casts it; 16-byte aligned: hd 64 and 128 add by TMA reduce-add,
+// hd 256 by float4 atomics, permuted); D [B, n_head, T] = rowsum(dO * O), lse as the forward's.
 void attention_backward_sm90(float* dq_acc, const float* D, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor lse, const AttnDims& d, const Launch& L);
 
