@@ -811,7 +811,9 @@ __device__ __forceinline__ void bwd_consumer_split_cols(unsigned char* sm, uint6
   bf16_t* ptp = reinterpret_cast<bf16_t*>(sm + Tr::pt_off);
   // A: K or V (all 64 rows), K-major over HD: k-step kk in box kk / 4, 32 bytes kk % 4 into the rows
   // (each descriptor: the buffer's, moved by the k-step's constant offset)
-  auto kv_desc = [&](uint32_t base, int kk) { return desc_add(sdesc(base, 16, 1024), (kk >> 2) * BC * 128 + (kk & 3) * 32); };
+  auto kv_desc = [&](uint32_t base, int kk) {
+    return desc_add(sdesc(base, 16, 1024), (kk >> 2) * BC * 128 + (kk & 3) * 32);
+  };
   // B: this consumer's 32 rows of Q or dO (stage s), K-major (4096 bytes = 4 swizzle atoms in)
   auto qh_desc = [&](uint32_t base, int s, int kk) {
     return desc_add(sdesc(base + s * CH * BQ * 128 + qh * 128, 16, 1024), (kk >> 2) * BQ * 128 + (kk & 3) * 32);
@@ -1127,7 +1129,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     // dQ: A = dS (M-major: queries along the 128-byte rows, keys down them), B = this warpgroup's
     // half of K's columns (N-major).
     constexpr int HQ = HD / 2;  // dQ columns of one consumer
-    auto ds_desc = [&](int buf, int kk) { return desc_add(sdesc(ds_addr + buf * Tr::ds_bytes, 8192, 1024), kk * 2048); };
+    auto ds_desc = [&](int buf, int kk) {
+      return desc_add(sdesc(ds_addr + buf * Tr::ds_bytes, 8192, 1024), kk * 2048);
+    };
     auto kn_desc = [&](int kk) {
       const int col = cw * HQ;  // first column: a box (hd 128) or 64 bytes into the rows (hd 64)
       return desc_add(sdesc(k_addr + (col >> 6) * BC * 128 + (col & 63) * 2, BC * 128, 1024), kk * 2048);
@@ -1288,8 +1292,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       reg_fence(dka);
       reg_fence(pa);
       reg_fence(dsa);
-      if (lane == 0)
-        bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
+      if (lane == 0) bar_arrive(empty + s);  // Q, dO, L, D of stage s no longer read
       // dQ rows q0 + warp * 16 + g (+ 8), columns cw * HQ + 8 j + 2 t4, into the staging:
       // Box j / 4 of this consumer, row warp * 16 + g + 8 r (row & 7 = g), column 8 (j % 4) + 2 t4:
       // 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by g.
