@@ -139,8 +139,19 @@ nlohmann::json run_bench(const BenchOptions& o) {
   const bool hopper = dev_name.find("H100") != std::string::npos || dev_name.find("H200") != std::string::npos;
   int64_t active = spec.vocab * spec.hidden * (spec.tie_embeddings ? 1 : 2) + spec.hidden;
   for (int l = 0; l < spec.n_layer; ++l) active += spec.layer_active_params(l);
+  // Issue 19's measure: 8 N FLOPs a token (N: active parameters; forward, backward and a recompute
+  // counted whether it runs or not) against the H200's measured GEMM peak (OpCeilings::matrix_flops,
+  // `plan --measure`'s cuBLASLt rate), beside what the GPU executed against the same peak.
+  const double gemm_peak_tflops = OpCeilings{}.matrix_flops * 1e-12;
+  const double mfu_8n = 8.0 * double(active) * tps * 1e-12 / gemm_peak_tflops;
+  const double executed_of_peak = hw_tflops / gemm_peak_tflops;
+  char peak_note[160] = "";
+  if (hopper)
+    std::snprintf(peak_note, sizeof peak_note,
+                  ", MFU %.3f; of the measured GEMM peak (%.0f TFLOP/s): 8N %.1f %%, executed %.1f %%",
+                  mfu_tflops / 989.0, gemm_peak_tflops, 100 * mfu_8n, 100 * executed_of_peak);
   log_info("bench: %.1f model TFLOP/s (%.1f with the recompute)%s, %.2fB active parameters", mfu_tflops, hw_tflops,
-           hopper ? (", MFU " + std::to_string(mfu_tflops / 989.0)).c_str() : "", double(active) / 1e9);
+           peak_note, double(active) / 1e9);
   nlohmann::json profile;
   if (prof) {
     prof->collect();
@@ -207,6 +218,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
           {"model_tflops_per_second", mfu_tflops},
           {"hardware_tflops_per_second", hw_tflops},
           {"mfu", hopper ? nlohmann::json(mfu_tflops / 989.0) : nlohmann::json(nullptr)},
+          {"mfu_8n_of_gemm_peak", hopper ? nlohmann::json(mfu_8n) : nlohmann::json(nullptr)},
+          {"executed_of_gemm_peak", hopper ? nlohmann::json(executed_of_peak) : nlohmann::json(nullptr)},
           {"active_parameters", active},
           {"first_loss", first_loss},  // the same batch every step: the loss falls as it trains
           {"loss", loss},
