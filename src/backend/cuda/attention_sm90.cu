@@ -101,6 +101,14 @@ __device__ __forceinline__ void tma_reduce_add(const CUtensorMap* map, const voi
       "r"(smem_u32(src)), "r"(col), "r"(row), "r"(b)
       : "memory");
 }
+// One [rows][64] box of shared memory stored at (col, row, batch) of a 3-D tensor map, rows past T
+// clipped; completes in the issuing thread's bulk group (as tma_reduce_add).
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* src, int col, int row, int b) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(col), "r"(row), "r"(b)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // The shared memory of this thread's committed reduces has been read (it may be written again).
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
@@ -275,26 +283,41 @@ __device__ __forceinline__ void pack_p(const float (&s)[BC / 2], uint32_t (&p)[B
   }
 }
 
-// The forwards' epilogue: O / l (bf16) and lse = m scale + ln l of this thread's rows row0 and
-// row0 + 8 of head h, sequence b (columns col0 + 8 dn + {0, 1}); rows past T not written.
-template <int HD>
-__device__ __forceinline__ void store_o_lse(const float (&o)[HD / 2], const float (&m)[2], const float (&l)[2],
-                                            bf16_t* __restrict__ out, float* __restrict__ lse, int b, int h, int row0,
-                                            int col0, int T, int H, float scale_log2) {
-  const int64_t qstr = int64_t(H) * HD;
+// The forwards' epilogue: the row sums l of this thread's rows row0 and row0 + 8 of head h,
+// sequence b completed over the quad, their inverses, and lse = m scale + ln l (rows past T not
+// written)...
+__device__ __forceinline__ void softmax_finish(const float (&m)[2], const float (&l)[2], float (&inv)[2],
+                                               float* __restrict__ lse, int b, int h, int row0, int col0, int T, int H,
+                                               float scale_log2) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float lr = l[r];
     lr += __shfl_xor_sync(0xffffffffu, lr, 1);
     lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    inv[r] = lr > 0.f ? 1.f / lr : 0.f;
+    const int row = row0 + r * 8;
+    if (lse != nullptr && col0 == 0 && row < T)
+      lse[(int64_t(b) * H + h) * T + row] = (m[r] * scale_log2 + log2f(lr)) * kLn2;
+  }
+}
+// ... and O / l (bf16) of those rows, columns col0 + 8 dn + {0, 1}, by 4-byte stores (hd 256; hd 64
+// and 128 through shared memory: Sm90FwdTile::TMA_O).
+template <int HD>
+__device__ __forceinline__ void store_o_lse(const float (&o)[HD / 2], const float (&m)[2], const float (&l)[2],
+                                            bf16_t* __restrict__ out, float* __restrict__ lse, int b, int h, int row0,
+                                            int col0, int T, int H, float scale_log2) {
+  const int64_t qstr = int64_t(H) * HD;
+  float inv[2];
+  softmax_finish(m, l, inv, lse, b, h, row0, col0, T, H, scale_log2);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
     const int row = row0 + r * 8;
     if (row >= T) continue;
-    const float inv = lr > 0.f ? 1.f / lr : 0.f;
     bf16_t* orow = out + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + col0;
 #pragma unroll
     for (int dn = 0; dn < HD / 8; ++dn)
-      *reinterpret_cast<uint32_t*>(orow + dn * 8) = pack_bf16(o[dn * 4 + 2 * r] * inv, o[dn * 4 + 2 * r + 1] * inv);
-    if (lse != nullptr && col0 == 0) lse[(int64_t(b) * H + h) * T + row] = (m[r] * scale_log2 + log2f(lr)) * kLn2;
+      *reinterpret_cast<uint32_t*>(orow + dn * 8) =
+          pack_bf16(o[dn * 4 + 2 * r] * inv[r], o[dn * 4 + 2 * r + 1] * inv[r]);
   }
 }
 
@@ -359,6 +382,13 @@ struct Sm90FwdTile {
   // arrivals that complete a Q buffer's `full` barrier (with the copy's bytes): the producer's with
   // the byte count, before the copy, and (BOUNDED) one after it, once the tile ids are stored
   static constexpr int Q_ARRIVALS = BOUNDED ? 2 : 1;
+  // O through shared memory (hd 64 / 128): each consumer writes its 64 rows of O, in bf16, over its
+  // rows of the tile's Q buffer (the same boxes) and one thread stores them by TMA: whole 128-byte
+  // rows, where each thread's 4-byte stores wrote 16 bytes of a row at a time. The Q buffer is then
+  // released after the store has read it, not after the last QK^T: one arrival a consumer.
+  // hd 256 (one Q buffer, the next tile's Q landing under this one's last PV) stores directly.
+  static constexpr bool TMA_O = HD <= 128;
+  static constexpr int Q_EMPTY_ARRIVALS = TMA_O ? CONSUMERS : CONSUMERS * 4;
   static constexpr size_t smem = tile_off + 4 * TILE_INTS * QSTAGES + 1024;  // + alignment slack
   static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
   static_assert(smem <= 227 * 1024, "shared memory");
@@ -407,6 +437,14 @@ __device__ __forceinline__ void fwd_tile_order(int tile, int n_qt, int n_hb, int
     qt = n_qt - 1 - tile / n_hb, hb = tile % n_hb;
   }
 }
+// (BOUNDED) the first key tile a query tile walks: the tile of its first row's first key (lo: the
+// record start of that row), clamped to the walked tiles: positions that break AttnDims' precondition
+// give wrong numbers, never a tile count <= 0 (the producer and the consumers would wait for each
+// other forever)
+template <class Tr>
+__device__ __forceinline__ int fwd_first_tile(int lo, int window, int q0, int n_kv) {
+  return Tr::BOUNDED ? min(max(window_key(lo, window, q0), 0) / Tr::BC, n_kv - 1) : 0;
+}
 template <class Tr>
 __device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n_hb, int T, int H, int KVH, int lo,
                                                        int window) {
@@ -417,16 +455,15 @@ __device__ __forceinline__ FwdTileCoord fwd_tile_coord(int tile, int n_qt, int n
   c.kvh = c.h / (H / KVH);
   c.q0 = qt * Tr::BR;
   c.n_kv = (min(c.q0 + Tr::BR, T) + Tr::BC - 1) / Tr::BC;
-  // clamped to the walked tiles: positions that break AttnDims' precondition give wrong numbers,
-  // never a tile count <= 0 (the producer and the consumers would wait for each other forever)
-  c.j0 = Tr::BOUNDED ? min(max(window_key(lo, window, c.q0), 0) / Tr::BC, c.n_kv - 1) : 0;
+  c.j0 = fwd_first_tile<Tr>(lo, window, c.q0, c.n_kv);
   return c;
 }
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                          const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out, float* __restrict__ lse,
+                          const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to,
+                          bf16_t* __restrict__ out, float* __restrict__ lse,
                           const int32_t* __restrict__ pos, int* __restrict__ tile_counter, int B, int T, int H, int KVH,
                           float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
@@ -453,7 +490,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < QS; ++s) {
       bar_init(q_full + s, Tr::Q_ARRIVALS);
-      bar_init(q_empty + s, Tr::CONSUMERS * 4);  // one arrive per consumer warp
+      bar_init(q_empty + s, Tr::Q_EMPTY_ARRIVALS);
     }
     for (int s = 0; s < KS; ++s) {
       bar_init(k_full + s, 1);
@@ -477,17 +514,18 @@ __global__ void __launch_bounds__(Tr::NT, 1)
       for (int n = 0;; ++n) {
         const int qs = n % QS;
         const int tile = next;
-        // (packed rows) the record starts of the tile's first and last rows, loaded before the wait
-        // below and stored after the first copies are issued (their latency under both), handed to the
-        // consumers with the tile id: a tile of one record needs no more of pos (the usual case),
-        // and the consumers load pos themselves only for a tile where a record starts inside
-        int lo0 = 0, lo1 = 0;
+        // (packed rows) the positions of the tile's first and last rows, loaded before the wait
+        // below; their record starts are taken after the first copies are issued (the loads'
+        // latency under the wait and the copies: taken before them, the producer waited for the
+        // loads first) and handed to the consumers with the tile id: a tile of one record needs
+        // no more of pos (the usual case), and the consumers load pos themselves only for a tile
+        // where a record starts inside
+        int p0 = 0, p1 = 0;
         if (LB && pos != nullptr && tile < n_tiles) {
           int qt, hb;
           fwd_tile_order<Tr>(tile, n_qt, n_hb, T, H, KVH, qt, hb);
-          const int q0 = qt * BR, last = min(q0 + BR, T) - 1;
           const int32_t* pb = pos + int64_t(hb / H) * T;
-          lo0 = q0 - pb[q0], lo1 = last - pb[last];
+          p0 = pb[qt * BR], p1 = pb[min(qt * BR + BR, T) - 1];
         }
         bar_wait(q_empty + qs, ((n / QS) & 1) ^ 1);  // both consumers are done with tile n - QS's Q
         if (tile < n_tiles) next = atomicAdd(tile_counter, 1);
@@ -499,7 +537,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
         }
         // published by the arrive below (release), read after q_full (acquire)
         if constexpr (!LB) tile_ids[qs * TI] = tile;
-        const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, lo0, window);
+        FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, 0, window);  // (LB) j0 below
         bar_expect_tx(q_full + qs, Tr::q_bytes);
         for (int ch = 0; ch < CH; ++ch)
           tma_load(Qs + (qs * CH + ch) * BR * 64, &tq, q_full + qs, c.h * HD + ch * 64, c.q0, c.b);
@@ -522,6 +560,9 @@ __global__ void __launch_bounds__(Tr::NT, 1)
           // (the first that needs the record start).
           load_kv(c.n_kv - 1);
           ++kv_it;
+          // (no pos: one record from key 0, the window alone bounds)
+          const int lo0 = pos != nullptr ? c.q0 - p0 : 0, lo1 = pos != nullptr ? min(c.q0 + BR, T) - 1 - p1 : 0;
+          c.j0 = fwd_first_tile<Tr>(lo0, window, c.q0, c.n_kv);
           tile_ids[qs * TI] = tile, tile_ids[qs * TI + 1] = lo0, tile_ids[qs * TI + 2] = lo1;
           bar_arrive(q_full + qs);
           for (int j = c.n_kv - 2; j >= c.j0; --j, ++kv_it) load_kv(j);
@@ -610,8 +651,8 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     const int fk_max = max(fk[0], fk[1]);
     auto causal = [&](int j) { return j * BC + BC - 1 > wg_row0; };  // key tile j reaches past a row
     auto first = [&](int j) { return LB && j * BC < fk_max; };       // ... starts before a first key
-    auto release_q = [&] {
-      if (lane == 0) bar_arrive(q_empty + qs);  // this tile's last QK^T is done: Q buffer qs free
+    auto release_q = [&] {  // (!TMA_O) this tile's last QK^T is done: Q buffer qs free
+      if (!Tr::TMA_O && lane == 0) bar_arrive(q_empty + qs);
     };
 #pragma unroll
     for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
@@ -676,8 +717,36 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     kv_it += n_it;
 
     // the next tile's first QK^T is the other consumer's to overlap
-    store_o_lse<HD>(o, m, l, out, lse, c.b, c.h, row0, 2 * t4, T, H, scale_log2);
+    if constexpr (Tr::TMA_O) {
+      // this consumer's rows of Q buffer qs: box ch at + ch * BR * 128 bytes, row warp * 16 + g
+      // (+ 8: row & 7 = g), columns 8 dn + 2 t4: 16-byte chunk dn % 8 swizzled by g
+      unsigned char* os = sm + Tr::q_off + qs * Tr::q_bytes + cw * 64 * 128;
+      float inv[2];
+      softmax_finish(m, l, inv, lse, c.b, c.h, row0, 2 * t4, T, H, scale_log2);
+#pragma unroll
+      for (int dn = 0; dn < HD / 8; ++dn)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<uint32_t*>(os + (dn / 8) * BR * 128 + (warp * 16 + g + 8 * r) * 128 +
+                                       (((dn % 8) ^ g) << 4) + 4 * t4) =
+              pack_bf16(o[dn * 4 + 2 * r] * inv[r], o[dn * 4 + 2 * r + 1] * inv[r]);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the TMA unit
+      if (cw == 0)  // named barriers by immediates (1 and 2 are the ping-pong's)
+        asm volatile("bar.sync 3, 128;\n" ::: "memory");
+      else
+        asm volatile("bar.sync 4, 128;\n" ::: "memory");
+      if (tw == 0) {
+#pragma unroll
+        for (int ch = 0; ch < CH; ++ch) tma_store(&to, os + ch * BR * 128, c.h * HD + ch * 64, wg_row0, c.b);
+        bulk_commit();
+        bulk_wait_read();  // Q buffer qs read by the store: the producer may load into it
+        bar_arrive(q_empty + qs);
+      }
+    } else {
+      store_o_lse<HD>(o, m, l, out, lse, c.b, c.h, row0, 2 * t4, T, H, scale_log2);
+    }
   }
+  if (Tr::TMA_O && tw == 0) bulk_wait_all();  // the last stores done before the block ends
   if (cw == 0) sched_wait();
 #endif  // SF_SM90_DEVICE
 }
@@ -871,18 +940,21 @@ __device__ __forceinline__ void bwd_consumer_split_cols(unsigned char* sm, uint6
         }
       }
     }
-    // P^T (fp32, causally masked) in place of S^T, under dP^T
-    const bool mask = q0 + qh < kv0 + BC - 1;
+    // Causal: S^T = -inf after each query (P^T = 0), a pass only diagonal tiles take (as the
+    // hd 64 / 128 consumers'); then P^T (fp32) in place of S^T, under dP^T
+    if (q0 + qh < kv0 + BC - 1) {
+#pragma unroll
+      for (int j = 0; j < QH / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (q0 + qh + j * 8 + 2 * t4 + (e & 1) < key0 + (e >> 1) * 8) st[j * 4 + e] = -INFINITY;
+    }
 #pragma unroll
     for (int j = 0; j < QH / 8; ++j) {
       const int qc = qh + j * 8 + 2 * t4;
       const float2 l2 = *reinterpret_cast<const float2*>(Ls + s * BQ + qc);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pe = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-        if (mask && q0 + qc + (e & 1) < key0 + (e >> 1) * 8) pe = 0.f;
-        st[j * 4 + e] = pe;
-      }
+      for (int e = 0; e < 4; ++e) st[j * 4 + e] = fast_exp2(fmaf(st[j * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
     }
     wgmma_wait<0>();
     reg_fence(dp);
@@ -897,7 +969,7 @@ __device__ __forceinline__ void bwd_consumer_split_cols(unsigned char* sm, uint6
       const float2 d2 = *reinterpret_cast<const float2*>(Ds + s * BQ + qc);
       float dv4[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dv4[e] = st[j * 4 + e] * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x)) * scale;
+      for (int e = 0; e < 4; ++e) dv4[e] = st[j * 4 + e] * (dp[j * 4 + e] - ((e & 1) ? d2.y : d2.x));
       const int c0 = r0 * 64 + (((qc >> 3) ^ (r0 & 7)) << 3) + (qc & 7);
       const int c1 = r1 * 64 + (((qc >> 3) ^ (r1 & 7)) << 3) + (qc & 7);
       *reinterpret_cast<uint32_t*>(ptb + c0) = pack_bf16(st[j * 4], st[j * 4 + 1]);
@@ -935,8 +1007,9 @@ __device__ __forceinline__ void bwd_consumer_split_cols(unsigned char* sm, uint6
       float* base = dq_acc + (int64_t(b) * T + row) * qstr + int64_t(h) * HD + cw * HC + 4 * t4;
 #pragma unroll
       for (int j = 0; j < HC / 8; j += 2)
-        atomicAdd(reinterpret_cast<float4*>(base + j * 8), make_float4(dqa[j * 4 + 2 * r], dqa[j * 4 + 2 * r + 1],
-                                                                       dqa[j * 4 + 4 + 2 * r], dqa[j * 4 + 5 + 2 * r]));
+        atomicAdd(reinterpret_cast<float4*>(base + j * 8),
+                  make_float4(dqa[j * 4 + 2 * r] * scale, dqa[j * 4 + 2 * r + 1] * scale,
+                              dqa[j * 4 + 4 + 2 * r] * scale, dqa[j * 4 + 5 + 2 * r] * scale));
     }
   }
   // dK, dV rows key0, key0 + 8, this consumer's columns
@@ -948,7 +1021,8 @@ __device__ __forceinline__ void bwd_consumer_split_cols(unsigned char* sm, uint6
     const int64_t off = (int64_t(b) * T + row) * kstr + int64_t(kvh) * HD + cw * HC + 2 * t4;
 #pragma unroll
     for (int dn = 0; dn < HC / 8; ++dn) {
-      *reinterpret_cast<uint32_t*>(dk + off + dn * 8) = pack_bf16(dka[dn * 4 + 2 * r], dka[dn * 4 + 2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dk + off + dn * 8) =
+          pack_bf16(dka[dn * 4 + 2 * r] * scale, dka[dn * 4 + 2 * r + 1] * scale);
       *reinterpret_cast<uint32_t*>(dv + off + dn * 8) = pack_bf16(dva[dn * 4 + 2 * r], dva[dn * 4 + 2 * r + 1]);
     }
   }
@@ -1426,9 +1500,11 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), L.stream));
   const QkvMaps mp = qkv_maps<Tr>(q, k, v, d);
   const CUtensorMap &tq = mp.q, &tk = mp.k, &tv = mp.v;
+  CUtensorMap to{};  // read only with TMA_O: a consumer's 64 rows a box
+  if (Tr::TMA_O) to = make_map(out.data, d.B, d.T, int64_t(d.n_head) * HD, 64);
   const int64_t tiles = int64_t((d.T + Tr::BR - 1) / Tr::BR) * d.n_head * d.B;
   const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(L.num_sms, 1)));
-  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, to, out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
                                                d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), counter, d.B, d.T,
                                                d.n_head, d.n_kv_head, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
