@@ -463,9 +463,8 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::NT, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to,
-                          bf16_t* __restrict__ out, float* __restrict__ lse,
-                          const int32_t* __restrict__ pos, int* __restrict__ tile_counter, int B, int T, int H, int KVH,
-                          float scale_log2, int window) {
+                          bf16_t* __restrict__ out, float* __restrict__ lse, const int32_t* __restrict__ pos,
+                          int* __restrict__ tile_counter, int B, int T, int H, int KVH, float scale_log2, int window) {
 #ifdef SF_SM90_DEVICE
   constexpr int HD = Tr::HD, BR = Tr::BR, BC = Tr::BC, KS = Tr::KSTAGES, VS = Tr::VSTAGES, QS = Tr::QSTAGES;
   constexpr int CH = Tr::CH;
@@ -1504,7 +1503,8 @@ void forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnDim
   if (Tr::TMA_O) to = make_map(out.data, d.B, d.T, int64_t(d.n_head) * HD, 64);
   const int64_t tiles = int64_t((d.T + Tr::BR - 1) / Tr::BR) * d.n_head * d.B;
   const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(L.num_sms, 1)));
-  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, to, out.ptr<bf16_t>(), lse.empty() ? nullptr : lse.ptr<float>(),
+  kernel<<<grid, Tr::NT, Tr::smem, L.stream>>>(tq, tk, tv, to, out.ptr<bf16_t>(),
+                                               lse.empty() ? nullptr : lse.ptr<float>(),
                                                d.pos.empty() ? nullptr : d.pos.ptr<int32_t>(), counter, d.B, d.T,
                                                d.n_head, d.n_kv_head, d.scale * kLog2e, d.window);
   CUDA_CHECK_LAUNCH();
