@@ -420,6 +420,41 @@ TEST_F(PlanHardware, GradAccumTable) {
   EXPECT_NE(r.err.find("by gradient accumulation"), std::string::npos) << r.err;
 }
 
+// A sliding plan bound by the host with fp32 moments names the bf16-moment plan when it predicts
+// more (its figures are that plan's own), and names nothing where the moments are bf16 already,
+// where the step is not the host's, or in memory.
+TEST_F(PlanHardware, NamesBf16MomentsWhenTheHostBounds) {
+  const std::string plan = std::string(kPlan) + " --hardware rtx4090 --max-grad-norm 1";
+  test::CmdResult r = run(plan);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.last();
+  ASSERT_TRUE(j["fits"].get<bool>()) << r.err;
+  ASSERT_FALSE(j["predicted_phases"].is_null());
+  const json& ph = j["predicted_phases"];
+  ASSERT_TRUE(ph["forward_bound"] == "host" || ph["backward_bound"] == "host" || ph["head_bound"] == "host" ||
+              ph["step_bound"] == "host")
+      << ph.dump();  // the desktop's dual-channel DDR5 against 8B's host AdamW
+  const json f = j["faster_with"];
+  ASSERT_FALSE(f.is_null()) << r.err;
+  EXPECT_EQ(f["setting"], "--optimizer-state");
+  EXPECT_EQ(f["value"], "bf16");
+  EXPECT_GT(f["predicted_tokens_per_second"].get<double>(), 1.01 * j["predicted_tokens_per_second"].get<double>());
+  EXPECT_NE(r.err.find("--optimizer-state bf16 predicts"), std::string::npos) << r.err;
+  // The figures are those of the plan with bf16 moments, which names nothing more.
+  test::CmdResult b = run(plan + " --optimizer-state bf16");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_DOUBLE_EQ(b.last()["predicted_tokens_per_second"].get<double>(),
+                   f["predicted_tokens_per_second"].get<double>());
+  EXPECT_DOUBLE_EQ(b.last()["predicted_step_s"].get<double>(), f["predicted_step_s"].get<double>());
+  EXPECT_TRUE(b.last()["faster_with"].is_null());
+  EXPECT_EQ(b.err.find("faster with"), std::string::npos) << b.err;
+  // In GPU memory (a 1B model on the A100's 80 GB): nothing to name.
+  test::CmdResult m = run("plan --preset llama-1b --batch-size 8 --seq-len 2048 --hardware a100-80gb");
+  ASSERT_EQ(m.code, 0) << m.err;
+  EXPECT_EQ(m.last()["engine"], "resident");
+  EXPECT_TRUE(m.last()["faster_with"].is_null());
+}
+
 // The NVMe tier on another machine: the profile's disk size is the disk budget and its rates the
 // disk's time; with state on disk, the disk's traffic a step does not grow with K, so larger steps
 // are cheaper per token (Mistral Small 24B on the 4090 desktop: fp32 state does not fit its RAM).

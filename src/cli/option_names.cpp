@@ -40,6 +40,8 @@ const char* option_name(Setting s) {
       return "--keep-layers";
     case Setting::UploadCopies:
       return "--upload-copies";
+    case Setting::OptimizerState:
+      return "--optimizer-state";
   }
   return "";  // not reached: -Wswitch names a Setting without an option
 }

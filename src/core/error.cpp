@@ -92,6 +92,8 @@ const char* setting_name(Setting s) {
       return "layers kept whole";
     case Setting::UploadCopies:
       return "upload copies";
+    case Setting::OptimizerState:
+      return "optimizer state dtype";
   }
   return "setting";
 }

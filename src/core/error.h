@@ -48,13 +48,14 @@ enum class Setting {
   KeepAttention,   // layers whose attention output the resident engine keeps (selective recompute)
   KeepLayers,      // layers the resident engine keeps whole: no recompute (selective recompute)
   UploadCopies,    // working copies beside the host masters, read by the sliding engine's uploads
+  OptimizerState,  // the dtype of AdamW's m and v
 };
 inline constexpr Setting kAllSettings[] = {
-    Setting::Device,         Setting::GpuMemory, Setting::HostMemory, Setting::BatchSize,  Setting::SeqLen,
-    Setting::GradAccum,      Setting::Offload,   Setting::Slots,      Setting::GpuBlobs,   Setting::ComputeDtype,
-    Setting::MaxRecordBytes, Setting::Resume,    Setting::Output,     Setting::OffloadDir, Setting::DiskMemory,
-    Setting::KeepAttention,  Setting::KeepLayers, Setting::UploadCopies};
-static_assert(std::size(kAllSettings) == size_t(Setting::UploadCopies) + 1, "kAllSettings lists every Setting");
+    Setting::Device,         Setting::GpuMemory,  Setting::HostMemory,   Setting::BatchSize,     Setting::SeqLen,
+    Setting::GradAccum,      Setting::Offload,    Setting::Slots,        Setting::GpuBlobs,      Setting::ComputeDtype,
+    Setting::MaxRecordBytes, Setting::Resume,     Setting::Output,       Setting::OffloadDir,    Setting::DiskMemory,
+    Setting::KeepAttention,  Setting::KeepLayers, Setting::UploadCopies, Setting::OptimizerState};
+static_assert(std::size(kAllSettings) == size_t(Setting::OptimizerState) + 1, "kAllSettings lists every Setting");
 
 // The neutral name of a setting ("sequence length"), for library users and tests.
 const char* setting_name(Setting s);
