@@ -385,12 +385,16 @@ struct Sm90FwdTile {
   // O through shared memory (hd 64 / 128): each consumer writes its 64 rows of O, in bf16, over its
   // rows of the tile's Q buffer (the same boxes) and one thread stores them by TMA: whole 128-byte
   // rows, where each thread's 4-byte stores wrote 16 bytes of a row at a time. The Q buffer is then
-  // released after the store has read it, not after the last QK^T: one arrival a consumer.
+  // released after the store has read it, not after the last QK^T: one arrival a consumer, made
+  // under the next tile's first QK^T (its thread waiting for the store's read there, not before
+  // the issue: packed hd 64 / 128 forwards 2-5 % faster, session 25). Needs QSTAGES 2: the
+  // producer's next wait is for the buffer of the tile before.
   // hd 256 (one Q buffer, the next tile's Q landing under this one's last PV) stores directly.
   static constexpr bool TMA_O = HD <= 128;
   static constexpr int Q_EMPTY_ARRIVALS = TMA_O ? CONSUMERS : CONSUMERS * 4;
   static constexpr size_t smem = tile_off + 4 * TILE_INTS * QSTAGES + 1024;  // + alignment slack
   static_assert(HD % 64 == 0 && BR == 64 * CONSUMERS, "tile shape");
+  static_assert(!TMA_O || QSTAGES >= 2, "a Q buffer released under the next tile's first QK^T needs another");
   static_assert(smem <= 227 * 1024, "shared memory");
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * (65536 / NT / 8 * 8), "registers");
 };
@@ -625,13 +629,25 @@ __global__ void __launch_bounds__(Tr::NT, 1)
   auto sched_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
   if (cw == 1) sched_pass();
 
-  int kv_it = 0;  // K/V tiles consumed so far (all tiles), as the producer counts them
+  int kv_it = 0;       // K/V tiles consumed so far (all tiles), as the producer counts them
+  int pending_q = -1;  // (TMA_O) the Q buffer of the last tile's O store, released under this tile's first QK^T
   for (int n = 0;; ++n) {
     const int qs = n % QS;
     bar_wait(q_full + qs, (n / QS) & 1);
     const int tile = tile_ids[qs * TI];
     if (tile < 0) break;
     const int lo0 = LB ? tile_ids[qs * TI + 1] : 0, lo1 = LB ? tile_ids[qs * TI + 2] : 0;
+    // The tile's first QK^T (the diagonal key tile), in the bounded kernels issued before the
+    // tile's own set-up, which then runs under the product (the plain kernels' compiler places
+    // their set-up there itself; issued early in the source they measured 2-3 % slower, session 24)
+    const int s0 = kv_it % KS;
+    auto issue_first = [&] {
+      bar_wait(k_full + s0, (kv_it / KS) & 1);
+      sched_wait();
+      issue_s(qs, s0);
+      sched_pass();
+    };
+    if constexpr (LB) issue_first();
     const FwdTileCoord c = fwd_tile_coord<Tr>(tile, n_qt, n_hb, T, H, KVH, lo0, window);
     const int n_it = c.n_kv - c.j0;
     const int row0 = c.q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
@@ -659,14 +675,14 @@ __global__ void __launch_bounds__(Tr::NT, 1)
     l[0] = l[1] = 0.f;
 
     {
-      const int s = kv_it % KS;
-      bar_wait(k_full + s, (kv_it / KS) & 1);
-      sched_wait();
-      issue_s(qs, s);
-      sched_pass();
+      if constexpr (!LB) issue_first();
+      if (Tr::TMA_O && tw == 0 && pending_q >= 0) {
+        bulk_wait_read();  // the last tile's O store has read its Q buffer: the producer may load into it
+        bar_arrive(q_empty + pending_q);
+      }
       wgmma_wait<0>();
       reg_fence(sacc);
-      if (lane == 0) bar_arrive(k_empty + s);
+      if (lane == 0) bar_arrive(k_empty + s0);
       if (n_it == 1) release_q();
       softmax_tile_lazy<BC, LB>(sacc, m, l, corr, causal(c.n_kv - 1), first(c.n_kv - 1), (c.n_kv - 1) * BC + 2 * t4,
                                 row0, fk, scale_log2);
@@ -738,8 +754,7 @@ __global__ void __launch_bounds__(Tr::NT, 1)
 #pragma unroll
         for (int ch = 0; ch < CH; ++ch) tma_store(&to, os + ch * BR * 128, c.h * HD + ch * 64, wg_row0, c.b);
         bulk_commit();
-        bulk_wait_read();  // Q buffer qs read by the store: the producer may load into it
-        bar_arrive(q_empty + qs);
+        pending_q = qs;
       }
     } else {
       store_o_lse<HD>(o, m, l, out, lse, c.b, c.h, row0, 2 * t4, T, H, scale_log2);
