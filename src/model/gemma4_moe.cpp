@@ -59,8 +59,8 @@ void Program::gemma4_moe_backward(const LayerParams& p, const LayerParams& g, Te
   const Tensor w_raw = b.w_raw.view({N, k}), slot_pos = w.slot_pos.view({S});
   const Tensor xs = w.xs.view({S, H}), eg = w.egate.view({S, Ie}), eu = w.eup.view({S, Ie}), ea = w.eact.view({S, Ie});
   const Tensor ys = w.ys.view({S, H}), dys = w.dys.view({S, H});
-  const Tensor deg = w.degate.view({S, Ie}), deu = w.deup.view({S, Ie});
-  const Tensor dm = w.dh;  // d(m): both branches' output gradient
+  const Tensor deg = eg, deu = eu;  // in place: egate and eup are not read again
+  const Tensor dm = w.dh;           // d(m): both branches' output gradient
   // The experts: d(m2), the combine, the expert MLPs, d(xe) and the norm in front of them.
   const Tensor dm2 = b.xe;
   norm_backward(dm2, g[P::MoeOutNorm], dm, b.m2, p[P::MoeOutNorm], b.rstd_m2, false, st);

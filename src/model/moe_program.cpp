@@ -51,7 +51,7 @@ void Program::moe_backward(const LayerParams& p, const LayerParams& g, Tensor h2
   Tensor slot_pos = w.slot_pos.view({S});
   Tensor xs = w.xs.view({S, H}), eg = w.egate.view({S, Ie}), eu = w.eup.view({S, Ie}), ea = w.eact.view({S, Ie});
   Tensor ys = w.ys.view({S, H}), dys = w.dys.view({S, H});
-  Tensor deg = w.degate.view({S, Ie}), deu = w.deup.view({S, Ie});
+  Tensor deg = eg, deu = eu;  // in place: egate and eup are not read again
   // y = sum_j w_j * expert_j(x): the expert outputs' and the routing weights' gradients.
   ops_.moe_combine_backward(dys, dwt, dy, ys, wt, slot_pos, st);
   ops_.moe_grouped_matmul_wgrad(g[P::ExpDown], dys, ea, w.offsets, st);

@@ -141,16 +141,10 @@ void carve_scratch(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t 
     w.dq_raw = c.take(a, {N, Q});
     w.dk_raw = c.take(a, {N, KV});
   }
-  if (has_dense_mlp(s)) {
-    w.dgate = c.take(a, {N, I});
-    w.dup = c.take(a, {N, I});
-  }
   if (s.is_moe()) {
     const int64_t k = s.moe.top_k, S = N * k, Ie = s.moe.intermediate;
     w.dtopk_w = c.take(DType::F32, {N, k});
     w.dys = c.take(a, {S, H});
-    w.degate = c.take(a, {S, Ie});
-    w.deup = c.take(a, {S, Ie});
   }
   w.dh = c.take(a, {N, H});
   w.dq = c.take(a, {N, Q});
@@ -199,11 +193,12 @@ AttnDims attn_dims(const ModelSpec& s, const BatchDims& d, int layer) {
   return a;
 }
 
+// The larger of the two views: both start at the block's base (layer(), head()).
 size_t Workspace::bytes_for(const ModelSpec& s, int max_B, int max_T, DType act, size_t attn_ws, size_t lce_ws) {
-  Carver c{nullptr};
-  carve_layer(c, s, act, max_B, max_T, attn_ws);
-  carve_head(c, s, act, max_B, max_T, lce_ws);
-  return c.off;
+  Carver layer{nullptr}, head{nullptr};
+  carve_layer(layer, s, act, max_B, max_T, attn_ws);
+  carve_head(head, s, act, max_B, max_T, lce_ws);
+  return std::max(layer.off, head.off);
 }
 
 Workspace::Workspace(Device& dev, const ModelSpec& s, int max_B, int max_T, DType act)
@@ -407,9 +402,12 @@ void Program::layer_backward(const LayerParams& p, const LayerParams& g, Tensor 
     if (!g[P::Bdown].empty()) ops_.bias_backward(g[P::Bdown], dy, st);
     Tensor dact = w.act;  // act is no longer needed
     ops_.matmul(dact, dy, p[P::Wdown], false, false, 1.f, 0.f, st);
-    ops_.swiglu_backward(w.dgate, w.dup, dact, w.gate, w.up, st);
-    linear_backward(w.dh, g[P::Wgate], g[P::Bgate], w.dgate, w.h2, p[P::Wgate], false, st);
-    linear_backward(w.dh, g[P::Wup], g[P::Bup], w.dup, w.h2, p[P::Wup], true, st);
+    // In place: gate and up are not read again (the GLU ops allow it), so the workspace holds no
+    // [N, I] gradients of its own.
+    const Tensor dgate = w.gate, dup = w.up;
+    ops_.swiglu_backward(dgate, dup, dact, w.gate, w.up, st);
+    linear_backward(w.dh, g[P::Wgate], g[P::Bgate], dgate, w.h2, p[P::Wgate], false, st);
+    linear_backward(w.dh, g[P::Wup], g[P::Bup], dup, w.h2, p[P::Wup], true, st);
   }
   ops_.rmsnorm_backward(dx, g[P::PostNorm], w.dh, w.x2, p[P::PostNorm], w.rstd2, true, st);
 

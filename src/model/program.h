@@ -51,9 +51,8 @@ struct LayerBuffers {
   Tensor x2;              // [N, H]    residual after attention
   Tensor h2;              // [N, H]    post-attention norm output
   Tensor rstd2;           // [N]       F32
-  Tensor gate, up, act;   // [N, I]    (act reused as d(act) in backward)
+  Tensor gate, up, act;   // [N, I]    (backward: act reused as d(act), gate and up as their gradients)
   Tensor dh;              // [N, H]
-  Tensor dgate, dup;      // [N, I]
   Tensor dq, dk, dv;      // [N, Q], [N, KV], [N, KV]
   Tensor datt;            // [N, Q]
   Tensor dq_raw, dk_raw;  // [N, Q], [N, KV] (qk_norm only)
@@ -84,10 +83,9 @@ struct LayerBuffers {
   Tensor offsets;                // [E+1]     I32 first sorted row of each expert
   Tensor sorted_slot, slot_pos;  // [S]       I32 sorted row -> slot, slot -> sorted row
   Tensor xs;                     // [S, H]    gathered expert inputs
-  Tensor egate, eup, eact;       // [S, Ie]   (eact reused as d(eact))
+  Tensor egate, eup, eact;       // [S, Ie]   (backward: eact reused as d(eact), egate and eup as their gradients)
   Tensor ys;                     // [S, H]    expert outputs (reused as d(xs))
   Tensor dys;                    // [S, H]
-  Tensor degate, deup;           // [S, Ie]
   // Gemma 4 per-layer inputs (Gemma4Spec::ple_dim P > 0): the layer's slice of the model-level
   // inputs and of their gradient, set by the caller (rows [l*N, (l+1)*N) of PleProgram's
   // layer-major [L*N, P] tensors; the backward overwrites dpli_l), and the block's own buffers.

@@ -38,9 +38,10 @@ void Program::gemma_layer_backward(const LayerParams& p, const LayerParams& g, T
   if (!g[P::Bdown].empty()) ops_.bias_backward(g[P::Bdown], dmo, st);
   Tensor dact = w.act;  // act is no longer needed
   ops_.matmul(dact, dmo, p[P::Wdown], false, false, 1.f, 0.f, st);
-  ops_.geglu_backward(w.dgate, w.dup, dact, w.gate, w.up, st);
-  linear_backward(w.dh, g[P::Wgate], g[P::Bgate], w.dgate, w.h2, p[P::Wgate], false, st);
-  linear_backward(w.dh, g[P::Wup], g[P::Bup], w.dup, w.h2, p[P::Wup], true, st);
+  const Tensor dgate = w.gate, dup = w.up;  // in place, as the dense Llama layer's
+  ops_.geglu_backward(dgate, dup, dact, w.gate, w.up, st);
+  linear_backward(w.dh, g[P::Wgate], g[P::Bgate], dgate, w.h2, p[P::Wgate], false, st);
+  linear_backward(w.dh, g[P::Wup], g[P::Bup], dup, w.h2, p[P::Wup], true, st);
   norm_backward(dx, g[P::PostNorm], w.dh, w.x2, p[P::PostNorm], w.rstd2, true, st);
 
   // x2 = x + norm_ao(attn_o): d(attn_o) from d(x2).

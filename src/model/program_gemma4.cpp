@@ -171,11 +171,12 @@ void Program::gemma4_layer_backward(const LayerParams& p, const LayerParams& g, 
   norm_backward(w.dh, g[P::FfnOutNorm], dx, moe ? w.moe4.m : w.mlp_o, p[P::FfnOutNorm], w.rstd_mo, false, st);
   if (moe) gemma4_moe_backward(p, g, dx, w, d, st);  // d(m) in dh -> d(x2) += ..., d(mlp_o) in moe4.m2
   const Tensor dmo = moe ? w.moe4.m2 : w.dh;
-  const Tensor act = as(w.act, N, I), dgate = as(w.dgate, N, I), dup = as(w.dup, N, I);
+  // gate and up take their own gradients (in place, as the dense Llama layer's).
+  const Tensor act = as(w.act, N, I), dgate = as(w.gate, N, I), dup = as(w.up, N, I);
   ops_.matmul(g[P::Wdown], dmo, act, true, false, 1.f, 1.f, st);
   const Tensor dact = act;  // act is no longer needed
   ops_.matmul(dact, dmo, p[P::Wdown], false, false, 1.f, 0.f, st);
-  ops_.geglu_backward(dgate, dup, dact, as(w.gate, N, I), as(w.up, N, I), st);
+  ops_.geglu_backward(dgate, dup, dact, dgate, dup, st);
   linear_backward(w.dh, g[P::Wgate], Tensor(), dgate, w.h2, p[P::Wgate], false, st);
   linear_backward(w.dh, g[P::Wup], Tensor(), dup, w.h2, p[P::Wup], true, st);
   norm_backward(dx, g[P::PostNorm], w.dh, w.x2, p[P::PostNorm], w.rstd2, true, st);

@@ -531,19 +531,27 @@ void glu_case(bool gelu) {
     auto four = run4([&](Backend& r, DType dt) -> Outs {
       Tensor g = r.in(gv, dt, {R, I}), u = r.in(uv, dt, {R, I}), d = r.in(dv, dt, {R, I});
       Tensor out = r.out(dt, {R, I}), dg = r.out(dt, {R, I}), du = r.out(dt, {R, I});
+      // In place too (dgate = gate, dup = up): the model's backward writes them over their inputs.
+      Tensor g2 = r.in(gv, dt, {R, I}), u2 = r.in(uv, dt, {R, I});
       if (gelu) {
         CALL(r, geglu_forward, out, g, u);
         CALL(r, geglu_backward, dg, du, d, g, u);
+        CALL(r, geglu_backward, g2, u2, d, g2, u2);
       } else {
         CALL(r, swiglu_forward, out, g, u);
         CALL(r, swiglu_backward, dg, du, d, g, u);
+        CALL(r, swiglu_backward, g2, u2, d, g2, u2);
       }
-      return {r.get(out), r.get(dg), r.get(du)};
+      return {r.get(out), r.get(dg), r.get(du), r.get(g2), r.get(u2)};
     });
     const char* names[] = {"out", "dgate", "dup"};
     for (int i = 0; i < 3; ++i) {
       check_bf16(std::string(op) + " " + names[i], four.cuda_bf[i], four.cpu_bf[i], four.ref[i]);
       check_f32(std::string(op) + " " + names[i] + " f32", four.cuda_f32[i], four.ref[i]);
+    }
+    for (const Outs* o : {&four.cuda_bf, &four.cuda_f32, &four.cpu_bf}) {  // in place: the same bits
+      EXPECT_EQ((*o)[3], (*o)[1]) << op << " dgate in place";
+      EXPECT_EQ((*o)[4], (*o)[2]) << op << " dup in place";
     }
   }
 }
