@@ -71,18 +71,18 @@ void GradientPath::mark(Stream& s, const char* name, const char* what, int index
   if (trace_) trace_->mark(s, name, what + (" " + std::to_string(index)) + suffix);
 }
 
-GradientPath::Grad GradientPath::fresh(Acc which, int64_t numel, float* kept) {
+GradientPath::Grad GradientPath::fresh(Acc which, int64_t numel, float* kept, void* kept_low) {
   int i = int(which) + 1;     // Embedding 2, Head 3
   if (which == Acc::Layer) {  // the layers alternate, kept ones included
     i = next_layer_;
     next_layer_ ^= 1;
   }
-  if (kept) return {Tensor(kept, DType::F32, {numel}), -1};
+  if (kept) return {Tensor(kept, DType::F32, {numel}), -1, Tensor()};
   Accumulator& a = acc_[i];
   dev_.wait(s_.compute, *a.sent);  // its last contents have left
   Tensor t(a.buf.data(), DType::F32, {numel});
   dev_.ops().zero(t, s_.compute);
-  return {t, i};
+  return {t, i, kept_low ? Tensor(kept_low, act_, {numel}) : Tensor()};
 }
 
 // A kept blob's gradient rounded in place, as the resident engine does.
@@ -107,6 +107,13 @@ void GradientPath::send(int blob, const Grad& grad, bool update_chunks, const Ad
   if (grad.acc < 0) {
     round_kept(g);
     dev_.ops().sq_norm(norm, g, s_.compute);
+    return;
+  }
+  if (!grad.low.empty()) {  // a kept layer: rounded into its own store, the norm of the rounded values as above
+    dev_.ops().cast(grad.low, g, s_.compute);
+    dev_.ops().cast(g, grad.low, s_.compute);
+    dev_.ops().sq_norm(norm, g, s_.compute);
+    dev_.record(*acc_[grad.acc].sent, s_.compute);
     return;
   }
   if (act_ == DType::F32) {  // copied down as it is

@@ -1,7 +1,8 @@
 // The sliding engine's gradient path (docs/ENGINE.md "Gradients"), from the backward's kernels to
 // the host optimizer. A blob's gradient accumulates in fp32 on the GPU over the step's
 // micro-batches (two alternating layer accumulators, one each for the embedding and the head; a
-// blob kept whole on the GPU accumulates in its own gradient buffer, given by the engine). Once
+// blob kept whole on the GPU accumulates in its own gradient buffer, given by the engine, or, a
+// layer in a compute dtype below fp32, in a layer accumulator and is kept rounded). Once
 // complete it is rounded to the compute dtype chunk by chunk through a GPU staging buffer (in
 // place too, so that the norm sees the rounded values, as the resident engine does), its squared
 // norm is taken on the GPU, and its chunks go down on d2h into the host optimizer's store or ring
@@ -28,7 +29,7 @@ namespace sf {
 class StepTrace;
 
 struct GradientPathOptions {
-  int64_t max_layer = 0;  // elements of the largest host layer (the two layer accumulators)
+  int64_t max_layer = 0;  // elements of the largest layer that accumulates here (the two layer accumulators)
   int64_t emb = 0;        // elements of the embedding's accumulator (0: kept on the GPU)
   int64_t head = 0;       // elements of the head's accumulator (0: kept on the GPU)
   DType act = DType::F32;  // the gradients on their way down (staging when below fp32)
@@ -54,13 +55,17 @@ class GradientPath {
   static MemoryItems buffers(const GradientPathOptions& o);
 
   // A blob's gradient for this step, zeroed on the compute stream once the accumulator's last
-  // contents have left (`kept`: the blob's own gradient on the GPU, already zeroed by the step).
+  // contents have left (`kept`: the blob's own gradient on the GPU, already zeroed by the step;
+  // `kept_low`: a kept layer's gradient in the compute dtype, [numel], written by send from an
+  // accumulator).
   struct Grad {
     Tensor g;      // [numel] F32
-    int acc = -1;  // the accumulator (-1: kept on the GPU)
+    int acc = -1;  // the accumulator (-1: kept on the GPU, accumulating in place)
+    Tensor low;    // [numel] act: where send rounds a kept layer's gradient to (else empty)
   };
-  Grad fresh(Acc which, int64_t numel, float* kept);
-  // `g` is complete on the compute stream: rounded, normed and (host blobs) sent down on d2h,
+  Grad fresh(Acc which, int64_t numel, float* kept, void* kept_low = nullptr);
+  // `g` is complete on the compute stream: rounded, normed and (host blobs) sent down on d2h or
+  // (a kept layer's, `low`) written to the GPU in the compute dtype,
   // with `update_chunks` each chunk's fused AdamW (parameters `p`) queued on opt as it lands.
   // For a kept blob the caller queues its GPU AdamW after this.
   // `rows`: only those rows' elements are updated (the embedding's second part).

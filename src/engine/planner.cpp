@@ -582,7 +582,7 @@ class Planner {
   }
 
   // The sliding engine with `slots` slots, then as many blobs kept whole on the GPU as the budgets
-  // allow (each moves ~18 bytes a parameter from the host to the GPU), or the requested number.
+  // allow (each moves ~16-18 bytes a parameter from the host to the GPU), or the requested number.
   void sliding(int slots) {
     copies_ = r_.upload_copies == CopiesChoice::On ? std::numeric_limits<int>::max() : 0;
     hold_ = r_.hold_grads > 1 ? r_.hold_grads : 0;

@@ -55,26 +55,38 @@ std::vector<bool> held_grad_blobs(const ModelLayout& layout, const std::vector<i
 }
 
 // The blobs kept whole on the GPU (SlidingOptions::gpu_blobs): every state in place, each buffer
-// [total] in `off`'s layout; their AdamW runs on the compute stream.
+// [total] in `off`'s layout, the gradients in `goff`'s; their AdamW runs on the compute stream.
+// Gradients: a kept layer's in the compute dtype when it is below fp32 (accumulated in the gradient
+// path's fp32 layer accumulators and rounded there, as every gradient is, so the same values: 2
+// bytes a parameter less on the GPU); the embedding's and the head's F32 (they accumulate in place
+// over the whole backward).
 struct GpuBlobs {
-  std::vector<int64_t> off;  // [blobs] element offset (-1: on the host)
-  int64_t total = 0;
+  std::vector<int64_t> off;   // [blobs] element offset (-1: on the host)
+  std::vector<int64_t> goff;  // [blobs] element offset in grads or grads_low (-1: on the host)
+  std::vector<bool> low;      // [blobs] the gradient in grads_low
+  int64_t total = 0, grads_total = 0;
   DType sd = DType::F32;       // m and v (EngineOptions::state_dtype)
+  DType act = DType::F32;      // the compute dtype: the compute copy, grads_low
   DeviceBuffer params;         // act (act != F32): the compute copy
-  DeviceBuffer master, grads;  // F32; grads accumulate over the step's micro-batches
+  DeviceBuffer master, grads;  // F32; grads [grads_total] accumulate over the step's micro-batches
+  DeviceBuffer grads_low;      // act: the kept layers' rounded gradients (act != F32)
   DeviceBuffer m, v;           // sd
   bool has(int b) const { return off[size_t(b)] >= 0; }
   float* at(const DeviceBuffer& buf, int b) const { return static_cast<float*>(buf.data()) + off[size_t(b)]; }
   bool is_moment(Engine::State s) const { return s == Engine::State::AdamM || s == Engine::State::AdamV; }
-  const DeviceBuffer& state(Engine::State s) const {
-    return s == Engine::State::Params ? master : s == Engine::State::Grads ? grads : s == Engine::State::AdamM ? m : v;
+  const DeviceBuffer& state(Engine::State s, int b) const {
+    if (s == Engine::State::Grads) return low[size_t(b)] ? grads_low : grads;
+    return s == Engine::State::Params ? master : s == Engine::State::AdamM ? m : v;
   }
   // Element e of blob b's `s`, and its dtype.
   void* at(Engine::State s, int b, int64_t e) const {
-    const DType t = dtype(s);
-    return static_cast<char*>(state(s).data()) + size_t(off[size_t(b)] + e) * dtype_size(t);
+    const int64_t o = s == Engine::State::Grads ? goff[size_t(b)] : off[size_t(b)];
+    return static_cast<char*>(state(s, b).data()) + size_t(o + e) * dtype_size(dtype(s, b));
   }
-  DType dtype(Engine::State s) const { return is_moment(s) ? sd : DType::F32; }
+  DType dtype(Engine::State s, int b) const {
+    if (s == Engine::State::Grads) return low[size_t(b)] ? act : DType::F32;
+    return is_moment(s) ? sd : DType::F32;
+  }
 };
 
 // Where a blob's compute-dtype parameters are while kernels read them.
@@ -91,6 +103,9 @@ struct SlidingShape {
   int K = 1;                                 // micro-batches a step
   std::vector<int64_t> gpu_off;              // [blobs] element offset among the kept blobs (-1: on the host)
   int64_t gpu_total = 0;                     // elements of the kept blobs
+  std::vector<int64_t> gpu_goff;             // [blobs] element offset of a kept blob's gradient (GpuBlobs)
+  std::vector<bool> gpu_low;                 // [blobs] a kept layer's gradient in the compute dtype
+  int64_t gpu_grads = 0, gpu_grads_low = 0;  // elements of the kept F32 and compute-dtype gradients
   std::vector<int64_t> host_numel;           // [blobs] elements on the host (0: kept on the GPU)
   std::vector<bool> is_layer;                // [blobs]
   std::vector<bool> held;                    // [blobs] SlidingOptions::hold_grads' blobs
@@ -98,7 +113,7 @@ struct SlidingShape {
   std::vector<bool> disk_master, disk_work;  // [blobs] the master too; the working copy too
   std::vector<bool> disk_grad;               // [blobs] the step's gradient too
   std::vector<bool> ram_work;                // [blobs] an upload copy beside the master in host memory
-  int64_t max_layer = 0, emb = 0, head = 0;  // the gradient accumulators' elements (host blobs)
+  int64_t max_layer = 0, emb = 0, head = 0;  // the gradient accumulators' elements (host blobs, kept low layers)
   bool emb_rows = false;                     // SlidingOptions::split_embedding_rows, where it applies
   int64_t chunk = 0;                         // elements a transfer chunk
   int64_t max_tokens = 0;
@@ -110,6 +125,8 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
   SlidingShape z;
   z.K = std::max(o.base.max_micro, 1);
   z.gpu_off.assign(size_t(nb), -1);
+  z.gpu_goff.assign(size_t(nb), -1);
+  z.gpu_low.assign(size_t(nb), false);
   for (int b : o.gpu_blobs) {
     SF_CHECK(b >= 0 && b < nb, "gpu_blobs: no blob " + std::to_string(b));
     z.gpu_off[size_t(b)] = 0;
@@ -122,6 +139,12 @@ SlidingShape sliding_shape(const ModelSpec& spec, const ModelLayout& layout, con
       z.gpu_off[size_t(b)] = z.gpu_total;
       z.gpu_total += bl.numel;
       z.host_numel.push_back(0);
+      const bool low = act != DType::F32 && bl.kind == BlobKind::Layer;
+      z.gpu_low[size_t(b)] = low;
+      int64_t& n = low ? z.gpu_grads_low : z.gpu_grads;
+      z.gpu_goff[size_t(b)] = n;
+      n += bl.numel;
+      if (low) z.max_layer = std::max(z.max_layer, bl.numel);
       continue;
     }
     z.host_numel.push_back(bl.numel);
@@ -328,10 +351,13 @@ MemoryItems SlidingEngine::buffers(const ModelSpec& spec, const ModelLayout& lay
                              (low ? ", compute copy" : "");
     const size_t G = size_t(z.gpu_total);
     if (low) m.push_back({kept, G * dtype_size(act), Place::Device, "gpu.params"});
-    for (const char* key : {"gpu.master", "gpu.m", "gpu.v", "gpu.grads"}) {
+    for (const char* key : {"gpu.master", "gpu.m", "gpu.v"}) {
       const bool moment = std::string(key) == "gpu.m" || std::string(key) == "gpu.v";
       m.push_back({kept, G * (moment ? dtype_size(o.base.state_dtype) : 4), Place::Device, key});
     }
+    if (z.gpu_grads > 0) m.push_back({kept, size_t(z.gpu_grads) * 4, Place::Device, "gpu.grads"});
+    if (z.gpu_grads_low > 0)
+      m.push_back({kept, size_t(z.gpu_grads_low) * dtype_size(act), Place::Device, "gpu.grads_low"});
   }
   if (be.stream_scratch) m.push_back({"kernel scratch (compute stream)", be.stream_scratch, Place::Device});
   return m;
@@ -463,12 +489,13 @@ struct SlidingEngine::Impl {
   void gpu_update(int blob, const AdamWParams& p) {
     const int64_t n = layout.blobs[size_t(blob)].numel;
     auto f32 = [&](const DeviceBuffer& b) { return Tensor(gpu.at(b, blob), DType::F32, {n}); };
-    auto moment = [&](Engine::State s) { return Tensor(gpu.at(s, blob, 0), gpu.sd, {n}); };
+    auto state = [&](Engine::State s) { return Tensor(gpu.at(s, blob, 0), gpu.dtype(s, blob), {n}); };
     AdamWParams q = p;  // the rounding stream's coordinates: the whole blob
     q.blob = blob;
     q.first = 0;
-    dev.ops().adamw(f32(gpu.master), f32(gpu.grads), moment(Engine::State::AdamM), moment(Engine::State::AdamV),
-                    act == DType::F32 ? Tensor() : Tensor(gpu_params(blob), act, {n}), q, *compute);
+    dev.ops().adamw(f32(gpu.master), state(Engine::State::Grads), state(Engine::State::AdamM),
+                    state(Engine::State::AdamV), act == DType::F32 ? Tensor() : Tensor(gpu_params(blob), act, {n}), q,
+                    *compute);
   }
   // The compute copy of a kept blob from its master (after load / import): elements
   // [first, first + count) of the blob, count < 0 to its end (a resumed part refreshes only itself).
@@ -512,7 +539,10 @@ struct SlidingEngine::Impl {
 
   // ---- gradients (engine/gradient_path.*)
   GradientPath::Grad fresh_grads(GradientPath::Acc which, int blob) {
-    return grads->fresh(which, layout.blobs[size_t(blob)].numel, gpu.has(blob) ? gpu.at(gpu.grads, blob) : nullptr);
+    const int64_t n = layout.blobs[size_t(blob)].numel;
+    if (!gpu.has(blob)) return grads->fresh(which, n, nullptr);
+    if (gpu.low[size_t(blob)]) return grads->fresh(which, n, nullptr, gpu.at(Engine::State::Grads, blob, 0));
+    return grads->fresh(which, n, static_cast<float*>(gpu.at(Engine::State::Grads, blob, 0)));
   }
 
   // ---- checkpoints: the k-th fetch of a backward goes to buffer k % 2.
@@ -631,8 +661,12 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   const int K = z.K;
   PhaseClock clock(setup);
   gpu.off = z.gpu_off;
+  gpu.goff = z.gpu_goff;
+  gpu.low = z.gpu_low;
   gpu.total = z.gpu_total;
+  gpu.grads_total = z.gpu_grads;
   gpu.sd = o.base.state_dtype;
+  gpu.act = act;
   chunk = z.chunk;
   max_tokens = z.max_tokens;
   stride_nh = z.stride_nh;
@@ -664,9 +698,12 @@ SlidingEngine::Impl::Impl(Device& d, const ModelSpec& s, const ModelLayout& lay,
   gpu.m = src.buffer_if("gpu.m");
   gpu.v = src.buffer_if("gpu.v");
   gpu.grads = src.buffer_if("gpu.grads");
+  gpu.grads_low = src.buffer_if("gpu.grads_low");
   if (gpu.total > 0)
-    for (DeviceBuffer* b : {&gpu.master, &gpu.m, &gpu.v, &gpu.grads})
+    for (DeviceBuffer* b : {&gpu.master, &gpu.m, &gpu.v})
       dev.ops().zero(Tensor(b->data(), b == &gpu.m || b == &gpu.v ? gpu.sd : DType::F32, {gpu.total}), *compute);
+  if (z.gpu_grads > 0) dev.ops().zero(Tensor(gpu.grads.data(), DType::F32, {z.gpu_grads}), *compute);
+  if (z.gpu_grads_low > 0) dev.ops().zero(Tensor(gpu.grads_low.data(), act, {z.gpu_grads_low}), *compute);
 
   acts = src.buffer("acts");
   for (int i = 0; i <= K; ++i) {
@@ -795,7 +832,8 @@ bool SlidingEngine::Impl::execute(const StepSchedule& s, Run& r) {
 SlidingEngine::Impl::Pass SlidingEngine::Impl::begin_pass(const std::vector<Batch>& mbs, bool backward) {
   const int K = int(mbs.size());
   SF_CHECK(K >= 1 && K <= opt.base.max_micro, "more micro-batches than the engine was built for");
-  if (backward && gpu.total > 0) dev.ops().zero(Tensor(gpu.grads.data(), DType::F32, {gpu.total}), *compute);
+  if (backward && gpu.grads_total > 0)
+    dev.ops().zero(Tensor(gpu.grads.data(), DType::F32, {gpu.grads_total}), *compute);
   if (backward)  // shared K/V's gradient accumulators, before any layer's backward
     for (int j = 0; j < K; ++j) kv_share.zero_grads(j, dev.ops(), *compute);
   zero_scalars();
@@ -1077,7 +1115,7 @@ void SlidingEngine::read_state_part(State which, int blob, int entry, int64_t fi
   check_state_part(e, first, count);
   const int64_t at = e.offset + first;
   if (m.gpu.has(blob)) {
-    state_to_f32(dev_, *m.compute, m.gpu.at(which, blob, at), m.gpu.dtype(which), count, dst);
+    state_to_f32(dev_, *m.compute, m.gpu.at(which, blob, at), m.gpu.dtype(which, blob), count, dst);
     return;
   }
   if (which == State::Grads) {
@@ -1099,7 +1137,7 @@ void SlidingEngine::write_state_part(State which, int blob, int entry, int64_t f
   check_state_part(e, first, count);
   const int64_t at = e.offset + first;
   if (m.gpu.has(blob)) {
-    state_from_f32(dev_, *m.compute, m.gpu.at(which, blob, at), m.gpu.dtype(which), count, src);
+    state_from_f32(dev_, *m.compute, m.gpu.at(which, blob, at), m.gpu.dtype(which, blob), count, src);
     if (which == State::Params) m.gpu_refresh(blob, at, count);
     dev_.synchronize(*m.compute);
     return;
@@ -1114,7 +1152,7 @@ size_t SlidingEngine::device_bytes() const {
   return m.slots->device_bytes() + m.grads->device_bytes() + m.acts.size() + m.ckpts->device_bytes() +
          m.scratch.size() + m.kept.device_bytes() + m.scalars.size() + m.rope->buf.size() + m.ws->bytes() +
          m.tokens->device_bytes() + m.gpu.params.size() + m.gpu.master.size() + m.gpu.m.size() + m.gpu.v.size() +
-         m.gpu.grads.size();
+         m.gpu.grads.size() + m.gpu.grads_low.size();
 }
 
 size_t SlidingEngine::host_bytes() const {

@@ -129,7 +129,10 @@ TEST(CudaEngines, SlidingGivesTheResidentGradients) {
     const std::vector<Batch> mbs = {make_batch({&recs[0], &recs[1]}, 11), make_batch({&recs[2], &recs[3]}, 9)};
     const Grads a = run(*dev, spec, 0, 0, mbs), again = run(*dev, spec, 0, 0, mbs);
     const double noise = test::worst_relative(a.grads, again.grads), bound = std::max(2 * noise, 1e-2);
-    for (const std::vector<int>& on_gpu : {std::vector<int>{}, std::vector<int>{0, spec.n_layer + 1}}) {
+    // Kept on the GPU: none; the embedding and the head (fp32 gradients in place); and a layer too
+    // (its gradient through a layer accumulator into its bf16 store).
+    for (const std::vector<int>& on_gpu :
+         {std::vector<int>{}, std::vector<int>{0, spec.n_layer + 1}, std::vector<int>{0, 2, spec.n_layer + 1}}) {
       const Grads b = run_sliding(*dev, spec, 0, 0, on_gpu, mbs);
       EXPECT_NEAR(b.loss, a.loss, 1e-5 * std::fabs(a.loss));
       ASSERT_EQ(b.grads.size(), a.grads.size());

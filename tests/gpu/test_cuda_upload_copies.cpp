@@ -52,8 +52,10 @@ TEST(CudaUploadCopies, TrainAsTheMasterUploads) {
     const ModelSpec spec = parse_model_spec(test::tiny_config(family), "tiny");
     const std::vector<Record> recs = test::random_records(int(spec.vocab), 6, 6);
     for (const double clip : {1.0, 0.0})
-      for (const std::vector<int>& on_gpu : {std::vector<int>{}, std::vector<int>{0, spec.n_layer + 1}}) {
-        SCOPED_TRACE(family + (clip > 0 ? ", clip" : ", no clip") + (on_gpu.empty() ? "" : ", 2 blobs on the GPU"));
+      for (const std::vector<int>& on_gpu :
+           {std::vector<int>{}, std::vector<int>{0, spec.n_layer + 1}, std::vector<int>{0, 1, spec.n_layer + 1}}) {
+        SCOPED_TRACE(family + (clip > 0 ? ", clip" : ", no clip") + ", " + std::to_string(on_gpu.size()) +
+                     " blobs on the GPU");
         const Trained a = train(*dev, spec, on_gpu, false, clip, recs);
         const Trained again = train(*dev, spec, on_gpu, false, clip, recs);
         const Trained c = train(*dev, spec, on_gpu, true, clip, recs);
