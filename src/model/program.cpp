@@ -131,7 +131,7 @@ void carve_forward(Carver& c, const ModelSpec& s, DType a, int B, int T, LayerBu
 // The backward's own scratch.
 void carve_scratch(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t attn_ws, LayerBuffers& w) {
   const Widths m = max_widths(s);
-  const int64_t N = int64_t(B) * T, H = s.hidden, Q = m.q, KV = m.kv, I = m.intermediate;
+  const int64_t N = int64_t(B) * T, H = s.hidden, Q = m.q, KV = m.kv;
   if (s.arch == Arch::Gemma4) w.dv_raw = c.take(a, {N, KV});
   if (s.arch == Arch::Gemma4 && s.gemma4.ple_dim > 0) {
     w.ple.du = c.take(a, {N, H});
@@ -142,7 +142,7 @@ void carve_scratch(Carver& c, const ModelSpec& s, DType a, int B, int T, size_t 
     w.dk_raw = c.take(a, {N, KV});
   }
   if (s.is_moe()) {
-    const int64_t k = s.moe.top_k, S = N * k, Ie = s.moe.intermediate;
+    const int64_t k = s.moe.top_k, S = N * k;
     w.dtopk_w = c.take(DType::F32, {N, k});
     w.dys = c.take(a, {S, H});
   }
